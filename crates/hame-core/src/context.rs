@@ -1,0 +1,53 @@
+//! The runtime context of one call: who is calling, in which session.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+/// Who is calling and in which session. Reaches every middleware hook and every tool.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RuntimeContext {
+    /// Session id; the same id resumes the same conversation.
+    pub session_id: String,
+    /// User id, when the caller has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
+    /// Free-form values for middleware and tools.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extras: BTreeMap<String, serde_json::Value>,
+}
+
+impl RuntimeContext {
+    /// A context for `session_id` with no user.
+    pub fn new(session_id: impl Into<String>) -> Self {
+        Self {
+            session_id: session_id.into(),
+            user_id: None,
+            extras: BTreeMap::new(),
+        }
+    }
+
+    /// Sets the user id.
+    pub fn with_user(mut self, user_id: impl Into<String>) -> Self {
+        self.user_id = Some(user_id.into());
+        self
+    }
+
+    /// Adds an extra value.
+    pub fn with_extra(mut self, key: impl Into<String>, value: serde_json::Value) -> Self {
+        self.extras.insert(key.into(), value);
+        self
+    }
+}
+
+/// What a tool sees of the call it runs in.
+#[derive(Debug, Clone)]
+pub struct ToolContext {
+    /// The call's runtime context.
+    pub runtime: RuntimeContext,
+    /// The id of the tool call being served.
+    pub call_id: String,
+    /// Cancelled when the call is cancelled or the tool times out; long tools should watch it.
+    pub cancel: CancellationToken,
+}

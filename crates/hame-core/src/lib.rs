@@ -1,0 +1,72 @@
+//! # hame-core
+//!
+//! The contracts of the hame agent harness and its ReAct loop: [`Message`]s, the [`Model`]
+//! and [`Tool`] traits, [`Middleware`] hooks, the [`AgentState`] resume document and the
+//! [`AgentEvent`] stream. It knows no backend: no HTTP client, no database, no filesystem.
+//!
+//! Depend on it to write a tool, a middleware or a model provider. Applications use the
+//! `hame` facade instead.
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `test-support` | [`test_support::ScriptedModel`], an in-process model double for unit tests |
+//!
+//! ```
+//! use std::sync::Arc;
+//! use hame_core::{AgentLoop, AgentState, EventSink, Message, RuntimeContext};
+//! # #[cfg(feature = "test-support")]
+//! # async fn demo() -> Result<(), hame_core::Error> {
+//! use hame_core::test_support::{Reply, ScriptedModel};
+//! let model = ScriptedModel::new([Reply::text("hello")]);
+//! let agent = AgentLoop::new(Arc::new(model));
+//! let mut state = AgentState::default();
+//! let out = agent
+//!     .run(&mut state, Message::user("hi"), &RuntimeContext::new("s1"), &EventSink::none(), &Default::default())
+//!     .await?;
+//! assert_eq!(out.reply.text_content(), "hello");
+//! assert_eq!(state.messages.len(), 2);
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+mod agent;
+mod context;
+mod error;
+mod event;
+mod message;
+mod middleware;
+mod model;
+mod state;
+mod tool;
+
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_support;
+
+pub use agent::{
+    AgentLoop, CallOutput, DEFAULT_MAX_ITERATIONS, DEFAULT_MAX_MODEL_RETRIES, LoopConfig,
+    reply_text,
+};
+pub use context::{RuntimeContext, ToolContext};
+pub use error::{Error, Result};
+pub use event::{AgentEvent, EventSink};
+pub use message::{
+    ContentBlock, MESSAGE_FORMAT_VERSION, Message, Role, ToolCall, ToolResult, Usage,
+};
+pub use middleware::{CallCtx, ErrorAction, Middleware, ToolDecision};
+pub use model::{
+    Model, ModelError, ModelEvent, ModelInfo, ModelParams, ModelRequest, ModelResponse,
+    ModelStream, ResponseAssembler, StopReason,
+};
+pub use state::{AgentState, STATE_SCHEMA_VERSION, StateFormatError};
+pub use tool::{
+    Tool, ToolError, ToolOutput, ToolRunOptions, ToolSet, ToolSpec, Typed, TypedTool, codes,
+    schema_for, to_tool_result, typed,
+};
+
+/// Re-exported for implementing traits.
+pub use async_trait::async_trait;
+/// Re-exported so tools can derive their argument schemas with the same version.
+pub use schemars;
+/// Cancellation token used by calls and tools.
+pub use tokio_util::sync::CancellationToken;

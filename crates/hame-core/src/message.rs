@@ -1,0 +1,282 @@
+//! Conversation messages and their persisted form.
+//!
+//! The serde form of [`Message`] is written to session logs and state stores, so it is a
+//! stable, versioned format: fields are only ever added (with defaults), never renamed.
+//! [`MESSAGE_FORMAT_VERSION`] names the current shape.
+
+use serde::{Deserialize, Serialize};
+
+/// The version of the persisted message format produced by this crate.
+pub const MESSAGE_FORMAT_VERSION: u32 = 1;
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Instructions from the harness (the system prompt).
+    System,
+    /// The human or calling program.
+    User,
+    /// The model.
+    Assistant,
+    /// Results of tool calls, fed back to the model.
+    Tool,
+}
+
+/// A request by the model to run one tool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// Provider-assigned id that links the call to its result.
+    pub id: String,
+    /// Name of the tool to run.
+    pub name: String,
+    /// The arguments exactly as the model produced them: JSON text, possibly malformed.
+    ///
+    /// Kept as text so that a malformed call can be reported back verbatim.
+    pub arguments: String,
+}
+
+impl ToolCall {
+    /// Parses [`ToolCall::arguments`] as JSON. An empty string counts as `{}`.
+    pub fn parse_arguments(&self) -> Result<serde_json::Value, serde_json::Error> {
+        if self.arguments.trim().is_empty() {
+            return Ok(serde_json::Value::Object(serde_json::Map::new()));
+        }
+        serde_json::from_str(&self.arguments)
+    }
+}
+
+/// The outcome of a tool call, as shown to the model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolResult {
+    /// The id of the [`ToolCall`] this answers.
+    pub id: String,
+    /// Text given to the model.
+    pub content: String,
+    /// Whether the call failed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub is_error: bool,
+    /// Stable machine-readable error code (`file_not_found`, `invalid_arguments`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+}
+
+/// One block of message content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentBlock {
+    /// Plain text.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// A tool call made by the assistant.
+    ToolCall(ToolCall),
+    /// A tool result sent back to the model.
+    ToolResult(ToolResult),
+    /// Model reasoning ("thinking") that some providers return.
+    Reasoning {
+        /// The reasoning text.
+        text: String,
+        /// Provider signature needed to send the block back (Anthropic), if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signature: Option<String>,
+    },
+}
+
+/// Token counts reported for one model request or summed over a call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+    /// Prompt tokens served from the provider's cache, when reported.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cached_input_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl Usage {
+    /// Total tokens.
+    pub fn total(&self) -> u64 {
+        self.input_tokens + self.output_tokens
+    }
+
+    /// Adds another usage to this one.
+    pub fn add(&mut self, other: &Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cached_input_tokens += other.cached_input_tokens;
+    }
+}
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// Author.
+    pub role: Role,
+    /// Content blocks in order.
+    pub content: Vec<ContentBlock>,
+    /// Usage of the model request that produced this message (assistant messages only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+impl Message {
+    /// A message with the given role and one text block.
+    pub fn text(role: Role, text: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: vec![ContentBlock::Text { text: text.into() }],
+            usage: None,
+        }
+    }
+
+    /// A user message.
+    pub fn user(text: impl Into<String>) -> Self {
+        Self::text(Role::User, text)
+    }
+
+    /// An assistant message with text only.
+    pub fn assistant(text: impl Into<String>) -> Self {
+        Self::text(Role::Assistant, text)
+    }
+
+    /// A system message.
+    pub fn system(text: impl Into<String>) -> Self {
+        Self::text(Role::System, text)
+    }
+
+    /// A tool message carrying results.
+    pub fn tool_results(results: Vec<ToolResult>) -> Self {
+        Self {
+            role: Role::Tool,
+            content: results.into_iter().map(ContentBlock::ToolResult).collect(),
+            usage: None,
+        }
+    }
+
+    /// All text blocks joined with no separator.
+    pub fn text_content(&self) -> String {
+        self.content
+            .iter()
+            .filter_map(|b| match b {
+                ContentBlock::Text { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The tool calls in this message.
+    pub fn tool_calls(&self) -> impl Iterator<Item = &ToolCall> {
+        self.content.iter().filter_map(|b| match b {
+            ContentBlock::ToolCall(c) => Some(c),
+            _ => None,
+        })
+    }
+
+    /// The tool results in this message.
+    pub fn tool_results_iter(&self) -> impl Iterator<Item = &ToolResult> {
+        self.content.iter().filter_map(|b| match b {
+            ContentBlock::ToolResult(r) => Some(r),
+            _ => None,
+        })
+    }
+
+    /// Whether this message asks for at least one tool call.
+    pub fn has_tool_calls(&self) -> bool {
+        self.tool_calls().next().is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    fn sample() -> Vec<Message> {
+        vec![
+            Message::system("be brief"),
+            Message::user("hi"),
+            Message {
+                role: Role::Assistant,
+                content: vec![
+                    ContentBlock::Reasoning {
+                        text: "think".into(),
+                        signature: Some("sig".into()),
+                    },
+                    ContentBlock::Text {
+                        text: "calling".into(),
+                    },
+                    ContentBlock::ToolCall(ToolCall {
+                        id: "c1".into(),
+                        name: "read_file".into(),
+                        arguments: r#"{"path":"a.txt"}"#.into(),
+                    }),
+                ],
+                usage: Some(Usage {
+                    input_tokens: 10,
+                    output_tokens: 3,
+                    cached_input_tokens: 0,
+                }),
+            },
+            Message::tool_results(vec![ToolResult {
+                id: "c1".into(),
+                content: "no such file".into(),
+                is_error: true,
+                code: Some("file_not_found".into()),
+            }]),
+        ]
+    }
+
+    #[test]
+    fn serde_round_trip() -> Result<(), serde_json::Error> {
+        let msgs = sample();
+        let text = serde_json::to_string(&msgs)?;
+        let back: Vec<Message> = serde_json::from_str(&text)?;
+        assert_eq!(msgs, back);
+        Ok(())
+    }
+
+    /// The persisted form is a contract: this literal must keep parsing forever.
+    #[test]
+    fn format_v1_is_stable() -> Result<(), serde_json::Error> {
+        let v1 = r#"[
+          {"role":"user","content":[{"type":"text","text":"hi"}]},
+          {"role":"assistant","content":[{"type":"tool_call","id":"c1","name":"ls","arguments":"{}"}],
+           "usage":{"input_tokens":5,"output_tokens":2}},
+          {"role":"tool","content":[{"type":"tool_result","id":"c1","content":"ok"}]}
+        ]"#;
+        let msgs: Vec<Message> = serde_json::from_str(v1)?;
+        assert_eq!(msgs.len(), 3);
+        assert_eq!(msgs[1].tool_calls().count(), 1);
+        assert_eq!(
+            msgs[2].tool_results_iter().next(),
+            Some(&ToolResult {
+                id: "c1".into(),
+                content: "ok".into(),
+                is_error: false,
+                code: None
+            })
+        );
+        let again = serde_json::to_value(&msgs)?;
+        let orig: serde_json::Value = serde_json::from_str(v1)?;
+        assert_eq!(orig, again);
+        Ok(())
+    }
+
+    #[test]
+    fn empty_arguments_parse_as_object() -> Result<(), serde_json::Error> {
+        let c = ToolCall {
+            id: "x".into(),
+            name: "t".into(),
+            arguments: " ".into(),
+        };
+        assert_eq!(c.parse_arguments()?, serde_json::json!({}));
+        Ok(())
+    }
+}

@@ -1,0 +1,351 @@
+//! Tools: the contract, a typed adapter that derives the JSON Schema, and the [`ToolSet`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::FutureExt;
+use futures::StreamExt;
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::context::ToolContext;
+use crate::message::{ToolCall, ToolResult};
+
+/// Stable error codes produced by the loop itself. Tools add their own (`file_not_found`, ...).
+pub mod codes {
+    /// The model named a tool that is not registered (or is filtered out).
+    pub const UNKNOWN_TOOL: &str = "unknown_tool";
+    /// The arguments were not valid JSON or did not match the schema.
+    pub const INVALID_ARGUMENTS: &str = "invalid_arguments";
+    /// The tool panicked.
+    pub const TOOL_PANICKED: &str = "tool_panicked";
+    /// The tool did not finish within its timeout.
+    pub const TIMEOUT: &str = "timeout";
+    /// A middleware refused the call.
+    pub const DENIED: &str = "permission_denied";
+    /// The call was cancelled.
+    pub const CANCELLED: &str = "cancelled";
+    /// Any other failure.
+    pub const FAILED: &str = "tool_failed";
+}
+
+/// The description of a tool given to the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// Unique name (`[a-zA-Z0-9_-]{1,64}` is what providers accept).
+    pub name: String,
+    /// What the tool does, for the model.
+    pub description: String,
+    /// JSON Schema of the arguments object.
+    pub parameters: serde_json::Value,
+}
+
+/// An error the model can act on. It becomes a tool result with `is_error = true`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolError {
+    /// Stable machine-readable code, see [`codes`].
+    pub code: String,
+    /// Human-readable explanation for the model.
+    pub message: String,
+}
+
+impl ToolError {
+    /// A new error.
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            code: code.into(),
+            message: message.into(),
+        }
+    }
+
+    /// An `invalid_arguments` error.
+    pub fn invalid_arguments(message: impl Into<String>) -> Self {
+        Self::new(codes::INVALID_ARGUMENTS, message)
+    }
+}
+
+impl fmt::Display for ToolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.message)
+    }
+}
+
+impl std::error::Error for ToolError {}
+
+/// What a tool returns: text for the model, or an error the model can act on.
+pub type ToolOutput = Result<String, ToolError>;
+
+/// Turns a tool output into the result block sent to the model.
+pub fn to_tool_result(id: &str, output: ToolOutput) -> ToolResult {
+    match output {
+        Ok(content) => ToolResult {
+            id: id.to_owned(),
+            content,
+            is_error: false,
+            code: None,
+        },
+        Err(e) => ToolResult {
+            id: id.to_owned(),
+            content: format!("Error [{}]: {}", e.code, e.message),
+            is_error: true,
+            code: Some(e.code),
+        },
+    }
+}
+
+/// A tool the model can call.
+///
+/// Implement [`TypedTool`] instead when the arguments have a Rust type: the schema is then
+/// derived and the arguments validated for you.
+#[async_trait]
+pub trait Tool: Send + Sync + fmt::Debug + 'static {
+    /// Name, description and parameter schema.
+    fn spec(&self) -> ToolSpec;
+
+    /// Runs the tool. Errors the model can fix are `Err(ToolError)`, never panics.
+    async fn call(&self, arguments: serde_json::Value, ctx: &ToolContext) -> ToolOutput;
+}
+
+#[async_trait]
+impl<T: Tool + ?Sized> Tool for Arc<T> {
+    fn spec(&self) -> ToolSpec {
+        (**self).spec()
+    }
+    async fn call(&self, arguments: serde_json::Value, ctx: &ToolContext) -> ToolOutput {
+        (**self).call(arguments, ctx).await
+    }
+}
+
+/// A tool with a typed argument struct; wrap it with [`typed`] to get a [`Tool`].
+#[async_trait]
+pub trait TypedTool: Send + Sync + fmt::Debug + 'static {
+    /// The argument type; its JSON Schema is given to the model.
+    type Args: DeserializeOwned + JsonSchema + Send;
+    /// The tool name.
+    fn name(&self) -> &str;
+    /// The description for the model.
+    fn description(&self) -> String;
+    /// Runs the tool with parsed arguments.
+    async fn run(&self, args: Self::Args, ctx: &ToolContext) -> ToolOutput;
+}
+
+/// Adapts a [`TypedTool`] to [`Tool`].
+#[derive(Debug)]
+pub struct Typed<T>(pub T);
+
+/// Wraps a [`TypedTool`] as an `Arc<dyn Tool>`.
+pub fn typed<T: TypedTool>(tool: T) -> Arc<dyn Tool> {
+    Arc::new(Typed(tool))
+}
+
+/// The JSON Schema of `T` as a tool parameter object (no `$schema`, no `title`).
+pub fn schema_for<T: JsonSchema>() -> serde_json::Value {
+    let schema = schemars::schema_for!(T);
+    let mut value = serde_json::to_value(&schema).unwrap_or_else(|_| serde_json::json!({}));
+    if let Some(obj) = value.as_object_mut() {
+        obj.remove("$schema");
+        obj.remove("title");
+        if !obj.contains_key("properties")
+            && obj.get("type").and_then(|t| t.as_str()) == Some("object")
+        {
+            obj.insert("properties".into(), serde_json::json!({}));
+        }
+    }
+    value
+}
+
+#[async_trait]
+impl<T: TypedTool> Tool for Typed<T> {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: self.0.name().to_owned(),
+            description: self.0.description(),
+            parameters: schema_for::<T::Args>(),
+        }
+    }
+
+    async fn call(&self, arguments: serde_json::Value, ctx: &ToolContext) -> ToolOutput {
+        let args: T::Args = serde_json::from_value(arguments).map_err(|e| {
+            ToolError::invalid_arguments(format!("arguments do not match the schema: {e}"))
+        })?;
+        self.0.run(args, ctx).await
+    }
+}
+
+/// Limits applied when the [`ToolSet`] runs calls.
+#[derive(Debug, Clone)]
+pub struct ToolRunOptions {
+    /// How many calls of one step run at once. Default 8.
+    pub max_concurrency: usize,
+    /// Per-call timeout. Default 300 s.
+    pub timeout: Duration,
+}
+
+impl Default for ToolRunOptions {
+    fn default() -> Self {
+        Self {
+            max_concurrency: 8,
+            timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// A registry of tools with allow/deny filtering.
+#[derive(Clone, Default)]
+pub struct ToolSet {
+    tools: BTreeMap<String, Arc<dyn Tool>>,
+    allow: Option<Vec<String>>,
+    deny: Vec<String>,
+}
+
+impl fmt::Debug for ToolSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolSet")
+            .field("tools", &self.tools.keys().collect::<Vec<_>>())
+            .field("allow", &self.allow)
+            .field("deny", &self.deny)
+            .finish()
+    }
+}
+
+impl ToolSet {
+    /// An empty set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers a tool; a tool with the same name is replaced.
+    pub fn register(&mut self, tool: Arc<dyn Tool>) {
+        let name = tool.spec().name;
+        self.tools.insert(name, tool);
+    }
+
+    /// Only tools named here are visible (`None` = all).
+    pub fn set_allow(&mut self, allow: Option<Vec<String>>) {
+        self.allow = allow;
+    }
+
+    /// Tools named here are never visible.
+    pub fn set_deny(&mut self, deny: Vec<String>) {
+        self.deny = deny;
+    }
+
+    fn visible(&self, name: &str) -> bool {
+        if self.deny.iter().any(|d| d == name) {
+            return false;
+        }
+        match &self.allow {
+            Some(allow) => allow.iter().any(|a| a == name),
+            None => true,
+        }
+    }
+
+    /// The visible tool with this name.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        if !self.visible(name) {
+            return None;
+        }
+        self.tools.get(name)
+    }
+
+    /// Names of the visible tools, sorted.
+    pub fn names(&self) -> Vec<String> {
+        self.tools
+            .keys()
+            .filter(|n| self.visible(n))
+            .cloned()
+            .collect()
+    }
+
+    /// Specs of the visible tools, sorted by name (a stable order helps prompt caching).
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        self.tools
+            .iter()
+            .filter(|(n, _)| self.visible(n))
+            .map(|(_, t)| t.spec())
+            .collect()
+    }
+
+    /// Whether no tool is visible.
+    pub fn is_empty(&self) -> bool {
+        self.names().is_empty()
+    }
+
+    /// Runs one call: unknown tool, malformed arguments, panic and timeout become error
+    /// outputs; nothing here fails the run.
+    pub async fn run_one(
+        &self,
+        call: &ToolCall,
+        ctx: &ToolContext,
+        timeout: Duration,
+    ) -> ToolOutput {
+        let Some(tool) = self.get(&call.name) else {
+            let mut names = self.names();
+            names.truncate(50);
+            return Err(ToolError::new(
+                codes::UNKNOWN_TOOL,
+                format!(
+                    "no tool named `{}`; available tools: {}",
+                    call.name,
+                    names.join(", ")
+                ),
+            ));
+        };
+        let args = match call.parse_arguments() {
+            Ok(v) => v,
+            Err(e) => {
+                return Err(ToolError::invalid_arguments(format!(
+                    "arguments are not valid JSON ({e}); send a JSON object matching the schema"
+                )));
+            }
+        };
+        if !args.is_object() {
+            return Err(ToolError::invalid_arguments(
+                "arguments must be a JSON object",
+            ));
+        }
+        let fut = std::panic::AssertUnwindSafe(tool.call(args, ctx)).catch_unwind();
+        tokio::select! {
+            biased;
+            _ = ctx.cancel.cancelled() => Err(ToolError::new(codes::CANCELLED, "the call was cancelled")),
+            res = tokio::time::timeout(timeout, fut) => match res {
+                Err(_) => {
+                    ctx.cancel.cancel();
+                    Err(ToolError::new(codes::TIMEOUT, format!("the tool did not finish within {} s", timeout.as_secs_f64())))
+                }
+                Ok(Err(panic)) => {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".to_owned());
+                    tracing::error!(tool = %call.name, panic = %what, "tool panicked");
+                    Err(ToolError::new(codes::TOOL_PANICKED, format!("the tool failed unexpectedly: {what}")))
+                }
+                Ok(Ok(out)) => out,
+            }
+        }
+    }
+
+    /// Runs several calls concurrently (bounded), returning outputs in call order.
+    pub async fn run_many<'a>(
+        &self,
+        calls: impl IntoIterator<Item = (&'a ToolCall, ToolContext)>,
+        options: &ToolRunOptions,
+    ) -> Vec<ToolOutput> {
+        let timeout = options.timeout;
+        futures::stream::iter(calls)
+            .map(|(call, ctx)| async move { self.run_one(call, &ctx, timeout).await })
+            .buffered(options.max_concurrency.max(1))
+            .collect()
+            .await
+    }
+}
+
+#[cfg(test)]
+#[path = "tool_tests.rs"]
+mod tests;
