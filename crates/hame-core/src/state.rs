@@ -69,10 +69,8 @@ impl AgentState {
                 supported: STATE_SCHEMA_VERSION,
             });
         }
-        if version == 0 {
-            if let Some(obj) = value.as_object_mut() {
-                obj.insert("schema_version".into(), serde_json::json!(1));
-            }
+        if let (0, Some(obj)) = (version, value.as_object_mut()) {
+            obj.insert("schema_version".into(), serde_json::json!(1));
         }
         Ok(serde_json::from_value(value)?)
     }
