@@ -1,0 +1,424 @@
+//! `cargo xtask ci`: every CI step, in order, each timed.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::deps::{FACADE, Graph};
+use crate::proc;
+use crate::services::{self, ServiceEnv, ServiceOptions};
+
+/// One CI step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Install and start the test services.
+    Services,
+    /// `cargo fmt --check`.
+    Fmt,
+    /// `cargo clippy -D warnings` on all targets and features.
+    Clippy,
+    /// `cargo nextest run` with the `ci` profile.
+    Nextest,
+    /// `cargo test --doc`.
+    Doctest,
+    /// Dependency-direction checks over `cargo metadata`.
+    Deps,
+    /// `cargo deny check bans licenses sources`.
+    Deny,
+    /// `cargo check -p hame --no-default-features --features <f>` per facade feature.
+    Features,
+}
+
+impl Step {
+    /// All steps in the order CI runs them.
+    pub const ALL: [Step; 8] = [
+        Step::Services,
+        Step::Fmt,
+        Step::Clippy,
+        Step::Nextest,
+        Step::Doctest,
+        Step::Deps,
+        Step::Deny,
+        Step::Features,
+    ];
+
+    /// The name used on the command line and in the log.
+    pub fn name(self) -> &'static str {
+        match self {
+            Step::Services => "services",
+            Step::Fmt => "fmt",
+            Step::Clippy => "clippy",
+            Step::Nextest => "nextest",
+            Step::Doctest => "doctest",
+            Step::Deps => "deps",
+            Step::Deny => "deny",
+            Step::Features => "features",
+        }
+    }
+
+    fn parse(name: &str) -> Result<Self> {
+        Step::ALL
+            .into_iter()
+            .find(|s| s.name() == name)
+            .with_context(|| {
+                let names: Vec<&str> = Step::ALL.iter().map(|s| s.name()).collect();
+                format!("unknown step `{name}`; steps: {}", names.join(" "))
+            })
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What `cargo xtask ci` should run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CiOptions {
+    /// The steps to run, in CI order.
+    pub steps: Vec<Step>,
+    /// Stop after the first failing step.
+    pub fail_fast: bool,
+}
+
+impl CiOptions {
+    /// Parses `--only <step>`, `--skip <step>`, `--skip-deny` and `--fail-fast`.
+    pub fn parse(args: &[String]) -> Result<Self> {
+        let mut only = Vec::new();
+        let mut skip = Vec::new();
+        let mut fail_fast = false;
+        let mut args = args.iter();
+        while let Some(arg) = args.next() {
+            match arg.as_str() {
+                "--only" | "--skip" => {
+                    let value = args
+                        .next()
+                        .with_context(|| format!("{arg} needs a step name"))?;
+                    let list = if arg == "--only" {
+                        &mut only
+                    } else {
+                        &mut skip
+                    };
+                    for name in value.split(',') {
+                        list.push(Step::parse(name)?);
+                    }
+                }
+                "--skip-deny" => skip.push(Step::Deny),
+                "--fail-fast" => fail_fast = true,
+                other => bail!("unknown ci option `{other}`"),
+            }
+        }
+        let steps = Step::ALL
+            .into_iter()
+            .filter(|s| only.is_empty() || only.contains(s))
+            .filter(|s| !skip.contains(s))
+            .collect();
+        Ok(Self { steps, fail_fast })
+    }
+}
+
+struct Outcome {
+    step: Step,
+    elapsed: Duration,
+    result: Result<()>,
+}
+
+/// Runs the selected steps; returns failure if any step failed.
+pub fn run(root: &Path, options: &CiOptions) -> Result<ExitCode> {
+    let ctx = Ctx::new(root)?;
+    let total = Instant::now();
+    let mut env = None;
+    let mut outcomes = Vec::new();
+    let count = options.steps.len();
+    println!(
+        "xtask ci: {count} step(s): {}  (CI={})",
+        options
+            .steps
+            .iter()
+            .map(|s| s.name())
+            .collect::<Vec<_>>()
+            .join(" "),
+        std::env::var("CI").unwrap_or_default()
+    );
+    for (index, step) in options.steps.iter().copied().enumerate() {
+        println!("\n==> [{}/{count}] {step}", index + 1);
+        let started = Instant::now();
+        let result = match step {
+            Step::Services => ServiceOptions::from_env(root)
+                .and_then(|o| services::start_all(&o))
+                .map(|e| env = Some(e)),
+            other => ctx.run_step(other, env.as_ref()),
+        };
+        let elapsed = started.elapsed();
+        match &result {
+            Ok(()) => println!("<== {step}: ok in {}", seconds(elapsed)),
+            Err(err) => println!("<== {step}: FAILED in {}: {err:#}", seconds(elapsed)),
+        }
+        let failed = result.is_err();
+        outcomes.push(Outcome {
+            step,
+            elapsed,
+            result,
+        });
+        if failed && options.fail_fast {
+            break;
+        }
+    }
+    println!("\nxtask ci summary (total {}):", seconds(total.elapsed()));
+    for outcome in &outcomes {
+        let status = if outcome.result.is_ok() {
+            "ok"
+        } else {
+            "FAILED"
+        };
+        println!(
+            "  {:<9} {:<7} {:>9}",
+            outcome.step.name(),
+            status,
+            seconds(outcome.elapsed)
+        );
+    }
+    let failed: Vec<&str> = outcomes
+        .iter()
+        .filter(|o| o.result.is_err())
+        .map(|o| o.step.name())
+        .collect();
+    if failed.is_empty() {
+        println!("all steps passed");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("failed steps: {}", failed.join(" "));
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+fn seconds(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}
+
+/// The workspace and the tools CI needs.
+struct Ctx {
+    root: PathBuf,
+    cargo: PathBuf,
+    target_dir: PathBuf,
+}
+
+impl Ctx {
+    fn new(root: &Path) -> Result<Self> {
+        let cargo = std::env::var_os("CARGO").map_or_else(|| PathBuf::from("cargo"), PathBuf::from);
+        let target_dir =
+            std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+        Ok(Self {
+            root: root.to_path_buf(),
+            cargo,
+            target_dir,
+        })
+    }
+
+    /// `cargo <args>` in the workspace root, with the service variables set.
+    fn cargo(&self, env: Option<&ServiceEnv>) -> Command {
+        let mut cmd = Command::new(&self.cargo);
+        cmd.current_dir(&self.root);
+        if let Some(env) = env {
+            cmd.envs(env.vars());
+        }
+        cmd
+    }
+
+    fn run_step(&self, step: Step, env: Option<&ServiceEnv>) -> Result<()> {
+        match step {
+            Step::Services => Ok(()),
+            Step::Fmt => proc::run(self.cargo(None).args(["fmt", "--all", "--", "--check"])),
+            Step::Clippy => proc::run(self.cargo(None).args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--all-features",
+                "--",
+                "-D",
+                "warnings",
+            ])),
+            Step::Nextest => {
+                self.ensure_tool("nextest", "cargo-nextest", "^0.9")?;
+                proc::run(self.cargo(env).args([
+                    "nextest",
+                    "run",
+                    "--workspace",
+                    "--all-features",
+                    "--profile",
+                    "ci",
+                ]))
+            }
+            Step::Doctest => {
+                proc::run(
+                    self.cargo(env)
+                        .args(["test", "--doc", "--workspace", "--all-features"]),
+                )
+            }
+            Step::Deps => self.check_deps(),
+            Step::Deny => {
+                proc::run(self.cargo(None).arg("fetch"))?;
+                self.ensure_tool("deny", "cargo-deny", "^0.20")?;
+                proc::run(self.cargo(None).args([
+                    "deny",
+                    "--offline",
+                    "check",
+                    "bans",
+                    "licenses",
+                    "sources",
+                ]))
+            }
+            Step::Features => self.check_features(),
+        }
+    }
+
+    fn metadata(&self) -> Result<Graph> {
+        let json = proc::capture(self.cargo(None).args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--all-features",
+        ]))?;
+        let value: serde_json::Value =
+            serde_json::from_str(&json).context("parse cargo metadata output")?;
+        Graph::from_metadata(&value)
+    }
+
+    fn check_deps(&self) -> Result<()> {
+        let graph = self.metadata()?;
+        println!("dependency graph: {}", graph.summary());
+        let violations = graph.violations();
+        if violations.is_empty() {
+            println!("dependency directions: ok");
+            return Ok(());
+        }
+        for violation in &violations {
+            println!("  violation: {violation}");
+        }
+        bail!("{} dependency rule violation(s)", violations.len())
+    }
+
+    fn check_features(&self) -> Result<()> {
+        let graph = self.metadata()?;
+        let Some(features) = graph.workspace_features(FACADE) else {
+            println!("no `{FACADE}` crate in the workspace yet; nothing to check");
+            return Ok(());
+        };
+        let mut sets: Vec<Option<String>> = vec![None];
+        sets.extend(features.into_iter().map(Some));
+        let mut failed = Vec::new();
+        for set in &sets {
+            let mut cmd = self.cargo(None);
+            cmd.args(["check", "-p", FACADE, "--no-default-features"]);
+            if let Some(feature) = set {
+                cmd.args(["--features", feature]);
+            }
+            let started = Instant::now();
+            let label = set.as_deref().unwrap_or("(none)");
+            match proc::run(&mut cmd) {
+                Ok(()) => println!("feature {label}: ok in {}", seconds(started.elapsed())),
+                Err(err) => {
+                    println!("feature {label}: FAILED: {err:#}");
+                    failed.push(label.to_owned());
+                }
+            }
+        }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            bail!(
+                "`{FACADE}` does not build with feature(s): {}",
+                failed.join(", ")
+            )
+        }
+    }
+
+    /// Installs `cargo <sub>` from crates.io when it is missing. Build artefacts go to the
+    /// shared target dir so a second install is incremental.
+    fn ensure_tool(&self, sub: &str, krate: &str, version: &str) -> Result<()> {
+        let present = proc::succeeds_quietly(
+            Command::new(&self.cargo).args([sub, "--version"]),
+            Duration::from_secs(30),
+        );
+        if present {
+            return Ok(());
+        }
+        println!("`cargo {sub}` is missing; installing {krate} {version} (takes minutes)");
+        proc::run(
+            Command::new(&self.cargo)
+                .args(["install", "--locked", krate, "--version", version])
+                .arg("--target-dir")
+                .arg(self.target_dir.join("xtask").join("tools")),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn no_options_runs_everything_in_order() -> Result<()> {
+        assert_eq!(
+            CiOptions::parse(&[])?,
+            CiOptions {
+                steps: Step::ALL.to_vec(),
+                fail_fast: false,
+            }
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn only_and_skip_select_steps_but_keep_ci_order() -> Result<()> {
+        let options = CiOptions::parse(&args(&[
+            "--only",
+            "deps",
+            "--only",
+            "fmt,clippy",
+            "--skip",
+            "clippy",
+            "--fail-fast",
+        ]))?;
+        assert_eq!(
+            options,
+            CiOptions {
+                steps: vec![Step::Fmt, Step::Deps],
+                fail_fast: true,
+            }
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn skip_deny_drops_only_deny() -> Result<()> {
+        let options = CiOptions::parse(&args(&["--skip-deny"]))?;
+        let expected: Vec<Step> = Step::ALL.into_iter().filter(|s| *s != Step::Deny).collect();
+        assert_eq!(options.steps, expected);
+        Ok(())
+    }
+
+    #[test]
+    fn bad_options_are_rejected() {
+        assert!(CiOptions::parse(&args(&["--only", "lint"])).is_err());
+        assert!(CiOptions::parse(&args(&["--only"])).is_err());
+        assert!(CiOptions::parse(&args(&["--verbose"])).is_err());
+    }
+
+    #[test]
+    fn step_names_round_trip() -> Result<()> {
+        for step in Step::ALL {
+            assert_eq!(Step::parse(&step.to_string())?, step);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,254 @@
+use super::*;
+use pretty_assertions::assert_eq;
+use serde_json::json;
+
+/// Edge kinds as cargo metadata spells them.
+#[derive(Clone, Copy)]
+enum Kind {
+    Normal,
+    Dev,
+    Build,
+}
+
+fn id(name: &str) -> String {
+    format!("{name} 0.1.0")
+}
+
+/// Builds `cargo metadata` JSON: `workspace` members, other `packages`, and edges.
+fn metadata(workspace: &[&str], packages: &[&str], edges: &[(&str, &str, Kind)]) -> Value {
+    let all: Vec<&str> = workspace.iter().chain(packages).copied().collect();
+    let packages: Vec<Value> = all
+        .iter()
+        .map(|name| {
+            let features = if *name == "hame" {
+                json!({"default": ["redis"], "redis": [], "postgres": [], "docker": []})
+            } else {
+                json!({})
+            };
+            json!({"id": id(name), "name": name, "features": features})
+        })
+        .collect();
+    let nodes: Vec<Value> = all
+        .iter()
+        .map(|name| {
+            let deps: Vec<Value> = edges
+                .iter()
+                .filter(|(from, _, _)| from == name)
+                .map(|(_, to, kind)| {
+                    let kind = match kind {
+                        Kind::Normal => Value::Null,
+                        Kind::Dev => json!("dev"),
+                        Kind::Build => json!("build"),
+                    };
+                    json!({"name": to.replace('-', "_"), "pkg": id(to),
+                           "dep_kinds": [{"kind": kind, "target": null}]})
+                })
+                .collect();
+            json!({"id": id(name), "deps": deps, "features": []})
+        })
+        .collect();
+    json!({
+        "packages": packages,
+        "workspace_members": workspace.iter().map(|n| id(n)).collect::<Vec<_>>(),
+        "resolve": {"nodes": nodes, "root": null},
+    })
+}
+
+const WORKSPACE: [&str; 7] = [
+    "hame-core",
+    "hame-model",
+    "hame-state",
+    "hame-harness",
+    "hame",
+    "hame-cli",
+    "hame-test-support",
+];
+
+fn healthy_edges() -> Vec<(&'static str, &'static str, Kind)> {
+    vec![
+        ("hame-core", "serde", Kind::Normal),
+        ("hame-core", "tokio", Kind::Normal),
+        ("hame-model", "hame-core", Kind::Normal),
+        ("hame-model", "reqwest", Kind::Normal),
+        ("hame-model", "hame-test-support", Kind::Dev),
+        ("hame-state", "hame-core", Kind::Normal),
+        ("hame-state", "rusqlite", Kind::Normal),
+        ("rusqlite", "libsqlite3-sys", Kind::Normal),
+        ("hame-state", "sqlx", Kind::Normal),
+        ("hame-harness", "hame-model", Kind::Normal),
+        ("hame-harness", "hame-state", Kind::Normal),
+        ("hame", "hame-harness", Kind::Normal),
+        ("hame-cli", "hame", Kind::Normal),
+        ("hame-test-support", "hame-harness", Kind::Normal),
+        ("hame-core", "redis", Kind::Dev),
+    ]
+}
+
+const EXTERNAL: [&str; 7] = [
+    "serde",
+    "tokio",
+    "reqwest",
+    "rusqlite",
+    "libsqlite3-sys",
+    "sqlx",
+    "redis",
+];
+
+fn graph(edges: &[(&str, &str, Kind)], extra: &[&str]) -> Result<Graph> {
+    let packages: Vec<&str> = EXTERNAL.iter().chain(extra).copied().collect();
+    Graph::from_metadata(&metadata(&WORKSPACE, &packages, edges))
+}
+
+#[test]
+fn a_healthy_graph_has_no_violations() -> Result<()> {
+    let graph = graph(&healthy_edges(), &[])?;
+    assert_eq!(graph.violations(), Vec::<String>::new());
+    assert_eq!(
+        graph.summary(),
+        "14 packages, 7 workspace members, 1 libsqlite3-sys"
+    );
+    Ok(())
+}
+
+#[test]
+fn core_reaching_a_backend_transitively_is_reported_with_its_path() -> Result<()> {
+    let mut edges = healthy_edges();
+    edges.push(("tokio", "hyper", Kind::Normal));
+    edges.push(("hyper", "reqwest", Kind::Build));
+    let graph = graph(&edges, &["hyper"])?;
+    assert_eq!(
+        graph.violations(),
+        vec!["hame-core must not depend on reqwest: hame-core -> tokio -> hyper -> reqwest"]
+    );
+    Ok(())
+}
+
+#[test]
+fn dev_edges_do_not_count_for_core() -> Result<()> {
+    // `hame-core -> redis` is a dev edge in the healthy graph.
+    let graph = graph(&healthy_edges(), &[])?;
+    assert!(graph.violations().iter().all(|v| !v.contains("redis")));
+    Ok(())
+}
+
+#[test]
+fn upward_edges_are_reported() -> Result<()> {
+    let mut edges = healthy_edges();
+    edges.push(("hame-model", "hame-harness", Kind::Normal));
+    edges.push(("hame-core", "hame-state", Kind::Build));
+    let graph = graph(&edges, &[])?;
+    let mut got = graph.violations();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            "hame-core (Core) must not depend on hame-state (Leaf): edges point down the \
+             layering core <- leaf crates <- harness <- hame <- hame-cli",
+            "hame-core must not depend on rusqlite: hame-core -> hame-state -> rusqlite",
+            "hame-core must not depend on sqlx: hame-core -> hame-state -> sqlx",
+            "hame-model (Leaf) must not depend on hame-harness (Harness): edges point down \
+             the layering core <- leaf crates <- harness <- hame <- hame-cli",
+        ]
+    );
+    Ok(())
+}
+
+#[test]
+fn leaf_to_leaf_and_upward_dev_edges_are_allowed() -> Result<()> {
+    let mut edges = healthy_edges();
+    edges.push(("hame-state", "hame-model", Kind::Normal));
+    edges.push(("hame-model", "hame", Kind::Dev));
+    assert_eq!(graph(&edges, &[])?.violations(), Vec::<String>::new());
+    Ok(())
+}
+
+#[test]
+fn libraries_must_not_depend_on_test_support() -> Result<()> {
+    let mut edges = healthy_edges();
+    edges.push(("hame-harness", "hame-test-support", Kind::Normal));
+    assert_eq!(
+        graph(&edges, &[])?.violations(),
+        vec![
+            "hame-harness must not depend on helper crate hame-test-support \
+             (use [dev-dependencies])"
+        ]
+    );
+    Ok(())
+}
+
+#[test]
+fn a_second_sqlite_is_reported() -> Result<()> {
+    let mut edges = healthy_edges();
+    edges.push(("sqlx", "sqlx-sqlite", Kind::Normal));
+    edges.push(("sqlx-sqlite", "libsqlite3-sys 0.30", Kind::Normal));
+    let meta = {
+        let mut packages: Vec<&str> = EXTERNAL.to_vec();
+        packages.extend(["sqlx-sqlite", "libsqlite3-sys 0.30"]);
+        let mut meta = metadata(&WORKSPACE, &packages, &edges);
+        // Give the second copy its real crate name.
+        if let Some(pkgs) = meta["packages"].as_array_mut() {
+            for pkg in pkgs {
+                if pkg["name"] == "libsqlite3-sys 0.30" {
+                    pkg["name"] = json!("libsqlite3-sys");
+                }
+            }
+        }
+        meta
+    };
+    let graph = Graph::from_metadata(&meta)?;
+    assert_eq!(
+        graph.violations(),
+        vec![
+            "2 copies of libsqlite3-sys in the graph; only rusqlite may link SQLite (do not \
+             enable sqlx's `sqlite` feature)",
+            "sqlx-sqlite is in the graph; SQLite goes through rusqlite only",
+        ]
+    );
+    Ok(())
+}
+
+#[test]
+fn no_sqlite_at_all_is_fine_while_nothing_uses_rusqlite() -> Result<()> {
+    let meta = metadata(
+        &["hame-core"],
+        &["serde"],
+        &[("hame-core", "serde", Kind::Normal)],
+    );
+    assert_eq!(
+        Graph::from_metadata(&meta)?.violations(),
+        Vec::<String>::new()
+    );
+    Ok(())
+}
+
+#[test]
+fn facade_features_exclude_default_and_are_sorted() -> Result<()> {
+    let graph = graph(&healthy_edges(), &[])?;
+    assert_eq!(
+        graph.workspace_features("hame"),
+        Some(vec![
+            "docker".to_owned(),
+            "postgres".to_owned(),
+            "redis".to_owned()
+        ])
+    );
+    assert_eq!(graph.workspace_features("serde"), None);
+    Ok(())
+}
+
+#[test]
+fn metadata_without_resolve_is_an_error() {
+    let meta = json!({"packages": [], "workspace_members": [], "resolve": null});
+    assert!(Graph::from_metadata(&meta).is_err());
+}
+
+#[test]
+fn layers_of_known_and_unknown_crates() {
+    assert_eq!(layer_of("hame-core"), Some(Layer::Core));
+    assert_eq!(layer_of("hame-sandbox"), Some(Layer::Leaf));
+    assert_eq!(layer_of("hame-harness"), Some(Layer::Harness));
+    assert_eq!(layer_of("hame"), Some(Layer::Facade));
+    assert_eq!(layer_of("hame-cli"), Some(Layer::Cli));
+    assert_eq!(layer_of("hame-test-support"), None);
+    assert_eq!(layer_of("xtask"), None);
+}

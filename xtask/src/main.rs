@@ -1,0 +1,100 @@
+//! Repository automation for the hame workspace.
+//!
+//! `cargo xtask ci` runs exactly what CI runs (`.ci/run` calls it); `cargo xtask services`
+//! installs and starts the test services; `cargo xtask env` prints the variables that point
+//! the tests at them. See `docs/testing.md`.
+
+// A command-line tool: printing progress is its job.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+mod ci;
+mod deps;
+mod proc;
+mod services;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Result, bail};
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [options]
+
+commands:
+  ci          run every CI step (what `bash .ci/run` runs)
+  services    install (if missing) and start Redis, PostgreSQL, MariaDB, moto S3 and Docker
+  env         print `export` lines that point the tests at the local services
+  help        print this text
+
+ci options:
+  --only <step>   run only this step (repeatable)
+  --skip <step>   skip this step (repeatable)
+  --skip-deny     same as --skip deny
+  --fail-fast     stop at the first failing step (default: run all, then report)
+
+steps, in order: services fmt clippy nextest doctest deps deny features";
+
+fn main() -> ExitCode {
+    match run(std::env::args().skip(1).collect()) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("xtask: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Vec<String>) -> Result<ExitCode> {
+    let Some((command, rest)) = args.split_first() else {
+        println!("{USAGE}");
+        return Ok(ExitCode::FAILURE);
+    };
+    let root = workspace_root();
+    match command.as_str() {
+        "ci" => {
+            let options = ci::CiOptions::parse(rest)?;
+            ci::run(&root, &options)
+        }
+        "services" => {
+            no_extra_args(rest)?;
+            let env = services::start_all(&services::ServiceOptions::from_env(&root)?)?;
+            println!("services ready; for your shell:");
+            for (key, value) in env.vars() {
+                println!("export {key}={value}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        "env" => {
+            no_extra_args(rest)?;
+            for (key, value) in services::TEST_ENV {
+                println!("export {key}={value}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        "help" | "--help" | "-h" => {
+            println!("{USAGE}");
+            Ok(ExitCode::SUCCESS)
+        }
+        other => bail!("unknown command `{other}`\n\n{USAGE}"),
+    }
+}
+
+fn no_extra_args(rest: &[String]) -> Result<()> {
+    if let Some(arg) = rest.first() {
+        bail!("unexpected argument `{arg}`\n\n{USAGE}");
+    }
+    Ok(())
+}
+
+/// The workspace root: the parent of this crate's manifest directory.
+fn workspace_root() -> PathBuf {
+    let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir
+        .parent()
+        .map_or_else(|| manifest_dir.clone(), PathBuf::from)
+}
+
+/// `true` when running under CI (`CI=true` or `CI=1`): a missing service is then an error.
+fn is_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
