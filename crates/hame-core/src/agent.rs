@@ -319,25 +319,29 @@ impl AgentLoop {
         }
         // Then the allowed calls run concurrently, bounded.
         let timeout = self.config.tools.timeout;
-        let outputs: Vec<(crate::tool::ToolOutput, u64)> = futures::stream::iter(planned.iter())
-            .map(|(call, verdict)| {
-                let ctx = ToolContext {
-                    runtime: cx.runtime.clone(),
-                    call_id: call.id.clone(),
-                    cancel: cancel.child_token(),
+        let mut runs = Vec::with_capacity(planned.len());
+        for (call, verdict) in &planned {
+            let ctx = ToolContext {
+                runtime: cx.runtime.clone(),
+                call_id: call.id.clone(),
+                cancel: cancel.child_token(),
+            };
+            let verdict = verdict.clone();
+            let call = call.clone();
+            let tools = &self.tools;
+            runs.push(async move {
+                let started = Instant::now();
+                let out = match verdict {
+                    Some(v) => v,
+                    None => tools.run_one(&call, &ctx, timeout).await,
                 };
-                async move {
-                    let started = Instant::now();
-                    let out = match verdict {
-                        Some(v) => v.clone(),
-                        None => self.tools.run_one(call, &ctx, timeout).await,
-                    };
-                    (
-                        out,
-                        u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-                    )
-                }
-            })
+                (
+                    out,
+                    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                )
+            });
+        }
+        let outputs: Vec<(crate::tool::ToolOutput, u64)> = futures::stream::iter(runs)
             .buffered(self.config.tools.max_concurrency.max(1))
             .collect()
             .await;

@@ -338,8 +338,11 @@ impl ToolSet {
         options: &ToolRunOptions,
     ) -> Vec<ToolOutput> {
         let timeout = options.timeout;
-        futures::stream::iter(calls)
+        let runs: Vec<_> = calls
+            .into_iter()
             .map(|(call, ctx)| async move { self.run_one(call, &ctx, timeout).await })
+            .collect();
+        futures::stream::iter(runs)
             .buffered(options.max_concurrency.max(1))
             .collect()
             .await

@@ -1,0 +1,49 @@
+//! The harness error.
+
+/// Why building or calling a [`HarnessAgent`](crate::HarnessAgent) failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The builder is missing something or holds a contradiction; the message says what to set.
+    #[error("configuration error: {0}")]
+    Config(String),
+    /// An id in the runtime context is not acceptable.
+    #[error("invalid id: {0}")]
+    InvalidId(String),
+    /// The loop failed.
+    #[error(transparent)]
+    Call(#[from] hame_core::Error),
+    /// Another call holds the session and did not release it in time.
+    #[error("session `{0}` is busy with another call")]
+    SessionBusy(String),
+    /// Reading or writing state, logs or workspace files failed.
+    #[error("storage error: {message}")]
+    Storage {
+        /// What failed.
+        message: String,
+        /// The cause.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+}
+
+impl Error {
+    /// A storage error from any cause.
+    pub fn storage(
+        message: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Error::Storage {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// Whether the error is the caller's configuration (exit code 2 in the CLI).
+    pub fn is_config(&self) -> bool {
+        matches!(self, Error::Config(_) | Error::InvalidId(_))
+    }
+}
+
+/// `Result` with the harness [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,45 @@
+//! # hame-harness
+//!
+//! The composition root of hame: [`HarnessAgent`] wraps the ReAct loop of `hame-core` with
+//! workspace context (the system prompt is rebuilt from `AGENTS.md`, `MEMORY.md` and
+//! `knowledge/` before every step), per-session state, and the harness's built-in
+//! middleware. It contains no backend code: backends come from the leaf crates.
+//!
+//! Applications depend on the `hame` facade, which re-exports this crate.
+//!
+//! ```
+//! # #[cfg(feature = "test-support")]
+//! # async fn demo() -> Result<(), hame_harness::Error> {
+//! use std::sync::Arc;
+//! use hame_core::{Message, RuntimeContext, test_support::{Reply, ScriptedModel}};
+//! use hame_harness::HarnessAgent;
+//!
+//! let dir = std::env::temp_dir().join("hame-doc-ws");
+//! let agent = HarnessAgent::builder()
+//!     .name("helper")
+//!     .model(Arc::new(ScriptedModel::new([Reply::text("hello")])))
+//!     .workspace(&dir)
+//!     .build()?;
+//! let out = agent.call(Message::user("hi"), &RuntimeContext::new("s1")).await?;
+//! assert_eq!(out.reply.text_content(), "hello");
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+mod agent;
+mod context;
+mod error;
+mod ids;
+mod local;
+pub mod prompt;
+mod workspace;
+
+pub use agent::{DEFAULT_AGENT_NAME, EnvLookup, HarnessAgent, HarnessAgentBuilder};
+pub use context::{
+    ContextOptions, DEFAULT_MEMORY_BUDGET_TOKENS, TokenCount, WorkspaceContext, WorkspaceReader,
+};
+pub use error::{Error, Result};
+pub use ids::{MAX_ID_LEN, validate_id};
+pub use local::LocalWorkspaceReader;
+pub use workspace::{DEFAULT_WORKSPACE, WORKSPACE_ENV, resolve_workspace};
