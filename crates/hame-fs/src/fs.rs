@@ -1,0 +1,504 @@
+//! The [`Filesystem`] trait, its option and result types, and the [`Execute`] capability.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sha2::Digest;
+
+use crate::error::Result;
+use crate::generic;
+use crate::path::FsPath;
+
+/// Default number of lines [`ReadWindow`] returns when no limit is given.
+pub const DEFAULT_READ_LINES: usize = 2000;
+/// Files larger than this are skipped by the generic `grep` (they are not searched).
+pub const GREP_MAX_FILE_BYTES: u64 = 10 * 1024 * 1024;
+/// How many leading bytes are inspected for a NUL byte to decide a file is binary.
+pub const BINARY_SNIFF_BYTES: usize = 8192;
+
+/// Kind of an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+}
+
+/// Metadata of one entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileInfo {
+    /// The virtual path.
+    pub path: FsPath,
+    /// File or directory.
+    pub kind: FileKind,
+    /// Size in bytes (0 for directories).
+    pub size: u64,
+    /// Last modification time, when the backend knows it.
+    pub modified: Option<DateTime<Utc>>,
+}
+
+impl FileInfo {
+    /// A file entry.
+    pub fn file(path: FsPath, size: u64) -> Self {
+        FileInfo {
+            path,
+            kind: FileKind::File,
+            size,
+            modified: None,
+        }
+    }
+
+    /// A directory entry.
+    pub fn dir(path: FsPath) -> Self {
+        FileInfo {
+            path,
+            kind: FileKind::Dir,
+            size: 0,
+            modified: None,
+        }
+    }
+
+    /// Whether this is a directory.
+    pub fn is_dir(&self) -> bool {
+        self.kind == FileKind::Dir
+    }
+}
+
+/// The version of a file's content: the hex SHA-256 of its bytes. Every backend computes it
+/// the same way, so versions compare across backends and layers.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Version(String);
+
+impl Version {
+    /// The version of `content`.
+    pub fn of(content: &[u8]) -> Self {
+        Version(hex::encode(sha2::Sha256::digest(content)))
+    }
+
+    /// The hex digest.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Version {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How [`Filesystem::write`] treats an existing file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum WriteMode {
+    /// Replace whatever is there (the default).
+    #[default]
+    Overwrite,
+    /// Fail with `already_exists` if the path exists.
+    CreateNew,
+    /// Write only if the current content has this version; otherwise `conflict` (also when
+    /// the file does not exist).
+    IfMatch(Version),
+}
+
+/// Options of [`Filesystem::write`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WriteOptions {
+    /// Overwrite, create-only or compare-and-set.
+    pub mode: WriteMode,
+}
+
+impl WriteOptions {
+    /// Create-only.
+    pub fn create_new() -> Self {
+        WriteOptions {
+            mode: WriteMode::CreateNew,
+        }
+    }
+
+    /// Compare-and-set against `version`.
+    pub fn if_match(version: Version) -> Self {
+        WriteOptions {
+            mode: WriteMode::IfMatch(version),
+        }
+    }
+}
+
+/// Options of [`Filesystem::delete`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeleteOptions {
+    /// Delete a directory and everything below it. Without it, deleting a directory is
+    /// `is_directory`.
+    pub recursive: bool,
+}
+
+/// Options of [`Filesystem::rename`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RenameOptions {
+    /// Replace an existing destination file. Without it, an existing destination is
+    /// `already_exists`.
+    pub overwrite: bool,
+}
+
+/// A window of lines for [`Filesystem::read`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadWindow {
+    /// First line to return, 0-based.
+    pub offset: usize,
+    /// How many lines at most; `None` means [`DEFAULT_READ_LINES`].
+    pub limit: Option<usize>,
+}
+
+impl ReadWindow {
+    /// Every line (no limit).
+    pub fn all() -> Self {
+        ReadWindow {
+            offset: 0,
+            limit: Some(usize::MAX),
+        }
+    }
+}
+
+/// The lines returned by [`Filesystem::read`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TextWindow {
+    /// The lines, byte-exact, each with its own line ending (`\n`, `\r\n` or none at EOF).
+    pub text: String,
+    /// 0-based index of the first line returned.
+    pub offset: usize,
+    /// How many lines were returned.
+    pub lines: usize,
+    /// How many lines the file has (a final line without `\n` counts).
+    pub total_lines: usize,
+    /// Version of the whole file.
+    pub version: Version,
+    /// Size of the whole file in bytes.
+    pub size: u64,
+}
+
+/// An exact-replacement edit for [`Filesystem::edit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EditRequest {
+    /// Text to find; must not be empty.
+    pub old: String,
+    /// Replacement; must differ from `old`.
+    pub new: String,
+    /// Replace every occurrence; without it `old` must occur exactly once.
+    pub replace_all: bool,
+}
+
+/// What [`Filesystem::edit`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EditOutcome {
+    /// How many occurrences were replaced.
+    pub replacements: usize,
+    /// The new version.
+    pub version: Version,
+}
+
+/// A content search for [`Filesystem::grep`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrepRequest {
+    /// A regular expression (Rust `regex` syntax), or a literal string with `literal`.
+    pub pattern: String,
+    /// Treat `pattern` as a literal string.
+    pub literal: bool,
+    /// Ignore case.
+    pub case_insensitive: bool,
+    /// Directory (or single file) to search; the root by default.
+    pub path: FsPath,
+    /// Only files whose path matches this glob. A glob without `/` matches the file name at
+    /// any depth (`*.rs`); with `/` it matches the path relative to `path`.
+    pub glob: Option<String>,
+    /// Stop after this many matches (the output then says `truncated`).
+    pub max_matches: usize,
+}
+
+impl GrepRequest {
+    /// A regex search of the whole filesystem with a cap of 1000 matches.
+    pub fn new(pattern: impl Into<String>) -> Self {
+        GrepRequest {
+            pattern: pattern.into(),
+            literal: false,
+            case_insensitive: false,
+            path: FsPath::root(),
+            glob: None,
+            max_matches: 1000,
+        }
+    }
+}
+
+/// One matching line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrepMatch {
+    /// File.
+    pub path: FsPath,
+    /// 1-based line number.
+    pub line: usize,
+    /// The line without its line ending (invalid UTF-8 replaced).
+    pub text: String,
+}
+
+/// Result of [`Filesystem::grep`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GrepOutput {
+    /// Matches sorted by path, then line.
+    pub matches: Vec<GrepMatch>,
+    /// Whether more matches exist beyond `max_matches`.
+    pub truncated: bool,
+}
+
+/// A file-name search for [`Filesystem::glob`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobRequest {
+    /// Glob matched against the path relative to `path`: `*` and `?` stay inside one segment,
+    /// `**` crosses segments, `{a,b}` and `[ab]` work.
+    pub pattern: String,
+    /// Directory to search; the root by default.
+    pub path: FsPath,
+    /// Stop after this many files (the output then says `truncated`).
+    pub max_results: usize,
+}
+
+impl GlobRequest {
+    /// A glob from the root with a cap of 1000 files.
+    pub fn new(pattern: impl Into<String>) -> Self {
+        GlobRequest {
+            pattern: pattern.into(),
+            path: FsPath::root(),
+            max_results: 1000,
+        }
+    }
+}
+
+/// Result of [`Filesystem::glob`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GlobOutput {
+    /// Matching files, sorted by path.
+    pub files: Vec<FileInfo>,
+    /// Whether more files matched beyond `max_results`.
+    pub truncated: bool,
+}
+
+/// A pluggable filesystem: local disk, memory, Redis, object storage, a sandbox.
+///
+/// # Contract
+///
+/// **Paths.** Every path is an [`FsPath`]: virtual, rooted at the filesystem's root,
+/// already free of `..`, NUL and over-long names. A backend maps it under its own root and
+/// must not let storage-level indirection (symlinks, hard links, key prefixes) reach outside
+/// that root. Errors name the virtual path, never a host path.
+///
+/// **Directories** exist implicitly: writing `a/b/c.txt` creates `a` and `a/b` when needed;
+/// a key-value backend may have no directory objects at all, so a directory "exists" when a
+/// file lies below it, and empty directories may vanish. The root always exists. A path is
+/// never both a file and a directory: writing below a file is `not_a_directory`, writing a
+/// file over a directory is `is_directory`.
+///
+/// **Atomicity.** `write` is all-or-nothing: a reader sees the old or the new content, never
+/// a mix (local: temp file + fsync + rename + fsync dir). `write` with
+/// [`WriteMode::CreateNew`] and [`WriteMode::IfMatch`] is a compare-and-set: exactly one of
+/// two racing writers wins on a backend shared between processes when the backend says so in
+/// its docs, and at least within one process everywhere. `append` adds bytes at the end
+/// without losing concurrent appends. `edit` is read + [`WriteMode::IfMatch`]: it fails with
+/// `conflict` rather than lose a concurrent change. `rename` of a file is atomic on one
+/// backend; across backends (composite) it is copy-then-delete.
+///
+/// **Ordering.** `list`, `glob` and `grep` return entries sorted by path (then line).
+///
+/// **Text.** `read` and `grep` treat a file as binary when it has a NUL byte in its first
+/// [`BINARY_SNIFF_BYTES`] bytes or is not UTF-8; `read` then fails with `binary_file`, and
+/// `grep` skips it (and files over [`GREP_MAX_FILE_BYTES`]).
+///
+/// **Edits** replace exact text. If `old` is not found, the file uses CRLF line endings and
+/// `old` contains bare `\n`, the match is retried with `\n` → `\r\n` in both `old` and `new`,
+/// so CRLF files stay CRLF. Nothing else in the file is touched (see [`apply_edit`]).
+///
+/// **Wrappers** (prefix, read-only, composite, overlay) implement and forward *every*
+/// method, including the provided ones, so a backend's native `append`, `grep` or `edit`
+/// is not replaced by the generic fallback. Provided methods are correct fallbacks written
+/// on top of the six required ones (see [`generic`]).
+///
+/// The [`conformance`](crate::conformance) suite checks all of this; every backend and
+/// wrapper runs it.
+///
+/// [`apply_edit`]: crate::generic::apply_edit
+#[async_trait]
+pub trait Filesystem: Send + Sync + fmt::Debug + 'static {
+    /// Metadata of a file or directory; `file_not_found` if absent.
+    async fn stat(&self, path: &FsPath) -> Result<FileInfo>;
+
+    /// The direct children of a directory, sorted by path. `not_a_directory` on a file.
+    async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>>;
+
+    /// The whole content of a file.
+    async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>>;
+
+    /// Writes a whole file atomically, creating parent directories; returns the new version.
+    async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version>;
+
+    /// Deletes a file, or a directory with [`DeleteOptions::recursive`].
+    async fn delete(&self, path: &FsPath, options: DeleteOptions) -> Result<()>;
+
+    /// Moves a file or directory, creating the destination's parents.
+    async fn rename(&self, from: &FsPath, to: &FsPath, options: RenameOptions) -> Result<()>;
+
+    /// Whether the path exists (file or directory).
+    async fn exists(&self, path: &FsPath) -> Result<bool> {
+        generic::exists(self, path).await
+    }
+
+    /// A window of lines of a text file.
+    async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
+        generic::read_window(self, path, window).await
+    }
+
+    /// Appends bytes, creating the file if absent.
+    async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
+        generic::append_via_cas(self, path, data).await
+    }
+
+    /// Replaces exact text in a file.
+    async fn edit(&self, path: &FsPath, request: &EditRequest) -> Result<EditOutcome> {
+        generic::edit_via_cas(self, path, request).await
+    }
+
+    /// Searches file contents.
+    async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
+        generic::grep_via_walk(self, request).await
+    }
+
+    /// Finds files by name.
+    async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
+        generic::glob_via_walk(self, request).await
+    }
+
+    /// Writes many files (overwriting); one result per file, in order.
+    async fn upload(&self, files: Vec<(FsPath, Vec<u8>)>) -> Vec<Result<()>> {
+        let mut out = Vec::with_capacity(files.len());
+        for (path, data) in files {
+            out.push(
+                self.write(&path, data, WriteOptions::default())
+                    .await
+                    .map(|_| ()),
+            );
+        }
+        out
+    }
+
+    /// Reads many files; one result per path, in order.
+    async fn download(&self, paths: &[FsPath]) -> Vec<Result<Vec<u8>>> {
+        let mut out = Vec::with_capacity(paths.len());
+        for path in paths {
+            out.push(self.read_bytes(path).await);
+        }
+        out
+    }
+}
+
+macro_rules! forward_filesystem {
+    ($ty:ty) => {
+        #[async_trait]
+        impl<T: Filesystem + ?Sized> Filesystem for $ty {
+            async fn stat(&self, path: &FsPath) -> Result<FileInfo> {
+                (**self).stat(path).await
+            }
+            async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
+                (**self).list(path).await
+            }
+            async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
+                (**self).read_bytes(path).await
+            }
+            async fn write(
+                &self,
+                path: &FsPath,
+                data: Vec<u8>,
+                options: WriteOptions,
+            ) -> Result<Version> {
+                (**self).write(path, data, options).await
+            }
+            async fn delete(&self, path: &FsPath, options: DeleteOptions) -> Result<()> {
+                (**self).delete(path, options).await
+            }
+            async fn rename(
+                &self,
+                from: &FsPath,
+                to: &FsPath,
+                options: RenameOptions,
+            ) -> Result<()> {
+                (**self).rename(from, to, options).await
+            }
+            async fn exists(&self, path: &FsPath) -> Result<bool> {
+                (**self).exists(path).await
+            }
+            async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
+                (**self).read(path, window).await
+            }
+            async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
+                (**self).append(path, data).await
+            }
+            async fn edit(&self, path: &FsPath, request: &EditRequest) -> Result<EditOutcome> {
+                (**self).edit(path, request).await
+            }
+            async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
+                (**self).grep(request).await
+            }
+            async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
+                (**self).glob(request).await
+            }
+            async fn upload(&self, files: Vec<(FsPath, Vec<u8>)>) -> Vec<Result<()>> {
+                (**self).upload(files).await
+            }
+            async fn download(&self, paths: &[FsPath]) -> Vec<Result<Vec<u8>>> {
+                (**self).download(paths).await
+            }
+        }
+    };
+}
+
+forward_filesystem!(Arc<T>);
+forward_filesystem!(Box<T>);
+
+/// A command for [`Execute::execute`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecRequest {
+    /// Shell command line (run with `sh -c`).
+    pub command: String,
+    /// Timeout; `None` uses the executor's default. Clamped to the executor's maximum.
+    pub timeout: Option<Duration>,
+}
+
+/// What a command produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOutput {
+    /// Combined output (stdout, then stderr lines prefixed `[stderr] `), capped.
+    pub output: String,
+    /// Exit code; `None` when killed by a signal or on timeout.
+    pub exit_code: Option<i32>,
+    /// Whether the output was cut at the cap.
+    pub truncated: bool,
+    /// Whether the command was killed because it ran past its timeout.
+    pub timed_out: bool,
+}
+
+/// The ability to run commands next to a filesystem. A filesystem that can execute
+/// implements this trait as well; one that cannot simply does not (no `not_supported`
+/// method). The `execute` tool is registered only for an [`Execute`] implementation.
+#[async_trait]
+pub trait Execute: Send + Sync + fmt::Debug + 'static {
+    /// Runs a command in the filesystem's root.
+    async fn execute(&self, request: ExecRequest) -> Result<ExecOutput>;
+}
+
+#[async_trait]
+impl<T: Execute + ?Sized> Execute for Arc<T> {
+    async fn execute(&self, request: ExecRequest) -> Result<ExecOutput> {
+        (**self).execute(request).await
+    }
+}

@@ -1,0 +1,376 @@
+//! Correct fallbacks for the provided [`Filesystem`] methods, written on top of the six
+//! required ones, plus the pure helpers (edit, text sniffing, matchers) every backend
+//! shares so the semantics are identical everywhere.
+
+use globset::{GlobBuilder, GlobMatcher};
+use regex::bytes::{Regex, RegexBuilder};
+
+use crate::error::{Error, Result};
+use crate::fs::{
+    BINARY_SNIFF_BYTES, DEFAULT_READ_LINES, EditOutcome, EditRequest, FileInfo, Filesystem,
+    GREP_MAX_FILE_BYTES, GlobOutput, GlobRequest, GrepMatch, GrepOutput, GrepRequest, ReadWindow,
+    TextWindow, Version, WriteMode, WriteOptions,
+};
+use crate::path::FsPath;
+
+/// How often `append_via_cas` and `edit_via_cas` retry after a `conflict`.
+pub const CAS_RETRIES: usize = 8;
+
+/// `stat` mapped to a boolean.
+pub async fn exists<F: Filesystem + ?Sized>(fs: &F, path: &FsPath) -> Result<bool> {
+    match fs.stat(path).await {
+        Ok(_) => Ok(true),
+        Err(Error::NotFound { .. }) => Ok(false),
+        Err(Error::NotADirectory { .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether bytes look binary: a NUL in the first [`BINARY_SNIFF_BYTES`] or invalid UTF-8.
+pub fn is_binary(data: &[u8]) -> bool {
+    data[..data.len().min(BINARY_SNIFF_BYTES)].contains(&0) || std::str::from_utf8(data).is_err()
+}
+
+/// A window of lines of `data` (see [`Filesystem::read`]).
+pub fn text_window(path: &FsPath, data: &[u8], window: ReadWindow) -> Result<TextWindow> {
+    if is_binary(data) {
+        return Err(Error::Binary {
+            path: path.to_string(),
+            size: data.len() as u64,
+        });
+    }
+    let text = String::from_utf8_lossy(data);
+    let limit = window.limit.unwrap_or(DEFAULT_READ_LINES);
+    let mut total = 0usize;
+    let mut out = String::new();
+    let mut returned = 0usize;
+    for line in text.split_inclusive('\n') {
+        if total >= window.offset && returned < limit {
+            out.push_str(line);
+            returned += 1;
+        }
+        total += 1;
+    }
+    Ok(TextWindow {
+        text: out,
+        offset: window.offset,
+        lines: returned,
+        total_lines: total,
+        version: Version::of(data),
+        size: data.len() as u64,
+    })
+}
+
+/// [`Filesystem::read`] via `read_bytes`.
+pub async fn read_window<F: Filesystem + ?Sized>(
+    fs: &F,
+    path: &FsPath,
+    window: ReadWindow,
+) -> Result<TextWindow> {
+    let data = fs.read_bytes(path).await?;
+    text_window(path, &data, window)
+}
+
+/// [`Filesystem::append`] via read + compare-and-set write, retried on `conflict`.
+/// O(size) per append: backends with a native append (local `O_APPEND`, Redis `APPEND`)
+/// override it.
+pub async fn append_via_cas<F: Filesystem + ?Sized>(
+    fs: &F,
+    path: &FsPath,
+    data: Vec<u8>,
+) -> Result<()> {
+    let mut last = None;
+    for _ in 0..CAS_RETRIES {
+        let (mut current, mode) = match fs.read_bytes(path).await {
+            Ok(bytes) => {
+                let v = Version::of(&bytes);
+                (bytes, WriteMode::IfMatch(v))
+            }
+            Err(Error::NotFound { .. }) => (Vec::new(), WriteMode::CreateNew),
+            Err(e) => return Err(e),
+        };
+        current.extend_from_slice(&data);
+        match fs.write(path, current, WriteOptions { mode }).await {
+            Ok(_) => return Ok(()),
+            Err(e @ (Error::Conflict { .. } | Error::AlreadyExists { .. })) => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| Error::Conflict {
+        path: path.to_string(),
+        reason: "too many concurrent writers".into(),
+    }))
+}
+
+/// Checks an edit's arguments: `old` not empty and different from `new`.
+pub fn validate_edit(request: &EditRequest) -> Result<()> {
+    if request.old.is_empty() {
+        return Err(Error::invalid_argument(
+            "old_string is empty; to create or replace a whole file use write_file",
+        ));
+    }
+    if request.old == request.new {
+        return Err(Error::invalid_argument(
+            "old_string and new_string are identical; nothing to change",
+        ));
+    }
+    Ok(())
+}
+
+/// Applies an exact-replacement edit to `content` and returns the new content and the
+/// number of replacements. Only the matched text changes; if `old` is absent, the content
+/// has CRLF line endings and `old` has bare `\n`, the edit is retried with CRLF.
+pub fn apply_edit(path: &FsPath, content: &str, request: &EditRequest) -> Result<(String, usize)> {
+    validate_edit(request)?;
+    let try_one = |old: &str, new: &str| -> Result<Option<(String, usize)>> {
+        let count = content.matches(old).count();
+        match count {
+            0 => Ok(None),
+            1 => Ok(Some((content.replacen(old, new, 1), 1))),
+            n if request.replace_all => Ok(Some((content.replace(old, new), n))),
+            n => Err(Error::AmbiguousMatch {
+                path: path.to_string(),
+                count: n,
+            }),
+        }
+    };
+    if let Some(done) = try_one(&request.old, &request.new)? {
+        return Ok(done);
+    }
+    if content.contains("\r\n") && request.old.contains('\n') && !request.old.contains("\r\n") {
+        let old = request.old.replace('\n', "\r\n");
+        let new = request.new.replace("\r\n", "\n").replace('\n', "\r\n");
+        if let Some(done) = try_one(&old, &new)? {
+            return Ok(done);
+        }
+    }
+    Err(Error::NoMatch {
+        path: path.to_string(),
+    })
+}
+
+/// [`Filesystem::edit`] via read + [`apply_edit`] + compare-and-set write.
+pub async fn edit_via_cas<F: Filesystem + ?Sized>(
+    fs: &F,
+    path: &FsPath,
+    request: &EditRequest,
+) -> Result<EditOutcome> {
+    validate_edit(request)?;
+    let data = fs.read_bytes(path).await?;
+    if is_binary(&data) {
+        return Err(Error::Binary {
+            path: path.to_string(),
+            size: data.len() as u64,
+        });
+    }
+    let text = String::from_utf8_lossy(&data);
+    let (new_text, replacements) = apply_edit(path, &text, request)?;
+    let version = fs
+        .write(
+            path,
+            new_text.into_bytes(),
+            WriteOptions::if_match(Version::of(&data)),
+        )
+        .await?;
+    Ok(EditOutcome {
+        replacements,
+        version,
+    })
+}
+
+/// Every file at or below `base`, sorted by path (a file `base` yields itself).
+pub async fn walk_files<F: Filesystem + ?Sized>(fs: &F, base: &FsPath) -> Result<Vec<FileInfo>> {
+    let info = fs.stat(base).await?;
+    if !info.is_dir() {
+        return Ok(vec![info]);
+    }
+    let mut out = Vec::new();
+    let mut stack = vec![base.clone()];
+    while let Some(dir) = stack.pop() {
+        let entries = match fs.list(&dir).await {
+            Ok(e) => e,
+            // Deleted concurrently: skip.
+            Err(Error::NotFound { .. }) => continue,
+            Err(e) => return Err(e),
+        };
+        for e in entries {
+            if e.is_dir() {
+                stack.push(e.path);
+            } else {
+                out.push(e);
+            }
+        }
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(out)
+}
+
+/// The compiled form of a [`GrepRequest`] pattern.
+#[derive(Debug, Clone)]
+pub struct LineMatcher {
+    re: Regex,
+}
+
+impl LineMatcher {
+    /// Compiles the request's pattern (escaped when `literal`).
+    pub fn new(request: &GrepRequest) -> Result<Self> {
+        if request.pattern.is_empty() {
+            return Err(Error::invalid_argument("the search pattern is empty"));
+        }
+        let pat = if request.literal {
+            regex::escape(&request.pattern)
+        } else {
+            request.pattern.clone()
+        };
+        let re = RegexBuilder::new(&pat)
+            .case_insensitive(request.case_insensitive)
+            .multi_line(true)
+            .size_limit(10 * 1024 * 1024)
+            .build()
+            .map_err(|e| {
+                Error::invalid_argument(format!(
+                    "invalid regular expression ({e}); set literal=true to search for the text as is"
+                ))
+            })?;
+        Ok(LineMatcher { re })
+    }
+
+    /// Appends the matching lines of `data` (a file at `path`), up to `limit` in total.
+    /// Returns `false` when the limit was reached with more matches left.
+    pub fn search(
+        &self,
+        path: &FsPath,
+        data: &[u8],
+        out: &mut Vec<GrepMatch>,
+        limit: usize,
+    ) -> bool {
+        if !self.re.is_match(data) {
+            return true;
+        }
+        for (i, line) in data.split(|b| *b == b'\n').enumerate() {
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if self.re.is_match(line) {
+                if out.len() >= limit {
+                    return false;
+                }
+                out.push(GrepMatch {
+                    path: path.clone(),
+                    line: i + 1,
+                    text: String::from_utf8_lossy(line).into_owned(),
+                });
+            }
+        }
+        true
+    }
+}
+
+/// Compiles a glob with `*` confined to one segment.
+pub fn compile_glob(pattern: &str) -> Result<GlobMatcher> {
+    let pattern = pattern.trim_start_matches('/');
+    GlobBuilder::new(pattern)
+        .literal_separator(true)
+        .backslash_escape(true)
+        .build()
+        .map(|g| g.compile_matcher())
+        .map_err(|e| Error::invalid_argument(format!("invalid glob pattern: {e}")))
+}
+
+/// The file filter of [`GrepRequest::glob`]: name match when the glob has no `/`.
+#[derive(Debug, Clone)]
+pub struct FileFilter {
+    matcher: Option<(GlobMatcher, bool)>,
+}
+
+impl FileFilter {
+    /// Compiles the filter.
+    pub fn new(glob: Option<&str>) -> Result<Self> {
+        Ok(FileFilter {
+            matcher: match glob {
+                Some(g) if !g.is_empty() => Some((compile_glob(g)?, !g.contains('/'))),
+                _ => None,
+            },
+        })
+    }
+
+    /// Whether `path` (below `base`) passes.
+    pub fn matches(&self, base: &FsPath, path: &FsPath) -> bool {
+        match &self.matcher {
+            None => true,
+            Some((m, true)) => m.is_match(path.file_name()),
+            Some((m, false)) => path
+                .strip_prefix(base)
+                .is_some_and(|rel| m.is_match(rel.as_str())),
+        }
+    }
+}
+
+/// [`Filesystem::grep`] by walking and reading every file.
+pub async fn grep_via_walk<F: Filesystem + ?Sized>(
+    fs: &F,
+    request: &GrepRequest,
+) -> Result<GrepOutput> {
+    let matcher = LineMatcher::new(request)?;
+    let filter = FileFilter::new(request.glob.as_deref())?;
+    let files = walk_files(fs, &request.path).await?;
+    let mut out = Vec::new();
+    for f in files {
+        if f.size > GREP_MAX_FILE_BYTES || !filter.matches(&request.path, &f.path) {
+            continue;
+        }
+        let data = match fs.read_bytes(&f.path).await {
+            Ok(d) => d,
+            Err(Error::NotFound { .. } | Error::PermissionDenied { .. }) => continue,
+            Err(e) => return Err(e),
+        };
+        if data[..data.len().min(BINARY_SNIFF_BYTES)].contains(&0) {
+            continue;
+        }
+        if !matcher.search(&f.path, &data, &mut out, request.max_matches) {
+            return Ok(GrepOutput {
+                matches: out,
+                truncated: true,
+            });
+        }
+    }
+    Ok(GrepOutput {
+        matches: out,
+        truncated: false,
+    })
+}
+
+/// Applies a glob to a sorted list of files below `base`.
+pub fn glob_filter(
+    request: &GlobRequest,
+    files: impl IntoIterator<Item = FileInfo>,
+) -> Result<GlobOutput> {
+    let m = compile_glob(&request.pattern)?;
+    let mut out = Vec::new();
+    for f in files {
+        let Some(rel) = f.path.strip_prefix(&request.path) else {
+            continue;
+        };
+        if m.is_match(rel.as_str()) {
+            if out.len() >= request.max_results {
+                return Ok(GlobOutput {
+                    files: out,
+                    truncated: true,
+                });
+            }
+            out.push(f);
+        }
+    }
+    Ok(GlobOutput {
+        files: out,
+        truncated: false,
+    })
+}
+
+/// [`Filesystem::glob`] by walking.
+pub async fn glob_via_walk<F: Filesystem + ?Sized>(
+    fs: &F,
+    request: &GlobRequest,
+) -> Result<GlobOutput> {
+    compile_glob(&request.pattern)?;
+    let files = walk_files(fs, &request.path).await?;
+    glob_filter(request, files)
+}

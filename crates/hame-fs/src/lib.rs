@@ -1,0 +1,45 @@
+//! # hame-fs
+//!
+//! The pluggable filesystem of the hame agent harness: one async [`Filesystem`] trait with a
+//! `# Contract`, backends (local disk, memory), wrappers (prefix, read-only, composite,
+//! overlay), tenant isolation ([`Namespace`]) and the file tools the model calls.
+//!
+//! Depend on it to give an agent files, or to write a storage backend (run
+//! [`conformance::run_all`] from its tests).
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `local` (default) | `LocalFs` (a `cap-std` directory capability) and `LocalShell` (`execute`) |
+//! | `conformance` | the [`conformance`] suite, for backends in other crates |
+//!
+//! ```
+//! # async fn demo() -> hame_fs::Result<()> {
+//! use hame_fs::{Filesystem, FsPath, InMemoryFs, WriteOptions};
+//! let fs = InMemoryFs::new();
+//! let path = FsPath::parse("/notes/today.md")?;
+//! fs.write(&path, b"# Today\n".to_vec(), WriteOptions::default()).await?;
+//! assert_eq!(fs.read_bytes(&path).await?, b"# Today\n");
+//! # Ok(()) }
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(demo()).unwrap();
+//! ```
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+mod error;
+mod fs;
+pub mod generic;
+mod memory;
+mod path;
+
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+
+pub use error::{Error, Result, codes};
+pub use fs::{
+    BINARY_SNIFF_BYTES, DEFAULT_READ_LINES, DeleteOptions, EditOutcome, EditRequest, ExecOutput,
+    ExecRequest, Execute, FileInfo, FileKind, Filesystem, GREP_MAX_FILE_BYTES, GlobOutput,
+    GlobRequest, GrepMatch, GrepOutput, GrepRequest, ReadWindow, RenameOptions, TextWindow,
+    Version, WriteMode, WriteOptions,
+};
+pub use memory::InMemoryFs;
+pub use path::{FsPath, MAX_DEPTH, MAX_PATH_BYTES, MAX_SEGMENT_BYTES};
