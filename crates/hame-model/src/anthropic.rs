@@ -1,0 +1,493 @@
+//! Anthropic Messages API (feature `anthropic`).
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use hame_core::{
+    ContentBlock, Message, Model, ModelError, ModelEvent, ModelInfo, ModelRequest, ModelResponse,
+    ModelStream, ResponseAssembler, Role, StopReason, Usage,
+};
+use serde_json::{Map, Value, json};
+
+use crate::classify::classify_stream_error;
+use crate::config::{DEFAULT_TIMEOUT, RetryConfig, context_window_for};
+use crate::http::{Endpoint, Http, SseParser, drive_sse, read_json};
+
+/// Default base URL.
+pub const ANTHROPIC_DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
+/// The `anthropic-version` header sent.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+/// Default `max_tokens` (the API requires one).
+pub const ANTHROPIC_DEFAULT_MAX_TOKENS: u32 = 8_192;
+
+/// Configuration of an [`AnthropicModel`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct AnthropicConfig {
+    /// Base URL; `/v1/messages` is appended. Default `https://api.anthropic.com`.
+    pub base_url: String,
+    /// `x-api-key`; `None` sends no key (proxies that add their own).
+    pub api_key: Option<String>,
+    /// Where the key comes from, named in auth errors. Default `ANTHROPIC_API_KEY`.
+    pub api_key_name: String,
+    /// Model name sent to the server.
+    pub model: String,
+    /// Context window in tokens. Default from [`crate::context_window_for`] (200k for `claude-`).
+    pub context_window: u64,
+    /// `max_tokens` when the request does not set one. Default 8192.
+    pub max_tokens: u32,
+    /// Extended thinking budget in tokens (`None` = thinking off, the default). Must be
+    /// at least 1024 and below `max_tokens`; temperature is not sent while it is on.
+    pub thinking_budget: Option<u32>,
+    /// Idle timeout: longest wait for headers or between two stream chunks. Default 120 s.
+    pub timeout: Duration,
+    /// Retry policy.
+    pub retry: RetryConfig,
+}
+
+impl std::fmt::Debug for AnthropicConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AnthropicConfig")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("api_key_name", &self.api_key_name)
+            .field("model", &self.model)
+            .field("context_window", &self.context_window)
+            .field("max_tokens", &self.max_tokens)
+            .field("thinking_budget", &self.thinking_budget)
+            .field("timeout", &self.timeout)
+            .field("retry", &self.retry)
+            .finish()
+    }
+}
+
+impl AnthropicConfig {
+    /// Defaults for `model` against api.anthropic.com, with no key.
+    pub fn new(model: impl Into<String>) -> Self {
+        let model = model.into();
+        Self {
+            base_url: ANTHROPIC_DEFAULT_BASE_URL.to_owned(),
+            api_key: None,
+            api_key_name: "ANTHROPIC_API_KEY".to_owned(),
+            context_window: context_window_for(&model),
+            model,
+            max_tokens: ANTHROPIC_DEFAULT_MAX_TOKENS,
+            thinking_budget: None,
+            timeout: DEFAULT_TIMEOUT,
+            retry: RetryConfig::default(),
+        }
+    }
+
+    /// Reads `ANTHROPIC_BASE_URL` and `ANTHROPIC_API_KEY` through `env`.
+    pub fn from_env(model: impl Into<String>, env: &dyn Fn(&str) -> Option<String>) -> Self {
+        let mut c = Self::new(model);
+        if let Some(url) = env("ANTHROPIC_BASE_URL").filter(|v| !v.trim().is_empty()) {
+            c.base_url = url;
+        }
+        c.api_key = env("ANTHROPIC_API_KEY").filter(|v| !v.trim().is_empty());
+        c
+    }
+}
+
+/// A Claude model behind the Messages API.
+#[derive(Debug)]
+pub struct AnthropicModel {
+    config: AnthropicConfig,
+    endpoint: Endpoint,
+    http: Http,
+}
+
+impl AnthropicModel {
+    /// Builds the client (no request is made).
+    pub fn new(config: AnthropicConfig) -> Result<Self, ModelError> {
+        if config.model.trim().is_empty() {
+            return Err(ModelError::Config("the model name is empty".into()));
+        }
+        if let Some(b) = config.thinking_budget {
+            if b < 1024 || b >= config.max_tokens {
+                return Err(ModelError::Config(format!(
+                    "thinking_budget {b} must be at least 1024 and below max_tokens {}",
+                    config.max_tokens
+                )));
+            }
+        }
+        let base = config.base_url.trim_end_matches('/').to_owned();
+        let mut headers = vec![("anthropic-version".to_owned(), ANTHROPIC_VERSION.to_owned())];
+        if let Some(key) = &config.api_key {
+            headers.push(("x-api-key".to_owned(), key.clone()));
+        }
+        let endpoint = Endpoint {
+            url: format!("{base}/v1/messages"),
+            base_url: base,
+            key_name: config.api_key_name.clone(),
+            key_sent: config.api_key.is_some(),
+            headers,
+        };
+        let http = Http::new(config.timeout, config.retry.clone())?;
+        Ok(Self {
+            config,
+            endpoint,
+            http,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &AnthropicConfig {
+        &self.config
+    }
+}
+
+#[async_trait]
+impl Model for AnthropicModel {
+    fn info(&self) -> ModelInfo {
+        ModelInfo {
+            provider: "anthropic".into(),
+            model: self.config.model.clone(),
+            context_window: self.config.context_window,
+        }
+    }
+
+    async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
+        let body = request_body(&self.config, &request, true);
+        let resp = self.http.post(&self.endpoint, &body).await?;
+        Ok(drive_sse(
+            resp,
+            StreamParser::default(),
+            self.endpoint.url.clone(),
+        ))
+    }
+
+    async fn complete(&self, request: ModelRequest) -> Result<ModelResponse, ModelError> {
+        let body = request_body(&self.config, &request, false);
+        let resp = self.http.post(&self.endpoint, &body).await?;
+        let value = read_json(resp, &self.endpoint.url).await?;
+        let mut asm = ResponseAssembler::default();
+        for ev in parse_response(&value)? {
+            asm.push(&ev);
+        }
+        Ok(asm.finish())
+    }
+}
+
+/// Builds the JSON body of a Messages request.
+pub(crate) fn request_body(config: &AnthropicConfig, req: &ModelRequest, stream: bool) -> Value {
+    let mut system = req.system.clone();
+    let mut messages: Vec<Value> = Vec::new();
+    for m in &req.messages {
+        if m.role == Role::System {
+            if !system.is_empty() {
+                system.push_str("\n\n");
+            }
+            system.push_str(&m.text_content());
+            continue;
+        }
+        let (role, blocks) = map_message(m);
+        if blocks.is_empty() {
+            continue;
+        }
+        // The API wants user and assistant turns to alternate: merge neighbours.
+        match messages.last_mut() {
+            Some(last) if last["role"] == role => {
+                if let Some(arr) = last["content"].as_array_mut() {
+                    arr.extend(blocks);
+                }
+            }
+            _ => messages.push(json!({"role": role, "content": blocks})),
+        }
+    }
+    let mut body = Map::new();
+    body.insert("model".into(), json!(config.model));
+    body.insert(
+        "max_tokens".into(),
+        json!(req.params.max_tokens.unwrap_or(config.max_tokens)),
+    );
+    if !system.is_empty() {
+        body.insert("system".into(), json!(system));
+    }
+    body.insert("messages".into(), Value::Array(messages));
+    if !req.tools.is_empty() {
+        let tools: Vec<Value> = req
+            .tools
+            .iter()
+            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
+            .collect();
+        body.insert("tools".into(), Value::Array(tools));
+    }
+    if let Some(budget) = config.thinking_budget {
+        body.insert(
+            "thinking".into(),
+            json!({"type": "enabled", "budget_tokens": budget}),
+        );
+    } else if let Some(t) = req.params.temperature {
+        body.insert("temperature".into(), json!(t));
+    }
+    body.insert("stream".into(), json!(stream));
+    Value::Object(body)
+}
+
+/// Tool input as an object: malformed or non-object arguments become `{}` (the API rejects
+/// anything else; the tool result already told the model what was wrong).
+fn tool_input(arguments: &str) -> Value {
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => json!({}),
+    }
+}
+
+fn map_message(m: &Message) -> (&'static str, Vec<Value>) {
+    let role = if m.role == Role::Assistant {
+        "assistant"
+    } else {
+        "user"
+    };
+    let mut blocks = Vec::new();
+    // Tool results must come first in a user turn.
+    for r in m.tool_results_iter() {
+        let mut b = json!({"type": "tool_result", "tool_use_id": r.id, "content": r.content});
+        if r.is_error {
+            b["is_error"] = json!(true);
+        }
+        blocks.push(b);
+    }
+    for b in &m.content {
+        match b {
+            ContentBlock::Text { text } if !text.is_empty() => {
+                blocks.push(json!({"type": "text", "text": text}));
+            }
+            ContentBlock::Reasoning {
+                text,
+                signature: Some(sig),
+            } if m.role == Role::Assistant => {
+                blocks.push(json!({"type": "thinking", "thinking": text, "signature": sig}));
+            }
+            ContentBlock::ToolCall(c) if m.role == Role::Assistant => {
+                blocks.push(json!({"type": "tool_use", "id": c.id, "name": c.name,
+                                   "input": tool_input(&c.arguments)}));
+            }
+            _ => {}
+        }
+    }
+    (role, blocks)
+}
+
+fn stop_reason(s: &str) -> StopReason {
+    match s {
+        "end_turn" | "stop_sequence" => StopReason::EndTurn,
+        "tool_use" => StopReason::ToolUse,
+        "max_tokens" => StopReason::MaxTokens,
+        other => StopReason::Other(other.to_owned()),
+    }
+}
+
+/// Input tokens including cache reads and writes, and the cache reads alone.
+fn input_usage(u: &Value) -> (u64, u64) {
+    let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let cached = n("cache_read_input_tokens");
+    (
+        n("input_tokens") + cached + n("cache_creation_input_tokens"),
+        cached,
+    )
+}
+
+fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get(key).and_then(Value::as_str).unwrap_or_default()
+}
+
+fn input_text(input: Option<&Value>) -> String {
+    match input {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => v.to_string(),
+    }
+}
+
+/// Events of a non-streamed `message` body.
+pub(crate) fn parse_response(v: &Value) -> Result<Vec<ModelEvent>, ModelError> {
+    if v.get("type").and_then(Value::as_str) == Some("error") {
+        return Err(classify_stream_error(&v.to_string()));
+    }
+    let content = v
+        .get("content")
+        .and_then(Value::as_array)
+        .ok_or_else(|| ModelError::InvalidResponse(format!("no content in response: {v}")))?;
+    let mut events = Vec::new();
+    for (index, b) in content.iter().enumerate() {
+        match str_of(b, "type") {
+            "text" => events.push(ModelEvent::TextDelta(str_of(b, "text").to_owned())),
+            "thinking" => {
+                events.push(ModelEvent::ReasoningDelta(str_of(b, "thinking").to_owned()));
+                let sig = str_of(b, "signature");
+                if !sig.is_empty() {
+                    events.push(ModelEvent::ReasoningSignature(sig.to_owned()));
+                }
+            }
+            "tool_use" => {
+                events.push(ModelEvent::ToolCallStart {
+                    index,
+                    id: str_of(b, "id").to_owned(),
+                    name: str_of(b, "name").to_owned(),
+                });
+                events.push(ModelEvent::ToolCallDelta {
+                    index,
+                    arguments: input_text(b.get("input")),
+                });
+            }
+            _ => {}
+        }
+    }
+    if let Some(u) = v.get("usage") {
+        let (input_tokens, cached_input_tokens) = input_usage(u);
+        events.push(ModelEvent::Usage(Usage {
+            input_tokens,
+            output_tokens: u.get("output_tokens").and_then(Value::as_u64).unwrap_or(0),
+            cached_input_tokens,
+        }));
+    }
+    let stop = v
+        .get("stop_reason")
+        .and_then(Value::as_str)
+        .map_or(StopReason::EndTurn, stop_reason);
+    events.push(ModelEvent::Stop(stop));
+    Ok(events)
+}
+
+/// Parses Messages SSE events.
+#[derive(Debug, Default)]
+pub(crate) struct StreamParser {
+    input_tokens: u64,
+    cached_input_tokens: u64,
+    /// Tool blocks whose `content_block_start` carried a non-empty input.
+    prefilled: BTreeSet<u64>,
+    stop: Option<StopReason>,
+    done: bool,
+}
+
+fn index_of(v: &Value) -> u64 {
+    v.get("index").and_then(Value::as_u64).unwrap_or(0)
+}
+
+fn as_usize(i: u64) -> usize {
+    usize::try_from(i).unwrap_or(usize::MAX)
+}
+
+impl SseParser for StreamParser {
+    fn on_event(&mut self, _event: &str, data: &str) -> Result<Vec<ModelEvent>, ModelError> {
+        if data.trim().is_empty() {
+            return Ok(Vec::new());
+        }
+        let v: Value = serde_json::from_str(data).map_err(|e| {
+            ModelError::InvalidResponse(format!("stream event is not JSON ({e}): {data}"))
+        })?;
+        let mut events = Vec::new();
+        match str_of(&v, "type") {
+            "message_start" => {
+                if let Some(u) = v.pointer("/message/usage") {
+                    (self.input_tokens, self.cached_input_tokens) = input_usage(u);
+                    events.push(ModelEvent::Usage(Usage {
+                        input_tokens: self.input_tokens,
+                        output_tokens: u.get("output_tokens").and_then(Value::as_u64).unwrap_or(0),
+                        cached_input_tokens: self.cached_input_tokens,
+                    }));
+                }
+            }
+            "content_block_start" => {
+                let index = index_of(&v);
+                let block = v.get("content_block").unwrap_or(&Value::Null);
+                match str_of(block, "type") {
+                    "tool_use" => {
+                        events.push(ModelEvent::ToolCallStart {
+                            index: as_usize(index),
+                            id: str_of(block, "id").to_owned(),
+                            name: str_of(block, "name").to_owned(),
+                        });
+                        let input = block.get("input");
+                        if input.is_some_and(|i| i.as_object().is_none_or(|o| !o.is_empty())) {
+                            self.prefilled.insert(index);
+                            events.push(ModelEvent::ToolCallDelta {
+                                index: as_usize(index),
+                                arguments: input_text(input),
+                            });
+                        }
+                    }
+                    "text" => {
+                        let t = str_of(block, "text");
+                        if !t.is_empty() {
+                            events.push(ModelEvent::TextDelta(t.to_owned()));
+                        }
+                    }
+                    "thinking" => {
+                        let t = str_of(block, "thinking");
+                        if !t.is_empty() {
+                            events.push(ModelEvent::ReasoningDelta(t.to_owned()));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            "content_block_delta" => {
+                let index = index_of(&v);
+                let d = v.get("delta").unwrap_or(&Value::Null);
+                match str_of(d, "type") {
+                    "text_delta" => {
+                        events.push(ModelEvent::TextDelta(str_of(d, "text").to_owned()))
+                    }
+                    "thinking_delta" => {
+                        events.push(ModelEvent::ReasoningDelta(str_of(d, "thinking").to_owned()));
+                    }
+                    "signature_delta" => {
+                        events.push(ModelEvent::ReasoningSignature(
+                            str_of(d, "signature").to_owned(),
+                        ));
+                    }
+                    "input_json_delta" if !self.prefilled.contains(&index) => {
+                        let piece = str_of(d, "partial_json");
+                        if !piece.is_empty() {
+                            events.push(ModelEvent::ToolCallDelta {
+                                index: as_usize(index),
+                                arguments: piece.to_owned(),
+                            });
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            "message_delta" => {
+                if let Some(r) = v.pointer("/delta/stop_reason").and_then(Value::as_str) {
+                    self.stop = Some(stop_reason(r));
+                }
+                if let Some(u) = v.get("usage") {
+                    let (input, cached) = input_usage(u);
+                    events.push(ModelEvent::Usage(Usage {
+                        input_tokens: self.input_tokens.max(input),
+                        output_tokens: u.get("output_tokens").and_then(Value::as_u64).unwrap_or(0),
+                        cached_input_tokens: self.cached_input_tokens.max(cached),
+                    }));
+                }
+            }
+            "message_stop" => self.done = true,
+            "error" => return Err(classify_stream_error(data)),
+            _ => {} // ping, content_block_stop, future event types
+        }
+        Ok(events)
+    }
+
+    fn is_done(&self) -> bool {
+        self.done
+    }
+
+    fn finish(&mut self) -> Result<Vec<ModelEvent>, ModelError> {
+        if !self.done {
+            return Err(ModelError::Transport {
+                message: "the stream ended before message_stop".into(),
+                source: None,
+            });
+        }
+        Ok(vec![ModelEvent::Stop(
+            self.stop.take().unwrap_or(StopReason::EndTurn),
+        )])
+    }
+}
+
+#[cfg(test)]
+#[path = "anthropic_tests.rs"]
+mod tests;

@@ -1,0 +1,180 @@
+//! # hame-model
+//!
+//! HTTP clients that implement [`hame_core::Model`]: [`OpenAiModel`] for the OpenAI Chat
+//! Completions API and every server that speaks it (OpenAI, DashScope/Qwen compatible
+//! mode, vLLM, Ollama, llama.cpp), and [`AnthropicModel`] for the Anthropic Messages API.
+//!
+//! Depend on it to talk to a real model; the harness and the CLI pick a client with
+//! [`open`] (`"openai:gpt-4o-mini"`, `"anthropic:claude-sonnet-4-5"`). Tests of other crates
+//! point these clients at the scripted server of `hame-test-support`.
+//!
+//! What every client does:
+//! * streams with SSE, assembling tool-call arguments split across chunks;
+//! * classifies failures into [`ModelError`]: context overflow (OpenAI, Anthropic,
+//!   DashScope, vLLM, llama.cpp bodies), 429 with `Retry-After`, 5xx, auth (naming the
+//!   key's env var and the URL, never retried), transport;
+//! * retries retryable failures with capped exponential backoff and jitter ([`RetryConfig`]),
+//!   honouring `Retry-After`, and only before the first event of a stream.
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `openai` | [`OpenAiModel`], [`OpenAiConfig`]; pulls in reqwest (rustls), eventsource-stream, backon |
+//! | `anthropic` | [`AnthropicModel`], [`AnthropicConfig`]; same dependencies |
+//!
+//! Without features the crate only has [`open`] (which then names the missing feature),
+//! the error classifiers and the context-window table.
+//!
+//! ```
+//! use hame_model::{open, context_window_for};
+//! let env = |name: &str| match name {
+//!     "OPENAI_BASE_URL" => Some("http://127.0.0.1:11434/v1".to_owned()),
+//!     _ => None,
+//! };
+//! match open("openai:llama3.1:8b", &env) {
+//!     Ok(model) => assert_eq!(model.info().context_window, context_window_for("llama3.1:8b")),
+//!     // built without the `openai` feature
+//!     Err(e) => assert!(e.to_string().contains("feature `openai`")),
+//! }
+//! assert!(open("nope:x", &env).is_err());
+//! ```
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+#[cfg(feature = "anthropic")]
+mod anthropic;
+pub mod classify;
+mod config;
+#[cfg(feature = "http")]
+mod http;
+#[cfg(feature = "openai")]
+mod openai;
+
+use std::sync::Arc;
+
+pub use config::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONTEXT_WINDOW, DEFAULT_TIMEOUT, KNOWN_CONTEXT_WINDOWS,
+    RetryConfig, context_window_for, process_env,
+};
+pub use hame_core::{Model, ModelError};
+
+#[cfg(feature = "anthropic")]
+pub use anthropic::{
+    ANTHROPIC_DEFAULT_BASE_URL, ANTHROPIC_DEFAULT_MAX_TOKENS, ANTHROPIC_VERSION, AnthropicConfig,
+    AnthropicModel,
+};
+#[cfg(feature = "openai")]
+pub use openai::{OPENAI_DEFAULT_BASE_URL, OpenAiConfig, OpenAiModel};
+
+/// This crate's error: the model error of the core contract.
+pub type Error = ModelError;
+/// `Result` with [`ModelError`].
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;
+
+/// A provider [`open`] knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Provider {
+    /// Name before the `:` in a spec.
+    pub name: &'static str,
+    /// Cargo feature that enables it.
+    pub feature: &'static str,
+    /// Variable holding the base URL.
+    pub base_url_var: &'static str,
+    /// Default base URL.
+    pub default_base_url: &'static str,
+    /// Variable holding the API key.
+    pub api_key_var: &'static str,
+}
+
+/// The providers [`open`] knows, in the order error messages list them.
+pub const PROVIDERS: &[Provider] = &[
+    Provider {
+        name: "openai",
+        feature: "openai",
+        base_url_var: "OPENAI_BASE_URL",
+        default_base_url: "https://api.openai.com/v1",
+        api_key_var: "OPENAI_API_KEY",
+    },
+    Provider {
+        name: "anthropic",
+        feature: "anthropic",
+        base_url_var: "ANTHROPIC_BASE_URL",
+        default_base_url: "https://api.anthropic.com",
+        api_key_var: "ANTHROPIC_API_KEY",
+    },
+    Provider {
+        name: "dashscope",
+        feature: "openai",
+        base_url_var: "DASHSCOPE_BASE_URL",
+        default_base_url: "https://dashscope.aliyuncs.com/compatible-mode/v1",
+        api_key_var: "DASHSCOPE_API_KEY",
+    },
+    Provider {
+        name: "ollama",
+        feature: "openai",
+        base_url_var: "OLLAMA_BASE_URL",
+        default_base_url: "http://127.0.0.1:11434/v1",
+        api_key_var: "OLLAMA_API_KEY",
+    },
+];
+
+/// Opens a model from a `provider:model` spec, reading base URLs and keys through `env`
+/// (pass [`process_env`] in applications, a closure in tests).
+///
+/// Providers: `openai` (`OPENAI_BASE_URL`, `OPENAI_API_KEY`), `anthropic`
+/// (`ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY`), `dashscope` (`DASHSCOPE_BASE_URL`,
+/// `DASHSCOPE_API_KEY`, OpenAI-compatible mode) and `ollama` (`OLLAMA_BASE_URL`, no key
+/// needed). The model name may itself contain `:` (`ollama:llama3.1:8b`).
+///
+/// # Errors
+/// [`ModelError::Config`] for a malformed spec, an unknown provider (the message lists
+/// the known ones) or a provider whose cargo feature is off (the message names it).
+pub fn open(spec: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Arc<dyn Model>> {
+    let Some((name, model)) = spec.split_once(':') else {
+        return Err(ModelError::Config(format!(
+            "model spec {spec:?} is not `provider:model` (e.g. `openai:gpt-4o-mini`)"
+        )));
+    };
+    if model.trim().is_empty() {
+        return Err(ModelError::Config(format!(
+            "model spec {spec:?} names no model"
+        )));
+    }
+    let Some(provider) = PROVIDERS.iter().find(|p| p.name == name) else {
+        let known: Vec<&str> = PROVIDERS.iter().map(|p| p.name).collect();
+        return Err(ModelError::Config(format!(
+            "unknown model provider {name:?} in {spec:?}; known providers: {}",
+            known.join(", ")
+        )));
+    };
+    open_provider(provider, model, env)
+}
+
+#[allow(unused_variables)]
+fn open_provider(
+    p: &Provider,
+    model: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Arc<dyn Model>> {
+    match p.feature {
+        #[cfg(feature = "openai")]
+        "openai" => {
+            let mut config = OpenAiConfig::from_env_vars(
+                model,
+                env,
+                p.base_url_var,
+                p.api_key_var,
+                p.default_base_url,
+            );
+            p.name.clone_into(&mut config.provider);
+            Ok(Arc::new(OpenAiModel::new(config)?))
+        }
+        #[cfg(feature = "anthropic")]
+        "anthropic" => Ok(Arc::new(AnthropicModel::new(AnthropicConfig::from_env(
+            model, env,
+        ))?)),
+        feature => Err(ModelError::Config(format!(
+            "provider {:?} needs hame-model's cargo feature `{feature}`, which this build lacks",
+            p.name
+        ))),
+    }
+}

@@ -1,0 +1,439 @@
+//! OpenAI Chat Completions and compatible servers (feature `openai`).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use hame_core::{
+    ContentBlock, Message, Model, ModelError, ModelEvent, ModelInfo, ModelRequest, ModelResponse,
+    ModelStream, ResponseAssembler, Role, StopReason, Usage,
+};
+use serde_json::{Map, Value, json};
+
+use crate::classify::classify_stream_error;
+use crate::config::{DEFAULT_TIMEOUT, RetryConfig, context_window_for};
+use crate::http::{Endpoint, Http, SseParser, drive_sse, read_json};
+
+/// Default base URL.
+pub const OPENAI_DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
+
+/// Configuration of an [`OpenAiModel`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct OpenAiConfig {
+    /// Base URL; `/chat/completions` is appended. Default `https://api.openai.com/v1`.
+    pub base_url: String,
+    /// Bearer key; `None` for local servers (Ollama, vLLM, llama.cpp) that need none.
+    pub api_key: Option<String>,
+    /// Where the key comes from, named in auth errors. Default `OPENAI_API_KEY`.
+    pub api_key_name: String,
+    /// Provider name reported by [`Model::info`]. Default `openai`.
+    pub provider: String,
+    /// Model name sent to the server.
+    pub model: String,
+    /// Context window in tokens. Default from [`crate::context_window_for`].
+    pub context_window: u64,
+    /// Idle timeout: longest wait for headers or between two stream chunks. Default 120 s.
+    pub timeout: Duration,
+    /// Retry policy.
+    pub retry: RetryConfig,
+}
+
+impl std::fmt::Debug for OpenAiConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiConfig")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("api_key_name", &self.api_key_name)
+            .field("provider", &self.provider)
+            .field("model", &self.model)
+            .field("context_window", &self.context_window)
+            .field("timeout", &self.timeout)
+            .field("retry", &self.retry)
+            .finish()
+    }
+}
+
+impl OpenAiConfig {
+    /// Defaults for `model` against api.openai.com, with no key.
+    pub fn new(model: impl Into<String>) -> Self {
+        let model = model.into();
+        Self {
+            base_url: OPENAI_DEFAULT_BASE_URL.to_owned(),
+            api_key: None,
+            api_key_name: "OPENAI_API_KEY".to_owned(),
+            provider: "openai".to_owned(),
+            context_window: context_window_for(&model),
+            model,
+            timeout: DEFAULT_TIMEOUT,
+            retry: RetryConfig::default(),
+        }
+    }
+
+    /// Reads `OPENAI_BASE_URL` and `OPENAI_API_KEY` through `env`
+    /// (pass [`crate::process_env`] for the real environment).
+    pub fn from_env(model: impl Into<String>, env: &dyn Fn(&str) -> Option<String>) -> Self {
+        Self::from_env_vars(
+            model,
+            env,
+            "OPENAI_BASE_URL",
+            "OPENAI_API_KEY",
+            OPENAI_DEFAULT_BASE_URL,
+        )
+    }
+
+    /// Like [`OpenAiConfig::from_env`] with other variable names and default base URL
+    /// (DashScope, Ollama, ...).
+    pub fn from_env_vars(
+        model: impl Into<String>,
+        env: &dyn Fn(&str) -> Option<String>,
+        base_url_var: &str,
+        api_key_var: &str,
+        default_base_url: &str,
+    ) -> Self {
+        let mut c = Self::new(model);
+        c.base_url = env(base_url_var)
+            .filter(|v| !v.trim().is_empty())
+            .unwrap_or_else(|| default_base_url.to_owned());
+        c.api_key = env(api_key_var).filter(|v| !v.trim().is_empty());
+        api_key_var.clone_into(&mut c.api_key_name);
+        c
+    }
+}
+
+/// A chat model behind an OpenAI-compatible `/chat/completions` endpoint.
+#[derive(Debug)]
+pub struct OpenAiModel {
+    config: OpenAiConfig,
+    endpoint: Endpoint,
+    http: Http,
+}
+
+impl OpenAiModel {
+    /// Builds the client (no request is made).
+    pub fn new(config: OpenAiConfig) -> Result<Self, ModelError> {
+        if config.model.trim().is_empty() {
+            return Err(ModelError::Config("the model name is empty".into()));
+        }
+        let base = config.base_url.trim_end_matches('/').to_owned();
+        let mut headers = Vec::new();
+        if let Some(key) = &config.api_key {
+            headers.push(("authorization".to_owned(), format!("Bearer {key}")));
+        }
+        let endpoint = Endpoint {
+            url: format!("{base}/chat/completions"),
+            base_url: base,
+            key_name: config.api_key_name.clone(),
+            key_sent: config.api_key.is_some(),
+            headers,
+        };
+        let http = Http::new(config.timeout, config.retry.clone())?;
+        Ok(Self {
+            config,
+            endpoint,
+            http,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &OpenAiConfig {
+        &self.config
+    }
+}
+
+#[async_trait]
+impl Model for OpenAiModel {
+    fn info(&self) -> ModelInfo {
+        ModelInfo {
+            provider: self.config.provider.clone(),
+            model: self.config.model.clone(),
+            context_window: self.config.context_window,
+        }
+    }
+
+    async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
+        let body = request_body(&self.config.model, &self.endpoint.base_url, &request, true);
+        let resp = self.http.post(&self.endpoint, &body).await?;
+        Ok(drive_sse(
+            resp,
+            StreamParser::default(),
+            self.endpoint.url.clone(),
+        ))
+    }
+
+    async fn complete(&self, request: ModelRequest) -> Result<ModelResponse, ModelError> {
+        let body = request_body(&self.config.model, &self.endpoint.base_url, &request, false);
+        let resp = self.http.post(&self.endpoint, &body).await?;
+        let value = read_json(resp, &self.endpoint.url).await?;
+        let mut asm = ResponseAssembler::default();
+        for ev in parse_response(&value)? {
+            asm.push(&ev);
+        }
+        Ok(asm.finish())
+    }
+}
+
+/// Builds the JSON body of a Chat Completions request.
+pub(crate) fn request_body(model: &str, base_url: &str, req: &ModelRequest, stream: bool) -> Value {
+    let mut messages = Vec::new();
+    if !req.system.is_empty() {
+        messages.push(json!({"role": "system", "content": req.system}));
+    }
+    for m in &req.messages {
+        map_message(m, &mut messages);
+    }
+    let mut body = Map::new();
+    body.insert("model".into(), json!(model));
+    body.insert("messages".into(), Value::Array(messages));
+    if !req.tools.is_empty() {
+        let tools: Vec<Value> = req
+            .tools
+            .iter()
+            .map(|t| {
+                json!({"type": "function", "function": {
+                    "name": t.name, "description": t.description, "parameters": t.parameters}})
+            })
+            .collect();
+        body.insert("tools".into(), Value::Array(tools));
+    }
+    if let Some(t) = req.params.temperature {
+        body.insert("temperature".into(), json!(t));
+    }
+    if let Some(n) = req.params.max_tokens {
+        // api.openai.com's reasoning models only accept the newer name; compatible
+        // servers (vLLM, Ollama, DashScope, llama.cpp) all accept the older one.
+        let key = if base_url.contains("api.openai.com") {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
+        body.insert(key.into(), json!(n));
+    }
+    body.insert("stream".into(), json!(stream));
+    if stream {
+        body.insert("stream_options".into(), json!({"include_usage": true}));
+    }
+    Value::Object(body)
+}
+
+fn map_message(m: &Message, out: &mut Vec<Value>) {
+    let text = m.text_content();
+    match m.role {
+        Role::System => out.push(json!({"role": "system", "content": text})),
+        Role::Assistant => {
+            let calls: Vec<Value> = m
+                .tool_calls()
+                .map(|c| {
+                    let args = if c.arguments.trim().is_empty() {
+                        "{}"
+                    } else {
+                        c.arguments.as_str()
+                    };
+                    json!({"id": c.id, "type": "function",
+                           "function": {"name": c.name, "arguments": args}})
+                })
+                .collect();
+            let mut msg = json!({"role": "assistant",
+                                 "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { json!(text) }});
+            if !calls.is_empty() {
+                msg["tool_calls"] = Value::Array(calls);
+            }
+            out.push(msg);
+        }
+        Role::User | Role::Tool => {
+            for r in m.tool_results_iter() {
+                out.push(json!({"role": "tool", "tool_call_id": r.id, "content": r.content}));
+            }
+            if !text.is_empty() || (m.role == Role::User && !m.content.iter().any(is_result)) {
+                out.push(json!({"role": "user", "content": text}));
+            }
+        }
+    }
+}
+
+fn is_result(b: &ContentBlock) -> bool {
+    matches!(b, ContentBlock::ToolResult(_))
+}
+
+fn finish_reason(s: &str) -> StopReason {
+    match s {
+        "stop" => StopReason::EndTurn,
+        "tool_calls" | "function_call" => StopReason::ToolUse,
+        "length" => StopReason::MaxTokens,
+        other => StopReason::Other(other.to_owned()),
+    }
+}
+
+fn usage(v: &Value) -> Option<Usage> {
+    let n = |p: &str| v.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+    (v.is_object()).then(|| Usage {
+        input_tokens: n("/prompt_tokens"),
+        output_tokens: n("/completion_tokens"),
+        cached_input_tokens: n("/prompt_tokens_details/cached_tokens"),
+    })
+}
+
+fn str_of<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v.get(key).and_then(Value::as_str)
+}
+
+/// Events of a non-streamed `chat.completion` body.
+pub(crate) fn parse_response(v: &Value) -> Result<Vec<ModelEvent>, ModelError> {
+    if v.get("error").is_some_and(|e| !e.is_null()) {
+        return Err(classify_stream_error(&v.to_string()));
+    }
+    let choice = v
+        .pointer("/choices/0")
+        .ok_or_else(|| ModelError::InvalidResponse(format!("no choices in response: {v}")))?;
+    let msg = choice.get("message").unwrap_or(&Value::Null);
+    let mut events = Vec::new();
+    if let Some(r) = str_of(msg, "reasoning_content").or_else(|| str_of(msg, "reasoning")) {
+        if !r.is_empty() {
+            events.push(ModelEvent::ReasoningDelta(r.to_owned()));
+        }
+    }
+    if let Some(t) = str_of(msg, "content") {
+        if !t.is_empty() {
+            events.push(ModelEvent::TextDelta(t.to_owned()));
+        }
+    }
+    for (index, call) in msg
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        events.push(ModelEvent::ToolCallStart {
+            index,
+            id: str_of(call, "id").unwrap_or_default().to_owned(),
+            name: call
+                .pointer("/function/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+        });
+        events.push(ModelEvent::ToolCallDelta {
+            index,
+            arguments: raw_arguments(call.pointer("/function/arguments")),
+        });
+    }
+    if let Some(u) = v.get("usage").and_then(usage) {
+        events.push(ModelEvent::Usage(u));
+    }
+    let stop = str_of(choice, "finish_reason").map_or(StopReason::EndTurn, finish_reason);
+    events.push(ModelEvent::Stop(stop));
+    Ok(events)
+}
+
+/// Arguments as text: servers send a string; a few send an object.
+fn raw_arguments(v: Option<&Value>) -> String {
+    match v {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// Parses `chat.completion.chunk` events.
+#[derive(Debug, Default)]
+pub(crate) struct StreamParser {
+    stop: Option<StopReason>,
+    done: bool,
+}
+
+impl SseParser for StreamParser {
+    fn on_event(&mut self, _event: &str, data: &str) -> Result<Vec<ModelEvent>, ModelError> {
+        let data = data.trim();
+        if data == "[DONE]" {
+            self.done = true;
+            return Ok(Vec::new());
+        }
+        if data.is_empty() {
+            return Ok(Vec::new());
+        }
+        let v: Value = serde_json::from_str(data).map_err(|e| {
+            ModelError::InvalidResponse(format!("stream chunk is not JSON ({e}): {data}"))
+        })?;
+        if v.get("error").is_some_and(|e| !e.is_null()) {
+            return Err(classify_stream_error(data));
+        }
+        let mut events = Vec::new();
+        for choice in v
+            .get("choices")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let delta = choice.get("delta").unwrap_or(&Value::Null);
+            if let Some(r) =
+                str_of(delta, "reasoning_content").or_else(|| str_of(delta, "reasoning"))
+            {
+                if !r.is_empty() {
+                    events.push(ModelEvent::ReasoningDelta(r.to_owned()));
+                }
+            }
+            if let Some(t) = str_of(delta, "content") {
+                if !t.is_empty() {
+                    events.push(ModelEvent::TextDelta(t.to_owned()));
+                }
+            }
+            for (pos, call) in delta
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
+                let index = call
+                    .get("index")
+                    .and_then(Value::as_u64)
+                    .and_then(|i| usize::try_from(i).ok())
+                    .unwrap_or(pos);
+                let id = str_of(call, "id").unwrap_or_default();
+                let name = call
+                    .pointer("/function/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                if !id.is_empty() || !name.is_empty() {
+                    events.push(ModelEvent::ToolCallStart {
+                        index,
+                        id: id.to_owned(),
+                        name: name.to_owned(),
+                    });
+                }
+                let args = raw_arguments(call.pointer("/function/arguments"));
+                if !args.is_empty() {
+                    events.push(ModelEvent::ToolCallDelta {
+                        index,
+                        arguments: args,
+                    });
+                }
+            }
+            if let Some(r) = str_of(choice, "finish_reason") {
+                self.stop = Some(finish_reason(r));
+            }
+        }
+        if let Some(u) = v.get("usage").and_then(usage) {
+            events.push(ModelEvent::Usage(u));
+        }
+        Ok(events)
+    }
+
+    fn is_done(&self) -> bool {
+        self.done
+    }
+
+    fn finish(&mut self) -> Result<Vec<ModelEvent>, ModelError> {
+        match self.stop.take() {
+            Some(stop) => Ok(vec![ModelEvent::Stop(stop)]),
+            None if self.done => Ok(vec![ModelEvent::Stop(StopReason::EndTurn)]),
+            None => Err(ModelError::Transport {
+                message: "the stream ended before a finish_reason or [DONE]".into(),
+                source: None,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "openai_tests.rs"]
+mod tests;

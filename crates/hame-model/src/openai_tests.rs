@@ -1,0 +1,222 @@
+use hame_core::{
+    ContentBlock, Message, ModelEvent, ModelParams, ModelRequest, ResponseAssembler, Role,
+    StopReason, ToolCall, ToolResult, ToolSpec, Usage,
+};
+use pretty_assertions::assert_eq;
+use serde_json::json;
+
+use super::*;
+use crate::http::SseParser;
+
+fn conversation() -> ModelRequest {
+    ModelRequest {
+        system: "be brief".into(),
+        messages: vec![
+            Message::user("list files"),
+            Message {
+                role: Role::Assistant,
+                content: vec![
+                    ContentBlock::Reasoning {
+                        text: "hmm".into(),
+                        signature: None,
+                    },
+                    ContentBlock::ToolCall(ToolCall {
+                        id: "call_1".into(),
+                        name: "ls".into(),
+                        arguments: String::new(),
+                    }),
+                    ContentBlock::ToolCall(ToolCall {
+                        id: "call_2".into(),
+                        name: "read_file".into(),
+                        arguments: r#"{"path":"a"}"#.into(),
+                    }),
+                ],
+                usage: None,
+            },
+            Message::tool_results(vec![
+                ToolResult {
+                    id: "call_1".into(),
+                    content: "a\nb".into(),
+                    is_error: false,
+                    code: None,
+                },
+                ToolResult {
+                    id: "call_2".into(),
+                    content: "Error [file_not_found]: a".into(),
+                    is_error: true,
+                    code: Some("file_not_found".into()),
+                },
+            ]),
+        ],
+        tools: vec![ToolSpec {
+            name: "ls".into(),
+            description: "list".into(),
+            parameters: json!({"type": "object", "properties": {}}),
+        }],
+        params: ModelParams {
+            temperature: Some(0.5),
+            max_tokens: Some(100),
+        },
+    }
+}
+
+#[test]
+fn request_mapping() {
+    let body = request_body("m", "http://localhost:8000/v1", &conversation(), true);
+    assert_eq!(
+        body,
+        json!({
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "list files"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}},
+                    {"id": "call_2", "type": "function", "function": {"name": "read_file", "arguments": "{\"path\":\"a\"}"}}
+                ]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "a\nb"},
+                {"role": "tool", "tool_call_id": "call_2", "content": "Error [file_not_found]: a"}
+            ],
+            "tools": [{"type": "function", "function": {"name": "ls", "description": "list",
+                       "parameters": {"type": "object", "properties": {}}}}],
+            "temperature": 0.5,
+            "max_tokens": 100,
+            "stream": true,
+            "stream_options": {"include_usage": true}
+        })
+    );
+    let official = request_body("m", "https://api.openai.com/v1", &conversation(), false);
+    assert_eq!(official["max_completion_tokens"], json!(100));
+    assert_eq!(official.get("stream_options"), None);
+}
+
+fn run(parser: &mut StreamParser, lines: &[&str]) -> Result<Vec<ModelEvent>, ModelError> {
+    let mut out = Vec::new();
+    for l in lines {
+        out.extend(parser.on_event("message", l)?);
+    }
+    out.extend(parser.finish()?);
+    Ok(out)
+}
+
+#[test]
+fn stream_assembles_split_arguments() -> Result<(), ModelError> {
+    let mut p = StreamParser::default();
+    let events = run(
+        &mut p,
+        &[
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"reasoning_content":"think"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c0","type":"function","function":{"name":"read_file","arguments":""}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"c1","type":"function","function":{"name":"ls","arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"pa"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"th\":\"x\"}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":2}}}"#,
+            "[DONE]",
+        ],
+    )?;
+    assert!(p.is_done());
+    assert_eq!(events.last(), Some(&ModelEvent::Stop(StopReason::ToolUse)));
+    let mut asm = ResponseAssembler::default();
+    events.iter().for_each(|e| asm.push(e));
+    let r = asm.finish();
+    assert_eq!(
+        r.message.content,
+        vec![
+            ContentBlock::Reasoning {
+                text: "think".into(),
+                signature: None
+            },
+            ContentBlock::ToolCall(ToolCall {
+                id: "c0".into(),
+                name: "read_file".into(),
+                arguments: r#"{"path":"x"}"#.into()
+            }),
+            ContentBlock::ToolCall(ToolCall {
+                id: "c1".into(),
+                name: "ls".into(),
+                arguments: "{}".into()
+            }),
+        ]
+    );
+    assert_eq!(
+        r.usage,
+        Some(Usage {
+            input_tokens: 9,
+            output_tokens: 4,
+            cached_input_tokens: 2
+        })
+    );
+    Ok(())
+}
+
+#[test]
+fn truncated_stream_is_a_transport_error() {
+    let mut p = StreamParser::default();
+    let r = run(
+        &mut p,
+        &[r#"{"choices":[{"index":0,"delta":{"content":"par"}}]}"#],
+    );
+    assert!(matches!(r, Err(ModelError::Transport { .. })));
+}
+
+#[test]
+fn error_chunk_is_classified() {
+    let mut p = StreamParser::default();
+    let r = p.on_event(
+        "message",
+        r#"{"error":{"code":"context_length_exceeded","message":"too long"}}"#,
+    );
+    assert!(matches!(r, Err(ModelError::ContextOverflow { .. })));
+}
+
+#[test]
+fn non_streamed_response() -> Result<(), ModelError> {
+    let events = parse_response(&json!({
+        "choices": [{"index": 0, "finish_reason": "length", "message": {
+            "role": "assistant", "content": "partial",
+            "tool_calls": [{"id": "a", "type": "function", "function": {"name": "t", "arguments": "{oops"}}]}}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2}
+    }))?;
+    assert_eq!(
+        events,
+        vec![
+            ModelEvent::TextDelta("partial".into()),
+            ModelEvent::ToolCallStart {
+                index: 0,
+                id: "a".into(),
+                name: "t".into()
+            },
+            ModelEvent::ToolCallDelta {
+                index: 0,
+                arguments: "{oops".into()
+            },
+            ModelEvent::Usage(Usage {
+                input_tokens: 3,
+                output_tokens: 2,
+                cached_input_tokens: 0
+            }),
+            ModelEvent::Stop(StopReason::MaxTokens),
+        ]
+    );
+    assert!(parse_response(&json!({"choices": []})).is_err());
+    Ok(())
+}
+
+#[test]
+fn from_env_reads_through_the_lookup() {
+    let env = |k: &str| match k {
+        "OPENAI_BASE_URL" => Some("http://h:1/v1".to_owned()),
+        "OPENAI_API_KEY" => Some("sk-x".to_owned()),
+        _ => None,
+    };
+    let c = OpenAiConfig::from_env("gpt-4o-mini", &env);
+    assert_eq!(c.base_url, "http://h:1/v1");
+    assert_eq!(c.api_key.as_deref(), Some("sk-x"));
+    assert_eq!(c.context_window, 128_000);
+    assert!(!format!("{c:?}").contains("sk-x"));
+    let none = OpenAiConfig::from_env("m", &|_| None);
+    assert_eq!(none.base_url, OPENAI_DEFAULT_BASE_URL);
+    assert_eq!(none.api_key, None);
+}

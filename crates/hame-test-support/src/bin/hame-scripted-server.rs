@@ -1,0 +1,57 @@
+//! `hame-scripted-server SCRIPT.json [PORT]`: serves a script until killed.
+//!
+//! Prints `listening on http://127.0.0.1:PORT` on stdout once it accepts connections.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use hame_test_support::{Script, ScriptedServer};
+
+const USAGE: &str = "usage: hame-scripted-server SCRIPT.json [PORT]\n\
+  SCRIPT.json is {\"steps\": [...], \"fallback\": {...}} or a bare array of steps.";
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(path) = args.first().filter(|a| !a.starts_with('-')) else {
+        eprintln!("{USAGE}");
+        return ExitCode::from(2);
+    };
+    let port: u16 = match args.get(1).map(|p| p.parse()) {
+        None => 0,
+        Some(Ok(p)) => p,
+        Some(Err(e)) => {
+            eprintln!("invalid port {:?}: {e}\n{USAGE}", args[1]);
+            return ExitCode::from(2);
+        }
+    };
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("cannot read script {path}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let script = match Script::from_json(&text) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("invalid script {path}: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let server = match ScriptedServer::start_on(script, port).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("listening on {}", server.url());
+    let _ = std::io::stdout().flush();
+    if let Err(e) = tokio::signal::ctrl_c().await {
+        eprintln!("cannot wait for Ctrl-C: {e}");
+    }
+    drop(server);
+    ExitCode::SUCCESS
+}
