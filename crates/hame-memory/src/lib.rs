@@ -1,0 +1,16 @@
+//! # hame-memory
+//!
+//! WIP
+#![deny(missing_docs)]
+
+mod error;
+pub mod index;
+pub mod tokens;
+
+pub use error::{Error, Result};
+#[cfg(feature = "sqlite")]
+pub use index::SqliteIndex;
+pub use index::{
+    DocumentInfo, Hit, InMemoryIndex, SearchIndex, SearchOptions, UpsertOutcome, content_hash,
+};
+pub use tokens::{EstimateCounter, TokenCounter, counter_for_model};
