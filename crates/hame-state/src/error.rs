@@ -1,0 +1,135 @@
+//! The one error type of this crate.
+
+use std::time::Duration;
+
+/// Why a state-store operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An agent, user or session id is not acceptable (see [`crate::StateKey`]).
+    #[error("invalid {field} id {value:?}: {reason}")]
+    InvalidId {
+        /// Which part of the key: `agent`, `user` or `session`.
+        field: &'static str,
+        /// The rejected value (truncated to 64 characters).
+        value: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// A compare-and-set save lost: the stored version is not the expected one.
+    ///
+    /// Reload, re-apply the change and save again with the new version.
+    #[error(
+        "state of {key} changed concurrently: expected {}, found {}",
+        version_text(*expected),
+        version_text(*found)
+    )]
+    Conflict {
+        /// The key, as text.
+        key: String,
+        /// The version the caller based its change on (`None` = must not exist).
+        expected: Option<u64>,
+        /// The version found in the store (`None` = absent), when the backend knows it.
+        found: Option<u64>,
+    },
+    /// Another holder has the session's lease and did not release it within the wait.
+    #[error("session {key} is busy: another holder kept its lease for {waited:?}")]
+    SessionBusy {
+        /// The key, as text.
+        key: String,
+        /// How long this caller waited.
+        waited: Duration,
+    },
+    /// A lease could not be renewed or released because it expired and may be held by someone else.
+    #[error("the lease on {key} was lost (it expired or was taken over)")]
+    LeaseLost {
+        /// The key, as text.
+        key: String,
+    },
+    /// A stored document cannot be read (corrupt, or written by a newer hame).
+    #[error("stored state of {key} is unreadable: {source}")]
+    Format {
+        /// The key, as text.
+        key: String,
+        /// The cause.
+        #[source]
+        source: hame_core::StateFormatError,
+    },
+    /// The state could not be serialised.
+    #[error("state cannot be serialised: {0}")]
+    Serialize(#[source] serde_json::Error),
+    /// The URL names a backend whose cargo feature is not compiled in.
+    #[error("state store URL scheme `{scheme}` needs the `{feature}` feature of hame-state")]
+    FeatureDisabled {
+        /// The URL scheme.
+        scheme: String,
+        /// The cargo feature to enable.
+        feature: &'static str,
+    },
+    /// The store URL or options are invalid.
+    #[error("invalid state store configuration: {0}")]
+    Config(String),
+    /// A file operation of the JSON store failed.
+    #[error("state file {path}: {source}")]
+    Io {
+        /// The path involved.
+        path: std::path::PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The backend (Redis, PostgreSQL, MySQL) failed: connection, timeout or server error.
+    #[error("{backend} state store failed: {source}")]
+    Backend {
+        /// `redis`, `postgres` or `mysql`.
+        backend: &'static str,
+        /// The cause.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+fn version_text(v: Option<u64>) -> String {
+    v.map_or_else(|| "no document".to_owned(), |v| format!("version {v}"))
+}
+
+impl Error {
+    /// Whether trying again may succeed: after a reload for [`Error::Conflict`], after a
+    /// pause for [`Error::SessionBusy`] and transient backend or I/O failures.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::Conflict { .. }
+                | Error::SessionBusy { .. }
+                | Error::Backend { .. }
+                | Error::Io { .. }
+        )
+    }
+
+    /// Whether this is a compare-and-set conflict.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Conflict { .. })
+    }
+
+    #[allow(dead_code)] // unused when no network backend is compiled in
+    pub(crate) fn backend(
+        backend: &'static str,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        Error::Backend {
+            backend,
+            source: source.into(),
+        }
+    }
+
+    #[allow(dead_code)] // unused when the json feature is off
+    pub(crate) fn io(path: impl Into<std::path::PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,389 @@
+//! [`JsonStore`]: one JSON file per session under a root directory.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use hame_core::AgentState;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::key::{StateKey, validate_id};
+use crate::store::{Lease, LeaseHandle, SessionSummary, StateStore, Stored};
+
+/// Value of the `format` field of every state file.
+pub const JSON_FORMAT: &str = "hame-state/1";
+
+/// A single-machine store with one JSON document per session.
+///
+/// Layout under the root given to [`JsonStore::open`]:
+///
+/// ```text
+/// <root>/<agent>/anonymous/<session>.json        state of an anonymous session
+/// <root>/<agent>/users/<user>/<session>.json     state of a user's session
+///                            <session>.lock       held while a save compares and writes
+///                            <session>.lease      held (OS lock) by the session's lease holder
+///                            .<session>.<uuid>.tmp   a save in progress
+/// ```
+///
+/// Saves write a temp file, `fsync` it, rename it over the document and `fsync` the
+/// directory, all under an exclusive lock of `<session>.lock`, so a crash leaves either the
+/// old or the new document and two processes never interleave a compare-and-set.
+/// Leases are advisory OS locks (`File::try_lock`) on `<session>.lease`: they last until
+/// released or until the holding process dies (the OS drops them); their TTL is ignored.
+#[derive(Debug, Clone)]
+pub struct JsonStore {
+    root: PathBuf,
+}
+
+#[derive(Serialize)]
+struct EnvelopeHead<'a> {
+    format: &'static str,
+    version: u64,
+    updated_at: DateTime<Utc>,
+    agent: &'a str,
+    user: Option<&'a str>,
+    session: &'a str,
+}
+
+/// The document bytes: the envelope fields followed by the already serialised state.
+fn envelope(head: &EnvelopeHead<'_>, state_json: &[u8]) -> Result<Vec<u8>> {
+    let mut out = serde_json::to_vec(head).map_err(Error::Serialize)?;
+    out.pop(); // the closing `}` of the head object
+    out.reserve(state_json.len() + 10);
+    out.extend_from_slice(b",\"state\":");
+    out.extend_from_slice(state_json);
+    out.push(b'}');
+    Ok(out)
+}
+
+#[derive(Deserialize)]
+struct EnvelopeIn {
+    version: u64,
+    agent: String,
+    user: Option<String>,
+    session: String,
+    state: serde_json::Value,
+}
+
+#[derive(Deserialize)]
+struct Header {
+    version: u64,
+}
+
+impl JsonStore {
+    /// Opens (creating it if needed) a store rooted at `root`.
+    ///
+    /// The harness passes `$HAME_STATE_HOME`, else `~/.hame/state`; the store adds the
+    /// `<agent>/` level itself.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Self> {
+        let root = root.into();
+        fs::create_dir_all(&root).map_err(|e| Error::io(&root, e))?;
+        Ok(Self { root })
+    }
+
+    /// The root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn dir(&self, agent: &str, user: Option<&str>) -> PathBuf {
+        let base = self.root.join(agent);
+        match user {
+            Some(u) => base.join("users").join(u),
+            None => base.join("anonymous"),
+        }
+    }
+
+    fn doc_path(&self, key: &StateKey) -> PathBuf {
+        self.dir(key.agent(), key.user())
+            .join(format!("{}.json", key.session()))
+    }
+
+    async fn blocking<T: Send + 'static>(
+        f: impl FnOnce() -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|e| Error::Io {
+                path: PathBuf::new(),
+                source: io::Error::other(e),
+            })?
+    }
+
+    #[cfg(any(test, feature = "conformance"))]
+    pub(crate) fn put_raw_blocking(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
+        let dir = self.dir(key.agent(), key.user());
+        fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        let doc = serde_json::json!({
+            "format": JSON_FORMAT, "version": 1, "updated_at": Utc::now(),
+            "agent": key.agent(), "user": key.user(), "session": key.session(), "state": state,
+        });
+        let bytes = serde_json::to_vec(&doc).map_err(Error::Serialize)?;
+        write_atomic(&dir, key.session(), &bytes)
+    }
+}
+
+fn read_opt(path: &Path) -> Result<Option<Vec<u8>>> {
+    match fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io(path, e)),
+    }
+}
+
+fn open_lock_file(path: &Path) -> Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| Error::io(path, e))
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    #[cfg(unix)]
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(dir, e))?;
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
+}
+
+fn write_atomic(dir: &Path, session: &str, bytes: &[u8]) -> Result<()> {
+    let tmp = dir.join(format!(".{session}.{}.tmp", uuid::Uuid::new_v4().simple()));
+    let target = dir.join(format!("{session}.json"));
+    let write = || -> io::Result<()> {
+        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()
+    };
+    if let Err(e) = write() {
+        let _ = fs::remove_file(&tmp);
+        return Err(Error::io(&tmp, e));
+    }
+    if let Err(e) = fs::rename(&tmp, &target) {
+        let _ = fs::remove_file(&tmp);
+        return Err(Error::io(&target, e));
+    }
+    sync_dir(dir)
+}
+
+/// Runs `f` while holding the exclusive write lock of a session.
+fn with_write_lock<T>(dir: &Path, session: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let path = dir.join(format!("{session}.lock"));
+    let file = open_lock_file(&path)?;
+    file.lock().map_err(|e| Error::io(&path, e))?;
+    let out = f();
+    // Closing the file releases the lock as well; unlock explicitly to release it early.
+    let _ = file.unlock();
+    out
+}
+
+#[async_trait]
+impl StateStore for JsonStore {
+    async fn load(&self, key: &StateKey) -> Result<Option<Stored>> {
+        let path = self.doc_path(key);
+        let key = key.clone();
+        Self::blocking(move || {
+            let Some(bytes) = read_opt(&path)? else {
+                return Ok(None);
+            };
+            let format = |source| Error::Format {
+                key: key.to_string(),
+                source,
+            };
+            let env: EnvelopeIn = serde_json::from_slice(&bytes)
+                .map_err(|e| format(hame_core::StateFormatError::Invalid(e)))?;
+            if env.agent != key.agent()
+                || env.user.as_deref() != key.user()
+                || env.session != key.session()
+            {
+                return Err(Error::Config(format!(
+                    "{} holds the state of another key ({}/{:?}/{})",
+                    path.display(),
+                    env.agent,
+                    env.user,
+                    env.session
+                )));
+            }
+            let state = AgentState::from_json(env.state).map_err(format)?;
+            Ok(Some(Stored {
+                state,
+                version: env.version,
+            }))
+        })
+        .await
+    }
+
+    async fn save(&self, key: &StateKey, state: &AgentState, expected: Option<u64>) -> Result<u64> {
+        let dir = self.dir(key.agent(), key.user());
+        // Serialise before taking the lock, to keep the critical section short.
+        let state_json = serde_json::to_vec(state).map_err(Error::Serialize)?;
+        let key = key.clone();
+        Self::blocking(move || {
+            fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+            with_write_lock(&dir, key.session(), || {
+                let path = dir.join(format!("{}.json", key.session()));
+                let found = match read_opt(&path)? {
+                    None => None,
+                    Some(bytes) => Some(
+                        serde_json::from_slice::<Header>(&bytes)
+                            .map_err(|e| Error::Format {
+                                key: key.to_string(),
+                                source: hame_core::StateFormatError::Invalid(e),
+                            })?
+                            .version,
+                    ),
+                };
+                if found != expected {
+                    return Err(Error::Conflict {
+                        key: key.to_string(),
+                        expected,
+                        found,
+                    });
+                }
+                let version = found.map_or(1, |v| v + 1);
+                let head = EnvelopeHead {
+                    format: JSON_FORMAT,
+                    version,
+                    updated_at: Utc::now(),
+                    agent: key.agent(),
+                    user: key.user(),
+                    session: key.session(),
+                };
+                let bytes = envelope(&head, &state_json)?;
+                write_atomic(&dir, key.session(), &bytes)?;
+                Ok(version)
+            })
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &StateKey) -> Result<bool> {
+        let dir = self.dir(key.agent(), key.user());
+        let session = key.session().to_owned();
+        Self::blocking(move || {
+            if !dir.exists() {
+                return Ok(false);
+            }
+            with_write_lock(&dir, &session, || {
+                let path = dir.join(format!("{session}.json"));
+                match fs::remove_file(&path) {
+                    Ok(()) => {
+                        sync_dir(&dir)?;
+                        Ok(true)
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+                    Err(e) => Err(Error::io(&path, e)),
+                }
+            })
+        })
+        .await
+    }
+
+    async fn list_sessions(&self, agent: &str, user: Option<&str>) -> Result<Vec<SessionSummary>> {
+        crate::validate_scope(agent, user)?;
+        let dir = self.dir(agent, user);
+        Self::blocking(move || {
+            let entries = match fs::read_dir(&dir) {
+                Ok(e) => e,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+                Err(e) => return Err(Error::io(&dir, e)),
+            };
+            let mut out = Vec::new();
+            for entry in entries {
+                let entry = entry.map_err(|e| Error::io(&dir, e))?;
+                let name = entry.file_name();
+                let Some(session) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
+                    continue;
+                };
+                if validate_id("session", session).is_err() {
+                    continue;
+                }
+                let modified = match entry.metadata().and_then(|m| m.modified()) {
+                    Ok(m) => m,
+                    // Deleted between read_dir and stat.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(Error::io(entry.path(), e)),
+                };
+                out.push(SessionSummary {
+                    session: session.to_owned(),
+                    updated_at: DateTime::<Utc>::from(modified),
+                });
+            }
+            crate::sort_summaries(&mut out);
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn try_acquire(&self, key: &StateKey, ttl: Duration) -> Result<Option<Lease>> {
+        let dir = self.dir(key.agent(), key.user());
+        let path = dir.join(format!("{}.lease", key.session()));
+        let file = Self::blocking(move || {
+            fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+            let file = open_lock_file(&path)?;
+            match file.try_lock() {
+                Ok(()) => Ok(Some(file)),
+                Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+                Err(std::fs::TryLockError::Error(e)) => Err(Error::io(&path, e)),
+            }
+        })
+        .await?;
+        Ok(file.map(|file| {
+            let token = uuid::Uuid::new_v4().to_string();
+            let handle = FileLease {
+                file: Mutex::new(Some(file)),
+            };
+            Lease::new(key.clone(), token, ttl, Arc::new(handle))
+        }))
+    }
+
+    fn is_shared(&self) -> bool {
+        false
+    }
+}
+
+/// An OS lock on `<session>.lease`; closing the file releases it.
+#[derive(Debug)]
+struct FileLease {
+    file: Mutex<Option<File>>,
+}
+
+#[async_trait]
+impl LeaseHandle for FileLease {
+    async fn renew(&self, _ttl: Duration) -> Result<()> {
+        // The OS lock does not expire; renewing only checks that it was not released.
+        let held = self
+            .file
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some();
+        if held {
+            Ok(())
+        } else {
+            Err(Error::LeaseLost {
+                key: String::from("(released file lease)"),
+            })
+        }
+    }
+
+    async fn release(&self) -> Result<()> {
+        let file = self
+            .file
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(f) = file {
+            let _ = f.unlock();
+        }
+        Ok(())
+    }
+}
