@@ -57,27 +57,43 @@ pub fn layer_of(name: &str) -> Option<Layer> {
 }
 
 /// The resolved package graph, reduced to what the checks need.
+///
+/// `cargo metadata` keeps edges to optional dependencies that are only named by weak
+/// features (`dep?/feature`), although cargo never builds them (rust-lang/cargo#10801).
+/// Such edges are dropped here by re-deriving which optional dependencies the enabled
+/// features really activate.
 #[derive(Debug, Default)]
 pub struct Graph {
     names: HashMap<String, String>,
     workspace: BTreeSet<String>,
-    /// package id -> (dependency id, edge is normal or build)
-    edges: HashMap<String, Vec<(String, bool)>>,
+    edges: HashMap<String, Vec<Edge>>,
     features: HashMap<String, Vec<String>>,
+}
+
+/// One dependency edge that cargo actually builds.
+#[derive(Debug, Clone)]
+struct Edge {
+    to: String,
+    /// A normal or build dependency.
+    non_dev: bool,
+    /// A dev-dependency (built only for the package's own tests).
+    dev: bool,
 }
 
 impl Graph {
     /// Reads `cargo metadata --format-version 1` output (with a `resolve` section).
     pub fn from_metadata(meta: &Value) -> Result<Self> {
         let mut graph = Self::default();
+        let mut packages = HashMap::new();
         for pkg in array(meta, "packages")? {
             let id = string(pkg, "id")?;
             graph.names.insert(id.clone(), string(pkg, "name")?);
             if let Some(features) = pkg.get("features").and_then(Value::as_object) {
                 graph
                     .features
-                    .insert(id, features.keys().cloned().collect());
+                    .insert(id.clone(), features.keys().cloned().collect());
             }
+            packages.insert(id, pkg);
         }
         for id in array(meta, "workspace_members")? {
             let id = id
@@ -91,21 +107,58 @@ impl Graph {
             .context("cargo metadata output has no `resolve` (was --no-deps used?)")?;
         for node in array(resolve, "nodes")? {
             let id = string(node, "id")?;
-            let mut deps = Vec::new();
+            let enabled: BTreeSet<&str> = node
+                .get("features")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            let package = packages.get(&id).copied();
+            let activated = package.map(|p| activated_optional(p, &enabled));
+            let mut edges = Vec::new();
             for dep in array(node, "deps")? {
-                let pkg = string(dep, "pkg")?;
-                let kinds = dep.get("dep_kinds").and_then(Value::as_array);
-                // Old cargo versions lack dep_kinds: treat the edge as normal (strict).
-                let non_dev = kinds.is_none_or(|kinds| {
-                    kinds
-                        .iter()
-                        .any(|k| k.get("kind").and_then(Value::as_str) != Some("dev"))
-                });
-                deps.push((pkg, non_dev));
+                let to = string(dep, "pkg")?;
+                let kinds: Vec<Option<&str>> = dep
+                    .get("dep_kinds")
+                    .and_then(Value::as_array)
+                    .map(|kinds| {
+                        kinds
+                            .iter()
+                            .map(|k| k.get("kind").and_then(Value::as_str))
+                            .collect()
+                    })
+                    // Old cargo versions lack dep_kinds: treat the edge as normal (strict).
+                    .unwrap_or_else(|| vec![None]);
+                let dev = kinds.contains(&Some("dev"));
+                let mut non_dev = kinds.iter().any(|k| *k != Some("dev"));
+                if non_dev && let (Some(package), Some(activated)) = (package, &activated) {
+                    let to_name = graph.names.get(&to).map_or("", String::as_str);
+                    non_dev = non_dev_edge_is_built(package, to_name, activated);
+                }
+                if non_dev || dev {
+                    edges.push(Edge { to, non_dev, dev });
+                }
             }
-            graph.edges.insert(id, deps);
+            graph.edges.insert(id, edges);
         }
         Ok(graph)
+    }
+
+    /// Packages cargo builds for the workspace: normal/build edges from anywhere, dev edges
+    /// from workspace members only.
+    fn built_packages(&self) -> BTreeSet<&str> {
+        let mut seen: BTreeSet<&str> = self.workspace.iter().map(String::as_str).collect();
+        let mut queue: VecDeque<&str> = seen.iter().copied().collect();
+        while let Some(id) = queue.pop_front() {
+            let member = self.workspace.contains(id);
+            for edge in self.edges.get(id).into_iter().flatten() {
+                if (edge.non_dev || (member && edge.dev)) && seen.insert(edge.to.as_str()) {
+                    queue.push_back(edge.to.as_str());
+                }
+            }
+        }
+        seen
     }
 
     fn name<'a>(&'a self, id: &'a str) -> &'a str {
@@ -150,10 +203,10 @@ impl Graph {
         let mut queue = VecDeque::from([core.as_str()]);
         let mut seen = BTreeSet::from([core.as_str()]);
         while let Some(id) = queue.pop_front() {
-            for (dep, non_dev) in self.edges.get(id).into_iter().flatten() {
-                if *non_dev && seen.insert(dep.as_str()) {
-                    parent.insert(dep.as_str(), id);
-                    queue.push_back(dep.as_str());
+            for edge in self.edges.get(id).into_iter().flatten() {
+                if edge.non_dev && seen.insert(edge.to.as_str()) {
+                    parent.insert(edge.to.as_str(), id);
+                    queue.push_back(edge.to.as_str());
                 }
             }
         }
@@ -181,8 +234,9 @@ impl Graph {
             let Some(from_layer) = layer_of(from_name) else {
                 continue;
             };
-            for (to, non_dev) in self.edges.get(from).into_iter().flatten() {
-                if !*non_dev || !self.workspace.contains(to) {
+            for edge in self.edges.get(from).into_iter().flatten() {
+                let to = &edge.to;
+                if !edge.non_dev || !self.workspace.contains(to) {
                     continue;
                 }
                 let to_name = self.name(to);
@@ -202,8 +256,15 @@ impl Graph {
         }
     }
 
+    fn count_built(&self, name: &str) -> usize {
+        self.built_packages()
+            .into_iter()
+            .filter(|id| self.name(id) == name)
+            .count()
+    }
+
     fn check_sqlite(&self, out: &mut Vec<String>) {
-        let count = |name: &str| self.names.values().filter(|n| *n == name).count();
+        let count = |name: &str| self.count_built(name);
         let sqlite = count("libsqlite3-sys");
         if sqlite > 1 {
             out.push(format!(
@@ -220,18 +281,69 @@ impl Graph {
 
     /// A one-line summary for the CI log.
     pub fn summary(&self) -> String {
-        let sqlite = self
-            .names
-            .values()
-            .filter(|n| *n == "libsqlite3-sys")
-            .count();
         format!(
-            "{} packages, {} workspace members, {} libsqlite3-sys",
-            self.names.len(),
+            "{} packages built, {} workspace members, {} libsqlite3-sys",
+            self.built_packages().len(),
             self.workspace.len(),
-            sqlite
+            self.count_built("libsqlite3-sys")
         )
     }
+}
+
+/// The dependency keys (`rename` or name) of the optional dependencies that `enabled`
+/// features switch on. `dep:x`, `x` and `x/feature` activate `x`; `x?/feature` does not.
+fn activated_optional(package: &Value, enabled: &BTreeSet<&str>) -> BTreeSet<String> {
+    let table = package.get("features").and_then(Value::as_object);
+    let mut out = BTreeSet::new();
+    for feature in enabled {
+        // An enabled feature named like an optional dependency is that dependency's
+        // implicit feature (old-style `x = ["dep:x"]` or a plain optional dependency).
+        out.insert((*feature).to_owned());
+        let values = table
+            .and_then(|t| t.get(*feature))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str);
+        for value in values {
+            if let Some(key) = value.strip_prefix("dep:") {
+                out.insert(key.to_owned());
+            } else if let Some((key, _)) = value.split_once('/') {
+                if !key.ends_with('?') {
+                    out.insert(key.to_owned());
+                }
+            } else {
+                out.insert(value.to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// Whether a normal/build edge from `package` to the package named `to_name` is built:
+/// some non-dev declaration of it is either required or an activated optional dependency.
+fn non_dev_edge_is_built(package: &Value, to_name: &str, activated: &BTreeSet<String>) -> bool {
+    let decls: Vec<&Value> = package
+        .get("dependencies")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|d| d.get("name").and_then(Value::as_str) == Some(to_name))
+        .filter(|d| d.get("kind").and_then(Value::as_str) != Some("dev"))
+        .collect();
+    if decls.is_empty() {
+        // Nothing to reason with (hand-written or odd metadata): keep the edge, be strict.
+        return true;
+    }
+    decls.iter().any(|d| {
+        let optional = d.get("optional").and_then(Value::as_bool).unwrap_or(false);
+        let key = d
+            .get("rename")
+            .and_then(Value::as_str)
+            .or_else(|| d.get("name").and_then(Value::as_str))
+            .unwrap_or(to_name);
+        !optional || activated.contains(key)
+    })
 }
 
 fn array<'a>(value: &'a Value, key: &str) -> Result<&'a Vec<Value>> {

@@ -105,7 +105,7 @@ fn a_healthy_graph_has_no_violations() -> Result<()> {
     assert_eq!(graph.violations(), Vec::<String>::new());
     assert_eq!(
         graph.summary(),
-        "14 packages, 7 workspace members, 1 libsqlite3-sys"
+        "14 packages built, 7 workspace members, 1 libsqlite3-sys"
     );
     Ok(())
 }
@@ -251,4 +251,61 @@ fn layers_of_known_and_unknown_crates() {
     assert_eq!(layer_of("hame-cli"), Some(Layer::Cli));
     assert_eq!(layer_of("hame-test-support"), None);
     assert_eq!(layer_of("xtask"), None);
+}
+
+/// `sqlx` declares `sqlx-sqlite` as optional and names it only through a weak feature
+/// (`chrono = ["sqlx-sqlite?/chrono"]`); cargo metadata still lists the edge.
+fn weak_dependency_metadata(sqlx_features: &[&str]) -> Value {
+    json!({
+        "packages": [
+            {"id": "hame-state 0.1.0", "name": "hame-state", "features": {},
+             "dependencies": [{"name": "sqlx", "rename": null, "optional": false, "kind": null},
+                              {"name": "rusqlite", "rename": "sqlite", "optional": true, "kind": null}]},
+            {"id": "sqlx 0.9.0", "name": "sqlx", "dependencies": [
+                {"name": "sqlx-sqlite", "rename": null, "optional": true, "kind": null}],
+             "features": {"chrono": ["sqlx-sqlite?/chrono"], "sqlite": ["dep:sqlx-sqlite"]}},
+            {"id": "sqlx-sqlite 0.9.0", "name": "sqlx-sqlite", "features": {}, "dependencies": [
+                {"name": "libsqlite3-sys", "rename": null, "optional": false, "kind": null}]},
+            {"id": "rusqlite 0.39.0", "name": "rusqlite", "features": {}, "dependencies": []},
+            {"id": "libsqlite3-sys 0.37.0", "name": "libsqlite3-sys", "features": {},
+             "dependencies": []},
+        ],
+        "workspace_members": ["hame-state 0.1.0"],
+        "resolve": {"root": null, "nodes": [
+            {"id": "hame-state 0.1.0", "features": [], "deps": [
+                {"pkg": "sqlx 0.9.0", "dep_kinds": [{"kind": null}]},
+                {"pkg": "rusqlite 0.39.0", "dep_kinds": [{"kind": null}]}]},
+            {"id": "sqlx 0.9.0", "features": sqlx_features, "deps": [
+                {"pkg": "sqlx-sqlite 0.9.0", "dep_kinds": [{"kind": null}]}]},
+            {"id": "sqlx-sqlite 0.9.0", "features": [], "deps": [
+                {"pkg": "libsqlite3-sys 0.37.0", "dep_kinds": [{"kind": null}]}]},
+            {"id": "rusqlite 0.39.0", "features": [], "deps": []},
+            {"id": "libsqlite3-sys 0.37.0", "features": [], "deps": []},
+        ]},
+    })
+}
+
+#[test]
+fn weak_feature_edges_are_not_built() -> Result<()> {
+    let graph = Graph::from_metadata(&weak_dependency_metadata(&["chrono"]))?;
+    assert_eq!(graph.violations(), Vec::<String>::new());
+    assert_eq!(
+        graph.summary(),
+        "2 packages built, 1 workspace members, 0 libsqlite3-sys"
+    );
+    Ok(())
+}
+
+#[test]
+fn strong_feature_edges_are_built() -> Result<()> {
+    let graph = Graph::from_metadata(&weak_dependency_metadata(&["chrono", "sqlite"]))?;
+    assert_eq!(
+        graph.violations(),
+        vec!["sqlx-sqlite is in the graph; SQLite goes through rusqlite only"]
+    );
+    assert_eq!(
+        graph.summary(),
+        "4 packages built, 1 workspace members, 1 libsqlite3-sys"
+    );
+    Ok(())
 }

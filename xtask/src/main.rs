@@ -86,9 +86,12 @@ fn no_extra_args(rest: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// The workspace root: the parent of this crate's manifest directory.
+/// The workspace root: the parent of this crate's manifest directory. `cargo run` sets
+/// `CARGO_MANIFEST_DIR` at run time too; the compile-time value is the fallback when the
+/// binary is started directly.
 fn workspace_root() -> PathBuf {
-    let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
     manifest_dir
         .parent()
         .map_or_else(|| manifest_dir.clone(), PathBuf::from)
