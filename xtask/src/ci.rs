@@ -1,8 +1,9 @@
 //! `cargo xtask ci`: every CI step, in order, each timed.
 
 use std::fmt;
+use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -129,8 +130,13 @@ struct Outcome {
 
 /// Runs the selected steps; returns failure if any step failed.
 pub fn run(root: &Path, options: &CiOptions) -> Result<ExitCode> {
-    let ctx = Ctx::new(root)?;
+    let mut ctx = Ctx::new(root)?;
     let total = Instant::now();
+    if options.steps.contains(&Step::Deny) {
+        // Compiling cargo-deny takes minutes; start it now so it overlaps the services
+        // step, which mostly waits on apt and pip.
+        ctx.start_background_install(DENY)?;
+    }
     let mut env = None;
     let mut outcomes = Vec::new();
     let count = options.steps.len();
@@ -200,11 +206,51 @@ fn seconds(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
 }
 
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        // A step list cut short (--fail-fast) must not leave an orphaned `cargo install`.
+        for install in &mut self.background {
+            let _ = install.child.kill();
+            let _ = install.child.wait();
+        }
+    }
+}
+
+/// A cargo subcommand CI installs from crates.io when it is missing.
+#[derive(Debug, Clone, Copy)]
+struct Tool {
+    /// `cargo <sub>`.
+    sub: &'static str,
+    krate: &'static str,
+    /// Version requirement: the major line whose config format we rely on.
+    version: &'static str,
+}
+
+const DENY: Tool = Tool {
+    sub: "deny",
+    krate: "cargo-deny",
+    version: "^0.20",
+};
+const NEXTEST: Tool = Tool {
+    sub: "nextest",
+    krate: "cargo-nextest",
+    version: "^0.9",
+};
+
+/// A `cargo install` running while other steps proceed.
+#[derive(Debug)]
+struct BackgroundInstall {
+    tool: Tool,
+    child: Child,
+    log: PathBuf,
+}
+
 /// The workspace and the tools CI needs.
 struct Ctx {
     root: PathBuf,
     cargo: PathBuf,
     target_dir: PathBuf,
+    background: Vec<BackgroundInstall>,
 }
 
 impl Ctx {
@@ -216,6 +262,7 @@ impl Ctx {
             root: root.to_path_buf(),
             cargo,
             target_dir,
+            background: Vec::new(),
         })
     }
 
@@ -229,7 +276,7 @@ impl Ctx {
         cmd
     }
 
-    fn run_step(&self, step: Step, env: Option<&ServiceEnv>) -> Result<()> {
+    fn run_step(&mut self, step: Step, env: Option<&ServiceEnv>) -> Result<()> {
         match step {
             Step::Services => Ok(()),
             Step::Fmt => proc::run(self.cargo(None).args(["fmt", "--all", "--", "--check"])),
@@ -243,7 +290,7 @@ impl Ctx {
                 "warnings",
             ])),
             Step::Nextest => {
-                self.ensure_tool("nextest", "cargo-nextest", "^0.9")?;
+                self.ensure_tool(NEXTEST)?;
                 proc::run(self.cargo(env).args([
                     "nextest",
                     "run",
@@ -262,7 +309,7 @@ impl Ctx {
             Step::Deps => self.check_deps(),
             Step::Deny => {
                 proc::run(self.cargo(None).arg("fetch"))?;
-                self.ensure_tool("deny", "cargo-deny", "^0.20")?;
+                self.ensure_tool(DENY)?;
                 proc::run(self.cargo(None).args([
                     "deny",
                     "--offline",
@@ -337,23 +384,74 @@ impl Ctx {
         }
     }
 
-    /// Installs `cargo <sub>` from crates.io when it is missing. Build artefacts go to the
-    /// shared target dir so a second install is incremental.
-    fn ensure_tool(&self, sub: &str, krate: &str, version: &str) -> Result<()> {
-        let present = proc::succeeds_quietly(
-            Command::new(&self.cargo).args([sub, "--version"]),
+    fn has_tool(&self, tool: Tool) -> bool {
+        proc::succeeds_quietly(
+            Command::new(&self.cargo).args([tool.sub, "--version"]),
             Duration::from_secs(30),
-        );
-        if present {
+        )
+    }
+
+    fn install_command(&self, tool: Tool) -> Command {
+        let mut cmd = Command::new(&self.cargo);
+        cmd.args(["install", "--locked", tool.krate, "--version", tool.version])
+            // Inside the one target dir, so a reinstall is incremental.
+            .arg("--target-dir")
+            .arg(self.target_dir.join("xtask").join("tools"));
+        cmd
+    }
+
+    /// Starts `cargo install` for `tool` in the background when it is missing.
+    fn start_background_install(&mut self, tool: Tool) -> Result<()> {
+        if self.has_tool(tool) {
             return Ok(());
         }
-        println!("`cargo {sub}` is missing; installing {krate} {version} (takes minutes)");
-        proc::run(
-            Command::new(&self.cargo)
-                .args(["install", "--locked", krate, "--version", version])
-                .arg("--target-dir")
-                .arg(self.target_dir.join("xtask").join("tools")),
-        )
+        let dir = self.target_dir.join("xtask");
+        std::fs::create_dir_all(&dir)?;
+        let log = dir.join(format!("install-{}.log", tool.krate));
+        let file = File::create(&log).with_context(|| format!("create {}", log.display()))?;
+        let mut cmd = self.install_command(tool);
+        cmd.stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file);
+        println!(
+            "`cargo {}` is missing; installing it in the background: {} (log: {})",
+            tool.sub,
+            proc::display(&cmd),
+            log.display()
+        );
+        let child = cmd.spawn().context("start cargo install")?;
+        self.background.push(BackgroundInstall { tool, child, log });
+        Ok(())
+    }
+
+    /// Makes sure `cargo <sub>` works: waits for a background install of it, or installs it
+    /// in the foreground.
+    fn ensure_tool(&mut self, tool: Tool) -> Result<()> {
+        if let Some(index) = self
+            .background
+            .iter()
+            .position(|b| b.tool.krate == tool.krate)
+        {
+            let mut install = self.background.swap_remove(index);
+            println!("waiting for the background install of {}", tool.krate);
+            let status = install.child.wait()?;
+            if !status.success() {
+                let log = std::fs::read_to_string(&install.log).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                for line in tail.into_iter().rev() {
+                    println!("  | {line}");
+                }
+                bail!("installing {} failed with {status}", tool.krate);
+            }
+        }
+        if self.has_tool(tool) {
+            return Ok(());
+        }
+        println!(
+            "`cargo {}` is missing; installing {} {} (takes minutes)",
+            tool.sub, tool.krate, tool.version
+        );
+        proc::run(&mut self.install_command(tool))
     }
 }
 
