@@ -1,0 +1,222 @@
+//! Error classification and retries, for both providers.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use hame_core::ModelError;
+use hame_model::RetryConfig;
+use hame_test_support::{ScriptStep, ScriptedServer};
+use pretty_assertions::assert_eq;
+
+use super::*;
+
+#[tokio::test]
+async fn retry_on_429_honours_retry_after() -> TestResult {
+    for kind in BOTH {
+        let server = ScriptedServer::start().await?;
+        server.push(ScriptStep::rate_limited(0));
+        server.push(ScriptStep::rate_limited(0));
+        server.push(ScriptStep::text("finally"));
+        // A base delay of an hour: only the honoured `Retry-After: 0` lets this finish.
+        let retry = RetryConfig {
+            initial_delay: Duration::from_secs(3600),
+            max_delay: Duration::from_secs(3600),
+            jitter: false,
+            ..fast_retry(4)
+        };
+        let model = model(kind, &server, retry, Duration::from_secs(30))?;
+        let r = model.complete(request("x")).await?;
+        assert_eq!(r.message.text_content(), "finally", "{kind:?}");
+        assert_eq!(server.request_count(), 3, "{kind:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn retry_after_longer_than_the_limit_is_returned_at_once() -> TestResult {
+    for kind in BOTH {
+        let server = ScriptedServer::start().await?;
+        server.push(ScriptStep::rate_limited(120));
+        server.push(ScriptStep::text("never"));
+        let model = default_model(kind, &server)?;
+        let err = model.complete(request("x")).await.err().ok_or("no error")?;
+        assert!(
+            matches!(err, ModelError::RateLimited { retry_after: Some(d), .. } if d == Duration::from_secs(120)),
+            "{kind:?}: {err:?}"
+        );
+        assert_eq!(server.request_count(), 1, "{kind:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn retry_on_5xx_then_give_up() -> TestResult {
+    for kind in BOTH {
+        let server = ScriptedServer::start().await?;
+        server.push(ScriptStep::error(500, "boom"));
+        server.push(ScriptStep::error(503, "busy"));
+        server.push(ScriptStep::text("ok"));
+        let model = default_model(kind, &server)?;
+        let events = stream_events(model.as_ref(), request("x")).await?;
+        assert_eq!(assemble(&events).message.text_content(), "ok");
+        assert_eq!(server.request_count(), 3, "{kind:?}");
+
+        // Exhausted: 1 attempt + 3 retries, then the last error.
+        for _ in 0..4 {
+            server.push(ScriptStep::error(502, "bad gateway"));
+        }
+        server.push(ScriptStep::text("unreached"));
+        let err = model.complete(request("x")).await.err().ok_or("no error")?;
+        assert!(
+            matches!(err, ModelError::Provider { status: 502, .. }),
+            "{kind:?}: {err:?}"
+        );
+        assert_eq!(server.request_count(), 3 + 4, "{kind:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn no_retry_on_401_and_the_message_names_the_key() -> TestResult {
+    for (kind, var) in [
+        (Kind::OpenAi, "OPENAI_API_KEY"),
+        (Kind::Anthropic, "ANTHROPIC_API_KEY"),
+    ] {
+        let server = ScriptedServer::start().await?;
+        server.push(ScriptStep::unauthorized());
+        server.push(ScriptStep::text("unreached"));
+        let model = default_model(kind, &server)?;
+        let err = model.stream(request("x")).await.err().ok_or("no error")?;
+        let ModelError::Auth { status, message } = &err else {
+            return Err(format!("{kind:?}: not auth: {err:?}").into());
+        };
+        assert_eq!(*status, 401);
+        let base = if kind == Kind::OpenAi {
+            server.base_url()
+        } else {
+            server.url()
+        };
+        assert!(
+            message.starts_with(&format!("{var} was rejected by {base} (401)")),
+            "{message}"
+        );
+        assert!(message.contains("Incorrect API key provided"), "{message}");
+        assert_eq!(server.request_count(), 1, "{kind:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn context_overflow_bodies_of_every_provider() -> TestResult {
+    for kind in BOTH {
+        for step in [
+            ScriptStep::openai_context_overflow(),
+            ScriptStep::anthropic_context_overflow(),
+            ScriptStep::dashscope_context_overflow(),
+            ScriptStep::dashscope_native_context_overflow(),
+        ] {
+            let server = ScriptedServer::start().await?;
+            server.push(step.clone());
+            let model = default_model(kind, &server)?;
+            let err = model.complete(request("x")).await.err().ok_or("no error")?;
+            assert!(err.is_context_overflow(), "{kind:?} {step:?}: {err:?}");
+            assert!(!err.is_retryable());
+            assert_eq!(server.request_count(), 1);
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn slow_headers_time_out_as_transport_and_are_retried() -> TestResult {
+    for kind in BOTH {
+        let server = ScriptedServer::start().await?;
+        server.push(ScriptStep::text("too late").with_delay(Duration::from_secs(5)));
+        let m = model(
+            kind,
+            &server,
+            RetryConfig::none(),
+            Duration::from_millis(300),
+        )?;
+        let err = m.complete(request("x")).await.err().ok_or("no error")?;
+        assert!(
+            matches!(err, ModelError::Transport { .. }),
+            "{kind:?}: {err:?}"
+        );
+        assert!(err.is_retryable());
+        assert_eq!(server.request_count(), 1);
+
+        // With one retry the fast second answer wins.
+        server.push(ScriptStep::text("too late").with_delay(Duration::from_secs(5)));
+        server.push(ScriptStep::text("on time"));
+        let m = model(kind, &server, fast_retry(1), Duration::from_millis(300))?;
+        let events = stream_events(m.as_ref(), request("x")).await?;
+        assert_eq!(assemble(&events).message.text_content(), "on time");
+        assert_eq!(server.request_count(), 3);
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn stalled_stream_fails_without_retry() -> TestResult {
+    for kind in BOTH {
+        let server = ScriptedServer::start().await?;
+        server.push(ScriptStep::text("slow chunks").with_chunk_delay(Duration::from_secs(5)));
+        server.push(ScriptStep::text("a retry would get this"));
+        let m = model(kind, &server, fast_retry(3), Duration::from_millis(300))?;
+        let mut s = m.stream(request("x")).await?;
+        let mut got_error = None;
+        while let Some(ev) = s.next().await {
+            if let Err(e) = ev {
+                got_error = Some(e);
+                break;
+            }
+        }
+        let err = got_error.ok_or("stream did not fail")?;
+        assert!(
+            matches!(err, ModelError::Transport { .. }),
+            "{kind:?}: {err:?}"
+        );
+        assert_eq!(server.request_count(), 1, "{kind:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn connection_refused_is_transport() -> TestResult {
+    for kind in BOTH {
+        let server = ScriptedServer::start().await?;
+        let m = model(kind, &server, RetryConfig::none(), Duration::from_secs(5))?;
+        drop(server);
+        // Give the listener a moment to close; the port is now refused.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let err = m.complete(request("x")).await.err().ok_or("no error")?;
+        assert!(
+            matches!(err, ModelError::Transport { .. }),
+            "{kind:?}: {err:?}"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn responder_drives_a_long_session() -> TestResult {
+    for kind in BOTH {
+        let server = ScriptedServer::start().await?;
+        server.set_responder(|req: &hame_test_support::RecordedRequest| {
+            ScriptStep::text(format!(
+                "echo: {}",
+                req.last_user_text().unwrap_or_default()
+            ))
+        });
+        let model = default_model(kind, &server)?;
+        for turn in 0..60 {
+            let r = model.complete(request(&format!("turn {turn}"))).await?;
+            assert_eq!(r.message.text_content(), format!("echo: turn {turn}"));
+        }
+        let events = stream_events(model.as_ref(), request("last")).await?;
+        assert_eq!(assemble(&events).message.text_content(), "echo: last");
+        assert_eq!(server.request_count(), 61);
+    }
+    Ok(())
+}
