@@ -1,0 +1,221 @@
+//! The `hame` command line.
+//!
+//! Exit codes: 0 success; 1 the call failed (model error, step limit); 2 usage or
+//! configuration error (one line on stderr that says what to set).
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Args, Parser, Subcommand};
+use futures::StreamExt;
+use hame::{AgentEvent, HarnessAgent, Message, Model, RuntimeContext};
+
+#[derive(Debug, Parser)]
+#[command(name = "hame", version, about = "Run a hame agent against a workspace")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// One call: prints the final reply on stdout.
+    Run {
+        #[command(flatten)]
+        common: Common,
+        /// Print one JSON object {"reply", "session", "usage", ...} instead of the text.
+        #[arg(long)]
+        json: bool,
+        /// The message to send.
+        message: String,
+    },
+    /// Interactive chat: streams tokens and shows each tool call with its duration.
+    Chat {
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+#[derive(Debug, Args)]
+struct Common {
+    /// Workspace directory [default: $HAME_WORKSPACE, else ./.hame/workspace]
+    #[arg(long)]
+    workspace: Option<PathBuf>,
+    /// Agent id.
+    #[arg(long, default_value = "hame")]
+    agent: String,
+    /// User id.
+    #[arg(long)]
+    user: Option<String>,
+    /// Session id.
+    #[arg(long, default_value = "default")]
+    session: String,
+    /// Model as provider:model, e.g. openai:gpt-4o-mini or anthropic:claude-sonnet-4-5 [default: $HAME_MODEL]
+    #[arg(long)]
+    model: Option<String>,
+    /// Maximum reasoning steps per call.
+    #[arg(long)]
+    max_iterations: Option<usize>,
+}
+
+/// A usage or configuration error: exit code 2.
+#[derive(Debug)]
+struct ConfigError(String);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn env(key: &str) -> Option<String> {
+    std::env::var(key).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
+    let spec = common.model.clone().or_else(|| env("HAME_MODEL")).ok_or_else(|| {
+        ConfigError("no model configured: pass --model provider:model or set HAME_MODEL (e.g. openai:gpt-4o-mini)".into())
+    })?;
+    let model: Arc<dyn Model> =
+        hame::model::open(&spec, &env).map_err(|e| ConfigError(e.to_string()))?;
+    let mut builder = HarnessAgent::builder()
+        .name(common.agent.clone())
+        .model(model);
+    if let Some(ws) = &common.workspace {
+        builder = builder.workspace(ws.clone());
+    }
+    if let Some(n) = common.max_iterations {
+        builder = builder.max_iterations(n);
+    }
+    let agent = builder.build().map_err(|e| {
+        if e.is_config() {
+            anyhow::Error::new(ConfigError(e.to_string()))
+        } else {
+            anyhow::Error::new(e)
+        }
+    })?;
+    let mut ctx = RuntimeContext::new(common.session.clone());
+    if let Some(u) = &common.user {
+        ctx = ctx.with_user(u.clone());
+    }
+    hame::harness::validate_id("session id", &ctx.session_id)
+        .map_err(|e| ConfigError(e.to_string()))?;
+    if let Some(u) = &ctx.user_id {
+        hame::harness::validate_id("user id", u).map_err(|e| ConfigError(e.to_string()))?;
+    }
+    Ok((agent, ctx))
+}
+
+async fn run(common: Common, json: bool, message: String) -> anyhow::Result<()> {
+    let (agent, ctx) = build(&common)?;
+    let out = agent.call(Message::user(message), &ctx).await?;
+    if json {
+        let obj = serde_json::json!({
+            "reply": out.reply.text_content(),
+            "agent": agent.name(),
+            "session": ctx.session_id,
+            "user": ctx.user_id,
+            "usage": out.usage,
+            "iterations": out.iterations,
+        });
+        println!("{obj}");
+    } else {
+        println!("{}", out.reply.text_content());
+    }
+    Ok(())
+}
+
+async fn chat(common: Common) -> anyhow::Result<()> {
+    let (agent, ctx) = build(&common)?;
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    loop {
+        eprint!("> ");
+        line.clear();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        let text = line.trim();
+        if text.is_empty() {
+            continue;
+        }
+        if text == "/exit" || text == "/quit" {
+            return Ok(());
+        }
+        let mut events = agent.stream(Message::user(text), &ctx);
+        let mut out = std::io::stdout();
+        while let Some(ev) = events.next().await {
+            match ev {
+                AgentEvent::TextDelta { text } => {
+                    print!("{text}");
+                    out.flush()?;
+                }
+                AgentEvent::ToolStarted { name, .. } => eprintln!("\n  ⚙ {name} …"),
+                AgentEvent::ToolFinished {
+                    name,
+                    duration_ms,
+                    is_error,
+                    code,
+                    ..
+                } => {
+                    let status = if is_error {
+                        format!("error {}", code.unwrap_or_default())
+                    } else {
+                        "ok".into()
+                    };
+                    eprintln!("  ⚙ {name} {status} ({duration_ms} ms)");
+                }
+                AgentEvent::Finished { .. } => println!(),
+                AgentEvent::Failed { message } => eprintln!("\nerror: {message}"),
+                _ => {}
+            }
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("HAME_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("hame: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Run {
+                common,
+                json,
+                message,
+            } => run(common, json, message).await,
+            Command::Chat { common } => chat(common).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<ConfigError>() => {
+            eprintln!("hame: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("hame: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,2 @@
+//! End-to-end tests of the `hame` binary against the scripted model server over HTTP.
+mod suite;

@@ -1,0 +1,2 @@
+mod common;
+mod run;

@@ -1,0 +1,199 @@
+use std::fs;
+
+use hame_test_support::{ScriptStep, ScriptedServer};
+use pretty_assertions::assert_eq;
+
+use super::common::{hame, output, stderr, stdout};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+fn workspace() -> std::io::Result<tempfile::TempDir> {
+    let dir = tempfile::tempdir()?;
+    fs::create_dir_all(dir.path().join("ws/knowledge"))?;
+    fs::write(
+        dir.path().join("ws/AGENTS.md"),
+        "You are Hamish, a terse assistant.\n",
+    )?;
+    Ok(dir)
+}
+
+#[tokio::test]
+async fn run_prints_reply_with_agents_md_in_prompt() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push(ScriptStep::text("Hello from the script."));
+    let dir = workspace()?;
+    let base = server.base_url();
+    let ws = dir.path().join("ws");
+    let ws = ws.to_string_lossy();
+    let out = output(hame(
+        &["run", "--workspace", &ws, "hi"],
+        &[
+            ("OPENAI_BASE_URL", &base),
+            ("OPENAI_API_KEY", "k"),
+            ("HAME_MODEL", "openai:gpt-4o-mini"),
+        ],
+        dir.path(),
+    ))
+    .await?;
+    assert_eq!(stderr(&out), "");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(stdout(&out), "Hello from the script.\n");
+    let reqs = server.requests();
+    assert_eq!(reqs.len(), 1);
+    let body = &reqs[0].body;
+    assert_eq!(body["model"], "gpt-4o-mini");
+    let system = body["messages"][0]["content"].as_str().unwrap_or_default();
+    assert_eq!(body["messages"][0]["role"], "system");
+    assert!(
+        system.contains("You are Hamish, a terse assistant."),
+        "{system}"
+    );
+    assert!(system.contains("- Session: default"), "{system}");
+    assert_eq!(body["messages"][1]["content"], "hi");
+    Ok(())
+}
+
+#[tokio::test]
+async fn json_output() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push(ScriptStep::text("ok").with_usage(12, 3));
+    let dir = workspace()?;
+    let base = server.base_url();
+    let ws = dir.path().join("ws");
+    let ws = ws.to_string_lossy();
+    let out = output(hame(
+        &[
+            "run",
+            "--json",
+            "--workspace",
+            &ws,
+            "--user",
+            "alice",
+            "--session",
+            "s-1",
+            "--model",
+            "openai:m",
+            "hi",
+        ],
+        &[("OPENAI_BASE_URL", &base)],
+        dir.path(),
+    ))
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(stdout(&out).trim())?;
+    assert_eq!(v["reply"], "ok");
+    assert_eq!(v["session"], "s-1");
+    assert_eq!(v["user"], "alice");
+    assert_eq!(v["agent"], "hame");
+    assert_eq!(v["usage"]["input_tokens"], 12);
+    assert_eq!(v["usage"]["output_tokens"], 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn configuration_errors_exit_2_with_one_line() -> TestResult {
+    let dir = workspace()?;
+    let ws = dir.path().join("ws");
+    let ws = ws.to_string_lossy().into_owned();
+    let file = dir.path().join("ws/AGENTS.md");
+    let file = file.to_string_lossy().into_owned();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["run", "--workspace", &ws, "hi"], "HAME_MODEL"),
+        (
+            vec!["run", "--workspace", &ws, "--model", "nosuch:x", "hi"],
+            "nosuch",
+        ),
+        (
+            vec!["run", "--workspace", &file, "--model", "openai:m", "hi"],
+            "not a directory",
+        ),
+        (
+            vec![
+                "run",
+                "--workspace",
+                &ws,
+                "--model",
+                "openai:m",
+                "--session",
+                "../x",
+                "hi",
+            ],
+            "session id",
+        ),
+        (
+            vec![
+                "run",
+                "--workspace",
+                &ws,
+                "--model",
+                "openai:m",
+                "--user",
+                "a/b",
+                "hi",
+            ],
+            "user id",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = output(hame(
+            &args,
+            &[("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")],
+            dir.path(),
+        ))
+        .await?;
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert_eq!(stdout(&out), "");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn rejected_key_exits_1_and_names_the_key() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push(ScriptStep::unauthorized());
+    let dir = workspace()?;
+    let base = server.base_url();
+    let out = output(hame(
+        &["run", "--model", "openai:m", "hi"],
+        &[("OPENAI_BASE_URL", &base), ("OPENAI_API_KEY", "wrong")],
+        dir.path(),
+    ))
+    .await?;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("OPENAI_API_KEY"), "{}", stderr(&out));
+    assert_eq!(server.requests().len(), 1, "401 must not be retried");
+    Ok(())
+}
+
+#[tokio::test]
+async fn default_workspace_is_dot_hame() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push(ScriptStep::text("ok"));
+    let dir = tempfile::tempdir()?;
+    fs::create_dir_all(dir.path().join(".hame/workspace"))?;
+    fs::write(
+        dir.path().join(".hame/workspace/AGENTS.md"),
+        "persona-from-default-workspace",
+    )?;
+    let base = server.base_url();
+    let out = output(hame(
+        &["run", "--model", "openai:m", "hi"],
+        &[("OPENAI_BASE_URL", &base)],
+        dir.path(),
+    ))
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let system = server.requests()[0].body["messages"][0]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        system.contains("persona-from-default-workspace"),
+        "{system}"
+    );
+    Ok(())
+}
