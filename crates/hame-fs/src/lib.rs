@@ -28,8 +28,12 @@
 mod error;
 mod fs;
 pub mod generic;
+#[cfg(feature = "local")]
+mod local;
 mod memory;
+mod namespace;
 mod path;
+mod wrappers;
 
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
@@ -41,5 +45,9 @@ pub use fs::{
     GlobRequest, GrepMatch, GrepOutput, GrepRequest, ReadWindow, RenameOptions, TextWindow,
     Version, WriteMode, WriteOptions,
 };
+#[cfg(feature = "local")]
+pub use local::{LocalFs, LocalFsOptions};
 pub use memory::InMemoryFs;
+pub use namespace::{Isolation, MAX_ID_BYTES, Namespace, Scope, tenant_fs, validate_id};
 pub use path::{FsPath, MAX_DEPTH, MAX_PATH_BYTES, MAX_SEGMENT_BYTES};
+pub use wrappers::{CompositeFs, OverlayFs, PrefixFs, ReadOnlyFs};

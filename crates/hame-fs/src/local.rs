@@ -1,0 +1,656 @@
+//! [`LocalFs`]: a directory on the local disk, reached only through a `cap-std` capability.
+
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use cap_std::fs::{Dir, MetadataExt, OpenOptions, OpenOptionsExt};
+use chrono::{DateTime, Utc};
+use rustix::io::Errno;
+
+use crate::error::{Error, Result};
+use crate::fs::{
+    DeleteOptions, EditOutcome, EditRequest, FileInfo, FileKind, Filesystem, GREP_MAX_FILE_BYTES,
+    GlobOutput, GlobRequest, GrepOutput, GrepRequest, ReadWindow, RenameOptions, TextWindow,
+    Version, WriteMode, WriteOptions,
+};
+use crate::generic::{self, FileFilter, LineMatcher};
+use crate::path::FsPath;
+
+/// Options of [`LocalFs`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalFsOptions {
+    /// Refuse to read or append to a regular file with more than one hard link (a hard link
+    /// can name a file outside the root). Default `true`.
+    pub refuse_hard_links: bool,
+    /// Largest file `read_bytes`/`read` will load. Default 256 MiB.
+    pub max_file_bytes: u64,
+}
+
+impl Default for LocalFsOptions {
+    fn default() -> Self {
+        LocalFsOptions {
+            refuse_hard_links: true,
+            max_file_bytes: 256 * 1024 * 1024,
+        }
+    }
+}
+
+const LOCK_STRIPES: usize = 64;
+
+#[derive(Debug)]
+struct Inner {
+    root: Dir,
+    root_path: PathBuf,
+    options: LocalFsOptions,
+    locks: Vec<Mutex<()>>,
+    tmp_counter: AtomicU64,
+}
+
+/// A filesystem rooted at a local directory.
+///
+/// Every operation goes through a [`cap_std::fs::Dir`] capability opened once on the root,
+/// so resolution happens in the kernel (`openat2(RESOLVE_BENEATH)` where available) at the
+/// moment a file is opened: `..`, absolute symlinks and relative symlinks that climb out are
+/// refused with `permission_denied`, with no check-then-open window. In addition:
+///
+/// * files are opened `O_NONBLOCK | O_NOCTTY` and refused unless they are regular files
+///   (devices, FIFOs, sockets: `permission_denied`);
+/// * a regular file with more than one hard link is refused for reading and appending
+///   ([`LocalFsOptions::refuse_hard_links`]); writes replace the name, never the inode;
+/// * writes go to a temp file in the same directory, are fsynced, renamed over the target
+///   and the directory is fsynced; `CreateNew` uses `renameat2(RENAME_NOREPLACE)`, so it is
+///   race-free across processes; `IfMatch` and `append` are serialised per path within the
+///   process (striped locks);
+/// * symlinks whose target leaves the root are invisible in `list`, `grep` and `glob`;
+///   symlinked directories are not descended by `grep`/`glob`.
+#[derive(Debug, Clone)]
+pub struct LocalFs {
+    inner: Arc<Inner>,
+}
+
+fn errno_of(e: &io::Error) -> Option<Errno> {
+    e.raw_os_error().map(Errno::from_raw_os_error)
+}
+
+fn map_io(path: &FsPath, e: io::Error) -> Error {
+    let p = path.to_string();
+    match errno_of(&e) {
+        Some(Errno::NOENT) => return Error::NotFound { path: p },
+        Some(Errno::NOTDIR) => return Error::NotADirectory { path: p },
+        Some(Errno::ISDIR) => return Error::IsDirectory { path: p },
+        Some(Errno::EXIST) => return Error::AlreadyExists { path: p },
+        Some(Errno::NOTEMPTY) => return Error::AlreadyExists { path: p },
+        Some(Errno::NAMETOOLONG) => {
+            return Error::InvalidPath {
+                path: p,
+                reason: "name too long for this filesystem".into(),
+            };
+        }
+        Some(Errno::LOOP) => {
+            return Error::PermissionDenied {
+                path: p,
+                reason: "too many levels of symbolic links".into(),
+            };
+        }
+        Some(Errno::ACCESS | Errno::PERM | Errno::ROFS) => {
+            return Error::PermissionDenied {
+                path: p,
+                reason: "the operating system refused access".into(),
+            };
+        }
+        Some(Errno::NXIO | Errno::NODEV) => {
+            return Error::PermissionDenied {
+                path: p,
+                reason: "not a regular file (device, FIFO or socket)".into(),
+            };
+        }
+        Some(Errno::XDEV) => {
+            return Error::PermissionDenied {
+                path: p,
+                reason: "the path crosses a mount point".into(),
+            };
+        }
+        _ => {}
+    }
+    match e.kind() {
+        io::ErrorKind::NotFound => Error::NotFound { path: p },
+        io::ErrorKind::PermissionDenied => Error::PermissionDenied {
+            path: p,
+            reason: "the path leads outside the workspace root".into(),
+        },
+        io::ErrorKind::AlreadyExists => Error::AlreadyExists { path: p },
+        _ => Error::backend(format!("I/O error on {p}"), e),
+    }
+}
+
+fn rel(path: &FsPath) -> &Path {
+    if path.is_root() {
+        Path::new(".")
+    } else {
+        Path::new(path.as_str())
+    }
+}
+
+fn modified(md: &cap_std::fs::Metadata) -> Option<DateTime<Utc>> {
+    md.modified()
+        .ok()
+        .map(|t| DateTime::<Utc>::from(t.into_std()))
+}
+
+fn file_info(path: &FsPath, md: &cap_std::fs::Metadata) -> Option<FileInfo> {
+    let kind = if md.is_dir() {
+        FileKind::Dir
+    } else if md.is_file() {
+        FileKind::File
+    } else {
+        return None;
+    };
+    Some(FileInfo {
+        path: path.clone(),
+        kind,
+        size: if kind == FileKind::File { md.len() } else { 0 },
+        modified: modified(md),
+    })
+}
+
+impl Inner {
+    fn lock_for(&self, path: &FsPath) -> std::sync::MutexGuard<'_, ()> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        path.hash(&mut h);
+        let i = (h.finish() as usize) % LOCK_STRIPES;
+        // The guarded value is `()`: a poisoned lock carries no broken state.
+        self.locks[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn stat(&self, path: &FsPath) -> Result<FileInfo> {
+        let md = self.root.metadata(rel(path)).map_err(|e| map_io(path, e))?;
+        file_info(path, &md).ok_or_else(|| Error::PermissionDenied {
+            path: path.to_string(),
+            reason: "not a regular file or directory (device, FIFO or socket)".into(),
+        })
+    }
+
+    /// Opens a regular file for reading, refusing devices, FIFOs and hard links.
+    fn open_regular(&self, path: &FsPath, append: bool) -> Result<cap_std::fs::File> {
+        let mut oo = OpenOptions::new();
+        if append {
+            oo.append(true).create(true);
+        } else {
+            oo.read(true);
+        }
+        let flags = rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOCTTY;
+        oo.custom_flags(flags.bits() as i32);
+        let f = self
+            .root
+            .open_with(rel(path), &oo)
+            .map_err(|e| map_io(path, e))?;
+        let md = f.metadata().map_err(|e| map_io(path, e))?;
+        if md.is_dir() {
+            return Err(Error::IsDirectory {
+                path: path.to_string(),
+            });
+        }
+        if !md.is_file() {
+            return Err(Error::PermissionDenied {
+                path: path.to_string(),
+                reason: "not a regular file (device, FIFO or socket)".into(),
+            });
+        }
+        if self.options.refuse_hard_links && md.nlink() > 1 {
+            return Err(Error::PermissionDenied {
+                path: path.to_string(),
+                reason: "the file has several hard links and may live outside the workspace".into(),
+            });
+        }
+        Ok(f)
+    }
+
+    fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
+        if path.is_root() {
+            return Err(Error::IsDirectory {
+                path: path.to_string(),
+            });
+        }
+        let mut f = self.open_regular(path, false)?;
+        let size = f.metadata().map_err(|e| map_io(path, e))?.len();
+        if size > self.options.max_file_bytes {
+            return Err(Error::TooLarge {
+                path: path.to_string(),
+                size,
+                limit: self.options.max_file_bytes,
+            });
+        }
+        let mut buf = Vec::with_capacity(size as usize);
+        f.read_to_end(&mut buf).map_err(|e| map_io(path, e))?;
+        Ok(buf)
+    }
+
+    /// Creates the parents of `path`; a file among them is `not_a_directory`.
+    fn ensure_parents(&self, path: &FsPath) -> Result<()> {
+        let Some(parent) = path.parent() else {
+            return Ok(());
+        };
+        let mut cur = FsPath::root();
+        for seg in parent.segments() {
+            cur = cur.join_path(&FsPath::parse(seg)?);
+            match self.root.metadata(rel(&cur)) {
+                Ok(md) if md.is_dir() => continue,
+                Ok(_) => {
+                    return Err(Error::NotADirectory {
+                        path: cur.to_string(),
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    match self.root.create_dir(rel(&cur)) {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                        Err(e) => return Err(map_io(&cur, e)),
+                    }
+                }
+                Err(e) => return Err(map_io(&cur, e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn parent_dir(&self, path: &FsPath) -> Result<Dir> {
+        let parent = path.parent().unwrap_or_default();
+        self.root
+            .open_dir(rel(&parent))
+            .map_err(|e| map_io(&parent, e))
+    }
+
+    fn write(&self, path: &FsPath, data: &[u8], mode: &WriteMode) -> Result<Version> {
+        if path.is_root() {
+            return Err(Error::IsDirectory {
+                path: path.to_string(),
+            });
+        }
+        let _guard = self.lock_for(path);
+        self.ensure_parents(path)?;
+        let existing = match self.root.metadata(rel(path)) {
+            Ok(md) => Some(md),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(map_io(path, e)),
+        };
+        if existing.as_ref().is_some_and(|m| m.is_dir()) {
+            return Err(Error::IsDirectory {
+                path: path.to_string(),
+            });
+        }
+        match (mode, &existing) {
+            (WriteMode::CreateNew, Some(_)) => {
+                return Err(Error::AlreadyExists {
+                    path: path.to_string(),
+                });
+            }
+            (WriteMode::IfMatch(_), None) => {
+                return Err(Error::Conflict {
+                    path: path.to_string(),
+                    reason: "the file no longer exists".into(),
+                });
+            }
+            (WriteMode::IfMatch(v), Some(_)) => {
+                let current = self.read_bytes(path)?;
+                if Version::of(&current) != *v {
+                    return Err(Error::Conflict {
+                        path: path.to_string(),
+                        reason: "the content is not the expected version".into(),
+                    });
+                }
+            }
+            _ => {}
+        }
+        let dir = self.parent_dir(path)?;
+        let name = path.file_name();
+        let tmp = format!(
+            ".hame-tmp-{}-{}",
+            std::process::id(),
+            self.tmp_counter.fetch_add(1, Ordering::Relaxed)
+        );
+        let result = (|| -> Result<()> {
+            let mut oo = OpenOptions::new();
+            oo.write(true).create_new(true);
+            let mut f = dir.open_with(&tmp, &oo).map_err(|e| map_io(path, e))?;
+            f.write_all(data).map_err(|e| map_io(path, e))?;
+            if let Some(md) = &existing {
+                // Keep the mode of the file being replaced.
+                let _ = f.set_permissions(md.permissions());
+            }
+            f.sync_all().map_err(|e| map_io(path, e))?;
+            let flags = if matches!(mode, WriteMode::CreateNew) {
+                rustix::fs::RenameFlags::NOREPLACE
+            } else {
+                rustix::fs::RenameFlags::empty()
+            };
+            rustix::fs::renameat_with(&dir, tmp.as_str(), &dir, name, flags)
+                .map_err(|e| map_io(path, io::Error::from(e)))?;
+            Ok(())
+        })();
+        if let Err(e) = result {
+            let _ = dir.remove_file(&tmp);
+            return Err(e);
+        }
+        if let Ok(d) = dir.try_clone() {
+            let _ = d.into_std_file().sync_all();
+        }
+        Ok(Version::of(data))
+    }
+
+    fn append(&self, path: &FsPath, data: &[u8]) -> Result<()> {
+        if path.is_root() {
+            return Err(Error::IsDirectory {
+                path: path.to_string(),
+            });
+        }
+        let _guard = self.lock_for(path);
+        self.ensure_parents(path)?;
+        let mut f = self.open_regular(path, true)?;
+        f.write_all(data).map_err(|e| map_io(path, e))?;
+        f.sync_data().map_err(|e| map_io(path, e))
+    }
+
+    fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
+        let md = self.root.metadata(rel(path)).map_err(|e| map_io(path, e))?;
+        if !md.is_dir() {
+            return Err(Error::NotADirectory {
+                path: path.to_string(),
+            });
+        }
+        let mut out = Vec::new();
+        for entry in self.root.read_dir(rel(path)).map_err(|e| map_io(path, e))? {
+            let entry = entry.map_err(|e| map_io(path, e))?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else {
+                continue; // not UTF-8: not addressable by FsPath
+            };
+            if name.starts_with(".hame-tmp-") {
+                continue;
+            }
+            let Ok(child) = path.join(name) else { continue };
+            // Follows symlinks inside the root; a symlink leading out fails and is skipped.
+            let Ok(md) = self.root.metadata(rel(&child)) else {
+                continue;
+            };
+            if let Some(info) = file_info(&child, &md) {
+                out.push(info);
+            }
+        }
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+
+    /// Every regular file below `base`, sorted; symlinked directories are not descended.
+    fn walk(&self, base: &FsPath) -> Result<Vec<FileInfo>> {
+        let info = self.stat(base)?;
+        if !info.is_dir() {
+            return Ok(vec![info]);
+        }
+        let mut out = Vec::new();
+        let mut stack = vec![base.clone()];
+        while let Some(dir) = stack.pop() {
+            let Ok(entries) = self.root.read_dir(rel(&dir)) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let Some(name) = name.to_str() else { continue };
+                if name.starts_with(".hame-tmp-") {
+                    continue;
+                }
+                let Ok(child) = dir.join(name) else { continue };
+                let Ok(ft) = entry.file_type() else { continue };
+                if ft.is_dir() {
+                    stack.push(child);
+                } else if ft.is_file() {
+                    if let Ok(md) = entry.metadata() {
+                        out.push(FileInfo {
+                            path: child,
+                            kind: FileKind::File,
+                            size: md.len(),
+                            modified: modified(&md),
+                        });
+                    }
+                } else if ft.is_symlink() {
+                    if let Ok(md) = self.root.metadata(rel(&child)) {
+                        if md.is_file() {
+                            out.push(FileInfo {
+                                path: child,
+                                kind: FileKind::File,
+                                size: md.len(),
+                                modified: modified(&md),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+
+    fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
+        let matcher = LineMatcher::new(request)?;
+        let filter = FileFilter::new(request.glob.as_deref())?;
+        let mut out = Vec::new();
+        for f in self.walk(&request.path)? {
+            if f.size > GREP_MAX_FILE_BYTES || !filter.matches(&request.path, &f.path) {
+                continue;
+            }
+            let Ok(data) = self.read_bytes(&f.path) else {
+                continue;
+            };
+            if data[..data.len().min(crate::fs::BINARY_SNIFF_BYTES)].contains(&0) {
+                continue;
+            }
+            if !matcher.search(&f.path, &data, &mut out, request.max_matches) {
+                return Ok(GrepOutput {
+                    matches: out,
+                    truncated: true,
+                });
+            }
+        }
+        Ok(GrepOutput {
+            matches: out,
+            truncated: false,
+        })
+    }
+
+    fn delete(&self, path: &FsPath, options: DeleteOptions) -> Result<()> {
+        if path.is_root() {
+            return Err(Error::PermissionDenied {
+                path: path.to_string(),
+                reason: "the root cannot be deleted".into(),
+            });
+        }
+        let _guard = self.lock_for(path);
+        let md = self
+            .root
+            .symlink_metadata(rel(path))
+            .map_err(|e| map_io(path, e))?;
+        if md.is_dir() {
+            if !options.recursive {
+                return Err(Error::IsDirectory {
+                    path: path.to_string(),
+                });
+            }
+            self.root
+                .remove_dir_all(rel(path))
+                .map_err(|e| map_io(path, e))
+        } else {
+            self.root
+                .remove_file(rel(path))
+                .map_err(|e| map_io(path, e))
+        }
+    }
+
+    fn rename(&self, from: &FsPath, to: &FsPath, options: RenameOptions) -> Result<()> {
+        if from.is_root() || to.is_root() {
+            return Err(Error::PermissionDenied {
+                path: from.to_string(),
+                reason: "the root cannot be moved or replaced".into(),
+            });
+        }
+        let src = self
+            .root
+            .symlink_metadata(rel(from))
+            .map_err(|e| map_io(from, e))?;
+        if from == to {
+            return Ok(());
+        }
+        if src.is_dir() && to.starts_with(from) {
+            return Err(Error::invalid_argument(format!(
+                "cannot move {from} into itself ({to})"
+            )));
+        }
+        let _guard = self.lock_for(to);
+        self.ensure_parents(to)?;
+        let mut flags = rustix::fs::RenameFlags::NOREPLACE;
+        match self.root.symlink_metadata(rel(to)) {
+            Ok(dst) if dst.is_dir() => {
+                return Err(if src.is_dir() {
+                    Error::AlreadyExists {
+                        path: to.to_string(),
+                    }
+                } else {
+                    Error::IsDirectory {
+                        path: to.to_string(),
+                    }
+                });
+            }
+            Ok(_) if options.overwrite && !src.is_dir() => flags = rustix::fs::RenameFlags::empty(),
+            Ok(_) => {
+                return Err(Error::AlreadyExists {
+                    path: to.to_string(),
+                });
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(map_io(to, e)),
+        }
+        let from_dir = self.parent_dir(from)?;
+        let to_dir = self.parent_dir(to)?;
+        rustix::fs::renameat_with(&from_dir, from.file_name(), &to_dir, to.file_name(), flags)
+            .map_err(|e| map_io(to, io::Error::from(e)))
+    }
+}
+
+impl LocalFs {
+    /// Opens `root` (which must exist and be a directory) with default options.
+    pub fn new(root: impl AsRef<Path>) -> Result<Self> {
+        Self::with_options(root, LocalFsOptions::default())
+    }
+
+    /// Opens `root` with options.
+    pub fn with_options(root: impl AsRef<Path>, options: LocalFsOptions) -> Result<Self> {
+        let root_path = root.as_ref().to_path_buf();
+        let dir = Dir::open_ambient_dir(&root_path, cap_std::ambient_authority()).map_err(|e| {
+            Error::backend(
+                format!("cannot open the workspace root {}", root_path.display()),
+                e,
+            )
+        })?;
+        Ok(LocalFs {
+            inner: Arc::new(Inner {
+                root: dir,
+                root_path,
+                options,
+                locks: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
+                tmp_counter: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The host directory this filesystem is rooted at.
+    pub fn root_path(&self) -> &Path {
+        &self.inner.root_path
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Inner) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || f(&inner))
+            .await
+            .map_err(|e| Error::backend("a blocking filesystem task failed", e))?
+    }
+}
+
+#[async_trait]
+impl Filesystem for LocalFs {
+    async fn stat(&self, path: &FsPath) -> Result<FileInfo> {
+        let path = path.clone();
+        self.blocking(move |i| i.stat(&path)).await
+    }
+
+    async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
+        let path = path.clone();
+        self.blocking(move |i| i.list(&path)).await
+    }
+
+    async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
+        let path = path.clone();
+        self.blocking(move |i| i.read_bytes(&path)).await
+    }
+
+    async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version> {
+        let path = path.clone();
+        self.blocking(move |i| i.write(&path, &data, &options.mode))
+            .await
+    }
+
+    async fn delete(&self, path: &FsPath, options: DeleteOptions) -> Result<()> {
+        let path = path.clone();
+        self.blocking(move |i| i.delete(&path, options)).await
+    }
+
+    async fn rename(&self, from: &FsPath, to: &FsPath, options: RenameOptions) -> Result<()> {
+        let (from, to) = (from.clone(), to.clone());
+        self.blocking(move |i| i.rename(&from, &to, options)).await
+    }
+
+    async fn exists(&self, path: &FsPath) -> Result<bool> {
+        generic::exists(self, path).await
+    }
+
+    async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
+        let path = path.clone();
+        self.blocking(move |i| {
+            let data = i.read_bytes(&path)?;
+            generic::text_window(&path, &data, window)
+        })
+        .await
+    }
+
+    async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
+        let path = path.clone();
+        self.blocking(move |i| i.append(&path, &data)).await
+    }
+
+    async fn edit(&self, path: &FsPath, request: &EditRequest) -> Result<EditOutcome> {
+        generic::edit_via_cas(self, path, request).await
+    }
+
+    async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
+        let request = request.clone();
+        self.blocking(move |i| i.grep(&request)).await
+    }
+
+    async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
+        generic::compile_glob(&request.pattern)?;
+        let request = request.clone();
+        self.blocking(move |i| {
+            let files = i.walk(&request.path)?;
+            generic::glob_filter(&request, files)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+#[path = "local_tests.rs"]
+mod tests;

@@ -1,0 +1,221 @@
+#![allow(clippy::unwrap_used)]
+
+use std::os::unix::fs::symlink;
+
+use pretty_assertions::assert_eq;
+use proptest::prelude::*;
+
+use super::*;
+use crate::codes;
+
+type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
+/// A root dir and, next to it, a secret outside the root.
+struct Sandbox {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    outside: PathBuf,
+}
+
+fn sandbox() -> Sandbox {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let outside = tmp.path().join("outside");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("secret.txt"), "TOP SECRET\n").unwrap();
+    Sandbox {
+        _tmp: tmp,
+        root,
+        outside,
+    }
+}
+
+fn p(s: &str) -> FsPath {
+    FsPath::parse(s).unwrap()
+}
+
+#[tokio::test]
+async fn conformance() {
+    let sb = sandbox();
+    crate::conformance::run_all(&LocalFs::new(&sb.root).unwrap()).await;
+}
+
+#[tokio::test]
+async fn escaping_symlinks_are_refused() -> TestResult {
+    let sb = sandbox();
+    symlink(sb.outside.join("secret.txt"), sb.root.join("abs_link"))?;
+    symlink("../outside/secret.txt", sb.root.join("rel_link"))?;
+    symlink("../outside", sb.root.join("dir_link"))?;
+    std::fs::create_dir(sb.root.join("inside"))?;
+    std::fs::write(sb.root.join("inside/ok.txt"), "ok")?;
+    symlink("inside/ok.txt", sb.root.join("good_link"))?;
+    let fs = LocalFs::new(&sb.root)?;
+    for bad in ["abs_link", "rel_link", "dir_link/secret.txt"] {
+        let err = fs.read_bytes(&p(bad)).await.unwrap_err();
+        assert_eq!(err.code(), codes::PERMISSION_DENIED, "{bad}: {err}");
+        let err = fs
+            .write(
+                &p(&format!("{bad}/x")),
+                b"x".to_vec(),
+                WriteOptions::default(),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            [codes::PERMISSION_DENIED, codes::NOT_A_DIRECTORY].contains(&err.code()),
+            "{bad}: {err}"
+        );
+        let err = fs.append(&p(bad), b"x".to_vec()).await.unwrap_err();
+        assert_eq!(err.code(), codes::PERMISSION_DENIED, "{bad}: {err}");
+    }
+    assert_eq!(fs.read_bytes(&p("good_link")).await?, b"ok");
+    let names: Vec<String> = fs
+        .list(&FsPath::root())
+        .await?
+        .iter()
+        .map(|f| f.path.to_string())
+        .collect();
+    assert_eq!(names, vec!["/good_link", "/inside"]);
+    let hits = fs.grep(&GrepRequest::new("SECRET")).await?;
+    assert_eq!(hits.matches, vec![]);
+    assert_eq!(
+        std::fs::read_to_string(sb.outside.join("secret.txt"))?,
+        "TOP SECRET\n"
+    );
+    assert_eq!(
+        std::fs::read_dir(&sb.outside)?.count(),
+        1,
+        "nothing written outside"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn hard_links_devices_and_fifos_are_refused() -> TestResult {
+    let sb = sandbox();
+    // Same filesystem (both in the tempdir), so the hard link succeeds.
+    std::fs::hard_link(sb.outside.join("secret.txt"), sb.root.join("hard"))?;
+    symlink("/dev/zero", sb.root.join("dev"))?;
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        sb.root.join("fifo"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+        0,
+    )?;
+    let fs = LocalFs::new(&sb.root)?;
+    for bad in ["hard", "dev", "fifo"] {
+        let err = fs.read_bytes(&p(bad)).await.unwrap_err();
+        assert_eq!(err.code(), codes::PERMISSION_DENIED, "{bad}: {err}");
+        let err = fs.append(&p(bad), b"x".to_vec()).await.unwrap_err();
+        assert_eq!(err.code(), codes::PERMISSION_DENIED, "{bad}: {err}");
+    }
+    // Overwriting the hard-linked name replaces the name, not the outside inode.
+    fs.write(&p("hard"), b"mine".to_vec(), WriteOptions::default())
+        .await?;
+    assert_eq!(
+        std::fs::read_to_string(sb.outside.join("secret.txt"))?,
+        "TOP SECRET\n"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn writes_leave_no_temp_files_and_keep_mode() -> TestResult {
+    use std::os::unix::fs::PermissionsExt;
+    let sb = sandbox();
+    let fs = LocalFs::new(&sb.root)?;
+    fs.write(
+        &p("run.sh"),
+        b"#!/bin/sh\n".to_vec(),
+        WriteOptions::default(),
+    )
+    .await?;
+    std::fs::set_permissions(
+        sb.root.join("run.sh"),
+        std::fs::Permissions::from_mode(0o755),
+    )?;
+    fs.write(
+        &p("run.sh"),
+        b"#!/bin/sh\necho\n".to_vec(),
+        WriteOptions::default(),
+    )
+    .await?;
+    let mode = std::fs::metadata(sb.root.join("run.sh"))?
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o755);
+    let names: Vec<String> = std::fs::read_dir(&sb.root)?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<std::result::Result<_, _>>()?;
+    assert_eq!(names, vec!["run.sh"]);
+    Ok(())
+}
+
+fn segment() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just("..".to_owned()),
+        Just(".".to_owned()),
+        Just("%2e%2e".to_owned()),
+        Just("%2f".to_owned()),
+        Just("..%2f..".to_owned()),
+        Just("outside".to_owned()),
+        Just("secret.txt".to_owned()),
+        Just("link".to_owned()),
+        Just("\u{0}".to_owned()),
+        Just("\\..\\".to_owned()),
+        Just("~".to_owned()),
+        Just("ü文".to_owned()),
+        "[a-z.%]{1,4}",
+        "\\PC{1,3}",
+        Just("x".repeat(300)),
+    ]
+}
+
+fn traversal() -> impl Strategy<Value = String> {
+    (any::<bool>(), prop::collection::vec(segment(), 1..6)).prop_map(|(abs, segs)| {
+        let s = segs.join("/");
+        if abs { format!("/{s}") } else { s }
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// Whatever path string the model sends, nothing outside the root is read or written.
+    #[test]
+    fn no_path_escapes_the_root(paths in prop::collection::vec(traversal(), 1..8)) {
+        let sb = sandbox();
+        std::fs::create_dir(sb.root.join("d")).unwrap();
+        symlink(&sb.outside, sb.root.join("link")).unwrap();
+        symlink("../outside", sb.root.join("d/link")).unwrap();
+        symlink("../../outside/secret.txt", sb.root.join("d/secret.txt")).unwrap();
+        let fs = LocalFs::new(&sb.root).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            for raw in &paths {
+                let Ok(path) = FsPath::parse(raw) else {
+                    prop_assert!(raw.contains("..") || raw.contains('\0') || raw.contains('\\') || raw.len() > 255 || raw.chars().any(|c| c.is_control()), "refused {raw:?}");
+                    continue;
+                };
+                prop_assert!(!path.segments().any(|s| s == ".."));
+                if let Ok(data) = fs.read_bytes(&path).await {
+                    prop_assert!(!String::from_utf8_lossy(&data).contains("SECRET"), "read outside via {raw:?}");
+                }
+                let _ = fs.write(&path, b"pwned".to_vec(), WriteOptions::default()).await;
+                let _ = fs.append(&path, b"pwned".to_vec()).await;
+                let _ = fs.delete(&path, DeleteOptions { recursive: true }).await;
+                let _ = fs.rename(&path, &FsPath::parse("moved").unwrap(), RenameOptions { overwrite: true }).await;
+                if let Ok(g) = fs.grep(&GrepRequest { path: path.clone(), ..GrepRequest::new("SECRET") }).await {
+                    prop_assert!(g.matches.is_empty(), "grep outside via {raw:?}");
+                }
+            }
+            Ok(())
+        })?;
+        let names: Vec<_> = std::fs::read_dir(&sb.outside).unwrap().map(|e| e.unwrap().file_name()).collect();
+        prop_assert_eq!(names.len(), 1, "outside dir changed: {:?}", names);
+        prop_assert_eq!(std::fs::read_to_string(sb.outside.join("secret.txt")).unwrap(), "TOP SECRET\n");
+    }
+}

@@ -1,0 +1,718 @@
+//! Wrappers: [`PrefixFs`] (isolation), [`ReadOnlyFs`], [`CompositeFs`] (routing) and
+//! [`OverlayFs`] (template below, writable store above). Each implements every method.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::error::{Error, Result};
+use crate::fs::{
+    DeleteOptions, EditOutcome, EditRequest, FileInfo, Filesystem, GlobOutput, GlobRequest,
+    GrepOutput, GrepRequest, ReadWindow, RenameOptions, TextWindow, Version, WriteMode,
+    WriteOptions,
+};
+use crate::generic;
+use crate::path::FsPath;
+
+fn strip_error(prefix: &FsPath) -> impl Fn(&str) -> String + '_ {
+    move |s: &str| match FsPath::parse(s) {
+        Ok(p) => p
+            .strip_prefix(prefix)
+            .map(|r| r.to_string())
+            .unwrap_or_else(|| s.to_owned()),
+        Err(_) => s.to_owned(),
+    }
+}
+
+/// Serves a subtree of another filesystem as its root: `/x` here is `<prefix>/x` below.
+/// Paths cannot leave the prefix because [`FsPath`] has no `..`. This is the isolation
+/// wrapper: a tenant gets `PrefixFs::new(store, namespace.path())`.
+#[derive(Debug, Clone)]
+pub struct PrefixFs<F> {
+    inner: F,
+    prefix: FsPath,
+}
+
+impl<F: Filesystem> PrefixFs<F> {
+    /// Wraps `inner`, rooted at `prefix`.
+    pub fn new(inner: F, prefix: FsPath) -> Self {
+        PrefixFs { inner, prefix }
+    }
+
+    /// The prefix.
+    pub fn prefix(&self) -> &FsPath {
+        &self.prefix
+    }
+
+    fn full(&self, p: &FsPath) -> FsPath {
+        self.prefix.join_path(p)
+    }
+
+    fn strip(&self, p: FsPath) -> FsPath {
+        p.strip_prefix(&self.prefix).unwrap_or(p)
+    }
+
+    fn err(&self, e: Error) -> Error {
+        e.map_path(strip_error(&self.prefix))
+    }
+
+    fn info(&self, mut f: FileInfo) -> FileInfo {
+        f.path = self.strip(f.path);
+        f
+    }
+}
+
+#[async_trait]
+impl<F: Filesystem> Filesystem for PrefixFs<F> {
+    async fn stat(&self, path: &FsPath) -> Result<FileInfo> {
+        match self.inner.stat(&self.full(path)).await {
+            Ok(i) => Ok(self.info(i)),
+            // The tenant's root exists even before the first write.
+            Err(Error::NotFound { .. }) if path.is_root() => Ok(FileInfo::dir(FsPath::root())),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+    async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
+        match self.inner.list(&self.full(path)).await {
+            Ok(v) => Ok(v.into_iter().map(|f| self.info(f)).collect()),
+            Err(Error::NotFound { .. }) if path.is_root() => Ok(Vec::new()),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+    async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
+        self.inner
+            .read_bytes(&self.full(path))
+            .await
+            .map_err(|e| self.err(e))
+    }
+    async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version> {
+        if path.is_root() {
+            return Err(Error::IsDirectory {
+                path: path.to_string(),
+            });
+        }
+        self.inner
+            .write(&self.full(path), data, options)
+            .await
+            .map_err(|e| self.err(e))
+    }
+    async fn delete(&self, path: &FsPath, options: DeleteOptions) -> Result<()> {
+        if path.is_root() {
+            return Err(Error::PermissionDenied {
+                path: path.to_string(),
+                reason: "the root cannot be deleted".into(),
+            });
+        }
+        self.inner
+            .delete(&self.full(path), options)
+            .await
+            .map_err(|e| self.err(e))
+    }
+    async fn rename(&self, from: &FsPath, to: &FsPath, options: RenameOptions) -> Result<()> {
+        if from.is_root() || to.is_root() {
+            return Err(Error::PermissionDenied {
+                path: from.to_string(),
+                reason: "the root cannot be moved or replaced".into(),
+            });
+        }
+        self.inner
+            .rename(&self.full(from), &self.full(to), options)
+            .await
+            .map_err(|e| self.err(e))
+    }
+    async fn exists(&self, path: &FsPath) -> Result<bool> {
+        if path.is_root() {
+            return Ok(true);
+        }
+        self.inner
+            .exists(&self.full(path))
+            .await
+            .map_err(|e| self.err(e))
+    }
+    async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
+        self.inner
+            .read(&self.full(path), window)
+            .await
+            .map_err(|e| self.err(e))
+    }
+    async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
+        self.inner
+            .append(&self.full(path), data)
+            .await
+            .map_err(|e| self.err(e))
+    }
+    async fn edit(&self, path: &FsPath, request: &EditRequest) -> Result<EditOutcome> {
+        self.inner
+            .edit(&self.full(path), request)
+            .await
+            .map_err(|e| self.err(e))
+    }
+    async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
+        let req = GrepRequest {
+            path: self.full(&request.path),
+            ..request.clone()
+        };
+        match self.inner.grep(&req).await {
+            Ok(mut out) => {
+                for m in &mut out.matches {
+                    m.path = self.strip(std::mem::take(&mut m.path));
+                }
+                Ok(out)
+            }
+            Err(Error::NotFound { .. }) if request.path.is_root() => Ok(GrepOutput::default()),
+            Err(e) => Err(self.err(e)),
+        }
+    }
+    async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
+        let req = GlobRequest {
+            path: self.full(&request.path),
+            ..request.clone()
+        };
+        match self.inner.glob(&req).await {
+            Ok(mut out) => {
+                out.files = out.files.into_iter().map(|f| self.info(f)).collect();
+                Ok(out)
+            }
+            Err(Error::NotFound { .. }) if request.path.is_root() => {
+                generic::compile_glob(&request.pattern)?;
+                Ok(GlobOutput::default())
+            }
+            Err(e) => Err(self.err(e)),
+        }
+    }
+    async fn upload(&self, files: Vec<(FsPath, Vec<u8>)>) -> Vec<Result<()>> {
+        let files = files.into_iter().map(|(p, d)| (self.full(&p), d)).collect();
+        self.inner
+            .upload(files)
+            .await
+            .into_iter()
+            .map(|r| r.map_err(|e| self.err(e)))
+            .collect()
+    }
+    async fn download(&self, paths: &[FsPath]) -> Vec<Result<Vec<u8>>> {
+        let full: Vec<FsPath> = paths.iter().map(|p| self.full(p)).collect();
+        self.inner
+            .download(&full)
+            .await
+            .into_iter()
+            .map(|r| r.map_err(|e| self.err(e)))
+            .collect()
+    }
+}
+
+/// Refuses every change with `permission_denied`; reads are forwarded.
+#[derive(Debug, Clone)]
+pub struct ReadOnlyFs<F> {
+    inner: F,
+}
+
+impl<F: Filesystem> ReadOnlyFs<F> {
+    /// Wraps `inner`.
+    pub fn new(inner: F) -> Self {
+        ReadOnlyFs { inner }
+    }
+}
+
+fn read_only(path: &FsPath) -> Error {
+    Error::PermissionDenied {
+        path: path.to_string(),
+        reason: "this location is read-only".into(),
+    }
+}
+
+#[async_trait]
+impl<F: Filesystem> Filesystem for ReadOnlyFs<F> {
+    async fn stat(&self, path: &FsPath) -> Result<FileInfo> {
+        self.inner.stat(path).await
+    }
+    async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
+        self.inner.list(path).await
+    }
+    async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
+        self.inner.read_bytes(path).await
+    }
+    async fn write(&self, path: &FsPath, _: Vec<u8>, _: WriteOptions) -> Result<Version> {
+        Err(read_only(path))
+    }
+    async fn delete(&self, path: &FsPath, _: DeleteOptions) -> Result<()> {
+        Err(read_only(path))
+    }
+    async fn rename(&self, from: &FsPath, _: &FsPath, _: RenameOptions) -> Result<()> {
+        Err(read_only(from))
+    }
+    async fn exists(&self, path: &FsPath) -> Result<bool> {
+        self.inner.exists(path).await
+    }
+    async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
+        self.inner.read(path, window).await
+    }
+    async fn append(&self, path: &FsPath, _: Vec<u8>) -> Result<()> {
+        Err(read_only(path))
+    }
+    async fn edit(&self, path: &FsPath, _: &EditRequest) -> Result<EditOutcome> {
+        Err(read_only(path))
+    }
+    async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
+        self.inner.grep(request).await
+    }
+    async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
+        self.inner.glob(request).await
+    }
+    async fn upload(&self, files: Vec<(FsPath, Vec<u8>)>) -> Vec<Result<()>> {
+        files.iter().map(|(p, _)| Err(read_only(p))).collect()
+    }
+    async fn download(&self, paths: &[FsPath]) -> Vec<Result<Vec<u8>>> {
+        self.inner.download(paths).await
+    }
+}
+
+/// Routes each path to the backend mounted at its longest matching prefix, or to the
+/// default backend. Listings of directories above mount points show the mount points;
+/// `grep`/`glob` whose base contains a mount point walk across backends (merged, sorted);
+/// moves across backends copy then delete (files only: a directory across backends is
+/// `not_supported`).
+#[derive(Debug, Clone)]
+pub struct CompositeFs {
+    default: Arc<dyn Filesystem>,
+    /// Sorted by prefix length, longest first.
+    routes: Vec<(FsPath, Arc<dyn Filesystem>)>,
+}
+
+impl CompositeFs {
+    /// A composite with only a default backend.
+    pub fn new(default: Arc<dyn Filesystem>) -> Self {
+        CompositeFs {
+            default,
+            routes: Vec::new(),
+        }
+    }
+
+    /// Mounts `fs` at `prefix` (replacing an existing mount there).
+    pub fn mount(mut self, prefix: FsPath, fs: Arc<dyn Filesystem>) -> Self {
+        self.routes.retain(|(p, _)| *p != prefix);
+        self.routes.push((prefix, fs));
+        self.routes
+            .sort_by_key(|(p, _)| std::cmp::Reverse(p.as_str().len()));
+        self
+    }
+
+    fn route(&self, path: &FsPath) -> (&Arc<dyn Filesystem>, FsPath, FsPath) {
+        for (prefix, fs) in &self.routes {
+            if let Some(inner) = path.strip_prefix(prefix) {
+                return (fs, inner, prefix.clone());
+            }
+        }
+        (&self.default, path.clone(), FsPath::root())
+    }
+
+    /// Mount points strictly below `path`.
+    fn mounts_below<'a>(&'a self, path: &'a FsPath) -> impl Iterator<Item = &'a FsPath> + 'a {
+        self.routes
+            .iter()
+            .map(|(p, _)| p)
+            .filter(move |p| p.starts_with(path) && *p != path)
+    }
+
+    fn out(prefix: &FsPath, mut f: FileInfo) -> FileInfo {
+        f.path = prefix.join_path(&f.path);
+        f
+    }
+
+    fn err(prefix: &FsPath, e: Error) -> Error {
+        if prefix.is_root() {
+            return e;
+        }
+        e.map_path(|s| match FsPath::parse(s) {
+            Ok(p) => prefix.join_path(&p).to_string(),
+            Err(_) => s.to_owned(),
+        })
+    }
+}
+
+#[async_trait]
+impl Filesystem for CompositeFs {
+    async fn stat(&self, path: &FsPath) -> Result<FileInfo> {
+        let (fs, inner, prefix) = self.route(path);
+        match fs.stat(&inner).await {
+            Ok(i) => Ok(Self::out(&prefix, i)),
+            Err(Error::NotFound { .. })
+                if self.mounts_below(path).next().is_some()
+                    || (inner.is_root() && !prefix.is_root()) =>
+            {
+                Ok(FileInfo::dir(path.clone()))
+            }
+            Err(e) => Err(Self::err(&prefix, e)),
+        }
+    }
+    async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
+        let (fs, inner, prefix) = self.route(path);
+        let mut out = match fs.list(&inner).await {
+            Ok(v) => v.into_iter().map(|f| Self::out(&prefix, f)).collect(),
+            Err(Error::NotFound { .. })
+                if self.mounts_below(path).next().is_some()
+                    || (inner.is_root() && !prefix.is_root()) =>
+            {
+                Vec::new()
+            }
+            Err(e) => return Err(Self::err(&prefix, e)),
+        };
+        for m in self.mounts_below(path) {
+            if let Some(first) = m
+                .strip_prefix(path)
+                .and_then(|r| r.segments().next().map(str::to_owned))
+            {
+                let child = path.join_path(&FsPath::parse(&first)?);
+                out.retain(|f: &FileInfo| f.path != child);
+                out.push(FileInfo::dir(child));
+            }
+        }
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        out.dedup_by(|a, b| a.path == b.path);
+        Ok(out)
+    }
+    async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
+        let (fs, inner, prefix) = self.route(path);
+        fs.read_bytes(&inner)
+            .await
+            .map_err(|e| Self::err(&prefix, e))
+    }
+    async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version> {
+        if self.mounts_below(path).next().is_some() || path.is_root() {
+            return Err(Error::IsDirectory {
+                path: path.to_string(),
+            });
+        }
+        let (fs, inner, prefix) = self.route(path);
+        if inner.is_root() {
+            return Err(Error::IsDirectory {
+                path: path.to_string(),
+            });
+        }
+        fs.write(&inner, data, options)
+            .await
+            .map_err(|e| Self::err(&prefix, e))
+    }
+    async fn delete(&self, path: &FsPath, options: DeleteOptions) -> Result<()> {
+        let (fs, inner, prefix) = self.route(path);
+        if inner.is_root() || self.mounts_below(path).next().is_some() {
+            return Err(Error::not_supported(
+                "delete",
+                format!("{path} contains a mount point"),
+            ));
+        }
+        fs.delete(&inner, options)
+            .await
+            .map_err(|e| Self::err(&prefix, e))
+    }
+    async fn rename(&self, from: &FsPath, to: &FsPath, options: RenameOptions) -> Result<()> {
+        let (ffs, finner, fprefix) = self.route(from);
+        let (tfs, tinner, tprefix) = self.route(to);
+        if finner.is_root() || tinner.is_root() || self.mounts_below(from).next().is_some() {
+            return Err(Error::not_supported(
+                "rename",
+                "mount points cannot be moved",
+            ));
+        }
+        if fprefix == tprefix {
+            return ffs
+                .rename(&finner, &tinner, options)
+                .await
+                .map_err(|e| Self::err(&fprefix, e));
+        }
+        let info = ffs
+            .stat(&finner)
+            .await
+            .map_err(|e| Self::err(&fprefix, e))?;
+        if info.is_dir() {
+            return Err(Error::not_supported(
+                "rename",
+                "moving a directory across backends",
+            ));
+        }
+        let data = ffs
+            .read_bytes(&finner)
+            .await
+            .map_err(|e| Self::err(&fprefix, e))?;
+        let opts = if options.overwrite {
+            WriteOptions::default()
+        } else {
+            WriteOptions::create_new()
+        };
+        tfs.write(&tinner, data, opts)
+            .await
+            .map_err(|e| Self::err(&tprefix, e))?;
+        ffs.delete(&finner, DeleteOptions::default())
+            .await
+            .map_err(|e| Self::err(&fprefix, e))
+    }
+    async fn exists(&self, path: &FsPath) -> Result<bool> {
+        generic::exists(self, path).await
+    }
+    async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
+        let (fs, inner, prefix) = self.route(path);
+        fs.read(&inner, window)
+            .await
+            .map_err(|e| Self::err(&prefix, e))
+    }
+    async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
+        let (fs, inner, prefix) = self.route(path);
+        if inner.is_root() || self.mounts_below(path).next().is_some() {
+            return Err(Error::IsDirectory {
+                path: path.to_string(),
+            });
+        }
+        fs.append(&inner, data)
+            .await
+            .map_err(|e| Self::err(&prefix, e))
+    }
+    async fn edit(&self, path: &FsPath, request: &EditRequest) -> Result<EditOutcome> {
+        let (fs, inner, prefix) = self.route(path);
+        fs.edit(&inner, request)
+            .await
+            .map_err(|e| Self::err(&prefix, e))
+    }
+    async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
+        if self.mounts_below(&request.path).next().is_some() {
+            return generic::grep_via_walk(self, request).await;
+        }
+        let (fs, inner, prefix) = self.route(&request.path);
+        let req = GrepRequest {
+            path: inner,
+            ..request.clone()
+        };
+        let mut out = fs.grep(&req).await.map_err(|e| Self::err(&prefix, e))?;
+        for m in &mut out.matches {
+            m.path = prefix.join_path(&m.path);
+        }
+        Ok(out)
+    }
+    async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
+        if self.mounts_below(&request.path).next().is_some() {
+            return generic::glob_via_walk(self, request).await;
+        }
+        let (fs, inner, prefix) = self.route(&request.path);
+        let req = GlobRequest {
+            path: inner,
+            ..request.clone()
+        };
+        let mut out = fs.glob(&req).await.map_err(|e| Self::err(&prefix, e))?;
+        out.files = out
+            .files
+            .into_iter()
+            .map(|f| Self::out(&prefix, f))
+            .collect();
+        Ok(out)
+    }
+    async fn upload(&self, files: Vec<(FsPath, Vec<u8>)>) -> Vec<Result<()>> {
+        let mut out = Vec::with_capacity(files.len());
+        for (p, d) in files {
+            out.push(self.write(&p, d, WriteOptions::default()).await.map(|_| ()));
+        }
+        out
+    }
+    async fn download(&self, paths: &[FsPath]) -> Vec<Result<Vec<u8>>> {
+        let mut out = Vec::with_capacity(paths.len());
+        for p in paths {
+            out.push(self.read_bytes(p).await);
+        }
+        out
+    }
+}
+
+/// A writable `upper` filesystem over a read-only `lower` template.
+///
+/// Reads fall through to `lower` when `upper` lacks the path; writes, appends and edits go
+/// to `upper` (a template file is copied up first, so the template itself never changes);
+/// listings, `grep` and `glob` are merged with `upper` winning. Deleting or moving a path
+/// that exists only in `lower` is `not_supported` (no tombstones: the template is shared,
+/// so hiding it per tenant would make it silently disappear); deleting a path present in
+/// `upper` removes the upper copy, so an overridden template file reverts to the template.
+#[derive(Debug, Clone)]
+pub struct OverlayFs {
+    upper: Arc<dyn Filesystem>,
+    lower: Arc<dyn Filesystem>,
+}
+
+impl OverlayFs {
+    /// `upper` over `lower`. `lower` is never written.
+    pub fn new(upper: Arc<dyn Filesystem>, lower: Arc<dyn Filesystem>) -> Self {
+        OverlayFs { upper, lower }
+    }
+
+    async fn lower_has(&self, path: &FsPath) -> Result<bool> {
+        self.lower.exists(path).await
+    }
+}
+
+fn or_not_found<T>(r: Result<T>) -> Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+#[async_trait]
+impl Filesystem for OverlayFs {
+    async fn stat(&self, path: &FsPath) -> Result<FileInfo> {
+        match self.upper.stat(path).await {
+            Err(Error::NotFound { .. }) => self.lower.stat(path).await,
+            other => other,
+        }
+    }
+    async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
+        let up = or_not_found(self.upper.list(path).await)?;
+        let low = match self.lower.list(path).await {
+            Ok(v) => Some(v),
+            Err(Error::NotFound { .. } | Error::NotADirectory { .. }) if up.is_some() => None,
+            Err(Error::NotFound { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        if up.is_none() && low.is_none() {
+            return Err(Error::NotFound {
+                path: path.to_string(),
+            });
+        }
+        let mut out = up.unwrap_or_default();
+        for f in low.unwrap_or_default() {
+            if !out.iter().any(|u| u.path == f.path) {
+                out.push(f);
+            }
+        }
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+    async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
+        match self.upper.read_bytes(path).await {
+            Err(Error::NotFound { .. }) => self.lower.read_bytes(path).await,
+            other => other,
+        }
+    }
+    async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version> {
+        if let Ok(info) = self.lower.stat(path).await {
+            if info.is_dir() {
+                return Err(Error::IsDirectory {
+                    path: path.to_string(),
+                });
+            }
+        }
+        let upper_has = self.upper.exists(path).await?;
+        match &options.mode {
+            WriteMode::CreateNew if !upper_has && self.lower_has(path).await? => {
+                Err(Error::AlreadyExists {
+                    path: path.to_string(),
+                })
+            }
+            WriteMode::IfMatch(v) if !upper_has => {
+                match or_not_found(self.lower.read_bytes(path).await)? {
+                    Some(cur) if Version::of(&cur) == *v => self
+                        .upper
+                        .write(path, data, WriteOptions::create_new())
+                        .await
+                        .map_err(|e| match e {
+                            Error::AlreadyExists { path } => Error::Conflict {
+                                path,
+                                reason: "written concurrently".into(),
+                            },
+                            e => e,
+                        }),
+                    Some(_) => Err(Error::Conflict {
+                        path: path.to_string(),
+                        reason: "the content is not the expected version".into(),
+                    }),
+                    None => Err(Error::Conflict {
+                        path: path.to_string(),
+                        reason: "the file no longer exists".into(),
+                    }),
+                }
+            }
+            _ => self.upper.write(path, data, options).await,
+        }
+    }
+    async fn delete(&self, path: &FsPath, options: DeleteOptions) -> Result<()> {
+        if self.upper.exists(path).await? {
+            return self.upper.delete(path, options).await;
+        }
+        if self.lower_has(path).await? {
+            return Err(Error::not_supported(
+                "delete",
+                format!("{path} belongs to the shared read-only template"),
+            ));
+        }
+        Err(Error::NotFound {
+            path: path.to_string(),
+        })
+    }
+    async fn rename(&self, from: &FsPath, to: &FsPath, options: RenameOptions) -> Result<()> {
+        if !self.upper.exists(from).await? {
+            if self.lower_has(from).await? {
+                return Err(Error::not_supported(
+                    "rename",
+                    format!("{from} belongs to the shared read-only template"),
+                ));
+            }
+            return Err(Error::NotFound {
+                path: from.to_string(),
+            });
+        }
+        if from != to && !options.overwrite && self.lower_has(to).await? {
+            return Err(Error::AlreadyExists {
+                path: to.to_string(),
+            });
+        }
+        self.upper.rename(from, to, options).await
+    }
+    async fn exists(&self, path: &FsPath) -> Result<bool> {
+        Ok(self.upper.exists(path).await? || self.lower.exists(path).await?)
+    }
+    async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
+        match self.upper.read(path, window).await {
+            Err(Error::NotFound { .. }) => self.lower.read(path, window).await,
+            other => other,
+        }
+    }
+    async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
+        if !self.upper.exists(path).await? {
+            if let Some(mut cur) = or_not_found(self.lower.read_bytes(path).await)? {
+                cur.extend_from_slice(&data);
+                return match self
+                    .upper
+                    .write(path, cur, WriteOptions::create_new())
+                    .await
+                {
+                    Ok(_) => Ok(()),
+                    // Copied up concurrently: append to the copy.
+                    Err(Error::AlreadyExists { .. }) => self.upper.append(path, data).await,
+                    Err(e) => Err(e),
+                };
+            }
+        }
+        self.upper.append(path, data).await
+    }
+    async fn edit(&self, path: &FsPath, request: &EditRequest) -> Result<EditOutcome> {
+        if self.upper.exists(path).await? {
+            return self.upper.edit(path, request).await;
+        }
+        generic::edit_via_cas(self, path, request).await
+    }
+    async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
+        generic::grep_via_walk(self, request).await
+    }
+    async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
+        generic::glob_via_walk(self, request).await
+    }
+    async fn upload(&self, files: Vec<(FsPath, Vec<u8>)>) -> Vec<Result<()>> {
+        self.upper.upload(files).await
+    }
+    async fn download(&self, paths: &[FsPath]) -> Vec<Result<Vec<u8>>> {
+        let mut out = Vec::with_capacity(paths.len());
+        for p in paths {
+            out.push(self.read_bytes(p).await);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+#[path = "wrappers_tests.rs"]
+mod tests;
