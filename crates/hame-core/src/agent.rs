@@ -182,7 +182,7 @@ impl AgentLoop {
         for mw in &self.middleware {
             mw.on_call_start(&mut cx, &mut input).await?;
         }
-        cx.state.messages.push(input);
+        self.append(&mut cx, input).await?;
         let mut usage = Usage::default();
         for iteration in 1..=self.config.max_iterations {
             if cancel.is_cancelled() {
@@ -201,7 +201,7 @@ impl AgentLoop {
             }
             let message = response.message;
             let calls: Vec<ToolCall> = message.tool_calls().cloned().collect();
-            cx.state.messages.push(message.clone());
+            self.append(&mut cx, message.clone()).await?;
             if calls.is_empty() {
                 return Ok(CallOutput {
                     reply: message,
@@ -210,7 +210,7 @@ impl AgentLoop {
                 });
             }
             let results = self.act(&mut cx, calls, cancel).await?;
-            cx.state.messages.push(Message::tool_results(results));
+            self.append(&mut cx, Message::tool_results(results)).await?;
             if cancel.is_cancelled() {
                 return Err(Error::Cancelled);
             }
@@ -218,6 +218,16 @@ impl AgentLoop {
         Err(Error::MaxIterations {
             limit: self.config.max_iterations,
         })
+    }
+
+    async fn append(&self, cx: &mut CallCtx<'_>, message: Message) -> Result<()> {
+        cx.state.messages.push(message);
+        if let Some(last) = cx.state.messages.last().cloned() {
+            for mw in &self.middleware {
+                mw.on_message_appended(cx, &last).await?;
+            }
+        }
+        Ok(())
     }
 
     async fn request_with_recovery(

@@ -335,3 +335,35 @@ async fn events_are_emitted_in_order() -> Result<()> {
     );
     Ok(())
 }
+
+#[derive(Debug, Default)]
+struct AppendLog(Mutex<Vec<Message>>);
+
+#[async_trait]
+impl Middleware for AppendLog {
+    fn name(&self) -> &str {
+        "append-log"
+    }
+    async fn on_message_appended(&self, _cx: &mut CallCtx<'_>, message: &Message) -> Result<()> {
+        if let Ok(mut l) = self.0.lock() {
+            l.push(message.clone());
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn every_appended_message_is_reported_in_order() -> Result<()> {
+    let model = ScriptedModel::new([
+        Reply::tools(&[call("1", "add", r#"{"a":2,"b":3}"#)]),
+        Reply::text("five"),
+    ]);
+    let log = Arc::new(AppendLog::default());
+    let a = agent(&model).with_middleware(log.clone());
+    let mut state = AgentState::default();
+    run(&a, &mut state, "2+3").await?;
+    let seen = log.0.lock().map(|l| l.clone()).unwrap_or_default();
+    assert_eq!(seen, state.messages);
+    assert_eq!(seen.len(), 4);
+    Ok(())
+}

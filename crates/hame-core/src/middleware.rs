@@ -76,6 +76,17 @@ pub trait Middleware: Send + Sync + fmt::Debug + 'static {
         Ok(())
     }
 
+    /// After a message was appended to `cx.state.messages`: the user's input, each
+    /// assistant message, each batch of tool results. Durable logs hook in here, so every
+    /// message is recorded before the loop moves on.
+    async fn on_message_appended(
+        &self,
+        _cx: &mut CallCtx<'_>,
+        _message: &Message,
+    ) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// After each model response, before it is added to the state.
     async fn on_model_response(
         &self,
@@ -145,6 +156,13 @@ impl<T: Middleware + ?Sized> Middleware for Arc<T> {
         response: &mut ModelResponse,
     ) -> Result<(), Error> {
         (**self).on_model_response(cx, response).await
+    }
+    async fn on_message_appended(
+        &self,
+        cx: &mut CallCtx<'_>,
+        message: &Message,
+    ) -> Result<(), Error> {
+        (**self).on_message_appended(cx, message).await
     }
     async fn on_model_error(
         &self,
