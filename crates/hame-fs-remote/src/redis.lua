@@ -1,0 +1,136 @@
+-- hame-fs-remote: every mutation of one RedisFs namespace, and the atomic read.
+-- ARGV[1] = operation, ARGV[2] = key prefix ("<prefix>:{<namespace>}:"), then per operation.
+-- Keys: f:<path> content (string), m:<path> meta (hash: v = sha-256 version when known,
+-- g = generation, t = modified ms), d:<dir> children names (sorted set, score 0; Redis drops
+-- it when empty, so a directory exists exactly while something lies below it), idx = every
+-- file path (sorted set, score 0, for subtree range reads), gen = generation counter.
+-- Every key shares the "{<namespace>}" hash tag, so one script touches one slot.
+-- Replies are arrays of strings: {'ok', ...} or {<error code>, <path or reason>}.
+local op = ARGV[1]
+local P = ARGV[2]
+local IDX = P .. 'idx'
+local GEN = P .. 'gen'
+local function fkey(p) return P .. 'f:' .. p end
+local function mkey(p) return P .. 'm:' .. p end
+local function dkey(p) return P .. 'd:' .. p end
+
+local function split(p)
+  local parent, name = string.match(p, '^(.*)/([^/]*)$')
+  if parent then return parent, name end
+  return '', p
+end
+
+-- The nearest proper ancestor of p that is a file, or nil.
+local function file_ancestor(p)
+  local q = p
+  while true do
+    local parent = split(q)
+    if parent == '' then return nil end
+    if redis.call('EXISTS', fkey(parent)) == 1 then return parent end
+    q = parent
+  end
+end
+
+-- Adds p to its parent's children, and so on up while a parent is new.
+local function link(p)
+  local q = p
+  while q ~= '' do
+    local parent, name = split(q)
+    if redis.call('ZADD', dkey(parent), 0, name) == 0 then return end
+    q = parent
+  end
+end
+
+-- Removes p from its parent's children, and so on up while a parent became empty.
+local function unlink(p)
+  local q = p
+  while q ~= '' do
+    local parent, name = split(q)
+    redis.call('ZREM', dkey(parent), name)
+    if parent == '' or redis.call('EXISTS', dkey(parent)) == 1 then return end
+    q = parent
+  end
+end
+
+-- Checks before a file is created or replaced at p.
+local function check_target(p)
+  if redis.call('EXISTS', dkey(p)) == 1 then return {'is_directory', p} end
+  local a = file_ancestor(p)
+  if a then return {'not_a_directory', a} end
+  return nil
+end
+
+if op == 'write' then
+  -- 3 path, 4 mode (o overwrite | c create | v if version | g if generation), 5 expected,
+  -- 6 data, 7 version of data, 8 now (ms)
+  local p = ARGV[3]
+  local bad = check_target(p)
+  if bad then return bad end
+  local exists = redis.call('EXISTS', fkey(p)) == 1
+  local mode = ARGV[4]
+  if mode == 'c' and exists then return {'already_exists', p} end
+  if mode == 'v' or mode == 'g' then
+    if not exists then return {'conflict', 'the file no longer exists'} end
+    if mode == 'v' then
+      local v = redis.call('HGET', mkey(p), 'v')
+      if not v then return {'unknown'} end
+      if v ~= ARGV[5] then return {'conflict', 'the content is not the expected version'} end
+    elseif redis.call('HGET', mkey(p), 'g') ~= ARGV[5] then
+      return {'conflict', 'the content changed since it was read'}
+    end
+  end
+  redis.call('SET', fkey(p), ARGV[6])
+  local g = redis.call('INCR', GEN)
+  redis.call('HSET', mkey(p), 'v', ARGV[7], 'g', g, 't', ARGV[8])
+  redis.call('ZADD', IDX, 0, p)
+  link(p)
+  return {'ok', tostring(g)}
+elseif op == 'append' then
+  -- 3 path, 4 data, 5 now (ms)
+  local p = ARGV[3]
+  local bad = check_target(p)
+  if bad then return bad end
+  redis.call('APPEND', fkey(p), ARGV[4])
+  local g = redis.call('INCR', GEN)
+  redis.call('HDEL', mkey(p), 'v')
+  redis.call('HSET', mkey(p), 'g', g, 't', ARGV[5])
+  redis.call('ZADD', IDX, 0, p)
+  link(p)
+  return {'ok', tostring(g)}
+elseif op == 'read' then
+  -- 3 path; returns content and generation in one step
+  local p = ARGV[3]
+  local data = redis.call('GET', fkey(p))
+  if not data then
+    if redis.call('EXISTS', dkey(p)) == 1 then return {'is_directory', p} end
+    return {'not_found', p}
+  end
+  return {'ok', data, redis.call('HGET', mkey(p), 'g') or ''}
+elseif op == 'delete' then
+  -- 3 path of a file
+  local p = ARGV[3]
+  if redis.call('EXISTS', fkey(p)) == 0 then return {'not_found', p} end
+  redis.call('DEL', fkey(p), mkey(p))
+  redis.call('ZREM', IDX, p)
+  unlink(p)
+  return {'ok'}
+elseif op == 'rename' then
+  -- 3 from (a file), 4 to, 5 overwrite (1 | 0)
+  local from, to = ARGV[3], ARGV[4]
+  if redis.call('EXISTS', fkey(from)) == 0 then return {'not_found', from} end
+  local bad = check_target(to)
+  if bad then return bad end
+  if ARGV[5] ~= '1' and redis.call('EXISTS', fkey(to)) == 1 then return {'already_exists', to} end
+  redis.call('RENAME', fkey(from), fkey(to))
+  if redis.call('EXISTS', mkey(from)) == 1 then
+    redis.call('RENAME', mkey(from), mkey(to))
+  else
+    redis.call('DEL', mkey(to))
+  end
+  redis.call('ZREM', IDX, from)
+  redis.call('ZADD', IDX, 0, to)
+  unlink(from)
+  link(to)
+  return {'ok'}
+end
+return redis.error_reply('hame-fs-remote: unknown operation ' .. tostring(op))

@@ -1,0 +1,6 @@
+mod support;
+
+#[cfg(feature = "object-store")]
+mod object_store;
+#[cfg(feature = "redis")]
+mod redis;
