@@ -1,0 +1,235 @@
+//! The session index `agents/<agentId>/sessions/index.json`, updated by compare-and-set.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use hame_core::{Message, Role};
+use hame_fs::{Filesystem, FsPath, Version, WriteOptions};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The version of the index format written by this crate.
+pub const INDEX_FORMAT_VERSION: u32 = 1;
+/// Longest title kept in the index, in characters.
+pub const TITLE_MAX_CHARS: usize = 80;
+/// How many times an index update is attempted before giving up with `conflict`.
+pub const INDEX_CAS_ATTEMPTS: usize = 64;
+
+/// One session in the index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionEntry {
+    /// The session id.
+    pub id: String,
+    /// The first user message, whitespace-collapsed and cut to [`TITLE_MAX_CHARS`]
+    /// characters (empty until the session has a user message).
+    #[serde(default)]
+    pub title: String,
+    /// When the first record was logged.
+    #[serde(with = "time_fmt")]
+    pub created: DateTime<Utc>,
+    /// When the last record was logged.
+    #[serde(with = "time_fmt")]
+    pub updated: DateTime<Utc>,
+    /// How many records the log holds: the next sequence number to be written.
+    pub message_count: u64,
+}
+
+/// A change to one index entry (see [`SessionLog::update_index`](crate::SessionLog::update_index)).
+///
+/// Every field merges, so applying an update twice, or two updates in either order, gives
+/// the same entry: counts only grow, `updated` only moves forward, a title given as
+/// `title_if_unset` never replaces one that is already there.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct IndexUpdate {
+    /// Sets the title (trimmed to [`TITLE_MAX_CHARS`]), replacing any existing one.
+    pub title: Option<String>,
+    /// Sets the title only when the entry has none yet.
+    pub title_if_unset: Option<String>,
+    /// Raises `message_count` to at least this.
+    pub message_count_at_least: Option<u64>,
+    /// The time of the change (`created` for a new entry; `updated` moves to it if later).
+    pub at: Option<DateTime<Utc>>,
+}
+
+impl IndexUpdate {
+    /// An update that only touches the entry (creating it if needed).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Replaces the title.
+    pub fn with_title(mut self, title: impl Into<String>) -> Self {
+        self.title = Some(title.into());
+        self
+    }
+
+    /// Sets the title if the entry has none.
+    pub fn with_title_if_unset(mut self, title: impl Into<String>) -> Self {
+        self.title_if_unset = Some(title.into());
+        self
+    }
+
+    /// Raises the message count.
+    pub fn with_message_count_at_least(mut self, count: u64) -> Self {
+        self.message_count_at_least = Some(count);
+        self
+    }
+
+    /// Sets the time of the change.
+    pub fn at(mut self, at: DateTime<Utc>) -> Self {
+        self.at = Some(at);
+        self
+    }
+
+    pub(crate) fn apply(
+        &self,
+        id: &str,
+        entry: Option<SessionEntry>,
+        now: DateTime<Utc>,
+    ) -> SessionEntry {
+        let at = self.at.unwrap_or(now);
+        let mut entry = entry.unwrap_or_else(|| SessionEntry {
+            id: id.to_owned(),
+            title: String::new(),
+            created: at,
+            updated: at,
+            message_count: 0,
+        });
+        if let Some(title) = &self.title {
+            entry.title = make_title(title);
+        } else if entry.title.is_empty()
+            && let Some(title) = &self.title_if_unset
+        {
+            entry.title = make_title(title);
+        }
+        if let Some(n) = self.message_count_at_least {
+            entry.message_count = entry.message_count.max(n);
+        }
+        entry.updated = entry.updated.max(at);
+        entry.created = entry.created.min(at);
+        entry
+    }
+}
+
+/// Collapses whitespace and cuts to [`TITLE_MAX_CHARS`] characters (with `…` when cut).
+pub fn make_title(text: &str) -> String {
+    let collapsed = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if collapsed.chars().count() <= TITLE_MAX_CHARS {
+        return collapsed;
+    }
+    let mut out: String = collapsed.chars().take(TITLE_MAX_CHARS - 1).collect();
+    out.truncate(out.trim_end().len());
+    out.push('…');
+    out
+}
+
+/// The title candidate of a batch of messages: the first non-empty user text.
+pub(crate) fn title_candidate(messages: &[Message]) -> Option<String> {
+    messages
+        .iter()
+        .filter(|m| m.role == Role::User)
+        .map(Message::text_content)
+        .find(|t| !t.trim().is_empty())
+}
+
+/// The index document.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct IndexFile {
+    #[serde(default = "default_version")]
+    pub version: u32,
+    #[serde(default)]
+    pub sessions: BTreeMap<String, SessionEntry>,
+}
+
+fn default_version() -> u32 {
+    INDEX_FORMAT_VERSION
+}
+
+/// Reads the index; a missing file is an empty index.
+pub(crate) async fn read_index(
+    fs: &dyn Filesystem,
+    path: &FsPath,
+) -> Result<(IndexFile, Option<Version>)> {
+    match fs.read_bytes(path).await {
+        Ok(bytes) => {
+            let version = Version::of(&bytes);
+            let index: IndexFile = serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
+                path: path.to_string(),
+                reason: e.to_string(),
+            })?;
+            Ok((index, Some(version)))
+        }
+        Err(e) if e.is_not_found() => Ok((IndexFile::default(), None)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Read → modify → write-if-match, retried on `conflict` up to [`INDEX_CAS_ATTEMPTS`] times
+/// with a short growing, jittered pause. Never overwrites blindly.
+pub(crate) async fn update_index_cas<F>(
+    fs: &dyn Filesystem,
+    path: &FsPath,
+    mut modify: F,
+) -> Result<IndexFile>
+where
+    F: FnMut(&mut IndexFile) + Send,
+{
+    for attempt in 0..INDEX_CAS_ATTEMPTS {
+        let (mut index, version) = read_index(fs, path).await?;
+        modify(&mut index);
+        index.version = INDEX_FORMAT_VERSION;
+        let mut bytes = serde_json::to_vec_pretty(&index).map_err(|e| Error::Corrupt {
+            path: path.to_string(),
+            reason: format!("cannot encode: {e}"),
+        })?;
+        bytes.push(b'\n');
+        let options = match version {
+            Some(v) => WriteOptions::if_match(v),
+            None => WriteOptions::create_new(),
+        };
+        match fs.write(path, bytes, options).await {
+            Ok(_) => return Ok(index),
+            Err(hame_fs::Error::Conflict { .. } | hame_fs::Error::AlreadyExists { .. }) => {
+                tracing::debug!(path = %path, attempt, "session index changed concurrently; retrying");
+                tokio::time::sleep(backoff(attempt)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(Error::Conflict {
+        path: path.to_string(),
+        attempts: INDEX_CAS_ATTEMPTS,
+    })
+}
+
+/// 0–1 ms for the first retries, growing to at most ~20 ms, with jitter so that racing
+/// replicas spread out.
+fn backoff(attempt: usize) -> Duration {
+    let cap_us = (1000u64 << attempt.min(4)).min(20_000);
+    Duration::from_micros(jitter() % cap_us)
+}
+
+fn jitter() -> u64 {
+    use std::collections::hash_map::RandomState;
+    use std::hash::BuildHasher;
+    RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+mod time_fmt {
+    use chrono::{DateTime, Utc};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&crate::record::fmt_time(t))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DateTime<Utc>, D::Error> {
+        let s = std::borrow::Cow::<str>::deserialize(d)?;
+        DateTime::parse_from_rfc3339(&s)
+            .map(|t| t.with_timezone(&Utc))
+            .map_err(serde::de::Error::custom)
+    }
+}

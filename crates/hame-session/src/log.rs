@@ -1,0 +1,459 @@
+//! [`SessionLog`]: append, read and index the logs of one agent.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::ops::{Range, RangeBounds};
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+use hame_core::Message;
+use hame_fs::{Filesystem, FsPath, WriteOptions};
+
+use crate::error::{Error, Result};
+use crate::id::validate_id;
+use crate::index::{
+    IndexFile, IndexUpdate, SessionEntry, read_index, title_candidate, update_index_cas,
+};
+use crate::record::{LogRecord, last_record, parse_log};
+
+/// File name of the index inside the sessions directory.
+pub const INDEX_FILE: &str = "index.json";
+/// Suffix of a session's log file (`<sessionId>.log.jsonl`).
+pub const LOG_SUFFIX: &str = ".log.jsonl";
+
+/// Options of a [`SessionLog`].
+#[derive(Clone)]
+pub struct SessionLogOptions {
+    /// Update the index after every [`SessionLog::append_messages`]. Default `true`.
+    pub update_index: bool,
+    /// The clock used for record times and index times. Default [`Utc::now`]; tests pass a
+    /// fixed clock.
+    pub clock: Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>,
+}
+
+impl Default for SessionLogOptions {
+    fn default() -> Self {
+        SessionLogOptions {
+            update_index: true,
+            clock: Arc::new(Utc::now),
+        }
+    }
+}
+
+impl fmt::Debug for SessionLogOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionLogOptions")
+            .field("update_index", &self.update_index)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A page of a session log (see [`SessionLog::read_page`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogPage {
+    /// The records, ordered by sequence number (file order among equal numbers).
+    pub records: Vec<LogRecord>,
+    /// Where the next page starts, when there are more records.
+    pub next_seq: Option<u64>,
+    /// The highest sequence number in the log (`None` for an empty log).
+    pub last_seq: Option<u64>,
+    /// How many valid records the log holds in all.
+    pub total_records: usize,
+    /// Lines that could not be parsed and were skipped (a torn last line is not counted).
+    pub skipped_lines: usize,
+}
+
+/// What the writer knows about a log it appended to: valid while the file still has the
+/// size this writer left it at.
+#[derive(Debug, Clone, Copy)]
+struct Tail {
+    next_seq: u64,
+    size: u64,
+}
+
+type WriterSlot = Arc<tokio::sync::Mutex<Option<Tail>>>;
+
+/// The append-only, never-compacted logs of one agent's sessions, and their index.
+///
+/// Layout, below the filesystem it is given (already scoped to the tenant):
+///
+/// ```text
+/// agents/<agentId>/sessions/<sessionId>.log.jsonl   one LogRecord per line
+/// agents/<agentId>/sessions/index.json              SessionEntry per session
+/// ```
+///
+/// # Guarantees
+///
+/// * Every [`append_messages`](Self::append_messages) is exactly one
+///   [`Filesystem::append`] of whole lines; a record is never split across appends.
+/// * Sequence numbers are unique and gap-free per session as long as one writer appends at a
+///   time: appends to one session through one `SessionLog` are serialised here, and the
+///   harness's per-session call lease serialises replicas. Two replicas racing without the
+///   lease may write a duplicate number; readers tolerate duplicates and gaps.
+/// * A torn last line (a crash mid-append) is skipped on read, and the next append starts
+///   with a newline so it never glues onto it.
+/// * The index is changed by compare-and-set only, so concurrent updates are never lost.
+#[derive(Clone)]
+pub struct SessionLog {
+    fs: Arc<dyn Filesystem>,
+    agent_id: String,
+    dir: FsPath,
+    index: FsPath,
+    options: SessionLogOptions,
+    writers: Arc<Mutex<HashMap<String, WriterSlot>>>,
+    index_lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl fmt::Debug for SessionLog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SessionLog")
+            .field("fs", &self.fs)
+            .field("agent_id", &self.agent_id)
+            .field("dir", &self.dir)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SessionLog {
+    /// The logs of `agent_id` on `fs` (a filesystem already scoped to the tenant).
+    pub fn new(fs: Arc<dyn Filesystem>, agent_id: &str) -> Result<Self> {
+        Self::with_options(fs, agent_id, SessionLogOptions::default())
+    }
+
+    /// Like [`new`](Self::new), with options.
+    pub fn with_options(
+        fs: Arc<dyn Filesystem>,
+        agent_id: &str,
+        options: SessionLogOptions,
+    ) -> Result<Self> {
+        validate_id("agent id", agent_id)?;
+        let dir = FsPath::parse(&format!("agents/{agent_id}/sessions"))?;
+        let index = dir.join(INDEX_FILE)?;
+        Ok(SessionLog {
+            fs,
+            agent_id: agent_id.to_owned(),
+            dir,
+            index,
+            options,
+            writers: Arc::new(Mutex::new(HashMap::new())),
+            index_lock: Arc::new(tokio::sync::Mutex::new(())),
+        })
+    }
+
+    /// The agent id.
+    pub fn agent_id(&self) -> &str {
+        &self.agent_id
+    }
+
+    /// The directory holding the logs and the index.
+    pub fn dir(&self) -> &FsPath {
+        &self.dir
+    }
+
+    /// The path of a session's log (after validating the id).
+    pub fn log_path(&self, session_id: &str) -> Result<FsPath> {
+        validate_id("session id", session_id)?;
+        Ok(self.dir.join(&format!("{session_id}{LOG_SUFFIX}"))?)
+    }
+
+    /// The path of the index.
+    pub fn index_path(&self) -> &FsPath {
+        &self.index
+    }
+
+    fn now(&self) -> DateTime<Utc> {
+        (self.options.clock)()
+    }
+
+    fn writer(&self, session_id: &str) -> WriterSlot {
+        let mut map = match self.writers.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        map.entry(session_id.to_owned()).or_default().clone()
+    }
+
+    /// Appends `messages` of call `call_id` to the session's log as one append of whole
+    /// lines, and (by default) updates the index. Returns the sequence numbers written.
+    ///
+    /// Cost: one `stat` per call; the log is read (whole, as [`Filesystem`] has no byte-range
+    /// read) only the first time this `SessionLog` appends to the session, or when someone
+    /// else appended since.
+    ///
+    /// If the log append succeeded and only the index update failed, the error is
+    /// [`Error::IndexNotUpdated`] carrying the range written: do not append again.
+    pub async fn append_messages(
+        &self,
+        session_id: &str,
+        call_id: &str,
+        messages: &[Message],
+    ) -> Result<Range<u64>> {
+        let path = self.log_path(session_id)?;
+        let slot = self.writer(session_id);
+        let written = {
+            // Serialises the writers of this session in this process; an async mutex, so it
+            // may be held across the appends it exists to order.
+            let mut tail = slot.lock().await;
+            let size = match self.fs.stat(&path).await {
+                Ok(info) => Some(info.size),
+                Err(e) if e.is_not_found() => None,
+                Err(e) => return Err(e.into()),
+            };
+            let (next_seq, needs_newline) = match (*tail, size) {
+                (Some(t), Some(size)) if t.size == size => (t.next_seq, false),
+                (_, None) => (0, false),
+                (_, Some(_)) => self.recover(&path).await?,
+            };
+            if messages.is_empty() {
+                *tail = size.map(|size| Tail { next_seq, size });
+                return Ok(next_seq..next_seq);
+            }
+            let now = self.now();
+            let mut chunk = Vec::with_capacity(256 * messages.len());
+            if needs_newline {
+                chunk.push(b'\n');
+            }
+            for (i, message) in messages.iter().enumerate() {
+                let record = LogRecord::new(next_seq + i as u64, now, call_id, message.clone());
+                serde_json::to_writer(&mut chunk, &record).map_err(|e| Error::Corrupt {
+                    path: path.to_string(),
+                    reason: format!("cannot encode record: {e}"),
+                })?;
+                chunk.push(b'\n');
+            }
+            let added = chunk.len() as u64;
+            if let Err(e) = self.fs.append(&path, chunk).await {
+                // The append may or may not have landed: learn the truth next time.
+                *tail = None;
+                return Err(e.into());
+            }
+            let end = next_seq + messages.len() as u64;
+            *tail = Some(Tail {
+                next_seq: end,
+                size: size.unwrap_or(0) + added,
+            });
+            next_seq..end
+        };
+        if self.options.update_index {
+            let mut update = IndexUpdate::new()
+                .with_message_count_at_least(written.end)
+                .at(self.now());
+            if let Some(title) = title_candidate(messages) {
+                update = update.with_title_if_unset(title);
+            }
+            if let Err(e) = self.update_index(session_id, &update).await {
+                return Err(Error::IndexNotUpdated {
+                    written,
+                    source: Box::new(e),
+                });
+            }
+        }
+        Ok(written)
+    }
+
+    /// Reads the log to find the next sequence number and whether the file ends mid-line.
+    async fn recover(&self, path: &FsPath) -> Result<(u64, bool)> {
+        let data = match self.fs.read_bytes(path).await {
+            Ok(data) => data,
+            Err(e) if e.is_not_found() => return Ok((0, false)),
+            Err(e) => return Err(e.into()),
+        };
+        let needs_newline = data.last().is_some_and(|b| *b != b'\n');
+        let next = last_record(&data).map_or(0, |r| r.seq + 1);
+        if needs_newline {
+            tracing::warn!(path = %path, "session log ends with a torn line; it will be skipped");
+        }
+        Ok((next, needs_newline))
+    }
+
+    /// The records whose sequence numbers fall in `range`, ordered by sequence number.
+    /// `session_not_found` when the session has no log.
+    pub async fn read(
+        &self,
+        session_id: &str,
+        range: impl RangeBounds<u64>,
+    ) -> Result<Vec<LogRecord>> {
+        let parsed = self.load(session_id).await?;
+        let mut records: Vec<LogRecord> = parsed
+            .records
+            .into_iter()
+            .filter(|r| range.contains(&r.seq))
+            .collect();
+        records.sort_by_key(|r| r.seq);
+        Ok(records)
+    }
+
+    /// Up to `limit` records with `seq >= from_seq`, ordered by sequence number. A page
+    /// never splits records that share a number (possible only after a replica race), so
+    /// paging with [`LogPage::next_seq`] visits every record exactly once.
+    pub async fn read_page(
+        &self,
+        session_id: &str,
+        from_seq: u64,
+        limit: usize,
+    ) -> Result<LogPage> {
+        let parsed = self.load(session_id).await?;
+        let total_records = parsed.records.len();
+        let last_seq = parsed.records.iter().map(|r| r.seq).max();
+        let mut records: Vec<LogRecord> = parsed
+            .records
+            .into_iter()
+            .filter(|r| r.seq >= from_seq)
+            .collect();
+        records.sort_by_key(|r| r.seq);
+        let mut take = limit.max(1).min(records.len());
+        if let Some(boundary) = take.checked_sub(1).map(|i| records[i].seq) {
+            while take < records.len() && records[take].seq == boundary {
+                take += 1;
+            }
+        }
+        let next_seq = records.get(take).map(|r| r.seq);
+        records.truncate(take);
+        Ok(LogPage {
+            records,
+            next_seq,
+            last_seq,
+            total_records,
+            skipped_lines: parsed.skipped_lines,
+        })
+    }
+
+    async fn load(&self, session_id: &str) -> Result<crate::record::ParsedLog> {
+        let path = self.log_path(session_id)?;
+        let data = match self.fs.read_bytes(&path).await {
+            Ok(data) => data,
+            Err(e) if e.is_not_found() => {
+                return Err(Error::SessionNotFound {
+                    session_id: session_id.to_owned(),
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let parsed = parse_log(&data);
+        if parsed.skipped_lines > 0 {
+            tracing::warn!(path = %path, skipped = parsed.skipped_lines, "skipped unparsable session log lines");
+        }
+        Ok(parsed)
+    }
+
+    /// Whether the session has a log.
+    pub async fn exists(&self, session_id: &str) -> Result<bool> {
+        let path = self.log_path(session_id)?;
+        Ok(self.fs.exists(&path).await?)
+    }
+
+    /// Every session in the index, newest first (by `updated`, then id).
+    pub async fn list_sessions(&self) -> Result<Vec<SessionEntry>> {
+        let (index, _) = read_index(self.fs.as_ref(), &self.index).await?;
+        let mut entries: Vec<SessionEntry> = index.sessions.into_values().collect();
+        entries.sort_by(|a, b| b.updated.cmp(&a.updated).then_with(|| a.id.cmp(&b.id)));
+        Ok(entries)
+    }
+
+    /// The index entry of one session.
+    pub async fn session(&self, session_id: &str) -> Result<Option<SessionEntry>> {
+        validate_id("session id", session_id)?;
+        let (mut index, _) = read_index(self.fs.as_ref(), &self.index).await?;
+        Ok(index.sessions.remove(session_id))
+    }
+
+    /// Applies `update` to the session's index entry (creating it) by compare-and-set:
+    /// read → modify → write-if-match, retried on conflict up to
+    /// [`INDEX_CAS_ATTEMPTS`](crate::INDEX_CAS_ATTEMPTS) times. Returns the new entry.
+    pub async fn update_index(
+        &self,
+        session_id: &str,
+        update: &IndexUpdate,
+    ) -> Result<SessionEntry> {
+        validate_id("session id", session_id)?;
+        let now = self.now();
+        // Index updates from this process go one at a time (no self-inflicted conflicts);
+        // the compare-and-set protects against other processes.
+        let _guard = self.index_lock.lock().await;
+        let index = update_index_cas(self.fs.as_ref(), &self.index, |index| {
+            let entry = index.sessions.remove(session_id);
+            let entry = update.apply(session_id, entry, now);
+            index.sessions.insert(session_id.to_owned(), entry);
+        })
+        .await?;
+        index
+            .sessions
+            .get(session_id)
+            .cloned()
+            .ok_or_else(|| Error::Corrupt {
+                path: self.index.to_string(),
+                reason: "entry vanished after update".into(),
+            })
+    }
+
+    /// Rebuilds the index from the logs themselves (every `*.log.jsonl` in the directory is
+    /// read whole): repairs an index that is corrupt or missed updates. Existing titles are
+    /// kept. The new index is written by compare-and-set like any update.
+    pub async fn rebuild_index(&self) -> Result<Vec<SessionEntry>> {
+        let files = match self.fs.list(&self.dir).await {
+            Ok(files) => files,
+            Err(e) if e.is_not_found() => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        let mut rebuilt = IndexFile::default();
+        for file in files.iter().filter(|f| !f.is_dir()) {
+            let Some(session_id) = file.path.file_name().strip_suffix(LOG_SUFFIX) else {
+                continue;
+            };
+            if validate_id("session id", session_id).is_err() {
+                continue;
+            }
+            let parsed = self.load(session_id).await?;
+            let Some(first) = parsed.records.iter().map(|r| r.time).min() else {
+                continue;
+            };
+            let last = parsed.records.iter().map(|r| r.time).max().unwrap_or(first);
+            let next = parsed.records.iter().map(|r| r.seq + 1).max().unwrap_or(0);
+            let messages: Vec<Message> = parsed.records.into_iter().map(|r| r.message).collect();
+            let mut update = IndexUpdate::new()
+                .with_message_count_at_least(next)
+                .at(first);
+            if let Some(title) = title_candidate(&messages) {
+                update = update.with_title_if_unset(title);
+            }
+            let entry = update.apply(session_id, None, first);
+            let entry = IndexUpdate::new()
+                .at(last)
+                .apply(session_id, Some(entry), last);
+            rebuilt.sessions.insert(session_id.to_owned(), entry);
+        }
+        let path = self.index.clone();
+        let guard = self.index_lock.lock().await;
+        // A corrupt index is replaced (that is the point of a rebuild), by compare-and-set
+        // against the bytes we saw.
+        let current = match self.fs.read_bytes(&path).await {
+            Ok(bytes) => Some(bytes),
+            Err(e) if e.is_not_found() => None,
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(bytes) = &current
+            && let Ok(old) = serde_json::from_slice::<IndexFile>(bytes)
+        {
+            for (id, entry) in &mut rebuilt.sessions {
+                if let Some(old_entry) = old.sessions.get(id)
+                    && !old_entry.title.is_empty()
+                {
+                    entry.title.clone_from(&old_entry.title);
+                }
+            }
+        }
+        let mut bytes = serde_json::to_vec_pretty(&rebuilt).map_err(|e| Error::Corrupt {
+            path: path.to_string(),
+            reason: format!("cannot encode: {e}"),
+        })?;
+        bytes.push(b'\n');
+        let options = match &current {
+            Some(old) => WriteOptions::if_match(hame_fs::Version::of(old)),
+            None => WriteOptions::create_new(),
+        };
+        self.fs.write(&path, bytes, options).await?;
+        drop(guard);
+        self.list_sessions().await
+    }
+}

@@ -1,0 +1,480 @@
+//! The model-facing tools `session_list` and `session_history`.
+
+use std::fmt::{self, Write as _};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use hame_core::{
+    ContentBlock, RuntimeContext, Tool, ToolContext, ToolError, ToolOutput, TypedTool,
+};
+use hame_fs::Filesystem;
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use crate::error::Error;
+use crate::id::validate_id;
+use crate::log::{LogPage, SessionLog};
+use crate::record::{LogRecord, fmt_time};
+
+/// Hands a tool the filesystem of the tenant a call belongs to, so one tool instance serves
+/// many tenants. The filesystem is expected to be scoped already (its root is the tenant's
+/// namespace).
+#[async_trait]
+pub trait FsForContext: Send + Sync + fmt::Debug + 'static {
+    /// The tenant-scoped filesystem for this call.
+    async fn fs_for(&self, ctx: &RuntimeContext) -> Result<Arc<dyn Filesystem>, ToolError>;
+}
+
+#[async_trait]
+impl<T: FsForContext + ?Sized> FsForContext for Arc<T> {
+    async fn fs_for(&self, ctx: &RuntimeContext) -> Result<Arc<dyn Filesystem>, ToolError> {
+        (**self).fs_for(ctx).await
+    }
+}
+
+/// One filesystem for every call (single-tenant deployments, tests).
+#[derive(Debug, Clone)]
+pub struct FixedFs(pub Arc<dyn Filesystem>);
+
+#[async_trait]
+impl FsForContext for FixedFs {
+    async fn fs_for(&self, _ctx: &RuntimeContext) -> Result<Arc<dyn Filesystem>, ToolError> {
+        Ok(self.0.clone())
+    }
+}
+
+/// A provider from a closure (for example one that derives the tenant namespace from
+/// [`RuntimeContext::user_id`]).
+pub struct FsFn<F>(pub F);
+
+impl<F> fmt::Debug for FsFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FsFn(..)")
+    }
+}
+
+#[async_trait]
+impl<F> FsForContext for FsFn<F>
+where
+    F: Fn(&RuntimeContext) -> Result<Arc<dyn Filesystem>, ToolError> + Send + Sync + 'static,
+{
+    async fn fs_for(&self, ctx: &RuntimeContext) -> Result<Arc<dyn Filesystem>, ToolError> {
+        (self.0)(ctx)
+    }
+}
+
+/// Default number of sessions `session_list` shows.
+pub const DEFAULT_LIST_LIMIT: usize = 20;
+/// Most sessions `session_list` shows in one call.
+pub const MAX_LIST_LIMIT: usize = 100;
+/// Default number of records `session_history` shows.
+pub const DEFAULT_HISTORY_LIMIT: usize = 20;
+/// Most records `session_history` shows in one call.
+pub const MAX_HISTORY_LIMIT: usize = 100;
+/// Default cap on the characters shown per record by `session_history`.
+pub const DEFAULT_RECORD_CHARS: usize = 2_000;
+/// Highest per-record cap a model may ask `session_history` for.
+pub const MAX_RECORD_CHARS: usize = 20_000;
+
+/// Limits of the session tools. The defaults are the constants of this module.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SessionToolOptions {
+    /// Sessions `session_list` shows when the model gives no limit.
+    pub default_list_limit: usize,
+    /// Most sessions `session_list` shows.
+    pub max_list_limit: usize,
+    /// Records `session_history` shows when the model gives no limit.
+    pub default_history_limit: usize,
+    /// Most records `session_history` shows.
+    pub max_history_limit: usize,
+    /// Characters shown per record when the model gives no `max_chars`.
+    pub default_record_chars: usize,
+    /// Largest `max_chars` honoured.
+    pub max_record_chars: usize,
+}
+
+impl Default for SessionToolOptions {
+    fn default() -> Self {
+        SessionToolOptions {
+            default_list_limit: DEFAULT_LIST_LIMIT,
+            max_list_limit: MAX_LIST_LIMIT,
+            default_history_limit: DEFAULT_HISTORY_LIMIT,
+            max_history_limit: MAX_HISTORY_LIMIT,
+            default_record_chars: DEFAULT_RECORD_CHARS,
+            max_record_chars: MAX_RECORD_CHARS,
+        }
+    }
+}
+
+/// `session_list` and `session_history` for the agent `agent_id`.
+pub fn session_tools(
+    provider: Arc<dyn FsForContext>,
+    agent_id: &str,
+    options: SessionToolOptions,
+) -> crate::Result<Vec<Arc<dyn Tool>>> {
+    Ok(vec![
+        hame_core::typed(SessionListTool::new(
+            provider.clone(),
+            agent_id,
+            options.clone(),
+        )?),
+        hame_core::typed(SessionHistoryTool::new(provider, agent_id, options)?),
+    ])
+}
+
+async fn open_log(
+    provider: &dyn FsForContext,
+    agent_id: &str,
+    ctx: &ToolContext,
+) -> Result<SessionLog, ToolError> {
+    let fs = provider.fs_for(&ctx.runtime).await?;
+    Ok(SessionLog::new(fs, agent_id)?)
+}
+
+/// Arguments of `session_list`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionListArgs {
+    /// How many sessions to show, newest first (default 20, at most 100).
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// Lists this agent's sessions, newest first.
+#[derive(Debug)]
+pub struct SessionListTool {
+    provider: Arc<dyn FsForContext>,
+    agent_id: String,
+    options: SessionToolOptions,
+}
+
+impl SessionListTool {
+    /// The tool for `agent_id`.
+    pub fn new(
+        provider: Arc<dyn FsForContext>,
+        agent_id: &str,
+        options: SessionToolOptions,
+    ) -> crate::Result<Self> {
+        validate_id("agent id", agent_id)?;
+        Ok(SessionListTool {
+            provider,
+            agent_id: agent_id.to_owned(),
+            options,
+        })
+    }
+}
+
+#[async_trait]
+impl TypedTool for SessionListTool {
+    type Args = SessionListArgs;
+
+    fn name(&self) -> &str {
+        "session_list"
+    }
+
+    fn description(&self) -> String {
+        format!(
+            "List your past conversation sessions, newest first: id, title (the first user \
+             message), last update and message count. Use session_history with a session id \
+             to read one. Shows {} sessions by default, at most {}.",
+            self.options.default_list_limit, self.options.max_list_limit
+        )
+    }
+
+    async fn run(&self, args: SessionListArgs, ctx: &ToolContext) -> ToolOutput {
+        let log = open_log(self.provider.as_ref(), &self.agent_id, ctx).await?;
+        let limit = args
+            .limit
+            .unwrap_or(self.options.default_list_limit)
+            .clamp(1, self.options.max_list_limit.max(1));
+        let sessions = log.list_sessions().await?;
+        Ok(render_list(
+            &sessions,
+            limit,
+            &ctx.runtime.session_id,
+            self.options.max_list_limit,
+        ))
+    }
+}
+
+fn render_list(
+    sessions: &[crate::SessionEntry],
+    limit: usize,
+    current: &str,
+    max_limit: usize,
+) -> String {
+    if sessions.is_empty() {
+        return "No sessions have been recorded yet.".to_owned();
+    }
+    let shown = sessions.len().min(limit);
+    let mut out = format!("{} of {} sessions, newest first:\n", shown, sessions.len());
+    for s in &sessions[..shown] {
+        let title = if s.title.is_empty() {
+            "(no user message)".to_owned()
+        } else {
+            format!("{:?}", s.title)
+        };
+        let _ = write!(
+            out,
+            "- {} · {} · {} messages · updated {}",
+            s.id,
+            title,
+            s.message_count,
+            fmt_time(&s.updated)
+        );
+        if s.id == current {
+            out.push_str(" · current session");
+        }
+        out.push('\n');
+    }
+    if shown < sessions.len() {
+        if limit < max_limit {
+            let _ = writeln!(
+                out,
+                "{} older sessions not shown; call session_list with a larger limit (at most {max_limit}).",
+                sessions.len() - shown
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "{} older sessions not shown (at most {max_limit} are listed).",
+                sessions.len() - shown
+            );
+        }
+    }
+    out
+}
+
+/// Arguments of `session_history`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionHistoryArgs {
+    /// The session to read (from session_list). Default: the current session.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// First record number to show (records are numbered from 0). Default 0.
+    #[serde(default)]
+    pub from_seq: Option<u64>,
+    /// How many records to show (default 20, at most 100).
+    #[serde(default)]
+    pub limit: Option<usize>,
+    /// Characters shown per record before it is cut (default 2000, at most 20000).
+    #[serde(default)]
+    pub max_chars: Option<usize>,
+}
+
+/// Reads a session's full, never-compacted log, page by page.
+#[derive(Debug)]
+pub struct SessionHistoryTool {
+    provider: Arc<dyn FsForContext>,
+    agent_id: String,
+    options: SessionToolOptions,
+}
+
+impl SessionHistoryTool {
+    /// The tool for `agent_id`.
+    pub fn new(
+        provider: Arc<dyn FsForContext>,
+        agent_id: &str,
+        options: SessionToolOptions,
+    ) -> crate::Result<Self> {
+        validate_id("agent id", agent_id)?;
+        Ok(SessionHistoryTool {
+            provider,
+            agent_id: agent_id.to_owned(),
+            options,
+        })
+    }
+}
+
+#[async_trait]
+impl TypedTool for SessionHistoryTool {
+    type Args = SessionHistoryArgs;
+
+    fn name(&self) -> &str {
+        "session_history"
+    }
+
+    fn description(&self) -> String {
+        format!(
+            "Read the complete message history of a session (default: the current one), \
+             including tool calls and results that are no longer in your context. Records are \
+             numbered from 0; page with from_seq and limit (default {}, at most {}). Each \
+             record is cut after max_chars characters (default {}, at most {}).",
+            self.options.default_history_limit,
+            self.options.max_history_limit,
+            self.options.default_record_chars,
+            self.options.max_record_chars
+        )
+    }
+
+    async fn run(&self, args: SessionHistoryArgs, ctx: &ToolContext) -> ToolOutput {
+        let explicit = args.session_id.is_some();
+        let session_id = args
+            .session_id
+            .unwrap_or_else(|| ctx.runtime.session_id.clone());
+        validate_id("session id", &session_id)?;
+        let log = open_log(self.provider.as_ref(), &self.agent_id, ctx).await?;
+        let limit = args
+            .limit
+            .unwrap_or(self.options.default_history_limit)
+            .clamp(1, self.options.max_history_limit.max(1));
+        let max_chars = args
+            .max_chars
+            .unwrap_or(self.options.default_record_chars)
+            .clamp(100, self.options.max_record_chars.max(100));
+        let from = args.from_seq.unwrap_or(0);
+        let page = match log.read_page(&session_id, from, limit).await {
+            Ok(page) => page,
+            Err(Error::SessionNotFound { .. }) if !explicit => {
+                return Ok(format!(
+                    "Session {session_id} (the current session) has no recorded messages yet."
+                ));
+            }
+            Err(Error::SessionNotFound { .. }) => {
+                return Err(ToolError::new(
+                    crate::codes::SESSION_NOT_FOUND,
+                    format!(
+                        "there is no session {session_id:?}; call session_list to see the sessions"
+                    ),
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        Ok(render_history(
+            &session_id,
+            from,
+            &page,
+            &HistoryLimits {
+                max_chars,
+                max_record_chars: self.options.max_record_chars,
+            },
+        ))
+    }
+}
+
+struct HistoryLimits {
+    max_chars: usize,
+    max_record_chars: usize,
+}
+
+fn render_history(session_id: &str, from: u64, page: &LogPage, limits: &HistoryLimits) -> String {
+    let Some(last) = page.last_seq else {
+        return format!("Session {session_id} has no records.");
+    };
+    let mut out = String::new();
+    match (page.records.first(), page.records.last()) {
+        (Some(first), Some(end)) => {
+            let _ = writeln!(
+                out,
+                "Session {session_id}: records #{}–#{} (the log has {} records, #0–#{last}).",
+                first.seq, end.seq, page.total_records
+            );
+        }
+        _ => {
+            let _ = writeln!(
+                out,
+                "Session {session_id}: no records from #{from} on (the log has {} records, #0–#{last}).",
+                page.total_records
+            );
+            return out;
+        }
+    }
+    for record in &page.records {
+        out.push('\n');
+        render_record(&mut out, session_id, record, limits);
+    }
+    out.push('\n');
+    match page.next_seq {
+        Some(next) => {
+            let _ = writeln!(
+                out,
+                "More records follow: call session_history with session_id=\"{session_id}\", from_seq={next}."
+            );
+        }
+        None => out.push_str("End of session.\n"),
+    }
+    if page.skipped_lines > 0 {
+        let _ = writeln!(
+            out,
+            "({} damaged log lines were skipped.)",
+            page.skipped_lines
+        );
+    }
+    out
+}
+
+fn render_record(out: &mut String, session_id: &str, record: &LogRecord, limits: &HistoryLimits) {
+    let role = match record.role {
+        hame_core::Role::System => "system",
+        hame_core::Role::User => "user",
+        hame_core::Role::Assistant => "assistant",
+        hame_core::Role::Tool => "tool",
+    };
+    let _ = writeln!(
+        out,
+        "#{} · {} · {} · call {}",
+        record.seq,
+        fmt_time(&record.time),
+        role,
+        record.call_id
+    );
+    let mut body = String::new();
+    for block in &record.message.content {
+        if !body.is_empty() && !body.ends_with('\n') {
+            body.push('\n');
+        }
+        match block {
+            ContentBlock::Text { text } => body.push_str(text),
+            ContentBlock::Reasoning { text, .. } => {
+                let _ = write!(body, "[reasoning] {text}");
+            }
+            ContentBlock::ToolCall(call) => {
+                let _ = write!(
+                    body,
+                    "[tool call {} id={}] {}",
+                    call.name, call.id, call.arguments
+                );
+            }
+            ContentBlock::ToolResult(result) => {
+                let status = match (&result.code, result.is_error) {
+                    (Some(code), _) => format!(" error={code}"),
+                    (None, true) => " error".to_owned(),
+                    (None, false) => String::new(),
+                };
+                let _ = write!(
+                    body,
+                    "[tool result id={}{status}] {}",
+                    result.id, result.content
+                );
+            }
+        }
+    }
+    let total = body.chars().count();
+    if total <= limits.max_chars {
+        out.push_str(&body);
+        if !body.ends_with('\n') {
+            out.push('\n');
+        }
+        return;
+    }
+    let cut: String = body.chars().take(limits.max_chars).collect();
+    out.push_str(&cut);
+    if !cut.ends_with('\n') {
+        out.push('\n');
+    }
+    if limits.max_chars < limits.max_record_chars {
+        let _ = writeln!(
+            out,
+            "[record cut: {} of {total} characters shown; call session_history with session_id=\"{session_id}\", from_seq={}, limit=1, max_chars={} to see more]",
+            limits.max_chars, record.seq, limits.max_record_chars
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "[record cut: {} of {total} characters shown; this is the most the tool shows, the full record is kept in the session log]",
+            limits.max_chars
+        );
+    }
+}

@@ -1,0 +1,6 @@
+mod concurrency;
+mod helpers;
+mod index;
+mod log;
+mod remote;
+mod tools;
