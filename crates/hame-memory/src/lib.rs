@@ -14,3 +14,4 @@ pub use index::{
     DocumentInfo, Hit, InMemoryIndex, SearchIndex, SearchOptions, UpsertOutcome, content_hash,
 };
 pub use tokens::{EstimateCounter, TokenCounter, counter_for_model};
+pub mod compaction;

@@ -1,0 +1,961 @@
+//! Compaction: replacing the older part of a conversation with a model-written summary.
+//!
+//! The planning ([`plan_compaction`], [`plan_forced`]) and the rewrite ([`apply`]) are pure
+//! functions over `&[Message]`; [`Compactor`] adds the model call and the bookkeeping in
+//! `AgentState.extensions["compaction"]`, and [`CompactionMiddleware`] triggers it from the
+//! loop.
+//!
+//! # Invariants (property-tested)
+//! - A tool call and its result are never separated: both are summarised or both are kept.
+//! - A tool call without a result yet (in flight) is never summarised, nor is anything
+//!   after it.
+//! - The latest user request survives verbatim: if it falls in the summarised range it is
+//!   re-inserted, unchanged, right after the summary, so it stays the last user message.
+//! - System messages are never summarised: those in the range are kept verbatim, in order,
+//!   before the summary.
+//! - The summary is one user message starting with `[summary of messages #a..#b]`, where
+//!   `a..b` are session sequence numbers (see [`CompactionState`]), so the never-compacted
+//!   session log can be consulted for the details.
+//! - Atomic: if the model call fails or its text is unusable, the state is left exactly as
+//!   it was and an error is returned; no error text ever stands in for history.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use hame_core::{
+    AgentEvent, AgentState, CallCtx, ContentBlock, ErrorAction, Message, Middleware, Model,
+    ModelError, ModelParams, ModelRequest, Role, StopReason,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::tokens::{TokenCounter, message_tokens, request_tokens};
+
+/// Default: compact when the conversation has more than this many messages.
+pub const DEFAULT_MAX_MESSAGES: usize = 50;
+/// Default: keep at most this many recent messages verbatim.
+pub const DEFAULT_KEEP_RECENT_MESSAGES: usize = 20;
+/// Default tokens left free below the context window when the token trigger is derived
+/// from the window (room for the answer and the next tool results).
+pub const DEFAULT_RESERVE_TOKENS: u64 = 20_000;
+/// Bounds of the derived recent-tail token budget: `(window − reserve) / 4`, clamped.
+pub const DEFAULT_KEEP_TOKENS_BOUNDS: (u64, u64) = (2_000, 8_000);
+/// Default output budget of one summary call.
+pub const DEFAULT_SUMMARY_MAX_TOKENS: u32 = 4_096;
+/// Default cap on one tool result's text in the summariser's transcript (head and tail).
+pub const DEFAULT_TRANSCRIPT_RESULT_CHARS: usize = 2_000;
+/// Default cap on one tool call's arguments in the summariser's transcript.
+pub const DEFAULT_TRANSCRIPT_ARGS_CHARS: usize = 1_000;
+/// The key of [`CompactionState`] in `AgentState.extensions`.
+pub const EXTENSION_KEY: &str = "compaction";
+/// How many [`CompactionRecord`]s the state keeps.
+pub const MAX_HISTORY: usize = 100;
+/// Most rounds of merging partial summaries in a map-reduce summary.
+pub const MAX_REDUCE_ROUNDS: usize = 4;
+
+const MARKER_PREFIX: &str = "[summary of messages #";
+const SUMMARY_NOTE: &str = "The earlier part of this conversation was summarised to save \
+context. The complete messages are kept in the session log under these sequence numbers.";
+
+/// The system prompt of summary calls.
+pub const SUMMARY_SYSTEM_PROMPT: &str = "You write the working summary of an agent's \
+conversation. The summary replaces the messages it covers, so keep everything needed to \
+continue the work without redoing it, and nothing else.";
+
+/// The instructions of a summary call; the transcript follows them.
+pub const SUMMARY_PROMPT: &str = "Summarise the conversation below. Use these sections \
+(write \"None\" when a section is empty):\n\
+## Intent\nWhat the user wants overall, and the latest request.\n\
+## Progress\nWhat was done and found, decisions and their reasons, options rejected.\n\
+## Artifacts\nFiles, commands, URLs and identifiers touched, with what changed.\n\
+## Next steps\nWhat remains, in order.\n\
+Quote exact values (paths, numbers, names) rather than paraphrasing them. Answer with the \
+summary only.";
+
+/// The instructions for merging partial summaries of consecutive parts.
+pub const MERGE_PROMPT: &str = "Below are summaries of consecutive parts of one \
+conversation, oldest first. Merge them into one summary with the same sections (Intent, \
+Progress, Artifacts, Next steps); later parts override earlier ones where they conflict. \
+Answer with the summary only.";
+
+/// When to compact and how much to keep.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompactionPolicy {
+    /// Compact when there are more messages than this. Default [`DEFAULT_MAX_MESSAGES`].
+    pub max_messages: usize,
+    /// Keep at most this many recent messages verbatim. Default
+    /// [`DEFAULT_KEEP_RECENT_MESSAGES`].
+    pub keep_recent_messages: usize,
+    /// Keep at most this many tokens of recent messages verbatim (the smaller tail of this
+    /// and `keep_recent_messages` wins). `None` (default): derived by [`Compactor`] from the
+    /// model's window, `(window − reserve) / 4` clamped to [`DEFAULT_KEEP_TOKENS_BOUNDS`];
+    /// no token bound in the pure planner.
+    pub keep_recent_tokens: Option<u64>,
+    /// Compact when the prompt reaches this many tokens. `None` (default): derived by
+    /// [`Compactor`] from the model's window, `window − reserve_tokens`, at least half the
+    /// window; no token trigger in the pure planner.
+    pub trigger_tokens: Option<u64>,
+    /// Tokens kept free below the window by the derived trigger. Default
+    /// [`DEFAULT_RESERVE_TOKENS`].
+    pub reserve_tokens: u64,
+}
+
+impl Default for CompactionPolicy {
+    fn default() -> Self {
+        Self {
+            max_messages: DEFAULT_MAX_MESSAGES,
+            keep_recent_messages: DEFAULT_KEEP_RECENT_MESSAGES,
+            keep_recent_tokens: None,
+            trigger_tokens: None,
+            reserve_tokens: DEFAULT_RESERVE_TOKENS,
+        }
+    }
+}
+
+impl CompactionPolicy {
+    /// This policy with `None` budgets filled in from a context window.
+    pub fn resolved_for_window(&self, context_window: u64) -> Self {
+        let mut p = self.clone();
+        if p.trigger_tokens.is_none() && context_window > 0 {
+            p.trigger_tokens = Some(
+                context_window
+                    .saturating_sub(p.reserve_tokens)
+                    .max(context_window / 2),
+            );
+        }
+        if p.keep_recent_tokens.is_none() && context_window > 0 {
+            let (lo, hi) = DEFAULT_KEEP_TOKENS_BOUNDS;
+            p.keep_recent_tokens =
+                Some((context_window.saturating_sub(p.reserve_tokens) / 4).clamp(lo, hi));
+        }
+        p
+    }
+
+    /// Whether a conversation of `messages` messages and `tokens` prompt tokens must be
+    /// compacted.
+    pub fn triggers(&self, messages: usize, tokens: u64) -> bool {
+        messages > self.max_messages || self.trigger_tokens.is_some_and(|t| tokens >= t)
+    }
+}
+
+/// What to compact: computed by [`plan_compaction`], carried out by [`apply`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompactionPlan {
+    /// Indices of the messages replaced by the summary (always starts at 0).
+    pub range: Range<usize>,
+    /// System messages inside `range`, kept verbatim before the summary.
+    pub keep_system: Vec<usize>,
+    /// The latest user request, when inside `range`: kept verbatim after the summary.
+    pub keep_request: Option<usize>,
+    /// Tokens of all messages before compaction.
+    pub before_tokens: u64,
+    /// Tokens of the messages that will be summarised.
+    pub summarised_tokens: u64,
+}
+
+impl CompactionPlan {
+    /// Indices of the messages the summary replaces (the range minus kept messages).
+    pub fn summarised(&self) -> impl Iterator<Item = usize> + '_ {
+        self.range
+            .clone()
+            .filter(|i| !self.keep_system.contains(i) && self.keep_request != Some(*i))
+    }
+}
+
+/// An inclusive range of session sequence numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeqSpan {
+    /// First sequence number.
+    pub from: u64,
+    /// Last sequence number (inclusive).
+    pub to: u64,
+}
+
+impl SeqSpan {
+    /// A span of one message.
+    pub fn one(seq: u64) -> Self {
+        Self { from: seq, to: seq }
+    }
+}
+
+/// The text that starts every summary message.
+pub fn summary_marker(span: SeqSpan) -> String {
+    format!("{MARKER_PREFIX}{}..#{}]", span.from, span.to)
+}
+
+/// The sequence span a summary message replaced, if `message` is one.
+pub fn summary_span(message: &Message) -> Option<SeqSpan> {
+    if message.role != Role::User {
+        return None;
+    }
+    let ContentBlock::Text { text } = message.content.first()? else {
+        return None;
+    };
+    let rest = text.strip_prefix(MARKER_PREFIX)?;
+    let (range, _) = rest.split_once(']')?;
+    let (a, b) = range.split_once("..#")?;
+    Some(SeqSpan {
+        from: a.parse().ok()?,
+        to: b.parse().ok()?,
+    })
+}
+
+/// Whether `message` is a summary written by compaction.
+pub fn is_summary(message: &Message) -> bool {
+    summary_span(message).is_some()
+}
+
+/// The summary message for `span`.
+pub fn summary_message(span: SeqSpan, summary: &str) -> Message {
+    Message::user(format!(
+        "{}\n{SUMMARY_NOTE}\n\n{}",
+        summary_marker(span),
+        summary.trim()
+    ))
+}
+
+/// Index of the latest user request: the last user message that is not a summary.
+pub fn latest_request(messages: &[Message]) -> Option<usize> {
+    messages
+        .iter()
+        .rposition(|m| m.role == Role::User && !is_summary(m))
+}
+
+/// Plans a compaction if the policy triggers (message count, or `trigger_tokens` when set).
+pub fn plan_compaction(
+    messages: &[Message],
+    policy: &CompactionPolicy,
+    counter: &dyn TokenCounter,
+) -> Option<CompactionPlan> {
+    let tokens: u64 = messages.iter().map(|m| message_tokens(counter, m)).sum();
+    if !policy.triggers(messages.len(), tokens) {
+        return None;
+    }
+    plan_forced(messages, policy, counter)
+}
+
+/// Plans a compaction whatever the triggers say (e.g. after a context overflow). `None`
+/// when nothing can be summarised.
+pub fn plan_forced(
+    messages: &[Message],
+    policy: &CompactionPolicy,
+    counter: &dyn TokenCounter,
+) -> Option<CompactionPlan> {
+    let n = messages.len();
+    if n == 0 {
+        return None;
+    }
+    let tokens: Vec<u64> = messages.iter().map(|m| message_tokens(counter, m)).collect();
+
+    // Where each call and result is.
+    let mut calls: HashMap<&str, usize> = HashMap::new();
+    let mut results: HashMap<&str, usize> = HashMap::new();
+    for (i, m) in messages.iter().enumerate() {
+        for c in m.tool_calls() {
+            calls.entry(c.id.as_str()).or_insert(i);
+        }
+        for r in m.tool_results_iter() {
+            results.insert(r.id.as_str(), i);
+        }
+    }
+    // The cut may not pass the first call still in flight.
+    let mut limit = n;
+    // forbidden[c]: cutting before message c separates a call from its result.
+    let mut forbidden = vec![0i64; n + 2];
+    for (id, &ci) in &calls {
+        match results.get(id) {
+            Some(&ri) if ri > ci => {
+                forbidden[ci + 1] += 1;
+                forbidden[ri + 1] -= 1;
+            }
+            Some(_) => {}
+            None => limit = limit.min(ci),
+        }
+    }
+    // Results whose call comes later (malformed logs): never separate either.
+    for (id, &ri) in &results {
+        if let Some(&ci) = calls.get(id) {
+            if ci > ri {
+                forbidden[ri + 1] += 1;
+                forbidden[ci + 1] -= 1;
+            }
+        }
+    }
+    let mut depth = 0i64;
+    let valid: Vec<bool> = (0..=n)
+        .map(|c| {
+            depth += forbidden[c];
+            depth == 0
+        })
+        .collect();
+
+    // The desired cut: the smaller tail of the message and token budgets.
+    let mut desired = n.saturating_sub(policy.keep_recent_messages);
+    if let Some(budget) = policy.keep_recent_tokens {
+        let mut suffix = 0u64;
+        let mut c = n;
+        while c > 0 && suffix + tokens[c - 1] <= budget {
+            suffix += tokens[c - 1];
+            c -= 1;
+        }
+        desired = desired.max(c);
+    }
+    let desired = desired.min(limit);
+    let cut = (1..=desired)
+        .rev()
+        .find(|&c| valid[c])
+        .or_else(|| ((desired + 1)..=limit).find(|&c| valid[c]))?;
+
+    let keep_system: Vec<usize> = (0..cut)
+        .filter(|&i| messages[i].role == Role::System)
+        .collect();
+    let keep_request = latest_request(messages).filter(|&u| u < cut);
+    let summarised: Vec<usize> = (0..cut)
+        .filter(|i| !keep_system.contains(i) && keep_request != Some(*i))
+        .collect();
+    match summarised.as_slice() {
+        [] => return None,
+        [only] if is_summary(&messages[*only]) => return None,
+        _ => {}
+    }
+    Some(CompactionPlan {
+        range: 0..cut,
+        summarised_tokens: summarised.iter().map(|&i| tokens[i]).sum(),
+        keep_system,
+        keep_request,
+        before_tokens: tokens.iter().sum(),
+    })
+}
+
+/// Rewrites `messages` by `plan`: kept system messages, the summary (recording `span`),
+/// the latest request if it was in the range, then the kept tail.
+pub fn apply(
+    messages: &[Message],
+    plan: &CompactionPlan,
+    summary: &str,
+    span: SeqSpan,
+) -> Result<Vec<Message>> {
+    if plan.range.end > messages.len() || plan.range.start != 0 {
+        return Err(Error::InvalidInput(format!(
+            "plan range {:?} does not fit {} messages",
+            plan.range,
+            messages.len()
+        )));
+    }
+    if summary.trim().is_empty() {
+        return Err(Error::UnusableOutput {
+            purpose: "compaction",
+            reason: "the summary is empty".into(),
+        });
+    }
+    let mut out = Vec::with_capacity(messages.len() - plan.range.end + plan.keep_system.len() + 2);
+    out.extend(plan.keep_system.iter().map(|&i| messages[i].clone()));
+    out.push(summary_message(span, summary));
+    if let Some(u) = plan.keep_request {
+        out.push(messages[u].clone());
+    }
+    out.extend_from_slice(&messages[plan.range.end..]);
+    Ok(out)
+}
+
+/// One compaction, as recorded in [`CompactionState::history`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactionRecord {
+    /// First sequence number replaced.
+    pub from_seq: u64,
+    /// Last sequence number replaced.
+    pub to_seq: u64,
+    /// Message tokens before.
+    pub before_tokens: u64,
+    /// Message tokens after.
+    pub after_tokens: u64,
+    /// Model calls made for the summary (more than one when summarised in chunks).
+    pub model_calls: u32,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
+/// The compaction sub-state in `AgentState.extensions["compaction"]`: how the messages in
+/// the state map to session sequence numbers, and the history of compactions.
+///
+/// Sequence numbers count the messages appended to `AgentState.messages` over the life of
+/// the session, from 0 (the harness's session log numbers its entries the same way). Before
+/// any compaction message `i` has number `i`. After one, the first `head.len()` messages
+/// (kept system messages, the summary, the kept request) have the spans in `head`, and the
+/// messages after them are numbered consecutively from `tail_seq`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompactionState {
+    /// Spans of the first messages.
+    #[serde(default)]
+    pub head: Vec<SeqSpan>,
+    /// Sequence number of message `head.len()`.
+    #[serde(default)]
+    pub tail_seq: u64,
+    /// Past compactions, oldest first (at most [`MAX_HISTORY`]).
+    #[serde(default)]
+    pub history: Vec<CompactionRecord>,
+}
+
+impl CompactionState {
+    /// Reads the sub-state (default when absent or unreadable).
+    pub fn load(state: &AgentState) -> Self {
+        state.extension(EXTENSION_KEY).unwrap_or_default()
+    }
+
+    /// Stores the sub-state.
+    pub fn store(&self, state: &mut AgentState) -> Result<()> {
+        state
+            .set_extension(EXTENSION_KEY, self)
+            .map_err(|source| Error::State {
+                key: EXTENSION_KEY,
+                source,
+            })
+    }
+
+    /// The sequence span of message `index`.
+    pub fn span_of(&self, index: usize) -> SeqSpan {
+        match self.head.get(index) {
+            Some(s) => *s,
+            None => SeqSpan::one(self.tail_seq + (index - self.head.len()) as u64),
+        }
+    }
+
+    /// The sequence span covered by `range` (non-empty).
+    pub fn range_span(&self, range: &Range<usize>) -> SeqSpan {
+        let end = range.end.max(range.start + 1) - 1;
+        SeqSpan {
+            from: self.span_of(range.start).from,
+            to: self.span_of(end).to,
+        }
+    }
+
+    /// The sequence number the next appended message will get.
+    pub fn next_seq(&self, messages: usize) -> u64 {
+        self.tail_seq + messages.saturating_sub(self.head.len()) as u64
+    }
+
+    /// The state after applying `plan` to `messages` (message count `n`).
+    pub fn after(&self, plan: &CompactionPlan, n: usize, span: SeqSpan) -> Self {
+        let mut spans: Vec<SeqSpan> = plan.keep_system.iter().map(|&i| self.span_of(i)).collect();
+        spans.push(span);
+        if let Some(u) = plan.keep_request {
+            spans.push(self.span_of(u));
+        }
+        spans.extend((plan.range.end..n).map(|i| self.span_of(i)));
+        let next = self.next_seq(n);
+        // The head ends where the rest is singletons numbered consecutively to the end.
+        let mut k = spans.len();
+        while k > 0 {
+            let s = spans[k - 1];
+            let expected = if k == spans.len() {
+                next - 1
+            } else {
+                spans[k].from - 1
+            };
+            if s.from == s.to && s.from == expected {
+                k -= 1;
+            } else {
+                break;
+            }
+        }
+        let tail_seq = spans.get(k).map_or(next, |s| s.from);
+        spans.truncate(k);
+        Self {
+            head: spans,
+            tail_seq,
+            history: self.history.clone(),
+        }
+    }
+}
+
+/// Settings of a [`Compactor`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompactorConfig {
+    /// Triggers and tail sizes.
+    pub policy: CompactionPolicy,
+    /// Output budget of each summary call. Default [`DEFAULT_SUMMARY_MAX_TOKENS`].
+    pub summary_max_tokens: u32,
+    /// Largest transcript (tokens) sent in one summary call; longer ones are summarised in
+    /// chunks and merged. `None` (default): half the summary model's context window.
+    pub summary_input_tokens: Option<u64>,
+    /// Cap on one tool result in the transcript (characters, head and tail kept).
+    pub transcript_result_chars: usize,
+    /// Cap on one tool call's arguments in the transcript (characters).
+    pub transcript_args_chars: usize,
+    /// Instructions of a summary call. Default [`SUMMARY_PROMPT`].
+    pub summary_prompt: String,
+    /// Instructions of a merge call. Default [`MERGE_PROMPT`].
+    pub merge_prompt: String,
+}
+
+impl Default for CompactorConfig {
+    fn default() -> Self {
+        Self {
+            policy: CompactionPolicy::default(),
+            summary_max_tokens: DEFAULT_SUMMARY_MAX_TOKENS,
+            summary_input_tokens: None,
+            transcript_result_chars: DEFAULT_TRANSCRIPT_RESULT_CHARS,
+            transcript_args_chars: DEFAULT_TRANSCRIPT_ARGS_CHARS,
+            summary_prompt: SUMMARY_PROMPT.to_owned(),
+            merge_prompt: MERGE_PROMPT.to_owned(),
+        }
+    }
+}
+
+/// What a compaction did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompactionReport {
+    /// First sequence number replaced.
+    pub from_seq: u64,
+    /// Last sequence number replaced.
+    pub to_seq: u64,
+    /// Message tokens before.
+    pub before_tokens: u64,
+    /// Message tokens after.
+    pub after_tokens: u64,
+    /// Messages replaced by the summary.
+    pub summarised_messages: usize,
+    /// Model calls made (1, or more for a chunked summary).
+    pub model_calls: u32,
+}
+
+/// Summarises and rewrites an [`AgentState`]'s conversation. See the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct Compactor {
+    config: CompactorConfig,
+    counter: Arc<dyn TokenCounter>,
+}
+
+/// Keeps the head and tail of `text` within `max` characters.
+pub(crate) fn clip_middle(text: &str, max: usize) -> String {
+    let n = text.chars().count();
+    if n <= max {
+        return text.to_owned();
+    }
+    let head: String = text.chars().take(max / 2).collect();
+    let tail: String = text.chars().skip(n - max / 2).collect();
+    format!("{head}\n…[{} characters omitted]…\n{tail}", n - max)
+}
+
+impl Compactor {
+    /// A compactor counting tokens with `counter`.
+    pub fn new(config: CompactorConfig, counter: Arc<dyn TokenCounter>) -> Self {
+        Self { config, counter }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &CompactorConfig {
+        &self.config
+    }
+
+    /// The token counter.
+    pub fn counter(&self) -> &Arc<dyn TokenCounter> {
+        &self.counter
+    }
+
+    /// The policy resolved for a model's context window.
+    pub fn policy_for(&self, model: &dyn Model) -> CompactionPolicy {
+        self.config
+            .policy
+            .resolved_for_window(model.info().context_window)
+    }
+
+    /// Renders messages as the summariser's transcript, one entry per message.
+    pub fn transcript(&self, messages: &[Message], seqs: &CompactionState) -> Vec<String> {
+        messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let span = seqs.span_of(i);
+                if let Some(s) = summary_span(m) {
+                    return format!(
+                        "#{}..#{} earlier summary:\n{}",
+                        s.from,
+                        s.to,
+                        m.text_content()
+                    );
+                }
+                let who = match m.role {
+                    Role::System => "system",
+                    Role::User => "user",
+                    Role::Assistant => "assistant",
+                    Role::Tool => "tool",
+                };
+                let mut parts = Vec::new();
+                for b in &m.content {
+                    match b {
+                        ContentBlock::Text { text } => parts.push(text.clone()),
+                        ContentBlock::Reasoning { .. } => {}
+                        ContentBlock::ToolCall(c) => parts.push(format!(
+                            "[call {} {}({})]",
+                            c.id,
+                            c.name,
+                            clip_middle(&c.arguments, self.config.transcript_args_chars)
+                        )),
+                        ContentBlock::ToolResult(r) => parts.push(format!(
+                            "[result of {}{}]\n{}",
+                            r.id,
+                            if r.is_error { " (error)" } else { "" },
+                            clip_middle(&r.content, self.config.transcript_result_chars)
+                        )),
+                    }
+                }
+                format!("#{} {who}: {}", span.from, parts.join("\n"))
+            })
+            .collect()
+    }
+
+    /// Compacts `state` now (as after a context overflow), ignoring the triggers.
+    /// `Ok(None)` when there is nothing to summarise. On error the state is unchanged.
+    pub async fn compact(
+        &self,
+        state: &mut AgentState,
+        model: &Arc<dyn Model>,
+    ) -> Result<Option<CompactionReport>> {
+        let policy = self.policy_for(model.as_ref());
+        match plan_forced(&state.messages, &policy, self.counter.as_ref()) {
+            Some(plan) => self.run(state, model, plan).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Compacts `state` if the policy triggers on its messages.
+    pub async fn compact_if_needed(
+        &self,
+        state: &mut AgentState,
+        model: &Arc<dyn Model>,
+    ) -> Result<Option<CompactionReport>> {
+        let policy = self.policy_for(model.as_ref());
+        match plan_compaction(&state.messages, &policy, self.counter.as_ref()) {
+            Some(plan) => self.run(state, model, plan).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Carries out a plan: summary call(s), then the rewrite. Atomic.
+    pub async fn run(
+        &self,
+        state: &mut AgentState,
+        model: &Arc<dyn Model>,
+        plan: CompactionPlan,
+    ) -> Result<CompactionReport> {
+        let seqs = CompactionState::load(state);
+        let span = seqs.range_span(&plan.range);
+        let transcript = self.transcript(&state.messages[plan.range.clone()], &seqs);
+        let entries: Vec<String> = plan
+            .range
+            .clone()
+            .zip(transcript)
+            .filter(|(i, _)| !plan.keep_system.contains(i))
+            .map(|(i, t)| {
+                if plan.keep_request == Some(i) {
+                    format!("{t}\n(this is the latest request; it stays verbatim after the summary)")
+                } else {
+                    t
+                }
+            })
+            .collect();
+        let (summary, calls) = self.summarise(model, entries).await?;
+        let summary_tokens = self.counter.count(&summary);
+        if summary_tokens >= plan.summarised_tokens.max(1) && plan.summarised_tokens > 200 {
+            return Err(Error::UnusableOutput {
+                purpose: "compaction",
+                reason: format!(
+                    "the summary ({summary_tokens} tokens) is not shorter than what it replaces ({} tokens)",
+                    plan.summarised_tokens
+                ),
+            });
+        }
+        let messages = apply(&state.messages, &plan, &summary, span)?;
+        let after_tokens: u64 = messages
+            .iter()
+            .map(|m| message_tokens(self.counter.as_ref(), m))
+            .sum();
+        let mut next = seqs.after(&plan, state.messages.len(), span);
+        next.history.push(CompactionRecord {
+            from_seq: span.from,
+            to_seq: span.to,
+            before_tokens: plan.before_tokens,
+            after_tokens,
+            model_calls: calls,
+            at: Utc::now(),
+        });
+        if next.history.len() > MAX_HISTORY {
+            let extra = next.history.len() - MAX_HISTORY;
+            next.history.drain(..extra);
+        }
+        // Store the bookkeeping first: if that fails nothing has changed.
+        next.store(state)?;
+        state.messages = messages;
+        tracing::info!(
+            from_seq = span.from,
+            to_seq = span.to,
+            before_tokens = plan.before_tokens,
+            after_tokens,
+            model_calls = calls,
+            "conversation compacted"
+        );
+        Ok(CompactionReport {
+            from_seq: span.from,
+            to_seq: span.to,
+            before_tokens: plan.before_tokens,
+            after_tokens,
+            summarised_messages: plan.summarised().count(),
+            model_calls: calls,
+        })
+    }
+
+    fn input_budget(&self, model: &dyn Model) -> u64 {
+        let window = model.info().context_window;
+        let budget = self.config.summary_input_tokens.unwrap_or(window / 2);
+        let overhead = self.counter.count(SUMMARY_SYSTEM_PROMPT)
+            + self.counter.count(&self.config.summary_prompt)
+            + u64::from(self.config.summary_max_tokens);
+        budget.saturating_sub(overhead).max(1_000)
+    }
+
+    /// Summarises transcript entries, in chunks when they exceed the input budget, and
+    /// merges partial summaries. Returns the summary and the number of model calls.
+    async fn summarise(&self, model: &Arc<dyn Model>, entries: Vec<String>) -> Result<(String, u32)> {
+        let budget = self.input_budget(model.as_ref());
+        let mut calls = 0u32;
+        let chunks = self.pack(entries, budget);
+        if chunks.len() == 1 {
+            let text = chunks.concat();
+            let s = self.call(model, &self.config.summary_prompt, &text).await?;
+            return Ok((s, 1));
+        }
+        let total = chunks.len();
+        let mut partials = Vec::with_capacity(total);
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let prompt = format!(
+                "{}\n\nThis is part {} of {total} of the conversation.",
+                self.config.summary_prompt,
+                i + 1
+            );
+            partials.push(self.call(model, &prompt, &chunk).await?);
+            calls += 1;
+        }
+        for _ in 0..MAX_REDUCE_ROUNDS {
+            let labelled: Vec<String> = partials
+                .iter()
+                .enumerate()
+                .map(|(i, p)| format!("### Part {}\n{p}\n\n", i + 1))
+                .collect();
+            let groups = self.pack(labelled, budget);
+            let mut merged = Vec::with_capacity(groups.len());
+            for g in &groups {
+                merged.push(self.call(model, &self.config.merge_prompt, g).await?);
+                calls += 1;
+            }
+            if merged.len() == 1 {
+                return Ok((merged.concat(), calls));
+            }
+            partials = merged;
+        }
+        Err(Error::UnusableOutput {
+            purpose: "compaction",
+            reason: format!(
+                "partial summaries still exceed the input budget after {MAX_REDUCE_ROUNDS} merge rounds"
+            ),
+        })
+    }
+
+    /// Packs entries into chunks of at most `budget` tokens; an entry larger than the
+    /// budget is clipped to fit.
+    fn pack(&self, entries: Vec<String>, budget: u64) -> Vec<String> {
+        let mut chunks = Vec::new();
+        let mut cur = String::new();
+        let mut cur_tokens = 0u64;
+        for mut e in entries {
+            let mut t = self.counter.count(&e) + 1;
+            if t > budget {
+                // Shrink by the ratio until it fits (at most a few rounds).
+                for _ in 0..8 {
+                    let chars = e.chars().count();
+                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+                    let keep = ((chars as f64) * (budget as f64 / t as f64) * 0.9) as usize;
+                    e = clip_middle(&e, keep.max(100));
+                    t = self.counter.count(&e) + 1;
+                    if t <= budget {
+                        break;
+                    }
+                }
+            }
+            if cur_tokens + t > budget && !cur.is_empty() {
+                chunks.push(std::mem::take(&mut cur));
+                cur_tokens = 0;
+            }
+            cur.push_str(&e);
+            cur.push_str("\n\n");
+            cur_tokens += t;
+        }
+        if !cur.is_empty() || chunks.is_empty() {
+            chunks.push(cur);
+        }
+        chunks
+    }
+
+    async fn call(&self, model: &Arc<dyn Model>, prompt: &str, transcript: &str) -> Result<String> {
+        let request = ModelRequest {
+            system: SUMMARY_SYSTEM_PROMPT.to_owned(),
+            messages: vec![Message::user(format!("{prompt}\n\n---\n\n{transcript}"))],
+            tools: Vec::new(),
+            params: ModelParams {
+                temperature: None,
+                max_tokens: Some(self.config.summary_max_tokens),
+            },
+        };
+        let response = model
+            .complete(request)
+            .await
+            .map_err(|source| Error::Model {
+                purpose: "compaction",
+                source,
+            })?;
+        if response.stop_reason == Some(StopReason::MaxTokens) {
+            return Err(Error::UnusableOutput {
+                purpose: "compaction",
+                reason: "the summary was cut off at the output limit".into(),
+            });
+        }
+        if response.message.has_tool_calls() {
+            return Err(Error::UnusableOutput {
+                purpose: "compaction",
+                reason: "the model called a tool instead of writing a summary".into(),
+            });
+        }
+        let text = response.message.text_content().trim().to_owned();
+        if text.is_empty() {
+            return Err(Error::UnusableOutput {
+                purpose: "compaction",
+                reason: "the summary is empty".into(),
+            });
+        }
+        Ok(text)
+    }
+}
+
+/// Triggers compaction from the loop: before a model request when the policy triggers (by
+/// message count or by the request's estimated tokens), and after a context overflow
+/// (compacts and asks the loop to retry; the loop bounds the retries).
+///
+/// Emits [`AgentEvent::Compaction`] with the request's estimated tokens before and after.
+/// A failed compaction before a request is logged, reported as a `compaction.failed`
+/// custom event, and the request goes ahead uncompacted.
+pub struct CompactionMiddleware {
+    compactor: Arc<Compactor>,
+    model: Arc<dyn Model>,
+}
+
+impl fmt::Debug for CompactionMiddleware {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CompactionMiddleware")
+            .field("compactor", &self.compactor)
+            .field("model", &self.model.info().model)
+            .finish()
+    }
+}
+
+impl CompactionMiddleware {
+    /// A middleware summarising with `model` (usually the agent's own model, or a cheaper
+    /// one with a window at least as large).
+    pub fn new(compactor: Arc<Compactor>, model: Arc<dyn Model>) -> Self {
+        Self { compactor, model }
+    }
+
+    fn report(cx: &CallCtx<'_>, r: &CompactionReport, before: u64, after: u64) {
+        cx.events.emit(AgentEvent::Compaction {
+            before_tokens: before,
+            after_tokens: after,
+            from_seq: r.from_seq,
+            to_seq: r.to_seq,
+        });
+    }
+}
+
+#[async_trait]
+impl Middleware for CompactionMiddleware {
+    fn name(&self) -> &str {
+        "compaction"
+    }
+
+    async fn on_model_request(
+        &self,
+        cx: &mut CallCtx<'_>,
+        request: &mut ModelRequest,
+    ) -> std::result::Result<(), hame_core::Error> {
+        let counter = self.compactor.counter().as_ref();
+        let policy = self.compactor.policy_for(self.model.as_ref());
+        let before = request_tokens(counter, &request.system, &request.messages, &request.tools);
+        if !policy.triggers(cx.state.messages.len(), before) {
+            return Ok(());
+        }
+        let Some(plan) = plan_forced(&cx.state.messages, &policy, counter) else {
+            return Ok(());
+        };
+        let old = cx.state.messages.clone();
+        match self.compactor.run(cx.state, &self.model, plan).await {
+            Ok(report) => {
+                // Keep what earlier middleware appended to the request after the state.
+                let extra = if request.messages.len() >= old.len()
+                    && request.messages[..old.len()] == old[..]
+                {
+                    request.messages.split_off(old.len())
+                } else {
+                    tracing::warn!("request messages differ from the state; rebuilt from the state");
+                    Vec::new()
+                };
+                request.messages = cx.state.messages.clone();
+                request.messages.extend(extra);
+                let after =
+                    request_tokens(counter, &request.system, &request.messages, &request.tools);
+                Self::report(cx, &report, before, after);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "compaction failed; continuing uncompacted");
+                cx.events.emit(AgentEvent::Custom {
+                    kind: "compaction.failed".into(),
+                    data: serde_json::json!({ "error": e.to_string() }),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn on_model_error(
+        &self,
+        cx: &mut CallCtx<'_>,
+        error: &ModelError,
+    ) -> std::result::Result<ErrorAction, hame_core::Error> {
+        if !error.is_context_overflow() {
+            return Ok(ErrorAction::Propagate);
+        }
+        let counter = self.compactor.counter().as_ref();
+        let before = crate::tokens::messages_tokens(counter, &cx.state.messages);
+        match self.compactor.compact(cx.state, &self.model).await {
+            Ok(Some(report)) => {
+                let after = crate::tokens::messages_tokens(counter, &cx.state.messages);
+                Self::report(cx, &report, before, after);
+                Ok(ErrorAction::Retry)
+            }
+            Ok(None) => Ok(ErrorAction::Propagate),
+            Err(e) => {
+                tracing::warn!(error = %e, "compaction after context overflow failed");
+                cx.events.emit(AgentEvent::Custom {
+                    kind: "compaction.failed".into(),
+                    data: serde_json::json!({ "error": e.to_string() }),
+                });
+                Ok(ErrorAction::Propagate)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "compaction_tests.rs"]
+mod tests;

@@ -1,0 +1,563 @@
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+use crate::tokens::EstimateCounter;
+use hame_core::test_support::{Reply, ScriptedModel};
+use hame_core::{AgentLoop, EventSink, RuntimeContext, ToolCall, ToolResult};
+use pretty_assertions::assert_eq;
+use proptest::prelude::*;
+
+fn call(id: &str) -> ToolCall {
+    ToolCall {
+        id: id.into(),
+        name: "read_file".into(),
+        arguments: format!("{{\"path\":\"{id}.txt\"}}"),
+    }
+}
+
+fn assistant_calls(ids: &[&str]) -> Message {
+    Message {
+        role: Role::Assistant,
+        content: ids
+            .iter()
+            .map(|id| ContentBlock::ToolCall(call(id)))
+            .collect(),
+        usage: None,
+    }
+}
+
+fn results(ids: &[&str]) -> Message {
+    Message::tool_results(
+        ids.iter()
+            .map(|id| ToolResult {
+                id: (*id).into(),
+                content: format!("contents of {id}"),
+                is_error: false,
+                code: None,
+            })
+            .collect(),
+    )
+}
+
+fn counter() -> EstimateCounter {
+    EstimateCounter
+}
+
+fn policy(keep: usize) -> CompactionPolicy {
+    CompactionPolicy {
+        max_messages: 4,
+        keep_recent_messages: keep,
+        ..CompactionPolicy::default()
+    }
+}
+
+#[test]
+fn no_plan_below_the_trigger() {
+    let msgs = vec![Message::user("a"), Message::assistant("b")];
+    assert_eq!(plan_compaction(&msgs, &policy(1), &counter()), None);
+    let p = CompactionPolicy {
+        trigger_tokens: Some(1),
+        ..policy(1)
+    };
+    assert!(plan_compaction(&msgs, &p, &counter()).is_none(), "only one message to summarise");
+}
+
+#[test]
+fn cut_moves_back_to_keep_a_call_with_its_result() {
+    let msgs = vec![
+        Message::user("first"),
+        Message::assistant("ok"),
+        Message::user("read a"),
+        assistant_calls(&["a"]),
+        results(&["a"]),
+        Message::assistant("done"),
+    ];
+    // keep 2 would cut between the call (3) and its result (4): the cut moves to 3.
+    let plan = plan_forced(&msgs, &policy(2), &counter()).unwrap();
+    assert_eq!(plan.range, 0..3);
+    assert_eq!(plan.keep_request, Some(2));
+    let out = apply(&msgs, &plan, "S", SeqSpan { from: 0, to: 2 }).unwrap();
+    assert_eq!(out.len(), 5);
+    assert_eq!(summary_span(&out[0]), Some(SeqSpan { from: 0, to: 2 }));
+    assert_eq!(out[1], msgs[2]);
+    assert_eq!(&out[2..], &msgs[3..]);
+}
+
+#[test]
+fn in_flight_calls_are_never_compacted() {
+    let msgs = vec![
+        Message::user("one"),
+        Message::assistant("two"),
+        Message::user("three"),
+        assistant_calls(&["x"]),
+        Message::assistant("four"),
+        Message::assistant("five"),
+    ];
+    let plan = plan_forced(&msgs, &policy(0), &counter()).unwrap();
+    assert_eq!(plan.range, 0..3);
+}
+
+#[test]
+fn system_messages_are_kept_verbatim() {
+    let msgs = vec![
+        Message::system("rules"),
+        Message::user("u1"),
+        Message::assistant("a1"),
+        Message::system("more rules"),
+        Message::user("u2"),
+        Message::assistant("a2"),
+    ];
+    let plan = plan_forced(&msgs, &policy(1), &counter()).unwrap();
+    assert_eq!(plan.range, 0..5);
+    assert_eq!(plan.keep_system, vec![0, 3]);
+    let out = apply(&msgs, &plan, "sum", SeqSpan { from: 0, to: 4 }).unwrap();
+    assert_eq!(
+        out.iter().map(|m| m.role).collect::<Vec<_>>(),
+        vec![Role::System, Role::System, Role::User, Role::User, Role::Assistant]
+    );
+    assert_eq!(out[3], msgs[4]);
+}
+
+#[test]
+fn keep_tokens_bounds_the_tail() {
+    let big = "word ".repeat(400);
+    let msgs: Vec<Message> = (0..10)
+        .map(|i| {
+            if i % 2 == 0 {
+                Message::user(format!("{i} {big}"))
+            } else {
+                Message::assistant(format!("{i} {big}"))
+            }
+        })
+        .collect();
+    let p = CompactionPolicy {
+        keep_recent_tokens: Some(500),
+        ..policy(8)
+    };
+    let plan = plan_forced(&msgs, &p, &counter()).unwrap();
+    assert_eq!(plan.range, 0..9, "each message is ~400 tokens: only the last fits");
+    assert_eq!(plan.keep_request, Some(8));
+}
+
+#[test]
+fn summary_marker_round_trip() {
+    let m = summary_message(SeqSpan { from: 3, to: 17 }, "  text ");
+    assert_eq!(summary_span(&m), Some(SeqSpan { from: 3, to: 17 }));
+    assert!(m.text_content().starts_with("[summary of messages #3..#17]\n"));
+    assert!(m.text_content().ends_with("\n\ntext"));
+    assert_eq!(summary_span(&Message::user("[summary of messages #x..#2]")), None);
+    assert_eq!(summary_span(&Message::assistant("[summary of messages #1..#2]")), None);
+}
+
+#[test]
+fn policy_resolves_from_the_window() {
+    let p = CompactionPolicy::default().resolved_for_window(128_000);
+    assert_eq!(p.trigger_tokens, Some(108_000));
+    assert_eq!(p.keep_recent_tokens, Some(8_000));
+    let small = CompactionPolicy::default().resolved_for_window(30_000);
+    assert_eq!(small.trigger_tokens, Some(15_000));
+    assert_eq!(small.keep_recent_tokens, Some(2_500));
+}
+
+fn long_conversation(turns: usize) -> Vec<Message> {
+    let mut msgs = Vec::new();
+    for t in 0..turns {
+        msgs.push(Message::user(format!("request {t}")));
+        let id = format!("c{t}");
+        msgs.push(assistant_calls(&[id.as_str()]));
+        msgs.push(results(&[id.as_str()]));
+        msgs.push(Message::assistant(format!("answer {t}")));
+    }
+    msgs
+}
+
+fn model(replies: Vec<Reply>) -> (ScriptedModel, Arc<dyn Model>) {
+    let m = ScriptedModel::new(replies);
+    (m.clone(), Arc::new(m))
+}
+
+fn compactor(config: CompactorConfig) -> Compactor {
+    Compactor::new(config, Arc::new(EstimateCounter))
+}
+
+#[tokio::test]
+async fn compact_replaces_history_and_records_sequence_numbers() -> Result<()> {
+    let (scripted, m) = model(vec![Reply::text("## Intent\nfirst summary")]);
+    let c = compactor(CompactorConfig {
+        policy: policy(4),
+        ..CompactorConfig::default()
+    });
+    let mut state = AgentState {
+        messages: long_conversation(5),
+        ..AgentState::default()
+    };
+    let report = c.compact(&mut state, &m).await?.unwrap();
+    assert_eq!((report.from_seq, report.to_seq), (0, 15));
+    assert_eq!(state.messages.len(), 5);
+    assert_eq!(summary_span(&state.messages[0]), Some(SeqSpan { from: 0, to: 15 }));
+    assert!(state.messages[0].text_content().ends_with("first summary"));
+    let cs = CompactionState::load(&state);
+    assert_eq!(cs.head, vec![SeqSpan { from: 0, to: 15 }]);
+    assert_eq!(cs.tail_seq, 16);
+    assert_eq!(cs.history.len(), 1);
+    // The summariser saw the transcript with sequence numbers and no system prompt leak.
+    let req = &scripted.requests()[0];
+    assert_eq!(req.system, SUMMARY_SYSTEM_PROMPT);
+    assert!(req.tools.is_empty());
+    let text = req.messages[0].text_content();
+    assert!(text.contains("#0 user: request 0"));
+    assert!(text.contains("[call c0 read_file({\"path\":\"c0.txt\"})]"));
+    assert!(text.contains("#15 assistant: answer 3"));
+    assert!(!text.contains("request 4"));
+
+    // Second, chained compaction: the earlier summary is summarised again.
+    state.messages.extend(long_conversation(2));
+    scripted.push(Reply::text("second summary"));
+    let report = c.compact(&mut state, &m).await?.unwrap();
+    // 13 messages (#0..#15 summary, #16..#27), keep 4: #0..#23 are replaced.
+    assert_eq!((report.from_seq, report.to_seq), (0, 23));
+    assert_eq!(summary_span(&state.messages[0]), Some(SeqSpan { from: 0, to: 23 }));
+    let text = scripted.requests()[1].messages[0].text_content();
+    assert!(text.contains("#0..#15 earlier summary:"));
+    assert!(text.contains("#16 user: request 4"));
+    let cs = CompactionState::load(&state);
+    assert_eq!(cs.tail_seq, 24);
+    assert_eq!(cs.next_seq(state.messages.len()), 28);
+    assert_eq!(cs.history.len(), 2);
+    Ok(())
+}
+
+#[tokio::test]
+async fn failed_or_empty_summary_leaves_state_unchanged() -> Result<()> {
+    let c = compactor(CompactorConfig {
+        policy: policy(2),
+        ..CompactorConfig::default()
+    });
+    let original = AgentState {
+        messages: long_conversation(3),
+        ..AgentState::default()
+    };
+    for reply in [
+        Reply::Fail(ModelError::Transport {
+            message: "reset".into(),
+            source: None,
+        }),
+        Reply::text("   \n "),
+        Reply::tools(&[call("zz")]),
+        Reply::Events(vec![
+            hame_core::ModelEvent::TextDelta("partial".into()),
+            hame_core::ModelEvent::Stop(StopReason::MaxTokens),
+        ]),
+    ] {
+        let (_, m) = model(vec![reply]);
+        let mut state = original.clone();
+        let err = c.compact(&mut state, &m).await;
+        assert!(
+            matches!(err, Err(Error::Model { .. } | Error::UnusableOutput { .. })),
+            "{err:?}"
+        );
+        assert_eq!(state, original);
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn oversized_input_is_summarised_in_chunks_and_merged() -> Result<()> {
+    let replies: Vec<Reply> = (0..40).map(|i| Reply::text(&format!("part {i}"))).collect();
+    let (scripted, m) = model(replies);
+    let c = compactor(CompactorConfig {
+        policy: policy(1),
+        summary_input_tokens: Some(6_000),
+        summary_max_tokens: 1_000,
+        ..CompactorConfig::default()
+    });
+    let big = "lorem ipsum dolor sit amet ".repeat(300);
+    let mut state = AgentState::default();
+    for i in 0..8 {
+        state.messages.push(Message::user(format!("{i} {big}")));
+        state.messages.push(Message::assistant(format!("{i} {big}")));
+    }
+    let report = c.compact(&mut state, &m).await?.unwrap();
+    assert!(report.model_calls > 2, "{report:?}");
+    let reqs = scripted.requests();
+    assert_eq!(reqs.len() as u32, report.model_calls);
+    assert!(reqs[0].messages[0].text_content().contains("This is part 1 of"));
+    let last = reqs.last().unwrap().messages[0].text_content();
+    assert!(last.starts_with(MERGE_PROMPT));
+    assert!(last.contains("### Part 1\npart 0"));
+    let last_reply = format!("part {}", report.model_calls - 1);
+    assert!(state.messages[0].text_content().ends_with(&last_reply));
+    for r in &reqs {
+        let t = EstimateCounter.count(&r.messages[0].text_content());
+        assert!(t <= 6_000, "request of {t} tokens exceeds the budget");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn middleware_compacts_on_overflow_and_retries() -> Result<()> {
+    let (scripted, m) = model(vec![
+        Reply::Fail(ModelError::ContextOverflow {
+            message: "too long".into(),
+        }),
+        Reply::text("the summary"),
+        Reply::text("final answer"),
+    ]);
+    let c = Arc::new(compactor(CompactorConfig {
+        policy: CompactionPolicy {
+            max_messages: 1_000,
+            keep_recent_messages: 2,
+            ..CompactionPolicy::default()
+        },
+        ..CompactorConfig::default()
+    }));
+    let agent = AgentLoop::new(Arc::clone(&m))
+        .with_middleware(Arc::new(CompactionMiddleware::new(c, Arc::clone(&m))));
+    let mut state = AgentState {
+        messages: long_conversation(3),
+        ..AgentState::default()
+    };
+    let (events, mut rx) = EventSink::channel();
+    let out = agent
+        .run(
+            &mut state,
+            Message::user("go on"),
+            &RuntimeContext::new("s"),
+            &events,
+            &Default::default(),
+        )
+        .await
+        .map_err(|e| Error::InvalidInput(e.to_string()))?;
+    assert_eq!(out.reply.text_content(), "final answer");
+    let mut saw = None;
+    while let Ok(ev) = rx.try_recv() {
+        if let AgentEvent::Compaction { from_seq, to_seq, before_tokens, after_tokens } = ev {
+            saw = Some((from_seq, to_seq));
+            assert!(after_tokens < before_tokens);
+        }
+    }
+    // 13 messages, keep 2: #0..#10 are replaced.
+    assert_eq!(saw, Some((0, 10)));
+    // The retried request carried the summary and the kept tail with the latest request.
+    let retried = &scripted.requests()[2];
+    assert!(is_summary(&retried.messages[0]));
+    assert_eq!(retried.messages[1], Message::assistant("answer 2"));
+    assert_eq!(retried.messages[2], Message::user("go on"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn middleware_compacts_by_count_before_the_request() -> Result<()> {
+    let (scripted, m) = model(vec![Reply::text("sum"), Reply::text("answer")]);
+    let c = Arc::new(compactor(CompactorConfig {
+        policy: CompactionPolicy {
+            max_messages: 10,
+            keep_recent_messages: 4,
+            ..CompactionPolicy::default()
+        },
+        ..CompactorConfig::default()
+    }));
+    let agent = AgentLoop::new(Arc::clone(&m))
+        .with_middleware(Arc::new(CompactionMiddleware::new(c, Arc::clone(&m))));
+    let mut state = AgentState {
+        messages: long_conversation(3),
+        ..AgentState::default()
+    };
+    agent
+        .run(
+            &mut state,
+            Message::user("next"),
+            &RuntimeContext::new("s"),
+            &EventSink::none(),
+            &Default::default(),
+        )
+        .await
+        .map_err(|e| Error::InvalidInput(e.to_string()))?;
+    let reqs = scripted.requests();
+    assert_eq!(reqs.len(), 2);
+    assert!(is_summary(&reqs[1].messages[0]));
+    assert_eq!(reqs[1].messages.len(), 5);
+    // summary + kept tail (4: incl. the new request) + the answer
+    assert_eq!(state.messages.len(), 6);
+    Ok(())
+}
+
+#[tokio::test]
+async fn middleware_survives_a_failed_summary() -> Result<()> {
+    let (_, m) = model(vec![
+        Reply::Fail(ModelError::Provider {
+            status: 500,
+            body: "x".into(),
+        }),
+        Reply::text("answer"),
+    ]);
+    let c = Arc::new(compactor(CompactorConfig {
+        policy: CompactionPolicy {
+            max_messages: 2,
+            keep_recent_messages: 1,
+            ..CompactionPolicy::default()
+        },
+        ..CompactorConfig::default()
+    }));
+    let agent = AgentLoop::new(Arc::clone(&m))
+        .with_middleware(Arc::new(CompactionMiddleware::new(c, Arc::clone(&m))));
+    let original = long_conversation(2);
+    let mut state = AgentState {
+        messages: original.clone(),
+        ..AgentState::default()
+    };
+    let (events, mut rx) = EventSink::channel();
+    agent
+        .run(&mut state, Message::user("q"), &RuntimeContext::new("s"), &events, &Default::default())
+        .await
+        .map_err(|e| Error::InvalidInput(e.to_string()))?;
+    assert_eq!(&state.messages[..original.len()], &original[..]);
+    let mut failed = false;
+    while let Ok(ev) = rx.try_recv() {
+        if matches!(&ev, AgentEvent::Custom { kind, .. } if kind == "compaction.failed") {
+            failed = true;
+        }
+    }
+    assert!(failed);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Property tests over generated conversations.
+
+#[derive(Debug, Clone)]
+enum Step {
+    System,
+    User,
+    Assistant,
+    /// Tool calls (count) with results in order, optionally split over two messages.
+    Tools(usize, bool),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        1 => Just(Step::System),
+        4 => Just(Step::User),
+        3 => Just(Step::Assistant),
+        4 => (1usize..4, any::<bool>()).prop_map(|(n, split)| Step::Tools(n, split)),
+    ]
+}
+
+/// Builds a conversation; `in_flight` leaves the last tool calls without results; a
+/// leading summary stands for an earlier compaction of `prior` messages.
+fn build(steps: &[Step], in_flight: bool, prior: Option<u64>) -> (Vec<Message>, CompactionState) {
+    let mut msgs = Vec::new();
+    let mut seqs = CompactionState::default();
+    if let Some(k) = prior {
+        msgs.push(summary_message(SeqSpan { from: 0, to: k }, "earlier"));
+        seqs.head = vec![SeqSpan { from: 0, to: k }];
+        seqs.tail_seq = k + 1;
+    }
+    let mut next_id = 0;
+    for (i, s) in steps.iter().enumerate() {
+        match s {
+            Step::System => msgs.push(Message::system(format!("sys {i}"))),
+            Step::User => msgs.push(Message::user(format!("user {i} {}", "x ".repeat(i % 7)))),
+            Step::Assistant => msgs.push(Message::assistant(format!("assistant {i}"))),
+            Step::Tools(n, split) => {
+                let ids: Vec<String> = (0..*n)
+                    .map(|_| {
+                        next_id += 1;
+                        format!("id{next_id}")
+                    })
+                    .collect();
+                let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+                msgs.push(assistant_calls(&refs));
+                let last = i == steps.len() - 1;
+                if last && in_flight {
+                    continue;
+                }
+                if *split && refs.len() > 1 {
+                    msgs.push(results(&refs[..1]));
+                    msgs.push(results(&refs[1..]));
+                } else {
+                    msgs.push(results(&refs));
+                }
+            }
+        }
+    }
+    (msgs, seqs)
+}
+
+fn pairs(msgs: &[Message]) -> (Vec<String>, Vec<String>) {
+    let calls = msgs.iter().flat_map(|m| m.tool_calls().map(|c| c.id.clone())).collect();
+    let res = msgs
+        .iter()
+        .flat_map(|m| m.tool_results_iter().map(|r| r.id.clone()))
+        .collect();
+    (calls, res)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn compaction_invariants(
+        steps in proptest::collection::vec(step(), 1..60),
+        in_flight in any::<bool>(),
+        prior in proptest::option::of(0u64..40),
+        keep in 0usize..25,
+        keep_tokens in proptest::option::of(0u64..400),
+    ) {
+        let (msgs, seqs) = build(&steps, in_flight, prior);
+        let p = CompactionPolicy {
+            max_messages: 0,
+            keep_recent_messages: keep,
+            keep_recent_tokens: keep_tokens,
+            ..CompactionPolicy::default()
+        };
+        let Some(plan) = plan_forced(&msgs, &p, &EstimateCounter) else {
+            return Ok(());
+        };
+        let span = seqs.range_span(&plan.range);
+        let out = apply(&msgs, &plan, "SUMMARY", span).unwrap();
+
+        // The kept tail is verbatim.
+        let tail = &msgs[plan.range.end..];
+        prop_assert_eq!(&out[out.len() - tail.len()..], tail);
+
+        // Calls and results are never separated; in-flight calls are kept.
+        let (in_calls, in_results) = pairs(&msgs);
+        let (out_calls, out_results) = pairs(&out);
+        for id in &in_calls {
+            let has_result = in_results.contains(id);
+            if has_result {
+                prop_assert_eq!(out_calls.contains(id), out_results.contains(id), "pair {} split", id);
+            } else {
+                prop_assert!(out_calls.contains(id), "in-flight call {} was compacted", id);
+            }
+        }
+
+        // The latest user request survives verbatim and is still the latest.
+        let before = latest_request(&msgs).map(|i| msgs[i].clone());
+        let after = latest_request(&out).map(|i| out[i].clone());
+        prop_assert_eq!(before, after);
+
+        // System messages are all kept, in order.
+        let sys = |v: &[Message]| v.iter().filter(|m| m.role == Role::System).cloned().collect::<Vec<_>>();
+        prop_assert_eq!(sys(&msgs), sys(&out));
+
+        // Exactly one new summary, recording the range it replaced.
+        let summaries: Vec<SeqSpan> = out.iter().filter_map(summary_span).collect();
+        prop_assert_eq!(summaries, vec![span]);
+        prop_assert_eq!(span.from, 0);
+
+        // Sequence bookkeeping: kept messages keep their numbers, and the next message
+        // appended gets the next number.
+        let next = seqs.after(&plan, msgs.len(), span);
+        let offset = out.len() - tail.len();
+        for (k, j) in (plan.range.end..msgs.len()).enumerate() {
+            prop_assert_eq!(next.span_of(offset + k), seqs.span_of(j));
+        }
+        if let Some(u) = plan.keep_request {
+            let pos = out.iter().position(|m| m == &msgs[u] && !is_summary(m)).unwrap();
+            prop_assert_eq!(next.span_of(pos), seqs.span_of(u));
+        }
+        prop_assert_eq!(next.next_seq(out.len()), seqs.next_seq(msgs.len()));
+    }
+}
