@@ -132,7 +132,7 @@ async fn open_log(
     Ok(SessionLog::new(fs, agent_id)?)
 }
 
-/// Arguments of `session_list`.
+/// Arguments of the session_list tool.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionListArgs {
@@ -217,10 +217,10 @@ fn render_list(
         };
         let _ = write!(
             out,
-            "- {} · {} · {} messages · updated {}",
+            "- {} · {} · {} · updated {}",
             s.id,
             title,
-            s.message_count,
+            plural(s.message_count as usize, "message"),
             fmt_time(&s.updated)
         );
         if s.id == current {
@@ -232,21 +232,21 @@ fn render_list(
         if limit < max_limit {
             let _ = writeln!(
                 out,
-                "{} older sessions not shown; call session_list with a larger limit (at most {max_limit}).",
-                sessions.len() - shown
+                "{} not shown; call session_list with a larger limit (at most {max_limit}).",
+                plural(sessions.len() - shown, "older session")
             );
         } else {
             let _ = writeln!(
                 out,
-                "{} older sessions not shown (at most {max_limit} are listed).",
-                sessions.len() - shown
+                "{} not shown (at most {max_limit} are listed).",
+                plural(sessions.len() - shown, "older session")
             );
         }
     }
     out
 }
 
-/// Arguments of `session_history`.
+/// Arguments of the session_history tool.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SessionHistoryArgs {
@@ -366,17 +366,22 @@ fn render_history(session_id: &str, from: u64, page: &LogPage, limits: &HistoryL
     let mut out = String::new();
     match (page.records.first(), page.records.last()) {
         (Some(first), Some(end)) => {
+            let shown = if first.seq == end.seq {
+                format!("record #{}", first.seq)
+            } else {
+                format!("records #{}–#{}", first.seq, end.seq)
+            };
             let _ = writeln!(
                 out,
-                "Session {session_id}: records #{}–#{} (the log has {} records, #0–#{last}).",
-                first.seq, end.seq, page.total_records
+                "Session {session_id}: {shown} (the log has {}, numbered #0–#{last}).",
+                plural(page.total_records, "record")
             );
         }
         _ => {
             let _ = writeln!(
                 out,
-                "Session {session_id}: no records from #{from} on (the log has {} records, #0–#{last}).",
-                page.total_records
+                "Session {session_id}: no records from #{from} on (the log has {}, numbered #0–#{last}).",
+                plural(page.total_records, "record")
             );
             return out;
         }
@@ -398,8 +403,8 @@ fn render_history(session_id: &str, from: u64, page: &LogPage, limits: &HistoryL
     if page.skipped_lines > 0 {
         let _ = writeln!(
             out,
-            "({} damaged log lines were skipped.)",
-            page.skipped_lines
+            "({} skipped.)",
+            plural(page.skipped_lines, "damaged log line")
         );
     }
     out
@@ -476,5 +481,13 @@ fn render_record(out: &mut String, session_id: &str, record: &LogRecord, limits:
             "[record cut: {} of {total} characters shown; this is the most the tool shows, the full record is kept in the session log]",
             limits.max_chars
         );
+    }
+}
+
+fn plural(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
     }
 }
