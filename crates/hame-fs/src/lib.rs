@@ -33,6 +33,9 @@ mod local;
 mod memory;
 mod namespace;
 mod path;
+#[cfg(feature = "local")]
+mod shell;
+mod tools;
 mod wrappers;
 
 #[cfg(any(test, feature = "conformance"))]
@@ -50,4 +53,7 @@ pub use local::{LocalFs, LocalFsOptions};
 pub use memory::InMemoryFs;
 pub use namespace::{Isolation, MAX_ID_BYTES, Namespace, Scope, tenant_fs, validate_id};
 pub use path::{FsPath, MAX_DEPTH, MAX_PATH_BYTES, MAX_SEGMENT_BYTES};
+#[cfg(feature = "local")]
+pub use shell::{LocalShell, ShellOptions};
+pub use tools::{FsToolOptions, fs_tools, fs_tools_with_execute};
 pub use wrappers::{CompositeFs, OverlayFs, PrefixFs, ReadOnlyFs};

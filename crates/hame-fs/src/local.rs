@@ -415,17 +415,16 @@ impl Inner {
                             modified: modified(&md),
                         });
                     }
-                } else if ft.is_symlink() {
-                    if let Ok(md) = self.root.metadata(rel(&child)) {
-                        if md.is_file() {
-                            out.push(FileInfo {
-                                path: child,
-                                kind: FileKind::File,
-                                size: md.len(),
-                                modified: modified(&md),
-                            });
-                        }
-                    }
+                } else if ft.is_symlink()
+                    && let Ok(md) = self.root.metadata(rel(&child))
+                    && md.is_file()
+                {
+                    out.push(FileInfo {
+                        path: child,
+                        kind: FileKind::File,
+                        size: md.len(),
+                        modified: modified(&md),
+                    });
                 }
             }
         }

@@ -589,12 +589,12 @@ impl Filesystem for OverlayFs {
         }
     }
     async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version> {
-        if let Ok(info) = self.lower.stat(path).await {
-            if info.is_dir() {
-                return Err(Error::IsDirectory {
-                    path: path.to_string(),
-                });
-            }
+        if let Ok(info) = self.lower.stat(path).await
+            && info.is_dir()
+        {
+            return Err(Error::IsDirectory {
+                path: path.to_string(),
+            });
         }
         let upper_has = self.upper.exists(path).await?;
         match &options.mode {
@@ -672,20 +672,20 @@ impl Filesystem for OverlayFs {
         }
     }
     async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
-        if !self.upper.exists(path).await? {
-            if let Some(mut cur) = or_not_found(self.lower.read_bytes(path).await)? {
-                cur.extend_from_slice(&data);
-                return match self
-                    .upper
-                    .write(path, cur, WriteOptions::create_new())
-                    .await
-                {
-                    Ok(_) => Ok(()),
-                    // Copied up concurrently: append to the copy.
-                    Err(Error::AlreadyExists { .. }) => self.upper.append(path, data).await,
-                    Err(e) => Err(e),
-                };
-            }
+        if !self.upper.exists(path).await?
+            && let Some(mut cur) = or_not_found(self.lower.read_bytes(path).await)?
+        {
+            cur.extend_from_slice(&data);
+            return match self
+                .upper
+                .write(path, cur, WriteOptions::create_new())
+                .await
+            {
+                Ok(_) => Ok(()),
+                // Copied up concurrently: append to the copy.
+                Err(Error::AlreadyExists { .. }) => self.upper.append(path, data).await,
+                Err(e) => Err(e),
+            };
         }
         self.upper.append(path, data).await
     }

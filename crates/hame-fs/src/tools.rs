@@ -1,0 +1,583 @@
+//! The file tools the model calls: `read_file`, `write_file`, `edit_file`, `grep_files`,
+//! `glob_files`, `list_files` and, with an [`Execute`] capability, `execute`.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use hame_core::{Tool, ToolContext, ToolError, ToolOutput, TypedTool, typed};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use crate::error::codes;
+use crate::fs::{
+    EditRequest, ExecRequest, Execute, Filesystem, GlobRequest, GrepRequest, ReadWindow, Version,
+    WriteOptions,
+};
+use crate::namespace::Isolation;
+use crate::path::FsPath;
+
+/// Limits and defaults of the file tools.
+#[derive(Debug, Clone)]
+pub struct FsToolOptions {
+    /// Lines `read_file` returns when no `limit` is given. Default 2000.
+    pub read_default_lines: usize,
+    /// Longer lines are cut and marked. Default 2000 characters.
+    pub max_line_chars: usize,
+    /// `read_file` stops adding lines past this many characters. Default 100,000.
+    pub max_read_chars: usize,
+    /// Matches `grep_files` shows. Default 200.
+    pub grep_max_results: usize,
+    /// Files `glob_files` shows. Default 500.
+    pub glob_max_results: usize,
+    /// Entries `list_files` shows. Default 1000.
+    pub list_max_entries: usize,
+    /// `write_file` refuses to replace a file this session has not read (or that changed
+    /// since). Default `true`.
+    pub require_read_before_overwrite: bool,
+    /// Sessions whose reads are remembered (oldest forgotten first). Default 1024.
+    pub max_tracked_sessions: usize,
+    /// Paths remembered per session. Default 4096.
+    pub max_tracked_paths: usize,
+    /// Per-call tenant isolation; `None` means every call sees the whole filesystem.
+    pub isolation: Option<Isolation>,
+    /// Registers `execute` when set.
+    pub executor: Option<Arc<dyn Execute>>,
+}
+
+impl Default for FsToolOptions {
+    fn default() -> Self {
+        FsToolOptions {
+            read_default_lines: 2000,
+            max_line_chars: 2000,
+            max_read_chars: 100_000,
+            grep_max_results: 200,
+            glob_max_results: 500,
+            list_max_entries: 1000,
+            require_read_before_overwrite: true,
+            max_tracked_sessions: 1024,
+            max_tracked_paths: 4096,
+            isolation: None,
+            executor: None,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct ReadTracker {
+    tick: u64,
+    sessions: HashMap<String, (u64, HashMap<FsPath, Version>)>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    fs: Arc<dyn Filesystem>,
+    opts: FsToolOptions,
+    reads: Mutex<ReadTracker>,
+}
+
+impl Shared {
+    fn fs(&self, ctx: &ToolContext) -> Result<Arc<dyn Filesystem>, ToolError> {
+        match &self.opts.isolation {
+            Some(iso) => iso.fs_for(&self.fs, &ctx.runtime).map_err(ToolError::from),
+            None => Ok(self.fs.clone()),
+        }
+    }
+
+    fn session_key(ctx: &ToolContext) -> String {
+        format!(
+            "{}\u{0}{}",
+            ctx.runtime.user_id.as_deref().unwrap_or(""),
+            ctx.runtime.session_id
+        )
+    }
+
+    fn tracker(&self) -> std::sync::MutexGuard<'_, ReadTracker> {
+        // Only a cache of versions: a poisoned tracker is still usable.
+        self.reads.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn record(&self, ctx: &ToolContext, path: &FsPath, version: Version) {
+        let key = Self::session_key(ctx);
+        let mut t = self.tracker();
+        t.tick += 1;
+        let tick = t.tick;
+        if !t.sessions.contains_key(&key)
+            && t.sessions.len() >= self.opts.max_tracked_sessions
+            && let Some(oldest) = t
+                .sessions
+                .iter()
+                .min_by_key(|(_, (used, _))| *used)
+                .map(|(k, _)| k.clone())
+        {
+            t.sessions.remove(&oldest);
+        }
+        let entry = t.sessions.entry(key).or_default();
+        entry.0 = tick;
+        if !entry.1.contains_key(path)
+            && entry.1.len() >= self.opts.max_tracked_paths
+            && let Some(k) = entry.1.keys().next().cloned()
+        {
+            entry.1.remove(&k);
+        }
+        entry.1.insert(path.clone(), version);
+    }
+
+    fn read_version(&self, ctx: &ToolContext, path: &FsPath) -> Option<Version> {
+        let t = self.tracker();
+        t.sessions
+            .get(&Self::session_key(ctx))
+            .and_then(|(_, m)| m.get(path).cloned())
+    }
+}
+
+fn parse_path(s: &str) -> Result<FsPath, ToolError> {
+    FsPath::parse(s).map_err(ToolError::from)
+}
+
+fn cut(line: &str, max: usize) -> String {
+    match line.char_indices().nth(max) {
+        Some((i, _)) => format!("{}… [line truncated]", &line[..i]),
+        None => line.to_owned(),
+    }
+}
+
+/// The file tools over `fs`. `execute` is included only when `options.executor` is set.
+pub fn fs_tools(fs: Arc<dyn Filesystem>, options: FsToolOptions) -> Vec<Arc<dyn Tool>> {
+    let executor = options.executor.clone();
+    let shared = Arc::new(Shared {
+        fs,
+        opts: options,
+        reads: Mutex::new(ReadTracker::default()),
+    });
+    let mut tools = vec![
+        typed(ReadFile(shared.clone())),
+        typed(WriteFile(shared.clone())),
+        typed(EditFile(shared.clone())),
+        typed(GrepFiles(shared.clone())),
+        typed(GlobFiles(shared.clone())),
+        typed(ListFiles(shared)),
+    ];
+    if let Some(exec) = executor {
+        tools.push(typed(ExecuteTool(exec)));
+    }
+    tools
+}
+
+/// The file tools over a filesystem that can also execute: `execute` runs on `fs` itself.
+pub fn fs_tools_with_execute<F: Filesystem + Execute>(
+    fs: Arc<F>,
+    mut options: FsToolOptions,
+) -> Vec<Arc<dyn Tool>> {
+    options.executor = Some(fs.clone());
+    fs_tools(fs, options)
+}
+
+#[derive(Debug)]
+struct ReadFile(Arc<Shared>);
+
+/// Arguments of `read_file`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ReadFileArgs {
+    /// Path of the file, from the workspace root (e.g. `/src/main.rs`).
+    file_path: String,
+    /// 1-based line to start at. Default 1.
+    #[serde(default)]
+    offset: Option<usize>,
+    /// How many lines to return. Default 2000.
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+#[async_trait]
+impl TypedTool for ReadFile {
+    type Args = ReadFileArgs;
+    fn name(&self) -> &str {
+        "read_file"
+    }
+    fn description(&self) -> String {
+        format!(
+            "Read a text file. Returns numbered lines (`number<TAB>text`), {} lines from `offset` by default; lines over {} characters are cut. Use offset/limit to page through long files. Binary files are refused.",
+            self.0.opts.read_default_lines, self.0.opts.max_line_chars
+        )
+    }
+    async fn run(&self, args: ReadFileArgs, ctx: &ToolContext) -> ToolOutput {
+        let fs = self.0.fs(ctx)?;
+        let path = parse_path(&args.file_path)?;
+        let start = args.offset.unwrap_or(1).max(1);
+        let limit = args.limit.unwrap_or(self.0.opts.read_default_lines).max(1);
+        let w = fs
+            .read(
+                &path,
+                ReadWindow {
+                    offset: start - 1,
+                    limit: Some(limit),
+                },
+            )
+            .await?;
+        self.0.record(ctx, &path, w.version.clone());
+        if w.total_lines == 0 {
+            return Ok(format!("{path} is empty."));
+        }
+        if w.lines == 0 {
+            return Ok(format!(
+                "{path} has {} lines; offset {start} is past the end.",
+                w.total_lines
+            ));
+        }
+        let mut out = String::new();
+        let mut shown = 0;
+        for (i, line) in w.text.split_inclusive('\n').enumerate() {
+            let line = line.trim_end_matches('\n').trim_end_matches('\r');
+            let entry = format!(
+                "{:>6}\t{}\n",
+                start + i,
+                cut(line, self.0.opts.max_line_chars)
+            );
+            if out.len() + entry.len() > self.0.opts.max_read_chars && shown > 0 {
+                break;
+            }
+            out.push_str(&entry);
+            shown += 1;
+        }
+        let last = start + shown - 1;
+        if last < w.total_lines {
+            let _ = write!(
+                out,
+                "[showing lines {start}-{last} of {}; call read_file with offset={} to continue]",
+                w.total_lines,
+                last + 1
+            );
+        }
+        Ok(out)
+    }
+}
+
+#[derive(Debug)]
+struct WriteFile(Arc<Shared>);
+
+/// Arguments of `write_file`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct WriteFileArgs {
+    /// Path of the file, from the workspace root.
+    file_path: String,
+    /// The whole new content.
+    content: String,
+}
+
+#[async_trait]
+impl TypedTool for WriteFile {
+    type Args = WriteFileArgs;
+    fn name(&self) -> &str {
+        "write_file"
+    }
+    fn description(&self) -> String {
+        "Create a file, or replace a whole file. Parent directories are created. To change part of an existing file use edit_file; to replace an existing file, read it first.".into()
+    }
+    async fn run(&self, args: WriteFileArgs, ctx: &ToolContext) -> ToolOutput {
+        let fs = self.0.fs(ctx)?;
+        let path = parse_path(&args.file_path)?;
+        let bytes = args.content.into_bytes();
+        let len = bytes.len();
+        let opts = if !self.0.opts.require_read_before_overwrite {
+            WriteOptions::default()
+        } else if fs.exists(&path).await? {
+            match self.0.read_version(ctx, &path) {
+                Some(v) => WriteOptions::if_match(v),
+                None => {
+                    return Err(ToolError::new(
+                        codes::CONFLICT,
+                        format!(
+                            "{path} already exists and has not been read in this session; read it first, or use edit_file"
+                        ),
+                    ));
+                }
+            }
+        } else {
+            WriteOptions::create_new()
+        };
+        let version = fs.write(&path, bytes, opts).await?;
+        self.0.record(ctx, &path, version);
+        Ok(format!("Wrote {len} bytes to {path}."))
+    }
+}
+
+#[derive(Debug)]
+struct EditFile(Arc<Shared>);
+
+/// Arguments of `edit_file`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct EditFileArgs {
+    /// Path of the file, from the workspace root.
+    file_path: String,
+    /// Exact text to replace (copy it from read_file output, without the line numbers).
+    old_string: String,
+    /// The replacement; must differ from old_string.
+    new_string: String,
+    /// Replace every occurrence. Default false: old_string must occur exactly once.
+    #[serde(default)]
+    replace_all: bool,
+}
+
+#[async_trait]
+impl TypedTool for EditFile {
+    type Args = EditFileArgs;
+    fn name(&self) -> &str {
+        "edit_file"
+    }
+    fn description(&self) -> String {
+        "Replace exact text in a file. old_string must occur exactly once unless replace_all is true; include enough surrounding lines to make it unique. Line endings of the file are kept.".into()
+    }
+    async fn run(&self, args: EditFileArgs, ctx: &ToolContext) -> ToolOutput {
+        let fs = self.0.fs(ctx)?;
+        let path = parse_path(&args.file_path)?;
+        let out = fs
+            .edit(
+                &path,
+                &EditRequest {
+                    old: args.old_string,
+                    new: args.new_string,
+                    replace_all: args.replace_all,
+                },
+            )
+            .await?;
+        self.0.record(ctx, &path, out.version);
+        Ok(format!(
+            "Edited {path}: {} replacement{}.",
+            out.replacements,
+            if out.replacements == 1 { "" } else { "s" }
+        ))
+    }
+}
+
+#[derive(Debug)]
+struct GrepFiles(Arc<Shared>);
+
+/// Arguments of `grep_files`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct GrepFilesArgs {
+    /// Regular expression (Rust regex syntax), or plain text with literal=true.
+    pattern: String,
+    /// Directory or file to search. Default: the workspace root.
+    #[serde(default)]
+    path: Option<String>,
+    /// Only files matching this glob (`*.rs`, `src/**/*.ts`).
+    #[serde(default)]
+    glob: Option<String>,
+    /// Search for the pattern as plain text. Default false.
+    #[serde(default)]
+    literal: bool,
+    /// Ignore case. Default false.
+    #[serde(default)]
+    case_insensitive: bool,
+}
+
+#[async_trait]
+impl TypedTool for GrepFiles {
+    type Args = GrepFilesArgs;
+    fn name(&self) -> &str {
+        "grep_files"
+    }
+    fn description(&self) -> String {
+        format!(
+            "Search file contents. Returns `path:line:text` lines sorted by path, at most {}. Binary files and files over 10 MB are skipped.",
+            self.0.opts.grep_max_results
+        )
+    }
+    async fn run(&self, args: GrepFilesArgs, ctx: &ToolContext) -> ToolOutput {
+        let fs = self.0.fs(ctx)?;
+        let path = parse_path(args.path.as_deref().unwrap_or("/"))?;
+        let out = fs
+            .grep(&GrepRequest {
+                pattern: args.pattern,
+                literal: args.literal,
+                case_insensitive: args.case_insensitive,
+                path,
+                glob: args.glob,
+                max_matches: self.0.opts.grep_max_results,
+            })
+            .await?;
+        if out.matches.is_empty() {
+            return Ok("No matches.".into());
+        }
+        let mut s = String::new();
+        for m in &out.matches {
+            let _ = writeln!(s, "{}:{}:{}", m.path, m.line, cut(&m.text, 500));
+        }
+        if out.truncated {
+            let _ = write!(
+                s,
+                "[more results not shown (limit {}); narrow the search with path or glob]",
+                self.0.opts.grep_max_results
+            );
+        }
+        Ok(s)
+    }
+}
+
+#[derive(Debug)]
+struct GlobFiles(Arc<Shared>);
+
+/// Arguments of `glob_files`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct GlobFilesArgs {
+    /// Glob relative to `path`: `*` stays in one directory, `**` crosses directories
+    /// (`**/*.rs`).
+    pattern: String,
+    /// Directory to search. Default: the workspace root.
+    #[serde(default)]
+    path: Option<String>,
+}
+
+#[async_trait]
+impl TypedTool for GlobFiles {
+    type Args = GlobFilesArgs;
+    fn name(&self) -> &str {
+        "glob_files"
+    }
+    fn description(&self) -> String {
+        format!(
+            "Find files by name pattern. Returns sorted paths, at most {}.",
+            self.0.opts.glob_max_results
+        )
+    }
+    async fn run(&self, args: GlobFilesArgs, ctx: &ToolContext) -> ToolOutput {
+        let fs = self.0.fs(ctx)?;
+        let path = parse_path(args.path.as_deref().unwrap_or("/"))?;
+        let out = fs
+            .glob(&GlobRequest {
+                pattern: args.pattern,
+                path,
+                max_results: self.0.opts.glob_max_results,
+            })
+            .await?;
+        if out.files.is_empty() {
+            return Ok("No files matched.".into());
+        }
+        let mut s = String::new();
+        for f in &out.files {
+            let _ = writeln!(s, "{}", f.path);
+        }
+        if out.truncated {
+            let _ = write!(
+                s,
+                "[more files not shown (limit {}); use a narrower pattern or path]",
+                self.0.opts.glob_max_results
+            );
+        }
+        Ok(s)
+    }
+}
+
+#[derive(Debug)]
+struct ListFiles(Arc<Shared>);
+
+/// Arguments of `list_files`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ListFilesArgs {
+    /// Directory to list. Default: the workspace root.
+    #[serde(default)]
+    path: Option<String>,
+}
+
+#[async_trait]
+impl TypedTool for ListFiles {
+    type Args = ListFilesArgs;
+    fn name(&self) -> &str {
+        "list_files"
+    }
+    fn description(&self) -> String {
+        "List a directory: one entry per line, directories end with `/`, files show their size."
+            .into()
+    }
+    async fn run(&self, args: ListFilesArgs, ctx: &ToolContext) -> ToolOutput {
+        let fs = self.0.fs(ctx)?;
+        let path = parse_path(args.path.as_deref().unwrap_or("/"))?;
+        let entries = fs.list(&path).await?;
+        if entries.is_empty() {
+            return Ok(format!("{path} is empty."));
+        }
+        let mut s = String::new();
+        for e in entries.iter().take(self.0.opts.list_max_entries) {
+            if e.is_dir() {
+                let _ = writeln!(s, "{}/", e.path);
+            } else {
+                let _ = writeln!(s, "{} ({} bytes)", e.path, e.size);
+            }
+        }
+        if entries.len() > self.0.opts.list_max_entries {
+            let _ = write!(
+                s,
+                "[{} more entries not shown; use glob_files to narrow]",
+                entries.len() - self.0.opts.list_max_entries
+            );
+        }
+        Ok(s)
+    }
+}
+
+#[derive(Debug)]
+struct ExecuteTool(Arc<dyn Execute>);
+
+/// Arguments of `execute`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct ExecuteArgs {
+    /// Shell command line, run with `sh -c` in the workspace root.
+    command: String,
+    /// Timeout in seconds (capped by the configured maximum).
+    #[serde(default)]
+    timeout_secs: Option<u64>,
+}
+
+#[async_trait]
+impl TypedTool for ExecuteTool {
+    type Args = ExecuteArgs;
+    fn name(&self) -> &str {
+        "execute"
+    }
+    fn description(&self) -> String {
+        "Run a shell command in the workspace root. Returns its output (stderr lines prefixed `[stderr] `, long output truncated) and exit code.".into()
+    }
+    async fn run(&self, args: ExecuteArgs, ctx: &ToolContext) -> ToolOutput {
+        if args.command.trim().is_empty() {
+            return Err(ToolError::invalid_arguments("command is empty"));
+        }
+        let req = ExecRequest {
+            command: args.command,
+            timeout: args.timeout_secs.map(Duration::from_secs),
+        };
+        let out = tokio::select! {
+            r = self.0.execute(req) => r?,
+            _ = ctx.cancel.cancelled() => return Err(ToolError::new(hame_core::codes::CANCELLED, "the command was cancelled")),
+        };
+        let mut s = if out.output.is_empty() {
+            "<no output>".to_owned()
+        } else {
+            out.output
+        };
+        if out.timed_out {
+            s.push_str("\n[timed out: the command and its process group were killed; raise timeout_secs if it needs longer]");
+        } else {
+            match out.exit_code {
+                Some(c) => {
+                    let _ = write!(s, "\n[exit code {c}]");
+                }
+                None => s.push_str("\n[killed by a signal]"),
+            }
+        }
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+#[path = "tools_tests.rs"]
+mod tests;

@@ -1,0 +1,401 @@
+#![allow(clippy::unwrap_used)]
+
+use hame_core::{CancellationToken, RuntimeContext};
+use pretty_assertions::assert_eq;
+use serde_json::json;
+
+use super::*;
+use crate::InMemoryFs;
+use crate::namespace::Scope;
+
+fn ctx(user: &str, session: &str) -> ToolContext {
+    ToolContext {
+        runtime: RuntimeContext::new(session).with_user(user),
+        call_id: "c1".into(),
+        cancel: CancellationToken::new(),
+    }
+}
+
+fn tool<'a>(tools: &'a [Arc<dyn Tool>], name: &str) -> &'a Arc<dyn Tool> {
+    tools.iter().find(|t| t.spec().name == name).unwrap()
+}
+
+async fn call(
+    tools: &[Arc<dyn Tool>],
+    name: &str,
+    args: serde_json::Value,
+    c: &ToolContext,
+) -> ToolOutput {
+    tool(tools, name).call(args, c).await
+}
+
+fn code(r: ToolOutput) -> String {
+    r.unwrap_err().code
+}
+
+#[tokio::test]
+async fn two_tenants_never_see_each_other() {
+    let store: Arc<dyn Filesystem> = Arc::new(InMemoryFs::new());
+    let template: Arc<dyn Filesystem> =
+        Arc::new(InMemoryFs::with_files([("AGENTS.md", b"shared rules\n".as_slice())]).unwrap());
+    let tools = fs_tools(
+        store.clone(),
+        FsToolOptions {
+            isolation: Some(Isolation {
+                agent_id: "coder".into(),
+                scope: Scope::User,
+                template: Some(template),
+            }),
+            ..FsToolOptions::default()
+        },
+    );
+    let (alice, bob) = (ctx("alice", "s1"), ctx("bob", "s1"));
+    call(
+        &tools,
+        "write_file",
+        json!({"file_path": "/notes.md", "content": "alice secret"}),
+        &alice,
+    )
+    .await
+    .unwrap();
+    // Bob sees the shared template but none of Alice's files, by any path.
+    assert!(
+        call(&tools, "read_file", json!({"file_path": "AGENTS.md"}), &bob)
+            .await
+            .unwrap()
+            .contains("shared rules")
+    );
+    for p in [
+        "/notes.md",
+        "notes.md",
+        "../alice/home/notes.md",
+        "/agents/coder/users/alice/home/notes.md",
+        "%2e%2e/alice/home/notes.md",
+    ] {
+        let r = call(&tools, "read_file", json!({"file_path": p}), &bob).await;
+        assert!(r.is_err(), "{p}: {r:?}");
+    }
+    let grep = call(&tools, "grep_files", json!({"pattern": "secret"}), &bob)
+        .await
+        .unwrap();
+    assert_eq!(grep, "No matches.");
+    let glob = call(&tools, "glob_files", json!({"pattern": "**"}), &bob)
+        .await
+        .unwrap();
+    assert_eq!(glob, "/AGENTS.md\n");
+    let list = call(&tools, "list_files", json!({}), &bob).await.unwrap();
+    assert_eq!(list, "/AGENTS.md (13 bytes)\n");
+    let e = call(
+        &tools,
+        "edit_file",
+        json!({"file_path": "/notes.md", "old_string": "alice", "new_string": "bob"}),
+        &bob,
+    )
+    .await;
+    assert_eq!(code(e), "file_not_found");
+    // Bob's own file with the same name is a different file.
+    call(
+        &tools,
+        "write_file",
+        json!({"file_path": "/notes.md", "content": "bob"}),
+        &bob,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        store
+            .read_bytes(&FsPath::parse("agents/coder/users/alice/home/notes.md").unwrap())
+            .await
+            .unwrap(),
+        b"alice secret"
+    );
+    assert_eq!(
+        store
+            .read_bytes(&FsPath::parse("agents/coder/users/bob/home/notes.md").unwrap())
+            .await
+            .unwrap(),
+        b"bob"
+    );
+    // An id that tries to climb is refused.
+    let evil = ctx("../alice", "s1");
+    assert_eq!(
+        code(
+            call(
+                &tools,
+                "read_file",
+                json!({"file_path": "/notes.md"}),
+                &evil
+            )
+            .await
+        ),
+        "invalid_path"
+    );
+}
+
+#[tokio::test]
+async fn write_requires_a_fresh_read_and_edit_keeps_crlf() {
+    let fs: Arc<dyn Filesystem> =
+        Arc::new(InMemoryFs::with_files([("a.txt", b"one\r\ntwo\r\n".as_slice())]).unwrap());
+    let tools = fs_tools(fs.clone(), FsToolOptions::default());
+    let c = ctx("u", "s");
+    let w = json!({"file_path": "a.txt", "content": "new"});
+    assert_eq!(
+        code(call(&tools, "write_file", w.clone(), &c).await),
+        "conflict"
+    );
+    let read = call(&tools, "read_file", json!({"file_path": "a.txt"}), &c)
+        .await
+        .unwrap();
+    assert_eq!(read, "     1\tone\n     2\ttwo\n");
+    // Someone else changes it after our read: the write is refused.
+    fs.write(
+        &FsPath::parse("a.txt").unwrap(),
+        b"one\r\ntwo\r\nthree\r\n".to_vec(),
+        WriteOptions::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        code(call(&tools, "write_file", w.clone(), &c).await),
+        "conflict"
+    );
+    call(&tools, "read_file", json!({"file_path": "a.txt"}), &c)
+        .await
+        .unwrap();
+    let out = call(
+        &tools,
+        "edit_file",
+        json!({"file_path": "a.txt", "old_string": "two\nthree", "new_string": "2\n3"}),
+        &c,
+    )
+    .await
+    .unwrap();
+    assert_eq!(out, "Edited /a.txt: 1 replacement.");
+    assert_eq!(
+        fs.read_bytes(&FsPath::parse("a.txt").unwrap())
+            .await
+            .unwrap(),
+        b"one\r\n2\r\n3\r\n"
+    );
+    call(&tools, "write_file", w, &c).await.unwrap();
+    let e = call(
+        &tools,
+        "edit_file",
+        json!({"file_path": "a.txt", "old_string": "", "new_string": "x"}),
+        &c,
+    )
+    .await;
+    assert_eq!(code(e), "invalid_arguments");
+    // Another session has not read it.
+    let other = ctx("u", "s2");
+    assert_eq!(
+        code(
+            call(
+                &tools,
+                "write_file",
+                json!({"file_path": "a.txt", "content": "x"}),
+                &other
+            )
+            .await
+        ),
+        "conflict"
+    );
+}
+
+#[tokio::test]
+async fn read_pages_and_caps_lines() {
+    let body: String =
+        (1..=30).map(|i| format!("line {i}\n")).collect::<String>() + &"x".repeat(50);
+    let fs: Arc<dyn Filesystem> =
+        Arc::new(InMemoryFs::with_files([("f", body.as_bytes())]).unwrap());
+    let tools = fs_tools(
+        fs,
+        FsToolOptions {
+            read_default_lines: 10,
+            max_line_chars: 20,
+            ..FsToolOptions::default()
+        },
+    );
+    let c = ctx("u", "s");
+    let first = call(&tools, "read_file", json!({"file_path": "f"}), &c)
+        .await
+        .unwrap();
+    assert!(
+        first.ends_with("[showing lines 1-10 of 31; call read_file with offset=11 to continue]"),
+        "{first}"
+    );
+    let last = call(
+        &tools,
+        "read_file",
+        json!({"file_path": "f", "offset": 31}),
+        &c,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        last,
+        format!("    31\t{}… [line truncated]\n", "x".repeat(20))
+    );
+    let bin: Arc<dyn Filesystem> =
+        Arc::new(InMemoryFs::with_files([("b", b"\x00\x01".as_slice())]).unwrap());
+    let e = call(
+        &fs_tools(bin, FsToolOptions::default()),
+        "read_file",
+        json!({"file_path": "b"}),
+        &c,
+    )
+    .await;
+    assert_eq!(code(e), "binary_file");
+}
+
+#[tokio::test]
+async fn grep_and_glob_cap_their_output() {
+    let files: Vec<(String, Vec<u8>)> = (0..20)
+        .map(|i| (format!("d/f{i:02}.txt"), b"hit\n".to_vec()))
+        .collect();
+    let fs = InMemoryFs::new();
+    for (p, d) in &files {
+        fs.write(
+            &FsPath::parse(p).unwrap(),
+            d.clone(),
+            WriteOptions::default(),
+        )
+        .await
+        .unwrap();
+    }
+    let tools = fs_tools(
+        Arc::new(fs),
+        FsToolOptions {
+            grep_max_results: 3,
+            glob_max_results: 2,
+            ..FsToolOptions::default()
+        },
+    );
+    let c = ctx("u", "s");
+    let g = call(
+        &tools,
+        "grep_files",
+        json!({"pattern": "hit", "literal": true}),
+        &c,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        g,
+        "/d/f00.txt:1:hit\n/d/f01.txt:1:hit\n/d/f02.txt:1:hit\n[more results not shown (limit 3); narrow the search with path or glob]"
+    );
+    let gl = call(&tools, "glob_files", json!({"pattern": "**/*.txt"}), &c)
+        .await
+        .unwrap();
+    assert_eq!(
+        gl,
+        "/d/f00.txt\n/d/f01.txt\n[more files not shown (limit 2); use a narrower pattern or path]"
+    );
+    let names: Vec<String> = tools.iter().map(|t| t.spec().name).collect();
+    assert_eq!(
+        names,
+        vec![
+            "read_file",
+            "write_file",
+            "edit_file",
+            "grep_files",
+            "glob_files",
+            "list_files"
+        ],
+        "no execute without an executor"
+    );
+}
+
+#[cfg(feature = "local")]
+mod shell {
+    use super::*;
+    use crate::{LocalShell, ShellOptions};
+    use pretty_assertions::assert_eq;
+
+    fn shell_tools(dir: &std::path::Path, opts: ShellOptions) -> Vec<Arc<dyn Tool>> {
+        fs_tools(
+            Arc::new(InMemoryFs::new()),
+            FsToolOptions {
+                executor: Some(Arc::new(LocalShell::new(dir, opts))),
+                ..FsToolOptions::default()
+            },
+        )
+    }
+
+    #[tokio::test]
+    async fn execute_reports_exit_code_and_clears_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = ShellOptions {
+            env: vec![("EXTRA".into(), "1".into())],
+            ..ShellOptions::default()
+        };
+        let tools = shell_tools(dir.path(), opts);
+        let c = ctx("u", "s");
+        let out = call(
+            &tools,
+            "execute",
+            json!({"command": "pwd; env | sort | cut -d= -f1; echo oops >&2; exit 3"}),
+            &c,
+        )
+        .await
+        .unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        assert_eq!(
+            out,
+            format!(
+                "{}\nEXTRA\nHOME\nLANG\nPATH\nPWD\n[stderr] oops\n\n[exit code 3]",
+                root.display()
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn execute_kills_the_process_group_on_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = ShellOptions {
+            max_timeout: std::time::Duration::from_secs(1),
+            ..ShellOptions::default()
+        };
+        let tools = shell_tools(dir.path(), opts);
+        let c = ctx("u", "s");
+        // The background grandchild would create the marker after 2 s if it survived.
+        let out = call(
+            &tools,
+            "execute",
+            json!({"command": "(sleep 2; touch marker) & sleep 30", "timeout_secs": 100}),
+            &c,
+        )
+        .await
+        .unwrap();
+        assert!(out.contains("[timed out"), "{out}");
+        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        assert!(
+            !dir.path().join("marker").exists(),
+            "a process of the group survived"
+        );
+    }
+
+    #[tokio::test]
+    async fn execute_truncates_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let tools = shell_tools(
+            dir.path(),
+            ShellOptions {
+                max_output_bytes: 10,
+                ..ShellOptions::default()
+            },
+        );
+        let out = call(
+            &tools,
+            "execute",
+            json!({"command": "yes | head -c 100000"}),
+            &ctx("u", "s"),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            out,
+            "y\ny\ny\ny\ny\n\n[output truncated at 10 bytes]\n[exit code 0]"
+        );
+    }
+}
