@@ -3,38 +3,30 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures::stream::BoxStream;
 use hame_core::{
     AgentEvent, AgentLoop, AgentState, CallOutput, CancellationToken, EventSink, LoopConfig,
     Message, Middleware, Model, RuntimeContext, Tool, ToolSet,
 };
+use hame_fs::{Filesystem, Scope};
+use hame_state::{LeaseOptions, StateKey, StateStore};
 
 use crate::context::{
     ContextOptions, DEFAULT_MEMORY_BUDGET_TOKENS, TokenCount, WorkspaceContext, WorkspaceReader,
 };
 use crate::error::{Error, Result};
 use crate::ids::validate_id;
-use crate::local::LocalWorkspaceReader;
+use crate::reader::FsWorkspaceReader;
+use crate::recorder::{CALL_ID_EXTRA, SessionRecorder};
+use crate::tenancy::{FilesystemMode, Tenancy};
 use crate::workspace::resolve_workspace;
 
 /// Default agent name (and agent id).
 pub const DEFAULT_AGENT_NAME: &str = "hame";
-
-/// Builds a [`HarnessAgent`]; start with [`HarnessAgent::builder`].
-#[derive(Debug, Default)]
-pub struct HarnessAgentBuilder {
-    name: Option<String>,
-    model: Option<Arc<dyn Model>>,
-    workspace: Option<PathBuf>,
-    system_prompt: String,
-    middleware: Vec<Arc<dyn Middleware>>,
-    tools: Vec<Arc<dyn Tool>>,
-    loop_config: LoopConfig,
-    memory_budget_tokens: Option<usize>,
-    additional_context_files: Vec<String>,
-    env: Option<EnvLookup>,
-}
+/// Environment variable naming the base directory of the default JSON state store.
+pub const STATE_HOME_ENV: &str = "HAME_STATE_HOME";
 
 /// Reads environment variables; the default reads the process environment.
 #[derive(Clone)]
@@ -51,10 +43,30 @@ impl EnvLookup {
     pub fn process() -> Self {
         Self(Arc::new(|k| std::env::var(k).ok()))
     }
-    /// Looks up `key`.
+    /// Looks up `key`; blank values count as unset.
     pub fn get(&self, key: &str) -> Option<String> {
-        (self.0)(key)
+        (self.0)(key).filter(|v| !v.trim().is_empty())
     }
+}
+
+/// Builds a [`HarnessAgent`]; start with [`HarnessAgent::builder`].
+#[derive(Debug, Default)]
+pub struct HarnessAgentBuilder {
+    name: Option<String>,
+    model: Option<Arc<dyn Model>>,
+    workspace: Option<PathBuf>,
+    system_prompt: String,
+    middleware: Vec<Arc<dyn Middleware>>,
+    tools: Vec<Arc<dyn Tool>>,
+    loop_config: LoopConfig,
+    memory_budget_tokens: Option<usize>,
+    additional_context_files: Vec<String>,
+    env: Option<EnvLookup>,
+    filesystem: Option<FilesystemMode>,
+    scope: Scope,
+    state_store: Option<Arc<dyn StateStore>>,
+    allow_local_state: bool,
+    lease: Option<LeaseOptions>,
 }
 
 impl HarnessAgentBuilder {
@@ -89,7 +101,7 @@ impl HarnessAgentBuilder {
         self
     }
 
-    /// Adds a tool.
+    /// Adds a tool (it replaces a built-in tool of the same name).
     pub fn tool(mut self, tool: Arc<dyn Tool>) -> Self {
         self.tools.push(tool);
         self
@@ -101,7 +113,7 @@ impl HarnessAgentBuilder {
         self
     }
 
-    /// Replaces the whole loop configuration (the system prompt set here is ignored; use
+    /// Replaces the loop configuration (its system prompt is ignored; use
     /// [`system_prompt`](Self::system_prompt)).
     pub fn loop_config(mut self, config: LoopConfig) -> Self {
         self.loop_config = config;
@@ -126,6 +138,39 @@ impl HarnessAgentBuilder {
         self
     }
 
+    /// Where workspace files live (default: [`FilesystemMode::Local`] with the shell).
+    pub fn filesystem(mut self, mode: FilesystemMode) -> Self {
+        self.filesystem = Some(mode);
+        self
+    }
+
+    /// Which runtime data tenants share (default [`Scope::User`]).
+    pub fn isolation_scope(mut self, scope: Scope) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// Where session state is kept. Default: JSON files under `HAME_STATE_HOME/<agent>`,
+    /// else `~/.hame/state/<agent>`.
+    pub fn state_store(mut self, store: Arc<dyn StateStore>) -> Self {
+        self.state_store = Some(store);
+        self
+    }
+
+    /// Allows a single-machine state store (JSON files, memory) with a shared-store
+    /// filesystem. Only for tests: replicas would not see each other's sessions.
+    pub fn allow_local_state_with_shared_filesystem(mut self, allow: bool) -> Self {
+        self.allow_local_state = allow;
+        self
+    }
+
+    /// Session lease time-to-live and how long a call waits for a busy session (defaults
+    /// [`hame_state::DEFAULT_LEASE_TTL`], [`hame_state::DEFAULT_LEASE_WAIT`]).
+    pub fn session_lease(mut self, options: LeaseOptions) -> Self {
+        self.lease = Some(options);
+        self
+    }
+
     /// Validates the configuration and builds the agent.
     pub fn build(self) -> Result<HarnessAgent> {
         let env = self.env.unwrap_or_else(EnvLookup::process);
@@ -143,8 +188,39 @@ impl HarnessAgentBuilder {
                 workspace.display()
             )));
         }
-        let reader: Arc<dyn WorkspaceReader> =
-            Arc::new(LocalWorkspaceReader::new(workspace.clone()));
+        std::fs::create_dir_all(&workspace).map_err(|e| {
+            Error::Config(format!(
+                "cannot create workspace {}: {e} (set --workspace or HAME_WORKSPACE)",
+                workspace.display()
+            ))
+        })?;
+        let local: Arc<dyn Filesystem> =
+            Arc::new(hame_fs::LocalFs::new(&workspace).map_err(|e| {
+                Error::Config(format!(
+                    "cannot open workspace {}: {e}",
+                    workspace.display()
+                ))
+            })?);
+
+        let mode = self.filesystem.unwrap_or_default();
+        let state_store = match self.state_store {
+            Some(s) => s,
+            None => default_state_store(&env, &name)?,
+        };
+        if mode.is_shared() && !state_store.is_shared() && !self.allow_local_state {
+            return Err(Error::Config(
+                "a shared-store filesystem needs a shared state store: set .state_store(...) to Redis, \
+                 PostgreSQL or MySQL (CLI: --state redis://... ), or allow a local one for tests"
+                    .into(),
+            ));
+        }
+        let (store, shell) = match &mode {
+            FilesystemMode::Local { shell } => (local.clone(), *shell),
+            FilesystemMode::SharedStore { store } => (store.clone(), false),
+        };
+        let tenancy = Arc::new(Tenancy::new(store, local, &name, self.scope));
+
+        let reader: Arc<dyn WorkspaceReader> = Arc::new(FsWorkspaceReader::new(tenancy.clone()));
         let context = WorkspaceContext::new(
             reader,
             ContextOptions {
@@ -156,7 +232,12 @@ impl HarnessAgentBuilder {
             },
             TokenCount::estimate(),
         );
+        let recorder = Arc::new(SessionRecorder::new(tenancy.clone(), name.clone()));
+
         let mut tools = ToolSet::new();
+        for t in crate::tools::builtin_tools(&tenancy, &name, shell, &workspace)? {
+            tools.register(t);
+        }
         for t in self.tools {
             tools.register(t);
         }
@@ -167,16 +248,43 @@ impl HarnessAgentBuilder {
         for mw in self.middleware {
             agent_loop = agent_loop.with_middleware(mw);
         }
-        agent_loop = agent_loop.with_middleware(Arc::new(context));
+        agent_loop = agent_loop
+            .with_middleware(Arc::new(context))
+            .with_middleware(recorder);
         Ok(HarnessAgent {
             inner: Arc::new(Inner {
                 name,
                 workspace,
                 agent_loop,
-                sessions: Mutex::new(HashMap::new()),
+                tenancy,
+                state_store,
+                lease: self.lease.unwrap_or_default(),
+                local_locks: Mutex::new(HashMap::new()),
             }),
         })
     }
+}
+
+fn default_state_store(env: &EnvLookup, agent: &str) -> Result<Arc<dyn StateStore>> {
+    let base = match env.get(STATE_HOME_ENV) {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let home = env.get("HOME").ok_or_else(|| {
+                Error::Config(format!(
+                    "neither {STATE_HOME_ENV} nor HOME is set: set {STATE_HOME_ENV} to a directory"
+                ))
+            })?;
+            PathBuf::from(home).join(".hame").join("state")
+        }
+    };
+    let dir = base.join(agent);
+    let store = hame_state::JsonStore::open(&dir).map_err(|e| {
+        Error::Config(format!(
+            "cannot open state directory {}: {e} (set {STATE_HOME_ENV})",
+            dir.display()
+        ))
+    })?;
+    Ok(Arc::new(store))
 }
 
 #[derive(Debug)]
@@ -184,12 +292,17 @@ struct Inner {
     name: String,
     workspace: PathBuf,
     agent_loop: AgentLoop,
-    sessions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<AgentState>>>>,
+    tenancy: Arc<Tenancy>,
+    state_store: Arc<dyn StateStore>,
+    lease: LeaseOptions,
+    local_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// An agent that keeps working across calls: a ReAct loop plus workspace context, state and
 /// the harness's capabilities. Cheap to clone; one instance serves many users and sessions
-/// at once (calls on one session queue, different sessions run in parallel).
+/// at once: calls on one session queue (in this process by a lock, across processes by the
+/// state store's lease), different sessions run in parallel. No per-call data lives in the
+/// agent.
 #[derive(Debug, Clone)]
 pub struct HarnessAgent {
     inner: Arc<Inner>,
@@ -216,6 +329,31 @@ impl HarnessAgent {
         &self.inner.agent_loop
     }
 
+    /// The state store.
+    pub fn state_store(&self) -> &Arc<dyn StateStore> {
+        &self.inner.state_store
+    }
+
+    /// The filesystem a caller sees (its namespace over the workspace template).
+    pub fn filesystem_for(&self, ctx: &RuntimeContext) -> Result<Arc<dyn Filesystem>> {
+        self.inner
+            .tenancy
+            .fs_for(ctx)
+            .map_err(|e| Error::InvalidId(e.to_string()))
+    }
+
+    /// The session state of a caller, if the session exists.
+    pub async fn state(&self, ctx: &RuntimeContext) -> Result<Option<AgentState>> {
+        let key = self.key(ctx)?;
+        let stored = self
+            .inner
+            .state_store
+            .load(&key)
+            .await
+            .map_err(|e| Error::storage("loading session state failed", e))?;
+        Ok(stored.map(|s| s.state))
+    }
+
     /// Runs one call and returns the final reply.
     pub async fn call(&self, message: Message, ctx: &RuntimeContext) -> Result<CallOutput> {
         self.call_with(message, ctx, &EventSink::none(), &CancellationToken::new())
@@ -229,7 +367,7 @@ impl HarnessAgent {
         let ctx = ctx.clone();
         tokio::spawn(async move {
             // Loop errors are reported as a `Failed` event by the loop itself; errors
-            // before the loop starts are reported here.
+            // around it (ids, storage, busy session) are reported here.
             if let Err(e) = this
                 .call_with(message, &ctx, &sink, &CancellationToken::new())
                 .await
@@ -246,7 +384,19 @@ impl HarnessAgent {
         }))
     }
 
+    fn key(&self, ctx: &RuntimeContext) -> Result<StateKey> {
+        validate_id("session id", &ctx.session_id)?;
+        if let Some(u) = &ctx.user_id {
+            validate_id("user id", u)?;
+        }
+        StateKey::new(&self.inner.name, ctx.user_id.as_deref(), &ctx.session_id)
+            .map_err(|e| Error::InvalidId(e.to_string()))
+    }
+
     /// Runs one call with an explicit event sink and cancellation token.
+    ///
+    /// Before it returns, the reply is in the session log and the state is saved: a reply
+    /// the caller saw is never lost.
     pub async fn call_with(
         &self,
         message: Message,
@@ -254,29 +404,93 @@ impl HarnessAgent {
         events: &EventSink,
         cancel: &CancellationToken,
     ) -> Result<CallOutput> {
-        validate_id("session id", &ctx.session_id)?;
-        if let Some(u) = &ctx.user_id {
-            validate_id("user id", u)?;
-        }
-        let key = format!(
-            "{}/{}",
-            ctx.user_id.as_deref().unwrap_or("-"),
-            ctx.session_id
-        );
+        let key = self.key(ctx)?;
+        // Calls on one session queue in this process ...
         let slot = {
-            let mut map = self
+            let mut locks = self
                 .inner
-                .sessions
+                .local_locks
                 .lock()
-                .map_err(|_| Error::Config("session table poisoned".into()))?;
-            map.entry(key).or_default().clone()
+                .map_err(|_| Error::Config("session lock table poisoned".into()))?;
+            if locks.len() > 65_536 {
+                locks.retain(|_, m| Arc::strong_count(m) > 1);
+            }
+            locks
+                .entry(format!("{}/{}", key.user().unwrap_or("-"), key.session()))
+                .or_default()
+                .clone()
         };
-        let mut state = slot.lock().await;
-        let out = self
+        let _local = slot.lock().await;
+        // ... and across processes and replicas behind the store's lease.
+        let lease = match self
             .inner
-            .agent_loop
-            .run(&mut state, message, ctx, events, cancel)
-            .await?;
-        Ok(out)
+            .state_store
+            .acquire(&key, self.inner.lease.clone())
+            .await
+        {
+            Ok(l) => l,
+            Err(hame_state::Error::SessionBusy { .. }) => {
+                return Err(Error::SessionBusy(ctx.session_id.clone()));
+            }
+            Err(e) => return Err(Error::storage("acquiring the session lease failed", e)),
+        };
+        let result = self
+            .run_leased(&key, &lease, message, ctx, events, cancel)
+            .await;
+        if let Err(e) = lease.release().await {
+            tracing::warn!(error = %e, "releasing the session lease failed; it expires by itself");
+        }
+        result
+    }
+
+    async fn run_leased(
+        &self,
+        key: &StateKey,
+        lease: &hame_state::Lease,
+        message: Message,
+        ctx: &RuntimeContext,
+        events: &EventSink,
+        cancel: &CancellationToken,
+    ) -> Result<CallOutput> {
+        let store = &self.inner.state_store;
+        let (mut state, version) = match store
+            .load(key)
+            .await
+            .map_err(|e| Error::storage("loading session state failed", e))?
+        {
+            Some(s) => (s.state, Some(s.version)),
+            None => (AgentState::default(), None),
+        };
+        let mut runtime = ctx.clone();
+        runtime.extras.insert(
+            CALL_ID_EXTRA.to_owned(),
+            serde_json::Value::String(uuid::Uuid::new_v4().to_string()),
+        );
+        let outcome = {
+            let run = self
+                .inner
+                .agent_loop
+                .run(&mut state, message, &runtime, events, cancel);
+            tokio::pin!(run);
+            let period = (lease.ttl() / 3).max(Duration::from_millis(100));
+            let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+            loop {
+                tokio::select! {
+                    out = &mut run => break out,
+                    _ = ticker.tick() => {
+                        if let Err(e) = lease.renew().await {
+                            tracing::warn!(error = %e, "renewing the session lease failed");
+                        }
+                    }
+                }
+            }
+        };
+        // The state is saved whether the call succeeded or not: the messages it holds are
+        // already in the session log, and tool calls are always paired with results.
+        store
+            .save(key, &state, version)
+            .await
+            .map_err(|e| Error::storage("saving session state failed", e))?;
+        Ok(outcome?)
     }
 }

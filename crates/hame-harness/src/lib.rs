@@ -31,15 +31,22 @@ mod agent;
 mod context;
 mod error;
 mod ids;
-mod local;
 pub mod prompt;
+mod reader;
+mod recorder;
+mod template;
+mod tenancy;
+mod tools;
 mod workspace;
 
-pub use agent::{DEFAULT_AGENT_NAME, EnvLookup, HarnessAgent, HarnessAgentBuilder};
+pub use agent::{DEFAULT_AGENT_NAME, EnvLookup, HarnessAgent, HarnessAgentBuilder, STATE_HOME_ENV};
 pub use context::{
     ContextOptions, DEFAULT_MEMORY_BUDGET_TOKENS, TokenCount, WorkspaceContext, WorkspaceReader,
 };
 pub use error::{Error, Result};
 pub use ids::{MAX_ID_LEN, validate_id};
-pub use local::LocalWorkspaceReader;
+pub use reader::FsWorkspaceReader;
+pub use recorder::{CALL_ID_EXTRA, SessionRecorder};
+pub use template::{RUNTIME_ROOTS, TemplateFs};
+pub use tenancy::{FilesystemMode, Tenancy};
 pub use workspace::{DEFAULT_WORKSPACE, WORKSPACE_ENV, resolve_workspace};
