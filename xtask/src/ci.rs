@@ -132,11 +132,6 @@ struct Outcome {
 pub fn run(root: &Path, options: &CiOptions) -> Result<ExitCode> {
     let mut ctx = Ctx::new(root)?;
     let total = Instant::now();
-    if options.steps.contains(&Step::Deny) {
-        // Compiling cargo-deny takes minutes; start it now so it overlaps the services
-        // step, which mostly waits on apt and pip.
-        ctx.start_background_install(DENY)?;
-    }
     let mut env = None;
     let mut outcomes = Vec::new();
     let count = options.steps.len();
@@ -150,6 +145,11 @@ pub fn run(root: &Path, options: &CiOptions) -> Result<ExitCode> {
             .join(" "),
         std::env::var("CI").unwrap_or_default()
     );
+    if options.steps.contains(&Step::Deny) {
+        // Compiling cargo-deny takes minutes; start it now so it overlaps the services
+        // step, which mostly waits on apt and pip.
+        ctx.start_background_install(DENY)?;
+    }
     for (index, step) in options.steps.iter().copied().enumerate() {
         println!("\n==> [{}/{count}] {step}", index + 1);
         let started = Instant::now();

@@ -430,6 +430,9 @@ fn install_moto(venv: &Path) -> Result<()> {
             "install",
             "--quiet",
             "--disable-pip-version-check",
+            // Byte-compiling all of moto's services costs CPU the build needs; the few
+            // modules the S3 server imports are compiled on first use instead.
+            "--no-compile",
             MOTO_REQUIREMENT,
         ]),
         PIP_INSTALL_LIMIT,
