@@ -49,15 +49,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use hame_fs::{Error, Result};
 use hame_fs::Filesystem;
+pub use hame_fs::{Error, Result};
 
 #[cfg(feature = "object-store")]
 mod object;
-#[cfg(any(feature = "redis", feature = "object-store"))]
-mod retry;
 #[cfg(feature = "redis")]
 mod redis_fs;
+#[cfg(any(feature = "redis", feature = "object-store"))]
+mod retry;
 
 #[cfg(feature = "object-store")]
 pub use object::ObjectStoreFs;

@@ -4,10 +4,23 @@ use super::*;
 
 #[test]
 fn namespaces_are_checked() {
-    for good in ["a", "tenant-1", "user_2.session", &"x".repeat(MAX_NAMESPACE_BYTES)] {
+    for good in [
+        "a",
+        "tenant-1",
+        "user_2.session",
+        &"x".repeat(MAX_NAMESPACE_BYTES),
+    ] {
         assert!(validate_namespace(good).is_ok(), "{good}");
     }
-    for bad in ["", ".hidden", "a/b", "a b", "{a}", "é", &"x".repeat(MAX_NAMESPACE_BYTES + 1)] {
+    for bad in [
+        "",
+        ".hidden",
+        "a/b",
+        "a b",
+        "{a}",
+        "é",
+        &"x".repeat(MAX_NAMESPACE_BYTES + 1),
+    ] {
         let err = validate_namespace(bad).err().map(|e| e.code());
         assert_eq!(err, Some(hame_fs::codes::INVALID_ARGUMENTS), "{bad:?}");
     }
@@ -21,7 +34,10 @@ async fn unknown_scheme_is_an_invalid_argument() {
 
 #[tokio::test]
 async fn a_bad_namespace_is_refused_before_connecting() {
-    let err = open("redis://127.0.0.1:1", "a/b").await.err().map(|e| e.code());
+    let err = open("redis://127.0.0.1:1", "a/b")
+        .await
+        .err()
+        .map(|e| e.code());
     assert_eq!(err, Some(hame_fs::codes::INVALID_ARGUMENTS));
 }
 

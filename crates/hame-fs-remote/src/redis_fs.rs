@@ -146,7 +146,9 @@ impl RedisFs {
         }
         // The URL may carry a password: it is never echoed.
         let client = redis::Client::open(url).map_err(|_| {
-            Error::invalid_argument("invalid Redis URL; expected redis://[user:password@]host[:port][/db]")
+            Error::invalid_argument(
+                "invalid Redis URL; expected redis://[user:password@]host[:port][/db]",
+            )
         })?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
@@ -158,26 +160,24 @@ impl RedisFs {
             .connect_timeout
             .saturating_mul(u32::try_from(options.reconnect_retries + 1).unwrap_or(u32::MAX))
             .saturating_add(std::time::Duration::from_secs(5));
-        let conn = match tokio::time::timeout(
-            guard,
-            ConnectionManager::new_with_config(client, config),
-        )
-        .await
-        {
-            Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => {
-                return Err(Error::backend(
-                    format!("cannot connect to Redis: {}", describe(&e)),
-                    e,
-                ));
-            }
-            Err(_) => {
-                return Err(Error::Backend {
-                    message: format!("cannot connect to Redis: no answer within {guard:?}"),
-                    source: None,
-                });
-            }
-        };
+        let conn =
+            match tokio::time::timeout(guard, ConnectionManager::new_with_config(client, config))
+                .await
+            {
+                Ok(Ok(conn)) => conn,
+                Ok(Err(e)) => {
+                    return Err(Error::backend(
+                        format!("cannot connect to Redis: {}", describe(&e)),
+                        e,
+                    ));
+                }
+                Err(_) => {
+                    return Err(Error::Backend {
+                        message: format!("cannot connect to Redis: no answer within {guard:?}"),
+                        source: None,
+                    });
+                }
+            };
         let fs = RedisFs {
             conn,
             prefix: format!("{}:{{{namespace}}}:", options.key_prefix),
@@ -277,7 +277,10 @@ impl RedisFs {
         let (min, max) = if base.is_root() {
             ("-".to_owned(), "+".to_owned())
         } else {
-            (format!("[{}/", base.as_str()), format!("({}0", base.as_str()))
+            (
+                format!("[{}/", base.as_str()),
+                format!("({}0", base.as_str()),
+            )
         };
         let min = after.map_or(min, |a| format!("({a}"));
         let mut conn = self.conn.clone();
@@ -297,7 +300,9 @@ impl RedisFs {
     async fn subtree(&self, base: &FsPath) -> Result<Vec<String>> {
         let mut out: Vec<String> = Vec::new();
         loop {
-            let page = self.subtree_page(base, out.last().map(String::as_str)).await?;
+            let page = self
+                .subtree_page(base, out.last().map(String::as_str))
+                .await?;
             if page.is_empty() {
                 return Ok(out);
             }
@@ -444,10 +449,7 @@ impl Filesystem for RedisFs {
         }
         names.sort_unstable();
         names.dedup();
-        let children: Vec<FsPath> = names
-            .iter()
-            .filter_map(|n| path.join(n).ok())
-            .collect();
+        let children: Vec<FsPath> = names.iter().filter_map(|n| path.join(n).ok()).collect();
         let mut out = Vec::with_capacity(children.len());
         for chunk in children.chunks(self.options.scan_count.max(1)) {
             let mut pipe = redis::pipe();
@@ -824,7 +826,12 @@ impl Filesystem for RedisFs {
         }
         let truncated = hits.len() > request.max_results;
         hits.truncate(request.max_results);
-        let files = self.file_infos(&hits).await?.into_iter().flatten().collect();
+        let files = self
+            .file_infos(&hits)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
         Ok(GlobOutput { files, truncated })
     }
 }

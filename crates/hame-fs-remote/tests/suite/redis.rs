@@ -20,34 +20,54 @@ async fn fs(tag: &str) -> Option<RedisFs> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn conformance() {
-    let Some(fs) = fs("conformance").await else { return };
+    let Some(fs) = fs("conformance").await else {
+        return;
+    };
     hame_fs::conformance::run_all(&fs).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_editors_lose_no_update() {
-    let Some(fs) = fs("editors").await else { return };
+    let Some(fs) = fs("editors").await else {
+        return;
+    };
     support::concurrent_editors(Arc::new(fs), 24).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_edit_one_file() {
     // Two connections (two "replicas") on one namespace.
-    let Some(url) = support::service("HAME_TEST_REDIS_URL", "Redis") else { return };
+    let Some(url) = support::service("HAME_TEST_REDIS_URL", "Redis") else {
+        return;
+    };
     let ns = support::namespace("replicas");
-    let a = RedisFs::connect(&url, &ns, RedisOptions::default()).await.unwrap();
-    let b = RedisFs::connect(&url, &ns, RedisOptions::default()).await.unwrap();
-    a.write(&p("f"), b"<end>".to_vec(), WriteOptions::default()).await.unwrap();
+    let a = RedisFs::connect(&url, &ns, RedisOptions::default())
+        .await
+        .unwrap();
+    let b = RedisFs::connect(&url, &ns, RedisOptions::default())
+        .await
+        .unwrap();
+    a.write(&p("f"), b"<end>".to_vec(), WriteOptions::default())
+        .await
+        .unwrap();
     let (ra, rb) = tokio::join!(
         async {
             for i in 0..20 {
-                let req = hame_fs::EditRequest { old: "<end>".into(), new: format!("a{i} <end>"), replace_all: false };
+                let req = hame_fs::EditRequest {
+                    old: "<end>".into(),
+                    new: format!("a{i} <end>"),
+                    replace_all: false,
+                };
                 a.edit(&p("f"), &req).await.unwrap();
             }
         },
         async {
             for i in 0..20 {
-                let req = hame_fs::EditRequest { old: "<end>".into(), new: format!("b{i} <end>"), replace_all: false };
+                let req = hame_fs::EditRequest {
+                    old: "<end>".into(),
+                    new: format!("b{i} <end>"),
+                    replace_all: false,
+                };
                 b.edit(&p("f"), &req).await.unwrap();
             }
         }
@@ -60,24 +80,51 @@ async fn two_replicas_edit_one_file() {
 
 #[tokio::test]
 async fn tenants_are_isolated() {
-    let Some(url) = support::service("HAME_TEST_REDIS_URL", "Redis") else { return };
-    let a = RedisFs::connect(&url, &support::namespace("tenant-a"), RedisOptions::default()).await.unwrap();
-    let b = RedisFs::connect(&url, &support::namespace("tenant-b"), RedisOptions::default()).await.unwrap();
+    let Some(url) = support::service("HAME_TEST_REDIS_URL", "Redis") else {
+        return;
+    };
+    let a = RedisFs::connect(
+        &url,
+        &support::namespace("tenant-a"),
+        RedisOptions::default(),
+    )
+    .await
+    .unwrap();
+    let b = RedisFs::connect(
+        &url,
+        &support::namespace("tenant-b"),
+        RedisOptions::default(),
+    )
+    .await
+    .unwrap();
     support::tenants_are_isolated(&a, &b).await;
 }
 
 #[tokio::test]
 async fn append_after_compare_and_set_uses_the_real_content() {
-    let Some(fs) = fs("append-cas").await else { return };
+    let Some(fs) = fs("append-cas").await else {
+        return;
+    };
     let path = p("log.jsonl");
-    let v1 = fs.write(&path, b"one\n".to_vec(), WriteOptions::create_new()).await.unwrap();
+    let v1 = fs
+        .write(&path, b"one\n".to_vec(), WriteOptions::create_new())
+        .await
+        .unwrap();
     fs.append(&path, b"two\n".to_vec()).await.unwrap();
     // The stored version is stale after APPEND: v1 must now conflict...
-    let stale = fs.write(&path, b"x".to_vec(), WriteOptions::if_match(v1)).await;
-    assert_eq!(stale.err().map(|e| e.code()), Some(hame_fs::codes::CONFLICT));
+    let stale = fs
+        .write(&path, b"x".to_vec(), WriteOptions::if_match(v1))
+        .await;
+    assert_eq!(
+        stale.err().map(|e| e.code()),
+        Some(hame_fs::codes::CONFLICT)
+    );
     // ...and the version of the appended content must win.
     let current = hame_fs::Version::of(b"one\ntwo\n");
-    let v3 = fs.write(&path, b"three\n".to_vec(), WriteOptions::if_match(current)).await.unwrap();
+    let v3 = fs
+        .write(&path, b"three\n".to_vec(), WriteOptions::if_match(current))
+        .await
+        .unwrap();
     assert_eq!(v3, hame_fs::Version::of(b"three\n"));
     assert_eq!(fs.read_bytes(&path).await.unwrap(), b"three\n");
 }
@@ -104,8 +151,12 @@ async fn a_dead_redis_gives_a_clear_error() {
 
 #[tokio::test]
 async fn open_builds_a_redis_filesystem() {
-    let Some(url) = support::service("HAME_TEST_REDIS_URL", "Redis") else { return };
-    let fs = hame_fs_remote::open(&url, &support::namespace("open")).await.unwrap();
+    let Some(url) = support::service("HAME_TEST_REDIS_URL", "Redis") else {
+        return;
+    };
+    let fs = hame_fs_remote::open(&url, &support::namespace("open"))
+        .await
+        .unwrap();
     fs.append(&p("a/b.txt"), b"hi".to_vec()).await.unwrap();
     assert_eq!(fs.read_bytes(&p("a/b.txt")).await.unwrap(), b"hi");
     assert!(format!("{fs:?}").contains("RedisFs"));

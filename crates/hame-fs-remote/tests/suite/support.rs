@@ -65,12 +65,20 @@ pub async fn concurrent_editors(fs: Arc<dyn Filesystem>, n: usize) {
 
 /// Two namespaces on one store: nothing of one is visible through the other.
 pub async fn tenants_are_isolated(a: &dyn Filesystem, b: &dyn Filesystem) {
-    a.write(&p("secret/a.txt"), b"alpha secret\n".to_vec(), WriteOptions::default())
-        .await
-        .unwrap();
-    b.write(&p("public/b.txt"), b"beta\n".to_vec(), WriteOptions::default())
-        .await
-        .unwrap();
+    a.write(
+        &p("secret/a.txt"),
+        b"alpha secret\n".to_vec(),
+        WriteOptions::default(),
+    )
+    .await
+    .unwrap();
+    b.write(
+        &p("public/b.txt"),
+        b"beta\n".to_vec(),
+        WriteOptions::default(),
+    )
+    .await
+    .unwrap();
     let listed: Vec<String> = b
         .list(&FsPath::root())
         .await
@@ -80,7 +88,10 @@ pub async fn tenants_are_isolated(a: &dyn Filesystem, b: &dyn Filesystem) {
         .collect();
     assert_eq!(listed, vec!["/public".to_owned()]);
     assert_eq!(
-        b.read_bytes(&p("secret/a.txt")).await.err().map(|e| e.code()),
+        b.read_bytes(&p("secret/a.txt"))
+            .await
+            .err()
+            .map(|e| e.code()),
         Some(hame_fs::codes::FILE_NOT_FOUND)
     );
     assert!(!b.exists(&p("secret")).await.unwrap());
