@@ -351,12 +351,18 @@ impl Ctx {
 
     fn check_features(&self) -> Result<()> {
         let graph = self.metadata()?;
-        let Some(features) = graph.workspace_features(FACADE) else {
+        let Some(plan) = graph.feature_plan(FACADE) else {
             println!("no `{FACADE}` crate in the workspace yet; nothing to check");
             return Ok(());
         };
+        if !plan.aggregates.is_empty() {
+            println!(
+                "not checked alone (aggregates, covered by --all-features): {}",
+                plan.aggregates.join(", ")
+            );
+        }
         let mut sets: Vec<Option<String>> = vec![None];
-        sets.extend(features.into_iter().map(Some));
+        sets.extend(plan.check.into_iter().map(Some));
         let mut failed = Vec::new();
         for set in &sets {
             let mut cmd = self.cargo(None);

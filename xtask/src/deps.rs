@@ -67,7 +67,17 @@ pub struct Graph {
     names: HashMap<String, String>,
     workspace: BTreeSet<String>,
     edges: HashMap<String, Vec<Edge>>,
-    features: HashMap<String, Vec<String>>,
+    features: HashMap<String, BTreeMap<String, Vec<String>>>,
+}
+
+/// Which features of a crate to check one by one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FeaturePlan {
+    /// Features checked alone with `--no-default-features --features <f>`, sorted.
+    pub check: Vec<String>,
+    /// Pure aggregates (every entry is another feature of the crate, like `full`): already
+    /// covered by `--all-features` in clippy and tests, so not checked alone.
+    pub aggregates: Vec<String>,
 }
 
 /// One dependency edge that cargo actually builds.
@@ -89,9 +99,20 @@ impl Graph {
             let id = string(pkg, "id")?;
             graph.names.insert(id.clone(), string(pkg, "name")?);
             if let Some(features) = pkg.get("features").and_then(Value::as_object) {
-                graph
-                    .features
-                    .insert(id.clone(), features.keys().cloned().collect());
+                let table = features
+                    .iter()
+                    .map(|(name, values)| {
+                        let values = values
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(Value::as_str)
+                            .map(str::to_owned)
+                            .collect();
+                        (name.clone(), values)
+                    })
+                    .collect();
+                graph.features.insert(id.clone(), table);
             }
             packages.insert(id, pkg);
         }
@@ -169,20 +190,28 @@ impl Graph {
         self.workspace.iter().find(|id| self.name(id) == name)
     }
 
-    /// The features of a workspace crate, `default` excluded, sorted; `None` if the crate
-    /// is not in the workspace.
-    pub fn workspace_features(&self, name: &str) -> Option<Vec<String>> {
+    /// The features of a workspace crate to check one by one (`default` excluded);
+    /// `None` if the crate is not in the workspace.
+    pub fn feature_plan(&self, name: &str) -> Option<FeaturePlan> {
         let id = self.workspace_id(name)?;
-        let mut features: Vec<String> = self
-            .features
-            .get(id)
-            .into_iter()
-            .flatten()
-            .filter(|f| *f != "default")
-            .cloned()
-            .collect();
-        features.sort();
-        Some(features)
+        let table = self.features.get(id).cloned().unwrap_or_default();
+        let mut plan = FeaturePlan {
+            check: Vec::new(),
+            aggregates: Vec::new(),
+        };
+        // BTreeMap iteration is sorted.
+        for (feature, values) in &table {
+            if feature == "default" {
+                continue;
+            }
+            let aggregate = values.len() > 1 && values.iter().all(|v| table.contains_key(v));
+            if aggregate {
+                plan.aggregates.push(feature.clone());
+            } else {
+                plan.check.push(feature.clone());
+            }
+        }
+        Some(plan)
     }
 
     /// Every rule violation, as sentences; empty means the graph is fine.

@@ -21,7 +21,9 @@ fn metadata(workspace: &[&str], packages: &[&str], edges: &[(&str, &str, Kind)])
         .iter()
         .map(|name| {
             let features = if *name == "hame" {
-                json!({"default": ["redis"], "redis": [], "postgres": [], "docker": []})
+                json!({"default": ["redis"], "redis": ["dep:redis", "hame-state/redis"],
+                       "postgres": [], "docker": [], "single": ["redis"],
+                       "full": ["redis", "postgres", "docker"]})
             } else {
                 json!({})
             };
@@ -222,17 +224,21 @@ fn no_sqlite_at_all_is_fine_while_nothing_uses_rusqlite() -> Result<()> {
 }
 
 #[test]
-fn facade_features_exclude_default_and_are_sorted() -> Result<()> {
+fn facade_features_exclude_default_and_aggregates() -> Result<()> {
     let graph = graph(&healthy_edges(), &[])?;
     assert_eq!(
-        graph.workspace_features("hame"),
-        Some(vec![
-            "docker".to_owned(),
-            "postgres".to_owned(),
-            "redis".to_owned()
-        ])
+        graph.feature_plan("hame"),
+        Some(FeaturePlan {
+            check: vec![
+                "docker".to_owned(),
+                "postgres".to_owned(),
+                "redis".to_owned(),
+                "single".to_owned(),
+            ],
+            aggregates: vec!["full".to_owned()],
+        })
     );
-    assert_eq!(graph.workspace_features("serde"), None);
+    assert_eq!(graph.feature_plan("serde"), None);
     Ok(())
 }
 
