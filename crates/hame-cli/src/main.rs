@@ -59,6 +59,35 @@ struct Common {
     /// Maximum reasoning steps per call.
     #[arg(long)]
     max_iterations: Option<usize>,
+    /// Shared-store mode: tenant files live in this store (redis://..., s3://bucket/prefix)
+    /// over the read-only workspace template; no shell tool.
+    #[arg(long)]
+    store: Option<String>,
+    /// Which runtime data tenants share.
+    #[arg(long, value_enum, default_value_t = Isolation::User)]
+    isolation: Isolation,
+    /// Where session state lives: a directory, redis://, postgres://, mysql:// [default: $HAME_STATE, else JSON files under $HAME_STATE_HOME or ~/.hame/state]
+    #[arg(long)]
+    state: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Isolation {
+    Session,
+    User,
+    Agent,
+    Global,
+}
+
+impl From<Isolation> for hame::fs::Scope {
+    fn from(i: Isolation) -> Self {
+        match i {
+            Isolation::Session => hame::fs::Scope::Session,
+            Isolation::User => hame::fs::Scope::User,
+            Isolation::Agent => hame::fs::Scope::Agent,
+            Isolation::Global => hame::fs::Scope::Global,
+        }
+    }
 }
 
 /// A usage or configuration error: exit code 2.
@@ -77,7 +106,7 @@ fn env(key: &str) -> Option<String> {
     std::env::var(key).ok().filter(|v| !v.trim().is_empty())
 }
 
-fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
+async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
     let spec = common.model.clone().or_else(|| env("HAME_MODEL")).ok_or_else(|| {
         ConfigError("no model configured: pass --model provider:model or set HAME_MODEL (e.g. openai:gpt-4o-mini)".into())
     })?;
@@ -91,6 +120,23 @@ fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
     }
     if let Some(n) = common.max_iterations {
         builder = builder.max_iterations(n);
+    }
+    builder = builder.isolation_scope(common.isolation.into());
+    if let Some(url) = common.state.clone().or_else(|| env("HAME_STATE")) {
+        let store = hame::state::open(&url).await.map_err(|e| {
+            ConfigError(format!(
+                "cannot open state store {url}: {e} (check --state / HAME_STATE)"
+            ))
+        })?;
+        builder = builder.state_store(store);
+    }
+    if let Some(url) = &common.store {
+        let store = hame::fs::remote::open(url, "hame").await.map_err(|e| {
+            ConfigError(format!(
+                "cannot open shared store {url}: {e} (check --store)"
+            ))
+        })?;
+        builder = builder.filesystem(hame::FilesystemMode::SharedStore { store });
     }
     let agent = builder.build().map_err(|e| {
         if e.is_config() {
@@ -112,7 +158,7 @@ fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
 }
 
 async fn run(common: Common, json: bool, message: String) -> anyhow::Result<()> {
-    let (agent, ctx) = build(&common)?;
+    let (agent, ctx) = build(&common).await?;
     let out = agent.call(Message::user(message), &ctx).await?;
     if json {
         let obj = serde_json::json!({
@@ -131,7 +177,7 @@ async fn run(common: Common, json: bool, message: String) -> anyhow::Result<()> 
 }
 
 async fn chat(common: Common) -> anyhow::Result<()> {
-    let (agent, ctx) = build(&common)?;
+    let (agent, ctx) = build(&common).await?;
     let stdin = std::io::stdin();
     let mut line = String::new();
     loop {

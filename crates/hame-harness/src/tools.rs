@@ -4,19 +4,35 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hame_core::{RuntimeContext, Tool, ToolError};
-use hame_fs::Filesystem;
+use hame_fs::{Execute, Filesystem, FsToolOptions, LocalShell, ShellOptions};
 use hame_session::{FsFn, SessionToolOptions};
 
 use crate::error::{Error, Result};
 use crate::tenancy::Tenancy;
 
-/// The built-in tools: the session tools, and later the file tools and the shell.
+/// The built-in tools: the file tools over the caller's namespace (`read_file`,
+/// `write_file`, `edit_file`, `grep_files`, `glob_files`, `list_files`), `execute` when the
+/// mode has a shell (local mode; it runs `sh -c` in the workspace and is not a security
+/// boundary), and the session tools (`session_list`, `session_history`).
 pub fn builtin_tools(
     tenancy: &Arc<Tenancy>,
     agent: &str,
-    _shell: bool,
-    _workspace: &Path,
+    shell: bool,
+    workspace: &Path,
 ) -> Result<Vec<Arc<dyn Tool>>> {
+    let executor: Option<Arc<dyn Execute>> = shell.then(|| {
+        Arc::new(LocalShell::new(
+            workspace.to_path_buf(),
+            ShellOptions::default(),
+        )) as Arc<dyn Execute>
+    });
+    let options = FsToolOptions {
+        isolation: Some(tenancy.isolation.clone()),
+        executor,
+        ..FsToolOptions::default()
+    };
+    let mut tools = hame_fs::fs_tools(tenancy.store.clone(), options);
+
     let t = tenancy.clone();
     let provider = FsFn(
         move |ctx: &RuntimeContext| -> std::result::Result<Arc<dyn Filesystem>, ToolError> {
@@ -24,6 +40,9 @@ pub fn builtin_tools(
                 .map_err(|e| ToolError::new(e.code(), e.to_string()))
         },
     );
-    hame_session::session_tools(Arc::new(provider), agent, SessionToolOptions::default())
-        .map_err(|e| Error::Config(format!("session tools: {e}")))
+    tools.extend(
+        hame_session::session_tools(Arc::new(provider), agent, SessionToolOptions::default())
+            .map_err(|e| Error::Config(format!("session tools: {e}")))?,
+    );
+    Ok(tools)
 }

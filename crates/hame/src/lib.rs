@@ -2,16 +2,25 @@
 //!
 //! An agent harness: it wraps a tool-calling LLM in a ReAct loop with everything a
 //! long-running agent needs — a workspace as the single source of truth (`AGENTS.md`,
-//! `MEMORY.md`, `knowledge/`, skills), per-session state, and pluggable backends.
+//! `MEMORY.md`, `knowledge/`, skills), a pluggable filesystem with tenant isolation,
+//! per-session state that survives processes and replicas, and never-compacted session logs.
 //!
-//! This facade re-exports the public API. Pick backends with Cargo features:
+//! This facade re-exports the public API. Pick backends with Cargo features; each one is
+//! declared in the leaf crate that owns it and forwarded here once:
 //!
 //! | feature | what it adds |
 //! |---|---|
 //! | `openai` | OpenAI-compatible Chat Completions client ([`model::OpenAiModel`]) |
 //! | `anthropic` | Anthropic Messages client ([`model::AnthropicModel`]) |
+//! | `redis` | Redis shared-store filesystem and state store |
+//! | `postgres` | PostgreSQL state store |
+//! | `mysql` | MySQL / MariaDB state store |
+//! | `s3` | object storage (S3 and S3-compatible) as the shared-store filesystem |
 //! | `full` | all of the above |
 //! | `test-support` | an in-process model double for unit tests |
+//!
+//! Without features you get the loop, the local filesystem, JSON-file state and the
+//! session logs.
 //!
 //! ```no_run
 //! # #[cfg(feature = "openai")]
@@ -29,8 +38,8 @@
 
 pub use hame_core::*;
 pub use hame_harness::{
-    DEFAULT_AGENT_NAME, EnvLookup, HarnessAgent, HarnessAgentBuilder, WorkspaceContext,
-    WorkspaceReader, resolve_workspace,
+    DEFAULT_AGENT_NAME, EnvLookup, FilesystemMode, HarnessAgent, HarnessAgentBuilder,
+    WorkspaceContext, WorkspaceReader, resolve_workspace,
 };
 
 /// Model providers (`hame-model`).
@@ -41,4 +50,23 @@ pub mod model {
 /// The harness (`hame-harness`).
 pub mod harness {
     pub use hame_harness::*;
+}
+
+/// The filesystem layer (`hame-fs`).
+pub mod fs {
+    pub use hame_fs::*;
+    /// Shared-store backends (`hame-fs-remote`): Redis and object storage.
+    pub mod remote {
+        pub use hame_fs_remote::*;
+    }
+}
+
+/// State stores (`hame-state`).
+pub mod state {
+    pub use hame_state::*;
+}
+
+/// Session logs and their tools (`hame-session`).
+pub mod session {
+    pub use hame_session::*;
 }

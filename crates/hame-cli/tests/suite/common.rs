@@ -37,3 +37,40 @@ pub fn stdout(o: &Output) -> String {
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
+
+/// Runs `hame run --model openai:m <args...> <message>` against `base` with state under
+/// `dir/state`, returning the output.
+pub async fn run_with(
+    dir: &Path,
+    base: &str,
+    args: &[&str],
+    message: &str,
+    extra_env: &[(&str, &str)],
+) -> std::io::Result<Output> {
+    let state = dir.join("state");
+    let state = state.to_string_lossy().into_owned();
+    let mut all: Vec<&str> = vec!["run", "--model", "openai:m"];
+    all.extend_from_slice(args);
+    all.push(message);
+    let mut env: Vec<(&str, &str)> = vec![("OPENAI_BASE_URL", base), ("HAME_STATE_HOME", &state)];
+    env.extend_from_slice(extra_env);
+    output(hame(&all, &env, dir)).await
+}
+
+/// The system prompt of a recorded OpenAI-style request.
+pub fn system_of(body: &serde_json::Value) -> String {
+    body["messages"][0]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The text of the last tool message of a recorded OpenAI-style request.
+pub fn last_tool_result(body: &serde_json::Value) -> String {
+    body["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "tool"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}

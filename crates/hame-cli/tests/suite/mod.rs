@@ -1,2 +1,5 @@
 mod common;
+mod resume;
 mod run;
+mod tenants;
+mod tools;

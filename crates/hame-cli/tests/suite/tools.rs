@@ -1,0 +1,145 @@
+//! The file tools and the shell through `hame run` in local mode.
+
+use std::fs;
+
+use hame_test_support::{ScriptStep, ScriptedServer};
+use pretty_assertions::assert_eq;
+use serde_json::json;
+
+use super::common::{last_tool_result, run_with, stderr, stdout, system_of};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+#[tokio::test]
+async fn write_then_read_a_file_through_the_tools() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "write_file",
+            json!({"file_path": "notes/todo.md", "content": "- buy milk\n"}),
+        ),
+        ScriptStep::tool_call("c2", "read_file", json!({"file_path": "notes/todo.md"})),
+        ScriptStep::text("Your list has milk."),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s, "--user", "alice"],
+        "todo?",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "Your list has milk.\n");
+    let reqs = server.requests();
+    assert_eq!(reqs.len(), 3);
+    assert!(
+        last_tool_result(&reqs[2].body).contains("buy milk"),
+        "{}",
+        last_tool_result(&reqs[2].body)
+    );
+    // The file landed in alice's namespace inside the workspace, not at the root.
+    let landed = ws.join("agents/hame/users/alice/home/notes/todo.md");
+    assert_eq!(fs::read_to_string(landed)?, "- buy milk\n");
+    assert!(!ws.join("notes/todo.md").exists());
+    // Every message of the call is in the never-compacted session log.
+    let log = fs::read_to_string(
+        ws.join("agents/hame/users/alice/home/agents/hame/sessions/default.log.jsonl"),
+    )?;
+    assert_eq!(log.lines().count(), 6, "{log}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn hostile_paths_are_refused_with_codes() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_calls(vec![
+            hame_test_support::ScriptToolCall::new(
+                "a",
+                "read_file",
+                &json!({"file_path": "../../etc/passwd"}),
+            ),
+            hame_test_support::ScriptToolCall::new(
+                "b",
+                "read_file",
+                &json!({"file_path": "/etc/passwd"}),
+            ),
+            hame_test_support::ScriptToolCall::new(
+                "c",
+                "write_file",
+                &json!({"file_path": "../escape.txt", "content": "x"}),
+            ),
+        ]),
+        ScriptStep::text("done"),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "go",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let body = &server.requests()[1].body;
+    let results: Vec<String> = body["messages"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .filter(|m| m["role"] == "tool")
+                .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(results.len(), 3);
+    for r in &results {
+        assert!(r.starts_with("Error ["), "{r}");
+        assert!(!r.contains("root:"), "leaked /etc/passwd: {r}");
+    }
+    assert!(!dir.path().join("escape.txt").exists());
+    Ok(())
+}
+
+#[tokio::test]
+async fn live_edit_of_agents_md_reaches_the_next_step() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "execute",
+            json!({"command": "printf 'You are Version Two.' > AGENTS.md"}),
+        ),
+        ScriptStep::text("edited"),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    fs::write(ws.join("AGENTS.md"), "You are Version One.")?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "edit yourself",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let reqs = server.requests();
+    assert_eq!(reqs.len(), 2);
+    assert!(system_of(&reqs[0].body).contains("You are Version One."));
+    let second = system_of(&reqs[1].body);
+    assert!(second.contains("You are Version Two."), "{second}");
+    assert!(!second.contains("Version One"), "{second}");
+    Ok(())
+}
