@@ -15,3 +15,6 @@ pub use index::{
 };
 pub use tokens::{EstimateCounter, TokenCounter, counter_for_model};
 pub mod compaction;
+pub mod offload;
+pub mod daily;
+pub mod consolidate;
