@@ -103,13 +103,13 @@ impl AnthropicModel {
         if config.model.trim().is_empty() {
             return Err(ModelError::Config("the model name is empty".into()));
         }
-        if let Some(b) = config.thinking_budget {
-            if b < 1024 || b >= config.max_tokens {
-                return Err(ModelError::Config(format!(
-                    "thinking_budget {b} must be at least 1024 and below max_tokens {}",
-                    config.max_tokens
-                )));
-            }
+        if let Some(b) = config.thinking_budget
+            && (b < 1024 || b >= config.max_tokens)
+        {
+            return Err(ModelError::Config(format!(
+                "thinking_budget {b} must be at least 1024 and below max_tokens {}",
+                config.max_tokens
+            )));
         }
         let base = config.base_url.trim_end_matches('/').to_owned();
         let mut headers = vec![("anthropic-version".to_owned(), ANTHROPIC_VERSION.to_owned())];

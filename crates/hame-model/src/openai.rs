@@ -285,15 +285,14 @@ pub(crate) fn parse_response(v: &Value) -> Result<Vec<ModelEvent>, ModelError> {
         .ok_or_else(|| ModelError::InvalidResponse(format!("no choices in response: {v}")))?;
     let msg = choice.get("message").unwrap_or(&Value::Null);
     let mut events = Vec::new();
-    if let Some(r) = str_of(msg, "reasoning_content").or_else(|| str_of(msg, "reasoning")) {
-        if !r.is_empty() {
-            events.push(ModelEvent::ReasoningDelta(r.to_owned()));
-        }
+    if let Some(r) = str_of(msg, "reasoning_content")
+        .or_else(|| str_of(msg, "reasoning"))
+        .filter(|x| !x.is_empty())
+    {
+        events.push(ModelEvent::ReasoningDelta(r.to_owned()));
     }
-    if let Some(t) = str_of(msg, "content") {
-        if !t.is_empty() {
-            events.push(ModelEvent::TextDelta(t.to_owned()));
-        }
+    if let Some(t) = str_of(msg, "content").filter(|x| !x.is_empty()) {
+        events.push(ModelEvent::TextDelta(t.to_owned()));
     }
     for (index, call) in msg
         .get("tool_calls")
@@ -364,17 +363,14 @@ impl SseParser for StreamParser {
             .flatten()
         {
             let delta = choice.get("delta").unwrap_or(&Value::Null);
-            if let Some(r) =
-                str_of(delta, "reasoning_content").or_else(|| str_of(delta, "reasoning"))
+            if let Some(r) = str_of(delta, "reasoning_content")
+                .or_else(|| str_of(delta, "reasoning"))
+                .filter(|x| !x.is_empty())
             {
-                if !r.is_empty() {
-                    events.push(ModelEvent::ReasoningDelta(r.to_owned()));
-                }
+                events.push(ModelEvent::ReasoningDelta(r.to_owned()));
             }
-            if let Some(t) = str_of(delta, "content") {
-                if !t.is_empty() {
-                    events.push(ModelEvent::TextDelta(t.to_owned()));
-                }
+            if let Some(t) = str_of(delta, "content").filter(|x| !x.is_empty()) {
+                events.push(ModelEvent::TextDelta(t.to_owned()));
             }
             for (pos, call) in delta
                 .get("tool_calls")
