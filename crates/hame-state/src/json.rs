@@ -116,7 +116,7 @@ impl JsonStore {
     }
 
     #[cfg(any(test, feature = "conformance"))]
-    pub(crate) fn put_raw_blocking(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
+    fn put_raw_blocking(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
         let dir = self.dir(key.agent(), key.user());
         fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
         let doc = serde_json::json!({
@@ -385,5 +385,19 @@ impl LeaseHandle for FileLease {
             let _ = f.unlock();
         }
         Ok(())
+    }
+}
+
+#[cfg(any(test, feature = "conformance"))]
+#[async_trait]
+impl crate::conformance::RawAccess for JsonStore {
+    async fn put_raw(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
+        let store = self.clone();
+        let key = key.clone();
+        Self::blocking(move || store.put_raw_blocking(&key, state)).await
+    }
+
+    fn ttl_expires_live_holders(&self) -> bool {
+        false
     }
 }

@@ -53,7 +53,7 @@ impl InMemoryStore {
     }
 
     #[cfg(any(test, feature = "conformance"))]
-    pub(crate) fn put_raw(&self, key: &StateKey, json: serde_json::Value) -> u64 {
+    fn put_raw_sync(&self, key: &StateKey, json: serde_json::Value) -> u64 {
         let mut docs = lock(&self.docs);
         let version = docs.get(key).map_or(1, |d| d.version + 1);
         docs.insert(
@@ -169,6 +169,15 @@ impl LeaseHandle for MemoryLease {
         if leases.get(&self.key).is_some_and(|(t, _)| *t == self.token) {
             leases.remove(&self.key);
         }
+        Ok(())
+    }
+}
+
+#[cfg(any(test, feature = "conformance"))]
+#[async_trait]
+impl crate::conformance::RawAccess for InMemoryStore {
+    async fn put_raw(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
+        self.put_raw_sync(key, state);
         Ok(())
     }
 }

@@ -194,7 +194,7 @@ impl RedisStore {
     }
 
     #[cfg(any(test, feature = "conformance"))]
-    pub(crate) async fn put_raw(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
+    async fn put_raw_doc(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
         self.delete(key).await?;
         let json = serde_json::to_vec(&state).map_err(Error::Serialize)?;
         self.write(key, &json, None).await.map(|_| ())
@@ -336,5 +336,13 @@ impl LeaseHandle for RedisLease {
             .await
             .map_err(backend)?;
         Ok(())
+    }
+}
+
+#[cfg(any(test, feature = "conformance"))]
+#[async_trait]
+impl crate::conformance::RawAccess for RedisStore {
+    async fn put_raw(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
+        self.put_raw_doc(key, state).await
     }
 }

@@ -68,10 +68,6 @@ fn decode(key: &StateKey, json: &str) -> Result<AgentState> {
     })
 }
 
-fn is_unique_violation(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
-}
-
 // ---------------------------------------------------------------- PostgreSQL
 
 #[cfg(feature = "postgres")]
@@ -228,9 +224,17 @@ mod pg {
         }
 
         #[cfg(any(test, feature = "conformance"))]
-        pub(crate) async fn put_raw(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
+        async fn put_raw_doc(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
             self.delete(key).await?;
             self.write(key, &state.to_string(), None).await.map(|_| ())
+        }
+    }
+
+    #[cfg(any(test, feature = "conformance"))]
+    #[async_trait]
+    impl crate::conformance::RawAccess for PostgresStore {
+        async fn put_raw(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
+            self.put_raw_doc(key, state).await
         }
     }
 
@@ -407,6 +411,10 @@ mod my {
         Error::backend("mysql", e)
     }
 
+    fn is_unique_violation(e: &sqlx::Error) -> bool {
+        matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
+    }
+
     /// A shared store on MySQL 8 or MariaDB 10.6+.
     ///
     /// Tables (see `migrations/mysql/`): `hame_state_sessions(agent, user_key, session,
@@ -559,9 +567,17 @@ mod my {
         }
 
         #[cfg(any(test, feature = "conformance"))]
-        pub(crate) async fn put_raw(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
+        async fn put_raw_doc(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
             self.delete(key).await?;
             self.write(key, &state.to_string(), None).await.map(|_| ())
+        }
+    }
+
+    #[cfg(any(test, feature = "conformance"))]
+    #[async_trait]
+    impl crate::conformance::RawAccess for MySqlStore {
+        async fn put_raw(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
+            self.put_raw_doc(key, state).await
         }
     }
 

@@ -3,18 +3,7 @@
 mod memory_conf {
     use std::sync::Arc;
 
-    use async_trait::async_trait;
-
-    use crate::conformance::RawAccess;
-    use crate::{InMemoryStore, Result, StateKey};
-
-    #[async_trait]
-    impl RawAccess for InMemoryStore {
-        async fn put_raw(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
-            self.put_raw(key, state);
-            Ok(())
-        }
-    }
+    use crate::{InMemoryStore, Result};
 
     async fn make() -> Result<Option<Arc<InMemoryStore>>> {
         Ok(Some(Arc::new(InMemoryStore::new())))
@@ -85,11 +74,7 @@ pub(crate) mod json_conf {
     #[async_trait]
     impl RawAccess for TempJson {
         async fn put_raw(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
-            let store = self.store.clone();
-            let key = key.clone();
-            tokio::task::spawn_blocking(move || store.put_raw_blocking(&key, state))
-                .await
-                .map_err(|e| Error::Config(e.to_string()))?
+            self.store.put_raw(key, state).await
         }
 
         fn ttl_expires_live_holders(&self) -> bool {
@@ -110,17 +95,8 @@ mod open_url;
 mod redis_conf {
     use std::sync::Arc;
 
-    use async_trait::async_trait;
-
-    use crate::conformance::{RawAccess, service_url};
-    use crate::{RedisOptions, RedisStore, Result, StateKey};
-
-    #[async_trait]
-    impl RawAccess for RedisStore {
-        async fn put_raw(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
-            self.put_raw(key, state).await
-        }
-    }
+    use crate::conformance::service_url;
+    use crate::{RedisOptions, RedisStore, Result};
 
     async fn make() -> Result<Option<Arc<RedisStore>>> {
         let Some(url) = service_url("HAME_TEST_REDIS_URL")? else {
@@ -140,17 +116,8 @@ mod redis_conf {
 mod postgres_conf {
     use std::sync::Arc;
 
-    use async_trait::async_trait;
-
-    use crate::conformance::{RawAccess, service_url};
-    use crate::{PostgresStore, Result, SqlOptions, StateKey};
-
-    #[async_trait]
-    impl RawAccess for PostgresStore {
-        async fn put_raw(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
-            self.put_raw(key, state).await
-        }
-    }
+    use crate::conformance::service_url;
+    use crate::{PostgresStore, Result, SqlOptions};
 
     async fn make() -> Result<Option<Arc<PostgresStore>>> {
         let Some(url) = service_url("HAME_TEST_POSTGRES_URL")? else {
@@ -168,17 +135,8 @@ mod postgres_conf {
 mod mysql_conf {
     use std::sync::Arc;
 
-    use async_trait::async_trait;
-
-    use crate::conformance::{RawAccess, service_url};
-    use crate::{MySqlStore, Result, SqlOptions, StateKey};
-
-    #[async_trait]
-    impl RawAccess for MySqlStore {
-        async fn put_raw(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
-            self.put_raw(key, state).await
-        }
-    }
+    use crate::conformance::service_url;
+    use crate::{MySqlStore, Result, SqlOptions};
 
     async fn make() -> Result<Option<Arc<MySqlStore>>> {
         let Some(url) = service_url("HAME_TEST_MYSQL_URL")? else {
