@@ -74,3 +74,34 @@ pub fn last_tool_result(body: &serde_json::Value) -> String {
         .unwrap_or_default()
         .to_owned()
 }
+
+/// The URL of a test service from `var`, or `None` (with a loud SKIPPED line) when it is
+/// not configured. Under `CI=true` a missing service is a failure.
+pub fn service(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => Some(v),
+        _ => {
+            assert!(
+                std::env::var("CI").map(|v| v != "true").unwrap_or(true),
+                "{var} is not set under CI=true: the service is missing"
+            );
+            eprintln!("SKIPPED: {var} is not set; start the services with `cargo xtask services`");
+            None
+        }
+    }
+}
+
+/// A unique agent id, so parallel tests never share keys in a shared store.
+pub fn unique_agent() -> String {
+    format!("t{}", std::process::id()) + &format!("-{}", rand_suffix())
+}
+
+fn rand_suffix() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{nanos}-{}", N.fetch_add(1, Ordering::Relaxed))
+}

@@ -1,5 +1,6 @@
 mod common;
 mod resume;
 mod run;
+mod shared;
 mod tenants;
 mod tools;
