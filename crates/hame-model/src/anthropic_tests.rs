@@ -207,3 +207,29 @@ fn non_streamed_response() -> Result<(), ModelError> {
     );
     Ok(())
 }
+
+proptest::proptest! {
+    /// However the server splits `partial_json`, the assembled call is the same text.
+    #[test]
+    fn any_split_of_input_json_reassembles(args in "[ -~]{0,60}", cuts in proptest::collection::vec(0usize..60, 0..6)) {
+        let mut cuts: Vec<usize> = cuts.into_iter().filter(|c| *c < args.len()).collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        let mut p = StreamParser::default();
+        let mut events = Vec::new();
+        let err = |e: ModelError| proptest::test_runner::TestCaseError::fail(e.to_string());
+        events.extend(p.on_event("", r#"{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"t","name":"n","input":{}}}"#).map_err(err)?);
+        let mut start = 0;
+        for c in cuts.into_iter().chain([args.len()]) {
+            let d = json!({"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":&args[start..c]}});
+            events.extend(p.on_event("", &d.to_string()).map_err(err)?);
+            start = c;
+        }
+        events.extend(p.on_event("", r#"{"type":"message_stop"}"#).map_err(err)?);
+        events.extend(p.finish().map_err(err)?);
+        let mut asm = ResponseAssembler::default();
+        events.iter().for_each(|e| asm.push(e));
+        let calls: Vec<ToolCall> = asm.finish().message.tool_calls().cloned().collect();
+        proptest::prop_assert_eq!(calls, vec![ToolCall { id: "t".into(), name: "n".into(), arguments: args.clone() }]);
+    }
+}

@@ -220,3 +220,31 @@ fn from_env_reads_through_the_lookup() {
     assert_eq!(none.base_url, OPENAI_DEFAULT_BASE_URL);
     assert_eq!(none.api_key, None);
 }
+
+proptest::proptest! {
+    /// However the server splits the arguments, the assembled call is the same text.
+    #[test]
+    fn any_split_of_arguments_reassembles(args in "[ -~]{0,60}", cuts in proptest::collection::vec(0usize..60, 0..6)) {
+        let mut cuts: Vec<usize> = cuts.into_iter().filter(|c| *c < args.len()).collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        let mut pieces = Vec::new();
+        let mut start = 0;
+        for c in cuts.into_iter().chain([args.len()]) {
+            pieces.push(&args[start..c]);
+            start = c;
+        }
+        let mut lines = vec![json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c","type":"function","function":{"name":"t","arguments":""}}]}}]}).to_string()];
+        for p in &pieces {
+            lines.push(json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":p}}]}}]}).to_string());
+        }
+        lines.push(r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#.to_owned());
+        lines.push("[DONE]".to_owned());
+        let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let events = run(&mut StreamParser::default(), &refs).map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
+        let mut asm = ResponseAssembler::default();
+        events.iter().for_each(|e| asm.push(e));
+        let calls: Vec<ToolCall> = asm.finish().message.tool_calls().cloned().collect();
+        proptest::prop_assert_eq!(calls, vec![ToolCall { id: "c".into(), name: "t".into(), arguments: args.clone() }]);
+    }
+}

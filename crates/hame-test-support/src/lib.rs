@@ -15,7 +15,8 @@
 //! * Requests with `"stream": true` get SSE; others get one JSON body.
 //! * A step can delay the headers ([`ScriptStep::with_delay`]) or each chunk
 //!   ([`ScriptStep::with_chunk_delay`]), fail with any status, body and headers, and carry
-//!   fixed usage figures (otherwise usage is estimated as bytes / 4).
+//!   fixed usage figures (otherwise usage is estimated as bytes / 4), and break a stream
+//!   part-way ([`ScriptStep::cut_after`], [`ScriptStep::error_after`]).
 //! * When no step and no responder is left, the server answers 400
 //!   `script exhausted at request N`, so a test that makes too many requests fails loudly.
 //!
@@ -46,6 +47,7 @@ mod wire;
 
 pub use script::{
     Reply, Script, ScriptReasoning, ScriptStep, ScriptStop, ScriptToolCall, ScriptUsage,
+    StreamFault,
 };
 pub use server::{Error, RecordedRequest, Responder, ScriptedServer};
 

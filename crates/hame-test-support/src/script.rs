@@ -128,6 +128,20 @@ pub struct ScriptStep {
     /// Wait this long before each streamed chunk.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub chunk_delay_ms: u64,
+    /// Break a streamed reply part-way (streamed requests only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<StreamFault>,
+}
+
+/// How a streamed reply breaks after some chunks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamFault {
+    /// Chunks (SSE events) sent before the fault.
+    pub after_chunks: usize,
+    /// Error object sent as the last event (OpenAI `data: {"error":…}`, Anthropic
+    /// `event: error`); when absent the connection just closes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<Value>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -145,6 +159,7 @@ impl From<Reply> for ScriptStep {
             usage: None,
             delay_ms: 0,
             chunk_delay_ms: 0,
+            fault: None,
         }
     }
 }
@@ -329,6 +344,24 @@ impl ScriptStep {
     /// Waits before sending the response headers.
     pub fn with_delay(mut self, delay: Duration) -> Self {
         self.delay_ms = duration_ms(delay);
+        self
+    }
+
+    /// Closes the stream after `chunks` events, without the end marker.
+    pub fn cut_after(mut self, chunks: usize) -> Self {
+        self.fault = Some(StreamFault {
+            after_chunks: chunks,
+            error: None,
+        });
+        self
+    }
+
+    /// Sends `error` as an in-stream error event after `chunks` events, then closes.
+    pub fn error_after(mut self, chunks: usize, error: Value) -> Self {
+        self.fault = Some(StreamFault {
+            after_chunks: chunks,
+            error: Some(error),
+        });
         self
     }
 

@@ -369,13 +369,25 @@ fn render(
                         .map(|c| format!("data: {c}\n\n"))
                         .collect();
                     frames.push("data: [DONE]\n\n".to_owned());
+                    if let Some(fault) = &step.fault {
+                        frames.truncate(fault.after_chunks);
+                        if let Some(err) = &fault.error {
+                            frames.push(format!("data: {err}\n\n"));
+                        }
+                    }
                     sse(frames, chunk_delay)
                 }
                 (Wire::Anthropic, true) => {
-                    let frames = wire::anthropic_events(&msg)
+                    let mut frames: Vec<String> = wire::anthropic_events(&msg)
                         .into_iter()
                         .map(|(event, data)| format!("event: {event}\ndata: {data}\n\n"))
                         .collect();
+                    if let Some(fault) = &step.fault {
+                        frames.truncate(fault.after_chunks);
+                        if let Some(err) = &fault.error {
+                            frames.push(format!("event: error\ndata: {err}\n\n"));
+                        }
+                    }
                     sse(frames, chunk_delay)
                 }
             }

@@ -230,3 +230,64 @@ async fn responder_drives_a_long_session() -> TestResult {
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn broken_streams_fail_after_events_without_retry() -> TestResult {
+    for kind in BOTH {
+        // Closed part-way: the events so far arrive, then a transport error.
+        let server = ScriptedServer::start().await?;
+        server.push(ScriptStep::text("a fairly long answer").cut_after(4));
+        server.push(ScriptStep::text("a retry would get this"));
+        let m = default_model(kind, &server)?;
+        let mut s = m.stream(request("x")).await?;
+        let mut seen = Vec::new();
+        let mut failure = None;
+        while let Some(ev) = s.next().await {
+            match ev {
+                Ok(ev) => seen.push(ev),
+                Err(e) => {
+                    failure = Some(e);
+                    break;
+                }
+            }
+        }
+        assert!(!seen.is_empty(), "{kind:?}: events before the cut");
+        let err = failure.ok_or("no error")?;
+        assert!(
+            matches!(err, ModelError::Transport { .. }),
+            "{kind:?}: {err:?}"
+        );
+        assert_eq!(server.request_count(), 1, "{kind:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn in_stream_errors_are_classified() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push(ScriptStep::text("partial answer").error_after(
+        2,
+        serde_json::json!({"error": {"code": "context_length_exceeded", "message": "too long"}}),
+    ));
+    server.push(ScriptStep::text("partial answer").error_after(
+        3,
+        serde_json::json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+    ));
+    let openai = default_model(Kind::OpenAi, &server)?;
+    let err = stream_events(openai.as_ref(), request("x"))
+        .await
+        .err()
+        .ok_or("no error")?;
+    assert!(err.is_context_overflow(), "{err:?}");
+    let anthropic = default_model(Kind::Anthropic, &server)?;
+    let err = stream_events(anthropic.as_ref(), request("x"))
+        .await
+        .err()
+        .ok_or("no error")?;
+    assert!(
+        matches!(err, ModelError::Provider { status: 529, .. }),
+        "{err:?}"
+    );
+    assert_eq!(server.request_count(), 2);
+    Ok(())
+}
