@@ -233,3 +233,37 @@ mod time_fmt {
             .map_err(serde::de::Error::custom)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #[test]
+        fn titles_are_short_single_lines(text in "\\PC*|[ \\t\\n]*") {
+            let title = make_title(&text);
+            prop_assert!(title.chars().count() <= TITLE_MAX_CHARS);
+            prop_assert!(!title.contains('\n') && !title.starts_with(' ') && !title.ends_with(' '));
+            prop_assert_eq!(make_title(&title), title.clone());
+        }
+
+        /// Applying updates in any order gives the same entry (replicas converge).
+        #[test]
+        fn updates_commute(counts in proptest::collection::vec((0u64..100, 0i64..1000), 1..8)) {
+            use chrono::TimeZone;
+            let base = Utc.with_ymd_and_hms(2025, 1, 1, 0, 0, 0).single().unwrap_or_default();
+            let updates: Vec<IndexUpdate> = counts
+                .iter()
+                .map(|(n, s)| IndexUpdate::new().with_message_count_at_least(*n).at(base + chrono::Duration::seconds(*s)))
+                .collect();
+            let fold = |order: &mut dyn Iterator<Item = &IndexUpdate>| {
+                order.fold(None, |entry, u| Some(u.apply("s", entry, base)))
+            };
+            let forward = fold(&mut updates.iter());
+            let backward = fold(&mut updates.iter().rev());
+            prop_assert_eq!(forward, backward);
+        }
+    }
+}

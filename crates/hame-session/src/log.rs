@@ -40,6 +40,14 @@ impl Default for SessionLogOptions {
     }
 }
 
+impl SessionLogOptions {
+    /// Uses `clock` for record and index times.
+    pub fn with_clock(mut self, clock: impl Fn() -> DateTime<Utc> + Send + Sync + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+}
+
 impl fmt::Debug for SessionLogOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SessionLogOptions")

@@ -140,3 +140,7 @@ fn lines(data: &[u8]) -> impl Iterator<Item = (&[u8], bool)> {
         }
     })
 }
+
+#[cfg(test)]
+#[path = "record_tests.rs"]
+mod tests;

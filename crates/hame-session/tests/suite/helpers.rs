@@ -16,9 +16,7 @@ pub fn t(secs: i64) -> DateTime<Utc> {
 
 /// Options with a clock fixed at `t(secs)`.
 pub fn fixed_clock(secs: i64) -> SessionLogOptions {
-    let mut options = SessionLogOptions::default();
-    options.clock = Arc::new(move || t(secs));
-    options
+    SessionLogOptions::default().with_clock(move || t(secs))
 }
 
 /// A log with a fixed clock.

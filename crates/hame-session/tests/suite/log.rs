@@ -280,3 +280,55 @@ async fn hostile_ids_are_rejected_before_touching_storage() -> TestResult {
     }
     Ok(())
 }
+
+/// Two replicas that raced without the lease wrote the same numbers; reading sorts by
+/// number and a page never splits a number, so paging loses nothing.
+#[tokio::test]
+async fn duplicate_seqs_from_a_replica_race_page_without_loss() -> TestResult {
+    let fs = mem();
+    let path = FsPath::parse("agents/main/sessions/s1.log.jsonl")?;
+    let mut data = Vec::new();
+    for (seq, text) in [
+        (0, "a0"),
+        (1, "a1"),
+        (2, "a2"),
+        (1, "b1"),
+        (2, "b2"),
+        (3, "c3"),
+    ] {
+        serde_json::to_writer(
+            &mut data,
+            &LogRecord::new(seq, t(0), "c", Message::user(text)),
+        )?;
+        data.push(b'\n');
+    }
+    fs.write(&path, data, hame_fs::WriteOptions::default())
+        .await?;
+    let log = log_at(fs.clone(), 0);
+    let mut pages = Vec::new();
+    let mut from = 0;
+    loop {
+        let page = log.read_page("s1", from, 2).await?;
+        pages.push(
+            page.records
+                .iter()
+                .map(|r| r.message.text_content())
+                .collect::<Vec<_>>(),
+        );
+        match page.next_seq {
+            Some(next) => from = next,
+            None => break,
+        }
+    }
+    assert_eq!(
+        pages,
+        vec![vec!["a0", "a1", "b1"], vec!["a2", "b2"], vec!["c3"]]
+    );
+    // The next writer continues after the highest number at the end of the file.
+    assert_eq!(
+        log.append_messages("s1", "c", &[Message::user("d")])
+            .await?,
+        4..5
+    );
+    Ok(())
+}
