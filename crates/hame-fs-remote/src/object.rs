@@ -100,10 +100,11 @@ fn bad_url(url: &url::Url, why: impl fmt::Display) -> Error {
 }
 
 fn retry_config() -> RetryConfig {
-    let mut r = RetryConfig::default();
-    r.max_retries = REQUEST_RETRIES;
-    r.retry_timeout = REQUEST_RETRY_TIMEOUT;
-    r
+    RetryConfig {
+        max_retries: REQUEST_RETRIES,
+        retry_timeout: REQUEST_RETRY_TIMEOUT,
+        ..RetryConfig::default()
+    }
 }
 
 /// Applies `options.config` to a builder through its config-key type.

@@ -1,3 +1,4 @@
+#[cfg(any(feature = "redis", feature = "object-store"))]
 mod support;
 
 #[cfg(feature = "object-store")]

@@ -144,7 +144,7 @@ async fn a_dead_redis_gives_a_clear_error() {
     )
     .await
     .expect("connect must not hang");
-    let err = started.err().expect("connecting to a closed port fails");
+    let err = started.expect_err("connecting to a closed port fails");
     assert_eq!(err.code(), hame_fs::codes::BACKEND_ERROR);
     assert!(err.to_string().contains("cannot connect to Redis"), "{err}");
 }
