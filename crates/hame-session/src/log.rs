@@ -21,6 +21,10 @@ pub const INDEX_FILE: &str = "index.json";
 /// Suffix of a session's log file (`<sessionId>.log.jsonl`).
 pub const LOG_SUFFIX: &str = ".log.jsonl";
 
+/// How many sessions' writer state (next sequence number, known size) one [`SessionLog`]
+/// keeps before forgetting the idle ones.
+pub const MAX_CACHED_WRITERS: usize = 4096;
+
 /// Options of a [`SessionLog`].
 #[derive(Clone)]
 pub struct SessionLogOptions {
@@ -179,6 +183,11 @@ impl SessionLog {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
         };
+        if map.len() >= MAX_CACHED_WRITERS && !map.contains_key(session_id) {
+            // Forget the tails of sessions nobody is appending to right now; they are
+            // recovered from the log if the session is written again.
+            map.retain(|_, slot| Arc::strong_count(slot) > 1);
+        }
         map.entry(session_id.to_owned()).or_default().clone()
     }
 
