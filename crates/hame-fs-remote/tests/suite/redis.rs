@@ -161,3 +161,72 @@ async fn open_builds_a_redis_filesystem() {
     assert_eq!(fs.read_bytes(&p("a/b.txt")).await.unwrap(), b"hi");
     assert!(format!("{fs:?}").contains("RedisFs"));
 }
+
+/// Kills the server it started when dropped.
+struct OwnRedis(std::process::Child);
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn a_redis_that_dies_after_connecting_gives_errors_not_hangs() {
+    if support::service("HAME_TEST_REDIS_URL", "Redis").is_none() {
+        return;
+    }
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let spawned = std::process::Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    let mut server = match spawned {
+        Ok(child) => OwnRedis(child),
+        Err(e) => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "redis-server is not installed: {e}"
+            );
+            eprintln!("SKIPPED: cannot start a private redis-server ({e})");
+            return;
+        }
+    };
+    let options = {
+        let mut o = RedisOptions::default();
+        o.connect_timeout = Duration::from_secs(1);
+        o.response_timeout = Duration::from_secs(2);
+        o.reconnect_retries = 1;
+        o
+    };
+    let url = format!("redis://127.0.0.1:{port}/");
+    let mut fs = None;
+    for _ in 0..100 {
+        if let Ok(f) = RedisFs::connect(&url, "dies", options.clone()).await {
+            fs = Some(f);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let fs = fs.expect("the private redis-server came up");
+    fs.write(&p("a"), b"x".to_vec(), WriteOptions::default())
+        .await
+        .unwrap();
+    server.0.kill().unwrap();
+    server.0.wait().unwrap();
+    for _ in 0..3 {
+        let read = tokio::time::timeout(Duration::from_secs(60), fs.read_bytes(&p("a")))
+            .await
+            .expect("a dead server must not hang a read");
+        assert_eq!(
+            read.err().map(|e| e.code()),
+            Some(hame_fs::codes::BACKEND_ERROR)
+        );
+    }
+}
