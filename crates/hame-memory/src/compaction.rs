@@ -249,7 +249,10 @@ pub fn plan_forced(
     if n == 0 {
         return None;
     }
-    let tokens: Vec<u64> = messages.iter().map(|m| message_tokens(counter, m)).collect();
+    let tokens: Vec<u64> = messages
+        .iter()
+        .map(|m| message_tokens(counter, m))
+        .collect();
 
     // Where each call and result is.
     let mut calls: HashMap<&str, usize> = HashMap::new();
@@ -278,11 +281,11 @@ pub fn plan_forced(
     }
     // Results whose call comes later (malformed logs): never separate either.
     for (id, &ri) in &results {
-        if let Some(&ci) = calls.get(id) {
-            if ci > ri {
-                forbidden[ri + 1] += 1;
-                forbidden[ci + 1] -= 1;
-            }
+        if let Some(&ci) = calls.get(id)
+            && ci > ri
+        {
+            forbidden[ri + 1] += 1;
+            forbidden[ci + 1] -= 1;
         }
     }
     let mut depth = 0i64;
@@ -653,7 +656,9 @@ impl Compactor {
             .filter(|(i, _)| !plan.keep_system.contains(i))
             .map(|(i, t)| {
                 if plan.keep_request == Some(i) {
-                    format!("{t}\n(this is the latest request; it stays verbatim after the summary)")
+                    format!(
+                        "{t}\n(this is the latest request; it stays verbatim after the summary)"
+                    )
                 } else {
                     t
                 }
@@ -720,7 +725,11 @@ impl Compactor {
 
     /// Summarises transcript entries, in chunks when they exceed the input budget, and
     /// merges partial summaries. Returns the summary and the number of model calls.
-    async fn summarise(&self, model: &Arc<dyn Model>, entries: Vec<String>) -> Result<(String, u32)> {
+    async fn summarise(
+        &self,
+        model: &Arc<dyn Model>,
+        entries: Vec<String>,
+    ) -> Result<(String, u32)> {
         let budget = self.input_budget(model.as_ref());
         let mut calls = 0u32;
         let chunks = self.pack(entries, budget);
@@ -777,7 +786,11 @@ impl Compactor {
                 // Shrink by the ratio until it fits (at most a few rounds).
                 for _ in 0..8 {
                     let chars = e.chars().count();
-                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+                    #[allow(
+                        clippy::cast_possible_truncation,
+                        clippy::cast_sign_loss,
+                        clippy::cast_precision_loss
+                    )]
                     let keep = ((chars as f64) * (budget as f64 / t as f64) * 0.9) as usize;
                     e = clip_middle(&e, keep.max(100));
                     t = self.counter.count(&e) + 1;
@@ -907,7 +920,9 @@ impl Middleware for CompactionMiddleware {
                 {
                     request.messages.split_off(old.len())
                 } else {
-                    tracing::warn!("request messages differ from the state; rebuilt from the state");
+                    tracing::warn!(
+                        "request messages differ from the state; rebuilt from the state"
+                    );
                     Vec::new()
                 };
                 request.messages = cx.state.messages.clone();

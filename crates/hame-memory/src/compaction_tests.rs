@@ -59,7 +59,10 @@ fn no_plan_below_the_trigger() {
         trigger_tokens: Some(1),
         ..policy(1)
     };
-    assert!(plan_compaction(&msgs, &p, &counter()).is_none(), "only one message to summarise");
+    assert!(
+        plan_compaction(&msgs, &p, &counter()).is_none(),
+        "only one message to summarise"
+    );
 }
 
 #[test]
@@ -113,7 +116,13 @@ fn system_messages_are_kept_verbatim() {
     let out = apply(&msgs, &plan, "sum", SeqSpan { from: 0, to: 4 }).unwrap();
     assert_eq!(
         out.iter().map(|m| m.role).collect::<Vec<_>>(),
-        vec![Role::System, Role::System, Role::User, Role::User, Role::Assistant]
+        vec![
+            Role::System,
+            Role::System,
+            Role::User,
+            Role::User,
+            Role::Assistant
+        ]
     );
     assert_eq!(out[3], msgs[4]);
 }
@@ -135,7 +144,11 @@ fn keep_tokens_bounds_the_tail() {
         ..policy(8)
     };
     let plan = plan_forced(&msgs, &p, &counter()).unwrap();
-    assert_eq!(plan.range, 0..9, "each message is ~400 tokens: only the last fits");
+    assert_eq!(
+        plan.range,
+        0..9,
+        "each message is ~400 tokens: only the last fits"
+    );
     assert_eq!(plan.keep_request, Some(8));
 }
 
@@ -143,10 +156,19 @@ fn keep_tokens_bounds_the_tail() {
 fn summary_marker_round_trip() {
     let m = summary_message(SeqSpan { from: 3, to: 17 }, "  text ");
     assert_eq!(summary_span(&m), Some(SeqSpan { from: 3, to: 17 }));
-    assert!(m.text_content().starts_with("[summary of messages #3..#17]\n"));
+    assert!(
+        m.text_content()
+            .starts_with("[summary of messages #3..#17]\n")
+    );
     assert!(m.text_content().ends_with("\n\ntext"));
-    assert_eq!(summary_span(&Message::user("[summary of messages #x..#2]")), None);
-    assert_eq!(summary_span(&Message::assistant("[summary of messages #1..#2]")), None);
+    assert_eq!(
+        summary_span(&Message::user("[summary of messages #x..#2]")),
+        None
+    );
+    assert_eq!(
+        summary_span(&Message::assistant("[summary of messages #1..#2]")),
+        None
+    );
 }
 
 #[test]
@@ -194,7 +216,10 @@ async fn compact_replaces_history_and_records_sequence_numbers() -> Result<()> {
     let report = c.compact(&mut state, &m).await?.unwrap();
     assert_eq!((report.from_seq, report.to_seq), (0, 15));
     assert_eq!(state.messages.len(), 5);
-    assert_eq!(summary_span(&state.messages[0]), Some(SeqSpan { from: 0, to: 15 }));
+    assert_eq!(
+        summary_span(&state.messages[0]),
+        Some(SeqSpan { from: 0, to: 15 })
+    );
     assert!(state.messages[0].text_content().ends_with("first summary"));
     let cs = CompactionState::load(&state);
     assert_eq!(cs.head, vec![SeqSpan { from: 0, to: 15 }]);
@@ -216,7 +241,10 @@ async fn compact_replaces_history_and_records_sequence_numbers() -> Result<()> {
     let report = c.compact(&mut state, &m).await?.unwrap();
     // 13 messages (#0..#15 summary, #16..#27), keep 4: #0..#23 are replaced.
     assert_eq!((report.from_seq, report.to_seq), (0, 23));
-    assert_eq!(summary_span(&state.messages[0]), Some(SeqSpan { from: 0, to: 23 }));
+    assert_eq!(
+        summary_span(&state.messages[0]),
+        Some(SeqSpan { from: 0, to: 23 })
+    );
     let text = scripted.requests()[1].messages[0].text_content();
     assert!(text.contains("#0..#15 earlier summary:"));
     assert!(text.contains("#16 user: request 4"));
@@ -275,13 +303,19 @@ async fn oversized_input_is_summarised_in_chunks_and_merged() -> Result<()> {
     let mut state = AgentState::default();
     for i in 0..8 {
         state.messages.push(Message::user(format!("{i} {big}")));
-        state.messages.push(Message::assistant(format!("{i} {big}")));
+        state
+            .messages
+            .push(Message::assistant(format!("{i} {big}")));
     }
     let report = c.compact(&mut state, &m).await?.unwrap();
     assert!(report.model_calls > 2, "{report:?}");
     let reqs = scripted.requests();
     assert_eq!(reqs.len() as u32, report.model_calls);
-    assert!(reqs[0].messages[0].text_content().contains("This is part 1 of"));
+    assert!(
+        reqs[0].messages[0]
+            .text_content()
+            .contains("This is part 1 of")
+    );
     let last = reqs.last().unwrap().messages[0].text_content();
     assert!(last.starts_with(MERGE_PROMPT));
     assert!(last.contains("### Part 1\npart 0"));
@@ -331,7 +365,13 @@ async fn middleware_compacts_on_overflow_and_retries() -> Result<()> {
     assert_eq!(out.reply.text_content(), "final answer");
     let mut saw = None;
     while let Ok(ev) = rx.try_recv() {
-        if let AgentEvent::Compaction { from_seq, to_seq, before_tokens, after_tokens } = ev {
+        if let AgentEvent::Compaction {
+            from_seq,
+            to_seq,
+            before_tokens,
+            after_tokens,
+        } = ev
+        {
             saw = Some((from_seq, to_seq));
             assert!(after_tokens < before_tokens);
         }
@@ -408,7 +448,13 @@ async fn middleware_survives_a_failed_summary() -> Result<()> {
     };
     let (events, mut rx) = EventSink::channel();
     agent
-        .run(&mut state, Message::user("q"), &RuntimeContext::new("s"), &events, &Default::default())
+        .run(
+            &mut state,
+            Message::user("q"),
+            &RuntimeContext::new("s"),
+            &events,
+            &Default::default(),
+        )
         .await
         .map_err(|e| Error::InvalidInput(e.to_string()))?;
     assert_eq!(&state.messages[..original.len()], &original[..]);
@@ -485,7 +531,10 @@ fn build(steps: &[Step], in_flight: bool, prior: Option<u64>) -> (Vec<Message>, 
 }
 
 fn pairs(msgs: &[Message]) -> (Vec<String>, Vec<String>) {
-    let calls = msgs.iter().flat_map(|m| m.tool_calls().map(|c| c.id.clone())).collect();
+    let calls = msgs
+        .iter()
+        .flat_map(|m| m.tool_calls().map(|c| c.id.clone()))
+        .collect();
     let res = msgs
         .iter()
         .flat_map(|m| m.tool_results_iter().map(|r| r.id.clone()))

@@ -174,7 +174,9 @@ impl Consolidator {
             )));
         }
         if text.lines().skip(1).all(|l| l.trim().is_empty()) {
-            return Err(refuse("the new MEMORY.md has a header and nothing else".into()));
+            return Err(refuse(
+                "the new MEMORY.md has a header and nothing else".into(),
+            ));
         }
         let tokens = self.counter.count(text);
         if tokens > self.options.token_budget {

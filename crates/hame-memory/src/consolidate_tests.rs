@@ -4,8 +4,8 @@ use super::*;
 use crate::daily::InMemoryFiles;
 use crate::tokens::EstimateCounter;
 use chrono::NaiveDate;
-use hame_core::test_support::{Reply, ScriptedModel};
 use hame_core::ModelError;
+use hame_core::test_support::{Reply, ScriptedModel};
 use pretty_assertions::assert_eq;
 
 fn at(h: u32, m: u32) -> DateTime<Utc> {
@@ -34,7 +34,10 @@ fn throttle() {
     assert!(t.allows(None, at(1, 0)));
     assert!(!t.allows(Some(at(1, 0)), at(1, 29)));
     assert!(t.allows(Some(at(1, 0)), at(1, 30)));
-    assert!(t.allows(Some(at(2, 0)), at(1, 0)), "a future last run (skew) allows");
+    assert!(
+        t.allows(Some(at(2, 0)), at(1, 0)),
+        "a future last run (skew) allows"
+    );
 }
 
 #[test]
@@ -52,7 +55,10 @@ fn validation() {
         );
     }
     let huge = format!("# Memory\n{}", "- fact about things\n".repeat(2_000));
-    assert!(matches!(c.validate(&huge), Err(Error::UnusableOutput { .. })));
+    assert!(matches!(
+        c.validate(&huge),
+        Err(Error::UnusableOutput { .. })
+    ));
 }
 
 #[tokio::test]
@@ -61,10 +67,16 @@ async fn merges_only_new_log_text_and_keeps_a_backup() -> Result<()> {
         Reply::text("# Memory\n## Preferences\n- Rust\n- Fridays"),
         Reply::text("# Memory\n## Preferences\n- Rust\n- Fridays\n- Tea"),
     ]);
-    files.write_atomic("MEMORY.md", "# Memory\n- Rust\n").await?;
+    files
+        .write_atomic("MEMORY.md", "# Memory\n- Rust\n")
+        .await?;
     files.append("memory/2026-03-13.md", "- Fridays\n").await?;
-    files.write_atomic("memory/archive/2026-01-01.md", "- old\n").await?;
-    files.write_atomic("memory/notes.md", "- not a log\n").await?;
+    files
+        .write_atomic("memory/archive/2026-01-01.md", "- old\n")
+        .await?;
+    files
+        .write_atomic("memory/notes.md", "- not a log\n")
+        .await?;
 
     let out = c.consolidate_if_due(at(9, 0)).await?;
     assert_eq!(
@@ -76,7 +88,10 @@ async fn merges_only_new_log_text_and_keeps_a_backup() -> Result<()> {
         }
     );
     let snap = files.snapshot();
-    assert_eq!(snap["MEMORY.md"], "# Memory\n## Preferences\n- Rust\n- Fridays\n");
+    assert_eq!(
+        snap["MEMORY.md"],
+        "# Memory\n## Preferences\n- Rust\n- Fridays\n"
+    );
     assert_eq!(snap[BACKUP_PATH], "# Memory\n- Rust\n");
     let prompt = model.requests()[0].messages[0].text_content();
     assert!(prompt.contains("### memory/2026-03-13.md\n- Fridays"));
@@ -85,19 +100,30 @@ async fn merges_only_new_log_text_and_keeps_a_backup() -> Result<()> {
 
     // Throttled within 30 minutes.
     files.append("memory/2026-03-14.md", "- Tea\n").await?;
-    assert_eq!(c.consolidate_if_due(at(9, 10)).await?, ConsolidationOutcome::Throttled);
+    assert_eq!(
+        c.consolidate_if_due(at(9, 10)).await?,
+        ConsolidationOutcome::Throttled
+    );
 
     // Later: only the new text is sent.
-    files.append("memory/2026-03-13.md", "- Late fact\n").await?;
+    files
+        .append("memory/2026-03-13.md", "- Late fact\n")
+        .await?;
     let out = c.consolidate_if_due(at(9, 45)).await?;
     assert!(matches!(out, ConsolidationOutcome::Updated { .. }));
     let prompt = model.requests()[1].messages[0].text_content();
     assert!(prompt.contains("### memory/2026-03-13.md\n- Late fact"));
-    assert!(!prompt.contains("- Fridays\n\n"), "already merged text is not re-sent");
+    assert!(
+        !prompt.contains("- Fridays\n\n"),
+        "already merged text is not re-sent"
+    );
     assert!(prompt.contains("### memory/2026-03-14.md\n- Tea"));
 
     // Nothing new: no model call.
-    assert_eq!(c.consolidate(at(12, 0)).await?, ConsolidationOutcome::NothingNew);
+    assert_eq!(
+        c.consolidate(at(12, 0)).await?,
+        ConsolidationOutcome::NothingNew
+    );
     assert_eq!(model.requests().len(), 2);
     Ok(())
 }
@@ -112,7 +138,9 @@ async fn unusable_or_failed_answers_change_nothing() -> Result<()> {
             body: "boom".into(),
         }),
     ]);
-    files.write_atomic("MEMORY.md", "# Memory\n- keep me\n").await?;
+    files
+        .write_atomic("MEMORY.md", "# Memory\n- keep me\n")
+        .await?;
     files.append("memory/2026-03-14.md", "- new\n").await?;
     let before = files.snapshot();
     for _ in 0..3 {

@@ -124,7 +124,10 @@ impl MemoryFiles for InMemoryFiles {
         let prefix = format!("{}/", dir.trim_end_matches('/'));
         let f = self.files.lock().unwrap_or_else(PoisonError::into_inner);
         Ok(f.keys()
-            .filter(|k| k.strip_prefix(&prefix).is_some_and(|rest| !rest.contains('/')))
+            .filter(|k| {
+                k.strip_prefix(&prefix)
+                    .is_some_and(|rest| !rest.contains('/'))
+            })
             .cloned()
             .collect())
     }
@@ -150,7 +153,9 @@ pub fn parse_daily_log_path(path: &str) -> Option<NaiveDate> {
 /// bullets are ignored. Facts are trimmed and cut to [`MAX_FACT_CHARS`].
 pub fn parse_bullets(answer: &str) -> Vec<String> {
     let trimmed = answer.trim();
-    if trimmed.is_empty() || trimmed.trim_matches(|c: char| !c.is_alphanumeric() && c != '_') == NO_REPLY {
+    if trimmed.is_empty()
+        || trimmed.trim_matches(|c: char| !c.is_alphanumeric() && c != '_') == NO_REPLY
+    {
         return Vec::new();
     }
     let mut facts: Vec<String> = Vec::new();
@@ -330,10 +335,7 @@ impl Default for FlushOptions {
 /// one message is included); the span says how far it got. System messages are skipped; a
 /// compaction summary is included when it covers unflushed messages (it is all that is
 /// left of them).
-pub fn pending_transcript(
-    state: &AgentState,
-    options: &FlushOptions,
-) -> Option<(String, SeqSpan)> {
+pub fn pending_transcript(state: &AgentState, options: &FlushOptions) -> Option<(String, SeqSpan)> {
     let seqs = CompactionState::load(state);
     let mark = MemoryState::load(state).watermark();
     let mut out = String::new();

@@ -77,7 +77,10 @@ fn renders_a_flush_section() {
         SeqSpan { from: 3, to: 9 },
         &["a".into(), "b".into()],
     );
-    assert_eq!(s, "\n## 09:05 UTC · session s1 · messages #3..#9\n- a\n- b\n");
+    assert_eq!(
+        s,
+        "\n## 09:05 UTC · session s1 · messages #3..#9\n- a\n- b\n"
+    );
 }
 
 fn conversation() -> Vec<Message> {
@@ -164,7 +167,11 @@ async fn flush_appends_new_facts_and_advances_the_watermark() -> Result<()> {
         Reply::text("- The user prefers Rust\n- Deploys happen on Fridays"),
         Reply::text("NO_REPLY"),
     ]);
-    let flusher = MemoryFlusher::new(files.clone(), Arc::new(model.clone()), FlushOptions::default());
+    let flusher = MemoryFlusher::new(
+        files.clone(),
+        Arc::new(model.clone()),
+        FlushOptions::default(),
+    );
     let mut state = AgentState {
         messages: conversation(),
         ..AgentState::default()
@@ -180,7 +187,10 @@ async fn flush_appends_new_facts_and_advances_the_watermark() -> Result<()> {
         }
     );
     assert_eq!(
-        files.snapshot().get("memory/2026-03-14.md").map(String::as_str),
+        files
+            .snapshot()
+            .get("memory/2026-03-14.md")
+            .map(String::as_str),
         Some("\n## 10:00 UTC · session s1 · messages #0..#3\n- Deploys happen on Fridays\n")
     );
     assert_eq!(MemoryState::load(&state).flushed_through, Some(3));
@@ -235,7 +245,9 @@ async fn long_backlogs_are_flushed_in_pieces() -> Result<()> {
         },
     );
     let mut state = AgentState {
-        messages: (0..6).map(|i| Message::user(format!("{i} {}", "w".repeat(100)))).collect(),
+        messages: (0..6)
+            .map(|i| Message::user(format!("{i} {}", "w".repeat(100))))
+            .collect(),
         ..AgentState::default()
     };
     let r1 = flusher.flush(&mut state, "s", at(1, 0)).await?;
@@ -243,7 +255,10 @@ async fn long_backlogs_are_flushed_in_pieces() -> Result<()> {
     let r2 = flusher.flush(&mut state, "s", at(1, 1)).await?;
     assert_eq!(r2.span, Some(SeqSpan { from: 2, to: 3 }));
     let r3 = flusher.flush(&mut state, "s", at(1, 2)).await?;
-    assert_eq!((r3.span, r3.more), (Some(SeqSpan { from: 4, to: 5 }), false));
+    assert_eq!(
+        (r3.span, r3.more),
+        (Some(SeqSpan { from: 4, to: 5 }), false)
+    );
     Ok(())
 }
 

@@ -292,12 +292,20 @@ mod tests {
         let mut r = result("call_1", body.clone());
         assert!(off.offload(&call("call_1"), &mut r).await);
         assert_eq!(
-            sink.files.lock().unwrap().get("large_tool_results/call_1.txt"),
+            sink.files
+                .lock()
+                .unwrap()
+                .get("large_tool_results/call_1.txt"),
             Some(&body)
         );
         assert!(r.content.contains("/large_tool_results/call_1.txt"));
-        assert!(r.content.contains(&format!("{} characters, 20000 lines", body.len())));
-        assert!(r.content.contains("read_file(file_path=\"/large_tool_results/call_1.txt\", offset=1, limit=500)"));
+        assert!(
+            r.content
+                .contains(&format!("{} characters, 20000 lines", body.len()))
+        );
+        assert!(r.content.contains(
+            "read_file(file_path=\"/large_tool_results/call_1.txt\", offset=1, limit=500)"
+        ));
         assert!(r.content.contains("line 0\nline 1\n"));
         assert!(r.content.contains("line 19999\n"));
         assert!(r.content.chars().count() < 5_000);
@@ -328,7 +336,10 @@ mod tests {
         assert_eq!(off.threshold(), 80_000);
         assert_eq!(off.clone().with_context_window(200_000).threshold(), 80_000);
         assert_eq!(off.clone().with_context_window(32_000).threshold(), 32_000);
-        assert_eq!(off.with_context_window(100).threshold(), MIN_THRESHOLD_CHARS);
+        assert_eq!(
+            off.with_context_window(100).threshold(),
+            MIN_THRESHOLD_CHARS
+        );
     }
 
     #[tokio::test]

@@ -69,14 +69,18 @@ impl EstimateCounter {
     /// Letters are counted per word (a run of letters): one token, plus one per
     /// [`ASCII_CHARS_PER_TOKEN`] letters beyond [`WORD_LETTERS_PER_TOKEN`]; digits per
     /// group of three;
-    /// punctuation at [`TOKENS_PER_ASCII_SYMBOL`]; whitespace is free except line breaks.
+    /// punctuation at [`TOKENS_PER_ASCII_SYMBOL`]; single spaces are free, runs of blanks
+    /// (indentation) cost one token and line breaks half a token.
     pub fn estimate(text: &str) -> u64 {
         let mut t = 0.0f64;
         let mut word = 0u32;
         let mut digits = 0u32;
+        let mut blanks = 0u32;
         let flush = |t: &mut f64, word: &mut u32, digits: &mut u32| {
             if *word > 0 {
-                *t += 1.0 + f64::from(word.saturating_sub(WORD_LETTERS_PER_TOKEN)) / ASCII_CHARS_PER_TOKEN;
+                *t += 1.0
+                    + f64::from(word.saturating_sub(WORD_LETTERS_PER_TOKEN))
+                        / ASCII_CHARS_PER_TOKEN;
                 *word = 0;
             }
             if *digits > 0 {
@@ -85,6 +89,9 @@ impl EstimateCounter {
             }
         };
         for c in text.chars() {
+            if c != ' ' && c != '\t' {
+                blanks = 0;
+            }
             if c.is_alphabetic() && !is_cjk(c) {
                 if digits > 0 {
                     flush(&mut t, &mut 0, &mut digits);
@@ -103,6 +110,15 @@ impl EstimateCounter {
                 continue;
             }
             flush(&mut t, &mut word, &mut digits);
+            if c == ' ' || c == '\t' {
+                blanks += 1;
+                // A run of blanks (indentation, alignment) is a token of its own.
+                if blanks == 2 {
+                    t += 1.0;
+                }
+                continue;
+            }
+            blanks = 0;
             if c == '\n' {
                 t += 0.5;
             } else if c.is_ascii_whitespace() {

@@ -155,10 +155,10 @@ impl SearchIndex for InMemoryIndex {
             if t != tenant {
                 continue;
             }
-            if let Some(p) = &options.path_prefix {
-                if !path.starts_with(p.as_str()) {
-                    continue;
-                }
+            if let Some(p) = &options.path_prefix
+                && !path.starts_with(p.as_str())
+            {
+                continue;
             }
             for row in &doc.rows {
                 let (matched, score) = score_row(&row.text, &query);
