@@ -1,8 +1,8 @@
 //! # hame-model
 //!
-//! HTTP clients that implement [`hame_core::Model`]: [`OpenAiModel`] for the OpenAI Chat
+//! HTTP clients that implement [`hame_core::Model`]: `OpenAiModel` for the OpenAI Chat
 //! Completions API and every server that speaks it (OpenAI, DashScope/Qwen compatible
-//! mode, vLLM, Ollama, llama.cpp), and [`AnthropicModel`] for the Anthropic Messages API.
+//! mode, vLLM, Ollama, llama.cpp), and `AnthropicModel` for the Anthropic Messages API.
 //!
 //! Depend on it to talk to a real model; the harness and the CLI pick a client with
 //! [`open`] (`"openai:gpt-4o-mini"`, `"anthropic:claude-sonnet-4-5"`). Tests of other crates
@@ -18,8 +18,8 @@
 //!
 //! | feature | what it adds |
 //! |---|---|
-//! | `openai` | [`OpenAiModel`], [`OpenAiConfig`]; pulls in reqwest (rustls), eventsource-stream, backon |
-//! | `anthropic` | [`AnthropicModel`], [`AnthropicConfig`]; same dependencies |
+//! | `openai` | `OpenAiModel`, `OpenAiConfig`; pulls in reqwest (rustls), eventsource-stream, backon |
+//! | `anthropic` | `AnthropicModel`, `AnthropicConfig`; same dependencies |
 //!
 //! Without features the crate only has [`open`] (which then names the missing feature),
 //! the error classifiers and the context-window table.
@@ -44,7 +44,7 @@
 mod anthropic;
 pub mod classify;
 mod config;
-#[cfg(feature = "http")]
+#[cfg(any(feature = "openai", feature = "anthropic"))]
 mod http;
 #[cfg(feature = "openai")]
 mod openai;
