@@ -223,7 +223,10 @@ impl SessionLog {
                 (_, Some(_)) => self.recover(&path).await?,
             };
             if messages.is_empty() {
-                *tail = size.map(|size| Tail { next_seq, size });
+                // A cached tail means "ends with a newline"; a torn tail is not cached.
+                *tail = size
+                    .filter(|_| !needs_newline)
+                    .map(|size| Tail { next_seq, size });
                 return Ok(next_seq..next_seq);
             }
             let now = self.now();

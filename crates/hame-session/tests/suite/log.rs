@@ -214,6 +214,32 @@ async fn torn_last_line_on_local_disk() -> TestResult {
 }
 
 #[tokio::test]
+async fn an_empty_append_over_a_torn_tail_does_not_forget_the_newline() -> TestResult {
+    let fs = mem();
+    let log = log_at(fs.clone(), 0);
+    log.append_messages("s1", "c1", &[Message::user("one")])
+        .await?;
+    tear(fs.as_ref(), "s1", br#"{"v":1,"seq":1"#).await?;
+    assert_eq!(log.append_messages("s1", "c2", &[]).await?, 1..1);
+    assert_eq!(
+        log.append_messages("s1", "c3", &[Message::user("two")])
+            .await?,
+        1..2
+    );
+    let page = log.read_page("s1", 0, 10).await?;
+    let texts: Vec<String> = page
+        .records
+        .iter()
+        .map(|r| r.message.text_content())
+        .collect();
+    assert_eq!(
+        (texts, page.skipped_lines),
+        (vec!["one".into(), "two".into()], 1)
+    );
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_log_that_is_only_a_torn_line_starts_at_zero() -> TestResult {
     let fs = mem();
     tear(fs.as_ref(), "s1", br#"{"v":1,"seq":0,"ti"#).await?;
