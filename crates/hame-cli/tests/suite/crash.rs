@@ -10,6 +10,8 @@
 //! last one parses, a final call resumes the session with the whole saved history, and
 //! every reply that any run printed is in the log and in the state.
 #![cfg(unix)]
+// The seed and the measured figures go to stderr so a failure can be replayed.
+#![allow(clippy::print_stderr)]
 
 use std::collections::BTreeMap;
 use std::fs;
