@@ -382,7 +382,47 @@ pub async fn lease_exclusion<S: StateStore + RawAccess>(store: &S) -> Result<()>
     };
     let (got, released) = tokio::join!(waiter, release);
     released?;
-    got?.release().await?;
+    let third = got?;
+    // Dropping a lease releases it (in the background).
+    drop(third);
+    let fourth = store
+        .acquire(
+            &k,
+            LeaseOptions::new(Duration::from_secs(30), Duration::from_secs(10)),
+        )
+        .await?;
+    fourth.release().await?;
+    Ok(())
+}
+
+/// A kept-alive lease outlives its TTL; a released one makes keep-alive report the loss.
+pub async fn lease_keep_alive<S: StateStore + RawAccess>(store: &S) -> Result<()> {
+    let k = key(&unique_agent(), Some("u1"), "long-turn")?;
+    let lease = store
+        .acquire(
+            &k,
+            LeaseOptions::new(Duration::from_millis(600), Duration::ZERO),
+        )
+        .await?;
+    let keep = lease.keep_alive();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    ensure!(!keep.is_lost(), "keep-alive lost a held lease");
+    ensure!(
+        store
+            .try_acquire(&k, Duration::from_secs(30))
+            .await?
+            .is_none(),
+        "a kept-alive lease expired"
+    );
+    drop(keep);
+    lease.release().await?;
+    ensure!(
+        store
+            .try_acquire(&k, Duration::from_secs(30))
+            .await?
+            .is_some(),
+        "released lease still held"
+    );
     Ok(())
 }
 
@@ -534,7 +574,7 @@ pub async fn large_state_round_trip<S: StateStore + RawAccess>(store: &S) -> Res
 macro_rules! conformance_tests {
     ($make:expr) => {
         $crate::conformance_tests!(@one $make, round_trip, stale_save_conflicts, create_only_conflicts,
-            delete, list, tenant_isolation, lease_exclusion, lease_expiry, migrates_v0,
+            delete, list, tenant_isolation, lease_exclusion, lease_expiry, lease_keep_alive, migrates_v0,
             large_state_round_trip);
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn concurrent_savers() -> $crate::Result<()> {

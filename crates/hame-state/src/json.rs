@@ -341,6 +341,7 @@ impl StateStore for JsonStore {
             let token = uuid::Uuid::new_v4().to_string();
             let handle = FileLease {
                 file: Mutex::new(Some(file)),
+                key: key.to_string(),
             };
             Lease::new(key.clone(), token, ttl, Arc::new(handle))
         }))
@@ -355,6 +356,7 @@ impl StateStore for JsonStore {
 #[derive(Debug)]
 struct FileLease {
     file: Mutex<Option<File>>,
+    key: String,
 }
 
 #[async_trait]
@@ -370,7 +372,7 @@ impl LeaseHandle for FileLease {
             Ok(())
         } else {
             Err(Error::LeaseLost {
-                key: String::from("(released file lease)"),
+                key: self.key.clone(),
             })
         }
     }

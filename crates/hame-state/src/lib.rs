@@ -64,8 +64,8 @@ pub use error::{Error, Result};
 pub use key::{MAX_ID_LEN, StateKey, validate_id};
 pub use memory::InMemoryStore;
 pub use store::{
-    DEFAULT_LEASE_TTL, DEFAULT_LEASE_WAIT, LEASE_POLL_MAX, LEASE_POLL_MIN, Lease, LeaseHandle,
-    LeaseOptions, SessionSummary, StateStore, Stored,
+    DEFAULT_LEASE_TTL, DEFAULT_LEASE_WAIT, KeepAlive, LEASE_POLL_MAX, LEASE_POLL_MIN, Lease,
+    LeaseHandle, LeaseOptions, SessionSummary, StateStore, Stored,
 };
 
 #[cfg(feature = "json")]

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -245,6 +246,35 @@ impl Lease {
         }
     }
 
+    /// Renews the lease every `ttl / 3` in the background until the returned guard is
+    /// dropped or a renewal fails (then [`KeepAlive::is_lost`] turns true). Use it around a
+    /// turn that may outlast the TTL.
+    pub fn keep_alive(&self) -> KeepAlive {
+        let lost = Arc::new(AtomicBool::new(false));
+        let Some(handle) = self.handle.clone() else {
+            lost.store(true, Ordering::Relaxed);
+            return KeepAlive { task: None, lost };
+        };
+        let ttl = self.ttl;
+        let every = (ttl / 3).max(Duration::from_millis(1));
+        let flag = lost.clone();
+        let key = self.key.to_string();
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(e) = handle.renew(ttl).await {
+                    tracing::warn!(%key, error = %e, "lease keep-alive stopped");
+                    flag.store(true, Ordering::Relaxed);
+                    return;
+                }
+            }
+        });
+        KeepAlive {
+            task: Some(task),
+            lost,
+        }
+    }
+
     /// Drops the lease without releasing it, as a crashed holder would: shared stores keep
     /// it until its TTL passes; the JSON store's OS lock goes with the file handle at once.
     pub fn abandon(mut self) {
@@ -268,6 +298,30 @@ impl Drop for Lease {
                     tracing::debug!(key = %self.key, "lease dropped outside a runtime; it will expire")
                 }
             }
+        }
+    }
+}
+
+/// Background renewal of a [`Lease`], from [`Lease::keep_alive`]; stops when dropped.
+/// It must be created inside a tokio runtime.
+#[derive(Debug)]
+pub struct KeepAlive {
+    task: Option<tokio::task::JoinHandle<()>>,
+    lost: Arc<AtomicBool>,
+}
+
+impl KeepAlive {
+    /// Whether a renewal failed: the lease may now belong to someone else, so the turn
+    /// should stop before saving (its save would most likely conflict anyway).
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        if let Some(t) = self.task.take() {
+            t.abort();
         }
     }
 }

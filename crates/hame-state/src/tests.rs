@@ -149,3 +149,95 @@ mod mysql_conf {
 
     crate::conformance_tests!(make());
 }
+
+/// Compare-and-set against a reference model, on random operation sequences.
+mod cas_model {
+    use std::collections::HashMap;
+
+    use proptest::prelude::*;
+
+    use crate::{InMemoryStore, Result, StateKey, StateStore};
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Save { session: u8, expected: Option<u64> },
+        Delete { session: u8 },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0u8..3, proptest::option::of(1u64..5))
+                .prop_map(|(session, expected)| Op::Save { session, expected }),
+            1 => (0u8..3).prop_map(|session| Op::Delete { session }),
+        ]
+    }
+
+    async fn check(store: &dyn StateStore, ops: &[Op]) -> Result<()> {
+        let mut model: HashMap<u8, u64> = HashMap::new();
+        for (i, op) in ops.iter().enumerate() {
+            match *op {
+                Op::Save { session, expected } => {
+                    let key = StateKey::new("model", Some("u"), format!("s{session}"))?;
+                    let mut state = hame_core::AgentState::default();
+                    state
+                        .messages
+                        .push(hame_core::Message::user(format!("op {i}")));
+                    let got = store.save(&key, &state, expected).await;
+                    let current = model.get(&session).copied();
+                    if current == expected {
+                        let v = got?;
+                        assert_eq!(v, current.map_or(1, |c| c + 1), "op {i}: {op:?}");
+                        model.insert(session, v);
+                        let loaded = store.load(&key).await?.map(|s| (s.version, s.state));
+                        assert_eq!(loaded, Some((v, state)));
+                    } else {
+                        assert!(
+                            got.is_err_and(|e| e.is_conflict()),
+                            "op {i}: {op:?} did not conflict"
+                        );
+                    }
+                }
+                Op::Delete { session } => {
+                    let key = StateKey::new("model", Some("u"), format!("s{session}"))?;
+                    assert_eq!(store.delete(&key).await?, model.remove(&session).is_some());
+                }
+            }
+        }
+        let mut listed: Vec<String> = store
+            .list_sessions("model", Some("u"))
+            .await?
+            .into_iter()
+            .map(|s| s.session)
+            .collect();
+        listed.sort();
+        let mut expected: Vec<String> = model.keys().map(|s| format!("s{s}")).collect();
+        expected.sort();
+        assert_eq!(listed, expected);
+        Ok(())
+    }
+
+    fn run(store: &dyn StateStore, ops: &[Op]) -> Result<()> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| crate::Error::Config(e.to_string()))?;
+        rt.block_on(check(store, ops))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn memory_matches_model(ops in proptest::collection::vec(op(), 1..40)) {
+            run(&InMemoryStore::new(), &ops).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        }
+
+        #[cfg(feature = "json")]
+        #[test]
+        fn json_matches_model(ops in proptest::collection::vec(op(), 1..25)) {
+            let store = crate::tests::json_conf::TempJson::new()
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            run(&store, &ops).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        }
+    }
+}
