@@ -1,0 +1,152 @@
+//! Harness time per reasoning step, excluding the model.
+//!
+//! Runs calls of `STEPS` steps (each step asks for one cheap tool call; the last answers)
+//! through a full `HarnessAgent` (workspace context rebuilt from disk every step, session
+//! log appended per message, state loaded and saved per call) and reports the time spent
+//! outside the model: total wall time minus the time spent inside the model's stream.
+//!
+//! Two models: an instant in-process double, and the real OpenAI client against the
+//! scripted server on 127.0.0.1 (loopback HTTP, SSE).
+//!
+//! `cargo bench -p hame-harness --bench step` (release) or
+//! `cargo run -p hame-harness --example ... ` is not needed: the bench prints its figures.
+#![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use hame_core::test_support::{Reply, ScriptedModel};
+use hame_core::{Message, Model, ModelError, ModelInfo, ModelRequest, ModelStream, RuntimeContext, ToolCall};
+use hame_harness::HarnessAgent;
+
+const STEPS: usize = 20;
+const CALLS: usize = 30;
+
+/// Wraps a model and accumulates the time spent inside it (request + stream).
+#[derive(Debug)]
+struct Timed<M> {
+    inner: M,
+    spent: Arc<Mutex<Duration>>,
+}
+
+#[async_trait]
+impl<M: Model> Model for Timed<M> {
+    fn info(&self) -> ModelInfo {
+        self.inner.info()
+    }
+    async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
+        let started = Instant::now();
+        let mut s = self.inner.stream(request).await?;
+        let mut events = Vec::new();
+        while let Some(ev) = s.next().await {
+            events.push(ev);
+        }
+        *self.spent.lock().unwrap() += started.elapsed();
+        Ok(Box::pin(futures::stream::iter(events)))
+    }
+}
+
+fn workspace() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path();
+    std::fs::create_dir_all(ws.join("knowledge/faq")).unwrap();
+    std::fs::write(ws.join("AGENTS.md"), "# Persona\nYou are a careful assistant.\n".repeat(40)).unwrap();
+    std::fs::write(ws.join("MEMORY.md"), "- a remembered fact about the user\n".repeat(300)).unwrap();
+    std::fs::write(ws.join("knowledge/KNOWLEDGE.md"), "Product catalogue.\n".repeat(50)).unwrap();
+    for i in 0..20 {
+        std::fs::write(ws.join(format!("knowledge/faq/q{i}.md")), "answer").unwrap();
+    }
+    dir
+}
+
+fn tool_step(i: usize) -> ToolCall {
+    ToolCall {
+        id: format!("c{i}"),
+        name: "list_files".into(),
+        arguments: r#"{"path":"knowledge"}"#.into(),
+    }
+}
+
+async fn measure(label: &str, make_model: &dyn Fn() -> Arc<dyn Model>, spent: Arc<Mutex<Duration>>) {
+    let ws = workspace();
+    let state = tempfile::tempdir().unwrap();
+    let agent = HarnessAgent::builder()
+        .model(make_model())
+        .workspace(ws.path())
+        .state_store(Arc::new(hame_state::JsonStore::open(state.path()).unwrap()))
+        .build()
+        .unwrap();
+    // Warm up once.
+    agent.call(Message::user("warm"), &RuntimeContext::new("warm")).await.unwrap();
+    *spent.lock().unwrap() = Duration::ZERO;
+    let started = Instant::now();
+    for c in 0..CALLS {
+        let ctx = RuntimeContext::new(format!("s{c}")).with_user("bench");
+        let out = agent.call(Message::user("go"), &ctx).await.unwrap();
+        assert_eq!(out.iterations, STEPS);
+    }
+    let total = started.elapsed();
+    let model = *spent.lock().unwrap();
+    let harness = total.saturating_sub(model);
+    let steps = (CALLS * STEPS) as f64;
+    println!(
+        "{label:<28} steps {:>5}  total {:>8.1} ms  model {:>8.1} ms  harness {:>7.1} ms  harness/step {:>7.3} ms",
+        CALLS * STEPS,
+        total.as_secs_f64() * 1e3,
+        model.as_secs_f64() * 1e3,
+        harness.as_secs_f64() * 1e3,
+        harness.as_secs_f64() * 1e3 / steps,
+    );
+}
+
+fn script() -> Vec<Reply> {
+    let mut replies = Vec::new();
+    for _ in 0..=CALLS {
+        for i in 0..STEPS - 1 {
+            replies.push(Reply::tools(&[tool_step(i)]));
+        }
+        replies.push(Reply::text("done"));
+    }
+    replies
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        println!("hame-harness step benchmark: {CALLS} calls x {STEPS} steps (19 tool calls + answer)");
+        let spent = Arc::new(Mutex::new(Duration::ZERO));
+        let s = spent.clone();
+        let model = ScriptedModel::new(script());
+        measure(
+            "in-process instant model",
+            &move || Arc::new(Timed { inner: model.clone(), spent: s.clone() }) as Arc<dyn Model>,
+            spent,
+        )
+        .await;
+
+        let server = hame_test_support::ScriptedServer::start().await.unwrap();
+        for _ in 0..=CALLS {
+            for i in 0..STEPS - 1 {
+                server.push(hame_test_support::ScriptStep::tool_call(
+                    format!("c{i}"),
+                    "list_files",
+                    serde_json::json!({"path": "knowledge"}),
+                ));
+            }
+            server.push(hame_test_support::ScriptStep::text("done"));
+        }
+        let base = server.base_url();
+        let env = move |k: &str| (k == "OPENAI_BASE_URL").then(|| base.clone());
+        let http = hame_model::open("openai:bench", &env).unwrap();
+        let spent = Arc::new(Mutex::new(Duration::ZERO));
+        let s = spent.clone();
+        measure(
+            "scripted server (loopback)",
+            &move || Arc::new(Timed { inner: http.clone(), spent: s.clone() }) as Arc<dyn Model>,
+            spent,
+        )
+        .await;
+    });
+}
