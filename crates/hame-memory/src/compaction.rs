@@ -59,7 +59,8 @@ pub const MAX_REDUCE_ROUNDS: usize = 4;
 
 const MARKER_PREFIX: &str = "[summary of messages #";
 const SUMMARY_NOTE: &str = "The earlier part of this conversation was summarised to save \
-context. The complete messages are kept in the session log under these sequence numbers.";
+context. The complete messages are kept in the session log under these sequence numbers \
+(read them with session_history and from_seq when details matter).";
 
 /// The system prompt of summary calls.
 pub const SUMMARY_SYSTEM_PROMPT: &str = "You write the working summary of an agent's \
