@@ -18,8 +18,8 @@ use std::fs;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hame::state::{JSON_FORMAT, StateKey};
@@ -87,10 +87,18 @@ fn last_role(req: &RecordedRequest) -> String {
 
 /// The model: a file write for a new user message, then a text reply naming it; each
 /// answer waits 0–30 ms for its headers and 0–4 ms between chunks.
-fn responder(seed: u64) -> impl Fn(&RecordedRequest) -> ScriptStep + Send + Sync + 'static {
+/// Every request's arrival time is pushed to `arrivals`.
+fn responder(
+    seed: u64,
+    arrivals: Arc<Mutex<Vec<Instant>>>,
+) -> impl Fn(&RecordedRequest) -> ScriptStep + Send + Sync + 'static {
     let rng = Mutex::new(XorShift::new(seed ^ 0x9E37_79B9_7F4A_7C15));
     let counter = AtomicU64::new(0);
     move |req: &RecordedRequest| {
+        arrivals
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Instant::now());
         let k = counter.fetch_add(1, Ordering::Relaxed);
         let (delay, chunk) = {
             let mut rng = rng.lock().unwrap_or_else(|e| e.into_inner());
@@ -120,11 +128,14 @@ struct Run {
     /// Model requests the run made (the phase it reached).
     requests: usize,
     elapsed: Duration,
+    /// When its first model request arrived, from the start of the process.
+    first_request: Option<Duration>,
 }
 
 struct Fixture {
     dir: tempfile::TempDir,
     base: String,
+    arrivals: Arc<Mutex<Vec<Instant>>>,
 }
 
 impl Fixture {
@@ -213,6 +224,12 @@ impl Fixture {
             printed,
             requests: server.request_count() - before,
             elapsed,
+            first_request: self
+                .arrivals
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(before)
+                .map(|t| t.saturating_duration_since(start)),
         })
     }
 }
@@ -312,7 +329,8 @@ async fn crash_sigkill_at_random_instants_never_tears_state_or_log() -> TestResu
     let seed = seed();
     eprintln!("crash test seed = {seed} (replay with HAME_CRASH_SEED={seed})");
     let server = ScriptedServer::start().await?;
-    server.set_responder(responder(seed));
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    server.set_responder(responder(seed, arrivals.clone()));
     let dir = tempfile::tempdir()?;
     fs::create_dir_all(dir.path().join("ws"))?;
     fs::write(
@@ -322,23 +340,28 @@ async fn crash_sigkill_at_random_instants_never_tears_state_or_log() -> TestResu
     let fx = Fixture {
         base: server.base_url(),
         dir,
+        arrivals,
     };
     let mut rng = XorShift::new(seed);
     let started = Instant::now();
     let mut runs: Vec<Run> = Vec::new();
     let mut window = Duration::ZERO;
+    let mut startup = Duration::MAX;
     for i in 0..CALIBRATION_RUNS {
         let run = fx.run(&server, &format!("msg {i}"), None).await?;
         window = window.max(run.elapsed);
+        startup = startup.min(run.first_request.unwrap_or(Duration::ZERO));
         runs.push(run);
     }
-    // Kill pauses span a whole call and a little more, so some runs finish on their own.
-    let window_ms = u64::try_from((window * 6 / 5).as_millis())
-        .unwrap_or(u64::MAX)
-        .max(20);
+    // Kill pauses run from half the start-up time (process start, lease, state load, log
+    // append of the user message) to a little past a whole call, so most kills land inside
+    // the call and some runs finish on their own.
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let lo = ms(startup / 2);
+    let hi = ms(window * 6 / 5).max(lo + 20);
     let mut kills = 0;
     while kills < MIN_KILLS && runs.len() < MAX_RUNS {
-        let pause = Duration::from_millis(rng.below(window_ms + 1));
+        let pause = Duration::from_millis(lo + rng.below(hi - lo + 1));
         let run = fx
             .run(&server, &format!("msg {}", runs.len()), Some(pause))
             .await?;
@@ -352,7 +375,7 @@ async fn crash_sigkill_at_random_instants_never_tears_state_or_log() -> TestResu
     }
     let printed: Vec<String> = runs.iter().filter_map(|r| r.printed.clone()).collect();
     eprintln!(
-        "crash test: {} runs, {kills} killed, {} printed a reply, kill window {window_ms} ms, \
+        "crash test: {} runs, {kills} killed, {} printed a reply, kill pauses {lo}..={hi} ms, \
          kills by model requests made before the kill {phases:?}, {:.1} s",
         runs.len(),
         printed.len(),
