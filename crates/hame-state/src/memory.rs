@@ -117,6 +117,7 @@ impl StateStore for InMemoryStore {
     }
 
     async fn try_acquire(&self, key: &StateKey, ttl: Duration) -> Result<Option<Lease>> {
+        let ttl = ttl.max(Duration::from_millis(1));
         let now = Instant::now();
         let token = uuid::Uuid::new_v4().to_string();
         {
