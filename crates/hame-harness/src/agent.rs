@@ -205,7 +205,7 @@ impl HarnessAgentBuilder {
         let mode = self.filesystem.unwrap_or_default();
         let state_store = match self.state_store {
             Some(s) => s,
-            None => default_state_store(&env, &name)?,
+            None => default_state_store(&env)?,
         };
         if mode.is_shared() && !state_store.is_shared() && !self.allow_local_state {
             return Err(Error::Config(
@@ -265,7 +265,7 @@ impl HarnessAgentBuilder {
     }
 }
 
-fn default_state_store(env: &EnvLookup, agent: &str) -> Result<Arc<dyn StateStore>> {
+fn default_state_store(env: &EnvLookup) -> Result<Arc<dyn StateStore>> {
     let base = match env.get(STATE_HOME_ENV) {
         Some(dir) => PathBuf::from(dir),
         None => {
@@ -277,7 +277,8 @@ fn default_state_store(env: &EnvLookup, agent: &str) -> Result<Arc<dyn StateStor
             PathBuf::from(home).join(".hame").join("state")
         }
     };
-    let dir = base.join(agent);
+    // The JSON store keeps each agent in its own `<base>/<agent>/` folder.
+    let dir = base;
     let store = hame_state::JsonStore::open(&dir).map_err(|e| {
         Error::Config(format!(
             "cannot open state directory {}: {e} (set {STATE_HOME_ENV})",
