@@ -1,4 +1,7 @@
 mod common;
+mod concurrency;
+mod crash;
+mod replicas;
 mod resume;
 mod run;
 mod shared;
