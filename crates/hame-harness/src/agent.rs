@@ -30,7 +30,10 @@ pub const STATE_HOME_ENV: &str = "HAME_STATE_HOME";
 
 /// Reads environment variables; the default reads the process environment.
 #[derive(Clone)]
-pub struct EnvLookup(pub Arc<dyn Fn(&str) -> Option<String> + Send + Sync>);
+pub struct EnvLookup(pub Arc<EnvFn>);
+
+/// A function that looks up an environment variable.
+pub type EnvFn = dyn Fn(&str) -> Option<String> + Send + Sync;
 
 impl std::fmt::Debug for EnvLookup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -369,15 +372,15 @@ impl HarnessAgent {
         tokio::spawn(async move {
             // Loop errors are reported as a `Failed` event by the loop itself; errors
             // around it (ids, storage, busy session) are reported here.
-            if let Err(e) = this
+            let result = this
                 .call_with(message, &ctx, &sink, &CancellationToken::new())
-                .await
+                .await;
+            if let Err(e) = result
+                && !matches!(e, Error::Call(_))
             {
-                if !matches!(e, Error::Call(_)) {
-                    sink.emit(AgentEvent::Failed {
-                        message: e.to_string(),
-                    });
-                }
+                sink.emit(AgentEvent::Failed {
+                    message: e.to_string(),
+                });
             }
         });
         Box::pin(futures::stream::unfold(rx, |mut rx| async move {
@@ -423,12 +426,7 @@ impl HarnessAgent {
         };
         let _local = slot.lock().await;
         // ... and across processes and replicas behind the store's lease.
-        let lease = match self
-            .inner
-            .state_store
-            .acquire(&key, self.inner.lease.clone())
-            .await
-        {
+        let lease = match self.inner.state_store.acquire(&key, self.inner.lease).await {
             Ok(l) => l,
             Err(hame_state::Error::SessionBusy { .. }) => {
                 return Err(Error::SessionBusy(ctx.session_id.clone()));

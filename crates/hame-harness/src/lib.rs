@@ -39,7 +39,9 @@ mod tenancy;
 mod tools;
 mod workspace;
 
-pub use agent::{DEFAULT_AGENT_NAME, EnvLookup, HarnessAgent, HarnessAgentBuilder, STATE_HOME_ENV};
+pub use agent::{
+    DEFAULT_AGENT_NAME, EnvFn, EnvLookup, HarnessAgent, HarnessAgentBuilder, STATE_HOME_ENV,
+};
 pub use context::{
     ContextOptions, DEFAULT_MEMORY_BUDGET_TOKENS, TokenCount, WorkspaceContext, WorkspaceReader,
 };

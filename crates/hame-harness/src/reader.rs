@@ -33,12 +33,11 @@ async fn read_string(fs: &dyn Filesystem, path: &str) -> Option<String> {
 #[async_trait]
 impl WorkspaceReader for FsWorkspaceReader {
     async fn read_text(&self, runtime: &RuntimeContext, path: &str) -> Option<String> {
-        if let Some(user) = &runtime.user_id {
-            if let Some(text) =
+        if let Some(user) = &runtime.user_id
+            && let Some(text) =
                 read_string(&*self.tenancy.template, &format!("{user}/{path}")).await
-            {
-                return Some(text);
-            }
+        {
+            return Some(text);
         }
         let fs = self.tenancy.fs_for(runtime).ok()?;
         read_string(&*fs, path).await
