@@ -145,10 +145,12 @@ pub fn run(root: &Path, options: &CiOptions) -> Result<ExitCode> {
             .join(" "),
         std::env::var("CI").unwrap_or_default()
     );
-    if options.steps.contains(&Step::Deny) {
-        // Compiling cargo-deny takes minutes; start it now so it overlaps the services
-        // step, which mostly waits on apt and pip.
-        ctx.start_background_install(DENY)?;
+    // Compiling cargo-deny (or cargo-nextest, when a machine lacks it) takes minutes; start
+    // it now so it overlaps the services step, which mostly waits on apt and pip.
+    for (step, tool) in [(Step::Nextest, NEXTEST), (Step::Deny, DENY)] {
+        if options.steps.contains(&step) {
+            ctx.start_background_install(tool)?;
+        }
     }
     for (index, step) in options.steps.iter().copied().enumerate() {
         println!("\n==> [{}/{count}] {step}", index + 1);
