@@ -520,6 +520,42 @@ mod tests {
         assert!(CiOptions::parse(&args(&["--verbose"])).is_err());
     }
 
+    proptest::proptest! {
+        /// Whatever `--only`/`--skip` say, the selection keeps CI order, has no duplicates,
+        /// contains no skipped step and only requested steps.
+        #[test]
+        fn selection_is_an_ordered_subset(
+            only in proptest::collection::vec(0..Step::ALL.len(), 0..5),
+            skip in proptest::collection::vec(0..Step::ALL.len(), 0..5),
+        ) {
+            let mut list = Vec::new();
+            for i in &only {
+                list.extend(["--only".to_owned(), Step::ALL[*i].name().to_owned()]);
+            }
+            for i in &skip {
+                list.extend(["--skip".to_owned(), Step::ALL[*i].name().to_owned()]);
+            }
+            let steps = CiOptions::parse(&list).map_err(|e| {
+                proptest::test_runner::TestCaseError::fail(e.to_string())
+            })?.steps;
+            let positions: Vec<usize> = steps
+                .iter()
+                .filter_map(|s| Step::ALL.iter().position(|a| a == s))
+                .collect();
+            proptest::prop_assert!(positions.windows(2).all(|w| w[0] < w[1]));
+            for step in &steps {
+                let index = Step::ALL.iter().position(|a| a == step).unwrap_or(usize::MAX);
+                proptest::prop_assert!(!skip.contains(&index));
+                proptest::prop_assert!(only.is_empty() || only.contains(&index));
+            }
+            let expected = Step::ALL.len()
+                - (0..Step::ALL.len())
+                    .filter(|i| skip.contains(i) || !(only.is_empty() || only.contains(i)))
+                    .count();
+            proptest::prop_assert_eq!(steps.len(), expected);
+        }
+    }
+
     #[test]
     fn step_names_round_trip() -> Result<()> {
         for step in Step::ALL {
