@@ -200,10 +200,12 @@ fn fts_search(
     } else {
         "lines_tri"
     };
+    // CROSS JOIN keeps the FTS table as the outer loop: otherwise the planner may walk the
+    // tenant's rows by index and run the full-text query once per row.
     let sql_text = format!(
         "SELECT l.path, l.line, snippet({table}, 0, '**', '**', '…', {SNIPPET_WORDS}), \
          bm25({table}, 1.0, 0.0) AS r \
-         FROM {table} JOIN lines l ON l.id = {table}.rowid \
+         FROM {table} CROSS JOIN lines l ON l.id = {table}.rowid \
          WHERE {table} MATCH ?1 AND l.tenant = ?2 \
            AND (?3 IS NULL OR substr(l.path, 1, ?4) = ?3) \
          ORDER BY r, l.path, l.line LIMIT ?5"
