@@ -108,7 +108,7 @@ fn fact(i: usize) -> String {
         x ^= x >> 33;
         (x % n as u64) as usize
     };
-    if i % 20 == 0 {
+    if i.is_multiple_of(20) {
         let parts: Vec<&str> = (0..5).map(|_| CJK[next(CJK.len())]).collect();
         return format!("- {}，编号 {i}", parts.concat());
     }

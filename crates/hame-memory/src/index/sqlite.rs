@@ -2,14 +2,15 @@
 //!
 //! Layout (schema version [`SCHEMA_VERSION`] in `PRAGMA user_version`):
 //! - `docs(tenant, path, hash)`: one row per document, for the incremental skip.
-//! - `lines(id, tenant, path, line, content, tkey, cjk)`: one row per non-blank line.
+//! - `lines(id, tenant, path, line, content, cjk)`: one row per non-blank line.
 //! - `lines_fts`: FTS5 over `lines` with the `unicode61` tokenizer (words, BM25, prefixes).
 //! - `lines_tri`: FTS5 over the lines that contain CJK text with the `trigram` tokenizer.
 //!
-//! Both FTS tables are external-content tables kept in step by triggers. Each row carries a
-//! tenant key `tkey` (`t<hex of the tenant>t`, one token for either tokenizer), and every
-//! MATCH expression requires it, so the full-text engine itself never yields another
-//! tenant's rows; the join on `lines.tenant` checks it a second time.
+//! Both FTS tables are external-content tables kept in step by triggers. Every search
+//! joins the FTS hits to `lines` and requires `lines.tenant = ?` in the same SQL statement,
+//! so ranking, `LIMIT` and the OR fallback only ever see the tenant's rows. (An earlier
+//! version also put a per-tenant token into every MATCH; it made a selective query 100×
+//! slower on a large index because every search merged the tenant's whole posting list.)
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -43,30 +44,27 @@ CREATE TABLE lines(
   path TEXT NOT NULL,
   line INTEGER NOT NULL,
   content TEXT NOT NULL,
-  tkey TEXT NOT NULL,
   cjk INTEGER NOT NULL
 );
 CREATE INDEX lines_by_doc ON lines(tenant, path);
 CREATE VIRTUAL TABLE lines_fts USING fts5(
-  content, tkey, content='lines', content_rowid='id',
+  content, content='lines', content_rowid='id',
   tokenize='unicode61 remove_diacritics 2'
 );
 CREATE VIRTUAL TABLE lines_tri USING fts5(
-  content, tkey, content='lines', content_rowid='id', tokenize='trigram'
+  content, content='lines', content_rowid='id', tokenize='trigram'
 );
 CREATE TRIGGER lines_ai AFTER INSERT ON lines BEGIN
-  INSERT INTO lines_fts(rowid, content, tkey) VALUES (new.id, new.content, new.tkey);
+  INSERT INTO lines_fts(rowid, content) VALUES (new.id, new.content);
 END;
 CREATE TRIGGER lines_ai_cjk AFTER INSERT ON lines WHEN new.cjk = 1 BEGIN
-  INSERT INTO lines_tri(rowid, content, tkey) VALUES (new.id, new.content, new.tkey);
+  INSERT INTO lines_tri(rowid, content) VALUES (new.id, new.content);
 END;
 CREATE TRIGGER lines_ad AFTER DELETE ON lines BEGIN
-  INSERT INTO lines_fts(lines_fts, rowid, content, tkey)
-    VALUES ('delete', old.id, old.content, old.tkey);
+  INSERT INTO lines_fts(lines_fts, rowid, content) VALUES ('delete', old.id, old.content);
 END;
 CREATE TRIGGER lines_ad_cjk AFTER DELETE ON lines WHEN old.cjk = 1 BEGIN
-  INSERT INTO lines_tri(lines_tri, rowid, content, tkey)
-    VALUES ('delete', old.id, old.content, old.tkey);
+  INSERT INTO lines_tri(lines_tri, rowid, content) VALUES ('delete', old.id, old.content);
 END;
 ";
 
@@ -148,12 +146,8 @@ fn remove_db_files(path: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-fn tenant_key(tenant: &str) -> String {
-    format!("t{}t", hex::encode(tenant.as_bytes()))
-}
-
 /// The MATCH expression for a parsed query; `any` joins terms with OR instead of AND.
-fn match_expr(tenant: &str, query: &Query, any: bool) -> String {
+fn match_expr(query: &Query, any: bool) -> String {
     let join = if any { " OR " } else { " AND " };
     let terms: Vec<String> = query
         .terms
@@ -170,11 +164,7 @@ fn match_expr(tenant: &str, query: &Query, any: bool) -> String {
             _ => format!("\"{}\"", t.text.replace('"', "")),
         })
         .collect();
-    format!(
-        "tkey : \"{}\" AND content : ({})",
-        tenant_key(tenant),
-        terms.join(join)
-    )
+    terms.join(join)
 }
 
 /// `substr(path, 1, n) = prefix` arguments: (prefix, length in characters).
@@ -204,7 +194,7 @@ fn fts_search(
     // tenant's rows by index and run the full-text query once per row.
     let sql_text = format!(
         "SELECT l.path, l.line, snippet({table}, 0, '**', '**', '…', {SNIPPET_WORDS}), \
-         bm25({table}, 1.0, 0.0) AS r \
+         bm25({table}) AS r \
          FROM {table} CROSS JOIN lines l ON l.id = {table}.rowid \
          WHERE {table} MATCH ?1 AND l.tenant = ?2 \
            AND (?3 IS NULL OR substr(l.path, 1, ?4) = ?3) \
@@ -217,13 +207,7 @@ fn fts_search(
         .map_err(sql("prepare search"))?;
     let rows = stmt
         .query_map(
-            params![
-                match_expr(tenant, query, any),
-                tenant,
-                prefix,
-                prefix_len,
-                limit
-            ],
+            params![match_expr(query, any), tenant, prefix, prefix_len, limit],
             |r| {
                 Ok(Hit {
                     path: r.get(0)?,
@@ -421,16 +405,15 @@ impl SearchIndex for SqliteIndex {
             )
             .map_err(sql("delete old rows"))?;
             {
-                let key = tenant_key(&tenant);
                 let mut ins = tx
                     .prepare_cached(
-                        "INSERT INTO lines(tenant, path, line, content, tkey, cjk) \
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                        "INSERT INTO lines(tenant, path, line, content, cjk) \
+                         VALUES (?1, ?2, ?3, ?4, ?5)",
                     )
                     .map_err(sql("prepare insert"))?;
                 for row in &rows {
                     let cjk = row.text.chars().any(is_cjk);
-                    ins.execute(params![tenant, path, row.line, row.text, key, cjk])
+                    ins.execute(params![tenant, path, row.line, row.text, cjk])
                         .map_err(sql("insert row"))?;
                 }
             }
