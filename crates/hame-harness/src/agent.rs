@@ -333,6 +333,11 @@ impl HarnessAgent {
         &self.inner.agent_loop
     }
 
+    /// The agent's filesystems (store, template, isolation).
+    pub fn tenancy(&self) -> Arc<Tenancy> {
+        self.inner.tenancy.clone()
+    }
+
     /// The state store.
     pub fn state_store(&self) -> &Arc<dyn StateStore> {
         &self.inner.state_store

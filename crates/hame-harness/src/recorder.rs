@@ -4,8 +4,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use hame_core::{CallCtx, Message, Middleware, RuntimeContext};
-use hame_session::SessionLog;
+use hame_core::{CallCtx, Message, Middleware, Role, RuntimeContext};
+use hame_session::{IndexUpdate, SessionLog, SessionLogOptions};
 
 use crate::tenancy::Tenancy;
 
@@ -22,6 +22,16 @@ pub struct SessionRecorder {
     tenancy: Arc<Tenancy>,
     agent: String,
     logs: Mutex<HashMap<String, Arc<SessionLog>>>,
+    /// Per call (by call id): messages not yet written and the title candidate.
+    calls: Mutex<HashMap<String, PendingCall>>,
+    /// Per call: the end of the written sequence range, for the index update.
+    ends: Mutex<HashMap<String, u64>>,
+}
+
+#[derive(Debug, Default)]
+struct PendingCall {
+    title: Option<String>,
+    pending: Vec<Message>,
 }
 
 impl SessionRecorder {
@@ -31,6 +41,8 @@ impl SessionRecorder {
             tenancy,
             agent: agent.into(),
             logs: Mutex::new(HashMap::new()),
+            calls: Mutex::new(HashMap::new()),
+            ends: Mutex::new(HashMap::new()),
         }
     }
 
@@ -51,8 +63,13 @@ impl SessionRecorder {
             .tenancy
             .session_fs(runtime)
             .map_err(|e| hame_core::Error::middleware("session-log", e))?;
+        // The index is updated once per call (in on_call_end), not once per message.
+        let options = SessionLogOptions {
+            update_index: false,
+            ..SessionLogOptions::default()
+        };
         let log = Arc::new(
-            SessionLog::new(fs, &self.agent)
+            SessionLog::with_options(fs, &self.agent, options)
                 .map_err(|e| hame_core::Error::middleware("session-log", e))?,
         );
         if logs.len() >= MAX_CACHED_LOGS {
@@ -60,6 +77,29 @@ impl SessionRecorder {
         }
         logs.insert(key, log.clone());
         Ok(log)
+    }
+}
+
+impl SessionRecorder {
+    async fn write(
+        &self,
+        runtime: &RuntimeContext,
+        call_id: &str,
+        messages: &[Message],
+    ) -> Result<(), hame_core::Error> {
+        let log = self.log_for(runtime)?;
+        let written = log
+            .append_messages(&runtime.session_id, call_id, messages)
+            .await
+            .map_err(|e| hame_core::Error::middleware("session-log", e))?;
+        if let Ok(mut ends) = self.ends.lock() {
+            if ends.len() >= MAX_CACHED_LOGS {
+                ends.clear();
+            }
+            let end = ends.entry(call_id.to_owned()).or_insert(0);
+            *end = (*end).max(written.end);
+        }
+        Ok(())
     }
 }
 
@@ -74,29 +114,71 @@ impl Middleware for SessionRecorder {
         cx: &mut CallCtx<'_>,
         message: &Message,
     ) -> Result<(), hame_core::Error> {
-        let log = self.log_for(cx.runtime)?;
-        let call_id = cx
-            .runtime
-            .extras
-            .get(CALL_ID_EXTRA)
-            .and_then(|v| v.as_str())
-            .unwrap_or("unknown")
-            .to_owned();
-        match log
-            .append_messages(
-                &cx.runtime.session_id,
-                &call_id,
-                std::slice::from_ref(message),
-            )
-            .await
-        {
-            Ok(_) => Ok(()),
-            // The record is durable; only the index lagged. It is repaired by the next update.
-            Err(hame_session::Error::IndexNotUpdated { .. }) => {
-                tracing::warn!(session = %cx.runtime.session_id, "session index update failed; the log is intact");
-                Ok(())
+        let call_id = call_id(cx.runtime);
+        // A tool-call message and the user's input wait for the step's next message so that a
+        // step costs one durable append; the final reply and tool results are written at
+        // once. Nothing waits past the end of the call, and the state is only saved after.
+        let pending = {
+            let mut calls = self
+                .calls
+                .lock()
+                .map_err(|_| hame_core::Error::other("session log table poisoned"))?;
+            if calls.len() >= MAX_CACHED_LOGS {
+                calls.clear();
             }
-            Err(e) => Err(hame_core::Error::middleware("session-log", e)),
-        }
+            let entry = calls.entry(call_id.clone()).or_default();
+            if entry.title.is_none() && message.role == Role::User {
+                entry.title = Some(message.text_content());
+            }
+            entry.pending.push(message.clone());
+            let defer = message.role == Role::User || message.has_tool_calls();
+            if defer {
+                return Ok(());
+            }
+            std::mem::take(&mut entry.pending)
+        };
+        self.write(cx.runtime, &call_id, &pending).await
     }
+
+    async fn on_call_end(
+        &self,
+        cx: &mut CallCtx<'_>,
+        _outcome: Result<&Message, &hame_core::Error>,
+    ) -> Result<(), hame_core::Error> {
+        let call_id = call_id(cx.runtime);
+        let Some(call) = self.calls.lock().ok().and_then(|mut c| c.remove(&call_id)) else {
+            return Ok(());
+        };
+        if !call.pending.is_empty() {
+            // A call that failed mid-step: what joined the state is logged before the state
+            // is saved.
+            self.write(cx.runtime, &call_id, &call.pending).await?;
+        }
+        let end = self
+            .ends
+            .lock()
+            .ok()
+            .and_then(|mut e| e.remove(&call_id))
+            .unwrap_or(0);
+        let log = self.log_for(cx.runtime)?;
+        let mut update = IndexUpdate::new().with_message_count_at_least(end);
+        if let Some(t) = call.title {
+            update = update.with_title_if_unset(t);
+        }
+        // The log is the truth and already durable; a lagging index is repaired by the next
+        // update or by `SessionLog::rebuild_index`, so a failure here does not fail the call.
+        if let Err(e) = log.update_index(&cx.runtime.session_id, &update).await {
+            tracing::warn!(session = %cx.runtime.session_id, error = %e, "session index update failed; the log is intact");
+        }
+        Ok(())
+    }
+}
+
+fn call_id(runtime: &RuntimeContext) -> String {
+    runtime
+        .extras
+        .get(CALL_ID_EXTRA)
+        .and_then(|v| v.as_str())
+        .unwrap_or("unknown")
+        .to_owned()
 }

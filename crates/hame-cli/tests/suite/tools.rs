@@ -52,6 +52,13 @@ async fn write_then_read_a_file_through_the_tools() -> TestResult {
         ws.join("agents/hame/users/alice/home/agents/hame/sessions/default.log.jsonl"),
     )?;
     assert_eq!(log.lines().count(), 6, "{log}");
+    // The session index is updated once at the end of the call.
+    let index: serde_json::Value = serde_json::from_str(&fs::read_to_string(
+        ws.join("agents/hame/users/alice/home/agents/hame/sessions/index.json"),
+    )?)?;
+    let text = index.to_string();
+    assert!(text.contains("\"message_count\":6"), "{text}");
+    assert!(text.contains("todo?"), "{text}");
     Ok(())
 }
 
