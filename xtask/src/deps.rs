@@ -42,8 +42,9 @@ pub enum Layer {
     Cli = 4,
 }
 
-/// The layer of a workspace crate, or `None` for helpers (test support, xtask, examples),
-/// which may depend on anything but which no library may depend on.
+/// The layer of a library crate (one under `crates/`), or `None` for helpers
+/// (`hame-test-support`, and every member outside `crates/`: xtask, examples, integration
+/// tests), which may depend on anything but which no library may depend on.
 pub fn layer_of(name: &str) -> Option<Layer> {
     match name {
         "hame-core" => Some(Layer::Core),
@@ -66,6 +67,8 @@ pub fn layer_of(name: &str) -> Option<Layer> {
 pub struct Graph {
     names: HashMap<String, String>,
     workspace: BTreeSet<String>,
+    /// Workspace members outside `crates/` (xtask, examples, integration tests).
+    outside_crates: BTreeSet<String>,
     edges: HashMap<String, Vec<Edge>>,
     features: HashMap<String, BTreeMap<String, Vec<String>>>,
 }
@@ -113,6 +116,15 @@ impl Graph {
                     })
                     .collect();
                 graph.features.insert(id.clone(), table);
+            }
+            let in_crates_dir = pkg
+                .get("manifest_path")
+                .and_then(Value::as_str)
+                .map(std::path::Path::new)
+                .and_then(|manifest| manifest.parent()?.parent()?.file_name())
+                .is_some_and(|dir| dir == "crates");
+            if !in_crates_dir {
+                graph.outside_crates.insert(id.clone());
             }
             packages.insert(id, pkg);
         }
@@ -180,6 +192,13 @@ impl Graph {
             }
         }
         seen
+    }
+
+    fn layer(&self, id: &str) -> Option<Layer> {
+        if self.outside_crates.contains(id) {
+            return None;
+        }
+        layer_of(self.name(id))
     }
 
     fn name<'a>(&'a self, id: &'a str) -> &'a str {
@@ -260,7 +279,7 @@ impl Graph {
     fn check_layers(&self, out: &mut Vec<String>) {
         for from in &self.workspace {
             let from_name = self.name(from);
-            let Some(from_layer) = layer_of(from_name) else {
+            let Some(from_layer) = self.layer(from) else {
                 continue;
             };
             for edge in self.edges.get(from).into_iter().flatten() {
@@ -269,7 +288,7 @@ impl Graph {
                     continue;
                 }
                 let to_name = self.name(to);
-                match layer_of(to_name) {
+                match self.layer(to) {
                     None => out.push(format!(
                         "{from_name} must not depend on helper crate {to_name} \
                          (use [dev-dependencies])"

@@ -27,7 +27,15 @@ fn metadata(workspace: &[&str], packages: &[&str], edges: &[(&str, &str, Kind)])
             } else {
                 json!({})
             };
-            json!({"id": id(name), "name": name, "features": features})
+            let manifest = if name.starts_with("hame") {
+                format!("/repo/crates/{name}/Cargo.toml")
+            } else if *name == "xtask" || name.starts_with("example") {
+                format!("/repo/{name}/Cargo.toml")
+            } else {
+                format!("/registry/{name}-0.1.0/Cargo.toml")
+            };
+            json!({"id": id(name), "name": name, "features": features,
+                   "manifest_path": manifest})
         })
         .collect();
     let nodes: Vec<Value> = all
@@ -312,6 +320,34 @@ fn strong_feature_edges_are_built() -> Result<()> {
     assert_eq!(
         graph.summary(),
         "4 packages built, 1 workspace members, 1 libsqlite3-sys"
+    );
+    Ok(())
+}
+
+#[test]
+fn members_outside_crates_are_helpers() -> Result<()> {
+    // `integration-tests/` holds a `hame-*` package, but it is not a library layer.
+    let mut meta = metadata(
+        &["hame-core", "hame-integration-tests", "example-quickstart"],
+        &[],
+        &[
+            ("hame-integration-tests", "example-quickstart", Kind::Normal),
+            ("example-quickstart", "hame-core", Kind::Normal),
+            ("hame-core", "example-quickstart", Kind::Normal),
+        ],
+    );
+    if let Some(pkgs) = meta["packages"].as_array_mut() {
+        for pkg in pkgs {
+            if pkg["name"] == "hame-integration-tests" {
+                pkg["manifest_path"] = json!("/repo/integration-tests/Cargo.toml");
+            }
+        }
+    }
+    assert_eq!(
+        Graph::from_metadata(&meta)?.violations(),
+        vec![
+            "hame-core must not depend on helper crate example-quickstart (use [dev-dependencies])"
+        ]
     );
     Ok(())
 }
