@@ -293,4 +293,8 @@ fn plan_compaction_500_messages(bencher: divan::Bencher) {
 fn main() {
     big();
     divan::main();
+    let path = std::env::temp_dir().join(format!("hame-bench-{}.db", std::process::id()));
+    for s in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{s}", path.display()));
+    }
 }
