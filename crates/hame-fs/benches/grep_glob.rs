@@ -29,7 +29,9 @@ fn workspace() -> &'static Workspace {
                 let n = d * 100 + f;
                 let mut body = String::new();
                 for l in 0..20 {
-                    body.push_str(&format!("fn item_{n}_{l}() -> u32 {{ {l} }} // filler text\n"));
+                    body.push_str(&format!(
+                        "fn item_{n}_{l}() -> u32 {{ {l} }} // filler text\n"
+                    ));
                 }
                 if n % 50 == 0 {
                     body.push_str("// needle here\n");
@@ -39,7 +41,11 @@ fn workspace() -> &'static Workspace {
             }
         }
         let fs = LocalFs::new(dir.path()).unwrap();
-        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
         Workspace { _dir: dir, fs, rt }
     })
 }
@@ -47,20 +53,31 @@ fn workspace() -> &'static Workspace {
 #[divan::bench(sample_count = 10)]
 fn grep_literal_10k_files() -> usize {
     let ws = workspace();
-    let req = GrepRequest { literal: true, max_matches: 10_000, ..GrepRequest::new("needle") };
+    let req = GrepRequest {
+        literal: true,
+        max_matches: 10_000,
+        ..GrepRequest::new("needle")
+    };
     ws.rt.block_on(ws.fs.grep(&req)).unwrap().matches.len()
 }
 
 #[divan::bench(sample_count = 10)]
 fn grep_regex_with_glob_10k_files() -> usize {
     let ws = workspace();
-    let req = GrepRequest { glob: Some("*.rs".into()), max_matches: 10_000, ..GrepRequest::new(r"needle\s+\w+") };
+    let req = GrepRequest {
+        glob: Some("*.rs".into()),
+        max_matches: 10_000,
+        ..GrepRequest::new(r"needle\s+\w+")
+    };
     ws.rt.block_on(ws.fs.grep(&req)).unwrap().matches.len()
 }
 
 #[divan::bench(sample_count = 10)]
 fn glob_all_rs_10k_files() -> usize {
     let ws = workspace();
-    let req = GlobRequest { max_results: 100_000, ..GlobRequest::new("**/*.rs") };
+    let req = GlobRequest {
+        max_results: 100_000,
+        ..GlobRequest::new("**/*.rs")
+    };
     ws.rt.block_on(ws.fs.glob(&req)).unwrap().files.len()
 }

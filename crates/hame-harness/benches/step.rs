@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures::StreamExt;
 use hame_core::test_support::{Reply, ScriptedModel};
-use hame_core::{Message, Model, ModelError, ModelInfo, ModelRequest, ModelStream, RuntimeContext, ToolCall};
+use hame_core::{
+    Message, Model, ModelError, ModelInfo, ModelRequest, ModelStream, RuntimeContext, ToolCall,
+};
 use hame_harness::HarnessAgent;
 
 const STEPS: usize = 20;
@@ -52,9 +54,21 @@ fn workspace() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path();
     std::fs::create_dir_all(ws.join("knowledge/faq")).unwrap();
-    std::fs::write(ws.join("AGENTS.md"), "# Persona\nYou are a careful assistant.\n".repeat(40)).unwrap();
-    std::fs::write(ws.join("MEMORY.md"), "- a remembered fact about the user\n".repeat(300)).unwrap();
-    std::fs::write(ws.join("knowledge/KNOWLEDGE.md"), "Product catalogue.\n".repeat(50)).unwrap();
+    std::fs::write(
+        ws.join("AGENTS.md"),
+        "# Persona\nYou are a careful assistant.\n".repeat(40),
+    )
+    .unwrap();
+    std::fs::write(
+        ws.join("MEMORY.md"),
+        "- a remembered fact about the user\n".repeat(300),
+    )
+    .unwrap();
+    std::fs::write(
+        ws.join("knowledge/KNOWLEDGE.md"),
+        "Product catalogue.\n".repeat(50),
+    )
+    .unwrap();
     for i in 0..20 {
         std::fs::write(ws.join(format!("knowledge/faq/q{i}.md")), "answer").unwrap();
     }
@@ -69,17 +83,36 @@ fn tool_step(i: usize) -> ToolCall {
     }
 }
 
-async fn measure(label: &str, make_model: &dyn Fn() -> Arc<dyn Model>, spent: Arc<Mutex<Duration>>) {
+async fn measure(
+    label: &str,
+    make_model: &dyn Fn() -> Arc<dyn Model>,
+    spent: Arc<Mutex<Duration>>,
+    durable: bool,
+) {
     let ws = workspace();
     let state = tempfile::tempdir().unwrap();
-    let agent = HarnessAgent::builder()
+    let builder = HarnessAgent::builder()
         .model(make_model())
-        .workspace(ws.path())
-        .state_store(Arc::new(hame_state::JsonStore::open(state.path()).unwrap()))
-        .build()
-        .unwrap();
+        .workspace(ws.path());
+    let agent = if durable {
+        // Local disk: session log appends and state saves are fsynced.
+        builder.state_store(Arc::new(hame_state::JsonStore::open(state.path()).unwrap()))
+    } else {
+        // Storage in memory: what is left is the harness's own CPU time.
+        builder
+            .state_store(Arc::new(hame_state::InMemoryStore::new()))
+            .filesystem(hame_harness::FilesystemMode::SharedStore {
+                store: Arc::new(hame_fs::InMemoryFs::new()),
+            })
+            .allow_local_state_with_shared_filesystem(true)
+    }
+    .build()
+    .unwrap();
     // Warm up once.
-    agent.call(Message::user("warm"), &RuntimeContext::new("warm")).await.unwrap();
+    agent
+        .call(Message::user("warm"), &RuntimeContext::new("warm"))
+        .await
+        .unwrap();
     *spent.lock().unwrap() = Duration::ZERO;
     let started = Instant::now();
     for c in 0..CALLS {
@@ -112,19 +145,93 @@ fn script() -> Vec<Reply> {
     replies
 }
 
+/// The parts of a step measured alone: prompt assembly and one session-log append.
+async fn components() {
+    let ws = workspace();
+    let state = tempfile::tempdir().unwrap();
+    let agent = HarnessAgent::builder()
+        .model(Arc::new(ScriptedModel::new([])))
+        .workspace(ws.path())
+        .state_store(Arc::new(hame_state::JsonStore::open(state.path()).unwrap()))
+        .build()
+        .unwrap();
+    let ctx = RuntimeContext::new("parts").with_user("bench");
+    let n = 500;
+
+    let fs = agent.filesystem_for(&ctx).unwrap();
+    let reader = hame_harness::FsWorkspaceReader::new(agent_tenancy(&agent));
+    let context = hame_harness::WorkspaceContext::new(
+        Arc::new(reader),
+        hame_harness::ContextOptions {
+            agent: "hame".into(),
+            memory_budget_tokens: 8000,
+            additional_context_files: Vec::new(),
+        },
+        hame_harness::TokenCount::estimate(),
+    );
+    let started = Instant::now();
+    let mut len = 0;
+    for _ in 0..n {
+        let parts = context.parts("base", &ctx).await;
+        len = hame_harness::prompt::render(&parts).len();
+    }
+    let per = started.elapsed().as_secs_f64() * 1e3 / n as f64;
+    println!("prompt assembly (reads AGENTS.md, MEMORY.md, knowledge/; {len} chars)  {per:.3} ms");
+
+    let log = hame_session::SessionLog::with_options(
+        fs,
+        "hame",
+        hame_session::SessionLogOptions {
+            update_index: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let msg = Message::assistant("a typical assistant message of a few dozen words ".repeat(4));
+    let started = Instant::now();
+    for i in 0..n {
+        log.append_messages("parts", &format!("c{i}"), std::slice::from_ref(&msg))
+            .await
+            .unwrap();
+    }
+    let per = started.elapsed().as_secs_f64() * 1e3 / n as f64;
+    println!("session-log append of one message (fdatasync)                {per:.3} ms");
+}
+
+fn agent_tenancy(agent: &HarnessAgent) -> Arc<hame_harness::Tenancy> {
+    agent.tenancy()
+}
+
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
-        println!("hame-harness step benchmark: {CALLS} calls x {STEPS} steps (19 tool calls + answer)");
-        let spent = Arc::new(Mutex::new(Duration::ZERO));
-        let s = spent.clone();
-        let model = ScriptedModel::new(script());
-        measure(
-            "in-process instant model",
-            &move || Arc::new(Timed { inner: model.clone(), spent: s.clone() }) as Arc<dyn Model>,
-            spent,
-        )
-        .await;
+        components().await;
+        println!(
+            "hame-harness step benchmark: {CALLS} calls x {STEPS} steps (19 tool calls + answer)"
+        );
+        for (label, durable) in [
+            ("instant model, local disk", true),
+            ("instant model, storage in RAM", false),
+        ] {
+            let spent = Arc::new(Mutex::new(Duration::ZERO));
+            let s = spent.clone();
+            let model = ScriptedModel::new(script());
+            measure(
+                label,
+                &move || {
+                    Arc::new(Timed {
+                        inner: model.clone(),
+                        spent: s.clone(),
+                    }) as Arc<dyn Model>
+                },
+                spent,
+                durable,
+            )
+            .await;
+        }
 
         let server = hame_test_support::ScriptedServer::start().await.unwrap();
         for _ in 0..=CALLS {
@@ -143,9 +250,15 @@ fn main() {
         let spent = Arc::new(Mutex::new(Duration::ZERO));
         let s = spent.clone();
         measure(
-            "scripted server (loopback)",
-            &move || Arc::new(Timed { inner: http.clone(), spent: s.clone() }) as Arc<dyn Model>,
+            "scripted server, local disk",
+            &move || {
+                Arc::new(Timed {
+                    inner: http.clone(),
+                    spent: s.clone(),
+                }) as Arc<dyn Model>
+            },
             spent,
+            true,
         )
         .await;
     });

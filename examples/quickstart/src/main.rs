@@ -12,7 +12,9 @@ use hame::{HarnessAgent, Message, RuntimeContext};
 async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let workspace = args.next().unwrap_or_else(|| "./ws".to_owned());
-    let question = args.next().unwrap_or_else(|| "Introduce yourself.".to_owned());
+    let question = args
+        .next()
+        .unwrap_or_else(|| "Introduce yourself.".to_owned());
 
     let env = |k: &str| std::env::var(k).ok();
     let model_spec = env("HAME_MODEL").unwrap_or_else(|| "openai:gpt-4o-mini".to_owned());
