@@ -197,3 +197,52 @@ async fn default_workspace_is_dot_hame() -> TestResult {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn chat_streams_tokens_and_shows_tool_calls() -> TestResult {
+    use std::io::Write;
+    use std::process::Stdio;
+
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call("c1", "list_files", serde_json::json!({"path": "."})),
+        ScriptStep::text("Here are your files."),
+        ScriptStep::text("Second answer."),
+    ]);
+    let dir = workspace()?;
+    let base = server.base_url();
+    let ws = dir.path().join("ws");
+    let ws = ws.to_string_lossy().into_owned();
+    let state = dir.path().join("state");
+    let state = state.to_string_lossy().into_owned();
+    let mut cmd = hame(
+        &["chat", "--workspace", &ws, "--model", "openai:m"],
+        &[("OPENAI_BASE_URL", &base), ("HAME_STATE_HOME", &state)],
+        dir.path(),
+    );
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = tokio::task::spawn_blocking(move || -> std::io::Result<std::process::Output> {
+        let mut child = cmd.spawn()?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(b"list my files\nand again\n")?;
+        }
+        child.wait_with_output()
+    })
+    .await??;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "Here are your files.\nSecond answer.\n");
+    let err = stderr(&out);
+    assert!(err.contains("list_files ok ("), "{err}");
+    assert!(err.contains(" ms)"), "{err}");
+    // Both turns went to the same session: the second request carries the first exchange.
+    let reqs = server.requests();
+    assert_eq!(reqs.len(), 3);
+    let history = serde_json::to_string(&reqs[2].body["messages"])?;
+    assert!(
+        history.contains("list my files") && history.contains("Here are your files."),
+        "{history}"
+    );
+    Ok(())
+}
