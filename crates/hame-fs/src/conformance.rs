@@ -71,6 +71,7 @@ pub async fn run_all(fs: &dyn Filesystem) {
     directories_are_implicit(fs).await;
     list_is_sorted_and_shallow(fs).await;
     read_line_window(fs).await;
+    read_byte_ranges(fs).await;
     append_creates_and_extends(fs).await;
     edit_semantics(fs).await;
     edit_preserves_crlf(fs).await;
@@ -364,6 +365,63 @@ pub async fn read_line_window(fs: &dyn Filesystem) {
         fs.read(&p("window"), ReadWindow::default()).await,
         codes::IS_DIRECTORY,
         "read a dir",
+    );
+}
+
+/// `read_range`: windows cut at the end, empty past it, errors as for `read_bytes`.
+pub async fn read_byte_ranges(fs: &dyn Filesystem) {
+    let f = p("range/f.bin");
+    let data: Vec<u8> = (0u8..=255).cycle().take(1000).collect();
+    ok(
+        fs.write(&f, data.clone(), WriteOptions::default()).await,
+        "write",
+    );
+    let cases: [(u64, u64, std::ops::Range<usize>); 8] = [
+        (0, 1000, 0..1000),
+        (0, 10, 0..10),
+        (10, 20, 10..30),
+        (990, 100, 990..1000),
+        (999, 1, 999..1000),
+        (1000, 5, 1000..1000),
+        (5000, 5, 1000..1000),
+        (7, 0, 7..7),
+    ];
+    for (offset, len, want) in cases {
+        assert_eq!(
+            ok(fs.read_range(&f, offset, len).await, "read_range"),
+            data[want.clone()],
+            "read_range({offset}, {len}) is bytes {want:?}"
+        );
+    }
+    assert_eq!(
+        ok(fs.read_range(&f, u64::MAX, u64::MAX).await, "huge range"),
+        Vec::<u8>::new(),
+        "offset and length near u64::MAX do not overflow"
+    );
+    assert_eq!(
+        ok(fs.read_range(&f, 500, u64::MAX).await, "to the end"),
+        data[500..],
+    );
+    ok(fs.append(&f, b"tail".to_vec()).await, "append");
+    assert_eq!(
+        ok(fs.read_range(&f, 998, 100).await, "after append"),
+        [&data[998..], b"tail".as_slice()].concat(),
+        "a range sees appended bytes"
+    );
+    put(fs, "range/empty", "").await;
+    assert_eq!(
+        ok(fs.read_range(&p("range/empty"), 0, 10).await, "empty file"),
+        Vec::<u8>::new()
+    );
+    code(
+        fs.read_range(&p("range/missing"), 0, 1).await,
+        codes::FILE_NOT_FOUND,
+        "missing file",
+    );
+    code(
+        fs.read_range(&p("range"), 0, 1).await,
+        codes::IS_DIRECTORY,
+        "directory",
     );
 }
 

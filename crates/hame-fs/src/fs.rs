@@ -310,6 +310,14 @@ pub struct GlobOutput {
 /// `conflict` rather than lose a concurrent change. `rename` of a file is atomic on one
 /// backend; across backends (composite) it is copy-then-delete.
 ///
+/// **Byte ranges.** [`read_range`](Filesystem::read_range) returns the bytes
+/// `[offset, offset + len)` of a file, cut at its end: an `offset` at or past the end gives
+/// an empty vector, never an error, so a caller can poll a growing log from the size it last
+/// saw. A missing path is `file_not_found` and a directory is `is_directory`, as for
+/// `read_bytes`. The bytes are those of one version of the file when the backend reads
+/// whole objects; a backend with positioned reads (local disk) may return a range that a
+/// concurrent `append` is extending, but never bytes that were not written.
+///
 /// **Ordering.** `list`, `glob` and `grep` return entries sorted by path (then line).
 ///
 /// **Text.** `read` and `grep` treat a file as binary when it has a NUL byte in its first
@@ -352,6 +360,13 @@ pub trait Filesystem: Send + Sync + fmt::Debug + 'static {
     /// Whether the path exists (file or directory).
     async fn exists(&self, path: &FsPath) -> Result<bool> {
         generic::exists(self, path).await
+    }
+
+    /// At most `len` bytes of a file starting at byte `offset`; fewer at the end of the
+    /// file, none when `offset` is at or past the end (see the `# Contract`). The fallback
+    /// reads the whole file and slices it; backends with positioned reads override it.
+    async fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
+        generic::read_range_via_read(self, path, offset, len).await
     }
 
     /// A window of lines of a text file.
@@ -436,6 +451,9 @@ macro_rules! forward_filesystem {
             }
             async fn exists(&self, path: &FsPath) -> Result<bool> {
                 (**self).exists(path).await
+            }
+            async fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
+                (**self).read_range(path, offset, len).await
             }
             async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
                 (**self).read(path, window).await

@@ -2,6 +2,8 @@
 //! required ones, plus the pure helpers (edit, text sniffing, matchers) every backend
 //! shares so the semantics are identical everywhere.
 
+use std::time::Duration;
+
 use globset::{GlobBuilder, GlobMatcher};
 use regex::bytes::{Regex, RegexBuilder};
 
@@ -13,8 +15,55 @@ use crate::fs::{
 };
 use crate::path::FsPath;
 
-/// How often `append_via_cas` and `edit_via_cas` retry after a `conflict`.
-pub const CAS_RETRIES: usize = 8;
+/// How many attempts `append_via_cas` and `edit_via_cas` make before giving up with
+/// `conflict`. Every attempt after the first waits a jittered, exponentially growing pause
+/// ([`cas_backoff`]), so 64 attempts wait under three seconds in all at worst (half that on average): enough for
+/// dozens of writers racing on one file of a shared backend, short enough that a caller
+/// stuck behind a hot file hears about it.
+pub const CAS_RETRIES: usize = 64;
+
+/// Upper bound of the pause before the first retry.
+pub const CAS_BACKOFF_BASE: Duration = Duration::from_millis(1);
+/// Upper bound of any one pause between retries.
+pub const CAS_BACKOFF_MAX: Duration = Duration::from_millis(50);
+
+/// The pause before attempt `attempt` (0-based) of a compare-and-set loop: none before the
+/// first attempt, then "full jitter" (a uniformly random pause between zero and
+/// `min(CAS_BACKOFF_MAX, CAS_BACKOFF_BASE * 2^(attempt-1))`), so writers that collided once
+/// do not collide again in lock step.
+pub fn cas_backoff_delay(attempt: usize) -> Duration {
+    if attempt == 0 {
+        return Duration::ZERO;
+    }
+    let exp = u32::try_from(attempt - 1).unwrap_or(u32::MAX).min(16);
+    let ceiling = CAS_BACKOFF_BASE
+        .saturating_mul(1u32 << exp)
+        .min(CAS_BACKOFF_MAX);
+    let ceiling_us = u64::try_from(ceiling.as_micros())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    Duration::from_micros(jitter() % (ceiling_us + 1))
+}
+
+/// Sleeps for [`cas_backoff_delay`]`(attempt)` (needs a Tokio runtime with timers enabled
+/// when `attempt > 0`; nothing happens before the first attempt).
+pub async fn cas_backoff(attempt: usize) {
+    let delay = cas_backoff_delay(attempt);
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// A cheap random number: std's per-hasher random keys plus a counter. Not cryptographic;
+/// only used to spread retries apart.
+fn jitter() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.finish()
+}
 
 /// `stat` mapped to a boolean.
 pub async fn exists<F: Filesystem + ?Sized>(fs: &F, path: &FsPath) -> Result<bool> {
@@ -29,6 +78,36 @@ pub async fn exists<F: Filesystem + ?Sized>(fs: &F, path: &FsPath) -> Result<boo
 /// Whether bytes look binary: a NUL in the first [`BINARY_SNIFF_BYTES`] or invalid UTF-8.
 pub fn is_binary(data: &[u8]) -> bool {
     data[..data.len().min(BINARY_SNIFF_BYTES)].contains(&0) || std::str::from_utf8(data).is_err()
+}
+
+/// The bytes `[offset, offset + len)` of `data`, cut at its end (see
+/// [`Filesystem::read_range`]).
+pub fn slice_range(data: &[u8], offset: u64, len: u64) -> &[u8] {
+    let (start, end) = range_bounds(data.len(), offset, len);
+    &data[start..end]
+}
+
+/// `[offset, offset + len)` clamped to `0..size`, as indices.
+fn range_bounds(size: usize, offset: u64, len: u64) -> (usize, usize) {
+    let size64 = size as u64;
+    let start = offset.min(size64);
+    let end = offset.saturating_add(len).min(size64);
+    // Both bounds are at most `size`, so they fit in `usize`.
+    (start as usize, end as usize)
+}
+
+/// [`Filesystem::read_range`] via `read_bytes` and [`slice_range`].
+pub async fn read_range_via_read<F: Filesystem + ?Sized>(
+    fs: &F,
+    path: &FsPath,
+    offset: u64,
+    len: u64,
+) -> Result<Vec<u8>> {
+    let mut data = fs.read_bytes(path).await?;
+    let (start, end) = range_bounds(data.len(), offset, len);
+    data.truncate(end);
+    data.drain(..start);
+    Ok(data)
 }
 
 /// A window of lines of `data` (see [`Filesystem::read`]).
@@ -80,7 +159,8 @@ pub async fn append_via_cas<F: Filesystem + ?Sized>(
     data: Vec<u8>,
 ) -> Result<()> {
     let mut last = None;
-    for _ in 0..CAS_RETRIES {
+    for attempt in 0..CAS_RETRIES {
+        cas_backoff(attempt).await;
         let (mut current, mode) = match fs.read_bytes(path).await {
             Ok(bytes) => {
                 let v = Version::of(&bytes);
@@ -92,14 +172,27 @@ pub async fn append_via_cas<F: Filesystem + ?Sized>(
         current.extend_from_slice(&data);
         match fs.write(path, current, WriteOptions { mode }).await {
             Ok(_) => return Ok(()),
-            Err(e @ (Error::Conflict { .. } | Error::AlreadyExists { .. })) => last = Some(e),
+            Err(e @ (Error::Conflict { .. } | Error::AlreadyExists { .. })) => {
+                tracing::debug!(%path, attempt, "append raced another writer; retrying");
+                last = Some(e);
+            }
             Err(e) => return Err(e),
         }
     }
-    Err(last.unwrap_or_else(|| Error::Conflict {
+    Err(exhausted(path, "append", last))
+}
+
+/// The `conflict` returned when every compare-and-set attempt lost a race.
+fn exhausted(path: &FsPath, what: &str, last: Option<Error>) -> Error {
+    let why = match last {
+        Some(Error::Conflict { reason, .. }) => format!("; last: {reason}"),
+        Some(Error::AlreadyExists { .. }) => "; last: created concurrently".to_owned(),
+        _ => String::new(),
+    };
+    Error::Conflict {
         path: path.to_string(),
-        reason: "too many concurrent writers".into(),
-    }))
+        reason: format!("{CAS_RETRIES} {what} attempts raced other writers{why}"),
+    }
 }
 
 /// Checks an edit's arguments: `old` not empty and different from `new`.
@@ -149,33 +242,50 @@ pub fn apply_edit(path: &FsPath, content: &str, request: &EditRequest) -> Result
     })
 }
 
-/// [`Filesystem::edit`] via read + [`apply_edit`] + compare-and-set write.
+/// [`Filesystem::edit`] via read + [`apply_edit`] + compare-and-set write. When the write
+/// loses a race, the edit is re-applied to the new content (so it fails with `no_match` or
+/// `ambiguous_match` if the concurrent change removed or duplicated the text), up to
+/// [`CAS_RETRIES`] attempts; a concurrent change is never overwritten.
 pub async fn edit_via_cas<F: Filesystem + ?Sized>(
     fs: &F,
     path: &FsPath,
     request: &EditRequest,
 ) -> Result<EditOutcome> {
     validate_edit(request)?;
-    let data = fs.read_bytes(path).await?;
-    if is_binary(&data) {
-        return Err(Error::Binary {
-            path: path.to_string(),
-            size: data.len() as u64,
-        });
+    let mut last = None;
+    for attempt in 0..CAS_RETRIES {
+        cas_backoff(attempt).await;
+        let data = fs.read_bytes(path).await?;
+        if is_binary(&data) {
+            return Err(Error::Binary {
+                path: path.to_string(),
+                size: data.len() as u64,
+            });
+        }
+        let text = String::from_utf8_lossy(&data);
+        let (new_text, replacements) = apply_edit(path, &text, request)?;
+        match fs
+            .write(
+                path,
+                new_text.into_bytes(),
+                WriteOptions::if_match(Version::of(&data)),
+            )
+            .await
+        {
+            Ok(version) => {
+                return Ok(EditOutcome {
+                    replacements,
+                    version,
+                });
+            }
+            Err(e @ Error::Conflict { .. }) => {
+                tracing::debug!(%path, attempt, "edit raced another writer; re-applying");
+                last = Some(e);
+            }
+            Err(e) => return Err(e),
+        }
     }
-    let text = String::from_utf8_lossy(&data);
-    let (new_text, replacements) = apply_edit(path, &text, request)?;
-    let version = fs
-        .write(
-            path,
-            new_text.into_bytes(),
-            WriteOptions::if_match(Version::of(&data)),
-        )
-        .await?;
-    Ok(EditOutcome {
-        replacements,
-        version,
-    })
+    Err(exhausted(path, "edit", last))
 }
 
 /// Every file at or below `base`, sorted by path (a file `base` yields itself).
@@ -374,3 +484,7 @@ pub async fn glob_via_walk<F: Filesystem + ?Sized>(
     let files = walk_files(fs, &request.path).await?;
     glob_filter(request, files)
 }
+
+#[cfg(test)]
+#[path = "generic_tests.rs"]
+mod tests;

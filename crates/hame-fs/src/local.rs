@@ -1,6 +1,6 @@
 //! [`LocalFs`]: a directory on the local disk, reached only through a `cap-std` capability.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -262,6 +262,37 @@ impl Inner {
         self.root
             .open_dir(rel(&parent))
             .map_err(|e| map_io(&parent, e))
+    }
+
+    /// A positioned read of at most `len` bytes from `offset`: only the range is read, so
+    /// paging a large log costs the page, not the file. The range (not the file) is held
+    /// to `max_file_bytes`.
+    fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
+        if path.is_root() {
+            return Err(Error::IsDirectory {
+                path: path.to_string(),
+            });
+        }
+        let f = self.open_regular(path, false)?;
+        let size = f.metadata().map_err(|e| map_io(path, e))?.len();
+        let want = len.min(size.saturating_sub(offset));
+        if want > self.options.max_file_bytes {
+            return Err(Error::TooLarge {
+                path: path.to_string(),
+                size: want,
+                limit: self.options.max_file_bytes,
+            });
+        }
+        let mut buf = Vec::with_capacity(usize::try_from(want).unwrap_or(0));
+        if want > 0 {
+            let mut f = f.into_std();
+            f.seek(io::SeekFrom::Start(offset))
+                .map_err(|e| map_io(path, e))?;
+            f.take(want)
+                .read_to_end(&mut buf)
+                .map_err(|e| map_io(path, e))?;
+        }
+        Ok(buf)
     }
 
     fn write(&self, path: &FsPath, data: &[u8], mode: &WriteMode) -> Result<Version> {
@@ -614,6 +645,12 @@ impl Filesystem for LocalFs {
 
     async fn exists(&self, path: &FsPath) -> Result<bool> {
         generic::exists(self, path).await
+    }
+
+    async fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let path = path.clone();
+        self.blocking(move |i| i.read_range(&path, offset, len))
+            .await
     }
 
     async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {

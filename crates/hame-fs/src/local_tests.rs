@@ -68,8 +68,11 @@ async fn escaping_symlinks_are_refused() -> TestResult {
         );
         let err = fs.append(&p(bad), b"x".to_vec()).await.unwrap_err();
         assert_eq!(err.code(), codes::PERMISSION_DENIED, "{bad}: {err}");
+        let err = fs.read_range(&p(bad), 0, 100).await.unwrap_err();
+        assert_eq!(err.code(), codes::PERMISSION_DENIED, "{bad}: {err}");
     }
     assert_eq!(fs.read_bytes(&p("good_link")).await?, b"ok");
+    assert_eq!(fs.read_range(&p("good_link"), 1, 9).await?, b"k");
     let names: Vec<String> = fs
         .list(&FsPath::root())
         .await?
@@ -109,6 +112,8 @@ async fn hard_links_devices_and_fifos_are_refused() -> TestResult {
         let err = fs.read_bytes(&p(bad)).await.unwrap_err();
         assert_eq!(err.code(), codes::PERMISSION_DENIED, "{bad}: {err}");
         let err = fs.append(&p(bad), b"x".to_vec()).await.unwrap_err();
+        assert_eq!(err.code(), codes::PERMISSION_DENIED, "{bad}: {err}");
+        let err = fs.read_range(&p(bad), 0, 4).await.unwrap_err();
         assert_eq!(err.code(), codes::PERMISSION_DENIED, "{bad}: {err}");
     }
     // Overwriting the hard-linked name replaces the name, not the outside inode.
@@ -151,6 +156,27 @@ async fn writes_leave_no_temp_files_and_keep_mode() -> TestResult {
         .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
         .collect::<std::result::Result<_, _>>()?;
     assert_eq!(names, vec!["run.sh"]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn read_range_reads_only_the_range_and_caps_it() -> TestResult {
+    let sb = sandbox();
+    let options = LocalFsOptions {
+        max_file_bytes: 100,
+        ..LocalFsOptions::default()
+    };
+    let fs = LocalFs::with_options(&sb.root, options)?;
+    let data: Vec<u8> = (0u8..250).collect();
+    std::fs::write(sb.root.join("big.bin"), &data)?;
+    // The whole file is over the limit, a page of it is not.
+    let err = fs.read_bytes(&p("big.bin")).await.unwrap_err();
+    assert_eq!(err.code(), codes::TOO_LARGE);
+    assert_eq!(fs.read_range(&p("big.bin"), 200, 100).await?, data[200..]);
+    assert_eq!(fs.read_range(&p("big.bin"), 10, 100).await?, data[10..110]);
+    let err = fs.read_range(&p("big.bin"), 10, 101).await.unwrap_err();
+    assert_eq!(err.code(), codes::TOO_LARGE, "{err}");
+    assert_eq!(fs.read_range(&p("big.bin"), 250, 1000).await?, b"");
     Ok(())
 }
 
@@ -203,6 +229,9 @@ proptest! {
                 prop_assert!(!path.segments().any(|s| s == ".."));
                 if let Ok(data) = fs.read_bytes(&path).await {
                     prop_assert!(!String::from_utf8_lossy(&data).contains("SECRET"), "read outside via {raw:?}");
+                }
+                if let Ok(data) = fs.read_range(&path, 0, 64).await {
+                    prop_assert!(!String::from_utf8_lossy(&data).contains("SECRET"), "range read outside via {raw:?}");
                 }
                 let _ = fs.write(&path, b"pwned".to_vec(), WriteOptions::default()).await;
                 let _ = fs.append(&path, b"pwned".to_vec()).await;

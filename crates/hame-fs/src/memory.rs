@@ -292,6 +292,19 @@ impl Filesystem for InMemoryFs {
         Ok(map.contains_key(path) || is_dir(&map, path))
     }
 
+    async fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let map = self.lock();
+        match map.get(path) {
+            Some(e) => Ok(generic::slice_range(&e.data, offset, len).to_vec()),
+            None if is_dir(&map, path) => Err(Error::IsDirectory {
+                path: path.to_string(),
+            }),
+            None => Err(Error::NotFound {
+                path: path.to_string(),
+            }),
+        }
+    }
+
     async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
         generic::read_window(self, path, window).await
     }

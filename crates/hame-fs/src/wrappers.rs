@@ -129,6 +129,12 @@ impl<F: Filesystem> Filesystem for PrefixFs<F> {
             .await
             .map_err(|e| self.err(e))
     }
+    async fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
+        self.inner
+            .read_range(&self.full(path), offset, len)
+            .await
+            .map_err(|e| self.err(e))
+    }
     async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
         self.inner
             .read(&self.full(path), window)
@@ -242,6 +248,9 @@ impl<F: Filesystem> Filesystem for ReadOnlyFs<F> {
     }
     async fn exists(&self, path: &FsPath) -> Result<bool> {
         self.inner.exists(path).await
+    }
+    async fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
+        self.inner.read_range(path, offset, len).await
     }
     async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
         self.inner.read(path, window).await
@@ -447,6 +456,12 @@ impl Filesystem for CompositeFs {
     }
     async fn exists(&self, path: &FsPath) -> Result<bool> {
         generic::exists(self, path).await
+    }
+    async fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let (fs, inner, prefix) = self.route(path);
+        fs.read_range(&inner, offset, len)
+            .await
+            .map_err(|e| Self::err(&prefix, e))
     }
     async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
         let (fs, inner, prefix) = self.route(path);
@@ -664,6 +679,12 @@ impl Filesystem for OverlayFs {
     }
     async fn exists(&self, path: &FsPath) -> Result<bool> {
         Ok(self.upper.exists(path).await? || self.lower.exists(path).await?)
+    }
+    async fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
+        match self.upper.read_range(path, offset, len).await {
+            Err(Error::NotFound { .. }) => self.lower.read_range(path, offset, len).await,
+            other => other,
+        }
     }
     async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
         match self.upper.read(path, window).await {

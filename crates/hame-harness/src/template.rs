@@ -72,6 +72,11 @@ impl Filesystem for TemplateFs {
         self.inner.read_bytes(path).await
     }
 
+    async fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
+        Self::check(path)?;
+        self.inner.read_range(path, offset, len).await
+    }
+
     async fn write(
         &self,
         path: &FsPath,
