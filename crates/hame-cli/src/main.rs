@@ -69,6 +69,13 @@ struct Common {
     /// Where session state lives: a directory, redis://, postgres://, mysql:// [default: $HAME_STATE, else JSON files under $HAME_STATE_HOME or ~/.hame/state]
     #[arg(long)]
     state: Option<String>,
+    /// Switch off memory and context management (compaction, offloading of large tool
+    /// results, daily logs and MEMORY.md consolidation, the memory tools).
+    #[arg(long)]
+    no_memory: bool,
+    /// The memory search index file [default: <workspace>/agents/<agent>/.memory-index.sqlite]
+    #[arg(long)]
+    memory_index: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -122,6 +129,15 @@ async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)
         builder = builder.max_iterations(n);
     }
     builder = builder.isolation_scope(common.isolation.into());
+    let memory = if common.no_memory {
+        hame::harness::MemoryOptions::disabled()
+    } else {
+        hame::harness::MemoryOptions {
+            index_path: common.memory_index.clone(),
+            ..hame::harness::MemoryOptions::default()
+        }
+    };
+    builder = builder.memory(memory);
     if let Some(url) = common.state.clone().or_else(|| env("HAME_STATE")) {
         let store = hame::state::open(&url).await.map_err(|e| {
             ConfigError(format!(
@@ -172,6 +188,16 @@ async fn run(common: Common, json: bool, message: String) -> anyhow::Result<()> 
         println!("{obj}");
     } else {
         println!("{}", out.reply.text_content());
+    }
+    std::io::stdout().flush()?;
+    // The reply is printed and durable; let background memory work (flush,
+    // consolidation) finish before the process exits, within a bound. Unfinished work is
+    // redone by the session's next call.
+    if !agent
+        .wait_background(hame::harness::memory::DEFAULT_BACKGROUND_WAIT)
+        .await
+    {
+        tracing::warn!("background memory work did not finish; the next call redoes it");
     }
     Ok(())
 }

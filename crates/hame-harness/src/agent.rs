@@ -18,6 +18,7 @@ use crate::context::{
 };
 use crate::error::{Error, Result};
 use crate::ids::validate_id;
+use crate::memory::{MemoryLayer, MemoryMiddleware, MemoryOptions};
 use crate::reader::FsWorkspaceReader;
 use crate::recorder::{CALL_ID_EXTRA, SessionRecorder};
 use crate::tenancy::{FilesystemMode, Tenancy};
@@ -70,6 +71,7 @@ pub struct HarnessAgentBuilder {
     state_store: Option<Arc<dyn StateStore>>,
     allow_local_state: bool,
     lease: Option<LeaseOptions>,
+    memory: Option<MemoryOptions>,
 }
 
 impl HarnessAgentBuilder {
@@ -174,6 +176,14 @@ impl HarnessAgentBuilder {
         self
     }
 
+    /// Memory and context management: compaction, offloading of large tool results, daily
+    /// logs and `MEMORY.md`, the memory tools (default [`MemoryOptions::default`]; see
+    /// `docs/memory-wiring.md`).
+    pub fn memory(mut self, options: MemoryOptions) -> Self {
+        self.memory = Some(options);
+        self
+    }
+
     /// Validates the configuration and builds the agent.
     pub fn build(self) -> Result<HarnessAgent> {
         let env = self.env.unwrap_or_else(EnvLookup::process);
@@ -223,6 +233,21 @@ impl HarnessAgentBuilder {
         };
         let tenancy = Arc::new(Tenancy::new(store, local, &name, self.scope));
 
+        // One token counter for every budget (tiktoken for OpenAI families, else the
+        // calibrated estimate of hame-memory).
+        let counter = hame_memory::counter_for_model(&model.info().model);
+        let memory_options = self.memory.unwrap_or_default();
+        let memory = memory_options.enabled.then(|| {
+            Arc::new(MemoryLayer::new(
+                memory_options,
+                tenancy.clone(),
+                &name,
+                model.clone(),
+                counter.clone(),
+                &workspace,
+            ))
+        });
+
         let reader: Arc<dyn WorkspaceReader> = Arc::new(FsWorkspaceReader::new(tenancy.clone()));
         let context = WorkspaceContext::new(
             reader,
@@ -233,13 +258,20 @@ impl HarnessAgentBuilder {
                     .unwrap_or(DEFAULT_MEMORY_BUDGET_TOKENS),
                 additional_context_files: self.additional_context_files,
             },
-            TokenCount::estimate(),
+            TokenCount(Arc::new(move |s: &str| {
+                usize::try_from(counter.count(s)).unwrap_or(usize::MAX)
+            })),
         );
         let recorder = Arc::new(SessionRecorder::new(tenancy.clone(), name.clone()));
 
         let mut tools = ToolSet::new();
         for t in crate::tools::builtin_tools(&tenancy, &name, shell, &workspace)? {
             tools.register(t);
+        }
+        if let Some(layer) = &memory {
+            for t in crate::memory::memory_tools(layer) {
+                tools.register(t);
+            }
         }
         for t in self.tools {
             tools.register(t);
@@ -254,6 +286,10 @@ impl HarnessAgentBuilder {
         agent_loop = agent_loop
             .with_middleware(Arc::new(context))
             .with_middleware(recorder);
+        // After the session log: it records full tool results before offloading.
+        if let Some(layer) = &memory {
+            agent_loop = agent_loop.with_middleware(Arc::new(MemoryMiddleware::new(layer.clone())));
+        }
         Ok(HarnessAgent {
             inner: Arc::new(Inner {
                 name,
@@ -263,6 +299,7 @@ impl HarnessAgentBuilder {
                 state_store,
                 lease: self.lease.unwrap_or_default(),
                 local_locks: Mutex::new(HashMap::new()),
+                memory,
             }),
         })
     }
@@ -300,6 +337,7 @@ struct Inner {
     state_store: Arc<dyn StateStore>,
     lease: LeaseOptions,
     local_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    memory: Option<Arc<MemoryLayer>>,
 }
 
 /// An agent that keeps working across calls: a ReAct loop plus workspace context, state and
@@ -444,7 +482,28 @@ impl HarnessAgent {
         if let Err(e) = lease.release().await {
             tracing::warn!(error = %e, "releasing the session lease failed; it expires by itself");
         }
+        // The reply is durable: flush memory in the background, off the caller's path.
+        if let (Ok(_), Some(layer)) = (&result, &self.inner.memory) {
+            crate::memory::spawn_after_call(
+                layer,
+                self.inner.state_store.clone(),
+                key,
+                ctx.clone(),
+                self.inner.lease,
+            );
+        }
         result
+    }
+
+    /// Waits up to `timeout` for background memory work (the after-call flush and
+    /// consolidation) started so far; returns whether it all finished. A process that
+    /// exits right after a call (the CLI) calls this first; unfinished work is redone by
+    /// the session's next call.
+    pub async fn wait_background(&self, timeout: Duration) -> bool {
+        match &self.inner.memory {
+            Some(layer) => layer.wait_background(timeout).await,
+            None => true,
+        }
     }
 
     async fn run_leased(

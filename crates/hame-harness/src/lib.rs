@@ -31,6 +31,7 @@ mod agent;
 mod context;
 mod error;
 mod ids;
+pub mod memory;
 pub mod prompt;
 mod reader;
 mod recorder;
@@ -47,6 +48,7 @@ pub use context::{
 };
 pub use error::{Error, Result};
 pub use ids::{MAX_ID_LEN, validate_id};
+pub use memory::{FlushPolicy, MemoryOptions};
 pub use reader::FsWorkspaceReader;
 pub use recorder::{CALL_ID_EXTRA, SessionRecorder};
 pub use template::{RUNTIME_ROOTS, TemplateFs};

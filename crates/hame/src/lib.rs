@@ -70,3 +70,10 @@ pub mod state {
 pub mod session {
     pub use hame_session::*;
 }
+
+/// The memory and context engine (`hame-memory`): search index, token counting,
+/// compaction, offloading, daily logs and consolidation. The harness wires it in through
+/// [`HarnessAgentBuilder::memory`](crate::HarnessAgentBuilder::memory).
+pub mod memory {
+    pub use hame_memory::*;
+}

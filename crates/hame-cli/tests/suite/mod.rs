@@ -1,6 +1,7 @@
 mod common;
 mod concurrency;
 mod crash;
+mod memory;
 mod replicas;
 mod resume;
 mod run;

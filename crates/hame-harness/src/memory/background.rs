@@ -1,0 +1,189 @@
+//! Work after the reply is durable: the after-call flush and the throttled consolidation.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use hame_core::{AgentState, RuntimeContext};
+use hame_fs::{Namespace, Scope};
+use hame_memory::{
+    CompactionState, ConsolidationOutcome, Consolidator, MemoryFiles, MemoryState, content_hash,
+};
+use hame_state::{LeaseOptions, StateKey, StateStore};
+
+use super::layer::MemoryLayer;
+use super::{CONSOLIDATION_LEASE_TTL, MEMORY_LEASE_SESSION};
+
+/// Attempts to save the advanced watermark when another writer saved in between.
+const SAVE_ATTEMPTS: usize = 3;
+
+/// Messages after the flush watermark.
+pub(crate) fn unflushed(state: &AgentState) -> u64 {
+    let next = CompactionState::load(state).next_seq(state.messages.len());
+    next.saturating_sub(MemoryState::load(state).watermark())
+}
+
+/// Starts the after-call work for a session; the CLI waits for it before exiting.
+pub(crate) fn spawn_after_call(
+    layer: &Arc<MemoryLayer>,
+    store: Arc<dyn StateStore>,
+    key: StateKey,
+    runtime: RuntimeContext,
+    lease: LeaseOptions,
+) {
+    if !layer.options.enabled || !layer.options.flush_policy.after_call {
+        return;
+    }
+    let l = layer.clone();
+    let task = tokio::spawn(async move {
+        match after_call(&l, store.as_ref(), &key, &runtime, lease).await {
+            Ok(true) => {
+                if let Err(e) = consolidate(&l, store.as_ref(), &runtime).await {
+                    tracing::warn!(error = %e, "memory consolidation failed; MEMORY.md unchanged");
+                }
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(session = %runtime.session_id, error = %e, "background memory flush failed; the next call redoes it");
+            }
+        }
+    });
+    layer.track(task);
+}
+
+/// Flushes the session if enough messages are unflushed. Holds the session lease, so it
+/// never races a call of the same session; saves the watermark with compare-and-set.
+/// Returns whether a flush ran.
+async fn after_call(
+    layer: &MemoryLayer,
+    store: &dyn StateStore,
+    key: &StateKey,
+    runtime: &RuntimeContext,
+    lease: LeaseOptions,
+) -> Result<bool, String> {
+    let min = layer.options.flush_policy.min_new_messages.max(1) as u64;
+    // A cheap look without the lease first.
+    match store.load(key).await.map_err(|e| e.to_string())? {
+        Some(s) if unflushed(&s.state) >= min => {}
+        _ => return Ok(false),
+    }
+    let held = match store.acquire(key, lease).await {
+        Ok(l) => l,
+        Err(hame_state::Error::SessionBusy { .. }) => {
+            tracing::debug!(session = %runtime.session_id, "session busy; its next call flushes");
+            return Ok(false);
+        }
+        Err(e) => return Err(e.to_string()),
+    };
+    let result = flush_leased(layer, store, key, runtime, min, &held).await;
+    if let Err(e) = held.release().await {
+        tracing::warn!(error = %e, "releasing the session lease after the flush failed; it expires by itself");
+    }
+    result
+}
+
+async fn flush_leased(
+    layer: &MemoryLayer,
+    store: &dyn StateStore,
+    key: &StateKey,
+    runtime: &RuntimeContext,
+    min: u64,
+    held: &hame_state::Lease,
+) -> Result<bool, String> {
+    let _alive = held.keep_alive();
+    let Some(stored) = store.load(key).await.map_err(|e| e.to_string())? else {
+        return Ok(false);
+    };
+    if unflushed(&stored.state) < min {
+        return Ok(false);
+    }
+    let mut state = stored.state;
+    let done = layer
+        .flush(&mut state, runtime)
+        .await
+        .map_err(|e| e.to_string())?;
+    tracing::debug!(session = %runtime.session_id, facts = done.facts, rounds = done.rounds, "memory flushed after the call");
+    let ours = MemoryState::load(&state);
+    let mut version = Some(stored.version);
+    for _ in 0..SAVE_ATTEMPTS {
+        match store.save(key, &state, version).await {
+            Ok(_) => return Ok(true),
+            Err(hame_state::Error::Conflict { .. }) => {
+                // Someone saved in between (an expired lease): keep their state, advance
+                // only the watermark.
+                let Some(fresh) = store.load(key).await.map_err(|e| e.to_string())? else {
+                    return Ok(true);
+                };
+                state = fresh.state;
+                version = Some(fresh.version);
+                let mut theirs = MemoryState::load(&state);
+                if theirs.flushed_through >= ours.flushed_through {
+                    return Ok(true);
+                }
+                theirs.flushed_through = ours.flushed_through;
+                theirs.last_flush = ours.last_flush;
+                theirs.store(&mut state).map_err(|e| e.to_string())?;
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Err("the flush watermark could not be saved after repeated conflicts".into())
+}
+
+/// The lease key that lets one replica at a time consolidate a tenant's memory.
+pub(crate) fn consolidation_key(
+    layer: &MemoryLayer,
+    runtime: &RuntimeContext,
+) -> Result<StateKey, String> {
+    let scope = layer.tenancy.isolation.scope;
+    let key = match (&runtime.user_id, scope) {
+        (Some(user), Scope::User) => {
+            StateKey::new(&layer.agent, Some(user.as_str()), MEMORY_LEASE_SESSION)
+        }
+        _ => {
+            let ns =
+                Namespace::for_context(&layer.agent, runtime, scope).map_err(|e| e.to_string())?;
+            let hash = content_hash(&ns.key('/'));
+            StateKey::new(
+                &layer.agent,
+                None::<String>,
+                format!("{MEMORY_LEASE_SESSION}-{}", &hash[..16]),
+            )
+        }
+    };
+    key.map_err(|e| e.to_string())
+}
+
+/// Consolidates the tenant's daily logs into `MEMORY.md` if the throttle allows and no
+/// other replica is doing it.
+pub(crate) async fn consolidate(
+    layer: &MemoryLayer,
+    store: &dyn StateStore,
+    runtime: &RuntimeContext,
+) -> Result<ConsolidationOutcome, String> {
+    let key = consolidation_key(layer, runtime)?;
+    let Some(lease) = store
+        .try_acquire(&key, CONSOLIDATION_LEASE_TTL)
+        .await
+        .map_err(|e| e.to_string())?
+    else {
+        tracing::debug!("another replica consolidates this memory");
+        return Ok(ConsolidationOutcome::Throttled);
+    };
+    let files: Arc<dyn MemoryFiles> = Arc::new(layer.files(runtime).map_err(|e| e.to_string())?);
+    let consolidator = Consolidator::new(
+        files,
+        layer.model.clone(),
+        layer.counter.clone(),
+        layer.options.consolidation.clone(),
+    );
+    let outcome = {
+        let _alive = lease.keep_alive();
+        consolidator.consolidate_if_due(Utc::now()).await
+    };
+    if let Err(e) = lease.release().await {
+        tracing::warn!(error = %e, "releasing the consolidation lease failed; it expires by itself");
+    }
+    let outcome = outcome.map_err(|e| e.to_string())?;
+    tracing::debug!(?outcome, "memory consolidation");
+    Ok(outcome)
+}
