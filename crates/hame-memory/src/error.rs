@@ -58,7 +58,7 @@ pub enum Error {
 }
 
 impl Error {
-    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) fn index(
         message: impl Into<String>,
         source: impl Into<Box<dyn std::error::Error + Send + Sync>>,

@@ -77,6 +77,8 @@ pub use index::SqliteIndex;
 pub use index::{
     DocumentInfo, Hit, InMemoryIndex, SearchIndex, SearchOptions, UpsertOutcome, content_hash,
 };
+#[cfg(feature = "postgres")]
+pub use index::{PgIndex, PgIndexOptions};
 pub use offload::{OffloadPolicy, Offloader, ResultSink};
 #[cfg(feature = "tiktoken")]
 pub use tokens::{Encoding, TiktokenCounter};

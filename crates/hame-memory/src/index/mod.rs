@@ -29,6 +29,8 @@ use sha2::{Digest, Sha256};
 use crate::error::{Error, Result};
 
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -36,6 +38,10 @@ mod sqlite;
 pub mod conformance;
 
 pub use memory::InMemoryIndex;
+#[cfg(feature = "postgres")]
+pub use postgres::{
+    MAX_TABLE_PREFIX_LEN, PG_MAX_SCAN_ROWS, PG_SCHEMA_VERSION, PgIndex, PgIndexOptions,
+};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteIndex;
 
