@@ -1,1 +1,325 @@
 #![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use hame_core::test_support::{Reply, ScriptedModel};
+use hame_core::{
+    Message, Model, Role, RuntimeContext, ToolCall, ToolContext, ToolOutput, TypedTool, typed,
+};
+use hame_fs::{Filesystem, FsPath, Scope};
+use hame_memory::ConsolidationOutcome;
+use hame_state::{JsonStore, StateStore};
+use pretty_assertions::assert_eq;
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+use super::background::{consolidate, consolidation_key, unflushed};
+use super::*;
+use crate::HarnessAgent;
+use crate::tenancy::Tenancy;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+struct NoArgs {}
+
+/// A tool that returns 300 KB.
+#[derive(Debug)]
+struct Dump;
+
+#[async_trait]
+impl TypedTool for Dump {
+    type Args = NoArgs;
+    fn name(&self) -> &str {
+        "dump"
+    }
+    fn description(&self) -> String {
+        "dumps a lot".into()
+    }
+    async fn run(&self, _args: NoArgs, _ctx: &ToolContext) -> ToolOutput {
+        Ok((0..3_000)
+            .map(|i| format!("{i:06} {}\n", "y".repeat(92)))
+            .collect())
+    }
+}
+
+fn call(id: &str, name: &str, args: &str) -> ToolCall {
+    ToolCall {
+        id: id.into(),
+        name: name.into(),
+        arguments: args.into(),
+    }
+}
+
+fn agent(
+    ws: &Path,
+    state: &Path,
+    model: &ScriptedModel,
+    options: MemoryOptions,
+) -> crate::Result<HarnessAgent> {
+    HarnessAgent::builder()
+        .model(Arc::new(model.clone()))
+        .workspace(ws)
+        .state_store(Arc::new(JsonStore::open(state).unwrap()))
+        .tool(typed(Dump))
+        .memory(options)
+        .build()
+}
+
+fn last_tool_text(m: &Message) -> String {
+    m.tool_results_iter()
+        .map(|r| r.content.clone())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn large_results_are_offloaded_after_the_log_has_recorded_them() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedModel::new([
+        Reply::tools(&[call("c1", "dump", "{}")]),
+        Reply::text("seen it"),
+    ]);
+    let a = agent(
+        &dir.path().join("ws"),
+        &dir.path().join("state"),
+        &model,
+        MemoryOptions::default(),
+    )?;
+    let ctx = RuntimeContext::new("s1").with_user("alice");
+    a.call(Message::user("dump it"), &ctx).await?;
+
+    // The model saw a preview.
+    let requests = model.requests();
+    let seen = last_tool_text(requests[1].messages.last().unwrap());
+    assert!(seen.contains("too large for the context"), "{seen}");
+    assert!(seen.len() < 6_000);
+    // The file holds the whole result, in alice's namespace.
+    let fs = a.filesystem_for(&ctx)?;
+    let saved = fs
+        .read_bytes(&FsPath::parse("large_tool_results/c1.txt")?)
+        .await?;
+    assert_eq!(saved.len(), 300_000);
+    // The state keeps the preview; the never-compacted log keeps the full result.
+    let state = a.state(&ctx).await?.unwrap();
+    let in_state = state
+        .messages
+        .iter()
+        .find(|m| m.role == Role::Tool)
+        .unwrap();
+    assert!(last_tool_text(in_state).contains("/large_tool_results/c1.txt"));
+    let log = hame_session::SessionLog::new(a.tenancy().session_fs(&ctx)?, "hame")?;
+    let records = log.read("s1", ..).await?;
+    let logged = records
+        .iter()
+        .find(|r| r.role == Role::Tool)
+        .map(|r| last_tool_text(&r.message))
+        .unwrap();
+    assert_eq!(logged.as_bytes(), &saved[..]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_flush_missed_by_a_dead_process_is_redone_by_the_next_call() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (ws, st) = (dir.path().join("ws"), dir.path().join("state"));
+    let ctx = RuntimeContext::new("s1").with_user("bob");
+    // First process: two calls, and it died before flushing (no after-call flush).
+    let first = ScriptedModel::new([Reply::text("noted"), Reply::text("sure")]);
+    let a = agent(
+        &ws,
+        &st,
+        &first,
+        MemoryOptions {
+            flush_policy: FlushPolicy {
+                after_call: false,
+                min_new_messages: 4,
+            },
+            ..MemoryOptions::default()
+        },
+    )?;
+    a.call(Message::user("remember: bob likes tea"), &ctx)
+        .await?;
+    a.call(Message::user("and something else"), &ctx).await?;
+    assert_eq!(unflushed(&a.state(&ctx).await?.unwrap()), 4);
+
+    // Next process: its first call's flush covers the earlier messages too.
+    let second = ScriptedModel::new([
+        Reply::text("hello again"),
+        Reply::text("- Bob likes tea"),
+        Reply::text("# Memory\n\n- Bob likes tea\n"),
+    ]);
+    let options = MemoryOptions {
+        flush_policy: FlushPolicy {
+            after_call: true,
+            min_new_messages: 4,
+        },
+        ..MemoryOptions::default()
+    };
+    let b = agent(&ws, &st, &second, options)?;
+    let out = b.call(Message::user("hi"), &ctx).await?;
+    assert_eq!(out.reply.text_content(), "hello again");
+    assert!(b.wait_background(Duration::from_secs(10)).await);
+    let requests = second.requests();
+    assert_eq!(requests.len(), 3, "call, flush, consolidation");
+    let flush_prompt = requests[1].messages[0].text_content();
+    assert!(
+        flush_prompt.contains("#0 user: remember: bob likes tea"),
+        "{flush_prompt}"
+    );
+    assert!(
+        flush_prompt.contains("#5 assistant: hello again"),
+        "{flush_prompt}"
+    );
+    let state = b.state(&ctx).await?.unwrap();
+    assert_eq!(unflushed(&state), 0);
+    let fs = b.filesystem_for(&ctx)?;
+    let memory = fs.read_bytes(&FsPath::parse("MEMORY.md")?).await?;
+    assert_eq!(String::from_utf8(memory)?, "# Memory\n\n- Bob likes tea\n");
+    let today = hame_memory::daily::daily_log_path(chrono::Utc::now().date_naive());
+    let log = String::from_utf8(fs.read_bytes(&FsPath::parse(&today)?).await?)?;
+    assert!(
+        log.contains("session s1 · messages #0..#5\n- Bob likes tea\n"),
+        "{log}"
+    );
+
+    // Below the threshold nothing more is flushed.
+    second.push(Reply::text("bye"));
+    b.call(Message::user("bye"), &ctx).await?;
+    assert!(b.wait_background(Duration::from_secs(10)).await);
+    assert_eq!(second.requests().len(), 4);
+    Ok(())
+}
+
+#[tokio::test]
+async fn memory_save_dedupes_and_search_finds_chinese_and_sessions() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedModel::new([
+        Reply::tools(&[call("a", "memory_save", r#"{"fact":"用户喜欢喝乌龙茶"}"#)]),
+        Reply::tools(&[call("b", "memory_save", r#"{"fact":"用户喜欢喝乌龙茶。"}"#)]),
+        Reply::tools(&[call("c", "memory_search", r#"{"query":"乌龙茶"}"#)]),
+        Reply::tools(&[call("d", "memory_get", r#"{"path":"/MEMORY.md"}"#)]),
+        Reply::tools(&[call("e", "session_search", r#"{"query":"oolong"}"#)]),
+        Reply::text("done"),
+    ]);
+    let a = agent(
+        &dir.path().join("ws"),
+        &dir.path().join("state"),
+        &model,
+        MemoryOptions::default(),
+    )?;
+    let ctx = RuntimeContext::new("s1").with_user("carol");
+    a.call(Message::user("I drink oolong, remember it"), &ctx)
+        .await?;
+    let results: Vec<String> = model
+        .requests()
+        .iter()
+        .skip(1)
+        .map(|r| last_tool_text(r.messages.last().unwrap()))
+        .collect();
+    assert!(results[0].starts_with("Saved to memory/"), "{}", results[0]);
+    assert_eq!(results[1], "Already in memory: 用户喜欢喝乌龙茶。");
+    assert!(results[2].contains("1 hits"), "{}", results[2]);
+    assert!(results[2].contains("乌龙茶"), "{}", results[2]);
+    assert!(results[2].contains(".md:3:"), "{}", results[2]);
+    assert!(
+        results[3].contains("MEMORY.md does not exist yet"),
+        "{}",
+        results[3]
+    );
+    assert!(results[4].contains("session s1 · #0:"), "{}", results[4]);
+    assert!(results[4].contains("**oolong**"), "{}", results[4]);
+    // Another user sees nothing of it.
+    let other = RuntimeContext::new("s1").with_user("dave");
+    let layer = layer_for(&a, dir.path())?;
+    let (index, tenant) = layer.sync_memory(&other).await?;
+    assert!(
+        index
+            .search(&tenant, "乌龙茶", &Default::default())
+            .await?
+            .is_empty()
+    );
+    Ok(())
+}
+
+fn layer_for(a: &HarnessAgent, _dir: &Path) -> Result<MemoryLayer, Box<dyn std::error::Error>> {
+    let model: Arc<dyn Model> = a.agent_loop().model().clone();
+    let counter = hame_memory::counter_for_model("gpt-4o");
+    Ok(MemoryLayer::new(
+        MemoryOptions::default(),
+        a.tenancy(),
+        "hame",
+        model,
+        counter,
+        a.workspace(),
+    ))
+}
+
+#[tokio::test]
+async fn one_replica_at_a_time_consolidates_a_tenant() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws)?;
+    let local: Arc<dyn Filesystem> = Arc::new(hame_fs::LocalFs::new(&ws)?);
+    let tenancy = Arc::new(Tenancy::new(local.clone(), local, "hame", Scope::User));
+    let model = ScriptedModel::new([Reply::text("# Memory\n\n- Erin uses Vim\n")]);
+    let layer = MemoryLayer::new(
+        MemoryOptions::default(),
+        tenancy,
+        "hame",
+        Arc::new(model.clone()),
+        hame_memory::counter_for_model("gpt-4o"),
+        &ws,
+    );
+    let store = JsonStore::open(dir.path().join("state"))?;
+    let ctx = RuntimeContext::new("s9").with_user("erin");
+    let files = layer.files(&ctx)?;
+    hame_memory::MemoryFiles::append(&files, "memory/2026-01-02.md", "- Erin uses Vim\n").await?;
+
+    let key = consolidation_key(&layer, &ctx)?;
+    assert_eq!(key.session(), MEMORY_LEASE_SESSION);
+    assert_eq!(key.user(), Some("erin"));
+    let held = store
+        .try_acquire(&key, Duration::from_secs(30))
+        .await?
+        .unwrap();
+    assert_eq!(
+        consolidate(&layer, &store, &ctx).await?,
+        ConsolidationOutcome::Throttled
+    );
+    assert!(model.requests().is_empty());
+    held.release().await?;
+    assert!(matches!(
+        consolidate(&layer, &store, &ctx).await?,
+        ConsolidationOutcome::Updated { .. }
+    ));
+    // Throttled now (at most every 30 minutes).
+    hame_memory::MemoryFiles::append(&files, "memory/2026-01-02.md", "- more\n").await?;
+    assert_eq!(
+        consolidate(&layer, &store, &ctx).await?,
+        ConsolidationOutcome::Throttled
+    );
+    // Other scopes use a hashed reserved id, never a user's session.
+    let mut shared = Tenancy::new(
+        Arc::new(hame_fs::InMemoryFs::new()),
+        Arc::new(hame_fs::InMemoryFs::new()),
+        "hame",
+        Scope::Agent,
+    );
+    shared.isolation.scope = Scope::Agent;
+    let agent_layer = MemoryLayer::new(
+        MemoryOptions::default(),
+        Arc::new(shared),
+        "hame",
+        Arc::new(model),
+        hame_memory::counter_for_model("gpt-4o"),
+        &ws,
+    );
+    let k = consolidation_key(&agent_layer, &ctx)?;
+    assert!(k.session().starts_with("_memory-"), "{}", k.session());
+    assert_eq!(k.user(), None);
+    Ok(())
+}
