@@ -265,7 +265,8 @@ impl HarnessAgentBuilder {
         let recorder = Arc::new(SessionRecorder::new(tenancy.clone(), name.clone()));
 
         let mut tools = ToolSet::new();
-        for t in crate::tools::builtin_tools(&tenancy, &name, shell, &workspace)? {
+        for t in crate::tools::builtin_tools(&tenancy, &name, shell, &workspace, memory.is_some())?
+        {
             tools.register(t);
         }
         if let Some(layer) = &memory {

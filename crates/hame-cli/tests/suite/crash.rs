@@ -169,6 +169,11 @@ impl Fixture {
                 "alice",
                 "--session",
                 "s1",
+                // The conversation grows past the compaction trigger during the test; the
+                // checks below compare whole turns, so memory (flush, compaction) is off here.
+                // Compaction's atomicity is property-tested in hame-memory and exercised
+                // end to end in memory.rs.
+                "--no-memory",
                 message,
             ],
             &[("OPENAI_BASE_URL", &self.base)],
