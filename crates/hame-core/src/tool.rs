@@ -149,6 +149,9 @@ pub fn schema_for<T: JsonSchema>() -> serde_json::Value {
     if let Some(obj) = value.as_object_mut() {
         obj.remove("$schema");
         obj.remove("title");
+        // The struct's doc comment ("Arguments of `x`") is for Rust readers; the model gets
+        // the tool description instead.
+        obj.remove("description");
         if !obj.contains_key("properties")
             && obj.get("type").and_then(|t| t.as_str()) == Some("object")
         {
