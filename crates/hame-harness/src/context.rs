@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use hame_core::{CallCtx, Middleware, ModelRequest};
 
-use crate::prompt::{PromptParts, SessionInfo, keep_newest, render};
+use crate::prompt::{BudgetedText, PromptParts, SessionInfo, keep_newest, render};
 
 /// Default token budget of `MEMORY.md` in the system prompt.
 pub const DEFAULT_MEMORY_BUDGET_TOKENS: usize = 8000;
@@ -38,7 +38,13 @@ pub struct WorkspaceContext {
     reader: Arc<dyn WorkspaceReader>,
     options: ContextOptions,
     counter: TokenCount,
+    /// `MEMORY.md` cut to its budget, by content hash: counting tokens is the costly part of
+    /// a step's prompt assembly and the file rarely changes between steps.
+    budgeted: std::sync::Mutex<std::collections::HashMap<u64, BudgetedText>>,
 }
+
+/// Budgeted `MEMORY.md` versions remembered before the cache is cleared.
+const MAX_BUDGET_CACHE: usize = 1024;
 
 /// Estimates the tokens of a text.
 #[derive(Clone)]
@@ -79,22 +85,42 @@ impl WorkspaceContext {
             reader,
             options,
             counter,
+            budgeted: std::sync::Mutex::new(std::collections::HashMap::new()),
         }
+    }
+
+    fn budget_memory(&self, text: &str) -> BudgetedText {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        text.hash(&mut h);
+        let key = h.finish();
+        if let Some(hit) = self.budgeted.lock().ok().and_then(|c| c.get(&key).cloned()) {
+            return hit;
+        }
+        let cut = keep_newest(text, self.options.memory_budget_tokens, &*self.counter.0);
+        if let Ok(mut cache) = self.budgeted.lock() {
+            if cache.len() >= MAX_BUDGET_CACHE {
+                cache.clear();
+            }
+            cache.insert(key, cut.clone());
+        }
+        cut
     }
 
     /// Reads the workspace and assembles the prompt parts for this tenant.
     pub async fn parts(&self, base: &str, runtime: &hame_core::RuntimeContext) -> PromptParts {
         let r = &self.reader;
-        let agents_md = r.read_text(runtime, "AGENTS.md").await;
-        let memory = r
-            .read_text(runtime, "MEMORY.md")
-            .await
+        // The reads are independent: run them concurrently.
+        let (agents_md, memory, knowledge_md, knowledge_files) = tokio::join!(
+            r.read_text(runtime, "AGENTS.md"),
+            r.read_text(runtime, "MEMORY.md"),
+            r.read_text(runtime, "knowledge/KNOWLEDGE.md"),
+            r.list_files(runtime, "knowledge"),
+        );
+        let memory = memory
             .filter(|m| !m.trim().is_empty())
-            .map(|m| keep_newest(&m, self.options.memory_budget_tokens, &*self.counter.0));
-        let knowledge_md = r.read_text(runtime, "knowledge/KNOWLEDGE.md").await;
-        let knowledge_files = r
-            .list_files(runtime, "knowledge")
-            .await
+            .map(|m| self.budget_memory(&m));
+        let knowledge_files = knowledge_files
             .into_iter()
             .filter(|p| p != "knowledge/KNOWLEDGE.md")
             .collect();
