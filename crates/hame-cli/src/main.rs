@@ -193,6 +193,11 @@ async fn run(common: Common, json: bool, message: String) -> anyhow::Result<()> 
     // The reply is printed and durable; let background memory work (flush,
     // consolidation) finish before the process exits, within a bound. Unfinished work is
     // redone by the session's next call.
+    finish(&agent).await
+}
+
+/// Lets background memory work finish (bounded) before the process exits.
+async fn finish(agent: &HarnessAgent) -> anyhow::Result<()> {
     if !agent
         .wait_background(hame::harness::memory::DEFAULT_BACKGROUND_WAIT)
         .await
@@ -210,14 +215,14 @@ async fn chat(common: Common) -> anyhow::Result<()> {
         eprint!("> ");
         line.clear();
         if stdin.lock().read_line(&mut line)? == 0 {
-            return Ok(());
+            return finish(&agent).await;
         }
         let text = line.trim();
         if text.is_empty() {
             continue;
         }
         if text == "/exit" || text == "/quit" {
-            return Ok(());
+            return finish(&agent).await;
         }
         let mut events = agent.stream(Message::user(text), &ctx);
         let mut out = std::io::stdout();
