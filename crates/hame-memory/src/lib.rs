@@ -5,7 +5,9 @@
 //!
 //! - [`index`]: full-text search over workspace files ([`SearchIndex`]): SQLite FTS5 with
 //!   BM25, snippets, prefix queries, safe query parsing and CJK substring search
-//!   ([`SqliteIndex`]), and a naive [`InMemoryIndex`]; both pass one conformance suite.
+//!   ([`SqliteIndex`]), PostgreSQL full-text search for replicas sharing one index
+//!   (`PgIndex`, feature `postgres`), and a naive [`InMemoryIndex`]; all pass one
+//!   conformance suite.
 //! - [`tokens`]: [`TokenCounter`], exact for OpenAI families (tiktoken) and a calibrated
 //!   estimate for the rest; token totals of messages, system prompt and tool specs.
 //! - [`compaction`]: plans and applies the summary of older messages with property-tested
@@ -23,6 +25,7 @@
 //! | feature | default | what it adds |
 //! |---|---|---|
 //! | `sqlite` | yes | [`SqliteIndex`] (rusqlite, bundled SQLite with FTS5) |
+//! | `postgres` | no | `PgIndex`: PostgreSQL `tsvector` + GIN, `ts_rank_cd`, `ts_headline`, `pg_trgm` for CJK (sqlx) |
 //! | `tiktoken` | yes | `TiktokenCounter`: exact o200k / cl100k counts (tiktoken-rs) |
 //! | `conformance` | no | [`index::conformance`], the `SearchIndex` suite for other backends |
 //!

@@ -2,6 +2,7 @@ use super::*;
 use hame_core::{Role, ToolCall, ToolResult};
 
 /// Sample texts for calibrating the estimate (kind, text).
+#[cfg_attr(not(feature = "tiktoken"), allow(dead_code))]
 pub(crate) fn samples() -> Vec<(&'static str, String)> {
     let prose = "The agent keeps a daily log of facts it learned about the user and the project. \
         Every thirty minutes a consolidator merges the recent logs into a curated long-term memory \

@@ -10,6 +10,7 @@
 //!   chunk `part` of a long line), keyed by `(tenant, path, line, part)`. `tsv` is a
 //!   generated column, `to_tsvector('simple', content with every run of non-alphanumeric
 //!   characters replaced by a space)`, with a GIN index.
+//! - `lines_cjk`: a partial B-tree index on `(tenant, path)` of the rows with CJK text.
 //! - `lines_trgm`: a `pg_trgm` GIN index on `content` of the rows that contain CJK text
 //!   (when the extension is available), used by `ILIKE '%term%'`.
 //!
@@ -58,6 +59,10 @@ pub struct PgIndexOptions {
     pub max_connections: u32,
     /// How long to wait for a pooled connection (default 10 s).
     pub acquire_timeout: Duration,
+    /// Create the `pg_trgm` extension and the trigram index for CJK queries (default
+    /// true). Off: CJK queries scan the tenant's CJK rows (for databases where extensions
+    /// are not allowed; an index created earlier is still used).
+    pub trigram: bool,
 }
 
 impl Default for PgIndexOptions {
@@ -66,6 +71,7 @@ impl Default for PgIndexOptions {
             table_prefix: "hame_memory_".to_owned(),
             max_connections: 8,
             acquire_timeout: Duration::from_secs(10),
+            trigram: true,
         }
     }
 }
@@ -157,16 +163,18 @@ impl Statements {
                 "SELECT path, hash FROM {p}docs WHERE tenant = $1 ORDER BY path"
             )),
             // The inner query ranks and limits; ts_headline (the expensive part) only runs
-            // on the rows returned.
+            // on the rows returned. The tsquery is built once in a materialised CTE: in a
+            // generic prepared plan `to_tsquery($2)` would otherwise be evaluated again for
+            // every ranked row (measured 2x slower for common words).
             search_words: s(format!(
-                "SELECT h.path, h.line, \
-                   ts_headline('simple', h.content, to_tsquery('simple', $2), $5) AS snippet, \
+                "WITH tq AS MATERIALIZED (SELECT to_tsquery('simple', $2) AS q) \
+                 SELECT h.path, h.line, ts_headline('simple', h.content, h.q, $5) AS snippet, \
                    h.rank \
                  FROM ( \
-                   SELECT l.path, l.line, l.part, l.content, \
-                     ts_rank_cd(l.tsv, to_tsquery('simple', $2), 1)::float8 AS rank \
-                   FROM {p}lines l \
-                   WHERE l.tenant = $1 AND l.tsv @@ to_tsquery('simple', $2) \
+                   SELECT l.path, l.line, l.part, l.content, tq.q, \
+                     ts_rank_cd(l.tsv, tq.q, 1)::float8 AS rank \
+                   FROM tq, {p}lines l \
+                   WHERE l.tenant = $1 AND l.tsv @@ tq.q \
                      AND ($3::text IS NULL OR starts_with(l.path, $3)) \
                    ORDER BY rank DESC, l.path, l.line, l.part \
                    LIMIT $4 \
@@ -272,6 +280,20 @@ fn ilike_pattern(text: &str) -> String {
 /// [`connect`](PgIndex::connect) (idempotent, serialised by an advisory lock), upserts of
 /// one document are serialised by its `docs` row lock, and every statement is scoped to
 /// the tenant. Cloning is cheap (the pool is shared).
+///
+/// ```no_run
+/// use hame_memory::{PgIndex, PgIndexOptions, SearchIndex, SearchOptions};
+/// # async fn demo() -> Result<(), hame_memory::Error> {
+/// let index = PgIndex::connect(
+///     "postgres://postgres:postgres@127.0.0.1:5432/postgres",
+///     PgIndexOptions { table_prefix: "agent_memory_".into(), ..Default::default() },
+/// )
+/// .await?;
+/// index.upsert_document("alice", "MEMORY.md", "- Prefers Rust\n- 喜欢喝咖啡\n").await?;
+/// let hits = index.search("alice", "咖啡", &SearchOptions::default()).await?;
+/// assert_eq!(hits[0].line, 2);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct PgIndex {
     pool: PgPool,
@@ -297,7 +319,7 @@ impl PgIndex {
             .await
             .map_err(pg("connect"))?;
         let sql = Arc::new(Statements::new(&options.table_prefix));
-        let trigram = create_schema(&pool, &options.table_prefix).await?;
+        let trigram = create_schema(&pool, &options.table_prefix, options.trigram).await?;
         Ok(Self {
             pool,
             sql,
@@ -440,7 +462,7 @@ impl PgIndex {
 
 /// Creates the tables (idempotent) under an advisory lock and checks the version. Returns
 /// whether the trigram index exists.
-async fn create_schema(pool: &PgPool, p: &str) -> Result<bool> {
+async fn create_schema(pool: &PgPool, p: &str, create_trigram: bool) -> Result<bool> {
     let mut tx = pool.begin().await.map_err(pg("begin"))?;
     // Serialises concurrent connects of several replicas; released at commit.
     sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
@@ -494,6 +516,11 @@ async fn create_schema(pool: &PgPool, p: &str) -> Result<bool> {
                        PRIMARY KEY (tenant, path, line, part))"
                 ),
                 format!("CREATE INDEX IF NOT EXISTS {p}lines_tsv ON {p}lines USING gin (tsv)"),
+                // The tenant's CJK rows, for CJK terms too short for a trigram (and for all
+                // CJK queries without pg_trgm): the scan reads only these rows.
+                format!(
+                    "CREATE INDEX IF NOT EXISTS {p}lines_cjk ON {p}lines (tenant, path) WHERE cjk"
+                ),
                 format!(
                     "INSERT INTO {p}meta(key, value) VALUES ('schema_version', {PG_SCHEMA_VERSION}) \
                      ON CONFLICT (key) DO NOTHING"
@@ -506,14 +533,14 @@ async fn create_schema(pool: &PgPool, p: &str) -> Result<bool> {
             }
         }
     }
-    let trigram = create_trigram_index(&mut tx, p).await?;
+    let trigram = create_trigram_index(&mut tx, p, create_trigram).await?;
     tx.commit().await.map_err(pg("commit schema"))?;
     Ok(trigram)
 }
 
 /// Creates `pg_trgm` and the trigram index inside savepoints, so that a missing privilege
 /// or extension only disables the index.
-async fn create_trigram_index(tx: &mut sqlx::PgConnection, p: &str) -> Result<bool> {
+async fn create_trigram_index(tx: &mut sqlx::PgConnection, p: &str, create: bool) -> Result<bool> {
     let index = format!("{p}lines_trgm");
     let exists: bool = sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM pg_indexes WHERE schemaname = current_schema() \
@@ -523,8 +550,15 @@ async fn create_trigram_index(tx: &mut sqlx::PgConnection, p: &str) -> Result<bo
     .fetch_one(&mut *tx)
     .await
     .map_err(pg("look up trigram index"))?;
-    if exists {
-        return Ok(true);
+    if exists || !create {
+        if !exists {
+            tracing::info!(
+                prefix = p,
+                "trigram index disabled: CJK queries of the PostgreSQL search index scan the \
+                 tenant's CJK rows with LIKE"
+            );
+        }
+        return Ok(exists);
     }
     for (what, stmt) in [
         (

@@ -66,6 +66,21 @@ async fn conformance_through_arc_dyn() -> Result<()> {
 }
 
 #[tokio::test]
+async fn conformance_without_trigram_index() -> Result<()> {
+    let Some(url) = service_url() else {
+        return Ok(());
+    };
+    let options = PgIndexOptions {
+        trigram: false,
+        ..PgIndexOptions::default().with_table_prefix(unique_prefix("notrgm"))
+    };
+    let index = PgIndex::connect(&url, options).await?;
+    assert!(!index.has_trigram_index());
+    conformance::run_all(&index).await?;
+    index.drop_tables().await
+}
+
+#[tokio::test]
 async fn two_indexes_with_one_prefix_share_tables_and_version() -> Result<()> {
     let Some((url, a)) = fresh("ver").await? else {
         return Ok(());
@@ -224,9 +239,11 @@ async fn hostile_queries_never_fail_on_postgres() -> Result<()> {
         .await?;
     let long_words: String = (0..500).map(|i| format!("w{i} ")).collect();
     let long_cjk = "咖".repeat(3_000);
+    // Words longer than PostgreSQL's 2,047-byte lexeme limit (4-byte letters).
+    let long_word = "\u{1D400}".repeat(1_000);
+    let long_prefix = format!("{}*", "a".repeat(5_000));
     let mut inputs: Vec<&str> = HOSTILE.to_vec();
-    inputs.push(&long_words);
-    inputs.push(&long_cjk);
+    inputs.extend([&*long_words, &*long_cjk, &*long_word, &*long_prefix]);
     assert!(inputs.len() >= 50);
     for q in inputs {
         for options in [
