@@ -32,9 +32,18 @@ fn model(input: &str) -> Option<String> {
 fn check_normalised(p: &FsPath) {
     let s = p.as_str();
     assert!(s.len() <= MAX_PATH_BYTES, "too long: {} bytes", s.len());
-    assert!(!s.starts_with('/') && !s.ends_with('/'), "slash at an end: {s:?}");
-    assert!(!s.contains('\0') && !s.contains('\\'), "NUL or backslash: {s:?}");
-    assert!(!s.chars().any(|c| c.is_ascii_control()), "control char: {s:?}");
+    assert!(
+        !s.starts_with('/') && !s.ends_with('/'),
+        "slash at an end: {s:?}"
+    );
+    assert!(
+        !s.contains('\0') && !s.contains('\\'),
+        "NUL or backslash: {s:?}"
+    );
+    assert!(
+        !s.chars().any(|c| c.is_ascii_control()),
+        "control char: {s:?}"
+    );
     if p.is_root() {
         assert_eq!(s, "");
         assert_eq!(p.parent(), None);
@@ -43,18 +52,33 @@ fn check_normalised(p: &FsPath) {
     let segs: Vec<&str> = s.split('/').collect();
     assert!(segs.len() <= MAX_DEPTH, "too deep: {}", segs.len());
     for seg in &segs {
-        assert!(!seg.is_empty() && *seg != "." && *seg != "..", "bad segment {seg:?} in {s:?}");
+        assert!(
+            !seg.is_empty() && *seg != "." && *seg != "..",
+            "bad segment {seg:?} in {s:?}"
+        );
         assert!(seg.len() <= MAX_SEGMENT_BYTES, "segment too long in {s:?}");
     }
     assert_eq!(p.segments().collect::<Vec<_>>(), segs, "segments()");
     // Fixed point, through every string form.
     assert_eq!(FsPath::parse(s).ok().as_ref(), Some(p), "re-parse as_str");
-    assert_eq!(FsPath::parse(&p.to_string()).ok().as_ref(), Some(p), "re-parse Display");
+    assert_eq!(
+        FsPath::parse(&p.to_string()).ok().as_ref(),
+        Some(p),
+        "re-parse Display"
+    );
     let json = serde_json::to_string(p).expect("serialise");
-    assert_eq!(serde_json::from_str::<FsPath>(&json).ok().as_ref(), Some(p), "serde");
+    assert_eq!(
+        serde_json::from_str::<FsPath>(&json).ok().as_ref(),
+        Some(p),
+        "serde"
+    );
     // Parent, file name, prefix relations.
     let parent = p.parent().expect("a non-root path has a parent");
-    assert_eq!(parent.join(p.file_name()).ok().as_ref(), Some(p), "parent + name");
+    assert_eq!(
+        parent.join(p.file_name()).ok().as_ref(),
+        Some(p),
+        "parent + name"
+    );
     assert!(p.starts_with(&parent) && p.starts_with(p) && p.starts_with(&FsPath::root()));
     assert_eq!(
         p.strip_prefix(&parent).map(|r| r.as_str().to_owned()),
