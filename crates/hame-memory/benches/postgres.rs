@@ -180,6 +180,19 @@ fn main() {
         n as f64 / took.as_secs_f64()
     );
 
+    let size: i64 = rt
+        .block_on(async {
+            let pool = sqlx::PgPool::connect(&url).await?;
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT pg_total_relation_size('{p}lines') + pg_total_relation_size('{p}docs')",
+                p = index.table_prefix()
+            )))
+            .fetch_one(&pool)
+            .await
+        })
+        .unwrap();
+    println!("tables with indexes: {:.0} MB", size as f64 / 1e6);
+
     // 2. Unchanged upserts (hash skip) of every document.
     let texts: Vec<String> = (0..docs).map(|d| doc(d, n, 0)).collect();
     let start = Instant::now();
