@@ -91,9 +91,14 @@ async fn measure(
 ) {
     let ws = workspace();
     let state = tempfile::tempdir().unwrap();
+    // Memory on (compaction checks, offloading, memory tools) but no after-call flush: the
+    // flush is background work that asks the model, which would consume the script.
+    let mut memory = hame_harness::memory::MemoryOptions::default();
+    memory.flush_policy.after_call = false;
     let builder = HarnessAgent::builder()
         .model(make_model())
-        .workspace(ws.path());
+        .workspace(ws.path())
+        .memory(memory);
     let agent = if durable {
         // Local disk: session log appends and state saves are fsynced.
         builder.state_store(Arc::new(hame_state::JsonStore::open(state.path()).unwrap()))
@@ -177,6 +182,31 @@ async fn components() {
     }
     let per = started.elapsed().as_secs_f64() * 1e3 / n as f64;
     println!("prompt assembly (reads AGENTS.md, MEMORY.md, knowledge/; {len} chars)  {per:.3} ms");
+
+    // Where prompt assembly spends its time.
+    let fs2 = agent.filesystem_for(&ctx).unwrap();
+    for path in [
+        "AGENTS.md",
+        "MEMORY.md",
+        "knowledge/KNOWLEDGE.md",
+        "bench/AGENTS.md",
+    ] {
+        let p = hame_fs::FsPath::parse(path).unwrap();
+        let started = Instant::now();
+        for _ in 0..n {
+            let _ = fs2.read_bytes(&p).await;
+        }
+        let per = started.elapsed().as_secs_f64() * 1e3 / n as f64;
+        println!("  read {path:<28} through the tenant view   {per:.3} ms");
+    }
+    let mut g = hame_fs::GlobRequest::new("**/*");
+    g.path = hame_fs::FsPath::parse("knowledge").unwrap();
+    let started = Instant::now();
+    for _ in 0..n {
+        let _ = fs2.glob(&g).await;
+    }
+    let per = started.elapsed().as_secs_f64() * 1e3 / n as f64;
+    println!("  glob knowledge/**/* through the tenant view          {per:.3} ms");
 
     let log = hame_session::SessionLog::with_options(
         fs,

@@ -4,7 +4,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use hame_core::RuntimeContext;
-use hame_fs::{Filesystem, FsPath, GlobRequest};
+use hame_fs::{Filesystem, FsPath};
+
+/// Most files listed from one directory tree (e.g. `knowledge/`) in the prompt.
+pub const MAX_LISTED_FILES: usize = 500;
 
 use crate::context::WorkspaceReader;
 use crate::tenancy::Tenancy;
@@ -50,21 +53,25 @@ impl WorkspaceReader for FsWorkspaceReader {
         let Ok(base) = FsPath::parse(dir) else {
             return Vec::new();
         };
-        let mut request = GlobRequest::new("**/*");
-        request.path = base;
-        request.max_results = 500;
-        match fs.glob(&request).await {
-            Ok(out) => {
-                let mut files: Vec<String> = out
-                    .files
-                    .into_iter()
-                    .filter(|f| !f.is_dir())
-                    .map(|f| f.path.as_str().to_owned())
-                    .collect();
-                files.sort();
-                files
+        // A breadth-first walk with `list` (cheaper per step than compiling a glob).
+        let mut files = Vec::new();
+        let mut dirs = vec![base];
+        while let Some(d) = dirs.pop() {
+            let Ok(entries) = fs.list(&d).await else {
+                continue;
+            };
+            for e in entries {
+                if e.is_dir() {
+                    dirs.push(e.path);
+                } else if files.len() < MAX_LISTED_FILES {
+                    files.push(e.path.as_str().to_owned());
+                }
             }
-            Err(_) => Vec::new(),
+            if files.len() >= MAX_LISTED_FILES {
+                break;
+            }
         }
+        files.sort();
+        files
     }
 }
