@@ -73,9 +73,10 @@ struct Common {
     /// results, daily logs and MEMORY.md consolidation, the memory tools).
     #[arg(long)]
     no_memory: bool,
-    /// The memory search index file [default: <workspace>/agents/<agent>/.memory-index.sqlite]
+    /// The memory search index: a SQLite file, or postgres://... for an index shared by
+    /// replicas [default: <workspace>/agents/<agent>/.memory-index.sqlite]
     #[arg(long)]
-    memory_index: Option<PathBuf>,
+    memory_index: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -132,10 +133,23 @@ async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)
     let memory = if common.no_memory {
         hame::harness::MemoryOptions::disabled()
     } else {
-        hame::harness::MemoryOptions {
-            index_path: common.memory_index.clone(),
-            ..hame::harness::MemoryOptions::default()
+        let mut options = hame::harness::MemoryOptions::default();
+        match common.memory_index.as_deref() {
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                let index =
+                    hame::memory::PgIndex::connect(url, hame::memory::PgIndexOptions::default())
+                        .await
+                        .map_err(|e| {
+                            ConfigError(format!(
+                                "cannot open the memory index {url}: {e} (check --memory-index)"
+                            ))
+                        })?;
+                options.index = Some(std::sync::Arc::new(index));
+            }
+            Some(path) => options.index_path = Some(PathBuf::from(path)),
+            None => {}
         }
+        options
     };
     builder = builder.memory(memory);
     if let Some(url) = common.state.clone().or_else(|| env("HAME_STATE")) {

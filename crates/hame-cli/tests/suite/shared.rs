@@ -134,3 +134,69 @@ async fn shared_store_with_local_state_is_refused() -> TestResult {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn replicas_share_a_postgres_memory_index() -> TestResult {
+    let (Some(redis), Some(pg)) = (
+        service("HAME_TEST_REDIS_URL"),
+        service("HAME_TEST_POSTGRES_URL"),
+    ) else {
+        return Ok(());
+    };
+    let server = ScriptedServer::start().await?;
+    let base = server.base_url();
+    let agent = unique_agent();
+    let one = tempfile::tempdir()?;
+    let two = tempfile::tempdir()?;
+    for d in [&one, &two] {
+        fs::create_dir_all(d.path().join("ws"))?;
+    }
+    let args = |ws: &std::path::Path| -> Vec<String> {
+        let ws = ws.join("ws").to_string_lossy().into_owned();
+        [
+            "--workspace",
+            &ws,
+            "--agent",
+            &agent,
+            "--user",
+            "alice",
+            "--session",
+            "s1",
+            "--store",
+            &redis,
+            "--state",
+            &pg,
+            "--memory-index",
+            &pg,
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect()
+    };
+    server.push_all([
+        ScriptStep::tool_call(
+            "m1",
+            "memory_save",
+            json!({"fact": "The staging database is called heron-7."}),
+        ),
+        ScriptStep::text("saved"),
+    ]);
+    let a1 = args(one.path());
+    let a1: Vec<&str> = a1.iter().map(String::as_str).collect();
+    let out = run_with(one.path(), &base, &a1, "remember the staging db", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    server.push_all([
+        ScriptStep::tool_call("m2", "memory_search", json!({"query": "heron"})),
+        ScriptStep::text("found"),
+    ]);
+    let a2 = args(two.path());
+    let a2: Vec<&str> = a2.iter().map(String::as_str).collect();
+    let out = run_with(two.path(), &base, &a2, "what is the staging db?", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let reqs = server.requests();
+    let found = last_tool_result(&reqs[reqs.len() - 1].body);
+    assert!(found.contains("staging database is called"), "{found}");
+    assert!(found.contains("memory/"), "{found}");
+    Ok(())
+}

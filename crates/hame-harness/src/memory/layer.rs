@@ -68,6 +68,11 @@ impl MemoryLayer {
                 .join(agent)
                 .join(".memory-index.sqlite")
         });
+        let index = tokio::sync::OnceCell::new();
+        if let Some(given) = &options.index {
+            // A freshly created cell cannot be full: `set` only fails when it is.
+            let _ = index.set(given.clone());
+        }
         Self {
             options,
             tenancy,
@@ -77,7 +82,7 @@ impl MemoryLayer {
             compactor,
             context_window,
             index_path,
-            index: tokio::sync::OnceCell::new(),
+            index,
             tasks: Mutex::new(Vec::new()),
         }
     }

@@ -26,6 +26,7 @@ mod middleware;
 mod tools;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use hame_memory::{
@@ -97,6 +98,9 @@ pub struct MemoryOptions {
     /// The search index file. Default `<workspace>/agents/<agent>/.memory-index.sqlite`:
     /// per replica, outside every tenant namespace, hidden from the workspace template.
     pub index_path: Option<PathBuf>,
+    /// A search index to use instead of the SQLite file, e.g. a shared
+    /// `hame_memory::PgIndex` for replicas on PostgreSQL. Default `None`.
+    pub index: Option<Arc<dyn hame_memory::SearchIndex>>,
     /// Overrides the model's context window (tokens) for every budget. Default: the
     /// model's own.
     pub context_window: Option<u64>,
@@ -112,6 +116,7 @@ impl Default for MemoryOptions {
             flush_policy: FlushPolicy::default(),
             consolidation: ConsolidationOptions::default(),
             index_path: None,
+            index: None,
             context_window: None,
         }
     }
