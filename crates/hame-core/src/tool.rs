@@ -198,9 +198,13 @@ impl Default for ToolRunOptions {
 }
 
 /// A registry of tools with allow/deny filtering.
+///
+/// A tool's [`Tool::spec`] is read once, when it is registered: specs are model-visible and
+/// kept stable (which also lets provider prompt caches reuse them), and deriving JSON
+/// Schemas on every reasoning step would cost more than the rest of the step's bookkeeping.
 #[derive(Clone, Default)]
 pub struct ToolSet {
-    tools: BTreeMap<String, Arc<dyn Tool>>,
+    tools: BTreeMap<String, (Arc<dyn Tool>, ToolSpec)>,
     allow: Option<Vec<String>>,
     deny: Vec<String>,
 }
@@ -223,8 +227,8 @@ impl ToolSet {
 
     /// Registers a tool; a tool with the same name is replaced.
     pub fn register(&mut self, tool: Arc<dyn Tool>) {
-        let name = tool.spec().name;
-        self.tools.insert(name, tool);
+        let spec = tool.spec();
+        self.tools.insert(spec.name.clone(), (tool, spec));
     }
 
     /// Only tools named here are visible (`None` = all).
@@ -252,7 +256,7 @@ impl ToolSet {
         if !self.visible(name) {
             return None;
         }
-        self.tools.get(name)
+        self.tools.get(name).map(|(tool, _)| tool)
     }
 
     /// Names of the visible tools, sorted.
@@ -269,7 +273,7 @@ impl ToolSet {
         self.tools
             .iter()
             .filter(|(n, _)| self.visible(n))
-            .map(|(_, t)| t.spec())
+            .map(|(_, (_, spec))| spec.clone())
             .collect()
     }
 
