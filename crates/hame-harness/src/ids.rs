@@ -2,21 +2,15 @@
 
 use crate::error::{Error, Result};
 
-/// Longest accepted id, in bytes.
-pub const MAX_ID_LEN: usize = 128;
+/// Longest accepted id, in bytes (the namespace rule of `hame-fs`).
+pub const MAX_ID_LEN: usize = hame_fs::MAX_ID_BYTES;
 
-/// Accepts `[A-Za-z0-9._@-]{1,128}` that is not `.` or `..`: an id can never name a
-/// parent directory or another tenant's namespace.
+/// Checks an id with the one rule every layer shares, [`hame_fs::validate_id`]:
+/// `[A-Za-z0-9._@-]{1,128}`, not starting with `.`. So an id can never name a parent
+/// directory or another tenant's namespace, and an id the harness accepts is accepted by
+/// the namespace, the state key and the session log alike.
 pub fn validate_id(what: &str, id: &str) -> Result<()> {
-    let ok_chars = id
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '@'));
-    if id.is_empty() || id.len() > MAX_ID_LEN || !ok_chars || id == "." || id == ".." {
-        return Err(Error::InvalidId(format!(
-            "{what} {id:?} must be 1-{MAX_ID_LEN} characters of A-Z a-z 0-9 . _ - @ and not `.` or `..`"
-        )));
-    }
-    Ok(())
+    hame_fs::validate_id(what, id).map_err(|e| Error::InvalidId(format!("{what} {id:?}: {e}")))
 }
 
 #[cfg(test)]
