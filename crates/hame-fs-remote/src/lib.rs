@@ -65,34 +65,16 @@ pub use object::ObjectStoreFs;
 pub use redis_fs::RedisFs;
 
 /// Longest namespace, in bytes.
-pub const MAX_NAMESPACE_BYTES: usize = 128;
+pub const MAX_NAMESPACE_BYTES: usize = hame_id::MAX_ID_LEN;
 
-/// Checks a namespace: 1 to [`MAX_NAMESPACE_BYTES`] bytes of ASCII letters, digits, `-`, `_`
-/// and `.`, not starting with `.`. The narrow alphabet keeps a namespace one segment of an
-/// object key and one Redis hash tag, so no namespace can be a prefix path of another.
+/// Checks a namespace with the one id rule of [`hame_id::validate`]: 1 to
+/// [`MAX_NAMESPACE_BYTES`] bytes of ASCII letters, digits, `-`, `_`, `.` and `@`, not starting
+/// with `.`, without `..`. The narrow alphabet keeps a namespace one segment of an object
+/// key and one Redis hash tag, so no namespace can be a prefix path of another.
 pub fn validate_namespace(namespace: &str) -> Result<()> {
-    let bad = |why: &str| {
-        Err(Error::invalid_argument(format!(
-            "invalid namespace {:?}: {why}",
-            namespace.chars().take(64).collect::<String>()
-        )))
-    };
-    if namespace.is_empty() {
-        return bad("it is empty");
-    }
-    if namespace.len() > MAX_NAMESPACE_BYTES {
-        return bad(&format!("longer than {MAX_NAMESPACE_BYTES} bytes"));
-    }
-    if namespace.starts_with('.') {
-        return bad("it starts with `.`");
-    }
-    if !namespace
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-    {
-        return bad("only ASCII letters, digits, `-`, `_` and `.` are allowed");
-    }
-    Ok(())
+    hame_id::validate("namespace", namespace)
+        .map(|_| ())
+        .map_err(|e| Error::invalid_argument(e.to_string()))
 }
 
 /// Options of the Redis backend.

@@ -12,7 +12,7 @@ use crate::path::FsPath;
 use crate::wrappers::{OverlayFs, PrefixFs, ReadOnlyFs};
 
 /// Longest allowed id (agent, user, session), in bytes.
-pub const MAX_ID_BYTES: usize = 128;
+pub const MAX_ID_BYTES: usize = hame_id::MAX_ID_LEN;
 
 /// Which runtime data shares a bucket.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -29,29 +29,14 @@ pub enum Scope {
     Global,
 }
 
-/// Checks an id: 1..=[`MAX_ID_BYTES`] bytes of `[A-Za-z0-9._@-]`, not starting with `.`.
-/// So an id is never a separator (`/`, `:`), never `.`/`..`, and never empty.
-pub fn validate_id(kind: &str, id: &str) -> Result<()> {
-    let bad = |why: &str| Error::InvalidPath {
-        path: id.chars().take(MAX_ID_BYTES + 8).collect(),
-        reason: format!("invalid {kind} id: {why}"),
-    };
-    if id.is_empty() {
-        return Err(bad("empty"));
-    }
-    if id.len() > MAX_ID_BYTES {
-        return Err(bad(&format!("longer than {MAX_ID_BYTES} bytes")));
-    }
-    if id.starts_with('.') {
-        return Err(bad("starts with `.`"));
-    }
-    if let Some(c) = id
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '@' | '-')))
-    {
-        return Err(bad(&format!("character {c:?} is not in [A-Za-z0-9._@-]")));
-    }
-    Ok(())
+/// Checks an id with the one rule of [`hame_id::validate`]: 1..=[`MAX_ID_BYTES`] bytes of
+/// `[A-Za-z0-9._@-]`, not starting with `.`, without `..`. So an id is never a separator
+/// (`/`, `:`), never `.`/`..`, and never empty.
+pub fn validate_id(kind: &'static str, id: &str) -> Result<()> {
+    hame_id::validate(kind, id).map_err(|e| Error::InvalidPath {
+        path: e.id,
+        reason: format!("invalid {kind} id: {}", e.reason),
+    })
 }
 
 /// Where one tenant's runtime data lives: a list of validated segments, rendered as a path

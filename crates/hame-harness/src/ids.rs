@@ -3,14 +3,15 @@
 use crate::error::{Error, Result};
 
 /// Longest accepted id, in bytes (the namespace rule of `hame-fs`).
-pub const MAX_ID_LEN: usize = hame_fs::MAX_ID_BYTES;
+pub const MAX_ID_LEN: usize = hame_id::MAX_ID_LEN;
 
-/// Checks an id with the one rule every layer shares, [`hame_fs::validate_id`]:
-/// `[A-Za-z0-9._@-]{1,128}`, not starting with `.`. So an id can never name a parent
-/// directory or another tenant's namespace, and an id the harness accepts is accepted by
-/// the namespace, the state key and the session log alike.
-pub fn validate_id(what: &str, id: &str) -> Result<()> {
-    hame_fs::validate_id(what, id).map_err(|e| Error::InvalidId(format!("{what} {id:?}: {e}")))
+/// Checks an id that comes from a caller with the one rule every layer shares
+/// ([`hame_id::validate_external`]): `[A-Za-z0-9._@-]{1,128}`, not starting with `.`,
+/// without `..`, and not starting with the reserved `_memory`. So an id can never name a
+/// parent directory or another tenant's namespace, and an id the harness accepts is
+/// accepted by the namespace, the state key and the session log alike.
+pub fn validate_id(what: &'static str, id: &str) -> Result<()> {
+    hame_id::validate_external(what, id).map_err(|e| Error::InvalidId(e.to_string()))
 }
 
 #[cfg(test)]
@@ -28,6 +29,8 @@ mod tests {
             "../x",
             "a\0b",
             "ü",
+            "a..b",
+            "_memory",
             &"x".repeat(129),
         ] {
             assert!(validate_id("id", bad).is_err(), "{bad:?} accepted");

@@ -5,7 +5,7 @@ use std::fmt;
 use crate::error::{Error, Result};
 
 /// Longest accepted agent, user or session id, in bytes.
-pub const MAX_ID_LEN: usize = 128;
+pub const MAX_ID_LEN: usize = hame_id::MAX_ID_LEN;
 
 /// The address of one session's state: `(agent, user, session)`.
 ///
@@ -72,34 +72,13 @@ impl fmt::Display for StateKey {
     }
 }
 
-/// Checks one id against the rules documented on [`StateKey`].
+/// Checks one id with the one rule of [`hame_id::validate`].
 pub fn validate_id(field: &'static str, value: &str) -> Result<()> {
-    let reject = |reason: &'static str| Error::InvalidId {
+    hame_id::validate(field, value).map_err(|e| Error::InvalidId {
         field,
-        value: value.chars().take(64).collect(),
-        reason,
-    };
-    if value.is_empty() {
-        return Err(reject("must not be empty"));
-    }
-    if value.len() > MAX_ID_LEN {
-        return Err(reject("longer than 128 bytes"));
-    }
-    if !value
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'@'))
-    {
-        return Err(reject(
-            "only ASCII letters, digits and `_ - . @` are allowed",
-        ));
-    }
-    if value.starts_with('.') {
-        return Err(reject("must not start with `.`"));
-    }
-    if value.contains("..") {
-        return Err(reject("must not contain `..`"));
-    }
-    Ok(())
+        value: e.id,
+        reason: e.reason,
+    })
 }
 
 #[cfg(test)]
