@@ -8,19 +8,26 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{RuntimeContext, ToolContext};
+use crate::decide;
 use crate::error::{Error, Result};
 use crate::event::{AgentEvent, EventSink};
-use crate::message::{ContentBlock, Message, ToolCall, ToolResult, Usage};
-use crate::middleware::{CallCtx, ErrorAction, Middleware, ToolDecision};
+use crate::extensions::Extensions;
+use crate::layer::{
+    AppendNext, CallCtx, CallInput, CallNext, Layer, ModelNext, Resumed, ToolCtx, ToolNext,
+    ToolOutcome,
+};
+use crate::message::{ContentBlock, Message, ToolCall, Usage};
 use crate::model::{
     Model, ModelError, ModelEvent, ModelParams, ModelRequest, ModelResponse, ResponseAssembler,
 };
 use crate::state::AgentState;
-use crate::tool::{ToolError, ToolRunOptions, ToolSet, codes, to_tool_result};
+use crate::suspend::Resolution;
+use crate::tool::{ToolOutput, ToolRunOptions, ToolSet};
 
 /// Default step limit of a call.
 pub const DEFAULT_MAX_ITERATIONS: usize = 50;
-/// Default bound on middleware-driven retries of one model request.
+/// Default bound on layer-driven retries of one model request (e.g. compaction after a
+/// context overflow); layers that retry use it.
 pub const DEFAULT_MAX_MODEL_RETRIES: usize = 3;
 
 /// Limits and parameters of the loop.
@@ -30,9 +37,6 @@ pub struct LoopConfig {
     pub system_prompt: String,
     /// Maximum reasoning steps (model requests) per call. Default [`DEFAULT_MAX_ITERATIONS`].
     pub max_iterations: usize,
-    /// How many times middleware may ask to retry one failed model request (e.g. after
-    /// compacting on context overflow). Default [`DEFAULT_MAX_MODEL_RETRIES`].
-    pub max_model_retries: usize,
     /// Tool concurrency and timeout.
     pub tools: ToolRunOptions,
     /// Model parameters.
@@ -44,7 +48,6 @@ impl Default for LoopConfig {
         Self {
             system_prompt: String::new(),
             max_iterations: DEFAULT_MAX_ITERATIONS,
-            max_model_retries: DEFAULT_MAX_MODEL_RETRIES,
             tools: ToolRunOptions::default(),
             params: ModelParams::default(),
         }
@@ -62,7 +65,7 @@ pub struct CallOutput {
     pub iterations: usize,
 }
 
-/// A model, tools and middleware: runs calls against an [`AgentState`].
+/// A model, tools and a stack of [`Layer`]s: runs calls against an [`AgentState`].
 ///
 /// The loop holds no per-call data; one `AgentLoop` serves any number of concurrent calls
 /// on different states.
@@ -70,17 +73,34 @@ pub struct CallOutput {
 pub struct AgentLoop {
     model: Arc<dyn Model>,
     tools: ToolSet,
-    middleware: Vec<Arc<dyn Middleware>>,
+    layers: Vec<Arc<dyn Layer>>,
     config: LoopConfig,
 }
 
+/// The loop as the innermost end of every layer chain.
+pub(crate) type Core = AgentLoop;
+
+/// Everything about one call that is not the state: who calls, where events go, how to
+/// cancel it, and its typed extensions.
+#[derive(Debug, Clone, Copy)]
+pub struct CallEnv<'a> {
+    /// Who is calling.
+    pub runtime: &'a RuntimeContext,
+    /// Where events go.
+    pub events: &'a EventSink,
+    /// Cancels the call at the next await point.
+    pub cancel: &'a CancellationToken,
+    /// Typed values for layers and tools.
+    pub extensions: &'a Extensions,
+}
+
 impl AgentLoop {
-    /// A loop with no tools and no middleware.
+    /// A loop with no tools and no layers.
     pub fn new(model: Arc<dyn Model>) -> Self {
         Self {
             model,
             tools: ToolSet::new(),
-            middleware: Vec::new(),
+            layers: Vec::new(),
             config: LoopConfig::default(),
         }
     }
@@ -91,9 +111,10 @@ impl AgentLoop {
         self
     }
 
-    /// Appends a middleware (hooks run in insertion order).
-    pub fn with_middleware(mut self, mw: Arc<dyn Middleware>) -> Self {
-        self.middleware.push(mw);
+    /// Adds a layer *inside* the ones added before (the first layer added is the
+    /// outermost).
+    pub fn with_layer(mut self, layer: Arc<dyn Layer>) -> Self {
+        self.layers.push(layer);
         self
     }
 
@@ -113,6 +134,11 @@ impl AgentLoop {
         &self.tools
     }
 
+    /// The layers, outermost first.
+    pub fn layers(&self) -> &[Arc<dyn Layer>] {
+        &self.layers
+    }
+
     /// The configuration.
     pub fn config(&self) -> &LoopConfig {
         &self.config
@@ -129,249 +155,321 @@ impl AgentLoop {
         events: &EventSink,
         cancel: &CancellationToken,
     ) -> Result<CallOutput> {
-        let outcome = self.run_inner(state, input, runtime, events, cancel).await;
-        let mut cx = CallCtx {
+        let extensions = Extensions::new();
+        let env = CallEnv {
             runtime,
-            state,
             events,
+            cancel,
+            extensions: &extensions,
+        };
+        self.run_env(state, CallInput::Message(input), env).await
+    }
+
+    /// Runs one call on a new message or on the decisions for a suspended step.
+    ///
+    /// - A new message while a step is suspended ([`AgentState::pending`]) does not start a
+    ///   turn: the call returns [`Error::Suspended`] with the same pending calls again.
+    /// - When a layer suspends a tool call, the step (finished calls with their results,
+    ///   waiting calls with their suspensions) is saved in `state.pending` and the call
+    ///   returns [`Error::Suspended`]; save the state and resume later, in any process, with
+    ///   [`CallInput::Resume`].
+    /// - A call that fails closes its turn ([`decide::close_failed_turn`]): every tool call
+    ///   has a result and an assistant note records the failure the caller saw.
+    pub async fn run_env(
+        &self,
+        state: &mut AgentState,
+        input: CallInput,
+        env: CallEnv<'_>,
+    ) -> Result<CallOutput> {
+        let mut cx = CallCtx {
+            runtime: env.runtime,
+            state,
+            events: env.events,
+            extensions: env.extensions,
+            cancel: env.cancel,
             iteration: 0,
         };
-        let end = {
-            let as_ref = outcome.as_ref().map(|o| &o.reply);
-            let mut end = Ok(());
-            for mw in &self.middleware {
-                if let Err(e) = mw.on_call_end(&mut cx, as_ref).await {
-                    end = Err(e);
-                    break;
-                }
-            }
-            end
-        };
-        match (&outcome, end) {
-            (Ok(out), Ok(())) => events.emit(AgentEvent::Finished {
+        let outcome = CallNext {
+            layers: &self.layers,
+            core: self,
+        }
+        .run(&mut cx, input)
+        .await;
+        match &outcome {
+            Ok(out) => env.events.emit(AgentEvent::Finished {
                 reply: out.reply.clone(),
                 usage: out.usage,
             }),
-            (Ok(_), Err(e)) => {
-                events.emit(AgentEvent::Failed {
-                    message: e.to_string(),
-                });
-                return Err(e);
-            }
-            (Err(e), _) => events.emit(AgentEvent::Failed {
+            Err(Error::Suspended(s)) => env.events.emit(AgentEvent::Suspended {
+                calls: s.calls.clone(),
+            }),
+            Err(e) => env.events.emit(AgentEvent::Failed {
                 message: e.to_string(),
             }),
         }
         outcome
     }
 
-    async fn run_inner(
+    /// Resumes a suspended step with decisions (see [`run_env`](Self::run_env)).
+    pub async fn resume(
         &self,
         state: &mut AgentState,
-        mut input: Message,
-        runtime: &RuntimeContext,
-        events: &EventSink,
-        cancel: &CancellationToken,
+        resolutions: Vec<Resolution>,
+        env: CallEnv<'_>,
     ) -> Result<CallOutput> {
-        let mut cx = CallCtx {
-            runtime,
-            state,
-            events,
-            iteration: 0,
-        };
-        for mw in &self.middleware {
-            mw.on_call_start(&mut cx, &mut input).await?;
-        }
-        self.append(&mut cx, input).await?;
-        let mut usage = Usage::default();
-        for iteration in 1..=self.config.max_iterations {
-            if cancel.is_cancelled() {
-                return Err(Error::Cancelled);
-            }
-            cx.iteration = iteration;
-            events.emit(AgentEvent::StepStarted { iteration });
-            let mut response = self.request_with_recovery(&mut cx, cancel).await?;
-            for mw in &self.middleware {
-                mw.on_model_response(&mut cx, &mut response).await?;
-            }
-            if let Some(u) = response.usage {
-                usage.add(&u);
-                cx.state.usage.add(&u);
-                events.emit(AgentEvent::Usage { usage: u });
-            }
-            let message = response.message;
-            let calls: Vec<ToolCall> = message.tool_calls().cloned().collect();
-            self.append(&mut cx, message.clone()).await?;
-            if calls.is_empty() {
-                return Ok(CallOutput {
-                    reply: message,
-                    usage,
-                    iterations: iteration,
-                });
-            }
-            let results = self.act(&mut cx, calls, cancel).await?;
-            self.append(&mut cx, Message::tool_results(results)).await?;
-            if cancel.is_cancelled() {
-                return Err(Error::Cancelled);
-            }
-        }
-        Err(Error::MaxIterations {
-            limit: self.config.max_iterations,
-        })
+        self.run_env(state, CallInput::Resume(resolutions), env)
+            .await
     }
 
-    async fn append(&self, cx: &mut CallCtx<'_>, message: Message) -> Result<()> {
-        cx.state.messages.push(message);
-        if let Some(last) = cx.state.messages.last().cloned() {
-            for mw in &self.middleware {
-                mw.on_message_appended(cx, &last).await?;
+    /// The innermost end of the call chain: the loop itself.
+    pub(crate) async fn drive(&self, cx: &mut CallCtx<'_>, input: CallInput) -> Result<CallOutput> {
+        let result = self.drive_inner(cx, input).await;
+        // A suspended step is a consistent state, and a refused resume changed nothing.
+        if let Err(e) = &result
+            && cx.state.pending.is_none()
+            && !matches!(
+                e,
+                Error::Suspended(_) | Error::NothingPending | Error::UnknownResolution(_)
+            )
+        {
+            for message in decide::close_failed_turn(&cx.state.messages, &e.to_string()) {
+                if let Err(again) = self.append(cx, message).await {
+                    tracing::warn!(error = %again, "recording the failed turn failed");
+                    break;
+                }
             }
         }
-        Ok(())
+        result
     }
 
-    async fn request_with_recovery(
+    async fn drive_inner(&self, cx: &mut CallCtx<'_>, input: CallInput) -> Result<CallOutput> {
+        match input {
+            CallInput::Message(message) => {
+                if let Some(p) = &cx.state.pending {
+                    return Err(Error::Suspended(p.to_suspended()));
+                }
+                self.append(cx, message).await?;
+                self.steps(cx, 0, Usage::default()).await
+            }
+            CallInput::Resume(resolutions) => {
+                let Some(step) = cx.state.pending.clone() else {
+                    return Err(Error::NothingPending);
+                };
+                let matched = decide::match_resolutions(&step, &resolutions)
+                    .map_err(Error::UnknownResolution)?;
+                let calls: Vec<(usize, ToolCall, Option<Resumed>)> = matched
+                    .into_iter()
+                    .filter_map(|(i, r)| step.calls.get(i).map(|c| (i, c.call.clone(), Some(r))))
+                    .collect();
+                cx.iteration = step.iteration;
+                let outcomes = self.act(cx, &calls).await;
+                let (iteration, usage) = (step.iteration, step.usage);
+                let indexed = calls.iter().map(|(i, _, _)| *i).zip(outcomes).collect();
+                match decide::apply_resume(step, indexed) {
+                    decide::Settled::Pending(p) => {
+                        let suspended = p.to_suspended();
+                        cx.state.pending = Some(p);
+                        Err(Error::Suspended(suspended))
+                    }
+                    decide::Settled::Results(results) => {
+                        cx.state.pending = None;
+                        self.append(cx, Message::tool_results(results)).await?;
+                        self.steps(cx, iteration, usage).await
+                    }
+                }
+            }
+        }
+    }
+
+    async fn steps(
         &self,
         cx: &mut CallCtx<'_>,
-        cancel: &CancellationToken,
-    ) -> Result<ModelResponse> {
-        let mut retries = 0;
+        done: usize,
+        mut usage: Usage,
+    ) -> Result<CallOutput> {
+        let mut iteration = done + 1;
         loop {
-            let mut request = ModelRequest {
+            match decide::before_step(
+                iteration,
+                self.config.max_iterations,
+                cx.cancel.is_cancelled(),
+            ) {
+                Some(decide::Stop::Cancelled) => return Err(Error::Cancelled),
+                Some(decide::Stop::MaxIterations) => {
+                    return Err(Error::MaxIterations {
+                        limit: self.config.max_iterations,
+                    });
+                }
+                None => {}
+            }
+            cx.iteration = iteration;
+            cx.events.emit(AgentEvent::StepStarted { iteration });
+            let request = ModelRequest {
                 system: self.config.system_prompt.clone(),
                 messages: cx.state.messages.clone(),
                 tools: self.tools.specs(),
                 params: self.config.params.clone(),
             };
-            for mw in &self.middleware {
-                mw.on_model_request(cx, &mut request).await?;
+            let response = ModelNext {
+                layers: &self.layers,
+                core: self,
             }
-            let result = tokio::select! {
-                biased;
-                _ = cancel.cancelled() => return Err(Error::Cancelled),
-                r = self.request_once(request, cx.events) => r,
-            };
-            let error = match result {
-                Ok(r) => return Ok(r),
-                Err(e) => e,
-            };
-            if retries >= self.config.max_model_retries {
-                return Err(error.into());
+            .run(cx, request)
+            .await?;
+            if let Some(u) = response.usage {
+                usage.add(&u);
+                cx.state.usage.add(&u);
+                cx.events.emit(AgentEvent::Usage { usage: u });
             }
-            let mut action = ErrorAction::Propagate;
-            for mw in &self.middleware {
-                if mw.on_model_error(cx, &error).await? == ErrorAction::Retry {
-                    action = ErrorAction::Retry;
-                    break;
+            let message = response.message;
+            let next = decide::after_response(&message);
+            self.append(cx, message.clone()).await?;
+            let calls = match next {
+                decide::AfterResponse::Finish => {
+                    return Ok(CallOutput {
+                        reply: message,
+                        usage,
+                        iterations: iteration,
+                    });
+                }
+                decide::AfterResponse::RunTools(calls) => calls,
+            };
+            let position = cx.state.messages.len();
+            let planned: Vec<(usize, ToolCall, Option<Resumed>)> = calls
+                .iter()
+                .cloned()
+                .enumerate()
+                .map(|(i, c)| (i, c, None))
+                .collect();
+            let outcomes = self.act(cx, &planned).await;
+            match decide::settle(calls, outcomes, position, iteration, usage) {
+                decide::Settled::Results(results) => {
+                    self.append(cx, Message::tool_results(results)).await?;
+                }
+                decide::Settled::Pending(p) => {
+                    for (call, s) in p.waiting() {
+                        cx.events.emit(AgentEvent::ToolSuspended {
+                            id: call.id.clone(),
+                            name: call.name.clone(),
+                            suspension: s.clone(),
+                        });
+                    }
+                    let suspended = p.to_suspended();
+                    cx.state.pending = Some(p);
+                    return Err(Error::Suspended(suspended));
                 }
             }
-            if action == ErrorAction::Propagate {
-                return Err(error.into());
+            if cx.cancel.is_cancelled() {
+                return Err(Error::Cancelled);
             }
-            retries += 1;
-            cx.events.emit(AgentEvent::ModelRetry {
-                reason: error.to_string(),
-            });
+            iteration += 1;
         }
     }
 
-    async fn request_once(
+    async fn append(&self, cx: &mut CallCtx<'_>, message: Message) -> Result<()> {
+        AppendNext {
+            layers: &self.layers,
+            core: self,
+        }
+        .run(cx, message)
+        .await
+    }
+
+    /// The innermost end of the model chain: one streamed request, assembled.
+    pub(crate) async fn request_once(
         &self,
         request: ModelRequest,
         events: &EventSink,
-    ) -> Result<ModelResponse, ModelError> {
-        let mut stream = self.model.stream(request).await?;
-        let mut asm = ResponseAssembler::default();
-        while let Some(ev) = stream.next().await {
-            let ev = ev?;
-            match &ev {
-                ModelEvent::TextDelta(t) => events.emit(AgentEvent::TextDelta { text: t.clone() }),
-                ModelEvent::ReasoningDelta(t) => {
-                    events.emit(AgentEvent::ReasoningDelta { text: t.clone() })
+        cancel: &CancellationToken,
+    ) -> Result<ModelResponse> {
+        let work = async {
+            let mut stream = self.model.stream(request).await?;
+            let mut asm = ResponseAssembler::default();
+            while let Some(ev) = stream.next().await {
+                let ev = ev?;
+                match &ev {
+                    ModelEvent::TextDelta(t) => {
+                        events.emit(AgentEvent::TextDelta { text: t.clone() })
+                    }
+                    ModelEvent::ReasoningDelta(t) => {
+                        events.emit(AgentEvent::ReasoningDelta { text: t.clone() })
+                    }
+                    _ => {}
                 }
-                _ => {}
+                asm.push(&ev);
             }
-            asm.push(&ev);
+            Ok::<_, ModelError>(asm.finish())
+        };
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => Err(Error::Cancelled),
+            r = work => Ok(r?),
         }
-        Ok(asm.finish())
     }
 
+    /// The innermost end of the tool chain: the tool itself.
+    pub(crate) async fn run_tool(&self, call: &ToolCall, ctx: &ToolContext) -> ToolOutput {
+        self.tools
+            .run_one(call, ctx, self.config.tools.timeout)
+            .await
+    }
+
+    /// Runs `calls` through the tool chain, concurrently (bounded), outcomes in order.
     async fn act(
         &self,
         cx: &mut CallCtx<'_>,
-        calls: Vec<ToolCall>,
-        cancel: &CancellationToken,
-    ) -> Result<Vec<ToolResult>> {
-        // Hooks first, in order, one call at a time: they may edit the state.
-        let mut planned: Vec<(ToolCall, Option<crate::tool::ToolOutput>)> =
-            Vec::with_capacity(calls.len());
-        for mut call in calls {
-            let mut verdict = None;
-            for mw in &self.middleware {
-                match mw.on_tool_call(cx, &mut call).await? {
-                    ToolDecision::Allow => {}
-                    ToolDecision::Deny(reason) => {
-                        verdict = Some(Err(ToolError::new(codes::DENIED, reason)));
-                        break;
-                    }
-                    ToolDecision::Respond(out) => {
-                        verdict = Some(out);
-                        break;
-                    }
-                }
-            }
-            cx.events.emit(AgentEvent::ToolStarted {
+        calls: &[(usize, ToolCall, Option<Resumed>)],
+    ) -> Vec<ToolOutcome> {
+        let events = cx.events;
+        let iteration = cx.iteration;
+        for (_, call, _) in calls {
+            events.emit(AgentEvent::ToolStarted {
                 id: call.id.clone(),
                 name: call.name.clone(),
                 arguments: call.arguments.clone(),
             });
-            planned.push((call, verdict));
         }
-        // Then the allowed calls run concurrently, bounded.
-        let timeout = self.config.tools.timeout;
-        let mut runs = Vec::with_capacity(planned.len());
-        for (call, verdict) in &planned {
+        let state: &AgentState = cx.state;
+        let layers: &[Arc<dyn Layer>] = &self.layers;
+        let mut runs = Vec::with_capacity(calls.len());
+        for (_, call, resume) in calls {
             let ctx = ToolContext {
                 runtime: cx.runtime.clone(),
                 call_id: call.id.clone(),
-                cancel: cancel.child_token(),
+                cancel: cx.cancel.child_token(),
+                extensions: cx.extensions.clone(),
             };
-            let verdict = verdict.clone();
             let call = call.clone();
-            let tools = &self.tools;
+            let resume = resume.clone();
             runs.push(async move {
-                let started = Instant::now();
-                let out = match verdict {
-                    Some(v) => v,
-                    None => tools.run_one(&call, &ctx, timeout).await,
+                let tcx = ToolCtx {
+                    tool: &ctx,
+                    state,
+                    events,
+                    iteration,
+                    resume: resume.as_ref(),
                 };
-                (
-                    out,
-                    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
-                )
+                let started = Instant::now();
+                let outcome = ToolNext { layers, core: self }
+                    .run(&tcx, call.clone())
+                    .await;
+                let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                if let ToolOutcome::Done(out) = &outcome {
+                    events.emit(AgentEvent::ToolFinished {
+                        id: call.id.clone(),
+                        name: call.name.clone(),
+                        duration_ms,
+                        is_error: out.is_err(),
+                        code: out.as_ref().err().map(|e| e.code.clone()),
+                    });
+                }
+                outcome
             });
         }
-        let outputs: Vec<(crate::tool::ToolOutput, u64)> = futures::stream::iter(runs)
+        futures::stream::iter(runs)
             .buffered(self.config.tools.max_concurrency.max(1))
             .collect()
-            .await;
-        // Then result hooks, in call order.
-        let mut results = Vec::with_capacity(outputs.len());
-        for ((call, _), (out, duration_ms)) in planned.iter().zip(outputs) {
-            let mut result = to_tool_result(&call.id, out);
-            for mw in &self.middleware {
-                mw.on_tool_result(cx, call, &mut result).await?;
-            }
-            cx.events.emit(AgentEvent::ToolFinished {
-                id: call.id.clone(),
-                name: call.name.clone(),
-                duration_ms,
-                is_error: result.is_error,
-                code: result.code.clone(),
-            });
-            results.push(result);
-        }
-        Ok(results)
+            .await
     }
 }
 

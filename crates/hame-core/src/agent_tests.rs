@@ -1,7 +1,9 @@
 use super::*;
+use crate::layer::{CallInput, CallNext};
 use crate::message::Role;
+use crate::suspend::Suspension;
 use crate::test_support::{Reply, ScriptedModel};
-use crate::tool::{TypedTool, typed};
+use crate::tool::{TypedTool, codes, typed};
 use async_trait::async_trait;
 use pretty_assertions::assert_eq;
 use schemars::JsonSchema;
@@ -152,45 +154,50 @@ impl Recorder {
 }
 
 #[async_trait]
-impl Middleware for Recorder {
+impl Layer for Recorder {
     fn name(&self) -> &str {
         self.name
     }
-    async fn on_call_start(&self, _cx: &mut CallCtx<'_>, _input: &mut Message) -> Result<()> {
+    async fn call(
+        &self,
+        cx: &mut CallCtx<'_>,
+        input: CallInput,
+        next: CallNext<'_>,
+    ) -> Result<CallOutput> {
         self.note("start");
-        Ok(())
+        let out = next.run(cx, input).await;
+        self.note(if out.is_ok() { "end-ok" } else { "end-err" });
+        out
     }
-    async fn on_model_request(&self, _cx: &mut CallCtx<'_>, req: &mut ModelRequest) -> Result<()> {
+    async fn model(
+        &self,
+        cx: &mut CallCtx<'_>,
+        mut req: ModelRequest,
+        next: ModelNext<'_>,
+    ) -> Result<ModelResponse> {
         req.system.push_str(self.name);
         self.note("request");
-        Ok(())
+        let out = next.run(cx, req).await;
+        self.note("response");
+        out
     }
-    async fn on_tool_call(
-        &self,
-        _cx: &mut CallCtx<'_>,
-        call: &mut ToolCall,
-    ) -> Result<ToolDecision> {
+    async fn tool(&self, cx: &ToolCtx<'_>, mut call: ToolCall, next: ToolNext<'_>) -> ToolOutcome {
         self.note("tool");
         if self.deny == Some(call.name.as_str()) {
-            return Ok(ToolDecision::Deny("not allowed here".into()));
+            return ToolOutcome::Done(Err(crate::tool::ToolError::new(
+                codes::DENIED,
+                "not allowed here",
+            )));
         }
         if call.name == "add" {
             call.arguments = r#"{"a":100,"b":1}"#.into();
         }
-        Ok(ToolDecision::Allow)
-    }
-    async fn on_call_end(
-        &self,
-        _cx: &mut CallCtx<'_>,
-        outcome: std::result::Result<&Message, &Error>,
-    ) -> Result<()> {
-        self.note(if outcome.is_ok() { "end-ok" } else { "end-err" });
-        Ok(())
+        next.run(cx, call).await
     }
 }
 
 #[tokio::test]
-async fn middleware_order_rewrite_and_deny() -> Result<()> {
+async fn layer_order_rewrite_and_short_circuit() -> Result<()> {
     let log = Arc::new(Mutex::new(Vec::new()));
     let model = ScriptedModel::new([
         Reply::tools(&[
@@ -200,12 +207,19 @@ async fn middleware_order_rewrite_and_deny() -> Result<()> {
         Reply::text("ok"),
     ]);
     let a = agent(&model)
-        .with_middleware(Arc::new(Recorder {
+        .with_config(LoopConfig {
+            tools: ToolRunOptions {
+                max_concurrency: 1,
+                ..ToolRunOptions::default()
+            },
+            ..LoopConfig::default()
+        })
+        .with_layer(Arc::new(Recorder {
             name: "A",
             log: log.clone(),
             deny: Some("add2"),
         }))
-        .with_middleware(Arc::new(Recorder {
+        .with_layer(Arc::new(Recorder {
             name: "B",
             log: log.clone(),
             deny: None,
@@ -215,6 +229,7 @@ async fn middleware_order_rewrite_and_deny() -> Result<()> {
     let r = results(&state.messages[2]);
     assert_eq!(r[0], ("101".to_owned(), false, None));
     assert_eq!(r[1].2.as_deref(), Some(codes::DENIED));
+    // A is outside B: it edits the request first, B sees A's edit.
     assert_eq!(model.requests()[0].system, "AB");
     let log = log.lock().map(|l| l.clone()).unwrap_or_default();
     assert_eq!(
@@ -224,48 +239,65 @@ async fn middleware_order_rewrite_and_deny() -> Result<()> {
             "B:start",
             "A:request",
             "B:request",
+            "B:response",
+            "A:response",
             "A:tool",
             "B:tool",
             "A:tool",
             "A:request",
             "B:request",
-            "A:end-ok",
-            "B:end-ok"
+            "B:response",
+            "A:response",
+            "B:end-ok",
+            "A:end-ok"
         ]
     );
     Ok(())
 }
 
+/// Drops the oldest message and retries on a context overflow, at most
+/// [`DEFAULT_MAX_MODEL_RETRIES`] times: the retry is a loop around `next`.
 #[derive(Debug)]
 struct DropOldest;
 
 #[async_trait]
-impl Middleware for DropOldest {
+impl Layer for DropOldest {
     fn name(&self) -> &str {
         "drop-oldest"
     }
-    async fn on_model_error(
+    async fn model(
         &self,
         cx: &mut CallCtx<'_>,
-        error: &ModelError,
-    ) -> Result<ErrorAction> {
-        if error.is_context_overflow() && cx.state.messages.len() > 1 {
-            cx.state.messages.remove(0);
-            return Ok(ErrorAction::Retry);
+        mut req: ModelRequest,
+        next: ModelNext<'_>,
+    ) -> Result<ModelResponse> {
+        let mut retries = 0;
+        loop {
+            match next.run(cx, req.clone()).await {
+                Err(Error::Model(e))
+                    if e.is_context_overflow()
+                        && cx.state.messages.len() > 1
+                        && retries < DEFAULT_MAX_MODEL_RETRIES =>
+                {
+                    cx.state.messages.remove(0);
+                    req.messages = cx.state.messages.clone();
+                    retries += 1;
+                }
+                other => return other,
+            }
         }
-        Ok(ErrorAction::Propagate)
     }
 }
 
 #[tokio::test]
-async fn middleware_recovers_from_overflow_with_bound() -> Result<()> {
+async fn a_layer_recovers_from_overflow_with_bound() -> Result<()> {
     let overflow = || {
         Reply::Fail(ModelError::ContextOverflow {
             message: "too long".into(),
         })
     };
     let model = ScriptedModel::new([overflow(), Reply::text("fits now")]);
-    let a = agent(&model).with_middleware(Arc::new(DropOldest));
+    let a = agent(&model).with_layer(Arc::new(DropOldest));
     let mut state = AgentState::default();
     state.messages.push(Message::user("old"));
     state.messages.push(Message::assistant("old answer"));
@@ -275,7 +307,7 @@ async fn middleware_recovers_from_overflow_with_bound() -> Result<()> {
 
     // A model that always overflows: bounded retries, then the error surfaces.
     let model = ScriptedModel::new((0..10).map(|_| overflow()));
-    let a = agent(&model).with_middleware(Arc::new(DropOldest));
+    let a = agent(&model).with_layer(Arc::new(DropOldest));
     let mut state = AgentState::default();
     for i in 0..10 {
         state.messages.push(Message::user(format!("m{i}")));
@@ -286,6 +318,222 @@ async fn middleware_recovers_from_overflow_with_bound() -> Result<()> {
         Err(Error::Model(ModelError::ContextOverflow { .. }))
     ));
     assert_eq!(model.requests().len(), DEFAULT_MAX_MODEL_RETRIES + 1);
+    // The failed turn is closed: it ends with a note, so the next call does not replay it
+    // as an unanswered question.
+    let last = state
+        .messages
+        .last()
+        .map(|m| (m.role.clone(), m.text_content()));
+    assert!(
+        matches!(&last, Some((Role::Assistant, t)) if t.starts_with("[This request did not finish")),
+        "{last:?}"
+    );
+    Ok(())
+}
+
+/// Suspends every `add` call until it is approved; `{"approve": false}` denies it.
+#[derive(Debug)]
+struct Approvals;
+
+#[async_trait]
+impl Layer for Approvals {
+    fn name(&self) -> &str {
+        "approvals"
+    }
+    async fn tool(&self, cx: &ToolCtx<'_>, call: ToolCall, next: ToolNext<'_>) -> ToolOutcome {
+        if call.name != "add" {
+            return next.run(cx, call).await;
+        }
+        match cx.resumed_for(self.name()) {
+            None => ToolOutcome::Suspend(
+                Suspension::new(self.name(), "adding needs approval")
+                    .with_data(serde_json::json!({"rule": "add"})),
+            ),
+            Some(r) if r.resolution.value["approve"] == true => next.run(cx, call).await,
+            Some(_) => ToolOutcome::Done(Err(crate::tool::ToolError::new(
+                codes::DENIED,
+                "denied by the user",
+            ))),
+        }
+    }
+}
+
+fn env<'a>(
+    runtime: &'a RuntimeContext,
+    events: &'a EventSink,
+    cancel: &'a CancellationToken,
+    ext: &'a Extensions,
+) -> CallEnv<'a> {
+    CallEnv {
+        runtime,
+        events,
+        cancel,
+        extensions: ext,
+    }
+}
+
+#[tokio::test]
+async fn a_suspended_call_resumes_from_the_saved_state() -> Result<()> {
+    let model = ScriptedModel::new([
+        Reply::tools(&[
+            call("1", "add", r#"{"a":1,"b":2}"#),
+            call("2", "nope", "{}"),
+        ]),
+        Reply::text("three"),
+    ]);
+    let a = agent(&model).with_layer(Arc::new(Approvals));
+    let mut state = AgentState::default();
+    let r = run(&a, &mut state, "1+2").await;
+    let Err(Error::Suspended(s)) = r else {
+        panic!("expected a suspension, got {r:?}");
+    };
+    assert_eq!(s.calls.len(), 1);
+    assert_eq!(s.calls[0].call.name, "add");
+    assert_eq!(s.calls[0].suspension.layer, "approvals");
+    let id = s.calls[0].suspension.id.clone();
+    assert!(id.starts_with("ap-"), "{id}");
+
+    // The state survives a process: serialise, read back, resume elsewhere.
+    let bytes = serde_json::to_vec(&state).map_err(|e| Error::other(e.to_string()))?;
+    let mut state = AgentState::from_slice(&bytes).map_err(|e| Error::other(e.to_string()))?;
+    assert_eq!(state.schema_version, crate::STATE_SCHEMA_VERSION);
+    // The unknown tool already has its result; the add waits.
+    let pending = state
+        .pending
+        .clone()
+        .ok_or_else(|| Error::other("no pending"))?;
+    assert_eq!(
+        pending.calls[1]
+            .result
+            .as_ref()
+            .and_then(|r| r.code.clone()),
+        Some(codes::UNKNOWN_TOOL.to_owned())
+    );
+
+    // A new message does not drop the pending call: the same suspension comes back.
+    let again = run(&a, &mut state, "hello?").await;
+    assert!(matches!(&again, Err(Error::Suspended(s2)) if s2.calls[0].suspension.id == id));
+    assert_eq!(model.requests().len(), 1);
+
+    // An unknown id is refused and changes nothing.
+    let (rt, ev, cancel, ext) = (
+        RuntimeContext::new("s"),
+        EventSink::none(),
+        CancellationToken::new(),
+        Extensions::new(),
+    );
+    let bad = a
+        .resume(
+            &mut state,
+            vec![Resolution::new(
+                "ap-nope",
+                serde_json::json!({"approve": true}),
+            )],
+            env(&rt, &ev, &cancel, &ext),
+        )
+        .await;
+    assert!(matches!(bad, Err(Error::UnknownResolution(_))), "{bad:?}");
+    assert!(state.pending.is_some());
+
+    let out = a
+        .resume(
+            &mut state,
+            vec![Resolution::new(&id, serde_json::json!({"approve": true}))],
+            env(&rt, &ev, &cancel, &ext),
+        )
+        .await?;
+    assert_eq!(out.reply.text_content(), "three");
+    assert!(state.pending.is_none());
+    let r = results(&state.messages[2]);
+    assert_eq!(r[0], ("3".to_owned(), false, None));
+    assert_eq!(r[1].2.as_deref(), Some(codes::UNKNOWN_TOOL));
+    // user, assistant(calls), tool results, final answer: every call has its result.
+    assert_eq!(state.messages.len(), 4);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_denied_resume_gives_the_model_the_denial() -> Result<()> {
+    let model = ScriptedModel::new([
+        Reply::tools(&[call("1", "add", r#"{"a":1,"b":2}"#)]),
+        Reply::text("ok, I won't"),
+    ]);
+    let a = agent(&model).with_layer(Arc::new(Approvals));
+    let mut state = AgentState::default();
+    let Err(Error::Suspended(s)) = run(&a, &mut state, "1+2").await else {
+        panic!("expected a suspension");
+    };
+    let (rt, ev, cancel, ext) = (
+        RuntimeContext::new("s"),
+        EventSink::none(),
+        CancellationToken::new(),
+        Extensions::new(),
+    );
+    let out = a
+        .resume(
+            &mut state,
+            vec![Resolution::new(
+                &s.calls[0].suspension.id,
+                serde_json::json!({"approve": false}),
+            )],
+            env(&rt, &ev, &cancel, &ext),
+        )
+        .await?;
+    assert_eq!(out.reply.text_content(), "ok, I won't");
+    assert_eq!(
+        results(&state.messages[2])[0].2.as_deref(),
+        Some(codes::DENIED)
+    );
+    // The model saw the denial in its second request.
+    assert_eq!(model.requests()[1].messages.len(), 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn tools_and_layers_see_the_call_extensions() -> Result<()> {
+    #[derive(Debug)]
+    struct Tenant(&'static str);
+    #[derive(Debug)]
+    struct WhoAmI;
+    #[async_trait]
+    impl crate::Tool for WhoAmI {
+        fn spec(&self) -> crate::ToolSpec {
+            crate::ToolSpec {
+                name: "whoami".into(),
+                description: "tenant".into(),
+                parameters: serde_json::json!({"type": "object", "properties": {}}),
+            }
+        }
+        async fn call(&self, _args: serde_json::Value, ctx: &ToolContext) -> crate::ToolOutput {
+            Ok(ctx
+                .extensions
+                .get::<Tenant>()
+                .map(|t| t.0.to_owned())
+                .unwrap_or_default())
+        }
+    }
+    let model = ScriptedModel::new([
+        Reply::tools(&[call("1", "whoami", "{}")]),
+        Reply::text("done"),
+    ]);
+    let mut tools = ToolSet::new();
+    tools.register(Arc::new(WhoAmI));
+    let a = AgentLoop::new(Arc::new(model.clone())).with_tools(tools);
+    let mut ext = Extensions::new();
+    ext.insert(Tenant("alice"));
+    let (rt, ev, cancel) = (
+        RuntimeContext::new("s"),
+        EventSink::none(),
+        CancellationToken::new(),
+    );
+    let mut state = AgentState::default();
+    a.run_env(
+        &mut state,
+        CallInput::Message(Message::user("who?")),
+        env(&rt, &ev, &cancel, &ext),
+    )
+    .await?;
+    assert_eq!(results(&state.messages[2])[0].0, "alice");
     Ok(())
 }
 
@@ -340,15 +588,20 @@ async fn events_are_emitted_in_order() -> Result<()> {
 struct AppendLog(Mutex<Vec<Message>>);
 
 #[async_trait]
-impl Middleware for AppendLog {
+impl Layer for AppendLog {
     fn name(&self) -> &str {
         "append-log"
     }
-    async fn on_message_appended(&self, _cx: &mut CallCtx<'_>, message: &Message) -> Result<()> {
+    async fn append(
+        &self,
+        cx: &mut CallCtx<'_>,
+        message: Message,
+        next: AppendNext<'_>,
+    ) -> Result<()> {
         if let Ok(mut l) = self.0.lock() {
             l.push(message.clone());
         }
-        Ok(())
+        next.run(cx, message).await
     }
 }
 
@@ -359,7 +612,7 @@ async fn every_appended_message_is_reported_in_order() -> Result<()> {
         Reply::text("five"),
     ]);
     let log = Arc::new(AppendLog::default());
-    let a = agent(&model).with_middleware(log.clone());
+    let a = agent(&model).with_layer(log.clone());
     let mut state = AgentState::default();
     run(&a, &mut state, "2+3").await?;
     let seen = log.0.lock().map(|l| l.clone()).unwrap_or_default();

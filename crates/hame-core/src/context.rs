@@ -50,4 +50,25 @@ pub struct ToolContext {
     pub call_id: String,
     /// Cancelled when the call is cancelled or the tool times out; long tools should watch it.
     pub cancel: CancellationToken,
+    /// Typed values of the call: in the harness, the caller's tenant workspace handle
+    /// (its files, state and identity).
+    pub extensions: crate::Extensions,
+}
+
+impl ToolContext {
+    /// A context for a tool call outside a loop (tests, direct use).
+    pub fn new(runtime: RuntimeContext, call_id: impl Into<String>) -> Self {
+        Self {
+            runtime,
+            call_id: call_id.into(),
+            cancel: CancellationToken::new(),
+            extensions: crate::Extensions::new(),
+        }
+    }
+
+    /// Sets the extensions.
+    pub fn with_extensions(mut self, extensions: crate::Extensions) -> Self {
+        self.extensions = extensions;
+        self
+    }
 }

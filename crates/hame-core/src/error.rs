@@ -6,7 +6,7 @@ use crate::model::ModelError;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The model request failed and no middleware recovered.
+    /// The model request failed and no layer recovered.
     #[error(transparent)]
     Model(#[from] ModelError),
     /// The loop reached its step limit without a final answer.
@@ -20,15 +20,25 @@ pub enum Error {
     /// The call was cancelled.
     #[error("the call was cancelled")]
     Cancelled,
-    /// A middleware failed.
-    #[error("middleware `{name}` failed: {source}")]
-    Middleware {
-        /// The middleware's name.
+    /// A layer failed.
+    #[error("layer `{name}` failed: {source}")]
+    Layer {
+        /// The layer's name.
         name: String,
         /// The cause.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A layer suspended tool calls: the step is saved in the state's `pending`, waiting
+    /// for decisions ([`CallInput::Resume`](crate::CallInput::Resume)).
+    #[error("{0}")]
+    Suspended(crate::Suspended),
+    /// A resume was asked for, but no step is suspended.
+    #[error("nothing is pending in this session")]
+    NothingPending,
+    /// A resume named a suspension that is not pending.
+    #[error(transparent)]
+    UnknownResolution(crate::decide::UnknownResolution),
     /// Anything else (configuration, storage) reported by a higher layer.
     #[error("{message}")]
     Other {
@@ -41,15 +51,17 @@ pub enum Error {
 }
 
 impl Error {
-    /// Wraps any error raised inside a middleware.
-    pub fn middleware(
-        name: &str,
-        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
-    ) -> Self {
-        Error::Middleware {
+    /// Wraps any error raised inside a layer.
+    pub fn layer(name: &str, source: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Error::Layer {
             name: name.to_owned(),
             source: source.into(),
         }
+    }
+
+    /// Whether the call is suspended (not failed).
+    pub fn is_suspended(&self) -> bool {
+        matches!(self, Error::Suspended(_))
     }
 
     /// An error with a message only.

@@ -53,7 +53,7 @@ pub enum AgentEvent {
         /// Token counts.
         usage: Usage,
     },
-    /// The model request failed and is retried after a middleware acted (e.g. compaction).
+    /// The model request failed and is retried after a layer acted (e.g. compaction).
     ModelRetry {
         /// Why.
         reason: String,
@@ -75,6 +75,20 @@ pub enum AgentEvent {
         kind: String,
         /// Details.
         data: serde_json::Value,
+    },
+    /// A layer suspended a tool call; it waits for a decision.
+    ToolSuspended {
+        /// Call id.
+        id: String,
+        /// Tool name.
+        name: String,
+        /// Why, with the id to resume it by.
+        suspension: crate::Suspension,
+    },
+    /// The call stopped because tool calls wait for decisions (last event).
+    Suspended {
+        /// The waiting calls.
+        calls: Vec<crate::SuspendedCall>,
     },
     /// The call finished with this reply.
     Finished {

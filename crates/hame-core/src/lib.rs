@@ -1,10 +1,11 @@
 //! # hame-core
 //!
 //! The contracts of the hame agent harness and its ReAct loop: [`Message`]s, the [`Model`]
-//! and [`Tool`] traits, [`Middleware`] hooks, the [`AgentState`] resume document and the
+//! and [`Tool`] traits, [`Layer`]s around the call, its model requests and tool calls (with
+//! durable suspension), the [`AgentState`] resume document and the
 //! [`AgentEvent`] stream. It knows no backend: no HTTP client, no database, no filesystem.
 //!
-//! Depend on it to write a tool, a middleware or a model provider. Applications use the
+//! Depend on it to write a tool, a layer or a model provider. Applications use the
 //! `hame` facade instead.
 //!
 //! | feature | what it adds |
@@ -32,33 +33,41 @@
 
 mod agent;
 mod context;
+pub mod decide;
 mod error;
 mod event;
+mod extensions;
+mod layer;
 mod message;
-mod middleware;
 mod model;
 mod state;
+mod suspend;
 mod tool;
 
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_support;
 
 pub use agent::{
-    AgentLoop, CallOutput, DEFAULT_MAX_ITERATIONS, DEFAULT_MAX_MODEL_RETRIES, LoopConfig,
+    AgentLoop, CallEnv, CallOutput, DEFAULT_MAX_ITERATIONS, DEFAULT_MAX_MODEL_RETRIES, LoopConfig,
     reply_text,
 };
 pub use context::{RuntimeContext, ToolContext};
 pub use error::{Error, Result};
 pub use event::{AgentEvent, EventSink};
+pub use extensions::Extensions;
+pub use layer::{
+    AppendNext, CallCtx, CallInput, CallNext, Layer, ModelNext, Resumed, ToolCtx, ToolNext,
+    ToolOutcome,
+};
 pub use message::{
     ContentBlock, MESSAGE_FORMAT_VERSION, Message, Role, ToolCall, ToolResult, Usage,
 };
-pub use middleware::{CallCtx, ErrorAction, Middleware, ToolDecision};
 pub use model::{
     Model, ModelError, ModelEvent, ModelInfo, ModelParams, ModelRequest, ModelResponse,
     ModelStream, ResponseAssembler, StopReason,
 };
 pub use state::{AgentState, STATE_SCHEMA_VERSION, StateFormatError};
+pub use suspend::{PendingCall, PendingStep, Resolution, Suspended, SuspendedCall, Suspension};
 pub use tool::{
     Tool, ToolError, ToolOutput, ToolRunOptions, ToolSet, ToolSpec, Typed, TypedTool, codes,
     schema_for, to_tool_result, typed,

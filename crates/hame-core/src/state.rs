@@ -7,7 +7,11 @@ use serde::{Deserialize, Serialize};
 use crate::message::{Message, Usage};
 
 /// Current schema version of [`AgentState`].
-pub const STATE_SCHEMA_VERSION: u32 = 1;
+///
+/// - 1: messages, usage, extensions.
+/// - 2: adds `pending` (a suspended step). A build that knows only version 1 refuses a
+///   version 2 document instead of dropping the pending step.
+pub const STATE_SCHEMA_VERSION: u32 = 2;
 
 /// Everything needed to resume a session: the conversation as the model sees it (possibly
 /// compacted) and the sub-states of harness capabilities, keyed by capability name.
@@ -21,6 +25,10 @@ pub struct AgentState {
     /// Usage summed over the session's life.
     #[serde(default)]
     pub usage: Usage,
+    /// A step whose tool calls wait for decisions (human approval, ...); see
+    /// [`AgentLoop::run_env`](crate::AgentLoop::run_env).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<crate::PendingStep>,
     /// Capability sub-states (`memory`, `compaction`, `subagents`, ...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub extensions: BTreeMap<String, serde_json::Value>,
@@ -32,6 +40,7 @@ impl Default for AgentState {
             schema_version: STATE_SCHEMA_VERSION,
             messages: Vec::new(),
             usage: Usage::default(),
+            pending: None,
             extensions: BTreeMap::new(),
         }
     }
@@ -69,8 +78,12 @@ impl AgentState {
                 supported: STATE_SCHEMA_VERSION,
             });
         }
-        if let (0, Some(obj)) = (version, value.as_object_mut()) {
-            obj.insert("schema_version".into(), serde_json::json!(1));
+        // 0 -> 1 adds the version field; 1 -> 2 adds the optional `pending` step.
+        if let (0 | 1, Some(obj)) = (version, value.as_object_mut()) {
+            obj.insert(
+                "schema_version".into(),
+                serde_json::json!(STATE_SCHEMA_VERSION),
+            );
         }
         Ok(serde_json::from_value(value)?)
     }
@@ -108,7 +121,7 @@ mod tests {
     fn migrates_v0() -> Result<(), StateFormatError> {
         let v0 = serde_json::json!({"messages": [{"role":"user","content":[{"type":"text","text":"hi"}]}]});
         let s = AgentState::from_json(v0)?;
-        assert_eq!(s.schema_version, 1);
+        assert_eq!(s.schema_version, STATE_SCHEMA_VERSION);
         assert_eq!(s.messages, vec![Message::user("hi")]);
         Ok(())
     }

@@ -2,7 +2,6 @@ use super::*;
 use crate::context::RuntimeContext;
 use pretty_assertions::assert_eq;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 struct EchoArgs {
@@ -87,11 +86,7 @@ impl TypedTool for Sleeps {
 }
 
 fn ctx() -> ToolContext {
-    ToolContext {
-        runtime: RuntimeContext::new("s"),
-        call_id: "c".into(),
-        cancel: CancellationToken::new(),
-    }
+    ToolContext::new(RuntimeContext::new("s"), "c")
 }
 
 fn call(name: &str, args: &str) -> ToolCall {
