@@ -323,7 +323,7 @@ async fn a_layer_recovers_from_overflow_with_bound() -> Result<()> {
     let last = state
         .messages
         .last()
-        .map(|m| (m.role.clone(), m.text_content()));
+        .map(|m| (m.role, m.text_content()));
     assert!(
         matches!(&last, Some((Role::Assistant, t)) if t.starts_with("[This request did not finish")),
         "{last:?}"

@@ -216,6 +216,6 @@ proptest! {
         let mut all = msgs.clone();
         all.extend(close_failed_turn(&msgs, &failure));
         prop_assert!(paired(&all));
-        prop_assert_eq!(all.last().map(|m| m.role.clone()), Some(Role::Assistant));
+        prop_assert_eq!(all.last().map(|m| m.role), Some(Role::Assistant));
     }
 }
