@@ -27,12 +27,13 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use hame_core::{
-    AgentEvent, AgentState, CallCtx, ContentBlock, ErrorAction, Message, Middleware, Model,
-    ModelError, ModelParams, ModelRequest, Role, StopReason,
+    AgentEvent, AgentState, CallCtx, ContentBlock, Layer, Message, Model, ModelNext, ModelParams,
+    ModelRequest, ModelResponse, Role, StopReason,
 };
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::ledger::TokenLedger;
 use crate::tokens::{TokenCounter, message_tokens, request_tokens};
 
 /// Default: compact when the conversation has more than this many messages.
@@ -854,32 +855,146 @@ impl Compactor {
     }
 }
 
-/// Triggers compaction from the loop: before a model request when the policy triggers (by
-/// message count or by the request's estimated tokens), and after a context overflow
-/// (compacts and asks the loop to retry; the loop bounds the retries).
-///
-/// Emits [`AgentEvent::Compaction`] with the request's estimated tokens before and after.
-/// A failed compaction before a request is logged, reported as a `compaction.failed`
-/// custom event, and the request goes ahead uncompacted.
-pub struct CompactionMiddleware {
-    compactor: Arc<Compactor>,
-    model: Arc<dyn Model>,
+/// Runs before every compaction; the harness flushes the daily memory log here, so no
+/// fact is lost to a summary. Failures are the hook's to report: compaction goes ahead.
+#[async_trait]
+pub trait BeforeCompaction: Send + Sync + fmt::Debug + 'static {
+    /// Called with the call's context right before the conversation is summarised.
+    async fn before_compaction(&self, cx: &mut CallCtx<'_>);
 }
 
-impl fmt::Debug for CompactionMiddleware {
+/// The compaction layer: wraps each model request.
+///
+/// - **Before** the request, when the policy triggers (by message count, or by the
+///   request's estimated tokens from the incremental [`TokenLedger`]), it compacts the
+///   conversation and sends the compacted request.
+/// - **On a context overflow** it compacts harder (half the usual tail) and retries, at most
+///   [`DEFAULT_MAX_MODEL_RETRIES`](hame_core::DEFAULT_MAX_MODEL_RETRIES) times
+///   ([`with_max_retries`](Self::with_max_retries)); then the overflow surfaces.
+/// - **After** the response it records the provider's reported prompt tokens in the ledger.
+///
+/// Emits [`AgentEvent::Compaction`] with estimated tokens before and after, and
+/// [`AgentEvent::ModelRetry`] before a retry. A failed summary before a request is logged,
+/// reported as a `compaction.failed` custom event, and the request goes ahead uncompacted.
+///
+/// Messages that layers outside this one appended to the request after the conversation
+/// are kept when the request is rebuilt; layers that rewrite the conversation itself
+/// belong inside it.
+pub struct CompactionLayer {
+    compactor: Arc<Compactor>,
+    model: Arc<dyn Model>,
+    context_window: u64,
+    max_retries: usize,
+    before: Option<Arc<dyn BeforeCompaction>>,
+    /// Tokens of the last system prompt + tools seen, by a hash of their text.
+    fixed: std::sync::Mutex<Option<(u64, u64)>>,
+}
+
+impl fmt::Debug for CompactionLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CompactionMiddleware")
+        f.debug_struct("CompactionLayer")
             .field("compactor", &self.compactor)
             .field("model", &self.model.info().model)
+            .field("context_window", &self.context_window)
+            .field("max_retries", &self.max_retries)
             .finish()
     }
 }
 
-impl CompactionMiddleware {
-    /// A middleware summarising with `model` (usually the agent's own model, or a cheaper
-    /// one with a window at least as large).
+impl CompactionLayer {
+    /// A layer summarising with `model` (usually the agent's own model, or a cheaper one
+    /// with a window at least as large); budgets follow `model`'s context window.
     pub fn new(compactor: Arc<Compactor>, model: Arc<dyn Model>) -> Self {
-        Self { compactor, model }
+        let context_window = model.info().context_window;
+        Self {
+            compactor,
+            model,
+            context_window,
+            max_retries: hame_core::DEFAULT_MAX_MODEL_RETRIES,
+            before: None,
+            fixed: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Budgets for this context window instead of the model's.
+    pub fn with_context_window(mut self, tokens: u64) -> Self {
+        self.context_window = tokens;
+        self
+    }
+
+    /// At most this many retries after context overflows per request.
+    pub fn with_max_retries(mut self, n: usize) -> Self {
+        self.max_retries = n;
+        self
+    }
+
+    /// Runs `hook` before every compaction.
+    pub fn with_before_compaction(mut self, hook: Arc<dyn BeforeCompaction>) -> Self {
+        self.before = Some(hook);
+        self
+    }
+
+    /// The policy with token budgets derived from the window.
+    pub fn policy(&self) -> CompactionPolicy {
+        self.compactor
+            .config()
+            .policy
+            .resolved_for_window(self.context_window)
+    }
+
+    /// The policy after a context overflow: half the usual tail, so a retry fits.
+    pub fn overflow_policy(&self) -> CompactionPolicy {
+        let mut p = self.policy();
+        p.keep_recent_messages = (p.keep_recent_messages / 2).max(2);
+        p.keep_recent_tokens = p.keep_recent_tokens.map(|t| (t / 2).max(500));
+        p
+    }
+
+    /// Tokens of the system prompt and tools, counted once per distinct text.
+    fn fixed_tokens(&self, request: &ModelRequest) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        request.system.hash(&mut h);
+        for t in &request.tools {
+            t.name.hash(&mut h);
+            t.description.hash(&mut h);
+        }
+        let key = h.finish();
+        if let Ok(g) = self.fixed.lock()
+            && let Some((k, v)) = *g
+            && k == key
+        {
+            return v;
+        }
+        let v = request_tokens(
+            self.compactor.counter().as_ref(),
+            &request.system,
+            &[],
+            &request.tools,
+        );
+        if let Ok(mut g) = self.fixed.lock() {
+            *g = Some((key, v));
+        }
+        v
+    }
+
+    /// Runs the hook, then compacts by `policy`. `Ok(None)` when there was nothing to do.
+    async fn compact(
+        &self,
+        cx: &mut CallCtx<'_>,
+        policy: &CompactionPolicy,
+    ) -> Result<Option<CompactionReport>> {
+        if let Some(hook) = &self.before {
+            hook.before_compaction(cx).await;
+        }
+        let counter = self.compactor.counter().as_ref();
+        let Some(plan) = plan_forced(&cx.state.messages, policy, counter) else {
+            return Ok(None);
+        };
+        self.compactor
+            .run(cx.state, &self.model, plan)
+            .await
+            .map(Some)
     }
 
     fn report(cx: &CallCtx<'_>, r: &CompactionReport, before: u64, after: u64) {
@@ -892,82 +1007,123 @@ impl CompactionMiddleware {
     }
 }
 
+/// The parts of a request that are not the conversation, to rebuild it after compaction.
+struct Frame {
+    system: String,
+    tools: Vec<hame_core::ToolSpec>,
+    params: ModelParams,
+    extra: Vec<Message>,
+}
+
+impl Frame {
+    fn of(request: &ModelRequest, conversation: usize) -> Self {
+        Self {
+            system: request.system.clone(),
+            tools: request.tools.clone(),
+            params: request.params.clone(),
+            extra: request
+                .messages
+                .get(conversation..)
+                .map(<[Message]>::to_vec)
+                .unwrap_or_default(),
+        }
+    }
+
+    fn rebuild(&self, state: &AgentState) -> ModelRequest {
+        let mut messages = state.messages.clone();
+        messages.extend(self.extra.iter().cloned());
+        ModelRequest {
+            system: self.system.clone(),
+            messages,
+            tools: self.tools.clone(),
+            params: self.params.clone(),
+        }
+    }
+}
+
 #[async_trait]
-impl Middleware for CompactionMiddleware {
+impl Layer for CompactionLayer {
     fn name(&self) -> &str {
         "compaction"
     }
 
-    async fn on_model_request(
+    async fn model(
         &self,
         cx: &mut CallCtx<'_>,
-        request: &mut ModelRequest,
-    ) -> std::result::Result<(), hame_core::Error> {
-        let counter = self.compactor.counter().as_ref();
-        let policy = self.compactor.policy_for(self.model.as_ref());
-        let before = request_tokens(counter, &request.system, &request.messages, &request.tools);
-        if !policy.triggers(cx.state.messages.len(), before) {
-            return Ok(());
-        }
-        let Some(plan) = plan_forced(&cx.state.messages, &policy, counter) else {
-            return Ok(());
-        };
-        let old = cx.state.messages.clone();
-        match self.compactor.run(cx.state, &self.model, plan).await {
-            Ok(report) => {
-                // Keep what earlier middleware appended to the request after the state.
-                let extra = if request.messages.len() >= old.len()
-                    && request.messages[..old.len()] == old[..]
-                {
-                    request.messages.split_off(old.len())
-                } else {
-                    tracing::warn!(
-                        "request messages differ from the state; rebuilt from the state"
-                    );
-                    Vec::new()
-                };
-                request.messages = cx.state.messages.clone();
-                request.messages.extend(extra);
-                let after =
-                    request_tokens(counter, &request.system, &request.messages, &request.tools);
-                Self::report(cx, &report, before, after);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "compaction failed; continuing uncompacted");
-                cx.events.emit(AgentEvent::Custom {
-                    kind: "compaction.failed".into(),
-                    data: serde_json::json!({ "error": e.to_string() }),
-                });
+        mut request: ModelRequest,
+        next: ModelNext<'_>,
+    ) -> std::result::Result<ModelResponse, hame_core::Error> {
+        let counter = self.compactor.counter().clone();
+        let policy = self.policy();
+        let mut ledger = TokenLedger::load(cx.state);
+        let fixed = self.fixed_tokens(&request);
+        let before = ledger.estimate(counter.as_ref(), &request.messages, fixed);
+        let frame = Frame::of(&request, cx.state.messages.len());
+        if policy.triggers(cx.state.messages.len(), before) {
+            match self.compact(cx, &policy).await {
+                Ok(Some(report)) => {
+                    request = frame.rebuild(cx.state);
+                    ledger = TokenLedger::load(cx.state);
+                    let after = ledger.estimate(counter.as_ref(), &request.messages, fixed);
+                    Self::report(cx, &report, before, after);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "compaction failed; continuing uncompacted");
+                    cx.events.emit(AgentEvent::Custom {
+                        kind: "compaction.failed".into(),
+                        data: serde_json::json!({ "error": e.to_string() }),
+                    });
+                }
             }
         }
-        Ok(())
-    }
-
-    async fn on_model_error(
-        &self,
-        cx: &mut CallCtx<'_>,
-        error: &ModelError,
-    ) -> std::result::Result<ErrorAction, hame_core::Error> {
-        if !error.is_context_overflow() {
-            return Ok(ErrorAction::Propagate);
-        }
-        let counter = self.compactor.counter().as_ref();
-        let before = crate::tokens::messages_tokens(counter, &cx.state.messages);
-        match self.compactor.compact(cx.state, &self.model).await {
-            Ok(Some(report)) => {
-                let after = crate::tokens::messages_tokens(counter, &cx.state.messages);
-                Self::report(cx, &report, before, after);
-                Ok(ErrorAction::Retry)
+        let mut retries = 0;
+        loop {
+            let sent = request.messages.len().min(cx.state.messages.len());
+            let error = match next.run(cx, request).await {
+                Ok(response) => {
+                    if let Some(u) = response.usage {
+                        ledger.record_usage(&cx.state.messages[..sent], u.input_tokens);
+                    }
+                    ledger.messages_tokens(counter.as_ref(), &cx.state.messages);
+                    ledger.store(cx.state);
+                    return Ok(response);
+                }
+                Err(hame_core::Error::Model(e)) if e.is_context_overflow() => e,
+                Err(other) => {
+                    ledger.store(cx.state);
+                    return Err(other);
+                }
+            };
+            if retries >= self.max_retries {
+                return Err(error.into());
             }
-            Ok(None) => Ok(ErrorAction::Propagate),
-            Err(e) => {
-                tracing::warn!(error = %e, "compaction after context overflow failed");
-                cx.events.emit(AgentEvent::Custom {
-                    kind: "compaction.failed".into(),
-                    data: serde_json::json!({ "error": e.to_string() }),
-                });
-                Ok(ErrorAction::Propagate)
+            let before = crate::tokens::messages_tokens(counter.as_ref(), &cx.state.messages);
+            match self.compact(cx, &self.overflow_policy()).await {
+                Ok(Some(report)) => {
+                    let after =
+                        crate::tokens::messages_tokens(counter.as_ref(), &cx.state.messages);
+                    Self::report(cx, &report, before, after);
+                }
+                Ok(None) => {
+                    tracing::warn!("context overflow and nothing left to compact");
+                    return Err(error.into());
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "compaction after a context overflow failed");
+                    cx.events.emit(AgentEvent::Custom {
+                        kind: "compaction.failed".into(),
+                        data: serde_json::json!({ "error": e.to_string() }),
+                    });
+                    return Err(error.into());
+                }
             }
+            retries += 1;
+            cx.events.emit(AgentEvent::ModelRetry {
+                reason: error.to_string(),
+            });
+            ledger = TokenLedger::load(cx.state);
+            request = frame.rebuild(cx.state);
         }
     }
 }

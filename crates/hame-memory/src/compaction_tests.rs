@@ -3,7 +3,7 @@
 use super::*;
 use crate::tokens::EstimateCounter;
 use hame_core::test_support::{Reply, ScriptedModel};
-use hame_core::{AgentLoop, EventSink, RuntimeContext, ToolCall, ToolResult};
+use hame_core::{AgentLoop, EventSink, ModelError, RuntimeContext, ToolCall, ToolResult};
 use pretty_assertions::assert_eq;
 use proptest::prelude::*;
 
@@ -329,7 +329,7 @@ async fn oversized_input_is_summarised_in_chunks_and_merged() -> Result<()> {
 }
 
 #[tokio::test]
-async fn middleware_compacts_on_overflow_and_retries() -> Result<()> {
+async fn the_layer_compacts_on_overflow_and_retries() -> Result<()> {
     let (scripted, m) = model(vec![
         Reply::Fail(ModelError::ContextOverflow {
             message: "too long".into(),
@@ -346,7 +346,7 @@ async fn middleware_compacts_on_overflow_and_retries() -> Result<()> {
         ..CompactorConfig::default()
     }));
     let agent = AgentLoop::new(Arc::clone(&m))
-        .with_middleware(Arc::new(CompactionMiddleware::new(c, Arc::clone(&m))));
+        .with_layer(Arc::new(CompactionLayer::new(c, Arc::clone(&m))));
     let mut state = AgentState {
         messages: long_conversation(3),
         ..AgentState::default()
@@ -387,7 +387,7 @@ async fn middleware_compacts_on_overflow_and_retries() -> Result<()> {
 }
 
 #[tokio::test]
-async fn middleware_compacts_by_count_before_the_request() -> Result<()> {
+async fn the_layer_compacts_by_count_before_the_request() -> Result<()> {
     let (scripted, m) = model(vec![Reply::text("sum"), Reply::text("answer")]);
     let c = Arc::new(compactor(CompactorConfig {
         policy: CompactionPolicy {
@@ -398,7 +398,7 @@ async fn middleware_compacts_by_count_before_the_request() -> Result<()> {
         ..CompactorConfig::default()
     }));
     let agent = AgentLoop::new(Arc::clone(&m))
-        .with_middleware(Arc::new(CompactionMiddleware::new(c, Arc::clone(&m))));
+        .with_layer(Arc::new(CompactionLayer::new(c, Arc::clone(&m))));
     let mut state = AgentState {
         messages: long_conversation(3),
         ..AgentState::default()
@@ -423,7 +423,7 @@ async fn middleware_compacts_by_count_before_the_request() -> Result<()> {
 }
 
 #[tokio::test]
-async fn middleware_survives_a_failed_summary() -> Result<()> {
+async fn the_layer_survives_a_failed_summary() -> Result<()> {
     let (_, m) = model(vec![
         Reply::Fail(ModelError::Provider {
             status: 500,
@@ -440,7 +440,7 @@ async fn middleware_survives_a_failed_summary() -> Result<()> {
         ..CompactorConfig::default()
     }));
     let agent = AgentLoop::new(Arc::clone(&m))
-        .with_middleware(Arc::new(CompactionMiddleware::new(c, Arc::clone(&m))));
+        .with_layer(Arc::new(CompactionLayer::new(c, Arc::clone(&m))));
     let original = long_conversation(2);
     let mut state = AgentState {
         messages: original.clone(),

@@ -12,7 +12,7 @@
 //!   estimate for the rest; token totals of messages, system prompt and tool specs.
 //! - [`compaction`]: plans and applies the summary of older messages with property-tested
 //!   invariants; [`Compactor`] calls the model atomically (map-reduce when the input is too
-//!   large); [`CompactionMiddleware`] triggers it by count/tokens and on context overflow.
+//!   large); [`CompactionLayer`] triggers it by count/tokens and on context overflow.
 //! - [`offload`]: [`Offloader`] moves oversized tool results to
 //!   `large_tool_results/<call_id>.txt` through a [`ResultSink`] and leaves a preview.
 //! - [`daily`]: the `memory/YYYY-MM-DD.md` daily logs and the incremental [`MemoryFlusher`];
@@ -63,12 +63,13 @@ pub mod consolidate;
 pub mod daily;
 mod error;
 pub mod index;
+pub mod ledger;
 pub mod offload;
 pub mod tokens;
 
 pub use compaction::{
-    CompactionMiddleware, CompactionPlan, CompactionPolicy, CompactionReport, CompactionState,
-    Compactor, CompactorConfig, SeqSpan, apply, plan_compaction, plan_forced,
+    BeforeCompaction, CompactionLayer, CompactionPlan, CompactionPolicy, CompactionReport,
+    CompactionState, Compactor, CompactorConfig, SeqSpan, apply, plan_compaction, plan_forced,
 };
 pub use consolidate::{ConsolidationOptions, ConsolidationOutcome, Consolidator, ThrottlePolicy};
 pub use daily::{
@@ -82,6 +83,7 @@ pub use index::{
 };
 #[cfg(feature = "postgres")]
 pub use index::{PgIndex, PgIndexOptions};
+pub use ledger::TokenLedger;
 pub use offload::{OffloadPolicy, Offloader, ResultSink};
 #[cfg(feature = "tiktoken")]
 pub use tokens::{Encoding, TiktokenCounter};

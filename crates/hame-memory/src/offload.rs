@@ -7,7 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use hame_core::{CallCtx, Middleware, ToolCall, ToolResult};
+use hame_core::{ToolCall, ToolResult};
 use sha2::{Digest, Sha256};
 
 use crate::compaction::clip_middle;
@@ -81,7 +81,8 @@ impl Default for OffloadPolicy {
     }
 }
 
-/// Replaces large tool results by previews. Also a [`Middleware`] (`on_tool_result`).
+/// Replaces large tool results by previews. The harness runs it as part of its offload
+/// layer, after the session log has recorded the full result.
 #[derive(Debug, Clone)]
 pub struct Offloader {
     policy: OffloadPolicy,
@@ -218,23 +219,6 @@ impl Offloader {
             }
         }
         true
-    }
-}
-
-#[async_trait]
-impl Middleware for Offloader {
-    fn name(&self) -> &str {
-        "offload"
-    }
-
-    async fn on_tool_result(
-        &self,
-        _cx: &mut CallCtx<'_>,
-        call: &ToolCall,
-        result: &mut ToolResult,
-    ) -> std::result::Result<(), hame_core::Error> {
-        self.offload(call, result).await;
-        Ok(())
     }
 }
 
