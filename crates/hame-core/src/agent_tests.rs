@@ -320,10 +320,7 @@ async fn a_layer_recovers_from_overflow_with_bound() -> Result<()> {
     assert_eq!(model.requests().len(), DEFAULT_MAX_MODEL_RETRIES + 1);
     // The failed turn is closed: it ends with a note, so the next call does not replay it
     // as an unanswered question.
-    let last = state
-        .messages
-        .last()
-        .map(|m| (m.role, m.text_content()));
+    let last = state.messages.last().map(|m| (m.role, m.text_content()));
     assert!(
         matches!(&last, Some((Role::Assistant, t)) if t.starts_with("[This request did not finish")),
         "{last:?}"

@@ -55,7 +55,7 @@ pub use index::{
 pub use log::{INDEX_FILE, LOG_SUFFIX, LogPage, MAX_CACHED_WRITERS, SessionLog, SessionLogOptions};
 pub use record::{LogRecord, RECORD_FORMAT_VERSION};
 pub use tools::{
-    DEFAULT_HISTORY_LIMIT, DEFAULT_LIST_LIMIT, DEFAULT_RECORD_CHARS, FixedFs, FsFn, FsForContext,
-    MAX_HISTORY_LIMIT, MAX_LIST_LIMIT, MAX_RECORD_CHARS, SessionHistoryArgs, SessionHistoryTool,
-    SessionListArgs, SessionListTool, SessionToolOptions, session_tools,
+    DEFAULT_HISTORY_LIMIT, DEFAULT_LIST_LIMIT, DEFAULT_RECORD_CHARS, MAX_HISTORY_LIMIT,
+    MAX_LIST_LIMIT, MAX_RECORD_CHARS, SessionHistoryArgs, SessionHistoryTool, SessionListArgs,
+    SessionListTool, SessionToolOptions, session_tools,
 };

@@ -1,13 +1,11 @@
 //! The model-facing tools `session_list` and `session_history`.
 
-use std::fmt::{self, Write as _};
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use hame_core::{
-    ContentBlock, RuntimeContext, Tool, ToolContext, ToolError, ToolOutput, TypedTool,
-};
-use hame_fs::Filesystem;
+use hame_core::{ContentBlock, Tool, ToolContext, ToolError, ToolOutput, TypedTool};
+use hame_tools::WorkspaceExt;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
@@ -15,53 +13,6 @@ use crate::error::Error;
 use crate::id::validate_id;
 use crate::log::{LogPage, SessionLog};
 use crate::record::{LogRecord, fmt_time};
-
-/// Hands a tool the filesystem of the tenant a call belongs to, so one tool instance serves
-/// many tenants. The filesystem is expected to be scoped already (its root is the tenant's
-/// namespace).
-#[async_trait]
-pub trait FsForContext: Send + Sync + fmt::Debug + 'static {
-    /// The tenant-scoped filesystem for this call.
-    async fn fs_for(&self, ctx: &RuntimeContext) -> Result<Arc<dyn Filesystem>, ToolError>;
-}
-
-#[async_trait]
-impl<T: FsForContext + ?Sized> FsForContext for Arc<T> {
-    async fn fs_for(&self, ctx: &RuntimeContext) -> Result<Arc<dyn Filesystem>, ToolError> {
-        (**self).fs_for(ctx).await
-    }
-}
-
-/// One filesystem for every call (single-tenant deployments, tests).
-#[derive(Debug, Clone)]
-pub struct FixedFs(pub Arc<dyn Filesystem>);
-
-#[async_trait]
-impl FsForContext for FixedFs {
-    async fn fs_for(&self, _ctx: &RuntimeContext) -> Result<Arc<dyn Filesystem>, ToolError> {
-        Ok(self.0.clone())
-    }
-}
-
-/// A provider from a closure (for example one that derives the tenant namespace from
-/// [`RuntimeContext::user_id`]).
-pub struct FsFn<F>(pub F);
-
-impl<F> fmt::Debug for FsFn<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("FsFn(..)")
-    }
-}
-
-#[async_trait]
-impl<F> FsForContext for FsFn<F>
-where
-    F: Fn(&RuntimeContext) -> Result<Arc<dyn Filesystem>, ToolError> + Send + Sync + 'static,
-{
-    async fn fs_for(&self, ctx: &RuntimeContext) -> Result<Arc<dyn Filesystem>, ToolError> {
-        (self.0)(ctx)
-    }
-}
 
 /// Default number of sessions `session_list` shows.
 pub const DEFAULT_LIST_LIMIT: usize = 20;
@@ -107,28 +58,21 @@ impl Default for SessionToolOptions {
     }
 }
 
-/// `session_list` and `session_history` for the agent `agent_id`.
+/// `session_list` and `session_history` for the agent `agent_id`. One instance serves every
+/// tenant: each call reads the logs in [`Workspace::records`](hame_tools::Workspace::records)
+/// of the caller's workspace handle.
 pub fn session_tools(
-    provider: Arc<dyn FsForContext>,
     agent_id: &str,
     options: SessionToolOptions,
 ) -> crate::Result<Vec<Arc<dyn Tool>>> {
     Ok(vec![
-        hame_core::typed(SessionListTool::new(
-            provider.clone(),
-            agent_id,
-            options.clone(),
-        )?),
-        hame_core::typed(SessionHistoryTool::new(provider, agent_id, options)?),
+        hame_core::typed(SessionListTool::new(agent_id, options.clone())?),
+        hame_core::typed(SessionHistoryTool::new(agent_id, options)?),
     ])
 }
 
-async fn open_log(
-    provider: &dyn FsForContext,
-    agent_id: &str,
-    ctx: &ToolContext,
-) -> Result<SessionLog, ToolError> {
-    let fs = provider.fs_for(&ctx.runtime).await?;
+fn open_log(agent_id: &str, ctx: &ToolContext) -> Result<SessionLog, ToolError> {
+    let fs = ctx.workspace()?.records().clone();
     Ok(SessionLog::new(fs, agent_id)?)
 }
 
@@ -144,21 +88,15 @@ pub struct SessionListArgs {
 /// Lists this agent's sessions, newest first.
 #[derive(Debug)]
 pub struct SessionListTool {
-    provider: Arc<dyn FsForContext>,
     agent_id: String,
     options: SessionToolOptions,
 }
 
 impl SessionListTool {
     /// The tool for `agent_id`.
-    pub fn new(
-        provider: Arc<dyn FsForContext>,
-        agent_id: &str,
-        options: SessionToolOptions,
-    ) -> crate::Result<Self> {
+    pub fn new(agent_id: &str, options: SessionToolOptions) -> crate::Result<Self> {
         validate_id("agent id", agent_id)?;
         Ok(SessionListTool {
-            provider,
             agent_id: agent_id.to_owned(),
             options,
         })
@@ -183,7 +121,7 @@ impl TypedTool for SessionListTool {
     }
 
     async fn run(&self, args: SessionListArgs, ctx: &ToolContext) -> ToolOutput {
-        let log = open_log(self.provider.as_ref(), &self.agent_id, ctx).await?;
+        let log = open_log(&self.agent_id, ctx)?;
         let limit = args
             .limit
             .unwrap_or(self.options.default_list_limit)
@@ -267,21 +205,15 @@ pub struct SessionHistoryArgs {
 /// Reads a session's full, never-compacted log, page by page.
 #[derive(Debug)]
 pub struct SessionHistoryTool {
-    provider: Arc<dyn FsForContext>,
     agent_id: String,
     options: SessionToolOptions,
 }
 
 impl SessionHistoryTool {
     /// The tool for `agent_id`.
-    pub fn new(
-        provider: Arc<dyn FsForContext>,
-        agent_id: &str,
-        options: SessionToolOptions,
-    ) -> crate::Result<Self> {
+    pub fn new(agent_id: &str, options: SessionToolOptions) -> crate::Result<Self> {
         validate_id("agent id", agent_id)?;
         Ok(SessionHistoryTool {
-            provider,
             agent_id: agent_id.to_owned(),
             options,
         })
@@ -315,7 +247,7 @@ impl TypedTool for SessionHistoryTool {
             .session_id
             .unwrap_or_else(|| ctx.runtime.session_id.clone());
         validate_id("session id", &session_id)?;
-        let log = open_log(self.provider.as_ref(), &self.agent_id, ctx).await?;
+        let log = open_log(&self.agent_id, ctx)?;
         let limit = args
             .limit
             .unwrap_or(self.options.default_history_limit)

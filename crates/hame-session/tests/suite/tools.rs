@@ -2,26 +2,55 @@
 
 use std::sync::Arc;
 
-use hame_core::{CancellationToken, Message, RuntimeContext, Tool, ToolContext, ToolError};
+use hame_core::{Extensions, Message, RuntimeContext, Tool, ToolContext, ToolError};
 use hame_fs::{Filesystem, InMemoryFs};
-use hame_session::{FixedFs, FsFn, SessionToolOptions, session_tools};
+use hame_session::{SessionToolOptions, session_tools};
+use hame_tools::{Identity, Workspace, WorkspaceMode};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
 use super::helpers::{TestResult, exchange, log_at};
 
 fn ctx(session: &str) -> ToolContext {
-    ToolContext {
-        runtime: RuntimeContext::new(session),
-        call_id: "tc-1".into(),
-        cancel: CancellationToken::new(),
+    ToolContext::new(RuntimeContext::new(session), "tc-1")
+}
+
+/// The caller's workspace handle with `fs` as its records.
+fn workspace(fs: Arc<dyn Filesystem>, user: Option<&str>, session: &str) -> Extensions {
+    let mut ext = Extensions::new();
+    ext.insert(Workspace::new(
+        Identity::new("main", user, session),
+        WorkspaceMode::SharedStore,
+        fs.clone(),
+        fs,
+    ));
+    ext
+}
+
+/// A session tool whose calls carry a workspace handle over `fs`, as in the harness.
+#[derive(Debug)]
+struct Bound(Arc<dyn Tool>, Arc<dyn Filesystem>);
+
+#[async_trait::async_trait]
+impl Tool for Bound {
+    fn spec(&self) -> hame_core::ToolSpec {
+        self.0.spec()
+    }
+    async fn call(&self, args: serde_json::Value, ctx: &ToolContext) -> hame_core::ToolOutput {
+        let ext = workspace(
+            self.1.clone(),
+            ctx.runtime.user_id.as_deref(),
+            &ctx.runtime.session_id,
+        );
+        self.0.call(args, &ctx.clone().with_extensions(ext)).await
     }
 }
 
 fn tools(fs: Arc<dyn Filesystem>) -> (Arc<dyn Tool>, Arc<dyn Tool>) {
-    let mut tools = session_tools(Arc::new(FixedFs(fs)), "main", SessionToolOptions::default())
+    let mut tools = session_tools("main", SessionToolOptions::default())
         .unwrap()
-        .into_iter();
+        .into_iter()
+        .map(|t| Arc::new(Bound(t, fs.clone())) as Arc<dyn Tool>);
     (tools.next().unwrap(), tools.next().unwrap())
 }
 
@@ -187,20 +216,17 @@ async fn one_tool_instance_serves_many_tenants() -> TestResult {
     log_at(bob.clone(), 0)
         .append_messages("b1", "c", &[Message::user("bob's question")])
         .await?;
-    let (a, b) = (alice.clone(), bob.clone());
-    let provider = FsFn(move |rt: &RuntimeContext| match rt.user_id.as_deref() {
-        Some("alice") => Ok(a.clone()),
-        Some("bob") => Ok(b.clone()),
-        _ => Err(ToolError::new(
-            "permission_denied",
-            "no tenant for this call",
-        )),
-    });
-    let mut tools = session_tools(Arc::new(provider), "main", SessionToolOptions::default())?;
+    let mut tools = session_tools("main", SessionToolOptions::default())?;
     let history = tools.pop().unwrap();
     let list = tools.pop().unwrap();
+    // Each call carries its own tenant's handle; the tool instances are shared.
     let as_user = |user: &str| {
-        let mut c = ctx("s");
+        let fs = if user == "alice" {
+            alice.clone()
+        } else {
+            bob.clone()
+        };
+        let mut c = ctx("s").with_extensions(workspace(fs, Some(user), "s"));
         c.runtime = c.runtime.with_user(user);
         c
     };
@@ -211,7 +237,9 @@ async fn one_tool_instance_serves_many_tenants() -> TestResult {
         .await
         .unwrap_err();
     assert_eq!(err.code, "session_not_found");
+    // A call without a tenant's handle reaches no tenant's logs.
     let err = list.call(json!({}), &ctx("s")).await.unwrap_err();
-    assert_eq!(err.code, "permission_denied");
+    assert_eq!(err.code, "tool_failed");
+    assert!(err.message.contains("workspace"), "{}", err.message);
     Ok(())
 }

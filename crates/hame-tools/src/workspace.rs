@@ -1,0 +1,155 @@
+//! The tenant workspace handle.
+
+use std::fmt;
+use std::sync::Arc;
+
+use hame_core::{Extensions, ToolContext, ToolError, codes};
+use hame_fs::{Execute, Filesystem};
+
+/// Who is calling: the ids every path and key of the caller is derived from (checked by
+/// `hame_id` before a handle is made).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Identity {
+    /// The agent id.
+    pub agent: String,
+    /// The user id, when the caller has one.
+    pub user: Option<String>,
+    /// The session id.
+    pub session: String,
+}
+
+impl Identity {
+    /// An identity.
+    pub fn new(agent: impl Into<String>, user: Option<&str>, session: impl Into<String>) -> Self {
+        Self {
+            agent: agent.into(),
+            user: user.map(str::to_owned),
+            session: session.into(),
+        }
+    }
+}
+
+/// How the caller's files are laid out (see `docs/filesystem.md` for the table of modes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WorkspaceMode {
+    /// One trusted user on their own machine: the file tools and the shell work on the
+    /// workspace itself.
+    TrustedLocal,
+    /// Each tenant sees its namespace on local disk over the read-only workspace template;
+    /// no host shell.
+    IsolatedLocal,
+    /// Each tenant sees its namespace in a shared store (Redis, object storage) over the
+    /// read-only workspace template; no host shell.
+    SharedStore,
+    /// Files and commands inside a container.
+    Sandbox,
+}
+
+/// One caller's view of its workspace. Cheap to clone.
+#[derive(Clone)]
+pub struct Workspace {
+    identity: Identity,
+    mode: WorkspaceMode,
+    files: Arc<dyn Filesystem>,
+    records: Arc<dyn Filesystem>,
+    overrides: Option<Arc<dyn Filesystem>>,
+    exec: Option<Arc<dyn Execute>>,
+}
+
+impl fmt::Debug for Workspace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Workspace")
+            .field("identity", &self.identity)
+            .field("mode", &self.mode)
+            .field("overrides", &self.overrides.is_some())
+            .field("exec", &self.exec.is_some())
+            .finish()
+    }
+}
+
+impl Workspace {
+    /// A handle: `files` is what the caller's tools see, `records` where its session logs
+    /// and task records live.
+    pub fn new(
+        identity: Identity,
+        mode: WorkspaceMode,
+        files: Arc<dyn Filesystem>,
+        records: Arc<dyn Filesystem>,
+    ) -> Self {
+        Self {
+            identity,
+            mode,
+            files,
+            records,
+            overrides: None,
+            exec: None,
+        }
+    }
+
+    /// Sets the caller's per-user override folder (`<userId>/` of the workspace, read-only).
+    pub fn with_overrides(mut self, overrides: Arc<dyn Filesystem>) -> Self {
+        self.overrides = Some(overrides);
+        self
+    }
+
+    /// Sets the shell that runs commands on the caller's files.
+    pub fn with_exec(mut self, exec: Arc<dyn Execute>) -> Self {
+        self.exec = Some(exec);
+        self
+    }
+
+    /// Who is calling.
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> WorkspaceMode {
+        self.mode
+    }
+
+    /// The files the caller's tools see.
+    pub fn files(&self) -> &Arc<dyn Filesystem> {
+        &self.files
+    }
+
+    /// Where the caller's session logs and task records live.
+    pub fn records(&self) -> &Arc<dyn Filesystem> {
+        &self.records
+    }
+
+    /// The caller's per-user override folder, when it has a user id.
+    pub fn overrides(&self) -> Option<&Arc<dyn Filesystem>> {
+        self.overrides.as_ref()
+    }
+
+    /// The shell, when the mode has one.
+    pub fn exec(&self) -> Option<&Arc<dyn Execute>> {
+        self.exec.as_ref()
+    }
+}
+
+/// Reaches the [`Workspace`] of a call.
+pub trait WorkspaceExt {
+    /// The caller's workspace handle; an error result the model sees when the call has none
+    /// (a tool used outside the harness without one).
+    fn workspace(&self) -> Result<&Workspace, ToolError>;
+}
+
+impl WorkspaceExt for Extensions {
+    fn workspace(&self) -> Result<&Workspace, ToolError> {
+        self.get::<Workspace>().ok_or_else(|| {
+            ToolError::new(
+                codes::FAILED,
+                "this tool needs the caller's workspace, and the call has none",
+            )
+        })
+    }
+}
+
+impl WorkspaceExt for ToolContext {
+    fn workspace(&self) -> Result<&Workspace, ToolError> {
+        self.extensions.workspace()
+    }
+}
