@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used)]
 
-use hame_core::{CancellationToken, RuntimeContext};
+use hame_core::RuntimeContext;
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
@@ -9,11 +9,7 @@ use crate::InMemoryFs;
 use crate::namespace::Scope;
 
 fn ctx(user: &str, session: &str) -> ToolContext {
-    ToolContext {
-        runtime: RuntimeContext::new(session).with_user(user),
-        call_id: "c1".into(),
-        cancel: CancellationToken::new(),
-    }
+    ToolContext::new(RuntimeContext::new(session).with_user(user), "c1")
 }
 
 fn tool<'a>(tools: &'a [Arc<dyn Tool>], name: &str) -> &'a Arc<dyn Tool> {

@@ -164,9 +164,9 @@ async fn components() {
     let n = 500;
 
     let fs = agent.filesystem_for(&ctx).unwrap();
-    let reader = hame_harness::FsWorkspaceReader::new(agent_tenancy(&agent));
+    let handle = agent.workspace_for(&ctx).unwrap();
+    let events = hame_core::EventSink::none();
     let context = hame_harness::WorkspaceContext::new(
-        Arc::new(reader),
         hame_harness::ContextOptions {
             agent: "hame".into(),
             memory_budget_tokens: 8000,
@@ -177,7 +177,7 @@ async fn components() {
     let started = Instant::now();
     let mut len = 0;
     for _ in 0..n {
-        let parts = context.parts("base", &ctx).await;
+        let parts = context.parts("base", &handle, &events).await;
         len = hame_harness::prompt::render(&parts).len();
     }
     let per = started.elapsed().as_secs_f64() * 1e3 / n as f64;
@@ -226,10 +226,6 @@ async fn components() {
     }
     let per = started.elapsed().as_secs_f64() * 1e3 / n as f64;
     println!("session-log append of one message (fdatasync)                {per:.3} ms");
-}
-
-fn agent_tenancy(agent: &HarnessAgent) -> Arc<hame_harness::Tenancy> {
-    agent.tenancy()
 }
 
 fn main() {

@@ -7,19 +7,19 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 use hame_core::{
-    AgentEvent, AgentLoop, AgentState, CallOutput, CancellationToken, EventSink, LoopConfig,
-    Message, Middleware, Model, RuntimeContext, Tool, ToolSet,
+    AgentEvent, AgentLoop, AgentState, CallEnv, CallInput, CallOutput, CancellationToken,
+    EventSink, Extensions, Layer, LoopConfig, Message, Model, Resolution, RuntimeContext,
+    Suspended, Tool, ToolSet,
 };
 use hame_fs::{Filesystem, Scope};
+use hame_memory::CompactionLayer;
 use hame_state::{LeaseOptions, StateKey, StateStore};
+use hame_tools::Workspace;
 
-use crate::context::{
-    ContextOptions, DEFAULT_MEMORY_BUDGET_TOKENS, TokenCount, WorkspaceContext, WorkspaceReader,
-};
+use crate::context::{ContextOptions, DEFAULT_MEMORY_BUDGET_TOKENS, TokenCount, WorkspaceContext};
 use crate::error::{Error, Result};
 use crate::ids::validate_id;
-use crate::memory::{MemoryLayer, MemoryMiddleware, MemoryOptions};
-use crate::reader::FsWorkspaceReader;
+use crate::memory::{FlushBeforeCompaction, MemoryLayer, MemoryOptions, OffloadLayer};
 use crate::recorder::{CALL_ID_EXTRA, SessionRecorder};
 use crate::tenancy::{FilesystemMode, Tenancy};
 use crate::workspace::resolve_workspace;
@@ -60,8 +60,11 @@ pub struct HarnessAgentBuilder {
     model: Option<Arc<dyn Model>>,
     workspace: Option<PathBuf>,
     system_prompt: String,
-    middleware: Vec<Arc<dyn Middleware>>,
+    outer_layers: Vec<Arc<dyn Layer>>,
+    inner_layers: Vec<Arc<dyn Layer>>,
     tools: Vec<Arc<dyn Tool>>,
+    allow_tools: Option<Vec<String>>,
+    deny_tools: Vec<String>,
     loop_config: LoopConfig,
     memory_budget_tokens: Option<usize>,
     additional_context_files: Vec<String>,
@@ -99,10 +102,41 @@ impl HarnessAgentBuilder {
         self
     }
 
-    /// Adds a middleware. User middleware runs before the harness's built-ins, in the
-    /// order added.
-    pub fn middleware(mut self, mw: Arc<dyn Middleware>) -> Self {
-        self.middleware.push(mw);
+    /// Adds a layer *inside* the built-ins, next to the model and the tools (after the
+    /// ones added before): it sees the final prompt (workspace context, compaction) and
+    /// every tool call as it is about to run. Audit logs, caching, fallback models and
+    /// policy checks usually go here. See `docs/ARCHITECTURE.md` for the stack.
+    pub fn layer(mut self, layer: Arc<dyn Layer>) -> Self {
+        self.inner_layers.push(layer);
+        self
+    }
+
+    /// Adds a layer *outside* the built-ins (after the outer ones added before): it wraps
+    /// the whole call as the caller made it, before the session log and the workspace
+    /// context, and sees the prompt before the harness rebuilds it.
+    pub fn outer_layer(mut self, layer: Arc<dyn Layer>) -> Self {
+        self.outer_layers.push(layer);
+        self
+    }
+
+    /// Only these tools are offered to the model and may run (built-in and added ones
+    /// alike); a call to another tool gets an `unknown_tool` error result.
+    pub fn allow_tools<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.allow_tools = Some(names.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// These tools are never offered and never run (deny wins over allow).
+    pub fn deny_tools<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.deny_tools.extend(names.into_iter().map(Into::into));
         self
     }
 
@@ -231,16 +265,24 @@ impl HarnessAgentBuilder {
             FilesystemMode::Local { shell } => (local.clone(), *shell),
             FilesystemMode::SharedStore { store } => (store.clone(), false),
         };
-        let tenancy = Arc::new(Tenancy::new(store, local, &name, self.scope));
+        let memory_options = self.memory.unwrap_or_default();
+        let exec = shell.then(|| crate::tools::local_shell(&workspace, memory_options.enabled));
+        let tenancy = Arc::new(Tenancy::new(
+            store,
+            local,
+            &name,
+            self.scope,
+            mode.workspace_mode(),
+            exec.clone(),
+        ));
 
         // One token counter for every budget (tiktoken for OpenAI families, else the
         // calibrated estimate of hame-memory).
         let counter = hame_memory::counter_for_model(&model.info().model);
-        let memory_options = self.memory.unwrap_or_default();
         let memory = memory_options.enabled.then(|| {
             Arc::new(MemoryLayer::new(
                 memory_options,
-                tenancy.clone(),
+                self.scope,
                 &name,
                 model.clone(),
                 counter.clone(),
@@ -248,9 +290,7 @@ impl HarnessAgentBuilder {
             ))
         });
 
-        let reader: Arc<dyn WorkspaceReader> = Arc::new(FsWorkspaceReader::new(tenancy.clone()));
         let context = WorkspaceContext::new(
-            reader,
             ContextOptions {
                 agent: name.clone(),
                 memory_budget_tokens: self
@@ -262,11 +302,10 @@ impl HarnessAgentBuilder {
                 usize::try_from(counter.count(s)).unwrap_or(usize::MAX)
             })),
         );
-        let recorder = Arc::new(SessionRecorder::new(tenancy.clone(), name.clone()));
+        let recorder = Arc::new(SessionRecorder::new(name.clone()));
 
         let mut tools = ToolSet::new();
-        for t in crate::tools::builtin_tools(&tenancy, &name, shell, &workspace, memory.is_some())?
-        {
+        for t in crate::tools::builtin_tools(&tenancy, &name, exec, memory.is_some())? {
             tools.register(t);
         }
         if let Some(layer) = &memory {
@@ -277,19 +316,21 @@ impl HarnessAgentBuilder {
         for t in self.tools {
             tools.register(t);
         }
+        tools.set_allow(self.allow_tools);
+        tools.set_deny(self.deny_tools);
         let mut config = self.loop_config;
         config.system_prompt = self.system_prompt;
-        let mut agent_loop = AgentLoop::new(model).with_tools(tools).with_config(config);
-        // User middleware first, then the built-ins in their fixed order.
-        for mw in self.middleware {
-            agent_loop = agent_loop.with_middleware(mw);
-        }
-        agent_loop = agent_loop
-            .with_middleware(Arc::new(context))
-            .with_middleware(recorder);
-        // After the session log: it records full tool results before offloading.
-        if let Some(layer) = &memory {
-            agent_loop = agent_loop.with_middleware(Arc::new(MemoryMiddleware::new(layer.clone())));
+        let mut agent_loop = AgentLoop::new(model.clone())
+            .with_tools(tools)
+            .with_config(config);
+        for layer in builtin_stack(
+            self.outer_layers,
+            recorder,
+            Arc::new(context),
+            memory.as_ref().map(|m| (m, &model)),
+            self.inner_layers,
+        ) {
+            agent_loop = agent_loop.with_layer(layer);
         }
         Ok(HarnessAgent {
             inner: Arc::new(Inner {
@@ -304,6 +345,38 @@ impl HarnessAgentBuilder {
             }),
         })
     }
+}
+
+/// The layer stack, outermost first (drawn in `docs/ARCHITECTURE.md`):
+///
+/// 1. the caller's outer layers;
+/// 2. `session-log`: records each message before it joins the state, the index once per
+///    call;
+/// 3. `workspace-context`: rebuilds the system prompt from the caller's workspace;
+/// 4. `compaction` (memory on): flush, then compact before a request that triggers the
+///    policy, compact and retry after a context overflow;
+/// 5. `offload` (memory on): large tool results to files before they join the state (the
+///    log, outside, has them whole);
+/// 6. the caller's inner layers, next to the model and the tools.
+fn builtin_stack(
+    outer: Vec<Arc<dyn Layer>>,
+    recorder: Arc<SessionRecorder>,
+    context: Arc<WorkspaceContext>,
+    memory: Option<(&Arc<MemoryLayer>, &Arc<dyn Model>)>,
+    inner: Vec<Arc<dyn Layer>>,
+) -> Vec<Arc<dyn Layer>> {
+    let mut stack = outer;
+    stack.push(recorder);
+    stack.push(context);
+    if let Some((layer, model)) = memory {
+        let compaction = CompactionLayer::new(layer.compactor.clone(), model.clone())
+            .with_context_window(layer.context_window)
+            .with_before_compaction(Arc::new(FlushBeforeCompaction::new(layer.clone())));
+        stack.push(Arc::new(compaction));
+        stack.push(Arc::new(OffloadLayer::new(layer.clone())));
+    }
+    stack.extend(inner);
+    stack
 }
 
 fn default_state_store(env: &EnvLookup) -> Result<Arc<dyn StateStore>> {
@@ -382,12 +455,26 @@ impl HarnessAgent {
         &self.inner.state_store
     }
 
-    /// The filesystem a caller sees (its namespace over the workspace template).
-    pub fn filesystem_for(&self, ctx: &RuntimeContext) -> Result<Arc<dyn Filesystem>> {
+    /// The workspace handle of a caller: what its tools and layers see.
+    pub fn workspace_for(&self, ctx: &RuntimeContext) -> Result<Workspace> {
+        self.key(ctx)?;
         self.inner
             .tenancy
-            .fs_for(ctx)
+            .workspace(ctx)
             .map_err(|e| Error::InvalidId(e.to_string()))
+    }
+
+    /// The files a caller sees (those of its [`workspace_for`](Self::workspace_for)).
+    pub fn filesystem_for(&self, ctx: &RuntimeContext) -> Result<Arc<dyn Filesystem>> {
+        Ok(self.workspace_for(ctx)?.files().clone())
+    }
+
+    /// The tool calls of a caller's session that wait for decisions, if any.
+    pub async fn pending(&self, ctx: &RuntimeContext) -> Result<Option<Suspended>> {
+        Ok(self
+            .state(ctx)
+            .await?
+            .and_then(|s| s.pending.map(|p| p.to_suspended())))
     }
 
     /// The session state of a caller, if the session exists.
@@ -444,7 +531,10 @@ impl HarnessAgent {
     /// Runs one call with an explicit event sink and cancellation token.
     ///
     /// Before it returns, the reply is in the session log and the state is saved: a reply
-    /// the caller saw is never lost.
+    /// the caller saw is never lost. When a layer suspends a tool call (a human must
+    /// approve it), the call returns [`Error::Call`] with [`hame_core::Error::Suspended`]
+    /// after saving the pending step; [`resume`](Self::resume) finishes it, in this
+    /// process or another.
     pub async fn call_with(
         &self,
         message: Message,
@@ -452,7 +542,33 @@ impl HarnessAgent {
         events: &EventSink,
         cancel: &CancellationToken,
     ) -> Result<CallOutput> {
+        self.run_input(CallInput::Message(message), ctx, events, cancel)
+            .await
+    }
+
+    /// Resumes a suspended call with decisions for its pending tool calls (by
+    /// [`Suspension::id`](hame_core::Suspension::id)); the reply and the saved state are as
+    /// for [`call_with`](Self::call_with).
+    pub async fn resume(
+        &self,
+        resolutions: Vec<Resolution>,
+        ctx: &RuntimeContext,
+        events: &EventSink,
+        cancel: &CancellationToken,
+    ) -> Result<CallOutput> {
+        self.run_input(CallInput::Resume(resolutions), ctx, events, cancel)
+            .await
+    }
+
+    async fn run_input(
+        &self,
+        input: CallInput,
+        ctx: &RuntimeContext,
+        events: &EventSink,
+        cancel: &CancellationToken,
+    ) -> Result<CallOutput> {
         let key = self.key(ctx)?;
+        let ws = self.workspace_for(ctx)?;
         // Calls on one session queue in this process ...
         let slot = {
             let mut locks = self
@@ -478,7 +594,7 @@ impl HarnessAgent {
             Err(e) => return Err(Error::storage("acquiring the session lease failed", e)),
         };
         let result = self
-            .run_leased(&key, &lease, message, ctx, events, cancel)
+            .run_leased(&key, &lease, input, ctx, &ws, events, cancel)
             .await;
         if let Err(e) = lease.release().await {
             tracing::warn!(error = %e, "releasing the session lease failed; it expires by itself");
@@ -489,7 +605,7 @@ impl HarnessAgent {
                 layer,
                 self.inner.state_store.clone(),
                 key,
-                ctx.clone(),
+                ws,
                 self.inner.lease,
             );
         }
@@ -507,12 +623,14 @@ impl HarnessAgent {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn run_leased(
         &self,
         key: &StateKey,
         lease: &hame_state::Lease,
-        message: Message,
+        input: CallInput,
         ctx: &RuntimeContext,
+        ws: &Workspace,
         events: &EventSink,
         cancel: &CancellationToken,
     ) -> Result<CallOutput> {
@@ -530,11 +648,16 @@ impl HarnessAgent {
             CALL_ID_EXTRA.to_owned(),
             serde_json::Value::String(uuid::Uuid::new_v4().to_string()),
         );
+        let mut extensions = Extensions::new();
+        extensions.insert(ws.clone());
         let outcome = {
-            let run = self
-                .inner
-                .agent_loop
-                .run(&mut state, message, &runtime, events, cancel);
+            let env = CallEnv {
+                runtime: &runtime,
+                events,
+                cancel,
+                extensions: &extensions,
+            };
+            let run = self.inner.agent_loop.run_env(&mut state, input, env);
             tokio::pin!(run);
             let period = (lease.ttl() / 3).max(Duration::from_millis(100));
             let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);

@@ -1,24 +1,22 @@
-//! The workspace-context middleware: rebuilds the system prompt before every model request.
+//! The workspace-context layer: rebuilds the system prompt before every model request.
 
 use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use hame_core::{CallCtx, Middleware, ModelRequest};
+use hame_core::{AgentEvent, CallCtx, EventSink, Layer, ModelNext, ModelRequest, ModelResponse};
+use hame_fs::FsPath;
+use hame_tools::Workspace;
 
 use crate::prompt::{BudgetedText, PromptParts, SessionInfo, keep_newest, render};
 
 /// Default token budget of `MEMORY.md` in the system prompt.
 pub const DEFAULT_MEMORY_BUDGET_TOKENS: usize = 8000;
-
-/// Read access to workspace files as the current tenant sees them.
-#[async_trait]
-pub trait WorkspaceReader: Send + Sync + fmt::Debug + 'static {
-    /// The text of a workspace file for this tenant; `None` when it does not exist.
-    async fn read_text(&self, runtime: &hame_core::RuntimeContext, path: &str) -> Option<String>;
-    /// Workspace-relative paths of all files under `dir`, recursively, sorted.
-    async fn list_files(&self, runtime: &hame_core::RuntimeContext, dir: &str) -> Vec<String>;
-}
+/// Largest part of one workspace file (`AGENTS.md`, `knowledge/KNOWLEDGE.md`, additional
+/// context files) put into the system prompt, in bytes; the rest is cut with a note.
+pub const MAX_CONTEXT_FILE_BYTES: usize = 64 * 1024;
+/// Most files listed from one directory tree (e.g. `knowledge/`) in the prompt.
+pub const MAX_LISTED_FILES: usize = 500;
 
 /// Settings of the workspace-context middleware.
 #[derive(Debug, Clone)]
@@ -31,11 +29,14 @@ pub struct ContextOptions {
     pub additional_context_files: Vec<String>,
 }
 
-/// Rebuilds the system prompt from the workspace before every model request, so edits to
-/// `AGENTS.md`, `MEMORY.md` or `knowledge/` take effect on the next step.
+/// Rebuilds the system prompt from the caller's [`Workspace`] before every model request,
+/// so edits to `AGENTS.md`, `MEMORY.md` or `knowledge/` take effect on the next step.
+///
+/// A file that cannot be read (other than "not found") or is not valid UTF-8 is not
+/// dropped silently: the prompt gets what could be read (invalid bytes replaced), and a
+/// `workspace.read_failed` / `workspace.invalid_utf8` custom event names the file.
 #[derive(Debug)]
 pub struct WorkspaceContext {
-    reader: Arc<dyn WorkspaceReader>,
     options: ContextOptions,
     counter: TokenCount,
     /// `MEMORY.md` cut to its budget, by content hash: counting tokens is the costly part of
@@ -75,14 +76,9 @@ impl TokenCount {
 }
 
 impl WorkspaceContext {
-    /// A middleware reading through `reader`; `counter` estimates tokens of a text.
-    pub fn new(
-        reader: Arc<dyn WorkspaceReader>,
-        options: ContextOptions,
-        counter: TokenCount,
-    ) -> Self {
+    /// A layer; `counter` estimates tokens of a text.
+    pub fn new(options: ContextOptions, counter: TokenCount) -> Self {
         Self {
-            reader,
             options,
             counter,
             budgeted: std::sync::Mutex::new(std::collections::HashMap::new()),
@@ -108,14 +104,14 @@ impl WorkspaceContext {
     }
 
     /// Reads the workspace and assembles the prompt parts for this tenant.
-    pub async fn parts(&self, base: &str, runtime: &hame_core::RuntimeContext) -> PromptParts {
-        let r = &self.reader;
+    pub async fn parts(&self, base: &str, ws: &Workspace, events: &EventSink) -> PromptParts {
+        let r = Reader { ws, events };
         // The reads are independent: run them concurrently.
         let (agents_md, memory, knowledge_md, knowledge_files) = tokio::join!(
-            r.read_text(runtime, "AGENTS.md"),
-            r.read_text(runtime, "MEMORY.md"),
-            r.read_text(runtime, "knowledge/KNOWLEDGE.md"),
-            r.list_files(runtime, "knowledge"),
+            r.read_text("AGENTS.md", true),
+            r.read_text("MEMORY.md", false),
+            r.read_text("knowledge/KNOWLEDGE.md", true),
+            r.list_files("knowledge"),
         );
         let memory = memory
             .filter(|m| !m.trim().is_empty())
@@ -126,11 +122,12 @@ impl WorkspaceContext {
             .collect();
         let mut additional = Vec::new();
         for path in &self.options.additional_context_files {
-            if let Some(text) = r.read_text(runtime, path).await {
+            if let Some(text) = r.read_text(path, true).await {
                 additional.push((path.clone(), text));
             }
         }
         let now = chrono::Local::now();
+        let id = ws.identity();
         PromptParts {
             base: base.to_owned(),
             agents_md,
@@ -141,26 +138,124 @@ impl WorkspaceContext {
             session: SessionInfo {
                 agent: self.options.agent.clone(),
                 date: now.format("%Y-%m-%d (%A)").to_string(),
-                session_id: runtime.session_id.clone(),
-                user_id: runtime.user_id.clone(),
+                session_id: id.session.clone(),
+                user_id: id.user.clone(),
             },
         }
     }
 }
 
+/// Reads workspace files as the caller sees them: `<userId>/<path>` (the override folder)
+/// first, then its files.
+struct Reader<'a> {
+    ws: &'a Workspace,
+    events: &'a EventSink,
+}
+
+impl Reader<'_> {
+    fn warn(&self, kind: &str, path: &str, error: String) {
+        tracing::warn!(path, error = %error, "{kind}");
+        self.events.emit(AgentEvent::Custom {
+            kind: kind.to_owned(),
+            data: serde_json::json!({ "path": path, "error": error }),
+        });
+    }
+
+    async fn read_in(&self, fs: &dyn hame_fs::Filesystem, path: &str, cap: bool) -> Option<String> {
+        let p = FsPath::parse(path).ok()?;
+        let bytes = match fs.read_bytes(&p).await {
+            Ok(b) => b,
+            Err(e) if e.is_not_found() => return None,
+            Err(e) => {
+                self.warn("workspace.read_failed", path, e.to_string());
+                return None;
+            }
+        };
+        let cut = cap && bytes.len() > MAX_CONTEXT_FILE_BYTES;
+        let slice = if cut {
+            &bytes[..MAX_CONTEXT_FILE_BYTES]
+        } else {
+            &bytes[..]
+        };
+        let mut text = match std::str::from_utf8(slice) {
+            Ok(t) => t.to_owned(),
+            // A cut in the middle of a character is not an encoding error.
+            Err(e) if cut && e.error_len().is_none() => {
+                String::from_utf8_lossy(&slice[..e.valid_up_to()]).into_owned()
+            }
+            Err(_) => {
+                self.warn(
+                    "workspace.invalid_utf8",
+                    path,
+                    "not valid UTF-8; invalid bytes were replaced".into(),
+                );
+                String::from_utf8_lossy(slice).into_owned()
+            }
+        };
+        if cut {
+            text.push_str(&format!(
+                "\n[… {path} is {} bytes; only the first {MAX_CONTEXT_FILE_BYTES} are shown. Read the rest with read_file.]",
+                bytes.len()
+            ));
+        }
+        Some(text)
+    }
+
+    async fn read_text(&self, path: &str, cap: bool) -> Option<String> {
+        if let Some(o) = self.ws.overrides()
+            && let Some(text) = self.read_in(o.as_ref(), path, cap).await
+        {
+            return Some(text);
+        }
+        self.read_in(self.ws.files().as_ref(), path, cap).await
+    }
+
+    async fn list_files(&self, dir: &str) -> Vec<String> {
+        let Ok(base) = FsPath::parse(dir) else {
+            return Vec::new();
+        };
+        let fs = self.ws.files();
+        // A breadth-first walk with `list` (cheaper per step than compiling a glob).
+        let mut files = Vec::new();
+        let mut dirs = vec![base];
+        while let Some(d) = dirs.pop() {
+            let Ok(entries) = fs.list(&d).await else {
+                continue;
+            };
+            for e in entries {
+                if e.is_dir() {
+                    dirs.push(e.path);
+                } else if files.len() < MAX_LISTED_FILES {
+                    files.push(e.path.as_str().to_owned());
+                }
+            }
+            if files.len() >= MAX_LISTED_FILES {
+                break;
+            }
+        }
+        files.sort();
+        files
+    }
+}
+
 #[async_trait]
-impl Middleware for WorkspaceContext {
+impl Layer for WorkspaceContext {
     fn name(&self) -> &str {
         "workspace-context"
     }
 
-    async fn on_model_request(
+    async fn model(
         &self,
         cx: &mut CallCtx<'_>,
-        request: &mut ModelRequest,
-    ) -> Result<(), hame_core::Error> {
-        let parts = self.parts(&request.system, cx.runtime).await;
-        request.system = render(&parts);
-        Ok(())
+        mut request: ModelRequest,
+        next: ModelNext<'_>,
+    ) -> Result<ModelResponse, hame_core::Error> {
+        if let Some(ws) = cx.extensions.get::<Workspace>() {
+            let parts = self.parts(&request.system, ws, cx.events).await;
+            request.system = render(&parts);
+        } else {
+            tracing::debug!("no workspace handle in this call; system prompt left as is");
+        }
+        next.run(cx, request).await
     }
 }

@@ -3,7 +3,7 @@
 //! The composition root of hame: [`HarnessAgent`] wraps the ReAct loop of `hame-core` with
 //! workspace context (the system prompt is rebuilt from `AGENTS.md`, `MEMORY.md` and
 //! `knowledge/` before every step), per-session state, and the harness's built-in
-//! middleware. It contains no backend code: backends come from the leaf crates.
+//! layers. It contains no backend code: backends come from the leaf crates.
 //!
 //! Applications depend on the `hame` facade, which re-exports this crate.
 //!
@@ -33,7 +33,6 @@ mod error;
 mod ids;
 pub mod memory;
 pub mod prompt;
-mod reader;
 mod recorder;
 mod template;
 mod tenancy;
@@ -44,12 +43,13 @@ pub use agent::{
     DEFAULT_AGENT_NAME, EnvFn, EnvLookup, HarnessAgent, HarnessAgentBuilder, STATE_HOME_ENV,
 };
 pub use context::{
-    ContextOptions, DEFAULT_MEMORY_BUDGET_TOKENS, TokenCount, WorkspaceContext, WorkspaceReader,
+    ContextOptions, DEFAULT_MEMORY_BUDGET_TOKENS, MAX_CONTEXT_FILE_BYTES, MAX_LISTED_FILES,
+    TokenCount, WorkspaceContext,
 };
 pub use error::{Error, Result};
+pub use hame_tools::{Identity, Workspace, WorkspaceExt, WorkspaceMode};
 pub use ids::{MAX_ID_LEN, validate_id};
 pub use memory::{FlushPolicy, MemoryOptions};
-pub use reader::FsWorkspaceReader;
 pub use recorder::{CALL_ID_EXTRA, SessionRecorder};
 pub use template::{RUNTIME_ROOTS, TemplateFs};
 pub use tenancy::{FilesystemMode, Tenancy};

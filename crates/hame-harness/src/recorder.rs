@@ -1,13 +1,14 @@
-//! The session-log middleware: every message of every call goes to the never-compacted log.
+//! The session-log layer: every message of every call goes to the never-compacted log.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use hame_core::{CallCtx, Message, Middleware, Role, RuntimeContext};
+use hame_core::{
+    AppendNext, CallCtx, CallInput, CallNext, CallOutput, Layer, Message, Role, RuntimeContext,
+};
 use hame_session::{IndexUpdate, SessionLog, SessionLogOptions};
-
-use crate::tenancy::Tenancy;
+use hame_tools::Workspace;
 
 /// Key in [`RuntimeContext::extras`] holding the id of the current call.
 pub const CALL_ID_EXTRA: &str = "hame.call_id";
@@ -16,10 +17,11 @@ pub const CALL_ID_EXTRA: &str = "hame.call_id";
 const MAX_CACHED_LOGS: usize = 4096;
 
 /// Appends each message to `agents/<agent>/sessions/<session>.log.jsonl` in the caller's
-/// namespace as soon as it joins the conversation, so the log is never behind the state.
+/// records ([`Workspace::records`]) before it joins the conversation, so the log is never
+/// behind the state. Outermost of the built-in layers: it records messages as the model
+/// and the user made them (a tool result before offloading shortens it).
 #[derive(Debug)]
 pub struct SessionRecorder {
-    tenancy: Arc<Tenancy>,
     agent: String,
     logs: Mutex<HashMap<String, Arc<SessionLog>>>,
     /// Per call (by call id): messages not yet written and the title candidate.
@@ -35,10 +37,9 @@ struct PendingCall {
 }
 
 impl SessionRecorder {
-    /// A recorder for `agent` over the tenancy's store.
-    pub fn new(tenancy: Arc<Tenancy>, agent: impl Into<String>) -> Self {
+    /// A recorder for `agent`.
+    pub fn new(agent: impl Into<String>) -> Self {
         Self {
-            tenancy,
             agent: agent.into(),
             logs: Mutex::new(HashMap::new()),
             calls: Mutex::new(HashMap::new()),
@@ -47,7 +48,11 @@ impl SessionRecorder {
     }
 
     /// The session log of the caller (cached, so sequence numbers are recovered once).
-    pub fn log_for(&self, runtime: &RuntimeContext) -> Result<Arc<SessionLog>, hame_core::Error> {
+    pub fn log_for(
+        &self,
+        runtime: &RuntimeContext,
+        ws: &Workspace,
+    ) -> Result<Arc<SessionLog>, hame_core::Error> {
         let key = runtime
             .user_id
             .clone()
@@ -59,10 +64,7 @@ impl SessionRecorder {
         if let Some(log) = logs.get(&key) {
             return Ok(log.clone());
         }
-        let fs = self
-            .tenancy
-            .session_fs(runtime)
-            .map_err(|e| hame_core::Error::middleware("session-log", e))?;
+        let fs = ws.records().clone();
         // The index is updated once per call (in on_call_end), not once per message.
         let options = SessionLogOptions {
             update_index: false,
@@ -70,7 +72,7 @@ impl SessionRecorder {
         };
         let log = Arc::new(
             SessionLog::with_options(fs, &self.agent, options)
-                .map_err(|e| hame_core::Error::middleware("session-log", e))?,
+                .map_err(|e| hame_core::Error::layer("session-log", e))?,
         );
         if logs.len() >= MAX_CACHED_LOGS {
             logs.clear();
@@ -84,14 +86,15 @@ impl SessionRecorder {
     async fn write(
         &self,
         runtime: &RuntimeContext,
+        ws: &Workspace,
         call_id: &str,
         messages: &[Message],
     ) -> Result<(), hame_core::Error> {
-        let log = self.log_for(runtime)?;
+        let log = self.log_for(runtime, ws)?;
         let written = log
             .append_messages(&runtime.session_id, call_id, messages)
             .await
-            .map_err(|e| hame_core::Error::middleware("session-log", e))?;
+            .map_err(|e| hame_core::Error::layer("session-log", e))?;
         if let Ok(mut ends) = self.ends.lock() {
             if ends.len() >= MAX_CACHED_LOGS {
                 ends.clear();
@@ -103,16 +106,71 @@ impl SessionRecorder {
     }
 }
 
+fn handle<'a>(cx: &'a CallCtx<'_>) -> Result<&'a Workspace, hame_core::Error> {
+    cx.extensions
+        .get::<Workspace>()
+        .ok_or_else(|| hame_core::Error::layer("session-log", "the call has no workspace handle"))
+}
+
+impl SessionRecorder {
+    /// Writes what the call left pending and updates the session index once.
+    async fn finish(&self, cx: &CallCtx<'_>) -> Result<(), hame_core::Error> {
+        let call_id = call_id(cx.runtime);
+        let Some(call) = self.calls.lock().ok().and_then(|mut c| c.remove(&call_id)) else {
+            return Ok(());
+        };
+        let ws = handle(cx)?;
+        if !call.pending.is_empty() {
+            // A call that failed or was suspended mid-step: what joined the state is logged
+            // before the state is saved.
+            self.write(cx.runtime, ws, &call_id, &call.pending).await?;
+        }
+        let end = self
+            .ends
+            .lock()
+            .ok()
+            .and_then(|mut e| e.remove(&call_id))
+            .unwrap_or(0);
+        let log = self.log_for(cx.runtime, ws)?;
+        let mut update = IndexUpdate::new().with_message_count_at_least(end);
+        if let Some(t) = call.title {
+            update = update.with_title_if_unset(t);
+        }
+        // The log is the truth and already durable; a lagging index is repaired by the next
+        // update or by `SessionLog::rebuild_index`, so a failure here does not fail the call.
+        if let Err(e) = log.update_index(&cx.runtime.session_id, &update).await {
+            tracing::warn!(session = %cx.runtime.session_id, error = %e, "session index update failed; the log is intact");
+        }
+        Ok(())
+    }
+}
+
 #[async_trait]
-impl Middleware for SessionRecorder {
+impl Layer for SessionRecorder {
     fn name(&self) -> &str {
         "session-log"
     }
 
-    async fn on_message_appended(
+    async fn call(
         &self,
         cx: &mut CallCtx<'_>,
-        message: &Message,
+        input: CallInput,
+        next: CallNext<'_>,
+    ) -> Result<CallOutput, hame_core::Error> {
+        let out = next.run(cx, input).await;
+        let end = self.finish(cx).await;
+        match (out, end) {
+            (Ok(o), Ok(())) => Ok(o),
+            // The first failure is the one the caller needs to see.
+            (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+        }
+    }
+
+    async fn append(
+        &self,
+        cx: &mut CallCtx<'_>,
+        message: Message,
+        next: AppendNext<'_>,
     ) -> Result<(), hame_core::Error> {
         let call_id = call_id(cx.runtime);
         // A tool-call message and the user's input wait for the step's next message so that a
@@ -133,44 +191,16 @@ impl Middleware for SessionRecorder {
             entry.pending.push(message.clone());
             let defer = message.role == Role::User || message.has_tool_calls();
             if defer {
-                return Ok(());
+                None
+            } else {
+                Some(std::mem::take(&mut entry.pending))
             }
-            std::mem::take(&mut entry.pending)
         };
-        self.write(cx.runtime, &call_id, &pending).await
-    }
-
-    async fn on_call_end(
-        &self,
-        cx: &mut CallCtx<'_>,
-        _outcome: Result<&Message, &hame_core::Error>,
-    ) -> Result<(), hame_core::Error> {
-        let call_id = call_id(cx.runtime);
-        let Some(call) = self.calls.lock().ok().and_then(|mut c| c.remove(&call_id)) else {
-            return Ok(());
-        };
-        if !call.pending.is_empty() {
-            // A call that failed mid-step: what joined the state is logged before the state
-            // is saved.
-            self.write(cx.runtime, &call_id, &call.pending).await?;
+        if let Some(pending) = pending {
+            self.write(cx.runtime, handle(cx)?, &call_id, &pending)
+                .await?;
         }
-        let end = self
-            .ends
-            .lock()
-            .ok()
-            .and_then(|mut e| e.remove(&call_id))
-            .unwrap_or(0);
-        let log = self.log_for(cx.runtime)?;
-        let mut update = IndexUpdate::new().with_message_count_at_least(end);
-        if let Some(t) = call.title {
-            update = update.with_title_if_unset(t);
-        }
-        // The log is the truth and already durable; a lagging index is repaired by the next
-        // update or by `SessionLog::rebuild_index`, so a failure here does not fail the call.
-        if let Err(e) = log.update_index(&cx.runtime.session_id, &update).await {
-            tracing::warn!(session = %cx.runtime.session_id, error = %e, "session index update failed; the log is intact");
-        }
-        Ok(())
+        next.run(cx, message).await
     }
 }
 

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use hame_core::RuntimeContext;
-use hame_fs::{Filesystem, Isolation, Scope};
+use hame_fs::{Execute, Filesystem, FsPath, Isolation, Namespace, PrefixFs, Scope};
+use hame_tools::{Identity, Workspace, WorkspaceMode};
 
 use crate::template::TemplateFs;
 
@@ -37,10 +38,20 @@ impl FilesystemMode {
     pub fn is_shared(&self) -> bool {
         matches!(self, FilesystemMode::SharedStore { .. })
     }
+
+    /// The layout callers' handles report.
+    pub fn workspace_mode(&self) -> WorkspaceMode {
+        match self {
+            FilesystemMode::Local { shell: true } => WorkspaceMode::TrustedLocal,
+            FilesystemMode::Local { shell: false } => WorkspaceMode::IsolatedLocal,
+            FilesystemMode::SharedStore { .. } => WorkspaceMode::SharedStore,
+        }
+    }
 }
 
-/// The resolved filesystems of an agent: the store tenants write to, the template they
-/// read through, and the isolation that maps a call to its namespace.
+/// The resolved filesystems of an agent, and the one place that makes a caller's
+/// [`Workspace`] handle: every layer, tool and background task reaches a caller's files
+/// through the handle [`Tenancy::workspace`] made, and through nothing else.
 #[derive(Debug)]
 pub struct Tenancy {
     /// Where tenant data is written.
@@ -49,15 +60,20 @@ pub struct Tenancy {
     pub template: Arc<dyn Filesystem>,
     /// Agent id, scope and template.
     pub isolation: Isolation,
+    mode: WorkspaceMode,
+    exec: Option<Arc<dyn Execute>>,
 }
 
 impl Tenancy {
-    /// Builds the tenancy over a local workspace filesystem.
+    /// Builds the tenancy over a local workspace filesystem; `exec` is the shell handed to
+    /// callers (local mode with the shell on).
     pub fn new(
         store: Arc<dyn Filesystem>,
         workspace: Arc<dyn Filesystem>,
         agent: &str,
         scope: Scope,
+        mode: WorkspaceMode,
+        exec: Option<Arc<dyn Execute>>,
     ) -> Self {
         let template: Arc<dyn Filesystem> = Arc::new(TemplateFs::new(workspace));
         let mut isolation = Isolation::new(agent);
@@ -67,19 +83,37 @@ impl Tenancy {
             store,
             template,
             isolation,
+            mode,
+            exec,
         }
     }
 
-    /// The filesystem a call sees: its namespace in the store over the template.
-    pub fn fs_for(&self, runtime: &RuntimeContext) -> hame_fs::Result<Arc<dyn Filesystem>> {
-        self.isolation.fs_for(&self.store, runtime)
-    }
-
-    /// The filesystem holding a user's session logs: always per (agent, user) — or per
-    /// session for anonymous callers — whatever the configured scope, so two users never
-    /// share a log.
-    pub fn session_fs(&self, runtime: &RuntimeContext) -> hame_fs::Result<Arc<dyn Filesystem>> {
-        let ns = hame_fs::Namespace::for_context(&self.isolation.agent_id, runtime, Scope::User)?;
-        Ok(hame_fs::tenant_fs(self.store.clone(), &ns, None))
+    /// The caller's workspace handle: its namespace in the store over the template (the
+    /// files its tools see), its session-log area (always per (agent, user) — or per
+    /// session for anonymous callers — whatever the scope, so two users never share a
+    /// log), its per-user override folder `<userId>/` of the template, and the shell when
+    /// the mode has one.
+    pub fn workspace(&self, runtime: &RuntimeContext) -> hame_fs::Result<Workspace> {
+        let agent = &self.isolation.agent_id;
+        let user = runtime.user_id.as_deref();
+        let session = runtime.session_id.as_str();
+        let ns = Namespace::derive(agent, user, session, self.isolation.scope)?;
+        let files = hame_fs::tenant_fs(self.store.clone(), &ns, Some(self.template.clone()));
+        let log_ns = Namespace::derive(agent, user, session, Scope::User)?;
+        let records = hame_fs::tenant_fs(self.store.clone(), &log_ns, None);
+        let mut ws = Workspace::new(
+            Identity::new(agent.clone(), user, session),
+            self.mode,
+            files,
+            records,
+        );
+        if let Some(u) = user {
+            let prefix = FsPath::parse(u)?;
+            ws = ws.with_overrides(Arc::new(PrefixFs::new(self.template.clone(), prefix)));
+        }
+        if let Some(exec) = &self.exec {
+            ws = ws.with_exec(exec.clone());
+        }
+        Ok(ws)
     }
 }

@@ -3,9 +3,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use hame_core::{RuntimeContext, Tool, ToolError};
-use hame_fs::{Execute, Filesystem, FsToolOptions, LocalShell, ShellOptions};
-use hame_session::{FsFn, SessionToolOptions};
+use hame_core::Tool;
+use hame_fs::{Execute, FsToolOptions, LocalShell, ShellOptions};
+use hame_session::SessionToolOptions;
 
 use crate::error::{Error, Result};
 use crate::tenancy::Tenancy;
@@ -25,19 +25,13 @@ pub const OFFLOADED_OUTPUT_CAP: usize = 1_000_000;
 pub fn builtin_tools(
     tenancy: &Arc<Tenancy>,
     agent: &str,
-    shell: bool,
-    workspace: &Path,
+    executor: Option<Arc<dyn Execute>>,
     offloading: bool,
 ) -> Result<Vec<Arc<dyn Tool>>> {
-    let mut shell_options = ShellOptions::default();
     let mut fs_options = FsToolOptions::default();
     if offloading {
-        shell_options.max_output_bytes = OFFLOADED_OUTPUT_CAP;
         fs_options.max_read_chars = OFFLOADED_OUTPUT_CAP;
     }
-    let executor: Option<Arc<dyn Execute>> = shell.then(|| {
-        Arc::new(LocalShell::new(workspace.to_path_buf(), shell_options)) as Arc<dyn Execute>
-    });
     let options = FsToolOptions {
         isolation: Some(tenancy.isolation.clone()),
         executor,
@@ -45,16 +39,19 @@ pub fn builtin_tools(
     };
     let mut tools = hame_fs::fs_tools(tenancy.store.clone(), options);
 
-    let t = tenancy.clone();
-    let provider = FsFn(
-        move |ctx: &RuntimeContext| -> std::result::Result<Arc<dyn Filesystem>, ToolError> {
-            t.session_fs(ctx)
-                .map_err(|e| ToolError::new(e.code(), e.to_string()))
-        },
-    );
     tools.extend(
-        hame_session::session_tools(Arc::new(provider), agent, SessionToolOptions::default())
+        hame_session::session_tools(agent, SessionToolOptions::default())
             .map_err(|e| Error::Config(format!("session tools: {e}")))?,
     );
     Ok(tools)
+}
+
+/// The shell of local mode: `sh -c` in the workspace (not a security boundary). With
+/// `offloading` (memory on) its output cap is [`OFFLOADED_OUTPUT_CAP`].
+pub fn local_shell(workspace: &Path, offloading: bool) -> Arc<dyn Execute> {
+    let mut options = ShellOptions::default();
+    if offloading {
+        options.max_output_bytes = OFFLOADED_OUTPUT_CAP;
+    }
+    Arc::new(LocalShell::new(workspace.to_path_buf(), options))
 }

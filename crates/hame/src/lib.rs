@@ -39,8 +39,14 @@
 pub use hame_core::*;
 pub use hame_harness::{
     DEFAULT_AGENT_NAME, EnvLookup, FilesystemMode, HarnessAgent, HarnessAgentBuilder,
-    WorkspaceContext, WorkspaceReader, resolve_workspace,
+    WorkspaceContext, resolve_workspace,
 };
+pub use hame_tools::{Identity, Workspace, WorkspaceExt, WorkspaceMode};
+
+/// Tools over the caller's workspace and the workspace handle (`hame-tools`).
+pub mod tools {
+    pub use hame_tools::*;
+}
 
 /// Model providers (`hame-model`).
 pub mod model {

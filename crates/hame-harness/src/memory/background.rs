@@ -3,15 +3,29 @@
 use std::sync::Arc;
 
 use chrono::Utc;
-use hame_core::{AgentState, RuntimeContext};
+use hame_core::AgentState;
 use hame_fs::{Namespace, Scope};
 use hame_memory::{
     CompactionState, ConsolidationOutcome, Consolidator, MemoryFiles, MemoryState, content_hash,
 };
 use hame_state::{LeaseOptions, StateKey, StateStore};
+use hame_tools::Workspace;
 
 use super::layer::MemoryLayer;
 use super::{CONSOLIDATION_LEASE_TTL, MEMORY_LEASE_SESSION};
+
+/// Why background memory work failed (logged; the next call redoes it).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BackgroundError {
+    #[error("state store: {0}")]
+    State(#[from] hame_state::Error),
+    #[error(transparent)]
+    Memory(#[from] hame_memory::Error),
+    #[error("invalid ids: {0}")]
+    Ids(String),
+    #[error("the flush watermark could not be saved after {0} conflicts")]
+    Conflicts(usize),
+}
 
 /// Attempts to save the advanced watermark when another writer saved in between.
 const SAVE_ATTEMPTS: usize = 3;
@@ -27,7 +41,7 @@ pub(crate) fn spawn_after_call(
     layer: &Arc<MemoryLayer>,
     store: Arc<dyn StateStore>,
     key: StateKey,
-    runtime: RuntimeContext,
+    ws: Workspace,
     lease: LeaseOptions,
 ) {
     if !layer.options.enabled || !layer.options.flush_policy.after_call {
@@ -35,15 +49,15 @@ pub(crate) fn spawn_after_call(
     }
     let l = layer.clone();
     let task = tokio::spawn(async move {
-        match after_call(&l, store.as_ref(), &key, &runtime, lease).await {
+        match after_call(&l, store.as_ref(), &key, &ws, lease).await {
             Ok(true) => {
-                if let Err(e) = consolidate(&l, store.as_ref(), &runtime).await {
+                if let Err(e) = consolidate(&l, store.as_ref(), &ws).await {
                     tracing::warn!(error = %e, "memory consolidation failed; MEMORY.md unchanged");
                 }
             }
             Ok(false) => {}
             Err(e) => {
-                tracing::warn!(session = %runtime.session_id, error = %e, "background memory flush failed; the next call redoes it");
+                tracing::warn!(session = %ws.identity().session, error = %e, "background memory flush failed; the next call redoes it");
             }
         }
     });
@@ -57,24 +71,24 @@ async fn after_call(
     layer: &MemoryLayer,
     store: &dyn StateStore,
     key: &StateKey,
-    runtime: &RuntimeContext,
+    ws: &Workspace,
     lease: LeaseOptions,
-) -> Result<bool, String> {
+) -> Result<bool, BackgroundError> {
     let min = layer.options.flush_policy.min_new_messages.max(1) as u64;
     // A cheap look without the lease first.
-    match store.load(key).await.map_err(|e| e.to_string())? {
+    match store.load(key).await? {
         Some(s) if unflushed(&s.state) >= min => {}
         _ => return Ok(false),
     }
     let held = match store.acquire(key, lease).await {
         Ok(l) => l,
         Err(hame_state::Error::SessionBusy { .. }) => {
-            tracing::debug!(session = %runtime.session_id, "session busy; its next call flushes");
+            tracing::debug!(session = %ws.identity().session, "session busy; its next call flushes");
             return Ok(false);
         }
-        Err(e) => return Err(e.to_string()),
+        Err(e) => return Err(e.into()),
     };
-    let result = flush_leased(layer, store, key, runtime, min, &held).await;
+    let result = flush_leased(layer, store, key, ws, min, &held).await;
     if let Err(e) = held.release().await {
         tracing::warn!(error = %e, "releasing the session lease after the flush failed; it expires by itself");
     }
@@ -85,23 +99,20 @@ async fn flush_leased(
     layer: &MemoryLayer,
     store: &dyn StateStore,
     key: &StateKey,
-    runtime: &RuntimeContext,
+    ws: &Workspace,
     min: u64,
     held: &hame_state::Lease,
-) -> Result<bool, String> {
+) -> Result<bool, BackgroundError> {
     let _alive = held.keep_alive();
-    let Some(stored) = store.load(key).await.map_err(|e| e.to_string())? else {
+    let Some(stored) = store.load(key).await? else {
         return Ok(false);
     };
     if unflushed(&stored.state) < min {
         return Ok(false);
     }
     let mut state = stored.state;
-    let done = layer
-        .flush(&mut state, runtime)
-        .await
-        .map_err(|e| e.to_string())?;
-    tracing::debug!(session = %runtime.session_id, facts = done.facts, rounds = done.rounds, "memory flushed after the call");
+    let done = layer.flush(&mut state, ws).await?;
+    tracing::debug!(session = %ws.identity().session, facts = done.facts, rounds = done.rounds, "memory flushed after the call");
     let ours = MemoryState::load(&state);
     let mut version = Some(stored.version);
     for _ in 0..SAVE_ATTEMPTS {
@@ -110,7 +121,7 @@ async fn flush_leased(
             Err(hame_state::Error::Conflict { .. }) => {
                 // Someone saved in between (an expired lease): keep their state, advance
                 // only the watermark.
-                let Some(fresh) = store.load(key).await.map_err(|e| e.to_string())? else {
+                let Some(fresh) = store.load(key).await? else {
                     return Ok(true);
                 };
                 state = fresh.state;
@@ -121,27 +132,28 @@ async fn flush_leased(
                 }
                 theirs.flushed_through = ours.flushed_through;
                 theirs.last_flush = ours.last_flush;
-                theirs.store(&mut state).map_err(|e| e.to_string())?;
+                theirs.store(&mut state)?;
             }
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e.into()),
         }
     }
-    Err("the flush watermark could not be saved after repeated conflicts".into())
+    Err(BackgroundError::Conflicts(SAVE_ATTEMPTS))
 }
 
 /// The lease key that lets one replica at a time consolidate a tenant's memory.
 pub(crate) fn consolidation_key(
     layer: &MemoryLayer,
-    runtime: &RuntimeContext,
-) -> Result<StateKey, String> {
-    let scope = layer.tenancy.isolation.scope;
-    let key = match (&runtime.user_id, scope) {
+    ws: &Workspace,
+) -> Result<StateKey, BackgroundError> {
+    let scope = layer.scope;
+    let id = ws.identity();
+    let key = match (&id.user, scope) {
         (Some(user), Scope::User) => {
             StateKey::new(&layer.agent, Some(user.as_str()), MEMORY_LEASE_SESSION)
         }
         _ => {
-            let ns =
-                Namespace::for_context(&layer.agent, runtime, scope).map_err(|e| e.to_string())?;
+            let ns = Namespace::derive(&layer.agent, id.user.as_deref(), &id.session, scope)
+                .map_err(|e| BackgroundError::Ids(e.to_string()))?;
             let hash = content_hash(&ns.key('/'));
             StateKey::new(
                 &layer.agent,
@@ -150,7 +162,7 @@ pub(crate) fn consolidation_key(
             )
         }
     };
-    key.map_err(|e| e.to_string())
+    Ok(key?)
 }
 
 /// Consolidates the tenant's daily logs into `MEMORY.md` if the throttle allows and no
@@ -158,18 +170,14 @@ pub(crate) fn consolidation_key(
 pub(crate) async fn consolidate(
     layer: &MemoryLayer,
     store: &dyn StateStore,
-    runtime: &RuntimeContext,
-) -> Result<ConsolidationOutcome, String> {
-    let key = consolidation_key(layer, runtime)?;
-    let Some(lease) = store
-        .try_acquire(&key, CONSOLIDATION_LEASE_TTL)
-        .await
-        .map_err(|e| e.to_string())?
-    else {
+    ws: &Workspace,
+) -> Result<ConsolidationOutcome, BackgroundError> {
+    let key = consolidation_key(layer, ws)?;
+    let Some(lease) = store.try_acquire(&key, CONSOLIDATION_LEASE_TTL).await? else {
         tracing::debug!("another replica consolidates this memory");
         return Ok(ConsolidationOutcome::Throttled);
     };
-    let files: Arc<dyn MemoryFiles> = Arc::new(layer.files(runtime).map_err(|e| e.to_string())?);
+    let files: Arc<dyn MemoryFiles> = Arc::new(layer.files(ws));
     let consolidator = Consolidator::new(
         files,
         layer.model.clone(),
@@ -183,7 +191,7 @@ pub(crate) async fn consolidate(
     if let Err(e) = lease.release().await {
         tracing::warn!(error = %e, "releasing the consolidation lease failed; it expires by itself");
     }
-    let outcome = outcome.map_err(|e| e.to_string())?;
+    let outcome = outcome?;
     tracing::debug!(?outcome, "memory consolidation");
     Ok(outcome)
 }

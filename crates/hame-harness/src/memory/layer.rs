@@ -7,25 +7,24 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use chrono::Utc;
-use hame_core::{AgentState, Model, Role, RuntimeContext};
+use hame_core::{AgentState, Model, Role};
 use hame_fs::{Namespace, Scope};
 use hame_memory::daily::{MEMORY_DIR, MEMORY_FILE, parse_daily_log_path};
 use hame_memory::{
-    CompactionPolicy, Compactor, CompactorConfig, MemoryFiles, MemoryFlusher, SearchIndex,
-    SqliteIndex, TokenCounter,
+    Compactor, CompactorConfig, MemoryFiles, MemoryFlusher, SearchIndex, SqliteIndex, TokenCounter,
 };
 use hame_session::SessionLog;
+use hame_tools::Workspace;
 use tokio::task::JoinHandle;
 
 use super::files::FsFiles;
 use super::{INDEXED_RECORD_CHARS, MAX_FLUSH_ROUNDS, MAX_INDEXED_SESSIONS, MemoryOptions};
-use crate::tenancy::Tenancy;
 
 /// One agent's memory layer, shared by its middleware, tools and background tasks.
 #[derive(Debug)]
 pub(crate) struct MemoryLayer {
     pub(crate) options: MemoryOptions,
-    pub(crate) tenancy: Arc<Tenancy>,
+    pub(crate) scope: Scope,
     pub(crate) agent: String,
     pub(crate) model: Arc<dyn Model>,
     pub(crate) counter: Arc<dyn TokenCounter>,
@@ -46,7 +45,7 @@ pub(crate) struct Flushed {
 impl MemoryLayer {
     pub(crate) fn new(
         options: MemoryOptions,
-        tenancy: Arc<Tenancy>,
+        scope: Scope,
         agent: &str,
         model: Arc<dyn Model>,
         counter: Arc<dyn TokenCounter>,
@@ -75,7 +74,7 @@ impl MemoryLayer {
         }
         Self {
             options,
-            tenancy,
+            scope,
             agent: agent.to_owned(),
             model,
             counter,
@@ -87,28 +86,9 @@ impl MemoryLayer {
         }
     }
 
-    /// The compaction policy with token budgets derived from the window.
-    pub(crate) fn policy(&self) -> CompactionPolicy {
-        self.options
-            .compaction
-            .resolved_for_window(self.context_window)
-    }
-
-    /// The policy after a context overflow: half the usual tail, so a retry fits.
-    pub(crate) fn overflow_policy(&self) -> CompactionPolicy {
-        let mut p = self.policy();
-        p.keep_recent_messages = (p.keep_recent_messages / 2).max(2);
-        p.keep_recent_tokens = p.keep_recent_tokens.map(|t| (t / 2).max(500));
-        p
-    }
-
-    /// The caller's memory files (its namespace over the template).
-    pub(crate) fn files(&self, runtime: &RuntimeContext) -> Result<FsFiles, hame_core::Error> {
-        let fs = self
-            .tenancy
-            .fs_for(runtime)
-            .map_err(|e| hame_core::Error::middleware("memory", e))?;
-        Ok(FsFiles::new(fs))
+    /// The caller's memory files (the files of its workspace handle).
+    pub(crate) fn files(&self, ws: &Workspace) -> FsFiles {
+        FsFiles::new(ws.files().clone())
     }
 
     /// Flushes the messages after the watermark into today's log, in rounds until nothing
@@ -116,16 +96,15 @@ impl MemoryLayer {
     pub(crate) async fn flush(
         &self,
         state: &mut AgentState,
-        runtime: &RuntimeContext,
-    ) -> Result<Flushed, hame_core::Error> {
-        let files: Arc<dyn MemoryFiles> = Arc::new(self.files(runtime)?);
+        ws: &Workspace,
+    ) -> hame_memory::Result<Flushed> {
+        let files: Arc<dyn MemoryFiles> = Arc::new(self.files(ws));
         let flusher = MemoryFlusher::new(files, self.model.clone(), self.options.flush.clone());
         let mut done = Flushed::default();
         for _ in 0..MAX_FLUSH_ROUNDS {
             let report = flusher
-                .flush(state, &runtime.session_id, Utc::now())
-                .await
-                .map_err(|e| hame_core::Error::middleware("memory-flush", e))?;
+                .flush(state, &ws.identity().session, Utc::now())
+                .await?;
             if report.span.is_none() {
                 break;
             }
@@ -151,14 +130,18 @@ impl MemoryLayer {
     }
 
     /// The index tenant of the caller's memory files: its namespace key.
-    pub(crate) fn memory_tenant(&self, runtime: &RuntimeContext) -> hame_fs::Result<String> {
-        let ns = Namespace::for_context(&self.agent, runtime, self.tenancy.isolation.scope)?;
+    pub(crate) fn memory_tenant(&self, ws: &Workspace) -> hame_memory::Result<String> {
+        let id = ws.identity();
+        let ns = Namespace::derive(&self.agent, id.user.as_deref(), &id.session, self.scope)
+            .map_err(invalid)?;
         Ok(ns.key('/'))
     }
 
     /// The index tenant of the caller's session logs (never equal to a memory tenant).
-    pub(crate) fn session_tenant(&self, runtime: &RuntimeContext) -> hame_fs::Result<String> {
-        let ns = Namespace::for_context(&self.agent, runtime, Scope::User)?;
+    pub(crate) fn session_tenant(&self, ws: &Workspace) -> hame_memory::Result<String> {
+        let id = ws.identity();
+        let ns = Namespace::derive(&self.agent, id.user.as_deref(), &id.session, Scope::User)
+            .map_err(invalid)?;
         Ok(format!("{}#sessions", ns.key('/')))
     }
 
@@ -166,36 +149,29 @@ impl MemoryLayer {
     /// `memory/*.md`): unchanged files are skipped by hash, deleted ones removed.
     pub(crate) async fn sync_memory(
         &self,
-        runtime: &RuntimeContext,
-    ) -> Result<(Arc<dyn SearchIndex>, String), String> {
-        let index = self.index().await.map_err(|e| e.to_string())?;
-        let tenant = self.memory_tenant(runtime).map_err(|e| e.to_string())?;
-        let files = self.files(runtime).map_err(|e| e.to_string())?;
+        ws: &Workspace,
+    ) -> hame_memory::Result<(Arc<dyn SearchIndex>, String)> {
+        let index = self.index().await?;
+        let tenant = self.memory_tenant(ws)?;
+        let files = self.files(ws);
         let mut paths = vec![MEMORY_FILE.to_owned()];
         paths.extend(
             files
                 .list(MEMORY_DIR)
-                .await
-                .map_err(|e| e.to_string())?
+                .await?
                 .into_iter()
                 .filter(|p| parse_daily_log_path(p).is_some()),
         );
         let mut present = HashSet::new();
         for p in paths {
-            if let Some(text) = files.read(&p).await.map_err(|e| e.to_string())? {
-                index
-                    .upsert_document(&tenant, &p, &text)
-                    .await
-                    .map_err(|e| e.to_string())?;
+            if let Some(text) = files.read(&p).await? {
+                index.upsert_document(&tenant, &p, &text).await?;
                 present.insert(p);
             }
         }
-        for doc in index.documents(&tenant).await.map_err(|e| e.to_string())? {
+        for doc in index.documents(&tenant).await? {
             if !present.contains(&doc.path) {
-                index
-                    .remove_document(&tenant, &doc.path)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                index.remove_document(&tenant, &doc.path).await?;
             }
         }
         Ok((index, tenant))
@@ -206,15 +182,14 @@ impl MemoryLayer {
     /// lines of each document so hits can be mapped back to sequence numbers.
     pub(crate) async fn sync_sessions(
         &self,
-        runtime: &RuntimeContext,
-    ) -> Result<(Arc<dyn SearchIndex>, String, BTreeMap<String, Vec<String>>), String> {
-        let index = self.index().await.map_err(|e| e.to_string())?;
-        let tenant = self.session_tenant(runtime).map_err(|e| e.to_string())?;
-        let fs = self
-            .tenancy
-            .session_fs(runtime)
-            .map_err(|e| e.to_string())?;
-        let log = SessionLog::new(fs, &self.agent).map_err(|e| e.to_string())?;
+        ws: &Workspace,
+    ) -> hame_memory::Result<(Arc<dyn SearchIndex>, String, BTreeMap<String, Vec<String>>)> {
+        let index = self.index().await?;
+        let tenant = self.session_tenant(ws)?;
+        let session = ws.identity().session.clone();
+        let log = SessionLog::new(ws.records().clone(), &self.agent).map_err(|e| {
+            hame_memory::Error::files_with("agents", "cannot open the session log", e)
+        })?;
         let mut ids: Vec<String> = match log.list_sessions().await {
             Ok(entries) => entries.into_iter().map(|e| e.id).collect(),
             Err(e) => {
@@ -223,15 +198,21 @@ impl MemoryLayer {
             }
         };
         ids.truncate(MAX_INDEXED_SESSIONS);
-        if !ids.contains(&runtime.session_id) {
-            ids.push(runtime.session_id.clone());
+        if !ids.contains(&session) {
+            ids.push(session);
         }
         let mut docs = BTreeMap::new();
         for id in ids {
             let records = match log.read(&id, ..).await {
                 Ok(r) => r,
                 Err(e) if e.code() == hame_session::codes::SESSION_NOT_FOUND => continue,
-                Err(e) => return Err(e.to_string()),
+                Err(e) => {
+                    return Err(hame_memory::Error::files_with(
+                        id.as_str(),
+                        "cannot read the session log",
+                        e,
+                    ));
+                }
             };
             let lines: Vec<String> = records
                 .iter()
@@ -268,8 +249,7 @@ impl MemoryLayer {
                 .collect();
             index
                 .upsert_document(&tenant, &id, &lines.join("\n"))
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
             docs.insert(id, lines);
         }
         Ok((index, tenant, docs))
@@ -313,4 +293,8 @@ pub(crate) fn clip_middle(text: &str, max: usize) -> String {
     let head: String = text.chars().take(max / 2).collect();
     let tail: String = text.chars().skip(n - max / 2).collect();
     format!("{head} … [{} characters omitted] … {tail}", n - max)
+}
+
+fn invalid(e: hame_fs::Error) -> hame_memory::Error {
+    hame_memory::Error::InvalidInput(e.to_string())
 }

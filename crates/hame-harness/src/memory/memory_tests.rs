@@ -111,7 +111,7 @@ async fn large_results_are_offloaded_after_the_log_has_recorded_them() -> TestRe
         .find(|m| m.role == Role::Tool)
         .unwrap();
     assert!(last_tool_text(in_state).contains("/large_tool_results/c1.txt"));
-    let log = hame_session::SessionLog::new(a.tenancy().session_fs(&ctx)?, "hame")?;
+    let log = hame_session::SessionLog::new(a.workspace_for(&ctx)?.records().clone(), "hame")?;
     let records = log.read("s1", ..).await?;
     let logged = records
         .iter()
@@ -235,7 +235,7 @@ async fn memory_save_dedupes_and_search_finds_chinese_and_sessions() -> TestResu
     // Another user sees nothing of it.
     let other = RuntimeContext::new("s1").with_user("dave");
     let layer = layer_for(&a, dir.path())?;
-    let (index, tenant) = layer.sync_memory(&other).await?;
+    let (index, tenant) = layer.sync_memory(&a.workspace_for(&other)?).await?;
     assert!(
         index
             .search(&tenant, "乌龙茶", &Default::default())
@@ -250,7 +250,7 @@ fn layer_for(a: &HarnessAgent, _dir: &Path) -> Result<MemoryLayer, Box<dyn std::
     let counter = hame_memory::counter_for_model("gpt-4o");
     Ok(MemoryLayer::new(
         MemoryOptions::default(),
-        a.tenancy(),
+        Scope::User,
         "hame",
         model,
         counter,
@@ -264,19 +264,26 @@ async fn one_replica_at_a_time_consolidates_a_tenant() -> TestResult {
     let ws = dir.path().join("ws");
     std::fs::create_dir_all(&ws)?;
     let local: Arc<dyn Filesystem> = Arc::new(hame_fs::LocalFs::new(&ws)?);
-    let tenancy = Arc::new(Tenancy::new(local.clone(), local, "hame", Scope::User));
+    let tenancy = Arc::new(Tenancy::new(
+        local.clone(),
+        local,
+        "hame",
+        Scope::User,
+        hame_tools::WorkspaceMode::IsolatedLocal,
+        None,
+    ));
     let model = ScriptedModel::new([Reply::text("# Memory\n\n- Erin uses Vim\n")]);
     let layer = MemoryLayer::new(
         MemoryOptions::default(),
-        tenancy,
+        Scope::User,
         "hame",
         Arc::new(model.clone()),
         hame_memory::counter_for_model("gpt-4o"),
         &ws,
     );
     let store = JsonStore::open(dir.path().join("state"))?;
-    let ctx = RuntimeContext::new("s9").with_user("erin");
-    let files = layer.files(&ctx)?;
+    let ctx = tenancy.workspace(&RuntimeContext::new("s9").with_user("erin"))?;
+    let files = layer.files(&ctx);
     hame_memory::MemoryFiles::append(&files, "memory/2026-01-02.md", "- Erin uses Vim\n").await?;
 
     let key = consolidation_key(&layer, &ctx)?;
@@ -303,16 +310,9 @@ async fn one_replica_at_a_time_consolidates_a_tenant() -> TestResult {
         ConsolidationOutcome::Throttled
     );
     // Other scopes use a hashed reserved id, never a user's session.
-    let mut shared = Tenancy::new(
-        Arc::new(hame_fs::InMemoryFs::new()),
-        Arc::new(hame_fs::InMemoryFs::new()),
-        "hame",
-        Scope::Agent,
-    );
-    shared.isolation.scope = Scope::Agent;
     let agent_layer = MemoryLayer::new(
         MemoryOptions::default(),
-        Arc::new(shared),
+        Scope::Agent,
         "hame",
         Arc::new(model),
         hame_memory::counter_for_model("gpt-4o"),

@@ -6,8 +6,8 @@
 //!   minus the reserve, and after a context overflow (then the loop retries). The memory
 //!   flush always runs first, so no fact is lost to a summary.
 //! - **Offloading** of tool results over the threshold to `large_tool_results/<call_id>.txt`
-//!   in the caller's filesystem. It runs in `on_message_appended` *after* the session-log
-//!   middleware, so the log records the full result and the state keeps the preview.
+//!   in the caller's filesystem. The offload layer sits inside the session-log layer, so
+//!   the log records the full result and the state keeps the preview.
 //! - **Daily logs** (`memory/YYYY-MM-DD.md`): flushed before compaction, and after a call
 //!   (in the background, once the reply is durable) when enough messages are unflushed.
 //!   The watermark lives in `AgentState.extensions["memory"]`.
@@ -22,7 +22,7 @@
 mod background;
 mod files;
 mod layer;
-mod middleware;
+mod layers;
 mod tools;
 
 use std::path::PathBuf;
@@ -35,7 +35,7 @@ pub use hame_memory::{
 
 pub(crate) use background::spawn_after_call;
 pub(crate) use layer::MemoryLayer;
-pub(crate) use middleware::MemoryMiddleware;
+pub(crate) use layers::{FlushBeforeCompaction, OffloadLayer};
 pub(crate) use tools::memory_tools;
 pub use tools::{DEFAULT_HITS, GET_LINES, MAX_HITS, MAX_SAVED_FACT_CHARS};
 

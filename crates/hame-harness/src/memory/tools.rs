@@ -8,6 +8,7 @@ use chrono::Utc;
 use hame_core::{Tool, ToolContext, ToolError, ToolOutput, TypedTool, typed};
 use hame_memory::daily::{MEMORY_DIR, MEMORY_FILE, daily_log_path, new_facts};
 use hame_memory::{MemoryFiles, SearchOptions};
+use hame_tools::WorkspaceExt;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
@@ -77,7 +78,7 @@ impl TypedTool for MemorySearch {
     async fn run(&self, args: SearchArgs, ctx: &ToolContext) -> ToolOutput {
         let (index, tenant) = self
             .0
-            .sync_memory(&ctx.runtime)
+            .sync_memory(ctx.workspace()?)
             .await
             .map_err(unavailable)?;
         let hits = index
@@ -142,7 +143,7 @@ impl TypedTool for MemoryGet {
                 format!("{path:?} is not a memory file: use MEMORY.md or a path under memory/"),
             ));
         }
-        let files = self.0.files(&ctx.runtime).map_err(unavailable)?;
+        let files = self.0.files(ctx.workspace()?);
         let Some(text) = files.read(&path).await.map_err(unavailable)? else {
             return Err(ToolError::new(
                 NOT_FOUND,
@@ -208,7 +209,7 @@ impl TypedTool for MemorySave {
                 format!("a fact is at most {MAX_SAVED_FACT_CHARS} characters; split it"),
             ));
         }
-        let files = self.0.files(&ctx.runtime).map_err(unavailable)?;
+        let files = self.0.files(ctx.workspace()?);
         let now = Utc::now();
         let path = daily_log_path(now.date_naive());
         let memory = files
@@ -255,7 +256,7 @@ impl TypedTool for SessionSearch {
     async fn run(&self, args: SearchArgs, ctx: &ToolContext) -> ToolOutput {
         let (index, tenant, docs) = self
             .0
-            .sync_sessions(&ctx.runtime)
+            .sync_sessions(ctx.workspace()?)
             .await
             .map_err(unavailable)?;
         let hits = index

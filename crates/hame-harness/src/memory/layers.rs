@@ -1,0 +1,129 @@
+//! The memory layers: offloading of large tool results before they join the state, and the
+//! flush that runs before every compaction (the compaction layer itself is
+//! `hame_memory::CompactionLayer`).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use hame_core::{AgentEvent, AppendNext, CallCtx, ContentBlock, Layer, Message, Role, ToolCall};
+use hame_memory::{BeforeCompaction, Offloader};
+use hame_tools::Workspace;
+
+use super::layer::MemoryLayer;
+
+/// Moves oversized tool results out of the context (to `large_tool_results/` in the caller's
+/// files) before the results message joins the state. Sits inside the session-log layer, so
+/// the log keeps the full result and the state keeps the preview.
+#[derive(Debug)]
+pub(crate) struct OffloadLayer {
+    layer: Arc<MemoryLayer>,
+}
+
+impl OffloadLayer {
+    pub(crate) fn new(layer: Arc<MemoryLayer>) -> Self {
+        Self { layer }
+    }
+}
+
+#[async_trait]
+impl Layer for OffloadLayer {
+    fn name(&self) -> &str {
+        "offload"
+    }
+
+    async fn append(
+        &self,
+        cx: &mut CallCtx<'_>,
+        mut message: Message,
+        next: AppendNext<'_>,
+    ) -> Result<(), hame_core::Error> {
+        if message.role == Role::Tool
+            && let Some(ws) = cx.extensions.get::<Workspace>()
+        {
+            let offloader = Offloader::new(
+                self.layer.options.offload.clone(),
+                Arc::new(self.layer.files(ws)),
+            )
+            .with_context_window(self.layer.context_window);
+            let threshold = offloader.threshold();
+            if message
+                .tool_results_iter()
+                .any(|r| r.content.len() > threshold)
+            {
+                // The calls, by id, from the assistant message that asked for them.
+                let calls: Vec<ToolCall> = cx
+                    .state
+                    .messages
+                    .iter()
+                    .rev()
+                    .find(|m| m.role == Role::Assistant && m.has_tool_calls())
+                    .map(|m| m.tool_calls().cloned().collect())
+                    .unwrap_or_default();
+                let mut changed = 0usize;
+                for block in &mut message.content {
+                    if let ContentBlock::ToolResult(result) = block {
+                        let call = calls
+                            .iter()
+                            .find(|c| c.id == result.id)
+                            .cloned()
+                            .unwrap_or_else(|| ToolCall {
+                                id: result.id.clone(),
+                                name: String::new(),
+                                arguments: String::new(),
+                            });
+                        if offloader.offload(&call, result).await {
+                            changed += 1;
+                        }
+                    }
+                }
+                if changed > 0 {
+                    cx.events.emit(AgentEvent::Custom {
+                        kind: "memory.offload".into(),
+                        data: serde_json::json!({ "results": changed }),
+                    });
+                }
+            }
+        }
+        next.run(cx, message).await
+    }
+}
+
+/// Flushes new facts to the daily log before the conversation is summarised, so no fact
+/// is lost to a summary. A failed flush is reported and does not stop the compaction (the
+/// summary covers the unflushed messages and the next flush reads it).
+#[derive(Debug)]
+pub(crate) struct FlushBeforeCompaction {
+    layer: Arc<MemoryLayer>,
+}
+
+impl FlushBeforeCompaction {
+    pub(crate) fn new(layer: Arc<MemoryLayer>) -> Self {
+        Self { layer }
+    }
+}
+
+#[async_trait]
+impl BeforeCompaction for FlushBeforeCompaction {
+    async fn before_compaction(&self, cx: &mut CallCtx<'_>) {
+        let Some(ws) = cx.extensions.get::<Workspace>() else {
+            return;
+        };
+        match self.layer.flush(cx.state, ws).await {
+            Ok(done) => {
+                if done.rounds > 0 {
+                    cx.events.emit(AgentEvent::Custom {
+                        kind: "memory.flush".into(),
+                        data: serde_json::json!({ "facts": done.facts, "rounds": done.rounds, "before": "compaction" }),
+                    });
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "memory flush before compaction failed; compacting anyway");
+                cx.events.emit(AgentEvent::Custom {
+                    kind: "memory.flush_failed".into(),
+                    data: serde_json::json!({ "error": e.to_string() }),
+                });
+            }
+        }
+    }
+}
