@@ -45,6 +45,8 @@ mod anthropic;
 pub mod classify;
 mod config;
 #[cfg(any(feature = "openai", feature = "anthropic"))]
+mod endpoint;
+#[cfg(any(feature = "openai", feature = "anthropic"))]
 mod http;
 #[cfg(feature = "openai")]
 mod openai;
@@ -52,8 +54,8 @@ mod openai;
 use std::sync::Arc;
 
 pub use config::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONTEXT_WINDOW, DEFAULT_TIMEOUT, KNOWN_CONTEXT_WINDOWS,
-    RetryConfig, context_window_for, process_env,
+    CONNECT_RETRY_DELAY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONTEXT_WINDOW, DEFAULT_TIMEOUT,
+    KNOWN_CONTEXT_WINDOWS, MAX_CONNECT_RETRIES, RetryConfig, context_window_for, process_env,
 };
 pub use hame_core::{Model, ModelError};
 
