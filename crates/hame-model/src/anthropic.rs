@@ -6,13 +6,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use hame_core::{
     ContentBlock, Message, Model, ModelError, ModelEvent, ModelInfo, ModelRequest, ModelResponse,
-    ModelStream, ResponseAssembler, Role, StopReason, Usage,
+    ModelStream, Role, StopReason, Usage,
 };
 use serde_json::{Map, Value, json};
 
 use crate::classify::classify_stream_error;
 use crate::config::{DEFAULT_TIMEOUT, RetryConfig, context_window_for};
-use crate::http::{Endpoint, Http, SseParser, drive_sse, read_json};
+use crate::endpoint::join;
+use crate::http::{Client, Common, SseParser, common_of, env_value};
 
 /// Default base URL.
 pub const ANTHROPIC_DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
@@ -24,8 +25,13 @@ pub const ANTHROPIC_DEFAULT_MAX_TOKENS: u32 = 8_192;
 /// Configuration of an [`AnthropicModel`].
 #[derive(Clone, PartialEq, Eq)]
 pub struct AnthropicConfig {
-    /// Base URL; `/v1/messages` is appended. Default `https://api.anthropic.com`.
+    /// Base URL; `/v1/messages` is appended (only `/messages` when it already ends in
+    /// `/v1`). User and password in the URL are sent as basic auth and never shown in
+    /// messages. Default `https://api.anthropic.com`.
     pub base_url: String,
+    /// Where the base URL comes from, named in connection and URL errors. Default
+    /// `ANTHROPIC_BASE_URL`.
+    pub base_url_name: String,
     /// `x-api-key`; `None` sends no key (proxies that add their own).
     pub api_key: Option<String>,
     /// Where the key comes from, named in auth errors. Default `ANTHROPIC_API_KEY`.
@@ -47,16 +53,10 @@ pub struct AnthropicConfig {
 
 impl std::fmt::Debug for AnthropicConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AnthropicConfig")
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .field("api_key_name", &self.api_key_name)
-            .field("model", &self.model)
-            .field("context_window", &self.context_window)
-            .field("max_tokens", &self.max_tokens)
+        let mut d = f.debug_struct("AnthropicConfig");
+        self.common().debug_fields(&mut d);
+        d.field("max_tokens", &self.max_tokens)
             .field("thinking_budget", &self.thinking_budget)
-            .field("timeout", &self.timeout)
-            .field("retry", &self.retry)
             .finish()
     }
 }
@@ -67,6 +67,7 @@ impl AnthropicConfig {
         let model = model.into();
         Self {
             base_url: ANTHROPIC_DEFAULT_BASE_URL.to_owned(),
+            base_url_name: "ANTHROPIC_BASE_URL".to_owned(),
             api_key: None,
             api_key_name: "ANTHROPIC_API_KEY".to_owned(),
             context_window: context_window_for(&model),
@@ -81,11 +82,15 @@ impl AnthropicConfig {
     /// Reads `ANTHROPIC_BASE_URL` and `ANTHROPIC_API_KEY` through `env`.
     pub fn from_env(model: impl Into<String>, env: &dyn Fn(&str) -> Option<String>) -> Self {
         let mut c = Self::new(model);
-        if let Some(url) = env("ANTHROPIC_BASE_URL").filter(|v| !v.trim().is_empty()) {
+        if let Some(url) = env_value(env, &c.base_url_name) {
             c.base_url = url;
         }
-        c.api_key = env("ANTHROPIC_API_KEY").filter(|v| !v.trim().is_empty());
+        c.api_key = env_value(env, &c.api_key_name);
         c
+    }
+
+    fn common(&self) -> Common<'_> {
+        common_of!(self, "anthropic")
     }
 }
 
@@ -93,16 +98,17 @@ impl AnthropicConfig {
 #[derive(Debug)]
 pub struct AnthropicModel {
     config: AnthropicConfig,
-    endpoint: Endpoint,
-    http: Http,
+    client: Client,
 }
 
 impl AnthropicModel {
     /// Builds the client (no request is made).
+    ///
+    /// # Errors
+    /// [`ModelError::Config`] for an empty model name, a bad thinking budget, a base URL
+    /// that is not an `http(s)://` URL (the message names
+    /// [`AnthropicConfig::base_url_name`]), or a key that cannot be sent in a header.
     pub fn new(config: AnthropicConfig) -> Result<Self, ModelError> {
-        if config.model.trim().is_empty() {
-            return Err(ModelError::Config("the model name is empty".into()));
-        }
         if let Some(b) = config.thinking_budget
             && (b < 1024 || b >= config.max_tokens)
         {
@@ -111,61 +117,48 @@ impl AnthropicModel {
                 config.max_tokens
             )));
         }
-        let base = config.base_url.trim_end_matches('/').to_owned();
-        let mut headers = vec![("anthropic-version".to_owned(), ANTHROPIC_VERSION.to_owned())];
-        if let Some(key) = &config.api_key {
-            headers.push(("x-api-key".to_owned(), key.clone()));
-        }
-        let endpoint = Endpoint {
-            url: format!("{base}/v1/messages"),
-            base_url: base,
-            key_name: config.api_key_name.clone(),
-            key_sent: config.api_key.is_some(),
-            headers,
+        let common = config.common();
+        let base = common.base_url()?;
+        let path: &[&str] = if base.path().trim_end_matches('/').ends_with("/v1") {
+            &["messages"]
+        } else {
+            &["v1", "messages"]
         };
-        let http = Http::new(config.timeout, config.retry.clone())?;
-        Ok(Self {
-            config,
-            endpoint,
-            http,
-        })
+        let endpoint = join(&base, path);
+        let auth = common.api_key.map(|key| ("x-api-key", key.to_owned()));
+        let headers = [("anthropic-version", ANTHROPIC_VERSION)];
+        let client = Client::new(&common, &base, endpoint, auth, &headers)?;
+        Ok(Self { config, client })
     }
 
     /// The configuration.
     pub fn config(&self) -> &AnthropicConfig {
         &self.config
     }
+
+    fn max_tokens(&self, request: &ModelRequest) -> u32 {
+        request.params.max_tokens.unwrap_or(self.config.max_tokens)
+    }
 }
 
 #[async_trait]
 impl Model for AnthropicModel {
     fn info(&self) -> ModelInfo {
-        ModelInfo {
-            provider: "anthropic".into(),
-            model: self.config.model.clone(),
-            context_window: self.config.context_window,
-        }
+        self.config.common().info()
     }
 
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
         let body = request_body(&self.config, &request, true);
-        let resp = self.http.post(&self.endpoint, &body).await?;
-        Ok(drive_sse(
-            resp,
-            StreamParser::default(),
-            self.endpoint.url.clone(),
-        ))
+        let limit = Some(self.max_tokens(&request));
+        self.client
+            .stream(&body, StreamParser::default(), limit)
+            .await
     }
 
     async fn complete(&self, request: ModelRequest) -> Result<ModelResponse, ModelError> {
         let body = request_body(&self.config, &request, false);
-        let resp = self.http.post(&self.endpoint, &body).await?;
-        let value = read_json(resp, &self.endpoint.url).await?;
-        let mut asm = ResponseAssembler::default();
-        for ev in parse_response(&value)? {
-            asm.push(&ev);
-        }
-        Ok(asm.finish())
+        let limit = Some(self.max_tokens(&request));
+        self.client.complete(&body, parse_response, limit).await
     }
 }
 

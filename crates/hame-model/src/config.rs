@@ -6,6 +6,15 @@ use std::time::Duration;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 /// Default TCP/TLS connect timeout.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most retries after a failure to connect (refused, unknown host, TLS handshake), however
+/// large [`RetryConfig::max_retries`] is: a dead or mistyped URL should fail in well under a
+/// second, not after the whole backoff. A connect *timeout* is not retried at all (it has
+/// already waited [`DEFAULT_CONNECT_TIMEOUT`]).
+pub const MAX_CONNECT_RETRIES: usize = 2;
+/// First wait before retrying a failed connection (doubled for the second, plus jitter when
+/// [`RetryConfig::jitter`] is on); used instead of [`RetryConfig::initial_delay`] when that
+/// is longer.
+pub const CONNECT_RETRY_DELAY: Duration = Duration::from_millis(100);
 /// Context window assumed for a model missing from [`KNOWN_CONTEXT_WINDOWS`].
 pub const DEFAULT_CONTEXT_WINDOW: u64 = 128_000;
 
@@ -14,8 +23,9 @@ pub const DEFAULT_CONTEXT_WINDOW: u64 = 128_000;
 /// Only retryable errors ([`hame_core::ModelError::is_retryable`]: 429, 5xx, 408, 409,
 /// transport failures) are retried, and only before the first event of a stream is
 /// yielded. A `Retry-After` header replaces the computed delay, unless it is longer than
-/// [`RetryConfig::max_retry_after`], in which case the error is returned at once so the
-/// caller can decide.
+/// [`RetryConfig::max_retry_after`], in which case the error is returned at once (nothing
+/// is slept) so the caller can decide. Connection failures get at most
+/// [`MAX_CONNECT_RETRIES`] short retries; configuration errors (a bad base URL) none.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryConfig {
     /// Retries after the first attempt (0 disables retrying). Default 4.
@@ -24,7 +34,8 @@ pub struct RetryConfig {
     pub initial_delay: Duration,
     /// Cap on the computed delay. Default 30 s.
     pub max_delay: Duration,
-    /// Add random jitter (up to the current delay) to spread retries. Default on.
+    /// Add random jitter (0 to 100 % of the current delay, so a wait is between the delay and
+    /// twice it) to spread retries. Default on.
     pub jitter: bool,
     /// Longest `Retry-After` that is waited out. Default 60 s.
     pub max_retry_after: Duration,

@@ -1,64 +1,363 @@
-//! The shared HTTP transport: one POST with retries, and an SSE driver.
+//! What both providers share: the settings every config has ([`Common`]), one client that
+//! sends with retries and maps every failure to a [`ModelError`] ([`Client`]), the SSE
+//! driver, and the check that a reply cut off at the output limit is not taken for an
+//! empty answer. A provider adds only its URL path, headers, request body and event parsing.
 
 use std::collections::VecDeque;
-use std::time::Duration;
+use std::fmt;
+use std::time::{Duration, Instant};
 
 use backon::{ExponentialBuilder, Retryable};
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use hame_core::{ModelError, ModelEvent, ModelStream};
+use hame_core::{
+    ModelError, ModelEvent, ModelInfo, ModelResponse, ModelStream, ResponseAssembler, StopReason,
+};
+use reqwest::Url;
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
-use crate::classify::{HttpFailure, classify_http};
-use crate::config::{DEFAULT_CONNECT_TIMEOUT, RetryConfig};
+use crate::classify::{HttpFailure, classify_http, error_message};
+use crate::config::{
+    CONNECT_RETRY_DELAY, DEFAULT_CONNECT_TIMEOUT, MAX_CONNECT_RETRIES, RetryConfig,
+};
+use crate::endpoint::{parse_base_url, redact, redact_str};
 
-/// Who we talk to, for error messages and auth.
-#[derive(Debug, Clone)]
-pub(crate) struct Endpoint {
-    /// Full URL of the POST.
-    pub url: String,
-    /// Base URL as configured (named in auth errors).
-    pub base_url: String,
-    /// Env var (or other source) of the key.
-    pub key_name: String,
-    /// Whether a key is sent.
-    pub key_sent: bool,
-    /// Headers of every request.
-    pub headers: Vec<(String, String)>,
+/// Longest wait before retrying a failed connection.
+const CONNECT_RETRY_MAX_WAIT: Duration = Duration::from_secs(1);
+
+/// The settings every provider config has, borrowed from it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Common<'a> {
+    /// Provider name reported by `Model::info`.
+    pub provider: &'a str,
+    /// Base URL as configured.
+    pub base_url: &'a str,
+    /// Where the base URL comes from (`OPENAI_BASE_URL`), named in errors.
+    pub base_url_name: &'a str,
+    /// The key, if any.
+    pub api_key: Option<&'a str>,
+    /// Where the key comes from (`OPENAI_API_KEY`), named in errors.
+    pub api_key_name: &'a str,
+    /// Model name sent to the server.
+    pub model: &'a str,
+    /// Context window in tokens.
+    pub context_window: u64,
+    /// Idle timeout.
+    pub timeout: Duration,
+    /// Retry policy.
+    pub retry: &'a RetryConfig,
 }
 
-/// A reqwest client plus retry policy.
-#[derive(Debug, Clone)]
-pub(crate) struct Http {
-    client: reqwest::Client,
+impl Common<'_> {
+    /// Adds the shared fields to a config's `Debug`, without the key or URL credentials.
+    pub fn debug_fields(&self, d: &mut fmt::DebugStruct<'_, '_>) {
+        d.field("provider", &self.provider)
+            .field("base_url", &redact_str(self.base_url))
+            .field("base_url_name", &self.base_url_name)
+            .field("api_key", &self.api_key.map(|_| "<redacted>"))
+            .field("api_key_name", &self.api_key_name)
+            .field("model", &self.model)
+            .field("context_window", &self.context_window)
+            .field("timeout", &self.timeout)
+            .field("retry", self.retry);
+    }
+
+    /// What `Model::info` reports.
+    pub fn info(&self) -> ModelInfo {
+        ModelInfo {
+            provider: self.provider.to_owned(),
+            model: self.model.to_owned(),
+            context_window: self.context_window,
+        }
+    }
+
+    /// Checks the model name and parses the base URL.
+    pub fn base_url(&self) -> Result<Url, ModelError> {
+        if self.model.trim().is_empty() {
+            return Err(ModelError::Config("the model name is empty".into()));
+        }
+        parse_base_url(self.base_url, self.base_url_name)
+    }
+}
+
+/// The [`Common`] view of a provider config, whose shared fields have the same names in
+/// every provider: `common_of!(config, provider_name)`.
+macro_rules! common_of {
+    ($c:expr, $provider:expr) => {
+        $crate::http::Common {
+            provider: $provider,
+            base_url: &$c.base_url,
+            base_url_name: &$c.base_url_name,
+            api_key: $c.api_key.as_deref(),
+            api_key_name: &$c.api_key_name,
+            model: &$c.model,
+            context_window: $c.context_window,
+            timeout: $c.timeout,
+            retry: &$c.retry,
+        }
+    };
+}
+pub(crate) use common_of;
+
+/// Reads `var` through `env`; blank counts as unset.
+pub(crate) fn env_value(env: &dyn Fn(&str) -> Option<String>, var: &str) -> Option<String> {
+    env(var).filter(|v| !v.trim().is_empty())
+}
+
+/// A duration as people write it: `250 ms`, `1.5 s`, `2 min 5 s`, `27 h 46 min`.
+pub(crate) fn human(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs == 0 {
+        format!("{} ms", d.as_millis())
+    } else if secs < 60 {
+        let tenths = d.as_millis().div_ceil(100);
+        if tenths.is_multiple_of(10) {
+            format!("{} s", tenths / 10)
+        } else {
+            format!("{}.{} s", tenths / 10, tenths % 10)
+        }
+    } else if secs < 3600 {
+        match secs % 60 {
+            0 => format!("{} min", secs / 60),
+            s => format!("{} min {s} s", secs / 60),
+        }
+    } else {
+        match (secs % 3600) / 60 {
+            0 => format!("{} h", secs / 3600),
+            m => format!("{} h {m} min", secs / 3600),
+        }
+    }
+}
+
+/// How a failed attempt is retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FailureKind {
+    /// No connection: refused, unknown host, TLS handshake. A few short retries.
+    Connect,
+    /// No connection within the connect timeout. Not retried (it already waited).
+    ConnectTimeout,
+    /// Everything else: by [`ModelError::is_retryable`] with the configured backoff.
+    Other,
+}
+
+/// A failed attempt.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub error: ModelError,
+    pub kind: FailureKind,
+}
+
+impl From<ModelError> for Failure {
+    fn from(error: ModelError) -> Self {
+        Self {
+            error,
+            kind: FailureKind::Other,
+        }
+    }
+}
+
+/// The wait before the next attempt, or `None` to give up. `planned` is the backoff's next
+/// delay (`None` when the retries are used up); `connect_retries` counts the connection
+/// failures already retried.
+pub(crate) fn next_wait(
+    failure: &Failure,
+    planned: Option<Duration>,
+    connect_retries: usize,
+    retry: &RetryConfig,
+) -> Option<Duration> {
+    let planned = planned?;
+    match failure.kind {
+        FailureKind::ConnectTimeout => None,
+        FailureKind::Connect if connect_retries >= MAX_CONNECT_RETRIES => None,
+        FailureKind::Connect => {
+            // The same backoff (doubling, jitter) scaled down to start at CONNECT_RETRY_DELAY.
+            let ratio = if retry.initial_delay > CONNECT_RETRY_DELAY {
+                CONNECT_RETRY_DELAY.as_secs_f64() / retry.initial_delay.as_secs_f64()
+            } else {
+                1.0
+            };
+            Some(planned.mul_f64(ratio).min(CONNECT_RETRY_MAX_WAIT))
+        }
+        FailureKind::Other => match &failure.error {
+            ModelError::RateLimited {
+                retry_after: Some(wait),
+                ..
+            } => (*wait <= retry.max_retry_after).then_some(*wait),
+            _ => Some(planned),
+        },
+    }
+}
+
+/// One line about a failed attempt, for the retry log.
+fn brief(e: &ModelError) -> String {
+    match e {
+        ModelError::Transport { message, .. } => message.clone(),
+        ModelError::RateLimited { message, .. } => format!("429 rate limited: {message}"),
+        ModelError::Provider { status, body } => format!("HTTP {status}: {}", error_message(body)),
+        other => other.to_string(),
+    }
+}
+
+/// Whether an error chain holds an I/O error of `kind`.
+fn has_io_kind(e: &(dyn std::error::Error + 'static), kind: std::io::ErrorKind) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == kind)
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// An error and its causes as one line (for [`ModelError::Config`], which has no source).
+fn chain_text(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut cur = e.source();
+    while let Some(err) = cur {
+        let s = err.to_string();
+        if parts.last() != Some(&s) {
+            parts.push(s);
+        }
+        cur = err.source();
+    }
+    parts.join(": ")
+}
+
+/// The HTTP client of one model: endpoint, headers, timeouts and retry policy.
+#[derive(Clone)]
+pub(crate) struct Client {
+    http: reqwest::Client,
+    url: Url,
+    /// The base URL without credentials, named in errors.
+    base_shown: String,
+    /// The endpoint URL without credentials, named in errors and logs.
+    url_shown: String,
+    base_url_name: String,
+    key_name: String,
+    key_sent: bool,
+    headers: HeaderMap,
     timeout: Duration,
+    connect_timeout: Duration,
     retry: RetryConfig,
 }
 
-pub(crate) fn transport(message: String, source: reqwest::Error) -> ModelError {
-    ModelError::Transport {
-        message,
-        source: Some(Box::new(source)),
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("url", &self.url_shown)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("timeout", &self.timeout)
+            .field("retry", &self.retry)
+            .finish_non_exhaustive()
     }
 }
 
-impl Http {
-    pub fn new(timeout: Duration, retry: RetryConfig) -> Result<Self, ModelError> {
-        let client = reqwest::Client::builder()
-            .connect_timeout(DEFAULT_CONNECT_TIMEOUT.min(timeout))
-            .read_timeout(timeout)
+fn header(name: &str, value: &str, what: &str) -> Result<(HeaderName, HeaderValue), ModelError> {
+    let bad = || {
+        ModelError::Config(format!(
+            "{what} cannot be sent in an HTTP header (a newline or another control character?)"
+        ))
+    };
+    let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad())?;
+    let value = HeaderValue::from_str(value).map_err(|_| bad())?;
+    Ok((name, value))
+}
+
+impl Client {
+    /// Builds the client for `endpoint` (the base URL `base` plus the provider's path).
+    /// `auth` is the key header (`authorization: Bearer …`, `x-api-key: …`), marked
+    /// sensitive; `headers` are sent with every request.
+    pub fn new(
+        common: &Common<'_>,
+        base: &Url,
+        endpoint: Url,
+        auth: Option<(&str, String)>,
+        headers: &[(&str, &str)],
+    ) -> Result<Self, ModelError> {
+        let mut map = HeaderMap::new();
+        map.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        for (k, v) in headers {
+            let (k, v) = header(k, v, &format!("header {k}"))?;
+            map.insert(k, v);
+        }
+        if let Some((k, v)) = auth {
+            let (k, mut v) = header(k, &v, common.api_key_name)?;
+            v.set_sensitive(true);
+            map.insert(k, v);
+        }
+        let connect_timeout = DEFAULT_CONNECT_TIMEOUT.min(common.timeout);
+        let http = reqwest::Client::builder()
+            .connect_timeout(connect_timeout)
+            .read_timeout(common.timeout)
             .build()
-            .map_err(|e| ModelError::Config(format!("cannot build the HTTP client: {e}")))?;
+            .map_err(|e| {
+                ModelError::Config(format!("cannot build the HTTP client: {}", chain_text(&e)))
+            })?;
         Ok(Self {
-            client,
-            timeout,
-            retry,
+            http,
+            base_shown: redact(base),
+            url_shown: redact(&endpoint),
+            url: endpoint,
+            base_url_name: common.base_url_name.to_owned(),
+            key_name: common.api_key_name.to_owned(),
+            key_sent: common.api_key.is_some(),
+            headers: map,
+            timeout: common.timeout,
+            connect_timeout,
+            retry: common.retry.clone(),
         })
     }
 
+    /// Sends `body` and streams the SSE answer through `parser`. `max_tokens` is the output
+    /// limit of the request, named when a reply is cut off before any content.
+    pub async fn stream<P: SseParser>(
+        &self,
+        body: &Value,
+        parser: P,
+        max_tokens: Option<u32>,
+    ) -> Result<ModelStream, ModelError> {
+        let resp = self.post(body).await?;
+        Ok(drive_sse(
+            resp,
+            parser,
+            OutputCheck::new(max_tokens),
+            self.url_shown.clone(),
+        ))
+    }
+
+    /// Sends `body` and parses the whole JSON answer with `parse`.
+    pub async fn complete(
+        &self,
+        body: &Value,
+        parse: fn(&Value) -> Result<Vec<ModelEvent>, ModelError>,
+        max_tokens: Option<u32>,
+    ) -> Result<ModelResponse, ModelError> {
+        let resp = self.post(body).await?;
+        let text = resp.text().await.map_err(|e| self.send_failure(e).error)?;
+        let value: Value = serde_json::from_str(&text).map_err(|e| {
+            ModelError::InvalidResponse(format!(
+                "{} answered with non-JSON ({e}): {}",
+                self.url_shown,
+                error_message(&text)
+            ))
+        })?;
+        let mut check = OutputCheck::new(max_tokens);
+        let mut asm = ResponseAssembler::default();
+        for ev in parse(&value)? {
+            check.see(&ev)?;
+            asm.push(&ev);
+        }
+        Ok(asm.finish())
+    }
+
     /// POSTs `body`, retrying retryable failures; returns a 2xx response.
-    pub async fn post(&self, ep: &Endpoint, body: &Value) -> Result<reqwest::Response, ModelError> {
+    async fn post(&self, body: &Value) -> Result<reqwest::Response, ModelError> {
         let bytes = serde_json::to_vec(body)
             .map_err(|e| ModelError::InvalidResponse(format!("cannot encode request: {e}")))?;
         let r = &self.retry;
@@ -69,53 +368,86 @@ impl Http {
         if r.jitter {
             backoff = backoff.with_jitter();
         }
-        let max_retry_after = r.max_retry_after;
-        let attempt = || self.post_once(ep, bytes.clone());
-        attempt
+        let started = Instant::now();
+        let mut retries = 0usize;
+        let mut connect_retries = 0usize;
+        let attempt = || self.post_once(bytes.clone());
+        let result = attempt
             .retry(backoff)
             .sleep(tokio::time::sleep)
-            .when(ModelError::is_retryable)
-            .adjust(move |err, planned| match (err, planned) {
-                (_, None) => None,
-                (
-                    ModelError::RateLimited {
-                        retry_after: Some(wait),
-                        ..
-                    },
-                    Some(_),
-                ) => (*wait <= max_retry_after).then_some(*wait),
-                (_, planned) => planned,
+            .when(|f: &Failure| f.error.is_retryable())
+            .adjust(|f, planned| {
+                let wait = next_wait(f, planned, connect_retries, r);
+                if wait.is_some() && f.kind == FailureKind::Connect {
+                    connect_retries += 1;
+                }
+                wait
             })
-            .notify(|err, wait| {
-                tracing::warn!(url = %ep.url, error = %err, ?wait, "model request failed; retrying");
+            .notify(|f, wait| {
+                retries += 1;
+                let what = brief(&f.error);
+                let wait = human(wait);
+                if f.kind == FailureKind::Other {
+                    tracing::warn!(url = %self.url_shown, retry = retries, "model request failed ({what}); retrying in {wait}");
+                } else {
+                    tracing::debug!(url = %self.url_shown, retry = retries, "model request failed ({what}); retrying in {wait}");
+                }
             })
-            .await
+            .await;
+        result.map_err(|f| self.give_up(f.error, retries + 1, started.elapsed()))
     }
 
-    async fn post_once(
-        &self,
-        ep: &Endpoint,
-        body: Vec<u8>,
-    ) -> Result<reqwest::Response, ModelError> {
-        let mut req = self
-            .client
-            .post(&ep.url)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body);
-        for (k, v) in &ep.headers {
-            req = req.header(k.as_str(), v.as_str());
+    /// The error returned after the last attempt: says how many were made and, for a
+    /// `Retry-After` over the limit, that it was not waited out.
+    fn give_up(&self, error: ModelError, attempts: usize, elapsed: Duration) -> ModelError {
+        let tried = (attempts > 1).then(|| format!(" ({attempts} attempts in {})", human(elapsed)));
+        match error {
+            ModelError::Transport { message, source } => ModelError::Transport {
+                message: format!("{message}{}", tried.unwrap_or_default()),
+                source,
+            },
+            ModelError::RateLimited {
+                retry_after,
+                message,
+            } => {
+                let limit = self.retry.max_retry_after;
+                let note = match retry_after {
+                    Some(wait) if wait > limit => format!(
+                        "; the server asks to wait {}, longer than the {} this client waits \
+                         (RetryConfig::max_retry_after), so it gave up at once",
+                        human(wait),
+                        human(limit)
+                    ),
+                    _ => tried.unwrap_or_default(),
+                };
+                ModelError::RateLimited {
+                    retry_after,
+                    message: format!("{message}{note}"),
+                }
+            }
+            other => other,
         }
+    }
+
+    async fn post_once(&self, body: Vec<u8>) -> Result<reqwest::Response, Failure> {
+        let req = self
+            .http
+            .post(self.url.clone())
+            .headers(self.headers.clone())
+            .body(body);
         let resp = match tokio::time::timeout(self.timeout, req.send()).await {
             Err(_) => {
                 return Err(ModelError::Transport {
                     message: format!(
-                        "no response from {} within {:?} (raise the timeout for slow models)",
-                        ep.url, self.timeout
+                        "no response from {} within {}; raise the timeout for slow models",
+                        self.url_shown,
+                        human(self.timeout)
                     ),
                     source: None,
-                });
+                }
+                .into());
             }
-            Ok(Err(e)) => return Err(send_error(&ep.url, e)),
+            Ok(Err(e)) => return Err(self.send_failure(e)),
             Ok(Ok(resp)) => resp,
         };
         let status = resp.status();
@@ -130,31 +462,132 @@ impl Http {
         };
         let retry_after = header("retry-after");
         let retry_after_ms = header("retry-after-ms");
-        let text = resp.text().await.map_err(|e| send_error(&ep.url, e))?;
+        let text = resp.text().await.map_err(|e| self.send_failure(e))?;
         Err(classify_http(HttpFailure {
             status: status.as_u16(),
             body: &text,
             retry_after: retry_after.as_deref(),
             retry_after_ms: retry_after_ms.as_deref(),
-            key_name: &ep.key_name,
-            key_sent: ep.key_sent,
-            url: &ep.base_url,
-        }))
+            key_name: &self.key_name,
+            key_sent: self.key_sent,
+            url: &self.base_shown,
+        })
+        .into())
+    }
+
+    /// Maps a reqwest failure while sending or reading. The message says what failed and
+    /// what to check; the cause is the `source` (without the URL, which may hold
+    /// credentials), never repeated in the message.
+    fn send_failure(&self, e: reqwest::Error) -> Failure {
+        let e = e.without_url();
+        let (base, var, url) = (&self.base_shown, &self.base_url_name, &self.url_shown);
+        if e.is_builder() {
+            return ModelError::Config(format!(
+                "cannot build the request to {url}: {}",
+                chain_text(&e)
+            ))
+            .into();
+        }
+        let (kind, message) = if e.is_connect() && e.is_timeout() {
+            (
+                FailureKind::ConnectTimeout,
+                format!(
+                    "no connection to {base} within {}; check that the host is reachable and {var}",
+                    human(self.connect_timeout)
+                ),
+            )
+        } else if e.is_connect() {
+            let message = if e.is_dns() {
+                format!("cannot resolve the host of {base}; check the host name in {var}")
+            } else if has_io_kind(&e, std::io::ErrorKind::ConnectionRefused) {
+                format!(
+                    "cannot connect to {base}; check that the server is running and that {var} \
+                     has the right host and port"
+                )
+            } else {
+                format!("cannot connect to {base}; check {var}")
+            };
+            (FailureKind::Connect, message)
+        } else if e.is_timeout() {
+            (
+                FailureKind::Other,
+                format!(
+                    "no data from {url} for {}; raise the timeout for slow models",
+                    human(self.timeout)
+                ),
+            )
+        } else if e.is_body() || e.is_decode() {
+            (
+                FailureKind::Other,
+                format!("reading the response of {url} failed"),
+            )
+        } else {
+            (FailureKind::Other, format!("the request to {url} failed"))
+        };
+        Failure {
+            error: ModelError::Transport {
+                message,
+                source: Some(Box::new(e)),
+            },
+            kind,
+        }
     }
 }
 
-/// Maps a reqwest failure while sending or reading to [`ModelError::Transport`].
-pub(crate) fn send_error(url: &str, e: reqwest::Error) -> ModelError {
-    let what = if e.is_timeout() {
-        "timed out"
-    } else if e.is_connect() {
-        "could not connect"
-    } else if e.is_body() || e.is_decode() {
-        "failed while reading the response"
-    } else {
-        "failed"
-    };
-    transport(format!("request to {url} {what}: {e}"), e)
+/// Turns a reply cut off at the output limit before any text or tool call into an error,
+/// so that it does not pass for a successful empty answer.
+#[derive(Debug, Default)]
+pub(crate) struct OutputCheck {
+    max_tokens: Option<u32>,
+    wrote: bool,
+    reasoned: bool,
+    output_tokens: Option<u64>,
+}
+
+impl OutputCheck {
+    pub fn new(max_tokens: Option<u32>) -> Self {
+        Self {
+            max_tokens,
+            ..Self::default()
+        }
+    }
+
+    /// Watches one event; fails on `Stop(MaxTokens)` when nothing was written.
+    pub fn see(&mut self, event: &ModelEvent) -> Result<(), ModelError> {
+        match event {
+            ModelEvent::TextDelta(t) if !t.trim().is_empty() => self.wrote = true,
+            ModelEvent::ToolCallStart { .. } | ModelEvent::ToolCallDelta { .. } => {
+                self.wrote = true;
+            }
+            ModelEvent::ReasoningDelta(t) if !t.is_empty() => self.reasoned = true,
+            ModelEvent::Usage(u) => self.output_tokens = Some(u.output_tokens),
+            ModelEvent::Stop(StopReason::MaxTokens) if !self.wrote => {
+                return Err(self.error());
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn error(&self) -> ModelError {
+        let limit = self.max_tokens.map_or_else(
+            || "the server's default".to_owned(),
+            |n| format!("max_tokens {n}"),
+        );
+        let used = self
+            .output_tokens
+            .map(|n| format!(", {n} output tokens used"))
+            .unwrap_or_default();
+        let why = if self.reasoned {
+            " (its reasoning used them all)"
+        } else {
+            ""
+        };
+        ModelError::InvalidResponse(format!(
+            "the model hit the output token limit ({limit}{used}) before writing any text or \
+             tool call{why}; raise max_tokens"
+        ))
+    }
 }
 
 /// Turns SSE events into model events, one provider at a time.
@@ -171,25 +604,29 @@ pub(crate) trait SseParser: Send + 'static {
 struct Drive<P> {
     sse: BoxStream<'static, Result<eventsource_stream::Event, String>>,
     parser: P,
+    check: OutputCheck,
     pending: VecDeque<Result<ModelEvent, ModelError>>,
     finished: bool,
     url: String,
 }
 
 /// Streams model events out of an SSE response.
-pub(crate) fn drive_sse<P: SseParser>(
+fn drive_sse<P: SseParser>(
     resp: reqwest::Response,
     parser: P,
+    check: OutputCheck,
     url: String,
 ) -> ModelStream {
     let sse = resp
         .bytes_stream()
+        .map(|r| r.map_err(reqwest::Error::without_url))
         .eventsource()
         .map(|r| r.map_err(|e| e.to_string()))
         .boxed();
     let state = Drive {
         sse,
         parser,
+        check,
         pending: VecDeque::new(),
         finished: false,
         url,
@@ -203,18 +640,13 @@ pub(crate) fn drive_sse<P: SseParser>(
                 return None;
             }
             match st.sse.next().await {
-                Some(Ok(ev)) => match st.parser.on_event(&ev.event, &ev.data) {
-                    Ok(events) => {
-                        st.pending.extend(events.into_iter().map(Ok));
-                        if st.parser.is_done() {
-                            st.finish();
-                        }
+                Some(Ok(ev)) => {
+                    let events = st.parser.on_event(&ev.event, &ev.data);
+                    st.push(events);
+                    if !st.finished && st.parser.is_done() {
+                        st.finish();
                     }
-                    Err(e) => {
-                        st.pending.push_back(Err(e));
-                        st.finished = true;
-                    }
-                },
+                }
                 Some(Err(e)) => {
                     st.pending.push_back(Err(ModelError::Transport {
                         message: format!("stream from {} broke: {e}", st.url),
@@ -230,22 +662,28 @@ pub(crate) fn drive_sse<P: SseParser>(
 }
 
 impl<P: SseParser> Drive<P> {
-    fn finish(&mut self) {
-        match self.parser.finish() {
-            Ok(events) => self.pending.extend(events.into_iter().map(Ok)),
-            Err(e) => self.pending.push_back(Err(e)),
+    /// Queues parsed events (through the output check); an error ends the stream.
+    fn push(&mut self, events: Result<Vec<ModelEvent>, ModelError>) {
+        let checked = events.and_then(|events| {
+            for ev in events {
+                self.check.see(&ev)?;
+                self.pending.push_back(Ok(ev));
+            }
+            Ok(())
+        });
+        if let Err(e) = checked {
+            self.pending.push_back(Err(e));
+            self.finished = true;
         }
+    }
+
+    fn finish(&mut self) {
+        let events = self.parser.finish();
+        self.push(events);
         self.finished = true;
     }
 }
 
-/// Reads a whole JSON response body.
-pub(crate) async fn read_json(resp: reqwest::Response, url: &str) -> Result<Value, ModelError> {
-    let text = resp.text().await.map_err(|e| send_error(url, e))?;
-    serde_json::from_str(&text).map_err(|e| {
-        ModelError::InvalidResponse(format!(
-            "{url} answered with non-JSON ({e}): {}",
-            crate::classify::error_message(&text)
-        ))
-    })
-}
+#[cfg(test)]
+#[path = "http_tests.rs"]
+mod tests;

@@ -14,7 +14,15 @@
 //!   DashScope, vLLM, llama.cpp bodies), 429 with `Retry-After`, 5xx, auth (naming the
 //!   key's env var and the URL, never retried), transport;
 //! * retries retryable failures with capped exponential backoff and jitter ([`RetryConfig`]),
-//!   honouring `Retry-After`, and only before the first event of a stream.
+//!   honouring `Retry-After` up to [`RetryConfig::max_retry_after`], and only before the
+//!   first event of a stream; a failure to connect gets at most [`MAX_CONNECT_RETRIES`]
+//!   short retries, so a dead URL fails in well under a second;
+//! * checks the base URL when the client is built (a bad URL or port is
+//!   [`ModelError::Config`] naming its variable, e.g. `OPENAI_BASE_URL`), appends `/v1` to
+//!   an OpenAI-compatible URL without a path, and never shows credentials of a URL in a
+//!   message, log line or `Debug` output;
+//! * reports a reply cut off at the output token limit before any text or tool call as
+//!   [`ModelError::InvalidResponse`] (saying to raise `max_tokens`), not as an empty answer.
 //!
 //! | feature | what it adds |
 //! |---|---|
@@ -45,6 +53,8 @@ mod anthropic;
 pub mod classify;
 mod config;
 #[cfg(any(feature = "openai", feature = "anthropic"))]
+mod endpoint;
+#[cfg(any(feature = "openai", feature = "anthropic"))]
 mod http;
 #[cfg(feature = "openai")]
 mod openai;
@@ -52,8 +62,8 @@ mod openai;
 use std::sync::Arc;
 
 pub use config::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONTEXT_WINDOW, DEFAULT_TIMEOUT, KNOWN_CONTEXT_WINDOWS,
-    RetryConfig, context_window_for, process_env,
+    CONNECT_RETRY_DELAY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONTEXT_WINDOW, DEFAULT_TIMEOUT,
+    KNOWN_CONTEXT_WINDOWS, MAX_CONNECT_RETRIES, RetryConfig, context_window_for, process_env,
 };
 pub use hame_core::{Model, ModelError};
 

@@ -5,13 +5,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use hame_core::{
     ContentBlock, Message, Model, ModelError, ModelEvent, ModelInfo, ModelRequest, ModelResponse,
-    ModelStream, ResponseAssembler, Role, StopReason, Usage,
+    ModelStream, Role, StopReason, Usage,
 };
 use serde_json::{Map, Value, json};
 
 use crate::classify::classify_stream_error;
 use crate::config::{DEFAULT_TIMEOUT, RetryConfig, context_window_for};
-use crate::http::{Endpoint, Http, SseParser, drive_sse, read_json};
+use crate::endpoint::join;
+use crate::http::{Client, Common, SseParser, common_of, env_value};
 
 /// Default base URL.
 pub const OPENAI_DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
@@ -19,8 +20,14 @@ pub const OPENAI_DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 /// Configuration of an [`OpenAiModel`].
 #[derive(Clone, PartialEq, Eq)]
 pub struct OpenAiConfig {
-    /// Base URL; `/chat/completions` is appended. Default `https://api.openai.com/v1`.
+    /// Base URL; `/chat/completions` is appended. A URL without a path
+    /// (`http://127.0.0.1:8000`) gets `/v1` first, as every OpenAI-compatible server serves
+    /// under it. User and password in the URL are sent as basic auth and never shown in
+    /// messages. Default `https://api.openai.com/v1`.
     pub base_url: String,
+    /// Where the base URL comes from, named in connection and URL errors. Default
+    /// `OPENAI_BASE_URL`.
+    pub base_url_name: String,
     /// Bearer key; `None` for local servers (Ollama, vLLM, llama.cpp) that need none.
     pub api_key: Option<String>,
     /// Where the key comes from, named in auth errors. Default `OPENAI_API_KEY`.
@@ -39,16 +46,9 @@ pub struct OpenAiConfig {
 
 impl std::fmt::Debug for OpenAiConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpenAiConfig")
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .field("api_key_name", &self.api_key_name)
-            .field("provider", &self.provider)
-            .field("model", &self.model)
-            .field("context_window", &self.context_window)
-            .field("timeout", &self.timeout)
-            .field("retry", &self.retry)
-            .finish()
+        let mut d = f.debug_struct("OpenAiConfig");
+        self.common().debug_fields(&mut d);
+        d.finish()
     }
 }
 
@@ -58,6 +58,7 @@ impl OpenAiConfig {
         let model = model.into();
         Self {
             base_url: OPENAI_DEFAULT_BASE_URL.to_owned(),
+            base_url_name: "OPENAI_BASE_URL".to_owned(),
             api_key: None,
             api_key_name: "OPENAI_API_KEY".to_owned(),
             provider: "openai".to_owned(),
@@ -90,12 +91,15 @@ impl OpenAiConfig {
         default_base_url: &str,
     ) -> Self {
         let mut c = Self::new(model);
-        c.base_url = env(base_url_var)
-            .filter(|v| !v.trim().is_empty())
-            .unwrap_or_else(|| default_base_url.to_owned());
-        c.api_key = env(api_key_var).filter(|v| !v.trim().is_empty());
+        c.base_url = env_value(env, base_url_var).unwrap_or_else(|| default_base_url.to_owned());
+        c.api_key = env_value(env, api_key_var);
+        base_url_var.clone_into(&mut c.base_url_name);
         api_key_var.clone_into(&mut c.api_key_name);
         c
+    }
+
+    fn common(&self) -> Common<'_> {
+        common_of!(self, &self.provider)
     }
 }
 
@@ -103,34 +107,28 @@ impl OpenAiConfig {
 #[derive(Debug)]
 pub struct OpenAiModel {
     config: OpenAiConfig,
-    endpoint: Endpoint,
-    http: Http,
+    client: Client,
 }
 
 impl OpenAiModel {
     /// Builds the client (no request is made).
+    ///
+    /// # Errors
+    /// [`ModelError::Config`] for an empty model name, a base URL that is not an
+    /// `http(s)://` URL (the message names [`OpenAiConfig::base_url_name`]), or a key that
+    /// cannot be sent in a header.
     pub fn new(config: OpenAiConfig) -> Result<Self, ModelError> {
-        if config.model.trim().is_empty() {
-            return Err(ModelError::Config("the model name is empty".into()));
+        let common = config.common();
+        let mut base = common.base_url()?;
+        if base.path() == "/" {
+            base.set_path("/v1");
         }
-        let base = config.base_url.trim_end_matches('/').to_owned();
-        let mut headers = Vec::new();
-        if let Some(key) = &config.api_key {
-            headers.push(("authorization".to_owned(), format!("Bearer {key}")));
-        }
-        let endpoint = Endpoint {
-            url: format!("{base}/chat/completions"),
-            base_url: base,
-            key_name: config.api_key_name.clone(),
-            key_sent: config.api_key.is_some(),
-            headers,
-        };
-        let http = Http::new(config.timeout, config.retry.clone())?;
-        Ok(Self {
-            config,
-            endpoint,
-            http,
-        })
+        let endpoint = join(&base, &["chat", "completions"]);
+        let auth = common
+            .api_key
+            .map(|key| ("authorization", format!("Bearer {key}")));
+        let client = Client::new(&common, &base, endpoint, auth, &[])?;
+        Ok(Self { config, client })
     }
 
     /// The configuration.
@@ -142,32 +140,21 @@ impl OpenAiModel {
 #[async_trait]
 impl Model for OpenAiModel {
     fn info(&self) -> ModelInfo {
-        ModelInfo {
-            provider: self.config.provider.clone(),
-            model: self.config.model.clone(),
-            context_window: self.config.context_window,
-        }
+        self.config.common().info()
     }
 
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
-        let body = request_body(&self.config.model, &self.endpoint.base_url, &request, true);
-        let resp = self.http.post(&self.endpoint, &body).await?;
-        Ok(drive_sse(
-            resp,
-            StreamParser::default(),
-            self.endpoint.url.clone(),
-        ))
+        let body = request_body(&self.config.model, &self.config.base_url, &request, true);
+        let limit = request.params.max_tokens;
+        self.client
+            .stream(&body, StreamParser::default(), limit)
+            .await
     }
 
     async fn complete(&self, request: ModelRequest) -> Result<ModelResponse, ModelError> {
-        let body = request_body(&self.config.model, &self.endpoint.base_url, &request, false);
-        let resp = self.http.post(&self.endpoint, &body).await?;
-        let value = read_json(resp, &self.endpoint.url).await?;
-        let mut asm = ResponseAssembler::default();
-        for ev in parse_response(&value)? {
-            asm.push(&ev);
-        }
-        Ok(asm.finish())
+        let body = request_body(&self.config.model, &self.config.base_url, &request, false);
+        let limit = request.params.max_tokens;
+        self.client.complete(&body, parse_response, limit).await
     }
 }
 

@@ -1,6 +1,7 @@
 //! Shared helpers.
 
 mod anthropic;
+mod diagnostics;
 mod errors;
 mod open;
 mod openai;
