@@ -115,7 +115,7 @@ pub enum ModelError {
         message: String,
     },
     /// Too many requests.
-    #[error("rate limited (retry after {retry_after:?}): {message}")]
+    #[error("rate limited{}: {message}", retry_hint(*retry_after))]
     RateLimited {
         /// The provider's `Retry-After`, if any.
         retry_after: Option<Duration>,
@@ -171,6 +171,21 @@ impl ModelError {
     pub fn is_context_overflow(&self) -> bool {
         matches!(self, ModelError::ContextOverflow { .. })
     }
+}
+
+/// ` (retry after 2 s)`, ` (retry after 3 min 5 s)`, or nothing.
+fn retry_hint(after: Option<Duration>) -> String {
+    let Some(d) = after else {
+        return String::new();
+    };
+    let s = d.as_secs();
+    let text = match s {
+        0 => format!("{} ms", d.as_millis()),
+        1..=59 => format!("{s} s"),
+        60..=3599 => format!("{} min {} s", s / 60, s % 60),
+        _ => format!("{} h {} min", s / 3600, (s % 3600) / 60),
+    };
+    format!(" (retry after {text})")
 }
 
 /// A stream of model events.
@@ -401,6 +416,14 @@ mod tests {
                 message: String::new()
             }
             .is_retryable()
+        );
+        assert_eq!(
+            ModelError::RateLimited {
+                retry_after: Some(Duration::from_secs(100_000)),
+                message: "slow down".into()
+            }
+            .to_string(),
+            "rate limited (retry after 27 h 46 min): slow down"
         );
         assert!(
             ModelError::RateLimited {
