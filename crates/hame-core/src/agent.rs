@@ -33,7 +33,7 @@ pub const DEFAULT_MAX_MODEL_RETRIES: usize = 3;
 /// Limits and parameters of the loop.
 #[derive(Debug, Clone)]
 pub struct LoopConfig {
-    /// Base system prompt; middleware usually extends it. Default empty.
+    /// Base system prompt; layers usually extend it. Default empty.
     pub system_prompt: String,
     /// Maximum reasoning steps (model requests) per call. Default [`DEFAULT_MAX_ITERATIONS`].
     pub max_iterations: usize,

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-/// Who is calling and in which session. Reaches every middleware hook and every tool.
+/// Who is calling and in which session. Reaches every layer and every tool.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RuntimeContext {
     /// Session id; the same id resumes the same conversation.
@@ -13,7 +13,7 @@ pub struct RuntimeContext {
     /// User id, when the caller has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_id: Option<String>,
-    /// Free-form values for middleware and tools.
+    /// Free-form values for layers and tools.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub extras: BTreeMap<String, serde_json::Value>,
 }

@@ -25,7 +25,7 @@ pub mod codes {
     pub const TOOL_PANICKED: &str = "tool_panicked";
     /// The tool did not finish within its timeout.
     pub const TIMEOUT: &str = "timeout";
-    /// A middleware refused the call.
+    /// A layer or a policy refused the call.
     pub const DENIED: &str = "permission_denied";
     /// The call was cancelled.
     pub const CANCELLED: &str = "cancelled";

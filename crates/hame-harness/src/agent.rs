@@ -440,7 +440,7 @@ impl HarnessAgent {
         &self.inner.workspace
     }
 
-    /// The loop (model, tools, middleware) this agent runs.
+    /// The loop (model, tools, layers) this agent runs.
     pub fn agent_loop(&self) -> &AgentLoop {
         &self.inner.agent_loop
     }

@@ -18,7 +18,7 @@ pub const MAX_CONTEXT_FILE_BYTES: usize = 64 * 1024;
 /// Most files listed from one directory tree (e.g. `knowledge/`) in the prompt.
 pub const MAX_LISTED_FILES: usize = 500;
 
-/// Settings of the workspace-context middleware.
+/// Settings of the workspace-context layer.
 #[derive(Debug, Clone)]
 pub struct ContextOptions {
     /// Agent name shown in the session section.

@@ -2,7 +2,7 @@
 //!
 //! The planning ([`plan_compaction`], [`plan_forced`]) and the rewrite ([`apply`]) are pure
 //! functions over `&[Message]`; [`Compactor`] adds the model call and the bookkeeping in
-//! `AgentState.extensions["compaction"]`, and [`CompactionMiddleware`] triggers it from the
+//! `AgentState.extensions["compaction"]`, and [`CompactionLayer`] triggers it from the
 //! loop.
 //!
 //! # Invariants (property-tested)

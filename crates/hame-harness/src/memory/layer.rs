@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use super::files::FsFiles;
 use super::{INDEXED_RECORD_CHARS, MAX_FLUSH_ROUNDS, MAX_INDEXED_SESSIONS, MemoryOptions};
 
-/// One agent's memory layer, shared by its middleware, tools and background tasks.
+/// One agent's memory layer, shared by its layers, tools and background tasks.
 #[derive(Debug)]
 pub(crate) struct MemoryLayer {
     pub(crate) options: MemoryOptions,
