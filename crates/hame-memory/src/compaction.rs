@@ -535,15 +535,25 @@ pub struct Compactor {
     counter: Arc<dyn TokenCounter>,
 }
 
-/// Keeps the head and tail of `text` within `max` characters.
-pub(crate) fn clip_middle(text: &str, max: usize) -> String {
+/// Keeps the head and tail of `text` within `max` characters, with a line saying how many
+/// were left out between them.
+pub fn clip_middle(text: &str, max: usize) -> String {
+    clip_middle_with(text, max, "\n…[", "]…\n")
+}
+
+/// [`clip_middle`] on one line: `head … [n characters omitted] … tail`.
+pub fn clip_middle_inline(text: &str, max: usize) -> String {
+    clip_middle_with(text, max, " … [", "] … ")
+}
+
+fn clip_middle_with(text: &str, max: usize, open: &str, close: &str) -> String {
     let n = text.chars().count();
     if n <= max {
         return text.to_owned();
     }
     let head: String = text.chars().take(max / 2).collect();
     let tail: String = text.chars().skip(n - max / 2).collect();
-    format!("{head}\n…[{} characters omitted]…\n{tail}", n - max)
+    format!("{head}{open}{} characters omitted{close}{tail}", n - max)
 }
 
 impl Compactor {

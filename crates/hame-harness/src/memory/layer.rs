@@ -243,7 +243,8 @@ impl MemoryLayer {
                     format!(
                         "#{} {role}: {}",
                         r.seq,
-                        clip_middle(&flat, INDEXED_RECORD_CHARS).replace('\n', " ")
+                        hame_memory::compaction::clip_middle_inline(&flat, INDEXED_RECORD_CHARS)
+                            .replace('\n', " ")
                     )
                 })
                 .collect();
@@ -282,17 +283,6 @@ impl MemoryLayer {
             }
         }
     }
-}
-
-/// Keeps the head and tail of `text` within about `max` characters.
-pub(crate) fn clip_middle(text: &str, max: usize) -> String {
-    let n = text.chars().count();
-    if n <= max {
-        return text.to_owned();
-    }
-    let head: String = text.chars().take(max / 2).collect();
-    let tail: String = text.chars().skip(n - max / 2).collect();
-    format!("{head} … [{} characters omitted] … {tail}", n - max)
 }
 
 fn invalid(e: hame_fs::Error) -> hame_memory::Error {

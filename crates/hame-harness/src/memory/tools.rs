@@ -37,6 +37,22 @@ pub(crate) fn memory_tools(layer: &Arc<MemoryLayer>) -> Vec<Arc<dyn Tool>> {
     ]
 }
 
+/// One search of the tenant's documents with the tool's limit.
+async fn search(
+    index: &dyn hame_memory::SearchIndex,
+    tenant: &str,
+    args: &SearchArgs,
+) -> Result<Vec<hame_memory::Hit>, ToolError> {
+    index
+        .search(
+            tenant,
+            &args.query,
+            &SearchOptions::limit(limit(args.limit)),
+        )
+        .await
+        .map_err(unavailable)
+}
+
 fn unavailable(e: impl std::fmt::Display) -> ToolError {
     ToolError::new(UNAVAILABLE, format!("memory is unavailable right now: {e}"))
 }
@@ -81,14 +97,7 @@ impl TypedTool for MemorySearch {
             .sync_memory(ctx.workspace()?)
             .await
             .map_err(unavailable)?;
-        let hits = index
-            .search(
-                &tenant,
-                &args.query,
-                &SearchOptions::limit(limit(args.limit)),
-            )
-            .await
-            .map_err(unavailable)?;
+        let hits = search(index.as_ref(), &tenant, &args).await?;
         if hits.is_empty() {
             return Ok(format!("No memory matches {:?}.", args.query));
         }
@@ -259,14 +268,7 @@ impl TypedTool for SessionSearch {
             .sync_sessions(ctx.workspace()?)
             .await
             .map_err(unavailable)?;
-        let hits = index
-            .search(
-                &tenant,
-                &args.query,
-                &SearchOptions::limit(limit(args.limit)),
-            )
-            .await
-            .map_err(unavailable)?;
+        let hits = search(index.as_ref(), &tenant, &args).await?;
         if hits.is_empty() {
             return Ok(format!("No session record matches {:?}.", args.query));
         }
