@@ -1,17 +1,24 @@
 //! The `hame` command line.
 //!
 //! Exit codes: 0 success; 1 the call failed (model error, step limit); 2 usage or
-//! configuration error (one line on stderr that says what to set).
+//! configuration error (one line on stderr that says what to set); 3 the call waits for a
+//! decision (a tool call was suspended, e.g. for approval); 130 / 143 stopped by SIGINT /
+//! SIGTERM (the call is cancelled, what joined the conversation is saved, the session lease
+//! is released and the shell's processes are killed before exiting).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 
 use clap::{Args, Parser, Subcommand};
 use futures::StreamExt;
-use hame::{AgentEvent, HarnessAgent, Message, Model, RuntimeContext};
+use hame::{
+    AgentEvent, CallInput, CancellationToken, EventSink, HarnessAgent, Message, Model,
+    RuntimeContext,
+};
 
 #[derive(Debug, Parser)]
 #[command(name = "hame", version, about = "Run a hame agent against a workspace")]
@@ -95,6 +102,161 @@ impl From<Isolation> for hame::fs::Scope {
             Isolation::Agent => hame::fs::Scope::Agent,
             Isolation::Global => hame::fs::Scope::Global,
         }
+    }
+}
+
+/// The call stopped with this exit code (a signal, a suspension); its message is printed.
+#[derive(Debug)]
+struct Stopped(u8, String);
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.1)
+    }
+}
+
+impl std::error::Error for Stopped {}
+
+/// SIGINT and SIGTERM: the first cancels the running call (the one in `current`, or
+/// exits at once with 130 / 143 when nothing runs); a second one exits at once.
+#[derive(Debug, Clone, Default)]
+struct Signals {
+    current: Arc<Mutex<Option<CancellationToken>>>,
+    /// 130 or 143 once a signal arrived, else 0.
+    code: Arc<AtomicU8>,
+}
+
+impl Signals {
+    fn watch() -> Self {
+        let this = Self::default();
+        let me = this.clone();
+        tokio::spawn(async move {
+            #[cfg(unix)]
+            {
+                use tokio::signal::unix::{SignalKind, signal};
+                let (Ok(mut int), Ok(mut term)) = (
+                    signal(SignalKind::interrupt()),
+                    signal(SignalKind::terminate()),
+                ) else {
+                    tracing::warn!("cannot install signal handlers");
+                    return;
+                };
+                loop {
+                    let code = tokio::select! {
+                        _ = int.recv() => 130,
+                        _ = term.recv() => 143,
+                    };
+                    me.arrived(code);
+                }
+            }
+            #[cfg(not(unix))]
+            {
+                while tokio::signal::ctrl_c().await.is_ok() {
+                    me.arrived(130);
+                }
+            }
+        });
+        this
+    }
+
+    fn arrived(&self, code: u8) {
+        let running = self.current.lock().ok().and_then(|c| c.clone());
+        let first = self.code.swap(code, Ordering::SeqCst) == 0;
+        match running {
+            Some(token) if first || !token.is_cancelled() => token.cancel(),
+            _ => {
+                eprintln!();
+                std::process::exit(i32::from(code));
+            }
+        }
+    }
+
+    /// A token for the next call, cancelled by the next signal.
+    fn begin(&self) -> CancellationToken {
+        self.code.store(0, Ordering::SeqCst);
+        let token = CancellationToken::new();
+        if let Ok(mut c) = self.current.lock() {
+            *c = Some(token.clone());
+        }
+        token
+    }
+
+    /// The call ended: a signal now exits at once. Returns the signal's exit code, if one
+    /// arrived during the call.
+    fn end(&self) -> Option<u8> {
+        if let Ok(mut c) = self.current.lock() {
+            *c = None;
+        }
+        match self.code.load(Ordering::SeqCst) {
+            0 => None,
+            c => Some(c),
+        }
+    }
+}
+
+/// Prints the events a user of `hame run` should see on stderr: workspace files that could
+/// not be read, failed compactions, suspended tool calls.
+fn warn_on(ev: &AgentEvent) {
+    match ev {
+        AgentEvent::Custom { kind, data }
+            if kind.starts_with("workspace.")
+                || kind.ends_with("_failed")
+                || kind.ends_with(".failed") =>
+        {
+            let path = data.get("path").and_then(|p| p.as_str()).unwrap_or("");
+            let error = data.get("error").and_then(|p| p.as_str()).unwrap_or("");
+            eprintln!("hame: warning: {kind} {path}: {error}");
+        }
+        _ => {}
+    }
+}
+
+/// The line `hame run` prints for each suspended tool call: the approval id, the tool and
+/// its main argument.
+fn suspended_lines(s: &hame::Suspended) -> String {
+    s.calls
+        .iter()
+        .map(|c| {
+            let args: serde_json::Value =
+                serde_json::from_str(&c.call.arguments).unwrap_or(serde_json::Value::Null);
+            let main = [
+                "file_path",
+                "path",
+                "command",
+                "subagent_type",
+                "id",
+                "pattern",
+            ]
+            .iter()
+            .find_map(|k| args.get(*k).and_then(|v| v.as_str()))
+            .unwrap_or("");
+            format!(
+                "approval needed: {} {} {} ({})",
+                c.suspension.id, c.call.name, main, c.suspension.reason
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Maps a call's outcome to the exit the user sees: a signal (130/143), a suspension (3).
+fn outcome<T>(result: Result<T, hame::harness::Error>, signal: Option<u8>) -> anyhow::Result<T> {
+    match result {
+        Ok(v) => Ok(v),
+        Err(hame::harness::Error::Call(hame::Error::Suspended(s))) => {
+            Err(Stopped(3, suspended_lines(&s)).into())
+        }
+        Err(e) => match signal {
+            Some(code) => Err(Stopped(
+                code,
+                format!(
+                    "stopped by {}: {e} (the conversation so far is saved)",
+                    if code == 130 { "SIGINT" } else { "SIGTERM" }
+                ),
+            )
+            .into()),
+            None => Err(e.into()),
+        },
     }
 }
 
@@ -188,8 +350,22 @@ async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)
 }
 
 async fn run(common: Common, json: bool, message: String) -> anyhow::Result<()> {
+    let signals = Signals::watch();
     let (agent, ctx) = build(&common).await?;
-    let out = agent.call(Message::user(message), &ctx).await?;
+    let (sink, mut rx) = EventSink::channel();
+    let printer = tokio::spawn(async move {
+        while let Some(ev) = rx.recv().await {
+            warn_on(&ev);
+        }
+    });
+    let cancel = signals.begin();
+    let result = agent
+        .call_with(Message::user(message), &ctx, &sink, &cancel)
+        .await;
+    let signal = signals.end();
+    drop(sink);
+    let _ = printer.await;
+    let out = outcome(result, signal)?;
     if json {
         let obj = serde_json::json!({
             "reply": out.reply.text_content(),
@@ -221,14 +397,35 @@ async fn finish(agent: &HarnessAgent) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Reads stdin lines on a blocking thread (the runtime's workers never block on a TTY).
+fn stdin_lines() -> tokio::sync::mpsc::Receiver<std::io::Result<String>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    std::thread::spawn(move || {
+        let stdin = std::io::stdin();
+        loop {
+            let mut line = String::new();
+            let r = stdin.lock().read_line(&mut line);
+            let eof = matches!(r, Ok(0)) || r.is_err();
+            if tx.blocking_send(r.map(|_| line)).is_err() || eof {
+                return;
+            }
+        }
+    });
+    rx
+}
+
 async fn chat(common: Common) -> anyhow::Result<()> {
+    let signals = Signals::watch();
     let (agent, ctx) = build(&common).await?;
-    let stdin = std::io::stdin();
-    let mut line = String::new();
+    let mut lines = stdin_lines();
     loop {
         eprint!("> ");
-        line.clear();
-        if stdin.lock().read_line(&mut line)? == 0 {
+        let line = match lines.recv().await {
+            None | Some(Ok(_)) if false => unreachable!(),
+            None => return finish(&agent).await,
+            Some(r) => r?,
+        };
+        if line.is_empty() {
             return finish(&agent).await;
         }
         let text = line.trim();
@@ -238,7 +435,10 @@ async fn chat(common: Common) -> anyhow::Result<()> {
         if text == "/exit" || text == "/quit" {
             return finish(&agent).await;
         }
-        let mut events = agent.stream(Message::user(text), &ctx);
+        // Ctrl-C during a turn cancels the turn and comes back to the prompt; at the
+        // prompt it exits.
+        let cancel = signals.begin();
+        let mut events = agent.stream_with(CallInput::Message(Message::user(text)), &ctx, cancel);
         let mut out = std::io::stdout();
         while let Some(ev) = events.next().await {
             match ev {
@@ -262,9 +462,15 @@ async fn chat(common: Common) -> anyhow::Result<()> {
                     eprintln!("  ⚙ {name} {status} ({duration_ms} ms)");
                 }
                 AgentEvent::Finished { .. } => println!(),
+                AgentEvent::Suspended { calls } => {
+                    eprintln!("\n{}", suspended_lines(&hame::Suspended { calls }));
+                }
                 AgentEvent::Failed { message } => eprintln!("\nerror: {message}"),
-                _ => {}
+                other => warn_on(&other),
             }
+        }
+        if signals.end().is_some() {
+            eprintln!("(turn cancelled; the conversation so far is saved)");
         }
     }
 }
@@ -300,6 +506,11 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<Stopped>() => {
+            let code = e.downcast_ref::<Stopped>().map_or(1, |s| s.0);
+            eprintln!("hame: {e}");
+            ExitCode::from(code)
+        }
         Err(e) if e.is::<ConfigError>() => {
             eprintln!("hame: {e}");
             ExitCode::from(2)

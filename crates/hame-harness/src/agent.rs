@@ -495,17 +495,27 @@ impl HarnessAgent {
             .await
     }
 
-    /// Runs one call, streaming its events; the stream ends with `Finished` or `Failed`.
+    /// Runs one call, streaming its events; the stream ends with `Finished`, `Suspended` or
+    /// `Failed`.
     pub fn stream(&self, message: Message, ctx: &RuntimeContext) -> BoxStream<'static, AgentEvent> {
+        self.stream_with(CallInput::Message(message), ctx, CancellationToken::new())
+    }
+
+    /// [`stream`](Self::stream) for a new message or a resume, with a cancellation token
+    /// (cancelling it ends the call at the next await point; what joined the state is kept).
+    pub fn stream_with(
+        &self,
+        input: CallInput,
+        ctx: &RuntimeContext,
+        cancel: CancellationToken,
+    ) -> BoxStream<'static, AgentEvent> {
         let (sink, rx) = EventSink::channel();
         let this = self.clone();
         let ctx = ctx.clone();
         tokio::spawn(async move {
             // Loop errors are reported as a `Failed` event by the loop itself; errors
             // around it (ids, storage, busy session) are reported here.
-            let result = this
-                .call_with(message, &ctx, &sink, &CancellationToken::new())
-                .await;
+            let result = this.run_input(input, &ctx, &sink, &cancel).await;
             if let Err(e) = result
                 && !matches!(e, Error::Call(_))
             {
