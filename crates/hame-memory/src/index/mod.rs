@@ -43,7 +43,7 @@ pub use postgres::{
     MAX_TABLE_PREFIX_LEN, PG_MAX_SCAN_ROWS, PG_SCHEMA_VERSION, PgIndex, PgIndexOptions,
 };
 #[cfg(feature = "sqlite")]
-pub use sqlite::SqliteIndex;
+pub use sqlite::{SQLITE_APPLICATION_ID, SQLITE_SCHEMA_VERSION, SqliteIndex};
 
 /// Default number of hits of a search.
 pub const DEFAULT_SEARCH_LIMIT: usize = 10;
