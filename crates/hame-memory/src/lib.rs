@@ -65,6 +65,8 @@ pub mod daily;
 mod error;
 pub mod index;
 pub mod offload;
+#[cfg(test)]
+mod test_support;
 pub mod tokens;
 
 pub use compaction::{

@@ -18,6 +18,7 @@ use sha2::{Digest, Sha256};
 
 use crate::compaction::clip_middle;
 use crate::error::Result;
+use crate::index::content_hash;
 
 /// Default: results longer than this many characters are offloaded.
 pub const DEFAULT_OFFLOAD_THRESHOLD_CHARS: usize = 80_000;
@@ -171,12 +172,11 @@ impl Offloader {
     /// `<dir>/<file_stem(call_id)>-<first CONTENT_HASH_HEX hex digits of its SHA-256>.txt`,
     /// one path segment below `dir` whatever the call id.
     pub fn path_for(&self, call_id: &str, content: &str) -> String {
-        let hash = hex::encode(Sha256::digest(content.as_bytes()));
         format!(
             "{}/{}-{}.txt",
             self.policy.dir.trim_end_matches('/'),
             file_stem(call_id),
-            &hash[..CONTENT_HASH_HEX]
+            &content_hash(content)[..CONTENT_HASH_HEX]
         )
     }
 

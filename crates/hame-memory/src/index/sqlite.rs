@@ -24,10 +24,10 @@ use rusqlite::{
     Connection, OpenFlags, OptionalExtension, TransactionBehavior, params, params_from_iter,
 };
 
-use super::memory::{needles, rank, score_row};
+use super::scoring::rank_rows;
 use super::{
     DocumentInfo, Hit, Query, QueryMode, SNIPPET_WORDS, SearchIndex, SearchOptions, UpsertOutcome,
-    check_tenant, content_hash, highlight, is_cjk, parse_query, split_rows,
+    check_tenant, content_hash, is_cjk, prepare_search, split_rows,
 };
 use crate::error::{Error, Result};
 
@@ -579,39 +579,37 @@ fn scan_search(
             ))
         })
         .map_err(sql("scan"))?;
-    let needles = needles(query);
-    let mut all = Vec::new();
-    let mut any = Vec::new();
-    for row in rows {
-        let (path, line, content) = row.map_err(sql("read scan results"))?;
-        let (matched, score) = score_row(&content, query);
-        if matched == 0 {
-            continue;
-        }
-        let hit = Hit {
-            path,
-            line,
-            snippet: highlight(&content, &needles),
-            score,
-        };
-        if matched == query.terms.len() {
-            all.push(hit);
-        } else {
-            any.push(hit);
-        }
-    }
-    Ok(rank(
-        if all.is_empty() { any } else { all },
-        options.effective_limit(),
-    ))
+    let rows = rows
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(sql("read scan results"))?;
+    Ok(rank_rows(rows, query, options.effective_limit()))
+}
+
+/// Starts a write transaction and deletes a document's rows in it (the triggers keep both
+/// FTS tables in step); its `docs` row is left to the caller.
+fn begin_clearing<'c>(
+    conn: &'c mut Connection,
+    tenant: &str,
+    path: &str,
+) -> Result<rusqlite::Transaction<'c>> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(sql("begin"))?;
+    tx.execute(
+        "DELETE FROM lines WHERE tenant = ?1 AND path = ?2",
+        params![tenant, path],
+    )
+    .map_err(sql("delete rows"))?;
+    Ok(tx)
 }
 
 impl SqliteIndex {
     /// Opens (or creates) the index file at `path`.
     ///
     /// A missing or empty file is created (mode 0600 on Unix; missing parent directories
-    /// 0700) and marked as a hame index with `PRAGMA application_id` ([`SQLITE_APPLICATION_ID`])
-    /// and the format in `user_version` ([`SQLITE_SCHEMA_VERSION`]).
+    /// 0700) and marked as a hame index with `PRAGMA application_id`
+    /// ([`SQLITE_APPLICATION_ID`]) and the format in `user_version`
+    /// ([`SQLITE_SCHEMA_VERSION`]).
     ///
     /// A file hame did not create is never changed: one that is not a SQLite database, or
     /// a SQLite database without hame's application id, is refused with
@@ -694,14 +692,7 @@ impl SearchIndex for SqliteIndex {
             if old.as_deref() == Some(hash.as_str()) {
                 return Ok(UpsertOutcome::Unchanged);
             }
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(sql("begin"))?;
-            tx.execute(
-                "DELETE FROM lines WHERE tenant = ?1 AND path = ?2",
-                params![tenant, path],
-            )
-            .map_err(sql("delete old rows"))?;
+            let tx = begin_clearing(conn, &tenant, &path)?;
             {
                 let mut ins = tx
                     .prepare_cached(
@@ -731,14 +722,7 @@ impl SearchIndex for SqliteIndex {
         check_tenant(tenant)?;
         let (tenant, path) = (tenant.to_owned(), path.to_owned());
         self.with_conn(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(sql("begin"))?;
-            tx.execute(
-                "DELETE FROM lines WHERE tenant = ?1 AND path = ?2",
-                params![tenant, path],
-            )
-            .map_err(sql("delete rows"))?;
+            let tx = begin_clearing(conn, &tenant, &path)?;
             let n = tx
                 .execute(
                     "DELETE FROM docs WHERE tenant = ?1 AND path = ?2",
@@ -752,13 +736,9 @@ impl SearchIndex for SqliteIndex {
     }
 
     async fn search(&self, tenant: &str, query: &str, options: &SearchOptions) -> Result<Vec<Hit>> {
-        check_tenant(tenant)?;
-        let Some(query) = parse_query(query) else {
+        let Some(query) = prepare_search(tenant, query, options)? else {
             return Ok(Vec::new());
         };
-        if options.effective_limit() == 0 {
-            return Ok(Vec::new());
-        }
         let tenant = tenant.to_owned();
         let options = options.clone();
         self.with_conn(move |conn| {

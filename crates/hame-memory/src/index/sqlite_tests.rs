@@ -1,5 +1,5 @@
 use super::*;
-use crate::index::conformance;
+use crate::index::{conformance, parse_query};
 use pretty_assertions::assert_eq;
 
 #[tokio::test]
@@ -9,7 +9,7 @@ async fn conformance_in_memory() -> Result<()> {
 
 #[tokio::test]
 async fn conformance_on_disk_through_arc_dyn() -> Result<()> {
-    let dir = tempfile::tempdir().map_err(|e| Error::index("tempdir", e))?;
+    let dir = tempdir()?;
     let index: Arc<dyn SearchIndex> = Arc::new(SqliteIndex::open(dir.path().join("idx.db")).await?);
     conformance::run_all(&index).await
 }
@@ -20,6 +20,29 @@ fn tempdir() -> Result<tempfile::TempDir> {
 
 fn read(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).map_err(|e| Error::index("read", e))
+}
+
+fn write(path: &Path, bytes: &[u8]) -> Result<()> {
+    std::fs::write(path, bytes).map_err(|e| Error::index("write", e))
+}
+
+/// Runs `batch` on the database file at `path` (created if missing) with a plain
+/// connection, as another program would; the connection is returned still open.
+fn run_sql(path: &Path, batch: &str) -> Result<Connection> {
+    let c = Connection::open(path).map_err(sql("open"))?;
+    c.execute_batch(batch).map_err(sql("run batch"))?;
+    Ok(c)
+}
+
+/// Opening `path` creates a fresh, usable, marked index.
+async fn opens_as_fresh_index(path: &Path) -> Result<()> {
+    let idx = SqliteIndex::open(path).await?;
+    assert!(idx.was_rebuilt(), "{}", path.display());
+    assert!(idx.documents("t").await?.is_empty());
+    idx.upsert_document("t", "a.md", "works\n").await?;
+    drop(idx);
+    assert_eq!(marks(path)?, (SQLITE_APPLICATION_ID, SQLITE_SCHEMA_VERSION));
+    Ok(())
 }
 
 /// The names in a directory, sorted (to see that no `-wal`/`-shm`/`-journal` was left).
@@ -35,7 +58,7 @@ fn listing(dir: &Path) -> Result<Vec<String>> {
 
 /// `PRAGMA application_id` and `user_version` of a database file.
 fn marks(path: &Path) -> Result<(i32, i64)> {
-    let c = Connection::open(path).map_err(sql("open"))?;
+    let c = run_sql(path, "")?;
     let id = c
         .query_row("PRAGMA application_id", [], |r| r.get(0))
         .map_err(sql("application_id"))?;
@@ -110,10 +133,7 @@ async fn files_and_directories_are_private() -> Result<()> {
     assert_eq!(mode(&dir.path().join("a"))?, 0o700);
     // A rebuilt index is private as well.
     drop(idx);
-    let c = Connection::open(&path).map_err(sql("open"))?;
-    c.execute_batch("PRAGMA user_version = 1;")
-        .map_err(sql("downgrade"))?;
-    drop(c);
+    run_sql(&path, "PRAGMA user_version = 1;")?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
         .map_err(|e| Error::index("chmod", e))?;
     assert!(SqliteIndex::open(&path).await?.was_rebuilt());
@@ -125,34 +145,22 @@ async fn files_and_directories_are_private() -> Result<()> {
 async fn empty_files_and_empty_databases_become_indexes() -> Result<()> {
     let dir = tempdir()?;
     let empty = dir.path().join("empty.db");
-    std::fs::write(&empty, b"").map_err(|e| Error::index("write", e))?;
+    write(&empty, b"")?;
     let blank = dir.path().join("blank.db");
-    Connection::open(&blank)
-        .and_then(|c| c.execute_batch("PRAGMA page_size = 4096; VACUUM;"))
-        .map_err(sql("blank database"))?;
+    run_sql(&blank, "PRAGMA page_size = 4096; VACUUM;")?;
     assert!(
         read(&blank)?.starts_with(SQLITE_MAGIC),
         "a header was written"
     );
-    for path in [empty, blank] {
-        let idx = SqliteIndex::open(&path).await?;
-        assert!(idx.was_rebuilt());
-        idx.upsert_document("t", "a.md", "works\n").await?;
-        drop(idx);
-        assert_eq!(
-            marks(&path)?,
-            (SQLITE_APPLICATION_ID, SQLITE_SCHEMA_VERSION)
-        );
-    }
-    Ok(())
+    opens_as_fresh_index(&empty).await?;
+    opens_as_fresh_index(&blank).await
 }
 
 #[tokio::test]
 async fn a_text_file_is_refused_and_left_byte_identical() -> Result<()> {
     let dir = tempdir()?;
     let path = dir.path().join("index.db");
-    std::fs::write(&path, b"my notes, not a database\nsecond line\n")
-        .map_err(|e| Error::index("write", e))?;
+    write(&path, b"my notes, not a database\nsecond line\n")?;
     let err = refused_untouched(&path).await?;
     assert!(
         matches!(&err, Error::NotAnIndex { path: p, reason }
@@ -164,17 +172,11 @@ async fn a_text_file_is_refused_and_left_byte_identical() -> Result<()> {
     assert!(message.contains("will not overwrite"), "{message}");
     assert!(!err.is_retryable());
     // Shorter than a SQLite header, and a header cut short.
-    std::fs::write(&path, b"x").map_err(|e| Error::index("write", e))?;
-    assert!(matches!(
-        refused_untouched(&path).await?,
-        Error::NotAnIndex { .. }
-    ));
-    std::fs::write(&path, b"SQLite format 3\0 and then nothing")
-        .map_err(|e| Error::index("write", e))?;
-    assert!(matches!(
-        refused_untouched(&path).await?,
-        Error::NotAnIndex { .. }
-    ));
+    for bytes in [&b"x"[..], b"SQLite format 3\0 and then nothing"] {
+        write(&path, bytes)?;
+        let err = refused_untouched(&path).await?;
+        assert!(matches!(err, Error::NotAnIndex { .. }), "{err:?}");
+    }
     Ok(())
 }
 
@@ -183,22 +185,19 @@ async fn another_applications_database_is_refused_and_left_byte_identical() -> R
     let dir = tempdir()?;
     // Rollback journal, like most applications' databases.
     let plain = dir.path().join("app.db");
-    {
-        let c = Connection::open(&plain).map_err(sql("open"))?;
-        c.execute_batch(
-            "CREATE TABLE customers(id INTEGER PRIMARY KEY, name TEXT); \
-             INSERT INTO customers(name) VALUES ('alice'), ('bob'); \
-             PRAGMA user_version = 7;",
-        )
-        .map_err(sql("setup"))?;
-    }
+    run_sql(
+        &plain,
+        "CREATE TABLE customers(id INTEGER PRIMARY KEY, name TEXT); \
+         INSERT INTO customers(name) VALUES ('alice'), ('bob'); \
+         PRAGMA user_version = 7;",
+    )?;
     let err = refused_untouched(&plain).await?;
     assert!(
         matches!(&err, Error::NotAnIndex { path, .. } if path == &plain),
         "{err:?}"
     );
-    let rows: i64 = Connection::open(&plain)
-        .and_then(|c| c.query_row("SELECT count(*) FROM customers", [], |r| r.get(0)))
+    let rows: i64 = run_sql(&plain, "")?
+        .query_row("SELECT count(*) FROM customers", [], |r| r.get(0))
         .map_err(sql("count"))?;
     assert_eq!(rows, 2);
 
@@ -229,22 +228,18 @@ async fn another_applications_database_is_refused_and_left_byte_identical() -> R
         ),
     ] {
         let path = dir.path().join(name);
-        Connection::open(&path)
-            .and_then(|c| c.execute_batch(setup))
-            .map_err(sql("setup"))?;
+        run_sql(&path, setup)?;
         let err = refused_untouched(&path).await?;
         assert!(matches!(err, Error::NotAnIndex { .. }), "{name}: {err:?}");
     }
 
     // In use by the other application right now, with its write-ahead log.
     let busy = dir.path().join("busy.db");
-    let other = Connection::open(&busy).map_err(sql("open"))?;
-    other
-        .execute_batch(
-            "PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 0; CREATE TABLE t(x); \
-             INSERT INTO t VALUES (1), (2);",
-        )
-        .map_err(sql("setup"))?;
+    let other = run_sql(
+        &busy,
+        "PRAGMA journal_mode = WAL; PRAGMA wal_autocheckpoint = 0; CREATE TABLE t(x); \
+         INSERT INTO t VALUES (1), (2);",
+    )?;
     assert!(dir.path().join("busy.db-wal").exists());
     let err = refused_untouched(&busy).await?;
     assert!(matches!(err, Error::NotAnIndex { .. }), "{err:?}");
@@ -258,20 +253,17 @@ async fn another_applications_database_is_refused_and_left_byte_identical() -> R
 #[tokio::test]
 async fn a_newer_format_is_refused_and_left_byte_identical() -> Result<()> {
     let dir = tempdir()?;
+    let bump = format!(
+        "PRAGMA wal_autocheckpoint = 0; PRAGMA user_version = {};",
+        SQLITE_SCHEMA_VERSION + 1
+    );
     let path = dir.path().join("index.db");
     {
         let idx = SqliteIndex::open(&path).await?;
         idx.upsert_document("t", "a.md", "from the future\n")
             .await?;
-        idx.with_conn(|c| {
-            c.execute_batch(&format!(
-                "PRAGMA user_version = {};",
-                SQLITE_SCHEMA_VERSION + 1
-            ))
-            .map_err(sql("bump"))
-        })
-        .await?;
     }
+    run_sql(&path, &bump)?;
     let err = refused_untouched(&path).await?;
     assert!(
         matches!(
@@ -288,14 +280,9 @@ async fn a_newer_format_is_refused_and_left_byte_identical() -> Result<()> {
     // The newer format only in the write-ahead log of an index still open elsewhere.
     let path = dir.path().join("open.db");
     let idx = SqliteIndex::open(&path).await?;
-    idx.with_conn(|c| {
-        c.execute_batch(&format!(
-            "PRAGMA wal_autocheckpoint = 0; PRAGMA user_version = {};",
-            SQLITE_SCHEMA_VERSION + 1
-        ))
-        .map_err(sql("bump"))
-    })
-    .await?;
+    let bump = bump.clone();
+    idx.with_conn(move |c| c.execute_batch(&bump).map_err(sql("bump")))
+        .await?;
     let err = refused_untouched(&path).await?;
     assert!(matches!(err, Error::IndexTooNew { .. }), "{err:?}");
     drop(idx);
@@ -307,44 +294,24 @@ async fn an_older_hame_format_is_rebuilt() -> Result<()> {
     let dir = tempdir()?;
     // Format 1: the same tables, user_version 1, no application id.
     let v1 = dir.path().join("v1.db");
-    {
-        let c = Connection::open(&v1).map_err(sql("open"))?;
-        c.execute_batch(&format!(
-            "PRAGMA journal_mode = WAL; {SCHEMA} PRAGMA user_version = 1;"
-        ))
-        .map_err(sql("create format 1"))?;
-        c.execute(
-            "INSERT INTO lines(tenant, path, line, content, cjk) \
-             VALUES ('t', 'old.md', 1, 'stale', 0)",
-            [],
-        )
-        .map_err(sql("insert"))?;
-        c.execute("INSERT INTO docs VALUES ('t', 'old.md', 'h')", [])
-            .map_err(sql("insert"))?;
-    }
+    run_sql(
+        &v1,
+        &format!(
+            "PRAGMA journal_mode = WAL; {SCHEMA} PRAGMA user_version = 1; \
+             INSERT INTO lines(tenant, path, line, content, cjk) \
+             VALUES ('t', 'old.md', 1, 'stale', 0); \
+             INSERT INTO docs VALUES ('t', 'old.md', 'h');"
+        ),
+    )?;
     // A marked index of an older format.
     let marked = dir.path().join("marked.db");
-    {
-        SqliteIndex::open(&marked)
-            .await?
-            .upsert_document("t", "old.md", "stale\n")
-            .await?;
-        let c = Connection::open(&marked).map_err(sql("open"))?;
-        c.execute_batch("PRAGMA user_version = 1;")
-            .map_err(sql("downgrade"))?;
-    }
-    for path in [v1, marked] {
-        let idx = SqliteIndex::open(&path).await?;
-        assert!(idx.was_rebuilt(), "{}", path.display());
-        assert!(idx.documents("t").await?.is_empty());
-        idx.upsert_document("t", "a.md", "works\n").await?;
-        drop(idx);
-        assert_eq!(
-            marks(&path)?,
-            (SQLITE_APPLICATION_ID, SQLITE_SCHEMA_VERSION)
-        );
-    }
-    Ok(())
+    SqliteIndex::open(&marked)
+        .await?
+        .upsert_document("t", "old.md", "stale\n")
+        .await?;
+    run_sql(&marked, "PRAGMA user_version = 1;")?;
+    opens_as_fresh_index(&v1).await?;
+    opens_as_fresh_index(&marked).await
 }
 
 #[tokio::test]
@@ -369,11 +336,8 @@ async fn damaged_pages_are_detected() -> Result<()> {
     for b in &mut bytes[8192..len - 4096] {
         *b = 0xA5;
     }
-    std::fs::write(&path, &bytes).map_err(|e| Error::index("write", e))?;
-    let idx = SqliteIndex::open(&path).await?;
-    assert!(idx.was_rebuilt());
-    assert!(idx.documents("t").await?.is_empty());
-    Ok(())
+    write(&path, &bytes)?;
+    opens_as_fresh_index(&path).await
 }
 
 #[tokio::test]
