@@ -9,206 +9,46 @@
     clippy::cast_precision_loss
 )]
 
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+mod common;
 
+use std::sync::OnceLock;
+
+use common::{FACTS_PER_DOC, TENANT, doc, facts_count, index_facts, runtime};
 use divan::counter::ItemsCount;
 use hame_core::{ContentBlock, Message, Role, ToolCall, ToolResult};
 use hame_memory::compaction::{CompactionPolicy, plan_forced};
 use hame_memory::tokens::EstimateCounter;
 use hame_memory::{SearchIndex, SearchOptions, SqliteIndex};
 
-const TENANT: &str = "bench";
-const FACTS_PER_DOC: usize = 1_000;
-
-const WORDS: &[&str] = &[
-    "user",
-    "prefers",
-    "rust",
-    "deploy",
-    "friday",
-    "service",
-    "billing",
-    "alice",
-    "bob",
-    "database",
-    "postgres",
-    "redis",
-    "cache",
-    "latency",
-    "budget",
-    "deadline",
-    "review",
-    "incident",
-    "rollback",
-    "kubernetes",
-    "cluster",
-    "region",
-    "europe",
-    "tokyo",
-    "customer",
-    "invoice",
-    "migration",
-    "schema",
-    "index",
-    "query",
-    "release",
-    "version",
-    "feature",
-    "flag",
-    "owner",
-    "team",
-    "meeting",
-    "monday",
-    "weekly",
-    "report",
-    "metrics",
-    "alert",
-    "threshold",
-    "backup",
-    "restore",
-    "encryption",
-    "key",
-    "rotation",
-    "audit",
-    "policy",
-];
-const CJK: &[&str] = &[
-    "用户",
-    "喜欢",
-    "咖啡",
-    "项目",
-    "截止",
-    "日期",
-    "周五",
-    "部署",
-    "数据库",
-    "会议",
-    "东京",
-    "负责人",
-    "预算",
-    "发布",
-];
-
-fn facts_count() -> usize {
-    std::env::var("HAME_BENCH_FACTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1_000_000)
-}
-
-/// A deterministic pseudo-random short fact; every 20th is Chinese.
-fn fact(i: usize) -> String {
-    let mut x = (i as u64)
-        .wrapping_mul(6_364_136_223_846_793_005)
-        .wrapping_add(1);
-    let mut next = |n: usize| {
-        x ^= x >> 33;
-        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        x ^= x >> 33;
-        (x % n as u64) as usize
-    };
-    if i.is_multiple_of(20) {
-        let parts: Vec<&str> = (0..5).map(|_| CJK[next(CJK.len())]).collect();
-        return format!("- {}，编号 {i}", parts.concat());
-    }
-    let words: Vec<&str> = (0..8).map(|_| WORDS[next(WORDS.len())]).collect();
-    format!("- {} (fact {i})", words.join(" "))
-}
-
 struct Big {
     rt: tokio::runtime::Runtime,
     index: SqliteIndex,
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
+/// The index file of this run, with its `-wal`/`-shm` files removed.
+fn clean_index_path() -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("hame-bench-{}.db", std::process::id()));
+    for s in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{s}", path.display()));
+    }
+    path
 }
 
 fn big() -> &'static Big {
     static BIG: OnceLock<Big> = OnceLock::new();
     BIG.get_or_init(|| {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let path = std::env::temp_dir().join(format!("hame-bench-{}.db", std::process::id()));
-        for s in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{s}", path.display()));
-        }
+        let rt = runtime();
+        let path = clean_index_path();
         let index = rt.block_on(SqliteIndex::open(&path)).unwrap();
-        let n = facts_count();
-        let docs = n.div_ceil(FACTS_PER_DOC);
-        let start = Instant::now();
-        rt.block_on(async {
-            for d in 0..docs {
-                let lo = d * FACTS_PER_DOC;
-                let hi = (lo + FACTS_PER_DOC).min(n);
-                let text: String = (lo..hi).map(|i| fact(i) + "\n").collect();
-                index
-                    .upsert_document(TENANT, &format!("memory/doc-{d:05}.md"), &text)
-                    .await
-                    .unwrap();
-            }
-        });
-        let took = start.elapsed();
-        println!(
-            "indexed {n} facts in {docs} documents in {:.1} s: {:.0} facts/s",
-            took.as_secs_f64(),
-            n as f64 / took.as_secs_f64()
-        );
+        index_facts(&rt, &index, facts_count(1_000_000));
         let size: u64 = ["", "-wal"]
             .iter()
             .filter_map(|s| std::fs::metadata(format!("{}{s}", path.display())).ok())
             .map(|m| m.len())
             .sum();
         println!("index size on disk: {:.0} MB", size as f64 / 1e6);
-        for (label, queries) in [
-            (
-                "word (2 terms)",
-                vec![
-                    "deploy rust",
-                    "billing alice",
-                    "postgres latency",
-                    "tokyo meeting",
-                ],
-            ),
-            ("prefix", vec!["migr*", "encrypt*", "dead*", "rollb*"]),
-            (
-                "rare (fact number)",
-                vec!["123457", "999", "54321", "700001"],
-            ),
-            (
-                "CJK 3+ chars (trigram)",
-                vec!["数据库", "负责人", "咖啡项目", "截止日期"],
-            ),
-            ("CJK 2 chars (scan)", vec!["咖啡", "东京", "预算", "发布"]),
-        ] {
-            let mut times = Vec::new();
-            let opts = SearchOptions::default();
-            for round in 0..50 {
-                for q in &queries {
-                    let t = Instant::now();
-                    let hits = rt.block_on(index.search(TENANT, q, &opts)).unwrap();
-                    times.push(t.elapsed());
-                    if round == 0 {
-                        assert!(
-                            !hits.is_empty() || label.starts_with("rare"),
-                            "{q}: no hits"
-                        );
-                    }
-                }
-            }
-            times.sort();
-            println!(
-                "search {label}: p50 {:.2} ms, p99 {:.2} ms ({} queries)",
-                percentile(&times, 0.5).as_secs_f64() * 1e3,
-                percentile(&times, 0.99).as_secs_f64() * 1e3,
-                times.len()
-            );
-        }
+        let searches = common::standard_searches(&["123457", "999", "54321", "700001"]);
+        common::time_searches(&rt, &index, &searches, 50);
         Big { rt, index }
     })
 }
@@ -245,9 +85,7 @@ fn upsert_1000_fact_document(bencher: divan::Bencher) {
         .counter(ItemsCount::new(FACTS_PER_DOC))
         .bench_local(|| {
             round += 1;
-            let text: String = (round * FACTS_PER_DOC..(round + 1) * FACTS_PER_DOC)
-                .map(|i| fact(i) + "\n")
-                .collect();
+            let text = doc(0, FACTS_PER_DOC, round * FACTS_PER_DOC);
             rt.block_on(index.upsert_document(TENANT, "memory/doc.md", &text))
                 .unwrap()
         });
@@ -293,8 +131,5 @@ fn plan_compaction_500_messages(bencher: divan::Bencher) {
 fn main() {
     big();
     divan::main();
-    let path = std::env::temp_dir().join(format!("hame-bench-{}.db", std::process::id()));
-    for s in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{s}", path.display()));
-    }
+    clean_index_path();
 }

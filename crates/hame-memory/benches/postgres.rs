@@ -15,117 +15,17 @@
     clippy::cast_sign_loss
 )]
 
-use std::time::{Duration, Instant};
+mod common;
 
-use hame_memory::{PgIndex, PgIndexOptions, SearchIndex, SearchOptions, UpsertOutcome};
+use std::time::Instant;
 
-const TENANT: &str = "bench";
-const FACTS_PER_DOC: usize = 1_000;
+use common::{
+    FACTS_PER_DOC, Searches, TENANT, doc, doc_path, facts_count, index_facts, ms, percentile,
+    runtime,
+};
+use hame_memory::{PgIndex, PgIndexOptions, SearchIndex, UpsertOutcome};
+
 const ROUNDS: usize = 50;
-
-const WORDS: &[&str] = &[
-    "user",
-    "prefers",
-    "rust",
-    "deploy",
-    "friday",
-    "service",
-    "billing",
-    "alice",
-    "bob",
-    "database",
-    "postgres",
-    "redis",
-    "cache",
-    "latency",
-    "budget",
-    "deadline",
-    "review",
-    "incident",
-    "rollback",
-    "kubernetes",
-    "cluster",
-    "region",
-    "europe",
-    "tokyo",
-    "customer",
-    "invoice",
-    "migration",
-    "schema",
-    "index",
-    "query",
-    "release",
-    "version",
-    "feature",
-    "flag",
-    "owner",
-    "team",
-    "meeting",
-    "monday",
-    "weekly",
-    "report",
-    "metrics",
-    "alert",
-    "threshold",
-    "backup",
-    "restore",
-    "encryption",
-    "key",
-    "rotation",
-    "audit",
-    "policy",
-];
-const CJK: &[&str] = &[
-    "用户",
-    "喜欢",
-    "咖啡",
-    "项目",
-    "截止",
-    "日期",
-    "周五",
-    "部署",
-    "数据库",
-    "会议",
-    "东京",
-    "负责人",
-    "预算",
-    "发布",
-];
-
-/// The same deterministic facts as the SQLite bench (`benches/memory.rs`): ~8-word English
-/// lines from a 50-word vocabulary, every 20th Chinese.
-fn fact(i: usize) -> String {
-    let mut x = (i as u64)
-        .wrapping_mul(6_364_136_223_846_793_005)
-        .wrapping_add(1);
-    let mut next = |n: usize| {
-        x ^= x >> 33;
-        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        x ^= x >> 33;
-        (x % n as u64) as usize
-    };
-    if i.is_multiple_of(20) {
-        let parts: Vec<&str> = (0..5).map(|_| CJK[next(CJK.len())]).collect();
-        return format!("- {}，编号 {i}", parts.concat());
-    }
-    let words: Vec<&str> = (0..8).map(|_| WORDS[next(WORDS.len())]).collect();
-    format!("- {} (fact {i})", words.join(" "))
-}
-
-fn doc(d: usize, n: usize, salt: usize) -> String {
-    let lo = d * FACTS_PER_DOC;
-    let hi = (lo + FACTS_PER_DOC).min(n);
-    (lo..hi).map(|i| fact(i + salt) + "\n").collect()
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
 
 fn main() {
     let Some(url) = std::env::var("HAME_TEST_POSTGRES_URL")
@@ -141,15 +41,8 @@ fn main() {
         eprintln!("hame-memory postgres bench: not run as `cargo bench`; nothing measured");
         return;
     }
-    let n: usize = std::env::var("HAME_BENCH_FACTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100_000);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let n = facts_count(100_000);
+    let rt = runtime();
     let prefix = format!("hame_bench_{}_", std::process::id());
     let index = rt
         .block_on(PgIndex::connect(
@@ -161,24 +54,8 @@ fn main() {
         "PgIndex bench: {n} facts, {FACTS_PER_DOC} per document, trigram index: {}",
         index.has_trigram_index()
     );
-    let docs = n.div_ceil(FACTS_PER_DOC);
-
     // 1. Initial indexing, one document after the other.
-    let start = Instant::now();
-    rt.block_on(async {
-        for d in 0..docs {
-            index
-                .upsert_document(TENANT, &format!("memory/doc-{d:05}.md"), &doc(d, n, 0))
-                .await
-                .unwrap();
-        }
-    });
-    let took = start.elapsed();
-    println!(
-        "indexed {n} facts in {docs} upserts in {:.1} s: {:.0} facts/s",
-        took.as_secs_f64(),
-        n as f64 / took.as_secs_f64()
-    );
+    let docs = index_facts(&rt, &index, n);
 
     let pool = rt.block_on(sqlx::PgPool::connect(&url)).unwrap();
     let size: i64 = rt
@@ -198,7 +75,7 @@ fn main() {
     rt.block_on(async {
         for (d, text) in texts.iter().enumerate() {
             let out = index
-                .upsert_document(TENANT, &format!("memory/doc-{d:05}.md"), text)
+                .upsert_document(TENANT, &doc_path(d), text)
                 .await
                 .unwrap();
             assert_eq!(out, UpsertOutcome::Unchanged);
@@ -216,7 +93,7 @@ fn main() {
             let text = doc(0, n, round * 7_919);
             let t = Instant::now();
             index
-                .upsert_document(TENANT, "memory/doc-00000.md", &text)
+                .upsert_document(TENANT, &doc_path(0), &text)
                 .await
                 .unwrap();
             times.push(t.elapsed());
@@ -230,7 +107,7 @@ fn main() {
         ms(percentile(&times, 0.99))
     );
     // Restore the original document so the searches below see the indexed facts.
-    rt.block_on(index.upsert_document(TENANT, "memory/doc-00000.md", &texts[0]))
+    rt.block_on(index.upsert_document(TENANT, &doc_path(0), &texts[0]))
         .unwrap();
 
     // Steady state, as autovacuum leaves it after a bulk load: otherwise the first
@@ -245,54 +122,14 @@ fn main() {
     .unwrap();
 
     // 4. Searches.
-    for (label, queries) in [
-        (
-            "2 common words",
-            vec![
-                "deploy rust",
-                "billing alice",
-                "postgres latency",
-                "tokyo meeting",
-            ],
-        ),
-        (
-            "prefix of a common word",
-            vec!["migr*", "encrypt*", "dead*", "rollb*"],
-        ),
-        (
-            "CJK 3+ chars (trigram index)",
-            vec!["数据库", "负责人", "咖啡项目", "截止日期"],
-        ),
-        ("CJK 2 chars", vec!["咖啡", "东京", "预算", "发布"]),
-        (
-            "no match, 2 words (AND, then OR fallback)",
-            vec!["zzzz yyyy", "qqqq wwww", "xxxx vvvv", "kkkk jjjj"],
-        ),
-        (
-            "rare word (a fact number, ~1 hit)",
-            vec!["12345", "999", "54321", "70001"],
-        ),
-    ] {
-        let mut times = Vec::new();
-        let opts = SearchOptions::default();
-        for round in 0..ROUNDS {
-            for q in &queries {
-                let t = Instant::now();
-                let hits = rt.block_on(index.search(TENANT, q, &opts)).unwrap();
-                times.push(t.elapsed());
-                if round == 0 && !label.starts_with("no match") && !label.starts_with("rare") {
-                    assert!(!hits.is_empty(), "{q}: no hits");
-                }
-            }
-        }
-        times.sort();
-        println!(
-            "search {label}: p50 {:.2} ms, p99 {:.2} ms ({} queries)",
-            ms(percentile(&times, 0.5)),
-            ms(percentile(&times, 0.99)),
-            times.len()
-        );
-    }
+    let mut searches = common::standard_searches(&["12345", "999", "54321", "70001"]);
+    searches.push(Searches {
+        label: "no match, 2 words (AND, then OR fallback)",
+        queries: &["zzzz yyyy", "qqqq wwww", "xxxx vvvv", "kkkk jjjj"],
+        must_hit: false,
+    });
+    common::time_searches(&rt, &index, &searches, ROUNDS);
+
     if std::env::var("HAME_BENCH_KEEP").is_ok_and(|v| v == "1") {
         println!("tables kept: {}*", index.table_prefix());
     } else {

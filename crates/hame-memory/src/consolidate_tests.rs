@@ -2,19 +2,11 @@
 
 use super::*;
 use crate::daily::InMemoryFiles;
+use crate::test_support::at;
 use crate::tokens::EstimateCounter;
-use chrono::NaiveDate;
 use hame_core::ModelError;
 use hame_core::test_support::{Reply, ScriptedModel};
 use pretty_assertions::assert_eq;
-
-fn at(h: u32, m: u32) -> DateTime<Utc> {
-    NaiveDate::from_ymd_opt(2026, 3, 14)
-        .unwrap()
-        .and_hms_opt(h, m, 0)
-        .unwrap()
-        .and_utc()
-}
 
 fn setup(replies: Vec<Reply>) -> (Arc<InMemoryFiles>, ScriptedModel, Consolidator) {
     let files = Arc::new(InMemoryFiles::new());

@@ -1,18 +1,11 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
+use crate::test_support::at;
 use hame_core::test_support::{Reply, ScriptedModel};
 use hame_core::{ModelError, ToolCall, ToolResult};
 use pretty_assertions::assert_eq;
 use proptest::prelude::*;
-
-fn at(h: u32, m: u32) -> DateTime<Utc> {
-    NaiveDate::from_ymd_opt(2026, 3, 14)
-        .unwrap()
-        .and_hms_opt(h, m, 0)
-        .unwrap()
-        .and_utc()
-}
 
 #[test]
 fn daily_paths_round_trip() {

@@ -16,6 +16,34 @@ pub enum Error {
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
+    /// The index file exists but is not a hame search index (not a SQLite database, or a
+    /// SQLite database without hame's application id). It was left unchanged.
+    #[error(
+        "`{}` is not a hame search index ({reason}); hame will not overwrite it: move it away \
+         or configure another index path",
+        path.display()
+    )]
+    NotAnIndex {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What the file is instead.
+        reason: String,
+    },
+    /// The index file was written by a newer hame (a newer format than this build reads).
+    /// It was left unchanged.
+    #[error(
+        "search index `{}` has format {found}, newer than format {supported} of this build; \
+         it is left unchanged (upgrade hame, or configure another index path)",
+        path.display()
+    )]
+    IndexTooNew {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Its format.
+        found: i64,
+        /// The newest format this build reads.
+        supported: i64,
+    },
     /// A model call made by this crate (summary, flush, consolidation) failed.
     #[error("model call for {purpose} failed: {source}")]
     Model {

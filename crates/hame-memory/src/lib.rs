@@ -14,7 +14,8 @@
 //!   invariants; [`Compactor`] calls the model atomically (map-reduce when the input is too
 //!   large); [`CompactionLayer`] triggers it by count/tokens and on context overflow.
 //! - [`offload`]: [`Offloader`] moves oversized tool results to
-//!   `large_tool_results/<call_id>.txt` through a [`ResultSink`] and leaves a preview.
+//!   `large_tool_results/<call_id>-<content hash>.txt` through a [`ResultSink`] and leaves a
+//!   preview.
 //! - [`daily`]: the `memory/YYYY-MM-DD.md` daily logs and the incremental [`MemoryFlusher`];
 //!   [`consolidate`]: the validated, throttled [`Consolidator`] into `MEMORY.md`. File access
 //!   goes through [`MemoryFiles`].
@@ -65,6 +66,8 @@ mod error;
 pub mod index;
 pub mod ledger;
 pub mod offload;
+#[cfg(test)]
+mod test_support;
 pub mod tokens;
 
 pub use compaction::{

@@ -1,7 +1,13 @@
 //! Offloading large tool results: a result over the threshold is written to
-//! `large_tool_results/<call_id>.txt` through a [`ResultSink`] and replaced in the context
-//! by a head-and-tail preview, its size, the path, and how to page through it with
-//! `read_file`.
+//! `large_tool_results/<call_id>-<content hash>.txt` through a [`ResultSink`] and replaced
+//! in the context by a head-and-tail preview, its size, the path, and how to page through
+//! it with `read_file`.
+//!
+//! The file name holds the first [`CONTENT_HASH_HEX`] hex digits of the SHA-256 of the
+//! result as well as the call id: several servers (vLLM, llama.cpp, Ollama) number calls
+//! `call_0`, `call_1`… again in every response, so a name from the call id alone would
+//! overwrite an earlier result that an earlier preview still points at. The same result
+//! under the same call id is the same file.
 
 use std::fmt;
 use std::sync::Arc;
@@ -12,6 +18,7 @@ use sha2::{Digest, Sha256};
 
 use crate::compaction::clip_middle;
 use crate::error::Result;
+use crate::index::content_hash;
 
 /// Default: results longer than this many characters are offloaded.
 pub const DEFAULT_OFFLOAD_THRESHOLD_CHARS: usize = 80_000;
@@ -26,6 +33,8 @@ pub const DEFAULT_OFFLOAD_DIR: &str = "large_tool_results";
 pub const DEFAULT_PAGE_LINES: usize = 500;
 /// Results smaller than this are never offloaded, whatever the window (characters).
 pub const MIN_THRESHOLD_CHARS: usize = 4_000;
+/// Hex digits of the content's SHA-256 in an offloaded file's name (48 bits).
+pub const CONTENT_HASH_HEX: usize = 12;
 
 /// Where offloaded results are written; the harness implements it over the workspace
 /// filesystem of the caller's tenant.
@@ -160,12 +169,15 @@ impl Offloader {
         t.max(MIN_THRESHOLD_CHARS)
     }
 
-    /// The workspace-relative path a call's result is written to.
-    pub fn path_for(&self, call_id: &str) -> String {
+    /// The workspace-relative path a call's result `content` is written to:
+    /// `<dir>/<file_stem(call_id)>-<first CONTENT_HASH_HEX hex digits of its SHA-256>.txt`,
+    /// one path segment below `dir` whatever the call id.
+    pub fn path_for(&self, call_id: &str, content: &str) -> String {
         format!(
-            "{}/{}.txt",
+            "{}/{}-{}.txt",
             self.policy.dir.trim_end_matches('/'),
-            file_stem(call_id)
+            file_stem(call_id),
+            &content_hash(content)[..CONTENT_HASH_HEX]
         )
     }
 
@@ -201,7 +213,7 @@ impl Offloader {
         if result.content.len() <= threshold || result.content.chars().count() <= threshold {
             return false;
         }
-        let path = self.path_for(&result.id);
+        let path = self.path_for(&result.id, &result.content);
         match self.sink.write(&path, &result.content).await {
             Ok(()) => {
                 tracing::debug!(call_id = %result.id, %path, chars = result.content.len(), "tool result offloaded");
@@ -268,31 +280,65 @@ mod tests {
         }
     }
 
+    /// The workspace path a preview points at (`read_file(file_path="/<path>", …)`).
+    fn pointed_at(preview: &str) -> &str {
+        let start = preview.find("file_path=\"/").unwrap() + "file_path=\"/".len();
+        let len = preview[start..].find('"').unwrap();
+        &preview[start..start + len]
+    }
+
     #[tokio::test]
     async fn large_results_are_saved_and_previewed() {
         let sink = Arc::new(MemSink::default());
         let off = Offloader::new(OffloadPolicy::default(), sink.clone());
         let body: String = (0..20_000).map(|i| format!("line {i}\n")).collect();
+        let path = format!(
+            "large_tool_results/call_1-{}.txt",
+            &crate::content_hash(&body)[..CONTENT_HASH_HEX]
+        );
+        assert_eq!(off.path_for("call_1", &body), path);
         let mut r = result("call_1", body.clone());
         assert!(off.offload(&call("call_1"), &mut r).await);
         assert_eq!(
-            sink.files
-                .lock()
-                .unwrap()
-                .get("large_tool_results/call_1.txt"),
-            Some(&body)
+            *sink.files.lock().unwrap(),
+            BTreeMap::from([(path.clone(), body.clone())])
         );
-        assert!(r.content.contains("/large_tool_results/call_1.txt"));
+        assert_eq!(pointed_at(&r.content), path);
+        assert!(r.content.contains(&format!("saved to /{path}.")));
         assert!(
             r.content
                 .contains(&format!("{} characters, 20000 lines", body.len()))
         );
-        assert!(r.content.contains(
-            "read_file(file_path=\"/large_tool_results/call_1.txt\", offset=1, limit=500)"
-        ));
+        assert!(r.content.contains(&format!(
+            "read_file(file_path=\"/{path}\", offset=1, limit=500)"
+        )));
         assert!(r.content.contains("line 0\nline 1\n"));
         assert!(r.content.contains("line 19999\n"));
         assert!(r.content.chars().count() < 5_000);
+    }
+
+    #[tokio::test]
+    async fn reused_call_ids_never_overwrite_earlier_results() {
+        let sink = Arc::new(MemSink::default());
+        let off = Offloader::new(OffloadPolicy::default(), sink.clone());
+        // vLLM, llama.cpp and Ollama number the calls of every response from `call_0`.
+        let first = "first result\n".repeat(10_000);
+        let second = "second result\n".repeat(10_000);
+        let mut a = result("call_0", first.clone());
+        let mut b = result("call_0", second.clone());
+        assert!(off.offload(&call("call_0"), &mut a).await);
+        assert!(off.offload(&call("call_0"), &mut b).await);
+        let files = sink.files.lock().unwrap().clone();
+        assert_eq!(files.len(), 2, "{:?}", files.keys());
+        assert_ne!(pointed_at(&a.content), pointed_at(&b.content));
+        assert_eq!(files.get(pointed_at(&a.content)), Some(&first));
+        assert_eq!(files.get(pointed_at(&b.content)), Some(&second));
+        assert!(pointed_at(&a.content).starts_with("large_tool_results/call_0-"));
+        // The same result under the same id is the same file.
+        let mut again = result("call_0", first.clone());
+        assert!(off.offload(&call("call_0"), &mut again).await);
+        assert_eq!(again.content, a.content);
+        assert_eq!(sink.files.lock().unwrap().len(), 2);
     }
 
     #[tokio::test]
@@ -349,6 +395,30 @@ mod tests {
         assert_ne!(file_stem("a/b"), file_stem("a:b"));
         assert!(file_stem("").starts_with("call-"));
         assert!(file_stem(&"x".repeat(300)).len() < 80);
+    }
+
+    proptest::proptest! {
+        /// Whatever the call id, the result is one file directly in the offload directory,
+        /// with a name of `[A-Za-z0-9_-]` and `.txt` (no separator, no `..`, no hidden file).
+        #[test]
+        fn any_call_id_is_one_safe_path_segment(
+            id in "\\PC{0,80}|[./\\\\:\\x00 ]{0,12}",
+            content in "\\PC{0,40}",
+        ) {
+            let off = Offloader::new(OffloadPolicy::default(), Arc::new(MemSink::default()));
+            let path = off.path_for(&id, &content);
+            let name = path.strip_prefix("large_tool_results/").unwrap();
+            let stem = name.strip_suffix(".txt").unwrap();
+            proptest::prop_assert!(
+                !stem.is_empty() && stem.len() <= 64 + 9 + 1 + CONTENT_HASH_HEX,
+                "{path}"
+            );
+            proptest::prop_assert!(
+                stem.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+                "{path}"
+            );
+            proptest::prop_assert_eq!(path, off.path_for(&id, &content));
+        }
     }
 
     #[test]

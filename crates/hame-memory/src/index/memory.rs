@@ -5,9 +5,10 @@ use std::sync::{Mutex, PoisonError};
 
 use async_trait::async_trait;
 
+use super::scoring::rank_rows;
 use super::{
-    DocumentInfo, Hit, Query, QueryMode, Row, SearchIndex, SearchOptions, Term, UpsertOutcome,
-    check_tenant, content_hash, highlight, is_cjk, parse_query, split_rows, words_of,
+    DocumentInfo, Hit, Row, SearchIndex, SearchOptions, UpsertOutcome, check_tenant, content_hash,
+    prepare_search, split_rows,
 };
 use crate::error::Result;
 
@@ -31,84 +32,6 @@ impl InMemoryIndex {
     pub fn new() -> Self {
         Self::default()
     }
-}
-
-/// Whether `words` contains the term's words in order, the last one as a prefix if asked.
-fn words_match(words: &[String], term: &Term) -> usize {
-    let n = term.words.len();
-    if n == 0 || words.len() < n {
-        return 0;
-    }
-    let mut count = 0;
-    for start in 0..=(words.len() - n) {
-        let ok = term.words.iter().enumerate().all(|(k, w)| {
-            let got = &words[start + k];
-            if k == n - 1 && term.prefix {
-                got.starts_with(w.as_str())
-            } else {
-                got == w
-            }
-        });
-        if ok {
-            count += 1;
-        }
-    }
-    count
-}
-
-/// Scores a row for a query: occurrences per term, normalised by line length.
-/// Returns how many terms matched and the score.
-pub(crate) fn score_row(text: &str, query: &Query) -> (usize, f64) {
-    let mut matched = 0;
-    let mut occurrences = 0usize;
-    match query.mode {
-        QueryMode::Words => {
-            let words = words_of(text);
-            for t in &query.terms {
-                let c = words_match(&words, t);
-                if c > 0 {
-                    matched += 1;
-                    occurrences += c;
-                }
-            }
-        }
-        QueryMode::Trigram | QueryMode::Scan => {
-            if !text.chars().any(is_cjk) {
-                return (0, 0.0);
-            }
-            let lower = text.to_lowercase();
-            for t in &query.terms {
-                let c = lower.matches(t.text.as_str()).count();
-                if c > 0 {
-                    matched += 1;
-                    occurrences += c;
-                }
-            }
-        }
-    }
-    #[allow(clippy::cast_precision_loss)]
-    let score = occurrences as f64 / (1.0 + text.chars().count() as f64 / 40.0);
-    (matched, score)
-}
-
-/// The needles to highlight for a query.
-pub(crate) fn needles(query: &Query) -> Vec<String> {
-    match query.mode {
-        QueryMode::Words => query.terms.iter().flat_map(|t| t.words.clone()).collect(),
-        _ => query.terms.iter().map(|t| t.text.clone()).collect(),
-    }
-}
-
-/// Sorts hits best first, then by path and line, and cuts to `limit`.
-pub(crate) fn rank(mut hits: Vec<Hit>, limit: usize) -> Vec<Hit> {
-    hits.sort_by(|a, b| {
-        b.score
-            .total_cmp(&a.score)
-            .then_with(|| a.path.cmp(&b.path))
-            .then_with(|| a.line.cmp(&b.line))
-    });
-    hits.truncate(limit);
-    hits
 }
 
 #[async_trait]
@@ -139,46 +62,20 @@ impl SearchIndex for InMemoryIndex {
     }
 
     async fn search(&self, tenant: &str, query: &str, options: &SearchOptions) -> Result<Vec<Hit>> {
-        check_tenant(tenant)?;
-        let limit = options.effective_limit();
-        let Some(query) = parse_query(query) else {
+        let Some(query) = prepare_search(tenant, query, options)? else {
             return Ok(Vec::new());
         };
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let needles = needles(&query);
+        let prefix = options.path_prefix.as_deref().unwrap_or("");
         let docs = self.docs.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut all = Vec::new();
-        let mut any = Vec::new();
-        for ((t, path), doc) in docs.iter() {
-            if t != tenant {
-                continue;
-            }
-            if let Some(p) = &options.path_prefix
-                && !path.starts_with(p.as_str())
-            {
-                continue;
-            }
-            for row in &doc.rows {
-                let (matched, score) = score_row(&row.text, &query);
-                if matched == 0 {
-                    continue;
-                }
-                let hit = Hit {
-                    path: path.clone(),
-                    line: row.line,
-                    snippet: highlight(&row.text, &needles),
-                    score,
-                };
-                if matched == query.terms.len() {
-                    all.push(hit);
-                } else {
-                    any.push(hit);
-                }
-            }
-        }
-        Ok(rank(if all.is_empty() { any } else { all }, limit))
+        let rows = docs
+            .iter()
+            .filter(|((t, path), _)| t == tenant && path.starts_with(prefix))
+            .flat_map(|((_, path), doc)| {
+                doc.rows
+                    .iter()
+                    .map(move |row| (path.as_str(), row.line, row.text.as_str()))
+            });
+        Ok(rank_rows(rows, &query, options.effective_limit()))
     }
 
     async fn documents(&self, tenant: &str) -> Result<Vec<DocumentInfo>> {

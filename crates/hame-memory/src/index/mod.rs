@@ -31,6 +31,7 @@ use crate::error::{Error, Result};
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod scoring;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -43,7 +44,7 @@ pub use postgres::{
     MAX_TABLE_PREFIX_LEN, PG_MAX_SCAN_ROWS, PG_SCHEMA_VERSION, PgIndex, PgIndexOptions,
 };
 #[cfg(feature = "sqlite")]
-pub use sqlite::SqliteIndex;
+pub use sqlite::{SQLITE_APPLICATION_ID, SQLITE_SCHEMA_VERSION, SqliteIndex};
 
 /// Default number of hits of a search.
 pub const DEFAULT_SEARCH_LIMIT: usize = 10;
@@ -152,47 +153,39 @@ pub trait SearchIndex: Send + Sync + fmt::Debug + 'static {
     async fn documents(&self, tenant: &str) -> Result<Vec<DocumentInfo>>;
 }
 
-#[async_trait]
-impl<T: SearchIndex + ?Sized> SearchIndex for Arc<T> {
-    async fn upsert_document(
-        &self,
-        tenant: &str,
-        path: &str,
-        content: &str,
-    ) -> Result<UpsertOutcome> {
-        (**self).upsert_document(tenant, path, content).await
-    }
-    async fn remove_document(&self, tenant: &str, path: &str) -> Result<bool> {
-        (**self).remove_document(tenant, path).await
-    }
-    async fn search(&self, tenant: &str, query: &str, options: &SearchOptions) -> Result<Vec<Hit>> {
-        (**self).search(tenant, query, options).await
-    }
-    async fn documents(&self, tenant: &str) -> Result<Vec<DocumentInfo>> {
-        (**self).documents(tenant).await
-    }
+/// Implements [`SearchIndex`] for a smart pointer by forwarding every method (one list of
+/// methods for every wrapper, so none can be forgotten).
+macro_rules! forward_search_index {
+    ($($wrapper:ident),+) => {$(
+        #[async_trait]
+        impl<T: SearchIndex + ?Sized> SearchIndex for $wrapper<T> {
+            async fn upsert_document(
+                &self,
+                tenant: &str,
+                path: &str,
+                content: &str,
+            ) -> Result<UpsertOutcome> {
+                (**self).upsert_document(tenant, path, content).await
+            }
+            async fn remove_document(&self, tenant: &str, path: &str) -> Result<bool> {
+                (**self).remove_document(tenant, path).await
+            }
+            async fn search(
+                &self,
+                tenant: &str,
+                query: &str,
+                options: &SearchOptions,
+            ) -> Result<Vec<Hit>> {
+                (**self).search(tenant, query, options).await
+            }
+            async fn documents(&self, tenant: &str) -> Result<Vec<DocumentInfo>> {
+                (**self).documents(tenant).await
+            }
+        }
+    )+};
 }
 
-#[async_trait]
-impl<T: SearchIndex + ?Sized> SearchIndex for Box<T> {
-    async fn upsert_document(
-        &self,
-        tenant: &str,
-        path: &str,
-        content: &str,
-    ) -> Result<UpsertOutcome> {
-        (**self).upsert_document(tenant, path, content).await
-    }
-    async fn remove_document(&self, tenant: &str, path: &str) -> Result<bool> {
-        (**self).remove_document(tenant, path).await
-    }
-    async fn search(&self, tenant: &str, query: &str, options: &SearchOptions) -> Result<Vec<Hit>> {
-        (**self).search(tenant, query, options).await
-    }
-    async fn documents(&self, tenant: &str) -> Result<Vec<DocumentInfo>> {
-        (**self).documents(tenant).await
-    }
-}
+forward_search_index!(Arc, Box);
 
 /// Hex SHA-256 of a document's content, as reported by [`SearchIndex::documents`].
 pub fn content_hash(content: &str) -> String {
@@ -204,6 +197,20 @@ pub(crate) fn check_tenant(tenant: &str) -> Result<()> {
         return Err(Error::InvalidInput("the tenant must not be empty".into()));
     }
     Ok(())
+}
+
+/// The start every [`SearchIndex::search`] shares: checks the tenant and parses the
+/// query. `None` when there is nothing to search for (no searchable text, or a limit of 0).
+pub(crate) fn prepare_search(
+    tenant: &str,
+    query: &str,
+    options: &SearchOptions,
+) -> Result<Option<Query>> {
+    check_tenant(tenant)?;
+    if options.effective_limit() == 0 {
+        return Ok(None);
+    }
+    Ok(parse_query(query))
 }
 
 /// One indexed row: a non-blank line or a chunk of a long line.

@@ -27,13 +27,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Row};
 
-use super::memory::{needles, rank, score_row};
+use super::scoring::rank_rows;
 use super::{
     DocumentInfo, Hit, Query, QueryMode, SNIPPET_WORDS, SearchIndex, SearchOptions, UpsertOutcome,
-    check_tenant, content_hash, highlight, is_cjk, parse_query, split_rows,
+    check_tenant, content_hash, is_cjk, prepare_search, split_rows,
 };
 use crate::error::{Error, Result};
 
@@ -109,6 +109,38 @@ fn check_text(what: &str, value: &str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// A tenant must be non-empty and free of NUL.
+fn check_pg_tenant(tenant: &str) -> Result<()> {
+    check_tenant(tenant)?;
+    check_text("tenant", tenant)
+}
+
+/// The `starts_with(path, $n)` argument: `NULL` when there is no prefix.
+fn path_prefix_arg(options: &SearchOptions) -> Option<String> {
+    options
+        .path_prefix
+        .as_deref()
+        .filter(|p| !p.is_empty())
+        .map(no_nul)
+}
+
+/// A 1-based line number from an `int4` column.
+fn line_number(row: &PgRow, column: usize) -> std::result::Result<u32, sqlx::Error> {
+    Ok(u32::try_from(row.try_get::<i32, _>(column)?).unwrap_or(0))
+}
+
+/// Decodes every row with `f`; `what` names the step in the error.
+fn decode<T>(
+    rows: &[PgRow],
+    what: &'static str,
+    f: impl Fn(&PgRow) -> std::result::Result<T, sqlx::Error>,
+) -> Result<Vec<T>> {
+    rows.iter()
+        .map(f)
+        .collect::<std::result::Result<Vec<_>, sqlx::Error>>()
+        .map_err(pg(what))
 }
 
 /// Indexed and searched text: NUL (which PostgreSQL text cannot hold) becomes a space.
@@ -360,31 +392,39 @@ impl PgIndex {
         any: bool,
     ) -> Result<Vec<Hit>> {
         let limit = i64::try_from(options.effective_limit()).unwrap_or(i64::MAX);
-        let prefix = options
-            .path_prefix
-            .as_deref()
-            .filter(|p| !p.is_empty())
-            .map(no_nul);
         let rows = sqlx::query(AssertSqlSafe(Arc::clone(&self.sql.search_words)))
             .bind(tenant)
             .bind(tsquery_text(query, any))
-            .bind(prefix)
+            .bind(path_prefix_arg(options))
             .bind(limit)
             .bind(&*self.headline)
             .fetch_all(&self.pool)
             .await
             .map_err(pg("search"))?;
-        rows.iter()
-            .map(|r| {
-                Ok(Hit {
-                    path: r.try_get(0)?,
-                    line: u32::try_from(r.try_get::<i32, _>(1)?).unwrap_or(0),
-                    snippet: r.try_get(2)?,
-                    score: r.try_get(3)?,
-                })
+        decode(&rows, "read search results", |r| {
+            Ok(Hit {
+                path: r.try_get(0)?,
+                line: line_number(r, 1)?,
+                snippet: r.try_get(2)?,
+                score: r.try_get(3)?,
             })
-            .collect::<std::result::Result<Vec<_>, sqlx::Error>>()
-            .map_err(pg("read search results"))
+        })
+    }
+
+    /// Deletes a document's rows (not its `docs` row).
+    async fn delete_lines(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        tenant: &str,
+        path: &str,
+    ) -> Result<()> {
+        sqlx::query(AssertSqlSafe(Arc::clone(&self.sql.delete_lines)))
+            .bind(tenant)
+            .bind(path)
+            .execute(conn)
+            .await
+            .map_err(pg("delete rows"))?;
+        Ok(())
     }
 
     /// Substring search for queries with CJK text: `ILIKE '%term%'` over the tenant's CJK
@@ -400,30 +440,7 @@ impl PgIndex {
         if found.is_empty() && query.terms.len() > 1 {
             found = self.substring_rows(tenant, query, options, true).await?;
         }
-        let needles = needles(query);
-        let mut all = Vec::new();
-        let mut some = Vec::new();
-        for (path, line, content) in found {
-            let (matched, score) = score_row(&content, query);
-            if matched == 0 {
-                continue;
-            }
-            let hit = Hit {
-                path,
-                line,
-                snippet: highlight(&content, &needles),
-                score,
-            };
-            if matched == query.terms.len() {
-                all.push(hit);
-            } else {
-                some.push(hit);
-            }
-        }
-        Ok(rank(
-            if all.is_empty() { some } else { all },
-            options.effective_limit(),
-        ))
+        Ok(rank_rows(found, query, options.effective_limit()))
     }
 
     async fn substring_rows(
@@ -434,29 +451,17 @@ impl PgIndex {
         any: bool,
     ) -> Result<Vec<(String, u32, String)>> {
         let sql_text = self.sql.search_substring(query.terms.len(), any);
-        let prefix = options
-            .path_prefix
-            .as_deref()
-            .filter(|p| !p.is_empty())
-            .map(no_nul);
         let mut q = sqlx::query(AssertSqlSafe(sql_text))
             .bind(tenant)
-            .bind(prefix)
+            .bind(path_prefix_arg(options))
             .bind(PG_MAX_SCAN_ROWS);
         for t in &query.terms {
             q = q.bind(ilike_pattern(&t.text));
         }
         let rows = q.fetch_all(&self.pool).await.map_err(pg("scan"))?;
-        rows.iter()
-            .map(|r| {
-                Ok((
-                    r.try_get::<String, _>(0)?,
-                    u32::try_from(r.try_get::<i32, _>(1)?).unwrap_or(0),
-                    r.try_get::<String, _>(2)?,
-                ))
-            })
-            .collect::<std::result::Result<Vec<_>, sqlx::Error>>()
-            .map_err(pg("read scan results"))
+        decode(&rows, "read scan results", |r| {
+            Ok((r.try_get(0)?, line_number(r, 1)?, r.try_get(2)?))
+        })
     }
 }
 
@@ -606,8 +611,7 @@ impl SearchIndex for PgIndex {
         path: &str,
         content: &str,
     ) -> Result<UpsertOutcome> {
-        check_tenant(tenant)?;
-        check_text("tenant", tenant)?;
+        check_pg_tenant(tenant)?;
         check_text("path", path)?;
         let hash = content_hash(content);
         // Fast path without a transaction: most upserts of a memory folder are unchanged.
@@ -635,12 +639,7 @@ impl SearchIndex for PgIndex {
             tx.rollback().await.map_err(pg("rollback"))?;
             return Ok(UpsertOutcome::Unchanged);
         }
-        sqlx::query(AssertSqlSafe(Arc::clone(&self.sql.delete_lines)))
-            .bind(tenant)
-            .bind(path)
-            .execute(&mut *tx)
-            .await
-            .map_err(pg("delete old rows"))?;
+        self.delete_lines(&mut tx, tenant, path).await?;
         let mut part = 0i32;
         let mut prev_line = 0u32;
         let mut batch = RowBatch::default();
@@ -658,8 +657,7 @@ impl SearchIndex for PgIndex {
     }
 
     async fn remove_document(&self, tenant: &str, path: &str) -> Result<bool> {
-        check_tenant(tenant)?;
-        check_text("tenant", tenant)?;
+        check_pg_tenant(tenant)?;
         if path.contains('\0') {
             return Ok(false);
         }
@@ -671,25 +669,16 @@ impl SearchIndex for PgIndex {
             .await
             .map_err(pg("delete document"))?
             .rows_affected();
-        sqlx::query(AssertSqlSafe(Arc::clone(&self.sql.delete_lines)))
-            .bind(tenant)
-            .bind(path)
-            .execute(&mut *tx)
-            .await
-            .map_err(pg("delete rows"))?;
+        self.delete_lines(&mut tx, tenant, path).await?;
         tx.commit().await.map_err(pg("commit"))?;
         Ok(n > 0)
     }
 
     async fn search(&self, tenant: &str, query: &str, options: &SearchOptions) -> Result<Vec<Hit>> {
-        check_tenant(tenant)?;
-        check_text("tenant", tenant)?;
-        let Some(query) = parse_query(query) else {
+        check_pg_tenant(tenant)?;
+        let Some(query) = prepare_search(tenant, query, options)? else {
             return Ok(Vec::new());
         };
-        if options.effective_limit() == 0 {
-            return Ok(Vec::new());
-        }
         if query.mode != QueryMode::Words {
             return self.search_substring(tenant, &query, options).await;
         }
@@ -701,22 +690,18 @@ impl SearchIndex for PgIndex {
     }
 
     async fn documents(&self, tenant: &str) -> Result<Vec<DocumentInfo>> {
-        check_tenant(tenant)?;
-        check_text("tenant", tenant)?;
+        check_pg_tenant(tenant)?;
         let rows = sqlx::query(AssertSqlSafe(Arc::clone(&self.sql.documents)))
             .bind(tenant)
             .fetch_all(&self.pool)
             .await
             .map_err(pg("documents"))?;
-        rows.iter()
-            .map(|r| {
-                Ok(DocumentInfo {
-                    path: r.try_get(0)?,
-                    hash: r.try_get(1)?,
-                })
+        decode(&rows, "read documents", |r| {
+            Ok(DocumentInfo {
+                path: r.try_get(0)?,
+                hash: r.try_get(1)?,
             })
-            .collect::<std::result::Result<Vec<_>, sqlx::Error>>()
-            .map_err(pg("read documents"))
+        })
     }
 }
 

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::*;
-use crate::index::conformance;
+use crate::index::{conformance, parse_query};
 use pretty_assertions::assert_eq;
 
 const URL_VAR: &str = "HAME_TEST_POSTGRES_URL";

@@ -1,6 +1,8 @@
 //! [`SqliteIndex`]: the default [`SearchIndex`], on SQLite FTS5 through rusqlite.
 //!
-//! Layout (schema version [`SCHEMA_VERSION`] in `PRAGMA user_version`):
+//! The file is marked as hame's with `PRAGMA application_id` ([`SQLITE_APPLICATION_ID`])
+//! and its format in `PRAGMA user_version` ([`SQLITE_SCHEMA_VERSION`]);
+//! [`SqliteIndex::open`] never changes a file without the mark. Layout:
 //! - `docs(tenant, path, hash)`: one row per document, for the incremental skip.
 //! - `lines(id, tenant, path, line, content, cjk)`: one row per non-blank line.
 //! - `lines_fts`: FTS5 over `lines` with the `unicode61` tokenizer (words, BM25, prefixes).
@@ -12,22 +14,36 @@
 //! version also put a per-tenant token into every MATCH; it made a selective query 100×
 //! slower on a large index because every search merged the tenant's whole posting list.)
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params, params_from_iter};
+use rusqlite::{
+    Connection, OpenFlags, OptionalExtension, TransactionBehavior, params, params_from_iter,
+};
 
-use super::memory::{needles, rank, score_row};
+use super::scoring::rank_rows;
 use super::{
     DocumentInfo, Hit, Query, QueryMode, SNIPPET_WORDS, SearchIndex, SearchOptions, UpsertOutcome,
-    check_tenant, content_hash, highlight, is_cjk, parse_query, split_rows,
+    check_tenant, content_hash, is_cjk, prepare_search, split_rows,
 };
 use crate::error::{Error, Result};
 
-/// Version of the table layout; an index with another version is rebuilt.
-pub const SCHEMA_VERSION: i64 = 1;
+/// `PRAGMA application_id` of every index file this crate creates (`HAME` in ASCII). A
+/// SQLite database without it is another application's and is never changed.
+pub const SQLITE_APPLICATION_ID: i32 = 0x4841_4D45;
+/// Format of the index file, in `PRAGMA user_version`. Format 1 had no application id;
+/// format 2 is format 1 marked with [`SQLITE_APPLICATION_ID`]. A hame index of an older
+/// format is rebuilt; one of a newer format is refused ([`Error::IndexTooNew`]).
+pub const SQLITE_SCHEMA_VERSION: i64 = 2;
+/// Format 1, written before the application id: recognised by its table names.
+const LEGACY_SCHEMA_VERSION: i64 = 1;
+/// The first 16 bytes of every SQLite database file.
+const SQLITE_MAGIC: &[u8; 16] = b"SQLite format 3\0";
+/// The tables every format has (the rest are FTS5 shadow tables, an index and triggers).
+const REQUIRED_TABLES: [&str; 4] = ["docs", "lines", "lines_fts", "lines_tri"];
 /// Most candidate rows a short-CJK substring scan reads before ranking.
 pub const MAX_SCAN_ROWS: usize = 20_000;
 
@@ -98,13 +114,194 @@ fn configure(conn: &Connection) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// Opens and checks a database, creating the schema when it is new.
-fn open_checked(path: Option<&Path>) -> std::result::Result<Connection, String> {
-    let conn = match path {
-        Some(p) => Connection::open(p),
-        None => Connection::open_in_memory(),
+/// What an existing database file is, from its application id, `user_version` and the
+/// names in `sqlite_master` (pure, see [`classify`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Kind {
+    /// A hame index of this format.
+    Current,
+    /// No schema, no version, no application id: nothing to lose, the schema is created.
+    Empty,
+    /// A hame index of an older format (or one with tables missing): rebuilt.
+    Older(String),
+    /// A hame index of a newer format: refused.
+    Newer(i64),
+    /// Not a hame index: refused, never changed.
+    Foreign(String),
+}
+
+fn has_required_tables(names: &[String]) -> bool {
+    REQUIRED_TABLES.iter().all(|t| names.iter().any(|n| n == t))
+}
+
+/// Whether every schema object is one format 1 of this crate created (and the main tables
+/// are there): format 1 wrote no application id, so its layout is its mark.
+fn is_legacy_layout(names: &[String]) -> bool {
+    const OTHERS: [&str; 5] = [
+        "lines_by_doc",
+        "lines_ai",
+        "lines_ai_cjk",
+        "lines_ad",
+        "lines_ad_cjk",
+    ];
+    has_required_tables(names)
+        && names.iter().all(|n| {
+            REQUIRED_TABLES.contains(&n.as_str())
+                || OTHERS.contains(&n.as_str())
+                || n.starts_with("lines_fts_")
+                || n.starts_with("lines_tri_")
+                || n.starts_with("sqlite_")
+        })
+}
+
+/// Decides what an existing database is (no I/O).
+fn classify(application_id: i32, version: i64, names: &[String]) -> Kind {
+    if application_id == SQLITE_APPLICATION_ID {
+        return match version {
+            v if v > SQLITE_SCHEMA_VERSION => Kind::Newer(v),
+            v if v < SQLITE_SCHEMA_VERSION => Kind::Older(format!("format {v}")),
+            _ if !has_required_tables(names) => Kind::Older("tables missing".into()),
+            _ => Kind::Current,
+        };
     }
-    .map_err(|e| format!("open: {e}"))?;
+    if application_id != 0 {
+        return Kind::Foreign(format!(
+            "a SQLite database of another application: application_id {application_id:#010x}"
+        ));
+    }
+    if names.is_empty() && version == 0 {
+        return Kind::Empty;
+    }
+    if version == LEGACY_SCHEMA_VERSION && is_legacy_layout(names) {
+        return Kind::Older(format!("format {LEGACY_SCHEMA_VERSION}"));
+    }
+    Kind::Foreign(format!(
+        "a SQLite database without hame's application id (user_version {version}, {} schema \
+         objects)",
+        names.len()
+    ))
+}
+
+/// The fields of a SQLite file header that tell whose file it is.
+#[derive(Debug, Clone, Copy)]
+struct Header {
+    application_id: i32,
+    user_version: i64,
+}
+
+fn not_an_index(path: &Path, reason: impl Into<String>) -> Error {
+    Error::NotAnIndex {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// Reads the header of an existing file: `None` when the file is empty; `NotAnIndex` when
+/// it is not a SQLite database at all.
+fn read_header(path: &Path) -> Result<Option<Header>> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::index("inspect index file", e))?;
+    if !meta.is_file() {
+        return Err(not_an_index(path, "not a regular file"));
+    }
+    let mut file = std::fs::File::open(path).map_err(|e| Error::index("read index file", e))?;
+    let mut buf = [0u8; 100];
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::index("read index file", e)),
+        }
+    }
+    if n == 0 {
+        return Ok(None);
+    }
+    if n < SQLITE_MAGIC.len() || buf[..SQLITE_MAGIC.len()] != SQLITE_MAGIC[..] {
+        return Err(not_an_index(path, "not a SQLite database"));
+    }
+    if n < buf.len() {
+        return Err(not_an_index(path, "a SQLite header cut short"));
+    }
+    let be = |at: usize| i32::from_be_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]);
+    Ok(Some(Header {
+        application_id: be(68),
+        user_version: i64::from(be(60)),
+    }))
+}
+
+/// `path` with a suffix (`-wal`, `-shm`, `-journal`).
+fn sidecar(path: &Path, suffix: &str) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
+/// A `file:` URI for `path` with `immutable=1`: SQLite then reads the file without locks
+/// and creates no `-wal`/`-shm` files next to it.
+fn immutable_uri(path: &Path) -> String {
+    #[cfg(unix)]
+    let bytes = {
+        use std::os::unix::ffi::OsStrExt;
+        path.as_os_str().as_bytes().to_vec()
+    };
+    #[cfg(not(unix))]
+    let bytes = path.to_string_lossy().replace('\\', "/").into_bytes();
+    let mut uri = String::from("file:");
+    for b in bytes {
+        if b.is_ascii_alphanumeric() || matches!(b, b'/' | b'.' | b'_' | b'-' | b'~') {
+            uri.push(char::from(b));
+        } else {
+            uri.push_str(&format!("%{b:02X}"));
+        }
+    }
+    uri.push_str("?immutable=1");
+    uri
+}
+
+/// Reads the application id, version and schema names without changing anything: through
+/// the existing write-ahead log when there is one (it may hold pages the main file does
+/// not), else from the main file alone, which is then the whole database.
+fn probe(path: &Path) -> rusqlite::Result<(i32, i64, Vec<String>)> {
+    let wal = std::fs::metadata(sidecar(path, "-wal")).is_ok_and(|m| m.len() > 0);
+    let shm = sidecar(path, "-shm").exists();
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = if wal && shm {
+        Connection::open_with_flags(path, flags)?
+    } else {
+        Connection::open_with_flags(immutable_uri(path), flags | OpenFlags::SQLITE_OPEN_URI)?
+    };
+    conn.busy_timeout(Duration::from_secs(5))?;
+    let application_id: i32 = conn.query_row("PRAGMA application_id", [], |r| r.get(0))?;
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    let mut stmt = conn.prepare("SELECT name FROM sqlite_master")?;
+    let names = stmt
+        .query_map([], |r| r.get::<_, String>(0))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    Ok((application_id, version, names))
+}
+
+/// Creates the schema and marks the file as a hame index in one transaction; `false` when
+/// the database was no longer empty (another process created it meanwhile).
+fn create_schema(conn: &mut Connection) -> rusqlite::Result<bool> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let objects: i64 = tx.query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))?;
+    let application_id: i32 = tx.query_row("PRAGMA application_id", [], |r| r.get(0))?;
+    if objects != 0 || application_id != 0 {
+        return Ok(false);
+    }
+    tx.execute_batch(&format!(
+        "{SCHEMA} PRAGMA application_id = {SQLITE_APPLICATION_ID}; \
+         PRAGMA user_version = {SQLITE_SCHEMA_VERSION};"
+    ))?;
+    tx.commit()?;
+    Ok(true)
+}
+
+/// Opens a hame index of this format read-write and checks it; `Err` with the reason
+/// when it is damaged.
+fn open_current(path: &Path) -> std::result::Result<Connection, String> {
+    let conn = Connection::open(path).map_err(|e| format!("open: {e}"))?;
     configure(&conn).map_err(|e| format!("configure: {e}"))?;
     let check: String = conn
         .query_row("PRAGMA quick_check", [], |r| r.get(0))
@@ -112,38 +309,151 @@ fn open_checked(path: Option<&Path>) -> std::result::Result<Connection, String> 
     if check != "ok" {
         return Err(format!("quick_check reported: {check}"));
     }
-    let version: i64 = conn
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .map_err(|e| format!("user_version: {e}"))?;
-    let tables: i64 = conn
-        .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
-        .map_err(|e| format!("schema: {e}"))?;
-    if version == SCHEMA_VERSION {
-        return Ok(conn);
-    }
-    if version != 0 || tables != 0 {
-        return Err(format!(
-            "schema version {version} (tables: {tables}), expected {SCHEMA_VERSION}"
-        ));
-    }
-    conn.execute_batch(&format!(
-        "BEGIN; {SCHEMA} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
-    ))
-    .map_err(|e| format!("create schema: {e}"))?;
     Ok(conn)
+}
+
+/// Creates the index in an empty file (the schema first, in rollback-journal mode, so that
+/// a crash leaves either an empty file or a whole index; then WAL). `None` when another
+/// process created it meanwhile.
+fn create_in(path: &Path) -> Result<Option<Connection>> {
+    let mut conn = Connection::open(path).map_err(sql("open index"))?;
+    conn.busy_timeout(Duration::from_secs(5))
+        .map_err(sql("configure index"))?;
+    if !create_schema(&mut conn).map_err(sql("create schema"))? {
+        return Ok(None);
+    }
+    configure(&conn).map_err(sql("configure index"))?;
+    Ok(Some(conn))
+}
+
+/// Creates `dir` and its missing parents, each readable by the owner only.
+fn create_private_dirs(dir: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        builder.mode(0o700);
+    }
+    builder.create(dir)
+}
+
+/// Creates `path` empty, readable and writable by the owner only (SQLite gives its `-wal`,
+/// `-shm` and `-journal` files the same mode). `false` when it already exists.
+fn create_private_file(path: &Path) -> std::io::Result<bool> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    match options.open(path) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Makes an empty file hame takes over readable and writable by the owner only.
+fn restrict_to_owner(path: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
 }
 
 fn remove_db_files(path: &Path) -> std::io::Result<()> {
     for suffix in ["", "-wal", "-shm", "-journal"] {
-        let mut p = path.as_os_str().to_owned();
-        p.push(suffix);
-        match std::fs::remove_file(PathBuf::from(p)) {
+        match std::fs::remove_file(sidecar(path, suffix)) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
     }
     Ok(())
+}
+
+/// Deletes a hame index (with its `-wal`/`-shm`/`-journal` files) and creates it empty.
+fn rebuild(path: &Path, reason: &str) -> Result<Connection> {
+    tracing::warn!(path = %path.display(), %reason, "search index unusable; rebuilding it");
+    remove_db_files(path).map_err(|e| Error::index("delete unusable index", e))?;
+    create_private_file(path).map_err(|e| Error::index("create index file", e))?;
+    create_in(path)?.ok_or_else(|| Error::Index {
+        message: "recreate index: another process wrote the file meanwhile".into(),
+        source: None,
+    })
+}
+
+/// What [`SqliteIndex::open`] does, on a blocking thread: the connection and whether the
+/// index was created empty.
+fn open_file(path: &Path) -> Result<(Connection, bool)> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        create_private_dirs(dir).map_err(|e| Error::index("create directory", e))?;
+    }
+    // A second round only when another process created the index between two steps.
+    for _ in 0..2 {
+        create_private_file(path).map_err(|e| Error::index("create index file", e))?;
+        let header = read_header(path)?;
+        let kind = match probe(path) {
+            Ok((application_id, version, names)) => classify(application_id, version, &names),
+            // Unreadable through SQLite: only the header can still say it is ours.
+            Err(e) => match header {
+                Some(h) if h.application_id == SQLITE_APPLICATION_ID => {
+                    if h.user_version > SQLITE_SCHEMA_VERSION {
+                        Kind::Newer(h.user_version)
+                    } else {
+                        Kind::Older(format!("unreadable: {e}"))
+                    }
+                }
+                _ => Kind::Foreign(format!(
+                    "a SQLite database hame cannot read and that has no hame application id: {e}"
+                )),
+            },
+        };
+        match kind {
+            Kind::Current => {
+                return match open_current(path) {
+                    Ok(conn) => Ok((conn, false)),
+                    Err(reason) => Ok((rebuild(path, &reason)?, true)),
+                };
+            }
+            Kind::Empty => {
+                restrict_to_owner(path).map_err(|e| Error::index("set index file mode", e))?;
+                if let Some(conn) = create_in(path)? {
+                    return Ok((conn, true));
+                }
+            }
+            Kind::Older(reason) => return Ok((rebuild(path, &reason)?, true)),
+            Kind::Newer(found) => {
+                return Err(Error::IndexTooNew {
+                    path: path.to_path_buf(),
+                    found,
+                    supported: SQLITE_SCHEMA_VERSION,
+                });
+            }
+            Kind::Foreign(reason) => return Err(not_an_index(path, reason)),
+        }
+    }
+    Err(Error::Index {
+        message: format!(
+            "open `{}`: the file kept changing while it was opened",
+            path.display()
+        ),
+        source: None,
+    })
+}
+
+/// An index in memory, with the schema.
+fn open_memory() -> rusqlite::Result<Connection> {
+    let mut conn = Connection::open_in_memory()?;
+    create_schema(&mut conn)?;
+    configure(&conn)?;
+    Ok(conn)
 }
 
 /// The MATCH expression for a parsed query; `any` joins terms with OR instead of AND.
@@ -269,63 +579,52 @@ fn scan_search(
             ))
         })
         .map_err(sql("scan"))?;
-    let needles = needles(query);
-    let mut all = Vec::new();
-    let mut any = Vec::new();
-    for row in rows {
-        let (path, line, content) = row.map_err(sql("read scan results"))?;
-        let (matched, score) = score_row(&content, query);
-        if matched == 0 {
-            continue;
-        }
-        let hit = Hit {
-            path,
-            line,
-            snippet: highlight(&content, &needles),
-            score,
-        };
-        if matched == query.terms.len() {
-            all.push(hit);
-        } else {
-            any.push(hit);
-        }
-    }
-    Ok(rank(
-        if all.is_empty() { any } else { all },
-        options.effective_limit(),
-    ))
+    let rows = rows
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(sql("read scan results"))?;
+    Ok(rank_rows(rows, query, options.effective_limit()))
+}
+
+/// Starts a write transaction and deletes a document's rows in it (the triggers keep both
+/// FTS tables in step); its `docs` row is left to the caller.
+fn begin_clearing<'c>(
+    conn: &'c mut Connection,
+    tenant: &str,
+    path: &str,
+) -> Result<rusqlite::Transaction<'c>> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(sql("begin"))?;
+    tx.execute(
+        "DELETE FROM lines WHERE tenant = ?1 AND path = ?2",
+        params![tenant, path],
+    )
+    .map_err(sql("delete rows"))?;
+    Ok(tx)
 }
 
 impl SqliteIndex {
     /// Opens (or creates) the index file at `path`.
     ///
-    /// When the file is unreadable, fails `PRAGMA quick_check` or has another schema
-    /// version, it is deleted (with its `-wal`/`-shm` files) and created empty;
+    /// A missing or empty file is created (mode 0600 on Unix; missing parent directories
+    /// 0700) and marked as a hame index with `PRAGMA application_id`
+    /// ([`SQLITE_APPLICATION_ID`]) and the format in `user_version`
+    /// ([`SQLITE_SCHEMA_VERSION`]).
+    ///
+    /// A file hame did not create is never changed: one that is not a SQLite database, or
+    /// a SQLite database without hame's application id, is refused with
+    /// [`Error::NotAnIndex`]. A hame index of a newer format is refused with
+    /// [`Error::IndexTooNew`]. A hame index of an older format (format 1 is recognised by
+    /// its tables), or one that fails `PRAGMA quick_check`, is deleted (with its
+    /// `-wal`/`-shm` files) and created empty: the index is a cache of the workspace files.
     /// [`SqliteIndex::was_rebuilt`] then returns `true` and the caller must feed every file
-    /// again. Missing parent directories are created.
+    /// again.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let p = path.clone();
-        let (conn, rebuilt) = tokio::task::spawn_blocking(move || -> Result<(Connection, bool)> {
-            if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).map_err(|e| Error::index("create directory", e))?;
-            }
-            let existed = p.exists();
-            match open_checked(Some(&p)) {
-                Ok(c) => Ok((c, !existed)),
-                Err(reason) => {
-                    tracing::warn!(path = %p.display(), %reason, "search index unusable; rebuilding it");
-                    remove_db_files(&p).map_err(|e| Error::index("delete corrupt index", e))?;
-                    let c = open_checked(Some(&p)).map_err(|m| Error::Index {
-                        message: format!("recreate index: {m}"),
-                        source: None,
-                    })?;
-                    Ok((c, true))
-                }
-            }
-        })
-        .await
-        .map_err(|e| Error::index("open task failed", e))??;
+        let (conn, rebuilt) = tokio::task::spawn_blocking(move || open_file(&p))
+            .await
+            .map_err(|e| Error::index("open task failed", e))??;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
             path: Some(path),
@@ -335,10 +634,7 @@ impl SqliteIndex {
 
     /// An index in memory (lost when dropped).
     pub fn open_in_memory() -> Result<Self> {
-        let conn = open_checked(None).map_err(|m| Error::Index {
-            message: m,
-            source: None,
-        })?;
+        let conn = open_memory().map_err(sql("open index in memory"))?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
             path: None,
@@ -346,8 +642,8 @@ impl SqliteIndex {
         })
     }
 
-    /// Whether the index was created empty by [`SqliteIndex::open`] (new, corrupt or of
-    /// another version): every file must then be fed again.
+    /// Whether the index was created empty by [`SqliteIndex::open`] (new, damaged or of an
+    /// older format): every file must then be fed again.
     pub fn was_rebuilt(&self) -> bool {
         self.rebuilt
     }
@@ -396,14 +692,7 @@ impl SearchIndex for SqliteIndex {
             if old.as_deref() == Some(hash.as_str()) {
                 return Ok(UpsertOutcome::Unchanged);
             }
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(sql("begin"))?;
-            tx.execute(
-                "DELETE FROM lines WHERE tenant = ?1 AND path = ?2",
-                params![tenant, path],
-            )
-            .map_err(sql("delete old rows"))?;
+            let tx = begin_clearing(conn, &tenant, &path)?;
             {
                 let mut ins = tx
                     .prepare_cached(
@@ -433,14 +722,7 @@ impl SearchIndex for SqliteIndex {
         check_tenant(tenant)?;
         let (tenant, path) = (tenant.to_owned(), path.to_owned());
         self.with_conn(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(sql("begin"))?;
-            tx.execute(
-                "DELETE FROM lines WHERE tenant = ?1 AND path = ?2",
-                params![tenant, path],
-            )
-            .map_err(sql("delete rows"))?;
+            let tx = begin_clearing(conn, &tenant, &path)?;
             let n = tx
                 .execute(
                     "DELETE FROM docs WHERE tenant = ?1 AND path = ?2",
@@ -454,13 +736,9 @@ impl SearchIndex for SqliteIndex {
     }
 
     async fn search(&self, tenant: &str, query: &str, options: &SearchOptions) -> Result<Vec<Hit>> {
-        check_tenant(tenant)?;
-        let Some(query) = parse_query(query) else {
+        let Some(query) = prepare_search(tenant, query, options)? else {
             return Ok(Vec::new());
         };
-        if options.effective_limit() == 0 {
-            return Ok(Vec::new());
-        }
         let tenant = tenant.to_owned();
         let options = options.clone();
         self.with_conn(move |conn| {
