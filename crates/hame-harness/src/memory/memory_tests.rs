@@ -99,9 +99,11 @@ async fn large_results_are_offloaded_after_the_log_has_recorded_them() -> TestRe
     assert!(seen.len() < 6_000);
     // The file holds the whole result, in alice's namespace.
     let fs = a.filesystem_for(&ctx)?;
-    let saved = fs
-        .read_bytes(&FsPath::parse("large_tool_results/c1.txt")?)
-        .await?;
+    let listed = fs.list(&FsPath::parse("large_tool_results")?).await?;
+    assert_eq!(listed.len(), 1);
+    let file = listed[0].path.as_str().to_owned();
+    assert!(file.starts_with("large_tool_results/c1-"), "{file}");
+    let saved = fs.read_bytes(&FsPath::parse(&file)?).await?;
     assert_eq!(saved.len(), 300_000);
     // The state keeps the preview; the never-compacted log keeps the full result.
     let state = a.state(&ctx).await?.unwrap();
@@ -110,7 +112,7 @@ async fn large_results_are_offloaded_after_the_log_has_recorded_them() -> TestRe
         .iter()
         .find(|m| m.role == Role::Tool)
         .unwrap();
-    assert!(last_tool_text(in_state).contains("/large_tool_results/c1.txt"));
+    assert!(last_tool_text(in_state).contains(&format!("/{file}")));
     let log = hame_session::SessionLog::new(a.workspace_for(&ctx)?.records().clone(), "hame")?;
     let records = log.read("s1", ..).await?;
     let logged = records

@@ -5,7 +5,7 @@
 //!   [`CompactionPolicy::max_messages`] messages or the request's tokens reach the window
 //!   minus the reserve, and after a context overflow (then the loop retries). The memory
 //!   flush always runs first, so no fact is lost to a summary.
-//! - **Offloading** of tool results over the threshold to `large_tool_results/<call_id>.txt`
+//! - **Offloading** of tool results over the threshold to `large_tool_results/<call_id>-<12 hex of its SHA-256>.txt`
 //!   in the caller's filesystem. The offload layer sits inside the session-log layer, so
 //!   the log records the full result and the state keeps the preview.
 //! - **Daily logs** (`memory/YYYY-MM-DD.md`): flushed before compaction, and after a call
