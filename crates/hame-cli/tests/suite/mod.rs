@@ -6,5 +6,6 @@ mod replicas;
 mod resume;
 mod run;
 mod shared;
+mod signals;
 mod tenants;
 mod tools;

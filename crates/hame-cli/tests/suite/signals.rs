@@ -1,0 +1,149 @@
+//! SIGINT and SIGTERM: the running call is cancelled, what joined the conversation is
+//! saved, the session lease is released, and the next call on the session starts at once —
+//! on every state backend.
+#![cfg(unix)]
+#![allow(clippy::print_stderr)]
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use hame::Role;
+use hame::state::StateKey;
+use hame_test_support::{ScriptStep, ScriptedServer};
+
+use super::common::{hame, output, service, stdout, unique_agent};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Starts `hame run` on a model that takes 30 s to answer, signals it once the request is
+/// in, and checks the exit code, the saved turn and how fast the next call runs.
+async fn signal_releases_the_session(state: &str, signal: i32, want: i32) -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let server = ScriptedServer::start().await?;
+    server.push(ScriptStep::text("too late").with_delay(Duration::from_secs(30)));
+    server.push(ScriptStep::text("second answer"));
+    let agent = unique_agent();
+    let base = server.base_url();
+    let args = [
+        "run",
+        "--model",
+        "openai:m",
+        "--agent",
+        &agent,
+        "--user",
+        "ada",
+        "--session",
+        "sig",
+        "--state",
+        state,
+        "--no-memory",
+    ];
+    let mut first = hame(
+        &[&args[..], &["first question"]].concat(),
+        &[("OPENAI_BASE_URL", &base)],
+        dir.path(),
+    );
+    let child = first
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.request_count() == 0 {
+        if Instant::now() > deadline {
+            return Err("the first call never reached the model".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sent = Instant::now();
+    let killed = std::process::Command::new("kill")
+        .args([format!("-{signal}"), child.id().to_string()])
+        .status()?;
+    assert!(killed.success());
+    let status = tokio::task::spawn_blocking(move || child.wait_with_output()).await??;
+    let exit_after = sent.elapsed();
+    assert_eq!(
+        status.status.code(),
+        Some(want),
+        "stderr: {}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+
+    // The next call on the same session does not wait for a lease to expire.
+    let started = Instant::now();
+    let next = output(hame(
+        &[&args[..], &["second question"]].concat(),
+        &[("OPENAI_BASE_URL", &base)],
+        dir.path(),
+    ))
+    .await?;
+    let next_took = started.elapsed();
+    eprintln!(
+        "{state}: signal {signal} -> exit {want} after {exit_after:?}; next call took {next_took:?}"
+    );
+    assert!(
+        next.status.success(),
+        "{}",
+        String::from_utf8_lossy(&next.stderr)
+    );
+    assert_eq!(stdout(&next).trim(), "second answer");
+    assert!(
+        next_took < Duration::from_secs(2),
+        "next call took {next_took:?}"
+    );
+
+    // The interrupted turn is in the state, closed, so the model saw it as such.
+    let store = hame::state::open(state).await?;
+    let saved = store
+        .load(&StateKey::new(&agent, Some("ada"), "sig")?)
+        .await?
+        .ok_or("no state")?;
+    let turns: Vec<(Role, String)> = saved
+        .state
+        .messages
+        .iter()
+        .map(|m| (m.role, m.text_content()))
+        .collect();
+    assert_eq!(turns.len(), 4, "{turns:?}");
+    assert_eq!(turns[0], (Role::User, "first question".to_owned()));
+    assert_eq!(turns[1].0, Role::Assistant);
+    assert!(turns[1].1.contains("did not finish"), "{turns:?}");
+    assert_eq!(turns[3], (Role::Assistant, "second answer".to_owned()));
+    Ok(())
+}
+
+const SIGINT: i32 = 2;
+const SIGTERM: i32 = 15;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_and_sigint_release_a_json_session() -> TestResult {
+    let state = tempfile::tempdir()?;
+    let s = state.path().to_string_lossy().into_owned();
+    signal_releases_the_session(&s, SIGTERM, 143).await?;
+    let state = tempfile::tempdir()?;
+    let s = state.path().to_string_lossy().into_owned();
+    signal_releases_the_session(&s, SIGINT, 130).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_releases_a_redis_session() -> TestResult {
+    let Some(url) = service("HAME_TEST_REDIS_URL") else {
+        return Ok(());
+    };
+    signal_releases_the_session(&url, SIGTERM, 143).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_releases_a_postgres_session() -> TestResult {
+    let Some(url) = service("HAME_TEST_POSTGRES_URL") else {
+        return Ok(());
+    };
+    signal_releases_the_session(&url, SIGINT, 130).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_releases_a_mysql_session() -> TestResult {
+    let Some(url) = service("HAME_TEST_MYSQL_URL") else {
+        return Ok(());
+    };
+    signal_releases_the_session(&url, SIGTERM, 143).await
+}
