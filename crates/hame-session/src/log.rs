@@ -363,9 +363,39 @@ impl SessionLog {
         Ok(self.fs.exists(&path).await?)
     }
 
-    /// Every session in the index, newest first (by `updated`, then id).
+    /// Every session, newest first (by `updated`, then id). A log the index does not list
+    /// (an update lost to a crash, or to a store without cross-process compare-and-set) is
+    /// read and added to the index first, so the index repairs itself from the logs.
     pub async fn list_sessions(&self) -> Result<Vec<SessionEntry>> {
-        let (index, _) = read_index(self.fs.as_ref(), &self.index).await?;
+        let (mut index, _) = read_index(self.fs.as_ref(), &self.index).await?;
+        let missing: Vec<String> = self
+            .logged_sessions()
+            .await?
+            .into_iter()
+            .filter(|id| !index.sessions.contains_key(id))
+            .collect();
+        if !missing.is_empty() {
+            let mut found = Vec::new();
+            for id in &missing {
+                if let Some(entry) = self.entry_from_log(id).await? {
+                    found.push(entry);
+                }
+            }
+            tracing::info!(
+                repaired = found.len(),
+                "session index missed logs; repaired from them"
+            );
+            let _guard = self.index_lock.lock().await;
+            index = update_index_cas(self.fs.as_ref(), &self.index, |index| {
+                for entry in &found {
+                    index
+                        .sessions
+                        .entry(entry.id.clone())
+                        .or_insert_with(|| entry.clone());
+                }
+            })
+            .await?;
+        }
         let mut entries: Vec<SessionEntry> = index.sessions.into_values().collect();
         entries.sort_by(|a, b| b.updated.cmp(&a.updated).then_with(|| a.id.cmp(&b.id)));
         Ok(entries)
@@ -407,6 +437,38 @@ impl SessionLog {
             })
     }
 
+    /// The session ids that have a log file.
+    async fn logged_sessions(&self) -> Result<Vec<String>> {
+        match self.fs.list(&self.dir).await {
+            Ok(files) => Ok(sessions_in(&files)),
+            Err(e) if e.is_not_found() => Ok(Vec::new()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The index entry a session's log implies (`None` for an empty log).
+    async fn entry_from_log(&self, session_id: &str) -> Result<Option<SessionEntry>> {
+        let parsed = self.load(session_id).await?;
+        let Some(first) = parsed.records.iter().map(|r| r.time).min() else {
+            return Ok(None);
+        };
+        let last = parsed.records.iter().map(|r| r.time).max().unwrap_or(first);
+        let next = parsed.records.iter().map(|r| r.seq + 1).max().unwrap_or(0);
+        let messages: Vec<Message> = parsed.records.into_iter().map(|r| r.message).collect();
+        let mut update = IndexUpdate::new()
+            .with_message_count_at_least(next)
+            .at(first);
+        if let Some(title) = title_candidate(&messages) {
+            update = update.with_title_if_unset(title);
+        }
+        let entry = update.apply(session_id, None, first);
+        Ok(Some(IndexUpdate::new().at(last).apply(
+            session_id,
+            Some(entry),
+            last,
+        )))
+    }
+
     /// Rebuilds the index from the logs themselves (every `*.log.jsonl` in the directory is
     /// read whole): repairs an index that is corrupt or missed updates. Existing titles are
     /// kept. The new index is written by compare-and-set like any update.
@@ -417,31 +479,10 @@ impl SessionLog {
             Err(e) => return Err(e.into()),
         };
         let mut rebuilt = IndexFile::default();
-        for file in files.iter().filter(|f| !f.is_dir()) {
-            let Some(session_id) = file.path.file_name().strip_suffix(LOG_SUFFIX) else {
-                continue;
-            };
-            if validate_id("session id", session_id).is_err() {
-                continue;
+        for session_id in sessions_in(&files) {
+            if let Some(entry) = self.entry_from_log(&session_id).await? {
+                rebuilt.sessions.insert(session_id, entry);
             }
-            let parsed = self.load(session_id).await?;
-            let Some(first) = parsed.records.iter().map(|r| r.time).min() else {
-                continue;
-            };
-            let last = parsed.records.iter().map(|r| r.time).max().unwrap_or(first);
-            let next = parsed.records.iter().map(|r| r.seq + 1).max().unwrap_or(0);
-            let messages: Vec<Message> = parsed.records.into_iter().map(|r| r.message).collect();
-            let mut update = IndexUpdate::new()
-                .with_message_count_at_least(next)
-                .at(first);
-            if let Some(title) = title_candidate(&messages) {
-                update = update.with_title_if_unset(title);
-            }
-            let entry = update.apply(session_id, None, first);
-            let entry = IndexUpdate::new()
-                .at(last)
-                .apply(session_id, Some(entry), last);
-            rebuilt.sessions.insert(session_id.to_owned(), entry);
         }
         let path = self.index.clone();
         let guard = self.index_lock.lock().await;
@@ -476,4 +517,19 @@ impl SessionLog {
         drop(guard);
         self.list_sessions().await
     }
+}
+
+/// The session ids of the `*.log.jsonl` files in a directory listing.
+fn sessions_in(files: &[hame_fs::FileInfo]) -> Vec<String> {
+    files
+        .iter()
+        .filter(|f| !f.is_dir())
+        .filter_map(|f| {
+            f.path
+                .file_name()
+                .strip_suffix(LOG_SUFFIX)
+                .map(str::to_owned)
+        })
+        .filter(|id| validate_id("session id", id).is_ok())
+        .collect()
 }

@@ -4,10 +4,10 @@ use std::sync::Arc;
 
 use hame_core::Message;
 use hame_fs::{Filesystem, FsPath, InMemoryFs, WriteOptions};
-use hame_session::{Error, IndexUpdate, SessionEntry};
+use hame_session::{Error, IndexUpdate, SessionEntry, SessionLog, SessionLogOptions};
 use pretty_assertions::assert_eq;
 
-use super::helpers::{TestResult, log_at, t};
+use super::helpers::{TestResult, fixed_clock, log_at, t};
 
 #[tokio::test]
 async fn index_tracks_title_times_and_counts_newest_first() -> TestResult {
@@ -185,5 +185,41 @@ async fn a_corrupt_index_is_left_alone_and_can_be_rebuilt() -> TestResult {
             },
         ]
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn logs_missing_from_the_index_are_listed_and_added() -> TestResult {
+    let fs: Arc<dyn Filesystem> = Arc::new(InMemoryFs::new());
+    // Three processes wrote logs; their index updates were lost (never made).
+    let quiet = SessionLog::with_options(
+        fs.clone(),
+        "main",
+        SessionLogOptions {
+            update_index: false,
+            ..fixed_clock(100)
+        },
+    )?;
+    for id in ["a", "b", "c"] {
+        quiet
+            .append_messages(id, "c1", &[Message::user(format!("question {id}"))])
+            .await?;
+    }
+    // One update did land.
+    log_at(fs.clone(), 200)
+        .append_messages("d", "c1", &[Message::user("question d")])
+        .await?;
+    let log = log_at(fs.clone(), 300);
+    let listed: Vec<String> = log
+        .list_sessions()
+        .await?
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(listed, ["d", "a", "b", "c"]);
+    // The index itself now has them, with titles from the logs.
+    let entry = log.session("b").await?.ok_or("b not indexed")?;
+    assert_eq!(entry.title, "question b");
+    assert_eq!(entry.message_count, 1);
     Ok(())
 }
