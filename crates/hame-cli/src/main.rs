@@ -272,6 +272,28 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// `scheme://user:secret@host/...` with the secret (or a lone user-info part) replaced
+/// by `***`, for messages.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    match authority.rsplit_once('@') {
+        Some((info, host)) => {
+            let user = info.split_once(':').map_or("", |(u, _)| u);
+            let shown = if user.is_empty() {
+                "***".to_owned()
+            } else {
+                format!("{user}:***")
+            };
+            format!("{scheme}://{shown}@{host}{tail}")
+        }
+        None => url.to_owned(),
+    }
+}
+
 fn env(key: &str) -> Option<String> {
     std::env::var(key).ok().filter(|v| !v.trim().is_empty())
 }
@@ -303,12 +325,20 @@ async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)
                         .await
                         .map_err(|e| {
                             ConfigError(format!(
-                                "cannot open the memory index {url}: {e} (check --memory-index)"
+                                "cannot open the memory index {}: {e} (check --memory-index)",
+                                redact(url)
                             ))
                         })?;
                 options.index = Some(std::sync::Arc::new(index));
             }
-            Some(path) => options.index_path = Some(PathBuf::from(path)),
+            // Opened now, so a file that is not a hame index is refused before anything
+            // runs (exit 2), and never overwritten.
+            Some(path) => {
+                let index = hame::memory::SqliteIndex::open(path)
+                    .await
+                    .map_err(|e| ConfigError(format!("{e} (check --memory-index)")))?;
+                options.index = Some(std::sync::Arc::new(index));
+            }
             None => {}
         }
         options
@@ -317,7 +347,8 @@ async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)
     if let Some(url) = common.state.clone().or_else(|| env("HAME_STATE")) {
         let store = hame::state::open(&url).await.map_err(|e| {
             ConfigError(format!(
-                "cannot open state store {url}: {e} (check --state / HAME_STATE)"
+                "cannot open state store {}: {e} (check --state / HAME_STATE)",
+                redact(&url)
             ))
         })?;
         builder = builder.state_store(store);
@@ -325,7 +356,8 @@ async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)
     if let Some(url) = &common.store {
         let store = hame::fs::remote::open(url, "hame").await.map_err(|e| {
             ConfigError(format!(
-                "cannot open shared store {url}: {e} (check --store)"
+                "cannot open shared store {}: {e} (check --store)",
+                redact(url)
             ))
         })?;
         builder = builder.filesystem(hame::FilesystemMode::SharedStore { store });
@@ -472,6 +504,26 @@ async fn chat(common: Common) -> anyhow::Result<()> {
         if signals.end().is_some() {
             eprintln!("(turn cancelled; the conversation so far is saved)");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn secrets_in_urls_are_redacted() {
+        assert_eq!(
+            redact("redis://:hunter2@127.0.0.1:6379/0"),
+            "redis://***@127.0.0.1:6379/0"
+        );
+        assert_eq!(
+            redact("postgres://u:pw@db/x?sslmode=require"),
+            "postgres://u:***@db/x?sslmode=require"
+        );
+        assert_eq!(redact("mysql://u:p%40ss@h"), "mysql://u:***@h");
+        assert_eq!(redact("s3://bucket/prefix"), "s3://bucket/prefix");
+        assert_eq!(redact("/var/state"), "/var/state");
     }
 }
 

@@ -133,6 +133,45 @@ async fn configuration_errors_exit_2_with_one_line() -> TestResult {
             ],
             "user id",
         ),
+        (
+            vec![
+                "run",
+                "--workspace",
+                &ws,
+                "--model",
+                "openai:m",
+                "--session",
+                "a..b",
+                "hi",
+            ],
+            "session id",
+        ),
+        (
+            vec![
+                "run",
+                "--workspace",
+                &ws,
+                "--model",
+                "openai:m",
+                "--session",
+                "_memory",
+                "hi",
+            ],
+            "reserved",
+        ),
+        (
+            vec![
+                "run",
+                "--workspace",
+                &ws,
+                "--model",
+                "openai:m",
+                "--state",
+                "redis://:hunter2@127.0.0.1:9/0",
+                "hi",
+            ],
+            "redis://***@127.0.0.1:9/0",
+        ),
     ];
     for (args, needle) in cases {
         let out = output(hame(
@@ -146,8 +185,42 @@ async fn configuration_errors_exit_2_with_one_line() -> TestResult {
         assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
         assert!(err.contains(needle), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
         assert_eq!(stdout(&out), "");
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_memory_index_that_is_not_hame_s_is_refused_and_kept() -> TestResult {
+    let dir = workspace()?;
+    let ws = dir.path().join("ws");
+    let ws = ws.to_string_lossy().into_owned();
+    let notes = dir.path().join("notes.txt");
+    std::fs::write(&notes, "my precious notes\n")?;
+    let notes_arg = notes.to_string_lossy().into_owned();
+    let out = output(hame(
+        &[
+            "run",
+            "--workspace",
+            &ws,
+            "--model",
+            "openai:m",
+            "--memory-index",
+            &notes_arg,
+            "hi",
+        ],
+        &[("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")],
+        dir.path(),
+    ))
+    .await?;
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("notes.txt") && err.contains("not a hame search index"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&notes)?, "my precious notes\n");
     Ok(())
 }
 
