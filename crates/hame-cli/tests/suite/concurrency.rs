@@ -275,3 +275,56 @@ async fn different_sessions_run_in_parallel_on_mysql() -> TestResult {
     };
     different_sessions_run_in_parallel(&url).await
 }
+
+/// 40 processes of one user, each on its own session, at once: the local session index
+/// lists every one of them (no read-modify-write lost across processes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forty_processes_never_lose_a_session_index_entry() -> TestResult {
+    const N: usize = 40;
+    let dir = tempfile::tempdir()?;
+    let ws = workspace(dir.path())?;
+    let state = dir.path().join("state").to_string_lossy().into_owned();
+    let server = ScriptedServer::start().await?;
+    server.push_all((0..N).map(|i| ScriptStep::text(format!("answer {i}"))));
+    let base = server.base_url();
+    let agent = unique_agent();
+    let runs: Vec<_> = (0..N)
+        .map(|i| {
+            let mut a = args(&ws, &agent, &format!("s{i}"), &state);
+            a.push("--no-memory".into());
+            spawn_run(dir.path(), &base, a, &format!("question {i}"))
+        })
+        .collect();
+    for r in runs {
+        let out = r.await??;
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    // Read the index file itself (listing sessions would also repair it).
+    let mut found = None;
+    for entry in walk(&dir.path().join("ws"))? {
+        if entry.ends_with("sessions/index.json") {
+            found = Some(entry);
+        }
+    }
+    let path = found.ok_or("no session index written")?;
+    let index: serde_json::Value = serde_json::from_slice(&fs::read(&path)?)?;
+    let sessions = index["sessions"].as_object().map(|o| o.len());
+    assert_eq!(sessions, Some(N), "{}", path.display());
+    Ok(())
+}
+
+fn walk(dir: &Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d)? {
+            let p = e?.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    Ok(out)
+}
