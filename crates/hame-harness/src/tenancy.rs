@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use hame_core::RuntimeContext;
 use hame_fs::{Filesystem, Isolation, Scope};
+use hame_tools::{IsolationExt, NamespaceExt};
 
 use crate::template::TemplateFs;
 
@@ -72,7 +73,7 @@ impl Tenancy {
 
     /// The filesystem a call sees: its namespace in the store over the template.
     pub fn fs_for(&self, runtime: &RuntimeContext) -> hame_fs::Result<Arc<dyn Filesystem>> {
-        self.isolation.fs_for(&self.store, runtime)
+        self.isolation.fs_for_context(&self.store, runtime)
     }
 
     /// The filesystem holding a user's session logs: always per (agent, user) — or per

@@ -4,8 +4,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hame_core::{RuntimeContext, Tool, ToolError};
-use hame_fs::{Execute, Filesystem, FsToolOptions, LocalShell, ShellOptions};
+use hame_fs::{Execute, Filesystem, LocalShell, ShellOptions};
 use hame_session::{FsFn, SessionToolOptions};
+use hame_tools::{FsToolOptions, ToToolError};
 
 use crate::error::{Error, Result};
 use crate::tenancy::Tenancy;
@@ -20,7 +21,7 @@ pub const OFFLOADED_OUTPUT_CAP: usize = 1_000_000;
 ///
 /// With `offloading` (memory on), results over the offload threshold are moved out of the
 /// context by the memory layer, so `read_file` and `execute` may return up to
-/// [`OFFLOADED_OUTPUT_CAP`] characters; without it they keep the smaller `hame-fs`
+/// [`OFFLOADED_OUTPUT_CAP`] characters; without it they keep the smaller `hame-tools`
 /// defaults (100,000), which bound the context on their own.
 pub fn builtin_tools(
     tenancy: &Arc<Tenancy>,
@@ -43,13 +44,12 @@ pub fn builtin_tools(
         executor,
         ..fs_options
     };
-    let mut tools = hame_fs::fs_tools(tenancy.store.clone(), options);
+    let mut tools = hame_tools::fs_tools(tenancy.store.clone(), options);
 
     let t = tenancy.clone();
     let provider = FsFn(
         move |ctx: &RuntimeContext| -> std::result::Result<Arc<dyn Filesystem>, ToolError> {
-            t.session_fs(ctx)
-                .map_err(|e| ToolError::new(e.code(), e.to_string()))
+            t.session_fs(ctx).map_err(|e| e.to_tool_error())
         },
     );
     tools.extend(

@@ -52,13 +52,20 @@ pub mod harness {
     pub use hame_harness::*;
 }
 
-/// The filesystem layer (`hame-fs`).
+/// The filesystem layer (`hame-fs`), with the file tools of `hame-tools` beside it.
 pub mod fs {
     pub use hame_fs::*;
+    pub use hame_tools::{FsToolOptions, fs_tools, fs_tools_with_execute};
     /// Shared-store backends (`hame-fs-remote`): Redis and object storage.
     pub mod remote {
         pub use hame_fs_remote::*;
     }
+}
+
+/// The bridge between storage and the agent core (`hame-tools`): the file tools, the
+/// `execute` tool, storage errors as tool errors, isolation keyed by a runtime context.
+pub mod tools {
+    pub use hame_tools::*;
 }
 
 /// State stores (`hame-state`).

@@ -9,6 +9,7 @@ use hame_memory::{
     CompactionState, ConsolidationOutcome, Consolidator, MemoryFiles, MemoryState, content_hash,
 };
 use hame_state::{LeaseOptions, StateKey, StateStore};
+use hame_tools::NamespaceExt;
 
 use super::layer::MemoryLayer;
 use super::{CONSOLIDATION_LEASE_TTL, MEMORY_LEASE_SESSION};

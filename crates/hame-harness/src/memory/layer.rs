@@ -15,6 +15,7 @@ use hame_memory::{
     SqliteIndex, TokenCounter,
 };
 use hame_session::SessionLog;
+use hame_tools::NamespaceExt;
 use tokio::task::JoinHandle;
 
 use super::files::FsFiles;

@@ -8,16 +8,26 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use hame_core::{Tool, ToolContext, ToolError, ToolOutput, TypedTool, typed};
+use hame_fs::{
+    EditRequest, ExecRequest, Execute, Filesystem, FsPath, GlobRequest, GrepRequest, Isolation,
+    ReadWindow, Version, WriteOptions, codes,
+};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use crate::error::codes;
-use crate::fs::{
-    EditRequest, ExecRequest, Execute, Filesystem, GlobRequest, GrepRequest, ReadWindow, Version,
-    WriteOptions,
-};
-use crate::namespace::Isolation;
-use crate::path::FsPath;
+use crate::context::IsolationExt;
+use crate::error::ToToolError;
+
+/// `?` for storage results inside a tool: the error becomes a [`ToolError`] with its code.
+trait OrToolError<T> {
+    fn or_tool(self) -> Result<T, ToolError>;
+}
+
+impl<T> OrToolError<T> for hame_fs::Result<T> {
+    fn or_tool(self) -> Result<T, ToolError> {
+        self.map_err(|e| e.to_tool_error())
+    }
+}
 
 /// Limits and defaults of the file tools.
 #[derive(Debug, Clone)]
@@ -81,7 +91,7 @@ struct Shared {
 impl Shared {
     fn fs(&self, ctx: &ToolContext) -> Result<Arc<dyn Filesystem>, ToolError> {
         match &self.opts.isolation {
-            Some(iso) => iso.fs_for(&self.fs, &ctx.runtime).map_err(ToolError::from),
+            Some(iso) => iso.fs_for_context(&self.fs, &ctx.runtime).or_tool(),
             None => Ok(self.fs.clone()),
         }
     }
@@ -134,7 +144,7 @@ impl Shared {
 }
 
 fn parse_path(s: &str) -> Result<FsPath, ToolError> {
-    FsPath::parse(s).map_err(ToolError::from)
+    FsPath::parse(s).or_tool()
 }
 
 fn cut(line: &str, max: usize) -> String {
@@ -217,7 +227,8 @@ impl TypedTool for ReadFile {
                     limit: Some(limit),
                 },
             )
-            .await?;
+            .await
+            .or_tool()?;
         self.0.record(ctx, &path, w.version.clone());
         if w.total_lines == 0 {
             return Ok(format!("{path} is empty."));
@@ -285,7 +296,7 @@ impl TypedTool for WriteFile {
         let len = bytes.len();
         let opts = if !self.0.opts.require_read_before_overwrite {
             WriteOptions::default()
-        } else if fs.exists(&path).await? {
+        } else if fs.exists(&path).await.or_tool()? {
             match self.0.read_version(ctx, &path) {
                 Some(v) => WriteOptions::if_match(v),
                 None => {
@@ -300,7 +311,7 @@ impl TypedTool for WriteFile {
         } else {
             WriteOptions::create_new()
         };
-        let version = fs.write(&path, bytes, opts).await?;
+        let version = fs.write(&path, bytes, opts).await.or_tool()?;
         self.0.record(ctx, &path, version);
         Ok(format!("Wrote {len} bytes to {path}."))
     }
@@ -345,7 +356,8 @@ impl TypedTool for EditFile {
                     replace_all: args.replace_all,
                 },
             )
-            .await?;
+            .await
+            .or_tool()?;
         self.0.record(ctx, &path, out.version);
         Ok(format!(
             "Edited {path}: {} replacement{}.",
@@ -402,7 +414,8 @@ impl TypedTool for GrepFiles {
                 glob: args.glob,
                 max_matches: self.0.opts.grep_max_results,
             })
-            .await?;
+            .await
+            .or_tool()?;
         if out.matches.is_empty() {
             return Ok("No matches.".into());
         }
@@ -457,7 +470,8 @@ impl TypedTool for GlobFiles {
                 path,
                 max_results: self.0.opts.glob_max_results,
             })
-            .await?;
+            .await
+            .or_tool()?;
         if out.files.is_empty() {
             return Ok("No files matched.".into());
         }
@@ -501,7 +515,7 @@ impl TypedTool for ListFiles {
     async fn run(&self, args: ListFilesArgs, ctx: &ToolContext) -> ToolOutput {
         let fs = self.0.fs(ctx)?;
         let path = parse_path(args.path.as_deref().unwrap_or("/"))?;
-        let entries = fs.list(&path).await?;
+        let entries = fs.list(&path).await.or_tool()?;
         if entries.is_empty() {
             return Ok(format!("{path} is empty."));
         }
@@ -556,7 +570,7 @@ impl TypedTool for ExecuteTool {
             timeout: args.timeout_secs.map(Duration::from_secs),
         };
         let out = tokio::select! {
-            r = self.0.execute(req) => r?,
+            r = self.0.execute(req) => r.or_tool()?,
             _ = ctx.cancel.cancelled() => return Err(ToolError::new(hame_core::codes::CANCELLED, "the command was cancelled")),
         };
         let mut s = if out.output.is_empty() {

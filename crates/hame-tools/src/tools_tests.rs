@@ -5,8 +5,7 @@ use pretty_assertions::assert_eq;
 use serde_json::json;
 
 use super::*;
-use crate::InMemoryFs;
-use crate::namespace::Scope;
+use hame_fs::{InMemoryFs, Scope};
 
 fn ctx(user: &str, session: &str) -> ToolContext {
     ToolContext {
@@ -306,10 +305,9 @@ async fn grep_and_glob_cap_their_output() {
     );
 }
 
-#[cfg(feature = "local")]
 mod shell {
     use super::*;
-    use crate::{LocalShell, ShellOptions};
+    use hame_fs::{LocalShell, ShellOptions};
     use pretty_assertions::assert_eq;
 
     fn shell_tools(dir: &std::path::Path, opts: ShellOptions) -> Vec<Arc<dyn Tool>> {
