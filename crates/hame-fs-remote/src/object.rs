@@ -830,12 +830,4 @@ impl Filesystem for ObjectStoreFs {
         };
         generic::glob_filter(request, files)
     }
-
-    async fn download(&self, paths: &[FsPath]) -> Vec<Result<Vec<u8>>> {
-        stream::iter(paths.to_vec())
-            .map(|p| async move { self.read_bytes(&p).await })
-            .buffered(self.options.concurrency.max(1))
-            .collect()
-            .await
-    }
 }

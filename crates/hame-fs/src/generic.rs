@@ -110,7 +110,7 @@ pub async fn read_range_via_read<F: Filesystem + ?Sized>(
     Ok(data)
 }
 
-/// A window of lines of `data` (see [`Filesystem::read`]).
+/// A window of lines of `data` (see [`FilesystemExt::read`](crate::FilesystemExt::read)).
 pub fn text_window(path: &FsPath, data: &[u8], window: ReadWindow) -> Result<TextWindow> {
     if is_binary(data) {
         return Err(Error::Binary {
@@ -140,7 +140,7 @@ pub fn text_window(path: &FsPath, data: &[u8], window: ReadWindow) -> Result<Tex
     })
 }
 
-/// [`Filesystem::read`] via `read_bytes`.
+/// [`FilesystemExt::read`](crate::FilesystemExt::read) via `read_bytes`.
 pub async fn read_window<F: Filesystem + ?Sized>(
     fs: &F,
     path: &FsPath,

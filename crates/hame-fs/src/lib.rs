@@ -29,6 +29,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod error;
+mod forward;
 mod fs;
 pub mod generic;
 #[cfg(feature = "local")]
@@ -44,11 +45,13 @@ mod wrappers;
 pub mod conformance;
 
 pub use error::{Error, Result, codes};
+#[doc(hidden)]
+pub use forward::__private;
 pub use fs::{
-    BINARY_SNIFF_BYTES, DEFAULT_READ_LINES, DeleteOptions, EditOutcome, EditRequest, ExecOutput,
-    ExecRequest, Execute, FileInfo, FileKind, Filesystem, GREP_MAX_FILE_BYTES, GlobOutput,
-    GlobRequest, GrepMatch, GrepOutput, GrepRequest, ReadWindow, RenameOptions, TextWindow,
-    Version, WriteMode, WriteOptions,
+    BINARY_SNIFF_BYTES, DEFAULT_READ_LINES, DOWNLOAD_CONCURRENCY, DeleteOptions, EditOutcome,
+    EditRequest, ExecOutput, ExecRequest, Execute, FileInfo, FileKind, Filesystem, FilesystemExt,
+    GREP_MAX_FILE_BYTES, GlobOutput, GlobRequest, GrepMatch, GrepOutput, GrepRequest, ReadWindow,
+    RenameOptions, TextWindow, Version, WriteMode, WriteOptions,
 };
 #[cfg(feature = "local")]
 pub use local::{LocalFs, LocalFsOptions};

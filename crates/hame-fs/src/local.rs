@@ -13,8 +13,8 @@ use rustix::io::Errno;
 use crate::error::{Error, Result};
 use crate::fs::{
     DeleteOptions, EditOutcome, EditRequest, FileInfo, FileKind, Filesystem, GREP_MAX_FILE_BYTES,
-    GlobOutput, GlobRequest, GrepOutput, GrepRequest, ReadWindow, RenameOptions, TextWindow,
-    Version, WriteMode, WriteOptions,
+    GlobOutput, GlobRequest, GrepOutput, GrepRequest, RenameOptions, Version, WriteMode,
+    WriteOptions,
 };
 use crate::generic::{self, FileFilter, LineMatcher};
 use crate::path::FsPath;
@@ -651,15 +651,6 @@ impl Filesystem for LocalFs {
         let path = path.clone();
         self.blocking(move |i| i.read_range(&path, offset, len))
             .await
-    }
-
-    async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
-        let path = path.clone();
-        self.blocking(move |i| {
-            let data = i.read_bytes(&path)?;
-            generic::text_window(&path, &data, window)
-        })
-        .await
     }
 
     async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {

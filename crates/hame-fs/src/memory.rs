@@ -9,8 +9,7 @@ use chrono::{DateTime, Utc};
 use crate::error::{Error, Result};
 use crate::fs::{
     DeleteOptions, EditOutcome, EditRequest, FileInfo, FileKind, Filesystem, GlobOutput,
-    GlobRequest, GrepOutput, GrepRequest, ReadWindow, RenameOptions, TextWindow, Version,
-    WriteMode, WriteOptions,
+    GlobRequest, GrepOutput, GrepRequest, RenameOptions, Version, WriteMode, WriteOptions,
 };
 use crate::generic;
 use crate::path::FsPath;
@@ -303,10 +302,6 @@ impl Filesystem for InMemoryFs {
                 path: path.to_string(),
             }),
         }
-    }
-
-    async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
-        generic::read_window(self, path, window).await
     }
 
     async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {

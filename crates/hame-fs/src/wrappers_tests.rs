@@ -3,8 +3,8 @@
 use pretty_assertions::assert_eq;
 
 use super::*;
-use crate::InMemoryFs;
 use crate::codes;
+use crate::{FilesystemExt, InMemoryFs};
 
 type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
 
@@ -29,6 +29,21 @@ fn template() -> Arc<dyn Filesystem> {
 #[tokio::test]
 async fn conformance_prefix() {
     crate::conformance::run_all(&PrefixFs::new(InMemoryFs::new(), p("tenants/t1"))).await;
+}
+
+#[tokio::test]
+async fn conformance_read_only() {
+    let mem = Arc::new(InMemoryFs::new());
+    crate::conformance::run_read_only(&*mem, &ReadOnlyFs::new(mem.clone())).await;
+}
+
+#[cfg(feature = "local")]
+#[tokio::test]
+async fn conformance_read_only_on_disk() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let local = crate::LocalFs::new(dir.path())?;
+    crate::conformance::run_read_only(&local, &ReadOnlyFs::new(local.clone())).await;
+    Ok(())
 }
 
 #[tokio::test]

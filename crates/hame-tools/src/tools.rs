@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use hame_core::{Tool, ToolContext, ToolError, ToolOutput, TypedTool, typed};
 use hame_fs::{
-    EditRequest, ExecRequest, Execute, Filesystem, FsPath, GlobRequest, GrepRequest, Isolation,
-    ReadWindow, Version, WriteOptions, codes,
+    EditRequest, ExecRequest, Execute, Filesystem, FilesystemExt, FsPath, GlobRequest, GrepRequest,
+    Isolation, ReadWindow, Version, WriteOptions, codes,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
