@@ -65,7 +65,8 @@ async fn get(fs: &dyn Filesystem, path: &str) -> String {
     String::from_utf8_lossy(&b).into_owned()
 }
 
-fn paths(v: &[crate::fs::FileInfo]) -> Vec<String> {
+/// The paths of `v`, as strings.
+pub(crate) fn paths(v: &[crate::fs::FileInfo]) -> Vec<String> {
     v.iter().map(|f| f.path.to_string()).collect()
 }
 
@@ -844,7 +845,7 @@ fn same<T: Debug + PartialEq>(view: Result<T>, backing: Result<T>, what: &str) {
 
 /// Reads through the view agree with reads of the backing filesystem.
 pub async fn read_only_reads_agree(backing: &dyn Filesystem, view: &dyn Filesystem) {
-    let paths = [
+    let probes = [
         "ro",
         "ro/a.txt",
         "ro/crlf.txt",
@@ -856,7 +857,7 @@ pub async fn read_only_reads_agree(backing: &dyn Filesystem, view: &dyn Filesyst
         "ro/missing",
         "ro/a.txt/below",
     ];
-    for path in paths.map(p) {
+    for path in probes.map(p) {
         let what = |m: &str| format!("{m} {path}");
         same(
             view.stat(&path).await,
@@ -899,7 +900,7 @@ pub async fn read_only_reads_agree(backing: &dyn Filesystem, view: &dyn Filesyst
     assert!(
         root.iter().any(|f| f.path == p("ro") && f.is_dir()),
         "the view's root lists `ro/`: {:?}",
-        paths_of_infos(&root)
+        paths(&root)
     );
     let greps = [
         GrepRequest::new("beta"),
@@ -964,10 +965,6 @@ pub async fn read_only_reads_agree(backing: &dyn Filesystem, view: &dyn Filesyst
     for ((v, b), path) in v.into_iter().zip(b).zip(&batch) {
         same(v, b, &format!("download {path}"));
     }
-}
-
-fn paths_of_infos(v: &[crate::fs::FileInfo]) -> Vec<String> {
-    v.iter().map(|f| f.path.to_string()).collect()
 }
 
 /// Every file of `fs` with its content, sorted by path.

@@ -457,25 +457,22 @@ pub trait FilesystemExt: Filesystem {
 
 impl<T: Filesystem + ?Sized> FilesystemExt for T {}
 
-crate::forward_filesystem! {
-    impl[T: Filesystem + ?Sized] Filesystem for Arc<T> {
-        inner = |s| &**s;
-        forward = [
-            stat, list, read_bytes, write, delete, rename,
-            exists, read_range, append, edit, grep, glob,
-        ];
-    }
+/// Smart pointers forward every method to what they point to.
+macro_rules! forward_to_pointee {
+    ($($ptr:ident),*) => {$(
+        crate::forward_filesystem! {
+            impl[T: Filesystem + ?Sized] Filesystem for $ptr<T> {
+                inner = |s| &**s;
+                forward = [
+                    stat, list, read_bytes, write, delete, rename,
+                    exists, read_range, append, edit, grep, glob,
+                ];
+            }
+        }
+    )*};
 }
 
-crate::forward_filesystem! {
-    impl[T: Filesystem + ?Sized] Filesystem for Box<T> {
-        inner = |s| &**s;
-        forward = [
-            stat, list, read_bytes, write, delete, rename,
-            exists, read_range, append, edit, grep, glob,
-        ];
-    }
-}
+forward_to_pointee!(Arc, Box);
 
 /// A command for [`Execute::execute`].
 #[derive(Debug, Clone, PartialEq, Eq)]

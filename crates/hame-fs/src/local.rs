@@ -12,11 +12,10 @@ use rustix::io::Errno;
 
 use crate::error::{Error, Result};
 use crate::fs::{
-    DeleteOptions, EditOutcome, EditRequest, FileInfo, FileKind, Filesystem, GREP_MAX_FILE_BYTES,
-    GlobOutput, GlobRequest, GrepOutput, GrepRequest, RenameOptions, Version, WriteMode,
-    WriteOptions,
+    DeleteOptions, EditOutcome, EditRequest, FileInfo, FileKind, Filesystem, GlobOutput,
+    GlobRequest, GrepOutput, GrepRequest, RenameOptions, Version, WriteMode, WriteOptions,
 };
-use crate::generic::{self, FileFilter, LineMatcher};
+use crate::generic::{self, GrepSearch};
 use crate::path::FsPath;
 
 /// Options of [`LocalFs`].
@@ -463,31 +462,15 @@ impl Inner {
         Ok(out)
     }
 
+    /// The shared grep engine over the blocking walk, one file at a time.
     fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
-        let matcher = LineMatcher::new(request)?;
-        let filter = FileFilter::new(request.glob.as_deref())?;
-        let mut out = Vec::new();
+        let mut search = GrepSearch::new(request)?;
         for f in self.walk(&request.path)? {
-            if f.size > GREP_MAX_FILE_BYTES || !filter.matches(&request.path, &f.path) {
-                continue;
-            }
-            let Ok(data) = self.read_bytes(&f.path) else {
-                continue;
-            };
-            if data[..data.len().min(crate::fs::BINARY_SNIFF_BYTES)].contains(&0) {
-                continue;
-            }
-            if !matcher.search(&f.path, &data, &mut out, request.max_matches) {
-                return Ok(GrepOutput {
-                    matches: out,
-                    truncated: true,
-                });
+            if search.wants(&f) && !search.feed(&f.path, self.read_bytes(&f.path))? {
+                break;
             }
         }
-        Ok(GrepOutput {
-            matches: out,
-            truncated: false,
-        })
+        Ok(search.finish())
     }
 
     fn delete(&self, path: &FsPath, options: DeleteOptions) -> Result<()> {

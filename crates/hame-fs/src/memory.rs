@@ -328,15 +328,8 @@ impl Filesystem for InMemoryFs {
                 }
             });
         };
-        if generic::is_binary(&entry.data) {
-            return Err(Error::Binary {
-                path: path.to_string(),
-                size: entry.data.len() as u64,
-            });
-        }
-        let text = String::from_utf8_lossy(&entry.data);
-        let (new_text, replacements) = generic::apply_edit(path, &text, request)?;
-        entry.data = new_text.into_bytes();
+        let (new_data, replacements) = generic::edited(path, &entry.data, request)?;
+        entry.data = new_data;
         entry.modified = Utc::now();
         Ok(EditOutcome {
             replacements,
