@@ -5,6 +5,8 @@
 //! 2. Workspace edges point down the layering: core ← leaf crates ← harness ← hame ← hame-cli.
 //! 3. Library crates never depend (normal/build) on helper crates such as `hame-test-support`.
 //! 4. Exactly one `libsqlite3-sys` in the graph (rusqlite's), never sqlx's second copy.
+//! 5. The storage crates ([`STANDALONE_STORAGE`]) never reach `hame-core`: storage stands
+//!    alone, and the bridge to the agent core is `hame-tools`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
@@ -24,6 +26,9 @@ pub const FORBIDDEN_IN_CORE: [&str; 7] = [
 
 /// The crate at the bottom of the layering.
 pub const CORE: &str = "hame-core";
+/// Storage crates that must not reach [`CORE`] through normal or build edges, directly or
+/// transitively: they know files, not agents (`hame-tools` bridges the two).
+pub const STANDALONE_STORAGE: [&str; 2] = ["hame-fs", "hame-fs-remote"];
 /// The facade whose features are checked one by one.
 pub const FACADE: &str = "hame";
 
@@ -237,19 +242,19 @@ impl Graph {
     pub fn violations(&self) -> Vec<String> {
         let mut out = Vec::new();
         self.check_core(&mut out);
+        self.check_storage(&mut out);
         self.check_layers(&mut out);
         self.check_sqlite(&mut out);
         out
     }
 
-    fn check_core(&self, out: &mut Vec<String>) {
-        let Some(core) = self.workspace_id(CORE) else {
-            return;
-        };
-        // Breadth-first over normal/build edges, remembering how each package was reached.
+    /// Every package `from` reaches through normal/build edges, each with the path by which
+    /// it was first reached (breadth-first, so a shortest one), as crate names
+    /// `from -> a -> b`.
+    fn reachable<'a>(&'a self, from: &'a str) -> BTreeMap<&'a str, Vec<&'a str>> {
         let mut parent: BTreeMap<&str, &str> = BTreeMap::new();
-        let mut queue = VecDeque::from([core.as_str()]);
-        let mut seen = BTreeSet::from([core.as_str()]);
+        let mut queue = VecDeque::from([from]);
+        let mut seen = BTreeSet::from([from]);
         while let Some(id) = queue.pop_front() {
             for edge in self.edges.get(id).into_iter().flatten() {
                 if edge.non_dev && seen.insert(edge.to.as_str()) {
@@ -258,20 +263,48 @@ impl Graph {
                 }
             }
         }
-        for id in &seen {
-            let name = self.name(id);
-            if FORBIDDEN_IN_CORE.contains(&name) {
-                let mut path = vec![name];
-                let mut cursor = *id;
+        seen.into_iter()
+            .map(|id| {
+                let mut path = vec![self.name(id)];
+                let mut cursor = id;
                 while let Some(up) = parent.get(cursor) {
                     path.push(self.name(up));
                     cursor = up;
                 }
                 path.reverse();
+                (id, path)
+            })
+            .collect()
+    }
+
+    fn check_core(&self, out: &mut Vec<String>) {
+        let Some(core) = self.workspace_id(CORE) else {
+            return;
+        };
+        for (id, path) in self.reachable(core) {
+            let name = self.name(id);
+            if FORBIDDEN_IN_CORE.contains(&name) {
                 out.push(format!(
                     "{CORE} must not depend on {name}: {}",
                     path.join(" -> ")
                 ));
+            }
+        }
+    }
+
+    fn check_storage(&self, out: &mut Vec<String>) {
+        for storage in STANDALONE_STORAGE {
+            let Some(from) = self.workspace_id(storage) else {
+                continue;
+            };
+            for (id, path) in self.reachable(from) {
+                if self.name(id) == CORE && self.workspace.contains(id) {
+                    out.push(format!(
+                        "{storage} must not depend on {CORE} (storage stands alone; agent glue \
+                         goes in hame-tools): {}",
+                        path.join(" -> ")
+                    ));
+                }
             }
         }
     }

@@ -351,3 +351,60 @@ fn members_outside_crates_are_helpers() -> Result<()> {
     );
     Ok(())
 }
+
+/// A workspace with the storage crates and the bridge `hame-tools`.
+fn storage_metadata(extra_edges: &[(&'static str, &'static str, Kind)]) -> Value {
+    let mut edges = healthy_edges();
+    edges.extend([
+        ("hame-id", "serde", Kind::Normal),
+        ("hame-fs", "hame-id", Kind::Normal),
+        ("hame-fs", "tokio", Kind::Normal),
+        ("hame-fs-remote", "hame-fs", Kind::Normal),
+        ("hame-fs-remote", "redis", Kind::Normal),
+        ("hame-tools", "hame-core", Kind::Normal),
+        ("hame-tools", "hame-fs", Kind::Normal),
+        ("hame-harness", "hame-tools", Kind::Normal),
+    ]);
+    edges.extend_from_slice(extra_edges);
+    let mut workspace = WORKSPACE.to_vec();
+    workspace.extend(["hame-id", "hame-fs", "hame-fs-remote", "hame-tools"]);
+    metadata(&workspace, &EXTERNAL, &edges)
+}
+
+#[test]
+fn storage_crates_that_stand_alone_pass() -> Result<()> {
+    let graph = Graph::from_metadata(&storage_metadata(&[]))?;
+    assert_eq!(graph.violations(), Vec::<String>::new());
+    Ok(())
+}
+
+#[test]
+fn storage_reaching_core_is_reported_with_its_path() -> Result<()> {
+    // Directly (hame-fs-remote) and through another leaf crate (hame-fs -> hame-id).
+    let graph = Graph::from_metadata(&storage_metadata(&[
+        ("hame-fs-remote", "hame-core", Kind::Build),
+        ("hame-id", "hame-core", Kind::Normal),
+    ]))?;
+    let mut got = graph.violations();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            "hame-fs must not depend on hame-core (storage stands alone; agent glue goes in \
+             hame-tools): hame-fs -> hame-id -> hame-core",
+            "hame-fs-remote must not depend on hame-core (storage stands alone; agent glue goes \
+             in hame-tools): hame-fs-remote -> hame-core",
+        ]
+    );
+    Ok(())
+}
+
+#[test]
+fn storage_may_use_core_in_its_tests() -> Result<()> {
+    let graph = Graph::from_metadata(&storage_metadata(&[
+        ("hame-fs", "hame-core", Kind::Dev),
+        ("hame-fs-remote", "hame-tools", Kind::Dev),
+    ]))?;
+    assert_eq!(graph.violations(), Vec::<String>::new());
+    Ok(())
+}

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt, stream};
-use hame_fs::generic::{self, FileFilter, LineMatcher};
+use hame_fs::generic::{self, GrepSearch};
 use hame_fs::{
-    BINARY_SNIFF_BYTES, DeleteOptions, EditOutcome, EditRequest, Error, FileInfo, FileKind,
-    Filesystem, FsPath, GREP_MAX_FILE_BYTES, GlobOutput, GlobRequest, GrepOutput, GrepRequest,
-    RenameOptions, Result, Version, WriteMode, WriteOptions,
+    DeleteOptions, EditOutcome, EditRequest, Error, FileInfo, FileKind, Filesystem, FsPath,
+    GlobOutput, GlobRequest, GrepOutput, GrepRequest, RenameOptions, Result, Version, WriteMode,
+    WriteOptions,
 };
 use object_store::path::Path;
 use object_store::{
@@ -635,20 +635,8 @@ impl Filesystem for ObjectStoreFs {
     }
 
     async fn rename(&self, from: &FsPath, to: &FsPath, options: RenameOptions) -> Result<()> {
-        if from.is_root() {
-            return Err(Error::PermissionDenied {
-                path: from.to_string(),
-                reason: "the root cannot be moved".into(),
-            });
-        }
-        if from == to {
-            return if self.exists(from).await? {
-                Ok(())
-            } else {
-                Err(Error::NotFound {
-                    path: from.to_string(),
-                })
-            };
+        if generic::rename_is_noop(self, from, to).await? {
+            return Ok(());
         }
         if self.head(from).await?.is_some() {
             self.check_target(to).await?;
@@ -672,16 +660,7 @@ impl Filesystem for ObjectStoreFs {
                 path: from.to_string(),
             });
         }
-        if to.starts_with(from) {
-            return Err(Error::invalid_argument(format!(
-                "cannot move {from} into itself ({to})"
-            )));
-        }
-        if self.exists(to).await? {
-            return Err(Error::AlreadyExists {
-                path: to.to_string(),
-            });
-        }
+        generic::check_directory_move(self, from, to).await?;
         if let Some(a) = self.file_ancestor(to).await? {
             return Err(Error::NotADirectory {
                 path: a.to_string(),
@@ -747,15 +726,7 @@ impl Filesystem for ObjectStoreFs {
             backoff(attempt).await;
             let _guard = self.lock(path).await;
             let (data, tag) = self.get_existing(path).await?;
-            if generic::is_binary(&data) {
-                return Err(Error::Binary {
-                    path: path.to_string(),
-                    size: data.len() as u64,
-                });
-            }
-            let text = String::from_utf8_lossy(&data);
-            let (new_text, replacements) = generic::apply_edit(path, &text, request)?;
-            let new_data = new_text.into_bytes();
+            let (new_data, replacements) = generic::edited(path, &data, request)?;
             let version = Version::of(&new_data);
             match self.put_if(path, new_data, Some(tag)).await {
                 Ok(()) => {
@@ -777,65 +748,18 @@ impl Filesystem for ObjectStoreFs {
     }
 
     async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
-        let matcher = LineMatcher::new(request)?;
-        let filter = FileFilter::new(request.glob.as_deref())?;
-        let base = &request.path;
-        let info = self.stat(base).await?;
-        let files = if info.is_dir() {
-            self.walk(base).await?
-        } else {
-            vec![info]
-        };
-        let wanted: Vec<FsPath> = files
-            .into_iter()
-            .filter(|f| f.size <= GREP_MAX_FILE_BYTES && filter.matches(base, &f.path))
-            .map(|f| f.path)
-            .collect();
-        let mut contents = stream::iter(wanted)
-            .map(|p| async move {
-                let data = self.get(&p).await;
-                (p, data)
-            })
-            .buffered(self.options.concurrency.max(1));
-        let mut out = Vec::new();
-        while let Some((p, data)) = contents.next().await {
-            let data = match data {
-                Ok(Some((d, _))) => d,
-                Ok(None) | Err(Error::NotFound { .. }) => continue,
-                Err(e) => return Err(e),
-            };
-            if data[..data.len().min(BINARY_SNIFF_BYTES)].contains(&0) {
-                continue;
-            }
-            if !matcher.search(&p, &data, &mut out, request.max_matches) {
-                return Ok(GrepOutput {
-                    matches: out,
-                    truncated: true,
-                });
-            }
-        }
-        Ok(GrepOutput {
-            matches: out,
-            truncated: false,
+        let search = GrepSearch::new(request)?;
+        let files = generic::files_at(self, &request.path, self.walk(&request.path)).await?;
+        let concurrency = self.options.concurrency;
+        generic::grep_files(search, files, concurrency, |path| async move {
+            self.read_bytes(&path).await
         })
+        .await
     }
 
     async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
         generic::compile_glob(&request.pattern)?;
-        let info = self.stat(&request.path).await?;
-        let files = if info.is_dir() {
-            self.walk(&request.path).await?
-        } else {
-            vec![info]
-        };
+        let files = generic::files_at(self, &request.path, self.walk(&request.path)).await?;
         generic::glob_filter(request, files)
-    }
-
-    async fn download(&self, paths: &[FsPath]) -> Vec<Result<Vec<u8>>> {
-        stream::iter(paths.to_vec())
-            .map(|p| async move { self.read_bytes(&p).await })
-            .buffered(self.options.concurrency.max(1))
-            .collect()
-            .await
     }
 }

@@ -20,36 +20,39 @@ local function split(p)
   return '', p
 end
 
--- The nearest proper ancestor of p that is a file, or nil.
-local function file_ancestor(p)
+-- Walks up from p: calls step(parent, name) for p's parent (name = the child's name in it),
+-- then for that parent's parent, and so on, until step returns true (that parent is
+-- returned) or the root has been passed (nil).
+local function climb(p, step)
   local q = p
-  while true do
-    local parent = split(q)
-    if parent == '' then return nil end
-    if redis.call('EXISTS', fkey(parent)) == 1 then return parent end
+  while q ~= '' do
+    local parent, name = split(q)
+    if step(parent, name) then return parent end
     q = parent
   end
+  return nil
+end
+
+-- The nearest proper ancestor of p that is a file, or nil.
+local function file_ancestor(p)
+  return climb(p, function(parent)
+    return parent ~= '' and redis.call('EXISTS', fkey(parent)) == 1
+  end)
 end
 
 -- Adds p to its parent's children, and so on up while a parent is new.
 local function link(p)
-  local q = p
-  while q ~= '' do
-    local parent, name = split(q)
-    if redis.call('ZADD', dkey(parent), 0, name) == 0 then return end
-    q = parent
-  end
+  climb(p, function(parent, name)
+    return redis.call('ZADD', dkey(parent), 0, name) == 0
+  end)
 end
 
 -- Removes p from its parent's children, and so on up while a parent became empty.
 local function unlink(p)
-  local q = p
-  while q ~= '' do
-    local parent, name = split(q)
+  climb(p, function(parent, name)
     redis.call('ZREM', dkey(parent), name)
-    if parent == '' or redis.call('EXISTS', dkey(parent)) == 1 then return end
-    q = parent
-  end
+    return parent == '' or redis.call('EXISTS', dkey(parent)) == 1
+  end)
 end
 
 -- Checks before a file is created or replaced at p.

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt, stream};
-use hame_fs::generic::{self, FileFilter, LineMatcher};
+use hame_fs::generic::{self, GrepSearch};
 use hame_fs::{
-    BINARY_SNIFF_BYTES, DeleteOptions, EditOutcome, EditRequest, Error, FileInfo, FileKind,
-    Filesystem, FsPath, GREP_MAX_FILE_BYTES, GlobOutput, GlobRequest, GrepOutput, GrepRequest,
-    RenameOptions, Result, Version, WriteMode, WriteOptions,
+    DeleteOptions, EditOutcome, EditRequest, Error, FileInfo, FileKind, Filesystem, FsPath,
+    GlobOutput, GlobRequest, GrepOutput, GrepRequest, RenameOptions, Result, Version, WriteMode,
+    WriteOptions,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
@@ -585,20 +585,8 @@ impl Filesystem for RedisFs {
     }
 
     async fn rename(&self, from: &FsPath, to: &FsPath, options: RenameOptions) -> Result<()> {
-        if from.is_root() {
-            return Err(Error::PermissionDenied {
-                path: from.to_string(),
-                reason: "the root cannot be moved".into(),
-            });
-        }
-        if from == to {
-            return if self.exists(from).await? {
-                Ok(())
-            } else {
-                Err(Error::NotFound {
-                    path: from.to_string(),
-                })
-            };
+        if generic::rename_is_noop(self, from, to).await? {
+            return Ok(());
         }
         if to.is_root() {
             return Err(Error::IsDirectory {
@@ -623,16 +611,7 @@ impl Filesystem for RedisFs {
                 path: from.to_string(),
             });
         }
-        if to.starts_with(from) {
-            return Err(Error::invalid_argument(format!(
-                "cannot move {from} into itself ({to})"
-            )));
-        }
-        if self.exists(to).await? {
-            return Err(Error::AlreadyExists {
-                path: to.to_string(),
-            });
-        }
+        generic::check_directory_move(self, from, to).await?;
         let files = self.subtree(from).await?;
         let jobs = parse_paths(files)
             .into_iter()
@@ -695,15 +674,7 @@ impl Filesystem for RedisFs {
         for attempt in 0..attempts {
             backoff(attempt).await;
             let (data, generation) = self.read_with_generation(path).await?;
-            if generic::is_binary(&data) {
-                return Err(Error::Binary {
-                    path: path.to_string(),
-                    size: data.len() as u64,
-                });
-            }
-            let text = String::from_utf8_lossy(&data);
-            let (new_text, replacements) = generic::apply_edit(path, &text, request)?;
-            let new_data = new_text.into_bytes();
+            let (new_data, replacements) = generic::edited(path, &data, request)?;
             let version = Version::of(&new_data);
             match self
                 .write_script(path, "g", &generation, &new_data, &version)
@@ -727,12 +698,12 @@ impl Filesystem for RedisFs {
         })
     }
 
+    /// The shared grep engine, fed a page of the subtree index at a time: sizes by one
+    /// pipelined `STRLEN` per batch, contents by one `MGET`.
     async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
-        let matcher = LineMatcher::new(request)?;
-        let filter = FileFilter::new(request.glob.as_deref())?;
+        let mut search = GrepSearch::new(request)?;
         let base = &request.path;
         let base_info = self.stat(base).await?;
-        let mut out = Vec::new();
         let mut after: Option<String> = None;
         loop {
             let page: Vec<FsPath> = if base_info.is_dir() {
@@ -750,7 +721,7 @@ impl Filesystem for RedisFs {
             };
             let wanted: Vec<FsPath> = page
                 .into_iter()
-                .filter(|p| filter.matches(base, p))
+                .filter(|p| search.matches_glob(p))
                 .collect();
             for chunk in wanted.chunks(GREP_BATCH) {
                 let mut pipe = redis::pipe();
@@ -765,7 +736,7 @@ impl Filesystem for RedisFs {
                 let small: Vec<&FsPath> = chunk
                     .iter()
                     .zip(sizes)
-                    .filter(|(_, s)| *s <= GREP_MAX_FILE_BYTES)
+                    .filter(|(p, size)| search.wants(&FileInfo::file((*p).clone(), *size)))
                     .map(|(p, _)| p)
                     .collect();
                 if small.is_empty() {
@@ -778,23 +749,17 @@ impl Filesystem for RedisFs {
                     .await
                     .map_err(|e| redis_error("MGET", e))?;
                 for (p, data) in small.into_iter().zip(contents) {
-                    let Some(data) = data else { continue };
-                    if data[..data.len().min(BINARY_SNIFF_BYTES)].contains(&0) {
-                        continue;
-                    }
-                    if !matcher.search(p, &data, &mut out, request.max_matches) {
-                        return Ok(GrepOutput {
-                            matches: out,
-                            truncated: true,
-                        });
+                    // `None`: deleted since the index was read.
+                    let content = data.ok_or_else(|| Error::NotFound {
+                        path: p.to_string(),
+                    });
+                    if !search.feed(p, content)? {
+                        return Ok(search.finish());
                     }
                 }
             }
         }
-        Ok(GrepOutput {
-            matches: out,
-            truncated: false,
-        })
+        Ok(search.finish())
     }
 
     async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {

@@ -12,14 +12,20 @@
 //! The filesystem must start empty. Each check uses its own top-level directory (named
 //! after the check), so the checks can also be called one by one. Failures panic with the
 //! name of the check and what differed. This module is for tests: it is not API-stable.
+//!
+//! A wrapper that refuses every change (a read-only view) cannot run [`run_all`], which
+//! writes through the filesystem under test. It runs [`run_read_only`] instead: fixtures are
+//! written to the backing filesystem, and every read through the view must agree with the
+//! backing one while every change through the view is `permission_denied` and changes
+//! nothing.
 #![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)]
 
 use std::fmt::Debug;
 
 use crate::error::{Result, codes};
 use crate::fs::{
-    DeleteOptions, EditRequest, FileKind, Filesystem, GlobRequest, GrepRequest, ReadWindow,
-    RenameOptions, Version, WriteOptions,
+    DeleteOptions, EditRequest, FileKind, Filesystem, FilesystemExt, GlobRequest, GrepRequest,
+    ReadWindow, RenameOptions, Version, WriteOptions,
 };
 use crate::path::FsPath;
 
@@ -59,7 +65,8 @@ async fn get(fs: &dyn Filesystem, path: &str) -> String {
     String::from_utf8_lossy(&b).into_owned()
 }
 
-fn paths(v: &[crate::fs::FileInfo]) -> Vec<String> {
+/// The paths of `v`, as strings.
+pub(crate) fn paths(v: &[crate::fs::FileInfo]) -> Vec<String> {
     v.iter().map(|f| f.path.to_string()).collect()
 }
 
@@ -798,4 +805,242 @@ pub async fn concurrent_appends(fs: &dyn Filesystem) {
     let mut want: Vec<String> = (0..20).map(|i| format!("line {i}")).collect();
     want.sort_unstable();
     assert_eq!(lines, want);
+}
+
+/// The read-only part of the suite, for a `view` that shows `backing` and refuses every
+/// change (like [`ReadOnlyFs`](crate::ReadOnlyFs)). `backing` must start empty; fixtures are
+/// written to it under `ro/`. Checks: every read method through the view returns what the
+/// backing filesystem returns (whole values, errors by code), and every change through the
+/// view (`write` in all modes, `append`, `edit`, `delete`, `rename`, `upload`) is
+/// `permission_denied` and leaves the backing filesystem byte-for-byte unchanged.
+pub async fn run_read_only(backing: &dyn Filesystem, view: &dyn Filesystem) {
+    let files: [(&str, &[u8]); 6] = [
+        ("ro/a.txt", b"alpha\nbeta\n"),
+        ("ro/crlf.txt", b"one\r\ntwo beta\r\n"),
+        ("ro/sub/b.md", b"# B\nbeta\n"),
+        ("ro/sub/deep/c.rs", b"fn main() {}\n"),
+        ("ro/empty", b""),
+        ("ro/bin", b"beta\0binary"),
+    ];
+    for (path, data) in files {
+        ok(
+            backing
+                .write(&p(path), data.to_vec(), WriteOptions::default())
+                .await,
+            &format!("fixture {path}"),
+        );
+    }
+    read_only_reads_agree(backing, view).await;
+    read_only_refuses_changes(backing, view).await;
+}
+
+#[track_caller]
+fn same<T: Debug + PartialEq>(view: Result<T>, backing: Result<T>, what: &str) {
+    match (view, backing) {
+        (Ok(v), Ok(b)) => assert_eq!(v, b, "{what}: the view differs from the backing fs"),
+        (Err(v), Err(b)) => assert_eq!(v.code(), b.code(), "{what}: error codes differ"),
+        (v, b) => panic!("{what}: view gave {v:?}, backing gave {b:?}"),
+    }
+}
+
+/// Reads through the view agree with reads of the backing filesystem.
+pub async fn read_only_reads_agree(backing: &dyn Filesystem, view: &dyn Filesystem) {
+    let probes = [
+        "ro",
+        "ro/a.txt",
+        "ro/crlf.txt",
+        "ro/sub",
+        "ro/sub/b.md",
+        "ro/sub/deep/c.rs",
+        "ro/empty",
+        "ro/bin",
+        "ro/missing",
+        "ro/a.txt/below",
+    ];
+    for path in probes.map(p) {
+        let what = |m: &str| format!("{m} {path}");
+        same(
+            view.stat(&path).await,
+            backing.stat(&path).await,
+            &what("stat"),
+        );
+        same(
+            view.list(&path).await,
+            backing.list(&path).await,
+            &what("list"),
+        );
+        same(
+            view.exists(&path).await,
+            backing.exists(&path).await,
+            &what("exists"),
+        );
+        same(
+            view.read_bytes(&path).await,
+            backing.read_bytes(&path).await,
+            &what("read_bytes"),
+        );
+        for (offset, len) in [(0, 3), (2, 100), (100, 1)] {
+            same(
+                view.read_range(&path, offset, len).await,
+                backing.read_range(&path, offset, len).await,
+                &what(&format!("read_range({offset}, {len})")),
+            );
+        }
+        let window = ReadWindow {
+            offset: 1,
+            limit: Some(1),
+        };
+        same(
+            view.read(&path, window).await,
+            backing.read(&path, window).await,
+            &what("read"),
+        );
+    }
+    let root = ok(view.list(&FsPath::root()).await, "list root");
+    assert!(
+        root.iter().any(|f| f.path == p("ro") && f.is_dir()),
+        "the view's root lists `ro/`: {:?}",
+        paths(&root)
+    );
+    let greps = [
+        GrepRequest::new("beta"),
+        GrepRequest {
+            path: p("ro"),
+            ..GrepRequest::new("^[a-z]+$")
+        },
+        GrepRequest {
+            path: p("ro/sub"),
+            glob: Some("*.md".into()),
+            ..GrepRequest::new("beta")
+        },
+        GrepRequest {
+            path: p("ro/a.txt"),
+            case_insensitive: true,
+            ..GrepRequest::new("ALPHA")
+        },
+        GrepRequest {
+            max_matches: 1,
+            ..GrepRequest::new("beta")
+        },
+        GrepRequest {
+            path: p("ro/missing"),
+            ..GrepRequest::new("x")
+        },
+        GrepRequest::new("("),
+    ];
+    for g in greps {
+        same(
+            view.grep(&g).await,
+            backing.grep(&g).await,
+            &format!("grep {:?} in {}", g.pattern, g.path),
+        );
+    }
+    let globs = [
+        GlobRequest::new("**"),
+        GlobRequest::new("ro/*.txt"),
+        GlobRequest {
+            path: p("ro/sub"),
+            ..GlobRequest::new("**/*.rs")
+        },
+        GlobRequest {
+            max_results: 2,
+            ..GlobRequest::new("**")
+        },
+        GlobRequest {
+            path: p("ro/missing"),
+            ..GlobRequest::new("*")
+        },
+        GlobRequest::new("a["),
+    ];
+    for g in globs {
+        same(
+            view.glob(&g).await,
+            backing.glob(&g).await,
+            &format!("glob {:?} in {}", g.pattern, g.path),
+        );
+    }
+    let batch = [p("ro/a.txt"), p("ro/missing"), p("ro/sub")];
+    let (v, b) = (view.download(&batch).await, backing.download(&batch).await);
+    assert_eq!(v.len(), b.len(), "download: one result per path");
+    for ((v, b), path) in v.into_iter().zip(b).zip(&batch) {
+        same(v, b, &format!("download {path}"));
+    }
+}
+
+/// Every file of `fs` with its content, sorted by path.
+async fn snapshot(fs: &dyn Filesystem) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    for f in ok(
+        crate::generic::walk_files(fs, &FsPath::root()).await,
+        "walk",
+    ) {
+        let data = ok(fs.read_bytes(&f.path).await, "snapshot read");
+        out.push((f.path.to_string(), data));
+    }
+    out
+}
+
+/// Every change through the view is `permission_denied` and changes nothing.
+pub async fn read_only_refuses_changes(backing: &dyn Filesystem, view: &dyn Filesystem) {
+    let before = snapshot(backing).await;
+    let (file, dir, new) = (p("ro/a.txt"), p("ro/sub"), p("ro/new.txt"));
+    let current = Version::of(b"alpha\nbeta\n");
+    let denied = codes::PERMISSION_DENIED;
+    for (target, mode) in [
+        (&file, WriteOptions::default()),
+        (&file, WriteOptions::create_new()),
+        (&file, WriteOptions::if_match(current)),
+        (&new, WriteOptions::default()),
+        (&new, WriteOptions::create_new()),
+    ] {
+        code(
+            view.write(target, b"x".to_vec(), mode.clone()).await,
+            denied,
+            &format!("write {target} {mode:?}"),
+        );
+    }
+    code(view.append(&file, b"x".to_vec()).await, denied, "append");
+    code(view.append(&new, b"x".to_vec()).await, denied, "append new");
+    code(
+        view.edit(&file, &edit("alpha", "omega", false)).await,
+        denied,
+        "edit",
+    );
+    code(
+        view.delete(&file, DeleteOptions::default()).await,
+        denied,
+        "delete file",
+    );
+    code(
+        view.delete(&dir, DeleteOptions { recursive: true }).await,
+        denied,
+        "delete dir",
+    );
+    code(
+        view.rename(&file, &new, RenameOptions { overwrite: true })
+            .await,
+        denied,
+        "rename file",
+    );
+    code(
+        view.rename(&dir, &p("ro/moved"), RenameOptions::default())
+            .await,
+        denied,
+        "rename dir",
+    );
+    let up = view
+        .upload(vec![
+            (file.clone(), b"x".to_vec()),
+            (new.clone(), b"y".to_vec()),
+        ])
+        .await;
+    assert_eq!(up.len(), 2, "upload: one result per file");
+    for r in up {
+        code(r, denied, "upload");
+    }
+    assert_eq!(
+        snapshot(backing).await,
+        before,
+        "a refused change must not touch the backing filesystem"
+    );
 }

@@ -1,7 +1,5 @@
 //! The one error type of the crate, with stable model-facing codes.
 
-use hame_core::ToolError;
-
 /// Stable, model-facing error codes. They never change meaning; new ones may be added.
 pub mod codes {
     /// The path does not exist.
@@ -26,8 +24,9 @@ pub mod codes {
     pub const NO_MATCH: &str = "no_match";
     /// `edit` found `old_string` more than once and `replace_all` was not set.
     pub const AMBIGUOUS_MATCH: &str = "ambiguous_match";
-    /// An argument (regex, glob, edit strings) is invalid.
-    pub const INVALID_ARGUMENTS: &str = hame_core::codes::INVALID_ARGUMENTS;
+    /// An argument (regex, glob, edit strings) is invalid. The same string as the agent
+    /// core's `invalid_arguments` (checked by a test in `hame-tools`).
+    pub const INVALID_ARGUMENTS: &str = "invalid_arguments";
     /// The file is larger than a configured limit.
     pub const TOO_LARGE: &str = "too_large";
     /// The storage failed (I/O error, network, server).
@@ -233,16 +232,5 @@ impl Error {
             },
             other => other,
         }
-    }
-}
-
-impl From<Error> for ToolError {
-    fn from(e: Error) -> Self {
-        let message = match &e {
-            // The backend's cause may carry host paths; the model gets the summary only.
-            Error::Backend { message, .. } => format!("storage error: {message}"),
-            other => other.to_string(),
-        };
-        ToolError::new(e.code(), message)
     }
 }

@@ -1,4 +1,5 @@
-//! The [`Filesystem`] trait, its option and result types, and the [`Execute`] capability.
+//! The [`Filesystem`] trait, its conveniences ([`FilesystemExt`]), its option and result
+//! types, and the [`Execute`] capability.
 
 use std::fmt;
 use std::sync::Arc;
@@ -6,6 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
@@ -146,7 +148,7 @@ pub struct RenameOptions {
     pub overwrite: bool,
 }
 
-/// A window of lines for [`Filesystem::read`].
+/// A window of lines for [`FilesystemExt::read`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReadWindow {
     /// First line to return, 0-based.
@@ -165,7 +167,7 @@ impl ReadWindow {
     }
 }
 
-/// The lines returned by [`Filesystem::read`].
+/// The lines returned by [`FilesystemExt::read`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TextWindow {
     /// The lines, byte-exact, each with its own line ending (`\n`, `\r\n` or none at EOF).
@@ -288,6 +290,22 @@ pub struct GlobOutput {
 
 /// A pluggable filesystem: local disk, memory, Redis, object storage, a sandbox.
 ///
+/// # Methods
+///
+/// * **Six required methods** hold the data: [`stat`](Filesystem::stat),
+///   [`list`](Filesystem::list), [`read_bytes`](Filesystem::read_bytes),
+///   [`write`](Filesystem::write), [`delete`](Filesystem::delete) and
+///   [`rename`](Filesystem::rename). A backend implements these and is complete.
+/// * **Six specialisable methods** have a correct generic fallback built on the required
+///   six ([`generic`]): [`exists`](Filesystem::exists), [`read_range`](Filesystem::read_range),
+///   [`append`](Filesystem::append), [`edit`](Filesystem::edit), [`grep`](Filesystem::grep)
+///   and [`glob`](Filesystem::glob). A backend overrides one when it can do better (a
+///   positioned read, a native `APPEND`, a server-side search).
+/// * **Conveniences** live in [`FilesystemExt`], implemented for every filesystem and not
+///   overridable: [`read`](FilesystemExt::read) (a line window),
+///   [`upload`](FilesystemExt::upload) and [`download`](FilesystemExt::download) (batches).
+/// * **Optional abilities** are their own traits: [`Execute`].
+///
 /// # Contract
 ///
 /// **Paths.** Every path is an [`FsPath`]: virtual, rooted at the filesystem's root,
@@ -320,21 +338,23 @@ pub struct GlobOutput {
 ///
 /// **Ordering.** `list`, `glob` and `grep` return entries sorted by path (then line).
 ///
-/// **Text.** `read` and `grep` treat a file as binary when it has a NUL byte in its first
-/// [`BINARY_SNIFF_BYTES`] bytes or is not UTF-8; `read` then fails with `binary_file`, and
-/// `grep` skips it (and files over [`GREP_MAX_FILE_BYTES`]).
+/// **Text.** [`read`](FilesystemExt::read) and `grep` treat a file as binary when it has a
+/// NUL byte in its first [`BINARY_SNIFF_BYTES`] bytes or is not UTF-8; `read` then fails
+/// with `binary_file`, and `grep` skips it (and files over [`GREP_MAX_FILE_BYTES`]).
 ///
 /// **Edits** replace exact text. If `old` is not found, the file uses CRLF line endings and
 /// `old` contains bare `\n`, the match is retried with `\n` → `\r\n` in both `old` and `new`,
 /// so CRLF files stay CRLF. Nothing else in the file is touched (see [`apply_edit`]).
 ///
-/// **Wrappers** (prefix, read-only, composite, overlay) implement and forward *every*
-/// method, including the provided ones, so a backend's native `append`, `grep` or `edit`
-/// is not replaced by the generic fallback. Provided methods are correct fallbacks written
-/// on top of the six required ones (see [`generic`]).
+/// **Wrappers** (prefix, read-only, composite, overlay, and any wrapper outside this crate)
+/// implement *every* method of this trait, the specialisable ones included, so a backend's
+/// native `append`, `grep` or `edit` is never replaced by the generic fallback and a
+/// wrapper's policy (a prefix, a hidden path, a refusal) applies to every method. They do it
+/// with [`forward_filesystem!`](crate::forward_filesystem), which generates the forwarding
+/// methods and fails to compile when a method is neither forwarded nor overridden.
 ///
 /// The [`conformance`](crate::conformance) suite checks all of this; every backend and
-/// wrapper runs it.
+/// wrapper runs it (read-only wrappers run its read-only part).
 ///
 /// [`apply_edit`]: crate::generic::apply_edit
 #[async_trait]
@@ -357,44 +377,60 @@ pub trait Filesystem: Send + Sync + fmt::Debug + 'static {
     /// Moves a file or directory, creating the destination's parents.
     async fn rename(&self, from: &FsPath, to: &FsPath, options: RenameOptions) -> Result<()>;
 
-    /// Whether the path exists (file or directory).
+    /// Whether the path exists (file or directory). Fallback: `stat`
+    /// ([`generic::exists`]).
     async fn exists(&self, path: &FsPath) -> Result<bool> {
         generic::exists(self, path).await
     }
 
     /// At most `len` bytes of a file starting at byte `offset`; fewer at the end of the
-    /// file, none when `offset` is at or past the end (see the `# Contract`). The fallback
-    /// reads the whole file and slices it; backends with positioned reads override it.
+    /// file, none when `offset` is at or past the end (see the `# Contract`). Fallback: the
+    /// whole file, sliced ([`generic::read_range_via_read`]); backends with positioned reads
+    /// override it.
     async fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
         generic::read_range_via_read(self, path, offset, len).await
     }
 
-    /// A window of lines of a text file.
-    async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
-        generic::read_window(self, path, window).await
-    }
-
-    /// Appends bytes, creating the file if absent.
+    /// Appends bytes, creating the file if absent. Fallback: read + compare-and-set write,
+    /// retried ([`generic::append_via_cas`]).
     async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
         generic::append_via_cas(self, path, data).await
     }
 
-    /// Replaces exact text in a file.
+    /// Replaces exact text in a file. Fallback: read + [`generic::apply_edit`] +
+    /// compare-and-set write, re-applied on a race ([`generic::edit_via_cas`]).
     async fn edit(&self, path: &FsPath, request: &EditRequest) -> Result<EditOutcome> {
         generic::edit_via_cas(self, path, request).await
     }
 
-    /// Searches file contents.
+    /// Searches file contents. Fallback: walk with `list`, read every candidate
+    /// ([`generic::grep_via_walk`]).
     async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
         generic::grep_via_walk(self, request).await
     }
 
-    /// Finds files by name.
+    /// Finds files by name. Fallback: walk with `list` ([`generic::glob_via_walk`]).
     async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
         generic::glob_via_walk(self, request).await
     }
+}
 
-    /// Writes many files (overwriting); one result per file, in order.
+/// How many reads [`FilesystemExt::download`] keeps in flight.
+pub const DOWNLOAD_CONCURRENCY: usize = 8;
+
+/// Conveniences built on [`Filesystem`], for every filesystem (`dyn Filesystem`, `Arc<_>`,
+/// any backend or wrapper). Nothing here can be overridden, so a wrapper cannot get them
+/// wrong: they go through the wrapper's own [`Filesystem`] methods.
+#[async_trait]
+pub trait FilesystemExt: Filesystem {
+    /// A window of lines of a text file: [`read_bytes`](Filesystem::read_bytes) then
+    /// [`generic::text_window`]. `binary_file` for binary content, `is_directory` and
+    /// `file_not_found` as for `read_bytes`.
+    async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
+        generic::read_window(self, path, window).await
+    }
+
+    /// Writes many files (overwriting), one after the other; one result per file, in order.
     async fn upload(&self, files: Vec<(FsPath, Vec<u8>)>) -> Vec<Result<()>> {
         let mut out = Vec::with_capacity(files.len());
         for (path, data) in files {
@@ -407,81 +443,36 @@ pub trait Filesystem: Send + Sync + fmt::Debug + 'static {
         out
     }
 
-    /// Reads many files; one result per path, in order.
+    /// Reads many files, [`DOWNLOAD_CONCURRENCY`] at a time; one result per path, in order.
     async fn download(&self, paths: &[FsPath]) -> Vec<Result<Vec<u8>>> {
-        let mut out = Vec::with_capacity(paths.len());
-        for path in paths {
-            out.push(self.read_bytes(path).await);
-        }
-        out
+        // Collected first: a closure mapping paths to futures inside the stream would need a
+        // higher-ranked `Send` bound that async_trait cannot express.
+        let reads: Vec<_> = paths.iter().map(|path| self.read_bytes(path)).collect();
+        futures::stream::iter(reads)
+            .buffered(DOWNLOAD_CONCURRENCY)
+            .collect()
+            .await
     }
 }
 
-macro_rules! forward_filesystem {
-    ($ty:ty) => {
-        #[async_trait]
-        impl<T: Filesystem + ?Sized> Filesystem for $ty {
-            async fn stat(&self, path: &FsPath) -> Result<FileInfo> {
-                (**self).stat(path).await
-            }
-            async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
-                (**self).list(path).await
-            }
-            async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
-                (**self).read_bytes(path).await
-            }
-            async fn write(
-                &self,
-                path: &FsPath,
-                data: Vec<u8>,
-                options: WriteOptions,
-            ) -> Result<Version> {
-                (**self).write(path, data, options).await
-            }
-            async fn delete(&self, path: &FsPath, options: DeleteOptions) -> Result<()> {
-                (**self).delete(path, options).await
-            }
-            async fn rename(
-                &self,
-                from: &FsPath,
-                to: &FsPath,
-                options: RenameOptions,
-            ) -> Result<()> {
-                (**self).rename(from, to, options).await
-            }
-            async fn exists(&self, path: &FsPath) -> Result<bool> {
-                (**self).exists(path).await
-            }
-            async fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
-                (**self).read_range(path, offset, len).await
-            }
-            async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
-                (**self).read(path, window).await
-            }
-            async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
-                (**self).append(path, data).await
-            }
-            async fn edit(&self, path: &FsPath, request: &EditRequest) -> Result<EditOutcome> {
-                (**self).edit(path, request).await
-            }
-            async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
-                (**self).grep(request).await
-            }
-            async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
-                (**self).glob(request).await
-            }
-            async fn upload(&self, files: Vec<(FsPath, Vec<u8>)>) -> Vec<Result<()>> {
-                (**self).upload(files).await
-            }
-            async fn download(&self, paths: &[FsPath]) -> Vec<Result<Vec<u8>>> {
-                (**self).download(paths).await
+impl<T: Filesystem + ?Sized> FilesystemExt for T {}
+
+/// Smart pointers forward every method to what they point to.
+macro_rules! forward_to_pointee {
+    ($($ptr:ident),*) => {$(
+        crate::forward_filesystem! {
+            impl[T: Filesystem + ?Sized] Filesystem for $ptr<T> {
+                inner = |s| &**s;
+                forward = [
+                    stat, list, read_bytes, write, delete, rename,
+                    exists, read_range, append, edit, grep, glob,
+                ];
             }
         }
-    };
+    )*};
 }
 
-forward_filesystem!(Arc<T>);
-forward_filesystem!(Box<T>);
+forward_to_pointee!(Arc, Box);
 
 /// A command for [`Execute::execute`].
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,9 +1,14 @@
-//! Correct fallbacks for the provided [`Filesystem`] methods, written on top of the six
-//! required ones, plus the pure helpers (edit, text sniffing, matchers) every backend
-//! shares so the semantics are identical everywhere.
+//! The one home of the pieces every backend and wrapper shares, so the semantics are
+//! identical everywhere: correct fallbacks for the specialisable [`Filesystem`] methods,
+//! written on top of the six required ones (`*_via_*`), the grep engine ([`GrepSearch`],
+//! [`grep_files`]) and the listing step of walk-based searches ([`files_at`]), the checks
+//! of `rename` ([`rename_is_noop`], [`check_directory_move`]), and the pure helpers (edit,
+//! text sniffing, ranges, matchers).
 
+use std::future::Future;
 use std::time::Duration;
 
+use futures::{StreamExt, stream};
 use globset::{GlobBuilder, GlobMatcher};
 use regex::bytes::{Regex, RegexBuilder};
 
@@ -110,7 +115,7 @@ pub async fn read_range_via_read<F: Filesystem + ?Sized>(
     Ok(data)
 }
 
-/// A window of lines of `data` (see [`Filesystem::read`]).
+/// A window of lines of `data` (see [`FilesystemExt::read`](crate::FilesystemExt::read)).
 pub fn text_window(path: &FsPath, data: &[u8], window: ReadWindow) -> Result<TextWindow> {
     if is_binary(data) {
         return Err(Error::Binary {
@@ -140,7 +145,7 @@ pub fn text_window(path: &FsPath, data: &[u8], window: ReadWindow) -> Result<Tex
     })
 }
 
-/// [`Filesystem::read`] via `read_bytes`.
+/// [`FilesystemExt::read`](crate::FilesystemExt::read) via `read_bytes`.
 pub async fn read_window<F: Filesystem + ?Sized>(
     fs: &F,
     path: &FsPath,
@@ -242,6 +247,21 @@ pub fn apply_edit(path: &FsPath, content: &str, request: &EditRequest) -> Result
     })
 }
 
+/// The content of a file after an edit, and how many replacements were made:
+/// `binary_file` for binary content (see [`is_binary`]), else [`apply_edit`] on the text.
+/// Every backend's `edit` goes through it.
+pub fn edited(path: &FsPath, data: &[u8], request: &EditRequest) -> Result<(Vec<u8>, usize)> {
+    if is_binary(data) {
+        return Err(Error::Binary {
+            path: path.to_string(),
+            size: data.len() as u64,
+        });
+    }
+    let text = String::from_utf8_lossy(data);
+    let (new_text, replacements) = apply_edit(path, &text, request)?;
+    Ok((new_text.into_bytes(), replacements))
+}
+
 /// [`Filesystem::edit`] via read + [`apply_edit`] + compare-and-set write. When the write
 /// loses a race, the edit is re-applied to the new content (so it fails with `no_match` or
 /// `ambiguous_match` if the concurrent change removed or duplicated the text), up to
@@ -256,20 +276,9 @@ pub async fn edit_via_cas<F: Filesystem + ?Sized>(
     for attempt in 0..CAS_RETRIES {
         cas_backoff(attempt).await;
         let data = fs.read_bytes(path).await?;
-        if is_binary(&data) {
-            return Err(Error::Binary {
-                path: path.to_string(),
-                size: data.len() as u64,
-            });
-        }
-        let text = String::from_utf8_lossy(&data);
-        let (new_text, replacements) = apply_edit(path, &text, request)?;
+        let (new_data, replacements) = edited(path, &data, request)?;
         match fs
-            .write(
-                path,
-                new_text.into_bytes(),
-                WriteOptions::if_match(Version::of(&data)),
-            )
+            .write(path, new_data, WriteOptions::if_match(Version::of(&data)))
             .await
         {
             Ok(version) => {
@@ -288,12 +297,82 @@ pub async fn edit_via_cas<F: Filesystem + ?Sized>(
     Err(exhausted(path, "edit", last))
 }
 
-/// Every file at or below `base`, sorted by path (a file `base` yields itself).
-pub async fn walk_files<F: Filesystem + ?Sized>(fs: &F, base: &FsPath) -> Result<Vec<FileInfo>> {
-    let info = fs.stat(base).await?;
-    if !info.is_dir() {
-        return Ok(vec![info]);
+/// The cases of `rename` that move nothing, which every backend decides the same way:
+/// moving the root is `permission_denied`; moving a path onto itself is `Ok(true)` (done)
+/// when it exists and `file_not_found` when it does not. `Ok(false)`: a real move follows.
+pub async fn rename_is_noop<F: Filesystem + ?Sized>(
+    fs: &F,
+    from: &FsPath,
+    to: &FsPath,
+) -> Result<bool> {
+    if from.is_root() {
+        return Err(Error::PermissionDenied {
+            path: from.to_string(),
+            reason: "the root cannot be moved".into(),
+        });
     }
+    if from != to {
+        return Ok(false);
+    }
+    if fs.exists(from).await? {
+        Ok(true)
+    } else {
+        Err(Error::NotFound {
+            path: from.to_string(),
+        })
+    }
+}
+
+/// The checks before a directory `from` is moved to `to` on a backend that moves file by
+/// file: not into itself (`invalid_arguments`), not onto anything that exists
+/// (`already_exists`).
+pub async fn check_directory_move<F: Filesystem + ?Sized>(
+    fs: &F,
+    from: &FsPath,
+    to: &FsPath,
+) -> Result<()> {
+    if to.starts_with(from) {
+        return Err(Error::invalid_argument(format!(
+            "cannot move {from} into itself ({to})"
+        )));
+    }
+    if fs.exists(to).await? {
+        return Err(Error::AlreadyExists {
+            path: to.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// The files a search from `base` covers: `base` itself when it is a file, else what
+/// `below` yields (every file strictly below the directory, sorted by path, however the
+/// backend lists it); `file_not_found` when `base` does not exist. `below` is only awaited
+/// for a directory.
+///
+/// This is the shared start of every walk-based `grep` and `glob`: [`walk_files`] uses it
+/// with a walk over `list`, a backend with a recursive listing (an object store's prefix
+/// listing) with that.
+pub async fn files_at<F: Filesystem + ?Sized>(
+    fs: &F,
+    base: &FsPath,
+    below: impl Future<Output = Result<Vec<FileInfo>>>,
+) -> Result<Vec<FileInfo>> {
+    let info = fs.stat(base).await?;
+    if info.is_dir() {
+        below.await
+    } else {
+        Ok(vec![info])
+    }
+}
+
+/// Every file at or below `base`, sorted by path (a file `base` yields itself), found by
+/// walking with `list`.
+pub async fn walk_files<F: Filesystem + ?Sized>(fs: &F, base: &FsPath) -> Result<Vec<FileInfo>> {
+    files_at(fs, base, walk_below(fs, base)).await
+}
+
+/// Every file strictly below the directory `base`, sorted, by walking with `list`.
+async fn walk_below<F: Filesystem + ?Sized>(fs: &F, base: &FsPath) -> Result<Vec<FileInfo>> {
     let mut out = Vec::new();
     let mut stack = vec![base.clone()];
     while let Some(dir) = stack.pop() {
@@ -414,38 +493,129 @@ impl FileFilter {
     }
 }
 
-/// [`Filesystem::grep`] by walking and reading every file.
+/// One [`GrepRequest`] being answered: the grep loop every backend shares. Feed it the
+/// candidate files in path order; it applies the glob filter and the size cap
+/// ([`wants`](GrepSearch::wants)), skips binary files and files that vanished or were
+/// refused while the search ran, and stops at the match cap
+/// ([`feed`](GrepSearch::feed) returns `false`). A backend decides only how files are
+/// listed and read: [`grep_files`] does it with a read function and some reads in flight,
+/// [`grep_via_walk`] with `list` and `read_bytes`, and a backend with batch reads (Redis
+/// `MGET`) or a blocking walk (local disk) feeds it itself.
+#[derive(Debug)]
+pub struct GrepSearch {
+    matcher: LineMatcher,
+    filter: FileFilter,
+    base: FsPath,
+    max_matches: usize,
+    matches: Vec<GrepMatch>,
+    truncated: bool,
+}
+
+impl GrepSearch {
+    /// Compiles the request's pattern and glob (`invalid_arguments` when either is bad).
+    pub fn new(request: &GrepRequest) -> Result<Self> {
+        Ok(GrepSearch {
+            matcher: LineMatcher::new(request)?,
+            filter: FileFilter::new(request.glob.as_deref())?,
+            base: request.path.clone(),
+            max_matches: request.max_matches,
+            matches: Vec::new(),
+            truncated: false,
+        })
+    }
+
+    /// Whether a file at `path` passes the request's glob (before its size is known).
+    pub fn matches_glob(&self, path: &FsPath) -> bool {
+        self.filter.matches(&self.base, path)
+    }
+
+    /// Whether the file should be read: it passes the glob and is at most
+    /// [`GREP_MAX_FILE_BYTES`] long.
+    pub fn wants(&self, file: &FileInfo) -> bool {
+        file.size <= GREP_MAX_FILE_BYTES && self.matches_glob(&file.path)
+    }
+
+    /// Searches one file's content, or skips it: a file that vanished, was refused, grew
+    /// too large or became a directory since it was listed (`file_not_found`,
+    /// `permission_denied`, `too_large`, `is_directory`) and a binary file (a NUL in its
+    /// first [`BINARY_SNIFF_BYTES`] bytes) are skipped; any other error ends the search.
+    /// Returns `Ok(false)` once the match cap is reached with more matches left: stop
+    /// feeding and [`finish`](GrepSearch::finish).
+    pub fn feed(&mut self, path: &FsPath, content: Result<Vec<u8>>) -> Result<bool> {
+        let data = match content {
+            Ok(d) => d,
+            Err(
+                Error::NotFound { .. }
+                | Error::PermissionDenied { .. }
+                | Error::TooLarge { .. }
+                | Error::IsDirectory { .. },
+            ) => return Ok(true),
+            Err(e) => return Err(e),
+        };
+        if data[..data.len().min(BINARY_SNIFF_BYTES)].contains(&0) {
+            return Ok(true);
+        }
+        if !self
+            .matcher
+            .search(path, &data, &mut self.matches, self.max_matches)
+        {
+            self.truncated = true;
+        }
+        Ok(!self.truncated)
+    }
+
+    /// The matches, sorted as fed (by path, then line).
+    pub fn finish(self) -> GrepOutput {
+        GrepOutput {
+            matches: self.matches,
+            truncated: self.truncated,
+        }
+    }
+}
+
+/// Runs `search` over a listing: the wanted `files` (sorted by path) are read with `read`,
+/// up to `concurrency` reads in flight, and fed in order.
+pub async fn grep_files<R, Fut>(
+    mut search: GrepSearch,
+    files: Vec<FileInfo>,
+    concurrency: usize,
+    read: R,
+) -> Result<GrepOutput>
+where
+    R: Fn(FsPath) -> Fut,
+    Fut: Future<Output = Result<Vec<u8>>>,
+{
+    let wanted: Vec<FsPath> = files
+        .into_iter()
+        .filter(|f| search.wants(f))
+        .map(|f| f.path)
+        .collect();
+    let mut contents = stream::iter(wanted)
+        .map(|path| {
+            let content = read(path.clone());
+            async move { (path, content.await) }
+        })
+        .buffered(concurrency.max(1));
+    while let Some((path, content)) = contents.next().await {
+        if !search.feed(&path, content)? {
+            break;
+        }
+    }
+    Ok(search.finish())
+}
+
+/// [`Filesystem::grep`] by walking with `list` and reading every candidate with
+/// `read_bytes`, one at a time.
 pub async fn grep_via_walk<F: Filesystem + ?Sized>(
     fs: &F,
     request: &GrepRequest,
 ) -> Result<GrepOutput> {
-    let matcher = LineMatcher::new(request)?;
-    let filter = FileFilter::new(request.glob.as_deref())?;
+    let search = GrepSearch::new(request)?;
     let files = walk_files(fs, &request.path).await?;
-    let mut out = Vec::new();
-    for f in files {
-        if f.size > GREP_MAX_FILE_BYTES || !filter.matches(&request.path, &f.path) {
-            continue;
-        }
-        let data = match fs.read_bytes(&f.path).await {
-            Ok(d) => d,
-            Err(Error::NotFound { .. } | Error::PermissionDenied { .. }) => continue,
-            Err(e) => return Err(e),
-        };
-        if data[..data.len().min(BINARY_SNIFF_BYTES)].contains(&0) {
-            continue;
-        }
-        if !matcher.search(&f.path, &data, &mut out, request.max_matches) {
-            return Ok(GrepOutput {
-                matches: out,
-                truncated: true,
-            });
-        }
-    }
-    Ok(GrepOutput {
-        matches: out,
-        truncated: false,
+    grep_files(search, files, 1, |path| async move {
+        fs.read_bytes(&path).await
     })
+    .await
 }
 
 /// Applies a glob to a sorted list of files below `base`.

@@ -2,10 +2,13 @@
 //!
 //! The pluggable filesystem of the hame agent harness: one async [`Filesystem`] trait with a
 //! `# Contract`, backends (local disk, memory), wrappers (prefix, read-only, composite,
-//! overlay), tenant isolation ([`Namespace`]) and the file tools the model calls.
+//! overlay), tenant isolation ([`Namespace`]) and the [`Execute`] capability (`LocalShell`
+//! with the `local` feature).
 //!
-//! Depend on it to give an agent files, or to write a storage backend (run
-//! [`conformance::run_all`] from its tests).
+//! Depend on it to give a program or an agent files, or to write a storage backend (run
+//! [`conformance::run_all`] from its tests). It knows nothing of agents: no `hame-core`
+//! types appear here (a `deps` rule of `cargo xtask ci` keeps it so). The file tools the
+//! model calls, and the conversion of [`Error`] into a tool error, live in `hame-tools`.
 //!
 //! | feature | what it adds |
 //! |---|---|
@@ -26,6 +29,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod error;
+mod forward;
 mod fs;
 pub mod generic;
 #[cfg(feature = "local")]
@@ -35,18 +39,19 @@ mod namespace;
 mod path;
 #[cfg(feature = "local")]
 mod shell;
-mod tools;
 mod wrappers;
 
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 
 pub use error::{Error, Result, codes};
+#[doc(hidden)]
+pub use forward::__private;
 pub use fs::{
-    BINARY_SNIFF_BYTES, DEFAULT_READ_LINES, DeleteOptions, EditOutcome, EditRequest, ExecOutput,
-    ExecRequest, Execute, FileInfo, FileKind, Filesystem, GREP_MAX_FILE_BYTES, GlobOutput,
-    GlobRequest, GrepMatch, GrepOutput, GrepRequest, ReadWindow, RenameOptions, TextWindow,
-    Version, WriteMode, WriteOptions,
+    BINARY_SNIFF_BYTES, DEFAULT_READ_LINES, DOWNLOAD_CONCURRENCY, DeleteOptions, EditOutcome,
+    EditRequest, ExecOutput, ExecRequest, Execute, FileInfo, FileKind, Filesystem, FilesystemExt,
+    GREP_MAX_FILE_BYTES, GlobOutput, GlobRequest, GrepMatch, GrepOutput, GrepRequest, ReadWindow,
+    RenameOptions, TextWindow, Version, WriteMode, WriteOptions,
 };
 #[cfg(feature = "local")]
 pub use local::{LocalFs, LocalFsOptions};
@@ -55,5 +60,4 @@ pub use namespace::{Isolation, MAX_ID_BYTES, Namespace, Scope, tenant_fs, valida
 pub use path::{FsPath, MAX_DEPTH, MAX_PATH_BYTES, MAX_SEGMENT_BYTES};
 #[cfg(feature = "local")]
 pub use shell::{LocalShell, ShellOptions};
-pub use tools::{FsToolOptions, fs_tools, fs_tools_with_execute};
 pub use wrappers::{CompositeFs, OverlayFs, PrefixFs, ReadOnlyFs};

@@ -12,11 +12,10 @@ use rustix::io::Errno;
 
 use crate::error::{Error, Result};
 use crate::fs::{
-    DeleteOptions, EditOutcome, EditRequest, FileInfo, FileKind, Filesystem, GREP_MAX_FILE_BYTES,
-    GlobOutput, GlobRequest, GrepOutput, GrepRequest, ReadWindow, RenameOptions, TextWindow,
-    Version, WriteMode, WriteOptions,
+    DeleteOptions, EditOutcome, EditRequest, FileInfo, FileKind, Filesystem, GlobOutput,
+    GlobRequest, GrepOutput, GrepRequest, RenameOptions, Version, WriteMode, WriteOptions,
 };
-use crate::generic::{self, FileFilter, LineMatcher};
+use crate::generic::{self, GrepSearch};
 use crate::path::FsPath;
 
 /// Options of [`LocalFs`].
@@ -62,8 +61,9 @@ struct Inner {
 ///   ([`LocalFsOptions::refuse_hard_links`]); writes replace the name, never the inode;
 /// * writes go to a temp file in the same directory, are fsynced, renamed over the target
 ///   and the directory is fsynced; `CreateNew` uses `renameat2(RENAME_NOREPLACE)`, so it is
-///   race-free across processes; `IfMatch` and `append` are serialised per path within the
-///   process (striped locks);
+///   race-free across processes; `IfMatch` holds an exclusive `flock` on the current file
+///   from the check to the rename, so compare-and-set is atomic across processes too;
+///   `append` is serialised per path within the process (striped locks);
 /// * symlinks whose target leaves the root are invisible in `list`, `grep` and `glob`;
 ///   symlinked directories are not descended by `grep`/`glob`.
 #[derive(Debug, Clone)]
@@ -257,6 +257,37 @@ impl Inner {
         Ok(())
     }
 
+    /// An exclusive `flock` on the file now at `path`, taken by every compare-and-set
+    /// writer of this path in any process. A writer that locked an inode another writer
+    /// has just renamed away sees a different inode at `path` and locks again, so exactly
+    /// one writer at a time checks and replaces the current content.
+    fn lock_current(&self, path: &FsPath) -> Result<cap_std::fs::File> {
+        use rustix::fs::{AtFlags, FlockOperation, flock, fstat, statat};
+        for _ in 0..64 {
+            let f = self.open_regular(path, false)?;
+            flock(&f, FlockOperation::LockExclusive).map_err(|e| map_io(path, e.into()))?;
+            let held = fstat(&f).map_err(|e| map_io(path, e.into()))?;
+            let dir = self.parent_dir(path)?;
+            match statat(&dir, path.file_name(), AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(now) if now.st_ino == held.st_ino && now.st_dev == held.st_dev => {
+                    return Ok(f);
+                }
+                Ok(_) => continue,
+                Err(rustix::io::Errno::NOENT) => {
+                    return Err(Error::Conflict {
+                        path: path.to_string(),
+                        reason: "the file no longer exists".into(),
+                    });
+                }
+                Err(e) => return Err(map_io(path, e.into())),
+            }
+        }
+        Err(Error::Conflict {
+            path: path.to_string(),
+            reason: "the file kept changing while waiting for its lock".into(),
+        })
+    }
+
     fn parent_dir(&self, path: &FsPath) -> Result<Dir> {
         let parent = path.parent().unwrap_or_default();
         self.root
@@ -302,6 +333,7 @@ impl Inner {
             });
         }
         let _guard = self.lock_for(path);
+        let mut _cas_lock: Option<cap_std::fs::File> = None;
         self.ensure_parents(path)?;
         let existing = match self.root.metadata(rel(path)) {
             Ok(md) => Some(md),
@@ -326,6 +358,9 @@ impl Inner {
                 });
             }
             (WriteMode::IfMatch(v), Some(_)) => {
+                // Held until the rename below: the compare-and-set is atomic across
+                // processes, not only within this one.
+                _cas_lock = Some(self.lock_current(path)?);
                 let current = self.read_bytes(path)?;
                 if Version::of(&current) != *v {
                     return Err(Error::Conflict {
@@ -463,31 +498,15 @@ impl Inner {
         Ok(out)
     }
 
+    /// The shared grep engine over the blocking walk, one file at a time.
     fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
-        let matcher = LineMatcher::new(request)?;
-        let filter = FileFilter::new(request.glob.as_deref())?;
-        let mut out = Vec::new();
+        let mut search = GrepSearch::new(request)?;
         for f in self.walk(&request.path)? {
-            if f.size > GREP_MAX_FILE_BYTES || !filter.matches(&request.path, &f.path) {
-                continue;
-            }
-            let Ok(data) = self.read_bytes(&f.path) else {
-                continue;
-            };
-            if data[..data.len().min(crate::fs::BINARY_SNIFF_BYTES)].contains(&0) {
-                continue;
-            }
-            if !matcher.search(&f.path, &data, &mut out, request.max_matches) {
-                return Ok(GrepOutput {
-                    matches: out,
-                    truncated: true,
-                });
+            if search.wants(&f) && !search.feed(&f.path, self.read_bytes(&f.path))? {
+                break;
             }
         }
-        Ok(GrepOutput {
-            matches: out,
-            truncated: false,
-        })
+        Ok(search.finish())
     }
 
     fn delete(&self, path: &FsPath, options: DeleteOptions) -> Result<()> {
@@ -651,15 +670,6 @@ impl Filesystem for LocalFs {
         let path = path.clone();
         self.blocking(move |i| i.read_range(&path, offset, len))
             .await
-    }
-
-    async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
-        let path = path.clone();
-        self.blocking(move |i| {
-            let data = i.read_bytes(&path)?;
-            generic::text_window(&path, &data, window)
-        })
-        .await
     }
 
     async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {

@@ -9,8 +9,7 @@ use chrono::{DateTime, Utc};
 use crate::error::{Error, Result};
 use crate::fs::{
     DeleteOptions, EditOutcome, EditRequest, FileInfo, FileKind, Filesystem, GlobOutput,
-    GlobRequest, GrepOutput, GrepRequest, ReadWindow, RenameOptions, TextWindow, Version,
-    WriteMode, WriteOptions,
+    GlobRequest, GrepOutput, GrepRequest, RenameOptions, Version, WriteMode, WriteOptions,
 };
 use crate::generic;
 use crate::path::FsPath;
@@ -305,10 +304,6 @@ impl Filesystem for InMemoryFs {
         }
     }
 
-    async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
-        generic::read_window(self, path, window).await
-    }
-
     async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
         let mut map = self.lock();
         if let Some(e) = map.get_mut(path) {
@@ -333,15 +328,8 @@ impl Filesystem for InMemoryFs {
                 }
             });
         };
-        if generic::is_binary(&entry.data) {
-            return Err(Error::Binary {
-                path: path.to_string(),
-                size: entry.data.len() as u64,
-            });
-        }
-        let text = String::from_utf8_lossy(&entry.data);
-        let (new_text, replacements) = generic::apply_edit(path, &text, request)?;
-        entry.data = new_text.into_bytes();
+        let (new_data, replacements) = generic::edited(path, &entry.data, request)?;
+        entry.data = new_data;
         entry.modified = Utc::now();
         Ok(EditOutcome {
             replacements,

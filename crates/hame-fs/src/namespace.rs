@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use hame_core::RuntimeContext;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -83,16 +82,6 @@ impl Namespace {
         })
     }
 
-    /// [`Namespace::derive`] with the user and session of a runtime context.
-    pub fn for_context(agent: &str, runtime: &RuntimeContext, scope: Scope) -> Result<Self> {
-        Self::derive(
-            agent,
-            runtime.user_id.as_deref(),
-            &runtime.session_id,
-            scope,
-        )
-    }
-
     /// The segments.
     pub fn segments(&self) -> &[String] {
         &self.segments
@@ -126,8 +115,9 @@ pub fn tenant_fs(
     }
 }
 
-/// How the file tools isolate tenants: per call, the namespace is derived from the call's
-/// [`RuntimeContext`] and the tools see only [`tenant_fs`] of it.
+/// How a caller's view of shared storage is chosen: per call, the namespace is derived from
+/// the agent id, the caller's user and session ([`Namespace::derive`]) and the caller sees only
+/// [`tenant_fs`] of it. The file tools (`hame-tools`) do this for every call.
 #[derive(Debug, Clone)]
 pub struct Isolation {
     /// The agent id (validated per call).
@@ -148,13 +138,15 @@ impl Isolation {
         }
     }
 
-    /// The filesystem a call with this runtime context sees.
+    /// The filesystem the caller `(user, session)` sees: [`tenant_fs`] of
+    /// `Namespace::derive(agent_id, user, session, scope)` over `store`, with the template.
     pub fn fs_for(
         &self,
         store: &Arc<dyn Filesystem>,
-        runtime: &RuntimeContext,
+        user: Option<&str>,
+        session: &str,
     ) -> Result<Arc<dyn Filesystem>> {
-        let ns = Namespace::for_context(&self.agent_id, runtime, self.scope)?;
+        let ns = Namespace::derive(&self.agent_id, user, session, self.scope)?;
         Ok(tenant_fs(store.clone(), &ns, self.template.clone()))
     }
 }

@@ -112,3 +112,46 @@ proptest! {
         }
     }
 }
+
+#[tokio::test]
+async fn isolation_gives_each_caller_its_namespace_over_the_template() -> Result<()> {
+    use crate::{FsPath, InMemoryFs, WriteOptions};
+    let store: Arc<dyn Filesystem> = Arc::new(InMemoryFs::new());
+    let template: Arc<dyn Filesystem> = Arc::new(InMemoryFs::with_files([(
+        "AGENTS.md",
+        b"rules".as_slice(),
+    )])?);
+    let iso = Isolation {
+        template: Some(template),
+        ..Isolation::new("coder")
+    };
+    let alice = iso.fs_for(&store, Some("alice"), "s1")?;
+    let anon = iso.fs_for(&store, None, "s9")?;
+    let notes = FsPath::parse("notes.md")?;
+    alice
+        .write(&notes, b"mine".to_vec(), WriteOptions::default())
+        .await?;
+    assert_eq!(
+        alice.read_bytes(&FsPath::parse("AGENTS.md")?).await?,
+        b"rules"
+    );
+    assert!(
+        anon.read_bytes(&notes)
+            .await
+            .is_err_and(|e| e.is_not_found())
+    );
+    assert_eq!(
+        store
+            .read_bytes(&FsPath::parse("agents/coder/users/alice/home/notes.md")?)
+            .await?,
+        b"mine"
+    );
+    assert_eq!(
+        iso.fs_for(&store, Some("../bob"), "s1")
+            .map(|_| ())
+            .unwrap_err()
+            .code(),
+        crate::codes::INVALID_PATH
+    );
+    Ok(())
+}

@@ -1,15 +1,13 @@
 //! Wrappers: [`PrefixFs`] (isolation), [`ReadOnlyFs`], [`CompositeFs`] (routing) and
-//! [`OverlayFs`] (template below, writable store above). Each implements every method.
+//! [`OverlayFs`] (template below, writable store above). Each implements every method of
+//! [`Filesystem`] through [`forward_filesystem!`](crate::forward_filesystem).
 
 use std::sync::Arc;
-
-use async_trait::async_trait;
 
 use crate::error::{Error, Result};
 use crate::fs::{
     DeleteOptions, EditOutcome, EditRequest, FileInfo, Filesystem, GlobOutput, GlobRequest,
-    GrepOutput, GrepRequest, ReadWindow, RenameOptions, TextWindow, Version, WriteMode,
-    WriteOptions,
+    GrepOutput, GrepRequest, RenameOptions, Version, WriteMode, WriteOptions,
 };
 use crate::generic;
 use crate::path::FsPath;
@@ -62,147 +60,124 @@ impl<F: Filesystem> PrefixFs<F> {
     }
 }
 
-#[async_trait]
-impl<F: Filesystem> Filesystem for PrefixFs<F> {
-    async fn stat(&self, path: &FsPath) -> Result<FileInfo> {
-        match self.inner.stat(&self.full(path)).await {
-            Ok(i) => Ok(self.info(i)),
-            // The tenant's root exists even before the first write.
-            Err(Error::NotFound { .. }) if path.is_root() => Ok(FileInfo::dir(FsPath::root())),
-            Err(e) => Err(self.err(e)),
+crate::forward_filesystem! {
+    impl[F: Filesystem] Filesystem for PrefixFs<F> {
+        async fn stat(&self, path: &FsPath) -> Result<FileInfo> {
+            match self.inner.stat(&self.full(path)).await {
+                Ok(i) => Ok(self.info(i)),
+                // The tenant's root exists even before the first write.
+                Err(Error::NotFound { .. }) if path.is_root() => Ok(FileInfo::dir(FsPath::root())),
+                Err(e) => Err(self.err(e)),
+            }
         }
-    }
-    async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
-        match self.inner.list(&self.full(path)).await {
-            Ok(v) => Ok(v.into_iter().map(|f| self.info(f)).collect()),
-            Err(Error::NotFound { .. }) if path.is_root() => Ok(Vec::new()),
-            Err(e) => Err(self.err(e)),
+        async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
+            match self.inner.list(&self.full(path)).await {
+                Ok(v) => Ok(v.into_iter().map(|f| self.info(f)).collect()),
+                Err(Error::NotFound { .. }) if path.is_root() => Ok(Vec::new()),
+                Err(e) => Err(self.err(e)),
+            }
         }
-    }
-    async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
-        self.inner
-            .read_bytes(&self.full(path))
-            .await
-            .map_err(|e| self.err(e))
-    }
-    async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version> {
-        if path.is_root() {
-            return Err(Error::IsDirectory {
-                path: path.to_string(),
-            });
+        async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
+            self.inner
+                .read_bytes(&self.full(path))
+                .await
+                .map_err(|e| self.err(e))
         }
-        self.inner
-            .write(&self.full(path), data, options)
-            .await
-            .map_err(|e| self.err(e))
-    }
-    async fn delete(&self, path: &FsPath, options: DeleteOptions) -> Result<()> {
-        if path.is_root() {
-            return Err(Error::PermissionDenied {
-                path: path.to_string(),
-                reason: "the root cannot be deleted".into(),
-            });
+        async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version> {
+            if path.is_root() {
+                return Err(Error::IsDirectory {
+                    path: path.to_string(),
+                });
+            }
+            self.inner
+                .write(&self.full(path), data, options)
+                .await
+                .map_err(|e| self.err(e))
         }
-        self.inner
-            .delete(&self.full(path), options)
-            .await
-            .map_err(|e| self.err(e))
-    }
-    async fn rename(&self, from: &FsPath, to: &FsPath, options: RenameOptions) -> Result<()> {
-        if from.is_root() || to.is_root() {
-            return Err(Error::PermissionDenied {
-                path: from.to_string(),
-                reason: "the root cannot be moved or replaced".into(),
-            });
+        async fn delete(&self, path: &FsPath, options: DeleteOptions) -> Result<()> {
+            if path.is_root() {
+                return Err(Error::PermissionDenied {
+                    path: path.to_string(),
+                    reason: "the root cannot be deleted".into(),
+                });
+            }
+            self.inner
+                .delete(&self.full(path), options)
+                .await
+                .map_err(|e| self.err(e))
         }
-        self.inner
-            .rename(&self.full(from), &self.full(to), options)
-            .await
-            .map_err(|e| self.err(e))
-    }
-    async fn exists(&self, path: &FsPath) -> Result<bool> {
-        if path.is_root() {
-            return Ok(true);
+        async fn rename(&self, from: &FsPath, to: &FsPath, options: RenameOptions) -> Result<()> {
+            if from.is_root() || to.is_root() {
+                return Err(Error::PermissionDenied {
+                    path: from.to_string(),
+                    reason: "the root cannot be moved or replaced".into(),
+                });
+            }
+            self.inner
+                .rename(&self.full(from), &self.full(to), options)
+                .await
+                .map_err(|e| self.err(e))
         }
-        self.inner
-            .exists(&self.full(path))
-            .await
-            .map_err(|e| self.err(e))
-    }
-    async fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
-        self.inner
-            .read_range(&self.full(path), offset, len)
-            .await
-            .map_err(|e| self.err(e))
-    }
-    async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
-        self.inner
-            .read(&self.full(path), window)
-            .await
-            .map_err(|e| self.err(e))
-    }
-    async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
-        self.inner
-            .append(&self.full(path), data)
-            .await
-            .map_err(|e| self.err(e))
-    }
-    async fn edit(&self, path: &FsPath, request: &EditRequest) -> Result<EditOutcome> {
-        self.inner
-            .edit(&self.full(path), request)
-            .await
-            .map_err(|e| self.err(e))
-    }
-    async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
-        let req = GrepRequest {
-            path: self.full(&request.path),
-            ..request.clone()
-        };
-        match self.inner.grep(&req).await {
-            Ok(mut out) => {
-                for m in &mut out.matches {
-                    m.path = self.strip(std::mem::take(&mut m.path));
+        async fn exists(&self, path: &FsPath) -> Result<bool> {
+            if path.is_root() {
+                return Ok(true);
+            }
+            self.inner
+                .exists(&self.full(path))
+                .await
+                .map_err(|e| self.err(e))
+        }
+        async fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
+            self.inner
+                .read_range(&self.full(path), offset, len)
+                .await
+                .map_err(|e| self.err(e))
+        }
+        async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
+            self.inner
+                .append(&self.full(path), data)
+                .await
+                .map_err(|e| self.err(e))
+        }
+        async fn edit(&self, path: &FsPath, request: &EditRequest) -> Result<EditOutcome> {
+            self.inner
+                .edit(&self.full(path), request)
+                .await
+                .map_err(|e| self.err(e))
+        }
+        async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
+            let req = GrepRequest {
+                path: self.full(&request.path),
+                ..request.clone()
+            };
+            match self.inner.grep(&req).await {
+                Ok(mut out) => {
+                    for m in &mut out.matches {
+                        m.path = self.strip(std::mem::take(&mut m.path));
+                    }
+                    Ok(out)
                 }
-                Ok(out)
+                Err(Error::NotFound { .. }) if request.path.is_root() => Ok(GrepOutput::default()),
+                Err(e) => Err(self.err(e)),
             }
-            Err(Error::NotFound { .. }) if request.path.is_root() => Ok(GrepOutput::default()),
-            Err(e) => Err(self.err(e)),
         }
-    }
-    async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
-        let req = GlobRequest {
-            path: self.full(&request.path),
-            ..request.clone()
-        };
-        match self.inner.glob(&req).await {
-            Ok(mut out) => {
-                out.files = out.files.into_iter().map(|f| self.info(f)).collect();
-                Ok(out)
+        async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
+            let req = GlobRequest {
+                path: self.full(&request.path),
+                ..request.clone()
+            };
+            match self.inner.glob(&req).await {
+                Ok(mut out) => {
+                    out.files = out.files.into_iter().map(|f| self.info(f)).collect();
+                    Ok(out)
+                }
+                Err(Error::NotFound { .. }) if request.path.is_root() => {
+                    generic::compile_glob(&request.pattern)?;
+                    Ok(GlobOutput::default())
+                }
+                Err(e) => Err(self.err(e)),
             }
-            Err(Error::NotFound { .. }) if request.path.is_root() => {
-                generic::compile_glob(&request.pattern)?;
-                Ok(GlobOutput::default())
-            }
-            Err(e) => Err(self.err(e)),
         }
-    }
-    async fn upload(&self, files: Vec<(FsPath, Vec<u8>)>) -> Vec<Result<()>> {
-        let files = files.into_iter().map(|(p, d)| (self.full(&p), d)).collect();
-        self.inner
-            .upload(files)
-            .await
-            .into_iter()
-            .map(|r| r.map_err(|e| self.err(e)))
-            .collect()
-    }
-    async fn download(&self, paths: &[FsPath]) -> Vec<Result<Vec<u8>>> {
-        let full: Vec<FsPath> = paths.iter().map(|p| self.full(p)).collect();
-        self.inner
-            .download(&full)
-            .await
-            .into_iter()
-            .map(|r| r.map_err(|e| self.err(e)))
-            .collect()
     }
 }
 
@@ -226,52 +201,25 @@ fn read_only(path: &FsPath) -> Error {
     }
 }
 
-#[async_trait]
-impl<F: Filesystem> Filesystem for ReadOnlyFs<F> {
-    async fn stat(&self, path: &FsPath) -> Result<FileInfo> {
-        self.inner.stat(path).await
-    }
-    async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
-        self.inner.list(path).await
-    }
-    async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
-        self.inner.read_bytes(path).await
-    }
-    async fn write(&self, path: &FsPath, _: Vec<u8>, _: WriteOptions) -> Result<Version> {
-        Err(read_only(path))
-    }
-    async fn delete(&self, path: &FsPath, _: DeleteOptions) -> Result<()> {
-        Err(read_only(path))
-    }
-    async fn rename(&self, from: &FsPath, _: &FsPath, _: RenameOptions) -> Result<()> {
-        Err(read_only(from))
-    }
-    async fn exists(&self, path: &FsPath) -> Result<bool> {
-        self.inner.exists(path).await
-    }
-    async fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
-        self.inner.read_range(path, offset, len).await
-    }
-    async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
-        self.inner.read(path, window).await
-    }
-    async fn append(&self, path: &FsPath, _: Vec<u8>) -> Result<()> {
-        Err(read_only(path))
-    }
-    async fn edit(&self, path: &FsPath, _: &EditRequest) -> Result<EditOutcome> {
-        Err(read_only(path))
-    }
-    async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
-        self.inner.grep(request).await
-    }
-    async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
-        self.inner.glob(request).await
-    }
-    async fn upload(&self, files: Vec<(FsPath, Vec<u8>)>) -> Vec<Result<()>> {
-        files.iter().map(|(p, _)| Err(read_only(p))).collect()
-    }
-    async fn download(&self, paths: &[FsPath]) -> Vec<Result<Vec<u8>>> {
-        self.inner.download(paths).await
+crate::forward_filesystem! {
+    impl[F: Filesystem] Filesystem for ReadOnlyFs<F> {
+        inner = |s| &s.inner;
+        forward = [stat, list, read_bytes, exists, read_range, grep, glob];
+        async fn write(&self, path: &FsPath, _: Vec<u8>, _: WriteOptions) -> Result<Version> {
+            Err(read_only(path))
+        }
+        async fn delete(&self, path: &FsPath, _: DeleteOptions) -> Result<()> {
+            Err(read_only(path))
+        }
+        async fn rename(&self, from: &FsPath, _: &FsPath, _: RenameOptions) -> Result<()> {
+            Err(read_only(from))
+        }
+        async fn append(&self, path: &FsPath, _: Vec<u8>) -> Result<()> {
+            Err(read_only(path))
+        }
+        async fn edit(&self, path: &FsPath, _: &EditRequest) -> Result<EditOutcome> {
+            Err(read_only(path))
+        }
     }
 }
 
@@ -338,199 +286,180 @@ impl CompositeFs {
     }
 }
 
-#[async_trait]
-impl Filesystem for CompositeFs {
-    async fn stat(&self, path: &FsPath) -> Result<FileInfo> {
-        let (fs, inner, prefix) = self.route(path);
-        match fs.stat(&inner).await {
-            Ok(i) => Ok(Self::out(&prefix, i)),
-            Err(Error::NotFound { .. })
-                if self.mounts_below(path).next().is_some()
-                    || (inner.is_root() && !prefix.is_root()) =>
-            {
-                Ok(FileInfo::dir(path.clone()))
-            }
-            Err(e) => Err(Self::err(&prefix, e)),
-        }
-    }
-    async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
-        let (fs, inner, prefix) = self.route(path);
-        let mut out = match fs.list(&inner).await {
-            Ok(v) => v.into_iter().map(|f| Self::out(&prefix, f)).collect(),
-            Err(Error::NotFound { .. })
-                if self.mounts_below(path).next().is_some()
-                    || (inner.is_root() && !prefix.is_root()) =>
-            {
-                Vec::new()
-            }
-            Err(e) => return Err(Self::err(&prefix, e)),
-        };
-        for m in self.mounts_below(path) {
-            if let Some(first) = m
-                .strip_prefix(path)
-                .and_then(|r| r.segments().next().map(str::to_owned))
-            {
-                let child = path.join_path(&FsPath::parse(&first)?);
-                out.retain(|f: &FileInfo| f.path != child);
-                out.push(FileInfo::dir(child));
+crate::forward_filesystem! {
+    impl Filesystem for CompositeFs {
+        async fn stat(&self, path: &FsPath) -> Result<FileInfo> {
+            let (fs, inner, prefix) = self.route(path);
+            match fs.stat(&inner).await {
+                Ok(i) => Ok(Self::out(&prefix, i)),
+                Err(Error::NotFound { .. })
+                    if self.mounts_below(path).next().is_some()
+                        || (inner.is_root() && !prefix.is_root()) =>
+                {
+                    Ok(FileInfo::dir(path.clone()))
+                }
+                Err(e) => Err(Self::err(&prefix, e)),
             }
         }
-        out.sort_by(|a, b| a.path.cmp(&b.path));
-        out.dedup_by(|a, b| a.path == b.path);
-        Ok(out)
-    }
-    async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
-        let (fs, inner, prefix) = self.route(path);
-        fs.read_bytes(&inner)
-            .await
-            .map_err(|e| Self::err(&prefix, e))
-    }
-    async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version> {
-        if self.mounts_below(path).next().is_some() || path.is_root() {
-            return Err(Error::IsDirectory {
-                path: path.to_string(),
-            });
+        async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
+            let (fs, inner, prefix) = self.route(path);
+            let mut out = match fs.list(&inner).await {
+                Ok(v) => v.into_iter().map(|f| Self::out(&prefix, f)).collect(),
+                Err(Error::NotFound { .. })
+                    if self.mounts_below(path).next().is_some()
+                        || (inner.is_root() && !prefix.is_root()) =>
+                {
+                    Vec::new()
+                }
+                Err(e) => return Err(Self::err(&prefix, e)),
+            };
+            for m in self.mounts_below(path) {
+                if let Some(first) = m
+                    .strip_prefix(path)
+                    .and_then(|r| r.segments().next().map(str::to_owned))
+                {
+                    let child = path.join_path(&FsPath::parse(&first)?);
+                    out.retain(|f: &FileInfo| f.path != child);
+                    out.push(FileInfo::dir(child));
+                }
+            }
+            out.sort_by(|a, b| a.path.cmp(&b.path));
+            out.dedup_by(|a, b| a.path == b.path);
+            Ok(out)
         }
-        let (fs, inner, prefix) = self.route(path);
-        if inner.is_root() {
-            return Err(Error::IsDirectory {
-                path: path.to_string(),
-            });
-        }
-        fs.write(&inner, data, options)
-            .await
-            .map_err(|e| Self::err(&prefix, e))
-    }
-    async fn delete(&self, path: &FsPath, options: DeleteOptions) -> Result<()> {
-        let (fs, inner, prefix) = self.route(path);
-        if inner.is_root() || self.mounts_below(path).next().is_some() {
-            return Err(Error::not_supported(
-                "delete",
-                format!("{path} contains a mount point"),
-            ));
-        }
-        fs.delete(&inner, options)
-            .await
-            .map_err(|e| Self::err(&prefix, e))
-    }
-    async fn rename(&self, from: &FsPath, to: &FsPath, options: RenameOptions) -> Result<()> {
-        let (ffs, finner, fprefix) = self.route(from);
-        let (tfs, tinner, tprefix) = self.route(to);
-        if finner.is_root() || tinner.is_root() || self.mounts_below(from).next().is_some() {
-            return Err(Error::not_supported(
-                "rename",
-                "mount points cannot be moved",
-            ));
-        }
-        if fprefix == tprefix {
-            return ffs
-                .rename(&finner, &tinner, options)
+        async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
+            let (fs, inner, prefix) = self.route(path);
+            fs.read_bytes(&inner)
                 .await
-                .map_err(|e| Self::err(&fprefix, e));
+                .map_err(|e| Self::err(&prefix, e))
         }
-        let info = ffs
-            .stat(&finner)
-            .await
-            .map_err(|e| Self::err(&fprefix, e))?;
-        if info.is_dir() {
-            return Err(Error::not_supported(
-                "rename",
-                "moving a directory across backends",
-            ));
+        async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version> {
+            if self.mounts_below(path).next().is_some() || path.is_root() {
+                return Err(Error::IsDirectory {
+                    path: path.to_string(),
+                });
+            }
+            let (fs, inner, prefix) = self.route(path);
+            if inner.is_root() {
+                return Err(Error::IsDirectory {
+                    path: path.to_string(),
+                });
+            }
+            fs.write(&inner, data, options)
+                .await
+                .map_err(|e| Self::err(&prefix, e))
         }
-        let data = ffs
-            .read_bytes(&finner)
-            .await
-            .map_err(|e| Self::err(&fprefix, e))?;
-        let opts = if options.overwrite {
-            WriteOptions::default()
-        } else {
-            WriteOptions::create_new()
-        };
-        tfs.write(&tinner, data, opts)
-            .await
-            .map_err(|e| Self::err(&tprefix, e))?;
-        ffs.delete(&finner, DeleteOptions::default())
-            .await
-            .map_err(|e| Self::err(&fprefix, e))
-    }
-    async fn exists(&self, path: &FsPath) -> Result<bool> {
-        generic::exists(self, path).await
-    }
-    async fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
-        let (fs, inner, prefix) = self.route(path);
-        fs.read_range(&inner, offset, len)
-            .await
-            .map_err(|e| Self::err(&prefix, e))
-    }
-    async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
-        let (fs, inner, prefix) = self.route(path);
-        fs.read(&inner, window)
-            .await
-            .map_err(|e| Self::err(&prefix, e))
-    }
-    async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
-        let (fs, inner, prefix) = self.route(path);
-        if inner.is_root() || self.mounts_below(path).next().is_some() {
-            return Err(Error::IsDirectory {
-                path: path.to_string(),
-            });
+        async fn delete(&self, path: &FsPath, options: DeleteOptions) -> Result<()> {
+            let (fs, inner, prefix) = self.route(path);
+            if inner.is_root() || self.mounts_below(path).next().is_some() {
+                return Err(Error::not_supported(
+                    "delete",
+                    format!("{path} contains a mount point"),
+                ));
+            }
+            fs.delete(&inner, options)
+                .await
+                .map_err(|e| Self::err(&prefix, e))
         }
-        fs.append(&inner, data)
-            .await
-            .map_err(|e| Self::err(&prefix, e))
-    }
-    async fn edit(&self, path: &FsPath, request: &EditRequest) -> Result<EditOutcome> {
-        let (fs, inner, prefix) = self.route(path);
-        fs.edit(&inner, request)
-            .await
-            .map_err(|e| Self::err(&prefix, e))
-    }
-    async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
-        if self.mounts_below(&request.path).next().is_some() {
-            return generic::grep_via_walk(self, request).await;
+        async fn rename(&self, from: &FsPath, to: &FsPath, options: RenameOptions) -> Result<()> {
+            let (ffs, finner, fprefix) = self.route(from);
+            let (tfs, tinner, tprefix) = self.route(to);
+            if finner.is_root() || tinner.is_root() || self.mounts_below(from).next().is_some() {
+                return Err(Error::not_supported(
+                    "rename",
+                    "mount points cannot be moved",
+                ));
+            }
+            if fprefix == tprefix {
+                return ffs
+                    .rename(&finner, &tinner, options)
+                    .await
+                    .map_err(|e| Self::err(&fprefix, e));
+            }
+            let info = ffs
+                .stat(&finner)
+                .await
+                .map_err(|e| Self::err(&fprefix, e))?;
+            if info.is_dir() {
+                return Err(Error::not_supported(
+                    "rename",
+                    "moving a directory across backends",
+                ));
+            }
+            let data = ffs
+                .read_bytes(&finner)
+                .await
+                .map_err(|e| Self::err(&fprefix, e))?;
+            let opts = if options.overwrite {
+                WriteOptions::default()
+            } else {
+                WriteOptions::create_new()
+            };
+            tfs.write(&tinner, data, opts)
+                .await
+                .map_err(|e| Self::err(&tprefix, e))?;
+            ffs.delete(&finner, DeleteOptions::default())
+                .await
+                .map_err(|e| Self::err(&fprefix, e))
         }
-        let (fs, inner, prefix) = self.route(&request.path);
-        let req = GrepRequest {
-            path: inner,
-            ..request.clone()
-        };
-        let mut out = fs.grep(&req).await.map_err(|e| Self::err(&prefix, e))?;
-        for m in &mut out.matches {
-            m.path = prefix.join_path(&m.path);
+        async fn exists(&self, path: &FsPath) -> Result<bool> {
+            generic::exists(self, path).await
         }
-        Ok(out)
-    }
-    async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
-        if self.mounts_below(&request.path).next().is_some() {
-            return generic::glob_via_walk(self, request).await;
+        async fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
+            let (fs, inner, prefix) = self.route(path);
+            fs.read_range(&inner, offset, len)
+                .await
+                .map_err(|e| Self::err(&prefix, e))
         }
-        let (fs, inner, prefix) = self.route(&request.path);
-        let req = GlobRequest {
-            path: inner,
-            ..request.clone()
-        };
-        let mut out = fs.glob(&req).await.map_err(|e| Self::err(&prefix, e))?;
-        out.files = out
-            .files
-            .into_iter()
-            .map(|f| Self::out(&prefix, f))
-            .collect();
-        Ok(out)
-    }
-    async fn upload(&self, files: Vec<(FsPath, Vec<u8>)>) -> Vec<Result<()>> {
-        let mut out = Vec::with_capacity(files.len());
-        for (p, d) in files {
-            out.push(self.write(&p, d, WriteOptions::default()).await.map(|_| ()));
+        async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
+            let (fs, inner, prefix) = self.route(path);
+            if inner.is_root() || self.mounts_below(path).next().is_some() {
+                return Err(Error::IsDirectory {
+                    path: path.to_string(),
+                });
+            }
+            fs.append(&inner, data)
+                .await
+                .map_err(|e| Self::err(&prefix, e))
         }
-        out
-    }
-    async fn download(&self, paths: &[FsPath]) -> Vec<Result<Vec<u8>>> {
-        let mut out = Vec::with_capacity(paths.len());
-        for p in paths {
-            out.push(self.read_bytes(p).await);
+        async fn edit(&self, path: &FsPath, request: &EditRequest) -> Result<EditOutcome> {
+            let (fs, inner, prefix) = self.route(path);
+            fs.edit(&inner, request)
+                .await
+                .map_err(|e| Self::err(&prefix, e))
         }
-        out
+        async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
+            if self.mounts_below(&request.path).next().is_some() {
+                return generic::grep_via_walk(self, request).await;
+            }
+            let (fs, inner, prefix) = self.route(&request.path);
+            let req = GrepRequest {
+                path: inner,
+                ..request.clone()
+            };
+            let mut out = fs.grep(&req).await.map_err(|e| Self::err(&prefix, e))?;
+            for m in &mut out.matches {
+                m.path = prefix.join_path(&m.path);
+            }
+            Ok(out)
+        }
+        async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
+            if self.mounts_below(&request.path).next().is_some() {
+                return generic::glob_via_walk(self, request).await;
+            }
+            let (fs, inner, prefix) = self.route(&request.path);
+            let req = GlobRequest {
+                path: inner,
+                ..request.clone()
+            };
+            let mut out = fs.glob(&req).await.map_err(|e| Self::err(&prefix, e))?;
+            out.files = out
+                .files
+                .into_iter()
+                .map(|f| Self::out(&prefix, f))
+                .collect();
+            Ok(out)
+        }
     }
 }
 
@@ -567,170 +496,155 @@ fn or_not_found<T>(r: Result<T>) -> Result<Option<T>> {
     }
 }
 
-#[async_trait]
-impl Filesystem for OverlayFs {
-    async fn stat(&self, path: &FsPath) -> Result<FileInfo> {
-        match self.upper.stat(path).await {
-            Err(Error::NotFound { .. }) => self.lower.stat(path).await,
-            other => other,
-        }
-    }
-    async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
-        let up = or_not_found(self.upper.list(path).await)?;
-        let low = match self.lower.list(path).await {
-            Ok(v) => Some(v),
-            Err(Error::NotFound { .. } | Error::NotADirectory { .. }) if up.is_some() => None,
-            Err(Error::NotFound { .. }) => None,
-            Err(e) => return Err(e),
-        };
-        if up.is_none() && low.is_none() {
-            return Err(Error::NotFound {
-                path: path.to_string(),
-            });
-        }
-        let mut out = up.unwrap_or_default();
-        for f in low.unwrap_or_default() {
-            if !out.iter().any(|u| u.path == f.path) {
-                out.push(f);
+crate::forward_filesystem! {
+    impl Filesystem for OverlayFs {
+        async fn stat(&self, path: &FsPath) -> Result<FileInfo> {
+            match self.upper.stat(path).await {
+                Err(Error::NotFound { .. }) => self.lower.stat(path).await,
+                other => other,
             }
         }
-        out.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok(out)
-    }
-    async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
-        match self.upper.read_bytes(path).await {
-            Err(Error::NotFound { .. }) => self.lower.read_bytes(path).await,
-            other => other,
-        }
-    }
-    async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version> {
-        if let Ok(info) = self.lower.stat(path).await
-            && info.is_dir()
-        {
-            return Err(Error::IsDirectory {
-                path: path.to_string(),
-            });
-        }
-        let upper_has = self.upper.exists(path).await?;
-        match &options.mode {
-            WriteMode::CreateNew if !upper_has && self.lower_has(path).await? => {
-                Err(Error::AlreadyExists {
+        async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
+            let up = or_not_found(self.upper.list(path).await)?;
+            let low = match self.lower.list(path).await {
+                Ok(v) => Some(v),
+                Err(Error::NotFound { .. } | Error::NotADirectory { .. }) if up.is_some() => None,
+                Err(Error::NotFound { .. }) => None,
+                Err(e) => return Err(e),
+            };
+            if up.is_none() && low.is_none() {
+                return Err(Error::NotFound {
                     path: path.to_string(),
-                })
+                });
             }
-            WriteMode::IfMatch(v) if !upper_has => {
-                match or_not_found(self.lower.read_bytes(path).await)? {
-                    Some(cur) if Version::of(&cur) == *v => self
-                        .upper
-                        .write(path, data, WriteOptions::create_new())
-                        .await
-                        .map_err(|e| match e {
-                            Error::AlreadyExists { path } => Error::Conflict {
-                                path,
-                                reason: "written concurrently".into(),
-                            },
-                            e => e,
-                        }),
-                    Some(_) => Err(Error::Conflict {
-                        path: path.to_string(),
-                        reason: "the content is not the expected version".into(),
-                    }),
-                    None => Err(Error::Conflict {
-                        path: path.to_string(),
-                        reason: "the file no longer exists".into(),
-                    }),
+            let mut out = up.unwrap_or_default();
+            for f in low.unwrap_or_default() {
+                if !out.iter().any(|u| u.path == f.path) {
+                    out.push(f);
                 }
             }
-            _ => self.upper.write(path, data, options).await,
+            out.sort_by(|a, b| a.path.cmp(&b.path));
+            Ok(out)
         }
-    }
-    async fn delete(&self, path: &FsPath, options: DeleteOptions) -> Result<()> {
-        if self.upper.exists(path).await? {
-            return self.upper.delete(path, options).await;
+        async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
+            match self.upper.read_bytes(path).await {
+                Err(Error::NotFound { .. }) => self.lower.read_bytes(path).await,
+                other => other,
+            }
         }
-        if self.lower_has(path).await? {
-            return Err(Error::not_supported(
-                "delete",
-                format!("{path} belongs to the shared read-only template"),
-            ));
+        async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version> {
+            if let Ok(info) = self.lower.stat(path).await
+                && info.is_dir()
+            {
+                return Err(Error::IsDirectory {
+                    path: path.to_string(),
+                });
+            }
+            let upper_has = self.upper.exists(path).await?;
+            match &options.mode {
+                WriteMode::CreateNew if !upper_has && self.lower_has(path).await? => {
+                    Err(Error::AlreadyExists {
+                        path: path.to_string(),
+                    })
+                }
+                WriteMode::IfMatch(v) if !upper_has => {
+                    match or_not_found(self.lower.read_bytes(path).await)? {
+                        Some(cur) if Version::of(&cur) == *v => self
+                            .upper
+                            .write(path, data, WriteOptions::create_new())
+                            .await
+                            .map_err(|e| match e {
+                                Error::AlreadyExists { path } => Error::Conflict {
+                                    path,
+                                    reason: "written concurrently".into(),
+                                },
+                                e => e,
+                            }),
+                        Some(_) => Err(Error::Conflict {
+                            path: path.to_string(),
+                            reason: "the content is not the expected version".into(),
+                        }),
+                        None => Err(Error::Conflict {
+                            path: path.to_string(),
+                            reason: "the file no longer exists".into(),
+                        }),
+                    }
+                }
+                _ => self.upper.write(path, data, options).await,
+            }
         }
-        Err(Error::NotFound {
-            path: path.to_string(),
-        })
-    }
-    async fn rename(&self, from: &FsPath, to: &FsPath, options: RenameOptions) -> Result<()> {
-        if !self.upper.exists(from).await? {
-            if self.lower_has(from).await? {
+        async fn delete(&self, path: &FsPath, options: DeleteOptions) -> Result<()> {
+            if self.upper.exists(path).await? {
+                return self.upper.delete(path, options).await;
+            }
+            if self.lower_has(path).await? {
                 return Err(Error::not_supported(
-                    "rename",
-                    format!("{from} belongs to the shared read-only template"),
+                    "delete",
+                    format!("{path} belongs to the shared read-only template"),
                 ));
             }
-            return Err(Error::NotFound {
-                path: from.to_string(),
-            });
+            Err(Error::NotFound {
+                path: path.to_string(),
+            })
         }
-        if from != to && !options.overwrite && self.lower_has(to).await? {
-            return Err(Error::AlreadyExists {
-                path: to.to_string(),
-            });
+        async fn rename(&self, from: &FsPath, to: &FsPath, options: RenameOptions) -> Result<()> {
+            if !self.upper.exists(from).await? {
+                if self.lower_has(from).await? {
+                    return Err(Error::not_supported(
+                        "rename",
+                        format!("{from} belongs to the shared read-only template"),
+                    ));
+                }
+                return Err(Error::NotFound {
+                    path: from.to_string(),
+                });
+            }
+            if from != to && !options.overwrite && self.lower_has(to).await? {
+                return Err(Error::AlreadyExists {
+                    path: to.to_string(),
+                });
+            }
+            self.upper.rename(from, to, options).await
         }
-        self.upper.rename(from, to, options).await
-    }
-    async fn exists(&self, path: &FsPath) -> Result<bool> {
-        Ok(self.upper.exists(path).await? || self.lower.exists(path).await?)
-    }
-    async fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
-        match self.upper.read_range(path, offset, len).await {
-            Err(Error::NotFound { .. }) => self.lower.read_range(path, offset, len).await,
-            other => other,
+        async fn exists(&self, path: &FsPath) -> Result<bool> {
+            Ok(self.upper.exists(path).await? || self.lower.exists(path).await?)
         }
-    }
-    async fn read(&self, path: &FsPath, window: ReadWindow) -> Result<TextWindow> {
-        match self.upper.read(path, window).await {
-            Err(Error::NotFound { .. }) => self.lower.read(path, window).await,
-            other => other,
+        async fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
+            match self.upper.read_range(path, offset, len).await {
+                Err(Error::NotFound { .. }) => self.lower.read_range(path, offset, len).await,
+                other => other,
+            }
         }
-    }
-    async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
-        if !self.upper.exists(path).await?
-            && let Some(mut cur) = or_not_found(self.lower.read_bytes(path).await)?
-        {
-            cur.extend_from_slice(&data);
-            return match self
-                .upper
-                .write(path, cur, WriteOptions::create_new())
-                .await
+        async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
+            if !self.upper.exists(path).await?
+                && let Some(mut cur) = or_not_found(self.lower.read_bytes(path).await)?
             {
-                Ok(_) => Ok(()),
-                // Copied up concurrently: append to the copy.
-                Err(Error::AlreadyExists { .. }) => self.upper.append(path, data).await,
-                Err(e) => Err(e),
-            };
+                cur.extend_from_slice(&data);
+                return match self
+                    .upper
+                    .write(path, cur, WriteOptions::create_new())
+                    .await
+                {
+                    Ok(_) => Ok(()),
+                    // Copied up concurrently: append to the copy.
+                    Err(Error::AlreadyExists { .. }) => self.upper.append(path, data).await,
+                    Err(e) => Err(e),
+                };
+            }
+            self.upper.append(path, data).await
         }
-        self.upper.append(path, data).await
-    }
-    async fn edit(&self, path: &FsPath, request: &EditRequest) -> Result<EditOutcome> {
-        if self.upper.exists(path).await? {
-            return self.upper.edit(path, request).await;
+        async fn edit(&self, path: &FsPath, request: &EditRequest) -> Result<EditOutcome> {
+            if self.upper.exists(path).await? {
+                return self.upper.edit(path, request).await;
+            }
+            generic::edit_via_cas(self, path, request).await
         }
-        generic::edit_via_cas(self, path, request).await
-    }
-    async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
-        generic::grep_via_walk(self, request).await
-    }
-    async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
-        generic::glob_via_walk(self, request).await
-    }
-    async fn upload(&self, files: Vec<(FsPath, Vec<u8>)>) -> Vec<Result<()>> {
-        self.upper.upload(files).await
-    }
-    async fn download(&self, paths: &[FsPath]) -> Vec<Result<Vec<u8>>> {
-        let mut out = Vec::with_capacity(paths.len());
-        for p in paths {
-            out.push(self.read_bytes(p).await);
+        async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
+            generic::grep_via_walk(self, request).await
         }
-        out
+        async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
+            generic::glob_via_walk(self, request).await
+        }
     }
 }
 

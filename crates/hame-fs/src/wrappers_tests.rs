@@ -3,8 +3,8 @@
 use pretty_assertions::assert_eq;
 
 use super::*;
-use crate::InMemoryFs;
 use crate::codes;
+use crate::{FilesystemExt, InMemoryFs};
 
 type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
 
@@ -29,6 +29,21 @@ fn template() -> Arc<dyn Filesystem> {
 #[tokio::test]
 async fn conformance_prefix() {
     crate::conformance::run_all(&PrefixFs::new(InMemoryFs::new(), p("tenants/t1"))).await;
+}
+
+#[tokio::test]
+async fn conformance_read_only() {
+    let mem = Arc::new(InMemoryFs::new());
+    crate::conformance::run_read_only(&*mem, &ReadOnlyFs::new(mem.clone())).await;
+}
+
+#[cfg(feature = "local")]
+#[tokio::test]
+async fn conformance_read_only_on_disk() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let local = crate::LocalFs::new(dir.path())?;
+    crate::conformance::run_read_only(&local, &ReadOnlyFs::new(local.clone())).await;
+    Ok(())
 }
 
 #[tokio::test]
@@ -130,12 +145,7 @@ async fn overlay_reads_through_writes_up_and_never_touches_the_template() -> Tes
         upper.read_bytes(&p("tpl/knowledge/k.md")).await?,
         b"knowledge\nmore\n"
     );
-    let names: Vec<String> = fs
-        .list(&FsPath::root())
-        .await?
-        .iter()
-        .map(|f| f.path.to_string())
-        .collect();
+    let names = crate::conformance::paths(&fs.list(&FsPath::root()).await?);
     assert_eq!(names, vec!["/AGENTS.md", "/tpl"]);
     // Deleting the override reverts to the template; the template itself cannot be deleted.
     fs.delete(&agents, DeleteOptions::default()).await?;
@@ -185,12 +195,7 @@ async fn composite_routes_by_longest_prefix_and_merges() -> TestResult {
     assert_eq!(memory.read_bytes(&p("m.md")).await?, b"needle m");
     assert_eq!(sessions.read_bytes(&p("s.jsonl")).await?, b"needle s");
     assert!(!memory.exists(&p("sessions/s.jsonl")).await?);
-    let names: Vec<String> = fs
-        .list(&FsPath::root())
-        .await?
-        .iter()
-        .map(|f| f.path.to_string())
-        .collect();
+    let names = crate::conformance::paths(&fs.list(&FsPath::root()).await?);
     assert_eq!(names, vec!["/a.txt", "/memory"]);
     let hits = fs.grep(&GrepRequest::new("needle")).await?;
     let paths: Vec<String> = hits.matches.iter().map(|m| m.path.to_string()).collect();

@@ -305,7 +305,7 @@ impl HarnessAgentBuilder {
         let recorder = Arc::new(SessionRecorder::new(name.clone()));
 
         let mut tools = ToolSet::new();
-        for t in crate::tools::builtin_tools(&tenancy, &name, exec, memory.is_some())? {
+        for t in crate::tools::builtin_tools(&name, exec.is_some(), memory.is_some())? {
             tools.register(t);
         }
         if let Some(layer) = &memory {

@@ -5,14 +5,14 @@
 //! `global/`, see `hame_fs::Namespace`). Tenants read the template through an overlay, so
 //! the template must not show the runtime roots, or one tenant could read another's files
 //! through it. This wrapper hides them: paths under a hidden root do not exist, listings and
-//! searches leave them out. It is read-only.
+//! searches leave them out. It is read-only. It implements every `Filesystem` method
+//! (through `hame_fs::forward_filesystem!`) and runs the read-only conformance suite.
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use hame_fs::{
-    DeleteOptions, Error, FileInfo, Filesystem, FsPath, GlobOutput, GlobRequest, GrepOutput,
-    GrepRequest, RenameOptions, Result, Version, WriteOptions, generic,
+    DeleteOptions, EditOutcome, EditRequest, Error, FileInfo, Filesystem, FsPath, GlobOutput,
+    GlobRequest, GrepOutput, GrepRequest, RenameOptions, Result, Version, WriteOptions, generic,
 };
 
 /// Top-level directories that hold runtime data and never appear in the template.
@@ -53,59 +53,82 @@ impl TemplateFs {
     }
 }
 
-#[async_trait]
-impl Filesystem for TemplateFs {
-    async fn stat(&self, path: &FsPath) -> Result<FileInfo> {
-        Self::check(path)?;
-        self.inner.stat(path).await
-    }
+// Every method is written out (none forwarded blindly): each one applies the hiding rule.
+// `forward_filesystem!` refuses to compile if one is missing.
+hame_fs::forward_filesystem! {
+    impl Filesystem for TemplateFs {
+        async fn stat(&self, path: &FsPath) -> Result<FileInfo> {
+            Self::check(path)?;
+            self.inner.stat(path).await
+        }
 
-    async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
-        Self::check(path)?;
-        let mut entries = self.inner.list(path).await?;
-        entries.retain(|e| !Self::hidden(&e.path));
-        Ok(entries)
-    }
+        async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
+            Self::check(path)?;
+            let mut entries = self.inner.list(path).await?;
+            entries.retain(|e| !Self::hidden(&e.path));
+            Ok(entries)
+        }
 
-    async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
-        Self::check(path)?;
-        self.inner.read_bytes(path).await
-    }
+        async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
+            Self::check(path)?;
+            self.inner.read_bytes(path).await
+        }
 
-    async fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
-        Self::check(path)?;
-        self.inner.read_range(path, offset, len).await
-    }
+        async fn exists(&self, path: &FsPath) -> Result<bool> {
+            if Self::hidden(path) {
+                return Ok(false);
+            }
+            self.inner.exists(path).await
+        }
 
-    async fn write(
-        &self,
-        path: &FsPath,
-        _data: Vec<u8>,
-        _options: WriteOptions,
-    ) -> Result<Version> {
-        Err(Self::read_only(path))
-    }
+        async fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
+            Self::check(path)?;
+            self.inner.read_range(path, offset, len).await
+        }
 
-    async fn delete(&self, path: &FsPath, _options: DeleteOptions) -> Result<()> {
-        Err(Self::read_only(path))
-    }
+        async fn write(
+            &self,
+            path: &FsPath,
+            _data: Vec<u8>,
+            _options: WriteOptions,
+        ) -> Result<Version> {
+            Err(Self::read_only(path))
+        }
 
-    async fn rename(&self, from: &FsPath, _to: &FsPath, _options: RenameOptions) -> Result<()> {
-        Err(Self::read_only(from))
-    }
+        async fn delete(&self, path: &FsPath, _options: DeleteOptions) -> Result<()> {
+            Err(Self::read_only(path))
+        }
 
-    async fn append(&self, path: &FsPath, _data: Vec<u8>) -> Result<()> {
-        Err(Self::read_only(path))
-    }
+        async fn rename(&self, from: &FsPath, _to: &FsPath, _options: RenameOptions) -> Result<()> {
+            Err(Self::read_only(from))
+        }
 
-    async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
-        Self::check(&request.path)?;
-        generic::grep_via_walk(self, request).await
-    }
+        async fn append(&self, path: &FsPath, _data: Vec<u8>) -> Result<()> {
+            Err(Self::read_only(path))
+        }
 
-    async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
-        Self::check(&request.path)?;
-        generic::glob_via_walk(self, request).await
+        async fn edit(&self, path: &FsPath, _request: &EditRequest) -> Result<EditOutcome> {
+            Err(Self::read_only(path))
+        }
+
+        async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
+            Self::check(&request.path)?;
+            if request.path.is_root() {
+                // Only a search from the root can reach a hidden root: walk our own
+                // (filtered) listing. Below the root, the inner backend's native search sees
+                // exactly what we show.
+                return generic::grep_via_walk(self, request).await;
+            }
+            self.inner.grep(request).await
+        }
+
+        async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
+            Self::check(&request.path)?;
+            if request.path.is_root() {
+                return generic::glob_via_walk(self, request).await;
+            }
+            self.inner.glob(request).await
+        }
     }
 }
 
@@ -113,6 +136,21 @@ impl Filesystem for TemplateFs {
 mod tests {
     use super::*;
     use hame_fs::InMemoryFs;
+
+    #[tokio::test]
+    async fn conformance_read_only() {
+        let mem = Arc::new(InMemoryFs::new());
+        hame_fs::conformance::run_read_only(&*mem, &TemplateFs::new(mem.clone())).await;
+    }
+
+    #[tokio::test]
+    async fn conformance_read_only_on_disk() -> std::result::Result<(), Box<dyn std::error::Error>>
+    {
+        let dir = tempfile::tempdir()?;
+        let local: Arc<dyn Filesystem> = Arc::new(hame_fs::LocalFs::new(dir.path())?);
+        hame_fs::conformance::run_read_only(&*local, &TemplateFs::new(local.clone())).await;
+        Ok(())
+    }
 
     #[tokio::test]
     async fn runtime_roots_are_invisible() -> Result<()> {

@@ -4,40 +4,30 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hame_core::Tool;
-use hame_fs::{Execute, FsToolOptions, LocalShell, ShellOptions};
+use hame_fs::{Execute, LocalShell, ShellOptions};
 use hame_session::SessionToolOptions;
+use hame_tools::FsToolOptions;
 
 use crate::error::{Error, Result};
-use crate::tenancy::Tenancy;
 
 /// Output cap of `read_file` and `execute` when large results are offloaded (memory on).
 pub const OFFLOADED_OUTPUT_CAP: usize = 1_000_000;
 
-/// The built-in tools: the file tools over the caller's namespace (`read_file`,
+/// The built-in tools: the file tools over the caller's workspace handle (`read_file`,
 /// `write_file`, `edit_file`, `grep_files`, `glob_files`, `list_files`), `execute` when the
 /// mode has a shell (local mode; it runs `sh -c` in the workspace and is not a security
 /// boundary), and the session tools (`session_list`, `session_history`).
 ///
 /// With `offloading` (memory on), results over the offload threshold are moved out of the
 /// context by the memory layer, so `read_file` and `execute` may return up to
-/// [`OFFLOADED_OUTPUT_CAP`] characters; without it they keep the smaller `hame-fs`
+/// [`OFFLOADED_OUTPUT_CAP`] characters; without it they keep the smaller `hame-tools`
 /// defaults (100,000), which bound the context on their own.
-pub fn builtin_tools(
-    tenancy: &Arc<Tenancy>,
-    agent: &str,
-    executor: Option<Arc<dyn Execute>>,
-    offloading: bool,
-) -> Result<Vec<Arc<dyn Tool>>> {
-    let mut fs_options = FsToolOptions::default();
+pub fn builtin_tools(agent: &str, shell: bool, offloading: bool) -> Result<Vec<Arc<dyn Tool>>> {
+    let mut options = FsToolOptions::default();
     if offloading {
-        fs_options.max_read_chars = OFFLOADED_OUTPUT_CAP;
+        options.max_read_chars = OFFLOADED_OUTPUT_CAP;
     }
-    let options = FsToolOptions {
-        isolation: Some(tenancy.isolation.clone()),
-        executor,
-        ..fs_options
-    };
-    let mut tools = hame_fs::fs_tools(tenancy.store.clone(), options);
+    let mut tools = hame_tools::workspace_tools(options, shell);
 
     tools.extend(
         hame_session::session_tools(agent, SessionToolOptions::default())

@@ -58,9 +58,10 @@ pub mod harness {
     pub use hame_harness::*;
 }
 
-/// The filesystem layer (`hame-fs`).
+/// The filesystem layer (`hame-fs`), with the file tools of `hame-tools` beside it.
 pub mod fs {
     pub use hame_fs::*;
+    pub use hame_tools::{FsToolOptions, fs_tools, fs_tools_with_execute};
     /// Shared-store backends (`hame-fs-remote`): Redis and object storage.
     pub mod remote {
         pub use hame_fs_remote::*;

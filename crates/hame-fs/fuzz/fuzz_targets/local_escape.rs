@@ -26,8 +26,8 @@ use std::sync::OnceLock;
 
 use arbitrary::Arbitrary;
 use hame_fs::{
-    DeleteOptions, EditRequest, FileInfo, Filesystem, FsPath, GlobRequest, GrepRequest, LocalFs,
-    ReadWindow, RenameOptions, WriteOptions,
+    DeleteOptions, EditRequest, FileInfo, Filesystem, FilesystemExt, FsPath, GlobRequest,
+    GrepRequest, LocalFs, ReadWindow, RenameOptions, WriteOptions,
 };
 use libfuzzer_sys::fuzz_target;
 

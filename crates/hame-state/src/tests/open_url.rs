@@ -103,7 +103,10 @@ mod json {
         assert_eq!(doc["agent"], "agent");
         assert_eq!(doc["user"], serde_json::Value::Null);
         assert_eq!(doc["session"], "s1");
-        assert_eq!(doc["state"]["schema_version"], 1);
+        assert_eq!(
+            doc["state"]["schema_version"],
+            hame_core::STATE_SCHEMA_VERSION
+        );
         // No temp files are left behind.
         let names: Vec<String> = fs::read_dir(path.parent().unwrap_or(&path))
             .map_err(|e| Error::io(&path, e))?

@@ -5,8 +5,7 @@ use pretty_assertions::assert_eq;
 use serde_json::json;
 
 use super::*;
-use crate::InMemoryFs;
-use crate::namespace::Scope;
+use hame_fs::{InMemoryFs, Scope};
 
 fn ctx(user: &str, session: &str) -> ToolContext {
     ToolContext::new(RuntimeContext::new(session).with_user(user), "c1")
@@ -25,6 +24,53 @@ async fn call(
     tool(tools, name).call(args, c).await
 }
 
+/// `write_file` that must succeed.
+async fn write(tools: &[Arc<dyn Tool>], file_path: &str, content: &str, c: &ToolContext) {
+    run(
+        tools,
+        "write_file",
+        json!({"file_path": file_path, "content": content}),
+        c,
+    )
+    .await;
+}
+
+/// `edit_file` of `old` to `new`.
+async fn edit(
+    tools: &[Arc<dyn Tool>],
+    file_path: &str,
+    (old, new): (&str, &str),
+    c: &ToolContext,
+) -> ToolOutput {
+    let args = json!({"file_path": file_path, "old_string": old, "new_string": new});
+    call(tools, "edit_file", args, c).await
+}
+
+/// `call` that must succeed.
+async fn run(
+    tools: &[Arc<dyn Tool>],
+    name: &str,
+    args: serde_json::Value,
+    c: &ToolContext,
+) -> String {
+    call(tools, name, args, c).await.unwrap()
+}
+
+/// `call` that must fail; its error code.
+async fn fails(
+    tools: &[Arc<dyn Tool>],
+    name: &str,
+    args: serde_json::Value,
+    c: &ToolContext,
+) -> String {
+    code(call(tools, name, args, c).await)
+}
+
+/// What `fs` holds at `path`.
+async fn stored(fs: &Arc<dyn Filesystem>, path: &str) -> Vec<u8> {
+    fs.read_bytes(&FsPath::parse(path).unwrap()).await.unwrap()
+}
+
 fn code(r: ToolOutput) -> String {
     r.unwrap_err().code
 }
@@ -34,31 +80,31 @@ async fn two_tenants_never_see_each_other() {
     let store: Arc<dyn Filesystem> = Arc::new(InMemoryFs::new());
     let template: Arc<dyn Filesystem> =
         Arc::new(InMemoryFs::with_files([("AGENTS.md", b"shared rules\n".as_slice())]).unwrap());
-    let tools = fs_tools(
-        store.clone(),
-        FsToolOptions {
-            isolation: Some(Isolation {
-                agent_id: "coder".into(),
-                scope: Scope::User,
-                template: Some(template),
-            }),
-            ..FsToolOptions::default()
-        },
-    );
-    let (alice, bob) = (ctx("alice", "s1"), ctx("bob", "s1"));
-    call(
-        &tools,
-        "write_file",
-        json!({"file_path": "/notes.md", "content": "alice secret"}),
-        &alice,
-    )
-    .await
-    .unwrap();
+    // Each call carries its tenant's handle, as the harness makes it: its namespace in the
+    // store over the read-only template.
+    let tools = crate::workspace_tools(FsToolOptions::default(), false);
+    let iso = hame_fs::Isolation {
+        agent_id: "coder".into(),
+        scope: Scope::User,
+        template: Some(template),
+    };
+    let tenant = |user: &str| -> hame_core::ToolContext {
+        let files = iso.fs_for(&store, Some(user), "s1").unwrap();
+        let mut ext = hame_core::Extensions::new();
+        ext.insert(crate::Workspace::new(
+            crate::Identity::new("coder", Some(user), "s1"),
+            crate::WorkspaceMode::SharedStore,
+            files.clone(),
+            files,
+        ));
+        ctx(user, "s1").with_extensions(ext)
+    };
+    let (alice, bob) = (tenant("alice"), tenant("bob"));
+    write(&tools, "/notes.md", "alice secret", &alice).await;
     // Bob sees the shared template but none of Alice's files, by any path.
     assert!(
-        call(&tools, "read_file", json!({"file_path": "AGENTS.md"}), &bob)
+        run(&tools, "read_file", json!({"file_path": "AGENTS.md"}), &bob)
             .await
-            .unwrap()
             .contains("shared rules")
     );
     for p in [
@@ -71,60 +117,40 @@ async fn two_tenants_never_see_each_other() {
         let r = call(&tools, "read_file", json!({"file_path": p}), &bob).await;
         assert!(r.is_err(), "{p}: {r:?}");
     }
-    let grep = call(&tools, "grep_files", json!({"pattern": "secret"}), &bob)
-        .await
-        .unwrap();
+    let grep = run(&tools, "grep_files", json!({"pattern": "secret"}), &bob).await;
     assert_eq!(grep, "No matches.");
-    let glob = call(&tools, "glob_files", json!({"pattern": "**"}), &bob)
-        .await
-        .unwrap();
+    let glob = run(&tools, "glob_files", json!({"pattern": "**"}), &bob).await;
     assert_eq!(glob, "/AGENTS.md\n");
-    let list = call(&tools, "list_files", json!({}), &bob).await.unwrap();
+    let list = run(&tools, "list_files", json!({}), &bob).await;
     assert_eq!(list, "/AGENTS.md (13 bytes)\n");
-    let e = call(
-        &tools,
-        "edit_file",
-        json!({"file_path": "/notes.md", "old_string": "alice", "new_string": "bob"}),
-        &bob,
-    )
-    .await;
+    let e = edit(&tools, "/notes.md", ("alice", "bob"), &bob).await;
     assert_eq!(code(e), "file_not_found");
     // Bob's own file with the same name is a different file.
-    call(
-        &tools,
-        "write_file",
-        json!({"file_path": "/notes.md", "content": "bob"}),
-        &bob,
-    )
-    .await
-    .unwrap();
+    write(&tools, "/notes.md", "bob", &bob).await;
     assert_eq!(
-        store
-            .read_bytes(&FsPath::parse("agents/coder/users/alice/home/notes.md").unwrap())
-            .await
-            .unwrap(),
+        stored(&store, "agents/coder/users/alice/home/notes.md").await,
         b"alice secret"
     );
     assert_eq!(
-        store
-            .read_bytes(&FsPath::parse("agents/coder/users/bob/home/notes.md").unwrap())
-            .await
-            .unwrap(),
+        stored(&store, "agents/coder/users/bob/home/notes.md").await,
         b"bob"
     );
-    // An id that tries to climb is refused.
-    let evil = ctx("../alice", "s1");
+    // An id that tries to climb gets no handle at all, and a call without a handle reaches
+    // no tenant's files.
+    let evil = iso
+        .fs_for(&store, Some("../alice"), "s1")
+        .map(|_| ())
+        .map_err(|e| e.code());
+    assert_eq!(evil, Err("invalid_path"));
     assert_eq!(
-        code(
-            call(
-                &tools,
-                "read_file",
-                json!({"file_path": "/notes.md"}),
-                &evil
-            )
-            .await
-        ),
-        "invalid_path"
+        fails(
+            &tools,
+            "read_file",
+            json!({"file_path": "/notes.md"}),
+            &ctx("../alice", "s1")
+        )
+        .await,
+        "tool_failed"
     );
 }
 
@@ -135,13 +161,8 @@ async fn write_requires_a_fresh_read_and_edit_keeps_crlf() {
     let tools = fs_tools(fs.clone(), FsToolOptions::default());
     let c = ctx("u", "s");
     let w = json!({"file_path": "a.txt", "content": "new"});
-    assert_eq!(
-        code(call(&tools, "write_file", w.clone(), &c).await),
-        "conflict"
-    );
-    let read = call(&tools, "read_file", json!({"file_path": "a.txt"}), &c)
-        .await
-        .unwrap();
+    assert_eq!(fails(&tools, "write_file", w.clone(), &c).await, "conflict");
+    let read = run(&tools, "read_file", json!({"file_path": "a.txt"}), &c).await;
     assert_eq!(read, "     1\tone\n     2\ttwo\n");
     // Someone else changes it after our read: the write is refused.
     fs.write(
@@ -151,49 +172,26 @@ async fn write_requires_a_fresh_read_and_edit_keeps_crlf() {
     )
     .await
     .unwrap();
-    assert_eq!(
-        code(call(&tools, "write_file", w.clone(), &c).await),
-        "conflict"
-    );
-    call(&tools, "read_file", json!({"file_path": "a.txt"}), &c)
+    assert_eq!(fails(&tools, "write_file", w.clone(), &c).await, "conflict");
+    run(&tools, "read_file", json!({"file_path": "a.txt"}), &c).await;
+    let out = edit(&tools, "a.txt", ("two\nthree", "2\n3"), &c)
         .await
         .unwrap();
-    let out = call(
-        &tools,
-        "edit_file",
-        json!({"file_path": "a.txt", "old_string": "two\nthree", "new_string": "2\n3"}),
-        &c,
-    )
-    .await
-    .unwrap();
     assert_eq!(out, "Edited /a.txt: 1 replacement.");
-    assert_eq!(
-        fs.read_bytes(&FsPath::parse("a.txt").unwrap())
-            .await
-            .unwrap(),
-        b"one\r\n2\r\n3\r\n"
-    );
-    call(&tools, "write_file", w, &c).await.unwrap();
-    let e = call(
-        &tools,
-        "edit_file",
-        json!({"file_path": "a.txt", "old_string": "", "new_string": "x"}),
-        &c,
-    )
-    .await;
+    assert_eq!(stored(&fs, "a.txt").await, b"one\r\n2\r\n3\r\n");
+    run(&tools, "write_file", w, &c).await;
+    let e = edit(&tools, "a.txt", ("", "x"), &c).await;
     assert_eq!(code(e), "invalid_arguments");
     // Another session has not read it.
     let other = ctx("u", "s2");
     assert_eq!(
-        code(
-            call(
-                &tools,
-                "write_file",
-                json!({"file_path": "a.txt", "content": "x"}),
-                &other
-            )
-            .await
-        ),
+        fails(
+            &tools,
+            "write_file",
+            json!({"file_path": "a.txt", "content": "x"}),
+            &other
+        )
+        .await,
         "conflict"
     );
 }
@@ -213,21 +211,18 @@ async fn read_pages_and_caps_lines() {
         },
     );
     let c = ctx("u", "s");
-    let first = call(&tools, "read_file", json!({"file_path": "f"}), &c)
-        .await
-        .unwrap();
+    let first = run(&tools, "read_file", json!({"file_path": "f"}), &c).await;
     assert!(
         first.ends_with("[showing lines 1-10 of 31; call read_file with offset=11 to continue]"),
         "{first}"
     );
-    let last = call(
+    let last = run(
         &tools,
         "read_file",
         json!({"file_path": "f", "offset": 31}),
         &c,
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(
         last,
         format!("    31\t{}… [line truncated]\n", "x".repeat(20))
@@ -268,21 +263,18 @@ async fn grep_and_glob_cap_their_output() {
         },
     );
     let c = ctx("u", "s");
-    let g = call(
+    let g = run(
         &tools,
         "grep_files",
         json!({"pattern": "hit", "literal": true}),
         &c,
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(
         g,
         "/d/f00.txt:1:hit\n/d/f01.txt:1:hit\n/d/f02.txt:1:hit\n[more results not shown (limit 3); narrow the search with path or glob]"
     );
-    let gl = call(&tools, "glob_files", json!({"pattern": "**/*.txt"}), &c)
-        .await
-        .unwrap();
+    let gl = run(&tools, "glob_files", json!({"pattern": "**/*.txt"}), &c).await;
     assert_eq!(
         gl,
         "/d/f00.txt\n/d/f01.txt\n[more files not shown (limit 2); use a narrower pattern or path]"
@@ -302,39 +294,37 @@ async fn grep_and_glob_cap_their_output() {
     );
 }
 
-#[cfg(feature = "local")]
 mod shell {
     use super::*;
-    use crate::{LocalShell, ShellOptions};
+    use hame_fs::{LocalShell, ShellOptions};
     use pretty_assertions::assert_eq;
 
-    fn shell_tools(dir: &std::path::Path, opts: ShellOptions) -> Vec<Arc<dyn Tool>> {
-        fs_tools(
+    /// The tools with a local shell rooted in a fresh directory.
+    fn shell_tools(opts: ShellOptions) -> (tempfile::TempDir, Vec<Arc<dyn Tool>>) {
+        let dir = tempfile::tempdir().unwrap();
+        let tools = fs_tools(
             Arc::new(InMemoryFs::new()),
             FsToolOptions {
-                executor: Some(Arc::new(LocalShell::new(dir, opts))),
+                executor: Some(Arc::new(LocalShell::new(dir.path(), opts))),
                 ..FsToolOptions::default()
             },
-        )
+        );
+        (dir, tools)
+    }
+
+    /// `execute` with these arguments, which must succeed.
+    async fn execute(tools: &[Arc<dyn Tool>], args: serde_json::Value) -> String {
+        run(tools, "execute", args, &ctx("u", "s")).await
     }
 
     #[tokio::test]
     async fn execute_reports_exit_code_and_clears_env() {
-        let dir = tempfile::tempdir().unwrap();
-        let opts = ShellOptions {
+        let (dir, tools) = shell_tools(ShellOptions {
             env: vec![("EXTRA".into(), "1".into())],
             ..ShellOptions::default()
-        };
-        let tools = shell_tools(dir.path(), opts);
-        let c = ctx("u", "s");
-        let out = call(
-            &tools,
-            "execute",
-            json!({"command": "pwd; env | sort | cut -d= -f1; echo oops >&2; exit 3"}),
-            &c,
-        )
-        .await
-        .unwrap();
+        });
+        let command = "pwd; env | sort | cut -d= -f1; echo oops >&2; exit 3";
+        let out = execute(&tools, json!({ "command": command })).await;
         let root = dir.path().canonicalize().unwrap();
         assert_eq!(
             out,
@@ -347,22 +337,13 @@ mod shell {
 
     #[tokio::test]
     async fn execute_kills_the_process_group_on_timeout() {
-        let dir = tempfile::tempdir().unwrap();
-        let opts = ShellOptions {
+        let (dir, tools) = shell_tools(ShellOptions {
             max_timeout: std::time::Duration::from_secs(1),
             ..ShellOptions::default()
-        };
-        let tools = shell_tools(dir.path(), opts);
-        let c = ctx("u", "s");
+        });
         // The background grandchild would create the marker after 2 s if it survived.
-        let out = call(
-            &tools,
-            "execute",
-            json!({"command": "(sleep 2; touch marker) & sleep 30", "timeout_secs": 100}),
-            &c,
-        )
-        .await
-        .unwrap();
+        let command = "(sleep 2; touch marker) & sleep 30";
+        let out = execute(&tools, json!({"command": command, "timeout_secs": 100})).await;
         assert!(out.contains("[timed out"), "{out}");
         tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
         assert!(
@@ -373,22 +354,11 @@ mod shell {
 
     #[tokio::test]
     async fn execute_truncates_output() {
-        let dir = tempfile::tempdir().unwrap();
-        let tools = shell_tools(
-            dir.path(),
-            ShellOptions {
-                max_output_bytes: 10,
-                ..ShellOptions::default()
-            },
-        );
-        let out = call(
-            &tools,
-            "execute",
-            json!({"command": "yes | head -c 100000"}),
-            &ctx("u", "s"),
-        )
-        .await
-        .unwrap();
+        let (_dir, tools) = shell_tools(ShellOptions {
+            max_output_bytes: 10,
+            ..ShellOptions::default()
+        });
+        let out = execute(&tools, json!({"command": "yes | head -c 100000"})).await;
         assert_eq!(
             out,
             "y\ny\ny\ny\ny\n\n[output truncated at 10 bytes]\n[exit code 0]"

@@ -8,16 +8,26 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use hame_core::{Tool, ToolContext, ToolError, ToolOutput, TypedTool, typed};
+use hame_fs::{
+    EditRequest, ExecRequest, Execute, Filesystem, FilesystemExt, FsPath, GlobRequest, GrepRequest,
+    ReadWindow, Version, WriteOptions, codes,
+};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
-use crate::error::codes;
-use crate::fs::{
-    EditRequest, ExecRequest, Execute, Filesystem, GlobRequest, GrepRequest, ReadWindow, Version,
-    WriteOptions,
-};
-use crate::namespace::Isolation;
-use crate::path::FsPath;
+use crate::error::ToToolError;
+use crate::workspace::{Workspace, WorkspaceExt};
+
+/// `?` for storage results inside a tool: the error becomes a [`ToolError`] with its code.
+trait OrToolError<T> {
+    fn or_tool(self) -> Result<T, ToolError>;
+}
+
+impl<T> OrToolError<T> for hame_fs::Result<T> {
+    fn or_tool(self) -> Result<T, ToolError> {
+        self.map_err(|e| e.to_tool_error())
+    }
+}
 
 /// Limits and defaults of the file tools.
 #[derive(Debug, Clone)]
@@ -41,8 +51,6 @@ pub struct FsToolOptions {
     pub max_tracked_sessions: usize,
     /// Paths remembered per session. Default 4096.
     pub max_tracked_paths: usize,
-    /// Per-call tenant isolation; `None` means every call sees the whole filesystem.
-    pub isolation: Option<Isolation>,
     /// Registers `execute` when set.
     pub executor: Option<Arc<dyn Execute>>,
 }
@@ -59,7 +67,6 @@ impl Default for FsToolOptions {
             require_read_before_overwrite: true,
             max_tracked_sessions: 1024,
             max_tracked_paths: 4096,
-            isolation: None,
             executor: None,
         }
     }
@@ -73,16 +80,20 @@ struct ReadTracker {
 
 #[derive(Debug)]
 struct Shared {
-    fs: Arc<dyn Filesystem>,
+    /// The files used when a call carries no workspace handle (standalone use); `None`:
+    /// such a call is refused.
+    fs: Option<Arc<dyn Filesystem>>,
     opts: FsToolOptions,
     reads: Mutex<ReadTracker>,
 }
 
 impl Shared {
+    /// The caller's files: those of its workspace handle, else the tools' own.
     fn fs(&self, ctx: &ToolContext) -> Result<Arc<dyn Filesystem>, ToolError> {
-        match &self.opts.isolation {
-            Some(iso) => iso.fs_for(&self.fs, &ctx.runtime).map_err(ToolError::from),
-            None => Ok(self.fs.clone()),
+        match (ctx.extensions.get::<Workspace>(), &self.fs) {
+            (Some(ws), _) => Ok(ws.files().clone()),
+            (None, Some(fs)) => Ok(fs.clone()),
+            (None, None) => ctx.workspace().map(|ws| ws.files().clone()),
         }
     }
 
@@ -134,7 +145,7 @@ impl Shared {
 }
 
 fn parse_path(s: &str) -> Result<FsPath, ToolError> {
-    FsPath::parse(s).map_err(ToolError::from)
+    FsPath::parse(s).or_tool()
 }
 
 fn cut(line: &str, max: usize) -> String {
@@ -144,9 +155,27 @@ fn cut(line: &str, max: usize) -> String {
     }
 }
 
-/// The file tools over `fs`. `execute` is included only when `options.executor` is set.
+/// The file tools over `fs` for calls without a workspace handle (standalone use; a call
+/// that carries a handle works on the handle's files). `execute` is included only when
+/// `options.executor` is set.
 pub fn fs_tools(fs: Arc<dyn Filesystem>, options: FsToolOptions) -> Vec<Arc<dyn Tool>> {
+    build(Some(fs), options, false)
+}
+
+/// The file tools over the caller's [`Workspace`] handle, the way the harness registers
+/// them: every call works on `ctx.workspace()?.files()`, and `execute` (registered when
+/// `execute` is true) on its shell; a call without a handle is refused.
+pub fn workspace_tools(options: FsToolOptions, execute: bool) -> Vec<Arc<dyn Tool>> {
+    build(None, options, execute)
+}
+
+fn build(
+    fs: Option<Arc<dyn Filesystem>>,
+    options: FsToolOptions,
+    execute: bool,
+) -> Vec<Arc<dyn Tool>> {
     let executor = options.executor.clone();
+    let with_execute = execute || executor.is_some();
     let shared = Arc::new(Shared {
         fs,
         opts: options,
@@ -160,8 +189,8 @@ pub fn fs_tools(fs: Arc<dyn Filesystem>, options: FsToolOptions) -> Vec<Arc<dyn 
         typed(GlobFiles(shared.clone())),
         typed(ListFiles(shared)),
     ];
-    if let Some(exec) = executor {
-        tools.push(typed(ExecuteTool(exec)));
+    if with_execute {
+        tools.push(typed(ExecuteTool(executor)));
     }
     tools
 }
@@ -217,7 +246,8 @@ impl TypedTool for ReadFile {
                     limit: Some(limit),
                 },
             )
-            .await?;
+            .await
+            .or_tool()?;
         self.0.record(ctx, &path, w.version.clone());
         if w.total_lines == 0 {
             return Ok(format!("{path} is empty."));
@@ -285,7 +315,7 @@ impl TypedTool for WriteFile {
         let len = bytes.len();
         let opts = if !self.0.opts.require_read_before_overwrite {
             WriteOptions::default()
-        } else if fs.exists(&path).await? {
+        } else if fs.exists(&path).await.or_tool()? {
             match self.0.read_version(ctx, &path) {
                 Some(v) => WriteOptions::if_match(v),
                 None => {
@@ -300,7 +330,7 @@ impl TypedTool for WriteFile {
         } else {
             WriteOptions::create_new()
         };
-        let version = fs.write(&path, bytes, opts).await?;
+        let version = fs.write(&path, bytes, opts).await.or_tool()?;
         self.0.record(ctx, &path, version);
         Ok(format!("Wrote {len} bytes to {path}."))
     }
@@ -345,7 +375,8 @@ impl TypedTool for EditFile {
                     replace_all: args.replace_all,
                 },
             )
-            .await?;
+            .await
+            .or_tool()?;
         self.0.record(ctx, &path, out.version);
         Ok(format!(
             "Edited {path}: {} replacement{}.",
@@ -402,7 +433,8 @@ impl TypedTool for GrepFiles {
                 glob: args.glob,
                 max_matches: self.0.opts.grep_max_results,
             })
-            .await?;
+            .await
+            .or_tool()?;
         if out.matches.is_empty() {
             return Ok("No matches.".into());
         }
@@ -457,7 +489,8 @@ impl TypedTool for GlobFiles {
                 path,
                 max_results: self.0.opts.glob_max_results,
             })
-            .await?;
+            .await
+            .or_tool()?;
         if out.files.is_empty() {
             return Ok("No files matched.".into());
         }
@@ -501,7 +534,7 @@ impl TypedTool for ListFiles {
     async fn run(&self, args: ListFilesArgs, ctx: &ToolContext) -> ToolOutput {
         let fs = self.0.fs(ctx)?;
         let path = parse_path(args.path.as_deref().unwrap_or("/"))?;
-        let entries = fs.list(&path).await?;
+        let entries = fs.list(&path).await.or_tool()?;
         if entries.is_empty() {
             return Ok(format!("{path} is empty."));
         }
@@ -524,8 +557,9 @@ impl TypedTool for ListFiles {
     }
 }
 
+/// Runs on the shell of the caller's handle, else on the tools' own executor.
 #[derive(Debug)]
-struct ExecuteTool(Arc<dyn Execute>);
+struct ExecuteTool(Option<Arc<dyn Execute>>);
 
 /// Arguments of `execute`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -555,8 +589,18 @@ impl TypedTool for ExecuteTool {
             command: args.command,
             timeout: args.timeout_secs.map(Duration::from_secs),
         };
+        let exec = match (ctx.extensions.get::<Workspace>(), &self.0) {
+            (Some(ws), _) => ws.exec().cloned(),
+            (None, own) => own.clone(),
+        }
+        .ok_or_else(|| {
+            ToolError::new(
+                hame_fs::codes::NOT_SUPPORTED,
+                "this workspace has no shell: run commands in a mode with one (local mode, or the sandbox)",
+            )
+        })?;
         let out = tokio::select! {
-            r = self.0.execute(req) => r?,
+            r = exec.execute(req) => r.or_tool()?,
             _ = ctx.cancel.cancelled() => return Err(ToolError::new(hame_core::codes::CANCELLED, "the command was cancelled")),
         };
         let mut s = if out.output.is_empty() {
