@@ -99,6 +99,39 @@ fn bad_url(url: &url::Url, why: impl fmt::Display) -> Error {
     ))
 }
 
+/// Refuses an S3 store with no credentials configured, before anything is sent: without
+/// them the AWS credential chain falls back to the cloud instance-metadata endpoint
+/// (169.254.169.254), which on any machine outside a cloud hangs and retries for a long
+/// time. Instance credentials stay available to those who ask for them by setting a
+/// metadata endpoint (`AWS_METADATA_ENDPOINT` / `aws_metadata_endpoint`).
+fn require_s3_credentials(options: &ObjectStoreOptions) -> Result<()> {
+    let config = |k: &str| {
+        options
+            .config
+            .iter()
+            .any(|(key, v)| key.eq_ignore_ascii_case(k) && !v.trim().is_empty())
+    };
+    let env = |k: &str| options.from_env && std::env::var(k).is_ok_and(|v| !v.trim().is_empty());
+    let set = |k: &str| {
+        config(&format!("aws_{k}")) || config(k) || env(&format!("AWS_{}", k.to_ascii_uppercase()))
+    };
+    let keys = set("access_key_id") && set("secret_access_key");
+    let web_identity = set("web_identity_token_file") && set("role_arn");
+    let container = env("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
+        || env("AWS_CONTAINER_CREDENTIALS_FULL_URI")
+        || config("aws_container_credentials_relative_uri");
+    let unsigned = config("aws_skip_signature") || env("AWS_SKIP_SIGNATURE");
+    let metadata = set("metadata_endpoint");
+    if keys || web_identity || container || unsigned || metadata {
+        return Ok(());
+    }
+    Err(Error::invalid_argument(
+        "no S3 credentials configured: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY \
+         (or AWS_WEB_IDENTITY_TOKEN_FILE with AWS_ROLE_ARN; or AWS_METADATA_ENDPOINT to use \
+         instance credentials); hame never probes the cloud metadata endpoint on its own",
+    ))
+}
+
 fn retry_config() -> RetryConfig {
     RetryConfig {
         max_retries: REQUEST_RETRIES,
@@ -163,6 +196,7 @@ impl ObjectStoreFs {
                 (Arc::new(local), String::new())
             }
             "s3" | "s3a" => {
+                require_s3_credentials(&options)?;
                 let builder = if options.from_env {
                     object_store::aws::AmazonS3Builder::from_env()
                 } else {

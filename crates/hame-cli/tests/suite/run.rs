@@ -172,6 +172,19 @@ async fn configuration_errors_exit_2_with_one_line() -> TestResult {
             ],
             "redis://***@127.0.0.1:9/0",
         ),
+        (
+            vec![
+                "run",
+                "--workspace",
+                &ws,
+                "--model",
+                "openai:m",
+                "--store",
+                "s3://bucket/prefix",
+                "hi",
+            ],
+            "AWS_ACCESS_KEY_ID",
+        ),
     ];
     for (args, needle) in cases {
         let out = output(hame(

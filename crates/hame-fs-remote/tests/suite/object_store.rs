@@ -177,3 +177,28 @@ async fn edit_many(fs: &ObjectStoreFs, tag: &str, n: usize) {
         fs.edit(&p("f"), &req).await.unwrap();
     }
 }
+
+/// Without credentials an S3 store is refused at once, naming what to set: the AWS
+/// credential chain would otherwise probe the cloud metadata endpoint.
+#[test]
+fn s3_without_credentials_is_refused_before_any_request() {
+    let mut options = ObjectStoreOptions::default()
+        .with("aws_endpoint", "http://127.0.0.1:9")
+        .with("aws_region", "us-east-1");
+    options.from_env = false;
+    let started = std::time::Instant::now();
+    let err = ObjectStoreFs::open("s3://bucket/prefix", "t", options)
+        .err()
+        .map(|e| (e.code(), e.to_string()));
+    assert!(started.elapsed() < std::time::Duration::from_millis(200));
+    let (code, message) = err.unwrap_or_default();
+    assert_eq!(code, hame_fs::codes::INVALID_ARGUMENTS);
+    assert!(message.contains("AWS_ACCESS_KEY_ID"), "{message}");
+    // A metadata endpoint set on purpose is the user's choice.
+    let mut chosen = ObjectStoreOptions::default()
+        .with("aws_endpoint", "http://127.0.0.1:9")
+        .with("aws_region", "us-east-1")
+        .with("aws_metadata_endpoint", "http://127.0.0.1:9");
+    chosen.from_env = false;
+    assert!(ObjectStoreFs::open("s3://bucket/prefix", "t", chosen).is_ok());
+}
