@@ -196,7 +196,6 @@ impl ObjectStoreFs {
                 (Arc::new(local), String::new())
             }
             "s3" | "s3a" => {
-                require_s3_credentials(&options)?;
                 let builder = if options.from_env {
                     object_store::aws::AmazonS3Builder::from_env()
                 } else {
@@ -208,6 +207,8 @@ impl ObjectStoreFs {
                     &parsed,
                     options
                 );
+                // Building sends nothing; the first request would probe for credentials.
+                require_s3_credentials(&options)?;
                 (Arc::new(s3), parsed.path().to_owned())
             }
             #[cfg(feature = "object-store-gcp")]
