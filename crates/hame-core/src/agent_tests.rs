@@ -355,6 +355,15 @@ impl Layer for Approvals {
     }
 }
 
+fn parts() -> (RuntimeContext, EventSink, CancellationToken, Extensions) {
+    (
+        RuntimeContext::new("s"),
+        EventSink::none(),
+        CancellationToken::new(),
+        Extensions::new(),
+    )
+}
+
 fn env<'a>(
     runtime: &'a RuntimeContext,
     events: &'a EventSink,
@@ -413,12 +422,7 @@ async fn a_suspended_call_resumes_from_the_saved_state() -> Result<()> {
     assert_eq!(model.requests().len(), 1);
 
     // An unknown id is refused and changes nothing.
-    let (rt, ev, cancel, ext) = (
-        RuntimeContext::new("s"),
-        EventSink::none(),
-        CancellationToken::new(),
-        Extensions::new(),
-    );
+    let (rt, ev, cancel, ext) = parts();
     let bad = a
         .resume(
             &mut state,
@@ -460,12 +464,7 @@ async fn a_denied_resume_gives_the_model_the_denial() -> Result<()> {
     let Err(Error::Suspended(s)) = run(&a, &mut state, "1+2").await else {
         panic!("expected a suspension");
     };
-    let (rt, ev, cancel, ext) = (
-        RuntimeContext::new("s"),
-        EventSink::none(),
-        CancellationToken::new(),
-        Extensions::new(),
-    );
+    let (rt, ev, cancel, ext) = parts();
     let out = a
         .resume(
             &mut state,

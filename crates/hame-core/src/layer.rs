@@ -157,40 +157,6 @@ pub trait Layer: Send + Sync + fmt::Debug + 'static {
     }
 }
 
-#[async_trait]
-impl<T: Layer + ?Sized> Layer for Arc<T> {
-    fn name(&self) -> &str {
-        (**self).name()
-    }
-    async fn call(
-        &self,
-        cx: &mut CallCtx<'_>,
-        input: CallInput,
-        next: CallNext<'_>,
-    ) -> Result<crate::CallOutput> {
-        (**self).call(cx, input, next).await
-    }
-    async fn model(
-        &self,
-        cx: &mut CallCtx<'_>,
-        request: ModelRequest,
-        next: ModelNext<'_>,
-    ) -> Result<ModelResponse> {
-        (**self).model(cx, request, next).await
-    }
-    async fn tool(&self, cx: &ToolCtx<'_>, call: ToolCall, next: ToolNext<'_>) -> ToolOutcome {
-        (**self).tool(cx, call, next).await
-    }
-    async fn append(
-        &self,
-        cx: &mut CallCtx<'_>,
-        message: Message,
-        next: AppendNext<'_>,
-    ) -> Result<()> {
-        (**self).append(cx, message, next).await
-    }
-}
-
 macro_rules! next_handle {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*

@@ -97,96 +97,42 @@ async fn configuration_errors_exit_2_with_one_line() -> TestResult {
     let ws = ws.to_string_lossy().into_owned();
     let file = dir.path().join("ws/AGENTS.md");
     let file = file.to_string_lossy().into_owned();
-    let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["run", "--workspace", &ws, "hi"], "HAME_MODEL"),
+    // `hame run --workspace WS --model openai:m <extra> hi`
+    let with = |extra: &[&'static str]| -> Vec<String> {
+        let mut a: Vec<String> = ["run", "--workspace", &ws, "--model", "openai:m"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        a.extend(extra.iter().map(|s| (*s).to_owned()));
+        a.push("hi".into());
+        a
+    };
+    let owned = |v: &[&str]| -> Vec<String> { v.iter().map(|s| (*s).to_owned()).collect() };
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (owned(&["run", "--workspace", &ws, "hi"]), "HAME_MODEL"),
         (
-            vec!["run", "--workspace", &ws, "--model", "nosuch:x", "hi"],
+            owned(&["run", "--workspace", &ws, "--model", "nosuch:x", "hi"]),
             "nosuch",
         ),
         (
-            vec!["run", "--workspace", &file, "--model", "openai:m", "hi"],
+            owned(&["run", "--workspace", &file, "--model", "openai:m", "hi"]),
             "not a directory",
         ),
+        (with(&["--session", "../x"]), "session id"),
+        (with(&["--user", "a/b"]), "user id"),
+        (with(&["--session", "a..b"]), "session id"),
+        (with(&["--session", "_memory"]), "reserved"),
         (
-            vec![
-                "run",
-                "--workspace",
-                &ws,
-                "--model",
-                "openai:m",
-                "--session",
-                "../x",
-                "hi",
-            ],
-            "session id",
-        ),
-        (
-            vec![
-                "run",
-                "--workspace",
-                &ws,
-                "--model",
-                "openai:m",
-                "--user",
-                "a/b",
-                "hi",
-            ],
-            "user id",
-        ),
-        (
-            vec![
-                "run",
-                "--workspace",
-                &ws,
-                "--model",
-                "openai:m",
-                "--session",
-                "a..b",
-                "hi",
-            ],
-            "session id",
-        ),
-        (
-            vec![
-                "run",
-                "--workspace",
-                &ws,
-                "--model",
-                "openai:m",
-                "--session",
-                "_memory",
-                "hi",
-            ],
-            "reserved",
-        ),
-        (
-            vec![
-                "run",
-                "--workspace",
-                &ws,
-                "--model",
-                "openai:m",
-                "--state",
-                "redis://:hunter2@127.0.0.1:9/0",
-                "hi",
-            ],
+            with(&["--state", "redis://:hunter2@127.0.0.1:9/0"]),
             "redis://***@127.0.0.1:9/0",
         ),
         (
-            vec![
-                "run",
-                "--workspace",
-                &ws,
-                "--model",
-                "openai:m",
-                "--store",
-                "s3://bucket/prefix",
-                "hi",
-            ],
+            with(&["--store", "s3://bucket/prefix"]),
             "AWS_ACCESS_KEY_ID",
         ),
     ];
     for (args, needle) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = output(hame(
             &args,
             &[("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")],
