@@ -69,8 +69,8 @@ pub use model::{
 pub use state::{AgentState, STATE_SCHEMA_VERSION, StateFormatError};
 pub use suspend::{PendingCall, PendingStep, Resolution, Suspended, SuspendedCall, Suspension};
 pub use tool::{
-    Tool, ToolError, ToolOutput, ToolRunOptions, ToolSet, ToolSpec, Typed, TypedTool, codes,
-    schema_for, to_tool_result, typed,
+    DEFAULT_TOOL_TIMEOUT, Tool, ToolError, ToolOutput, ToolRunOptions, ToolSet, ToolSpec, Typed,
+    TypedTool, codes, schema_for, to_tool_result, typed,
 };
 
 /// Re-exported for implementing traits.

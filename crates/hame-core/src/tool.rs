@@ -179,12 +179,17 @@ impl<T: TypedTool> Tool for Typed<T> {
     }
 }
 
+/// Default per-call timeout of the [`ToolSet`].
+pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(630);
+
 /// Limits applied when the [`ToolSet`] runs calls.
 #[derive(Debug, Clone)]
 pub struct ToolRunOptions {
     /// How many calls of one step run at once. Default 8.
     pub max_concurrency: usize,
-    /// Per-call timeout. Default 300 s.
+    /// Per-call timeout. Default [`DEFAULT_TOOL_TIMEOUT`] (630 s): above the local shell's
+    /// longest command (600 s) plus its kill grace, so a shell command's own timeout (which
+    /// kills its process group and returns the partial output) always fires first.
     pub timeout: Duration,
 }
 
@@ -192,7 +197,7 @@ impl Default for ToolRunOptions {
     fn default() -> Self {
         Self {
             max_concurrency: 8,
-            timeout: Duration::from_secs(300),
+            timeout: DEFAULT_TOOL_TIMEOUT,
         }
     }
 }

@@ -684,10 +684,20 @@ impl HarnessAgent {
         };
         // The state is saved whether the call succeeded or not: the messages it holds are
         // already in the session log, and tool calls are always paired with results.
-        store
+        let saved = store
             .save(key, &state, version)
             .await
-            .map_err(|e| Error::storage("saving session state failed", e))?;
-        Ok(outcome?)
+            .map_err(|e| Error::storage("saving session state failed", e));
+        match (outcome, saved) {
+            (Ok(out), Ok(_)) => Ok(out),
+            // The reply is in the log but not in the state: the caller must know.
+            (Ok(_), Err(e)) => Err(e),
+            (Err(e), Ok(_)) => Err(e.into()),
+            // The call's own failure came first and is the one to report.
+            (Err(e), Err(save)) => {
+                tracing::warn!(error = %save, "saving the state of a failed call failed too");
+                Err(e.into())
+            }
+        }
     }
 }
