@@ -59,9 +59,7 @@ pub use layer::{
     AppendNext, CallCtx, CallInput, CallNext, Layer, ModelNext, Resumed, ToolCtx, ToolNext,
     ToolOutcome,
 };
-pub use message::{
-    ContentBlock, MESSAGE_FORMAT_VERSION, Message, Role, ToolCall, ToolResult, Usage,
-};
+pub use message::{ContentBlock, Message, Role, ToolCall, ToolResult, Usage};
 pub use model::{
     Model, ModelError, ModelEvent, ModelInfo, ModelParams, ModelRequest, ModelResponse,
     ModelStream, ResponseAssembler, StopReason,

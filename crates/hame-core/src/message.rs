@@ -1,13 +1,12 @@
 //! Conversation messages and their persisted form.
 //!
 //! The serde form of [`Message`] is written to session logs and state stores, so it is a
-//! stable, versioned format: fields are only ever added (with defaults), never renamed.
-//! [`MESSAGE_FORMAT_VERSION`] names the current shape.
+//! stable format: fields are only ever added (with defaults), never renamed. Messages are
+//! versioned by the documents that carry them, which check their version when read: the
+//! state ([`STATE_SCHEMA_VERSION`](crate::STATE_SCHEMA_VERSION): a newer one is refused,
+//! never rewritten) and the session-log records (`hame_session::RECORD_FORMAT_VERSION`).
 
 use serde::{Deserialize, Serialize};
-
-/// The version of the persisted message format produced by this crate.
-pub const MESSAGE_FORMAT_VERSION: u32 = 1;
 
 /// Who wrote a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
