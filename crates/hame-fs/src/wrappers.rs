@@ -83,7 +83,12 @@ crate::forward_filesystem! {
                 .await
                 .map_err(|e| self.err(e))
         }
-        async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version> {
+        async fn write(
+            &self,
+            path: &FsPath,
+            data: Vec<u8>,
+            options: WriteOptions,
+        ) -> Result<Version> {
             if path.is_root() {
                 return Err(Error::IsDirectory {
                     path: path.to_string(),
@@ -333,7 +338,12 @@ crate::forward_filesystem! {
                 .await
                 .map_err(|e| Self::err(&prefix, e))
         }
-        async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version> {
+        async fn write(
+            &self,
+            path: &FsPath,
+            data: Vec<u8>,
+            options: WriteOptions,
+        ) -> Result<Version> {
             if self.mounts_below(path).next().is_some() || path.is_root() {
                 return Err(Error::IsDirectory {
                     path: path.to_string(),
@@ -532,7 +542,12 @@ crate::forward_filesystem! {
                 other => other,
             }
         }
-        async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version> {
+        async fn write(
+            &self,
+            path: &FsPath,
+            data: Vec<u8>,
+            options: WriteOptions,
+        ) -> Result<Version> {
             if let Ok(info) = self.lower.stat(path).await
                 && info.is_dir()
             {
