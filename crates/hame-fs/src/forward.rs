@@ -29,11 +29,19 @@
 ///         // How to reach the inner filesystem from `&self` (any expression of `s`).
 ///         inner = |s| &s.inner;
 ///         // Forwarded unchanged.
-///         forward = [stat, list, read_bytes, delete, rename, exists, read_range, edit, grep, glob];
+///         forward = [
+///             stat, list, read_bytes, delete, rename, exists, read_range, edit, grep, glob,
+///         ];
 ///         // Overridden (the generics and `where` clause of the impl are in scope).
-///         async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version> {
+///         async fn write(
+///             &self,
+///             path: &FsPath,
+///             data: Vec<u8>,
+///             options: WriteOptions,
+///         ) -> Result<Version> {
 ///             if data.len() > self.max {
-///                 return Err(Error::TooLarge { path: path.to_string(), size: data.len() as u64, limit: self.max as u64 });
+///                 let (size, limit) = (data.len() as u64, self.max as u64);
+///                 return Err(Error::TooLarge { path: path.to_string(), size, limit });
 ///             }
 ///             self.inner.write(path, data, options).await
 ///         }
@@ -48,9 +56,11 @@
 /// let fs = SizeLimit { inner: InMemoryFs::new(), max: 4 };
 /// let p = FsPath::parse("a")?;
 /// fs.write(&p, b"1234".to_vec(), WriteOptions::default()).await?;
-/// assert_eq!(fs.append(&p, b"5".to_vec()).await.map_err(|e| e.code()), Err("too_large"));
+/// let refused = fs.append(&p, b"5".to_vec()).await;
+/// assert_eq!(refused.map_err(|e| e.code()), Err("too_large"));
 /// # Ok(()) }
-/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
+/// # let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+/// # rt.block_on(demo()).unwrap();
 /// ```
 ///
 /// A wrapper that forgets a method does not compile (here `glob`, whose generic fallback
@@ -65,7 +75,10 @@
 /// hame_fs::forward_filesystem! {
 ///     impl Filesystem for Forgetful {
 ///         inner = |s| &s.0;
-///         forward = [stat, list, read_bytes, write, delete, rename, exists, read_range, append, edit, grep];
+///         forward = [
+///             stat, list, read_bytes, write, delete, rename, exists, read_range, append, edit,
+///             grep,
+///         ];
 ///     }
 /// }
 /// ```

@@ -338,9 +338,10 @@ pub struct GlobOutput {
 ///
 /// **Ordering.** `list`, `glob` and `grep` return entries sorted by path (then line).
 ///
-/// **Text.** [`read`](FilesystemExt::read) and `grep` treat a file as binary when it has a
-/// NUL byte in its first [`BINARY_SNIFF_BYTES`] bytes or is not UTF-8; `read` then fails
-/// with `binary_file`, and `grep` skips it (and files over [`GREP_MAX_FILE_BYTES`]).
+/// **Text.** [`read`](FilesystemExt::read) and `edit` treat a file as binary when it has a
+/// NUL byte in its first [`BINARY_SNIFF_BYTES`] bytes or is not UTF-8, and fail with
+/// `binary_file`. `grep` skips a file with a NUL byte in its first [`BINARY_SNIFF_BYTES`]
+/// bytes (and files over [`GREP_MAX_FILE_BYTES`]); other bytes are searched as they are.
 ///
 /// **Edits** replace exact text. If `old` is not found, the file uses CRLF line endings and
 /// `old` contains bare `\n`, the match is retried with `\n` → `\r\n` in both `old` and `new`,

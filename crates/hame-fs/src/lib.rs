@@ -10,6 +10,12 @@
 //! types appear here (a `deps` rule of `cargo xtask ci` keeps it so). The file tools the
 //! model calls, and the conversion of [`Error`] into a tool error, live in `hame-tools`.
 //!
+//! The trait has six required methods (what a backend must store and return) and six
+//! specialisable ones with correct generic fallbacks ([`generic`]); conveniences (`read` a
+//! line window, `upload`, `download`) are in the blanket [`FilesystemExt`]. Wrappers
+//! implement the trait with [`forward_filesystem!`], which does not compile while a method
+//! is neither forwarded nor overridden.
+//!
 //! | feature | what it adds |
 //! |---|---|
 //! | `local` (default) | `LocalFs` (a `cap-std` directory capability) and `LocalShell` (`execute`) |
@@ -17,11 +23,14 @@
 //!
 //! ```
 //! # async fn demo() -> hame_fs::Result<()> {
-//! use hame_fs::{Filesystem, FsPath, InMemoryFs, WriteOptions};
+//! use hame_fs::{Filesystem, FilesystemExt, FsPath, InMemoryFs, ReadWindow, WriteOptions};
 //! let fs = InMemoryFs::new();
 //! let path = FsPath::parse("/notes/today.md")?;
 //! fs.write(&path, b"# Today\n".to_vec(), WriteOptions::default()).await?;
-//! assert_eq!(fs.read_bytes(&path).await?, b"# Today\n");
+//! fs.append(&path, b"- shipped\n".to_vec()).await?;
+//! assert_eq!(fs.read_bytes(&path).await?, b"# Today\n- shipped\n");
+//! let second = ReadWindow { offset: 1, limit: Some(1) };
+//! assert_eq!(fs.read(&path, second).await?.text, "- shipped\n");
 //! # Ok(()) }
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(demo()).unwrap();
 //! ```

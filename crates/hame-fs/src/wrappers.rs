@@ -58,6 +58,20 @@ impl<F: Filesystem> PrefixFs<F> {
         f.path = self.strip(f.path);
         f
     }
+
+    /// The inner answer to a search from `base`, errors mapped. A tenant root that does not
+    /// exist yet (nothing written) is an empty answer, once `check` accepts the request.
+    fn searched<T: Default>(
+        &self,
+        base: &FsPath,
+        answer: Result<T>,
+        check: impl FnOnce() -> Result<()>,
+    ) -> Result<T> {
+        match answer {
+            Err(Error::NotFound { .. }) if base.is_root() => check().map(|()| T::default()),
+            other => other.map_err(|e| self.err(e)),
+        }
+    }
 }
 
 crate::forward_filesystem! {
@@ -83,14 +97,14 @@ crate::forward_filesystem! {
                 .await
                 .map_err(|e| self.err(e))
         }
-        async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version> {
+        async fn write(&self, path: &FsPath, data: Vec<u8>, opts: WriteOptions) -> Result<Version> {
             if path.is_root() {
                 return Err(Error::IsDirectory {
                     path: path.to_string(),
                 });
             }
             self.inner
-                .write(&self.full(path), data, options)
+                .write(&self.full(path), data, opts)
                 .await
                 .map_err(|e| self.err(e))
         }
@@ -150,33 +164,24 @@ crate::forward_filesystem! {
                 path: self.full(&request.path),
                 ..request.clone()
             };
-            match self.inner.grep(&req).await {
-                Ok(mut out) => {
-                    for m in &mut out.matches {
-                        m.path = self.strip(std::mem::take(&mut m.path));
-                    }
-                    Ok(out)
-                }
-                Err(Error::NotFound { .. }) if request.path.is_root() => Ok(GrepOutput::default()),
-                Err(e) => Err(self.err(e)),
+            let answer = self.inner.grep(&req).await;
+            let check = || generic::GrepSearch::new(request).map(drop);
+            let mut out = self.searched(&request.path, answer, check)?;
+            for m in &mut out.matches {
+                m.path = self.strip(std::mem::take(&mut m.path));
             }
+            Ok(out)
         }
         async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
             let req = GlobRequest {
                 path: self.full(&request.path),
                 ..request.clone()
             };
-            match self.inner.glob(&req).await {
-                Ok(mut out) => {
-                    out.files = out.files.into_iter().map(|f| self.info(f)).collect();
-                    Ok(out)
-                }
-                Err(Error::NotFound { .. }) if request.path.is_root() => {
-                    generic::compile_glob(&request.pattern)?;
-                    Ok(GlobOutput::default())
-                }
-                Err(e) => Err(self.err(e)),
-            }
+            let answer = self.inner.glob(&req).await;
+            let check = || generic::compile_glob(&request.pattern).map(drop);
+            let mut out = self.searched(&request.path, answer, check)?;
+            out.files = out.files.into_iter().map(|f| self.info(f)).collect();
+            Ok(out)
         }
     }
 }
@@ -262,6 +267,16 @@ impl CompositeFs {
         (&self.default, path.clone(), FsPath::root())
     }
 
+    /// Where a search from `base` goes: the backend, the base inside it and the mount's
+    /// prefix; `None` when a mount point lies below `base`, so the search must walk across
+    /// backends.
+    fn search_route(&self, base: &FsPath) -> Option<(&Arc<dyn Filesystem>, FsPath, FsPath)> {
+        match self.mounts_below(base).next() {
+            Some(_) => None,
+            None => Some(self.route(base)),
+        }
+    }
+
     /// Mount points strictly below `path`.
     fn mounts_below<'a>(&'a self, path: &'a FsPath) -> impl Iterator<Item = &'a FsPath> + 'a {
         self.routes
@@ -333,7 +348,7 @@ crate::forward_filesystem! {
                 .await
                 .map_err(|e| Self::err(&prefix, e))
         }
-        async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version> {
+        async fn write(&self, path: &FsPath, data: Vec<u8>, opts: WriteOptions) -> Result<Version> {
             if self.mounts_below(path).next().is_some() || path.is_root() {
                 return Err(Error::IsDirectory {
                     path: path.to_string(),
@@ -345,7 +360,7 @@ crate::forward_filesystem! {
                     path: path.to_string(),
                 });
             }
-            fs.write(&inner, data, options)
+            fs.write(&inner, data, opts)
                 .await
                 .map_err(|e| Self::err(&prefix, e))
         }
@@ -429,14 +444,10 @@ crate::forward_filesystem! {
                 .map_err(|e| Self::err(&prefix, e))
         }
         async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
-            if self.mounts_below(&request.path).next().is_some() {
+            let Some((fs, path, prefix)) = self.search_route(&request.path) else {
                 return generic::grep_via_walk(self, request).await;
-            }
-            let (fs, inner, prefix) = self.route(&request.path);
-            let req = GrepRequest {
-                path: inner,
-                ..request.clone()
             };
+            let req = GrepRequest { path, ..request.clone() };
             let mut out = fs.grep(&req).await.map_err(|e| Self::err(&prefix, e))?;
             for m in &mut out.matches {
                 m.path = prefix.join_path(&m.path);
@@ -444,20 +455,12 @@ crate::forward_filesystem! {
             Ok(out)
         }
         async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
-            if self.mounts_below(&request.path).next().is_some() {
+            let Some((fs, path, prefix)) = self.search_route(&request.path) else {
                 return generic::glob_via_walk(self, request).await;
-            }
-            let (fs, inner, prefix) = self.route(&request.path);
-            let req = GlobRequest {
-                path: inner,
-                ..request.clone()
             };
+            let req = GlobRequest { path, ..request.clone() };
             let mut out = fs.glob(&req).await.map_err(|e| Self::err(&prefix, e))?;
-            out.files = out
-                .files
-                .into_iter()
-                .map(|f| Self::out(&prefix, f))
-                .collect();
+            out.files = out.files.into_iter().map(|f| Self::out(&prefix, f)).collect();
             Ok(out)
         }
     }
@@ -532,7 +535,7 @@ crate::forward_filesystem! {
                 other => other,
             }
         }
-        async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version> {
+        async fn write(&self, path: &FsPath, data: Vec<u8>, opts: WriteOptions) -> Result<Version> {
             if let Ok(info) = self.lower.stat(path).await
                 && info.is_dir()
             {
@@ -541,7 +544,7 @@ crate::forward_filesystem! {
                 });
             }
             let upper_has = self.upper.exists(path).await?;
-            match &options.mode {
+            match &opts.mode {
                 WriteMode::CreateNew if !upper_has && self.lower_has(path).await? => {
                     Err(Error::AlreadyExists {
                         path: path.to_string(),
@@ -570,7 +573,7 @@ crate::forward_filesystem! {
                         }),
                     }
                 }
-                _ => self.upper.write(path, data, options).await,
+                _ => self.upper.write(path, data, opts).await,
             }
         }
         async fn delete(&self, path: &FsPath, options: DeleteOptions) -> Result<()> {

@@ -609,7 +609,7 @@ impl TypedTool for ExecuteTool {
             out.output
         };
         if out.timed_out {
-            s.push_str("\n[timed out: the command and its process group were killed; raise timeout_secs if it needs longer]");
+            s.push_str("\n[timed out: the command and its process group were killed; the output above is what it printed until then; raise timeout_secs if it needs longer]");
         } else {
             match out.exit_code {
                 Some(c) => {

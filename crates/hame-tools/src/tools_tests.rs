@@ -353,6 +353,40 @@ mod shell {
     }
 
     #[tokio::test]
+    async fn execute_returns_the_output_so_far_on_timeout() {
+        let (_dir, tools) = shell_tools(ShellOptions::default());
+        let command = "echo first; sleep 30";
+        let out = execute(&tools, json!({"command": command, "timeout_secs": 1})).await;
+        assert_eq!(
+            out,
+            "first\n\n[timed out: the command and its process group were killed; the output above is what it printed until then; raise timeout_secs if it needs longer]"
+        );
+    }
+
+    #[tokio::test]
+    async fn cancelling_the_call_kills_the_process_group() {
+        let (dir, tools) = shell_tools(ShellOptions::default());
+        let c = ctx("u", "s");
+        let cancel = c.cancel.clone();
+        // The background grandchild would create the marker after 2 s if it survived.
+        let command = "(sleep 2; touch marker) & touch started; sleep 30";
+        let call = call(&tools, "execute", json!({ "command": command }), &c);
+        let stop = async {
+            while !dir.path().join("started").exists() {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            cancel.cancel();
+        };
+        let (out, ()) = tokio::join!(call, stop);
+        assert_eq!(code(out), "cancelled");
+        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        assert!(
+            !dir.path().join("marker").exists(),
+            "a process of the group survived the cancellation"
+        );
+    }
+
+    #[tokio::test]
     async fn execute_truncates_output() {
         let (_dir, tools) = shell_tools(ShellOptions {
             max_output_bytes: 10,
