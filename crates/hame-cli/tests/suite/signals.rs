@@ -147,3 +147,96 @@ async fn sigterm_releases_a_mysql_session() -> TestResult {
     };
     signal_releases_the_session(&url, SIGTERM, 143).await
 }
+
+/// Live (not zombie) processes whose command line is exactly `argv`.
+fn live_processes(argv: &[&str]) -> Vec<u32> {
+    let want: Vec<u8> = argv.iter().flat_map(|a| a.bytes().chain([0])).collect();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
+        .filter(|pid| {
+            // Field 3 of /proc/<pid>/stat is the state; `Z` is a zombie nobody reaped.
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// A shell command that would run for an hour dies with hame when hame is stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_shell_command_dies_with_hame() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    std::fs::create_dir_all(dir.path().join("ws"))?;
+    let ws = dir.path().join("ws").to_string_lossy().into_owned();
+    let state = dir.path().join("state").to_string_lossy().into_owned();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .subsec_nanos();
+    let secs = format!("3000.{nanos:09}");
+    let server = ScriptedServer::start().await?;
+    server.push(ScriptStep::tool_call(
+        "x1",
+        "execute",
+        serde_json::json!({"command": format!("sleep {secs}; echo never")}),
+    ));
+    for signal in [SIGTERM, 9] {
+        let base = server.base_url();
+        let child = hame(
+            &[
+                "run",
+                "--model",
+                "openai:m",
+                "--workspace",
+                &ws,
+                "--state",
+                &state,
+                "--no-memory",
+                "go",
+            ],
+            &[("OPENAI_BASE_URL", &base)],
+            dir.path(),
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while live_processes(&["sleep", &secs]).is_empty() {
+            if Instant::now() > deadline {
+                return Err("the shell command never started".into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let killed = std::process::Command::new("kill")
+            .args([format!("-{signal}"), child.id().to_string()])
+            .status()?;
+        assert!(killed.success());
+        let sent = Instant::now();
+        let status = tokio::task::spawn_blocking(move || child.wait_with_output()).await??;
+        if signal == SIGTERM {
+            assert_eq!(status.status.code(), Some(143));
+        }
+        while !live_processes(&["sleep", &secs]).is_empty() {
+            assert!(
+                sent.elapsed() < Duration::from_secs(2),
+                "the command outlived hame (signal {signal})"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        eprintln!(
+            "signal {signal}: the shell command was gone {:?} after it",
+            sent.elapsed()
+        );
+        // The next run asks the model again.
+        server.push(ScriptStep::tool_call(
+            "x2",
+            "execute",
+            serde_json::json!({"command": format!("sleep {secs}; echo never")}),
+        ));
+    }
+    Ok(())
+}
