@@ -35,12 +35,14 @@ pub mod memory;
 pub mod prompt;
 mod recorder;
 mod template;
+mod guard;
 mod tenancy;
 mod tools;
 mod workspace;
 
 pub use agent::{
     DEFAULT_AGENT_NAME, EnvFn, EnvLookup, HarnessAgent, HarnessAgentBuilder, STATE_HOME_ENV,
+    workspace_identity,
 };
 pub use context::{
     ContextOptions, DEFAULT_MEMORY_BUDGET_TOKENS, MAX_CONTEXT_FILE_BYTES, MAX_LISTED_FILES,
@@ -52,5 +54,6 @@ pub use ids::{MAX_ID_LEN, validate_id};
 pub use memory::{FlushPolicy, MemoryOptions};
 pub use recorder::{CALL_ID_EXTRA, SessionRecorder};
 pub use template::{RUNTIME_ROOTS, TemplateFs};
+pub use guard::{GuardFs, GuardRules, USER_FOLDER_MARKERS};
 pub use tenancy::{FilesystemMode, Tenancy};
 pub use workspace::{DEFAULT_WORKSPACE, WORKSPACE_ENV, resolve_workspace};
