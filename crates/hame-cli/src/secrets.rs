@@ -53,10 +53,9 @@ pub(crate) struct Sealed {
 
 /// Marks hame non-dumpable and scrubs secret values from its environment block.
 pub(crate) fn seal() -> Sealed {
-    let non_dumpable = rustix::process::set_dumpable_behavior(
-        rustix::process::DumpableBehavior::NotDumpable,
-    )
-    .is_ok();
+    let non_dumpable =
+        rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+            .is_ok();
     let scrubbed = scrub_environ_block().unwrap_or(0);
     Sealed {
         non_dumpable,

@@ -448,7 +448,7 @@ pub fn workspace_identity(workspace: &std::path::Path) -> String {
 }
 
 /// The default JSON state store: `<HAME_STATE_HOME or ~/.hame/state>/<workspace identity>/`
-/// (created `0700`), and that directory.
+/// (created `0700`), and the state home (its parent).
 fn default_state_store(
     env: &EnvLookup,
     workspace: &std::path::Path,
@@ -479,7 +479,9 @@ fn default_state_store(
             dir.display()
         ))
     })?;
-    Ok((Arc::new(store), dir))
+    // The whole state home is hidden from the file tools when it is inside the workspace
+    // (it holds other workspaces' state too).
+    Ok((Arc::new(store), base))
 }
 
 /// Creates `dir` and its missing parents `0700`.

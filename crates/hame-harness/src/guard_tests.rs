@@ -58,16 +58,28 @@ async fn walks_skip_runtime_roots_and_other_users() -> Result<()> {
         .collect();
     assert_eq!(names, vec!["alice", "notes.md"]);
     // Named, a runtime root is readable and searchable.
-    assert!(g.read_bytes(&p("agents/hame/sessions/s.log.jsonl")).await.is_ok());
+    assert!(
+        g.read_bytes(&p("agents/hame/sessions/s.log.jsonl"))
+            .await
+            .is_ok()
+    );
     req.path = p("agents");
     assert_eq!(g.grep(&req).await?.matches.len(), 1);
     // Another user's folder and the state home do not exist.
     for hidden in ["bob/AGENTS.md", "bob", "state/x.json"] {
-        assert!(g.read_bytes(&p(hidden)).await.is_err_and(|e| e.is_not_found()));
+        assert!(
+            g.read_bytes(&p(hidden))
+                .await
+                .is_err_and(|e| e.is_not_found())
+        );
         assert!(!g.exists(&p(hidden)).await?);
     }
     let all = g.glob(&GlobRequest::new("**/*")).await?;
-    assert!(all.files.iter().all(|f| !f.path.as_str().starts_with("bob")));
+    assert!(
+        all.files
+            .iter()
+            .all(|f| !f.path.as_str().starts_with("bob"))
+    );
     Ok(())
 }
 
@@ -76,9 +88,17 @@ async fn runtime_roots_are_never_written() -> Result<()> {
     let g = GuardFs::new(seeded().await, rules(None));
     let log = p("agents/hame/sessions/s.log.jsonl");
     let denied = |e: &Error| e.code() == hame_fs::codes::PERMISSION_DENIED;
-    assert!(g.write(&log, vec![], WriteOptions::default()).await.is_err_and(|e| denied(&e)));
+    assert!(
+        g.write(&log, vec![], WriteOptions::default())
+            .await
+            .is_err_and(|e| denied(&e))
+    );
     assert!(g.append(&log, vec![b'x']).await.is_err_and(|e| denied(&e)));
-    assert!(g.delete(&log, DeleteOptions::default()).await.is_err_and(|e| denied(&e)));
+    assert!(
+        g.delete(&log, DeleteOptions::default())
+            .await
+            .is_err_and(|e| denied(&e))
+    );
     assert!(
         g.rename(&log, &p("x.jsonl"), RenameOptions::default())
             .await
@@ -94,6 +114,10 @@ async fn runtime_roots_are_never_written() -> Result<()> {
             .await
             .is_err_and(|e| denied(&e))
     );
-    assert!(g.write(&p("out/a.txt"), b"a".to_vec(), WriteOptions::default()).await.is_ok());
+    assert!(
+        g.write(&p("out/a.txt"), b"a".to_vec(), WriteOptions::default())
+            .await
+            .is_ok()
+    );
     Ok(())
 }

@@ -30,12 +30,12 @@
 mod agent;
 mod context;
 mod error;
+mod guard;
 mod ids;
 pub mod memory;
 pub mod prompt;
 mod recorder;
 mod template;
-mod guard;
 mod tenancy;
 mod tools;
 mod workspace;
@@ -49,11 +49,11 @@ pub use context::{
     TokenCount, WorkspaceContext,
 };
 pub use error::{Error, Result};
+pub use guard::{GuardFs, GuardRules, USER_FOLDER_MARKERS};
 pub use hame_tools::{Identity, Workspace, WorkspaceExt, WorkspaceMode};
 pub use ids::{MAX_ID_LEN, validate_id};
 pub use memory::{FlushPolicy, MemoryOptions};
 pub use recorder::{CALL_ID_EXTRA, SessionRecorder};
 pub use template::{RUNTIME_ROOTS, TemplateFs};
-pub use guard::{GuardFs, GuardRules, USER_FOLDER_MARKERS};
 pub use tenancy::{FilesystemMode, Tenancy};
 pub use workspace::{DEFAULT_WORKSPACE, WORKSPACE_ENV, resolve_workspace};

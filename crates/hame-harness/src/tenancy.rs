@@ -137,10 +137,7 @@ impl Tenancy {
             };
             let mut rules = GuardRules {
                 hidden: self.hidden.clone(),
-                runtime: vec![
-                    home_in_files.join("agents")?,
-                    home_in_files.join(offload)?,
-                ],
+                runtime: vec![home_in_files.join("agents")?, home_in_files.join(offload)?],
                 user_folders: None,
             };
             if user.is_some() {
@@ -150,10 +147,8 @@ impl Tenancy {
                 }
                 rules.user_folders = Some(user.map(str::to_owned));
             }
-            let files: Arc<dyn Filesystem> =
-                Arc::new(GuardFs::new(self.workspace.clone(), rules));
-            Workspace::new(identity, self.mode, files, home.clone())
-                .with_home(home, home_in_files)
+            let files: Arc<dyn Filesystem> = Arc::new(GuardFs::new(self.workspace.clone(), rules));
+            Workspace::new(identity, self.mode, files, home.clone()).with_home(home, home_in_files)
         } else {
             let ns = Namespace::derive(agent, user, session, self.isolation.scope)?;
             // Other users' override folders of the template are not this caller's.

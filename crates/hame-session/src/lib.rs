@@ -52,7 +52,10 @@ pub use index::{
     INDEX_CAS_ATTEMPTS, INDEX_FORMAT_VERSION, IndexUpdate, SessionEntry, TITLE_MAX_CHARS,
     make_title,
 };
-pub use log::{INDEX_FILE, LEGACY_INDEX_FILE, LOG_SUFFIX, LogPage, MAX_CACHED_WRITERS, SessionLog, SessionLogOptions};
+pub use log::{
+    INDEX_FILE, LEGACY_INDEX_FILE, LOG_SUFFIX, LogPage, MAX_CACHED_WRITERS, SessionLog,
+    SessionLogOptions,
+};
 pub use record::{LogRecord, RECORD_FORMAT_VERSION};
 pub use tools::{
     DEFAULT_HISTORY_LIMIT, DEFAULT_LIST_LIMIT, DEFAULT_RECORD_CHARS, MAX_HISTORY_LIMIT,

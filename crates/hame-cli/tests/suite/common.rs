@@ -109,5 +109,6 @@ fn rand_suffix() -> String {
 /// Where the default JSON state of workspace `ws` lives when `HAME_STATE_HOME` is
 /// `dir/state` (keyed by the workspace identity).
 pub fn state_dir(dir: &Path, ws: &Path) -> std::path::PathBuf {
-    dir.join("state").join(hame::harness::workspace_identity(ws))
+    dir.join("state")
+        .join(hame::harness::workspace_identity(ws))
 }

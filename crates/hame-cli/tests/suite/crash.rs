@@ -148,8 +148,7 @@ impl Fixture {
     }
 
     fn log(&self) -> PathBuf {
-        self.ws()
-            .join("alice/agents/hame/sessions/s1.log.jsonl")
+        self.ws().join("alice/agents/hame/sessions/s1.log.jsonl")
     }
 
     fn command(&self, message: &str) -> tokio::process::Command {

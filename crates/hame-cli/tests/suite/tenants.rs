@@ -16,7 +16,11 @@ fn bob_probes() -> ScriptStep {
     ScriptStep::tool_calls(vec![
         call("b1", "read_file", &json!({"file_path": "secret.md"})),
         call("b2", "read_file", &json!({"file_path": "alice/secret.md"})),
-        call("b3", "read_file", &json!({"file_path": "/alice/./secret.md"})),
+        call(
+            "b3",
+            "read_file",
+            &json!({"file_path": "/alice/./secret.md"}),
+        ),
         call("b4", "read_file", &json!({"file_path": "alice/AGENTS.md"})),
         call(
             "b5",
@@ -24,12 +28,24 @@ fn bob_probes() -> ScriptStep {
             &json!({"file_path": "agents/hame/users/alice/home/secret.md"}),
         ),
         call("b6", "grep_files", &json!({"pattern": "alice-secret"})),
-        call("b7", "grep_files", &json!({"pattern": "alice", "path": "alice"})),
+        call(
+            "b7",
+            "grep_files",
+            &json!({"pattern": "alice", "path": "alice"}),
+        ),
         call("b8", "glob_files", &json!({"pattern": "**/*.md"})),
         call("b9", "list_files", &json!({"path": "/"})),
         call("b10", "list_files", &json!({"path": "alice"})),
-        call("b11", "edit_file", &json!({"file_path": "alice/AGENTS.md", "old_string": "persona", "new_string": "hacked"})),
-        call("b12", "write_file", &json!({"file_path": "alice/AGENTS.md", "content": "hacked"})),
+        call(
+            "b11",
+            "edit_file",
+            &json!({"file_path": "alice/AGENTS.md", "old_string": "persona", "new_string": "hacked"}),
+        ),
+        call(
+            "b12",
+            "write_file",
+            &json!({"file_path": "alice/AGENTS.md", "content": "hacked"}),
+        ),
     ])
 }
 
@@ -75,7 +91,10 @@ async fn users_cannot_see_each_other_in(mode: &[&str], path: &str) -> TestResult
         .unwrap_or_default();
     assert_eq!(results.len(), 12);
     for r in &results {
-        assert!(!r.contains("alice-secret"), "bob saw alice's file: {results:#?}");
+        assert!(
+            !r.contains("alice-secret"),
+            "bob saw alice's file: {results:#?}"
+        );
     }
     // Not even the folder's name is listed.
     assert!(!results[8].contains("alice"), "{}", results[8]);
@@ -138,4 +157,17 @@ async fn per_user_agents_md_overrides_the_shared_one() -> TestResult {
         "{bob}"
     );
     Ok(())
+}
+
+#[tokio::test]
+async fn users_cannot_see_each_other_in_a_shared_store() -> TestResult {
+    let Some(redis) = super::common::service("HAME_TEST_REDIS_URL") else {
+        return Ok(());
+    };
+    let agent = super::common::unique_agent();
+    users_cannot_see_each_other_in(
+        &["--store", &redis, "--state", &redis, "--agent", &agent],
+        "secret.md",
+    )
+    .await
 }

@@ -44,7 +44,10 @@ async fn write_then_read_a_file_through_the_tools() -> TestResult {
         last_tool_result(&reqs[2].body)
     );
     // Local mode: the file landed in the workspace itself, where the shell sees it.
-    assert_eq!(fs::read_to_string(ws.join("notes/todo.md"))?, "- buy milk\n");
+    assert_eq!(
+        fs::read_to_string(ws.join("notes/todo.md"))?,
+        "- buy milk\n"
+    );
     // Every message of the call is in the never-compacted session log, at the reference
     // layout under alice's folder.
     let log = fs::read_to_string(ws.join("alice/agents/hame/sessions/default.log.jsonl"))?;

@@ -52,7 +52,7 @@ impl Layer for OffloadLayer {
                 );
             }
             let offloader = Offloader::new(policy, Arc::new(self.layer.files(ws)))
-            .with_context_window(self.layer.context_window);
+                .with_context_window(self.layer.context_window);
             let threshold = offloader.threshold();
             if message
                 .tool_results_iter()
