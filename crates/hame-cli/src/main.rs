@@ -537,26 +537,6 @@ async fn chat(common: Common) -> anyhow::Result<()> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::redact;
-
-    #[test]
-    fn secrets_in_urls_are_redacted() {
-        assert_eq!(
-            redact("redis://:hunter2@127.0.0.1:6379/0"),
-            "redis://***@127.0.0.1:6379/0"
-        );
-        assert_eq!(
-            redact("postgres://u:pw@db/x?sslmode=require"),
-            "postgres://u:***@db/x?sslmode=require"
-        );
-        assert_eq!(redact("mysql://u:p%40ss@h"), "mysql://u:***@h");
-        assert_eq!(redact("s3://bucket/prefix"), "s3://bucket/prefix");
-        assert_eq!(redact("/var/state"), "/var/state");
-    }
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
@@ -601,5 +581,25 @@ fn main() -> ExitCode {
             eprintln!("hame: {e:#}");
             ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn secrets_in_urls_are_redacted() {
+        assert_eq!(
+            redact("redis://:hunter2@127.0.0.1:6379/0"),
+            "redis://***@127.0.0.1:6379/0"
+        );
+        assert_eq!(
+            redact("postgres://u:pw@db/x?sslmode=require"),
+            "postgres://u:***@db/x?sslmode=require"
+        );
+        assert_eq!(redact("mysql://u:p%40ss@h"), "mysql://u:***@h");
+        assert_eq!(redact("s3://bucket/prefix"), "s3://bucket/prefix");
+        assert_eq!(redact("/var/state"), "/var/state");
     }
 }
