@@ -14,6 +14,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use clap::{Args, Parser, Subcommand};
+
+mod secrets;
 use futures::StreamExt;
 use hame::{
     AgentEvent, CallInput, CancellationToken, EventSink, HarnessAgent, Message, Model,
@@ -30,6 +32,15 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// One call: prints the final reply on stdout.
+    ///
+    /// Modes: by default (local mode) the file tools and the `execute` shell work on the
+    /// workspace itself, for one trusted user: the shell runs with your rights and can read
+    /// every file you can, including other users' `<userId>/` folders (the file tools of a
+    /// caller with --user cannot). For tenants you do not trust, use --isolated (each
+    /// tenant its namespace on local disk over the read-only workspace, no shell) or
+    /// --store (the same in a shared store). Runtime data of local mode:
+    /// agents/<agent>/sessions/<session>.log.jsonl, agents/<agent>/sessions/sessions.json,
+    /// memory/YYYY-MM-DD.md, MEMORY.md, large_tool_results/ (under <userId>/ with --user).
     Run {
         #[command(flatten)]
         common: Common,
@@ -70,7 +81,12 @@ struct Common {
     /// over the read-only workspace template; no shell tool.
     #[arg(long)]
     store: Option<String>,
-    /// Which runtime data tenants share.
+    /// Isolated local mode: each tenant sees only its namespace on local disk over the
+    /// read-only workspace template; no shell tool. For several untrusted tenants on one
+    /// machine.
+    #[arg(long, conflicts_with = "store")]
+    isolated: bool,
+    /// Which runtime data tenants share (isolated and store modes).
     #[arg(long, value_enum, default_value_t = Isolation::User)]
     isolation: Isolation,
     /// Where session state lives: a directory, redis://, postgres://, mysql:// [default: $HAME_STATE, else JSON files under $HAME_STATE_HOME or ~/.hame/state]
@@ -352,6 +368,13 @@ async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)
             ))
         })?;
         builder = builder.state_store(store);
+        if !url.contains("://") {
+            // A JSON state directory inside the workspace is never shown to the tools.
+            builder = builder.hide_path(PathBuf::from(&url));
+        }
+    }
+    if common.isolated {
+        builder = builder.filesystem(hame::FilesystemMode::IsolatedLocal);
     }
     if let Some(url) = &common.store {
         let store = hame::fs::remote::open(url, "hame").await.map_err(|e| {
@@ -378,6 +401,13 @@ async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)
     if let Some(u) = &ctx.user_id {
         hame::harness::validate_id("user id", u).map_err(|e| ConfigError(e.to_string()))?;
     }
+    // Every credential has been read: keep them from the shell's commands.
+    let sealed = secrets::seal();
+    tracing::debug!(
+        non_dumpable = sealed.non_dumpable,
+        scrubbed = sealed.scrubbed,
+        "secrets sealed"
+    );
     Ok((agent, ctx))
 }
 

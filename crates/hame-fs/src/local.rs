@@ -26,6 +26,9 @@ pub struct LocalFsOptions {
     pub refuse_hard_links: bool,
     /// Largest file `read_bytes`/`read` will load. Default 256 MiB.
     pub max_file_bytes: u64,
+    /// Create new files `0600` and new directories `0700` (runtime data: session logs,
+    /// indexes, offloaded results, memory). Default `false` (the process umask decides).
+    pub private: bool,
 }
 
 impl Default for LocalFsOptions {
@@ -33,6 +36,7 @@ impl Default for LocalFsOptions {
         LocalFsOptions {
             refuse_hard_links: true,
             max_file_bytes: 256 * 1024 * 1024,
+            private: false,
         }
     }
 }
@@ -179,6 +183,9 @@ impl Inner {
         let mut oo = OpenOptions::new();
         if append {
             oo.append(true).create(true);
+            if self.options.private {
+                oo.mode(0o600);
+            }
         } else {
             oo.read(true);
         }
@@ -245,7 +252,14 @@ impl Inner {
                     });
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    match self.root.create_dir(rel(&cur)) {
+                    let made = if self.options.private {
+                        let mut b = cap_std::fs::DirBuilder::new();
+                        cap_std::fs::DirBuilderExt::mode(&mut b, 0o700);
+                        self.root.create_dir_with(rel(&cur), &b)
+                    } else {
+                        self.root.create_dir(rel(&cur))
+                    };
+                    match made {
                         Ok(()) => {}
                         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                         Err(e) => return Err(map_io(&cur, e)),
@@ -381,6 +395,9 @@ impl Inner {
         let result = (|| -> Result<()> {
             let mut oo = OpenOptions::new();
             oo.write(true).create_new(true);
+            if self.options.private {
+                oo.mode(0o600);
+            }
             let mut f = dir.open_with(&tmp, &oo).map_err(|e| map_io(path, e))?;
             f.write_all(data).map_err(|e| map_io(path, e))?;
             if let Some(md) = &existing {

@@ -73,6 +73,7 @@ pub struct HarnessAgentBuilder {
     scope: Scope,
     state_store: Option<Arc<dyn StateStore>>,
     allow_local_state: bool,
+    hidden_paths: Vec<PathBuf>,
     lease: Option<LeaseOptions>,
     memory: Option<MemoryOptions>,
 }
@@ -189,10 +190,21 @@ impl HarnessAgentBuilder {
         self
     }
 
-    /// Where session state is kept. Default: JSON files under `HAME_STATE_HOME/<agent>`,
-    /// else `~/.hame/state/<agent>`.
+    /// Where session state is kept. Default: JSON files under
+    /// `<HAME_STATE_HOME or ~/.hame/state>/ws-<16 hex>/<agent>/`, where `ws-<16 hex>` is
+    /// [`workspace_identity`] (a hash of the workspace's canonical path), so two workspaces
+    /// never share a conversation. An explicit store keeps its own addressing (replicas
+    /// sharing a template share sessions).
     pub fn state_store(mut self, store: Arc<dyn StateStore>) -> Self {
         self.state_store = Some(store);
+        self
+    }
+
+    /// A host directory the file tools never see when it lies inside the workspace (the
+    /// directory of an explicit JSON state store; the default state home is hidden
+    /// already).
+    pub fn hide_path(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.hidden_paths.push(dir.into());
         self
     }
 
@@ -249,10 +261,30 @@ impl HarnessAgentBuilder {
                 ))
             })?);
 
+        // Runtime data (session logs, memory, offloaded results) is created 0600 / 0700.
+        let private: Arc<dyn Filesystem> = Arc::new(
+            hame_fs::LocalFs::with_options(
+                &workspace,
+                hame_fs::LocalFsOptions {
+                    private: true,
+                    ..hame_fs::LocalFsOptions::default()
+                },
+            )
+            .map_err(|e| {
+                Error::Config(format!(
+                    "cannot open workspace {}: {e}",
+                    workspace.display()
+                ))
+            })?,
+        );
+
         let mode = self.filesystem.unwrap_or_default();
-        let state_store = match self.state_store {
-            Some(s) => s,
-            None => default_state_store(&env)?,
+        let (state_store, state_dir) = match self.state_store {
+            Some(s) => (s, None),
+            None => {
+                let (store, dir) = default_state_store(&env, &workspace)?;
+                (store, Some(dir))
+            }
         };
         if mode.is_shared() && !state_store.is_shared() && !self.allow_local_state {
             return Err(Error::Config(
@@ -262,19 +294,30 @@ impl HarnessAgentBuilder {
             ));
         }
         let (store, shell) = match &mode {
-            FilesystemMode::Local { shell } => (local.clone(), *shell),
+            FilesystemMode::Local { shell } => (private.clone(), *shell),
+            FilesystemMode::IsolatedLocal => (private.clone(), false),
             FilesystemMode::SharedStore { store } => (store.clone(), false),
         };
+        // A state home inside the workspace is never shown to the file tools.
+        let mut hidden = Vec::new();
+        for dir in state_dir.iter().chain(self.hidden_paths.iter()) {
+            if let Some(p) = inside(&workspace, dir) {
+                hidden.push(p);
+            }
+        }
         let memory_options = self.memory.unwrap_or_default();
         let exec = shell.then(|| crate::tools::local_shell(&workspace, memory_options.enabled));
-        let tenancy = Arc::new(Tenancy::new(
-            store,
-            local,
-            &name,
-            self.scope,
-            mode.workspace_mode(),
-            exec.clone(),
-        ));
+        let tenancy = Arc::new(
+            Tenancy::new(
+                store,
+                local,
+                &name,
+                self.scope,
+                mode.workspace_mode(),
+                exec.clone(),
+            )
+            .with_hidden(hidden),
+        );
 
         // One token counter for every budget (tiktoken for OpenAI families, else the
         // calibrated estimate of hame-memory).
@@ -379,7 +422,37 @@ fn builtin_stack(
     stack
 }
 
-fn default_state_store(env: &EnvLookup) -> Result<Arc<dyn StateStore>> {
+/// `dir` as a path of the workspace, when it is inside it (both canonicalised).
+fn inside(workspace: &std::path::Path, dir: &std::path::Path) -> Option<hame_fs::FsPath> {
+    let ws = std::fs::canonicalize(workspace).ok()?;
+    let d = std::fs::canonicalize(dir).ok()?;
+    if d == ws {
+        // The whole workspace cannot be hidden; the state store refuses nothing here.
+        return None;
+    }
+    let rel = d.strip_prefix(&ws).ok()?;
+    hame_fs::FsPath::parse(rel.to_str()?).ok()
+}
+
+/// The stable identity of a workspace: `ws-` and 16 hex digits of the FNV-1a 64 hash of
+/// its canonical path (stable across builds and platforms, unlike `DefaultHasher`). The
+/// default state of two workspaces never mixes, even with the same agent and session ids.
+pub fn workspace_identity(workspace: &std::path::Path) -> String {
+    let canonical = std::fs::canonicalize(workspace).unwrap_or_else(|_| workspace.to_path_buf());
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in canonical.as_os_str().as_encoded_bytes() {
+        hash ^= u64::from(*b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("ws-{hash:016x}")
+}
+
+/// The default JSON state store: `<HAME_STATE_HOME or ~/.hame/state>/<workspace identity>/`
+/// (created `0700`), and the state home (its parent).
+fn default_state_store(
+    env: &EnvLookup,
+    workspace: &std::path::Path,
+) -> Result<(Arc<dyn StateStore>, PathBuf)> {
     let base = match env.get(STATE_HOME_ENV) {
         Some(dir) => PathBuf::from(dir),
         None => {
@@ -391,15 +464,33 @@ fn default_state_store(env: &EnvLookup) -> Result<Arc<dyn StateStore>> {
             PathBuf::from(home).join(".hame").join("state")
         }
     };
-    // The JSON store keeps each agent in its own `<base>/<agent>/` folder.
-    let dir = base;
+    // The JSON store keeps each agent in its own `<dir>/<agent>/` folder; `dir` is per
+    // workspace.
+    let dir = base.join(workspace_identity(workspace));
+    create_private_dir(&dir).map_err(|e| {
+        Error::Config(format!(
+            "cannot create state directory {}: {e} (set {STATE_HOME_ENV})",
+            dir.display()
+        ))
+    })?;
     let store = hame_state::JsonStore::open(&dir).map_err(|e| {
         Error::Config(format!(
             "cannot open state directory {}: {e} (set {STATE_HOME_ENV})",
             dir.display()
         ))
     })?;
-    Ok(Arc::new(store))
+    // The whole state home is hidden from the file tools when it is inside the workspace
+    // (it holds other workspaces' state too).
+    Ok((Arc::new(store), base))
+}
+
+/// Creates `dir` and its missing parents `0700`.
+fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
 }
 
 #[derive(Debug)]

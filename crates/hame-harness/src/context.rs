@@ -109,7 +109,7 @@ impl WorkspaceContext {
         // The reads are independent: run them concurrently.
         let (agents_md, memory, knowledge_md, knowledge_files) = tokio::join!(
             r.read_text("AGENTS.md", true),
-            r.read_text("MEMORY.md", false),
+            r.read_home("MEMORY.md"),
             r.read_text("knowledge/KNOWLEDGE.md", true),
             r.list_files("knowledge"),
         );
@@ -199,6 +199,11 @@ impl Reader<'_> {
             ));
         }
         Some(text)
+    }
+
+    /// A file of the caller's home (its runtime data: `MEMORY.md`).
+    async fn read_home(&self, path: &str) -> Option<String> {
+        self.read_in(self.ws.home().as_ref(), path, false).await
     }
 
     async fn read_text(&self, path: &str, cap: bool) -> Option<String> {

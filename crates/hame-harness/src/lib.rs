@@ -30,6 +30,7 @@
 mod agent;
 mod context;
 mod error;
+mod guard;
 mod ids;
 pub mod memory;
 pub mod prompt;
@@ -41,12 +42,14 @@ mod workspace;
 
 pub use agent::{
     DEFAULT_AGENT_NAME, EnvFn, EnvLookup, HarnessAgent, HarnessAgentBuilder, STATE_HOME_ENV,
+    workspace_identity,
 };
 pub use context::{
     ContextOptions, DEFAULT_MEMORY_BUDGET_TOKENS, MAX_CONTEXT_FILE_BYTES, MAX_LISTED_FILES,
     TokenCount, WorkspaceContext,
 };
 pub use error::{Error, Result};
+pub use guard::{GuardFs, GuardRules, USER_FOLDER_MARKERS};
 pub use hame_tools::{Identity, Workspace, WorkspaceExt, WorkspaceMode};
 pub use ids::{MAX_ID_LEN, validate_id};
 pub use memory::{FlushPolicy, MemoryOptions};

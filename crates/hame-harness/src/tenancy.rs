@@ -6,18 +6,25 @@ use hame_core::RuntimeContext;
 use hame_fs::{Execute, Filesystem, FsPath, Isolation, Namespace, PrefixFs, Scope};
 use hame_tools::{Identity, Workspace, WorkspaceMode};
 
+use crate::guard::{GuardFs, GuardRules};
 use crate::template::TemplateFs;
 
-/// Where workspace files physically live.
+/// Where workspace files physically live (the table of modes is in `docs/filesystem.md`).
 #[derive(Debug, Clone)]
 pub enum FilesystemMode {
-    /// The workspace on local disk. Tenant data lives under namespace prefixes inside it
-    /// (`agents/<agent>/users/<user>/home/...`); the `execute` shell tool is registered
-    /// when `shell` is true. The default, with the shell.
+    /// Local mode, for one trusted user on their own machine: the file tools (and the
+    /// `execute` shell tool, when `shell` is true) work on the workspace itself. Runtime
+    /// data sits at the reference layout in the workspace (`agents/<agent>/sessions/`,
+    /// `memory/`, `MEMORY.md`), under `<userId>/` for a caller with a user id. The shell is
+    /// not a boundary: it can read every file of the host user. The default, with the shell.
     Local {
         /// Register the `execute` tool (runs `sh -c` in the workspace; not a sandbox).
         shell: bool,
     },
+    /// Isolated local mode, for many tenants on one machine: each tenant sees only its
+    /// namespace on local disk (`<workspace>/agents/<agent>/users/<user>/home/...`) over the
+    /// read-only workspace template. No shell tool.
+    IsolatedLocal,
     /// Shared-store mode for many replicas: tenant data lives in `store` (Redis, object
     /// storage) under namespace prefixes; the local workspace is the read-only template
     /// below it (reads fall through, writes go to the store). No shell tool.
@@ -42,8 +49,8 @@ impl FilesystemMode {
     /// The layout callers' handles report.
     pub fn workspace_mode(&self) -> WorkspaceMode {
         match self {
-            FilesystemMode::Local { shell: true } => WorkspaceMode::TrustedLocal,
-            FilesystemMode::Local { shell: false } => WorkspaceMode::IsolatedLocal,
+            FilesystemMode::Local { .. } => WorkspaceMode::TrustedLocal,
+            FilesystemMode::IsolatedLocal => WorkspaceMode::IsolatedLocal,
             FilesystemMode::SharedStore { .. } => WorkspaceMode::SharedStore,
         }
     }
@@ -54,19 +61,22 @@ impl FilesystemMode {
 /// through the handle [`Tenancy::workspace`] made, and through nothing else.
 #[derive(Debug)]
 pub struct Tenancy {
-    /// Where tenant data is written.
+    /// Where tenant data is written (in local mode: the workspace, files created private).
     pub store: Arc<dyn Filesystem>,
     /// The shared read-only template (runtime roots hidden).
     pub template: Arc<dyn Filesystem>,
     /// Agent id, scope and template.
     pub isolation: Isolation,
+    workspace: Arc<dyn Filesystem>,
     mode: WorkspaceMode,
     exec: Option<Arc<dyn Execute>>,
+    hidden: Vec<FsPath>,
 }
 
 impl Tenancy {
     /// Builds the tenancy over a local workspace filesystem; `exec` is the shell handed to
-    /// callers (local mode with the shell on).
+    /// callers (local mode with the shell on). In [`WorkspaceMode::TrustedLocal`] `store`
+    /// is the workspace opened for runtime data (the same directory as `workspace`).
     pub fn new(
         store: Arc<dyn Filesystem>,
         workspace: Arc<dyn Filesystem>,
@@ -75,7 +85,7 @@ impl Tenancy {
         mode: WorkspaceMode,
         exec: Option<Arc<dyn Execute>>,
     ) -> Self {
-        let template: Arc<dyn Filesystem> = Arc::new(TemplateFs::new(workspace));
+        let template: Arc<dyn Filesystem> = Arc::new(TemplateFs::new(workspace.clone()));
         let mut isolation = Isolation::new(agent);
         isolation.scope = scope;
         isolation.template = Some(template.clone());
@@ -83,30 +93,84 @@ impl Tenancy {
             store,
             template,
             isolation,
+            workspace,
             mode,
             exec,
+            hidden: Vec::new(),
         }
     }
 
-    /// The caller's workspace handle: its namespace in the store over the template (the
-    /// files its tools see), its session-log area (always per (agent, user) — or per
-    /// session for anonymous callers — whatever the scope, so two users never share a
-    /// log), its per-user override folder `<userId>/` of the template, and the shell when
-    /// the mode has one.
+    /// Paths of the workspace no caller sees (a state home inside the workspace).
+    pub fn with_hidden(mut self, hidden: Vec<FsPath>) -> Self {
+        self.hidden = hidden;
+        self
+    }
+
+    /// The caller's workspace handle, the one place that knows the modes:
+    ///
+    /// * local mode ([`WorkspaceMode::TrustedLocal`]): the files are the workspace itself;
+    ///   records and home are the workspace (no user id) or its `<userId>/` folder;
+    /// * isolated modes: the files are the caller's namespace in the store over the
+    ///   template; the records are the per-(agent, user) log namespace (per session for
+    ///   anonymous callers, whatever the scope, so two users never share a log).
+    ///
+    /// In every mode the files go through [`GuardFs`]: other users' override folders and
+    /// other tenants' runtime data are hidden, the caller's runtime roots (session logs,
+    /// task records, the memory index, offloaded results) are skipped by walks and never
+    /// written by the file tools.
     pub fn workspace(&self, runtime: &RuntimeContext) -> hame_fs::Result<Workspace> {
         let agent = &self.isolation.agent_id;
         let user = runtime.user_id.as_deref();
         let session = runtime.session_id.as_str();
-        let ns = Namespace::derive(agent, user, session, self.isolation.scope)?;
-        let files = hame_fs::tenant_fs(self.store.clone(), &ns, Some(self.template.clone()));
-        let log_ns = Namespace::derive(agent, user, session, Scope::User)?;
-        let records = hame_fs::tenant_fs(self.store.clone(), &log_ns, None);
-        let mut ws = Workspace::new(
-            Identity::new(agent.clone(), user, session),
-            self.mode,
-            files,
-            records,
-        );
+        let identity = Identity::new(agent.clone(), user, session);
+        let offload = hame_memory::offload::DEFAULT_OFFLOAD_DIR;
+        let mut ws = if self.mode == WorkspaceMode::TrustedLocal {
+            // Validates the ids (the namespace itself is not used in local mode).
+            Namespace::derive(agent, user, session, Scope::User)?;
+            let (home_in_files, home): (FsPath, Arc<dyn Filesystem>) = match user {
+                Some(u) => {
+                    let prefix = FsPath::parse(u)?;
+                    let home = Arc::new(PrefixFs::new(self.store.clone(), prefix.clone()));
+                    (prefix, home)
+                }
+                None => (FsPath::root(), self.store.clone()),
+            };
+            let mut rules = GuardRules {
+                hidden: self.hidden.clone(),
+                runtime: vec![home_in_files.join("agents")?, home_in_files.join(offload)?],
+                user_folders: None,
+            };
+            if user.is_some() {
+                // The anonymous owner's runtime data is not a user's.
+                for root in ["agents", "global", offload, "memory", "MEMORY.md"] {
+                    rules.hidden.push(FsPath::parse(root)?);
+                }
+                rules.user_folders = Some(user.map(str::to_owned));
+            }
+            let files: Arc<dyn Filesystem> = Arc::new(GuardFs::new(self.workspace.clone(), rules));
+            Workspace::new(identity, self.mode, files, home.clone()).with_home(home, home_in_files)
+        } else {
+            let ns = Namespace::derive(agent, user, session, self.isolation.scope)?;
+            // Other users' override folders of the template are not this caller's.
+            let template: Arc<dyn Filesystem> = Arc::new(GuardFs::new(
+                self.template.clone(),
+                GuardRules {
+                    hidden: self.hidden.clone(),
+                    runtime: Vec::new(),
+                    user_folders: Some(user.map(str::to_owned)),
+                },
+            ));
+            let home = hame_fs::tenant_fs(self.store.clone(), &ns, Some(template));
+            let log_ns = Namespace::derive(agent, user, session, Scope::User)?;
+            let records = hame_fs::tenant_fs(self.store.clone(), &log_ns, None);
+            let rules = GuardRules {
+                hidden: Vec::new(),
+                runtime: vec![FsPath::parse("agents")?, FsPath::parse(offload)?],
+                user_folders: None,
+            };
+            let files: Arc<dyn Filesystem> = Arc::new(GuardFs::new(home.clone(), rules));
+            Workspace::new(identity, self.mode, files, records).with_home(home, FsPath::root())
+        };
         if let Some(u) = user {
             let prefix = FsPath::parse(u)?;
             ws = ws.with_overrides(Arc::new(PrefixFs::new(self.template.clone(), prefix)));

@@ -1,4 +1,4 @@
-//! The session index `agents/<agentId>/sessions/index.json`, updated by compare-and-set.
+//! The session index `agents/<agentId>/sessions/sessions.json`, updated by compare-and-set.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -162,8 +162,26 @@ pub(crate) async fn read_index(
             })?;
             Ok((index, Some(version)))
         }
-        Err(e) if e.is_not_found() => Ok((IndexFile::default(), None)),
+        Err(e) if e.is_not_found() => Ok((read_legacy_index(fs, path).await, None)),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// The index of a build that named it `index.json`, when `sessions.json` does not exist
+/// yet: its entries (titles, times) carry over, and the first update writes them to
+/// `sessions.json` (the version is `None`, so that write is a create). A missing or
+/// unreadable legacy index is an empty one: `list_sessions` repairs it from the logs.
+async fn read_legacy_index(fs: &dyn Filesystem, path: &FsPath) -> IndexFile {
+    let legacy = match path.parent() {
+        Some(dir) => dir.join(crate::log::LEGACY_INDEX_FILE),
+        None => FsPath::parse(crate::log::LEGACY_INDEX_FILE),
+    };
+    let Ok(legacy) = legacy else {
+        return IndexFile::default();
+    };
+    match fs.read_bytes(&legacy).await {
+        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_default(),
+        Err(_) => IndexFile::default(),
     }
 }
 

@@ -3,7 +3,7 @@
 //! Never-compacted session logs for the hame agent harness. Every message of every call —
 //! full tool arguments and full tool results, never truncated — is appended as one JSON line
 //! to `agents/<agentId>/sessions/<sessionId>.log.jsonl` on a [`hame_fs::Filesystem`], and an
-//! index (`index.json` next to the logs) lists the sessions with a title, times and a
+//! index (`sessions.json` next to the logs) lists the sessions with a title, times and a
 //! message count. Context compaction may drop messages from the model's window; the log
 //! keeps them, and the [`session_list`](SessionListTool) and
 //! [`session_history`](SessionHistoryTool) tools let the model read them back.
@@ -52,7 +52,10 @@ pub use index::{
     INDEX_CAS_ATTEMPTS, INDEX_FORMAT_VERSION, IndexUpdate, SessionEntry, TITLE_MAX_CHARS,
     make_title,
 };
-pub use log::{INDEX_FILE, LOG_SUFFIX, LogPage, MAX_CACHED_WRITERS, SessionLog, SessionLogOptions};
+pub use log::{
+    INDEX_FILE, LEGACY_INDEX_FILE, LOG_SUFFIX, LogPage, MAX_CACHED_WRITERS, SessionLog,
+    SessionLogOptions,
+};
 pub use record::{LogRecord, RECORD_FORMAT_VERSION};
 pub use tools::{
     DEFAULT_HISTORY_LIMIT, DEFAULT_LIST_LIMIT, DEFAULT_RECORD_CHARS, MAX_HISTORY_LIMIT,

@@ -17,7 +17,9 @@ use crate::index::{
 use crate::record::{LogRecord, last_record, parse_log};
 
 /// File name of the index inside the sessions directory.
-pub const INDEX_FILE: &str = "index.json";
+pub const INDEX_FILE: &str = "sessions.json";
+/// The index name of earlier builds, read once when [`INDEX_FILE`] does not exist yet.
+pub const LEGACY_INDEX_FILE: &str = "index.json";
 /// Suffix of a session's log file (`<sessionId>.log.jsonl`).
 pub const LOG_SUFFIX: &str = ".log.jsonl";
 
@@ -91,7 +93,7 @@ type WriterSlot = Arc<tokio::sync::Mutex<Option<Tail>>>;
 ///
 /// ```text
 /// agents/<agentId>/sessions/<sessionId>.log.jsonl   one LogRecord per line
-/// agents/<agentId>/sessions/index.json              SessionEntry per session
+/// agents/<agentId>/sessions/sessions.json           SessionEntry per session
 /// ```
 ///
 /// # Guarantees

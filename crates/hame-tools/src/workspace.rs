@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use hame_core::{Extensions, ToolContext, ToolError, codes};
-use hame_fs::{Execute, Filesystem};
+use hame_fs::{Execute, Filesystem, FsPath};
 
 /// Who is calling: the ids every path and key of the caller is derived from (checked by
 /// `hame_id` before a handle is made).
@@ -53,6 +53,8 @@ pub struct Workspace {
     mode: WorkspaceMode,
     files: Arc<dyn Filesystem>,
     records: Arc<dyn Filesystem>,
+    home: Arc<dyn Filesystem>,
+    home_in_files: FsPath,
     overrides: Option<Arc<dyn Filesystem>>,
     exec: Option<Arc<dyn Execute>>,
 }
@@ -62,6 +64,7 @@ impl fmt::Debug for Workspace {
         f.debug_struct("Workspace")
             .field("identity", &self.identity)
             .field("mode", &self.mode)
+            .field("home_in_files", &self.home_in_files)
             .field("overrides", &self.overrides.is_some())
             .field("exec", &self.exec.is_some())
             .finish()
@@ -70,7 +73,8 @@ impl fmt::Debug for Workspace {
 
 impl Workspace {
     /// A handle: `files` is what the caller's tools see, `records` where its session logs
-    /// and task records live.
+    /// and task records live. Its [`home`](Self::home) is `files` until
+    /// [`with_home`](Self::with_home) sets another.
     pub fn new(
         identity: Identity,
         mode: WorkspaceMode,
@@ -80,11 +84,23 @@ impl Workspace {
         Self {
             identity,
             mode,
+            home: files.clone(),
+            home_in_files: FsPath::root(),
             files,
             records,
             overrides: None,
             exec: None,
         }
+    }
+
+    /// Sets where the caller's runtime data lives (memory files, `MEMORY.md`, offloaded
+    /// results) and the path at which that folder appears in [`files`](Self::files)
+    /// (`<userId>` in local mode with a user id, the root otherwise), so a path written in
+    /// the home can be shown to the model as a path its file tools can read.
+    pub fn with_home(mut self, home: Arc<dyn Filesystem>, in_files: FsPath) -> Self {
+        self.home = home;
+        self.home_in_files = in_files;
+        self
     }
 
     /// Sets the caller's per-user override folder (`<userId>/` of the workspace, read-only).
@@ -117,6 +133,19 @@ impl Workspace {
     /// Where the caller's session logs and task records live.
     pub fn records(&self) -> &Arc<dyn Filesystem> {
         &self.records
+    }
+
+    /// Where the caller's runtime data lives: memory files (`memory/YYYY-MM-DD.md`,
+    /// `MEMORY.md`) and offloaded tool results. Not guarded like [`files`](Self::files):
+    /// only hame writes here.
+    pub fn home(&self) -> &Arc<dyn Filesystem> {
+        &self.home
+    }
+
+    /// The path of [`home`](Self::home) inside [`files`](Self::files) (the root, or
+    /// `<userId>` in local mode with a user id).
+    pub fn home_in_files(&self) -> &FsPath {
+        &self.home_in_files
     }
 
     /// The caller's per-user override folder, when it has a user id.

@@ -14,7 +14,7 @@
 //!
 //! With a real model: `HAME_MODEL=openai:gpt-4o-mini OPENAI_API_KEY=... cargo run -p
 //! example-custom-layer -- ./ws "How many words are in AGENTS.md?"`.
-#![allow(clippy::print_stdout)]
+#![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::sync::Arc;
 use std::time::Instant;

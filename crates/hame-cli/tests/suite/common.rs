@@ -105,3 +105,10 @@ fn rand_suffix() -> String {
         .unwrap_or(0);
     format!("{nanos}-{}", N.fetch_add(1, Ordering::Relaxed))
 }
+
+/// Where the default JSON state of workspace `ws` lives when `HAME_STATE_HOME` is
+/// `dir/state` (keyed by the workspace identity).
+pub fn state_dir(dir: &Path, ws: &Path) -> std::path::PathBuf {
+    dir.join("state")
+        .join(hame::harness::workspace_identity(ws))
+}

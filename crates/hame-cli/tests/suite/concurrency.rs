@@ -302,7 +302,7 @@ async fn forty_processes_never_lose_a_session_index_entry() -> TestResult {
     // Read the index file itself (listing sessions would also repair it).
     let mut found = None;
     for entry in walk(&dir.path().join("ws"))? {
-        if entry.ends_with("sessions/index.json") {
+        if entry.ends_with("sessions/sessions.json") {
             found = Some(entry);
         }
     }

@@ -148,8 +148,7 @@ impl Fixture {
     }
 
     fn log(&self) -> PathBuf {
-        self.ws()
-            .join("agents/hame/users/alice/home/agents/hame/sessions/s1.log.jsonl")
+        self.ws().join("alice/agents/hame/sessions/s1.log.jsonl")
     }
 
     fn command(&self, message: &str) -> tokio::process::Command {
@@ -400,7 +399,7 @@ async fn crash_sigkill_at_random_instants_never_tears_state_or_log() -> TestResu
     let saved = store.load(&key).await?.ok_or("no state saved")?;
     let saved_turns = turns(&saved.state);
     read_log(&fx.log())?;
-    let index = fx.log().with_file_name("index.json");
+    let index = fx.log().with_file_name("sessions.json");
     serde_json::from_slice::<serde_json::Value>(&fs::read(&index)?)
         .map_err(|e| format!("{} is torn: {e}", index.display()))?;
 

@@ -116,7 +116,7 @@ fn message_for(turn: usize) -> String {
 }
 
 fn home(ws: &Path) -> std::path::PathBuf {
-    ws.join("agents/hame/users/alice/home")
+    ws.join("alice")
 }
 
 #[tokio::test]
@@ -291,7 +291,9 @@ async fn a_long_session_compacts_flushes_consolidates_offloads_and_searches() ->
     assert!(result_of(53).contains("Falcon"), "{}", result_of(53));
 
     // The state's watermark is saved (the flush ran after calls and before compactions).
-    let state_text = fs::read_to_string(dir.path().join("state/hame/users/alice/long.json"))?;
+    let state_text = fs::read_to_string(
+        super::common::state_dir(dir.path(), &ws).join("hame/users/alice/long.json"),
+    )?;
     assert!(state_text.contains("\"flushed_through\""), "{state_text}");
     Ok(())
 }

@@ -1,6 +1,7 @@
 mod common;
 mod concurrency;
 mod crash;
+mod layout;
 mod memory;
 mod replicas;
 mod resume;

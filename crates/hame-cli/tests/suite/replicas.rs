@@ -82,8 +82,7 @@ async fn continue_in_second_replica(state: &str) -> TestResult {
     );
     // Each replica logged the messages of its own call in its own workspace; the
     // conversation itself travelled through the state store only.
-    let log =
-        format!("ws/agents/{agent}/users/ada/home/agents/{agent}/sessions/handover.log.jsonl");
+    let log = format!("ws/ada/agents/{agent}/sessions/handover.log.jsonl");
     assert!(a.path().join(&log).is_file());
     assert!(b.path().join(&log).is_file());
     Ok(())

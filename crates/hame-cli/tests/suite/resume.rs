@@ -62,7 +62,11 @@ async fn a_session_continues_in_a_new_process() -> TestResult {
     ];
     run_with(dir.path(), &base, &other, "Hi", &[]).await?;
     assert_eq!(user_texts(&server.requests()[2].body), vec!["Hi"]);
-    // The state is a JSON document under HAME_STATE_HOME/<agent>.
-    assert!(dir.path().join("state/hame").is_dir());
+    // The state is a JSON document under HAME_STATE_HOME/<workspace identity>/<agent>.
+    assert!(
+        super::common::state_dir(dir.path(), &ws)
+            .join("hame")
+            .is_dir()
+    );
     Ok(())
 }

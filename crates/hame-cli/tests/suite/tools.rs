@@ -43,18 +43,18 @@ async fn write_then_read_a_file_through_the_tools() -> TestResult {
         "{}",
         last_tool_result(&reqs[2].body)
     );
-    // The file landed in alice's namespace inside the workspace, not at the root.
-    let landed = ws.join("agents/hame/users/alice/home/notes/todo.md");
-    assert_eq!(fs::read_to_string(landed)?, "- buy milk\n");
-    assert!(!ws.join("notes/todo.md").exists());
-    // Every message of the call is in the never-compacted session log.
-    let log = fs::read_to_string(
-        ws.join("agents/hame/users/alice/home/agents/hame/sessions/default.log.jsonl"),
-    )?;
+    // Local mode: the file landed in the workspace itself, where the shell sees it.
+    assert_eq!(
+        fs::read_to_string(ws.join("notes/todo.md"))?,
+        "- buy milk\n"
+    );
+    // Every message of the call is in the never-compacted session log, at the reference
+    // layout under alice's folder.
+    let log = fs::read_to_string(ws.join("alice/agents/hame/sessions/default.log.jsonl"))?;
     assert_eq!(log.lines().count(), 6, "{log}");
     // The session index is updated once at the end of the call.
     let index: serde_json::Value = serde_json::from_str(&fs::read_to_string(
-        ws.join("agents/hame/users/alice/home/agents/hame/sessions/index.json"),
+        ws.join("alice/agents/hame/sessions/sessions.json"),
     )?)?;
     let text = index.to_string();
     assert!(text.contains("\"message_count\":6"), "{text}");

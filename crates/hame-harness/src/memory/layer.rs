@@ -86,9 +86,10 @@ impl MemoryLayer {
         }
     }
 
-    /// The caller's memory files (the files of its workspace handle).
+    /// The caller's memory files (the home of its workspace handle: `memory/`, `MEMORY.md`,
+    /// offloaded results).
     pub(crate) fn files(&self, ws: &Workspace) -> FsFiles {
-        FsFiles::new(ws.files().clone())
+        FsFiles::new(ws.home().clone())
     }
 
     /// Flushes the messages after the watermark into today's log, in rounds until nothing

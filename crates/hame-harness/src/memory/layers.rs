@@ -40,11 +40,19 @@ impl Layer for OffloadLayer {
         if message.role == Role::Tool
             && let Some(ws) = cx.extensions.get::<Workspace>()
         {
-            let offloader = Offloader::new(
-                self.layer.options.offload.clone(),
-                Arc::new(self.layer.files(ws)),
-            )
-            .with_context_window(self.layer.context_window);
+            // Results go to the caller's home; the preview names them as the caller's
+            // file tools see them (`/<userId>/large_tool_results/...` in local mode with a
+            // user id, `/large_tool_results/...` otherwise).
+            let mut policy = self.layer.options.offload.clone();
+            if !ws.home_in_files().is_root() {
+                policy.model_path_prefix = format!(
+                    "{}/{}/",
+                    policy.model_path_prefix.trim_end_matches('/'),
+                    ws.home_in_files().as_str()
+                );
+            }
+            let offloader = Offloader::new(policy, Arc::new(self.layer.files(ws)))
+                .with_context_window(self.layer.context_window);
             let threshold = offloader.threshold();
             if message
                 .tool_results_iter()

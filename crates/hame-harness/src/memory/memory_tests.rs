@@ -97,8 +97,10 @@ async fn large_results_are_offloaded_after_the_log_has_recorded_them() -> TestRe
     let seen = last_tool_text(requests[1].messages.last().unwrap());
     assert!(seen.contains("too large for the context"), "{seen}");
     assert!(seen.len() < 6_000);
-    // The file holds the whole result, in alice's namespace.
-    let fs = a.filesystem_for(&ctx)?;
+    // The file holds the whole result, in alice's home (`<workspace>/alice/`), and the
+    // preview names it as alice's file tools see it.
+    assert!(seen.contains("/alice/large_tool_results/c1-"), "{seen}");
+    let fs = a.workspace_for(&ctx)?.home().clone();
     let listed = fs.list(&FsPath::parse("large_tool_results")?).await?;
     assert_eq!(listed.len(), 1);
     let file = listed[0].path.as_str().to_owned();
@@ -178,7 +180,7 @@ async fn a_flush_missed_by_a_dead_process_is_redone_by_the_next_call() -> TestRe
     );
     let state = b.state(&ctx).await?.unwrap();
     assert_eq!(unflushed(&state), 0);
-    let fs = b.filesystem_for(&ctx)?;
+    let fs = b.workspace_for(&ctx)?.home().clone();
     let memory = fs.read_bytes(&FsPath::parse("MEMORY.md")?).await?;
     assert_eq!(String::from_utf8(memory)?, "# Memory\n\n- Bob likes tea\n");
     let today = hame_memory::daily::daily_log_path(chrono::Utc::now().date_naive());

@@ -144,7 +144,7 @@ async fn a_corrupt_index_is_left_alone_and_can_be_rebuilt() -> TestResult {
     log_at(fs.clone(), 4)
         .append_messages("b", "c2", &[Message::user("first b")])
         .await?;
-    let index = FsPath::parse("agents/main/sessions/index.json")?;
+    let index = FsPath::parse("agents/main/sessions/sessions.json")?;
     fs.write(&index, b"{not json".to_vec(), WriteOptions::default())
         .await?;
 
