@@ -73,11 +73,11 @@ pub use json::{JSON_FORMAT, JsonStore};
 #[cfg(feature = "redis")]
 pub use redis_store::{RedisOptions, RedisStore};
 #[cfg(feature = "mysql")]
-pub use sql::MySqlStore;
+pub use sql::{MySql, MySqlStore};
 #[cfg(feature = "postgres")]
-pub use sql::PostgresStore;
+pub use sql::{Postgres, PostgresStore};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub use sql::SqlOptions;
+pub use sql::{SqlDialect, SqlOptions, SqlStore};
 
 /// Opens a store from a URL or path.
 ///
