@@ -122,6 +122,41 @@ impl Error {
         }
     }
 
+    pub(crate) fn lease_lost(key: impl std::fmt::Display) -> Self {
+        Error::LeaseLost {
+            key: key.to_string(),
+        }
+    }
+
+    /// `Ok` if a compare-token update of a lease took effect (`held`), else `LeaseLost`.
+    #[allow(dead_code)] // unused when the json feature is off and no shared store is on
+    pub(crate) fn lease_held(held: bool, key: impl std::fmt::Display) -> Result<()> {
+        if held {
+            Ok(())
+        } else {
+            Err(Self::lease_lost(key))
+        }
+    }
+
+    /// The version a compare-and-set save writes when it finds `found`: `found + 1` (1 for
+    /// none) if that is what the caller `expected`, else `Conflict`.
+    #[allow(dead_code)] // unused when the json feature is off and no shared store is on
+    pub(crate) fn next_version(
+        key: impl std::fmt::Display,
+        expected: Option<u64>,
+        found: Option<u64>,
+    ) -> Result<u64> {
+        if found == expected {
+            Ok(found.map_or(1, |v| v + 1))
+        } else {
+            Err(Error::Conflict {
+                key: key.to_string(),
+                expected,
+                found,
+            })
+        }
+    }
+
     #[allow(dead_code)] // unused when the json feature is off
     pub(crate) fn io(path: impl Into<std::path::PathBuf>, source: std::io::Error) -> Self {
         Error::Io {

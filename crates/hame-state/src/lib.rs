@@ -31,7 +31,8 @@
 //!     None => (AgentState::default(), None),
 //! };
 //! state.messages.push(Message::user("hi"));
-//! let version = store.save(&key, &state, version).await?; // Err(Conflict) if someone else saved
+//! // Err(Conflict) if someone else saved; Err(LeaseLost) if the lease lapsed or was taken over.
+//! let version = store.save_fenced(&key, &state, version, &lease).await?;
 //! assert_eq!(version, 1);
 //! lease.release().await?;
 //! # Ok(()) }
@@ -41,9 +42,13 @@
 #![deny(missing_docs)]
 
 mod error;
+mod holder;
 mod key;
 mod memory;
 mod store;
+
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
+mod shared_lease;
 
 #[cfg(feature = "json")]
 mod json;
@@ -61,11 +66,12 @@ mod tests;
 use std::sync::Arc;
 
 pub use error::{Error, Result};
+pub use holder::Holder;
 pub use key::{MAX_ID_LEN, StateKey, validate_id};
 pub use memory::InMemoryStore;
 pub use store::{
     DEFAULT_LEASE_TTL, DEFAULT_LEASE_WAIT, KeepAlive, LEASE_POLL_MAX, LEASE_POLL_MIN, Lease,
-    LeaseHandle, LeaseOptions, SessionSummary, StateStore, Stored,
+    LeaseGrant, LeaseHandle, LeaseOptions, SessionSummary, StateStore, Stored,
 };
 
 #[cfg(feature = "json")]

@@ -10,6 +10,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::error::{Error, Result};
 use crate::key::StateKey;
+use crate::shared_lease::{self, LeaseRecord, LeaseTable};
 use crate::store::{Lease, LeaseHandle, SessionSummary, StateStore, Stored};
 
 /// Default key prefix of [`RedisStore`].
@@ -55,11 +56,13 @@ impl RedisOptions {
 /// ```text
 /// <prefix>:{<agent>:<tenant>}:doc:<session>     hash: v = version, s = state JSON, t = updated (ms)
 /// <prefix>:{<agent>:<tenant>}:idx               sorted set: session -> updated (ms)
-/// <prefix>:{<agent>:<tenant>}:lease:<session>   string: holder token, with PX expiry
+/// <prefix>:{<agent>:<tenant>}:lease:<session>   hash: t = token, f = fence, h = holder, e = expiry (ms)
 /// ```
 ///
-/// `save` is one Lua script (compare version, write hash, update index), so it is atomic.
-/// Leases are `SET NX PX`; renewal and release are compare-token Lua scripts.
+/// `save` is one Lua script (compare version, and for `save_fenced` the lease's token and
+/// fence, write hash, update index), so it is atomic. A lease is a hash whose expiry `e` is
+/// compared with the server's `TIME` in Lua; it is never deleted (a release blanks `t`), so
+/// its fence `f` only grows. Acquire, takeover, renewal and release are Lua scripts.
 #[derive(Clone)]
 pub struct RedisStore {
     conn: ConnectionManager,
@@ -74,7 +77,15 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+/// KEYS: doc, idx, lease. ARGV: expected version ('' = absent), state, now ms, session,
+/// lease token ('' = not fenced), fence. Returns {1, new version}, {0, found version} or
+/// {2, ''} (the lease is not current).
 const SAVE: &str = r"
+if ARGV[5] ~= '' then
+  if redis.call('TYPE', KEYS[3]).ok ~= 'hash' then return {2, ''} end
+  local l = redis.call('HMGET', KEYS[3], 't', 'f')
+  if l[1] ~= ARGV[5] or l[2] ~= ARGV[6] then return {2, ''} end
+end
 local cur = redis.call('HGET', KEYS[1], 'v')
 if ARGV[1] == '' then
   if cur then return {0, cur} end
@@ -93,23 +104,67 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 return n
 ";
 
-const RENEW: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+/// The server's clock in ms, for lease expiry.
+const NOW: &str = r"
+local function now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-return 0
 ";
 
-const RELEASE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+/// KEYS: lease. ARGV: token, holder, ttl ms. Takes the lease if free, released or lapsed
+/// (or already this token's: a retried call). Returns the record: {token, fence, holder}.
+const ACQUIRE: &str = r"
+if redis.call('TYPE', KEYS[1]).ok == 'string' then
+  return {'', '0', ''} -- the lease of an older hame (SET PX): wait for its expiry
 end
-return 0
+local cur = redis.call('HMGET', KEYS[1], 't', 'f', 'h', 'e')
+local t = cur[1] or ''
+if t == ARGV[1] or (t ~= '' and (tonumber(cur[4]) or 0) > now()) then
+  return {t, cur[2] or '0', cur[3] or ''}
+end
+local f = (tonumber(cur[2]) or 0) + 1
+redis.call('HSET', KEYS[1], 't', ARGV[1], 'f', f, 'h', ARGV[2], 'e', now() + tonumber(ARGV[3]))
+return {ARGV[1], tostring(f), ARGV[2]}
 ";
+
+/// KEYS: lease. ARGV: old token, old fence, token, holder, ttl ms. Returns 1 if taken over.
+const TAKE_OVER: &str = r"
+if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then return 0 end
+local cur = redis.call('HMGET', KEYS[1], 't', 'f')
+if cur[1] == ARGV[3] then return 1 end
+if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 't', ARGV[3], 'f', tonumber(ARGV[2]) + 1, 'h', ARGV[4],
+  'e', now() + tonumber(ARGV[5]))
+return 1
+";
+
+/// KEYS: lease. ARGV: token, ttl ms. Returns 1 if renewed.
+const RENEW: &str = r"
+if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then return 0 end
+local cur = redis.call('HMGET', KEYS[1], 't', 'e')
+if cur[1] ~= ARGV[1] or (tonumber(cur[2]) or 0) <= now() then return 0 end
+redis.call('HSET', KEYS[1], 'e', now() + tonumber(ARGV[2]))
+return 1
+";
+
+/// KEYS: lease. ARGV: token. Blanks the token (the fence stays).
+const RELEASE: &str = r"
+if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then return 0 end
+if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 't', '', 'e', 0)
+return 1
+";
+
+fn with_clock(script: &str) -> redis::Script {
+    redis::Script::new(&format!("{NOW}{script}"))
+}
 
 static SAVE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SAVE));
 static DELETE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(DELETE));
-static RENEW_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RENEW));
+static ACQUIRE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| with_clock(ACQUIRE));
+static TAKE_OVER_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| with_clock(TAKE_OVER));
+static RENEW_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| with_clock(RENEW));
 static RELEASE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RELEASE));
 
 fn backend(e: redis::RedisError) -> Error {
@@ -168,28 +223,43 @@ impl RedisStore {
         )
     }
 
-    async fn write(&self, key: &StateKey, json: &[u8], expected: Option<u64>) -> Result<u64> {
+    /// The compare-and-set of `save`; with a lease, of `save_fenced`.
+    async fn write(
+        &self,
+        key: &StateKey,
+        json: &[u8],
+        expected: Option<u64>,
+        lease: Option<&Lease>,
+    ) -> Result<u64> {
         let mut conn = self.conn.clone();
         let now = Utc::now().timestamp_millis();
-        let (ok, v): (i64, String) = SAVE_SCRIPT
+        let (token, fence) = lease.map_or(("", 0), |l| (l.token(), l.fence()));
+        let (status, v): (i64, String) = SAVE_SCRIPT
             .key(self.doc_key(key))
             .key(self.idx_key(key.agent(), key.user()))
+            .key(self.lease_key(key))
             .arg(expected.map(|v| v.to_string()).unwrap_or_default())
             .arg(json)
             .arg(now)
             .arg(key.session())
+            .arg(token)
+            .arg(fence)
             .invoke_async(&mut conn)
             .await
             .map_err(backend)?;
-        if ok == 1 {
-            v.parse()
-                .map_err(|_| Error::backend("redis", format!("bad version {v:?} from script")))
-        } else {
-            Err(Error::Conflict {
+        match (status, lease) {
+            (1, _) => v
+                .parse()
+                .map_err(|_| Error::backend("redis", format!("bad version {v:?} from script"))),
+            (2, Some(lease)) => {
+                lease.mark_lost();
+                Err(Error::lease_lost(key))
+            }
+            _ => Err(Error::Conflict {
                 key: key.to_string(),
                 expected,
                 found: v.parse().ok(),
-            })
+            }),
         }
     }
 
@@ -197,7 +267,7 @@ impl RedisStore {
     async fn put_raw_doc(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
         self.delete(key).await?;
         let json = serde_json::to_vec(&state).map_err(Error::Serialize)?;
-        self.write(key, &json, None).await.map(|_| ())
+        self.write(key, &json, None, None).await.map(|_| ())
     }
 }
 
@@ -224,7 +294,19 @@ impl StateStore for RedisStore {
 
     async fn save(&self, key: &StateKey, state: &AgentState, expected: Option<u64>) -> Result<u64> {
         let json = serde_json::to_vec(state).map_err(Error::Serialize)?;
-        self.write(key, &json, expected).await
+        self.write(key, &json, expected, None).await
+    }
+
+    async fn save_fenced(
+        &self,
+        key: &StateKey,
+        state: &AgentState,
+        expected: Option<u64>,
+        lease: &Lease,
+    ) -> Result<u64> {
+        lease.check_for(key)?;
+        let json = serde_json::to_vec(state).map_err(Error::Serialize)?;
+        self.write(key, &json, expected, Some(lease)).await
     }
 
     async fn delete(&self, key: &StateKey) -> Result<bool> {
@@ -263,32 +345,68 @@ impl StateStore for RedisStore {
     }
 
     async fn try_acquire(&self, key: &StateKey, ttl: Duration) -> Result<Option<Lease>> {
-        let mut conn = self.conn.clone();
-        let token = uuid::Uuid::new_v4().to_string();
-        let lease_key = self.lease_key(key);
-        let set: Option<String> = redis::cmd("SET")
-            .arg(&lease_key)
-            .arg(&token)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl_ms(ttl))
-            .query_async(&mut conn)
-            .await
-            .map_err(backend)?;
-        if set.is_none() {
+        let Some(grant) = shared_lease::try_take(self, key, ttl).await? else {
             return Ok(None);
-        }
+        };
         let handle = RedisLease {
             conn: self.conn.clone(),
-            lease_key,
-            token: token.clone(),
+            lease_key: self.lease_key(key),
+            token: grant.token.clone(),
             key: key.to_string(),
         };
-        Ok(Some(Lease::new(key.clone(), token, ttl, Arc::new(handle))))
+        Ok(Some(Lease::new(key.clone(), grant, Arc::new(handle))))
     }
 
     fn is_shared(&self) -> bool {
         true
+    }
+}
+
+#[async_trait]
+impl LeaseTable for RedisStore {
+    async fn take_free(
+        &self,
+        key: &StateKey,
+        token: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<LeaseRecord>> {
+        let mut conn = self.conn.clone();
+        let (token, fence, holder): (String, String, String) = ACQUIRE_SCRIPT
+            .key(self.lease_key(key))
+            .arg(token)
+            .arg(holder)
+            .arg(ttl_ms(ttl))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        Ok(Some(LeaseRecord {
+            token,
+            fence: fence.parse().unwrap_or(0),
+            holder,
+        }))
+    }
+
+    async fn take_over(
+        &self,
+        key: &StateKey,
+        old: &LeaseRecord,
+        token: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<bool> {
+        let mut conn = self.conn.clone();
+        let n: i64 = TAKE_OVER_SCRIPT
+            .key(self.lease_key(key))
+            .arg(&old.token)
+            .arg(old.fence)
+            .arg(token)
+            .arg(holder)
+            .arg(ttl_ms(ttl))
+            .invoke_async(&mut conn)
+            .await
+            .map_err(backend)?;
+        Ok(n == 1)
     }
 }
 
@@ -318,13 +436,7 @@ impl LeaseHandle for RedisLease {
             .invoke_async(&mut conn)
             .await
             .map_err(backend)?;
-        if n == 1 {
-            Ok(())
-        } else {
-            Err(Error::LeaseLost {
-                key: self.key.clone(),
-            })
-        }
+        Error::lease_held(n == 1, &self.key)
     }
 
     async fn release(&self) -> Result<()> {

@@ -22,6 +22,7 @@ use sqlx::query::Query;
 
 use crate::error::{Error, Result};
 use crate::key::StateKey;
+use crate::shared_lease::{self, LeaseRecord, LeaseTable};
 use crate::store::{Lease, LeaseHandle, SessionSummary, StateStore, Stored};
 
 /// Options of [`PostgresStore::connect`] and [`MySqlStore::connect`].
@@ -147,15 +148,22 @@ use sealed::Dialect;
 /// dialect has the same list.
 macro_rules! migrations {
     ($db:literal) => {
-        &[(
-            1,
-            "sessions and leases",
-            include_str!(concat!(
-                "../migrations/",
-                $db,
-                "/0001_sessions_and_leases.sql"
-            )),
-        )]
+        &[
+            (
+                1,
+                "sessions and leases",
+                include_str!(concat!(
+                    "../migrations/",
+                    $db,
+                    "/0001_sessions_and_leases.sql"
+                )),
+            ),
+            (
+                2,
+                "lease fencing tokens and holders",
+                include_str!(concat!("../migrations/", $db, "/0002_lease_fencing.sql")),
+            ),
+        ]
     };
 }
 
@@ -186,9 +194,11 @@ impl sealed::Sealed for Postgres {
             (
                 "{or_take_expired}",
                 "ON CONFLICT (agent, user_key, session) DO UPDATE
-                   SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
+                   SET token = EXCLUDED.token, fence = hame_state_leases.fence + 1,
+                       holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at
                    WHERE hame_state_leases.expires_at <= clock_timestamp()",
             ),
+            ("{for_share}", "FOR SHARE"),
         ],
         // A session-level advisory lock; PostgreSQL drops it if the connection dies.
         lock: "SELECT 1::bigint FROM pg_advisory_lock(7291046183)",
@@ -223,14 +233,17 @@ impl sealed::Sealed for MySql {
             ),
             // A duplicate key is an error, which `write` reads as a conflict.
             ("{if_absent}", ""),
-            // Both assignments test the old `expires_at` (it is assigned last), so either
-            // both columns change (the old lease expired) or neither does.
+            // Every assignment tests the old `expires_at` (it is assigned last), so either
+            // all columns change (the old lease lapsed) or none does.
             (
                 "{or_take_expired}",
                 "ON DUPLICATE KEY UPDATE
+                   fence = IF(expires_at <= UTC_TIMESTAMP(6), fence + 1, fence),
                    token = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(token), token),
+                   holder = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(holder), holder),
                    expires_at = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(expires_at), expires_at)",
             ),
+            ("{for_share}", "LOCK IN SHARE MODE"),
         ],
         // DDL commits implicitly in MySQL, so a named lock (held by the connection)
         // serialises concurrent connects instead of a transaction.
@@ -258,30 +271,48 @@ mod template {
     pub const LOAD: &str = "SELECT version, {state} FROM hame_state_sessions WHERE {key}";
     /// (key) -> version
     pub const VERSION: &str = "SELECT version FROM hame_state_sessions WHERE {key}";
-    /// (key, state): version 1; no row affected (or a duplicate key) when present.
+    /// (state, key): version 1; no row affected (or a duplicate key) when present.
     pub const CREATE: &str = "INSERT INTO hame_state_sessions
-        (agent, user_key, session, version, state, updated_at)
-        VALUES (?, ?, ?, 1, {json}, {now}) {if_absent}";
+        (state, agent, user_key, session, version, updated_at)
+        VALUES ({json}, ?, ?, ?, 1, {now}) {if_absent}";
+    /// (state, key, lease token, fence): [`CREATE`] if the lease row holds this lease,
+    /// which it keeps locked until the write commits.
+    pub const CREATE_FENCED: &str = "INSERT INTO hame_state_sessions
+        (state, agent, user_key, session, version, updated_at)
+        SELECT {json}, agent, user_key, session, 1, {now} FROM hame_state_leases
+        WHERE {key} AND token = ? AND fence = ? {for_share} {if_absent}";
     /// (state, key, expected version)
     pub const UPDATE: &str = "UPDATE hame_state_sessions
         SET version = version + 1, state = {json}, updated_at = {now}
         WHERE {key} AND version = ?";
+    /// Appended to [`UPDATE`] for a fenced write: (lease token, fence). The lease row stays
+    /// locked until the write commits, so a takeover waits for it.
+    pub const AND_FENCED: &str = "AND EXISTS (SELECT 1 FROM hame_state_leases l
+        WHERE l.agent = hame_state_sessions.agent AND l.user_key = hame_state_sessions.user_key
+          AND l.session = hame_state_sessions.session AND l.token = ? AND l.fence = ?
+        {for_share})";
     /// (key)
     pub const DELETE: &str = "DELETE FROM hame_state_sessions WHERE {key}";
     /// (agent, user_key) -> session, updated_at in µs since the epoch
     pub const LIST: &str = "SELECT session, {updated_micros} FROM hame_state_sessions
         WHERE agent = ? AND user_key = ? ORDER BY updated_at DESC, session";
-    /// (key, token, ttl µs): takes the lease row if absent or expired.
+    /// (key, token, holder, ttl µs): takes the lease row if absent, released or lapsed.
     pub const ACQUIRE: &str = "INSERT INTO hame_state_leases
-        (agent, user_key, session, token, expires_at)
-        VALUES (?, ?, ?, ?, {now_plus_micros}) {or_take_expired}";
-    /// (key) -> token
-    pub const HOLDER: &str = "SELECT token FROM hame_state_leases WHERE {key}";
+        (agent, user_key, session, token, fence, holder, expires_at)
+        VALUES (?, ?, ?, ?, 1, ?, {now_plus_micros}) {or_take_expired}";
+    /// (key) -> token, fence, holder
+    pub const LEASE: &str = "SELECT token, fence, holder FROM hame_state_leases WHERE {key}";
+    /// (token, holder, ttl µs, key, old token, old fence): takes over a live lease whose
+    /// holder has exited.
+    pub const TAKE_OVER: &str = "UPDATE hame_state_leases
+        SET token = ?, fence = fence + 1, holder = ?, expires_at = {now_plus_micros}
+        WHERE {key} AND token = ? AND fence = ?";
     /// (ttl µs, key, token): extends a live lease of this token.
     pub const RENEW: &str = "UPDATE hame_state_leases SET expires_at = {now_plus_micros}
         WHERE {key} AND token = ? AND expires_at > {now}";
-    /// (key, token)
-    pub const RELEASE: &str = "DELETE FROM hame_state_leases WHERE {key} AND token = ?";
+    /// (key, token): blanks and expires the row; its fence stays.
+    pub const RELEASE: &str = "UPDATE hame_state_leases SET token = '', expires_at = {now}
+        WHERE {key} AND token = ?";
 }
 
 /// The statements of one dialect, rendered from [`template`].
@@ -293,11 +324,14 @@ pub struct Statements {
     load: String,
     version: String,
     create: String,
+    create_fenced: String,
     update: String,
+    update_fenced: String,
     delete: String,
     list: String,
     acquire: String,
-    holder: String,
+    lease: String,
+    take_over: String,
     renew: String,
     release: String,
 }
@@ -312,11 +346,14 @@ impl Statements {
             load: r(template::LOAD),
             version: r(template::VERSION),
             create: r(template::CREATE),
+            create_fenced: r(template::CREATE_FENCED),
             update: r(template::UPDATE),
+            update_fenced: r(&format!("{} {}", template::UPDATE, template::AND_FENCED)),
             delete: r(template::DELETE),
             list: r(template::LIST),
             acquire: r(template::ACQUIRE),
-            holder: r(template::HOLDER),
+            lease: r(template::LEASE),
+            take_over: r(template::TAKE_OVER),
             renew: r(template::RENEW),
             release: r(template::RELEASE),
         }
@@ -475,41 +512,115 @@ impl<D: SqlDialect> SqlStore<D> {
             .map_err(backend::<D>)
     }
 
-    async fn write(&self, key: &StateKey, json: String, expected: Option<u64>) -> Result<u64> {
+    async fn lease_record(&self, key: &StateKey) -> Result<Option<LeaseRecord>> {
+        let row = bind_key(query(&D::statements().lease), key)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend::<D>)?;
+        row.map(|r| {
+            Ok(LeaseRecord {
+                token: r.try_get(0)?,
+                fence: version_of(r.try_get(1)?),
+                holder: r.try_get(2)?,
+            })
+        })
+        .transpose()
+        .map_err(backend::<D>)
+    }
+
+    /// The compare-and-set write of `save` and, with a lease, of `save_fenced`.
+    async fn write(
+        &self,
+        key: &StateKey,
+        json: String,
+        expected: Option<u64>,
+        lease: Option<&Lease>,
+    ) -> Result<u64> {
         let sql = D::statements();
-        let done = match expected {
-            None => {
-                let q = bind_key(query(&sql.create), key).bind(json);
-                match q.execute(&self.pool).await {
-                    Ok(r) => r.rows_affected() == 1,
-                    Err(e) if is_unique_violation(&e) => false,
-                    Err(e) => return Err(backend::<D>(e)),
-                }
-            }
-            Some(v) => {
-                let v = i64::try_from(v).map_err(|_| Error::Conflict {
+        let statement = match (expected, lease) {
+            (None, None) => &sql.create,
+            (None, Some(_)) => &sql.create_fenced,
+            (Some(_), None) => &sql.update,
+            (Some(_), Some(_)) => &sql.update_fenced,
+        };
+        let mut q = bind_key(query(statement).bind(json), key);
+        if let Some(v) = expected {
+            let Ok(v) = i64::try_from(v) else {
+                return Err(Error::Conflict {
                     key: key.to_string(),
                     expected,
-                    found: None,
-                })?;
-                bind_key(query(&sql.update).bind(json), key)
-                    .bind(v)
-                    .execute(&self.pool)
-                    .await
-                    .map_err(backend::<D>)?
-                    .rows_affected()
-                    == 1
-            }
+                    found: self.current_version(key).await?,
+                });
+            };
+            q = q.bind(v);
+        }
+        if let Some(lease) = lease {
+            let fence = i64::try_from(lease.fence()).unwrap_or(-1);
+            q = q.bind(lease.token().to_owned()).bind(fence);
+        }
+        let done = match q.execute(&self.pool).await {
+            Ok(r) => r.rows_affected() == 1,
+            Err(e) if is_unique_violation(&e) => false,
+            Err(e) => return Err(backend::<D>(e)),
         };
         if done {
-            Ok(expected.map_or(1, |v| v + 1))
-        } else {
-            Err(Error::Conflict {
-                key: key.to_string(),
-                expected,
-                found: self.current_version(key).await?,
-            })
+            return Ok(expected.map_or(1, |v| v + 1));
         }
+        if let Some(lease) = lease {
+            let record = self.lease_record(key).await?;
+            let held = record.is_some_and(|r| r.token == lease.token() && r.fence == lease.fence());
+            if !held {
+                lease.mark_lost();
+                return Err(Error::lease_lost(key));
+            }
+        }
+        Err(Error::Conflict {
+            key: key.to_string(),
+            expected,
+            found: self.current_version(key).await?,
+        })
+    }
+}
+
+#[async_trait]
+impl<D: SqlDialect> LeaseTable for SqlStore<D> {
+    async fn take_free(
+        &self,
+        key: &StateKey,
+        token: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<LeaseRecord>> {
+        bind_key(query(&D::statements().acquire), key)
+            .bind(token.to_owned())
+            .bind(holder.to_owned())
+            .bind(ttl_micros(ttl))
+            .execute(&self.pool)
+            .await
+            .map_err(backend::<D>)?;
+        self.lease_record(key).await
+    }
+
+    async fn take_over(
+        &self,
+        key: &StateKey,
+        old: &LeaseRecord,
+        token: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<bool> {
+        let q = query(&D::statements().take_over)
+            .bind(token.to_owned())
+            .bind(holder.to_owned())
+            .bind(ttl_micros(ttl));
+        let n = bind_key(q, key)
+            .bind(old.token.clone())
+            .bind(i64::try_from(old.fence).unwrap_or(-1))
+            .execute(&self.pool)
+            .await
+            .map_err(backend::<D>)?
+            .rows_affected();
+        Ok(n == 1)
     }
 }
 
@@ -522,7 +633,9 @@ fn backend<D: SqlDialect>(e: sqlx::Error) -> Error {
 impl<D: SqlDialect> crate::conformance::RawAccess for SqlStore<D> {
     async fn put_raw(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
         self.delete(key).await?;
-        self.write(key, state.to_string(), None).await.map(|_| ())
+        self.write(key, state.to_string(), None, None)
+            .await
+            .map(|_| ())
     }
 }
 
@@ -548,7 +661,19 @@ impl<D: SqlDialect> StateStore for SqlStore<D> {
 
     async fn save(&self, key: &StateKey, state: &AgentState, expected: Option<u64>) -> Result<u64> {
         let json = serde_json::to_string(state).map_err(Error::Serialize)?;
-        self.write(key, json, expected).await
+        self.write(key, json, expected, None).await
+    }
+
+    async fn save_fenced(
+        &self,
+        key: &StateKey,
+        state: &AgentState,
+        expected: Option<u64>,
+        lease: &Lease,
+    ) -> Result<u64> {
+        lease.check_for(key)?;
+        let json = serde_json::to_string(state).map_err(Error::Serialize)?;
+        self.write(key, json, expected, Some(lease)).await
     }
 
     async fn delete(&self, key: &StateKey) -> Result<bool> {
@@ -580,29 +705,16 @@ impl<D: SqlDialect> StateStore for SqlStore<D> {
     }
 
     async fn try_acquire(&self, key: &StateKey, ttl: Duration) -> Result<Option<Lease>> {
-        let sql = D::statements();
-        let token = uuid::Uuid::new_v4().to_string();
-        bind_key(query(&sql.acquire), key)
-            .bind(token.clone())
-            .bind(ttl_micros(ttl))
-            .execute(&self.pool)
-            .await
-            .map_err(backend::<D>)?;
-        let holder: Option<String> = bind_key(query(&sql.holder), key)
-            .fetch_optional(&self.pool)
-            .await
-            .and_then(|r| r.map(|r| r.try_get(0)).transpose())
-            .map_err(backend::<D>)?;
-        if holder.as_deref() != Some(token.as_str()) {
+        let Some(grant) = shared_lease::try_take(self, key, ttl).await? else {
             return Ok(None);
-        }
+        };
         let handle = SqlLease::<D> {
             pool: self.pool.clone(),
             key: key.clone(),
-            token: token.clone(),
+            token: grant.token.clone(),
             dialect: PhantomData,
         };
-        Ok(Some(Lease::new(key.clone(), token, ttl, Arc::new(handle))))
+        Ok(Some(Lease::new(key.clone(), grant, Arc::new(handle))))
     }
 
     fn is_shared(&self) -> bool {
@@ -636,13 +748,7 @@ impl<D: SqlDialect> LeaseHandle for SqlLease<D> {
             .await
             .map_err(backend::<D>)?
             .rows_affected();
-        if n == 1 {
-            Ok(())
-        } else {
-            Err(Error::LeaseLost {
-                key: self.key.to_string(),
-            })
-        }
+        Error::lease_held(n == 1, &self.key)
     }
 
     async fn release(&self) -> Result<()> {
