@@ -63,9 +63,15 @@ impl RedisOptions {
 /// fence, write hash, update index), so it is atomic. A lease is a hash whose expiry `e` is
 /// compared with the server's `TIME` in Lua; it is never deleted (a release blanks `t`), so
 /// its fence `f` only grows. Acquire, takeover, renewal and release are Lua scripts.
+///
+/// A call that fails because the connection broke (reset, broken pipe, refused: not a
+/// timeout, not a server error) is sent once more, on the connection the manager
+/// re-establishes. Every call is idempotent, so that is safe even if the first one was
+/// applied and only its reply was lost: a `save` carries a write id and a retry that finds
+/// its own write reports it as done. If the retry fails too, the first failure is reported.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Conn,
     prefix: Arc<str>,
 }
 
@@ -78,9 +84,12 @@ impl std::fmt::Debug for RedisStore {
 }
 
 /// KEYS: doc, idx, lease. ARGV: expected version ('' = absent), state, now ms, session,
-/// lease token ('' = not fenced), fence. Returns {1, new version}, {0, found version} or
-/// {2, ''} (the lease is not current).
+/// lease token ('' = not fenced), fence, write id. Returns {1, new version}, {0, found
+/// version} or {2, ''} (the lease is not current). A write whose id is already stored is
+/// this call, retried after its reply was lost: it reports success again.
 const SAVE: &str = r"
+local mine = redis.call('HMGET', KEYS[1], 'v', 'w')
+if mine[1] and mine[2] == ARGV[7] then return {1, mine[1]} end
 if ARGV[5] ~= '' then
   if redis.call('TYPE', KEYS[3]).ok ~= 'hash' then return {2, ''} end
   local l = redis.call('HMGET', KEYS[3], 't', 'f')
@@ -93,7 +102,7 @@ elseif cur ~= ARGV[1] then
   return {0, cur or ''}
 end
 local nv = (tonumber(cur) or 0) + 1
-redis.call('HSET', KEYS[1], 'v', nv, 's', ARGV[2], 't', ARGV[3])
+redis.call('HSET', KEYS[1], 'v', nv, 's', ARGV[2], 't', ARGV[3], 'w', ARGV[7])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 return {1, tostring(nv)}
 ";
@@ -171,6 +180,62 @@ fn backend(e: redis::RedisError) -> Error {
     Error::backend("redis", e)
 }
 
+/// Whether a failure means the connection broke, so the command may go again on a new one.
+/// A timeout does not count: the command may still be running, and waiting again doubles
+/// the time the caller waits.
+fn is_broken_connection(e: &redis::RedisError) -> bool {
+    (e.is_io_error() || e.is_connection_dropped()) && !e.is_timeout()
+}
+
+/// One command or script call.
+#[derive(Clone, Copy)]
+enum Call<'a> {
+    Cmd(&'a redis::Cmd),
+    Script(&'a redis::ScriptInvocation<'a>),
+}
+
+/// The store's connection: a [`ConnectionManager`] (which reconnects after a broken
+/// connection) and the retry of one call.
+#[derive(Clone)]
+struct Conn(ConnectionManager);
+
+impl Conn {
+    async fn query<T: redis::FromRedisValue + Send>(&self, cmd: &redis::Cmd) -> Result<T> {
+        self.run(Call::Cmd(cmd)).await
+    }
+
+    async fn invoke<T: redis::FromRedisValue + Send>(
+        &self,
+        script: &redis::ScriptInvocation<'_>,
+    ) -> Result<T> {
+        self.run(Call::Script(script)).await
+    }
+
+    /// Runs an (idempotent) call; after a broken connection once more; on a second failure
+    /// reports the first.
+    async fn run<T: redis::FromRedisValue + Send>(&self, call: Call<'_>) -> Result<T> {
+        let attempt = || async move {
+            let mut conn = self.0.clone();
+            match call {
+                Call::Cmd(cmd) => cmd.query_async(&mut conn).await,
+                Call::Script(script) => script.invoke_async(&mut conn).await,
+            }
+        };
+        let first = match attempt().await {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        if !is_broken_connection(&first) {
+            return Err(backend(first));
+        }
+        tracing::warn!(error = %first, "redis connection broke; sending the call once more");
+        attempt().await.map_err(|second| {
+            tracing::warn!(error = %second, "redis call failed again after reconnecting");
+            backend(first)
+        })
+    }
+}
+
 fn ttl_ms(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
 }
@@ -191,7 +256,7 @@ impl RedisStore {
             .await
             .map_err(backend)?;
         Ok(Self {
-            conn,
+            conn: Conn(conn),
             prefix: options.prefix.into(),
         })
     }
@@ -231,11 +296,24 @@ impl RedisStore {
         expected: Option<u64>,
         lease: Option<&Lease>,
     ) -> Result<u64> {
-        let mut conn = self.conn.clone();
+        let write_id = uuid::Uuid::new_v4().simple().to_string();
+        self.write_as(&write_id, key, json, expected, lease).await
+    }
+
+    /// [`write`](Self::write) with a given write id: a second call with the same id (a
+    /// retry whose first reply was lost) reports the first call's version.
+    async fn write_as(
+        &self,
+        write_id: &str,
+        key: &StateKey,
+        json: &[u8],
+        expected: Option<u64>,
+        lease: Option<&Lease>,
+    ) -> Result<u64> {
         let now = Utc::now().timestamp_millis();
         let (token, fence) = lease.map_or(("", 0), |l| (l.token(), l.fence()));
-        let (status, v): (i64, String) = SAVE_SCRIPT
-            .key(self.doc_key(key))
+        let mut call = SAVE_SCRIPT.prepare_invoke();
+        call.key(self.doc_key(key))
             .key(self.idx_key(key.agent(), key.user()))
             .key(self.lease_key(key))
             .arg(expected.map(|v| v.to_string()).unwrap_or_default())
@@ -244,9 +322,8 @@ impl RedisStore {
             .arg(key.session())
             .arg(token)
             .arg(fence)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(backend)?;
+            .arg(write_id);
+        let (status, v): (i64, String) = self.conn.invoke(&call).await?;
         match (status, lease) {
             (1, _) => v
                 .parse()
@@ -263,6 +340,12 @@ impl RedisStore {
         }
     }
 
+    /// The server's id of the current connection (`CLIENT ID`), for tests that drop it.
+    #[cfg(test)]
+    pub(crate) async fn client_id(&self) -> Result<i64> {
+        self.conn.query(redis::cmd("CLIENT").arg("ID")).await
+    }
+
     #[cfg(any(test, feature = "conformance"))]
     async fn put_raw_doc(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
         self.delete(key).await?;
@@ -274,14 +357,10 @@ impl RedisStore {
 #[async_trait]
 impl StateStore for RedisStore {
     async fn load(&self, key: &StateKey) -> Result<Option<Stored>> {
-        let mut conn = self.conn.clone();
-        let (version, json): (Option<u64>, Option<Vec<u8>>) = redis::cmd("HMGET")
-            .arg(self.doc_key(key))
-            .arg("v")
-            .arg("s")
-            .query_async(&mut conn)
-            .await
-            .map_err(backend)?;
+        let (version, json): (Option<u64>, Option<Vec<u8>>) = self
+            .conn
+            .query(redis::cmd("HMGET").arg(self.doc_key(key)).arg("v").arg("s"))
+            .await?;
         let (Some(version), Some(json)) = (version, json) else {
             return Ok(None);
         };
@@ -310,28 +389,22 @@ impl StateStore for RedisStore {
     }
 
     async fn delete(&self, key: &StateKey) -> Result<bool> {
-        let mut conn = self.conn.clone();
-        let n: i64 = DELETE_SCRIPT
-            .key(self.doc_key(key))
+        let mut call = DELETE_SCRIPT.prepare_invoke();
+        call.key(self.doc_key(key))
             .key(self.idx_key(key.agent(), key.user()))
-            .arg(key.session())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(backend)?;
+            .arg(key.session());
+        let n: i64 = self.conn.invoke(&call).await?;
         Ok(n > 0)
     }
 
     async fn list_sessions(&self, agent: &str, user: Option<&str>) -> Result<Vec<SessionSummary>> {
         crate::validate_scope(agent, user)?;
-        let mut conn = self.conn.clone();
-        let entries: Vec<(String, f64)> = redis::cmd("ZREVRANGE")
-            .arg(self.idx_key(agent, user))
+        let mut cmd = redis::cmd("ZREVRANGE");
+        cmd.arg(self.idx_key(agent, user))
             .arg(0)
             .arg(-1)
-            .arg("WITHSCORES")
-            .query_async(&mut conn)
-            .await
-            .map_err(backend)?;
+            .arg("WITHSCORES");
+        let entries: Vec<(String, f64)> = self.conn.query(&cmd).await?;
         let mut out: Vec<SessionSummary> = entries
             .into_iter()
             .map(|(session, ms)| SessionSummary {
@@ -371,15 +444,12 @@ impl LeaseTable for RedisStore {
         holder: &str,
         ttl: Duration,
     ) -> Result<Option<LeaseRecord>> {
-        let mut conn = self.conn.clone();
-        let (token, fence, holder): (String, String, String) = ACQUIRE_SCRIPT
-            .key(self.lease_key(key))
+        let mut call = ACQUIRE_SCRIPT.prepare_invoke();
+        call.key(self.lease_key(key))
             .arg(token)
             .arg(holder)
-            .arg(ttl_ms(ttl))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(backend)?;
+            .arg(ttl_ms(ttl));
+        let (token, fence, holder): (String, String, String) = self.conn.invoke(&call).await?;
         Ok(Some(LeaseRecord {
             token,
             fence: fence.parse().unwrap_or(0),
@@ -395,23 +465,20 @@ impl LeaseTable for RedisStore {
         holder: &str,
         ttl: Duration,
     ) -> Result<bool> {
-        let mut conn = self.conn.clone();
-        let n: i64 = TAKE_OVER_SCRIPT
-            .key(self.lease_key(key))
+        let mut call = TAKE_OVER_SCRIPT.prepare_invoke();
+        call.key(self.lease_key(key))
             .arg(&old.token)
             .arg(old.fence)
             .arg(token)
             .arg(holder)
-            .arg(ttl_ms(ttl))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(backend)?;
+            .arg(ttl_ms(ttl));
+        let n: i64 = self.conn.invoke(&call).await?;
         Ok(n == 1)
     }
 }
 
 struct RedisLease {
-    conn: ConnectionManager,
+    conn: Conn,
     lease_key: String,
     token: String,
     key: String,
@@ -428,25 +495,16 @@ impl std::fmt::Debug for RedisLease {
 #[async_trait]
 impl LeaseHandle for RedisLease {
     async fn renew(&self, ttl: Duration) -> Result<()> {
-        let mut conn = self.conn.clone();
-        let n: i64 = RENEW_SCRIPT
-            .key(&self.lease_key)
-            .arg(&self.token)
-            .arg(ttl_ms(ttl))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(backend)?;
+        let mut call = RENEW_SCRIPT.prepare_invoke();
+        call.key(&self.lease_key).arg(&self.token).arg(ttl_ms(ttl));
+        let n: i64 = self.conn.invoke(&call).await?;
         Error::lease_held(n == 1, &self.key)
     }
 
     async fn release(&self) -> Result<()> {
-        let mut conn = self.conn.clone();
-        let _: i64 = RELEASE_SCRIPT
-            .key(&self.lease_key)
-            .arg(&self.token)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(backend)?;
+        let mut call = RELEASE_SCRIPT.prepare_invoke();
+        call.key(&self.lease_key).arg(&self.token);
+        let _: i64 = self.conn.invoke(&call).await?;
         Ok(())
     }
 }
@@ -456,5 +514,33 @@ impl LeaseHandle for RedisLease {
 impl crate::conformance::RawAccess for RedisStore {
     async fn put_raw(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
         self.put_raw_doc(key, state).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conformance::{service_url, unique_agent};
+
+    /// A save retried after its reply was lost (same write id) is reported as done, once.
+    #[tokio::test]
+    async fn a_retried_save_is_not_applied_twice() -> Result<()> {
+        let Some(url) = service_url("HAME_TEST_REDIS_URL")? else {
+            return Ok(());
+        };
+        let prefix = format!("hame-test:{}", uuid::Uuid::new_v4().simple());
+        let store = RedisStore::connect(&url, RedisOptions::with_prefix(prefix)).await?;
+        let key = StateKey::new(unique_agent(), None::<String>, "s1")?;
+        for expected in [None, Some(1)] {
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            let first = store.write_as(&id, &key, b"{}", expected, None).await?;
+            let again = store.write_as(&id, &key, b"{}", expected, None).await?;
+            assert_eq!((first, again), (expected.map_or(1, |v| v + 1), first));
+        }
+        assert_eq!(store.load(&key).await?.map(|s| s.version), Some(2));
+        // Another write with the stale version still conflicts.
+        let other = store.write(&key, b"{}", Some(1), None).await;
+        assert!(other.is_err_and(|e| e.is_conflict()));
+        Ok(())
     }
 }

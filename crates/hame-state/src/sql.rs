@@ -133,6 +133,10 @@ mod sealed {
         pub lock: &'static str,
         /// Releases it.
         pub unlock: &'static str,
+        /// The server's id of the connection (tests).
+        pub session_id: &'static str,
+        /// Ends another connection, given its id (tests).
+        pub kill_session: &'static str,
     }
 
     pub trait Sealed {
@@ -203,6 +207,8 @@ impl sealed::Sealed for Postgres {
         // A session-level advisory lock; PostgreSQL drops it if the connection dies.
         lock: "SELECT 1::bigint FROM pg_advisory_lock(7291046183)",
         unlock: "SELECT 1::bigint FROM pg_advisory_unlock(7291046183)",
+        session_id: "SELECT pg_backend_pid()::bigint",
+        kill_session: "SELECT 1::bigint FROM pg_terminate_backend($1::int)",
     };
 
     fn statements() -> &'static Statements {
@@ -249,6 +255,8 @@ impl sealed::Sealed for MySql {
         // serialises concurrent connects instead of a transaction.
         lock: "SELECT GET_LOCK('hame_state_migrate', 60)",
         unlock: "SELECT RELEASE_LOCK('hame_state_migrate')",
+        session_id: "SELECT CAST(CONNECTION_ID() AS SIGNED)",
+        kill_session: "KILL ?",
     };
 
     fn statements() -> &'static Statements {
@@ -499,6 +507,25 @@ impl<D: SqlDialect> SqlStore<D> {
         }
         result.map_err(backend::<D>)?;
         unlocked.map_err(backend::<D>)?;
+        Ok(())
+    }
+
+    #[cfg(test)]
+    pub(crate) async fn session_id(&self) -> Result<i64> {
+        query(D::DIALECT.session_id)
+            .fetch_one(&self.pool)
+            .await
+            .and_then(|r| r.try_get(0))
+            .map_err(backend::<D>)
+    }
+
+    #[cfg(test)]
+    pub(crate) async fn kill_session(&self, id: i64) -> Result<()> {
+        query(D::DIALECT.kill_session)
+            .bind(id)
+            .execute(&self.pool)
+            .await
+            .map_err(backend::<D>)?;
         Ok(())
     }
 
