@@ -730,6 +730,79 @@ pub async fn migrates_v0<S: StateStore + RawAccess>(store: &S) -> Result<()> {
     Ok(())
 }
 
+/// A document written by a newer hame (a larger `schema_version`) is refused by `load` with a
+/// clear error and never overwritten by `save` or `save_fenced`; a state claiming a newer
+/// schema is not written either. Deleting it is allowed.
+pub async fn future_schema_is_never_overwritten<S: StateStore + RawAccess>(
+    store: &S,
+) -> Result<()> {
+    let agent = unique_agent();
+    let k = key(&agent, Some("u1"), "future")?;
+    let doc = serde_json::json!({"schema_version": 9999, "messages": [], "new_field": true});
+    store.put_raw(&k, doc).await?;
+    let refused = |r: &Result<u64>| r.as_ref().is_err_and(Error::is_too_new);
+    match store.load(&k).await {
+        Err(e) if e.is_too_new() => ensure!(
+            e.to_string().contains("9999") && e.to_string().contains("newer than this build"),
+            "unclear error: {e}"
+        ),
+        other => return Err(fail(format!("loading a newer document gave {other:?}"))),
+    }
+    let got = store.save(&k, &sample("older build"), Some(1)).await;
+    ensure!(
+        refused(&got),
+        "an older build's save over a newer document gave {got:?}"
+    );
+    let lease = store
+        .acquire(
+            &k,
+            LeaseOptions::new(Duration::from_secs(30), Duration::from_secs(5)),
+        )
+        .await?;
+    let got = store
+        .save_fenced(&k, &sample("older build"), Some(1), &lease)
+        .await;
+    ensure!(
+        refused(&got),
+        "a fenced save over a newer document gave {got:?}"
+    );
+    ensure!(lease.check().is_ok(), "refusing the save lost the lease");
+    ensure!(
+        store
+            .save(&k, &sample("older build"), None)
+            .await
+            .is_err_and(|e| e.is_conflict()),
+        "a create over an existing newer document must conflict"
+    );
+    ensure!(
+        store.load(&k).await.is_err_and(|e| e.is_too_new()),
+        "the newer document was rewritten"
+    );
+
+    let mut newer = sample("claims a newer schema");
+    newer.schema_version = hame_core::STATE_SCHEMA_VERSION + 1;
+    let other = key(&agent, Some("u1"), "other")?;
+    let got = store.save(&other, &newer, None).await;
+    ensure!(
+        refused(&got),
+        "a state of a newer schema was saved: {got:?}"
+    );
+    ensure!(store.load(&other).await?.is_none(), "it was written anyway");
+
+    ensure!(
+        store.delete(&k).await?,
+        "a newer document cannot be deleted"
+    );
+    ensure_eq!(
+        store
+            .save_fenced(&k, &sample("fresh"), None, &lease)
+            .await?,
+        1
+    );
+    lease.release().await?;
+    Ok(())
+}
+
 /// 200 messages with large tool results survive a round trip intact.
 pub async fn large_state_round_trip<S: StateStore + RawAccess>(store: &S) -> Result<()> {
     let k = key(&unique_agent(), Some("u1"), "big")?;
@@ -753,7 +826,8 @@ macro_rules! conformance_tests {
     ($make:expr) => {
         $crate::conformance_tests!(@one $make, round_trip, stale_save_conflicts, create_only_conflicts,
             delete, list, tenant_isolation, lease_exclusion, lease_expiry, lease_keep_alive, migrates_v0,
-            large_state_round_trip, fenced_save, lapsed_lease_is_lost);
+            large_state_round_trip, fenced_save, lapsed_lease_is_lost,
+            future_schema_is_never_overwritten);
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn concurrent_savers() -> $crate::Result<()> {
             let Some(store) = $make.await? else { return Ok(()) };

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use hame_core::AgentState;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, MAX_SCHEMA, Result};
 use crate::holder::Holder;
 use crate::key::{StateKey, validate_id};
 use crate::store::{Lease, LeaseGrant, LeaseHandle, SessionSummary, StateStore, Stored};
@@ -74,9 +74,19 @@ struct EnvelopeIn {
     state: serde_json::Value,
 }
 
+/// What a save reads of the document it replaces.
 #[derive(Deserialize)]
 struct Header {
     version: u64,
+    #[serde(default)]
+    state: StateHeader,
+}
+
+#[derive(Default, Deserialize)]
+struct StateHeader {
+    /// Absent in version-0 documents.
+    #[serde(default)]
+    schema_version: u64,
 }
 
 /// The content of `<session>.lease`: the last holder's fence and token (empty once
@@ -156,6 +166,7 @@ impl JsonStore {
         fence: Option<(String, u64)>,
     ) -> Result<u64> {
         let dir = self.dir(key.agent(), key.user());
+        Error::writable_schema(key, state)?;
         // Serialise before taking the lock, to keep the critical section short.
         let state_json = serde_json::to_vec(state).map_err(Error::Serialize)?;
         let key = key.clone();
@@ -171,16 +182,19 @@ impl JsonStore {
                 let path = dir.join(format!("{}.json", key.session()));
                 let found = match read_opt(&path)? {
                     None => None,
-                    Some(bytes) => Some(
-                        serde_json::from_slice::<Header>(&bytes)
-                            .map_err(|e| Error::Format {
-                                key: key.to_string(),
-                                source: hame_core::StateFormatError::Invalid(e),
-                            })?
-                            .version,
-                    ),
+                    Some(bytes) => Some(serde_json::from_slice::<Header>(&bytes).map_err(|e| {
+                        Error::Format {
+                            key: key.to_string(),
+                            source: hame_core::StateFormatError::Invalid(e),
+                        }
+                    })?),
                 };
-                let version = Error::next_version(&key, expected, found)?;
+                let version =
+                    Error::next_version(&key, expected, found.as_ref().map(|h| h.version))?;
+                // Never overwrite a document of a newer hame.
+                if let Some(h) = found.filter(|h| h.state.schema_version > MAX_SCHEMA) {
+                    return Err(Error::too_new(&key, h.state.schema_version));
+                }
                 let head = EnvelopeHead {
                     format: JSON_FORMAT,
                     version,

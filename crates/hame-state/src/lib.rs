@@ -45,6 +45,7 @@ mod error;
 mod holder;
 mod key;
 mod memory;
+mod redact;
 mod store;
 
 #[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
@@ -69,6 +70,7 @@ pub use error::{Error, Result};
 pub use holder::Holder;
 pub use key::{MAX_ID_LEN, StateKey, validate_id};
 pub use memory::InMemoryStore;
+pub use redact::redact_url;
 pub use store::{
     DEFAULT_LEASE_TTL, DEFAULT_LEASE_WAIT, KeepAlive, LEASE_POLL_MAX, LEASE_POLL_MIN, Lease,
     LeaseGrant, LeaseHandle, LeaseOptions, SessionSummary, StateStore, Stored,

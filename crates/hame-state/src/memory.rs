@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use hame_core::AgentState;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, MAX_SCHEMA, Result};
 use crate::key::StateKey;
 use crate::store::{Lease, LeaseGrant, LeaseHandle, SessionSummary, StateStore, Stored};
 
@@ -68,7 +68,14 @@ impl InMemoryStore {
         expected: Option<u64>,
     ) -> Result<u64> {
         let mut docs = lock(&self.docs);
-        let version = Error::next_version(key, expected, docs.get(key).map(|d| d.version))?;
+        let old = docs.get(key);
+        let version = Error::next_version(key, expected, old.map(|d| d.version))?;
+        // Never overwrite a document of a newer hame.
+        if let Some(found) = old.and_then(|d| d.json.get("schema_version")?.as_u64())
+            && found > MAX_SCHEMA
+        {
+            return Err(Error::too_new(key, found));
+        }
         docs.insert(
             key.clone(),
             Doc {
@@ -104,6 +111,7 @@ impl StateStore for InMemoryStore {
     }
 
     async fn save(&self, key: &StateKey, state: &AgentState, expected: Option<u64>) -> Result<u64> {
+        Error::writable_schema(key, state)?;
         let json = Arc::new(serde_json::to_value(state).map_err(Error::Serialize)?);
         self.write(key, json, expected)
     }
@@ -116,6 +124,7 @@ impl StateStore for InMemoryStore {
         lease: &Lease,
     ) -> Result<u64> {
         lease.check_for(key)?;
+        Error::writable_schema(key, state)?;
         let json = Arc::new(serde_json::to_value(state).map_err(Error::Serialize)?);
         // The lease map stays locked across the write, so no takeover can slip in between.
         let leases = lock(&self.leases);

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use hame_core::AgentState;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, MAX_SCHEMA, Result};
 use crate::key::StateKey;
 use crate::shared_lease::{self, LeaseRecord, LeaseTable};
 use crate::store::{Lease, LeaseHandle, SessionSummary, StateStore, Stored};
@@ -54,7 +54,8 @@ impl RedisOptions {
 /// scripts may touch them together; the tenant is `~` for anonymous, `u=<user>` otherwise):
 ///
 /// ```text
-/// <prefix>:{<agent>:<tenant>}:doc:<session>     hash: v = version, s = state JSON, t = updated (ms)
+/// <prefix>:{<agent>:<tenant>}:doc:<session>     hash: v = version, s = state JSON, t = updated (ms),
+///                                               sv = schema version of s, w = id of the last write
 /// <prefix>:{<agent>:<tenant>}:idx               sorted set: session -> updated (ms)
 /// <prefix>:{<agent>:<tenant>}:lease:<session>   hash: t = token, f = fence, h = holder, e = expiry (ms)
 /// ```
@@ -73,22 +74,27 @@ impl RedisOptions {
 pub struct RedisStore {
     conn: Conn,
     prefix: Arc<str>,
+    /// The URL, password redacted.
+    target: Arc<str>,
 }
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
+            .field("target", &self.target)
             .field("prefix", &self.prefix)
             .finish_non_exhaustive()
     }
 }
 
 /// KEYS: doc, idx, lease. ARGV: expected version ('' = absent), state, now ms, session,
-/// lease token ('' = not fenced), fence, write id. Returns {1, new version}, {0, found
-/// version} or {2, ''} (the lease is not current). A write whose id is already stored is
-/// this call, retried after its reply was lost: it reports success again.
+/// lease token ('' = not fenced), fence, write id, schema version of the state, newest
+/// schema version this build reads. Returns {1, new version}, {0, found version}, {2, ''}
+/// (the lease is not current) or {3, stored schema version} (the document is of a newer
+/// hame: it is never overwritten). A write whose id is already stored is this call,
+/// retried after its reply was lost: it reports success again.
 const SAVE: &str = r"
-local mine = redis.call('HMGET', KEYS[1], 'v', 'w')
+local mine = redis.call('HMGET', KEYS[1], 'v', 'w', 'sv')
 if mine[1] and mine[2] == ARGV[7] then return {1, mine[1]} end
 if ARGV[5] ~= '' then
   if redis.call('TYPE', KEYS[3]).ok ~= 'hash' then return {2, ''} end
@@ -101,8 +107,9 @@ if ARGV[1] == '' then
 elseif cur ~= ARGV[1] then
   return {0, cur or ''}
 end
+if (tonumber(mine[3]) or 0) > tonumber(ARGV[9]) then return {3, mine[3]} end
 local nv = (tonumber(cur) or 0) + 1
-redis.call('HSET', KEYS[1], 'v', nv, 's', ARGV[2], 't', ARGV[3], 'w', ARGV[7])
+redis.call('HSET', KEYS[1], 'v', nv, 's', ARGV[2], 't', ARGV[3], 'w', ARGV[7], 'sv', ARGV[8])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 return {1, tostring(nv)}
 ";
@@ -241,23 +248,37 @@ fn ttl_ms(ttl: Duration) -> u64 {
 }
 
 impl RedisStore {
-    /// Connects to `url` (`redis://`, `rediss://`, with optional credentials and db).
+    /// Connects to `url` (`redis://`, `rediss://`, with optional credentials and db). A
+    /// failure names the cause but never the URL's password.
     pub async fn connect(url: &str, options: RedisOptions) -> Result<Self> {
         if options.prefix.contains(['{', '}']) || options.prefix.is_empty() {
             return Err(Error::Config(
                 "redis key prefix must be non-empty and contain no `{` or `}`".into(),
             ));
         }
-        let client = redis::Client::open(url).map_err(backend)?;
+        let fail = |e: redis::RedisError| Error::backend_at("redis", &e, url);
+        let client = redis::Client::open(url).map_err(fail)?;
+        // One plain attempt first, so that a wrong URL, password or port fails at once
+        // instead of after the manager's reconnection backoff (about 6 s).
+        let probe = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.response_timeout));
+        drop(
+            client
+                .get_multiplexed_async_connection_with_config(&probe)
+                .await
+                .map_err(fail)?,
+        );
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
             .set_response_timeout(Some(options.response_timeout));
         let conn = ConnectionManager::new_with_config(client, config)
             .await
-            .map_err(backend)?;
+            .map_err(fail)?;
         Ok(Self {
             conn: Conn(conn),
             prefix: options.prefix.into(),
+            target: crate::redact_url(url).into(),
         })
     }
 
@@ -292,12 +313,13 @@ impl RedisStore {
     async fn write(
         &self,
         key: &StateKey,
-        json: &[u8],
+        (json, schema): (&[u8], u64),
         expected: Option<u64>,
         lease: Option<&Lease>,
     ) -> Result<u64> {
         let write_id = uuid::Uuid::new_v4().simple().to_string();
-        self.write_as(&write_id, key, json, expected, lease).await
+        self.write_as(&write_id, key, (json, schema), expected, lease)
+            .await
     }
 
     /// [`write`](Self::write) with a given write id: a second call with the same id (a
@@ -306,7 +328,7 @@ impl RedisStore {
         &self,
         write_id: &str,
         key: &StateKey,
-        json: &[u8],
+        (json, schema): (&[u8], u64),
         expected: Option<u64>,
         lease: Option<&Lease>,
     ) -> Result<u64> {
@@ -322,7 +344,9 @@ impl RedisStore {
             .arg(key.session())
             .arg(token)
             .arg(fence)
-            .arg(write_id);
+            .arg(write_id)
+            .arg(schema)
+            .arg(MAX_SCHEMA);
         let (status, v): (i64, String) = self.conn.invoke(&call).await?;
         match (status, lease) {
             (1, _) => v
@@ -332,6 +356,7 @@ impl RedisStore {
                 lease.mark_lost();
                 Err(Error::lease_lost(key))
             }
+            (3, _) => Err(Error::too_new(key, v.parse().unwrap_or(u64::MAX))),
             _ => Err(Error::Conflict {
                 key: key.to_string(),
                 expected,
@@ -349,8 +374,13 @@ impl RedisStore {
     #[cfg(any(test, feature = "conformance"))]
     async fn put_raw_doc(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
         self.delete(key).await?;
+        let schema = state
+            .get("schema_version")
+            .and_then(serde_json::Value::as_u64);
         let json = serde_json::to_vec(&state).map_err(Error::Serialize)?;
-        self.write(key, &json, None, None).await.map(|_| ())
+        self.write(key, (&json, schema.unwrap_or(0)), None, None)
+            .await
+            .map(|_| ())
     }
 }
 
@@ -372,8 +402,9 @@ impl StateStore for RedisStore {
     }
 
     async fn save(&self, key: &StateKey, state: &AgentState, expected: Option<u64>) -> Result<u64> {
+        let schema = Error::writable_schema(key, state)?;
         let json = serde_json::to_vec(state).map_err(Error::Serialize)?;
-        self.write(key, &json, expected, None).await
+        self.write(key, (&json, schema), expected, None).await
     }
 
     async fn save_fenced(
@@ -384,8 +415,10 @@ impl StateStore for RedisStore {
         lease: &Lease,
     ) -> Result<u64> {
         lease.check_for(key)?;
+        let schema = Error::writable_schema(key, state)?;
         let json = serde_json::to_vec(state).map_err(Error::Serialize)?;
-        self.write(key, &json, expected, Some(lease)).await
+        self.write(key, (&json, schema), expected, Some(lease))
+            .await
     }
 
     async fn delete(&self, key: &StateKey) -> Result<bool> {
@@ -533,13 +566,17 @@ mod tests {
         let key = StateKey::new(unique_agent(), None::<String>, "s1")?;
         for expected in [None, Some(1)] {
             let id = uuid::Uuid::new_v4().simple().to_string();
-            let first = store.write_as(&id, &key, b"{}", expected, None).await?;
-            let again = store.write_as(&id, &key, b"{}", expected, None).await?;
+            let first = store
+                .write_as(&id, &key, (b"{}", 1), expected, None)
+                .await?;
+            let again = store
+                .write_as(&id, &key, (b"{}", 1), expected, None)
+                .await?;
             assert_eq!((first, again), (expected.map_or(1, |v| v + 1), first));
         }
         assert_eq!(store.load(&key).await?.map(|s| s.version), Some(2));
         // Another write with the stale version still conflicts.
-        let other = store.write(&key, b"{}", Some(1), None).await;
+        let other = store.write(&key, (b"{}", 1), Some(1), None).await;
         assert!(other.is_err_and(|e| e.is_conflict()));
         Ok(())
     }

@@ -20,7 +20,7 @@ use sqlx::any::{AnyArguments, AnyPoolOptions};
 use sqlx::pool::Pool;
 use sqlx::query::Query;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, MAX_SCHEMA, Result};
 use crate::key::StateKey;
 use crate::shared_lease::{self, LeaseRecord, LeaseTable};
 use crate::store::{Lease, LeaseHandle, SessionSummary, StateStore, Stored};
@@ -92,6 +92,8 @@ pub type MySqlStore = SqlStore<MySql>;
 /// A shared store on a SQL server; use it as [`PostgresStore`] or [`MySqlStore`].
 pub struct SqlStore<D: SqlDialect> {
     pool: Pool<sqlx::Any>,
+    /// The URL, password redacted.
+    target: Arc<str>,
     dialect: PhantomData<D>,
 }
 
@@ -99,6 +101,7 @@ impl<D: SqlDialect> Clone for SqlStore<D> {
     fn clone(&self) -> Self {
         Self {
             pool: self.pool.clone(),
+            target: self.target.clone(),
             dialect: PhantomData,
         }
     }
@@ -108,6 +111,7 @@ impl<D: SqlDialect> std::fmt::Debug for SqlStore<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqlStore")
             .field("backend", &D::DIALECT.name)
+            .field("target", &self.target)
             .field("pool", &self.pool)
             .finish()
     }
@@ -166,6 +170,11 @@ macro_rules! migrations {
                 2,
                 "lease fencing tokens and holders",
                 include_str!(concat!("../migrations/", $db, "/0002_lease_fencing.sql")),
+            ),
+            (
+                3,
+                "schema version column",
+                include_str!(concat!("../migrations/", $db, "/0003_schema_version.sql")),
             ),
         ]
     };
@@ -277,22 +286,24 @@ mod template {
         "INSERT INTO hame_state_migrations (version, description) VALUES (?, ?)";
     /// (key) -> version, state text
     pub const LOAD: &str = "SELECT version, {state} FROM hame_state_sessions WHERE {key}";
-    /// (key) -> version
-    pub const VERSION: &str = "SELECT version FROM hame_state_sessions WHERE {key}";
-    /// (state, key): version 1; no row affected (or a duplicate key) when present.
+    /// (key) -> version, schema version
+    pub const VERSION: &str = "SELECT version, schema_version FROM hame_state_sessions WHERE {key}";
+    /// (state, its schema version, key): version 1; no row affected (or a duplicate key)
+    /// when present.
     pub const CREATE: &str = "INSERT INTO hame_state_sessions
-        (state, agent, user_key, session, version, updated_at)
-        VALUES ({json}, ?, ?, ?, 1, {now}) {if_absent}";
-    /// (state, key, lease token, fence): [`CREATE`] if the lease row holds this lease,
-    /// which it keeps locked until the write commits.
+        (state, schema_version, agent, user_key, session, version, updated_at)
+        VALUES ({json}, ?, ?, ?, ?, 1, {now}) {if_absent}";
+    /// (state, its schema version, key, lease token, fence): [`CREATE`] if the lease row
+    /// holds this lease, which it keeps locked until the write commits.
     pub const CREATE_FENCED: &str = "INSERT INTO hame_state_sessions
-        (state, agent, user_key, session, version, updated_at)
-        SELECT {json}, agent, user_key, session, 1, {now} FROM hame_state_leases
+        (state, schema_version, agent, user_key, session, version, updated_at)
+        SELECT {json}, ?, agent, user_key, session, 1, {now} FROM hame_state_leases
         WHERE {key} AND token = ? AND fence = ? {for_share} {if_absent}";
-    /// (state, key, expected version)
+    /// (state, its schema version, key, expected version, newest readable schema version):
+    /// never overwrites a document of a newer hame.
     pub const UPDATE: &str = "UPDATE hame_state_sessions
-        SET version = version + 1, state = {json}, updated_at = {now}
-        WHERE {key} AND version = ?";
+        SET version = version + 1, state = {json}, schema_version = ?, updated_at = {now}
+        WHERE {key} AND version = ? AND schema_version <= ?";
     /// Appended to [`UPDATE`] for a fenced write: (lease token, fence). The lease row stays
     /// locked until the write commits, so a takeover waits for it.
     pub const AND_FENCED: &str = "AND EXISTS (SELECT 1 FROM hame_state_leases l
@@ -426,9 +437,11 @@ impl<D: SqlDialect> SqlStore<D> {
     /// Connects to `url` and applies the migrations (unless `options.migrate` is off).
     ///
     /// [`PostgresStore`] takes `postgres://` and `postgresql://`, [`MySqlStore`] `mysql://`
-    /// and `mariadb://`; another scheme is [`Error::Config`].
+    /// and `mariadb://`; another scheme is [`Error::Config`]. A failure names the cause but
+    /// never the URL's password.
     pub async fn connect(url: &str, options: SqlOptions) -> Result<Self> {
         let d = D::DIALECT;
+        let target = crate::redact_url(url).into();
         let url = match url.split_once("://") {
             Some((scheme, rest)) if d.schemes.contains(&scheme.to_ascii_lowercase().as_str()) => {
                 format!("{}://{rest}", d.schemes[0])
@@ -442,14 +455,27 @@ impl<D: SqlDialect> SqlStore<D> {
             }
         };
         sqlx::any::install_default_drivers();
+        let fail = |e: sqlx::Error| Error::backend_at(d.name, &e, &url);
+        // One plain connection first, bounded by the acquire timeout, so that a wrong
+        // password or a closed port is reported as such, at once (the pool would retry
+        // until its timeout and report only "pool timed out").
+        let probe = tokio::time::timeout(
+            options.acquire_timeout,
+            <sqlx::AnyConnection as sqlx::Connection>::connect(&url),
+        )
+        .await
+        .map_err(|_| fail(sqlx::Error::PoolTimedOut))?
+        .map_err(fail)?;
+        let _ = sqlx::Connection::close(probe).await;
         let pool = AnyPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
             .connect(&url)
             .await
-            .map_err(backend::<D>)?;
+            .map_err(fail)?;
         let store = Self {
             pool,
+            target,
             dialect: PhantomData,
         };
         if options.migrate {
@@ -529,12 +555,13 @@ impl<D: SqlDialect> SqlStore<D> {
         Ok(())
     }
 
-    async fn current_version(&self, key: &StateKey) -> Result<Option<u64>> {
+    /// The stored version and schema version of a key.
+    async fn current(&self, key: &StateKey) -> Result<Option<(u64, u64)>> {
         let row = bind_key(query(&D::statements().version), key)
             .fetch_optional(&self.pool)
             .await
             .map_err(backend::<D>)?;
-        row.map(|r| r.try_get::<i64, _>(0).map(version_of))
+        row.map(|r| Ok((version_of(r.try_get(0)?), version_of(r.try_get(1)?))))
             .transpose()
             .map_err(backend::<D>)
     }
@@ -559,7 +586,7 @@ impl<D: SqlDialect> SqlStore<D> {
     async fn write(
         &self,
         key: &StateKey,
-        json: String,
+        (json, schema): (String, u64),
         expected: Option<u64>,
         lease: Option<&Lease>,
     ) -> Result<u64> {
@@ -570,16 +597,13 @@ impl<D: SqlDialect> SqlStore<D> {
             (Some(_), None) => &sql.update,
             (Some(_), Some(_)) => &sql.update_fenced,
         };
-        let mut q = bind_key(query(statement).bind(json), key);
+        let schema = i64::try_from(schema).unwrap_or(i64::MAX);
+        let mut q = bind_key(query(statement).bind(json).bind(schema), key);
         if let Some(v) = expected {
-            let Ok(v) = i64::try_from(v) else {
-                return Err(Error::Conflict {
-                    key: key.to_string(),
-                    expected,
-                    found: self.current_version(key).await?,
-                });
-            };
-            q = q.bind(v);
+            // A version beyond i64 is never stored: it matches no row.
+            q = q
+                .bind(i64::try_from(v).unwrap_or(-1))
+                .bind(MAX_SCHEMA.cast_signed());
         }
         if let Some(lease) = lease {
             let fence = i64::try_from(lease.fence()).unwrap_or(-1);
@@ -601,10 +625,17 @@ impl<D: SqlDialect> SqlStore<D> {
                 return Err(Error::lease_lost(key));
             }
         }
+        let current = self.current(key).await?;
+        if let Some((version, schema)) = current
+            && Some(version) == expected
+            && schema > MAX_SCHEMA
+        {
+            return Err(Error::too_new(key, schema));
+        }
         Err(Error::Conflict {
             key: key.to_string(),
             expected,
-            found: self.current_version(key).await?,
+            found: current.map(|(version, _)| version),
         })
     }
 }
@@ -660,7 +691,10 @@ fn backend<D: SqlDialect>(e: sqlx::Error) -> Error {
 impl<D: SqlDialect> crate::conformance::RawAccess for SqlStore<D> {
     async fn put_raw(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
         self.delete(key).await?;
-        self.write(key, state.to_string(), None, None)
+        let schema = state
+            .get("schema_version")
+            .and_then(serde_json::Value::as_u64);
+        self.write(key, (state.to_string(), schema.unwrap_or(0)), None, None)
             .await
             .map(|_| ())
     }
@@ -687,8 +721,9 @@ impl<D: SqlDialect> StateStore for SqlStore<D> {
     }
 
     async fn save(&self, key: &StateKey, state: &AgentState, expected: Option<u64>) -> Result<u64> {
+        let schema = Error::writable_schema(key, state)?;
         let json = serde_json::to_string(state).map_err(Error::Serialize)?;
-        self.write(key, json, expected, None).await
+        self.write(key, (json, schema), expected, None).await
     }
 
     async fn save_fenced(
@@ -699,8 +734,9 @@ impl<D: SqlDialect> StateStore for SqlStore<D> {
         lease: &Lease,
     ) -> Result<u64> {
         lease.check_for(key)?;
+        let schema = Error::writable_schema(key, state)?;
         let json = serde_json::to_string(state).map_err(Error::Serialize)?;
-        self.write(key, json, expected, Some(lease)).await
+        self.write(key, (json, schema), expected, Some(lease)).await
     }
 
     async fn delete(&self, key: &StateKey) -> Result<bool> {

@@ -108,6 +108,8 @@ mod lease_takeover;
 mod open_url;
 #[cfg(feature = "redis")]
 mod redis_store;
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
+mod secrets;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 mod sql_store;
 
