@@ -148,6 +148,7 @@ impl Error {
 
     /// The schema version of a state about to be saved, refused if newer than this build's
     /// (such a state would be written under the wrong version).
+    #[allow(dead_code)] // unused when only the memory store is compiled in
     pub(crate) fn writable_schema(
         key: impl std::fmt::Display,
         state: &hame_core::AgentState,
@@ -157,6 +158,18 @@ impl Error {
             return Err(Self::too_new(key, v));
         }
         Ok(v)
+    }
+
+    /// A state about to be saved, as JSON text, and its schema version (refused if newer
+    /// than this build's).
+    #[allow(dead_code)] // unused when only the memory store is compiled in
+    pub(crate) fn encode(
+        key: impl std::fmt::Display,
+        state: &hame_core::AgentState,
+    ) -> Result<(String, u64)> {
+        let schema = Self::writable_schema(key, state)?;
+        let json = serde_json::to_string(state).map_err(Error::Serialize)?;
+        Ok((json, schema))
     }
 
     pub(crate) fn lease_lost(key: impl std::fmt::Display) -> Self {

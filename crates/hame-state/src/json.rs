@@ -166,9 +166,8 @@ impl JsonStore {
         fence: Option<(String, u64)>,
     ) -> Result<u64> {
         let dir = self.dir(key.agent(), key.user());
-        Error::writable_schema(key, state)?;
         // Serialise before taking the lock, to keep the critical section short.
-        let state_json = serde_json::to_vec(state).map_err(Error::Serialize)?;
+        let (state_json, _) = Error::encode(key, state)?;
         let key = key.clone();
         Self::blocking(move || {
             fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
@@ -203,7 +202,7 @@ impl JsonStore {
                     user: key.user(),
                     session: key.session(),
                 };
-                let bytes = envelope(&head, &state_json)?;
+                let bytes = envelope(&head, state_json.as_bytes())?;
                 write_atomic(&dir, key.session(), &bytes)?;
                 Ok(version)
             })

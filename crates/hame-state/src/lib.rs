@@ -6,16 +6,19 @@
 //!
 //! The contract is the [`StateStore`] trait: `load` / compare-and-set `save` / `delete` /
 //! `list_sessions` keyed by a validated [`StateKey`] `(agent, user, session)`, plus
-//! `acquire` for a [`Lease`]. [`open`] picks a backend from a URL. The harness depends on
-//! this crate; tools and models do not.
+//! `acquire` for a [`Lease`] and `save_fenced`, which writes only while that lease is the
+//! key's current one. A lease knows its [`Holder`] (a dead holder on the same machine is
+//! taken over at once), carries a fencing token and notices when it lapses
+//! ([`Lease::check`]). [`open`] picks a backend from a URL; [`redact_url`] shows one without
+//! its password. The harness depends on this crate; tools and models do not.
 //!
 //! | feature | backend | URL | shared |
 //! |---|---|---|---|
 //! | (always) | [`InMemoryStore`] | `memory://` | no |
 //! | `json` (default) | `JsonStore`: one JSON file per session | a path or `file:///path` | no |
 //! | `redis` | `RedisStore`: hashes + sorted-set index, Lua compare-and-set | `redis://`, `rediss://` | yes |
-//! | `postgres` | `PostgresStore`: JSONB rows, lease rows | `postgres://`, `postgresql://` | yes |
-//! | `mysql` | `MySqlStore`: LONGTEXT rows, lease rows (MySQL, MariaDB) | `mysql://`, `mariadb://` | yes |
+//! | `postgres` | `PostgresStore` (`SqlStore<Postgres>`): JSONB rows, lease rows | `postgres://`, `postgresql://` | yes |
+//! | `mysql` | `MySqlStore` (`SqlStore<MySql>`): LONGTEXT rows, lease rows (MySQL, MariaDB) | `mysql://`, `mariadb://` | yes |
 //! | `conformance` | `conformance`: the suite every backend runs | | |
 //!
 //! ```

@@ -402,9 +402,9 @@ impl StateStore for RedisStore {
     }
 
     async fn save(&self, key: &StateKey, state: &AgentState, expected: Option<u64>) -> Result<u64> {
-        let schema = Error::writable_schema(key, state)?;
-        let json = serde_json::to_vec(state).map_err(Error::Serialize)?;
-        self.write(key, (&json, schema), expected, None).await
+        let (json, schema) = Error::encode(key, state)?;
+        self.write(key, (json.as_bytes(), schema), expected, None)
+            .await
     }
 
     async fn save_fenced(
@@ -415,9 +415,8 @@ impl StateStore for RedisStore {
         lease: &Lease,
     ) -> Result<u64> {
         lease.check_for(key)?;
-        let schema = Error::writable_schema(key, state)?;
-        let json = serde_json::to_vec(state).map_err(Error::Serialize)?;
-        self.write(key, (&json, schema), expected, Some(lease))
+        let (json, schema) = Error::encode(key, state)?;
+        self.write(key, (json.as_bytes(), schema), expected, Some(lease))
             .await
     }
 

@@ -721,9 +721,8 @@ impl<D: SqlDialect> StateStore for SqlStore<D> {
     }
 
     async fn save(&self, key: &StateKey, state: &AgentState, expected: Option<u64>) -> Result<u64> {
-        let schema = Error::writable_schema(key, state)?;
-        let json = serde_json::to_string(state).map_err(Error::Serialize)?;
-        self.write(key, (json, schema), expected, None).await
+        self.write(key, Error::encode(key, state)?, expected, None)
+            .await
     }
 
     async fn save_fenced(
@@ -734,9 +733,8 @@ impl<D: SqlDialect> StateStore for SqlStore<D> {
         lease: &Lease,
     ) -> Result<u64> {
         lease.check_for(key)?;
-        let schema = Error::writable_schema(key, state)?;
-        let json = serde_json::to_string(state).map_err(Error::Serialize)?;
-        self.write(key, (json, schema), expected, Some(lease)).await
+        self.write(key, Error::encode(key, state)?, expected, Some(lease))
+            .await
     }
 
     async fn delete(&self, key: &StateKey) -> Result<bool> {
