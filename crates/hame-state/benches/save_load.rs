@@ -144,6 +144,22 @@ fn load(bencher: Bencher, backend: &str) {
     ok(RT.block_on(store.delete(&key)));
 }
 
+#[divan::bench(args = backends(), sample_count = 30, sample_size = 1)]
+fn save_fenced(bencher: Bencher, backend: &str) {
+    let store = store(backend);
+    let key = key("fenced");
+    let lease = ok(RT.block_on(store.acquire(&key, hame_state::LeaseOptions::default())));
+    let version = Cell::new(ok(
+        RT.block_on(store.save_fenced(&key, &STATE, None, &lease))
+    ));
+    bencher.counter(bytes()).bench_local(|| {
+        let v = ok(RT.block_on(store.save_fenced(&key, &STATE, Some(version.get()), &lease)));
+        version.set(v);
+    });
+    ok(RT.block_on(store.delete(&key)));
+    ok(RT.block_on(lease.release()));
+}
+
 #[divan::bench(args = backends(), sample_count = 30, sample_size = 10)]
 fn acquire_release(bencher: Bencher, backend: &str) {
     let store = store(backend);

@@ -7,14 +7,14 @@
 
 use std::fmt::Debug;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use hame_core::{AgentState, ContentBlock, Message, Role, ToolCall, ToolResult};
 
 use crate::error::{Error, Result};
 use crate::key::StateKey;
-use crate::store::{LeaseOptions, StateStore};
+use crate::store::{Lease, LeaseGrant, LeaseHandle, LeaseOptions, StateStore};
 
 /// Backend access the suite needs beyond the trait.
 #[async_trait]
@@ -407,6 +407,7 @@ pub async fn lease_keep_alive<S: StateStore + RawAccess>(store: &S) -> Result<()
     let keep = lease.keep_alive();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     ensure!(!keep.is_lost(), "keep-alive lost a held lease");
+    ensure!(lease.check().is_ok(), "a kept-alive lease failed its check");
     ensure!(
         store
             .try_acquire(&k, Duration::from_secs(30))
@@ -473,6 +474,183 @@ pub async fn lease_expiry<S: StateStore + RawAccess>(store: &S) -> Result<()> {
         );
         taker.release().await?;
     }
+    Ok(())
+}
+
+/// The handle of a lease that a paused or partitioned process still believes it holds:
+/// renewing and releasing do nothing, so only the store can stop its writes.
+#[derive(Debug)]
+struct Stale;
+
+#[async_trait]
+impl LeaseHandle for Stale {
+    async fn renew(&self, _ttl: Duration) -> Result<()> {
+        Ok(())
+    }
+    async fn release(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// A copy of an old lease (token and fence) whose local clock says it is still held, as a
+/// paused or partitioned process would keep it: only the store can refuse its writes.
+pub fn stale_copy(key: &StateKey, token: &str, fence: u64) -> Lease {
+    let grant = LeaseGrant::new(
+        token.to_owned(),
+        fence,
+        Duration::from_secs(60),
+        Instant::now(),
+    );
+    Lease::new(key.clone(), grant, Arc::new(Stale))
+}
+
+/// `save_fenced` writes under the current lease, refuses a superseded one (checked by the
+/// store, not only by the lease's clock) and leaves the state unchanged; fences grow.
+pub async fn fenced_save<S: StateStore + RawAccess>(store: &S) -> Result<()> {
+    let hold = LeaseOptions::new(Duration::from_secs(30), Duration::from_secs(5));
+    let agent = unique_agent();
+    let k = key(&agent, Some("u1"), "fenced")?;
+    let first = store.acquire(&k, hold).await?;
+    ensure!(first.check().is_ok(), "a fresh lease is lost");
+    ensure!(
+        first.remaining().is_some() == store.ttl_expires_live_holders(),
+        "remaining {:?} does not match the store's TTL behaviour",
+        first.remaining()
+    );
+    ensure_eq!(
+        store.save_fenced(&k, &sample("one"), None, &first).await?,
+        1
+    );
+    ensure_eq!(
+        store
+            .save_fenced(&k, &sample("two"), Some(1), &first)
+            .await?,
+        2
+    );
+    ensure!(
+        store
+            .save_fenced(&k, &sample("stale version"), Some(1), &first)
+            .await
+            .is_err_and(|e| e.is_conflict()),
+        "a fenced save with a stale version must conflict"
+    );
+    ensure!(first.check().is_ok(), "a conflict lost the lease");
+    let other = key(&agent, Some("u1"), "other")?;
+    let other_lease = store.acquire(&other, hold).await?;
+    ensure!(
+        matches!(
+            store
+                .save_fenced(&k, &sample("x"), Some(2), &other_lease)
+                .await,
+            Err(Error::Config(_))
+        ),
+        "a lease on another key fenced a write"
+    );
+    other_lease.release().await?;
+
+    let (token, fence) = (first.token().to_owned(), first.fence());
+    first.release().await?;
+    let second = store.acquire(&k, hold).await?;
+    ensure!(
+        second.fence() > fence,
+        "fences must grow: {fence} then {}",
+        second.fence()
+    );
+    let stale = stale_copy(&k, &token, fence);
+    ensure!(
+        stale.check().is_ok(),
+        "the stale copy's clock should still run"
+    );
+    match store
+        .save_fenced(&k, &sample("stale holder"), Some(2), &stale)
+        .await
+    {
+        Err(Error::LeaseLost { .. }) => {}
+        other => return Err(fail(format!("a superseded lease's save gave {other:?}"))),
+    }
+    ensure!(stale.is_lost(), "a refused lease is not marked lost");
+    let got = store.load(&k).await?.ok_or_else(|| fail("missing"))?;
+    ensure_eq!((got.version, got.state), (2, sample("two")));
+    ensure_eq!(
+        store
+            .save_fenced(&k, &sample("three"), Some(2), &second)
+            .await?,
+        3
+    );
+    // Plain saves do not look at leases.
+    ensure_eq!(store.save(&k, &sample("four"), Some(3)).await?, 4);
+    let second_fence = second.fence();
+    second.release().await?;
+    let third = store.acquire(&k, hold).await?;
+    ensure!(third.fence() > second_fence, "fences must keep growing");
+    third.release().await?;
+
+    // A stale holder cannot create a document either.
+    let fresh = key(&agent, None, "fresh")?;
+    let gone = store.acquire(&fresh, hold).await?;
+    let (token, fence) = (gone.token().to_owned(), gone.fence());
+    gone.release().await?;
+    let now = store.acquire(&fresh, hold).await?;
+    let stale = stale_copy(&fresh, &token, fence);
+    ensure!(
+        matches!(
+            store.save_fenced(&fresh, &sample("x"), None, &stale).await,
+            Err(Error::LeaseLost { .. })
+        ),
+        "a superseded lease created a document"
+    );
+    ensure!(store.load(&fresh).await?.is_none(), "refused create wrote");
+    ensure_eq!(
+        store.save_fenced(&fresh, &sample("y"), None, &now).await?,
+        1
+    );
+    now.release().await?;
+    Ok(())
+}
+
+/// A lease past its TTL is lost for good, even before anyone else takes it: `check`,
+/// `renew` and `save_fenced` fail and nothing is written. (TTL stores only.)
+pub async fn lapsed_lease_is_lost<S: StateStore + RawAccess>(store: &S) -> Result<()> {
+    if !store.ttl_expires_live_holders() {
+        return Ok(());
+    }
+    let k = key(&unique_agent(), Some("u1"), "lapsed")?;
+    let ttl = Duration::from_millis(300);
+    let lease = store
+        .acquire(&k, LeaseOptions::new(ttl, Duration::ZERO))
+        .await?;
+    ensure!(
+        lease
+            .remaining()
+            .is_some_and(|r| r > Duration::ZERO && r <= ttl),
+        "remaining {:?}",
+        lease.remaining()
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    ensure!(
+        matches!(lease.check(), Err(Error::LeaseLost { .. })),
+        "a lapsed lease passed its check"
+    );
+    ensure!(
+        matches!(
+            store.save_fenced(&k, &sample("late"), None, &lease).await,
+            Err(Error::LeaseLost { .. })
+        ),
+        "a lapsed lease's save was not refused"
+    );
+    ensure!(store.load(&k).await?.is_none(), "a lapsed lease wrote");
+    ensure!(
+        matches!(lease.renew().await, Err(Error::LeaseLost { .. })),
+        "a lapsed lease was renewed"
+    );
+    let next = store
+        .acquire(
+            &k,
+            LeaseOptions::new(Duration::from_secs(30), Duration::from_secs(2)),
+        )
+        .await?;
+    ensure!(next.fence() > lease.fence(), "fence did not grow on expiry");
+    next.release().await?;
     Ok(())
 }
 
@@ -552,6 +730,79 @@ pub async fn migrates_v0<S: StateStore + RawAccess>(store: &S) -> Result<()> {
     Ok(())
 }
 
+/// A document written by a newer hame (a larger `schema_version`) is refused by `load` with a
+/// clear error and never overwritten by `save` or `save_fenced`; a state claiming a newer
+/// schema is not written either. Deleting it is allowed.
+pub async fn future_schema_is_never_overwritten<S: StateStore + RawAccess>(
+    store: &S,
+) -> Result<()> {
+    let agent = unique_agent();
+    let k = key(&agent, Some("u1"), "future")?;
+    let doc = serde_json::json!({"schema_version": 9999, "messages": [], "new_field": true});
+    store.put_raw(&k, doc).await?;
+    let refused = |r: &Result<u64>| r.as_ref().is_err_and(Error::is_too_new);
+    match store.load(&k).await {
+        Err(e) if e.is_too_new() => ensure!(
+            e.to_string().contains("9999") && e.to_string().contains("newer than this build"),
+            "unclear error: {e}"
+        ),
+        other => return Err(fail(format!("loading a newer document gave {other:?}"))),
+    }
+    let got = store.save(&k, &sample("older build"), Some(1)).await;
+    ensure!(
+        refused(&got),
+        "an older build's save over a newer document gave {got:?}"
+    );
+    let lease = store
+        .acquire(
+            &k,
+            LeaseOptions::new(Duration::from_secs(30), Duration::from_secs(5)),
+        )
+        .await?;
+    let got = store
+        .save_fenced(&k, &sample("older build"), Some(1), &lease)
+        .await;
+    ensure!(
+        refused(&got),
+        "a fenced save over a newer document gave {got:?}"
+    );
+    ensure!(lease.check().is_ok(), "refusing the save lost the lease");
+    ensure!(
+        store
+            .save(&k, &sample("older build"), None)
+            .await
+            .is_err_and(|e| e.is_conflict()),
+        "a create over an existing newer document must conflict"
+    );
+    ensure!(
+        store.load(&k).await.is_err_and(|e| e.is_too_new()),
+        "the newer document was rewritten"
+    );
+
+    let mut newer = sample("claims a newer schema");
+    newer.schema_version = hame_core::STATE_SCHEMA_VERSION + 1;
+    let other = key(&agent, Some("u1"), "other")?;
+    let got = store.save(&other, &newer, None).await;
+    ensure!(
+        refused(&got),
+        "a state of a newer schema was saved: {got:?}"
+    );
+    ensure!(store.load(&other).await?.is_none(), "it was written anyway");
+
+    ensure!(
+        store.delete(&k).await?,
+        "a newer document cannot be deleted"
+    );
+    ensure_eq!(
+        store
+            .save_fenced(&k, &sample("fresh"), None, &lease)
+            .await?,
+        1
+    );
+    lease.release().await?;
+    Ok(())
+}
+
 /// 200 messages with large tool results survive a round trip intact.
 pub async fn large_state_round_trip<S: StateStore + RawAccess>(store: &S) -> Result<()> {
     let k = key(&unique_agent(), Some("u1"), "big")?;
@@ -575,7 +826,8 @@ macro_rules! conformance_tests {
     ($make:expr) => {
         $crate::conformance_tests!(@one $make, round_trip, stale_save_conflicts, create_only_conflicts,
             delete, list, tenant_isolation, lease_exclusion, lease_expiry, lease_keep_alive, migrates_v0,
-            large_state_round_trip);
+            large_state_round_trip, fenced_save, lapsed_lease_is_lost,
+            future_schema_is_never_overwritten);
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn concurrent_savers() -> $crate::Result<()> {
             let Some(store) = $make.await? else { return Ok(()) };

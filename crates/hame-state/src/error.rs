@@ -46,8 +46,10 @@ pub enum Error {
         /// The key, as text.
         key: String,
     },
-    /// A stored document cannot be read (corrupt, or written by a newer hame).
-    #[error("stored state of {key} is unreadable: {source}")]
+    /// A state document cannot be used: a stored one is corrupt, or it (or the state to be
+    /// saved) has a schema version newer than this build's (`StateFormatError::TooNew`, see
+    /// [`Error::is_too_new`]). A too-new stored document is never overwritten.
+    #[error("state of {key} cannot be used: {source}")]
     Format {
         /// The key, as text.
         key: String,
@@ -106,6 +108,17 @@ impl Error {
         )
     }
 
+    /// Whether a state document was written by a newer hame (upgrade to use it).
+    pub fn is_too_new(&self) -> bool {
+        matches!(
+            self,
+            Error::Format {
+                source: hame_core::StateFormatError::TooNew { .. },
+                ..
+            }
+        )
+    }
+
     /// Whether this is a compare-and-set conflict.
     pub fn is_conflict(&self) -> bool {
         matches!(self, Error::Conflict { .. })
@@ -122,6 +135,92 @@ impl Error {
         }
     }
 
+    /// A document (or state) of schema version `found`, newer than this build's.
+    pub(crate) fn too_new(key: impl std::fmt::Display, found: u64) -> Self {
+        Error::Format {
+            key: key.to_string(),
+            source: hame_core::StateFormatError::TooNew {
+                found: u32::try_from(found).unwrap_or(u32::MAX),
+                supported: hame_core::STATE_SCHEMA_VERSION,
+            },
+        }
+    }
+
+    /// The schema version of a state about to be saved, refused if newer than this build's
+    /// (such a state would be written under the wrong version).
+    #[allow(dead_code)] // unused when only the memory store is compiled in
+    pub(crate) fn writable_schema(
+        key: impl std::fmt::Display,
+        state: &hame_core::AgentState,
+    ) -> Result<u64> {
+        let v = u64::from(state.schema_version);
+        if v > MAX_SCHEMA {
+            return Err(Self::too_new(key, v));
+        }
+        Ok(v)
+    }
+
+    /// A state about to be saved, as JSON text, and its schema version (refused if newer
+    /// than this build's).
+    #[allow(dead_code)] // unused when only the memory store is compiled in
+    pub(crate) fn encode(
+        key: impl std::fmt::Display,
+        state: &hame_core::AgentState,
+    ) -> Result<(String, u64)> {
+        let schema = Self::writable_schema(key, state)?;
+        let json = serde_json::to_string(state).map_err(Error::Serialize)?;
+        Ok((json, schema))
+    }
+
+    pub(crate) fn lease_lost(key: impl std::fmt::Display) -> Self {
+        Error::LeaseLost {
+            key: key.to_string(),
+        }
+    }
+
+    /// `Ok` if a compare-token update of a lease took effect (`held`), else `LeaseLost`.
+    #[allow(dead_code)] // unused when the json feature is off and no shared store is on
+    pub(crate) fn lease_held(held: bool, key: impl std::fmt::Display) -> Result<()> {
+        if held {
+            Ok(())
+        } else {
+            Err(Self::lease_lost(key))
+        }
+    }
+
+    /// The version a compare-and-set save writes when it finds `found`: `found + 1` (1 for
+    /// none) if that is what the caller `expected`, else `Conflict`.
+    #[allow(dead_code)] // unused when the json feature is off and no shared store is on
+    pub(crate) fn next_version(
+        key: impl std::fmt::Display,
+        expected: Option<u64>,
+        found: Option<u64>,
+    ) -> Result<u64> {
+        if found == expected {
+            Ok(found.map_or(1, |v| v + 1))
+        } else {
+            Err(Error::Conflict {
+                key: key.to_string(),
+                expected,
+                found,
+            })
+        }
+    }
+
+    /// A failure to connect to `url`, scrubbed of the URL's password (see
+    /// [`crate::redact_url`]).
+    #[allow(dead_code)] // unused when no network backend is compiled in
+    pub(crate) fn backend_at(
+        backend: &'static str,
+        source: &(dyn std::error::Error + 'static),
+        url: &str,
+    ) -> Self {
+        Error::Backend {
+            backend,
+            source: Box::new(crate::redact::Scrubbed::new(source, url)),
+        }
+    }
+
     #[allow(dead_code)] // unused when the json feature is off
     pub(crate) fn io(path: impl Into<std::path::PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
@@ -130,6 +229,9 @@ impl Error {
         }
     }
 }
+
+/// The newest state schema this build reads and writes.
+pub(crate) const MAX_SCHEMA: u64 = hame_core::STATE_SCHEMA_VERSION as u64;
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

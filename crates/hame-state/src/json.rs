@@ -1,7 +1,7 @@
 //! [`JsonStore`]: one JSON file per session under a root directory.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,9 +11,10 @@ use chrono::{DateTime, Utc};
 use hame_core::AgentState;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, MAX_SCHEMA, Result};
+use crate::holder::Holder;
 use crate::key::{StateKey, validate_id};
-use crate::store::{Lease, LeaseHandle, SessionSummary, StateStore, Stored};
+use crate::store::{Lease, LeaseGrant, LeaseHandle, SessionSummary, StateStore, Stored};
 
 /// Value of the `format` field of every state file.
 pub const JSON_FORMAT: &str = "hame-state/1";
@@ -26,7 +27,8 @@ pub const JSON_FORMAT: &str = "hame-state/1";
 /// <root>/<agent>/anonymous/<session>.json        state of an anonymous session
 /// <root>/<agent>/users/<user>/<session>.json     state of a user's session
 ///                            <session>.lock       held while a save compares and writes
-///                            <session>.lease      held (OS lock) by the session's lease holder
+///                            <session>.lease      held (OS lock) by the session's lease holder;
+///                                                 holds {"fence":N,"token":…,"holder":{…}}
 ///                            .<session>.<uuid>.tmp   a save in progress
 /// ```
 ///
@@ -35,6 +37,8 @@ pub const JSON_FORMAT: &str = "hame-state/1";
 /// old or the new document and two processes never interleave a compare-and-set.
 /// Leases are advisory OS locks (`File::try_lock`) on `<session>.lease`: they last until
 /// released or until the holding process dies (the OS drops them); their TTL is ignored.
+/// The holder writes its fence (the previous one plus one) and token into the file, and
+/// `save_fenced` compares them under the write lock.
 #[derive(Debug, Clone)]
 pub struct JsonStore {
     root: PathBuf,
@@ -70,9 +74,46 @@ struct EnvelopeIn {
     state: serde_json::Value,
 }
 
+/// What a save reads of the document it replaces.
 #[derive(Deserialize)]
 struct Header {
     version: u64,
+    #[serde(default)]
+    state: StateHeader,
+}
+
+#[derive(Default, Deserialize)]
+struct StateHeader {
+    /// Absent in version-0 documents.
+    #[serde(default)]
+    schema_version: u64,
+}
+
+/// The content of `<session>.lease`: the last holder's fence and token (empty once
+/// released). Only the holder of the file's OS lock writes it.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct LeaseFile {
+    fence: u64,
+    token: String,
+    #[serde(default)]
+    holder: Option<Holder>,
+}
+
+impl LeaseFile {
+    fn read(path: &Path) -> Result<Self> {
+        Ok(read_opt(path)?
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default())
+    }
+
+    /// Replaces the content of the (locked) lease file.
+    fn write(&self, mut file: &File, path: &Path) -> Result<()> {
+        let bytes = serde_json::to_vec(self).map_err(Error::Serialize)?;
+        file.set_len(0)
+            .and_then(|()| file.seek(io::SeekFrom::Start(0)))
+            .and_then(|_| file.write_all(&bytes))
+            .map_err(|e| Error::io(path, e))
+    }
 }
 
 impl JsonStore {
@@ -113,6 +154,60 @@ impl JsonStore {
                 path: PathBuf::new(),
                 source: io::Error::other(e),
             })?
+    }
+
+    /// The compare-and-set of `save`; with `fence` (token, fence) only while the session's
+    /// lease file names that lease.
+    async fn write(
+        &self,
+        key: &StateKey,
+        state: &AgentState,
+        expected: Option<u64>,
+        fence: Option<(String, u64)>,
+    ) -> Result<u64> {
+        let dir = self.dir(key.agent(), key.user());
+        // Serialise before taking the lock, to keep the critical section short.
+        let (state_json, _) = Error::encode(key, state)?;
+        let key = key.clone();
+        Self::blocking(move || {
+            fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+            with_write_lock(&dir, key.session(), || {
+                if let Some((token, fence)) = fence {
+                    let held = LeaseFile::read(&dir.join(format!("{}.lease", key.session())))?;
+                    if held.token != token || held.fence != fence {
+                        return Err(Error::lease_lost(&key));
+                    }
+                }
+                let path = dir.join(format!("{}.json", key.session()));
+                let found = match read_opt(&path)? {
+                    None => None,
+                    Some(bytes) => Some(serde_json::from_slice::<Header>(&bytes).map_err(|e| {
+                        Error::Format {
+                            key: key.to_string(),
+                            source: hame_core::StateFormatError::Invalid(e),
+                        }
+                    })?),
+                };
+                let version =
+                    Error::next_version(&key, expected, found.as_ref().map(|h| h.version))?;
+                // Never overwrite a document of a newer hame.
+                if let Some(h) = found.filter(|h| h.state.schema_version > MAX_SCHEMA) {
+                    return Err(Error::too_new(&key, h.state.schema_version));
+                }
+                let head = EnvelopeHead {
+                    format: JSON_FORMAT,
+                    version,
+                    updated_at: Utc::now(),
+                    agent: key.agent(),
+                    user: key.user(),
+                    session: key.session(),
+                };
+                let bytes = envelope(&head, state_json.as_bytes())?;
+                write_atomic(&dir, key.session(), &bytes)?;
+                Ok(version)
+            })
+        })
+        .await
     }
 
     #[cfg(any(test, feature = "conformance"))]
@@ -223,47 +318,23 @@ impl StateStore for JsonStore {
     }
 
     async fn save(&self, key: &StateKey, state: &AgentState, expected: Option<u64>) -> Result<u64> {
-        let dir = self.dir(key.agent(), key.user());
-        // Serialise before taking the lock, to keep the critical section short.
-        let state_json = serde_json::to_vec(state).map_err(Error::Serialize)?;
-        let key = key.clone();
-        Self::blocking(move || {
-            fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-            with_write_lock(&dir, key.session(), || {
-                let path = dir.join(format!("{}.json", key.session()));
-                let found = match read_opt(&path)? {
-                    None => None,
-                    Some(bytes) => Some(
-                        serde_json::from_slice::<Header>(&bytes)
-                            .map_err(|e| Error::Format {
-                                key: key.to_string(),
-                                source: hame_core::StateFormatError::Invalid(e),
-                            })?
-                            .version,
-                    ),
-                };
-                if found != expected {
-                    return Err(Error::Conflict {
-                        key: key.to_string(),
-                        expected,
-                        found,
-                    });
-                }
-                let version = found.map_or(1, |v| v + 1);
-                let head = EnvelopeHead {
-                    format: JSON_FORMAT,
-                    version,
-                    updated_at: Utc::now(),
-                    agent: key.agent(),
-                    user: key.user(),
-                    session: key.session(),
-                };
-                let bytes = envelope(&head, &state_json)?;
-                write_atomic(&dir, key.session(), &bytes)?;
-                Ok(version)
-            })
-        })
-        .await
+        self.write(key, state, expected, None).await
+    }
+
+    async fn save_fenced(
+        &self,
+        key: &StateKey,
+        state: &AgentState,
+        expected: Option<u64>,
+        lease: &Lease,
+    ) -> Result<u64> {
+        lease.check_for(key)?;
+        let fence = (lease.token().to_owned(), lease.fence());
+        let out = self.write(key, state, expected, Some(fence)).await;
+        if matches!(out, Err(Error::LeaseLost { .. })) {
+            lease.mark_lost();
+        }
+        out
     }
 
     async fn delete(&self, key: &StateKey) -> Result<bool> {
@@ -327,23 +398,42 @@ impl StateStore for JsonStore {
     async fn try_acquire(&self, key: &StateKey, ttl: Duration) -> Result<Option<Lease>> {
         let dir = self.dir(key.agent(), key.user());
         let path = dir.join(format!("{}.lease", key.session()));
-        let file = Self::blocking(move || {
-            fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-            let file = open_lock_file(&path)?;
-            match file.try_lock() {
-                Ok(()) => Ok(Some(file)),
-                Err(std::fs::TryLockError::WouldBlock) => Ok(None),
-                Err(std::fs::TryLockError::Error(e)) => Err(Error::io(&path, e)),
-            }
-        })
-        .await?;
-        Ok(file.map(|file| {
-            let token = uuid::Uuid::new_v4().to_string();
+        let token = uuid::Uuid::new_v4().to_string();
+        let requested_at = std::time::Instant::now();
+        let held = {
+            let (path, token) = (path.clone(), token.clone());
+            Self::blocking(move || {
+                fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+                let mut file = open_lock_file(&path)?;
+                match file.try_lock() {
+                    Ok(()) => {}
+                    Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+                    Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&path, e)),
+                }
+                let mut text = Vec::new();
+                file.read_to_end(&mut text)
+                    .map_err(|e| Error::io(&path, e))?;
+                let old: LeaseFile = serde_json::from_slice(&text).unwrap_or_default();
+                let fence = old.fence + 1;
+                let new = LeaseFile {
+                    fence,
+                    token,
+                    holder: Some(Holder::current().clone()),
+                };
+                new.write(&file, &path)?;
+                Ok(Some((file, fence)))
+            })
+            .await?
+        };
+        Ok(held.map(|(file, fence)| {
             let handle = FileLease {
                 file: Mutex::new(Some(file)),
                 key: key.to_string(),
+                path,
+                fence,
             };
-            Lease::new(key.clone(), token, ttl, Arc::new(handle))
+            let grant = LeaseGrant::new(token, fence, ttl, requested_at);
+            Lease::new(key.clone(), grant, Arc::new(handle))
         }))
     }
 
@@ -357,6 +447,8 @@ impl StateStore for JsonStore {
 struct FileLease {
     file: Mutex<Option<File>>,
     key: String,
+    path: PathBuf,
+    fence: u64,
 }
 
 #[async_trait]
@@ -368,13 +460,7 @@ impl LeaseHandle for FileLease {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .is_some();
-        if held {
-            Ok(())
-        } else {
-            Err(Error::LeaseLost {
-                key: self.key.clone(),
-            })
-        }
+        Error::lease_held(held, &self.key)
     }
 
     async fn release(&self) -> Result<()> {
@@ -383,10 +469,24 @@ impl LeaseHandle for FileLease {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
-        if let Some(f) = file {
-            let _ = f.unlock();
-        }
-        Ok(())
+        let Some(file) = file else { return Ok(()) };
+        let (path, fence) = (self.path.clone(), self.fence);
+        JsonStore::blocking(move || {
+            // Blank the token (the fence stays) so that no copy of this lease can write.
+            let blank = LeaseFile {
+                fence,
+                token: String::new(),
+                holder: None,
+            };
+            let written = blank.write(&file, &path);
+            let _ = file.unlock();
+            written
+        })
+        .await
+    }
+
+    fn expires(&self) -> bool {
+        false
     }
 }
 

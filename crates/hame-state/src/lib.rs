@@ -6,16 +6,19 @@
 //!
 //! The contract is the [`StateStore`] trait: `load` / compare-and-set `save` / `delete` /
 //! `list_sessions` keyed by a validated [`StateKey`] `(agent, user, session)`, plus
-//! `acquire` for a [`Lease`]. [`open`] picks a backend from a URL. The harness depends on
-//! this crate; tools and models do not.
+//! `acquire` for a [`Lease`] and `save_fenced`, which writes only while that lease is the
+//! key's current one. A lease knows its [`Holder`] (a dead holder on the same machine is
+//! taken over at once), carries a fencing token and notices when it lapses
+//! ([`Lease::check`]). [`open`] picks a backend from a URL; [`redact_url`] shows one without
+//! its password. The harness depends on this crate; tools and models do not.
 //!
 //! | feature | backend | URL | shared |
 //! |---|---|---|---|
 //! | (always) | [`InMemoryStore`] | `memory://` | no |
 //! | `json` (default) | `JsonStore`: one JSON file per session | a path or `file:///path` | no |
 //! | `redis` | `RedisStore`: hashes + sorted-set index, Lua compare-and-set | `redis://`, `rediss://` | yes |
-//! | `postgres` | `PostgresStore`: JSONB rows, lease rows | `postgres://`, `postgresql://` | yes |
-//! | `mysql` | `MySqlStore`: LONGTEXT rows, lease rows (MySQL, MariaDB) | `mysql://`, `mariadb://` | yes |
+//! | `postgres` | `PostgresStore` (`SqlStore<Postgres>`): JSONB rows, lease rows | `postgres://`, `postgresql://` | yes |
+//! | `mysql` | `MySqlStore` (`SqlStore<MySql>`): LONGTEXT rows, lease rows (MySQL, MariaDB) | `mysql://`, `mariadb://` | yes |
 //! | `conformance` | `conformance`: the suite every backend runs | | |
 //!
 //! ```
@@ -31,7 +34,8 @@
 //!     None => (AgentState::default(), None),
 //! };
 //! state.messages.push(Message::user("hi"));
-//! let version = store.save(&key, &state, version).await?; // Err(Conflict) if someone else saved
+//! // Err(Conflict) if someone else saved; Err(LeaseLost) if the lease lapsed or was taken over.
+//! let version = store.save_fenced(&key, &state, version, &lease).await?;
 //! assert_eq!(version, 1);
 //! lease.release().await?;
 //! # Ok(()) }
@@ -41,9 +45,14 @@
 #![deny(missing_docs)]
 
 mod error;
+mod holder;
 mod key;
 mod memory;
+mod redact;
 mod store;
+
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
+mod shared_lease;
 
 #[cfg(feature = "json")]
 mod json;
@@ -61,11 +70,13 @@ mod tests;
 use std::sync::Arc;
 
 pub use error::{Error, Result};
+pub use holder::Holder;
 pub use key::{MAX_ID_LEN, StateKey, validate_id};
 pub use memory::InMemoryStore;
+pub use redact::redact_url;
 pub use store::{
     DEFAULT_LEASE_TTL, DEFAULT_LEASE_WAIT, KeepAlive, LEASE_POLL_MAX, LEASE_POLL_MIN, Lease,
-    LeaseHandle, LeaseOptions, SessionSummary, StateStore, Stored,
+    LeaseGrant, LeaseHandle, LeaseOptions, SessionSummary, StateStore, Stored,
 };
 
 #[cfg(feature = "json")]
@@ -73,11 +84,11 @@ pub use json::{JSON_FORMAT, JsonStore};
 #[cfg(feature = "redis")]
 pub use redis_store::{RedisOptions, RedisStore};
 #[cfg(feature = "mysql")]
-pub use sql::MySqlStore;
+pub use sql::{MySql, MySqlStore};
 #[cfg(feature = "postgres")]
-pub use sql::PostgresStore;
+pub use sql::{Postgres, PostgresStore};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub use sql::SqlOptions;
+pub use sql::{SqlDialect, SqlOptions, SqlStore};
 
 /// Opens a store from a URL or path.
 ///

@@ -8,9 +8,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use hame_core::AgentState;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, MAX_SCHEMA, Result};
 use crate::key::StateKey;
-use crate::store::{Lease, LeaseHandle, SessionSummary, StateStore, Stored};
+use crate::store::{Lease, LeaseGrant, LeaseHandle, SessionSummary, StateStore, Stored};
 
 #[derive(Debug, Clone)]
 struct Doc {
@@ -19,7 +19,15 @@ struct Doc {
     updated_at: DateTime<Utc>,
 }
 
-type Leases = Arc<Mutex<HashMap<StateKey, (String, Instant)>>>;
+/// A lease entry; kept (with an empty token) after release, so fences only grow.
+#[derive(Debug)]
+struct MemLease {
+    token: String,
+    fence: u64,
+    expiry: Instant,
+}
+
+type Leases = Arc<Mutex<HashMap<StateKey, MemLease>>>;
 
 /// A store that keeps documents in memory (as JSON values, so loads go through the same
 /// migration as every other backend). Nothing survives the process; not shared.
@@ -52,6 +60,33 @@ impl InMemoryStore {
         })
     }
 
+    /// The compare-and-set of `save`.
+    fn write(
+        &self,
+        key: &StateKey,
+        json: Arc<serde_json::Value>,
+        expected: Option<u64>,
+    ) -> Result<u64> {
+        let mut docs = lock(&self.docs);
+        let old = docs.get(key);
+        let version = Error::next_version(key, expected, old.map(|d| d.version))?;
+        // Never overwrite a document of a newer hame.
+        if let Some(found) = old.and_then(|d| d.json.get("schema_version")?.as_u64())
+            && found > MAX_SCHEMA
+        {
+            return Err(Error::too_new(key, found));
+        }
+        docs.insert(
+            key.clone(),
+            Doc {
+                version,
+                json,
+                updated_at: Utc::now(),
+            },
+        );
+        Ok(version)
+    }
+
     #[cfg(any(test, feature = "conformance"))]
     fn put_raw_sync(&self, key: &StateKey, json: serde_json::Value) -> u64 {
         let mut docs = lock(&self.docs);
@@ -76,26 +111,33 @@ impl StateStore for InMemoryStore {
     }
 
     async fn save(&self, key: &StateKey, state: &AgentState, expected: Option<u64>) -> Result<u64> {
+        Error::writable_schema(key, state)?;
         let json = Arc::new(serde_json::to_value(state).map_err(Error::Serialize)?);
-        let mut docs = lock(&self.docs);
-        let found = docs.get(key).map(|d| d.version);
-        if found != expected {
-            return Err(Error::Conflict {
-                key: key.to_string(),
-                expected,
-                found,
-            });
+        self.write(key, json, expected)
+    }
+
+    async fn save_fenced(
+        &self,
+        key: &StateKey,
+        state: &AgentState,
+        expected: Option<u64>,
+        lease: &Lease,
+    ) -> Result<u64> {
+        lease.check_for(key)?;
+        Error::writable_schema(key, state)?;
+        let json = Arc::new(serde_json::to_value(state).map_err(Error::Serialize)?);
+        // The lease map stays locked across the write, so no takeover can slip in between.
+        let leases = lock(&self.leases);
+        let held = leases
+            .get(key)
+            .is_some_and(|l| l.token == lease.token() && l.fence == lease.fence());
+        if !held {
+            lease.mark_lost();
+            return Err(Error::lease_lost(key));
         }
-        let version = found.map_or(1, |v| v + 1);
-        docs.insert(
-            key.clone(),
-            Doc {
-                version,
-                json,
-                updated_at: Utc::now(),
-            },
-        );
-        Ok(version)
+        let out = self.write(key, json, expected);
+        drop(leases);
+        out
     }
 
     async fn delete(&self, key: &StateKey) -> Result<bool> {
@@ -120,21 +162,28 @@ impl StateStore for InMemoryStore {
         let ttl = ttl.max(Duration::from_millis(1));
         let now = Instant::now();
         let token = uuid::Uuid::new_v4().to_string();
-        {
+        let fence = {
             let mut leases = lock(&self.leases);
-            if let Some((_, expiry)) = leases.get(key)
-                && *expiry > now
-            {
+            let old = leases.get(key);
+            if old.is_some_and(|l| !l.token.is_empty() && l.expiry > now) {
                 return Ok(None);
             }
-            leases.insert(key.clone(), (token.clone(), now + ttl));
-        }
+            let fence = old.map_or(1, |l| l.fence + 1);
+            let entry = MemLease {
+                token: token.clone(),
+                fence,
+                expiry: now + ttl,
+            };
+            leases.insert(key.clone(), entry);
+            fence
+        };
         let handle = MemoryLease {
             leases: self.leases.clone(),
             key: key.clone(),
             token: token.clone(),
         };
-        Ok(Some(Lease::new(key.clone(), token, ttl, Arc::new(handle))))
+        let grant = LeaseGrant::new(token, fence, ttl, now);
+        Ok(Some(Lease::new(key.clone(), grant, Arc::new(handle))))
     }
 
     fn is_shared(&self) -> bool {
@@ -155,20 +204,20 @@ impl LeaseHandle for MemoryLease {
         let now = Instant::now();
         let mut leases = lock(&self.leases);
         match leases.get_mut(&self.key) {
-            Some((token, expiry)) if *token == self.token && *expiry > now => {
-                *expiry = now + ttl;
+            Some(l) if l.token == self.token && l.expiry > now => {
+                l.expiry = now + ttl;
                 Ok(())
             }
-            _ => Err(Error::LeaseLost {
-                key: self.key.to_string(),
-            }),
+            _ => Err(Error::lease_lost(&self.key)),
         }
     }
 
     async fn release(&self) -> Result<()> {
-        let mut leases = lock(&self.leases);
-        if leases.get(&self.key).is_some_and(|(t, _)| *t == self.token) {
-            leases.remove(&self.key);
+        if let Some(l) = lock(&self.leases).get_mut(&self.key)
+            && l.token == self.token
+        {
+            l.token.clear();
+            l.expiry = Instant::now();
         }
         Ok(())
     }

@@ -8,8 +8,9 @@ use chrono::{DateTime, Utc};
 use hame_core::AgentState;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, MAX_SCHEMA, Result};
 use crate::key::StateKey;
+use crate::shared_lease::{self, LeaseRecord, LeaseTable};
 use crate::store::{Lease, LeaseHandle, SessionSummary, StateStore, Stored};
 
 /// Default key prefix of [`RedisStore`].
@@ -53,36 +54,62 @@ impl RedisOptions {
 /// scripts may touch them together; the tenant is `~` for anonymous, `u=<user>` otherwise):
 ///
 /// ```text
-/// <prefix>:{<agent>:<tenant>}:doc:<session>     hash: v = version, s = state JSON, t = updated (ms)
+/// <prefix>:{<agent>:<tenant>}:doc:<session>     hash: v = version, s = state JSON, t = updated (ms),
+///                                               sv = schema version of s, w = id of the last write
 /// <prefix>:{<agent>:<tenant>}:idx               sorted set: session -> updated (ms)
-/// <prefix>:{<agent>:<tenant>}:lease:<session>   string: holder token, with PX expiry
+/// <prefix>:{<agent>:<tenant>}:lease:<session>   hash: t = token, f = fence, h = holder, e = expiry (ms)
 /// ```
 ///
-/// `save` is one Lua script (compare version, write hash, update index), so it is atomic.
-/// Leases are `SET NX PX`; renewal and release are compare-token Lua scripts.
+/// `save` is one Lua script (compare version, and for `save_fenced` the lease's token and
+/// fence, write hash, update index), so it is atomic. A lease is a hash whose expiry `e` is
+/// compared with the server's `TIME` in Lua; it is never deleted (a release blanks `t`), so
+/// its fence `f` only grows. Acquire, takeover, renewal and release are Lua scripts.
+///
+/// A call that fails because the connection broke (reset, broken pipe, refused: not a
+/// timeout, not a server error) is sent once more, on the connection the manager
+/// re-establishes. Every call is idempotent, so that is safe even if the first one was
+/// applied and only its reply was lost: a `save` carries a write id and a retry that finds
+/// its own write reports it as done. If the retry fails too, the first failure is reported.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Conn,
     prefix: Arc<str>,
+    /// The URL, password redacted.
+    target: Arc<str>,
 }
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore")
+            .field("target", &self.target)
             .field("prefix", &self.prefix)
             .finish_non_exhaustive()
     }
 }
 
+/// KEYS: doc, idx, lease. ARGV: expected version ('' = absent), state, now ms, session,
+/// lease token ('' = not fenced), fence, write id, schema version of the state, newest
+/// schema version this build reads. Returns {1, new version}, {0, found version}, {2, ''}
+/// (the lease is not current) or {3, stored schema version} (the document is of a newer
+/// hame: it is never overwritten). A write whose id is already stored is this call,
+/// retried after its reply was lost: it reports success again.
 const SAVE: &str = r"
+local mine = redis.call('HMGET', KEYS[1], 'v', 'w', 'sv')
+if mine[1] and mine[2] == ARGV[7] then return {1, mine[1]} end
+if ARGV[5] ~= '' then
+  if redis.call('TYPE', KEYS[3]).ok ~= 'hash' then return {2, ''} end
+  local l = redis.call('HMGET', KEYS[3], 't', 'f')
+  if l[1] ~= ARGV[5] or l[2] ~= ARGV[6] then return {2, ''} end
+end
 local cur = redis.call('HGET', KEYS[1], 'v')
 if ARGV[1] == '' then
   if cur then return {0, cur} end
 elseif cur ~= ARGV[1] then
   return {0, cur or ''}
 end
+if (tonumber(mine[3]) or 0) > tonumber(ARGV[9]) then return {3, mine[3]} end
 local nv = (tonumber(cur) or 0) + 1
-redis.call('HSET', KEYS[1], 'v', nv, 's', ARGV[2], 't', ARGV[3])
+redis.call('HSET', KEYS[1], 'v', nv, 's', ARGV[2], 't', ARGV[3], 'w', ARGV[7], 'sv', ARGV[8])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 return {1, tostring(nv)}
 ";
@@ -93,27 +120,127 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 return n
 ";
 
-const RENEW: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+/// The server's clock in ms, for lease expiry.
+const NOW: &str = r"
+local function now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-return 0
 ";
 
-const RELEASE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+/// KEYS: lease. ARGV: token, holder, ttl ms. Takes the lease if free, released or lapsed
+/// (or already this token's: a retried call). Returns the record: {token, fence, holder}.
+const ACQUIRE: &str = r"
+if redis.call('TYPE', KEYS[1]).ok == 'string' then
+  return {'', '0', ''} -- the lease of an older hame (SET PX): wait for its expiry
 end
-return 0
+local cur = redis.call('HMGET', KEYS[1], 't', 'f', 'h', 'e')
+local t = cur[1] or ''
+if t == ARGV[1] or (t ~= '' and (tonumber(cur[4]) or 0) > now()) then
+  return {t, cur[2] or '0', cur[3] or ''}
+end
+local f = (tonumber(cur[2]) or 0) + 1
+redis.call('HSET', KEYS[1], 't', ARGV[1], 'f', f, 'h', ARGV[2], 'e', now() + tonumber(ARGV[3]))
+return {ARGV[1], tostring(f), ARGV[2]}
 ";
+
+/// KEYS: lease. ARGV: old token, old fence, token, holder, ttl ms. Returns 1 if taken over.
+const TAKE_OVER: &str = r"
+if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then return 0 end
+local cur = redis.call('HMGET', KEYS[1], 't', 'f')
+if cur[1] == ARGV[3] then return 1 end
+if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 't', ARGV[3], 'f', tonumber(ARGV[2]) + 1, 'h', ARGV[4],
+  'e', now() + tonumber(ARGV[5]))
+return 1
+";
+
+/// KEYS: lease. ARGV: token, ttl ms. Returns 1 if renewed.
+const RENEW: &str = r"
+if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then return 0 end
+local cur = redis.call('HMGET', KEYS[1], 't', 'e')
+if cur[1] ~= ARGV[1] or (tonumber(cur[2]) or 0) <= now() then return 0 end
+redis.call('HSET', KEYS[1], 'e', now() + tonumber(ARGV[2]))
+return 1
+";
+
+/// KEYS: lease. ARGV: token. Blanks the token (the fence stays).
+const RELEASE: &str = r"
+if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then return 0 end
+if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 't', '', 'e', 0)
+return 1
+";
+
+fn with_clock(script: &str) -> redis::Script {
+    redis::Script::new(&format!("{NOW}{script}"))
+}
 
 static SAVE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SAVE));
 static DELETE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(DELETE));
-static RENEW_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RENEW));
+static ACQUIRE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| with_clock(ACQUIRE));
+static TAKE_OVER_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| with_clock(TAKE_OVER));
+static RENEW_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| with_clock(RENEW));
 static RELEASE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RELEASE));
 
 fn backend(e: redis::RedisError) -> Error {
     Error::backend("redis", e)
+}
+
+/// Whether a failure means the connection broke, so the command may go again on a new one.
+/// A timeout does not count: the command may still be running, and waiting again doubles
+/// the time the caller waits.
+fn is_broken_connection(e: &redis::RedisError) -> bool {
+    (e.is_io_error() || e.is_connection_dropped()) && !e.is_timeout()
+}
+
+/// One command or script call.
+#[derive(Clone, Copy)]
+enum Call<'a> {
+    Cmd(&'a redis::Cmd),
+    Script(&'a redis::ScriptInvocation<'a>),
+}
+
+/// The store's connection: a [`ConnectionManager`] (which reconnects after a broken
+/// connection) and the retry of one call.
+#[derive(Clone)]
+struct Conn(ConnectionManager);
+
+impl Conn {
+    async fn query<T: redis::FromRedisValue + Send>(&self, cmd: &redis::Cmd) -> Result<T> {
+        self.run(Call::Cmd(cmd)).await
+    }
+
+    async fn invoke<T: redis::FromRedisValue + Send>(
+        &self,
+        script: &redis::ScriptInvocation<'_>,
+    ) -> Result<T> {
+        self.run(Call::Script(script)).await
+    }
+
+    /// Runs an (idempotent) call; after a broken connection once more; on a second failure
+    /// reports the first.
+    async fn run<T: redis::FromRedisValue + Send>(&self, call: Call<'_>) -> Result<T> {
+        let attempt = || async move {
+            let mut conn = self.0.clone();
+            match call {
+                Call::Cmd(cmd) => cmd.query_async(&mut conn).await,
+                Call::Script(script) => script.invoke_async(&mut conn).await,
+            }
+        };
+        let first = match attempt().await {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        if !is_broken_connection(&first) {
+            return Err(backend(first));
+        }
+        tracing::warn!(error = %first, "redis connection broke; sending the call once more");
+        attempt().await.map_err(|second| {
+            tracing::warn!(error = %second, "redis call failed again after reconnecting");
+            backend(first)
+        })
+    }
 }
 
 fn ttl_ms(ttl: Duration) -> u64 {
@@ -121,23 +248,37 @@ fn ttl_ms(ttl: Duration) -> u64 {
 }
 
 impl RedisStore {
-    /// Connects to `url` (`redis://`, `rediss://`, with optional credentials and db).
+    /// Connects to `url` (`redis://`, `rediss://`, with optional credentials and db). A
+    /// failure names the cause but never the URL's password.
     pub async fn connect(url: &str, options: RedisOptions) -> Result<Self> {
         if options.prefix.contains(['{', '}']) || options.prefix.is_empty() {
             return Err(Error::Config(
                 "redis key prefix must be non-empty and contain no `{` or `}`".into(),
             ));
         }
-        let client = redis::Client::open(url).map_err(backend)?;
+        let fail = |e: redis::RedisError| Error::backend_at("redis", &e, url);
+        let client = redis::Client::open(url).map_err(fail)?;
+        // One plain attempt first, so that a wrong URL, password or port fails at once
+        // instead of after the manager's reconnection backoff (about 6 s).
+        let probe = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.response_timeout));
+        drop(
+            client
+                .get_multiplexed_async_connection_with_config(&probe)
+                .await
+                .map_err(fail)?,
+        );
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
             .set_response_timeout(Some(options.response_timeout));
         let conn = ConnectionManager::new_with_config(client, config)
             .await
-            .map_err(backend)?;
+            .map_err(fail)?;
         Ok(Self {
-            conn,
+            conn: Conn(conn),
             prefix: options.prefix.into(),
+            target: crate::redact_url(url).into(),
         })
     }
 
@@ -168,50 +309,88 @@ impl RedisStore {
         )
     }
 
-    async fn write(&self, key: &StateKey, json: &[u8], expected: Option<u64>) -> Result<u64> {
-        let mut conn = self.conn.clone();
+    /// The compare-and-set of `save`; with a lease, of `save_fenced`.
+    async fn write(
+        &self,
+        key: &StateKey,
+        (json, schema): (&[u8], u64),
+        expected: Option<u64>,
+        lease: Option<&Lease>,
+    ) -> Result<u64> {
+        let write_id = uuid::Uuid::new_v4().simple().to_string();
+        self.write_as(&write_id, key, (json, schema), expected, lease)
+            .await
+    }
+
+    /// [`write`](Self::write) with a given write id: a second call with the same id (a
+    /// retry whose first reply was lost) reports the first call's version.
+    async fn write_as(
+        &self,
+        write_id: &str,
+        key: &StateKey,
+        (json, schema): (&[u8], u64),
+        expected: Option<u64>,
+        lease: Option<&Lease>,
+    ) -> Result<u64> {
         let now = Utc::now().timestamp_millis();
-        let (ok, v): (i64, String) = SAVE_SCRIPT
-            .key(self.doc_key(key))
+        let (token, fence) = lease.map_or(("", 0), |l| (l.token(), l.fence()));
+        let mut call = SAVE_SCRIPT.prepare_invoke();
+        call.key(self.doc_key(key))
             .key(self.idx_key(key.agent(), key.user()))
+            .key(self.lease_key(key))
             .arg(expected.map(|v| v.to_string()).unwrap_or_default())
             .arg(json)
             .arg(now)
             .arg(key.session())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(backend)?;
-        if ok == 1 {
-            v.parse()
-                .map_err(|_| Error::backend("redis", format!("bad version {v:?} from script")))
-        } else {
-            Err(Error::Conflict {
+            .arg(token)
+            .arg(fence)
+            .arg(write_id)
+            .arg(schema)
+            .arg(MAX_SCHEMA);
+        let (status, v): (i64, String) = self.conn.invoke(&call).await?;
+        match (status, lease) {
+            (1, _) => v
+                .parse()
+                .map_err(|_| Error::backend("redis", format!("bad version {v:?} from script"))),
+            (2, Some(lease)) => {
+                lease.mark_lost();
+                Err(Error::lease_lost(key))
+            }
+            (3, _) => Err(Error::too_new(key, v.parse().unwrap_or(u64::MAX))),
+            _ => Err(Error::Conflict {
                 key: key.to_string(),
                 expected,
                 found: v.parse().ok(),
-            })
+            }),
         }
+    }
+
+    /// The server's id of the current connection (`CLIENT ID`), for tests that drop it.
+    #[cfg(test)]
+    pub(crate) async fn client_id(&self) -> Result<i64> {
+        self.conn.query(redis::cmd("CLIENT").arg("ID")).await
     }
 
     #[cfg(any(test, feature = "conformance"))]
     async fn put_raw_doc(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
         self.delete(key).await?;
+        let schema = state
+            .get("schema_version")
+            .and_then(serde_json::Value::as_u64);
         let json = serde_json::to_vec(&state).map_err(Error::Serialize)?;
-        self.write(key, &json, None).await.map(|_| ())
+        self.write(key, (&json, schema.unwrap_or(0)), None, None)
+            .await
+            .map(|_| ())
     }
 }
 
 #[async_trait]
 impl StateStore for RedisStore {
     async fn load(&self, key: &StateKey) -> Result<Option<Stored>> {
-        let mut conn = self.conn.clone();
-        let (version, json): (Option<u64>, Option<Vec<u8>>) = redis::cmd("HMGET")
-            .arg(self.doc_key(key))
-            .arg("v")
-            .arg("s")
-            .query_async(&mut conn)
-            .await
-            .map_err(backend)?;
+        let (version, json): (Option<u64>, Option<Vec<u8>>) = self
+            .conn
+            .query(redis::cmd("HMGET").arg(self.doc_key(key)).arg("v").arg("s"))
+            .await?;
         let (Some(version), Some(json)) = (version, json) else {
             return Ok(None);
         };
@@ -223,33 +402,41 @@ impl StateStore for RedisStore {
     }
 
     async fn save(&self, key: &StateKey, state: &AgentState, expected: Option<u64>) -> Result<u64> {
-        let json = serde_json::to_vec(state).map_err(Error::Serialize)?;
-        self.write(key, &json, expected).await
+        let (json, schema) = Error::encode(key, state)?;
+        self.write(key, (json.as_bytes(), schema), expected, None)
+            .await
+    }
+
+    async fn save_fenced(
+        &self,
+        key: &StateKey,
+        state: &AgentState,
+        expected: Option<u64>,
+        lease: &Lease,
+    ) -> Result<u64> {
+        lease.check_for(key)?;
+        let (json, schema) = Error::encode(key, state)?;
+        self.write(key, (json.as_bytes(), schema), expected, Some(lease))
+            .await
     }
 
     async fn delete(&self, key: &StateKey) -> Result<bool> {
-        let mut conn = self.conn.clone();
-        let n: i64 = DELETE_SCRIPT
-            .key(self.doc_key(key))
+        let mut call = DELETE_SCRIPT.prepare_invoke();
+        call.key(self.doc_key(key))
             .key(self.idx_key(key.agent(), key.user()))
-            .arg(key.session())
-            .invoke_async(&mut conn)
-            .await
-            .map_err(backend)?;
+            .arg(key.session());
+        let n: i64 = self.conn.invoke(&call).await?;
         Ok(n > 0)
     }
 
     async fn list_sessions(&self, agent: &str, user: Option<&str>) -> Result<Vec<SessionSummary>> {
         crate::validate_scope(agent, user)?;
-        let mut conn = self.conn.clone();
-        let entries: Vec<(String, f64)> = redis::cmd("ZREVRANGE")
-            .arg(self.idx_key(agent, user))
+        let mut cmd = redis::cmd("ZREVRANGE");
+        cmd.arg(self.idx_key(agent, user))
             .arg(0)
             .arg(-1)
-            .arg("WITHSCORES")
-            .query_async(&mut conn)
-            .await
-            .map_err(backend)?;
+            .arg("WITHSCORES");
+        let entries: Vec<(String, f64)> = self.conn.query(&cmd).await?;
         let mut out: Vec<SessionSummary> = entries
             .into_iter()
             .map(|(session, ms)| SessionSummary {
@@ -263,28 +450,16 @@ impl StateStore for RedisStore {
     }
 
     async fn try_acquire(&self, key: &StateKey, ttl: Duration) -> Result<Option<Lease>> {
-        let mut conn = self.conn.clone();
-        let token = uuid::Uuid::new_v4().to_string();
-        let lease_key = self.lease_key(key);
-        let set: Option<String> = redis::cmd("SET")
-            .arg(&lease_key)
-            .arg(&token)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl_ms(ttl))
-            .query_async(&mut conn)
-            .await
-            .map_err(backend)?;
-        if set.is_none() {
+        let Some(grant) = shared_lease::try_take(self, key, ttl).await? else {
             return Ok(None);
-        }
+        };
         let handle = RedisLease {
             conn: self.conn.clone(),
-            lease_key,
-            token: token.clone(),
+            lease_key: self.lease_key(key),
+            token: grant.token.clone(),
             key: key.to_string(),
         };
-        Ok(Some(Lease::new(key.clone(), token, ttl, Arc::new(handle))))
+        Ok(Some(Lease::new(key.clone(), grant, Arc::new(handle))))
     }
 
     fn is_shared(&self) -> bool {
@@ -292,8 +467,50 @@ impl StateStore for RedisStore {
     }
 }
 
+#[async_trait]
+impl LeaseTable for RedisStore {
+    async fn take_free(
+        &self,
+        key: &StateKey,
+        token: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<LeaseRecord>> {
+        let mut call = ACQUIRE_SCRIPT.prepare_invoke();
+        call.key(self.lease_key(key))
+            .arg(token)
+            .arg(holder)
+            .arg(ttl_ms(ttl));
+        let (token, fence, holder): (String, String, String) = self.conn.invoke(&call).await?;
+        Ok(Some(LeaseRecord {
+            token,
+            fence: fence.parse().unwrap_or(0),
+            holder,
+        }))
+    }
+
+    async fn take_over(
+        &self,
+        key: &StateKey,
+        old: &LeaseRecord,
+        token: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<bool> {
+        let mut call = TAKE_OVER_SCRIPT.prepare_invoke();
+        call.key(self.lease_key(key))
+            .arg(&old.token)
+            .arg(old.fence)
+            .arg(token)
+            .arg(holder)
+            .arg(ttl_ms(ttl));
+        let n: i64 = self.conn.invoke(&call).await?;
+        Ok(n == 1)
+    }
+}
+
 struct RedisLease {
-    conn: ConnectionManager,
+    conn: Conn,
     lease_key: String,
     token: String,
     key: String,
@@ -310,31 +527,16 @@ impl std::fmt::Debug for RedisLease {
 #[async_trait]
 impl LeaseHandle for RedisLease {
     async fn renew(&self, ttl: Duration) -> Result<()> {
-        let mut conn = self.conn.clone();
-        let n: i64 = RENEW_SCRIPT
-            .key(&self.lease_key)
-            .arg(&self.token)
-            .arg(ttl_ms(ttl))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(backend)?;
-        if n == 1 {
-            Ok(())
-        } else {
-            Err(Error::LeaseLost {
-                key: self.key.clone(),
-            })
-        }
+        let mut call = RENEW_SCRIPT.prepare_invoke();
+        call.key(&self.lease_key).arg(&self.token).arg(ttl_ms(ttl));
+        let n: i64 = self.conn.invoke(&call).await?;
+        Error::lease_held(n == 1, &self.key)
     }
 
     async fn release(&self) -> Result<()> {
-        let mut conn = self.conn.clone();
-        let _: i64 = RELEASE_SCRIPT
-            .key(&self.lease_key)
-            .arg(&self.token)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(backend)?;
+        let mut call = RELEASE_SCRIPT.prepare_invoke();
+        call.key(&self.lease_key).arg(&self.token);
+        let _: i64 = self.conn.invoke(&call).await?;
         Ok(())
     }
 }
@@ -344,5 +546,37 @@ impl LeaseHandle for RedisLease {
 impl crate::conformance::RawAccess for RedisStore {
     async fn put_raw(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
         self.put_raw_doc(key, state).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conformance::{service_url, unique_agent};
+
+    /// A save retried after its reply was lost (same write id) is reported as done, once.
+    #[tokio::test]
+    async fn a_retried_save_is_not_applied_twice() -> Result<()> {
+        let Some(url) = service_url("HAME_TEST_REDIS_URL")? else {
+            return Ok(());
+        };
+        let prefix = format!("hame-test:{}", uuid::Uuid::new_v4().simple());
+        let store = RedisStore::connect(&url, RedisOptions::with_prefix(prefix)).await?;
+        let key = StateKey::new(unique_agent(), None::<String>, "s1")?;
+        for expected in [None, Some(1)] {
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            let first = store
+                .write_as(&id, &key, (b"{}", 1), expected, None)
+                .await?;
+            let again = store
+                .write_as(&id, &key, (b"{}", 1), expected, None)
+                .await?;
+            assert_eq!((first, again), (expected.map_or(1, |v| v + 1), first));
+        }
+        assert_eq!(store.load(&key).await?.map(|s| s.version), Some(2));
+        // Another write with the stale version still conflicts.
+        let other = store.write(&key, (b"{}", 1), Some(1), None).await;
+        assert!(other.is_err_and(|e| e.is_conflict()));
+        Ok(())
     }
 }

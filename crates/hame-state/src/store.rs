@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -13,10 +13,14 @@ use crate::error::{Error, Result};
 use crate::key::StateKey;
 
 /// Default lease time-to-live: a holder that neither renews nor releases within this time
-/// loses the session.
-pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
-/// Default time a caller waits for a busy session before [`Error::SessionBusy`].
-pub const DEFAULT_LEASE_WAIT: Duration = Duration::from_secs(10);
+/// loses the session. Renew every `ttl / 3` ([`Lease::keep_alive`] does). A holder that dies
+/// on the caller's own machine is taken over at once; one on another machine frees the
+/// session after at most this long.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+/// Default time a caller waits for a busy session before [`Error::SessionBusy`]: longer than
+/// [`DEFAULT_LEASE_TTL`], so a caller that meets the lease of a holder that crashed on another
+/// machine gets the session when the lease lapses instead of failing.
+pub const DEFAULT_LEASE_WAIT: Duration = Duration::from_secs(12);
 /// First pause between two attempts to take a busy lease; doubled up to [`LEASE_POLL_MAX`].
 pub const LEASE_POLL_MIN: Duration = Duration::from_millis(10);
 /// Longest pause between two attempts to take a busy lease.
@@ -84,8 +88,13 @@ impl LeaseOptions {
 /// - **Leases.** [`acquire`](Self::acquire) grants at most one live lease per key across
 ///   every process that uses the same store. A loser polls with backoff until
 ///   [`LeaseOptions::wait`] has passed, then gets [`Error::SessionBusy`]. A lease that is
-///   not renewed within its TTL expires (so a dead holder cannot block a session forever).
-///   Leases are advisory: `save` does not check them; callers serialise turns by holding one.
+///   not renewed within its TTL expires (so a dead holder cannot block a session forever);
+///   a lease whose holder is a process of the caller's own machine that has exited is taken
+///   over at once (see [`crate::Holder`]).
+/// - **Fencing.** Every acquisition of a key gets a larger [`Lease::fence`] than all before
+///   it. [`save_fenced`](Self::save_fenced) writes only while its lease is the key's current
+///   one and not lost; a stale holder's write fails with [`Error::LeaseLost`] and changes
+///   nothing. Plain [`save`](Self::save) does not look at leases.
 /// - **Sharing.** [`is_shared`](Self::is_shared) is true when several machines may use the
 ///   store at once (Redis, PostgreSQL, MySQL) and false for single-machine stores.
 #[async_trait]
@@ -96,6 +105,19 @@ pub trait StateStore: Send + Sync + fmt::Debug + 'static {
     /// Saves a state if the stored version is `expected` (`None`: only if absent) and
     /// returns the new version.
     async fn save(&self, key: &StateKey, state: &AgentState, expected: Option<u64>) -> Result<u64>;
+
+    /// [`save`](Self::save) under a lease: also fails with [`Error::LeaseLost`] (and marks
+    /// the lease lost) unless `lease` is a lease on `key` that is not lost and that the store
+    /// still records as the key's current lease (same token and fence), checked atomically
+    /// with the write. A holder whose lease lapsed or was taken over can never overwrite its
+    /// successor's state.
+    async fn save_fenced(
+        &self,
+        key: &StateKey,
+        state: &AgentState,
+        expected: Option<u64>,
+        lease: &Lease,
+    ) -> Result<u64>;
 
     /// Deletes a session's state; returns whether it existed. A later save must pass
     /// `expected: None` and starts again at version 1.
@@ -147,6 +169,15 @@ macro_rules! forward_store {
             ) -> Result<u64> {
                 (**self).save(key, state, expected).await
             }
+            async fn save_fenced(
+                &self,
+                key: &StateKey,
+                state: &AgentState,
+                expected: Option<u64>,
+                lease: &Lease,
+            ) -> Result<u64> {
+                (**self).save_fenced(key, state, expected, lease).await
+            }
             async fn delete(&self, key: &StateKey) -> Result<bool> {
                 (**self).delete(key).await
             }
@@ -180,14 +211,144 @@ pub trait LeaseHandle: Send + Sync + fmt::Debug + 'static {
     async fn renew(&self, ttl: Duration) -> Result<()>;
     /// Releases the lease; releasing a lease that already expired is not an error.
     async fn release(&self) -> Result<()>;
+    /// Whether the lease lapses after its TTL unless renewed (true but for leases that last
+    /// as long as their holder, like the JSON store's OS locks).
+    fn expires(&self) -> bool {
+        true
+    }
+}
+
+/// What a backend grants: the parts of a [`Lease`] besides its key and handle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseGrant {
+    /// Unique token of this holder.
+    pub token: String,
+    /// Fencing token: larger than that of every earlier lease of the key.
+    pub fence: u64,
+    /// The TTL the lease was taken with.
+    pub ttl: Duration,
+    /// When the request that took the lease was sent. The lease counts as lost `ttl` after
+    /// it (or after the last renewal's request), so the holder stops before the store's
+    /// expiry, never after.
+    pub requested_at: Instant,
+}
+
+impl LeaseGrant {
+    /// A grant.
+    pub fn new(token: String, fence: u64, ttl: Duration, requested_at: Instant) -> Self {
+        Self {
+            token,
+            fence,
+            ttl,
+            requested_at,
+        }
+    }
+}
+
+/// When a lease lapses, as this process sees it, and whether it is known to be lost.
+#[derive(Debug)]
+struct LeaseClock {
+    base: Instant,
+    /// Nanoseconds after `base`; `u64::MAX`: never.
+    deadline: AtomicU64,
+    lost: AtomicBool,
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl LeaseClock {
+    fn new(grant: &LeaseGrant, expires: bool) -> Self {
+        let clock = Self {
+            base: grant.requested_at,
+            deadline: AtomicU64::new(if expires { 0 } else { u64::MAX }),
+            lost: AtomicBool::new(false),
+        };
+        if expires {
+            clock.extend(grant.requested_at, grant.ttl);
+        }
+        clock
+    }
+
+    /// Moves the deadline to `requested_at + ttl` if that is later.
+    fn extend(&self, requested_at: Instant, ttl: Duration) {
+        let at =
+            nanos(requested_at.saturating_duration_since(self.base)).saturating_add(nanos(ttl));
+        self.deadline.fetch_max(at, Ordering::AcqRel);
+    }
+
+    /// Lost for good: released, taken over, refused by the store, or past its deadline.
+    fn is_lost(&self) -> bool {
+        if self.lost.load(Ordering::Acquire) {
+            return true;
+        }
+        let deadline = self.deadline.load(Ordering::Acquire);
+        if deadline != u64::MAX && nanos(self.base.elapsed()) >= deadline {
+            self.lose();
+            return true;
+        }
+        false
+    }
+
+    fn lose(&self) {
+        self.lost.store(true, Ordering::Release);
+    }
+
+    /// The time left before the deadline; `None`: no deadline.
+    fn remaining(&self) -> Option<Duration> {
+        let deadline = self.deadline.load(Ordering::Acquire);
+        (deadline != u64::MAX)
+            .then(|| Duration::from_nanos(deadline.saturating_sub(nanos(self.base.elapsed()))))
+    }
+}
+
+/// One renewal through `handle`, keeping `clock` current. A transient failure (the store is
+/// unreachable) leaves the lease held until its deadline; [`Error::LeaseLost`] loses it.
+async fn renew_on(
+    handle: &dyn LeaseHandle,
+    clock: &LeaseClock,
+    ttl: Duration,
+    key: &StateKey,
+) -> Result<()> {
+    if clock.is_lost() {
+        return Err(lost(key));
+    }
+    let requested_at = Instant::now();
+    match handle.renew(ttl).await {
+        Ok(()) => {
+            clock.extend(requested_at, ttl);
+            if clock.is_lost() {
+                return Err(lost(key));
+            }
+            Ok(())
+        }
+        Err(e @ Error::LeaseLost { .. }) => {
+            clock.lose();
+            Err(e)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn lost(key: &StateKey) -> Error {
+    Error::lease_lost(key)
 }
 
 /// A held session lease. Release it with [`Lease::release`]; dropping it releases it in
 /// the background (on the current tokio runtime, if any).
+///
+/// A lease carries a fencing token ([`fence`](Self::fence)) and knows when it lapses: it is
+/// **lost** once it was refused or taken over by the store, or once its TTL has passed since
+/// the request of its last successful acquisition or renewal. [`check`](Self::check) fails
+/// from then on, and [`StateStore::save_fenced`] refuses to write with it.
 pub struct Lease {
     key: StateKey,
     token: String,
+    fence: u64,
     ttl: Duration,
+    clock: Arc<LeaseClock>,
     handle: Option<Arc<dyn LeaseHandle>>,
 }
 
@@ -195,19 +356,24 @@ impl fmt::Debug for Lease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lease")
             .field("key", &self.key)
+            .field("fence", &self.fence)
             .field("ttl", &self.ttl)
             .field("held", &self.handle.is_some())
+            .field("lost", &self.clock.is_lost())
             .finish_non_exhaustive()
     }
 }
 
 impl Lease {
     /// Wraps a backend lease.
-    pub fn new(key: StateKey, token: String, ttl: Duration, handle: Arc<dyn LeaseHandle>) -> Self {
+    pub fn new(key: StateKey, grant: LeaseGrant, handle: Arc<dyn LeaseHandle>) -> Self {
+        let clock = Arc::new(LeaseClock::new(&grant, handle.expires()));
         Self {
             key,
-            token,
-            ttl,
+            token: grant.token,
+            fence: grant.fence,
+            ttl: grant.ttl,
+            clock,
             handle: Some(handle),
         }
     }
@@ -222,24 +388,69 @@ impl Lease {
         &self.token
     }
 
+    /// The fencing token: every acquisition of a key gets a larger one than all before it,
+    /// so a durable write elsewhere can refuse a stale holder by comparing numbers.
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
     /// The TTL the lease was taken with.
     pub fn ttl(&self) -> Duration {
         self.ttl
     }
 
+    /// `Ok` while the lease is held; [`Error::LeaseLost`] once it is lost (see the type's
+    /// documentation). Call it before every durable write made under the lease.
+    pub fn check(&self) -> Result<()> {
+        if self.handle.is_none() || self.clock.is_lost() {
+            Err(lost(&self.key))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether the lease is lost (the negation of [`check`](Self::check) succeeding).
+    pub fn is_lost(&self) -> bool {
+        self.check().is_err()
+    }
+
+    /// How long the lease lasts without renewal, as this process counts; `None` for a lease
+    /// without TTL (the JSON store's), `Some(ZERO)` once it has lapsed.
+    pub fn remaining(&self) -> Option<Duration> {
+        self.clock.remaining()
+    }
+
+    /// Checks that the lease is held and is the lease of `key`; for backends, before a
+    /// fenced write.
+    pub fn check_for(&self, key: &StateKey) -> Result<()> {
+        if &self.key != key {
+            return Err(Error::Config(format!(
+                "a lease on {} cannot fence a write to {key}",
+                self.key
+            )));
+        }
+        self.check()
+    }
+
+    /// Marks the lease lost; for backends whose store refused a fenced write.
+    pub fn mark_lost(&self) {
+        self.clock.lose();
+    }
+
     /// Extends the lease by its TTL from now. Call it well before the TTL passes (every
-    /// `ttl / 3` is a good rhythm) during long turns.
+    /// `ttl / 3` is a good rhythm) during long turns. [`Error::LeaseLost`] (and the lease is
+    /// lost for good) when it lapsed or someone else holds it; another error (the store is
+    /// unreachable) leaves it held until its TTL passes, so the next renewal may succeed.
     pub async fn renew(&self) -> Result<()> {
         match &self.handle {
-            Some(h) => h.renew(self.ttl).await,
-            None => Err(Error::LeaseLost {
-                key: self.key.to_string(),
-            }),
+            Some(h) => renew_on(h.as_ref(), &self.clock, self.ttl, &self.key).await,
+            None => Err(lost(&self.key)),
         }
     }
 
     /// Releases the lease now.
     pub async fn release(mut self) -> Result<()> {
+        self.clock.lose();
         match self.handle.take() {
             Some(h) => h.release().await,
             None => Ok(()),
@@ -247,37 +458,47 @@ impl Lease {
     }
 
     /// Renews the lease every `ttl / 3` in the background until the returned guard is
-    /// dropped or a renewal fails (then [`KeepAlive::is_lost`] turns true). Use it around a
-    /// turn that may outlast the TTL.
+    /// dropped or the lease is lost (then [`KeepAlive::is_lost`] and [`Lease::check`] report
+    /// it). A renewal that fails without losing the lease is retried after `ttl / 12`. Use
+    /// it around a turn that may outlast the TTL.
     pub fn keep_alive(&self) -> KeepAlive {
-        let lost = Arc::new(AtomicBool::new(false));
+        let clock = self.clock.clone();
         let Some(handle) = self.handle.clone() else {
-            lost.store(true, Ordering::Relaxed);
-            return KeepAlive { task: None, lost };
+            clock.lose();
+            return KeepAlive { task: None, clock };
         };
         let ttl = self.ttl;
         let every = (ttl / 3).max(Duration::from_millis(1));
-        let flag = lost.clone();
-        let key = self.key.to_string();
+        let retry = (ttl / 12).max(Duration::from_millis(1));
+        let shared = clock.clone();
+        let key = self.key.clone();
         let task = tokio::spawn(async move {
+            let mut pause = every;
             loop {
-                tokio::time::sleep(every).await;
-                if let Err(e) = handle.renew(ttl).await {
-                    tracing::warn!(%key, error = %e, "lease keep-alive stopped");
-                    flag.store(true, Ordering::Relaxed);
-                    return;
+                tokio::time::sleep(pause).await;
+                match renew_on(handle.as_ref(), &shared, ttl, &key).await {
+                    Ok(()) => pause = every,
+                    Err(e) if shared.is_lost() => {
+                        tracing::warn!(%key, error = %e, "lease lost; keep-alive stopped");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(%key, error = %e, "lease renewal failed; retrying");
+                        pause = retry;
+                    }
                 }
             }
         });
         KeepAlive {
             task: Some(task),
-            lost,
+            clock,
         }
     }
 
     /// Drops the lease without releasing it, as a crashed holder would: shared stores keep
     /// it until its TTL passes; the JSON store's OS lock goes with the file handle at once.
     pub fn abandon(mut self) {
+        self.clock.lose();
         self.handle = None;
     }
 }
@@ -285,6 +506,7 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         if let Some(h) = self.handle.take() {
+            self.clock.lose();
             match tokio::runtime::Handle::try_current() {
                 Ok(rt) => {
                     let key = self.key.to_string();
@@ -307,14 +529,14 @@ impl Drop for Lease {
 #[derive(Debug)]
 pub struct KeepAlive {
     task: Option<tokio::task::JoinHandle<()>>,
-    lost: Arc<AtomicBool>,
+    clock: Arc<LeaseClock>,
 }
 
 impl KeepAlive {
-    /// Whether a renewal failed: the lease may now belong to someone else, so the turn
-    /// should stop before saving (its save would most likely conflict anyway).
+    /// Whether the lease is lost (a renewal was refused, or none succeeded within the TTL):
+    /// it may now belong to someone else, so the turn should stop before saving.
     pub fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Relaxed)
+        self.clock.is_lost()
     }
 }
 

@@ -53,6 +53,15 @@ pub(crate) mod json_conf {
         ) -> Result<u64> {
             self.store.save(key, state, expected).await
         }
+        async fn save_fenced(
+            &self,
+            key: &StateKey,
+            state: &AgentState,
+            expected: Option<u64>,
+            lease: &Lease,
+        ) -> Result<u64> {
+            self.store.save_fenced(key, state, expected, lease).await
+        }
         async fn delete(&self, key: &StateKey) -> Result<bool> {
             self.store.delete(key).await
         }
@@ -89,7 +98,20 @@ pub(crate) mod json_conf {
     crate::conformance_tests!(make());
 }
 
+#[cfg(any(
+    feature = "json",
+    feature = "redis",
+    feature = "postgres",
+    feature = "mysql"
+))]
+mod lease_takeover;
 mod open_url;
+#[cfg(feature = "redis")]
+mod redis_store;
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
+mod secrets;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod sql_store;
 
 #[cfg(feature = "redis")]
 mod redis_conf {
