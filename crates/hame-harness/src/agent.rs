@@ -688,7 +688,7 @@ impl HarnessAgent {
         let _local = slot.lock().await;
         // ... and across processes and replicas behind the store's lease.
         let lease = match self.inner.state_store.acquire(&key, self.inner.lease).await {
-            Ok(l) => l,
+            Ok(l) => Arc::new(l),
             Err(hame_state::Error::SessionBusy { .. }) => {
                 return Err(Error::SessionBusy(ctx.session_id.clone()));
             }
@@ -697,8 +697,14 @@ impl HarnessAgent {
         let result = self
             .run_leased(&key, &lease, input, ctx, &ws, events, cancel)
             .await;
-        if let Err(e) = lease.release().await {
-            tracing::warn!(error = %e, "releasing the session lease failed; it expires by itself");
+        // The call's extensions (which held the lease for the session log) are gone.
+        match Arc::try_unwrap(lease) {
+            Ok(lease) => {
+                if let Err(e) = lease.release().await {
+                    tracing::warn!(error = %e, "releasing the session lease failed; it expires by itself");
+                }
+            }
+            Err(_) => tracing::warn!("the session lease is still shared; it expires by itself"),
         }
         // The reply is durable: flush memory in the background, off the caller's path.
         if let (Ok(_), Some(layer)) = (&result, &self.inner.memory) {
@@ -728,7 +734,7 @@ impl HarnessAgent {
     async fn run_leased(
         &self,
         key: &StateKey,
-        lease: &hame_state::Lease,
+        lease: &Arc<hame_state::Lease>,
         input: CallInput,
         ctx: &RuntimeContext,
         ws: &Workspace,
@@ -751,6 +757,9 @@ impl HarnessAgent {
         );
         let mut extensions = Extensions::new();
         extensions.insert(ws.clone());
+        // The session-log layer checks it before every durable write: a call whose lease was
+        // lost (a renewal failed past its TTL, another replica took over) stops writing.
+        extensions.insert_arc(lease.clone());
         let outcome = {
             let env = CallEnv {
                 runtime: &runtime,
@@ -775,8 +784,10 @@ impl HarnessAgent {
         };
         // The state is saved whether the call succeeded or not: the messages it holds are
         // already in the session log, and tool calls are always paired with results.
+        // Fenced: refused if the lease was lost or taken over, so a stale holder never
+        // overwrites its successor's state.
         let saved = store
-            .save(key, &state, version)
+            .save_fenced(key, &state, version, lease)
             .await
             .map_err(|e| Error::storage("saving session state failed", e));
         match (outcome, saved) {

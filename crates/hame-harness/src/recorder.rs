@@ -112,6 +112,16 @@ fn handle<'a>(cx: &'a CallCtx<'_>) -> Result<&'a Workspace, hame_core::Error> {
         .ok_or_else(|| hame_core::Error::layer("session-log", "the call has no workspace handle"))
 }
 
+/// Fails when the call's session lease is lost: nothing more is written for this call.
+fn check_lease(cx: &CallCtx<'_>) -> Result<(), hame_core::Error> {
+    match cx.extensions.get::<hame_state::Lease>() {
+        Some(lease) => lease
+            .check()
+            .map_err(|e| hame_core::Error::layer("session-log", e)),
+        None => Ok(()),
+    }
+}
+
 impl SessionRecorder {
     /// Writes what the call left pending and updates the session index once.
     async fn finish(&self, cx: &CallCtx<'_>) -> Result<(), hame_core::Error> {
@@ -121,6 +131,7 @@ impl SessionRecorder {
         };
         let ws = handle(cx)?;
         if !call.pending.is_empty() {
+            check_lease(cx)?;
             // A call that failed or was suspended mid-step: what joined the state is logged
             // before the state is saved.
             self.write(cx.runtime, ws, &call_id, &call.pending).await?;
@@ -197,6 +208,7 @@ impl Layer for SessionRecorder {
             }
         };
         if let Some(pending) = pending {
+            check_lease(cx)?;
             self.write(cx.runtime, handle(cx)?, &call_id, &pending)
                 .await?;
         }

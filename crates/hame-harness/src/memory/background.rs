@@ -116,7 +116,7 @@ async fn flush_leased(
     let ours = MemoryState::load(&state);
     let mut version = Some(stored.version);
     for _ in 0..SAVE_ATTEMPTS {
-        match store.save(key, &state, version).await {
+        match store.save_fenced(key, &state, version, held).await {
             Ok(_) => return Ok(true),
             Err(hame_state::Error::Conflict { .. }) => {
                 // Someone saved in between (an expired lease): keep their state, advance
