@@ -123,7 +123,7 @@ impl JsonStore {
     /// `<agent>/` level itself.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self> {
         let root = root.into();
-        fs::create_dir_all(&root).map_err(|e| Error::io(&root, e))?;
+        create_private_dirs(&root).map_err(|e| Error::io(&root, e))?;
         Ok(Self { root })
     }
 
@@ -170,7 +170,7 @@ impl JsonStore {
         let (state_json, _) = Error::encode(key, state)?;
         let key = key.clone();
         Self::blocking(move || {
-            fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+            create_private_dirs(&dir).map_err(|e| Error::io(&dir, e))?;
             with_write_lock(&dir, key.session(), || {
                 if let Some((token, fence)) = fence {
                     let held = LeaseFile::read(&dir.join(format!("{}.lease", key.session())))?;
@@ -213,7 +213,7 @@ impl JsonStore {
     #[cfg(any(test, feature = "conformance"))]
     fn put_raw_blocking(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
         let dir = self.dir(key.agent(), key.user());
-        fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        create_private_dirs(&dir).map_err(|e| Error::io(&dir, e))?;
         let doc = serde_json::json!({
             "format": JSON_FORMAT, "version": 1, "updated_at": Utc::now(),
             "agent": key.agent(), "user": key.user(), "session": key.session(), "state": state,
@@ -231,8 +231,24 @@ fn read_opt(path: &Path) -> Result<Option<Vec<u8>>> {
     }
 }
 
+/// Directories the store creates are `0700` (new ones only; existing ones keep their mode).
+fn create_private_dirs(dir: &Path) -> io::Result<()> {
+    let mut b = fs::DirBuilder::new();
+    b.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+    b.create(dir)
+}
+
+/// Files the store creates (state documents, lease and lock files) are `0600`.
+fn private(o: &mut OpenOptions) -> &mut OpenOptions {
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(o, 0o600);
+    o
+}
+
 fn open_lock_file(path: &Path) -> Result<File> {
-    OpenOptions::new()
+    private(&mut OpenOptions::new())
         .read(true)
         .write(true)
         .create(true)
@@ -255,7 +271,10 @@ fn write_atomic(dir: &Path, session: &str, bytes: &[u8]) -> Result<()> {
     let tmp = dir.join(format!(".{session}.{}.tmp", uuid::Uuid::new_v4().simple()));
     let target = dir.join(format!("{session}.json"));
     let write = || -> io::Result<()> {
-        let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+        let mut f = private(&mut OpenOptions::new())
+            .write(true)
+            .create_new(true)
+            .open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()
     };
@@ -403,7 +422,7 @@ impl StateStore for JsonStore {
         let held = {
             let (path, token) = (path.clone(), token.clone());
             Self::blocking(move || {
-                fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+                create_private_dirs(&dir).map_err(|e| Error::io(&dir, e))?;
                 let mut file = open_lock_file(&path)?;
                 match file.try_lock() {
                     Ok(()) => {}

@@ -240,3 +240,75 @@ async fn a_running_shell_command_dies_with_hame() -> TestResult {
     }
     Ok(())
 }
+
+/// In `hame chat`, Ctrl-C cancels the running turn and comes back to the prompt; the next
+/// turn works on the same session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_in_chat_cancels_the_turn_and_returns_to_the_prompt() -> TestResult {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir()?;
+    std::fs::create_dir_all(dir.path().join("ws"))?;
+    let ws = dir.path().join("ws").to_string_lossy().into_owned();
+    let state = dir.path().join("state").to_string_lossy().into_owned();
+    let server = ScriptedServer::start().await?;
+    server.push(ScriptStep::text("too late").with_delay(Duration::from_secs(30)));
+    server.push(ScriptStep::text("second answer"));
+    let base = server.base_url();
+    let mut child = hame(
+        &[
+            "chat",
+            "--model",
+            "openai:m",
+            "--workspace",
+            &ws,
+            "--state",
+            &state,
+            "--no-memory",
+        ],
+        &[("OPENAI_BASE_URL", &base)],
+        dir.path(),
+    )
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()?;
+    let mut stdin = child.stdin.take().ok_or("no stdin")?;
+    stdin.write_all(b"first question\n")?;
+    stdin.flush()?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.request_count() == 0 {
+        if Instant::now() > deadline {
+            return Err("the first turn never reached the model".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sent = Instant::now();
+    let killed = std::process::Command::new("kill")
+        .args([format!("-{SIGINT}"), child.id().to_string()])
+        .status()?;
+    assert!(killed.success());
+    // The cancelled turn ends at once; the prompt takes the next line.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stdin.write_all(b"second question\n")?;
+    stdin.flush()?;
+    while server.request_count() < 2 {
+        if sent.elapsed() > Duration::from_secs(15) {
+            return Err("the second turn never reached the model".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Let the answer stream out before closing stdin (EOF ends the chat).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(stdin);
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .ok_or("no stdout")?
+        .read_to_string(&mut out)?;
+    let status = tokio::task::spawn_blocking(move || child.wait()).await??;
+    assert!(status.success(), "chat exited with {status:?}");
+    assert!(out.contains("second answer"), "{out}");
+    assert!(!out.contains("too late"), "{out}");
+    Ok(())
+}

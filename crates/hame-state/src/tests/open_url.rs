@@ -89,6 +89,32 @@ mod json {
         Ok(())
     }
 
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn files_are_private_to_their_owner() -> Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let t = TempJson::new()?;
+        let key = StateKey::new("agent", Some("ada"), "s1")?;
+        let lease = t.acquire(&key, crate::LeaseOptions::default()).await?;
+        t.save_fenced(&key, &Default::default(), None, &lease)
+            .await?;
+        let mode = |p: &std::path::Path| -> Result<u32> {
+            Ok(fs::metadata(p)
+                .map_err(|e| Error::io(p, e))?
+                .permissions()
+                .mode()
+                & 0o777)
+        };
+        let dir = t.store.root().join("agent/users/ada");
+        assert_eq!(mode(&dir)?, 0o700);
+        assert_eq!(mode(&t.store.root().join("agent"))?, 0o700);
+        for name in ["s1.json", "s1.lease"] {
+            assert_eq!(mode(&dir.join(name))?, 0o600, "{name}");
+        }
+        lease.release().await?;
+        Ok(())
+    }
+
     #[tokio::test]
     async fn layout_and_envelope() -> Result<()> {
         let t = TempJson::new()?;

@@ -1,0 +1,55 @@
+//! Workspace files in the prompt: a file that is not UTF-8 is not dropped silently, and no
+//! file is sent whole past its budget.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use hame_core::test_support::{Reply, ScriptedModel};
+use hame_core::{AgentEvent, Message, RuntimeContext};
+use hame_harness::{HarnessAgent, MAX_CONTEXT_FILE_BYTES};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+#[tokio::test]
+async fn invalid_utf8_is_kept_and_reported_and_large_files_are_cut() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(ws.join("knowledge"))?;
+    // "café" in Latin-1: one byte that is not UTF-8.
+    std::fs::write(ws.join("AGENTS.md"), b"You are Hamish, caf\xe9 owner.\n")?;
+    let big = "fact. ".repeat(50_000); // 300 KB
+    std::fs::write(ws.join("knowledge/KNOWLEDGE.md"), &big)?;
+    let model = ScriptedModel::new([Reply::text("ok")]);
+    let agent = HarnessAgent::builder()
+        .model(Arc::new(model.clone()))
+        .workspace(&ws)
+        .state_store(Arc::new(hame_state::InMemoryStore::new()))
+        .build()?;
+    let events: Vec<AgentEvent> = agent
+        .stream(Message::user("hi"), &RuntimeContext::new("s1"))
+        .collect()
+        .await;
+    let system = model
+        .requests()
+        .first()
+        .map(|r| r.system.clone())
+        .unwrap_or_default();
+    // The persona is there, with the bad byte replaced, not dropped.
+    assert!(
+        system.contains("You are Hamish, caf\u{fffd} owner."),
+        "{system}"
+    );
+    let warned = events.iter().any(|e| {
+        matches!(e, AgentEvent::Custom { kind, data }
+            if kind == "workspace.invalid_utf8" && data["path"] == "AGENTS.md")
+    });
+    assert!(warned, "{events:?}");
+    // KNOWLEDGE.md is cut to its budget with a note.
+    assert!(
+        system.len() < MAX_CONTEXT_FILE_BYTES + 20_000,
+        "{} bytes",
+        system.len()
+    );
+    assert!(system.contains("only the first 65536 are shown"), "no note");
+    Ok(())
+}
