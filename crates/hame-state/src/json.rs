@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, MAX_SCHEMA, Result};
 use crate::holder::Holder;
 use crate::key::{StateKey, validate_id};
+use crate::store::Save;
 use crate::store::{Lease, LeaseGrant, LeaseHandle, SessionSummary, StateStore, Stored};
 
 /// Value of the `format` field of every state file.
@@ -336,24 +337,9 @@ impl StateStore for JsonStore {
         .await
     }
 
-    async fn save(&self, key: &StateKey, state: &AgentState, expected: Option<u64>) -> Result<u64> {
-        self.write(key, state, expected, None).await
-    }
-
-    async fn save_fenced(
-        &self,
-        key: &StateKey,
-        state: &AgentState,
-        expected: Option<u64>,
-        lease: &Lease,
-    ) -> Result<u64> {
-        lease.check_for(key)?;
-        let fence = (lease.token().to_owned(), lease.fence());
-        let out = self.write(key, state, expected, Some(fence)).await;
-        if matches!(out, Err(Error::LeaseLost { .. })) {
-            lease.mark_lost();
-        }
-        out
+    async fn put(&self, key: &StateKey, save: Save<'_>) -> Result<u64> {
+        let fence = save.lease.map(|l| (l.token().to_owned(), l.fence()));
+        self.write(key, save.state, save.expected, fence).await
     }
 
     async fn delete(&self, key: &StateKey) -> Result<bool> {

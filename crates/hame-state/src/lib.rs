@@ -76,7 +76,7 @@ pub use memory::InMemoryStore;
 pub use redact::redact_url;
 pub use store::{
     DEFAULT_LEASE_TTL, DEFAULT_LEASE_WAIT, KeepAlive, LEASE_POLL_MAX, LEASE_POLL_MIN, Lease,
-    LeaseGrant, LeaseHandle, LeaseOptions, SessionSummary, StateStore, Stored,
+    LeaseGrant, LeaseHandle, LeaseOptions, Save, SessionSummary, StateStore, Stored,
 };
 
 #[cfg(feature = "json")]

@@ -10,6 +10,7 @@ use hame_core::AgentState;
 
 use crate::error::{Error, MAX_SCHEMA, Result};
 use crate::key::StateKey;
+use crate::store::Save;
 use crate::store::{Lease, LeaseGrant, LeaseHandle, SessionSummary, StateStore, Stored};
 
 #[derive(Debug, Clone)]
@@ -110,22 +111,13 @@ impl StateStore for InMemoryStore {
         doc.map(|d| Self::decode(key, &d)).transpose()
     }
 
-    async fn save(&self, key: &StateKey, state: &AgentState, expected: Option<u64>) -> Result<u64> {
-        Error::writable_schema(key, state)?;
-        let json = Arc::new(serde_json::to_value(state).map_err(Error::Serialize)?);
-        self.write(key, json, expected)
-    }
-
-    async fn save_fenced(
-        &self,
-        key: &StateKey,
-        state: &AgentState,
-        expected: Option<u64>,
-        lease: &Lease,
-    ) -> Result<u64> {
-        lease.check_for(key)?;
-        Error::writable_schema(key, state)?;
-        let json = Arc::new(serde_json::to_value(state).map_err(Error::Serialize)?);
+    async fn put(&self, key: &StateKey, save: Save<'_>) -> Result<u64> {
+        Error::writable_schema(key, save.state)?;
+        let json = Arc::new(serde_json::to_value(save.state).map_err(Error::Serialize)?);
+        let Some(lease) = save.lease else {
+            return self.write(key, json, save.expected);
+        };
+        let expected = save.expected;
         // The lease map stays locked across the write, so no takeover can slip in between.
         let leases = lock(&self.leases);
         let held = leases

@@ -11,6 +11,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use crate::error::{Error, MAX_SCHEMA, Result};
 use crate::key::StateKey;
 use crate::shared_lease::{self, LeaseRecord, LeaseTable};
+use crate::store::Save;
 use crate::store::{Lease, LeaseHandle, SessionSummary, StateStore, Stored};
 
 /// Default key prefix of [`RedisStore`].
@@ -401,22 +402,9 @@ impl StateStore for RedisStore {
         Ok(Some(Stored { state, version }))
     }
 
-    async fn save(&self, key: &StateKey, state: &AgentState, expected: Option<u64>) -> Result<u64> {
-        let (json, schema) = Error::encode(key, state)?;
-        self.write(key, (json.as_bytes(), schema), expected, None)
-            .await
-    }
-
-    async fn save_fenced(
-        &self,
-        key: &StateKey,
-        state: &AgentState,
-        expected: Option<u64>,
-        lease: &Lease,
-    ) -> Result<u64> {
-        lease.check_for(key)?;
-        let (json, schema) = Error::encode(key, state)?;
-        self.write(key, (json.as_bytes(), schema), expected, Some(lease))
+    async fn put(&self, key: &StateKey, save: Save<'_>) -> Result<u64> {
+        let (json, schema) = Error::encode(key, save.state)?;
+        self.write(key, (json.as_bytes(), schema), save.expected, save.lease)
             .await
     }
 

@@ -23,6 +23,7 @@ use sqlx::query::Query;
 use crate::error::{Error, MAX_SCHEMA, Result};
 use crate::key::StateKey;
 use crate::shared_lease::{self, LeaseRecord, LeaseTable};
+use crate::store::Save;
 use crate::store::{Lease, LeaseHandle, SessionSummary, StateStore, Stored};
 
 /// Options of [`PostgresStore::connect`] and [`MySqlStore::connect`].
@@ -720,21 +721,14 @@ impl<D: SqlDialect> StateStore for SqlStore<D> {
         }))
     }
 
-    async fn save(&self, key: &StateKey, state: &AgentState, expected: Option<u64>) -> Result<u64> {
-        self.write(key, Error::encode(key, state)?, expected, None)
-            .await
-    }
-
-    async fn save_fenced(
-        &self,
-        key: &StateKey,
-        state: &AgentState,
-        expected: Option<u64>,
-        lease: &Lease,
-    ) -> Result<u64> {
-        lease.check_for(key)?;
-        self.write(key, Error::encode(key, state)?, expected, Some(lease))
-            .await
+    async fn put(&self, key: &StateKey, save: Save<'_>) -> Result<u64> {
+        self.write(
+            key,
+            Error::encode(key, save.state)?,
+            save.expected,
+            save.lease,
+        )
+        .await
     }
 
     async fn delete(&self, key: &StateKey) -> Result<bool> {

@@ -102,9 +102,28 @@ pub trait StateStore: Send + Sync + fmt::Debug + 'static {
     /// Loads the state of a session; `None` when it was never saved or was deleted.
     async fn load(&self, key: &StateKey) -> Result<Option<Stored>>;
 
+    /// The one write a backend implements: `save.state` if the stored version is
+    /// `save.expected` (`None`: only if absent), returning the new version. With
+    /// `save.lease` (already checked to be a live lease on `key`), also fails with
+    /// [`Error::LeaseLost`] unless the store still records that lease as the key's current
+    /// one (same token and fence), checked atomically with the write. Callers use
+    /// [`save`](Self::save) and [`save_fenced`](Self::save_fenced).
+    async fn put(&self, key: &StateKey, save: Save<'_>) -> Result<u64>;
+
     /// Saves a state if the stored version is `expected` (`None`: only if absent) and
     /// returns the new version.
-    async fn save(&self, key: &StateKey, state: &AgentState, expected: Option<u64>) -> Result<u64>;
+    async fn save(&self, key: &StateKey, state: &AgentState, expected: Option<u64>) -> Result<u64> {
+        let lease = None;
+        self.put(
+            key,
+            Save {
+                state,
+                expected,
+                lease,
+            },
+        )
+        .await
+    }
 
     /// [`save`](Self::save) under a lease: also fails with [`Error::LeaseLost`] (and marks
     /// the lease lost) unless `lease` is a lease on `key` that is not lost and that the store
@@ -117,7 +136,23 @@ pub trait StateStore: Send + Sync + fmt::Debug + 'static {
         state: &AgentState,
         expected: Option<u64>,
         lease: &Lease,
-    ) -> Result<u64>;
+    ) -> Result<u64> {
+        lease.check_for(key)?;
+        let out = self
+            .put(
+                key,
+                Save {
+                    state,
+                    expected,
+                    lease: Some(lease),
+                },
+            )
+            .await;
+        if matches!(out, Err(Error::LeaseLost { .. })) {
+            lease.mark_lost();
+        }
+        out
+    }
 
     /// Deletes a session's state; returns whether it existed. A later save must pass
     /// `expected: None` and starts again at version 1.
@@ -154,6 +189,17 @@ pub trait StateStore: Send + Sync + fmt::Debug + 'static {
     fn is_shared(&self) -> bool;
 }
 
+/// One write of a state: what [`StateStore::put`] receives.
+#[derive(Debug, Clone, Copy)]
+pub struct Save<'a> {
+    /// The state to write.
+    pub state: &'a AgentState,
+    /// The version it replaces (`None`: only if there is none).
+    pub expected: Option<u64>,
+    /// For a fenced save, the lease it is made under.
+    pub lease: Option<&'a Lease>,
+}
+
 macro_rules! forward_store {
     ($ty:ty) => {
         #[async_trait]
@@ -161,22 +207,8 @@ macro_rules! forward_store {
             async fn load(&self, key: &StateKey) -> Result<Option<Stored>> {
                 (**self).load(key).await
             }
-            async fn save(
-                &self,
-                key: &StateKey,
-                state: &AgentState,
-                expected: Option<u64>,
-            ) -> Result<u64> {
-                (**self).save(key, state, expected).await
-            }
-            async fn save_fenced(
-                &self,
-                key: &StateKey,
-                state: &AgentState,
-                expected: Option<u64>,
-                lease: &Lease,
-            ) -> Result<u64> {
-                (**self).save_fenced(key, state, expected, lease).await
+            async fn put(&self, key: &StateKey, save: Save<'_>) -> Result<u64> {
+                (**self).put(key, save).await
             }
             async fn delete(&self, key: &StateKey) -> Result<bool> {
                 (**self).delete(key).await

@@ -18,7 +18,6 @@ pub(crate) mod json_conf {
     use std::time::Duration;
 
     use async_trait::async_trait;
-    use hame_core::AgentState;
 
     use crate::conformance::RawAccess;
     use crate::{Error, JsonStore, Lease, Result, SessionSummary, StateKey, StateStore, Stored};
@@ -45,22 +44,8 @@ pub(crate) mod json_conf {
         async fn load(&self, key: &StateKey) -> Result<Option<Stored>> {
             self.store.load(key).await
         }
-        async fn save(
-            &self,
-            key: &StateKey,
-            state: &AgentState,
-            expected: Option<u64>,
-        ) -> Result<u64> {
-            self.store.save(key, state, expected).await
-        }
-        async fn save_fenced(
-            &self,
-            key: &StateKey,
-            state: &AgentState,
-            expected: Option<u64>,
-            lease: &Lease,
-        ) -> Result<u64> {
-            self.store.save_fenced(key, state, expected, lease).await
+        async fn put(&self, key: &StateKey, save: crate::Save<'_>) -> Result<u64> {
+            self.store.put(key, save).await
         }
         async fn delete(&self, key: &StateKey) -> Result<bool> {
             self.store.delete(key).await
