@@ -82,7 +82,8 @@ pub use error::{Error, Result};
 #[cfg(feature = "sqlite")]
 pub use index::SqliteIndex;
 pub use index::{
-    DocumentInfo, Hit, InMemoryIndex, SearchIndex, SearchOptions, UpsertOutcome, content_hash,
+    Document, DocumentInfo, Hit, InMemoryIndex, SearchIndex, SearchOptions, UpsertOutcome,
+    content_hash,
 };
 #[cfg(feature = "postgres")]
 pub use index::{PgIndex, PgIndexOptions};

@@ -10,7 +10,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::error::{Error, MAX_SCHEMA, Result};
 use crate::key::StateKey;
-use crate::shared_lease::{self, LeaseRecord, LeaseTable};
+use crate::shared_lease::{self, Claim, LeaseRecord, LeaseTable};
 use crate::store::Save;
 use crate::store::{Lease, LeaseHandle, SessionSummary, StateStore, Stored};
 
@@ -457,13 +457,13 @@ impl StateStore for RedisStore {
 
 #[async_trait]
 impl LeaseTable for RedisStore {
-    async fn take_free(
-        &self,
-        key: &StateKey,
-        token: &str,
-        holder: &str,
-        ttl: Duration,
-    ) -> Result<Option<LeaseRecord>> {
+    async fn take_free(&self, claim: &Claim<'_>) -> Result<Option<LeaseRecord>> {
+        let Claim {
+            key,
+            token,
+            holder,
+            ttl,
+        } = *claim;
         let mut call = ACQUIRE_SCRIPT.prepare_invoke();
         call.key(self.lease_key(key))
             .arg(token)
@@ -477,21 +477,14 @@ impl LeaseTable for RedisStore {
         }))
     }
 
-    async fn take_over(
-        &self,
-        key: &StateKey,
-        old: &LeaseRecord,
-        token: &str,
-        holder: &str,
-        ttl: Duration,
-    ) -> Result<bool> {
+    async fn take_over(&self, claim: &Claim<'_>, old: &LeaseRecord) -> Result<bool> {
         let mut call = TAKE_OVER_SCRIPT.prepare_invoke();
-        call.key(self.lease_key(key))
+        call.key(self.lease_key(claim.key))
             .arg(&old.token)
             .arg(old.fence)
-            .arg(token)
-            .arg(holder)
-            .arg(ttl_ms(ttl));
+            .arg(claim.token)
+            .arg(claim.holder)
+            .arg(ttl_ms(claim.ttl));
         let n: i64 = self.conn.invoke(&call).await?;
         Ok(n == 1)
     }

@@ -30,24 +30,20 @@ pub(crate) struct LeaseRecord {
 pub(crate) trait LeaseTable: Send + Sync {
     /// Records a lease for `token` (fence: the old one plus one) if the key has none, or
     /// only a released or lapsed one; returns the record in place afterwards.
-    async fn take_free(
-        &self,
-        key: &StateKey,
-        token: &str,
-        holder: &str,
-        ttl: Duration,
-    ) -> Result<Option<LeaseRecord>>;
+    async fn take_free(&self, claim: &Claim<'_>) -> Result<Option<LeaseRecord>>;
 
     /// Replaces `old` with a lease for `token` (fence `old.fence + 1`) if the record still
     /// has `old`'s token and fence; returns whether it did.
-    async fn take_over(
-        &self,
-        key: &StateKey,
-        old: &LeaseRecord,
-        token: &str,
-        holder: &str,
-        ttl: Duration,
-    ) -> Result<bool>;
+    async fn take_over(&self, claim: &Claim<'_>, old: &LeaseRecord) -> Result<bool>;
+}
+
+/// Who asks for the lease of `key`, and for how long.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Claim<'a> {
+    pub(crate) key: &'a StateKey,
+    pub(crate) token: &'a str,
+    pub(crate) holder: &'a str,
+    pub(crate) ttl: Duration,
 }
 
 /// One attempt to take the lease of `key`: the grant, or `None` while a live holder has it.
@@ -59,7 +55,13 @@ pub(crate) async fn try_take(
     let token = uuid::Uuid::new_v4().to_string();
     let holder = Holder::current().to_record();
     let requested_at = Instant::now();
-    let Some(current) = table.take_free(key, &token, &holder, ttl).await? else {
+    let claim = Claim {
+        key,
+        token: &token,
+        holder: &holder,
+        ttl,
+    };
+    let Some(current) = table.take_free(&claim).await? else {
         return Ok(None);
     };
     if current.token == token {
@@ -74,7 +76,7 @@ pub(crate) async fn try_take(
         return Ok(None);
     };
     let requested_at = Instant::now();
-    if !table.take_over(key, &current, &token, &holder, ttl).await? {
+    if !table.take_over(&claim, &current).await? {
         return Ok(None);
     }
     let fence = current.fence + 1;

@@ -22,7 +22,7 @@ use sqlx::query::Query;
 
 use crate::error::{Error, MAX_SCHEMA, Result};
 use crate::key::StateKey;
-use crate::shared_lease::{self, LeaseRecord, LeaseTable};
+use crate::shared_lease::{self, Claim, LeaseRecord, LeaseTable};
 use crate::store::Save;
 use crate::store::{Lease, LeaseHandle, SessionSummary, StateStore, Stored};
 
@@ -643,36 +643,24 @@ impl<D: SqlDialect> SqlStore<D> {
 
 #[async_trait]
 impl<D: SqlDialect> LeaseTable for SqlStore<D> {
-    async fn take_free(
-        &self,
-        key: &StateKey,
-        token: &str,
-        holder: &str,
-        ttl: Duration,
-    ) -> Result<Option<LeaseRecord>> {
+    async fn take_free(&self, claim: &Claim<'_>) -> Result<Option<LeaseRecord>> {
+        let key = claim.key;
         bind_key(query(&D::statements().acquire), key)
-            .bind(token.to_owned())
-            .bind(holder.to_owned())
-            .bind(ttl_micros(ttl))
+            .bind(claim.token.to_owned())
+            .bind(claim.holder.to_owned())
+            .bind(ttl_micros(claim.ttl))
             .execute(&self.pool)
             .await
             .map_err(backend::<D>)?;
         self.lease_record(key).await
     }
 
-    async fn take_over(
-        &self,
-        key: &StateKey,
-        old: &LeaseRecord,
-        token: &str,
-        holder: &str,
-        ttl: Duration,
-    ) -> Result<bool> {
+    async fn take_over(&self, claim: &Claim<'_>, old: &LeaseRecord) -> Result<bool> {
         let q = query(&D::statements().take_over)
-            .bind(token.to_owned())
-            .bind(holder.to_owned())
-            .bind(ttl_micros(ttl));
-        let n = bind_key(q, key)
+            .bind(claim.token.to_owned())
+            .bind(claim.holder.to_owned())
+            .bind(ttl_micros(claim.ttl));
+        let n = bind_key(q, claim.key)
             .bind(old.token.clone())
             .bind(i64::try_from(old.fence).unwrap_or(-1))
             .execute(&self.pool)

@@ -7,8 +7,8 @@ use async_trait::async_trait;
 
 use super::scoring::rank_rows;
 use super::{
-    DocumentInfo, Hit, Row, SearchIndex, SearchOptions, UpsertOutcome, check_tenant, content_hash,
-    prepare_search, split_rows,
+    Document, DocumentInfo, Hit, Row, SearchIndex, SearchOptions, UpsertOutcome, check_tenant,
+    content_hash, prepare_search, split_rows,
 };
 use crate::error::Result;
 
@@ -36,12 +36,8 @@ impl InMemoryIndex {
 
 #[async_trait]
 impl SearchIndex for InMemoryIndex {
-    async fn upsert_document(
-        &self,
-        tenant: &str,
-        path: &str,
-        content: &str,
-    ) -> Result<UpsertOutcome> {
+    async fn upsert(&self, doc: Document<'_>) -> Result<UpsertOutcome> {
+        let (tenant, path, content) = (doc.tenant, doc.path, doc.content);
         check_tenant(tenant)?;
         let hash = content_hash(content);
         let mut docs = self.docs.lock().unwrap_or_else(PoisonError::into_inner);

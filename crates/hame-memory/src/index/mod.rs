@@ -130,18 +130,40 @@ pub enum UpsertOutcome {
     },
 }
 
+/// One document to index: what [`SearchIndex::upsert`] receives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Document<'a> {
+    /// The tenant the document belongs to.
+    pub tenant: &'a str,
+    /// Its path (the key within the tenant).
+    pub path: &'a str,
+    /// Its text.
+    pub content: &'a str,
+}
+
 /// A tenant-scoped full-text index of documents. See the [module docs](self) for the
 /// contract every implementation follows (checked by the conformance suite).
 #[async_trait]
 pub trait SearchIndex: Send + Sync + fmt::Debug + 'static {
-    /// Indexes `content` as the document `path`, replacing what was indexed for it before.
-    /// Does nothing when the content hash is unchanged.
+    /// Indexes `doc.content` as the document `doc.path` of `doc.tenant`, replacing what was
+    /// indexed for it before. Does nothing when the content hash is unchanged. (The one
+    /// write a backend implements; callers use [`upsert_document`](Self::upsert_document).)
+    async fn upsert(&self, doc: Document<'_>) -> Result<UpsertOutcome>;
+
+    /// [`upsert`](Self::upsert) of `content` as the document `path` of `tenant`.
     async fn upsert_document(
         &self,
         tenant: &str,
         path: &str,
         content: &str,
-    ) -> Result<UpsertOutcome>;
+    ) -> Result<UpsertOutcome> {
+        self.upsert(Document {
+            tenant,
+            path,
+            content,
+        })
+        .await
+    }
 
     /// Forgets a document. Returns whether it was indexed.
     async fn remove_document(&self, tenant: &str, path: &str) -> Result<bool>;
@@ -159,13 +181,8 @@ macro_rules! forward_search_index {
     ($($wrapper:ident),+) => {$(
         #[async_trait]
         impl<T: SearchIndex + ?Sized> SearchIndex for $wrapper<T> {
-            async fn upsert_document(
-                &self,
-                tenant: &str,
-                path: &str,
-                content: &str,
-            ) -> Result<UpsertOutcome> {
-                (**self).upsert_document(tenant, path, content).await
+            async fn upsert(&self, doc: Document<'_>) -> Result<UpsertOutcome> {
+                (**self).upsert(doc).await
             }
             async fn remove_document(&self, tenant: &str, path: &str) -> Result<bool> {
                 (**self).remove_document(tenant, path).await

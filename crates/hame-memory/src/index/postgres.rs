@@ -32,8 +32,8 @@ use sqlx::{AssertSqlSafe, Row};
 
 use super::scoring::rank_rows;
 use super::{
-    DocumentInfo, Hit, Query, QueryMode, SNIPPET_WORDS, SearchIndex, SearchOptions, UpsertOutcome,
-    check_tenant, content_hash, is_cjk, prepare_search, split_rows,
+    Document, DocumentInfo, Hit, Query, QueryMode, SNIPPET_WORDS, SearchIndex, SearchOptions,
+    UpsertOutcome, check_tenant, content_hash, is_cjk, prepare_search, split_rows,
 };
 use crate::error::{Error, Result};
 
@@ -605,12 +605,8 @@ async fn create_trigram_index(tx: &mut sqlx::PgConnection, p: &str, create: bool
 
 #[async_trait]
 impl SearchIndex for PgIndex {
-    async fn upsert_document(
-        &self,
-        tenant: &str,
-        path: &str,
-        content: &str,
-    ) -> Result<UpsertOutcome> {
+    async fn upsert(&self, doc: Document<'_>) -> Result<UpsertOutcome> {
+        let (tenant, path, content) = (doc.tenant, doc.path, doc.content);
         check_pg_tenant(tenant)?;
         check_text("path", path)?;
         let hash = content_hash(content);

@@ -26,8 +26,8 @@ use rusqlite::{
 
 use super::scoring::rank_rows;
 use super::{
-    DocumentInfo, Hit, Query, QueryMode, SNIPPET_WORDS, SearchIndex, SearchOptions, UpsertOutcome,
-    check_tenant, content_hash, is_cjk, prepare_search, split_rows,
+    Document, DocumentInfo, Hit, Query, QueryMode, SNIPPET_WORDS, SearchIndex, SearchOptions,
+    UpsertOutcome, check_tenant, content_hash, is_cjk, prepare_search, split_rows,
 };
 use crate::error::{Error, Result};
 
@@ -670,12 +670,8 @@ impl SqliteIndex {
 
 #[async_trait]
 impl SearchIndex for SqliteIndex {
-    async fn upsert_document(
-        &self,
-        tenant: &str,
-        path: &str,
-        content: &str,
-    ) -> Result<UpsertOutcome> {
+    async fn upsert(&self, doc: Document<'_>) -> Result<UpsertOutcome> {
+        let (tenant, path, content) = (doc.tenant, doc.path, doc.content);
         check_tenant(tenant)?;
         let hash = content_hash(content);
         let rows = split_rows(content);
