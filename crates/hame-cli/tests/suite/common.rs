@@ -112,3 +112,13 @@ pub fn state_dir(dir: &Path, ws: &Path) -> std::path::PathBuf {
     dir.join("state")
         .join(hame::harness::workspace_identity(ws))
 }
+
+/// The role of the last message of a recorded OpenAI-style request.
+pub fn last_role(req: &hame_test_support::RecordedRequest) -> String {
+    req.body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["role"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}

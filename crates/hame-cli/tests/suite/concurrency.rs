@@ -10,7 +10,7 @@ use hame::state::StateKey;
 use hame_test_support::{RecordedRequest, ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 
-use super::common::{run_with, service, stderr, stdout, unique_agent};
+use super::common::{last_role, run_with, service, stderr, stdout, unique_agent};
 use super::replicas::dialogue;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -150,16 +150,6 @@ async fn same_session_calls_queue_on_mysql() -> TestResult {
         return Ok(());
     };
     same_session_calls_queue(&url).await
-}
-
-/// The role of the last message of a recorded OpenAI-style request.
-fn last_role(req: &RecordedRequest) -> String {
-    req.body["messages"]
-        .as_array()
-        .and_then(|m| m.last())
-        .and_then(|m| m["role"].as_str())
-        .unwrap_or_default()
-        .to_owned()
 }
 
 /// Two processes on two sessions of one user. Each call makes two model requests: a tool

@@ -27,7 +27,7 @@ use hame::{AgentState, Role};
 use hame_test_support::{RecordedRequest, ScriptStep, ScriptedServer};
 use serde_json::json;
 
-use super::common::{hame, stderr};
+use super::common::{hame, last_role, stderr};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -73,16 +73,6 @@ fn seed() -> u64 {
                 .map(|d| d.as_nanos() as u64)
                 .unwrap_or(0x5EED)
         })
-}
-
-/// The role of the last message of a recorded OpenAI-style request.
-fn last_role(req: &RecordedRequest) -> String {
-    req.body["messages"]
-        .as_array()
-        .and_then(|m| m.last())
-        .and_then(|m| m["role"].as_str())
-        .unwrap_or_default()
-        .to_owned()
 }
 
 /// The model: a file write for a new user message, then a text reply naming it; each

@@ -15,6 +15,27 @@ use super::common::{hame, output, service, stdout, unique_agent};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
+/// Waits until the scripted server has received `n` requests (20 s at most).
+async fn wait_for_requests(server: &ScriptedServer, n: usize, what: &str) -> TestResult {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.request_count() < n {
+        if Instant::now() > deadline {
+            return Err(format!("{what} never reached the model").into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Sends `signal` to `pid` with kill(1).
+fn send(signal: i32, pid: u32) -> TestResult {
+    let killed = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()?;
+    assert!(killed.success());
+    Ok(())
+}
+
 /// Starts `hame run` on a model that takes 30 s to answer, signals it once the request is
 /// in, and checks the exit code, the saved turn and how fast the next call runs.
 async fn signal_releases_the_session(state: &str, signal: i32, want: i32) -> TestResult {
@@ -47,18 +68,9 @@ async fn signal_releases_the_session(state: &str, signal: i32, want: i32) -> Tes
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while server.request_count() == 0 {
-        if Instant::now() > deadline {
-            return Err("the first call never reached the model".into());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_requests(&server, 1, "the first call").await?;
     let sent = Instant::now();
-    let killed = std::process::Command::new("kill")
-        .args([format!("-{signal}"), child.id().to_string()])
-        .status()?;
-    assert!(killed.success());
+    send(signal, child.id())?;
     let status = tokio::task::spawn_blocking(move || child.wait_with_output()).await??;
     let exit_after = sent.elapsed();
     assert_eq!(
@@ -211,10 +223,7 @@ async fn a_running_shell_command_dies_with_hame() -> TestResult {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let killed = std::process::Command::new("kill")
-            .args([format!("-{signal}"), child.id().to_string()])
-            .status()?;
-        assert!(killed.success());
+        send(signal, child.id())?;
         let sent = Instant::now();
         let status = tokio::task::spawn_blocking(move || child.wait_with_output()).await??;
         if signal == SIGTERM {
@@ -275,28 +284,13 @@ async fn ctrl_c_in_chat_cancels_the_turn_and_returns_to_the_prompt() -> TestResu
     let mut stdin = child.stdin.take().ok_or("no stdin")?;
     stdin.write_all(b"first question\n")?;
     stdin.flush()?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while server.request_count() == 0 {
-        if Instant::now() > deadline {
-            return Err("the first turn never reached the model".into());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let sent = Instant::now();
-    let killed = std::process::Command::new("kill")
-        .args([format!("-{SIGINT}"), child.id().to_string()])
-        .status()?;
-    assert!(killed.success());
+    wait_for_requests(&server, 1, "the first turn").await?;
+    send(SIGINT, child.id())?;
     // The cancelled turn ends at once; the prompt takes the next line.
     tokio::time::sleep(Duration::from_millis(500)).await;
     stdin.write_all(b"second question\n")?;
     stdin.flush()?;
-    while server.request_count() < 2 {
-        if sent.elapsed() > Duration::from_secs(15) {
-            return Err("the second turn never reached the model".into());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_requests(&server, 2, "the second turn").await?;
     // Let the answer stream out before closing stdin (EOF ends the chat).
     tokio::time::sleep(Duration::from_millis(500)).await;
     drop(stdin);
