@@ -41,6 +41,11 @@ fn call(id: &str, name: &str, args: &str) -> ToolCall {
     }
 }
 
+/// A model that asks for `c` once, then answers `text`.
+fn one_call(c: ToolCall, text: &str) -> ScriptedModel {
+    ScriptedModel::new([Reply::tools(&[c]), Reply::text(text)])
+}
+
 fn agent(model: &ScriptedModel) -> AgentLoop {
     let mut tools = ToolSet::new();
     tools.register(typed(Add));
@@ -455,10 +460,7 @@ async fn a_suspended_call_resumes_from_the_saved_state() -> Result<()> {
 
 #[tokio::test]
 async fn a_denied_resume_gives_the_model_the_denial() -> Result<()> {
-    let model = ScriptedModel::new([
-        Reply::tools(&[call("1", "add", r#"{"a":1,"b":2}"#)]),
-        Reply::text("ok, I won't"),
-    ]);
+    let model = one_call(call("1", "add", r#"{"a":1,"b":2}"#), "ok, I won't");
     let a = agent(&model).with_layer(Arc::new(Approvals));
     let mut state = AgentState::default();
     let Err(Error::Suspended(s)) = run(&a, &mut state, "1+2").await else {
@@ -535,10 +537,7 @@ async fn tools_and_layers_see_the_call_extensions() -> Result<()> {
 
 #[tokio::test]
 async fn events_are_emitted_in_order() -> Result<()> {
-    let model = ScriptedModel::new([
-        Reply::tools(&[call("1", "add", r#"{"a":2,"b":2}"#)]),
-        Reply::text("four"),
-    ]);
+    let model = one_call(call("1", "add", r#"{"a":2,"b":2}"#), "four");
     let a = agent(&model);
     let (sink, mut rx) = EventSink::channel();
     let mut state = AgentState::default();
@@ -603,10 +602,7 @@ impl Layer for AppendLog {
 
 #[tokio::test]
 async fn every_appended_message_is_reported_in_order() -> Result<()> {
-    let model = ScriptedModel::new([
-        Reply::tools(&[call("1", "add", r#"{"a":2,"b":3}"#)]),
-        Reply::text("five"),
-    ]);
+    let model = one_call(call("1", "add", r#"{"a":2,"b":3}"#), "five");
     let log = Arc::new(AppendLog::default());
     let a = agent(&model).with_layer(log.clone());
     let mut state = AgentState::default();

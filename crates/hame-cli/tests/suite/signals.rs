@@ -27,6 +27,20 @@ async fn wait_for_requests(server: &ScriptedServer, n: usize, what: &str) -> Tes
     Ok(())
 }
 
+/// `hame <command>` on the workspace `ws` with JSON state in `state`, memory off.
+fn local<'a>(command: &'a str, ws: &'a str, state: &'a str) -> Vec<&'a str> {
+    vec![
+        command,
+        "--model",
+        "openai:m",
+        "--workspace",
+        ws,
+        "--state",
+        state,
+        "--no-memory",
+    ]
+}
+
 /// Sends `signal` to `pid` with kill(1).
 fn send(signal: i32, pid: u32) -> TestResult {
     let killed = std::process::Command::new("kill")
@@ -136,28 +150,27 @@ async fn sigterm_and_sigint_release_a_json_session() -> TestResult {
     signal_releases_the_session(&s, SIGINT, 130).await
 }
 
+/// [`signal_releases_the_session`] on the shared store named by the service variable `var`.
+async fn on_service(var: &str, signal: i32, want: i32) -> TestResult {
+    match service(var) {
+        Some(url) => signal_releases_the_session(&url, signal, want).await,
+        None => Ok(()),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_releases_a_redis_session() -> TestResult {
-    let Some(url) = service("HAME_TEST_REDIS_URL") else {
-        return Ok(());
-    };
-    signal_releases_the_session(&url, SIGTERM, 143).await
+    on_service("HAME_TEST_REDIS_URL", SIGTERM, 143).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_releases_a_postgres_session() -> TestResult {
-    let Some(url) = service("HAME_TEST_POSTGRES_URL") else {
-        return Ok(());
-    };
-    signal_releases_the_session(&url, SIGINT, 130).await
+    on_service("HAME_TEST_POSTGRES_URL", SIGINT, 130).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_releases_a_mysql_session() -> TestResult {
-    let Some(url) = service("HAME_TEST_MYSQL_URL") else {
-        return Ok(());
-    };
-    signal_releases_the_session(&url, SIGTERM, 143).await
+    on_service("HAME_TEST_MYSQL_URL", SIGTERM, 143).await
 }
 
 /// Live (not zombie) processes whose command line is exactly `argv`.
@@ -199,17 +212,7 @@ async fn a_running_shell_command_dies_with_hame() -> TestResult {
     for signal in [SIGTERM, 9] {
         let base = server.base_url();
         let child = hame(
-            &[
-                "run",
-                "--model",
-                "openai:m",
-                "--workspace",
-                &ws,
-                "--state",
-                &state,
-                "--no-memory",
-                "go",
-            ],
+            &[&local("run", &ws, &state)[..], &["go"]].concat(),
             &[("OPENAI_BASE_URL", &base)],
             dir.path(),
         )
@@ -264,16 +267,7 @@ async fn ctrl_c_in_chat_cancels_the_turn_and_returns_to_the_prompt() -> TestResu
     server.push(ScriptStep::text("second answer"));
     let base = server.base_url();
     let mut child = hame(
-        &[
-            "chat",
-            "--model",
-            "openai:m",
-            "--workspace",
-            &ws,
-            "--state",
-            &state,
-            "--no-memory",
-        ],
+        &local("chat", &ws, &state),
         &[("OPENAI_BASE_URL", &base)],
         dir.path(),
     )
