@@ -113,13 +113,61 @@ impl Usage {
     }
 }
 
+/// The content blocks of a [`Message`], shared on clone: copying a conversation (into each
+/// model request) copies pointers, not texts. Reads go through `Deref` to the `Vec`; the
+/// first write to a shared copy clones it (`Arc::make_mut`). Serialised as a plain list.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Blocks(std::sync::Arc<Vec<ContentBlock>>);
+
+impl std::ops::Deref for Blocks {
+    type Target = Vec<ContentBlock>;
+    fn deref(&self) -> &Vec<ContentBlock> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Blocks {
+    fn deref_mut(&mut self) -> &mut Vec<ContentBlock> {
+        std::sync::Arc::make_mut(&mut self.0)
+    }
+}
+
+impl From<Vec<ContentBlock>> for Blocks {
+    fn from(v: Vec<ContentBlock>) -> Self {
+        Self(std::sync::Arc::new(v))
+    }
+}
+
+impl FromIterator<ContentBlock> for Blocks {
+    fn from_iter<I: IntoIterator<Item = ContentBlock>>(iter: I) -> Self {
+        Self::from(iter.into_iter().collect::<Vec<_>>())
+    }
+}
+
+impl<'a> IntoIterator for &'a Blocks {
+    type Item = &'a ContentBlock;
+    type IntoIter = std::slice::Iter<'a, ContentBlock>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a mut Blocks {
+    type Item = &'a mut ContentBlock;
+    type IntoIter = std::slice::IterMut<'a, ContentBlock>;
+    fn into_iter(self) -> Self::IntoIter {
+        std::sync::Arc::make_mut(&mut self.0).iter_mut()
+    }
+}
+
 /// One message of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Message {
     /// Author.
     pub role: Role,
     /// Content blocks in order.
-    pub content: Vec<ContentBlock>,
+    pub content: Blocks,
     /// Usage of the model request that produced this message (assistant messages only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
@@ -130,7 +178,7 @@ impl Message {
     pub fn text(role: Role, text: impl Into<String>) -> Self {
         Self {
             role,
-            content: vec![ContentBlock::Text { text: text.into() }],
+            content: vec![ContentBlock::Text { text: text.into() }].into(),
             usage: None,
         }
     }
@@ -216,7 +264,8 @@ mod tests {
                         name: "read_file".into(),
                         arguments: r#"{"path":"a.txt"}"#.into(),
                     }),
-                ],
+                ]
+                .into(),
                 usage: Some(Usage {
                     input_tokens: 10,
                     output_tokens: 3,

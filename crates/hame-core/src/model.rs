@@ -309,7 +309,7 @@ impl ResponseAssembler {
         ModelResponse {
             message: Message {
                 role: Role::Assistant,
-                content,
+                content: content.into(),
                 usage: self.usage,
             },
             usage: self.usage,

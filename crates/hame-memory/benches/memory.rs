@@ -105,7 +105,8 @@ fn session(n: usize) -> Vec<Message> {
                 id: id.clone(),
                 name: "read_file".into(),
                 arguments: format!("{{\"file_path\":\"/src/{i}.rs\"}}"),
-            })],
+            })]
+            .into(),
             usage: None,
         });
         msgs.push(Message::tool_results(vec![ToolResult {

@@ -85,7 +85,8 @@ fn conversation() -> Vec<Message> {
                 id: "1".into(),
                 name: "write_file".into(),
                 arguments: format!("{{\"content\":\"{}\"}}", "x".repeat(2_000)),
-            })],
+            })]
+            .into(),
             usage: None,
         },
         Message::tool_results(vec![ToolResult {

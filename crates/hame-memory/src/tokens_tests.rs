@@ -53,7 +53,8 @@ fn request_tokens_include_all_parts() -> Result<(), serde_json::Error> {
                 id: "1".into(),
                 name: "ls".into(),
                 arguments: "{}".into(),
-            })],
+            })]
+            .into(),
             usage: None,
         },
         Message::tool_results(vec![ToolResult {

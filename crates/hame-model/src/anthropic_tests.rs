@@ -34,7 +34,8 @@ fn request_mapping() {
                         name: "read_file".into(),
                         arguments: "{broken".into(),
                     }),
-                ],
+                ]
+                .into(),
                 usage: None,
             },
             Message::tool_results(vec![
@@ -137,7 +138,7 @@ fn stream_events() -> Result<(), ModelError> {
     events.iter().for_each(|e| asm.push(e));
     let r = asm.finish();
     assert_eq!(
-        r.message.content,
+        *r.message.content,
         vec![
             ContentBlock::Reasoning {
                 text: "hm".into(),

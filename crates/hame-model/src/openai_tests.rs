@@ -30,7 +30,8 @@ fn conversation() -> ModelRequest {
                         name: "read_file".into(),
                         arguments: r#"{"path":"a"}"#.into(),
                     }),
-                ],
+                ]
+                .into(),
                 usage: None,
             },
             Message::tool_results(vec![
@@ -122,7 +123,7 @@ fn stream_assembles_split_arguments() -> Result<(), ModelError> {
     events.iter().for_each(|e| asm.push(e));
     let r = asm.finish();
     assert_eq!(
-        r.message.content,
+        *r.message.content,
         vec![
             ContentBlock::Reasoning {
                 text: "think".into(),

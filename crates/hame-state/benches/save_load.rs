@@ -87,7 +87,8 @@ fn state(n: usize, result_bytes: usize) -> AgentState {
                     id: format!("c{i}"),
                     name: "read_file".into(),
                     arguments: format!("{{\"path\":\"src/f{i}.rs\"}}"),
-                })],
+                })]
+                .into(),
                 usage: None,
             },
             _ => Message::tool_results(vec![ToolResult {

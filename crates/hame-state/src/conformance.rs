@@ -90,7 +90,8 @@ pub fn large_state(n: usize, result_bytes: usize) -> AgentState {
                     id: format!("call-{i}"),
                     name: "read_file".into(),
                     arguments: format!("{{\"path\":\"/src/file{i}.rs\"}}"),
-                })],
+                })]
+                .into(),
                 usage: None,
             },
             _ => Message::tool_results(vec![ToolResult {

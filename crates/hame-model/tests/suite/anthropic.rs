@@ -81,7 +81,7 @@ async fn tool_loop_with_thinking_signature_sent_back() -> TestResult {
     let first = assemble(&events);
     assert_eq!(first.stop_reason, Some(StopReason::ToolUse));
     assert_eq!(
-        first.message.content,
+        *first.message.content,
         vec![
             ContentBlock::Reasoning {
                 text: "Two dirs to check.".into(),

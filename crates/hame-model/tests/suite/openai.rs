@@ -183,7 +183,7 @@ async fn reasoning_content_is_read() -> TestResult {
     let model = OpenAiModel::new(openai_config(&server))?;
     let r = assemble(&stream_events(&model, request("q")).await?);
     assert_eq!(
-        r.message.content,
+        *r.message.content,
         vec![
             ContentBlock::Reasoning {
                 text: "Let me think.".into(),

@@ -39,7 +39,8 @@ pub fn exchange(question: &str, arguments: &str, result: &str) -> Vec<Message> {
                     name: "read_file".into(),
                     arguments: arguments.into(),
                 }),
-            ],
+            ]
+            .into(),
             usage: Some(Usage {
                 input_tokens: 120,
                 output_tokens: 30,
