@@ -163,7 +163,6 @@ async fn components() {
     let ctx = RuntimeContext::new("parts").with_user("bench");
     let n = 500;
 
-    let fs = agent.filesystem_for(&ctx).unwrap();
     let handle = agent.workspace_for(&ctx).unwrap();
     let events = hame_core::EventSink::none();
     let context = hame_harness::WorkspaceContext::new(
@@ -209,7 +208,7 @@ async fn components() {
     println!("  glob knowledge/**/* through the tenant view          {per:.3} ms");
 
     let log = hame_session::SessionLog::with_options(
-        fs,
+        handle.records().clone(),
         "hame",
         hame_session::SessionLogOptions {
             update_index: false,
