@@ -482,10 +482,10 @@ async fn chat(common: Common) -> anyhow::Result<()> {
     let mut lines = stdin_lines();
     loop {
         eprint!("> ");
+        // End of input (or a closed reader) ends the chat.
         let line = match lines.recv().await {
-            None | Some(Ok(_)) if false => unreachable!(),
-            None => return finish(&agent).await,
             Some(r) => r?,
+            None => String::new(),
         };
         if line.is_empty() {
             return finish(&agent).await;
