@@ -122,3 +122,20 @@ pub fn last_role(req: &hame_test_support::RecordedRequest) -> String {
         .unwrap_or_default()
         .to_owned()
 }
+
+/// The tool results of the last recorded request, in order.
+pub fn tool_results(server: &hame_test_support::ScriptedServer) -> Vec<String> {
+    let reqs = server.requests();
+    let Some(last) = reqs.last() else {
+        return Vec::new();
+    };
+    last.body["messages"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .filter(|m| m["role"] == "tool")
+                .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}

@@ -10,26 +10,9 @@ use hame_test_support::{ScriptStep, ScriptToolCall, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use super::common::{run_with, stderr, stdout};
+use super::common::{run_with, stderr, stdout, tool_results};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-/// The tool results of the last recorded request, in order.
-fn tool_results(server: &ScriptedServer) -> Vec<String> {
-    let reqs = server.requests();
-    let Some(last) = reqs.last() else {
-        return Vec::new();
-    };
-    last.body["messages"]
-        .as_array()
-        .map(|m| {
-            m.iter()
-                .filter(|m| m["role"] == "tool")
-                .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
 
 fn mode(p: &Path) -> std::io::Result<u32> {
     Ok(fs::metadata(p)?.permissions().mode() & 0o777)

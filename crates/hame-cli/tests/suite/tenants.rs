@@ -6,7 +6,7 @@ use hame_test_support::{ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use super::common::{run_with, stderr, system_of};
+use super::common::{run_with, stderr, system_of, tool_results};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -78,17 +78,7 @@ async fn users_cannot_see_each_other_in(mode: &[&str], path: &str) -> TestResult
     args.extend_from_slice(mode);
     let out = run_with(dir.path(), &base, &args, "look", &[]).await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let reqs = server.requests();
-    let body = &reqs[reqs.len() - 1].body;
-    let results: Vec<String> = body["messages"]
-        .as_array()
-        .map(|m| {
-            m.iter()
-                .filter(|m| m["role"] == "tool")
-                .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
-                .collect()
-        })
-        .unwrap_or_default();
+    let results = tool_results(&server);
     assert_eq!(results.len(), 12);
     for r in &results {
         assert!(

@@ -6,7 +6,7 @@ use hame_test_support::{ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use super::common::{last_tool_result, run_with, stderr, stdout, system_of};
+use super::common::{last_tool_result, run_with, stderr, stdout, system_of, tool_results};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -98,16 +98,8 @@ async fn hostile_paths_are_refused_with_codes() -> TestResult {
     )
     .await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let body = &server.requests()[1].body;
-    let results: Vec<String> = body["messages"]
-        .as_array()
-        .map(|m| {
-            m.iter()
-                .filter(|m| m["role"] == "tool")
-                .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
-                .collect()
-        })
-        .unwrap_or_default();
+    assert_eq!(server.requests().len(), 2);
+    let results = tool_results(&server);
     assert_eq!(results.len(), 3);
     for r in &results {
         assert!(r.starts_with("Error ["), "{r}");
