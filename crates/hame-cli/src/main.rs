@@ -288,28 +288,6 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// `scheme://user:secret@host/...` with the secret (or a lone user-info part) replaced
-/// by `***`, for messages.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    match authority.rsplit_once('@') {
-        Some((info, host)) => {
-            let user = info.split_once(':').map_or("", |(u, _)| u);
-            let shown = if user.is_empty() {
-                "***".to_owned()
-            } else {
-                format!("{user}:***")
-            };
-            format!("{scheme}://{shown}@{host}{tail}")
-        }
-        None => url.to_owned(),
-    }
-}
-
 fn env(key: &str) -> Option<String> {
     std::env::var(key).ok().filter(|v| !v.trim().is_empty())
 }
@@ -342,7 +320,7 @@ async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)
                         .map_err(|e| {
                             ConfigError(format!(
                                 "cannot open the memory index {}: {e} (check --memory-index)",
-                                redact(url)
+                                hame::state::redact_url(url)
                             ))
                         })?;
                 options.index = Some(std::sync::Arc::new(index));
@@ -364,7 +342,7 @@ async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)
         let store = hame::state::open(&url).await.map_err(|e| {
             ConfigError(format!(
                 "cannot open state store {}: {e} (check --state / HAME_STATE)",
-                redact(&url)
+                hame::state::redact_url(&url)
             ))
         })?;
         builder = builder.state_store(store);
@@ -380,7 +358,7 @@ async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)
         let store = hame::fs::remote::open(url, "hame").await.map_err(|e| {
             ConfigError(format!(
                 "cannot open shared store {}: {e} (check --store)",
-                redact(url)
+                hame::state::redact_url(url)
             ))
         })?;
         builder = builder.filesystem(hame::FilesystemMode::SharedStore { store });
@@ -581,25 +559,5 @@ fn main() -> ExitCode {
             eprintln!("hame: {e:#}");
             ExitCode::from(1)
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact;
-
-    #[test]
-    fn secrets_in_urls_are_redacted() {
-        assert_eq!(
-            redact("redis://:hunter2@127.0.0.1:6379/0"),
-            "redis://***@127.0.0.1:6379/0"
-        );
-        assert_eq!(
-            redact("postgres://u:pw@db/x?sslmode=require"),
-            "postgres://u:***@db/x?sslmode=require"
-        );
-        assert_eq!(redact("mysql://u:p%40ss@h"), "mysql://u:***@h");
-        assert_eq!(redact("s3://bucket/prefix"), "s3://bucket/prefix");
-        assert_eq!(redact("/var/state"), "/var/state");
     }
 }

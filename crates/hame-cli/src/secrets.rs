@@ -31,17 +31,8 @@ pub(crate) fn is_secret(name: &str, value: &str) -> bool {
     {
         return true;
     }
-    url_has_password(value)
-}
-
-fn url_has_password(value: &str) -> bool {
-    let Some((_, rest)) = value.split_once("://") else {
-        return false;
-    };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    rest[..end]
-        .rsplit_once('@')
-        .is_some_and(|(info, _)| info.contains(':'))
+    // A URL with a password (`hame_state::redact_url` finds the same span it hides).
+    hame::state::redact_url(value) != value
 }
 
 /// What [`seal`] did, for the debug log.

@@ -124,7 +124,7 @@ async fn configuration_errors_exit_2_with_one_line() -> TestResult {
         (with(&["--session", "_memory"]), "reserved"),
         (
             with(&["--state", "redis://:hunter2@127.0.0.1:9/0"]),
-            "redis://***@127.0.0.1:9/0",
+            "redis://:***@127.0.0.1:9/0",
         ),
         (
             with(&["--store", "s3://bucket/prefix"]),
