@@ -669,7 +669,12 @@ impl HarnessAgent {
         cancel: &CancellationToken,
     ) -> Result<CallOutput> {
         let key = self.key(ctx)?;
-        let ws = self.workspace_for(ctx)?;
+        // The ids are checked: make the handle directly (once per call).
+        let ws = self
+            .inner
+            .tenancy
+            .workspace(ctx)
+            .map_err(|e| Error::InvalidId(e.to_string()))?;
         // Calls on one session queue in this process ...
         let slot = {
             let mut locks = self
