@@ -1,0 +1,205 @@
+//! `hame run` and `hame chat`.
+
+use std::io::{BufRead, Write};
+
+use futures::StreamExt;
+use hame::{AgentEvent, CallInput, EventSink, HarnessAgent, Message};
+
+use crate::Stopped;
+use crate::common::{Common, build};
+use crate::signals::Signals;
+
+/// Prints the events a user of `hame run` should see on stderr: workspace files that could
+/// not be read, failed compactions, suspended tool calls.
+pub(crate) fn warn_on(ev: &AgentEvent) {
+    match ev {
+        AgentEvent::Custom { kind, data }
+            if kind.starts_with("workspace.")
+                || kind.ends_with("_failed")
+                || kind.ends_with(".failed") =>
+        {
+            let path = data.get("path").and_then(|p| p.as_str()).unwrap_or("");
+            let error = data.get("error").and_then(|p| p.as_str()).unwrap_or("");
+            eprintln!("hame: warning: {kind} {path}: {error}");
+        }
+        _ => {}
+    }
+}
+
+/// The line `hame run` prints for each suspended tool call: the approval id, the tool and
+/// its main argument.
+pub(crate) fn suspended_lines(s: &hame::Suspended) -> String {
+    s.calls
+        .iter()
+        .map(|c| {
+            let args: serde_json::Value =
+                serde_json::from_str(&c.call.arguments).unwrap_or(serde_json::Value::Null);
+            let main = [
+                "file_path",
+                "path",
+                "command",
+                "subagent_type",
+                "id",
+                "pattern",
+            ]
+            .iter()
+            .find_map(|k| args.get(*k).and_then(|v| v.as_str()))
+            .unwrap_or("");
+            format!(
+                "approval needed: {} {} {} ({})",
+                c.suspension.id, c.call.name, main, c.suspension.reason
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Maps a call's outcome to the exit the user sees: a signal (130/143), a suspension (3).
+pub(crate) fn outcome<T>(
+    result: Result<T, hame::harness::Error>,
+    signal: Option<u8>,
+) -> anyhow::Result<T> {
+    match result {
+        Ok(v) => Ok(v),
+        Err(hame::harness::Error::Call(hame::Error::Suspended(s))) => {
+            Err(Stopped(3, suspended_lines(&s)).into())
+        }
+        Err(e) => match signal {
+            Some(code) => Err(Stopped(
+                code,
+                format!(
+                    "stopped by {}: {e} (the conversation so far is saved)",
+                    if code == 130 { "SIGINT" } else { "SIGTERM" }
+                ),
+            )
+            .into()),
+            None => Err(e.into()),
+        },
+    }
+}
+
+pub(crate) async fn run(common: Common, json: bool, message: String) -> anyhow::Result<()> {
+    let signals = Signals::watch();
+    let (agent, ctx) = build(&common).await?;
+    let (sink, mut rx) = EventSink::channel();
+    let printer = tokio::spawn(async move {
+        while let Some(ev) = rx.recv().await {
+            warn_on(&ev);
+        }
+    });
+    let cancel = signals.begin();
+    let result = agent
+        .call_with(Message::user(message), &ctx, &sink, &cancel)
+        .await;
+    let signal = signals.end();
+    drop(sink);
+    let _ = printer.await;
+    let out = outcome(result, signal)?;
+    if json {
+        let obj = serde_json::json!({
+            "reply": out.reply.text_content(),
+            "agent": agent.name(),
+            "session": ctx.session_id,
+            "user": ctx.user_id,
+            "usage": out.usage,
+            "iterations": out.iterations,
+        });
+        println!("{obj}");
+    } else {
+        println!("{}", out.reply.text_content());
+    }
+    std::io::stdout().flush()?;
+    // The reply is printed and durable; let background memory work (flush,
+    // consolidation) finish before the process exits, within a bound. Unfinished work is
+    // redone by the session's next call.
+    finish(&agent).await
+}
+
+/// Lets background memory work finish (bounded) before the process exits.
+pub(crate) async fn finish(agent: &HarnessAgent) -> anyhow::Result<()> {
+    if !agent
+        .wait_background(hame::harness::memory::DEFAULT_BACKGROUND_WAIT)
+        .await
+    {
+        tracing::warn!("background memory work did not finish; the next call redoes it");
+    }
+    Ok(())
+}
+
+/// Reads stdin lines on a blocking thread (the runtime's workers never block on a TTY).
+fn stdin_lines() -> tokio::sync::mpsc::Receiver<std::io::Result<String>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    std::thread::spawn(move || {
+        let stdin = std::io::stdin();
+        loop {
+            let mut line = String::new();
+            let r = stdin.lock().read_line(&mut line);
+            let eof = matches!(r, Ok(0)) || r.is_err();
+            if tx.blocking_send(r.map(|_| line)).is_err() || eof {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+pub(crate) async fn chat(common: Common) -> anyhow::Result<()> {
+    let signals = Signals::watch();
+    let (agent, ctx) = build(&common).await?;
+    let mut lines = stdin_lines();
+    loop {
+        eprint!("> ");
+        // End of input (or a closed reader) ends the chat.
+        let line = match lines.recv().await {
+            Some(r) => r?,
+            None => String::new(),
+        };
+        if line.is_empty() {
+            return finish(&agent).await;
+        }
+        let text = line.trim();
+        if text.is_empty() {
+            continue;
+        }
+        if text == "/exit" || text == "/quit" {
+            return finish(&agent).await;
+        }
+        // Ctrl-C during a turn cancels the turn and comes back to the prompt; at the
+        // prompt it exits.
+        let cancel = signals.begin();
+        let mut events = agent.stream_with(CallInput::Message(Message::user(text)), &ctx, cancel);
+        let mut out = std::io::stdout();
+        while let Some(ev) = events.next().await {
+            match ev {
+                AgentEvent::TextDelta { text } => {
+                    print!("{text}");
+                    out.flush()?;
+                }
+                AgentEvent::ToolStarted { name, .. } => eprintln!("\n  ⚙ {name} …"),
+                AgentEvent::ToolFinished {
+                    name,
+                    duration_ms,
+                    is_error,
+                    code,
+                    ..
+                } => {
+                    let status = if is_error {
+                        format!("error {}", code.unwrap_or_default())
+                    } else {
+                        "ok".into()
+                    };
+                    eprintln!("  ⚙ {name} {status} ({duration_ms} ms)");
+                }
+                AgentEvent::Finished { .. } => println!(),
+                AgentEvent::Suspended { calls } => {
+                    eprintln!("\n{}", suspended_lines(&hame::Suspended { calls }));
+                }
+                AgentEvent::Failed { message } => eprintln!("\nerror: {message}"),
+                other => warn_on(&other),
+            }
+        }
+        if signals.end().is_some() {
+            eprintln!("(turn cancelled; the conversation so far is saved)");
+        }
+    }
+}
