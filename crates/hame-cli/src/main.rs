@@ -15,6 +15,7 @@ mod common;
 mod run;
 mod secrets;
 mod signals;
+mod tasks;
 
 use common::Common;
 
@@ -50,6 +51,15 @@ enum Command {
     Chat {
         #[command(flatten)]
         common: Common,
+    },
+    /// The subagent task records of a session (`agents/<agent>/tasks/`), oldest first.
+    /// Records left running by a process that is gone are marked failed (interrupted).
+    Tasks {
+        #[command(flatten)]
+        common: Common,
+        /// Print one JSON array of the records.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -104,6 +114,7 @@ fn main() -> ExitCode {
                 message,
             } => run::run(common, json, message).await,
             Command::Chat { common } => run::chat(common).await,
+            Command::Tasks { common, json } => tasks::tasks(common, json).await,
         }
     });
     match result {

@@ -109,6 +109,7 @@ pub(crate) async fn run(common: Common, json: bool, message: String) -> anyhow::
         println!("{}", out.reply.text_content());
     }
     std::io::stdout().flush()?;
+    crate::tasks::wait_for_background(&agent, &common.subagents, &signals).await;
     // The reply is printed and durable; let background memory work (flush,
     // consolidation) finish before the process exits, within a bound. Unfinished work is
     // redone by the session's next call.
