@@ -41,22 +41,42 @@ pub(crate) fn configure(args: &SubagentArgs, builder: HarnessAgentBuilder) -> Ha
 
 /// After `hame run` printed its reply: waits for the background tasks it started (bounded
 /// by --task-wait; a signal stops the wait), then stops and records what still runs.
-pub(crate) async fn wait_for_background(agent: &HarnessAgent, args: &SubagentArgs, signals: &Signals) {
+pub(crate) async fn wait_for_background(
+    agent: &HarnessAgent,
+    args: &SubagentArgs,
+    signals: &Signals,
+    events: &mut tokio::sync::mpsc::UnboundedReceiver<hame::AgentEvent>,
+) {
     let n = agent.running_tasks();
     if n == 0 {
         return;
     }
-    eprintln!("hame: waiting for {n} background task(s) (up to {} s; --task-wait)", args.task_wait);
+    eprintln!(
+        "hame: waiting for {n} background task(s) (up to {} s; --task-wait)",
+        args.task_wait
+    );
     let cancel = signals.begin();
-    tokio::select! {
-        _ = agent.wait_tasks(Duration::from_secs(args.task_wait)) => {}
-        _ = cancel.cancelled() => {}
+    let wait = agent.wait_tasks(Duration::from_secs(args.task_wait));
+    tokio::pin!(wait);
+    loop {
+        tokio::select! {
+            _ = &mut wait => break,
+            _ = cancel.cancelled() => break,
+            // The children's events: their warnings are the user's too.
+            Some(ev) = events.recv() => {
+                if let hame::AgentEvent::Subagent { event, .. } = &ev {
+                    crate::run::warn_on(event);
+                }
+            }
+        }
     }
     let signal = signals.end();
     let left = agent.running_tasks();
     if left > 0 {
         let reason = match signal {
-            Some(_) => "interrupted: hame run was stopped by a signal before the task finished".to_owned(),
+            Some(_) => {
+                "interrupted: hame run was stopped by a signal before the task finished".to_owned()
+            }
             None => format!(
                 "interrupted: still running when hame run stopped waiting (--task-wait {} s)",
                 args.task_wait

@@ -445,7 +445,9 @@ impl HarnessAgentBuilder {
             .with_tools(tools)
             .with_config(config);
         let mut outer = self.outer_layers;
-        outer.push(Arc::new(hame_subagent::SubagentLayer::new(subagents.clone())));
+        outer.push(Arc::new(hame_subagent::SubagentLayer::new(
+            subagents.clone(),
+        )));
         for layer in builtin_stack(
             outer,
             recorder,
@@ -703,8 +705,18 @@ impl HarnessAgent {
                 });
             }
         });
-        Box::pin(futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|ev| (ev, rx))
+        // The stream ends with the call's own last event: background subagents may keep
+        // the sink open after the call.
+        Box::pin(futures::stream::unfold(Some(rx), |rx| async move {
+            let mut rx = rx?;
+            let ev = rx.recv().await?;
+            let last = matches!(
+                ev,
+                AgentEvent::Finished { .. }
+                    | AgentEvent::Suspended { .. }
+                    | AgentEvent::Failed { .. }
+            );
+            Some((ev, (!last).then_some(rx)))
         }))
     }
 

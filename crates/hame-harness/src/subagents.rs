@@ -96,7 +96,11 @@ impl HarnessAgent {
     /// The loop of a child: the parent's layers, the spec's model (or the parent's), its
     /// prompt, its step limit, and the parent's tools filtered by the spec's allowlist —
     /// never the subagent tools when the child may not spawn.
-    pub(crate) fn child_loop(&self, spec: &SubagentSpec, may_spawn: bool) -> std::result::Result<AgentLoop, String> {
+    pub(crate) fn child_loop(
+        &self,
+        spec: &SubagentSpec,
+        may_spawn: bool,
+    ) -> std::result::Result<AgentLoop, String> {
         let parent = &self.inner.agent_loop;
         let model = match &spec.model {
             None => parent.model().clone(),
@@ -107,7 +111,11 @@ impl HarnessAgent {
             .names()
             .into_iter()
             .filter(|n| may_spawn || !SUBAGENT_TOOLS.contains(&n.as_str()))
-            .filter(|n| spec.tools.as_ref().is_none_or(|allow| allow.iter().any(|a| a == n)))
+            .filter(|n| {
+                spec.tools
+                    .as_ref()
+                    .is_none_or(|allow| allow.iter().any(|a| a == n))
+            })
             .collect();
         tools.set_allow(Some(names));
         let mut config = parent.config().clone();
@@ -135,7 +143,8 @@ impl HarnessAgent {
         let resolver = self.inner.model_resolver.as_ref().ok_or_else(|| {
             format!("its spec names the model `{name}`, but this agent has no model resolver (builder.model_resolver)")
         })?;
-        let model = (resolver.0)(name).map_err(|e| format!("cannot open its model `{name}`: {e}"))?;
+        let model =
+            (resolver.0)(name).map_err(|e| format!("cannot open its model `{name}`: {e}"))?;
         if let Ok(mut c) = self.inner.child_models.lock() {
             c.insert(name.to_owned(), model.clone());
         }

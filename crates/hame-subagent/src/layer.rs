@@ -116,8 +116,10 @@ impl Layer for SubagentLayer {
             }
             match self.subagents.sweep(&ws).await {
                 Ok(records) => {
-                    let waiting: Vec<TaskRecord> =
-                        records.into_iter().filter(TaskRecord::undelivered).collect();
+                    let waiting: Vec<TaskRecord> = records
+                        .into_iter()
+                        .filter(TaskRecord::undelivered)
+                        .collect();
                     if !waiting.is_empty()
                         && let Ok(mut inbox) = self.inbox.lock()
                     {
@@ -191,7 +193,8 @@ impl Layer for SubagentLayer {
         }
         let text = notification(&records, self.subagents.options().max_delivered_chars);
         next.run(cx, Message::user(text)).await?;
-        seen.delivered.extend(records.iter().map(|r| r.task_id.clone()));
+        seen.delivered
+            .extend(records.iter().map(|r| r.task_id.clone()));
         let excess = seen.delivered.len().saturating_sub(MAX_REMEMBERED);
         seen.delivered.drain(..excess);
         if let Err(e) = cx.state.set_extension(DELIVERED_EXTENSION, &seen) {

@@ -15,9 +15,7 @@ use tokio::sync::{Semaphore, watch};
 use crate::error::{Error, Result};
 use crate::runner::{ChildReply, ChildRun, SubagentRunner};
 use crate::spec::{Catalog, Declaration, SpecWorkspace};
-use crate::task::{
-    TaskEvent, TaskRecord, TaskStatus, TaskStore, is_interrupted, new_task_id,
-};
+use crate::task::{TaskEvent, TaskRecord, TaskStatus, TaskStore, is_interrupted, new_task_id};
 
 /// The runtime-context extra that holds a caller's depth (0 or absent: the top-level
 /// agent).
@@ -180,7 +178,9 @@ impl Subagents {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
-        self.live.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn live_copy(&self, task_id: &str) -> Option<TaskRecord> {
@@ -254,7 +254,9 @@ impl Subagents {
             if is_interrupted(r, live, gone, now, self.options.heartbeat_lapse) {
                 let pid = r.owner.as_ref().map(|o| o.pid).unwrap_or_default();
                 let reason = if gone {
-                    format!("interrupted: the process that ran it (pid {pid}) stopped before it finished")
+                    format!(
+                        "interrupted: the process that ran it (pid {pid}) stopped before it finished"
+                    )
                 } else {
                     format!(
                         "interrupted: the process that ran it (pid {pid}) stopped sending heartbeats"
@@ -284,7 +286,11 @@ impl Subagents {
     }
 
     /// Spawns a child of the declaration `request.agent_id` for the caller of `ctx`.
-    pub async fn spawn(self: &Arc<Self>, ctx: &ToolContext, request: SpawnRequest) -> Result<SpawnOutcome> {
+    pub async fn spawn(
+        self: &Arc<Self>,
+        ctx: &ToolContext,
+        request: SpawnRequest,
+    ) -> Result<SpawnOutcome> {
         let depth = depth_of(&ctx.runtime);
         if depth >= self.options.max_depth {
             return Err(Error::DepthExceeded {
@@ -294,13 +300,14 @@ impl Subagents {
         }
         let ws = workspace(ctx)?;
         let catalog = self.catalog(&ws).await;
-        let decl = catalog
-            .get(&request.agent_id)
-            .cloned()
-            .ok_or_else(|| Error::UnknownSubagent {
-                id: request.agent_id.chars().take(64).collect(),
-                available: catalog.ids().join(", "),
-            })?;
+        let decl =
+            catalog
+                .get(&request.agent_id)
+                .cloned()
+                .ok_or_else(|| Error::UnknownSubagent {
+                    id: request.agent_id.chars().take(64).collect(),
+                    available: catalog.ids().join(", "),
+                })?;
         let task_id = new_task_id();
         let parent = &ws.identity().session;
         let child_session = child_session_id(parent, &decl.spec.id, &task_id)?;
@@ -334,7 +341,12 @@ impl Subagents {
     }
 
     /// Continues a finished child's conversation (its own session) with a new message.
-    pub async fn send(self: &Arc<Self>, ctx: &ToolContext, task_id: &str, request: SpawnRequest) -> Result<SpawnOutcome> {
+    pub async fn send(
+        self: &Arc<Self>,
+        ctx: &ToolContext,
+        task_id: &str,
+        request: SpawnRequest,
+    ) -> Result<SpawnOutcome> {
         let ws = workspace(ctx)?;
         let (store, mut record) = self.find(&ws, task_id).await?;
         if !record.status.is_terminal() {
@@ -394,7 +406,9 @@ impl Subagents {
             .map(|r| r.map(|r| r.clone()));
         match finished {
             Ok(Ok(r)) => Ok(SpawnOutcome::Finished(self.mark_delivered(&store, r).await)),
-            Ok(Err(_)) => Err(Error::InvalidState("the task ended without a record".into())),
+            Ok(Err(_)) => Err(Error::InvalidState(
+                "the task ended without a record".into(),
+            )),
             Err(_) => {
                 let mut r = rx.borrow().clone();
                 if !r.background {
@@ -481,8 +495,17 @@ impl Subagents {
         }
         let this = self.clone();
         tokio::spawn(async move {
-            this.drive(store, decl, child_ws, record, parent.events, cancel, stop, tx)
-                .await;
+            this.drive(
+                store,
+                decl,
+                child_ws,
+                record,
+                parent.events,
+                cancel,
+                stop,
+                tx,
+            )
+            .await;
         });
         rx
     }
@@ -515,13 +538,15 @@ impl Subagents {
         let Some(_permit) = permit else {
             let (event, reason) =
                 stop_reason((TaskEvent::Cancel, "cancelled before it started".into()));
-            self.finish(&store, &mut record, event, Some(reason), None, &tx).await;
+            self.finish(&store, &mut record, event, Some(reason), None, &tx)
+                .await;
             parent_events.emit(tag(finished_event(&record), &record));
             return;
         };
         if record.status == TaskStatus::Pending {
             record.apply(TaskEvent::Start, Utc::now(), None);
         }
+        tracing::debug!(task = %record.task_id, agent = %record.agent_id, "subagent task started");
         record.owner = Some(Holder::current().clone());
         if let Err(e) = store.save(&record).await {
             tracing::warn!(task = %record.task_id, error = %e, "saving a started task failed");
@@ -550,10 +575,7 @@ impl Subagents {
                 }
             })
         };
-        let runner = decl
-            .runner
-            .clone()
-            .or_else(|| self.runner.get().cloned());
+        let runner = decl.runner.clone().or_else(|| self.runner.get().cloned());
         let timeout = Duration::from_secs(record.timeout_seconds.max(1));
         let outcome = match runner {
             None => Err(Outcome::Failed("no subagent runner is configured".into())),
@@ -573,25 +595,51 @@ impl Subagents {
             }
         };
         let _ = forward.await;
+        tracing::debug!(task = %record.task_id, ok = outcome.is_ok(), "subagent run ended");
         match outcome {
             Ok(reply) => {
                 let iterations = reply.iterations;
-                self.finish(&store, &mut record, TaskEvent::Complete, Some(reply.text), Some(iterations), &tx)
-                    .await;
+                self.finish(
+                    &store,
+                    &mut record,
+                    TaskEvent::Complete,
+                    Some(reply.text),
+                    Some(iterations),
+                    &tx,
+                )
+                .await;
             }
             Err(Outcome::TimedOut) => {
-                let reason = format!("timed out after {} s (its wall-clock limit)", timeout.as_secs());
-                self.finish(&store, &mut record, TaskEvent::Fail, Some(reason), None, &tx)
-                    .await;
+                let reason = format!(
+                    "timed out after {} s (its wall-clock limit)",
+                    timeout.as_secs()
+                );
+                self.finish(
+                    &store,
+                    &mut record,
+                    TaskEvent::Fail,
+                    Some(reason),
+                    None,
+                    &tx,
+                )
+                .await;
             }
             Err(Outcome::Failed(reason)) if !cancel.is_cancelled() => {
-                self.finish(&store, &mut record, TaskEvent::Fail, Some(reason), None, &tx)
-                    .await;
+                self.finish(
+                    &store,
+                    &mut record,
+                    TaskEvent::Fail,
+                    Some(reason),
+                    None,
+                    &tx,
+                )
+                .await;
             }
             Err(Outcome::Failed(_)) => {
                 let (event, reason) =
                     stop_reason((TaskEvent::Cancel, "the parent call was cancelled".into()));
-                self.finish(&store, &mut record, event, Some(reason), None, &tx).await;
+                self.finish(&store, &mut record, event, Some(reason), None, &tx)
+                    .await;
             }
         }
         parent_events.emit(tag(finished_event(&record), &record));
@@ -667,7 +715,12 @@ impl Subagents {
 
     /// `task_output`: the record, after waiting up to `wait` for it to finish; a terminal
     /// result is marked delivered.
-    pub async fn output(&self, ctx: &ToolContext, task_id: &str, wait: Duration) -> Result<TaskRecord> {
+    pub async fn output(
+        &self,
+        ctx: &ToolContext,
+        task_id: &str,
+        wait: Duration,
+    ) -> Result<TaskRecord> {
         let ws = workspace(ctx)?;
         let (store, mut record) = self.find(&ws, task_id).await?;
         let wait = wait.min(self.options.max_wait);
@@ -732,8 +785,11 @@ impl Subagents {
             })
         };
         if let Some(mut rx) = rx {
-            if let Ok(Ok(r)) =
-                tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|r| r.status.is_terminal())).await
+            if let Ok(Ok(r)) = tokio::time::timeout(
+                Duration::from_secs(10),
+                rx.wait_for(|r| r.status.is_terminal()),
+            )
+            .await
             {
                 record = r.clone();
             }
@@ -741,7 +797,11 @@ impl Subagents {
         }
         // Another process runs it (or ran it and died).
         if record.owner.as_ref().is_none_or(Holder::is_gone) {
-            record.apply(TaskEvent::Cancel, Utc::now(), Some("cancelled by task_cancel".into()));
+            record.apply(
+                TaskEvent::Cancel,
+                Utc::now(),
+                Some("cancelled by task_cancel".into()),
+            );
         } else {
             record.cancel_requested = true;
             record.updated_at = Utc::now();
@@ -816,8 +876,10 @@ fn child_workspace(ws: &Workspace, decl: &Declaration, session: &str) -> Result<
             let id = ws.identity();
             let identity = hame_tools::Identity::new(id.agent.clone(), id.user.as_deref(), session);
             // No shell: it would run in the parent's workspace.
-            Ok(Workspace::new(identity, ws.mode(), files.clone(), ws.records().clone())
-                .with_home(files, hame_fs::FsPath::root()))
+            Ok(
+                Workspace::new(identity, ws.mode(), files.clone(), ws.records().clone())
+                    .with_home(files, hame_fs::FsPath::root()),
+            )
         }
     }
 }

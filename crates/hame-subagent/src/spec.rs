@@ -209,11 +209,7 @@ fn split_front_matter(text: &str) -> Option<(&str, &str)> {
 
 /// Parses a workspace spec: `id` is its file name without `.md`. Returns the spec and the
 /// unknown keys it has (they are ignored; the caller warns about them).
-pub fn parse_spec(
-    id: &str,
-    path: &str,
-    text: &str,
-) -> Result<(SubagentSpec, Vec<String>), String> {
+pub fn parse_spec(id: &str, path: &str, text: &str) -> Result<(SubagentSpec, Vec<String>), String> {
     hame_id::validate("subagent id", id).map_err(|e| e.to_string())?;
     let (yaml, body) = split_front_matter(text).ok_or_else(|| {
         "no front matter: the file must start with a `---` line, then YAML (description: ...), then `---`".to_owned()
@@ -419,10 +415,26 @@ mod tests {
         let cases = [
             ("no front matter", "just text", "no front matter"),
             ("unclosed", "---\ndescription: x\n", "no front matter"),
-            ("no description", "---\nmodel: a:b\n---\n", "`description` is required"),
-            ("bad yaml", "---\ndescription: [unclosed\n---\n", "invalid front matter"),
-            ("bad model", "---\ndescription: x\nmodel: gpt\n---\n", "provider:model"),
-            ("zero steps", "---\ndescription: x\nmax_iterations: 0\n---\n", "at least 1"),
+            (
+                "no description",
+                "---\nmodel: a:b\n---\n",
+                "`description` is required",
+            ),
+            (
+                "bad yaml",
+                "---\ndescription: [unclosed\n---\n",
+                "invalid front matter",
+            ),
+            (
+                "bad model",
+                "---\ndescription: x\nmodel: gpt\n---\n",
+                "provider:model",
+            ),
+            (
+                "zero steps",
+                "---\ndescription: x\nmax_iterations: 0\n---\n",
+                "at least 1",
+            ),
             (
                 "wrong type",
                 "---\ndescription: x\ntimeout_seconds: soon\n---\n",

@@ -246,7 +246,9 @@ impl TaskStore {
                 .map(Some)
                 .map_err(|e| Error::Storage(format!("task record {task_id} is not valid: {e}"))),
             Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(Error::Storage(format!("reading task record {task_id}: {e}"))),
+            Err(e) => Err(Error::Storage(format!(
+                "reading task record {task_id}: {e}"
+            ))),
         }
     }
 

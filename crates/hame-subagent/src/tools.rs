@@ -64,10 +64,18 @@ pub fn render(r: &TaskRecord) -> String {
     }
     match r.status {
         TaskStatus::Completed => {
-            let _ = write!(s, "result:\n{}", r.result.as_deref().unwrap_or("(no output)"));
+            let _ = write!(
+                s,
+                "result:\n{}",
+                r.result.as_deref().unwrap_or("(no output)")
+            );
         }
         TaskStatus::Failed | TaskStatus::Cancelled => {
-            let _ = write!(s, "error: {}", r.error.as_deref().unwrap_or("(no reason recorded)"));
+            let _ = write!(
+                s,
+                "error: {}",
+                r.error.as_deref().unwrap_or("(no reason recorded)")
+            );
         }
         TaskStatus::Pending | TaskStatus::Running => {
             let _ = write!(

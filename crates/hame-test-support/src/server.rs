@@ -298,7 +298,11 @@ async fn handle(
         let step = inner
             .queue
             .iter()
-            .position(|s| s.when_system.as_ref().is_none_or(|w| system.contains(w.as_str())))
+            .position(|s| {
+                s.when_system
+                    .as_ref()
+                    .is_none_or(|w| system.contains(w.as_str()))
+            })
             .and_then(|i| inner.queue.remove(i));
         let responder = inner.responder.clone();
         (step.map(Ok).unwrap_or(Err(responder)), seq)

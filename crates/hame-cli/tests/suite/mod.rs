@@ -8,5 +8,6 @@ mod resume;
 mod run;
 mod shared;
 mod signals;
+mod subagents;
 mod tenants;
 mod tools;
