@@ -72,6 +72,20 @@ fn task_id_in(text: &str) -> Option<String> {
     hame::subagent::task::is_task_id(&id).then_some(id)
 }
 
+/// Every task record of agent `hame` in a local workspace (`agents/hame/tasks/<session>/`).
+fn all_records(ws: &Path) -> std::io::Result<Vec<Value>> {
+    let mut out = Vec::new();
+    for session in fs::read_dir(ws.join("agents/hame/tasks"))? {
+        for file in fs::read_dir(session?.path())? {
+            let text = fs::read_to_string(file?.path())?;
+            if let Ok(v) = serde_json::from_str(&text) {
+                out.push(v);
+            }
+        }
+    }
+    Ok(out)
+}
+
 async fn tasks_json(dir: &Path, args: &[&str]) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
     let state = dir.join("state").to_string_lossy().into_owned();
     let mut all = vec!["tasks", "--json"];
@@ -160,7 +174,7 @@ async fn sync_spawn_from_a_workspace_spec_with_its_tool_allowlist() -> TestResul
     assert_eq!(tasks[0]["status"], "completed");
     let id = tasks[0]["task_id"].as_str().unwrap_or_default().to_owned();
     let record: Value = serde_json::from_str(&fs::read_to_string(
-        ws.join(format!("agents/hame/tasks/{id}.json")),
+        ws.join(format!("agents/hame/tasks/default/{id}.json")),
     )?)?;
     assert_eq!(record["status"], "completed");
     let child_session = record["child_session"].as_str().unwrap_or_default();
@@ -508,11 +522,7 @@ async fn sigkill_of_the_parent_leaves_no_record_running() -> TestResult {
     child.kill()?;
     child.wait()?;
     let ws = Path::new(&ws_s);
-    let on_disk: Vec<Value> = fs::read_dir(ws.join("agents/hame/tasks"))?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| fs::read_to_string(e.path()).ok())
-        .filter_map(|t| serde_json::from_str(&t).ok())
-        .collect();
+    let on_disk = all_records(ws)?;
     assert_eq!(on_disk.len(), 1);
     assert_eq!(on_disk[0]["status"], "running");
     // The next call of the session marks it failed (interrupted) and tells the parent.
@@ -663,11 +673,15 @@ async fn depth_one_children_are_leaves_and_depth_two_nests_once() -> TestResult 
     let grandchild = requests_of(&server, CHILD);
     assert!(!tool_names(&grandchild[0]).contains(&"agent_spawn".to_owned()));
     // The grandchild's record lives with the lead's session.
-    let all: Vec<Value> = fs::read_dir(ws.join("agents/hame/tasks"))?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| fs::read_to_string(e.path()).ok())
-        .filter_map(|t| serde_json::from_str(&t).ok())
-        .collect();
+    let all = all_records(&ws)?;
+    assert!(all.iter().all(|r| {
+        ws.join(format!(
+            "agents/hame/tasks/{}/{}.json",
+            r["parent_session"].as_str().unwrap_or_default(),
+            r["task_id"].as_str().unwrap_or_default()
+        ))
+        .is_file()
+    }));
     let grand: Vec<_> = all.iter().filter(|r| r["depth"] == 2).collect();
     assert_eq!(grand.len(), 1);
     assert!(
