@@ -28,6 +28,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod agent;
+mod capabilities;
 mod context;
 mod error;
 mod guard;
@@ -38,6 +39,8 @@ mod recorder;
 mod template;
 mod tenancy;
 mod tools;
+pub mod tools_config;
+mod tools_layer;
 mod workspace;
 
 pub use agent::{
@@ -55,5 +58,6 @@ pub use ids::{MAX_ID_LEN, validate_id};
 pub use memory::{FlushPolicy, MemoryOptions};
 pub use recorder::{CALL_ID_EXTRA, SessionRecorder};
 pub use template::{RUNTIME_ROOTS, TemplateFs};
+pub use tools_layer::{MCP_FAILED_EVENT, ToolsConfigError, ToolsConfigLayer};
 pub use tenancy::{FilesystemMode, Tenancy};
 pub use workspace::{DEFAULT_WORKSPACE, WORKSPACE_ENV, resolve_workspace};

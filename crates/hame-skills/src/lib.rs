@@ -24,13 +24,13 @@
 //! ```
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
-//! use hame_fs::{Filesystem, FilesystemExt, FsPath, InMemoryFs};
+//! use hame_fs::{Filesystem, FsPath, InMemoryFs, WriteOptions};
 //! use hame_skills::{Skills, SkillsOptions, prompt_block};
 //! use hame_tools::{Identity, Workspace, WorkspaceMode};
 //!
 //! let files: Arc<dyn Filesystem> = Arc::new(InMemoryFs::new());
-//! files.write_text(&FsPath::parse("skills/review/SKILL.md")?,
-//!     "---\ndescription: Review a patch.\n---\nRead the diff first.").await?;
+//! let text = "---\ndescription: Review a patch.\n---\nRead the diff first.";
+//! files.write(&FsPath::parse("skills/review/SKILL.md")?, text.into(), WriteOptions::default()).await?;
 //! let ws = Workspace::new(Identity::new("hame", None, "s1"), WorkspaceMode::TrustedLocal, files.clone(), files);
 //! let skills = Skills::new(SkillsOptions::default())?;
 //! let catalog = skills.catalog(&ws, None).await;
