@@ -51,6 +51,8 @@ pub(crate) struct Common {
     /// replicas [default: <workspace>/agents/<agent>/.memory-index.sqlite]
     #[arg(long)]
     memory_index: Option<String>,
+    #[command(flatten)]
+    pub(crate) capabilities: crate::skills::CapabilityArgs,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -77,11 +79,15 @@ pub(crate) fn env(key: &str) -> Option<String> {
 }
 
 pub(crate) async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
-    let spec = common.model.clone().or_else(|| env("HAME_MODEL")).ok_or_else(|| {
-        ConfigError("no model configured: pass --model provider:model or set HAME_MODEL (e.g. openai:gpt-4o-mini)".into())
-    })?;
-    let model: Arc<dyn Model> =
-        hame::model::open(&spec, &env).map_err(|e| ConfigError(e.to_string()))?;
+    let model: Arc<dyn Model> = match crate::skills::offline_model(&common.capabilities) {
+        Some(m) => m,
+        None => {
+            let spec = common.model.clone().or_else(|| env("HAME_MODEL")).ok_or_else(|| {
+                ConfigError("no model configured: pass --model provider:model or set HAME_MODEL (e.g. openai:gpt-4o-mini)".into())
+            })?;
+            hame::model::open(&spec, &env).map_err(|e| ConfigError(e.to_string()))?
+        }
+    };
     let mut builder = HarnessAgent::builder()
         .name(common.agent.clone())
         .model(model);
@@ -147,6 +153,7 @@ pub(crate) async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, Runt
         })?;
         builder = builder.filesystem(hame::FilesystemMode::SharedStore { store });
     }
+    builder = crate::skills::configure(builder, &common.capabilities);
     let agent = builder.build().map_err(|e| {
         if e.is_config() {
             anyhow::Error::new(ConfigError(e.to_string()))
@@ -163,6 +170,7 @@ pub(crate) async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, Runt
     if let Some(u) = &ctx.user_id {
         hame::harness::validate_id("user id", u).map_err(|e| ConfigError(e.to_string()))?;
     }
+    crate::skills::check(&agent, &ctx).await?;
     // Every credential has been read: keep them from the shell's commands.
     let sealed = secrets::seal();
     tracing::debug!(

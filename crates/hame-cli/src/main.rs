@@ -15,6 +15,7 @@ mod common;
 mod run;
 mod secrets;
 mod signals;
+mod skills;
 
 use common::Common;
 
@@ -50,6 +51,11 @@ enum Command {
     Chat {
         #[command(flatten)]
         common: Common,
+    },
+    /// Skills of the workspace: list them, promote drafts.
+    Skills {
+        #[command(subcommand)]
+        command: skills::SkillsCommand,
     },
 }
 
@@ -104,6 +110,7 @@ fn main() -> ExitCode {
                 message,
             } => run::run(common, json, message).await,
             Command::Chat { common } => run::chat(common).await,
+            Command::Skills { command } => skills::run(command).await,
         }
     });
     match result {
