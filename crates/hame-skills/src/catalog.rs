@@ -430,12 +430,13 @@ fn render_loaded(skill: &Skill, doc: &SkillDoc, resources: &[String], shell: boo
             }
         }
     }
-    if resources.iter().any(|r| r.starts_with("scripts/")) {
+    let scripts: Vec<&String> = resources.iter().filter(|r| r.starts_with("scripts/")).collect();
+    if !scripts.is_empty() {
         if shell {
-            out.push_str(&format!(
-                "\nRun a script with execute, e.g. `sh {}/scripts/<file>` (the shell starts in the workspace root).\n",
-                skill.dir
-            ));
+            out.push_str("\nRun its scripts with execute (the shell starts in the workspace root):\n");
+            for s in scripts {
+                out.push_str(&format!("- `sh {}/{s}`\n", skill.dir));
+            }
         } else {
             out.push_str("\nThis mode has no shell: the scripts cannot be run here; read them for reference.\n");
         }

@@ -8,5 +8,6 @@ mod resume;
 mod run;
 mod shared;
 mod signals;
+mod skills;
 mod tenants;
 mod tools;
