@@ -11,3 +11,4 @@ mod signals;
 mod skills;
 mod tenants;
 mod tools;
+mod tools_json;
