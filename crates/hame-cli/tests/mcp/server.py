@@ -8,6 +8,7 @@ import os
 import sys
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 
 server = MCPServer("hame-test")
@@ -35,7 +36,7 @@ def header(ctx: Context) -> str:
 @server.tool()
 def fail(reason: str) -> str:
     """Always fails."""
-    raise ValueError("refused: " + reason)
+    raise ToolError("refused: " + reason)
 
 
 if __name__ == "__main__":

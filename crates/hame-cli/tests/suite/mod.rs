@@ -2,6 +2,7 @@ mod common;
 mod concurrency;
 mod crash;
 mod layout;
+mod mcp;
 mod memory;
 mod replicas;
 mod resume;
