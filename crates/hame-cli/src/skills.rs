@@ -24,7 +24,10 @@ pub(crate) struct CapabilityArgs {
 }
 
 /// Applies the flags to the builder.
-pub(crate) fn configure(builder: HarnessAgentBuilder, args: &CapabilityArgs) -> HarnessAgentBuilder {
+pub(crate) fn configure(
+    builder: HarnessAgentBuilder,
+    args: &CapabilityArgs,
+) -> HarnessAgentBuilder {
     match &args.skills_dir {
         Some(dir) => builder.skills(Some(hame::skills::SkillsOptions {
             global_dir: Some(dir.clone()),
@@ -93,7 +96,12 @@ pub(crate) async fn run(command: SkillsCommand) -> anyhow::Result<()> {
             }
             other => anyhow::Error::new(other),
         })?;
-        println!("promoted {} ({}, {})", skill.name, skill.layer.as_str(), skill.dir);
+        println!(
+            "promoted {} ({}, {})",
+            skill.name,
+            skill.layer.as_str(),
+            skill.dir
+        );
         return Ok(());
     }
     let catalog = skills.catalog(&ws, None).await;
@@ -116,7 +124,10 @@ pub(crate) async fn run(command: SkillsCommand) -> anyhow::Result<()> {
             .iter()
             .map(|i| serde_json::json!({"path": i.path, "error": i.error}))
             .collect();
-        println!("{}", serde_json::json!({"skills": skills, "invalid": invalid}));
+        println!(
+            "{}",
+            serde_json::json!({"skills": skills, "invalid": invalid})
+        );
     } else {
         for s in &catalog.skills {
             println!(

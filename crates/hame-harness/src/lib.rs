@@ -58,6 +58,6 @@ pub use ids::{MAX_ID_LEN, validate_id};
 pub use memory::{FlushPolicy, MemoryOptions};
 pub use recorder::{CALL_ID_EXTRA, SessionRecorder};
 pub use template::{RUNTIME_ROOTS, TemplateFs};
-pub use tools_layer::{MCP_FAILED_EVENT, ToolsConfigError, ToolsConfigLayer};
 pub use tenancy::{FilesystemMode, Tenancy};
+pub use tools_layer::{MCP_FAILED_EVENT, ToolsConfigError, ToolsConfigLayer};
 pub use workspace::{DEFAULT_WORKSPACE, WORKSPACE_ENV, resolve_workspace};

@@ -173,7 +173,8 @@ pub fn parse(
     }
     let mut servers = BTreeMap::new();
     for (name, s) in raw.mcp_servers {
-        let server = server(&name, s, workspace).map_err(|e| format!("{file}: mcpServers.{name}: {e}"))?;
+        let server =
+            server(&name, s, workspace).map_err(|e| format!("{file}: mcpServers.{name}: {e}"))?;
         servers.insert(name, server);
     }
     Ok(ToolsConfig {
@@ -188,7 +189,9 @@ fn seconds(v: Option<f64>, default: Duration, key: &str) -> Result<Duration, Str
     match v {
         None => Ok(default),
         Some(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Ok(Duration::from_secs_f64(s)),
-        Some(s) => Err(format!("`{key}` must be between 0 and 86400 seconds, not {s}")),
+        Some(s) => Err(format!(
+            "`{key}` must be between 0 and 86400 seconds, not {s}"
+        )),
     }
 }
 
@@ -212,7 +215,9 @@ fn server(name: &str, s: RawServer, workspace: &Path) -> Result<McpServer, Strin
         Some(t) => t.to_owned(),
         None if s.command.is_some() => "stdio".into(),
         None if s.url.is_some() => "http".into(),
-        None => return Err("no `transport` (\"stdio\" with `command`, or \"http\" with `url`)".into()),
+        None => {
+            return Err("no `transport` (\"stdio\" with `command`, or \"http\" with `url`)".into());
+        }
     };
     let transport = match transport.as_str() {
         "stdio" => {
@@ -226,7 +231,11 @@ fn server(name: &str, s: RawServer, workspace: &Path) -> Result<McpServer, Strin
             let cwd = match s.cwd {
                 Some(c) => {
                     let p = PathBuf::from(c);
-                    if p.is_absolute() { p } else { workspace.join(p) }
+                    if p.is_absolute() {
+                        p
+                    } else {
+                        workspace.join(p)
+                    }
                 }
                 None => workspace.to_path_buf(),
             };
@@ -239,11 +248,15 @@ fn server(name: &str, s: RawServer, workspace: &Path) -> Result<McpServer, Strin
         }
         "http" | "streamableHttp" | "streamable-http" | "streamable_http" => {
             if s.command.is_some() || !s.args.is_empty() || !s.env.is_empty() || s.cwd.is_some() {
-                return Err("`command`, `args`, `env` and `cwd` belong to the stdio transport".into());
+                return Err(
+                    "`command`, `args`, `env` and `cwd` belong to the stdio transport".into(),
+                );
             }
             let url = s.url.ok_or("the http transport needs `url`")?;
             if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(format!("`url` must start with http:// or https://, not `{url}`"));
+                return Err(format!(
+                    "`url` must start with http:// or https://, not `{url}`"
+                ));
             }
             hame_mcp::Transport::Http {
                 url,
@@ -304,11 +317,7 @@ fn substitute_str(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Strin
                 .find('}')
                 .ok_or_else(|| format!("`${{` without a closing `}}` in \"{s}\""))?;
             let name = &tail[..end];
-            if name.is_empty()
-                || !name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_')
-            {
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
                 return Err(format!("`${{{name}}}` is not a variable name"));
             }
             let v = env(name).ok_or_else(|| {

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 use super::*;
 use pretty_assertions::assert_eq;
 use proptest::prelude::*;
@@ -26,7 +27,10 @@ fn whole_document_parses() {
         "permissions": {"allow": ["read_file"], "ask": ["execute(rm *)"], "deny": ["write_file(/etc/**)"], "default": "ask"}
     }"#)
     .unwrap();
-    assert_eq!(c.allow, Some(vec!["read_file".to_string(), "mcp__*".to_string()]));
+    assert_eq!(
+        c.allow,
+        Some(vec!["read_file".to_string(), "mcp__*".to_string()])
+    );
     assert_eq!(
         c.mcp_servers["local"].server.transport,
         hame_mcp::Transport::Stdio {
@@ -43,7 +47,10 @@ fn whole_document_parses() {
             headers: [("Authorization".to_string(), "Bearer s3cr\"et".to_string())].into(),
         }
     );
-    assert_eq!(c.mcp_servers["web"].options.call_timeout, Duration::from_secs(5));
+    assert_eq!(
+        c.mcp_servers["web"].options.call_timeout,
+        Duration::from_secs(5)
+    );
     let perms = c.permissions.unwrap();
     assert_eq!(perms.default, Some(PermissionDefault::Ask));
     assert_eq!(
@@ -61,13 +68,28 @@ fn errors_name_the_file_and_the_problem() {
         ("{not json", "not valid JSON"),
         ("[]", "must be a JSON object"),
         (r#"{"alow": []}"#, "unknown field `alow`"),
-        (r#"{"mcpServers": {"x": {"command": "c", "comand": "d"}}}"#, "unknown field `comand`"),
-        (r#"{"mcpServers": {"x": {"command": "${NOPE}"}}}"#, "NOPE is not set"),
+        (
+            r#"{"mcpServers": {"x": {"command": "c", "comand": "d"}}}"#,
+            "unknown field `comand`",
+        ),
+        (
+            r#"{"mcpServers": {"x": {"command": "${NOPE}"}}}"#,
+            "NOPE is not set",
+        ),
         (r#"{"mcpServers": {"x": {}}}"#, "no `transport`"),
-        (r#"{"mcpServers": {"x": {"transport": "sse", "url": "http://a"}}}"#, "unknown transport"),
-        (r#"{"mcpServers": {"x": {"transport": "http", "url": "ftp://a"}}}"#, "must start with http"),
+        (
+            r#"{"mcpServers": {"x": {"transport": "sse", "url": "http://a"}}}"#,
+            "unknown transport",
+        ),
+        (
+            r#"{"mcpServers": {"x": {"transport": "http", "url": "ftp://a"}}}"#,
+            "must start with http",
+        ),
         (r#"{"deny": ["a[b"]}"#, "not a valid glob"),
-        (r#"{"permissions": {"default": "maybe"}}"#, "unknown variant"),
+        (
+            r#"{"permissions": {"default": "maybe"}}"#,
+            "unknown variant",
+        ),
         (r#"{"permissions": {"deny": ["execute(rm"]}}"#, "no closing"),
     ] {
         let e = p(text).unwrap_err();
@@ -80,11 +102,16 @@ fn errors_name_the_file_and_the_problem() {
 #[test]
 fn substitution_happens_after_parsing() {
     // The value holds a quote: it stays inside its string, it cannot add keys.
-    let c = p(r#"{"mcpServers": {"x": {"command": "c", "args": ["${TOKEN}", "$${TOKEN}", "a$b"]}}}"#).unwrap();
+    let c =
+        p(r#"{"mcpServers": {"x": {"command": "c", "args": ["${TOKEN}", "$${TOKEN}", "a$b"]}}}"#)
+            .unwrap();
     let hame_mcp::Transport::Stdio { args, .. } = &c.mcp_servers["x"].server.transport else {
         panic!("stdio");
     };
-    assert_eq!(args, &vec!["s3cr\"et".to_string(), "${TOKEN}".into(), "a$b".into()]);
+    assert_eq!(
+        args,
+        &vec!["s3cr\"et".to_string(), "${TOKEN}".into(), "a$b".into()]
+    );
 }
 
 #[test]

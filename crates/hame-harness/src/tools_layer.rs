@@ -14,7 +14,9 @@ use hame_mcp::{McpPool, McpTool};
 use hame_tools::Workspace;
 
 use crate::agent::EnvLookup;
-use crate::tools_config::{MAX_TOOLS_JSON_BYTES, TOOLS_JSON, ToolFilter, ToolsConfig, merge, parse};
+use crate::tools_config::{
+    MAX_TOOLS_JSON_BYTES, TOOLS_JSON, ToolFilter, ToolsConfig, merge, parse,
+};
 
 /// Event kind of an MCP server that could not be started (printed by `hame run`).
 pub const MCP_FAILED_EVENT: &str = "mcp.server_failed";
@@ -99,9 +101,9 @@ impl ToolsConfigLayer {
 async fn read(fs: &dyn hame_fs::Filesystem, path: &str) -> Result<Option<String>, String> {
     let p = FsPath::parse(path).map_err(|e| format!("{path}: {e}"))?;
     match fs.read_bytes(&p).await {
-        Ok(b) if b.len() > MAX_TOOLS_JSON_BYTES => Err(format!(
-            "{path}: larger than {MAX_TOOLS_JSON_BYTES} bytes"
-        )),
+        Ok(b) if b.len() > MAX_TOOLS_JSON_BYTES => {
+            Err(format!("{path}: larger than {MAX_TOOLS_JSON_BYTES} bytes"))
+        }
         Ok(b) => String::from_utf8(b)
             .map(Some)
             .map_err(|_| format!("{path}: not valid UTF-8")),
@@ -177,18 +179,19 @@ impl Layer for ToolsConfigLayer {
         let Some(tool) = tools.iter().find(|t| t.qualified == call.name) else {
             return next.run(cx, call).await;
         };
-        let args: serde_json::Value = match serde_json::from_str(if call.arguments.trim().is_empty() {
-            "{}"
-        } else {
-            &call.arguments
-        }) {
-            Ok(v) => v,
-            Err(e) => {
-                return done(Err(ToolError::invalid_arguments(format!(
-                    "arguments are not valid JSON: {e}"
-                ))));
-            }
-        };
+        let args: serde_json::Value =
+            match serde_json::from_str(if call.arguments.trim().is_empty() {
+                "{}"
+            } else {
+                &call.arguments
+            }) {
+                Ok(v) => v,
+                Err(e) => {
+                    return done(Err(ToolError::invalid_arguments(format!(
+                        "arguments are not valid JSON: {e}"
+                    ))));
+                }
+            };
         let Some(server) = config.mcp_servers.get(&tool.server) else {
             return next.run(cx, call).await;
         };

@@ -228,9 +228,7 @@ impl McpClient {
             serde_json::Value::Object(map) => params = params.with_arguments(map),
             serde_json::Value::Null => {}
             other => {
-                return Err(self.request(format!(
-                    "arguments must be a JSON object, not {other}"
-                )));
+                return Err(self.request(format!("arguments must be a JSON object, not {other}")));
             }
         }
         let result = tokio::time::timeout(
@@ -331,8 +329,8 @@ async fn http(
         }
         let name = http::HeaderName::from_bytes(k.as_bytes())
             .map_err(|e| start(format!("header `{k}`: {e}")))?;
-        let value = http::HeaderValue::from_str(v)
-            .map_err(|e| start(format!("header `{k}`: {e}")))?;
+        let value =
+            http::HeaderValue::from_str(v).map_err(|e| start(format!("header `{k}`: {e}")))?;
         custom.insert(name, value);
     }
     let transport = StreamableHttpClientTransport::from_config(config.custom_headers(custom));

@@ -12,6 +12,8 @@ use crate::{Error, Result};
 /// How long a server that failed to start is left alone before the next attempt.
 pub const RETRY_AFTER: Duration = Duration::from_secs(30);
 
+type SharedSlot = Arc<Mutex<Option<Slot>>>;
+
 #[derive(Debug)]
 enum Slot {
     Up(Arc<McpClient>),
@@ -25,7 +27,7 @@ enum Slot {
 /// [`RETRY_AFTER`] (calls in between get the first error again, marked as not new).
 #[derive(Debug, Default)]
 pub struct McpPool {
-    slots: Mutex<HashMap<(ServerConfig, ClientOptions), Arc<Mutex<Option<Slot>>>>>,
+    slots: Mutex<HashMap<(ServerConfig, ClientOptions), SharedSlot>>,
 }
 
 impl McpPool {
@@ -44,10 +46,7 @@ impl McpPool {
     ) -> std::result::Result<Arc<McpClient>, (Error, bool)> {
         let slot = {
             let mut slots = self.slots.lock().await;
-            slots
-                .entry((server.clone(), *options))
-                .or_default()
-                .clone()
+            slots.entry((server.clone(), *options)).or_default().clone()
         };
         let mut guard = slot.lock().await;
         match guard.as_ref() {

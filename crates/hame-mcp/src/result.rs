@@ -81,6 +81,7 @@ pub fn render_result(result: &serde_json::Value) -> CallResult {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use pretty_assertions::assert_eq;
     use serde_json::json;
@@ -112,7 +113,8 @@ mod tests {
         );
         let s = render_result(&json!({"content": [], "structuredContent": {"n": 3}}));
         assert_eq!(s.text, r#"{"n":3}"#);
-        let e = render_result(&json!({"content": [{"type": "text", "text": "bad"}], "isError": true}));
+        let e =
+            render_result(&json!({"content": [{"type": "text", "text": "bad"}], "isError": true}));
         assert!(e.is_error);
         assert_eq!(e.text, "bad");
     }

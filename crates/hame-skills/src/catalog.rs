@@ -9,7 +9,9 @@ use hame_core::{AgentEvent, EventSink};
 use hame_fs::{DeleteOptions, Filesystem, FsPath, WriteOptions};
 use hame_tools::Workspace;
 
-use crate::skill::{SkillDoc, SkillLayer, SkillState, Usage, curate, merge, parse_skill, render_skill, valid_name};
+use crate::skill::{
+    SkillDoc, SkillLayer, SkillState, Usage, curate, merge, parse_skill, render_skill, valid_name,
+};
 use crate::{Error, Result};
 
 /// Folder of drafts inside `skills/` of the caller's home.
@@ -72,7 +74,10 @@ pub struct Catalog {
 impl Catalog {
     /// The skills the model sees (active and stale), sorted by name.
     pub fn visible(&self) -> Vec<&Skill> {
-        self.skills.iter().filter(|s| s.state.is_visible()).collect()
+        self.skills
+            .iter()
+            .filter(|s| s.state.is_visible())
+            .collect()
     }
 }
 
@@ -110,7 +115,10 @@ impl Skills {
                 }
                 let abs = std::fs::canonicalize(&dir).unwrap_or(dir);
                 let fs = hame_fs::LocalFs::new(&abs).map_err(|e| {
-                    Error::Config(format!("cannot open skills directory {}: {e}", abs.display()))
+                    Error::Config(format!(
+                        "cannot open skills directory {}: {e}",
+                        abs.display()
+                    ))
                 })?;
                 Some((abs, Arc::new(fs) as Arc<dyn Filesystem>))
             }
@@ -269,10 +277,12 @@ impl Skills {
             .find(|s| s.layer == skill.layer)
             .ok_or_else(|| Error::NotFound(format!("skill `{name}` vanished")))?;
         let dir_name = skill.dir.rsplit('/').next().unwrap_or(name).to_owned();
-        let dir = source.base.join(&dir_name).map_err(|e| Error::NotFound(e.to_string()))?;
+        let dir = source
+            .base
+            .join(&dir_name)
+            .map_err(|e| Error::NotFound(e.to_string()))?;
         if let Some(rel) = path {
-            let p = FsPath::parse(rel)
-                .map_err(|e| Error::Invalid(format!("path `{rel}`: {e}")))?;
+            let p = FsPath::parse(rel).map_err(|e| Error::Invalid(format!("path `{rel}`: {e}")))?;
             let bytes = source
                 .fs
                 .read_bytes(&dir.join_path(&p))
@@ -280,9 +290,13 @@ impl Skills {
                 .map_err(|e| Error::NotFound(format!("skill `{name}` has no file `{rel}`: {e}")))?;
             return Ok(String::from_utf8_lossy(&bytes).into_owned());
         }
-        let text = read_text(&source.fs, &dir.join("SKILL.md").map_err(|e| Error::NotFound(e.to_string()))?)
-            .await
-            .map_err(|e| Error::NotFound(format!("skill `{name}`: {e}")))?;
+        let text = read_text(
+            &source.fs,
+            &dir.join("SKILL.md")
+                .map_err(|e| Error::NotFound(e.to_string()))?,
+        )
+        .await
+        .map_err(|e| Error::NotFound(format!("skill `{name}`: {e}")))?;
         let doc = parse_skill(&dir_name, &text).map_err(Error::Invalid)?;
         let mut resources = Vec::new();
         walk(&source.fs, &dir, &mut resources).await;
@@ -294,7 +308,13 @@ impl Skills {
 
     /// `propose_skill`: writes a draft `skills/_drafts/<name>/SKILL.md` into the caller's
     /// home (its namespace); it is not listed until promoted. Returns the draft's path.
-    pub async fn propose(&self, ws: &Workspace, name: &str, description: &str, body: &str) -> Result<String> {
+    pub async fn propose(
+        &self,
+        ws: &Workspace,
+        name: &str,
+        description: &str,
+        body: &str,
+    ) -> Result<String> {
         if !valid_name(name) {
             return Err(Error::Invalid(format!(
                 "`{name}` is not a valid skill name: use [A-Za-z0-9._-], at most 64 characters, not starting with `.` or `_`"
@@ -342,8 +362,16 @@ impl Skills {
                     .base
                     .join(&dir_name)
                     .map_err(|e| Error::Invalid(e.to_string()))?;
-                let to = FsPath::parse(&format!("skills/{name}")).map_err(|e| Error::Invalid(e.to_string()))?;
-                if home.exists(&to.join("SKILL.md").map_err(|e| Error::Invalid(e.to_string()))?).await.unwrap_or(false) {
+                let to = FsPath::parse(&format!("skills/{name}"))
+                    .map_err(|e| Error::Invalid(e.to_string()))?;
+                if home
+                    .exists(
+                        &to.join("SKILL.md")
+                            .map_err(|e| Error::Invalid(e.to_string()))?,
+                    )
+                    .await
+                    .unwrap_or(false)
+                {
                     return Err(Error::Invalid(format!(
                         "a skill `{name}` already exists in {}; remove it or rename the draft first",
                         d.layer.as_str()
@@ -376,7 +404,11 @@ impl Skills {
                     .collect();
                 return Err(Error::NotFound(format!(
                     "no draft or archived skill named `{name}`; drafts and archived: {}",
-                    if drafts.is_empty() { "(none)".to_owned() } else { drafts.join(", ") }
+                    if drafts.is_empty() {
+                        "(none)".to_owned()
+                    } else {
+                        drafts.join(", ")
+                    }
                 )));
             }
         }
@@ -430,10 +462,15 @@ fn render_loaded(skill: &Skill, doc: &SkillDoc, resources: &[String], shell: boo
             }
         }
     }
-    let scripts: Vec<&String> = resources.iter().filter(|r| r.starts_with("scripts/")).collect();
+    let scripts: Vec<&String> = resources
+        .iter()
+        .filter(|r| r.starts_with("scripts/"))
+        .collect();
     if !scripts.is_empty() {
         if shell {
-            out.push_str("\nRun its scripts with execute (the shell starts in the workspace root):\n");
+            out.push_str(
+                "\nRun its scripts with execute (the shell starts in the workspace root):\n",
+            );
             for s in scripts {
                 out.push_str(&format!("- `sh {}/{s}`\n", skill.dir));
             }
@@ -481,7 +518,9 @@ async fn read_layer(source: &Source) -> (Vec<(String, SkillDoc)>, Vec<Invalid>) 
         };
         let shown = format!("{}/{dir}/SKILL.md", source.shown);
         let text = match source.fs.read_bytes(&path).await {
-            Ok(b) if b.len() > MAX_SKILL_BYTES => Err(format!("larger than {MAX_SKILL_BYTES} bytes")),
+            Ok(b) if b.len() > MAX_SKILL_BYTES => {
+                Err(format!("larger than {MAX_SKILL_BYTES} bytes"))
+            }
             Ok(b) => String::from_utf8(b).map_err(|_| "not valid UTF-8".to_owned()),
             Err(e) if e.is_not_found() => continue,
             Err(e) => Err(e.to_string()),

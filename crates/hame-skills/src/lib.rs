@@ -56,8 +56,7 @@ pub use catalog::{
 };
 pub use skill::{
     ARCHIVE_AFTER_DAYS, FrontMatter, MAX_DESCRIPTION_CHARS, MAX_NAME_LEN, STALE_AFTER_DAYS,
-    SkillDoc, SkillLayer, SkillState, Usage, curate, merge, parse_skill, render_skill,
-    valid_name,
+    SkillDoc, SkillLayer, SkillState, Usage, curate, merge, parse_skill, render_skill, valid_name,
 };
 pub use tools::skill_tools;
 

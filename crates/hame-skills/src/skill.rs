@@ -112,9 +112,14 @@ pub fn parse_skill(dir_name: &str, text: &str) -> Result<SkillDoc, String> {
         .strip_prefix("---\n")
         .or_else(|| text.strip_prefix("---\r\n"))
         .ok_or("no front matter: the file must start with a `---` line")?;
-    let (yaml, body) = split_front_matter(rest).ok_or("the front matter has no closing `---` line")?;
+    let (yaml, body) =
+        split_front_matter(rest).ok_or("the front matter has no closing `---` line")?;
     let fm: FrontMatter = yaml_serde::from_str(yaml).map_err(|e| format!("front matter: {e}"))?;
-    let description = fm.description.split_whitespace().collect::<Vec<_>>().join(" ");
+    let description = fm
+        .description
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
     if description.is_empty() {
         return Err("front matter: `description` is empty".into());
     }
@@ -196,7 +201,11 @@ pub fn curate(usage: Option<&Usage>, now: DateTime<Utc>) -> SkillState {
     if u.pinned {
         return SkillState::Active;
     }
-    let Some(last) = [u.created, u.promoted, u.last_used].into_iter().flatten().max() else {
+    let Some(last) = [u.created, u.promoted, u.last_used]
+        .into_iter()
+        .flatten()
+        .max()
+    else {
         return SkillState::Active;
     };
     let idle = now - last;

@@ -1,10 +1,15 @@
+#![allow(clippy::unwrap_used)]
 use super::*;
 use pretty_assertions::assert_eq;
 use proptest::prelude::*;
 
 #[test]
 fn front_matter_with_and_without_name() {
-    let doc = parse_skill("dir", "---\ndescription: Reviews code.\n---\n\n# Steps\n1. read\n").unwrap();
+    let doc = parse_skill(
+        "dir",
+        "---\ndescription: Reviews code.\n---\n\n# Steps\n1. read\n",
+    )
+    .unwrap();
     assert_eq!(
         doc,
         SkillDoc {
@@ -13,8 +18,15 @@ fn front_matter_with_and_without_name() {
             body: "# Steps\n1. read\n".into()
         }
     );
-    let named = parse_skill("dir", "---\nname: other\ndescription: >\n  two\n  lines\n---\nbody").unwrap();
-    assert_eq!((named.name.as_str(), named.description.as_str()), ("other", "two lines"));
+    let named = parse_skill(
+        "dir",
+        "---\nname: other\ndescription: >\n  two\n  lines\n---\nbody",
+    )
+    .unwrap();
+    assert_eq!(
+        (named.name.as_str(), named.description.as_str()),
+        ("other", "two lines")
+    );
 }
 
 #[test]
@@ -25,7 +37,10 @@ fn invalid_front_matter_says_why() {
         ("---\nname: x\n---\nbody", "description"),
         ("---\ndescription: [unclosed\n---\n", "front matter"),
         ("---\ndescription: \"\"\n---\n", "empty"),
-        ("---\nname: ../x\ndescription: d\n---\n", "not a valid skill name"),
+        (
+            "---\nname: ../x\ndescription: d\n---\n",
+            "not a valid skill name",
+        ),
     ] {
         let e = parse_skill("d", text).unwrap_err();
         assert!(e.contains(why), "{text:?}: {e}");
@@ -69,10 +84,16 @@ fn curator_ages_agent_skills_only() {
     assert_eq!(curate(Some(&used(29)), now), SkillState::Active);
     assert_eq!(curate(Some(&used(30)), now), SkillState::Stale);
     assert_eq!(curate(Some(&used(90)), now), SkillState::Archived);
-    let pinned = Usage { pinned: true, ..used(400) };
+    let pinned = Usage {
+        pinned: true,
+        ..used(400)
+    };
     assert_eq!(curate(Some(&pinned), now), SkillState::Active);
     // A promotion after the last use counts as activity.
-    let restored = Usage { promoted: Some(now), ..used(200) };
+    let restored = Usage {
+        promoted: Some(now),
+        ..used(200)
+    };
     assert_eq!(curate(Some(&restored), now), SkillState::Active);
 }
 

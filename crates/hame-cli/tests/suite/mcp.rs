@@ -56,9 +56,20 @@ fn python() -> Option<PathBuf> {
                 Err(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr)))
             }
         };
-        run(std::process::Command::new("python3").args(["-m", "venv", "--clear"]).arg(&venv))?;
-        run(std::process::Command::new(venv.join("bin/pip")).args(["install", "-q", "--disable-pip-version-check", MCP_SDK]))?;
-        if ok(&python) { Ok(()) } else { Err("mcp does not import after pip install".into()) }
+        run(std::process::Command::new("python3")
+            .args(["-m", "venv", "--clear"])
+            .arg(&venv))?;
+        run(std::process::Command::new(venv.join("bin/pip")).args([
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            MCP_SDK,
+        ]))?;
+        if ok(&python) {
+            Ok(())
+        } else {
+            Err("mcp does not import after pip install".into())
+        }
     };
     if ok(&python) {
         return Some(python);
@@ -125,22 +136,43 @@ async fn stdio_server_tools_are_offered_and_called_with_env_from_vars() -> TestR
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out), "done\n");
     // The server's stderr goes to the log, not to the user's terminal.
-    assert!(!stderr(&out).contains("MCP server starting"), "{}", stderr(&out));
+    assert!(
+        !stderr(&out).contains("MCP server starting"),
+        "{}",
+        stderr(&out)
+    );
     let reqs = server.requests();
     let names = tool_names(&reqs[0].body);
-    assert!(names.contains(&"mcp__py__echo".to_string()) && names.contains(&"read_file".to_string()), "{names:?}");
-    assert!(!names.contains(&"mcp__py__header".to_string()), "denied by glob: {names:?}");
+    assert!(
+        names.contains(&"mcp__py__echo".to_string()) && names.contains(&"read_file".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        !names.contains(&"mcp__py__header".to_string()),
+        "denied by glob: {names:?}"
+    );
     let echo = reqs[0].body["tools"]
         .as_array()
         .and_then(|t| t.iter().find(|t| t["function"]["name"] == "mcp__py__echo"))
         .ok_or("no echo")?;
-    assert_eq!(echo["function"]["description"], "Echo the text back, upper-cased.");
+    assert_eq!(
+        echo["function"]["description"],
+        "Echo the text back, upper-cased."
+    );
     assert_eq!(echo["function"]["parameters"]["required"], json!(["text"]));
     let results = tool_results(&server);
     assert_eq!(results[0], "HELLO");
     assert_eq!(results[1], "secret=s3\"cr}et");
-    assert!(results[2].starts_with("Error [tool_failed]") && results[2].contains("refused: no"), "{}", results[2]);
-    assert!(results[3].contains("not allowed by tools.json"), "{}", results[3]);
+    assert!(
+        results[2].starts_with("Error [tool_failed]") && results[2].contains("refused: no"),
+        "{}",
+        results[2]
+    );
+    assert!(
+        results[3].contains("not allowed by tools.json"),
+        "{}",
+        results[3]
+    );
     // One server process for the whole call, killed when hame exits.
     let pid: u32 = fs::read_to_string(&pidfile)?.trim().parse()?;
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -163,7 +195,9 @@ impl Drop for HttpServer {
 }
 
 fn http_server(py: &Path) -> Result<HttpServer, Box<dyn std::error::Error>> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let child = std::process::Command::new(py)
         .arg(server_py())
         .args(["http", &port.to_string()])
@@ -217,7 +251,12 @@ async fn http_server_with_url_and_headers_from_vars() -> TestResult {
     let results = tool_results(&server);
     assert_eq!(results, ["header=tok-123", "OVER HTTP"]);
     let names = tool_names(&server.requests()[0].body);
-    for t in ["mcp__web__echo", "mcp__web__fail", "mcp__web__header", "mcp__web__secret"] {
+    for t in [
+        "mcp__web__echo",
+        "mcp__web__fail",
+        "mcp__web__header",
+        "mcp__web__secret",
+    ] {
         assert!(names.contains(&t.to_string()), "{t}: {names:?}");
     }
     Ok(())
@@ -229,7 +268,9 @@ async fn a_broken_server_is_one_warning_and_the_run_goes_on() -> TestResult {
     let dir = tempfile::tempdir()?;
     let ws = dir.path().join("ws");
     fs::create_dir_all(&ws)?;
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     fs::write(
         ws.join("tools.json"),
         json!({"mcpServers": {
@@ -248,16 +289,28 @@ async fn a_broken_server_is_one_warning_and_the_run_goes_on() -> TestResult {
         ScriptStep::text("fine"),
     ]);
     let started = Instant::now();
-    let out = run_with(dir.path(), &server.base_url(), &["--workspace", &ws_s], "go", &[]).await?;
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "go",
+        &[],
+    )
+    .await?;
     let took = started.elapsed();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out), "fine\n");
     let err = stderr(&out);
-    let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("hame: warning:")).collect();
+    let warnings: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("hame: warning:"))
+        .collect();
     assert_eq!(warnings.len(), 3, "one line per broken server: {err}");
     for name in ["missing", "silent", "nothere"] {
         assert!(
-            warnings.iter().any(|l| l.contains(&format!("mcpServers.{name}"))),
+            warnings
+                .iter()
+                .any(|l| l.contains(&format!("mcpServers.{name}"))),
             "{name}: {err}"
         );
     }
@@ -266,6 +319,11 @@ async fn a_broken_server_is_one_warning_and_the_run_goes_on() -> TestResult {
     assert_eq!(results[0], "STILL WORKS");
     assert!(results[1].contains("unknown_tool"), "{}", results[1]);
     let names = tool_names(&server.requests()[0].body);
-    assert!(names.iter().all(|n| !n.starts_with("mcp__missing") && !n.starts_with("mcp__silent")), "{names:?}");
+    assert!(
+        names
+            .iter()
+            .all(|n| !n.starts_with("mcp__missing") && !n.starts_with("mcp__silent")),
+        "{names:?}"
+    );
     Ok(())
 }

@@ -54,24 +54,53 @@ async fn skills_are_listed_without_bodies_and_loaded_with_their_resources() -> T
     fs::create_dir_all(ws.join("skills/review/scripts"))?;
     fs::write(ws.join("skills/review/scripts/check.sh"), "echo checked")?;
     // The global layer: `review` is shadowed by the workspace, `deploy` stacks.
-    skill(&global, "review", "---\ndescription: GLOBAL review.\n---\nBODY-GLOBAL\n")?;
-    skill(&global, "deploy", "---\nname: deploy\ndescription: Deploys the service.\n---\nBODY-DEPLOY\n")?;
+    skill(
+        &global,
+        "review",
+        "---\ndescription: GLOBAL review.\n---\nBODY-GLOBAL\n",
+    )?;
+    skill(
+        &global,
+        "deploy",
+        "---\nname: deploy\ndescription: Deploys the service.\n---\nBODY-DEPLOY\n",
+    )?;
     fs::write(global.join("deploy/notes.md"), "DEPLOY-NOTES")?;
 
     let server = ScriptedServer::start().await?;
     server.push_all([
         ScriptStep::tool_call("c1", "load_skill", json!({"name": "review"})),
-        ScriptStep::tool_call("c2", "read_file", json!({"file_path": "skills/review/references/guide.md"})),
-        ScriptStep::tool_call("c3", "load_skill", json!({"name": "deploy", "path": "notes.md"})),
-        ScriptStep::tool_call("c4", "execute", json!({"command": "sh skills/review/scripts/check.sh"})),
+        ScriptStep::tool_call(
+            "c2",
+            "read_file",
+            json!({"file_path": "skills/review/references/guide.md"}),
+        ),
+        ScriptStep::tool_call(
+            "c3",
+            "load_skill",
+            json!({"name": "deploy", "path": "notes.md"}),
+        ),
+        ScriptStep::tool_call(
+            "c4",
+            "execute",
+            json!({"command": "sh skills/review/scripts/check.sh"}),
+        ),
         ScriptStep::tool_call("c5", "load_skill", json!({"name": "nope"})),
         ScriptStep::text("done"),
     ]);
-    let (ws_s, global_s) = (ws.to_string_lossy().into_owned(), global.to_string_lossy().into_owned());
+    let (ws_s, global_s) = (
+        ws.to_string_lossy().into_owned(),
+        global.to_string_lossy().into_owned(),
+    );
     let out = run_with(
         dir.path(),
         &server.base_url(),
-        &["--workspace", &ws_s, "--skills-dir", &global_s, "--no-memory"],
+        &[
+            "--workspace",
+            &ws_s,
+            "--skills-dir",
+            &global_s,
+            "--no-memory",
+        ],
         "review my patch",
         &[],
     )
@@ -81,7 +110,9 @@ async fn skills_are_listed_without_bodies_and_loaded_with_their_resources() -> T
     let system = system_of(&reqs[0].body);
     assert!(
         system.contains("<available_skills>")
-            && system.contains("- deploy: Deploys the service.\n- review: Reviews a patch for style and bugs.\n"),
+            && system.contains(
+                "- deploy: Deploys the service.\n- review: Reviews a patch for style and bugs.\n"
+            ),
         "{system}"
     );
     for body in ["BODY-REVIEW", "BODY-GLOBAL", "BODY-DEPLOY", "GLOBAL review"] {
@@ -89,9 +120,21 @@ async fn skills_are_listed_without_bodies_and_loaded_with_their_resources() -> T
     }
     assert!(tool_names(&reqs[0].body).contains(&"load_skill".to_string()));
     let results = tool_results(&server);
-    assert!(results[0].contains("BODY-REVIEW: read the diff first."), "{}", results[0]);
-    assert!(results[0].contains("- skills/review/references/guide.md"), "{}", results[0]);
-    assert!(results[0].contains("sh skills/review/scripts/check.sh"), "{}", results[0]);
+    assert!(
+        results[0].contains("BODY-REVIEW: read the diff first."),
+        "{}",
+        results[0]
+    );
+    assert!(
+        results[0].contains("- skills/review/references/guide.md"),
+        "{}",
+        results[0]
+    );
+    assert!(
+        results[0].contains("sh skills/review/scripts/check.sh"),
+        "{}",
+        results[0]
+    );
     assert!(results[1].contains("GUIDE-TEXT"), "{}", results[1]);
     assert_eq!(results[2], "DEPLOY-NOTES");
     assert!(results[3].contains("checked"), "{}", results[3]);
@@ -102,7 +145,18 @@ async fn skills_are_listed_without_bodies_and_loaded_with_their_resources() -> T
     );
 
     // `hame skills list` shows the same, with layers and states.
-    let list = skills_cmd(dir.path(), &["list", "--workspace", &ws_s, "--skills-dir", &global_s, "--json"]).await?;
+    let list = skills_cmd(
+        dir.path(),
+        &[
+            "list",
+            "--workspace",
+            &ws_s,
+            "--skills-dir",
+            &global_s,
+            "--json",
+        ],
+    )
+    .await?;
     assert_eq!(list.status.code(), Some(0), "{}", stderr(&list));
     let v: serde_json::Value = serde_json::from_str(&stdout(&list))?;
     let rows: Vec<(String, String, String)> = v["skills"]
@@ -131,9 +185,21 @@ async fn skills_are_listed_without_bodies_and_loaded_with_their_resources() -> T
 async fn per_user_layer_and_live_edits_show_on_the_next_step() -> TestResult {
     let dir = tempfile::tempdir()?;
     let ws = dir.path().join("ws");
-    skill(&ws.join("skills"), "review", "---\ndescription: Shared review.\n---\nSHARED\n")?;
-    skill(&ws.join("alice/skills"), "review", "---\ndescription: Alice's review.\n---\nALICE\n")?;
-    skill(&ws.join("alice/skills"), "private", "---\ndescription: Only for alice.\n---\nPRIVATE\n")?;
+    skill(
+        &ws.join("skills"),
+        "review",
+        "---\ndescription: Shared review.\n---\nSHARED\n",
+    )?;
+    skill(
+        &ws.join("alice/skills"),
+        "review",
+        "---\ndescription: Alice's review.\n---\nALICE\n",
+    )?;
+    skill(
+        &ws.join("alice/skills"),
+        "private",
+        "---\ndescription: Only for alice.\n---\nPRIVATE\n",
+    )?;
     let ws_s = ws.to_string_lossy().into_owned();
 
     // Alice: her layer wins the name, her unique skill stacks; a skill written during the
@@ -148,16 +214,30 @@ async fn per_user_layer_and_live_edits_show_on_the_next_step() -> TestResult {
         ScriptStep::tool_call("c2", "load_skill", json!({"name": "review"})),
         ScriptStep::text("ok"),
     ]);
-    let out = run_with(dir.path(), &server.base_url(), &["--workspace", &ws_s, "--user", "alice"], "hi", &[]).await?;
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s, "--user", "alice"],
+        "hi",
+        &[],
+    )
+    .await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let reqs = server.requests();
     let first = system_of(&reqs[0].body);
-    assert!(first.contains("- private: Only for alice.\n- review: Alice's review.\n"), "{first}");
+    assert!(
+        first.contains("- private: Only for alice.\n- review: Alice's review.\n"),
+        "{first}"
+    );
     assert!(!first.contains("fresh"), "{first}");
     let second = system_of(&reqs[1].body);
     assert!(second.contains("- fresh: Written just now.\n"), "{second}");
     let results = tool_results(&server);
-    assert!(results[1].contains("ALICE") && results[1].contains("layer=\"user\""), "{}", results[1]);
+    assert!(
+        results[1].contains("ALICE") && results[1].contains("layer=\"user\""),
+        "{}",
+        results[1]
+    );
 
     // Bob sees the shared layer only: never alice's skills.
     let server = ScriptedServer::start().await?;
@@ -165,13 +245,30 @@ async fn per_user_layer_and_live_edits_show_on_the_next_step() -> TestResult {
         ScriptStep::tool_call("c1", "load_skill", json!({"name": "private"})),
         ScriptStep::text("ok"),
     ]);
-    let out = run_with(dir.path(), &server.base_url(), &["--workspace", &ws_s, "--user", "bob"], "hi", &[]).await?;
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s, "--user", "bob"],
+        "hi",
+        &[],
+    )
+    .await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let system = system_of(&server.requests()[0].body);
-    assert!(system.contains("- fresh: Written just now.\n- review: Shared review.\n"), "{system}");
-    assert!(!system.contains("alice") && !system.contains("Only for alice"), "{system}");
+    assert!(
+        system.contains("- fresh: Written just now.\n- review: Shared review.\n"),
+        "{system}"
+    );
+    assert!(
+        !system.contains("alice") && !system.contains("Only for alice"),
+        "{system}"
+    );
     let results = tool_results(&server);
-    assert!(results[0].contains("no skill named `private`"), "{}", results[0]);
+    assert!(
+        results[0].contains("no skill named `private`"),
+        "{}",
+        results[0]
+    );
     assert!(!results[0].contains("PRIVATE"), "{}", results[0]);
     Ok(())
 }
@@ -180,8 +277,16 @@ async fn per_user_layer_and_live_edits_show_on_the_next_step() -> TestResult {
 async fn invalid_front_matter_is_skipped_with_one_warning() -> TestResult {
     let dir = tempfile::tempdir()?;
     let ws = dir.path().join("ws");
-    skill(&ws.join("skills"), "good", "---\ndescription: A good one.\n---\nGOOD\n")?;
-    skill(&ws.join("skills"), "bad", "---\ndescription: [unclosed\n---\nBAD\n")?;
+    skill(
+        &ws.join("skills"),
+        "good",
+        "---\ndescription: A good one.\n---\nGOOD\n",
+    )?;
+    skill(
+        &ws.join("skills"),
+        "bad",
+        "---\ndescription: [unclosed\n---\nBAD\n",
+    )?;
     skill(&ws.join("skills"), "bare", "no front matter at all\n")?;
     let ws_s = ws.to_string_lossy().into_owned();
     let server = ScriptedServer::start().await?;
@@ -190,18 +295,41 @@ async fn invalid_front_matter_is_skipped_with_one_warning() -> TestResult {
         ScriptStep::tool_call("c2", "list_files", json!({"path": "skills"})),
         ScriptStep::text("ok"),
     ]);
-    let out = run_with(dir.path(), &server.base_url(), &["--workspace", &ws_s], "hi", &[]).await?;
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "hi",
+        &[],
+    )
+    .await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out), "ok\n");
     let err = stderr(&out);
-    let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("hame: warning:")).collect();
+    let warnings: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("hame: warning:"))
+        .collect();
     assert_eq!(warnings.len(), 2, "{err}");
-    assert!(warnings.iter().any(|l| l.contains("skills/bad/SKILL.md") && l.contains("front matter")), "{err}");
-    assert!(warnings.iter().any(|l| l.contains("skills/bare/SKILL.md") && l.contains("no front matter")), "{err}");
+    assert!(
+        warnings
+            .iter()
+            .any(|l| l.contains("skills/bad/SKILL.md") && l.contains("front matter")),
+        "{err}"
+    );
+    assert!(
+        warnings
+            .iter()
+            .any(|l| l.contains("skills/bare/SKILL.md") && l.contains("no front matter")),
+        "{err}"
+    );
     for req in server.requests() {
         let system = system_of(&req.body);
         assert!(system.contains("- good: A good one.\n"), "{system}");
-        assert!(!system.contains("- bad") && !system.contains("- bare"), "{system}");
+        assert!(
+            !system.contains("- bad") && !system.contains("- bare"),
+            "{system}"
+        );
     }
     Ok(())
 }
@@ -221,10 +349,21 @@ async fn drafts_are_hidden_until_promoted_and_the_curator_ages_them() -> TestRes
         ),
         ScriptStep::text("saved"),
     ]);
-    let out = run_with(dir.path(), &server.base_url(), &["--workspace", &ws_s, "--user", "alice"], "learn", &[]).await?;
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s, "--user", "alice"],
+        "learn",
+        &[],
+    )
+    .await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let results = tool_results(&server);
-    assert!(results[0].contains("alice/skills/_drafts/summarize/SKILL.md"), "{}", results[0]);
+    assert!(
+        results[0].contains("alice/skills/_drafts/summarize/SKILL.md"),
+        "{}",
+        results[0]
+    );
     let draft = fs::read_to_string(ws.join("alice/skills/_drafts/summarize/SKILL.md"))?;
     assert!(draft.contains("1. Read the tail."), "{draft}");
     // The description stays one value: it cannot add a key to the front matter.
@@ -235,7 +374,14 @@ async fn drafts_are_hidden_until_promoted_and_the_curator_ages_them() -> TestRes
     // Not listed to the model while a draft.
     let server = ScriptedServer::start().await?;
     server.push(ScriptStep::text("ok"));
-    run_with(dir.path(), &server.base_url(), &["--workspace", &ws_s, "--user", "alice"], "hi", &[]).await?;
+    run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s, "--user", "alice"],
+        "hi",
+        &[],
+    )
+    .await?;
     assert!(!system_of(&server.requests()[0].body).contains("summarize"));
 
     let list = |args: Vec<&'static str>| {
@@ -258,38 +404,103 @@ async fn drafts_are_hidden_until_promoted_and_the_curator_ages_them() -> TestRes
     assert_eq!(list(vec!["--user", "bob"]).await?["skills"], json!([]));
 
     // Promotion: the draft moves to alice's layer and is listed from the next call on.
-    let bad = skills_cmd(dir.path(), &["promote", "nope", "--workspace", &ws_s, "--user", "alice"]).await?;
+    let bad = skills_cmd(
+        dir.path(),
+        &["promote", "nope", "--workspace", &ws_s, "--user", "alice"],
+    )
+    .await?;
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
     assert!(stderr(&bad).contains("summarize"), "{}", stderr(&bad));
-    let out = skills_cmd(dir.path(), &["promote", "summarize", "--workspace", &ws_s, "--user", "alice"]).await?;
+    let out = skills_cmd(
+        dir.path(),
+        &[
+            "promote",
+            "summarize",
+            "--workspace",
+            &ws_s,
+            "--user",
+            "alice",
+        ],
+    )
+    .await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(ws.join("alice/skills/summarize/SKILL.md").is_file());
     assert!(!ws.join("alice/skills/_drafts/summarize").exists());
     let v = list(vec!["--user", "alice"]).await?;
-    assert_eq!((v["skills"][0]["state"].as_str(), v["skills"][0]["layer"].as_str()), (Some("active"), Some("user")), "{v}");
+    assert_eq!(
+        (
+            v["skills"][0]["state"].as_str(),
+            v["skills"][0]["layer"].as_str()
+        ),
+        (Some("active"), Some("user")),
+        "{v}"
+    );
     let server = ScriptedServer::start().await?;
     server.push(ScriptStep::text("ok"));
-    run_with(dir.path(), &server.base_url(), &["--workspace", &ws_s, "--user", "alice"], "hi", &[]).await?;
-    assert!(system_of(&server.requests()[0].body).contains("- summarize: Summarise a long log. name: injected\n"));
+    run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s, "--user", "alice"],
+        "hi",
+        &[],
+    )
+    .await?;
+    assert!(
+        system_of(&server.requests()[0].body)
+            .contains("- summarize: Summarise a long log. name: injected\n")
+    );
 
     // The curator: unused for 30 days → stale (still listed), 90 days → archived (hidden,
     // kept on disk); promote restores it.
     let usage_path = ws.join("alice/skills/.usage.json");
     let age = |days: i64| -> std::io::Result<()> {
         let when = (chrono::Utc::now() - chrono::Duration::days(days)).to_rfc3339();
-        fs::write(&usage_path, json!({"skills": {"summarize": {"created": when, "promoted": when}}}).to_string())
+        fs::write(
+            &usage_path,
+            json!({"skills": {"summarize": {"created": when, "promoted": when}}}).to_string(),
+        )
     };
     age(40)?;
-    assert_eq!(list(vec!["--user", "alice"]).await?["skills"][0]["state"], "stale");
+    assert_eq!(
+        list(vec!["--user", "alice"]).await?["skills"][0]["state"],
+        "stale"
+    );
     age(100)?;
-    assert_eq!(list(vec!["--user", "alice"]).await?["skills"][0]["state"], "archived");
+    assert_eq!(
+        list(vec!["--user", "alice"]).await?["skills"][0]["state"],
+        "archived"
+    );
     let server = ScriptedServer::start().await?;
     server.push(ScriptStep::text("ok"));
-    run_with(dir.path(), &server.base_url(), &["--workspace", &ws_s, "--user", "alice"], "hi", &[]).await?;
+    run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s, "--user", "alice"],
+        "hi",
+        &[],
+    )
+    .await?;
     assert!(!system_of(&server.requests()[0].body).contains("summarize"));
-    assert!(ws.join("alice/skills/summarize/SKILL.md").is_file(), "never deleted");
-    let out = skills_cmd(dir.path(), &["promote", "summarize", "--workspace", &ws_s, "--user", "alice"]).await?;
+    assert!(
+        ws.join("alice/skills/summarize/SKILL.md").is_file(),
+        "never deleted"
+    );
+    let out = skills_cmd(
+        dir.path(),
+        &[
+            "promote",
+            "summarize",
+            "--workspace",
+            &ws_s,
+            "--user",
+            "alice",
+        ],
+    )
+    .await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(list(vec!["--user", "alice"]).await?["skills"][0]["state"], "active");
+    assert_eq!(
+        list(vec!["--user", "alice"]).await?["skills"][0]["state"],
+        "active"
+    );
     Ok(())
 }

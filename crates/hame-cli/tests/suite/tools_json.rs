@@ -37,28 +37,64 @@ async fn allow_and_deny_with_globs_filter_what_the_model_sees_and_runs() -> Test
     let ws_s = ws.to_string_lossy().into_owned();
     let server = ScriptedServer::start().await?;
     server.push_all([
-        ScriptStep::tool_call("c1", "write_file", json!({"file_path": "b.txt", "content": "B"})),
+        ScriptStep::tool_call(
+            "c1",
+            "write_file",
+            json!({"file_path": "b.txt", "content": "B"}),
+        ),
         ScriptStep::tool_call("c2", "execute", json!({"command": "touch c.txt"})),
         ScriptStep::tool_call("c3", "read_file", json!({"file_path": "a.txt"})),
         ScriptStep::text("ok"),
     ]);
-    let out = run_with(dir.path(), &server.base_url(), &["--workspace", &ws_s], "go", &[]).await?;
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "go",
+        &[],
+    )
+    .await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let reqs = server.requests();
-    assert_eq!(tool_names(&reqs[0].body), ["list_files", "load_skill", "read_file"]);
+    assert_eq!(
+        tool_names(&reqs[0].body),
+        ["list_files", "load_skill", "read_file"]
+    );
     let results = tool_results(&server);
-    assert!(results[0].contains("permission_denied") && results[0].contains("not allowed by tools.json"), "{}", results[0]);
-    assert!(results[1].contains("not allowed by tools.json"), "{}", results[1]);
+    assert!(
+        results[0].contains("permission_denied")
+            && results[0].contains("not allowed by tools.json"),
+        "{}",
+        results[0]
+    );
+    assert!(
+        results[1].contains("not allowed by tools.json"),
+        "{}",
+        results[1]
+    );
     assert!(results[2].contains('A'), "{}", results[2]);
     assert!(!ws.join("b.txt").exists() && !ws.join("c.txt").exists());
 
     // Re-read every call: an edited tools.json applies to the next run.
-    fs::write(ws.join("tools.json"), json!({"deny": ["execute"]}).to_string())?;
+    fs::write(
+        ws.join("tools.json"),
+        json!({"deny": ["execute"]}).to_string(),
+    )?;
     let server = ScriptedServer::start().await?;
     server.push(ScriptStep::text("ok"));
-    run_with(dir.path(), &server.base_url(), &["--workspace", &ws_s], "go", &[]).await?;
+    run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "go",
+        &[],
+    )
+    .await?;
     let names = tool_names(&server.requests()[0].body);
-    assert!(names.contains(&"write_file".to_string()) && !names.contains(&"execute".to_string()), "{names:?}");
+    assert!(
+        names.contains(&"write_file".to_string()) && !names.contains(&"execute".to_string()),
+        "{names:?}"
+    );
     Ok(())
 }
 
@@ -67,20 +103,43 @@ async fn per_user_tools_json_merges_over_the_shared_one() -> TestResult {
     let dir = tempfile::tempdir()?;
     let ws = dir.path().join("ws");
     fs::create_dir_all(ws.join("alice"))?;
-    fs::write(ws.join("tools.json"), json!({"deny": ["execute"]}).to_string())?;
-    fs::write(ws.join("alice/tools.json"), json!({"allow": ["read_file", "execute", "list_files"], "deny": ["list_*"]}).to_string())?;
+    fs::write(
+        ws.join("tools.json"),
+        json!({"deny": ["execute"]}).to_string(),
+    )?;
+    fs::write(
+        ws.join("alice/tools.json"),
+        json!({"allow": ["read_file", "execute", "list_files"], "deny": ["list_*"]}).to_string(),
+    )?;
     let ws_s = ws.to_string_lossy().into_owned();
     let server = ScriptedServer::start().await?;
     server.push(ScriptStep::text("ok"));
-    let out = run_with(dir.path(), &server.base_url(), &["--workspace", &ws_s, "--user", "alice"], "go", &[]).await?;
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s, "--user", "alice"],
+        "go",
+        &[],
+    )
+    .await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     // alice's allow replaces the shared one; the denies add up (her file cannot lift one).
     assert_eq!(tool_names(&server.requests()[0].body), ["read_file"]);
     let server = ScriptedServer::start().await?;
     server.push(ScriptStep::text("ok"));
-    run_with(dir.path(), &server.base_url(), &["--workspace", &ws_s, "--user", "bob"], "go", &[]).await?;
+    run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s, "--user", "bob"],
+        "go",
+        &[],
+    )
+    .await?;
     let bob = tool_names(&server.requests()[0].body);
-    assert!(bob.contains(&"list_files".to_string()) && !bob.contains(&"execute".to_string()), "{bob:?}");
+    assert!(
+        bob.contains(&"list_files".to_string()) && !bob.contains(&"execute".to_string()),
+        "{bob:?}"
+    );
     Ok(())
 }
 
@@ -88,10 +147,26 @@ async fn per_user_tools_json_merges_over_the_shared_one() -> TestResult {
 async fn a_broken_tools_json_is_exit_2_with_one_line_naming_it() -> TestResult {
     let cases: [(&str, &str, &str); 5] = [
         ("tools.json", "{\"allow\": [", "tools.json: not valid JSON"),
-        ("tools.json", r#"{"allow": [], "mcp": {}}"#, "tools.json: unknown field `mcp`"),
-        ("tools.json", r#"{"mcpServers": {"s": {"command": "${HAME_TEST_UNSET_VAR}"}}}"#, "HAME_TEST_UNSET_VAR is not set"),
-        ("tools.json", r#"{"permissions": {"default": "sometimes"}}"#, "tools.json: unknown variant `sometimes`"),
-        ("alice/tools.json", r#"{"deny": "execute"}"#, "alice/tools.json: invalid type"),
+        (
+            "tools.json",
+            r#"{"allow": [], "mcp": {}}"#,
+            "tools.json: unknown field `mcp`",
+        ),
+        (
+            "tools.json",
+            r#"{"mcpServers": {"s": {"command": "${HAME_TEST_UNSET_VAR}"}}}"#,
+            "HAME_TEST_UNSET_VAR is not set",
+        ),
+        (
+            "tools.json",
+            r#"{"permissions": {"default": "sometimes"}}"#,
+            "tools.json: unknown variant `sometimes`",
+        ),
+        (
+            "alice/tools.json",
+            r#"{"deny": "execute"}"#,
+            "alice/tools.json: invalid type",
+        ),
     ];
     for (file, text, needle) in cases {
         let dir = tempfile::tempdir()?;
@@ -102,14 +177,28 @@ async fn a_broken_tools_json_is_exit_2_with_one_line_naming_it() -> TestResult {
         let ws_s = ws.to_string_lossy().into_owned();
         let server = ScriptedServer::start().await?;
         server.push(ScriptStep::text("should not be asked"));
-        let out = run_with(dir.path(), &server.base_url(), &["--workspace", &ws_s, "--user", "alice"], "go", &[]).await?;
+        let out = run_with(
+            dir.path(),
+            &server.base_url(),
+            &["--workspace", &ws_s, "--user", "alice"],
+            "go",
+            &[],
+        )
+        .await?;
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(2), "{file} {text}: {err}");
         assert_eq!(err.lines().count(), 1, "{err}");
-        assert!(err.starts_with("hame: ") && err.contains(needle), "{needle}: {err}");
+        assert!(
+            err.starts_with("hame: ") && err.contains(needle),
+            "{needle}: {err}"
+        );
         assert_eq!(stdout(&out), "");
         assert_eq!(server.request_count(), 0, "nothing runs");
-        assert_eq!(fs::read_to_string(ws.join(file))?, text, "the file is untouched");
+        assert_eq!(
+            fs::read_to_string(ws.join(file))?,
+            text,
+            "the file is untouched"
+        );
         assert_eq!(fs::read_to_string(ws.join("notes.md"))?, "keep me");
     }
     Ok(())
