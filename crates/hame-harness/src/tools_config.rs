@@ -279,23 +279,42 @@ fn server(name: &str, s: RawServer, workspace: &Path) -> Result<McpServer, Strin
 }
 
 /// Replaces `${VAR}` in every string value (not in keys) from `env`; `$${` is a literal
-/// `${`. A missing variable is an error naming it.
+/// `${`. A missing variable is an error naming it and the key that uses it.
 pub fn substitute(
     value: &mut serde_json::Value,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(), String> {
+    substitute_at(value, env, "")
+}
+
+fn substitute_at(
+    value: &mut serde_json::Value,
+    env: &dyn Fn(&str) -> Option<String>,
+    at: &str,
+) -> Result<(), String> {
     match value {
         serde_json::Value::String(s) => {
-            *s = substitute_str(s, env)?;
+            *s = substitute_str(s, env).map_err(|e| {
+                if at.is_empty() {
+                    e
+                } else {
+                    format!("{at}: {e}")
+                }
+            })?;
         }
         serde_json::Value::Array(a) => {
-            for v in a {
-                substitute(v, env)?;
+            for (i, v) in a.iter_mut().enumerate() {
+                substitute_at(v, env, &format!("{at}[{i}]"))?;
             }
         }
         serde_json::Value::Object(o) => {
-            for v in o.values_mut() {
-                substitute(v, env)?;
+            for (k, v) in o.iter_mut() {
+                let key = if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                };
+                substitute_at(v, env, &key)?;
             }
         }
         _ => {}
