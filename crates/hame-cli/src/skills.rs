@@ -2,14 +2,13 @@
 //! before a call, and `hame skills list|promote`.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use clap::{Args, Subcommand};
 use hame::harness::HarnessAgentBuilder;
-use hame::{HarnessAgent, Model, RuntimeContext};
+use hame::{HarnessAgent, RuntimeContext};
 
 use crate::ConfigError;
-use crate::common::{Common, build};
+use crate::common::{Common, build_without_model};
 
 /// Flags of the workspace-declared capabilities (flattened into the agent flags).
 #[derive(Debug, Args)]
@@ -18,9 +17,6 @@ pub(crate) struct CapabilityArgs {
     /// under the workspace's skills/ and the user's <userId>/skills/.
     #[arg(long, value_name = "DIR")]
     skills_dir: Option<PathBuf>,
-    /// Set by `hame skills`: build the agent without a model.
-    #[arg(skip)]
-    offline: bool,
 }
 
 /// Applies the flags to the builder.
@@ -34,11 +30,6 @@ pub(crate) fn configure(
         })),
         None => builder,
     }
-}
-
-/// The model of `hame skills`: it never calls one.
-pub(crate) fn offline_model(args: &CapabilityArgs) -> Option<Arc<dyn Model>> {
-    args.offline.then(|| Arc::new(NoModel) as Arc<dyn Model>)
 }
 
 /// Checks the caller's `tools.json` before the call: a broken file is exit 2 with one
@@ -77,12 +68,11 @@ pub(crate) enum SkillsCommand {
 }
 
 pub(crate) async fn run(command: SkillsCommand) -> anyhow::Result<()> {
-    let (mut common, list_json, promote) = match command {
+    let (common, list_json, promote) = match command {
         SkillsCommand::List { common, json } => (common, json, None),
         SkillsCommand::Promote { common, name } => (common, false, Some(name)),
     };
-    common.capabilities.offline = true;
-    let (agent, ctx) = build(&common).await?;
+    let (agent, ctx) = build_without_model(&common).await?;
     let skills = agent
         .skills()
         .ok_or_else(|| ConfigError("skills are switched off".into()))?;
@@ -143,27 +133,4 @@ pub(crate) async fn run(command: SkillsCommand) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// The model of commands that build an agent but never call it.
-#[derive(Debug)]
-struct NoModel;
-
-#[async_trait::async_trait]
-impl Model for NoModel {
-    fn info(&self) -> hame::ModelInfo {
-        hame::ModelInfo {
-            provider: "none".into(),
-            model: "none".into(),
-            context_window: 128_000,
-        }
-    }
-    async fn stream(
-        &self,
-        _request: hame::ModelRequest,
-    ) -> Result<hame::ModelStream, hame::ModelError> {
-        Err(hame::ModelError::Config(
-            "`hame skills` does not call a model".into(),
-        ))
-    }
 }

@@ -69,6 +69,11 @@ pub mod fs {
     }
 }
 
+/// Subagents (`hame-subagent`): declarations, durable tasks, the spawn and task tools.
+pub mod subagent {
+    pub use hame_subagent::*;
+}
+
 /// State stores (`hame-state`).
 pub mod state {
     pub use hame_state::*;

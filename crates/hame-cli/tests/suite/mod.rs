@@ -10,6 +10,7 @@ mod run;
 mod shared;
 mod signals;
 mod skills;
+mod subagents;
 mod tenants;
 mod tools;
 mod tools_json;
