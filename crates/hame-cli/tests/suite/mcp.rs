@@ -10,8 +10,7 @@ use hame_test_support::{ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use super::common::{run_with, stderr, stdout, tool_results};
-use super::tools_json::tool_names;
+use super::common::{run_with, stderr, stdout, tool_names, tool_results, warnings};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -301,10 +300,7 @@ async fn a_broken_server_is_one_warning_and_the_run_goes_on() -> TestResult {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out), "fine\n");
     let err = stderr(&out);
-    let warnings: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("hame: warning:"))
-        .collect();
+    let warnings = warnings(&out);
     assert_eq!(warnings.len(), 3, "one line per broken server: {err}");
     for name in ["missing", "silent", "nothere"] {
         assert!(

@@ -9,26 +9,16 @@ use hame_test_support::{ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use super::common::{hame, output, run_with, stderr, stdout, system_of, tool_results};
+use super::common::{
+    hame, output, prompt_of, run_with, stderr, stdout, system_of, tool_names, tool_results,
+    warnings,
+};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 fn skill(root: &Path, name: &str, text: &str) -> std::io::Result<()> {
     fs::create_dir_all(root.join(name))?;
     fs::write(root.join(name).join("SKILL.md"), text)
-}
-
-fn tool_names(body: &serde_json::Value) -> Vec<String> {
-    let mut names: Vec<String> = body["tools"]
-        .as_array()
-        .map(|t| {
-            t.iter()
-                .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    names
 }
 
 /// `hame skills <args>` in `dir`, returning the output.
@@ -306,10 +296,7 @@ async fn invalid_front_matter_is_skipped_with_one_warning() -> TestResult {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out), "ok\n");
     let err = stderr(&out);
-    let warnings: Vec<&str> = err
-        .lines()
-        .filter(|l| l.starts_with("hame: warning:"))
-        .collect();
+    let warnings = warnings(&out);
     assert_eq!(warnings.len(), 2, "{err}");
     assert!(
         warnings
@@ -372,17 +359,8 @@ async fn drafts_are_hidden_until_promoted_and_the_curator_ages_them() -> TestRes
     assert_eq!(doc.description, "Summarise a long log. name: injected");
 
     // Not listed to the model while a draft.
-    let server = ScriptedServer::start().await?;
-    server.push(ScriptStep::text("ok"));
-    run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s, "--user", "alice"],
-        "hi",
-        &[],
-    )
-    .await?;
-    assert!(!system_of(&server.requests()[0].body).contains("summarize"));
+    let prompt = prompt_of(dir.path(), &["--workspace", &ws_s, "--user", "alice"]).await?;
+    assert!(!prompt.contains("summarize"), "{prompt}");
 
     let list = |args: Vec<&'static str>| {
         let dir = dir.path().to_path_buf();
@@ -435,19 +413,10 @@ async fn drafts_are_hidden_until_promoted_and_the_curator_ages_them() -> TestRes
         (Some("active"), Some("user")),
         "{v}"
     );
-    let server = ScriptedServer::start().await?;
-    server.push(ScriptStep::text("ok"));
-    run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s, "--user", "alice"],
-        "hi",
-        &[],
-    )
-    .await?;
+    let prompt = prompt_of(dir.path(), &["--workspace", &ws_s, "--user", "alice"]).await?;
     assert!(
-        system_of(&server.requests()[0].body)
-            .contains("- summarize: Summarise a long log. name: injected\n")
+        prompt.contains("- summarize: Summarise a long log. name: injected\n"),
+        "{prompt}"
     );
 
     // The curator: unused for 30 days → stale (still listed), 90 days → archived (hidden,
@@ -470,17 +439,8 @@ async fn drafts_are_hidden_until_promoted_and_the_curator_ages_them() -> TestRes
         list(vec!["--user", "alice"]).await?["skills"][0]["state"],
         "archived"
     );
-    let server = ScriptedServer::start().await?;
-    server.push(ScriptStep::text("ok"));
-    run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s, "--user", "alice"],
-        "hi",
-        &[],
-    )
-    .await?;
-    assert!(!system_of(&server.requests()[0].body).contains("summarize"));
+    let prompt = prompt_of(dir.path(), &["--workspace", &ws_s, "--user", "alice"]).await?;
+    assert!(!prompt.contains("summarize"), "{prompt}");
     assert!(
         ws.join("alice/skills/summarize/SKILL.md").is_file(),
         "never deleted"

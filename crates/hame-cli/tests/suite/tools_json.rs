@@ -7,22 +7,9 @@ use hame_test_support::{ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use super::common::{run_with, stderr, stdout, tool_results};
+use super::common::{run_with, stderr, stdout, tool_names, tool_results, tools_offered};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
-
-pub(crate) fn tool_names(body: &serde_json::Value) -> Vec<String> {
-    let mut names: Vec<String> = body["tools"]
-        .as_array()
-        .map(|t| {
-            t.iter()
-                .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    names
-}
 
 #[tokio::test]
 async fn allow_and_deny_with_globs_filter_what_the_model_sees_and_runs() -> TestResult {
@@ -80,17 +67,7 @@ async fn allow_and_deny_with_globs_filter_what_the_model_sees_and_runs() -> Test
         ws.join("tools.json"),
         json!({"deny": ["execute"]}).to_string(),
     )?;
-    let server = ScriptedServer::start().await?;
-    server.push(ScriptStep::text("ok"));
-    run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "go",
-        &[],
-    )
-    .await?;
-    let names = tool_names(&server.requests()[0].body);
+    let names = tools_offered(dir.path(), &["--workspace", &ws_s]).await?;
     assert!(
         names.contains(&"write_file".to_string()) && !names.contains(&"execute".to_string()),
         "{names:?}"
@@ -112,30 +89,10 @@ async fn per_user_tools_json_merges_over_the_shared_one() -> TestResult {
         json!({"allow": ["read_file", "execute", "list_files"], "deny": ["list_*"]}).to_string(),
     )?;
     let ws_s = ws.to_string_lossy().into_owned();
-    let server = ScriptedServer::start().await?;
-    server.push(ScriptStep::text("ok"));
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s, "--user", "alice"],
-        "go",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     // alice's allow replaces the shared one; the denies add up (her file cannot lift one).
-    assert_eq!(tool_names(&server.requests()[0].body), ["read_file"]);
-    let server = ScriptedServer::start().await?;
-    server.push(ScriptStep::text("ok"));
-    run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s, "--user", "bob"],
-        "go",
-        &[],
-    )
-    .await?;
-    let bob = tool_names(&server.requests()[0].body);
+    let alice = tools_offered(dir.path(), &["--workspace", &ws_s, "--user", "alice"]).await?;
+    assert_eq!(alice, ["read_file"]);
+    let bob = tools_offered(dir.path(), &["--workspace", &ws_s, "--user", "bob"]).await?;
     assert!(
         bob.contains(&"list_files".to_string()) && !bob.contains(&"execute".to_string()),
         "{bob:?}"
