@@ -39,6 +39,19 @@ def fail(reason: str) -> str:
     raise ToolError("refused: " + reason)
 
 
+def grown() -> str:
+    """A tool added at run time."""
+    return "grown"
+
+
+@server.tool()
+async def grow(ctx: Context) -> str:
+    """Adds the tool `grown` and tells the client its tool list changed."""
+    server.add_tool(grown)
+    await ctx.session.send_tool_list_changed()
+    return "added"
+
+
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "stdio"
     print("hame-test MCP server starting", file=sys.stderr, flush=True)

@@ -120,6 +120,8 @@ async fn stdio_server_tools_are_offered_and_called_with_env_from_vars() -> TestR
         ScriptStep::tool_call("c2", "mcp__py__secret", json!({})),
         ScriptStep::tool_call("c3", "mcp__py__fail", json!({"reason": "no"})),
         ScriptStep::tool_call("c4", "mcp__py__header", json!({})),
+        ScriptStep::tool_call("c5", "mcp__py__grow", json!({})),
+        ScriptStep::tool_call("c6", "mcp__py__grown", json!({})),
         ScriptStep::text("done"),
     ]);
     let started = Instant::now();
@@ -172,6 +174,13 @@ async fn stdio_server_tools_are_offered_and_called_with_env_from_vars() -> TestR
         "{}",
         results[3]
     );
+    // notifications/tools/list_changed: the next step offers the new tool.
+    assert_eq!(
+        (results[4].as_str(), results[5].as_str()),
+        ("added", "grown")
+    );
+    assert!(!tool_names(&reqs[4].body).contains(&"mcp__py__grown".to_string()));
+    assert!(tool_names(&reqs[5].body).contains(&"mcp__py__grown".to_string()));
     // One server process for the whole call, killed when hame exits.
     let pid: u32 = fs::read_to_string(&pidfile)?.trim().parse()?;
     let deadline = Instant::now() + Duration::from_secs(5);
