@@ -7,7 +7,10 @@ use hame_test_support::{ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use super::common::{run_with, stderr, stdout, tool_names, tool_results, tools_offered};
+use super::common::{
+    hame, output, prompt_of, run_script, run_with, stderr, stdout, tool_names, tool_results,
+    tools_offered,
+};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -158,5 +161,87 @@ async fn a_broken_tools_json_is_exit_2_with_one_line_naming_it() -> TestResult {
         );
         assert_eq!(fs::read_to_string(ws.join("notes.md"))?, "keep me");
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn isolated_tenants_cannot_write_their_tools_json_but_keep_their_skills() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    fs::write(
+        ws.join("tools.json"),
+        json!({"deny": ["list_files"]}).to_string(),
+    )?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let args = [
+        "--workspace",
+        ws_s.as_str(),
+        "--isolated",
+        "--user",
+        "alice",
+    ];
+    let (out, server) = run_script(
+        dir.path(),
+        &args,
+        "go",
+        vec![
+            ScriptStep::tool_call("c0", "read_file", json!({"file_path": "tools.json"})),
+            ScriptStep::tool_call(
+                "c1",
+                "write_file",
+                json!({"file_path": "tools.json", "content": "{}"}),
+            ),
+            ScriptStep::tool_call(
+                "c2",
+                "propose_skill",
+                json!({"name": "mine", "description": "Alice's own.", "body": "MINE"}),
+            ),
+            ScriptStep::text("ok"),
+        ],
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let results = tool_results(&server);
+    assert!(results[0].contains("list_files"), "{}", results[0]);
+    assert!(results[1].contains("permission_denied"), "{}", results[1]);
+    assert!(results[2].contains("Draft saved"), "{}", results[2]);
+    // The deny still holds for her next call.
+    assert!(
+        !tools_offered(dir.path(), &args)
+            .await?
+            .contains(&"list_files".to_string())
+    );
+    // Her draft lives in her namespace; promoted, it is listed to her only.
+    let state = dir.path().join("state").to_string_lossy().into_owned();
+    let promote = output(hame(
+        &[
+            "skills",
+            "promote",
+            "mine",
+            "--workspace",
+            &ws_s,
+            "--isolated",
+            "--user",
+            "alice",
+        ],
+        &[("HAME_STATE_HOME", &state)],
+        dir.path(),
+    ))
+    .await?;
+    assert_eq!(promote.status.code(), Some(0), "{}", stderr(&promote));
+    assert!(
+        !ws.join("skills/mine").exists(),
+        "not in the shared template"
+    );
+    let alice = prompt_of(dir.path(), &args).await?;
+    assert!(alice.contains("- mine: Alice's own.\n"), "{alice}");
+    let bob = prompt_of(
+        dir.path(),
+        &["--workspace", &ws_s, "--isolated", "--user", "bob"],
+    )
+    .await?;
+    assert!(!bob.contains("mine"), "{bob}");
     Ok(())
 }
