@@ -5,6 +5,11 @@
 //! `knowledge/` before every step), per-session state, and the harness's built-in
 //! layers. It contains no backend code: backends come from the leaf crates.
 //!
+//! Workspace-declared capabilities are wired here too: skills (`hame-skills`: the
+//! `<available_skills>` block, `load_skill`, `propose_skill`) and `tools.json`
+//! ([`tools_config`]: allow/deny and MCP servers through `hame-mcp`, applied per call by
+//! the innermost [`ToolsConfigLayer`]); see `docs/skills.md` and `docs/tools-and-mcp.md`.
+//!
 //! Applications depend on the `hame` facade, which re-exports this crate.
 //!
 //! ```
