@@ -10,8 +10,8 @@ use pretty_assertions::assert_eq;
 use serde_json::json;
 
 use super::common::{
-    hame, output, prompt_of, run_with, stderr, stdout, system_of, tool_names, tool_results,
-    warnings,
+    hame, output, prompt_of, run_script, run_with, stderr, stdout, system_of, tool_names,
+    tool_results, warnings,
 };
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -461,6 +461,41 @@ async fn drafts_are_hidden_until_promoted_and_the_curator_ages_them() -> TestRes
     assert_eq!(
         list(vec!["--user", "alice"]).await?["skills"][0]["state"],
         "active"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_skills_dir_that_is_not_a_directory_is_exit_2_and_list_prints_lines() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    skill(
+        &ws.join("skills"),
+        "review",
+        "---\ndescription: Reviews.\n---\nBODY\n",
+    )?;
+    skill(&ws.join("skills"), "broken", "---\nname: [x\n---\n")?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let missing = dir.path().join("nope").to_string_lossy().into_owned();
+    let (out, server) = run_script(
+        dir.path(),
+        &["--workspace", &ws_s, "--skills-dir", &missing],
+        "hi",
+        vec![ScriptStep::text("never")],
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    assert!(stderr(&out).contains("--skills-dir"), "{}", stderr(&out));
+    assert_eq!(server.request_count(), 0);
+    let list = skills_cmd(dir.path(), &["list", "--workspace", &ws_s]).await?;
+    assert_eq!(list.status.code(), Some(0), "{}", stderr(&list));
+    assert_eq!(stdout(&list), "review\tworkspace\tactive\tReviews.\n");
+    assert!(
+        stderr(&list).contains("skills/broken/SKILL.md skipped"),
+        "{}",
+        stderr(&list)
     );
     Ok(())
 }
