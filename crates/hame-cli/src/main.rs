@@ -15,6 +15,7 @@ mod common;
 mod run;
 mod secrets;
 mod signals;
+mod skills;
 mod tasks;
 
 use common::Common;
@@ -51,6 +52,11 @@ enum Command {
     Chat {
         #[command(flatten)]
         common: Common,
+    },
+    /// Skills of the workspace: list them, promote drafts.
+    Skills {
+        #[command(subcommand)]
+        command: skills::SkillsCommand,
     },
     /// The subagent task records of a session (`agents/<agent>/tasks/`), oldest first.
     /// Records left running by a process that is gone are marked failed (interrupted).
@@ -114,6 +120,7 @@ fn main() -> ExitCode {
                 message,
             } => run::run(common, json, message).await,
             Command::Chat { common } => run::chat(common).await,
+            Command::Skills { command } => skills::run(command).await,
             Command::Tasks { common, json } => tasks::tasks(common, json).await,
         }
     });

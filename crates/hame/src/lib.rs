@@ -16,6 +16,7 @@
 //! | `postgres` | PostgreSQL state store |
 //! | `mysql` | MySQL / MariaDB state store |
 //! | `s3` | object storage (S3 and S3-compatible) as the shared-store filesystem |
+//! | `mcp-http` | MCP servers over streamable HTTP (stdio servers need no feature) |
 //! | `full` | all of the above |
 //! | `test-support` | an in-process model double for unit tests |
 //!
@@ -88,4 +89,14 @@ pub mod session {
 /// [`HarnessAgentBuilder::memory`](crate::HarnessAgentBuilder::memory).
 pub mod memory {
     pub use hame_memory::*;
+}
+
+/// Skills: `SKILL.md` discovery, `load_skill`, drafts and the curator (`hame-skills`).
+pub mod skills {
+    pub use hame_skills::*;
+}
+
+/// The MCP client (`hame-mcp`).
+pub mod mcp {
+    pub use hame_mcp::*;
 }
