@@ -150,6 +150,10 @@ impl Layer for ToolsConfigLayer {
             });
         }
         request.tools.retain(|t| filter.permits(&t.name));
+        // A subagent's spec allowlist covers the tools offered here (MCP) as well.
+        if let Some(allow) = hame_subagent::tool_allowlist(cx.runtime) {
+            request.tools.retain(|t| allow.iter().any(|a| a == &t.name));
+        }
         next.run(cx, request).await
     }
 
@@ -170,6 +174,18 @@ impl Layer for ToolsConfigLayer {
             return done(Err(ToolError::new(
                 codes::DENIED,
                 format!("`{}` is not allowed by tools.json (allow/deny)", call.name),
+            )));
+        }
+        if let Some(allow) = hame_subagent::tool_allowlist(&cx.tool.runtime)
+            && !allow.iter().any(|a| a == &call.name)
+        {
+            return done(Err(ToolError::new(
+                codes::UNKNOWN_TOOL,
+                format!(
+                    "`{}` is not among this subagent's tools ({})",
+                    call.name,
+                    allow.join(", ")
+                ),
             )));
         }
         if !call.name.starts_with("mcp__") {

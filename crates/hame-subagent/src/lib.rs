@@ -73,7 +73,7 @@ pub use error::{Error, Result};
 pub use layer::{DELIVERED_EXTENSION, SubagentLayer, notification};
 pub use manager::{
     DEPTH_EXTRA, ParentCall, SpawnOutcome, SpawnRequest, SubagentOptions, Subagents, TASK_EXTRA,
-    child_session_id, depth_of,
+    TOOLS_EXTRA, child_session_id, depth_of, tool_allowlist,
 };
 pub use runner::{ChildReply, ChildRun, SubagentRunner};
 pub use spec::{Catalog, Declaration, GENERAL_PURPOSE, SpecSource, SpecWorkspace, SubagentSpec};

@@ -23,6 +23,17 @@ use crate::task::{TaskEvent, TaskRecord, TaskStatus, TaskStore, is_interrupted, 
 pub const DEPTH_EXTRA: &str = "hame.subagent_depth";
 /// The runtime-context extra of a child that names its task.
 pub const TASK_EXTRA: &str = "hame.task_id";
+/// The runtime-context extra of a child whose spec has a `tools` allowlist: layers that
+/// offer tools of their own (MCP) apply it too.
+pub const TOOLS_EXTRA: &str = "hame.tool_allowlist";
+
+/// The tool allowlist of a caller (a child whose spec has `tools`), if any.
+pub fn tool_allowlist(runtime: &RuntimeContext) -> Option<Vec<String>> {
+    runtime
+        .extras
+        .get(TOOLS_EXTRA)
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+}
 
 /// Limits and switches of the subagent runtime (every default is in `docs/subagents.md`).
 #[derive(Debug, Clone)]
@@ -633,7 +644,7 @@ impl Subagents {
                 let run = ChildRun {
                     spec: decl.spec.clone(),
                     message: record.task.clone(),
-                    runtime: child_runtime(&record),
+                    runtime: child_runtime(&record, &decl.spec),
                     workspace: child_ws,
                     depth: record.depth,
                     may_spawn: record.depth < self.options.max_depth,
@@ -903,12 +914,15 @@ pub fn depth_of(runtime: &RuntimeContext) -> usize {
         .unwrap_or(0)
 }
 
-fn child_runtime(record: &TaskRecord) -> RuntimeContext {
+fn child_runtime(record: &TaskRecord, spec: &crate::spec::SubagentSpec) -> RuntimeContext {
     let mut rt = RuntimeContext::new(record.child_session.clone())
         .with_extra(DEPTH_EXTRA, serde_json::json!(record.depth))
         .with_extra(TASK_EXTRA, serde_json::json!(record.task_id));
     if let Some(u) = &record.user {
         rt = rt.with_user(u.clone());
+    }
+    if let Some(tools) = &spec.tools {
+        rt = rt.with_extra(TOOLS_EXTRA, serde_json::json!(tools));
     }
     rt
 }

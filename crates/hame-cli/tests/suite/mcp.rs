@@ -332,3 +332,77 @@ async fn a_broken_server_is_one_warning_and_the_run_goes_on() -> TestResult {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_subagents_tool_allowlist_covers_mcp_tools() -> TestResult {
+    let Some(py) = python() else { return Ok(()) };
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(ws.join("subagents"))?;
+    let pidfile = dir.path().join("server.pid");
+    fs::write(
+        ws.join("tools.json"),
+        json!({"mcpServers": {"py": {
+            "transport": "stdio",
+            "command": py,
+            "args": [server_py(), "stdio", pidfile],
+        }}})
+        .to_string(),
+    )?;
+    fs::write(
+        ws.join("subagents/reader.md"),
+        "---\ndescription: Reads\ntools: [read_file]\n---\nYou are READER-11.\n",
+    )?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "agent_spawn",
+            json!({"agent_id": "reader", "task": "t"}),
+        )
+        .when_system("Available subagents:"),
+        // The child tries an MCP tool it was not given.
+        ScriptStep::tool_call("r1", "mcp__py__echo", json!({"text": "x"})).when_system("READER-11"),
+        ScriptStep::text("reader done").when_system("READER-11"),
+        ScriptStep::text("done").when_system("Available subagents:"),
+    ]);
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "go",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let reqs = server.requests();
+    let names = |r: &hame_test_support::RecordedRequest| -> Vec<String> {
+        r.body["tools"]
+            .as_array()
+            .map(|t| {
+                t.iter()
+                    .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let parent = &reqs[0];
+    assert!(
+        names(parent).iter().any(|n| n == "mcp__py__echo"),
+        "{:?}",
+        names(parent)
+    );
+    let child: Vec<_> = reqs
+        .iter()
+        .filter(|r| super::common::system_of(&r.body).contains("READER-11"))
+        .collect();
+    assert_eq!(child.len(), 2);
+    assert_eq!(names(child[0]), vec!["read_file"]);
+    let refused = super::common::last_tool_result(&child[1].body);
+    assert!(
+        refused.contains("not among this subagent's tools"),
+        "{refused}"
+    );
+    Ok(())
+}
