@@ -52,6 +52,8 @@ pub(crate) struct Common {
     #[arg(long)]
     memory_index: Option<String>,
     #[command(flatten)]
+    pub(crate) plan: crate::approve::PlanArgs,
+    #[command(flatten)]
     pub(crate) subagents: crate::tasks::SubagentArgs,
     #[command(flatten)]
     pub(crate) capabilities: crate::skills::CapabilityArgs,
@@ -182,6 +184,7 @@ async fn build_agent(
     if let Some(u) = &common.user {
         ctx = ctx.with_user(u.clone());
     }
+    let ctx = crate::approve::with_plan(ctx, &common.plan);
     hame::harness::validate_id("session id", &ctx.session_id)
         .map_err(|e| ConfigError(e.to_string()))?;
     if let Some(u) = &ctx.user_id {

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod approve;
 mod common;
 mod run;
 mod secrets;
@@ -52,6 +53,21 @@ enum Command {
     Chat {
         #[command(flatten)]
         common: Common,
+    },
+    /// Approve a tool call that waits for a decision (`hame run` exited 3): runs it, finishes
+    /// the call and prints the reply like `hame run`. Same flags as `run`.
+    Approve {
+        #[command(flatten)]
+        args: approve::DecideArgs,
+    },
+    /// Deny a tool call that waits for a decision: the model gets a denied result and the
+    /// call finishes (the reply is printed like `hame run`). Same flags as `run`.
+    Deny {
+        #[command(flatten)]
+        args: approve::DecideArgs,
+        /// Why, for the model.
+        #[arg(long)]
+        reason: Option<String>,
     },
     /// Skills of the workspace: list them, promote drafts.
     Skills {
@@ -120,6 +136,8 @@ fn main() -> ExitCode {
                 message,
             } => run::run(common, json, message).await,
             Command::Chat { common } => run::chat(common).await,
+            Command::Approve { args } => approve::decide(args, true, None).await,
+            Command::Deny { args, reason } => approve::decide(args, false, reason).await,
             Command::Skills { command } => skills::run(command).await,
             Command::Tasks { common, json } => tasks::tasks(common, json).await,
         }

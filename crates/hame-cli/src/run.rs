@@ -38,6 +38,7 @@ pub(crate) fn suspended_lines(s: &hame::Suspended) -> String {
                 "file_path",
                 "path",
                 "command",
+                "agent_id",
                 "subagent_type",
                 "id",
                 "pattern",
@@ -101,6 +102,21 @@ pub(crate) async fn run(common: Common, json: bool, message: String) -> anyhow::
     let signal = signals.end();
     drop(sink);
     let out = outcome(result, signal)?;
+    print_reply(&agent, &ctx, &out, json)?;
+    crate::tasks::wait_for_background(&agent, &common.subagents, &signals, &mut rx).await;
+    // The reply is printed and durable; let background memory work (flush,
+    // consolidation) finish before the process exits, within a bound. Unfinished work is
+    // redone by the session's next call.
+    finish(&agent).await
+}
+
+/// Prints a call's reply: its text, or with `json` one object.
+pub(crate) fn print_reply(
+    agent: &HarnessAgent,
+    ctx: &hame::RuntimeContext,
+    out: &hame::CallOutput,
+    json: bool,
+) -> anyhow::Result<()> {
     if json {
         let obj = serde_json::json!({
             "reply": out.reply.text_content(),
@@ -115,11 +131,7 @@ pub(crate) async fn run(common: Common, json: bool, message: String) -> anyhow::
         println!("{}", out.reply.text_content());
     }
     std::io::stdout().flush()?;
-    crate::tasks::wait_for_background(&agent, &common.subagents, &signals, &mut rx).await;
-    // The reply is printed and durable; let background memory work (flush,
-    // consolidation) finish before the process exits, within a bound. Unfinished work is
-    // redone by the session's next call.
-    finish(&agent).await
+    Ok(())
 }
 
 /// Lets background memory work finish (bounded) before the process exits.
@@ -134,7 +146,7 @@ pub(crate) async fn finish(agent: &HarnessAgent) -> anyhow::Result<()> {
 }
 
 /// Reads stdin lines on a blocking thread (the runtime's workers never block on a TTY).
-fn stdin_lines() -> tokio::sync::mpsc::Receiver<std::io::Result<String>> {
+pub(crate) fn stdin_lines() -> tokio::sync::mpsc::Receiver<std::io::Result<String>> {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     std::thread::spawn(move || {
         let stdin = std::io::stdin();
@@ -174,46 +186,63 @@ pub(crate) async fn chat(common: Common) -> anyhow::Result<()> {
         // Ctrl-C during a turn cancels the turn and comes back to the prompt; at the
         // prompt it exits.
         let cancel = signals.begin();
-        let mut events = agent.stream_with(CallInput::Message(Message::user(text)), &ctx, cancel);
-        let mut out = std::io::stdout();
-        while let Some(ev) = events.next().await {
-            match ev {
-                AgentEvent::TextDelta { text } => {
-                    print!("{text}");
-                    out.flush()?;
-                }
-                AgentEvent::ToolStarted { name, .. } => eprintln!("\n  ⚙ {name} …"),
-                AgentEvent::ToolFinished {
-                    name,
-                    duration_ms,
-                    is_error,
-                    code,
-                    ..
-                } => {
-                    let status = if is_error {
-                        format!("error {}", code.unwrap_or_default())
-                    } else {
-                        "ok".into()
-                    };
-                    eprintln!("  ⚙ {name} {status} ({duration_ms} ms)");
-                }
-                AgentEvent::Finished { .. } => println!(),
-                AgentEvent::Suspended { calls } => {
-                    eprintln!("\n{}", suspended_lines(&hame::Suspended { calls }));
-                }
-                AgentEvent::Failed { message } => eprintln!("\nerror: {message}"),
-                AgentEvent::Subagent {
-                    task_id,
-                    agent_id,
-                    event,
-                } => child_line(&task_id, &agent_id, &event),
-                other => warn_on(&other),
-            }
-        }
+        let events = agent.stream_with(CallInput::Message(Message::user(text)), &ctx, cancel);
+        let suspended = show_events(events).await?;
+        crate::approve::inline(&agent, &ctx, &mut lines, suspended, &signals).await?;
         if signals.end().is_some() {
             eprintln!("(turn cancelled; the conversation so far is saved)");
         }
     }
+}
+
+/// Prints a chat turn's events; returns the calls waiting for a decision, if it stopped
+/// for one.
+pub(crate) async fn show_events(
+    mut events: futures::stream::BoxStream<'static, AgentEvent>,
+) -> anyhow::Result<Option<Vec<hame::SuspendedCall>>> {
+    let mut out = std::io::stdout();
+    let mut suspended = None;
+    while let Some(ev) = events.next().await {
+        match ev {
+            AgentEvent::TextDelta { text } => {
+                print!("{text}");
+                out.flush()?;
+            }
+            AgentEvent::ToolStarted { name, .. } => eprintln!("\n  ⚙ {name} …"),
+            AgentEvent::ToolFinished {
+                name,
+                duration_ms,
+                is_error,
+                code,
+                ..
+            } => {
+                let status = if is_error {
+                    format!("error {}", code.unwrap_or_default())
+                } else {
+                    "ok".into()
+                };
+                eprintln!("  ⚙ {name} {status} ({duration_ms} ms)");
+            }
+            AgentEvent::Finished { .. } => println!(),
+            AgentEvent::Suspended { calls } => {
+                eprintln!(
+                    "\n{}",
+                    suspended_lines(&hame::Suspended {
+                        calls: calls.clone()
+                    })
+                );
+                suspended = Some(calls);
+            }
+            AgentEvent::Failed { message } => eprintln!("\nerror: {message}"),
+            AgentEvent::Subagent {
+                task_id,
+                agent_id,
+                event,
+            } => child_line(&task_id, &agent_id, &event),
+            other => warn_on(&other),
+        }
+    }
+    Ok(suspended)
 }
 
 /// A subagent's progress in `hame chat`, indented under the tool call that spawned it.

@@ -86,6 +86,8 @@ pub struct HarnessAgentBuilder {
     subagent_options: hame_subagent::SubagentOptions,
     subagents: Vec<hame_subagent::Declaration>,
     model_resolver: Option<ModelResolver>,
+    permission_rules: crate::tools_config::Permissions,
+    permission_mode: crate::permissions::Mode,
 }
 
 /// Opens a model from a `provider:model` spec (a subagent spec's `model` key); the CLI
@@ -317,6 +319,20 @@ impl HarnessAgentBuilder {
         self
     }
 
+    /// Permission rules of the agent (added to every caller's `tools.json` `permissions`;
+    /// see `docs/permissions.md`).
+    pub fn permission_rules(mut self, rules: crate::tools_config::Permissions) -> Self {
+        self.permission_rules = rules;
+        self
+    }
+
+    /// The permission mode: what applies when no rule matches (default
+    /// [`Mode::Default`](crate::permissions::Mode::Default)).
+    pub fn permission_mode(mut self, mode: crate::permissions::Mode) -> Self {
+        self.permission_mode = mode;
+        self
+    }
+
     /// Validates the configuration and builds the agent.
     pub fn build(self) -> Result<HarnessAgent> {
         // `${VAR}` of tools.json is read later, per call: from a copy taken now.
@@ -453,6 +469,9 @@ impl HarnessAgentBuilder {
         for t in capabilities.tools() {
             tools.register(t);
         }
+        for t in crate::permissions::plan_tools() {
+            tools.register(t);
+        }
         // Subagents: the built-in general-purpose one mirrors this agent's prompt and tools.
         let mut declarations = Vec::new();
         if self.subagent_options.general_purpose {
@@ -495,6 +514,13 @@ impl HarnessAgentBuilder {
         ) {
             agent_loop = agent_loop.with_layer(layer);
         }
+        // Permissions, plan mode, todo list: outside tools-config, so it sees MCP calls before
+        // they are dispatched; every tool call passes it (ADR 0011).
+        agent_loop = agent_loop.with_layer(Arc::new(crate::permissions::PermissionLayer::new(
+            capabilities.tools_layer.clone(),
+            self.permission_rules,
+            self.permission_mode,
+        )));
         // Innermost: allow/deny of tools.json over every tool, MCP calls dispatched below
         // every other layer (ADR 0006).
         if let Some(layer) = &capabilities.tools_layer {
@@ -955,6 +981,7 @@ impl HarnessAgent {
         extensions.insert(hame_subagent::ParentCall {
             events: events.clone(),
             cancel: cancel.clone(),
+            inherit: Default::default(),
         });
         let outcome = {
             let env = CallEnv {

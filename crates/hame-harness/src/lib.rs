@@ -39,6 +39,7 @@ mod error;
 mod guard;
 mod ids;
 pub mod memory;
+pub mod permissions;
 pub mod prompt;
 mod recorder;
 mod subagents;

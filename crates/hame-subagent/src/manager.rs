@@ -87,6 +87,9 @@ pub struct ParentCall {
     pub events: EventSink,
     /// The parent call's cancellation.
     pub cancel: CancellationToken,
+    /// Runtime-context extras every child of this call gets (layers put what must reach
+    /// children here, e.g. the permissions layer its plan mode and deny rules).
+    pub inherit: std::collections::BTreeMap<String, serde_json::Value>,
 }
 
 /// A spawn or send as the tools ask for it.
@@ -556,6 +559,7 @@ impl Subagents {
                 child_ws,
                 record,
                 parent.events,
+                parent.inherit,
                 cancel,
                 stop,
                 tx,
@@ -574,6 +578,7 @@ impl Subagents {
         child_ws: Workspace,
         mut record: TaskRecord,
         parent_events: EventSink,
+        inherit: std::collections::BTreeMap<String, serde_json::Value>,
         cancel: CancellationToken,
         stop: Arc<Mutex<Option<(TaskEvent, String)>>>,
         tx: watch::Sender<TaskRecord>,
@@ -644,7 +649,7 @@ impl Subagents {
                 let run = ChildRun {
                     spec: decl.spec.clone(),
                     message: record.task.clone(),
-                    runtime: child_runtime(&record, &decl.spec),
+                    runtime: child_runtime(&record, &decl.spec, inherit),
                     workspace: child_ws,
                     depth: record.depth,
                     may_spawn: record.depth < self.options.max_depth,
@@ -914,8 +919,14 @@ pub fn depth_of(runtime: &RuntimeContext) -> usize {
         .unwrap_or(0)
 }
 
-fn child_runtime(record: &TaskRecord, spec: &crate::spec::SubagentSpec) -> RuntimeContext {
-    let mut rt = RuntimeContext::new(record.child_session.clone())
+fn child_runtime(
+    record: &TaskRecord,
+    spec: &crate::spec::SubagentSpec,
+    inherit: std::collections::BTreeMap<String, serde_json::Value>,
+) -> RuntimeContext {
+    let mut rt = RuntimeContext::new(record.child_session.clone());
+    rt.extras = inherit;
+    let mut rt = rt
         .with_extra(DEPTH_EXTRA, serde_json::json!(record.depth))
         .with_extra(TASK_EXTRA, serde_json::json!(record.task_id));
     if let Some(u) = &record.user {

@@ -4,6 +4,7 @@ mod crash;
 mod layout;
 mod mcp;
 mod memory;
+mod permissions;
 mod replicas;
 mod resume;
 mod run;

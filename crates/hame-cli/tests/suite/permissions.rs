@@ -1,0 +1,526 @@
+//! Permissions (allow / ask / deny), `hame approve` / `hame deny`, plan mode and the todo
+//! list, driven through the binary against the scripted server.
+
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+use std::process::Stdio;
+
+use hame_test_support::{ScriptStep, ScriptedServer};
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+
+use super::common::{hame, output, run_with, state_dir, stderr, stdout, system_of, tool_results};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+fn workspace(
+    dir: &Path,
+    tools_json: Option<Value>,
+) -> std::io::Result<(std::path::PathBuf, String)> {
+    let ws = dir.join("ws");
+    fs::create_dir_all(&ws)?;
+    if let Some(t) = tools_json {
+        fs::write(ws.join("tools.json"), t.to_string())?;
+    }
+    let s = ws.to_string_lossy().into_owned();
+    Ok((ws, s))
+}
+
+/// `hame approve|deny <args>` against `base`, state under `dir/state`.
+async fn decide(
+    dir: &Path,
+    base: &str,
+    verb: &str,
+    args: &[&str],
+) -> std::io::Result<std::process::Output> {
+    let state = dir.join("state").to_string_lossy().into_owned();
+    let mut all = vec![verb, "--model", "openai:m"];
+    all.extend_from_slice(args);
+    let env = [
+        ("OPENAI_BASE_URL", base),
+        ("HAME_STATE_HOME", state.as_str()),
+    ];
+    output(hame(&all, &env, dir)).await
+}
+
+/// The approval id of the first `approval needed:` line.
+fn approval_id(stderr: &str) -> Option<String> {
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("hame: approval needed: "))
+        .and_then(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+}
+
+/// The `permissions` state extension of session `session` (agent `hame`, no user).
+fn permission_state(
+    dir: &Path,
+    ws: &Path,
+    session: &str,
+) -> Result<Value, Box<dyn std::error::Error>> {
+    let root = state_dir(dir, ws).join("hame");
+    let mut found = None;
+    for entry in walk(&root)? {
+        if entry.to_string_lossy().contains(session)
+            && entry.extension().is_some_and(|e| e == "json")
+        {
+            found = Some(entry);
+        }
+    }
+    let path = found.ok_or("no state file")?;
+    let v: Value = serde_json::from_slice(&fs::read(path)?)?;
+    Ok(v["state"]["extensions"]["permissions"].clone())
+}
+
+fn walk(dir: &Path) -> std::io::Result<Vec<std::path::PathBuf>> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir)? {
+        let p = e?.path();
+        if p.is_dir() {
+            out.extend(walk(&p)?);
+        } else {
+            out.push(p);
+        }
+    }
+    Ok(out)
+}
+
+#[tokio::test]
+async fn a_deny_rule_with_a_glob_refuses_the_call_and_names_the_policy() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_calls(vec![
+            hame_test_support::ScriptToolCall::new(
+                "c1",
+                "write_file",
+                &json!({"file_path": "secret/key.txt", "content": "x"}),
+            ),
+            hame_test_support::ScriptToolCall::new(
+                "c2",
+                "write_file",
+                &json!({"file_path": "notes.txt", "content": "ok"}),
+            ),
+        ]),
+        ScriptStep::text("done"),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let tj = json!({"permissions": {"deny": ["write_file(secret/*)"]}});
+    let (ws, ws_s) = workspace(dir.path(), Some(tj))?;
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "go",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!ws.join("secret/key.txt").exists());
+    assert_eq!(fs::read_to_string(ws.join("notes.txt"))?, "ok");
+    let results = tool_results(&server);
+    assert!(
+        results[0].contains("permission_denied")
+            && results[0].contains("denied by policy (rule `deny write_file(secret/*)`)"),
+        "{results:?}"
+    );
+    assert!(results[1].contains("Wrote"), "{results:?}");
+    // Both decisions are recorded in the session state.
+    let st = permission_state(dir.path(), &ws, "default")?;
+    let outcomes: Vec<&str> = st["decisions"]
+        .as_array()
+        .ok_or("no decisions")?
+        .iter()
+        .filter_map(|d| d["outcome"].as_str())
+        .collect();
+    assert_eq!(outcomes.len(), 2);
+    assert!(outcomes.contains(&"deny") && outcomes.contains(&"allow"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn ask_exits_3_then_approve_in_a_new_process_runs_the_tool() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "write_file",
+            json!({"file_path": "out/a.txt", "content": "hello"}),
+        ),
+        ScriptStep::text("written"),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let tj = json!({"permissions": {"ask": ["write_file(out/*)"]}});
+    let (ws, ws_s) = workspace(dir.path(), Some(tj))?;
+    let base = server.base_url();
+    let args = ["--workspace", ws_s.as_str(), "--session", "s1"];
+    let out = run_with(dir.path(), &base, &args, "write it", &[]).await?;
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let err = stderr(&out);
+    let id = approval_id(&err).ok_or(err.clone())?;
+    assert!(id.starts_with("ap-"), "{err}");
+    assert!(
+        err.contains(&format!("approval needed: {id} write_file out/a.txt")),
+        "{err}"
+    );
+    assert!(!ws.join("out/a.txt").exists());
+    assert_eq!(server.requests().len(), 1);
+
+    // A new run while it is pending exits 3 again with the same id, without a model call.
+    let again = run_with(dir.path(), &base, &args, "anything", &[]).await?;
+    assert_eq!(again.status.code(), Some(3), "{}", stderr(&again));
+    assert_eq!(approval_id(&stderr(&again)), Some(id.clone()));
+    assert_eq!(server.requests().len(), 1);
+
+    let ok = decide(
+        dir.path(),
+        &base,
+        "approve",
+        &["--workspace", &ws_s, "--session", "s1", &id],
+    )
+    .await?;
+    assert_eq!(ok.status.code(), Some(0), "{}", stderr(&ok));
+    assert_eq!(stdout(&ok), "written\n");
+    assert_eq!(fs::read_to_string(ws.join("out/a.txt"))?, "hello");
+    assert!(tool_results(&server)[0].contains("Wrote"));
+
+    // A second decision for the same id is refused: exit 2, one line.
+    let twice = decide(
+        dir.path(),
+        &base,
+        "deny",
+        &["--workspace", &ws_s, "--session", "s1", &id],
+    )
+    .await?;
+    assert_eq!(twice.status.code(), Some(2));
+    assert_eq!(stderr(&twice).lines().count(), 1, "{}", stderr(&twice));
+    assert!(
+        stderr(&twice).contains("nothing is pending"),
+        "{}",
+        stderr(&twice)
+    );
+
+    let st = permission_state(dir.path(), &ws, "s1")?;
+    let by: Vec<(String, String)> = st["decisions"]
+        .as_array()
+        .ok_or("no decisions")?
+        .iter()
+        .map(|d| {
+            (
+                d["outcome"].as_str().unwrap_or("").to_owned(),
+                d["rule"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        by,
+        vec![
+            ("ask".to_owned(), "ask write_file(out/*)".to_owned()),
+            ("allow".to_owned(), "human".to_owned())
+        ]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn ask_then_deny_gives_the_model_a_denied_result() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call("c1", "execute", json!({"command": "rm -rf data"})),
+        ScriptStep::text("ok, I will not"),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let tj = json!({"permissions": {"ask": ["execute(rm *)"]}});
+    let (ws, ws_s) = workspace(dir.path(), Some(tj))?;
+    fs::create_dir_all(ws.join("data"))?;
+    let base = server.base_url();
+    let args = ["--workspace", ws_s.as_str()];
+    let out = run_with(dir.path(), &base, &args, "clean up", &[]).await?;
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("execute rm -rf data"),
+        "{}",
+        stderr(&out)
+    );
+
+    // An unknown id: exit 2, one line; nothing changes.
+    let bad = decide(
+        dir.path(),
+        &base,
+        "approve",
+        &["--workspace", &ws_s, "ap-000000000000"],
+    )
+    .await?;
+    assert_eq!(bad.status.code(), Some(2));
+    assert_eq!(stderr(&bad).lines().count(), 1, "{}", stderr(&bad));
+    assert!(
+        stderr(&bad).contains("unknown approval id"),
+        "{}",
+        stderr(&bad)
+    );
+    assert!(ws.join("data").is_dir());
+
+    // Without an id, the only pending call is decided.
+    let no = decide(
+        dir.path(),
+        &base,
+        "deny",
+        &["--workspace", &ws_s, "--reason", "keep the data"],
+    )
+    .await?;
+    assert_eq!(no.status.code(), Some(0), "{}", stderr(&no));
+    assert_eq!(stdout(&no), "ok, I will not\n");
+    assert!(ws.join("data").is_dir());
+    let r = &tool_results(&server)[0];
+    assert!(
+        r.contains("permission_denied") && r.contains("denied by the user: keep the data"),
+        "{r}"
+    );
+
+    // Nothing pending now: a clear message, exit 2.
+    let none = decide(dir.path(), &base, "approve", &["--workspace", &ws_s]).await?;
+    assert_eq!(none.status.code(), Some(2));
+    assert!(
+        stderr(&none).contains("nothing is pending in session default"),
+        "{}",
+        stderr(&none)
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn plan_mode_blocks_writes_and_the_shell_until_the_plan_is_approved() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_calls(vec![
+            hame_test_support::ScriptToolCall::new(
+                "c1",
+                "write_file",
+                &json!({"file_path": "a.txt", "content": "x"}),
+            ),
+            hame_test_support::ScriptToolCall::new(
+                "c2",
+                "execute",
+                &json!({"command": "touch b.txt"}),
+            ),
+            hame_test_support::ScriptToolCall::new(
+                "c3",
+                "read_file",
+                &json!({"file_path": "notes.md"}),
+            ),
+        ]),
+        ScriptStep::tool_call(
+            "c4",
+            "plan_write",
+            json!({"content": "# Plan\n1. write a.txt\n"}),
+        ),
+        ScriptStep::tool_call("c5", "plan_exit", json!({"summary": "write a.txt"})),
+        ScriptStep::tool_call(
+            "c6",
+            "write_file",
+            json!({"file_path": "a.txt", "content": "x"}),
+        ),
+        ScriptStep::text("built"),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let (ws, ws_s) = workspace(dir.path(), None)?;
+    fs::write(ws.join("notes.md"), "the notes")?;
+    let base = server.base_url();
+    let out = run_with(
+        dir.path(),
+        &base,
+        &["--workspace", &ws_s, "--plan"],
+        "plan then build",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("plan_exit"), "{err}");
+    let id = approval_id(&err).ok_or(err.clone())?;
+    let reqs = server.requests();
+    // Plan mode is in the prompt; the plan tools are offered.
+    assert!(system_of(&reqs[0].body).contains("# Plan mode"));
+    let names = super::common::tool_names(&reqs[0].body);
+    for t in ["plan_enter", "plan_write", "plan_exit", "todo_write"] {
+        assert!(names.contains(&t.to_owned()), "{names:?}");
+    }
+    let results = super::common::tool_results(&server);
+    assert!(
+        results[0].contains("plan mode") && results[0].contains("permission_denied"),
+        "{results:?}"
+    );
+    assert!(results[1].contains("plan mode"), "{results:?}");
+    assert!(results[2].contains("the notes"), "{results:?}");
+    assert!(!ws.join("a.txt").exists() && !ws.join("b.txt").exists());
+    assert_eq!(
+        fs::read_to_string(ws.join("plans/PLAN.md"))?,
+        "# Plan\n1. write a.txt\n"
+    );
+    assert_eq!(
+        permission_state(dir.path(), &ws, "default")?["plan_mode"],
+        json!(true)
+    );
+
+    let ok = decide(dir.path(), &base, "approve", &["--workspace", &ws_s, &id]).await?;
+    assert_eq!(ok.status.code(), Some(0), "{}", stderr(&ok));
+    assert_eq!(stdout(&ok), "built\n");
+    assert_eq!(fs::read_to_string(ws.join("a.txt"))?, "x");
+    let reqs = server.requests();
+    assert!(!system_of(&reqs[reqs.len() - 1].body).contains("# Plan mode"));
+    assert_eq!(
+        permission_state(dir.path(), &ws, "default")?["plan_mode"],
+        json!(false)
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn plan_mode_reaches_subagents() -> TestResult {
+    const PARENT: &str = "Available subagents:";
+    const CHILD: &str = "## Subagent context";
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "agent_spawn",
+            json!({"agent_id": "general-purpose", "task": "write a.txt"}),
+        )
+        .when_system(PARENT),
+        ScriptStep::tool_call(
+            "k1",
+            "write_file",
+            json!({"file_path": "a.txt", "content": "x"}),
+        )
+        .when_system(CHILD),
+        ScriptStep::text("I could not write").when_system(CHILD),
+        ScriptStep::text("the child could not write").when_system(PARENT),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let (ws, ws_s) = workspace(dir.path(), None)?;
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s, "--plan"],
+        "go",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(!ws.join("a.txt").exists());
+    let child_result = server
+        .requests()
+        .iter()
+        .filter(|r| system_of(&r.body).contains(CHILD))
+        .filter_map(|r| super::common::last_tool_result(&r.body).into())
+        .find(|t: &String| !t.is_empty())
+        .unwrap_or_default();
+    assert!(child_result.contains("plan mode"), "{child_result}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_todo_list_persists_and_is_shown_every_step() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "todo_write",
+            json!({"todos": [{"content": "read the notes", "status": "completed"}, {"content": "write the summary", "status": "in_progress"}]}),
+        ),
+        ScriptStep::text("listed"),
+        ScriptStep::tool_call(
+            "c2",
+            "todo_write",
+            json!({"todos": [{"content": "a", "status": "in_progress"}, {"content": "b", "status": "in_progress"}]}),
+        ),
+        ScriptStep::text("second"),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let (ws, ws_s) = workspace(dir.path(), None)?;
+    let base = server.base_url();
+    let out = run_with(dir.path(), &base, &["--workspace", &ws_s], "plan it", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = run_with(dir.path(), &base, &["--workspace", &ws_s], "next", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let reqs = server.requests();
+    // Shown in the step after the write, and in the next process's first request.
+    for i in [1, 2, 3] {
+        let sys = system_of(&reqs[i].body);
+        assert!(
+            sys.contains(
+                "# Todo list\n- [x] read the notes\n- [~] write the summary (in progress)"
+            ),
+            "request {i}: {sys}"
+        );
+    }
+    // Two in_progress items are refused; the list is unchanged.
+    assert!(
+        tool_results(&server)
+            .last()
+            .is_some_and(|r| r.contains("at most one item may be in_progress"))
+    );
+    let st = permission_state(dir.path(), &ws, "default")?;
+    assert_eq!(
+        st["todos"][1],
+        json!({"content": "write the summary", "status": "in_progress"})
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn chat_asks_inline_and_runs_the_call_on_yes() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "write_file",
+            json!({"file_path": "a.txt", "content": "yes"}),
+        ),
+        ScriptStep::text("wrote it"),
+        ScriptStep::tool_call(
+            "c2",
+            "write_file",
+            json!({"file_path": "b.txt", "content": "no"}),
+        ),
+        ScriptStep::text("did not"),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let tj = json!({"permissions": {"ask": ["write_file"]}});
+    let (ws, ws_s) = workspace(dir.path(), Some(tj))?;
+    let state = dir.path().join("state").to_string_lossy().into_owned();
+    let base = server.base_url();
+    let env = [
+        ("OPENAI_BASE_URL", base.as_str()),
+        ("HAME_STATE_HOME", state.as_str()),
+    ];
+    let mut cmd = hame(
+        &["chat", "--model", "openai:m", "--workspace", &ws_s],
+        &env,
+        dir.path(),
+    );
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = tokio::task::spawn_blocking(move || -> std::io::Result<std::process::Output> {
+        let mut child = cmd.spawn()?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(b"write a\ny\nwrite b\nn\n")?;
+        }
+        child.wait_with_output()
+    })
+    .await??;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("allow write_file a.txt? [y/N"), "{err}");
+    assert_eq!(fs::read_to_string(ws.join("a.txt"))?, "yes");
+    assert!(!ws.join("b.txt").exists());
+    let o = stdout(&out);
+    assert!(o.contains("wrote it") && o.contains("did not"), "{o}");
+    assert!(
+        tool_results(&server)
+            .last()
+            .is_some_and(|r| r.contains("denied by the user"))
+    );
+    Ok(())
+}

@@ -1,0 +1,252 @@
+//! The permission decision as a plain function over plain data: which rule applies to one
+//! tool call (deny > ask > allow > the mode's default), and the table of built-in tools by
+//! effect. No I/O here (`decide_tests.rs` has the unit and property tests).
+
+use serde::{Deserialize, Serialize};
+
+use crate::tools_config::{PermissionDefault, PermissionRule, Permissions};
+
+/// What a call's decision is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// The call runs.
+    Allow,
+    /// A human decides (the call is suspended).
+    Ask,
+    /// The call does not run; the model gets an error result.
+    Deny,
+}
+
+/// A permission mode: a preset of what applies when no rule matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// The rules, then their `default` (`allow` when unset).
+    #[default]
+    Default,
+    /// File edits are allowed, the shell asks; the rules still apply first.
+    AcceptEdits,
+    /// Plan mode's set: every tool that changes something is denied.
+    ReadOnly,
+    /// Everything not denied by a rule is allowed (each such call is logged as a warning).
+    Bypass,
+}
+
+impl Mode {
+    /// Parses `default`, `accept-edits`, `read-only` (alias `plan`), `bypass`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "default" => Some(Mode::Default),
+            "accept-edits" | "acceptEdits" => Some(Mode::AcceptEdits),
+            "read-only" | "plan" => Some(Mode::ReadOnly),
+            "bypass" => Some(Mode::Bypass),
+            _ => None,
+        }
+    }
+}
+
+/// What a tool does, for plan mode and the modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// Reads only.
+    ReadOnly,
+    /// Changes files of the workspace.
+    Edit,
+    /// Runs shell commands.
+    Shell,
+    /// Changes something else (memory, skills, tasks; MCP tools not annotated read-only;
+    /// tools hame does not know).
+    Mutate,
+    /// Plan, todo and subagent coordination: allowed in plan mode (subagents inherit it).
+    Coordinate,
+}
+
+/// Every built-in tool of the harness with its effect: the one table plan mode and the
+/// modes use. A tool that is not here (added by the application, or an MCP tool without
+/// `readOnlyHint`) counts as [`Effect::Mutate`]: fail closed.
+pub const BUILTIN_EFFECTS: &[(&str, Effect)] = &[
+    ("read_file", Effect::ReadOnly),
+    ("grep_files", Effect::ReadOnly),
+    ("glob_files", Effect::ReadOnly),
+    ("list_files", Effect::ReadOnly),
+    ("session_list", Effect::ReadOnly),
+    ("session_history", Effect::ReadOnly),
+    ("session_search", Effect::ReadOnly),
+    ("memory_search", Effect::ReadOnly),
+    ("memory_get", Effect::ReadOnly),
+    ("load_skill", Effect::ReadOnly),
+    ("write_file", Effect::Edit),
+    ("edit_file", Effect::Edit),
+    ("delete_file", Effect::Edit),
+    ("move_file", Effect::Edit),
+    ("execute", Effect::Shell),
+    ("memory_save", Effect::Mutate),
+    ("propose_skill", Effect::Mutate),
+    ("task_cancel", Effect::Mutate),
+    ("plan_enter", Effect::Coordinate),
+    ("plan_write", Effect::Coordinate),
+    ("plan_exit", Effect::Coordinate),
+    ("todo_write", Effect::Coordinate),
+    ("agent_spawn", Effect::Coordinate),
+    ("agent_send", Effect::Coordinate),
+    ("agent_list", Effect::Coordinate),
+    ("task_output", Effect::Coordinate),
+    ("task_list", Effect::Coordinate),
+];
+
+/// The effect of tool `name`; `mcp_read_only` is the `readOnlyHint` of an MCP tool (when
+/// the call is one).
+pub fn effect_of(name: &str, mcp_read_only: Option<bool>) -> Effect {
+    if let Some(ro) = mcp_read_only {
+        return if ro { Effect::ReadOnly } else { Effect::Mutate };
+    }
+    BUILTIN_EFFECTS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(Effect::Mutate, |(_, e)| *e)
+}
+
+/// Whether a tool with this effect changes something (denied in plan mode).
+pub fn is_mutating(effect: Effect) -> bool {
+    matches!(effect, Effect::Edit | Effect::Shell | Effect::Mutate)
+}
+
+/// The argument keys that name a call's main argument, in order: the path for file tools,
+/// the command for `execute`, the spec id for `agent_spawn`, the task for `agent_send`.
+pub const MAIN_ARGUMENT_KEYS: &[&str] = &["file_path", "path", "command", "agent_id", "task_id"];
+
+/// The main argument of a call (what a rule's glob is matched against).
+pub fn main_argument(arguments: &serde_json::Value) -> Option<String> {
+    MAIN_ARGUMENT_KEYS
+        .iter()
+        .find_map(|k| arguments.get(*k).and_then(|v| v.as_str()))
+        .map(str::to_owned)
+}
+
+/// One decision and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    /// The outcome.
+    pub outcome: Outcome,
+    /// What decided it: `deny execute(rm *)`, `plan mode`, `default allow`, ...
+    pub rule: String,
+}
+
+impl Verdict {
+    fn new(outcome: Outcome, rule: impl Into<String>) -> Self {
+        Self {
+            outcome,
+            rule: rule.into(),
+        }
+    }
+}
+
+/// Everything the decision looks at for one call.
+#[derive(Debug, Clone, Copy)]
+pub struct Question<'a> {
+    /// The tool name.
+    pub tool: &'a str,
+    /// Its main argument, if any.
+    pub argument: Option<&'a str>,
+    /// What the tool does.
+    pub effect: Effect,
+    /// Whether the session is in plan mode.
+    pub plan_mode: bool,
+    /// The permission mode.
+    pub mode: Mode,
+}
+
+/// Whether `rule` matches `tool` with `argument`. A rule with a glob never matches a call
+/// without a main argument. Paths are compared as given and without a leading `/` or
+/// `./`, so `write_file(secret/*)` and `write_file(/secret/*)` match either spelling.
+pub fn rule_matches(rule: &PermissionRule, tool: &str, argument: Option<&str>) -> bool {
+    if !glob_match(&rule.tool, tool) {
+        return false;
+    }
+    let Some(pattern) = &rule.argument else {
+        return true;
+    };
+    let Some(arg) = argument else {
+        return false;
+    };
+    let bare_pattern = strip_root(pattern);
+    [arg, strip_root(arg)]
+        .iter()
+        .any(|a| glob_match(pattern, a) || glob_match(bare_pattern, a))
+}
+
+fn strip_root(s: &str) -> &str {
+    let mut s = s;
+    loop {
+        if let Some(r) = s.strip_prefix("./") {
+            s = r;
+        } else if let Some(r) = s.strip_prefix('/') {
+            s = r;
+        } else {
+            return s;
+        }
+    }
+}
+
+fn glob_match(pattern: &str, text: &str) -> bool {
+    globset::Glob::new(pattern)
+        .map(|g| g.compile_matcher().is_match(text))
+        .unwrap_or(false)
+}
+
+/// Renders a rule as written (`tool` or `tool(glob)`).
+pub fn rule_text(rule: &PermissionRule) -> String {
+    match &rule.argument {
+        Some(a) => format!("{}({a})", rule.tool),
+        None => rule.tool.clone(),
+    }
+}
+
+/// The decision for one call: plan mode first (a mutating tool is denied), then `deny`
+/// rules, `ask` rules, `allow` rules (and the session's "always allow" answers), then the
+/// mode's default. `plan_exit` always asks while in plan mode (a human approves the plan).
+pub fn decide(q: &Question<'_>, rules: &Permissions, session_allow: &[PermissionRule]) -> Verdict {
+    let first = |list: &[PermissionRule]| {
+        list.iter()
+            .find(|r| rule_matches(r, q.tool, q.argument))
+            .map(rule_text)
+    };
+    if q.plan_mode && is_mutating(q.effect) {
+        return Verdict::new(Outcome::Deny, "plan mode");
+    }
+    if let Some(r) = first(&rules.deny) {
+        return Verdict::new(Outcome::Deny, format!("deny {r}"));
+    }
+    if q.plan_mode && q.tool == "plan_exit" {
+        return Verdict::new(Outcome::Ask, "plan_exit");
+    }
+    if let Some(r) = first(&rules.ask) {
+        return Verdict::new(Outcome::Ask, format!("ask {r}"));
+    }
+    if let Some(r) = first(&rules.allow) {
+        return Verdict::new(Outcome::Allow, format!("allow {r}"));
+    }
+    if let Some(r) = first(session_allow) {
+        return Verdict::new(Outcome::Allow, format!("always allow {r}"));
+    }
+    match q.mode {
+        Mode::ReadOnly if is_mutating(q.effect) => Verdict::new(Outcome::Deny, "mode read-only"),
+        Mode::AcceptEdits if q.effect == Effect::Edit => {
+            Verdict::new(Outcome::Allow, "mode accept-edits")
+        }
+        Mode::AcceptEdits if q.effect == Effect::Shell => {
+            Verdict::new(Outcome::Ask, "mode accept-edits")
+        }
+        Mode::Bypass => Verdict::new(Outcome::Allow, "mode bypass"),
+        _ => match rules.default.unwrap_or(PermissionDefault::Allow) {
+            PermissionDefault::Allow => Verdict::new(Outcome::Allow, "default allow"),
+            PermissionDefault::Ask => Verdict::new(Outcome::Ask, "default ask"),
+            PermissionDefault::Deny => Verdict::new(Outcome::Deny, "default deny"),
+        },
+    }
+}
+
+#[cfg(test)]
+#[path = "decide_tests.rs"]
+mod tests;
