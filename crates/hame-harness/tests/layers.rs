@@ -115,6 +115,7 @@ fn built_ins_sit_between_outer_and_inner_user_layers() -> TestResult {
             "offload",
             "inner-1",
             "inner-2",
+            "permissions",
             "tools-config"
         ]
     );
@@ -127,6 +128,7 @@ fn built_ins_sit_between_outer_and_inner_user_layers() -> TestResult {
             "workspace-context",
             "inner-1",
             "inner-2",
+            "permissions",
             "tools-config"
         ]
     );

@@ -41,6 +41,9 @@ fn memory_off_registers_no_memory_tools() -> Result<(), Box<dyn std::error::Erro
             "grep_files",
             "list_files",
             "load_skill",
+            "plan_enter",
+            "plan_exit",
+            "plan_write",
             "propose_skill",
             "read_file",
             "session_history",
@@ -48,6 +51,7 @@ fn memory_off_registers_no_memory_tools() -> Result<(), Box<dyn std::error::Erro
             "task_cancel",
             "task_list",
             "task_output",
+            "todo_write",
             "write_file"
         ]
     );

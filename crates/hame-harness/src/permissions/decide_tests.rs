@@ -182,7 +182,7 @@ fn the_effect_table_covers_the_builtins() {
         .iter()
         .map(|t| t.spec().name)
         .collect();
-    names.extend(super::plan_tools().iter().map(|t| t.spec().name));
+    names.extend(crate::permissions::plan_tools().iter().map(|t| t.spec().name));
     names.extend(
         [
             "memory_search",
