@@ -413,6 +413,7 @@ impl Subagents {
             .min(self.options.max_timeout)
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn launch(
         self: &Arc<Self>,
         ctx: &ToolContext,
@@ -516,6 +517,7 @@ impl Subagents {
             .collect()
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn start(
         self: &Arc<Self>,
         store: TaskStore,

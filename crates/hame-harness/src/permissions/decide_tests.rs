@@ -1,3 +1,5 @@
+#![allow(clippy::expect_used)]
+
 use super::*;
 use pretty_assertions::assert_eq;
 use proptest::prelude::*;
@@ -182,7 +184,11 @@ fn the_effect_table_covers_the_builtins() {
         .iter()
         .map(|t| t.spec().name)
         .collect();
-    names.extend(crate::permissions::plan_tools().iter().map(|t| t.spec().name));
+    names.extend(
+        crate::permissions::plan_tools()
+            .iter()
+            .map(|t| t.spec().name),
+    );
     names.extend(
         [
             "memory_search",
