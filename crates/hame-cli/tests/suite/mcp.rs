@@ -406,3 +406,47 @@ async fn a_subagents_tool_allowlist_covers_mcp_tools() -> TestResult {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn plan_mode_runs_read_only_mcp_tools_and_denies_the_others() -> TestResult {
+    let Some(py) = python() else { return Ok(()) };
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let pidfile = dir.path().join("server.pid");
+    fs::write(
+        ws.join("tools.json"),
+        json!({"mcpServers": {"py": {
+            "transport": "stdio",
+            "command": py,
+            "args": [server_py(), "stdio", pidfile],
+        }}})
+        .to_string(),
+    )?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_calls(vec![
+            hame_test_support::ScriptToolCall::new("c1", "mcp__py__echo", &json!({"text": "hi"})),
+            hame_test_support::ScriptToolCall::new("c2", "mcp__py__secret", &json!({})),
+        ]),
+        ScriptStep::text("done"),
+    ]);
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s, "--plan"],
+        "go",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let results = super::common::tool_results(&server);
+    // `echo` has readOnlyHint: it runs; `secret` has none: denied, naming plan mode.
+    assert_eq!(results[0], "HI");
+    assert!(
+        results[1].contains("permission_denied") && results[1].contains("plan mode"),
+        "{results:?}"
+    );
+    Ok(())
+}
