@@ -51,6 +51,8 @@ pub(crate) struct Common {
     /// replicas [default: <workspace>/agents/<agent>/.memory-index.sqlite]
     #[arg(long)]
     memory_index: Option<String>,
+    #[command(flatten)]
+    sandbox: crate::sandbox::SandboxArgs,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -147,6 +149,7 @@ pub(crate) async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, Runt
         })?;
         builder = builder.filesystem(hame::FilesystemMode::SharedStore { store });
     }
+    builder = crate::sandbox::apply(&common.sandbox, builder).await?;
     let agent = builder.build().map_err(|e| {
         if e.is_config() {
             anyhow::Error::new(ConfigError(e.to_string()))

@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 
 mod common;
 mod run;
+mod sandbox;
 mod secrets;
 mod signals;
 
@@ -50,6 +51,11 @@ enum Command {
     Chat {
         #[command(flatten)]
         common: Common,
+    },
+    /// The Docker sandbox: `hame sandbox image` builds its default image offline.
+    Sandbox {
+        #[command(subcommand)]
+        command: sandbox::SandboxCommand,
     },
 }
 
@@ -97,14 +103,18 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        match cli.command {
+        let result = match cli.command {
             Command::Run {
                 common,
                 json,
                 message,
             } => run::run(common, json, message).await,
             Command::Chat { common } => run::chat(common).await,
-        }
+            Command::Sandbox { command } => sandbox::command(command).await,
+        };
+        // Nothing hame started outlives it.
+        sandbox::shutdown().await;
+        result
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -293,10 +293,32 @@ impl HarnessAgentBuilder {
                     .into(),
             ));
         }
-        let (store, shell) = match &mode {
-            FilesystemMode::Local { shell } => (private.clone(), *shell),
-            FilesystemMode::IsolatedLocal => (private.clone(), false),
-            FilesystemMode::SharedStore { store } => (store.clone(), false),
+        // Sandbox mode keeps runtime data (session logs, memory) on the host but outside
+        // the workspace: `<state home>/sandbox-runtime/<workspace identity>/`.
+        let runtime_dir = match &mode {
+            FilesystemMode::Sandbox { .. } => Some(sandbox_runtime_dir(&env, &workspace)?),
+            _ => None,
+        };
+        let (store, shell) = match (&mode, &runtime_dir) {
+            (FilesystemMode::Local { shell }, _) => (private.clone(), *shell),
+            (FilesystemMode::IsolatedLocal, _) => (private.clone(), false),
+            (FilesystemMode::SharedStore { store }, _) => (store.clone(), false),
+            (FilesystemMode::Sandbox { .. }, Some(dir)) => {
+                let runtime: Arc<dyn Filesystem> = Arc::new(
+                    hame_fs::LocalFs::with_options(
+                        dir,
+                        hame_fs::LocalFsOptions {
+                            private: true,
+                            ..hame_fs::LocalFsOptions::default()
+                        },
+                    )
+                    .map_err(|e| {
+                        Error::Config(format!("cannot open {}: {e}", dir.display()))
+                    })?,
+                );
+                (runtime, false)
+            }
+            (FilesystemMode::Sandbox { .. }, None) => (private.clone(), false),
         };
         // A state home inside the workspace is never shown to the file tools.
         let mut hidden = Vec::new();
@@ -307,17 +329,22 @@ impl HarnessAgentBuilder {
         }
         let memory_options = self.memory.unwrap_or_default();
         let exec = shell.then(|| crate::tools::local_shell(&workspace, memory_options.enabled));
-        let tenancy = Arc::new(
-            Tenancy::new(
-                store,
-                local,
-                &name,
-                self.scope,
-                mode.workspace_mode(),
-                exec.clone(),
-            )
-            .with_hidden(hidden),
-        );
+        let mut tenancy = Tenancy::new(
+            store,
+            local,
+            &name,
+            self.scope,
+            mode.workspace_mode(),
+            exec.clone(),
+        )
+        .with_hidden(hidden);
+        if let Some(sandboxes) = mode.sandboxes() {
+            tenancy = tenancy.with_sandboxes(sandboxes.clone());
+        }
+        let tenancy = Arc::new(tenancy);
+        let sandbox_layer: Option<Arc<dyn Layer>> = mode
+            .sandboxes()
+            .map(|_| Arc::new(crate::sandbox::SandboxLayer::new(tenancy.clone())) as Arc<dyn Layer>);
 
         // One token counter for every budget (tiktoken for OpenAI families, else the
         // calibrated estimate of hame-memory).
@@ -329,7 +356,7 @@ impl HarnessAgentBuilder {
                 &name,
                 model.clone(),
                 counter.clone(),
-                &workspace,
+                runtime_dir.as_deref().unwrap_or(&workspace),
             ))
         });
 
@@ -348,7 +375,8 @@ impl HarnessAgentBuilder {
         let recorder = Arc::new(SessionRecorder::new(name.clone()));
 
         let mut tools = ToolSet::new();
-        for t in crate::tools::builtin_tools(&name, exec.is_some(), memory.is_some())? {
+        let has_shell = exec.is_some() || sandbox_layer.is_some();
+        for t in crate::tools::builtin_tools(&name, has_shell, memory.is_some())? {
             tools.register(t);
         }
         if let Some(layer) = &memory {
@@ -366,8 +394,10 @@ impl HarnessAgentBuilder {
         let mut agent_loop = AgentLoop::new(model.clone())
             .with_tools(tools)
             .with_config(config);
+        let mut outer = self.outer_layers;
+        outer.extend(sandbox_layer);
         for layer in builtin_stack(
-            self.outer_layers,
+            outer,
             recorder,
             Arc::new(context),
             memory.as_ref().map(|m| (m, &model)),
@@ -482,6 +512,33 @@ fn default_state_store(
     // The whole state home is hidden from the file tools when it is inside the workspace
     // (it holds other workspaces' state too).
     Ok((Arc::new(store), base))
+}
+
+/// Where sandbox mode keeps a workspace's runtime data on the host:
+/// `<HAME_STATE_HOME or ~/.hame/state>/sandbox-runtime/<workspace identity>/` (created
+/// `0700`).
+fn sandbox_runtime_dir(env: &EnvLookup, workspace: &std::path::Path) -> Result<PathBuf> {
+    let base = match env.get(STATE_HOME_ENV) {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let home = env.get("HOME").ok_or_else(|| {
+                Error::Config(format!(
+                    "neither {STATE_HOME_ENV} nor HOME is set: set {STATE_HOME_ENV} to a directory"
+                ))
+            })?;
+            PathBuf::from(home).join(".hame").join("state")
+        }
+    };
+    let dir = base
+        .join("sandbox-runtime")
+        .join(workspace_identity(workspace));
+    create_private_dir(&dir).map_err(|e| {
+        Error::Config(format!(
+            "cannot create {}: {e} (set {STATE_HOME_ENV})",
+            dir.display()
+        ))
+    })?;
+    Ok(dir)
 }
 
 /// Creates `dir` and its missing parents `0700`.

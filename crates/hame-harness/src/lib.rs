@@ -35,6 +35,7 @@ mod ids;
 pub mod memory;
 pub mod prompt;
 mod recorder;
+mod sandbox;
 mod template;
 mod tenancy;
 mod tools;

@@ -6,6 +6,7 @@ mod memory;
 mod replicas;
 mod resume;
 mod run;
+mod sandbox;
 mod shared;
 mod signals;
 mod tenants;

@@ -1,0 +1,154 @@
+//! `hame run --sandbox docker` against a real engine (`HAME_TEST_DOCKER=1`), as a user
+//! drives it: files stay in the container, nothing lands in the host workspace, the state
+//! comes back in a new process after the containers are gone, scopes stay apart, the
+//! projection follows the host, and no container outlives hame.
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+use hame_test_support::{ScriptStep, ScriptedServer};
+use pretty_assertions::assert_eq;
+use serde_json::json;
+
+use super::common::{run_with, service, stderr, stdout, system_of, tool_results, unique_agent};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Containers of `agent` that exist now (running or not).
+fn containers_of(agent: &str) -> Vec<String> {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            "label=hame.sandbox",
+            "--format",
+            "{{.Label \"hame.sandbox.scope\"}}",
+        ])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&format!("agents/{agent}/")))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every file of the host workspace, relative, sorted.
+fn host_files(ws: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![ws.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Ok(rel) = p.strip_prefix(ws) {
+                out.push(rel.to_string_lossy().into_owned());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn exec(id: &str, command: &str) -> ScriptStep {
+    ScriptStep::tool_call(id, "execute", json!({ "command": command }))
+}
+
+#[tokio::test]
+async fn files_stay_in_the_sandbox_and_come_back_in_a_new_process() -> TestResult {
+    if service("HAME_TEST_DOCKER").is_none() {
+        return Ok(());
+    }
+    let agent = unique_agent();
+    let server = ScriptedServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(ws.join("skills/old"))?;
+    fs::write(ws.join("AGENTS.md"), "persona v1\n")?;
+    fs::write(ws.join("skills/old/SKILL.md"), "old skill\n")?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let secret = [("OPENAI_API_KEY", "sk-test-secret-123")];
+    let args = ["--workspace", &ws_s, "--agent", &agent, "--user", "alice", "--session", "s1", "--sandbox", "docker"];
+
+    // Call 1: a file tool and the shell, both in the container.
+    server.push_all([
+        ScriptStep::tool_call("c1", "write_file", json!({"file_path": "notes.md", "content": "kept\n"})),
+        exec("c2", "cat notes.md; pwd; id -u; env | grep -c sk-test || true; ls /sys/class/net; cat AGENTS.md; ls skills"),
+        ScriptStep::text("done"),
+    ]);
+    let out = run_with(dir.path(), &server.base_url(), &args, "go", &secret).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "done\n");
+    let results = tool_results(&server);
+    assert_eq!(
+        results.last().map(String::as_str),
+        Some("kept\n/workspace\n1000\n0\nlo\npersona v1\nold\n"),
+        "{results:?}"
+    );
+    let system = system_of(&server.requests()[0].body);
+    assert!(system.contains("You run sandboxed") && system.contains("/workspace"), "{system}");
+    assert!(!system.contains(&ws_s), "the prompt never names the host path");
+    assert_eq!(host_files(&ws), vec!["AGENTS.md", "skills/old/SKILL.md"], "nothing written into the host workspace");
+    assert!(containers_of(&agent).is_empty(), "no container outlives hame");
+
+    // The host edits AGENTS.md and deletes a skill; call 2 in a new process sees the
+    // restored notes and the new projection.
+    fs::write(ws.join("AGENTS.md"), "persona v2\n")?;
+    fs::remove_dir_all(ws.join("skills/old"))?;
+    fs::create_dir_all(ws.join("skills/new"))?;
+    fs::write(ws.join("skills/new/SKILL.md"), "new skill\n")?;
+    server.push_all([exec("c3", "cat notes.md AGENTS.md; ls skills"), ScriptStep::text("again")]);
+    let out = run_with(dir.path(), &server.base_url(), &args, "again", &secret).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(tool_results(&server).last().map(String::as_str), Some("kept\npersona v2\nnew\n"));
+
+    // User scope (the default): another session of alice shares the sandbox state ...
+    let other_session = ["--workspace", &ws_s, "--agent", &agent, "--user", "alice", "--session", "s2", "--sandbox", "docker"];
+    server.push_all([exec("c4", "cat notes.md"), ScriptStep::text("shared")]);
+    let out = run_with(dir.path(), &server.base_url(), &other_session, "x", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(tool_results(&server).last().map(String::as_str), Some("kept\n"));
+    // ... session scope does not, and neither does another user.
+    let session_scope = ["--workspace", &ws_s, "--agent", &agent, "--user", "alice", "--session", "s3", "--isolation", "session", "--sandbox", "docker"];
+    server.push_all([exec("c5", "ls"), ScriptStep::text("fresh")]);
+    let out = run_with(dir.path(), &server.base_url(), &session_scope, "x", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(tool_results(&server).last().map(String::as_str), Some("AGENTS.md\nskills\n"));
+    let bob = ["--workspace", &ws_s, "--agent", &agent, "--user", "bob", "--sandbox", "docker"];
+    server.push_all([exec("c6", "cat notes.md 2>&1 | grep -c 'No such'"), ScriptStep::text("bob")]);
+    let out = run_with(dir.path(), &server.base_url(), &bob, "x", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(tool_results(&server).last().map(String::as_str), Some("1\n"));
+
+    assert_eq!(host_files(&ws), vec!["AGENTS.md", "skills/new/SKILL.md"]);
+    assert!(containers_of(&agent).is_empty(), "no container outlives hame");
+    Ok(())
+}
+
+#[tokio::test]
+async fn docker_down_is_a_one_line_configuration_error() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s, "--sandbox", "docker"],
+        "hi",
+        &[("DOCKER_HOST", "unix:///nonexistent/docker.sock")],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("Docker engine is not reachable"), "{err}");
+    assert!(server.requests().is_empty(), "no model call");
+    let bad = run_with(dir.path(), &server.base_url(), &["--workspace", &ws_s, "--sandbox", "podman"], "hi", &[]).await?;
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    Ok(())
+}
