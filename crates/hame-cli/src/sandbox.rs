@@ -54,7 +54,10 @@ fn config(e: impl std::fmt::Display) -> anyhow::Error {
     ConfigError(e.to_string()).into()
 }
 
-async fn connect(options: DockerOptions, snapshots: Option<&str>) -> anyhow::Result<DockerSandboxes> {
+async fn connect(
+    options: DockerOptions,
+    snapshots: Option<&str>,
+) -> anyhow::Result<DockerSandboxes> {
     let store: Arc<dyn hame::fs::Filesystem> = match snapshots {
         Some(url) if url.contains("://") => hame::fs::remote::open(url, "hame-sandbox")
             .await
@@ -69,14 +72,22 @@ async fn connect(options: DockerOptions, snapshots: Option<&str>) -> anyhow::Res
                 .map(PathBuf::from)
                 .unwrap_or_else(|| state_home().join("sandbox-snapshots"));
             std::fs::create_dir_all(&dir).map_err(|e| {
-                config(format!("cannot create {}: {e} (check --sandbox-snapshots)", dir.display()))
+                config(format!(
+                    "cannot create {}: {e} (check --sandbox-snapshots)",
+                    dir.display()
+                ))
             })?;
             Arc::new(hame::fs::LocalFs::new(&dir).map_err(|e| {
-                config(format!("cannot open {}: {e} (check --sandbox-snapshots)", dir.display()))
+                config(format!(
+                    "cannot open {}: {e} (check --sandbox-snapshots)",
+                    dir.display()
+                ))
             })?)
         }
     };
-    DockerSandboxes::connect(options, store).await.map_err(config)
+    DockerSandboxes::connect(options, store)
+        .await
+        .map_err(config)
 }
 
 fn options(args: &SandboxArgs, spec: &str) -> anyhow::Result<DockerOptions> {
@@ -155,9 +166,14 @@ pub(crate) fn shutdown_blocking() {
     let active = ACTIVE.lock().ok().and_then(|mut a| a.take());
     let Some(sandboxes) = active else { return };
     let done = std::thread::spawn(move || {
-        if let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
             rt.block_on(async {
-                let _ = tokio::time::timeout(std::time::Duration::from_secs(10), sandboxes.shutdown()).await;
+                let _ =
+                    tokio::time::timeout(std::time::Duration::from_secs(10), sandboxes.shutdown())
+                        .await;
             });
         }
     });

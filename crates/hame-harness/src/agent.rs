@@ -312,9 +312,7 @@ impl HarnessAgentBuilder {
                             ..hame_fs::LocalFsOptions::default()
                         },
                     )
-                    .map_err(|e| {
-                        Error::Config(format!("cannot open {}: {e}", dir.display()))
-                    })?,
+                    .map_err(|e| Error::Config(format!("cannot open {}: {e}", dir.display())))?,
                 );
                 (runtime, false)
             }
@@ -342,9 +340,9 @@ impl HarnessAgentBuilder {
             tenancy = tenancy.with_sandboxes(sandboxes.clone());
         }
         let tenancy = Arc::new(tenancy);
-        let sandbox_layer: Option<Arc<dyn Layer>> = mode
-            .sandboxes()
-            .map(|_| Arc::new(crate::sandbox::SandboxLayer::new(tenancy.clone())) as Arc<dyn Layer>);
+        let sandbox_layer: Option<Arc<dyn Layer>> = mode.sandboxes().map(|_| {
+            Arc::new(crate::sandbox::SandboxLayer::new(tenancy.clone())) as Arc<dyn Layer>
+        });
 
         // One token counter for every budget (tiktoken for OpenAI families, else the
         // calibrated estimate of hame-memory).

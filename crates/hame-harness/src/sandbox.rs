@@ -47,12 +47,19 @@ impl SandboxLayer {
 
 /// The host's static assets as the caller sees them: the template's projection roots, the
 /// caller's `<userId>/` overrides winning.
-pub(crate) async fn collect_assets(template: &dyn Filesystem, overrides: Option<&dyn Filesystem>) -> Vec<Asset> {
+pub(crate) async fn collect_assets(
+    template: &dyn Filesystem,
+    overrides: Option<&dyn Filesystem>,
+) -> Vec<Asset> {
     let mut by_path = std::collections::BTreeMap::new();
     for fs in std::iter::once(template).chain(overrides) {
         for root in PROJECTION_ROOTS {
-            let Ok(root) = FsPath::parse(root) else { continue };
-            let Ok(info) = fs.stat(&root).await else { continue };
+            let Ok(root) = FsPath::parse(root) else {
+                continue;
+            };
+            let Ok(info) = fs.stat(&root).await else {
+                continue;
+            };
             let paths: Vec<FsPath> = if info.is_dir() {
                 let request = GlobRequest {
                     path: root.clone(),
@@ -64,7 +71,12 @@ pub(crate) async fn collect_assets(template: &dyn Filesystem, overrides: Option<
                         if found.truncated {
                             tracing::warn!(root = %root, "more than {MAX_PROJECTED_FILES} files to project; the rest is left out");
                         }
-                        found.files.into_iter().filter(|f| !f.is_dir()).map(|f| f.path).collect()
+                        found
+                            .files
+                            .into_iter()
+                            .filter(|f| !f.is_dir())
+                            .map(|f| f.path)
+                            .collect()
                     }
                     Err(_) => continue,
                 }

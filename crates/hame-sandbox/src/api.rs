@@ -17,7 +17,13 @@ pub const SANDBOX_WORKSPACE: &str = "/workspace";
 /// The host workspace's static assets projected into every sandbox at the start of a call
 /// (files, or folders whose files are all projected). They belong to the host: snapshots
 /// leave them out and the next projection restores the host's version.
-pub const PROJECTION_ROOTS: [&str; 5] = ["AGENTS.md", "skills", "subagents", "knowledge", "tools.json"];
+pub const PROJECTION_ROOTS: [&str; 5] = [
+    "AGENTS.md",
+    "skills",
+    "subagents",
+    "knowledge",
+    "tools.json",
+];
 
 /// Whether `path` is one of the [`PROJECTION_ROOTS`] or lies below one.
 pub fn is_projected(path: &FsPath) -> bool {
@@ -110,12 +116,19 @@ pub trait Sandboxes: Send + Sync + fmt::Debug + 'static {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
     #[test]
     fn projected_paths() {
-        let yes = ["AGENTS.md", "skills/a/SKILL.md", "knowledge", "tools.json", "subagents/x.md"];
+        let yes = [
+            "AGENTS.md",
+            "skills/a/SKILL.md",
+            "knowledge",
+            "tools.json",
+            "subagents/x.md",
+        ];
         for p in yes {
             assert!(is_projected(&FsPath::parse(p).unwrap()), "{p}");
         }

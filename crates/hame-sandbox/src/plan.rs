@@ -66,9 +66,10 @@ pub fn plan_snapshot(
     let mut seen = BTreeSet::new();
     for f in listed {
         seen.insert(f.path.as_str());
-        let same = last.files.get(&f.path).is_some_and(|e| {
-            e.size == f.size && e.mode == f.mode && e.mtime == f.mtime
-        });
+        let same = last
+            .files
+            .get(&f.path)
+            .is_some_and(|e| e.size == f.size && e.mode == f.mode && e.mtime == f.mtime);
         if !same || touched.contains(&f.path) {
             plan.fetch.push(f.path.clone());
         }
@@ -128,6 +129,7 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use pretty_assertions::assert_eq;

@@ -26,8 +26,10 @@ fn containers_of(agent: &str) -> Vec<String> {
             "--format",
             "{{.Label \"hame.sandbox.scope\"}}",
         ])
-        .output()
-        .expect("docker ps");
+        .output();
+    let Ok(out) = out else {
+        panic!("`docker ps` failed: {out:?}");
+    };
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|l| l.contains(&format!("agents/{agent}/")))
@@ -53,6 +55,14 @@ fn host_files(ws: &Path) -> Vec<String> {
     out
 }
 
+/// The output of the last `execute` result (without its exit-code footer).
+fn last_exec(server: &ScriptedServer) -> String {
+    let last = tool_results(server).last().cloned().unwrap_or_default();
+    last.strip_suffix("\n[exit code 0]")
+        .unwrap_or(&last)
+        .to_owned()
+}
+
 fn exec(id: &str, command: &str) -> ScriptStep {
     ScriptStep::tool_call(id, "execute", json!({ "command": command }))
 }
@@ -71,7 +81,18 @@ async fn files_stay_in_the_sandbox_and_come_back_in_a_new_process() -> TestResul
     fs::write(ws.join("skills/old/SKILL.md"), "old skill\n")?;
     let ws_s = ws.to_string_lossy().into_owned();
     let secret = [("OPENAI_API_KEY", "sk-test-secret-123")];
-    let args = ["--workspace", &ws_s, "--agent", &agent, "--user", "alice", "--session", "s1", "--sandbox", "docker"];
+    let args = [
+        "--workspace",
+        &ws_s,
+        "--agent",
+        &agent,
+        "--user",
+        "alice",
+        "--session",
+        "s1",
+        "--sandbox",
+        "docker",
+    ];
 
     // Call 1: a file tool and the shell, both in the container.
     server.push_all([
@@ -82,17 +103,28 @@ async fn files_stay_in_the_sandbox_and_come_back_in_a_new_process() -> TestResul
     let out = run_with(dir.path(), &server.base_url(), &args, "go", &secret).await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out), "done\n");
-    let results = tool_results(&server);
     assert_eq!(
-        results.last().map(String::as_str),
-        Some("kept\n/workspace\n1000\n0\nlo\npersona v1\nold\n"),
-        "{results:?}"
+        last_exec(&server),
+        "kept\n/workspace\n1000\n0\nlo\npersona v1\nold\n"
     );
     let system = system_of(&server.requests()[0].body);
-    assert!(system.contains("You run sandboxed") && system.contains("/workspace"), "{system}");
-    assert!(!system.contains(&ws_s), "the prompt never names the host path");
-    assert_eq!(host_files(&ws), vec!["AGENTS.md", "skills/old/SKILL.md"], "nothing written into the host workspace");
-    assert!(containers_of(&agent).is_empty(), "no container outlives hame");
+    assert!(
+        system.contains("You run sandboxed") && system.contains("/workspace"),
+        "{system}"
+    );
+    assert!(
+        !system.contains(&ws_s),
+        "the prompt never names the host path"
+    );
+    assert_eq!(
+        host_files(&ws),
+        vec!["AGENTS.md", "skills/old/SKILL.md"],
+        "nothing written into the host workspace"
+    );
+    assert!(
+        containers_of(&agent).is_empty(),
+        "no container outlives hame"
+    );
 
     // The host edits AGENTS.md and deletes a skill; call 2 in a new process sees the
     // restored notes and the new projection.
@@ -100,31 +132,73 @@ async fn files_stay_in_the_sandbox_and_come_back_in_a_new_process() -> TestResul
     fs::remove_dir_all(ws.join("skills/old"))?;
     fs::create_dir_all(ws.join("skills/new"))?;
     fs::write(ws.join("skills/new/SKILL.md"), "new skill\n")?;
-    server.push_all([exec("c3", "cat notes.md AGENTS.md; ls skills"), ScriptStep::text("again")]);
+    server.push_all([
+        exec("c3", "cat notes.md AGENTS.md; ls skills"),
+        ScriptStep::text("again"),
+    ]);
     let out = run_with(dir.path(), &server.base_url(), &args, "again", &secret).await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(tool_results(&server).last().map(String::as_str), Some("kept\npersona v2\nnew\n"));
+    assert_eq!(last_exec(&server), "kept\npersona v2\nnew\n");
 
     // User scope (the default): another session of alice shares the sandbox state ...
-    let other_session = ["--workspace", &ws_s, "--agent", &agent, "--user", "alice", "--session", "s2", "--sandbox", "docker"];
+    let other_session = [
+        "--workspace",
+        &ws_s,
+        "--agent",
+        &agent,
+        "--user",
+        "alice",
+        "--session",
+        "s2",
+        "--sandbox",
+        "docker",
+    ];
     server.push_all([exec("c4", "cat notes.md"), ScriptStep::text("shared")]);
     let out = run_with(dir.path(), &server.base_url(), &other_session, "x", &[]).await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(tool_results(&server).last().map(String::as_str), Some("kept\n"));
+    assert_eq!(last_exec(&server), "kept\n");
     // ... session scope does not, and neither does another user.
-    let session_scope = ["--workspace", &ws_s, "--agent", &agent, "--user", "alice", "--session", "s3", "--isolation", "session", "--sandbox", "docker"];
+    let session_scope = [
+        "--workspace",
+        &ws_s,
+        "--agent",
+        &agent,
+        "--user",
+        "alice",
+        "--session",
+        "s3",
+        "--isolation",
+        "session",
+        "--sandbox",
+        "docker",
+    ];
     server.push_all([exec("c5", "ls"), ScriptStep::text("fresh")]);
     let out = run_with(dir.path(), &server.base_url(), &session_scope, "x", &[]).await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(tool_results(&server).last().map(String::as_str), Some("AGENTS.md\nskills\n"));
-    let bob = ["--workspace", &ws_s, "--agent", &agent, "--user", "bob", "--sandbox", "docker"];
-    server.push_all([exec("c6", "cat notes.md 2>&1 | grep -c 'No such'"), ScriptStep::text("bob")]);
+    assert_eq!(last_exec(&server), "AGENTS.md\nskills\n");
+    let bob = [
+        "--workspace",
+        &ws_s,
+        "--agent",
+        &agent,
+        "--user",
+        "bob",
+        "--sandbox",
+        "docker",
+    ];
+    server.push_all([
+        exec("c6", "cat notes.md 2>&1 | grep -c 'No such'"),
+        ScriptStep::text("bob"),
+    ]);
     let out = run_with(dir.path(), &server.base_url(), &bob, "x", &[]).await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(tool_results(&server).last().map(String::as_str), Some("1\n"));
+    assert_eq!(last_exec(&server), "1\n");
 
     assert_eq!(host_files(&ws), vec!["AGENTS.md", "skills/new/SKILL.md"]);
-    assert!(containers_of(&agent).is_empty(), "no container outlives hame");
+    assert!(
+        containers_of(&agent).is_empty(),
+        "no container outlives hame"
+    );
     Ok(())
 }
 
@@ -148,7 +222,14 @@ async fn docker_down_is_a_one_line_configuration_error() -> TestResult {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("Docker engine is not reachable"), "{err}");
     assert!(server.requests().is_empty(), "no model call");
-    let bad = run_with(dir.path(), &server.base_url(), &["--workspace", &ws_s, "--sandbox", "podman"], "hi", &[]).await?;
+    let bad = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s, "--sandbox", "podman"],
+        "hi",
+        &[],
+    )
+    .await?;
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
     Ok(())
 }

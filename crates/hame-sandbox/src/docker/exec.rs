@@ -52,8 +52,12 @@ type Output = Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error
 /// Reads `output` to its end into the buffers (cancel-safe: what was read stays).
 async fn drain(output: &mut Output, out: &mut Capped, err: &mut Capped, cap: usize) -> Result<()> {
     while let Some(item) = output.next().await {
-        match item.map_err(|e| Error::backend("reading the output of a sandbox process failed", e))? {
-            LogOutput::StdOut { message } | LogOutput::Console { message } => out.push(&message, cap),
+        match item
+            .map_err(|e| Error::backend("reading the output of a sandbox process failed", e))?
+        {
+            LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                out.push(&message, cap)
+            }
             LogOutput::StdErr { message } => err.push(&message, cap),
             LogOutput::StdIn { .. } => {}
         }
@@ -147,7 +151,12 @@ impl Shared {
         stdin: Option<Vec<u8>>,
         cap: usize,
     ) -> Result<Raw> {
-        let mut cmd = vec!["sh".to_owned(), "-c".to_owned(), script.to_owned(), "hame".to_owned()];
+        let mut cmd = vec![
+            "sh".to_owned(),
+            "-c".to_owned(),
+            script.to_owned(),
+            "hame".to_owned(),
+        ];
         cmd.extend(args.iter().map(|a| (*a).to_owned()));
         self.run(container, cmd, stdin, cap).await
     }
@@ -187,7 +196,8 @@ impl Shared {
         };
         let cap = self.options.max_output_bytes;
         let (mut out, mut err) = (Capped::default(), Capped::default());
-        let finished = tokio::time::timeout(timeout, drain(&mut output, &mut out, &mut err, cap)).await;
+        let finished =
+            tokio::time::timeout(timeout, drain(&mut output, &mut out, &mut err, cap)).await;
         let (exit, timed_out) = match finished {
             Ok(r) => {
                 r?;

@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use hame_fs::{
-    DeleteOptions, ExecOutput, ExecRequest, Execute, FileInfo, Filesystem, FsPath,
-    RenameOptions, Version, WriteMode, WriteOptions,
+    DeleteOptions, ExecOutput, ExecRequest, Execute, FileInfo, Filesystem, FsPath, RenameOptions,
+    Version, WriteMode, WriteOptions,
 };
 
 use super::{DockerScope, scripts, state};
@@ -67,9 +67,9 @@ impl DockerScope {
                     stderr
                 },
             },
-            Some(scripts::INVALID) => hame_fs::Error::invalid_argument(format!(
-                "cannot move {path} into itself ({dest})"
-            )),
+            Some(scripts::INVALID) => {
+                hame_fs::Error::invalid_argument(format!("cannot move {path} into itself ({dest})"))
+            }
             code => hame_fs::Error::Backend {
                 message: format!("sandbox file operation failed (exit {code:?}): {stderr}"),
                 source: None,
@@ -116,9 +116,7 @@ impl Filesystem for DockerScope {
             };
             let mut info = match kind {
                 "directory" => FileInfo::dir(child),
-                k if k.starts_with("regular") => {
-                    FileInfo::file(child, size.parse().unwrap_or(0))
-                }
+                k if k.starts_with("regular") => FileInfo::file(child, size.parse().unwrap_or(0)),
                 _ => continue,
             };
             info.modified = mtime(time);

@@ -15,7 +15,8 @@ pub const DEFAULT_IMAGE: &str = "hame-sandbox:busybox-1";
 
 /// Where a static busybox is looked for when none is given (Debian's `busybox-static`
 /// installs `/bin/busybox`; on merged-`/usr` systems that is `/usr/bin/busybox`).
-pub const BUSYBOX_CANDIDATES: [&str; 3] = ["/bin/busybox", "/usr/bin/busybox", "/usr/local/bin/busybox"];
+pub const BUSYBOX_CANDIDATES: [&str; 3] =
+    ["/bin/busybox", "/usr/bin/busybox", "/usr/local/bin/busybox"];
 
 const DOCKERFILE: &str = "FROM scratch
 COPY rootfs/ /
@@ -28,7 +29,11 @@ CMD [\"sleep\", \"2147483647\"]
 
 /// Whether an ELF file is statically linked (no `PT_INTERP` program header).
 pub(crate) fn is_static_elf(bytes: &[u8]) -> bool {
-    let u16_at = |o: usize| bytes.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let u16_at = |o: usize| {
+        bytes
+            .get(o..o + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
     let u32_at = |o: usize| {
         bytes
             .get(o..o + 4)
@@ -132,7 +137,13 @@ async fn context(busybox: &Path) -> Result<Vec<u8>> {
         0o644,
     )
     .map_err(io)?;
-    file(&mut tar, "rootfs/etc/group", b"root:x:0:\nhame:x:1000:\n", 0o644).map_err(io)?;
+    file(
+        &mut tar,
+        "rootfs/etc/group",
+        b"root:x:0:\nhame:x:1000:\n",
+        0o644,
+    )
+    .map_err(io)?;
     for applet in applets.split_whitespace() {
         if applet == "busybox" || applet.contains('/') {
             continue;
@@ -162,7 +173,8 @@ pub(crate) async fn build(docker: &Docker, busybox: &Path) -> Result<String> {
     };
     let mut stream = docker.build_image(options, None, Some(bollard::body_full(body.into())));
     while let Some(item) = stream.next().await {
-        let info = item.map_err(|e| Error::Image(format!("building {DEFAULT_IMAGE} failed: {e}")))?;
+        let info =
+            item.map_err(|e| Error::Image(format!("building {DEFAULT_IMAGE} failed: {e}")))?;
         if let Some(detail) = info.error_detail {
             return Err(Error::Image(format!(
                 "building {DEFAULT_IMAGE} failed: {}",
@@ -178,6 +190,7 @@ pub(crate) async fn build(docker: &Docker, busybox: &Path) -> Result<String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

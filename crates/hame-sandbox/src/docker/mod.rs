@@ -196,7 +196,10 @@ impl Slot {
     }
 
     fn idle_for(&self) -> Duration {
-        self.last_used.lock().map(|t| t.elapsed()).unwrap_or_default()
+        self.last_used
+            .lock()
+            .map(|t| t.elapsed())
+            .unwrap_or_default()
     }
 }
 
@@ -435,7 +438,8 @@ fn spawn_reaper(shared: Weak<Shared>) {
     runtime.spawn(async move {
         loop {
             let period = match shared.upgrade() {
-                Some(s) => (s.options.idle_ttl / 2).clamp(Duration::from_millis(100), Duration::from_secs(30)),
+                Some(s) => (s.options.idle_ttl / 2)
+                    .clamp(Duration::from_millis(100), Duration::from_secs(30)),
                 None => return,
             };
             tokio::time::sleep(period).await;
@@ -531,6 +535,7 @@ impl DockerScope {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -550,12 +555,17 @@ mod tests {
         assert_eq!(host.memory, Some(2 << 30));
         assert_eq!(host.memory_swap, host.memory);
         assert_eq!(host.nano_cpus, Some(1_000_000_000));
-        assert!(host.binds.is_none() && host.mounts.is_none(), "no host mounts");
+        assert!(
+            host.binds.is_none() && host.mounts.is_none(),
+            "no host mounts"
+        );
         assert_eq!(body.user.as_deref(), Some(SANDBOX_USER));
         let env = body.env.unwrap_or_default();
-        assert!(env.iter().all(|v| v.starts_with("PATH=")
-            || v.starts_with("HOME=")
-            || v.starts_with("LANG=")));
+        assert!(
+            env.iter().all(|v| v.starts_with("PATH=")
+                || v.starts_with("HOME=")
+                || v.starts_with("LANG="))
+        );
         let with_net = container_body(
             &DockerOptions {
                 network: true,

@@ -62,8 +62,7 @@ fn relative(path: &str) -> &str {
 
 fn skipped(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
-    name.starts_with(".hame-tmp-")
-        || FsPath::parse(path).map_or(true, |p| is_projected(&p))
+    name.starts_with(".hame-tmp-") || FsPath::parse(path).map_or(true, |p| is_projected(&p))
 }
 
 fn check(raw: &super::exec::Raw, what: &str) -> Result<()> {
@@ -93,7 +92,9 @@ pub(crate) async fn restore(shared: &Shared, key: &str, live: &Live) -> Result<u
         let mut tar = tar::Builder::new(Vec::new());
         for ((path, entry), blob) in manifest.files.iter().zip(blobs) {
             let bytes = blob.map_err(|e| {
-                snapshot_error(format!("the snapshot of {key} misses the content of {path}: {e}"))
+                snapshot_error(format!(
+                    "the snapshot of {key} misses the content of {path}: {e}"
+                ))
             })?;
             let mut h = tar::Header::new_gnu();
             h.set_size(bytes.len() as u64);
@@ -109,11 +110,19 @@ pub(crate) async fn restore(shared: &Shared, key: &str, live: &Live) -> Result<u
             .into_inner()
             .map_err(|e| snapshot_error(format!("cannot pack the snapshot: {e}")))?;
         let raw = shared
-            .script(&live.id, "cd /workspace && tar -xf -", &[], Some(archive), 64 << 10)
+            .script(
+                &live.id,
+                "cd /workspace && tar -xf -",
+                &[],
+                Some(archive),
+                64 << 10,
+            )
             .await?;
         check(&raw, "restoring the snapshot")?;
     }
-    let raw = shared.script(&live.id, scripts::MARK, &[], None, 4096).await?;
+    let raw = shared
+        .script(&live.id, scripts::MARK, &[], None, 4096)
+        .await?;
     check(&raw, "marking the snapshot")?;
     *live.manifest.lock().await = manifest;
     Ok(count)
@@ -158,21 +167,32 @@ fn parse_listing(text: &str) -> (Vec<Listed>, BTreeSet<String>) {
 
 /// Reads `paths` (relative to `/workspace`) out of the container: path → bytes. Files that
 /// vanished since they were listed are absent.
-async fn fetch(shared: &Shared, live: &Live, paths: &[String]) -> Result<BTreeMap<String, Vec<u8>>> {
+async fn fetch(
+    shared: &Shared,
+    live: &Live,
+    paths: &[String],
+) -> Result<BTreeMap<String, Vec<u8>>> {
     let mut out = BTreeMap::new();
     for chunk in paths.chunks(FETCH_CHUNK) {
         let args: Vec<String> = chunk.iter().map(|p| format!("./{p}")).collect();
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let raw = shared
-            .script(&live.id, "cd /workspace && tar -cf - \"$@\"", &refs, None, BIG)
+            .script(
+                &live.id,
+                "cd /workspace && tar -cf - \"$@\"",
+                &refs,
+                None,
+                BIG,
+            )
             .await?;
         let mut archive = tar::Archive::new(raw.stdout.kept.as_slice());
-        let entries = archive
-            .entries()
-            .map_err(|e| snapshot_error(format!("cannot read the archive of changed files: {e}")))?;
+        let entries = archive.entries().map_err(|e| {
+            snapshot_error(format!("cannot read the archive of changed files: {e}"))
+        })?;
         for entry in entries {
-            let mut entry = entry
-                .map_err(|e| snapshot_error(format!("cannot read the archive of changed files: {e}")))?;
+            let mut entry = entry.map_err(|e| {
+                snapshot_error(format!("cannot read the archive of changed files: {e}"))
+            })?;
             if entry.header().entry_type() != tar::EntryType::Regular {
                 continue;
             }
@@ -274,7 +294,11 @@ pub(crate) async fn snapshot(shared: &Shared, key: &str, live: &Live) -> Result<
 
 /// Projects the host's assets: uploads those whose hash differs from the sandbox's copy,
 /// deletes projected files the host no longer has. Returns (uploaded, deleted).
-pub(crate) async fn project(shared: &Shared, live: &Live, assets: Vec<Asset>) -> Result<(usize, usize)> {
+pub(crate) async fn project(
+    shared: &Shared,
+    live: &Live,
+    assets: Vec<Asset>,
+) -> Result<(usize, usize)> {
     let raw = shared
         .script(&live.id, scripts::PROJECTION_HASHES, &[], None, BIG)
         .await?;
@@ -295,7 +319,9 @@ pub(crate) async fn project(shared: &Shared, live: &Live, assets: Vec<Asset>) ->
     if !plan.delete.is_empty() {
         let args: Vec<String> = plan.delete.iter().map(|p| format!("./{p}")).collect();
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        let raw = shared.script(&live.id, scripts::REMOVE, &refs, None, 4096).await?;
+        let raw = shared
+            .script(&live.id, scripts::REMOVE, &refs, None, 4096)
+            .await?;
         check(&raw, "removing projected files")?;
     }
     if !plan.upload.is_empty() {
@@ -318,7 +344,13 @@ pub(crate) async fn project(shared: &Shared, live: &Live, assets: Vec<Asset>) ->
             .into_inner()
             .map_err(|e| Error::backend("cannot pack the projection", e))?;
         let raw = shared
-            .script(&live.id, "cd /workspace && tar -xf -", &[], Some(archive), 64 << 10)
+            .script(
+                &live.id,
+                "cd /workspace && tar -xf -",
+                &[],
+                Some(archive),
+                64 << 10,
+            )
             .await?;
         check(&raw, "projecting the workspace")?;
     }
@@ -326,6 +358,7 @@ pub(crate) async fn project(shared: &Shared, live: &Live, assets: Vec<Asset>) ->
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use pretty_assertions::assert_eq;

@@ -14,9 +14,13 @@ fn docker_enabled() -> bool {
         Ok(v) if v.trim() == "1" => true,
         _ => {
             if std::env::var("CI").as_deref() == Ok("true") {
-                panic!("HAME_TEST_DOCKER is not set and CI=true: the Docker sandbox tests must run in CI");
+                panic!(
+                    "HAME_TEST_DOCKER is not set and CI=true: the Docker sandbox tests must run in CI"
+                );
             }
-            eprintln!("SKIPPED: HAME_TEST_DOCKER is not set, so the Docker sandbox tests did not run");
+            eprintln!(
+                "SKIPPED: HAME_TEST_DOCKER is not set, so the Docker sandbox tests did not run"
+            );
             false
         }
     }
@@ -66,11 +70,23 @@ async fn conformance_and_security_defaults() {
     let out = sh(sb.as_ref(), "id -u; id -g").await;
     assert_eq!(out.output, "1000\n1000\n", "runs as a non-root user");
     let out = sh(sb.as_ref(), "grep CapEff /proc/self/status").await;
-    assert!(out.output.contains("0000000000000000"), "no capabilities: {}", out.output);
+    assert!(
+        out.output.contains("0000000000000000"),
+        "no capabilities: {}",
+        out.output
+    );
     let out = sh(sb.as_ref(), "grep NoNewPrivs /proc/self/status").await;
-    assert!(out.output.contains('1'), "no-new-privileges: {}", out.output);
+    assert!(
+        out.output.contains('1'),
+        "no-new-privileges: {}",
+        out.output
+    );
     let out = sh(sb.as_ref(), "touch /bin/x 2>&1; echo $?").await;
-    assert!(out.output.contains("Read-only"), "read-only root: {}", out.output);
+    assert!(
+        out.output.contains("Read-only"),
+        "read-only root: {}",
+        out.output
+    );
     let out = sh(sb.as_ref(), "touch /tmp/x && echo ok").await;
     assert_eq!(out.output, "ok\n", "/tmp writable");
     let out = sh(sb.as_ref(), "ls /sys/class/net; cat /proc/net/dev | wc -l").await;
@@ -81,7 +97,11 @@ async fn conformance_and_security_defaults() {
         "HOME=/workspace\nLANG=C.UTF-8\nPATH=/usr/local/bin:/usr/bin:/bin\nPWD=/workspace\nSHLVL=2\n",
         "no host environment"
     );
-    let out = sh(sb.as_ref(), "cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max").await;
+    let out = sh(
+        sb.as_ref(),
+        "cat /sys/fs/cgroup/pids/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids.max",
+    )
+    .await;
     assert_eq!(out.output.trim(), "256", "pids limit");
     let out = sh(
         sb.as_ref(),
@@ -115,7 +135,11 @@ async fn timeout_kills_the_whole_tree_and_returns_partial_output() {
     assert_eq!(out.exit_code, None);
     assert!(out.output.starts_with("before\n"), "{}", out.output);
     assert!(started.elapsed() < Duration::from_secs(5));
-    let ps = sh(sb.as_ref(), "ps -o comm,args | grep -c 'sleep 30[012]' || true").await;
+    let ps = sh(
+        sb.as_ref(),
+        "ps -o comm,args | grep -c 'sleep 30[012]' || true",
+    )
+    .await;
     assert_eq!(ps.output.trim(), "0", "no process of the command is left");
     sbs.shutdown().await;
 }
@@ -156,7 +180,11 @@ async fn snapshot_restores_in_a_new_process_and_scopes_stay_apart() {
     assert_eq!(out.output, "alpha2\nrun\nrun.sh\nsrc\n");
     let sb = sbs.scope(&b);
     sb.begin(Vec::new()).await.unwrap();
-    assert_eq!(sh(sb.as_ref(), "ls").await.output, "b.txt\n", "scopes never mix");
+    assert_eq!(
+        sh(sb.as_ref(), "ls").await.output,
+        "b.txt\n",
+        "scopes never mix"
+    );
     // The container of a scope disappears: the next call restores into a new one.
     let id = sbs.running().await;
     assert_eq!(id.len(), 2);
@@ -189,11 +217,22 @@ async fn projection_follows_host_edits_and_deletions() {
     assert_eq!((r.projected, r.unprojected), (3, 0));
     sb.end().await.unwrap();
     let r = sb
-        .begin(vec![asset("AGENTS.md", "v2"), asset("skills/a/SKILL.md", "a")])
+        .begin(vec![
+            asset("AGENTS.md", "v2"),
+            asset("skills/a/SKILL.md", "a"),
+        ])
         .await
         .unwrap();
-    assert_eq!((r.projected, r.unprojected), (1, 1), "only the edit and the deletion");
-    let out = sh(sb.as_ref(), "cat AGENTS.md; echo; find skills -type f; ls notes.md 2>&1 | grep -c 'No such'").await;
+    assert_eq!(
+        (r.projected, r.unprojected),
+        (1, 1),
+        "only the edit and the deletion"
+    );
+    let out = sh(
+        sb.as_ref(),
+        "cat AGENTS.md; echo; find skills -type f; ls notes.md 2>&1 | grep -c 'No such'",
+    )
+    .await;
     assert_eq!(out.output, "v2\nskills/a/SKILL.md\n1\n");
     // Projected files are the host's: not in the snapshot.
     let r = sb.end().await.unwrap();
