@@ -115,9 +115,24 @@ async fn main() {
 
     println!("| figure | measured | goal |");
     println!("|---|---|---|");
-    println!("| warm exec round trip, p50 of 50 | {} | ≤ 50 ms |", ms(median(warm)));
-    println!("| cold start of a fresh container (median of 5, incl. marker + projection check) | {} | ≤ 1 s |", ms(median(cold)));
-    println!("| restore 1 MB (10 files) into a new container, incl. its start | {} | ≤ 300 ms |", ms(restore_small));
-    println!("| restore 100 MB (100 files) into a new container, incl. its start | {} | ≤ 3 s |", ms(restore_big));
-    println!("| snapshot after one changed file in 100 MB (median of 5) | {} | ≤ 200 ms |", ms(median(snaps)));
+    println!(
+        "| warm exec round trip, p50 of 50 | {} | ≤ 50 ms |",
+        ms(median(warm))
+    );
+    println!(
+        "| cold start of a fresh container (median of 5, incl. marker + projection check) | {} | ≤ 1 s |",
+        ms(median(cold))
+    );
+    println!(
+        "| restore 1 MB (10 files) into a new container, incl. its start | {} | ≤ 300 ms |",
+        ms(restore_small)
+    );
+    println!(
+        "| restore 100 MB (100 files) into a new container, incl. its start | {} | ≤ 3 s |",
+        ms(restore_big)
+    );
+    println!(
+        "| snapshot after one changed file in 100 MB (median of 5) | {} | ≤ 200 ms |",
+        ms(median(snaps))
+    );
 }

@@ -211,7 +211,9 @@ impl ScopeSandbox for DockerScope {
         self.slot.active.fetch_add(1, Ordering::SeqCst);
         let result = async {
             let (live, restored) = self.live(true).await?;
-            let (projected, unprojected) = state::project(&self.shared, &live, assets).await?;
+            let fresh = restored.is_some();
+            let (projected, unprojected) =
+                state::project(&self.shared, &live, assets, fresh).await?;
             Ok(BeginReport {
                 started: restored.is_some(),
                 restored_files: restored.unwrap_or(0),

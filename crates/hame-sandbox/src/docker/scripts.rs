@@ -71,14 +71,11 @@ rename)
 esac
 "#;
 
-/// Runs a command as the leader of its own process group (a `docker exec` process leads
-/// its group) and records its pid in `/tmp/.hame-pid-<token>` for [`KILL_GROUP`].
-/// `$0` is the token, `$1` the command.
-pub(crate) const EXEC_WRAPPER: &str = r#"echo $$ > "/tmp/.hame-pid-$0"
-sh -c "$1" </dev/null
-s=$?
-rm -f "/tmp/.hame-pid-$0"
-exit $s"#;
+/// Runs a command in the shell that leads its own process group (a `docker exec` process
+/// leads its group) after recording its pid in `/tmp/.hame-pid-<token>` for
+/// [`KILL_GROUP`]: one process, no fork before the command. `$0` is the token, `$1` the
+/// command (stdin is not attached: it reads as empty).
+pub(crate) const EXEC_WRAPPER: &str = r#"echo $$ > "/tmp/.hame-pid-$0"; eval "$1""#;
 
 /// Kills the process group of the command with token `$0`: `SIGTERM`, then `SIGKILL`
 /// after `$1` microseconds.
@@ -90,19 +87,24 @@ kill -KILL -"$p" 2>/dev/null
 rm -f "$f"
 exit 0"#;
 
-/// Lists every file of `/workspace` (`size mode mtime ./path`), then, after `#touched`,
-/// the files modified since the last snapshot's marker, and moves the marker forward.
-pub(crate) const SNAPSHOT_LIST: &str = r#"cd /workspace || exit 1
+/// One process per snapshot: lists every file of `/workspace` on stderr
+/// (`size mode mtime ./path`) and writes on stdout a tar of the files modified since the
+/// last snapshot's marker (all files when there is none), projection roots and temporary
+/// files left out; then moves the marker forward.
+pub(crate) const SNAPSHOT: &str = r#"cd /workspace || exit 1
 M=/tmp/.hame-snap-marker
 touch /tmp/.hame-snap-next
-find . -type f -exec stat -c '%s %a %Y %n' {} +
-echo '#touched'
-[ -e $M ] && find . -type f -newer $M
+find . -type f -exec stat -c '%s %a %Y %n' {} + >&2
+N=""; [ -e $M ] && N="-newer $M"
+find . -type f $N ! -name '.hame-tmp-*' ! -path ./AGENTS.md ! -path ./tools.json ! -path './skills/*' ! -path './subagents/*' ! -path './knowledge/*' > /tmp/.hame-snap-list
 mv /tmp/.hame-snap-next $M
+set --
+while IFS= read -r f; do set -- "$@" "$f"; done < /tmp/.hame-snap-list
+[ $# -gt 0 ] && exec tar -cf - "$@"
 exit 0"#;
 
-/// Starts the snapshot marker after a restore.
-pub(crate) const MARK: &str = "touch /tmp/.hame-snap-marker";
+/// Extracts a tar from stdin into `/workspace` and starts the snapshot marker.
+pub(crate) const RESTORE: &str = "cd /workspace && tar -xf - && touch /tmp/.hame-snap-marker";
 
 /// SHA-256 of every file under the projection roots (`hash  ./path`).
 pub(crate) const PROJECTION_HASHES: &str = r#"cd /workspace || exit 1

@@ -110,37 +110,18 @@ pub(crate) async fn restore(shared: &Shared, key: &str, live: &Live) -> Result<u
             .into_inner()
             .map_err(|e| snapshot_error(format!("cannot pack the snapshot: {e}")))?;
         let raw = shared
-            .script(
-                &live.id,
-                "cd /workspace && tar -xf -",
-                &[],
-                Some(archive),
-                64 << 10,
-            )
+            .script(&live.id, scripts::RESTORE, &[], Some(archive), 64 << 10)
             .await?;
         check(&raw, "restoring the snapshot")?;
     }
-    let raw = shared
-        .script(&live.id, scripts::MARK, &[], None, 4096)
-        .await?;
-    check(&raw, "marking the snapshot")?;
+    // Without a snapshot there is no marker yet: the first snapshot takes every file.
     *live.manifest.lock().await = manifest;
     Ok(count)
 }
 
-fn parse_listing(text: &str) -> (Vec<Listed>, BTreeSet<String>) {
+fn parse_listing(text: &str) -> Vec<Listed> {
     let mut listed = Vec::new();
-    let mut touched = BTreeSet::new();
-    let mut in_touched = false;
     for line in text.lines() {
-        if line == "#touched" {
-            in_touched = true;
-            continue;
-        }
-        if in_touched {
-            touched.insert(relative(line).to_owned());
-            continue;
-        }
         let mut parts = line.splitn(4, ' ');
         let (Some(size), Some(mode), Some(mtime), Some(path)) =
             (parts.next(), parts.next(), parts.next(), parts.next())
@@ -162,7 +143,35 @@ fn parse_listing(text: &str) -> (Vec<Listed>, BTreeSet<String>) {
         });
     }
     listed.retain(|l| !skipped(&l.path));
-    (listed, touched)
+    listed
+}
+
+/// The regular files of a tar archive: path (relative) → bytes; projected and temporary
+/// files left out.
+fn untar(bytes: &[u8], out: &mut BTreeMap<String, Vec<u8>>) -> Result<()> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    let bad = |e: std::io::Error| {
+        snapshot_error(format!("cannot read the archive of changed files: {e}"))
+    };
+    let mut archive = tar::Archive::new(bytes);
+    for entry in archive.entries().map_err(bad)? {
+        let mut entry = entry.map_err(bad)?;
+        if entry.header().entry_type() != tar::EntryType::Regular {
+            continue;
+        }
+        let path = entry
+            .path()
+            .map(|p| relative(&p.to_string_lossy()).to_owned())
+            .map_err(bad)?;
+        let mut data = Vec::new();
+        entry.read_to_end(&mut data).map_err(bad)?;
+        if !skipped(&path) {
+            out.insert(path, data);
+        }
+    }
+    Ok(())
 }
 
 /// Reads `paths` (relative to `/workspace`) out of the container: path → bytes. Files that
@@ -185,27 +194,7 @@ async fn fetch(
                 BIG,
             )
             .await?;
-        let mut archive = tar::Archive::new(raw.stdout.kept.as_slice());
-        let entries = archive.entries().map_err(|e| {
-            snapshot_error(format!("cannot read the archive of changed files: {e}"))
-        })?;
-        for entry in entries {
-            let mut entry = entry.map_err(|e| {
-                snapshot_error(format!("cannot read the archive of changed files: {e}"))
-            })?;
-            if entry.header().entry_type() != tar::EntryType::Regular {
-                continue;
-            }
-            let path = entry
-                .path()
-                .map(|p| relative(&p.to_string_lossy()).to_owned())
-                .map_err(|e| snapshot_error(format!("bad path in the archive: {e}")))?;
-            let mut bytes = Vec::new();
-            entry
-                .read_to_end(&mut bytes)
-                .map_err(|e| snapshot_error(format!("cannot read {path} from the archive: {e}")))?;
-            out.insert(path, bytes);
-        }
+        untar(&raw.stdout.kept, &mut out)?;
     }
     Ok(out)
 }
@@ -216,10 +205,16 @@ pub(crate) async fn snapshot(shared: &Shared, key: &str, live: &Live) -> Result<
     let started = Instant::now();
     let mut manifest = live.manifest.lock().await;
     let raw = shared
-        .script(&live.id, scripts::SNAPSHOT_LIST, &[], None, BIG)
+        .script(&live.id, scripts::SNAPSHOT, &[], None, BIG)
         .await?;
-    check(&raw, "listing the workspace")?;
-    let (listed, touched) = parse_listing(&String::from_utf8_lossy(&raw.stdout.kept));
+    let listed = parse_listing(&String::from_utf8_lossy(&raw.stderr.kept));
+    // The archive of what was modified since the marker; a failed `tar` (too many files
+    // for one command line) leaves it to the fallback below.
+    let mut fetched = BTreeMap::new();
+    if raw.exit == Some(0) {
+        untar(&raw.stdout.kept, &mut fetched)?;
+    }
+    let touched: BTreeSet<String> = fetched.keys().cloned().collect();
     let plan = plan_snapshot(&manifest, &listed, &touched);
     let mut report = SnapshotReport {
         files: listed.len(),
@@ -230,7 +225,16 @@ pub(crate) async fn snapshot(shared: &Shared, key: &str, live: &Live) -> Result<
         report.elapsed = started.elapsed();
         return Ok(report);
     }
-    let fetched = fetch(shared, live, &plan.fetch).await?;
+    // Changes the marker missed (a mode change, a failed archive) are read in a second step.
+    let missing: Vec<String> = plan
+        .fetch
+        .iter()
+        .filter(|p| !fetched.contains_key(*p))
+        .cloned()
+        .collect();
+    if !missing.is_empty() {
+        fetched.extend(fetch(shared, live, &missing).await?);
+    }
     let by_path: BTreeMap<&str, &Listed> = listed.iter().map(|l| (l.path.as_str(), l)).collect();
     let mut next = manifest.clone();
     next.version = MANIFEST_VERSION;
@@ -298,16 +302,22 @@ pub(crate) async fn project(
     shared: &Shared,
     live: &Live,
     assets: Vec<Asset>,
+    fresh: bool,
 ) -> Result<(usize, usize)> {
-    let raw = shared
-        .script(&live.id, scripts::PROJECTION_HASHES, &[], None, BIG)
-        .await?;
-    check(&raw, "hashing the projected files")?;
-    let sandbox: BTreeMap<String, String> = String::from_utf8_lossy(&raw.stdout.kept)
-        .lines()
-        .filter_map(|l| l.split_once("  "))
-        .map(|(h, p)| (relative(p).to_owned(), h.to_owned()))
-        .collect();
+    // A container started now holds no projected file (snapshots leave them out).
+    let sandbox: BTreeMap<String, String> = if fresh {
+        BTreeMap::new()
+    } else {
+        let raw = shared
+            .script(&live.id, scripts::PROJECTION_HASHES, &[], None, BIG)
+            .await?;
+        check(&raw, "hashing the projected files")?;
+        String::from_utf8_lossy(&raw.stdout.kept)
+            .lines()
+            .filter_map(|l| l.split_once("  "))
+            .map(|(h, p)| (relative(p).to_owned(), h.to_owned()))
+            .collect()
+    };
     let assets: BTreeMap<String, Vec<u8>> = assets
         .into_iter()
         .filter(|a| is_projected(&a.path))
@@ -366,8 +376,8 @@ mod tests {
     #[test]
     fn listing_is_parsed_and_projection_and_temp_files_left_out() {
         let text = "5 644 100 ./a b.txt\n3 755 101 ./bin/run\n1 644 1 ./AGENTS.md\n1 644 1 ./skills/x/SKILL.md\n\
-                    1 600 1 ./d/.hame-tmp-77\n#touched\n./a b.txt\n";
-        let (listed, touched) = parse_listing(text);
+                    1 600 1 ./d/.hame-tmp-77\n";
+        let listed = parse_listing(text);
         assert_eq!(
             listed,
             vec![
@@ -385,6 +395,5 @@ mod tests {
                 },
             ]
         );
-        assert_eq!(touched, BTreeSet::from(["a b.txt".to_owned()]));
     }
 }
