@@ -233,3 +233,90 @@ async fn docker_down_is_a_one_line_configuration_error() -> TestResult {
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
     Ok(())
 }
+
+/// SIGTERM during a sandboxed command: hame exits 143 and its container is gone. After a
+/// SIGKILL the container is left, and the next hame run removes it (its owner is dead).
+#[tokio::test]
+async fn no_container_outlives_a_signal_and_orphans_are_reaped() -> TestResult {
+    if service("HAME_TEST_DOCKER").is_none() {
+        return Ok(());
+    }
+    use std::time::{Duration, Instant};
+    let agent = unique_agent();
+    let server = ScriptedServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let state = dir.path().join("state").to_string_lossy().into_owned();
+    let base = server.base_url();
+    for signal in ["-TERM", "-KILL"] {
+        server.push(exec("s1", "sleep 600"));
+        let child = super::common::hame(
+            &[
+                "run",
+                "--model",
+                "openai:m",
+                "--workspace",
+                &ws_s,
+                "--agent",
+                &agent,
+                "--sandbox",
+                "docker",
+                "--no-memory",
+                "go",
+            ],
+            &[("OPENAI_BASE_URL", &base), ("HAME_STATE_HOME", &state)],
+            dir.path(),
+        )
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while server.request_count() < 1 || containers_of(&agent).is_empty() {
+            assert!(Instant::now() < deadline, "the sandbox never started");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Let the command start in the container.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let sent = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()?;
+        assert!(sent.success());
+        let status = tokio::task::spawn_blocking(move || child.wait_with_output()).await??;
+        if signal == "-TERM" {
+            assert_eq!(status.status.code(), Some(143));
+            assert!(
+                containers_of(&agent).is_empty(),
+                "SIGTERM: the container is removed"
+            );
+        } else {
+            assert_eq!(
+                containers_of(&agent).len(),
+                1,
+                "SIGKILL leaves the container"
+            );
+        }
+    }
+    // The next run (any scope) removes the orphan of the killed process.
+    server.push(ScriptStep::text("ok"));
+    let out = run_with(
+        dir.path(),
+        &base,
+        &[
+            "--workspace",
+            &ws_s,
+            "--agent",
+            &agent,
+            "--sandbox",
+            "docker",
+            "--no-memory",
+        ],
+        "x",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(containers_of(&agent).is_empty(), "orphan reaped");
+    Ok(())
+}
