@@ -53,6 +53,8 @@ pub(crate) struct Common {
     memory_index: Option<String>,
     #[command(flatten)]
     sandbox: crate::sandbox::SandboxArgs,
+    #[command(flatten)]
+    pub(crate) subagents: crate::tasks::SubagentArgs,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -79,14 +81,33 @@ pub(crate) fn env(key: &str) -> Option<String> {
 }
 
 pub(crate) async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
-    let spec = common.model.clone().or_else(|| env("HAME_MODEL")).ok_or_else(|| {
-        ConfigError("no model configured: pass --model provider:model or set HAME_MODEL (e.g. openai:gpt-4o-mini)".into())
-    })?;
-    let model: Arc<dyn Model> =
-        hame::model::open(&spec, &env).map_err(|e| ConfigError(e.to_string()))?;
+    build_agent(common, true).await
+}
+
+/// The agent of a command that never calls the model (`hame tasks`): a configured model is
+/// used, else a stand-in that fails if asked.
+pub(crate) async fn build_without_model(
+    common: &Common,
+) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
+    build_agent(common, false).await
+}
+
+async fn build_agent(
+    common: &Common,
+    need_model: bool,
+) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
+    let spec = common.model.clone().or_else(|| env("HAME_MODEL"));
+    let model: Arc<dyn Model> = match spec {
+        Some(spec) => hame::model::open(&spec, &env).map_err(|e| ConfigError(e.to_string()))?,
+        None if !need_model => Arc::new(NoModel),
+        None => {
+            return Err(ConfigError("no model configured: pass --model provider:model or set HAME_MODEL (e.g. openai:gpt-4o-mini)".into()).into());
+        }
+    };
     let mut builder = HarnessAgent::builder()
         .name(common.agent.clone())
         .model(model);
+    builder = crate::tasks::configure(&common.subagents, builder);
     if let Some(ws) = &common.workspace {
         builder = builder.workspace(ws.clone());
     }
@@ -174,4 +195,28 @@ pub(crate) async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, Runt
         "secrets sealed"
     );
     Ok((agent, ctx))
+}
+
+/// The model of a command that never calls one.
+#[derive(Debug)]
+struct NoModel;
+
+#[async_trait::async_trait]
+impl Model for NoModel {
+    fn info(&self) -> hame::ModelInfo {
+        hame::ModelInfo {
+            provider: "none".into(),
+            model: "none".into(),
+            context_window: 128_000,
+        }
+    }
+
+    async fn stream(
+        &self,
+        _request: hame::ModelRequest,
+    ) -> Result<hame::ModelStream, hame::ModelError> {
+        Err(hame::ModelError::Config(
+            "no model configured: pass --model provider:model or set HAME_MODEL".into(),
+        ))
+    }
 }

@@ -16,6 +16,7 @@ mod run;
 mod sandbox;
 mod secrets;
 mod signals;
+mod tasks;
 
 use common::Common;
 
@@ -56,6 +57,15 @@ enum Command {
     Sandbox {
         #[command(subcommand)]
         command: sandbox::SandboxCommand,
+    },
+    /// The subagent task records of a session (`agents/<agent>/tasks/`), oldest first.
+    /// Records left running by a process that is gone are marked failed (interrupted).
+    Tasks {
+        #[command(flatten)]
+        common: Common,
+        /// Print one JSON array of the records.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -111,6 +121,7 @@ fn main() -> ExitCode {
             } => run::run(common, json, message).await,
             Command::Chat { common } => run::chat(common).await,
             Command::Sandbox { command } => sandbox::command(command).await,
+            Command::Tasks { common, json } => tasks::tasks(common, json).await,
         };
         // Nothing hame started outlives it.
         sandbox::shutdown().await;

@@ -82,18 +82,24 @@ pub(crate) async fn run(common: Common, json: bool, message: String) -> anyhow::
     let signals = Signals::watch();
     let (agent, ctx) = build(&common).await?;
     let (sink, mut rx) = EventSink::channel();
-    let printer = tokio::spawn(async move {
-        while let Some(ev) = rx.recv().await {
-            warn_on(&ev);
-        }
-    });
     let cancel = signals.begin();
-    let result = agent
-        .call_with(Message::user(message), &ctx, &sink, &cancel)
-        .await;
+    // The warnings of the call are printed as they come (background subagents keep the
+    // event stream open after the call, so it is read alongside, not to its end).
+    let result = {
+        let call = agent.call_with(Message::user(message), &ctx, &sink, &cancel);
+        tokio::pin!(call);
+        loop {
+            tokio::select! {
+                r = &mut call => break r,
+                Some(ev) = rx.recv() => warn_on(&ev),
+            }
+        }
+    };
+    while let Ok(ev) = rx.try_recv() {
+        warn_on(&ev);
+    }
     let signal = signals.end();
     drop(sink);
-    let _ = printer.await;
     let out = outcome(result, signal)?;
     if json {
         let obj = serde_json::json!({
@@ -109,6 +115,7 @@ pub(crate) async fn run(common: Common, json: bool, message: String) -> anyhow::
         println!("{}", out.reply.text_content());
     }
     std::io::stdout().flush()?;
+    crate::tasks::wait_for_background(&agent, &common.subagents, &signals, &mut rx).await;
     // The reply is printed and durable; let background memory work (flush,
     // consolidation) finish before the process exits, within a bound. Unfinished work is
     // redone by the session's next call.
@@ -195,11 +202,46 @@ pub(crate) async fn chat(common: Common) -> anyhow::Result<()> {
                     eprintln!("\n{}", suspended_lines(&hame::Suspended { calls }));
                 }
                 AgentEvent::Failed { message } => eprintln!("\nerror: {message}"),
+                AgentEvent::Subagent {
+                    task_id,
+                    agent_id,
+                    event,
+                } => child_line(&task_id, &agent_id, &event),
                 other => warn_on(&other),
             }
         }
         if signals.end().is_some() {
             eprintln!("(turn cancelled; the conversation so far is saved)");
         }
+    }
+}
+
+/// A subagent's progress in `hame chat`, indented under the tool call that spawned it.
+fn child_line(task_id: &str, agent_id: &str, event: &AgentEvent) {
+    let who = format!("    ↳ {agent_id} {task_id}");
+    match event {
+        AgentEvent::ToolStarted { name, .. } => eprintln!("{who} ⚙ {name} …"),
+        AgentEvent::ToolFinished {
+            name,
+            duration_ms,
+            is_error,
+            ..
+        } => eprintln!(
+            "{who} ⚙ {name} {} ({duration_ms} ms)",
+            if *is_error { "error" } else { "ok" }
+        ),
+        AgentEvent::Custom { kind, data } if kind.starts_with("subagent.") => {
+            let status = kind.trim_start_matches("subagent.");
+            match data.get("error").and_then(|e| e.as_str()) {
+                Some(e) => eprintln!("{who} {status}: {e}"),
+                None => eprintln!("{who} {status}"),
+            }
+        }
+        AgentEvent::Subagent {
+            task_id,
+            agent_id,
+            event,
+        } => child_line(task_id, agent_id, event),
+        other => warn_on(other),
     }
 }

@@ -76,6 +76,16 @@ pub enum AgentEvent {
         /// Details.
         data: serde_json::Value,
     },
+    /// An event of a subagent's run (its step, text, tool calls, end), tagged with its task
+    /// and its declaration id.
+    Subagent {
+        /// The task id (`task-…`).
+        task_id: String,
+        /// The subagent's declaration id.
+        agent_id: String,
+        /// The child's event.
+        event: Box<AgentEvent>,
+    },
     /// A layer suspended a tool call; it waits for a decision.
     ToolSuspended {
         /// Call id.

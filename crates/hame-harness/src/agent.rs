@@ -76,6 +76,23 @@ pub struct HarnessAgentBuilder {
     hidden_paths: Vec<PathBuf>,
     lease: Option<LeaseOptions>,
     memory: Option<MemoryOptions>,
+    subagent_options: hame_subagent::SubagentOptions,
+    subagents: Vec<hame_subagent::Declaration>,
+    model_resolver: Option<ModelResolver>,
+}
+
+/// Opens a model from a `provider:model` spec (a subagent spec's `model` key); the CLI
+/// passes `hame_model::open`.
+#[derive(Clone)]
+pub struct ModelResolver(pub Arc<ResolveFn>);
+
+/// A function that opens a model from `provider:model`.
+pub type ResolveFn = dyn Fn(&str) -> std::result::Result<Arc<dyn Model>, String> + Send + Sync;
+
+impl std::fmt::Debug for ModelResolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ModelResolver")
+    }
 }
 
 impl HarnessAgentBuilder {
@@ -227,6 +244,48 @@ impl HarnessAgentBuilder {
     /// `docs/memory-wiring.md`).
     pub fn memory(mut self, options: MemoryOptions) -> Self {
         self.memory = Some(options);
+        self
+    }
+
+    /// Declares a subagent in code (it shadows the built-in one of the same id; workspace
+    /// specs `subagents/<id>.md` shadow it in turn). See `docs/subagents.md`.
+    pub fn subagent(mut self, spec: hame_subagent::SubagentSpec) -> Self {
+        self.subagents.push(spec.into());
+        self
+    }
+
+    /// Declares a subagent with its own runner: full control over how the child runs (a
+    /// different engine, a remote agent).
+    pub fn subagent_factory(
+        mut self,
+        spec: hame_subagent::SubagentSpec,
+        runner: Arc<dyn hame_subagent::SubagentRunner>,
+    ) -> Self {
+        self.subagents.push(hame_subagent::Declaration {
+            spec,
+            runner: Some(runner),
+        });
+        self
+    }
+
+    /// Subagent limits: depth, concurrency, time limits, heartbeats (default
+    /// [`hame_subagent::SubagentOptions::default`]).
+    pub fn subagent_options(mut self, options: hame_subagent::SubagentOptions) -> Self {
+        self.subagent_options = options;
+        self
+    }
+
+    /// Offers the built-in `general-purpose` subagent (a copy of this agent with its tools
+    /// and prompt). Default on; CLI `--no-general-subagent`.
+    pub fn general_subagent(mut self, on: bool) -> Self {
+        self.subagent_options.general_purpose = on;
+        self
+    }
+
+    /// Opens the models that subagent specs name (`model: provider:model`); without one, a
+    /// spec naming a model fails its spawn with a message saying so.
+    pub fn model_resolver(mut self, resolver: ModelResolver) -> Self {
+        self.model_resolver = Some(resolver);
         self
     }
 
@@ -382,6 +441,25 @@ impl HarnessAgentBuilder {
                 tools.register(t);
             }
         }
+        // Subagents: the built-in general-purpose one mirrors this agent's prompt and tools.
+        let mut declarations = Vec::new();
+        if self.subagent_options.general_purpose {
+            declarations.push(crate::subagents::general_purpose(&self.system_prompt));
+        }
+        for d in self.subagents {
+            validate_id("subagent id", &d.spec.id)?;
+            declarations.push(d);
+        }
+        let subagents = Arc::new(hame_subagent::Subagents::new(
+            name.clone(),
+            self.subagent_options,
+            declarations,
+        ));
+        if subagents.options().max_depth > 0 {
+            for t in hame_subagent::subagent_tools(&subagents) {
+                tools.register(t);
+            }
+        }
         for t in self.tools {
             tools.register(t);
         }
@@ -394,6 +472,9 @@ impl HarnessAgentBuilder {
             .with_config(config);
         let mut outer = self.outer_layers;
         outer.extend(sandbox_layer);
+        outer.push(Arc::new(hame_subagent::SubagentLayer::new(
+            subagents.clone(),
+        )));
         for layer in builtin_stack(
             outer,
             recorder,
@@ -403,24 +484,29 @@ impl HarnessAgentBuilder {
         ) {
             agent_loop = agent_loop.with_layer(layer);
         }
-        Ok(HarnessAgent {
-            inner: Arc::new(Inner {
-                name,
-                workspace,
-                agent_loop,
-                tenancy,
-                state_store,
-                lease: self.lease.unwrap_or_default(),
-                local_locks: Mutex::new(HashMap::new()),
-                memory,
-            }),
-        })
+        let inner = Arc::new(Inner {
+            name,
+            workspace,
+            agent_loop,
+            tenancy,
+            state_store,
+            lease: self.lease.unwrap_or_default(),
+            local_locks: Mutex::new(HashMap::new()),
+            memory,
+            subagents: subagents.clone(),
+            model_resolver: self.model_resolver,
+            child_models: Mutex::new(HashMap::new()),
+        });
+        subagents.set_runner(Arc::new(crate::subagents::HarnessRunner::new(&inner)));
+        Ok(HarnessAgent { inner })
     }
 }
 
 /// The layer stack, outermost first (drawn in `docs/ARCHITECTURE.md`):
 ///
-/// 1. the caller's outer layers;
+/// 1. the caller's outer layers, then `subagents` (the subagents section of the prompt,
+///    finished background results pushed before a step: outside the log, so they are
+///    logged);
 /// 2. `session-log`: records each message before it joins the state, the index once per
 ///    call;
 /// 3. `workspace-context`: rebuilds the system prompt from the caller's workspace;
@@ -549,15 +635,18 @@ fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
 }
 
 #[derive(Debug)]
-struct Inner {
-    name: String,
-    workspace: PathBuf,
-    agent_loop: AgentLoop,
-    tenancy: Arc<Tenancy>,
-    state_store: Arc<dyn StateStore>,
-    lease: LeaseOptions,
+pub(crate) struct Inner {
+    pub(crate) name: String,
+    pub(crate) workspace: PathBuf,
+    pub(crate) agent_loop: AgentLoop,
+    pub(crate) tenancy: Arc<Tenancy>,
+    pub(crate) state_store: Arc<dyn StateStore>,
+    pub(crate) lease: LeaseOptions,
     local_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     memory: Option<Arc<MemoryLayer>>,
+    pub(crate) subagents: Arc<hame_subagent::Subagents>,
+    pub(crate) model_resolver: Option<ModelResolver>,
+    pub(crate) child_models: Mutex<HashMap<String, Arc<dyn Model>>>,
 }
 
 /// An agent that keeps working across calls: a ReAct loop plus workspace context, state and
@@ -567,7 +656,7 @@ struct Inner {
 /// agent.
 #[derive(Debug, Clone)]
 pub struct HarnessAgent {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl HarnessAgent {
@@ -670,8 +759,18 @@ impl HarnessAgent {
                 });
             }
         });
-        Box::pin(futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|ev| (ev, rx))
+        // The stream ends with the call's own last event: background subagents may keep
+        // the sink open after the call.
+        Box::pin(futures::stream::unfold(Some(rx), |rx| async move {
+            let mut rx = rx?;
+            let ev = rx.recv().await?;
+            let last = matches!(
+                ev,
+                AgentEvent::Finished { .. }
+                    | AgentEvent::Suspended { .. }
+                    | AgentEvent::Failed { .. }
+            );
+            Some((ev, (!last).then_some(rx)))
         }))
     }
 
@@ -723,13 +822,32 @@ impl HarnessAgent {
         events: &EventSink,
         cancel: &CancellationToken,
     ) -> Result<CallOutput> {
+        self.run_loop(&self.inner.agent_loop, input, ctx, None, events, cancel)
+            .await
+    }
+
+    /// Runs a call of `agent_loop` (this agent's, or a subagent's built from it) on the
+    /// session of `ctx`; `ws` is the handle when the caller has one already (a child shares
+    /// its parent's), else it is made from `ctx`.
+    pub(crate) async fn run_loop(
+        &self,
+        agent_loop: &AgentLoop,
+        input: CallInput,
+        ctx: &RuntimeContext,
+        ws: Option<Workspace>,
+        events: &EventSink,
+        cancel: &CancellationToken,
+    ) -> Result<CallOutput> {
         let key = self.key(ctx)?;
         // The ids are checked: make the handle directly (once per call).
-        let ws = self
-            .inner
-            .tenancy
-            .workspace(ctx)
-            .map_err(|e| Error::InvalidId(e.to_string()))?;
+        let ws = match ws {
+            Some(ws) => ws,
+            None => self
+                .inner
+                .tenancy
+                .workspace(ctx)
+                .map_err(|e| Error::InvalidId(e.to_string()))?,
+        };
         // Calls on one session queue in this process ...
         let slot = {
             let mut locks = self
@@ -755,7 +873,7 @@ impl HarnessAgent {
             Err(e) => return Err(Error::storage("acquiring the session lease failed", e)),
         };
         let result = self
-            .run_leased(&key, &lease, input, ctx, &ws, events, cancel)
+            .run_leased(agent_loop, &key, &lease, input, ctx, &ws, events, cancel)
             .await;
         // The call's extensions (which held the lease for the session log) are gone.
         match Arc::try_unwrap(lease) {
@@ -793,6 +911,7 @@ impl HarnessAgent {
     #[allow(clippy::too_many_arguments)]
     async fn run_leased(
         &self,
+        agent_loop: &AgentLoop,
         key: &StateKey,
         lease: &Arc<hame_state::Lease>,
         input: CallInput,
@@ -820,6 +939,12 @@ impl HarnessAgent {
         // The session-log layer checks it before every durable write: a call whose lease was
         // lost (a renewal failed past its TTL, another replica took over) stops writing.
         extensions.insert_arc(lease.clone());
+        // The subagent tools forward child progress to this call's events and cancel
+        // children with it.
+        extensions.insert(hame_subagent::ParentCall {
+            events: events.clone(),
+            cancel: cancel.clone(),
+        });
         let outcome = {
             let env = CallEnv {
                 runtime: &runtime,
@@ -827,7 +952,7 @@ impl HarnessAgent {
                 cancel,
                 extensions: &extensions,
             };
-            let run = self.inner.agent_loop.run_env(&mut state, input, env);
+            let run = agent_loop.run_env(&mut state, input, env);
             tokio::pin!(run);
             let period = (lease.ttl() / 3).max(Duration::from_millis(100));
             let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);

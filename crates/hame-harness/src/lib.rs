@@ -36,14 +36,15 @@ pub mod memory;
 pub mod prompt;
 mod recorder;
 mod sandbox;
+mod subagents;
 mod template;
 mod tenancy;
 mod tools;
 mod workspace;
 
 pub use agent::{
-    DEFAULT_AGENT_NAME, EnvFn, EnvLookup, HarnessAgent, HarnessAgentBuilder, STATE_HOME_ENV,
-    workspace_identity,
+    DEFAULT_AGENT_NAME, EnvFn, EnvLookup, HarnessAgent, HarnessAgentBuilder, ModelResolver,
+    ResolveFn, STATE_HOME_ENV, workspace_identity,
 };
 pub use context::{
     ContextOptions, DEFAULT_MEMORY_BUDGET_TOKENS, MAX_CONTEXT_FILE_BYTES, MAX_LISTED_FILES,

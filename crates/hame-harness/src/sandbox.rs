@@ -112,6 +112,12 @@ impl Layer for SandboxLayer {
         ) else {
             return next.run(cx, input).await;
         };
+        // A subagent's call shares its parent's handle, so its parent's sandbox: the
+        // parent's call projected it and snapshots it (waiting for the parent's scope lock
+        // here would deadlock a synchronous child).
+        if cx.runtime.extras.contains_key(hame_subagent::TASK_EXTRA) {
+            return next.run(cx, input).await;
+        }
         let key = self
             .tenancy
             .sandbox_key(ws.identity())

@@ -131,6 +131,10 @@ pub struct ScriptStep {
     /// Break a streamed reply part-way (streamed requests only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<StreamFault>,
+    /// Answer only a request whose system prompt contains this text (the first matching
+    /// queued step is used): a parent and its subagents, told apart by their prompts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when_system: Option<String>,
 }
 
 /// How a streamed reply breaks after some chunks.
@@ -160,6 +164,7 @@ impl From<Reply> for ScriptStep {
             delay_ms: 0,
             chunk_delay_ms: 0,
             fault: None,
+            when_system: None,
         }
     }
 }
@@ -338,6 +343,12 @@ impl ScriptStep {
     /// Reports these usage figures, with cached prompt tokens.
     pub fn with_cached_usage(mut self, usage: ScriptUsage) -> Self {
         self.usage = Some(usage);
+        self
+    }
+
+    /// Answers only a request whose system prompt contains `text`.
+    pub fn when_system(mut self, text: impl Into<String>) -> Self {
+        self.when_system = Some(text.into());
         self
     }
 

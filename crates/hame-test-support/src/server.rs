@@ -52,6 +52,35 @@ impl RecordedRequest {
         self.path.ends_with("/messages")
     }
 
+    /// The system prompt (OpenAI: the `system` messages; Anthropic: `system`), joined.
+    pub fn system_text(&self) -> String {
+        fn text(v: &Value) -> String {
+            match v {
+                Value::String(s) => s.clone(),
+                Value::Array(blocks) => blocks
+                    .iter()
+                    .filter_map(|b| b.get("text").and_then(Value::as_str))
+                    .collect::<Vec<_>>()
+                    .join(""),
+                _ => String::new(),
+            }
+        }
+        if let Some(sys) = self.body.get("system") {
+            return text(sys);
+        }
+        self.body
+            .get("messages")
+            .and_then(Value::as_array)
+            .map(|msgs| {
+                msgs.iter()
+                    .filter(|m| m.get("role").and_then(Value::as_str) == Some("system"))
+                    .filter_map(|m| m.get("content").map(text))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .unwrap_or_default()
+    }
+
     /// The text of the last user turn (OpenAI or Anthropic shape), if any.
     pub fn last_user_text(&self) -> Option<String> {
         let msgs = self.body.get("messages")?.as_array()?;
@@ -263,7 +292,18 @@ async fn handle(
         let mut inner = lock(&shared);
         inner.requests.push(recorded.clone());
         let seq = inner.requests.len();
-        let step = inner.queue.pop_front();
+        // The first queued step whose `when_system` (if any) the system prompt contains:
+        // concurrent agents (a parent and its children) get their own scripts.
+        let system = recorded.system_text();
+        let step = inner
+            .queue
+            .iter()
+            .position(|s| {
+                s.when_system
+                    .as_ref()
+                    .is_none_or(|w| system.contains(w.as_str()))
+            })
+            .and_then(|i| inner.queue.remove(i));
         let responder = inner.responder.clone();
         (step.map(Ok).unwrap_or(Err(responder)), seq)
     };

@@ -115,6 +115,15 @@ impl Workspace {
         self
     }
 
+    /// The same handle for another session of the same tenant (a subagent's child session):
+    /// the same files, records, home, overrides and shell; only the identity's session
+    /// changes.
+    pub fn for_session(&self, session: impl Into<String>) -> Self {
+        let mut ws = self.clone();
+        ws.identity.session = session.into();
+        ws
+    }
+
     /// Who is calling.
     pub fn identity(&self) -> &Identity {
         &self.identity

@@ -74,6 +74,11 @@ pub mod sandbox {
     pub use hame_sandbox::*;
 }
 
+/// Subagents (`hame-subagent`): declarations, durable tasks, the spawn and task tools.
+pub mod subagent {
+    pub use hame_subagent::*;
+}
+
 /// State stores (`hame-state`).
 pub mod state {
     pub use hame_state::*;

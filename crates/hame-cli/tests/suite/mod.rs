@@ -9,5 +9,6 @@ mod run;
 mod sandbox;
 mod shared;
 mod signals;
+mod subagents;
 mod tenants;
 mod tools;

@@ -1,0 +1,764 @@
+//! Subagents through `hame run` / `hame tasks` against the scripted server; parent and child
+//! are told apart by their system prompts (`ScriptStep::when_system`).
+
+use std::fs;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use hame_test_support::{RecordedRequest, ScriptStep, ScriptedServer};
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+
+use super::common::{hame, output, run_with, service, stderr, stdout, system_of, unique_agent};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Only in the parent's system prompt (the subagents section of an agent that may spawn).
+const PARENT: &str = "Available subagents:";
+/// Only in the reviewer's system prompt (its spec body).
+const CHILD: &str = "ROLE-REVIEWER-7";
+
+fn spec(ws: &Path, id: &str, front: &str, body: &str) -> std::io::Result<()> {
+    fs::create_dir_all(ws.join("subagents"))?;
+    fs::write(
+        ws.join("subagents").join(format!("{id}.md")),
+        format!("---\n{front}\n---\n{body}\n"),
+    )
+}
+
+fn workspace(dir: &Path) -> std::io::Result<(std::path::PathBuf, String)> {
+    let ws = dir.join("ws");
+    fs::create_dir_all(&ws)?;
+    spec(
+        &ws,
+        "reviewer",
+        "description: Reviews files\ntools: [read_file, list_files]\nmax_iterations: 3",
+        &format!("You are {CHILD}. Review what you are given."),
+    )?;
+    let s = ws.to_string_lossy().into_owned();
+    Ok((ws, s))
+}
+
+fn tool_names(req: &RecordedRequest) -> Vec<String> {
+    let mut names: Vec<String> = req.body["tools"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+fn requests_of(server: &ScriptedServer, marker: &str) -> Vec<RecordedRequest> {
+    server
+        .requests()
+        .into_iter()
+        .filter(|r| system_of(&r.body).contains(marker))
+        .collect()
+}
+
+/// The text of the last tool message of a request.
+fn last_tool(req: &RecordedRequest) -> String {
+    super::common::last_tool_result(&req.body)
+}
+
+/// The first `task-<12 hex>` in a text.
+fn task_id_in(text: &str) -> Option<String> {
+    let at = text.find("task-")?;
+    let id: String = text[at..].chars().take(17).collect();
+    hame::subagent::task::is_task_id(&id).then_some(id)
+}
+
+async fn tasks_json(dir: &Path, args: &[&str]) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
+    let state = dir.join("state").to_string_lossy().into_owned();
+    let mut all = vec!["tasks", "--json"];
+    all.extend_from_slice(args);
+    let out = output(hame(&all, &[("HAME_STATE_HOME", &state)], dir)).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: Vec<Value> = serde_json::from_str(&stdout(&out))?;
+    Ok(v)
+}
+
+#[tokio::test]
+async fn sync_spawn_from_a_workspace_spec_with_its_tool_allowlist() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "agent_spawn",
+            json!({"agent_id": "reviewer", "task": "review notes.txt"}),
+        )
+        .when_system(PARENT),
+        ScriptStep::text("REVIEW: notes look fine").when_system(CHILD),
+        ScriptStep::text("The reviewer says it is fine.").when_system(PARENT),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let (ws, ws_s) = workspace(dir.path())?;
+    fs::write(
+        ws.join("subagents/broken.md"),
+        "---\ndescription: [unclosed\n---\n",
+    )?;
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "review",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "The reviewer says it is fine.\n");
+    // The broken spec: one warning line naming it; the others work.
+    let warnings: Vec<_> = stderr(&out)
+        .lines()
+        .filter(|l| l.contains("subagents/broken.md"))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(warnings.len(), 1, "{}", stderr(&out));
+    assert!(warnings[0].starts_with("hame: warning:"), "{}", warnings[0]);
+
+    let parent = requests_of(&server, PARENT);
+    assert_eq!(parent.len(), 2);
+    let names = tool_names(&parent[0]);
+    for t in [
+        "agent_spawn",
+        "agent_send",
+        "agent_list",
+        "task_output",
+        "task_list",
+        "task_cancel",
+    ] {
+        assert!(names.contains(&t.to_owned()), "{t} missing from {names:?}");
+    }
+    let prompt = system_of(&parent[0].body);
+    assert!(prompt.contains("- reviewer: Reviews files"), "{prompt}");
+    assert!(prompt.contains("- general-purpose:"), "{prompt}");
+    assert!(!prompt.contains("broken"), "{prompt}");
+    // The child: its spec body as the prompt, the allowlist over the parent's tools, no
+    // subagent tools (a leaf at the default depth 1).
+    let child = requests_of(&server, CHILD);
+    assert_eq!(child.len(), 1);
+    assert_eq!(tool_names(&child[0]), vec!["list_files", "read_file"]);
+    assert_eq!(
+        child[0].last_user_text().as_deref(),
+        Some("review notes.txt")
+    );
+    assert!(
+        last_tool(&parent[1]).contains("REVIEW: notes look fine"),
+        "{}",
+        last_tool(&parent[1])
+    );
+    assert!(last_tool(&parent[1]).contains("status: completed"));
+
+    // The durable record, and the child's own log next to the parent's.
+    let tasks = tasks_json(dir.path(), &["--workspace", &ws_s]).await?;
+    assert_eq!(tasks.len(), 1);
+    assert_eq!(tasks[0]["agent_id"], "reviewer");
+    assert_eq!(tasks[0]["status"], "completed");
+    let id = tasks[0]["task_id"].as_str().unwrap_or_default().to_owned();
+    let record: Value = serde_json::from_str(&fs::read_to_string(
+        ws.join(format!("agents/hame/tasks/{id}.json")),
+    )?)?;
+    assert_eq!(record["status"], "completed");
+    let child_session = record["child_session"].as_str().unwrap_or_default();
+    assert!(
+        child_session.starts_with("default@reviewer-"),
+        "{child_session}"
+    );
+    let log =
+        fs::read_to_string(ws.join(format!("agents/hame/sessions/{child_session}.log.jsonl")))?;
+    assert!(log.contains("REVIEW: notes look fine"), "{log}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn background_spawn_then_task_output() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "agent_spawn",
+            json!({"agent_id": "reviewer", "task": "slow review", "background": true}),
+        )
+        .when_system(PARENT),
+        ScriptStep::text("BACKGROUND RESULT")
+            .when_system(CHILD)
+            .with_delay(Duration::from_millis(400)),
+    ]);
+    server.set_responder(|req: &RecordedRequest| {
+        let last = last_tool(req);
+        match task_id_in(&last) {
+            Some(id) if last.contains("status: completed") => ScriptStep::text(format!("got {id}")),
+            Some(id) => ScriptStep::tool_call(
+                "c2",
+                "task_output",
+                json!({"task_id": id, "wait_seconds": 20}),
+            ),
+            None => ScriptStep::text("no task id"),
+        }
+    });
+    let dir = tempfile::tempdir()?;
+    let (_ws, ws_s) = workspace(dir.path())?;
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "go",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let parent = requests_of(&server, PARENT);
+    let started = last_tool(&parent[1]);
+    assert!(
+        started.contains("status: pending") || started.contains("status: running"),
+        "{started}"
+    );
+    let id = task_id_in(&started).ok_or("no task id in the spawn result")?;
+    let output = last_tool(&parent[2]);
+    assert!(output.contains("status: completed"), "{output}");
+    assert!(output.contains("BACKGROUND RESULT"), "{output}");
+    assert_eq!(stdout(&out), format!("got {id}\n"));
+    // Read with task_output: never pushed on top.
+    for r in &parent {
+        assert!(
+            !r.body.to_string().contains("system-notification"),
+            "pushed although read"
+        );
+    }
+    let tasks = tasks_json(dir.path(), &["--workspace", &ws_s]).await?;
+    assert_eq!(tasks[0]["status"], "completed");
+    assert!(tasks[0]["delivered_at"].is_string());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_failed_child_is_failed_never_completed() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "agent_spawn",
+            json!({"agent_id": "reviewer", "task": "t"}),
+        )
+        .when_system(PARENT),
+        ScriptStep::unauthorized().when_system(CHILD),
+        ScriptStep::text("the reviewer failed").when_system(PARENT),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let (_ws, ws_s) = workspace(dir.path())?;
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "go",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let parent = requests_of(&server, PARENT);
+    let result = &parent[1].body["messages"]
+        .as_array()
+        .and_then(|m| m.last().cloned())
+        .unwrap_or_default();
+    let text = result["content"].as_str().unwrap_or_default();
+    assert!(text.contains("subagent_failed"), "{text}");
+    assert!(text.contains("failed") && text.contains("401"), "{text}");
+    let tasks = tasks_json(dir.path(), &["--workspace", &ws_s]).await?;
+    assert_eq!(tasks[0]["status"], "failed");
+    assert!(
+        tasks[0]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("401"),
+        "{}",
+        tasks[0]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_child_past_its_step_limit_is_failed() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let (ws, ws_s) = workspace(dir.path())?;
+    spec(
+        &ws,
+        "looper",
+        "description: Loops\nmax_iterations: 2",
+        "You are LOOPER-3.",
+    )?;
+    server.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "agent_spawn",
+            json!({"agent_id": "looper", "task": "t"}),
+        )
+        .when_system(PARENT),
+        ScriptStep::tool_call("l1", "list_files", json!({"path": "."})).when_system("LOOPER-3"),
+        ScriptStep::tool_call("l2", "list_files", json!({"path": "."})).when_system("LOOPER-3"),
+        ScriptStep::text("ok").when_system(PARENT),
+    ]);
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "go",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let tasks = tasks_json(dir.path(), &["--workspace", &ws_s]).await?;
+    assert_eq!(tasks[0]["status"], "failed");
+    assert!(
+        tasks[0]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("step limit"),
+        "{}",
+        tasks[0]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn task_cancel_stops_a_slow_child_quickly() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "agent_spawn",
+            json!({"agent_id": "reviewer", "task": "slow", "background": true}),
+        )
+        .when_system(PARENT),
+        // The child's model request hangs for a minute unless abandoned.
+        ScriptStep::text("too late")
+            .when_system(CHILD)
+            .with_delay(Duration::from_secs(60)),
+    ]);
+    server.set_responder(|req: &RecordedRequest| {
+        let last = last_tool(req);
+        match task_id_in(&last) {
+            Some(_) if last.contains("status: cancelled") => ScriptStep::text("cancelled it"),
+            Some(id) => ScriptStep::tool_call("c2", "task_cancel", json!({"task_id": id})),
+            None => ScriptStep::text("no id"),
+        }
+    });
+    let dir = tempfile::tempdir()?;
+    let (_ws, ws_s) = workspace(dir.path())?;
+    let started = Instant::now();
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "go",
+        &[],
+    )
+    .await?;
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "cancelled it\n");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    let tasks = tasks_json(dir.path(), &["--workspace", &ws_s]).await?;
+    assert_eq!(tasks[0]["status"], "cancelled");
+    assert!(
+        tasks[0]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("task_cancel")
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_background_result_is_pushed_exactly_once_across_calls() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "agent_spawn",
+            json!({"agent_id": "reviewer", "task": "bg", "background": true}),
+        )
+        .when_system(PARENT),
+        ScriptStep::text("started it").when_system(PARENT),
+        ScriptStep::text("PUSHED RESULT 42")
+            .when_system(CHILD)
+            .with_delay(Duration::from_millis(300)),
+        // Call 2 and call 3 of the parent.
+        ScriptStep::text("seen").when_system(PARENT),
+        ScriptStep::text("again").when_system(PARENT),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let (_ws, ws_s) = workspace(dir.path())?;
+    let base = server.base_url();
+    let out = run_with(dir.path(), &base, &["--workspace", &ws_s], "start", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "started it\n");
+    // hame run waited for the task it started.
+    assert!(
+        stderr(&out).contains("waiting for 1 background task(s)"),
+        "{}",
+        stderr(&out)
+    );
+    let tasks = tasks_json(dir.path(), &["--workspace", &ws_s]).await?;
+    assert_eq!(tasks[0]["status"], "completed");
+    assert!(tasks[0]["delivered_at"].is_null());
+
+    for msg in ["next", "third"] {
+        let out = run_with(dir.path(), &base, &["--workspace", &ws_s], msg, &[]).await?;
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    }
+    let parent = requests_of(&server, PARENT);
+    assert_eq!(parent.len(), 4);
+    let count = |r: &RecordedRequest| r.body.to_string().matches("PUSHED RESULT 42").count();
+    // Call 2 got it once, before its first step; call 3 has it once, in the history.
+    assert_eq!(count(&parent[2]), 1);
+    assert_eq!(count(&parent[3]), 1);
+    assert!(parent[2].body.to_string().contains("system-notification"));
+    let tasks = tasks_json(dir.path(), &["--workspace", &ws_s]).await?;
+    assert!(tasks[0]["delivered_at"].is_string());
+    Ok(())
+}
+
+#[tokio::test]
+async fn task_wait_bound_records_the_task_failed() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "agent_spawn",
+            json!({"agent_id": "reviewer", "task": "bg", "background": true}),
+        )
+        .when_system(PARENT),
+        ScriptStep::text("started").when_system(PARENT),
+        ScriptStep::text("never")
+            .when_system(CHILD)
+            .with_delay(Duration::from_secs(60)),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let (_ws, ws_s) = workspace(dir.path())?;
+    let started = Instant::now();
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s, "--task-wait", "1"],
+        "start",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(started.elapsed() < Duration::from_secs(15));
+    assert!(
+        stderr(&out).contains("waiting for 1 background task(s)"),
+        "{}",
+        stderr(&out)
+    );
+    let tasks = tasks_json(dir.path(), &["--workspace", &ws_s]).await?;
+    assert_eq!(tasks[0]["status"], "failed");
+    assert!(
+        tasks[0]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("interrupted"),
+        "{}",
+        tasks[0]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn sigkill_of_the_parent_leaves_no_record_running() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "agent_spawn",
+            json!({"agent_id": "reviewer", "task": "bg", "background": true}),
+        )
+        .when_system(PARENT),
+        ScriptStep::text("started").when_system(PARENT),
+        ScriptStep::text("never")
+            .when_system(CHILD)
+            .with_delay(Duration::from_secs(60)),
+        ScriptStep::text("after the crash").when_system(PARENT),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let (_ws, ws_s) = workspace(dir.path())?;
+    let state = dir.path().join("state").to_string_lossy().into_owned();
+    let base = server.base_url();
+    let mut child = hame(
+        &["run", "--model", "openai:m", "--workspace", &ws_s, "start"],
+        &[("OPENAI_BASE_URL", &base), ("HAME_STATE_HOME", &state)],
+        dir.path(),
+    )
+    .stdout(std::process::Stdio::piped())
+    .spawn()?;
+    // Wait until the child's request is in flight (the task runs), then SIGKILL.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while requests_of(&server, CHILD).is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !requests_of(&server, CHILD).is_empty(),
+        "the child never ran"
+    );
+    child.kill()?;
+    child.wait()?;
+    let ws = Path::new(&ws_s);
+    let on_disk: Vec<Value> = fs::read_dir(ws.join("agents/hame/tasks"))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| fs::read_to_string(e.path()).ok())
+        .filter_map(|t| serde_json::from_str(&t).ok())
+        .collect();
+    assert_eq!(on_disk.len(), 1);
+    assert_eq!(on_disk[0]["status"], "running");
+    // The next call of the session marks it failed (interrupted) and tells the parent.
+    let out = run_with(dir.path(), &base, &["--workspace", &ws_s], "status?", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let tasks = tasks_json(dir.path(), &["--workspace", &ws_s]).await?;
+    assert_eq!(tasks[0]["status"], "failed");
+    assert!(
+        tasks[0]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("interrupted"),
+        "{}",
+        tasks[0]
+    );
+    let parent = requests_of(&server, PARENT);
+    let last = parent
+        .last()
+        .map(|r| r.body.to_string())
+        .unwrap_or_default();
+    assert!(
+        last.contains("system-notification") && last.contains("interrupted"),
+        "{last}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_users_spec_shadows_the_shared_one_for_that_user_only() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let (ws, ws_s) = workspace(dir.path())?;
+    fs::create_dir_all(ws.join("alice/subagents"))?;
+    fs::write(
+        ws.join("alice/subagents/reviewer.md"),
+        "---\ndescription: Alice's reviewer\n---\nYou are ALICE-REVIEWER-9.\n",
+    )?;
+    for (user, marker) in [("alice", "ALICE-REVIEWER-9"), ("bob", CHILD)] {
+        server.push_all([
+            ScriptStep::tool_call(
+                "c1",
+                "agent_spawn",
+                json!({"agent_id": "reviewer", "task": "t"}),
+            )
+            .when_system(PARENT),
+            ScriptStep::text(format!("child of {user}")).when_system(marker),
+            ScriptStep::text("done").when_system(PARENT),
+        ]);
+        let out = run_with(
+            dir.path(),
+            &server.base_url(),
+            &["--workspace", &ws_s, "--user", user],
+            "go",
+            &[],
+        )
+        .await?;
+        assert_eq!(out.status.code(), Some(0), "{user}: {}", stderr(&out));
+        assert_eq!(server.remaining(), 0, "{user}: a step was not used");
+    }
+    let alice_parent = requests_of(&server, "Alice's reviewer");
+    assert_eq!(alice_parent.len(), 2, "alice's parent lists her reviewer");
+    // Bob never sees alice's override.
+    for r in requests_of(&server, PARENT) {
+        let s = system_of(&r.body);
+        if !s.contains("Alice's reviewer") {
+            assert!(s.contains("- reviewer: Reviews files"), "{s}");
+        }
+    }
+    assert!(
+        requests_of(&server, "ALICE-REVIEWER-9")
+            .iter()
+            .all(|r| !system_of(&r.body).contains(CHILD))
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn depth_one_children_are_leaves_and_depth_two_nests_once() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (ws, ws_s) = workspace(dir.path())?;
+    spec(&ws, "lead", "description: Delegates", "You are LEAD-5.")?;
+    // Depth 1 (default): the child gets no subagent tools.
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "agent_spawn",
+            json!({"agent_id": "lead", "task": "t"}),
+        )
+        .when_system(PARENT),
+        ScriptStep::text("lead done").when_system("LEAD-5"),
+        ScriptStep::text("ok").when_system(PARENT),
+    ]);
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "go",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let lead = requests_of(&server, "LEAD-5");
+    assert!(!tool_names(&lead[0]).contains(&"agent_spawn".to_owned()));
+
+    // Depth 2: the lead may spawn the reviewer; the reviewer (depth 2) is a leaf.
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "agent_spawn",
+            json!({"agent_id": "lead", "task": "t"}),
+        )
+        .when_system(PARENT),
+        ScriptStep::tool_call(
+            "c2",
+            "agent_spawn",
+            json!({"agent_id": "reviewer", "task": "sub"}),
+        )
+        .when_system("LEAD-5"),
+        ScriptStep::text("grandchild done").when_system(CHILD),
+        ScriptStep::text("lead done").when_system("LEAD-5"),
+        ScriptStep::text("ok").when_system(PARENT),
+    ]);
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &[
+            "--workspace",
+            &ws_s,
+            "--subagent-depth",
+            "2",
+            "--session",
+            "deep",
+        ],
+        "go",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let lead = requests_of(&server, "LEAD-5");
+    assert!(tool_names(&lead[0]).contains(&"agent_spawn".to_owned()));
+    assert!(
+        last_tool(&lead[1]).contains("grandchild done"),
+        "{}",
+        last_tool(&lead[1])
+    );
+    let grandchild = requests_of(&server, CHILD);
+    assert!(!tool_names(&grandchild[0]).contains(&"agent_spawn".to_owned()));
+    // The grandchild's record lives with the lead's session.
+    let all: Vec<Value> = fs::read_dir(ws.join("agents/hame/tasks"))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| fs::read_to_string(e.path()).ok())
+        .filter_map(|t| serde_json::from_str(&t).ok())
+        .collect();
+    let grand: Vec<_> = all.iter().filter(|r| r["depth"] == 2).collect();
+    assert_eq!(grand.len(), 1);
+    assert!(
+        grand[0]["parent_session"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("deep@lead-")
+    );
+    assert_eq!(grand[0]["status"], "completed");
+    Ok(())
+}
+
+#[tokio::test]
+async fn no_general_subagent_removes_the_builtin() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call("c1", "agent_list", json!({})).when_system(PARENT),
+        ScriptStep::text("listed").when_system(PARENT),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let (_ws, ws_s) = workspace(dir.path())?;
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s, "--no-general-subagent"],
+        "list",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let reqs = requests_of(&server, PARENT);
+    let listed = last_tool(&reqs[1]);
+    assert!(listed.contains("- reviewer: Reviews files"), "{listed}");
+    assert!(!listed.contains("general-purpose"), "{listed}");
+    assert!(!system_of(&reqs[0].body).contains("general-purpose"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn shared_store_mode_on_redis_keeps_task_records_in_the_store() -> TestResult {
+    let Some(redis) = service("HAME_TEST_REDIS_URL") else {
+        return Ok(());
+    };
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "agent_spawn",
+            json!({"agent_id": "reviewer", "task": "t"}),
+        )
+        .when_system(PARENT),
+        ScriptStep::text("STORE CHILD").when_system(CHILD),
+        ScriptStep::text("done").when_system(PARENT),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let (ws, ws_s) = workspace(dir.path())?;
+    let agent = unique_agent();
+    let args = [
+        "--workspace",
+        &ws_s,
+        "--store",
+        &redis,
+        "--state",
+        &redis,
+        "--agent",
+        &agent,
+        "--user",
+        "u1",
+    ];
+    let out = run_with(dir.path(), &server.base_url(), &args, "go", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(last_tool(&requests_of(&server, PARENT)[1]).contains("STORE CHILD"));
+    // Nothing on local disk: the record is in the shared store.
+    assert!(!ws.join("agents").exists());
+    let tasks = tasks_json(dir.path(), &args).await?;
+    assert_eq!(tasks.len(), 1);
+    assert_eq!(tasks[0]["status"], "completed");
+    assert_eq!(tasks[0]["user"], "u1");
+    // Another user's view has no tasks.
+    let other = [
+        "--workspace",
+        &ws_s,
+        "--store",
+        &redis,
+        "--state",
+        &redis,
+        "--agent",
+        &agent,
+        "--user",
+        "u2",
+    ];
+    assert!(tasks_json(dir.path(), &other).await?.is_empty());
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! The harness side of subagents: the runner that builds a child's loop from the parent's
+//! model, tools and layers, and the task API of [`HarnessAgent`].
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use hame_core::{AgentLoop, CallInput, Message, Model, RuntimeContext};
+use hame_subagent::{
+    ChildReply, ChildRun, Declaration, GENERAL_PURPOSE, SUBAGENT_TOOLS, SpecSource, SubagentRunner,
+    SubagentSpec, TaskRecord,
+};
+
+use crate::agent::{HarnessAgent, Inner};
+use crate::error::{Error, Result};
+
+/// The built-in `general-purpose` declaration: this agent's base prompt and all its tools.
+pub(crate) fn general_purpose(base_prompt: &str) -> Declaration {
+    let mut spec = SubagentSpec::new(
+        GENERAL_PURPOSE,
+        "General-purpose subagent with the same tools as you: research, multi-step work, anything you can do yourself but want done in a separate context.",
+        base_prompt,
+    );
+    spec.source = SpecSource::Builtin;
+    spec.into()
+}
+
+/// What every child's system prompt ends with.
+fn child_context(spec: &SubagentSpec) -> String {
+    format!(
+        "\n\n## Subagent context\nYou are the subagent `{}`, working on one task for another agent. No user will answer questions: decide for yourself and finish the task. Your final message is your report to that agent: make it complete and self-contained.",
+        spec.id
+    )
+}
+
+/// Runs children as calls of the same agent on their own sessions, with a loop built from
+/// the parent's: the spec's prompt, model, step limit and tool allowlist; every layer of
+/// the parent (so permissions, plan mode, audit and budgets reach children).
+#[derive(Debug)]
+pub(crate) struct HarnessRunner {
+    inner: Weak<Inner>,
+}
+
+impl HarnessRunner {
+    pub(crate) fn new(inner: &Arc<Inner>) -> Self {
+        Self {
+            inner: Arc::downgrade(inner),
+        }
+    }
+}
+
+#[async_trait]
+impl SubagentRunner for HarnessRunner {
+    async fn run(&self, run: ChildRun) -> std::result::Result<ChildReply, String> {
+        let inner = self
+            .inner
+            .upgrade()
+            .ok_or_else(|| "the agent that spawned it is gone".to_owned())?;
+        let agent = HarnessAgent { inner };
+        let child = agent.child_loop(&run.spec, run.may_spawn)?;
+        let out = agent
+            .run_loop(
+                &child,
+                CallInput::Message(Message::user(run.message)),
+                &run.runtime,
+                Some(run.workspace),
+                &run.events,
+                &run.cancel,
+            )
+            .await
+            .map_err(|e| child_error(&e))?;
+        Ok(ChildReply {
+            text: out.reply.text_content(),
+            iterations: out.iterations,
+            usage: out.usage,
+        })
+    }
+}
+
+/// A child's failure as its parent reads it.
+fn child_error(e: &Error) -> String {
+    match e {
+        Error::Call(hame_core::Error::MaxIterations { limit }) => {
+            format!("it reached its step limit ({limit} steps) without a final answer")
+        }
+        Error::Call(hame_core::Error::Cancelled) => "it was cancelled".into(),
+        Error::Call(hame_core::Error::Suspended(s)) => format!(
+            "it stopped waiting for a decision on {} tool call(s); approve or deny them in its session",
+            s.calls.len()
+        ),
+        other => other.to_string(),
+    }
+}
+
+impl HarnessAgent {
+    /// The loop of a child: the parent's layers, the spec's model (or the parent's), its
+    /// prompt, its step limit, and the parent's tools filtered by the spec's allowlist —
+    /// never the subagent tools when the child may not spawn.
+    pub(crate) fn child_loop(
+        &self,
+        spec: &SubagentSpec,
+        may_spawn: bool,
+    ) -> std::result::Result<AgentLoop, String> {
+        let parent = &self.inner.agent_loop;
+        let model = match &spec.model {
+            None => parent.model().clone(),
+            Some(name) => self.child_model(name)?,
+        };
+        let mut tools = parent.tools().clone();
+        let names: Vec<String> = tools
+            .names()
+            .into_iter()
+            .filter(|n| may_spawn || !SUBAGENT_TOOLS.contains(&n.as_str()))
+            .filter(|n| {
+                spec.tools
+                    .as_ref()
+                    .is_none_or(|allow| allow.iter().any(|a| a == n))
+            })
+            .collect();
+        tools.set_allow(Some(names));
+        let mut config = parent.config().clone();
+        config.system_prompt = format!("{}{}", spec.prompt, child_context(spec));
+        if let Some(n) = spec.max_iterations {
+            config.max_iterations = n;
+        }
+        let mut child = AgentLoop::new(model).with_tools(tools).with_config(config);
+        for layer in parent.layers() {
+            child = child.with_layer(layer.clone());
+        }
+        Ok(child)
+    }
+
+    fn child_model(&self, name: &str) -> std::result::Result<Arc<dyn Model>, String> {
+        if let Some(m) = self
+            .inner
+            .child_models
+            .lock()
+            .ok()
+            .and_then(|c| c.get(name).cloned())
+        {
+            return Ok(m);
+        }
+        let resolver = self.inner.model_resolver.as_ref().ok_or_else(|| {
+            format!("its spec names the model `{name}`, but this agent has no model resolver (builder.model_resolver)")
+        })?;
+        let model =
+            (resolver.0)(name).map_err(|e| format!("cannot open its model `{name}`: {e}"))?;
+        if let Ok(mut c) = self.inner.child_models.lock() {
+            c.insert(name.to_owned(), model.clone());
+        }
+        Ok(model)
+    }
+
+    /// The subagent runtime (declarations, live tasks, limits).
+    pub fn subagents(&self) -> &Arc<hame_subagent::Subagents> {
+        &self.inner.subagents
+    }
+
+    /// The task records of a caller's session, oldest first; records left `pending` or
+    /// `running` by a process that is gone are marked `failed` (interrupted) first.
+    pub async fn tasks(&self, ctx: &RuntimeContext) -> Result<Vec<TaskRecord>> {
+        let ws = self.workspace_for(ctx)?;
+        self.inner
+            .subagents
+            .sweep(&ws)
+            .await
+            .map_err(|e| Error::storage("reading task records failed", e))
+    }
+
+    /// Background tasks this process runs that have not finished.
+    pub fn running_tasks(&self) -> usize {
+        self.inner.subagents.running()
+    }
+
+    /// Waits up to `timeout` for this process's background tasks; returns how many still
+    /// run.
+    pub async fn wait_tasks(&self, timeout: Duration) -> usize {
+        self.inner.subagents.wait_idle(timeout).await
+    }
+
+    /// Stops this process's unfinished tasks and records them `failed` with `reason` (a
+    /// process about to exit). Returns how many were stopped.
+    pub async fn interrupt_tasks(&self, reason: &str) -> usize {
+        self.inner
+            .subagents
+            .interrupt_all(reason, Duration::from_secs(10))
+            .await
+    }
+}
