@@ -108,6 +108,7 @@ fn built_ins_sit_between_outer_and_inner_user_layers() -> TestResult {
         names(&build(true)?),
         [
             "outer-1",
+            "subagents",
             "session-log",
             "workspace-context",
             "compaction",
@@ -120,6 +121,7 @@ fn built_ins_sit_between_outer_and_inner_user_layers() -> TestResult {
         names(&build(false)?),
         [
             "outer-1",
+            "subagents",
             "session-log",
             "workspace-context",
             "inner-1",

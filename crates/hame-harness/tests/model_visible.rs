@@ -32,6 +32,9 @@ fn memory_off_registers_no_memory_tools() -> Result<(), Box<dyn std::error::Erro
     assert_eq!(
         names,
         vec![
+            "agent_list",
+            "agent_send",
+            "agent_spawn",
             "edit_file",
             "execute",
             "glob_files",
@@ -40,6 +43,9 @@ fn memory_off_registers_no_memory_tools() -> Result<(), Box<dyn std::error::Erro
             "read_file",
             "session_history",
             "session_list",
+            "task_cancel",
+            "task_list",
+            "task_output",
             "write_file"
         ]
     );

@@ -28,13 +28,16 @@ struct Delivered {
     delivered: Vec<String>,
 }
 
+/// (user, session) of a caller.
+type TenantSession = (Option<String>, String);
+
 /// The layer (place it outside the session log, so pushed results are logged).
 #[derive(Debug)]
 pub struct SubagentLayer {
     subagents: Arc<Subagents>,
     /// Results read from the task records at the start of a call, waiting for the next
     /// append, by (user, session).
-    inbox: Mutex<HashMap<(Option<String>, String), Vec<TaskRecord>>>,
+    inbox: Mutex<HashMap<TenantSession, Vec<TaskRecord>>>,
 }
 
 impl SubagentLayer {
@@ -46,7 +49,7 @@ impl SubagentLayer {
         }
     }
 
-    fn key(ws: &Workspace) -> (Option<String>, String) {
+    fn key(ws: &Workspace) -> TenantSession {
         let id = ws.identity();
         (id.user.clone(), id.session.clone())
     }
