@@ -120,7 +120,7 @@ async fn main() {
         ms(median(warm))
     );
     println!(
-        "| cold start of a fresh container (median of 5, incl. marker + projection check) | {} | ≤ 1 s |",
+        "| cold start of a fresh container (`begin` without a snapshot, median of 5) | {} | ≤ 1 s |",
         ms(median(cold))
     );
     println!(
