@@ -32,6 +32,10 @@ fn p(s: &str) -> FsPath {
 
 async fn sandboxes(snapshots: &std::path::Path, options: DockerOptions) -> DockerSandboxes {
     let store = Arc::new(LocalFs::new(snapshots).unwrap());
+    on_store(store, options).await
+}
+
+async fn on_store(store: Arc<dyn hame_fs::Filesystem>, options: DockerOptions) -> DockerSandboxes {
     let s = DockerSandboxes::connect(options, store).await.unwrap();
     s.ensure_image().await.unwrap();
     s
@@ -263,4 +267,63 @@ async fn idle_containers_are_removed_after_the_ttl() {
     assert_eq!(sh(sb.as_ref(), "cat f").await.output, "kept\n");
     sb.end().await.unwrap();
     sbs.shutdown().await;
+}
+
+/// Snapshots in Redis and in S3 (moto): written by one "process", restored by another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn snapshots_live_in_redis_and_s3_too() {
+    if !docker_enabled() {
+        return;
+    }
+    let mut stores: Vec<(&str, Arc<dyn hame_fs::Filesystem>)> = Vec::new();
+    let ns = format!("sbx-{}", rand_suffix());
+    match std::env::var("HAME_TEST_REDIS_URL") {
+        Ok(url) => stores.push(("redis", hame_fs_remote::open(&url, &ns).await.unwrap())),
+        Err(_) => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "HAME_TEST_REDIS_URL is needed in CI"
+            );
+            eprintln!("SKIPPED: HAME_TEST_REDIS_URL is not set: no Redis snapshot test");
+        }
+    }
+    match std::env::var("HAME_TEST_S3_ENDPOINT") {
+        Ok(endpoint) => {
+            let mut o = hame_fs_remote::ObjectStoreOptions::default()
+                .with("aws_endpoint", &endpoint)
+                .with("aws_access_key_id", "test")
+                .with("aws_secret_access_key", "test")
+                .with("aws_region", "us-east-1")
+                .with("aws_allow_http", "true")
+                .with("aws_virtual_hosted_style_request", "false");
+            o.from_env = false;
+            let fs = hame_fs_remote::ObjectStoreFs::open("s3://hame-test/sandbox", &ns, o).unwrap();
+            stores.push(("s3", Arc::new(fs)));
+        }
+        Err(_) => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "HAME_TEST_S3_ENDPOINT is needed in CI"
+            );
+            eprintln!("SKIPPED: HAME_TEST_S3_ENDPOINT is not set: no S3 snapshot test");
+        }
+    }
+    for (name, store) in stores {
+        let k = key(name);
+        let first = on_store(store.clone(), DockerOptions::default()).await;
+        let sb = first.scope(&k);
+        sb.begin(Vec::new()).await.unwrap();
+        sh(sb.as_ref(), &format!("mkdir -p d && echo in-{name} > d/f")).await;
+        sb.end().await.unwrap();
+        first.shutdown().await;
+        let second = on_store(store, DockerOptions::default()).await;
+        let sb = second.scope(&k);
+        let r = sb.begin(Vec::new()).await.unwrap();
+        assert_eq!((r.started, r.restored_files), (true, 1), "{name}");
+        assert_eq!(
+            sh(sb.as_ref(), "cat d/f").await.output,
+            format!("in-{name}\n")
+        );
+        second.shutdown().await;
+    }
 }
