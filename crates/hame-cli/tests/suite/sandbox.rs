@@ -250,7 +250,7 @@ async fn no_container_outlives_a_signal_and_orphans_are_reaped() -> TestResult {
     let ws_s = ws.to_string_lossy().into_owned();
     let state = dir.path().join("state").to_string_lossy().into_owned();
     let base = server.base_url();
-    for signal in ["-TERM", "-KILL"] {
+    for (round, signal) in ["-TERM", "-KILL"].into_iter().enumerate() {
         server.push(exec("s1", "sleep 600"));
         let child = super::common::hame(
             &[
@@ -273,7 +273,8 @@ async fn no_container_outlives_a_signal_and_orphans_are_reaped() -> TestResult {
         .stderr(std::process::Stdio::null())
         .spawn()?;
         let deadline = Instant::now() + Duration::from_secs(30);
-        while server.request_count() < 1 || containers_of(&agent).is_empty() {
+        // This round's model request arrived (its `sleep` step is taken) and its container runs.
+        while server.request_count() < round + 1 || containers_of(&agent).is_empty() {
             assert!(Instant::now() < deadline, "the sandbox never started");
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -298,7 +299,8 @@ async fn no_container_outlives_a_signal_and_orphans_are_reaped() -> TestResult {
             );
         }
     }
-    // The next run (any scope) removes the orphan of the killed process.
+    // The next run (another session: the killed one still holds its session lease)
+    // removes the orphan of the killed process.
     server.push(ScriptStep::text("ok"));
     let out = run_with(
         dir.path(),
@@ -308,6 +310,8 @@ async fn no_container_outlives_a_signal_and_orphans_are_reaped() -> TestResult {
             &ws_s,
             "--agent",
             &agent,
+            "--session",
+            "after",
             "--sandbox",
             "docker",
             "--no-memory",
@@ -318,5 +322,48 @@ async fn no_container_outlives_a_signal_and_orphans_are_reaped() -> TestResult {
     .await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(containers_of(&agent).is_empty(), "orphan reaped");
+    Ok(())
+}
+
+/// A sandboxed command past its timeout: the partial output comes back and no process of
+/// its tree is left in the container (the next command of the call sees none).
+#[tokio::test]
+async fn a_command_past_its_timeout_is_killed_with_its_tree() -> TestResult {
+    if service("HAME_TEST_DOCKER").is_none() {
+        return Ok(());
+    }
+    let agent = unique_agent();
+    let server = ScriptedServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    server.push_all([
+        ScriptStep::tool_call(
+            "t1",
+            "execute",
+            json!({"command": "echo started; (sleep 300; echo) & sh -c 'sleep 301' & sleep 302", "timeout_secs": 1}),
+        ),
+        exec("t2", "ps -o args | grep -c '^sleep 30[012]' || true"),
+        ScriptStep::text("done"),
+    ]);
+    let args = [
+        "--workspace",
+        &ws_s,
+        "--agent",
+        &agent,
+        "--sandbox",
+        "docker",
+        "--no-memory",
+    ];
+    let out = run_with(dir.path(), &server.base_url(), &args, "go", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let results = tool_results(&server);
+    assert!(
+        results[0].starts_with("started\n") && results[0].contains("[timed out"),
+        "{results:?}"
+    );
+    assert_eq!(last_exec(&server), "0\n", "no process of the tree is left");
+    assert!(containers_of(&agent).is_empty());
     Ok(())
 }
