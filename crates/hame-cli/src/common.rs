@@ -55,6 +55,8 @@ pub(crate) struct Common {
     sandbox: crate::sandbox::SandboxArgs,
     #[command(flatten)]
     pub(crate) subagents: crate::tasks::SubagentArgs,
+    #[command(flatten)]
+    pub(crate) capabilities: crate::skills::CapabilityArgs,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -108,6 +110,7 @@ async fn build_agent(
         .name(common.agent.clone())
         .model(model);
     builder = crate::tasks::configure(&common.subagents, builder);
+    builder = crate::skills::configure(builder, &common.capabilities);
     if let Some(ws) = &common.workspace {
         builder = builder.workspace(ws.clone());
     }
@@ -186,6 +189,9 @@ async fn build_agent(
         .map_err(|e| ConfigError(e.to_string()))?;
     if let Some(u) = &ctx.user_id {
         hame::harness::validate_id("user id", u).map_err(|e| ConfigError(e.to_string()))?;
+    }
+    if need_model {
+        crate::skills::check(&agent, &ctx).await?;
     }
     // Every credential has been read: keep them from the shell's commands.
     let sealed = secrets::seal();

@@ -16,6 +16,7 @@ mod run;
 mod sandbox;
 mod secrets;
 mod signals;
+mod skills;
 mod tasks;
 
 use common::Common;
@@ -57,6 +58,11 @@ enum Command {
     Sandbox {
         #[command(subcommand)]
         command: sandbox::SandboxCommand,
+    },
+    /// Skills of the workspace: list them, promote drafts.
+    Skills {
+        #[command(subcommand)]
+        command: skills::SkillsCommand,
     },
     /// The subagent task records of a session (`agents/<agent>/tasks/`), oldest first.
     /// Records left running by a process that is gone are marked failed (interrupted).
@@ -121,6 +127,7 @@ fn main() -> ExitCode {
             } => run::run(common, json, message).await,
             Command::Chat { common } => run::chat(common).await,
             Command::Sandbox { command } => sandbox::command(command).await,
+            Command::Skills { command } => skills::run(command).await,
             Command::Tasks { common, json } => tasks::tasks(common, json).await,
         };
         // Nothing hame started outlives it.

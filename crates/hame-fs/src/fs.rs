@@ -109,11 +109,26 @@ pub enum WriteMode {
     IfMatch(Version),
 }
 
+/// How hard [`Filesystem::write`] works to keep a write through a crash.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// Survives a crash of the machine (local disk: the file and its directory are
+    /// fsynced). The default.
+    #[default]
+    Synced,
+    /// Atomic (readers see the old or the new content, never a mix) and survives a crash of
+    /// the process, not necessarily of the machine (local disk: no fsync). For records
+    /// rewritten often whose loss on power failure is repaired (task heartbeats).
+    Atomic,
+}
+
 /// Options of [`Filesystem::write`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WriteOptions {
     /// Overwrite, create-only or compare-and-set.
     pub mode: WriteMode,
+    /// Synced (default) or atomic only; backends without the distinction treat both alike.
+    pub durability: Durability,
 }
 
 impl WriteOptions {
@@ -121,6 +136,7 @@ impl WriteOptions {
     pub fn create_new() -> Self {
         WriteOptions {
             mode: WriteMode::CreateNew,
+            ..WriteOptions::default()
         }
     }
 
@@ -128,6 +144,15 @@ impl WriteOptions {
     pub fn if_match(version: Version) -> Self {
         WriteOptions {
             mode: WriteMode::IfMatch(version),
+            ..WriteOptions::default()
+        }
+    }
+
+    /// An overwrite that is atomic but not fsynced ([`Durability::Atomic`]).
+    pub fn atomic() -> Self {
+        WriteOptions {
+            durability: Durability::Atomic,
+            ..WriteOptions::default()
         }
     }
 }

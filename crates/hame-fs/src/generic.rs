@@ -175,7 +175,17 @@ pub async fn append_via_cas<F: Filesystem + ?Sized>(
             Err(e) => return Err(e),
         };
         current.extend_from_slice(&data);
-        match fs.write(path, current, WriteOptions { mode }).await {
+        match fs
+            .write(
+                path,
+                current,
+                WriteOptions {
+                    mode,
+                    ..WriteOptions::default()
+                },
+            )
+            .await
+        {
             Ok(_) => return Ok(()),
             Err(e @ (Error::Conflict { .. } | Error::AlreadyExists { .. })) => {
                 tracing::debug!(%path, attempt, "append raced another writer; retrying");

@@ -57,10 +57,10 @@ pub use error::{Error, Result, codes};
 #[doc(hidden)]
 pub use forward::__private;
 pub use fs::{
-    BINARY_SNIFF_BYTES, DEFAULT_READ_LINES, DOWNLOAD_CONCURRENCY, DeleteOptions, EditOutcome,
-    EditRequest, ExecOutput, ExecRequest, Execute, FileInfo, FileKind, Filesystem, FilesystemExt,
-    GREP_MAX_FILE_BYTES, GlobOutput, GlobRequest, GrepMatch, GrepOutput, GrepRequest, ReadWindow,
-    RenameOptions, TextWindow, Version, WriteMode, WriteOptions,
+    BINARY_SNIFF_BYTES, DEFAULT_READ_LINES, DOWNLOAD_CONCURRENCY, DeleteOptions, Durability,
+    EditOutcome, EditRequest, ExecOutput, ExecRequest, Execute, FileInfo, FileKind, Filesystem,
+    FilesystemExt, GREP_MAX_FILE_BYTES, GlobOutput, GlobRequest, GrepMatch, GrepOutput,
+    GrepRequest, ReadWindow, RenameOptions, TextWindow, Version, WriteMode, WriteOptions,
 };
 #[cfg(feature = "local")]
 pub use local::{LocalFs, LocalFsOptions};

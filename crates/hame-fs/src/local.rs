@@ -340,7 +340,7 @@ impl Inner {
         Ok(buf)
     }
 
-    fn write(&self, path: &FsPath, data: &[u8], mode: &WriteMode) -> Result<Version> {
+    fn write(&self, path: &FsPath, data: &[u8], mode: &WriteMode, synced: bool) -> Result<Version> {
         if path.is_root() {
             return Err(Error::IsDirectory {
                 path: path.to_string(),
@@ -404,7 +404,9 @@ impl Inner {
                 // Keep the mode of the file being replaced.
                 let _ = f.set_permissions(md.permissions());
             }
-            f.sync_all().map_err(|e| map_io(path, e))?;
+            if synced {
+                f.sync_all().map_err(|e| map_io(path, e))?;
+            }
             let flags = if matches!(mode, WriteMode::CreateNew) {
                 rustix::fs::RenameFlags::NOREPLACE
             } else {
@@ -418,7 +420,7 @@ impl Inner {
             let _ = dir.remove_file(&tmp);
             return Err(e);
         }
-        if let Ok(d) = dir.try_clone() {
+        if synced && let Ok(d) = dir.try_clone() {
             let _ = d.into_std_file().sync_all();
         }
         Ok(Version::of(data))
@@ -665,7 +667,8 @@ impl Filesystem for LocalFs {
 
     async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version> {
         let path = path.clone();
-        self.blocking(move |i| i.write(&path, &data, &options.mode))
+        let synced = options.durability == crate::fs::Durability::Synced;
+        self.blocking(move |i| i.write(&path, &data, &options.mode, synced))
             .await
     }
 

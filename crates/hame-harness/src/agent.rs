@@ -47,6 +47,12 @@ impl EnvLookup {
     pub fn process() -> Self {
         Self(Arc::new(|k| std::env::var(k).ok()))
     }
+    /// A copy of the process environment taken now: later changes (the CLI scrubs secret
+    /// values after the agent is built) do not reach it.
+    pub fn snapshot() -> Self {
+        let vars: HashMap<String, String> = std::env::vars().collect();
+        Self(Arc::new(move |k| vars.get(k).cloned()))
+    }
     /// Looks up `key`; blank values count as unset.
     pub fn get(&self, key: &str) -> Option<String> {
         (self.0)(key).filter(|v| !v.trim().is_empty())
@@ -76,6 +82,7 @@ pub struct HarnessAgentBuilder {
     hidden_paths: Vec<PathBuf>,
     lease: Option<LeaseOptions>,
     memory: Option<MemoryOptions>,
+    capabilities: crate::capabilities::Capabilities,
     subagent_options: hame_subagent::SubagentOptions,
     subagents: Vec<hame_subagent::Declaration>,
     model_resolver: Option<ModelResolver>,
@@ -247,6 +254,27 @@ impl HarnessAgentBuilder {
         self
     }
 
+    /// Skills (default on, no global directory): the `<available_skills>` block,
+    /// `load_skill` and `propose_skill`; `None` switches them off. See `docs/skills.md`.
+    pub fn skills(mut self, options: Option<hame_skills::SkillsOptions>) -> Self {
+        self.capabilities.skills = options;
+        self
+    }
+
+    /// Reading `tools.json` for every call (default on): allow/deny and MCP servers. See
+    /// `docs/tools-and-mcp.md`.
+    pub fn tools_config(mut self, enabled: bool) -> Self {
+        self.capabilities.tools_config = enabled;
+        self
+    }
+
+    /// The MCP connections to use (default: the agent's own); agents of one process can
+    /// share one pool.
+    pub fn mcp_pool(mut self, pool: Arc<hame_mcp::McpPool>) -> Self {
+        self.capabilities.mcp_pool = Some(pool);
+        self
+    }
+
     /// Declares a subagent in code (it shadows the built-in one of the same id; workspace
     /// specs `subagents/<id>.md` shadow it in turn). See `docs/subagents.md`.
     pub fn subagent(mut self, spec: hame_subagent::SubagentSpec) -> Self {
@@ -291,6 +319,8 @@ impl HarnessAgentBuilder {
 
     /// Validates the configuration and builds the agent.
     pub fn build(self) -> Result<HarnessAgent> {
+        // `${VAR}` of tools.json is read later, per call: from a copy taken now.
+        let vars = self.env.clone().unwrap_or_else(EnvLookup::snapshot);
         let env = self.env.unwrap_or_else(EnvLookup::process);
         let model = self.model.ok_or_else(|| {
             Error::Config(
@@ -417,6 +447,7 @@ impl HarnessAgentBuilder {
             ))
         });
 
+        let capabilities = self.capabilities.build(vars, &workspace)?;
         let context = WorkspaceContext::new(
             ContextOptions {
                 agent: name.clone(),
@@ -429,6 +460,10 @@ impl HarnessAgentBuilder {
                 usize::try_from(counter.count(s)).unwrap_or(usize::MAX)
             })),
         );
+        let context = match &capabilities.skills {
+            Some(skills) => context.with_skills(skills.clone()),
+            None => context,
+        };
         let recorder = Arc::new(SessionRecorder::new(name.clone()));
 
         let mut tools = ToolSet::new();
@@ -440,6 +475,9 @@ impl HarnessAgentBuilder {
             for t in crate::memory::memory_tools(layer) {
                 tools.register(t);
             }
+        }
+        for t in capabilities.tools() {
+            tools.register(t);
         }
         // Subagents: the built-in general-purpose one mirrors this agent's prompt and tools.
         let mut declarations = Vec::new();
@@ -484,6 +522,11 @@ impl HarnessAgentBuilder {
         ) {
             agent_loop = agent_loop.with_layer(layer);
         }
+        // Innermost: allow/deny of tools.json over every tool, MCP calls dispatched below
+        // every other layer (ADR 0006).
+        if let Some(layer) = &capabilities.tools_layer {
+            agent_loop = agent_loop.with_layer(layer.clone());
+        }
         let inner = Arc::new(Inner {
             name,
             workspace,
@@ -493,6 +536,7 @@ impl HarnessAgentBuilder {
             lease: self.lease.unwrap_or_default(),
             local_locks: Mutex::new(HashMap::new()),
             memory,
+            capabilities,
             subagents: subagents.clone(),
             model_resolver: self.model_resolver,
             child_models: Mutex::new(HashMap::new()),
@@ -644,6 +688,7 @@ pub(crate) struct Inner {
     pub(crate) lease: LeaseOptions,
     local_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     memory: Option<Arc<MemoryLayer>>,
+    capabilities: crate::capabilities::Built,
     pub(crate) subagents: Arc<hame_subagent::Subagents>,
     pub(crate) model_resolver: Option<ModelResolver>,
     pub(crate) child_models: Mutex<HashMap<String, Arc<dyn Model>>>,
@@ -688,6 +733,26 @@ impl HarnessAgent {
     /// The state store.
     pub fn state_store(&self) -> &Arc<dyn StateStore> {
         &self.inner.state_store
+    }
+
+    /// The skills capability, when on (`hame skills list|promote` use it with
+    /// [`workspace_for`](Self::workspace_for)).
+    pub fn skills(&self) -> Option<&Arc<hame_skills::Skills>> {
+        self.inner.capabilities.skills.as_ref()
+    }
+
+    /// Reads and checks a caller's `tools.json` (and its `<userId>/tools.json`) as the next
+    /// call will: a broken file is [`Error::Config`] naming it. `None` when `tools.json` is
+    /// not read (switched off).
+    pub async fn tools_config_for(
+        &self,
+        ctx: &RuntimeContext,
+    ) -> Result<Option<crate::tools_config::ToolsConfig>> {
+        let Some(layer) = &self.inner.capabilities.tools_layer else {
+            return Ok(None);
+        };
+        let ws = self.workspace_for(ctx)?;
+        layer.load(&ws).await.map(Some).map_err(Error::Config)
     }
 
     /// The workspace handle of a caller: what its tools and layers see.

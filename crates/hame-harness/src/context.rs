@@ -42,6 +42,7 @@ pub struct WorkspaceContext {
     /// `MEMORY.md` cut to its budget, by content hash: counting tokens is the costly part of
     /// a step's prompt assembly and the file rarely changes between steps.
     budgeted: std::sync::Mutex<std::collections::HashMap<u64, BudgetedText>>,
+    skills: Option<Arc<hame_skills::Skills>>,
 }
 
 /// Budgeted `MEMORY.md` versions remembered before the cache is cleared.
@@ -82,7 +83,21 @@ impl WorkspaceContext {
             options,
             counter,
             budgeted: std::sync::Mutex::new(std::collections::HashMap::new()),
+            skills: None,
         }
+    }
+
+    /// Lists the caller's visible skills (`<available_skills>`, names and descriptions)
+    /// in every prompt; skipped skills are reported once on the call's events.
+    pub fn with_skills(mut self, skills: Arc<hame_skills::Skills>) -> Self {
+        self.skills = Some(skills);
+        self
+    }
+
+    async fn skills_block(&self, ws: &Workspace, events: &EventSink) -> Option<String> {
+        let skills = self.skills.as_ref()?;
+        let catalog = skills.catalog(ws, Some(events)).await;
+        hame_skills::prompt_block(&catalog.visible())
     }
 
     fn budget_memory(&self, text: &str) -> BudgetedText {
@@ -107,11 +122,12 @@ impl WorkspaceContext {
     pub async fn parts(&self, base: &str, ws: &Workspace, events: &EventSink) -> PromptParts {
         let r = Reader { ws, events };
         // The reads are independent: run them concurrently.
-        let (agents_md, memory, knowledge_md, knowledge_files) = tokio::join!(
+        let (agents_md, memory, knowledge_md, knowledge_files, skills) = tokio::join!(
             r.read_text("AGENTS.md", true),
             r.read_home("MEMORY.md"),
             r.read_text("knowledge/KNOWLEDGE.md", true),
             r.list_files("knowledge"),
+            self.skills_block(ws, events),
         );
         let memory = memory
             .filter(|m| !m.trim().is_empty())
@@ -134,6 +150,7 @@ impl WorkspaceContext {
             knowledge_md,
             knowledge_files,
             additional,
+            skills,
             memory,
             session: SessionInfo {
                 agent: self.options.agent.clone(),

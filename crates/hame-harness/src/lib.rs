@@ -5,6 +5,11 @@
 //! `knowledge/` before every step), per-session state, and the harness's built-in
 //! layers. It contains no backend code: backends come from the leaf crates.
 //!
+//! Workspace-declared capabilities are wired here too: skills (`hame-skills`: the
+//! `<available_skills>` block, `load_skill`, `propose_skill`) and `tools.json`
+//! ([`tools_config`]: allow/deny and MCP servers through `hame-mcp`, applied per call by
+//! the innermost [`ToolsConfigLayer`]); see `docs/skills.md` and `docs/tools-and-mcp.md`.
+//!
 //! Applications depend on the `hame` facade, which re-exports this crate.
 //!
 //! ```
@@ -28,6 +33,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod agent;
+mod capabilities;
 mod context;
 mod error;
 mod guard;
@@ -40,6 +46,8 @@ mod subagents;
 mod template;
 mod tenancy;
 mod tools;
+pub mod tools_config;
+mod tools_layer;
 mod workspace;
 
 pub use agent::{
@@ -58,4 +66,5 @@ pub use memory::{FlushPolicy, MemoryOptions};
 pub use recorder::{CALL_ID_EXTRA, SessionRecorder};
 pub use template::{RUNTIME_ROOTS, TemplateFs};
 pub use tenancy::{FilesystemMode, Tenancy};
+pub use tools_layer::{MCP_FAILED_EVENT, ToolsConfigError, ToolsConfigLayer};
 pub use workspace::{DEFAULT_WORKSPACE, WORKSPACE_ENV, resolve_workspace};

@@ -5,8 +5,10 @@
 //! 2. `AGENTS.md` (the user's override when present), in full;
 //! 3. `knowledge/KNOWLEDGE.md` in full, then the list of the other files under `knowledge/`;
 //! 4. additional context files, in the order given;
-//! 5. `MEMORY.md`, within its token budget (newest part kept);
-//! 6. the session section (agent, date, session id, user id): the volatile part, last.
+//! 5. `<available_skills>`: names and descriptions of the visible skills (changes only when
+//!    the skills do);
+//! 6. `MEMORY.md`, within its token budget (newest part kept);
+//! 7. the session section (agent, date, session id, user id): the volatile part, last.
 
 /// What goes into one system prompt.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -21,6 +23,8 @@ pub struct PromptParts {
     pub knowledge_files: Vec<String>,
     /// `(path, content)` of additional context files.
     pub additional: Vec<(String, String)>,
+    /// The `<available_skills>` block (names and descriptions), if any skill is visible.
+    pub skills: Option<String>,
     /// `MEMORY.md` after budgeting, and whether it was cut.
     pub memory: Option<BudgetedText>,
     /// Session facts.
@@ -130,6 +134,9 @@ pub fn render(parts: &PromptParts) -> String {
     for (path, content) in &parts.additional {
         section(&mut out, "context", &format!(" path=\"{path}\""), content);
     }
+    if let Some(skills) = &parts.skills {
+        section(&mut out, "available_skills", "", skills);
+    }
     if let Some(memory) = &parts.memory {
         let mut body = String::new();
         if memory.truncated {
@@ -187,6 +194,7 @@ mod tests {
                 "knowledge/faq/returns.md".into(),
             ],
             additional: vec![("docs/extra.md".into(), "Extra context.".into())],
+            skills: Some("- review: Review a patch.\n".into()),
             memory: Some(BudgetedText {
                 text: "- user prefers metric units".into(),
                 truncated: true,

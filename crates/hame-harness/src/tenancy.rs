@@ -219,9 +219,15 @@ impl Tenancy {
             let home = hame_fs::tenant_fs(self.store.clone(), &ns, Some(template));
             let log_ns = Namespace::derive(agent, user, session, Scope::User)?;
             let records = hame_fs::tenant_fs(self.store.clone(), &log_ns, None);
+            // A tenant's tools cannot write its `tools.json`: it could start host commands
+            // (stdio MCP servers) or lift a deny (ADR 0006).
             let rules = GuardRules {
                 hidden: Vec::new(),
-                runtime: vec![FsPath::parse("agents")?, FsPath::parse(offload)?],
+                runtime: vec![
+                    FsPath::parse("agents")?,
+                    FsPath::parse(offload)?,
+                    FsPath::parse(crate::tools_config::TOOLS_JSON)?,
+                ],
                 user_folders: None,
             };
             let files: Arc<dyn Filesystem> = Arc::new(GuardFs::new(home.clone(), rules));

@@ -114,7 +114,8 @@ fn built_ins_sit_between_outer_and_inner_user_layers() -> TestResult {
             "compaction",
             "offload",
             "inner-1",
-            "inner-2"
+            "inner-2",
+            "tools-config"
         ]
     );
     assert_eq!(
@@ -125,7 +126,8 @@ fn built_ins_sit_between_outer_and_inner_user_layers() -> TestResult {
             "session-log",
             "workspace-context",
             "inner-1",
-            "inner-2"
+            "inner-2",
+            "tools-config"
         ]
     );
     Ok(())

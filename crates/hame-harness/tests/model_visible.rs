@@ -40,6 +40,8 @@ fn memory_off_registers_no_memory_tools() -> Result<(), Box<dyn std::error::Erro
             "glob_files",
             "grep_files",
             "list_files",
+            "load_skill",
+            "propose_skill",
             "read_file",
             "session_history",
             "session_list",

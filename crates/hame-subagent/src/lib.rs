@@ -12,7 +12,7 @@
 //!   `general-purpose`, code, workspace files `subagents/<id>.md` (YAML front matter, the
 //!   body is the child's system prompt) and per-user overrides `<userId>/subagents/<id>.md`
 //!   — read per call through the caller's workspace handle ([`Catalog::load`]);
-//! - [`task`]: durable task records (`agents/<agent>/tasks/<task_id>.json` in the
+//! - [`task`]: durable task records (`agents/<agent>/tasks/<session>/<task_id>.json` in the
 //!   tenant's namespace) and their state machine as plain functions;
 //! - [`Subagents`]: the runtime (spawn, send, output, cancel, heartbeats, the concurrency
 //!   bound, wall-clock limits, orphan sweep);
@@ -73,7 +73,7 @@ pub use error::{Error, Result};
 pub use layer::{DELIVERED_EXTENSION, SubagentLayer, notification};
 pub use manager::{
     DEPTH_EXTRA, ParentCall, SpawnOutcome, SpawnRequest, SubagentOptions, Subagents, TASK_EXTRA,
-    child_session_id, depth_of,
+    TOOLS_EXTRA, child_session_id, depth_of, tool_allowlist,
 };
 pub use runner::{ChildReply, ChildRun, SubagentRunner};
 pub use spec::{Catalog, Declaration, GENERAL_PURPOSE, SpecSource, SpecWorkspace, SubagentSpec};

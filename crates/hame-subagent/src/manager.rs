@@ -3,6 +3,7 @@
 //! declarations are read per call through the caller's workspace handle).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -10,7 +11,7 @@ use chrono::Utc;
 use hame_core::{AgentEvent, CancellationToken, EventSink, RuntimeContext, ToolContext};
 use hame_state::Holder;
 use hame_tools::{Workspace, WorkspaceExt};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::error::{Error, Result};
 use crate::runner::{ChildReply, ChildRun, SubagentRunner};
@@ -22,6 +23,17 @@ use crate::task::{TaskEvent, TaskRecord, TaskStatus, TaskStore, is_interrupted, 
 pub const DEPTH_EXTRA: &str = "hame.subagent_depth";
 /// The runtime-context extra of a child that names its task.
 pub const TASK_EXTRA: &str = "hame.task_id";
+/// The runtime-context extra of a child whose spec has a `tools` allowlist: layers that
+/// offer tools of their own (MCP) apply it too.
+pub const TOOLS_EXTRA: &str = "hame.tool_allowlist";
+
+/// The tool allowlist of a caller (a child whose spec has `tools`), if any.
+pub fn tool_allowlist(runtime: &RuntimeContext) -> Option<Vec<String>> {
+    runtime
+        .extras
+        .get(TOOLS_EXTRA)
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+}
 
 /// Limits and switches of the subagent runtime (every default is in `docs/subagents.md`).
 #[derive(Debug, Clone)]
@@ -108,6 +120,9 @@ struct Live {
     cancel: CancellationToken,
     /// How a cancellation is recorded (status, reason); `None` = the parent was cancelled.
     stop: Arc<Mutex<Option<(TaskEvent, String)>>>,
+    /// A sync spawn waits for the result: whichever of the finish and the waiter's timeout
+    /// takes this flag decides whether the result counts as delivered by the tool result.
+    sync_waiting: Arc<AtomicBool>,
 }
 
 /// The subagent runtime of one agent.
@@ -174,7 +189,7 @@ impl Subagents {
 
     /// The task records of a workspace's agent.
     pub fn store(&self, ws: &Workspace) -> Result<TaskStore> {
-        TaskStore::new(ws.records().clone(), &self.agent)
+        TaskStore::new(ws.records().clone(), &self.agent, &ws.identity().session)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
@@ -191,6 +206,11 @@ impl Subagents {
         self.lock()
             .get(task_id)
             .is_some_and(|l| !l.tx.borrow().status.is_terminal())
+    }
+
+    /// Tasks this process keeps in memory: running, or finished and not yet delivered.
+    pub fn tracked(&self) -> usize {
+        self.lock().len()
     }
 
     /// Tasks of this process that have not finished.
@@ -245,8 +265,7 @@ impl Subagents {
     /// records afterwards.
     pub async fn sweep(&self, ws: &Workspace) -> Result<Vec<TaskRecord>> {
         let store = self.store(ws)?;
-        let session = &ws.identity().session;
-        let mut records = store.list_session(session).await?;
+        let mut records = store.list().await?;
         let now = Utc::now();
         for r in &mut records {
             let live = self.is_live(&r.task_id);
@@ -335,9 +354,16 @@ impl Subagents {
             delivered_at: None,
             owner: Some(Holder::current().clone()),
         };
+        let mut record = record;
+        // A free slot: the record is written once, as running.
+        let permit = self.slots.clone().try_acquire_owned().ok();
+        if permit.is_some() {
+            record.apply(TaskEvent::Start, now, None);
+        }
         let store = self.store(&ws)?;
         store.save(&record).await?;
-        self.launch(ctx, &ws, store, decl, record, request).await
+        self.launch(ctx, &ws, store, decl, record, request, permit)
+            .await
     }
 
     /// Continues a finished child's conversation (its own session) with a new message.
@@ -366,8 +392,14 @@ impl Subagents {
         record.task = request.message.clone();
         record.background = request.background;
         record.owner = Some(Holder::current().clone());
+        let permit = self.slots.clone().try_acquire_owned().ok();
+        if permit.is_none() {
+            // No slot yet: pending until one frees.
+            record.status = TaskStatus::Pending;
+        }
         store.save(&record).await?;
-        self.launch(ctx, &ws, store, decl, record, request).await
+        self.launch(ctx, &ws, store, decl, record, request, permit)
+            .await
     }
 
     fn timeout_of(&self, decl: &Declaration, _asked: Option<Duration>) -> Duration {
@@ -386,6 +418,7 @@ impl Subagents {
         decl: Declaration,
         record: TaskRecord,
         request: SpawnRequest,
+        permit: Option<OwnedSemaphorePermit>,
     ) -> Result<SpawnOutcome> {
         let parent = ctx
             .extensions
@@ -393,7 +426,16 @@ impl Subagents {
             .cloned()
             .unwrap_or_default();
         let child_ws = child_workspace(ws, &decl, &record.child_session)?;
-        let mut rx = self.start(store.clone(), decl, child_ws, record.clone(), parent);
+        let sync_waiting = Arc::new(AtomicBool::new(!request.background));
+        let mut rx = self.start(
+            store.clone(),
+            decl,
+            child_ws,
+            record.clone(),
+            parent,
+            permit,
+            sync_waiting.clone(),
+        );
         if request.background {
             return Ok(SpawnOutcome::Background(record));
         }
@@ -409,6 +451,16 @@ impl Subagents {
             Ok(Err(_)) => Err(Error::InvalidState(
                 "the task ended without a record".into(),
             )),
+            Err(_) if !sync_waiting.swap(false, Ordering::SeqCst) => {
+                // The child finished as the wait ended, and its record counts the result as
+                // delivered by this tool result: return it.
+                let r = rx
+                    .wait_for(|r| r.status.is_terminal())
+                    .await
+                    .map(|r| r.clone())
+                    .map_err(|_| Error::InvalidState("the task ended without a record".into()))?;
+                Ok(SpawnOutcome::Finished(self.mark_delivered(&store, r).await))
+            }
             Err(_) => {
                 let mut r = rx.borrow().clone();
                 if !r.background {
@@ -468,6 +520,8 @@ impl Subagents {
         child_ws: Workspace,
         record: TaskRecord,
         parent: ParentCall,
+        permit: Option<OwnedSemaphorePermit>,
+        sync_waiting: Arc<AtomicBool>,
     ) -> watch::Receiver<TaskRecord> {
         let cancel = parent.cancel.child_token();
         let (tx, rx) = watch::channel(record.clone());
@@ -490,6 +544,7 @@ impl Subagents {
                     tx: tx.clone(),
                     cancel: cancel.clone(),
                     stop: stop.clone(),
+                    sync_waiting,
                 },
             );
         }
@@ -504,6 +559,7 @@ impl Subagents {
                 cancel,
                 stop,
                 tx,
+                permit,
             )
             .await;
         });
@@ -521,6 +577,7 @@ impl Subagents {
         cancel: CancellationToken,
         stop: Arc<Mutex<Option<(TaskEvent, String)>>>,
         tx: watch::Sender<TaskRecord>,
+        permit: Option<OwnedSemaphorePermit>,
     ) {
         let tag = |event: AgentEvent, r: &TaskRecord| AgentEvent::Subagent {
             task_id: r.task_id.clone(),
@@ -531,9 +588,12 @@ impl Subagents {
             stop.lock().ok().and_then(|s| s.clone()).unwrap_or(default)
         };
         // A slot first (the concurrency bound); a cancel while waiting ends it here.
-        let permit = tokio::select! {
-            p = self.slots.clone().acquire_owned() => p.ok(),
-            _ = cancel.cancelled() => None,
+        let permit = match permit {
+            Some(p) => Some(p),
+            None => tokio::select! {
+                p = self.slots.clone().acquire_owned() => p.ok(),
+                _ = cancel.cancelled() => None,
+            },
         };
         let Some(_permit) = permit else {
             let (event, reason) =
@@ -544,14 +604,15 @@ impl Subagents {
             return;
         };
         if record.status == TaskStatus::Pending {
+            // It waited for a slot: now it runs.
             record.apply(TaskEvent::Start, Utc::now(), None);
+            record.owner = Some(Holder::current().clone());
+            if let Err(e) = store.save(&record).await {
+                tracing::warn!(task = %record.task_id, error = %e, "saving a started task failed");
+            }
+            tx.send_replace(record.clone());
         }
         tracing::debug!(task = %record.task_id, agent = %record.agent_id, "subagent task started");
-        record.owner = Some(Holder::current().clone());
-        if let Err(e) = store.save(&record).await {
-            tracing::warn!(task = %record.task_id, error = %e, "saving a started task failed");
-        }
-        tx.send_replace(record.clone());
         parent_events.emit(tag(
             AgentEvent::Custom {
                 kind: "subagent.started".into(),
@@ -583,7 +644,7 @@ impl Subagents {
                 let run = ChildRun {
                     spec: decl.spec.clone(),
                     message: record.task.clone(),
-                    runtime: child_runtime(&record),
+                    runtime: child_runtime(&record, &decl.spec),
                     workspace: child_ws,
                     depth: record.depth,
                     may_spawn: record.depth < self.options.max_depth,
@@ -596,52 +657,28 @@ impl Subagents {
         };
         let _ = forward.await;
         tracing::debug!(task = %record.task_id, ok = outcome.is_ok(), "subagent run ended");
-        match outcome {
-            Ok(reply) => {
-                let iterations = reply.iterations;
-                self.finish(
-                    &store,
-                    &mut record,
-                    TaskEvent::Complete,
-                    Some(reply.text),
-                    Some(iterations),
-                    &tx,
-                )
-                .await;
-            }
-            Err(Outcome::TimedOut) => {
-                let reason = format!(
+        // What the outcome means for the record: (event, detail, iterations).
+        let (event, detail, iterations) = match outcome {
+            Ok(reply) => (TaskEvent::Complete, reply.text, Some(reply.iterations)),
+            Err(Outcome::TimedOut) => (
+                TaskEvent::Fail,
+                format!(
                     "timed out after {} s (its wall-clock limit)",
                     timeout.as_secs()
-                );
-                self.finish(
-                    &store,
-                    &mut record,
-                    TaskEvent::Fail,
-                    Some(reason),
-                    None,
-                    &tx,
-                )
-                .await;
-            }
+                ),
+                None,
+            ),
             Err(Outcome::Failed(reason)) if !cancel.is_cancelled() => {
-                self.finish(
-                    &store,
-                    &mut record,
-                    TaskEvent::Fail,
-                    Some(reason),
-                    None,
-                    &tx,
-                )
-                .await;
+                (TaskEvent::Fail, reason, None)
             }
             Err(Outcome::Failed(_)) => {
                 let (event, reason) =
                     stop_reason((TaskEvent::Cancel, "the parent call was cancelled".into()));
-                self.finish(&store, &mut record, event, Some(reason), None, &tx)
-                    .await;
+                (event, reason, None)
             }
-        }
+        };
+        self.finish(&store, &mut record, event, Some(detail), iterations, &tx)
+            .await;
         parent_events.emit(tag(finished_event(&record), &record));
     }
 
@@ -700,9 +737,19 @@ impl Subagents {
         iterations: Option<usize>,
         tx: &watch::Sender<TaskRecord>,
     ) {
-        record.apply(event, Utc::now(), detail);
+        let now = Utc::now();
+        record.apply(event, now, detail);
         if iterations.is_some() {
             record.iterations = iterations;
+        }
+        // A sync spawn still waiting gets the result in its tool result: delivered now, in
+        // the same write.
+        let waited = self
+            .lock()
+            .get(&record.task_id)
+            .is_some_and(|l| l.sync_waiting.swap(false, Ordering::SeqCst));
+        if waited && record.status.is_terminal() {
+            record.delivered_at = Some(now);
         }
         // A failed write is retried once: a record must not stay `running`.
         if store.save(record).await.is_err()
@@ -843,12 +890,15 @@ pub fn depth_of(runtime: &RuntimeContext) -> usize {
         .unwrap_or(0)
 }
 
-fn child_runtime(record: &TaskRecord) -> RuntimeContext {
+fn child_runtime(record: &TaskRecord, spec: &crate::spec::SubagentSpec) -> RuntimeContext {
     let mut rt = RuntimeContext::new(record.child_session.clone())
         .with_extra(DEPTH_EXTRA, serde_json::json!(record.depth))
         .with_extra(TASK_EXTRA, serde_json::json!(record.task_id));
     if let Some(u) = &record.user {
         rt = rt.with_user(u.clone());
+    }
+    if let Some(tools) = &spec.tools {
+        rt = rt.with_extra(TOOLS_EXTRA, serde_json::json!(tools));
     }
     rt
 }

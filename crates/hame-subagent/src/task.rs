@@ -199,9 +199,10 @@ pub fn new_task_id() -> String {
     format!("task-{}", &hex[..12])
 }
 
-/// The records of one agent in one tenant's namespace:
-/// `agents/<agent>/tasks/<task_id>.json` of the caller's records filesystem (the shared
-/// store in store mode), one JSON file per task, written whole.
+/// The task records of one parent session in one tenant's namespace:
+/// `agents/<agent>/tasks/<session>/<task_id>.json` of the caller's records filesystem (the
+/// shared store in store mode), one JSON file per task, written whole. One folder per
+/// session keeps the per-call orphan sweep proportional to the session's own tasks.
 #[derive(Debug, Clone)]
 pub struct TaskStore {
     fs: Arc<dyn Filesystem>,
@@ -209,9 +210,10 @@ pub struct TaskStore {
 }
 
 impl TaskStore {
-    /// The task records of `agent` in `records`.
-    pub fn new(records: Arc<dyn Filesystem>, agent: &str) -> Result<Self> {
-        let dir = FsPath::parse(&format!("agents/{agent}/tasks"))
+    /// The task records of `agent`'s session `session` in `records`.
+    pub fn new(records: Arc<dyn Filesystem>, agent: &str, session: &str) -> Result<Self> {
+        hame_id::validate("session id", session).map_err(|e| Error::Config(e.to_string()))?;
+        let dir = FsPath::parse(&format!("agents/{agent}/tasks/{session}"))
             .map_err(|e| Error::Config(format!("task folder of agent `{agent}`: {e}")))?;
         Ok(Self { fs: records, dir })
     }
@@ -225,14 +227,16 @@ impl TaskStore {
             .map_err(|e| Error::Storage(e.to_string()))
     }
 
-    /// Writes a record (whole; an atomic replace on local disk).
+    /// Writes a record whole, atomically (readers never see half a record) but without
+    /// fsync: it survives a crash of the process; after a power loss it may show an earlier
+    /// status, which the orphan sweep repairs (the child's conversation itself is durable).
     pub async fn save(&self, record: &TaskRecord) -> Result<()> {
         let path = self.path(&record.task_id)?;
         let mut bytes =
             serde_json::to_vec_pretty(record).map_err(|e| Error::Storage(e.to_string()))?;
         bytes.push(b'\n');
         self.fs
-            .write(&path, bytes, WriteOptions::default())
+            .write(&path, bytes, WriteOptions::atomic())
             .await
             .map_err(|e| Error::Storage(format!("writing task record {}: {e}", record.task_id)))?;
         Ok(())
@@ -252,8 +256,7 @@ impl TaskStore {
         }
     }
 
-    /// Every record of the agent in this namespace (unreadable ones are logged and
-    /// skipped), oldest first.
+    /// Every record of the session (unreadable ones are logged and skipped), oldest first.
     pub async fn list(&self) -> Result<Vec<TaskRecord>> {
         let entries = match self.fs.list(&self.dir).await {
             Ok(e) => e,
@@ -278,13 +281,6 @@ impl TaskStore {
                 .then(a.task_id.cmp(&b.task_id))
         });
         Ok(out)
-    }
-
-    /// The records of one parent session.
-    pub async fn list_session(&self, session: &str) -> Result<Vec<TaskRecord>> {
-        let mut all = self.list().await?;
-        all.retain(|r| r.parent_session == session);
-        Ok(all)
     }
 }
 
@@ -402,15 +398,17 @@ mod tests {
     #[tokio::test]
     async fn store_round_trip() -> Result<()> {
         let fs: Arc<dyn Filesystem> = Arc::new(hame_fs::InMemoryFs::new());
-        let store = TaskStore::new(fs, "hame")?;
-        let mut a = record(TaskStatus::Running, 0);
-        a.parent_session = "one".into();
+        let store = TaskStore::new(fs.clone(), "hame", "one")?;
+        let other = TaskStore::new(fs, "hame", "two")?;
+        let a = record(TaskStatus::Running, 0);
         let b = record(TaskStatus::Pending, 0);
         store.save(&a).await?;
         store.save(&b).await?;
+        other.save(&record(TaskStatus::Pending, 0)).await?;
         assert_eq!(store.load(&a.task_id).await?, Some(a.clone()));
         assert_eq!(store.list().await?.len(), 2);
-        assert_eq!(store.list_session("one").await?, vec![a]);
+        assert_eq!(other.list().await?.len(), 1);
+        assert!(TaskStore::new(Arc::new(hame_fs::InMemoryFs::new()), "hame", "../x").is_err());
         assert!(matches!(
             store.load("task-../etc").await,
             Err(Error::UnknownTask(_))

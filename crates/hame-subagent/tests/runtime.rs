@@ -104,7 +104,11 @@ async fn a_hundred_background_children_run_under_the_bound_and_leave_nothing() -
         )
     });
     for out in futures::future::join_all(calls).await {
-        assert!(out?.contains("status: pending"));
+        let out = out?;
+        assert!(
+            out.contains("status: pending") || out.contains("status: running"),
+            "{out}"
+        );
     }
     assert_eq!(subagents.wait_idle(Duration::from_secs(30)).await, 0);
     assert!(

@@ -17,6 +17,7 @@
 //! | `mysql` | MySQL / MariaDB state store |
 //! | `s3` | object storage (S3 and S3-compatible) as the shared-store filesystem |
 //! | `sandbox` | the Docker sandbox ([`sandbox::DockerSandboxes`], bollard) |
+//! | `mcp-http` | MCP servers over streamable HTTP (stdio servers need no feature) |
 //! | `full` | all of the above |
 //! | `test-support` | an in-process model double for unit tests |
 //!
@@ -94,4 +95,14 @@ pub mod session {
 /// [`HarnessAgentBuilder::memory`](crate::HarnessAgentBuilder::memory).
 pub mod memory {
     pub use hame_memory::*;
+}
+
+/// Skills: `SKILL.md` discovery, `load_skill`, drafts and the curator (`hame-skills`).
+pub mod skills {
+    pub use hame_skills::*;
+}
+
+/// The MCP client (`hame-mcp`).
+pub mod mcp {
+    pub use hame_mcp::*;
 }

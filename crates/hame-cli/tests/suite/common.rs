@@ -139,3 +139,68 @@ pub fn tool_results(server: &hame_test_support::ScriptedServer) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// Runs `hame run` (as [`run_with`]) against a new scripted server that answers with
+/// `steps`; returns the output and the server (its recorded requests).
+pub async fn run_script(
+    dir: &Path,
+    args: &[&str],
+    message: &str,
+    steps: Vec<hame_test_support::ScriptStep>,
+    extra_env: &[(&str, &str)],
+) -> Result<(Output, hame_test_support::ScriptedServer), Box<dyn std::error::Error>> {
+    let server = hame_test_support::ScriptedServer::start().await?;
+    server.push_all(steps);
+    let out = run_with(dir, &server.base_url(), args, message, extra_env).await?;
+    Ok((out, server))
+}
+
+/// The names of the tools offered in a recorded OpenAI-style request, sorted.
+pub fn tool_names(body: &serde_json::Value) -> Vec<String> {
+    let mut names: Vec<String> = body["tools"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// The `hame: warning:` lines of a run's stderr.
+pub fn warnings(o: &Output) -> Vec<String> {
+    stderr(o)
+        .lines()
+        .filter(|l| l.starts_with("hame: warning:"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The first request of one `hame run` with `args` (the model answers "ok").
+async fn first_request(
+    dir: &Path,
+    args: &[&str],
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let steps = vec![hame_test_support::ScriptStep::text("ok")];
+    let (out, server) = run_script(dir, args, "hi", steps, &[]).await?;
+    if out.status.code() != Some(0) {
+        return Err(format!("hame run failed: {}", stderr(&out)).into());
+    }
+    let reqs = server.requests();
+    Ok(reqs.first().map(|r| r.body.clone()).unwrap_or_default())
+}
+
+/// The system prompt of one `hame run` with `args`.
+pub async fn prompt_of(dir: &Path, args: &[&str]) -> Result<String, Box<dyn std::error::Error>> {
+    Ok(system_of(&first_request(dir, args).await?))
+}
+
+/// The tools offered in one `hame run` with `args`, sorted.
+pub async fn tools_offered(
+    dir: &Path,
+    args: &[&str],
+) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    Ok(tool_names(&first_request(dir, args).await?))
+}

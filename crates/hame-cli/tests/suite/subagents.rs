@@ -40,16 +40,37 @@ fn workspace(dir: &Path) -> std::io::Result<(std::path::PathBuf, String)> {
 }
 
 fn tool_names(req: &RecordedRequest) -> Vec<String> {
-    let mut names: Vec<String> = req.body["tools"]
-        .as_array()
-        .map(|t| {
-            t.iter()
-                .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    names
+    super::common::tool_names(&req.body)
+}
+
+/// The parent's step that spawns `agent_id`.
+fn spawn_step(agent_id: &str, task: &str, background: bool) -> ScriptStep {
+    ScriptStep::tool_call(
+        "c1",
+        "agent_spawn",
+        json!({"agent_id": agent_id, "task": task, "background": background}),
+    )
+    .when_system(PARENT)
+}
+
+/// `hame run --workspace ws <extra> message` against `server`; it must exit 0.
+async fn run_ok(
+    dir: &Path,
+    server: &ScriptedServer,
+    ws: &str,
+    extra: &[&str],
+    message: &str,
+) -> Result<std::process::Output, Box<dyn std::error::Error>> {
+    let mut args = vec!["--workspace", ws];
+    args.extend_from_slice(extra);
+    let out = run_with(dir, &server.base_url(), &args, message, &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    Ok(out)
+}
+
+/// The `error` of a task record.
+fn error_of(record: &Value) -> String {
+    record["error"].as_str().unwrap_or_default().to_owned()
 }
 
 fn requests_of(server: &ScriptedServer, marker: &str) -> Vec<RecordedRequest> {
@@ -72,6 +93,20 @@ fn task_id_in(text: &str) -> Option<String> {
     hame::subagent::task::is_task_id(&id).then_some(id)
 }
 
+/// Every task record of agent `hame` in a local workspace (`agents/hame/tasks/<session>/`).
+fn all_records(ws: &Path) -> std::io::Result<Vec<Value>> {
+    let mut out = Vec::new();
+    for session in fs::read_dir(ws.join("agents/hame/tasks"))? {
+        for file in fs::read_dir(session?.path())? {
+            let text = fs::read_to_string(file?.path())?;
+            if let Ok(v) = serde_json::from_str(&text) {
+                out.push(v);
+            }
+        }
+    }
+    Ok(out)
+}
+
 async fn tasks_json(dir: &Path, args: &[&str]) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
     let state = dir.join("state").to_string_lossy().into_owned();
     let mut all = vec!["tasks", "--json"];
@@ -86,12 +121,7 @@ async fn tasks_json(dir: &Path, args: &[&str]) -> Result<Vec<Value>, Box<dyn std
 async fn sync_spawn_from_a_workspace_spec_with_its_tool_allowlist() -> TestResult {
     let server = ScriptedServer::start().await?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "reviewer", "task": "review notes.txt"}),
-        )
-        .when_system(PARENT),
+        spawn_step("reviewer", "review notes.txt", false),
         ScriptStep::text("REVIEW: notes look fine").when_system(CHILD),
         ScriptStep::text("The reviewer says it is fine.").when_system(PARENT),
     ]);
@@ -101,15 +131,7 @@ async fn sync_spawn_from_a_workspace_spec_with_its_tool_allowlist() -> TestResul
         ws.join("subagents/broken.md"),
         "---\ndescription: [unclosed\n---\n",
     )?;
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "review",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = run_ok(dir.path(), &server, &ws_s, &[], "review").await?;
     assert_eq!(stdout(&out), "The reviewer says it is fine.\n");
     // The broken spec: one warning line naming it; the others work.
     let warnings: Vec<_> = stderr(&out)
@@ -123,14 +145,7 @@ async fn sync_spawn_from_a_workspace_spec_with_its_tool_allowlist() -> TestResul
     let parent = requests_of(&server, PARENT);
     assert_eq!(parent.len(), 2);
     let names = tool_names(&parent[0]);
-    for t in [
-        "agent_spawn",
-        "agent_send",
-        "agent_list",
-        "task_output",
-        "task_list",
-        "task_cancel",
-    ] {
+    for t in hame::subagent::SUBAGENT_TOOLS {
         assert!(names.contains(&t.to_owned()), "{t} missing from {names:?}");
     }
     let prompt = system_of(&parent[0].body);
@@ -160,7 +175,7 @@ async fn sync_spawn_from_a_workspace_spec_with_its_tool_allowlist() -> TestResul
     assert_eq!(tasks[0]["status"], "completed");
     let id = tasks[0]["task_id"].as_str().unwrap_or_default().to_owned();
     let record: Value = serde_json::from_str(&fs::read_to_string(
-        ws.join(format!("agents/hame/tasks/{id}.json")),
+        ws.join(format!("agents/hame/tasks/default/{id}.json")),
     )?)?;
     assert_eq!(record["status"], "completed");
     let child_session = record["child_session"].as_str().unwrap_or_default();
@@ -178,12 +193,7 @@ async fn sync_spawn_from_a_workspace_spec_with_its_tool_allowlist() -> TestResul
 async fn background_spawn_then_task_output() -> TestResult {
     let server = ScriptedServer::start().await?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "reviewer", "task": "slow review", "background": true}),
-        )
-        .when_system(PARENT),
+        spawn_step("reviewer", "slow review", true),
         ScriptStep::text("BACKGROUND RESULT")
             .when_system(CHILD)
             .with_delay(Duration::from_millis(400)),
@@ -202,15 +212,7 @@ async fn background_spawn_then_task_output() -> TestResult {
     });
     let dir = tempfile::tempdir()?;
     let (_ws, ws_s) = workspace(dir.path())?;
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "go",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = run_ok(dir.path(), &server, &ws_s, &[], "go").await?;
     let parent = requests_of(&server, PARENT);
     let started = last_tool(&parent[1]);
     assert!(
@@ -239,26 +241,13 @@ async fn background_spawn_then_task_output() -> TestResult {
 async fn a_failed_child_is_failed_never_completed() -> TestResult {
     let server = ScriptedServer::start().await?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "reviewer", "task": "t"}),
-        )
-        .when_system(PARENT),
+        spawn_step("reviewer", "t", false),
         ScriptStep::unauthorized().when_system(CHILD),
         ScriptStep::text("the reviewer failed").when_system(PARENT),
     ]);
     let dir = tempfile::tempdir()?;
     let (_ws, ws_s) = workspace(dir.path())?;
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "go",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    run_ok(dir.path(), &server, &ws_s, &[], "go").await?;
     let parent = requests_of(&server, PARENT);
     let result = &parent[1].body["messages"]
         .as_array()
@@ -269,14 +258,7 @@ async fn a_failed_child_is_failed_never_completed() -> TestResult {
     assert!(text.contains("failed") && text.contains("401"), "{text}");
     let tasks = tasks_json(dir.path(), &["--workspace", &ws_s]).await?;
     assert_eq!(tasks[0]["status"], "failed");
-    assert!(
-        tasks[0]["error"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("401"),
-        "{}",
-        tasks[0]
-    );
+    assert!(error_of(&tasks[0]).contains("401"), "{}", tasks[0]);
     Ok(())
 }
 
@@ -292,35 +274,15 @@ async fn a_child_past_its_step_limit_is_failed() -> TestResult {
         "You are LOOPER-3.",
     )?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "looper", "task": "t"}),
-        )
-        .when_system(PARENT),
+        spawn_step("looper", "t", false),
         ScriptStep::tool_call("l1", "list_files", json!({"path": "."})).when_system("LOOPER-3"),
         ScriptStep::tool_call("l2", "list_files", json!({"path": "."})).when_system("LOOPER-3"),
         ScriptStep::text("ok").when_system(PARENT),
     ]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "go",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    run_ok(dir.path(), &server, &ws_s, &[], "go").await?;
     let tasks = tasks_json(dir.path(), &["--workspace", &ws_s]).await?;
     assert_eq!(tasks[0]["status"], "failed");
-    assert!(
-        tasks[0]["error"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("step limit"),
-        "{}",
-        tasks[0]
-    );
+    assert!(error_of(&tasks[0]).contains("step limit"), "{}", tasks[0]);
     Ok(())
 }
 
@@ -328,12 +290,7 @@ async fn a_child_past_its_step_limit_is_failed() -> TestResult {
 async fn task_cancel_stops_a_slow_child_quickly() -> TestResult {
     let server = ScriptedServer::start().await?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "reviewer", "task": "slow", "background": true}),
-        )
-        .when_system(PARENT),
+        spawn_step("reviewer", "slow", true),
         // The child's model request hangs for a minute unless abandoned.
         ScriptStep::text("too late")
             .when_system(CHILD)
@@ -350,26 +307,14 @@ async fn task_cancel_stops_a_slow_child_quickly() -> TestResult {
     let dir = tempfile::tempdir()?;
     let (_ws, ws_s) = workspace(dir.path())?;
     let started = Instant::now();
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "go",
-        &[],
-    )
-    .await?;
+    let out = run_ok(dir.path(), &server, &ws_s, &[], "go").await?;
     let took = started.elapsed();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out), "cancelled it\n");
     assert!(took < Duration::from_secs(10), "took {took:?}");
     let tasks = tasks_json(dir.path(), &["--workspace", &ws_s]).await?;
     assert_eq!(tasks[0]["status"], "cancelled");
-    assert!(
-        tasks[0]["error"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("task_cancel")
-    );
+    assert!(error_of(&tasks[0]).contains("task_cancel"));
     Ok(())
 }
 
@@ -377,12 +322,7 @@ async fn task_cancel_stops_a_slow_child_quickly() -> TestResult {
 async fn a_background_result_is_pushed_exactly_once_across_calls() -> TestResult {
     let server = ScriptedServer::start().await?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "reviewer", "task": "bg", "background": true}),
-        )
-        .when_system(PARENT),
+        spawn_step("reviewer", "bg", true),
         ScriptStep::text("started it").when_system(PARENT),
         ScriptStep::text("PUSHED RESULT 42")
             .when_system(CHILD)
@@ -393,9 +333,7 @@ async fn a_background_result_is_pushed_exactly_once_across_calls() -> TestResult
     ]);
     let dir = tempfile::tempdir()?;
     let (_ws, ws_s) = workspace(dir.path())?;
-    let base = server.base_url();
-    let out = run_with(dir.path(), &base, &["--workspace", &ws_s], "start", &[]).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = run_ok(dir.path(), &server, &ws_s, &[], "start").await?;
     assert_eq!(stdout(&out), "started it\n");
     // hame run waited for the task it started.
     assert!(
@@ -408,8 +346,7 @@ async fn a_background_result_is_pushed_exactly_once_across_calls() -> TestResult
     assert!(tasks[0]["delivered_at"].is_null());
 
     for msg in ["next", "third"] {
-        let out = run_with(dir.path(), &base, &["--workspace", &ws_s], msg, &[]).await?;
-        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        run_ok(dir.path(), &server, &ws_s, &[], msg).await?;
     }
     let parent = requests_of(&server, PARENT);
     assert_eq!(parent.len(), 4);
@@ -427,12 +364,7 @@ async fn a_background_result_is_pushed_exactly_once_across_calls() -> TestResult
 async fn task_wait_bound_records_the_task_failed() -> TestResult {
     let server = ScriptedServer::start().await?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "reviewer", "task": "bg", "background": true}),
-        )
-        .when_system(PARENT),
+        spawn_step("reviewer", "bg", true),
         ScriptStep::text("started").when_system(PARENT),
         ScriptStep::text("never")
             .when_system(CHILD)
@@ -441,15 +373,7 @@ async fn task_wait_bound_records_the_task_failed() -> TestResult {
     let dir = tempfile::tempdir()?;
     let (_ws, ws_s) = workspace(dir.path())?;
     let started = Instant::now();
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s, "--task-wait", "1"],
-        "start",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = run_ok(dir.path(), &server, &ws_s, &["--task-wait", "1"], "start").await?;
     assert!(started.elapsed() < Duration::from_secs(15));
     assert!(
         stderr(&out).contains("waiting for 1 background task(s)"),
@@ -458,14 +382,7 @@ async fn task_wait_bound_records_the_task_failed() -> TestResult {
     );
     let tasks = tasks_json(dir.path(), &["--workspace", &ws_s]).await?;
     assert_eq!(tasks[0]["status"], "failed");
-    assert!(
-        tasks[0]["error"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("interrupted"),
-        "{}",
-        tasks[0]
-    );
+    assert!(error_of(&tasks[0]).contains("interrupted"), "{}", tasks[0]);
     Ok(())
 }
 
@@ -473,12 +390,7 @@ async fn task_wait_bound_records_the_task_failed() -> TestResult {
 async fn sigkill_of_the_parent_leaves_no_record_running() -> TestResult {
     let server = ScriptedServer::start().await?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "reviewer", "task": "bg", "background": true}),
-        )
-        .when_system(PARENT),
+        spawn_step("reviewer", "bg", true),
         ScriptStep::text("started").when_system(PARENT),
         ScriptStep::text("never")
             .when_system(CHILD)
@@ -508,11 +420,7 @@ async fn sigkill_of_the_parent_leaves_no_record_running() -> TestResult {
     child.kill()?;
     child.wait()?;
     let ws = Path::new(&ws_s);
-    let on_disk: Vec<Value> = fs::read_dir(ws.join("agents/hame/tasks"))?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| fs::read_to_string(e.path()).ok())
-        .filter_map(|t| serde_json::from_str(&t).ok())
-        .collect();
+    let on_disk = all_records(ws)?;
     assert_eq!(on_disk.len(), 1);
     assert_eq!(on_disk[0]["status"], "running");
     // The next call of the session marks it failed (interrupted) and tells the parent.
@@ -520,14 +428,7 @@ async fn sigkill_of_the_parent_leaves_no_record_running() -> TestResult {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let tasks = tasks_json(dir.path(), &["--workspace", &ws_s]).await?;
     assert_eq!(tasks[0]["status"], "failed");
-    assert!(
-        tasks[0]["error"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("interrupted"),
-        "{}",
-        tasks[0]
-    );
+    assert!(error_of(&tasks[0]).contains("interrupted"), "{}", tasks[0]);
     let parent = requests_of(&server, PARENT);
     let last = parent
         .last()
@@ -552,24 +453,11 @@ async fn a_users_spec_shadows_the_shared_one_for_that_user_only() -> TestResult 
     )?;
     for (user, marker) in [("alice", "ALICE-REVIEWER-9"), ("bob", CHILD)] {
         server.push_all([
-            ScriptStep::tool_call(
-                "c1",
-                "agent_spawn",
-                json!({"agent_id": "reviewer", "task": "t"}),
-            )
-            .when_system(PARENT),
+            spawn_step("reviewer", "t", false),
             ScriptStep::text(format!("child of {user}")).when_system(marker),
             ScriptStep::text("done").when_system(PARENT),
         ]);
-        let out = run_with(
-            dir.path(),
-            &server.base_url(),
-            &["--workspace", &ws_s, "--user", user],
-            "go",
-            &[],
-        )
-        .await?;
-        assert_eq!(out.status.code(), Some(0), "{user}: {}", stderr(&out));
+        run_ok(dir.path(), &server, &ws_s, &["--user", user], "go").await?;
         assert_eq!(server.remaining(), 0, "{user}: a step was not used");
     }
     let alice_parent = requests_of(&server, "Alice's reviewer");
@@ -597,36 +485,18 @@ async fn depth_one_children_are_leaves_and_depth_two_nests_once() -> TestResult 
     // Depth 1 (default): the child gets no subagent tools.
     let server = ScriptedServer::start().await?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "lead", "task": "t"}),
-        )
-        .when_system(PARENT),
+        spawn_step("lead", "t", false),
         ScriptStep::text("lead done").when_system("LEAD-5"),
         ScriptStep::text("ok").when_system(PARENT),
     ]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "go",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    run_ok(dir.path(), &server, &ws_s, &[], "go").await?;
     let lead = requests_of(&server, "LEAD-5");
     assert!(!tool_names(&lead[0]).contains(&"agent_spawn".to_owned()));
 
     // Depth 2: the lead may spawn the reviewer; the reviewer (depth 2) is a leaf.
     let server = ScriptedServer::start().await?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "lead", "task": "t"}),
-        )
-        .when_system(PARENT),
+        spawn_step("lead", "t", false),
         ScriptStep::tool_call(
             "c2",
             "agent_spawn",
@@ -663,11 +533,15 @@ async fn depth_one_children_are_leaves_and_depth_two_nests_once() -> TestResult 
     let grandchild = requests_of(&server, CHILD);
     assert!(!tool_names(&grandchild[0]).contains(&"agent_spawn".to_owned()));
     // The grandchild's record lives with the lead's session.
-    let all: Vec<Value> = fs::read_dir(ws.join("agents/hame/tasks"))?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| fs::read_to_string(e.path()).ok())
-        .filter_map(|t| serde_json::from_str(&t).ok())
-        .collect();
+    let all = all_records(&ws)?;
+    assert!(all.iter().all(|r| {
+        ws.join(format!(
+            "agents/hame/tasks/{}/{}.json",
+            r["parent_session"].as_str().unwrap_or_default(),
+            r["task_id"].as_str().unwrap_or_default()
+        ))
+        .is_file()
+    }));
     let grand: Vec<_> = all.iter().filter(|r| r["depth"] == 2).collect();
     assert_eq!(grand.len(), 1);
     assert!(
@@ -689,15 +563,14 @@ async fn no_general_subagent_removes_the_builtin() -> TestResult {
     ]);
     let dir = tempfile::tempdir()?;
     let (_ws, ws_s) = workspace(dir.path())?;
-    let out = run_with(
+    run_ok(
         dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s, "--no-general-subagent"],
+        &server,
+        &ws_s,
+        &["--no-general-subagent"],
         "list",
-        &[],
     )
     .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let reqs = requests_of(&server, PARENT);
     let listed = last_tool(&reqs[1]);
     assert!(listed.contains("- reviewer: Reviews files"), "{listed}");
@@ -713,12 +586,7 @@ async fn shared_store_mode_on_redis_keeps_task_records_in_the_store() -> TestRes
     };
     let server = ScriptedServer::start().await?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "reviewer", "task": "t"}),
-        )
-        .when_system(PARENT),
+        spawn_step("reviewer", "t", false),
         ScriptStep::text("STORE CHILD").when_system(CHILD),
         ScriptStep::text("done").when_system(PARENT),
     ]);

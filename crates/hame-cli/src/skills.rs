@@ -1,0 +1,136 @@
+//! Skills and `tools.json` in the CLI: the `--skills-dir` flag, the `tools.json` check
+//! before a call, and `hame skills list|promote`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use hame::harness::HarnessAgentBuilder;
+use hame::{HarnessAgent, RuntimeContext};
+
+use crate::ConfigError;
+use crate::common::{Common, build_without_model};
+
+/// Flags of the workspace-declared capabilities (flattened into the agent flags).
+#[derive(Debug, Args)]
+pub(crate) struct CapabilityArgs {
+    /// A project/global skills directory (<dir>/<name>/SKILL.md), the lowest skills layer
+    /// under the workspace's skills/ and the user's <userId>/skills/.
+    #[arg(long, value_name = "DIR")]
+    skills_dir: Option<PathBuf>,
+}
+
+/// Applies the flags to the builder.
+pub(crate) fn configure(
+    builder: HarnessAgentBuilder,
+    args: &CapabilityArgs,
+) -> HarnessAgentBuilder {
+    match &args.skills_dir {
+        Some(dir) => builder.skills(Some(hame::skills::SkillsOptions {
+            global_dir: Some(dir.clone()),
+        })),
+        None => builder,
+    }
+}
+
+/// Checks the caller's `tools.json` before the call: a broken file is exit 2 with one
+/// line naming it, before anything runs.
+pub(crate) async fn check(agent: &HarnessAgent, ctx: &RuntimeContext) -> anyhow::Result<()> {
+    match agent.tools_config_for(ctx).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_config() => Err(ConfigError(match e {
+            hame::harness::Error::Config(m) => m,
+            other => other.to_string(),
+        })
+        .into()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum SkillsCommand {
+    /// Lists the skills a caller sees, with their layer and state (active, draft, stale,
+    /// archived), and the SKILL.md files skipped for invalid front matter.
+    List {
+        #[command(flatten)]
+        common: Common,
+        /// One JSON object {"skills": [{name, description, layer, state, dir}], "invalid": [...]}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Promotes a draft (skills/_drafts/NAME/ → skills/NAME/ of the caller's namespace)
+    /// or restores an archived skill.
+    Promote {
+        #[command(flatten)]
+        common: Common,
+        /// The skill's name.
+        name: String,
+    },
+}
+
+pub(crate) async fn run(command: SkillsCommand) -> anyhow::Result<()> {
+    let (common, list_json, promote) = match command {
+        SkillsCommand::List { common, json } => (common, json, None),
+        SkillsCommand::Promote { common, name } => (common, false, Some(name)),
+    };
+    let (agent, ctx) = build_without_model(&common).await?;
+    let skills = agent
+        .skills()
+        .ok_or_else(|| ConfigError("skills are switched off".into()))?;
+    let ws = agent
+        .workspace_for(&ctx)
+        .map_err(|e| ConfigError(e.to_string()))?;
+    if let Some(name) = promote {
+        let skill = skills.promote(&ws, &name).await.map_err(|e| match e {
+            hame::skills::Error::NotFound(m) | hame::skills::Error::Invalid(m) => {
+                anyhow::Error::new(ConfigError(m))
+            }
+            other => anyhow::Error::new(other),
+        })?;
+        println!(
+            "promoted {} ({}, {})",
+            skill.name,
+            skill.layer.as_str(),
+            skill.dir
+        );
+        return Ok(());
+    }
+    let catalog = skills.catalog(&ws, None).await;
+    if list_json {
+        let skills: Vec<_> = catalog
+            .skills
+            .iter()
+            .map(|s| {
+                serde_json::json!({
+                    "name": s.name,
+                    "description": s.description,
+                    "layer": s.layer.as_str(),
+                    "state": s.state.as_str(),
+                    "dir": s.dir,
+                })
+            })
+            .collect();
+        let invalid: Vec<_> = catalog
+            .invalid
+            .iter()
+            .map(|i| serde_json::json!({"path": i.path, "error": i.error}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"skills": skills, "invalid": invalid})
+        );
+    } else {
+        for s in &catalog.skills {
+            println!(
+                "{}\t{}\t{}\t{}",
+                s.name,
+                s.layer.as_str(),
+                s.state.as_str(),
+                s.description
+            );
+        }
+        for i in &catalog.invalid {
+            eprintln!("hame: warning: {} skipped: {}", i.path, i.error);
+        }
+    }
+    Ok(())
+}

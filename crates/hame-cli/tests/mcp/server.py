@@ -1,0 +1,64 @@
+"""A real MCP server for hame's tests, written with the official Python SDK (`mcp`).
+
+    python server.py stdio [PIDFILE]
+    python server.py http PORT
+"""
+
+import os
+import sys
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+
+server = MCPServer("hame-test")
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def echo(text: str) -> str:
+    """Echo the text back, upper-cased."""
+    return text.upper()
+
+
+@server.tool()
+def secret() -> str:
+    """The MCP_SECRET environment variable of the server."""
+    return "secret=" + os.environ.get("MCP_SECRET", "(unset)")
+
+
+@server.tool()
+def header(ctx: Context) -> str:
+    """The x-hame-test request header the server received."""
+    headers = ctx.headers or {}
+    return "header=" + str(headers.get("x-hame-test", "(none)"))
+
+
+@server.tool()
+def fail(reason: str) -> str:
+    """Always fails."""
+    raise ToolError("refused: " + reason)
+
+
+def grown() -> str:
+    """A tool added at run time."""
+    return "grown"
+
+
+@server.tool()
+async def grow(ctx: Context) -> str:
+    """Adds the tool `grown` and tells the client its tool list changed."""
+    server.add_tool(grown)
+    await ctx.session.send_tool_list_changed()
+    return "added"
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1] if len(sys.argv) > 1 else "stdio"
+    print("hame-test MCP server starting", file=sys.stderr, flush=True)
+    if mode == "http":
+        server.run(transport="streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        if len(sys.argv) > 2:
+            with open(sys.argv[2], "w") as f:
+                f.write(str(os.getpid()))
+        server.run()

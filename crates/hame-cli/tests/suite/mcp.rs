@@ -1,0 +1,408 @@
+//! MCP servers through `hame run`: a real server written with the official Python SDK
+//! (`mcp`, in a venv this suite creates from PyPI once), over stdio and streamable HTTP,
+//! with `${VAR}` substitution; a broken server is a warning and the run goes on.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use hame_test_support::{ScriptStep, ScriptedServer};
+use pretty_assertions::assert_eq;
+use serde_json::json;
+
+use super::common::{run_with, stderr, stdout, tool_names, tool_results, warnings};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// The version of the Python SDK the tests run against.
+const MCP_SDK: &str = "mcp==2.3.0";
+
+fn server_py() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp/server.py")
+}
+
+/// A Python with the `mcp` SDK: `HAME_TEST_MCP_PYTHON`, else a venv under the target
+/// directory, created once (under a lock) with `python3 -m venv` and `pip install`.
+/// `None` (with a loud SKIPPED line) when that is impossible; under `CI=true` a failure.
+fn python() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("HAME_TEST_MCP_PYTHON")
+        && !p.trim().is_empty()
+    {
+        return Some(PathBuf::from(p));
+    }
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let venv = root.join("mcp-venv");
+    let python = venv.join("bin/python");
+    let ok = |py: &Path| {
+        std::process::Command::new(py)
+            .args(["-c", "import mcp.server.mcpserver"])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    };
+    let setup = || -> Result<(), String> {
+        fs::create_dir_all(&root).map_err(|e| e.to_string())?;
+        let lock = fs::File::create(root.join("mcp-venv.lock")).map_err(|e| e.to_string())?;
+        lock.lock().map_err(|e| e.to_string())?;
+        if ok(&python) {
+            return Ok(());
+        }
+        let run = |cmd: &mut std::process::Command| -> Result<(), String> {
+            let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr)))
+            }
+        };
+        run(std::process::Command::new("python3")
+            .args(["-m", "venv", "--clear"])
+            .arg(&venv))?;
+        run(std::process::Command::new(venv.join("bin/pip")).args([
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            MCP_SDK,
+        ]))?;
+        if ok(&python) {
+            Ok(())
+        } else {
+            Err("mcp does not import after pip install".into())
+        }
+    };
+    if ok(&python) {
+        return Some(python);
+    }
+    match setup() {
+        Ok(()) => Some(python),
+        Err(e) => {
+            assert!(
+                std::env::var("CI").map(|v| v != "true").unwrap_or(true),
+                "cannot set up the Python MCP SDK under CI=true: {e}"
+            );
+            eprintln!("SKIPPED: cannot set up the Python MCP SDK ({e})");
+            None
+        }
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie has exited already.
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.split(") ").nth(1).unwrap_or("").starts_with('Z'))
+        .unwrap_or(false)
+}
+
+#[tokio::test]
+async fn stdio_server_tools_are_offered_and_called_with_env_from_vars() -> TestResult {
+    let Some(py) = python() else { return Ok(()) };
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let pidfile = dir.path().join("server.pid");
+    fs::write(
+        ws.join("tools.json"),
+        json!({
+            "deny": ["mcp__py__head*"],
+            "mcpServers": {"py": {
+                "transport": "stdio",
+                "command": py,
+                "args": [server_py(), "stdio", pidfile],
+                "env": {"MCP_SECRET": "${HAME_TEST_SECRET}"}
+            }}
+        })
+        .to_string(),
+    )?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call("c1", "mcp__py__echo", json!({"text": "hello"})),
+        ScriptStep::tool_call("c2", "mcp__py__secret", json!({})),
+        ScriptStep::tool_call("c3", "mcp__py__fail", json!({"reason": "no"})),
+        ScriptStep::tool_call("c4", "mcp__py__header", json!({})),
+        ScriptStep::tool_call("c5", "mcp__py__grow", json!({})),
+        ScriptStep::tool_call("c6", "mcp__py__grown", json!({})),
+        ScriptStep::text("done"),
+    ]);
+    let started = Instant::now();
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "use the server",
+        &[("HAME_TEST_SECRET", "s3\"cr}et")],
+    )
+    .await?;
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "done\n");
+    // The server's stderr goes to the log, not to the user's terminal.
+    assert!(
+        !stderr(&out).contains("MCP server starting"),
+        "{}",
+        stderr(&out)
+    );
+    let reqs = server.requests();
+    let names = tool_names(&reqs[0].body);
+    assert!(
+        names.contains(&"mcp__py__echo".to_string()) && names.contains(&"read_file".to_string()),
+        "{names:?}"
+    );
+    assert!(
+        !names.contains(&"mcp__py__header".to_string()),
+        "denied by glob: {names:?}"
+    );
+    let echo = reqs[0].body["tools"]
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["function"]["name"] == "mcp__py__echo"))
+        .ok_or("no echo")?;
+    assert_eq!(
+        echo["function"]["description"],
+        "Echo the text back, upper-cased."
+    );
+    assert_eq!(echo["function"]["parameters"]["required"], json!(["text"]));
+    let results = tool_results(&server);
+    assert_eq!(results[0], "HELLO");
+    assert_eq!(results[1], "secret=s3\"cr}et");
+    assert!(
+        results[2].starts_with("Error [tool_failed]") && results[2].contains("refused: no"),
+        "{}",
+        results[2]
+    );
+    assert!(
+        results[3].contains("not allowed by tools.json"),
+        "{}",
+        results[3]
+    );
+    // notifications/tools/list_changed: the next step offers the new tool.
+    assert_eq!(
+        (results[4].as_str(), results[5].as_str()),
+        ("added", "grown")
+    );
+    assert!(!tool_names(&reqs[4].body).contains(&"mcp__py__grown".to_string()));
+    assert!(tool_names(&reqs[5].body).contains(&"mcp__py__grown".to_string()));
+    // One server process for the whole call, killed when hame exits.
+    let pid: u32 = fs::read_to_string(&pidfile)?.trim().parse()?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!alive(pid), "the stdio server {pid} outlived hame");
+    eprintln!("stdio MCP run: {took:?}");
+    Ok(())
+}
+
+/// A Python streamable-HTTP server on a free port, killed on drop.
+struct HttpServer(std::process::Child, u16);
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn http_server(py: &Path) -> Result<HttpServer, Box<dyn std::error::Error>> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let child = std::process::Command::new(py)
+        .arg(server_py())
+        .args(["http", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let server = HttpServer(child, port);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            return Err("the HTTP MCP server did not listen".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(server)
+}
+
+#[tokio::test]
+async fn http_server_with_url_and_headers_from_vars() -> TestResult {
+    let Some(py) = python() else { return Ok(()) };
+    let http = http_server(&py)?;
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    fs::write(
+        ws.join("tools.json"),
+        json!({"mcpServers": {"web": {
+            "transport": "http",
+            "url": "http://127.0.0.1:${HAME_TEST_PORT}/mcp",
+            "headers": {"x-hame-test": "${HAME_TEST_SECRET}"}
+        }}})
+        .to_string(),
+    )?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call("c1", "mcp__web__header", json!({})),
+        ScriptStep::tool_call("c2", "mcp__web__echo", json!({"text": "over http"})),
+        ScriptStep::text("done"),
+    ]);
+    let port = http.1.to_string();
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "use the web server",
+        &[("HAME_TEST_PORT", &port), ("HAME_TEST_SECRET", "tok-123")],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let results = tool_results(&server);
+    assert_eq!(results, ["header=tok-123", "OVER HTTP"]);
+    let names = tool_names(&server.requests()[0].body);
+    for t in [
+        "mcp__web__echo",
+        "mcp__web__fail",
+        "mcp__web__header",
+        "mcp__web__secret",
+    ] {
+        assert!(names.contains(&t.to_string()), "{t}: {names:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_broken_server_is_one_warning_and_the_run_goes_on() -> TestResult {
+    let Some(py) = python() else { return Ok(()) };
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    fs::write(
+        ws.join("tools.json"),
+        json!({"mcpServers": {
+            "missing": {"command": "/nonexistent/mcp-server"},
+            "silent": {"command": "sleep", "args": ["30"], "startupTimeout": 1},
+            "nothere": {"transport": "http", "url": format!("http://127.0.0.1:{closed}/mcp"), "startupTimeout": 2},
+            "good": {"command": py, "args": [server_py()]}
+        }})
+        .to_string(),
+    )?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call("c1", "mcp__good__echo", json!({"text": "still works"})),
+        ScriptStep::tool_call("c2", "mcp__missing__anything", json!({})),
+        ScriptStep::text("fine"),
+    ]);
+    let started = Instant::now();
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "go",
+        &[],
+    )
+    .await?;
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "fine\n");
+    let err = stderr(&out);
+    let warnings = warnings(&out);
+    assert_eq!(warnings.len(), 3, "one line per broken server: {err}");
+    for name in ["missing", "silent", "nothere"] {
+        assert!(
+            warnings
+                .iter()
+                .any(|l| l.contains(&format!("mcpServers.{name}"))),
+            "{name}: {err}"
+        );
+    }
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    let results = tool_results(&server);
+    assert_eq!(results[0], "STILL WORKS");
+    assert!(results[1].contains("unknown_tool"), "{}", results[1]);
+    let names = tool_names(&server.requests()[0].body);
+    assert!(
+        names
+            .iter()
+            .all(|n| !n.starts_with("mcp__missing") && !n.starts_with("mcp__silent")),
+        "{names:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_subagents_tool_allowlist_covers_mcp_tools() -> TestResult {
+    let Some(py) = python() else { return Ok(()) };
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(ws.join("subagents"))?;
+    let pidfile = dir.path().join("server.pid");
+    fs::write(
+        ws.join("tools.json"),
+        json!({"mcpServers": {"py": {
+            "transport": "stdio",
+            "command": py,
+            "args": [server_py(), "stdio", pidfile],
+        }}})
+        .to_string(),
+    )?;
+    fs::write(
+        ws.join("subagents/reader.md"),
+        "---\ndescription: Reads\ntools: [read_file]\n---\nYou are READER-11.\n",
+    )?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "agent_spawn",
+            json!({"agent_id": "reader", "task": "t"}),
+        )
+        .when_system("Available subagents:"),
+        // The child tries an MCP tool it was not given.
+        ScriptStep::tool_call("r1", "mcp__py__echo", json!({"text": "x"})).when_system("READER-11"),
+        ScriptStep::text("reader done").when_system("READER-11"),
+        ScriptStep::text("done").when_system("Available subagents:"),
+    ]);
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "go",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let reqs = server.requests();
+    let names = |r: &hame_test_support::RecordedRequest| -> Vec<String> {
+        r.body["tools"]
+            .as_array()
+            .map(|t| {
+                t.iter()
+                    .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let parent = &reqs[0];
+    assert!(
+        names(parent).iter().any(|n| n == "mcp__py__echo"),
+        "{:?}",
+        names(parent)
+    );
+    let child: Vec<_> = reqs
+        .iter()
+        .filter(|r| super::common::system_of(&r.body).contains("READER-11"))
+        .collect();
+    assert_eq!(child.len(), 2);
+    assert_eq!(names(child[0]), vec!["read_file"]);
+    let refused = super::common::last_tool_result(&child[1].body);
+    assert!(
+        refused.contains("not among this subagent's tools"),
+        "{refused}"
+    );
+    Ok(())
+}

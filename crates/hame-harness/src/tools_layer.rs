@@ -1,0 +1,234 @@
+//! The `tools-config` layer: `tools.json` per call (allow/deny over every tool, MCP
+//! servers' tools offered and dispatched).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use hame_core::{
+    AgentEvent, CallCtx, EventSink, Layer, ModelNext, ModelRequest, ModelResponse, ToolCall,
+    ToolCtx, ToolError, ToolNext, ToolOutcome, ToolSpec, codes,
+};
+use hame_fs::FsPath;
+use hame_mcp::{McpPool, McpTool};
+use hame_tools::Workspace;
+
+use crate::agent::EnvLookup;
+use crate::tools_config::{
+    MAX_TOOLS_JSON_BYTES, TOOLS_JSON, ToolFilter, ToolsConfig, merge, parse,
+};
+
+/// Event kind of an MCP server that could not be started (printed by `hame run`).
+pub const MCP_FAILED_EVENT: &str = "mcp.server_failed";
+
+/// Reads `tools.json` for each call as the caller sees it, filters the tools offered and
+/// run by `allow`/`deny`, and offers and runs the tools of its MCP servers as
+/// `mcp__<server>__<tool>` (ADR 0006). It sits innermost, below every other layer, so
+/// the permission and audit layers above see MCP calls like any other.
+#[derive(Debug)]
+pub struct ToolsConfigLayer {
+    env: EnvLookup,
+    workspace: PathBuf,
+    pool: Arc<McpPool>,
+}
+
+impl ToolsConfigLayer {
+    /// A layer; `env` resolves `${VAR}`, `workspace` is the directory relative `cwd`s of
+    /// stdio servers start from, `pool` holds the connections.
+    pub fn new(env: EnvLookup, workspace: PathBuf, pool: Arc<McpPool>) -> Self {
+        Self {
+            env,
+            workspace,
+            pool,
+        }
+    }
+
+    /// The caller's `tools.json`: `tools.json` of its files (in the isolated modes its
+    /// namespace over the template), with `<userId>/tools.json` of the template merged
+    /// over it ([`merge`]). No file is an empty configuration; a broken file is an error
+    /// line naming it.
+    pub async fn load(&self, ws: &Workspace) -> Result<ToolsConfig, String> {
+        let env = |k: &str| self.env.get(k);
+        let shared = match read(ws.files().as_ref(), TOOLS_JSON).await? {
+            Some(text) => parse(TOOLS_JSON, &text, &env, &self.workspace)?,
+            None => ToolsConfig::default(),
+        };
+        let (Some(o), Some(user)) = (ws.overrides(), ws.identity().user.as_deref()) else {
+            return Ok(shared);
+        };
+        match read(o.as_ref(), TOOLS_JSON).await? {
+            Some(text) => {
+                let name = format!("{user}/{TOOLS_JSON}");
+                Ok(merge(shared, parse(&name, &text, &env, &self.workspace)?))
+            }
+            None => Ok(shared),
+        }
+    }
+
+    /// The MCP tools `config` offers (servers started as needed; each failed start is
+    /// reported on `events` as [`MCP_FAILED_EVENT`] and its tools are left out). Each
+    /// tool keeps its `readOnlyHint`.
+    pub async fn mcp_tools(&self, config: &ToolsConfig, events: &EventSink) -> Vec<McpTool> {
+        let lists = futures::future::join_all(config.mcp_servers.values().map(|s| async move {
+            match self.pool.get(&s.server, &s.options).await {
+                Ok(client) => client.tools().await.map_err(|e| (e, true)),
+                Err(e) => Err(e),
+            }
+        }))
+        .await;
+        let mut out = Vec::new();
+        for (name, listed) in config.mcp_servers.keys().zip(lists) {
+            match listed {
+                Ok(tools) => out.extend(tools),
+                Err((e, fresh)) => {
+                    if fresh {
+                        tracing::warn!(server = %name, error = %e, "MCP server unavailable");
+                        events.emit(AgentEvent::Custom {
+                            kind: MCP_FAILED_EVENT.into(),
+                            data: serde_json::json!({
+                                "path": format!("mcpServers.{name}"),
+                                "error": format!("{e}; running without its tools"),
+                            }),
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+async fn read(fs: &dyn hame_fs::Filesystem, path: &str) -> Result<Option<String>, String> {
+    let p = FsPath::parse(path).map_err(|e| format!("{path}: {e}"))?;
+    match fs.read_bytes(&p).await {
+        Ok(b) if b.len() > MAX_TOOLS_JSON_BYTES => {
+            Err(format!("{path}: larger than {MAX_TOOLS_JSON_BYTES} bytes"))
+        }
+        Ok(b) => String::from_utf8(b)
+            .map(Some)
+            .map_err(|_| format!("{path}: not valid UTF-8")),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(format!("{path}: cannot be read: {e}")),
+    }
+}
+
+/// Why the layer failed a call: `tools.json` is broken (a configuration error).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ToolsConfigError(pub String);
+
+#[async_trait]
+impl Layer for ToolsConfigLayer {
+    fn name(&self) -> &str {
+        "tools-config"
+    }
+
+    async fn model(
+        &self,
+        cx: &mut CallCtx<'_>,
+        mut request: ModelRequest,
+        next: ModelNext<'_>,
+    ) -> Result<ModelResponse, hame_core::Error> {
+        let Some(ws) = cx.extensions.get::<Workspace>() else {
+            return next.run(cx, request).await;
+        };
+        let config = self
+            .load(ws)
+            .await
+            .map_err(|e| hame_core::Error::layer(self.name(), ToolsConfigError(e)))?;
+        let filter = ToolFilter::new(&config)
+            .map_err(|e| hame_core::Error::layer(self.name(), ToolsConfigError(e)))?;
+        let mcp = self.mcp_tools(&config, cx.events).await;
+        for tool in mcp {
+            if request.tools.iter().any(|t| t.name == tool.qualified) {
+                continue;
+            }
+            request.tools.push(ToolSpec {
+                name: tool.qualified,
+                description: tool.description,
+                parameters: tool.input_schema,
+            });
+        }
+        request.tools.retain(|t| filter.permits(&t.name));
+        // A subagent's spec allowlist covers the tools offered here (MCP) as well.
+        if let Some(allow) = hame_subagent::tool_allowlist(cx.runtime) {
+            request.tools.retain(|t| allow.iter().any(|a| a == &t.name));
+        }
+        next.run(cx, request).await
+    }
+
+    async fn tool(&self, cx: &ToolCtx<'_>, call: ToolCall, next: ToolNext<'_>) -> ToolOutcome {
+        let Some(ws) = cx.tool.extensions.get::<Workspace>() else {
+            return next.run(cx, call).await;
+        };
+        let done = |r: Result<String, ToolError>| ToolOutcome::Done(r);
+        let config = match self.load(ws).await {
+            Ok(c) => c,
+            Err(e) => return done(Err(ToolError::new(codes::FAILED, e))),
+        };
+        let filter = match ToolFilter::new(&config) {
+            Ok(f) => f,
+            Err(e) => return done(Err(ToolError::new(codes::FAILED, e))),
+        };
+        if !filter.permits(&call.name) {
+            return done(Err(ToolError::new(
+                codes::DENIED,
+                format!("`{}` is not allowed by tools.json (allow/deny)", call.name),
+            )));
+        }
+        if let Some(allow) = hame_subagent::tool_allowlist(&cx.tool.runtime)
+            && !allow.iter().any(|a| a == &call.name)
+        {
+            return done(Err(ToolError::new(
+                codes::UNKNOWN_TOOL,
+                format!(
+                    "`{}` is not among this subagent's tools ({})",
+                    call.name,
+                    allow.join(", ")
+                ),
+            )));
+        }
+        if !call.name.starts_with("mcp__") {
+            return next.run(cx, call).await;
+        }
+        let tools = self.mcp_tools(&config, cx.events).await;
+        let Some(tool) = tools.iter().find(|t| t.qualified == call.name) else {
+            return next.run(cx, call).await;
+        };
+        let args: serde_json::Value =
+            match serde_json::from_str(if call.arguments.trim().is_empty() {
+                "{}"
+            } else {
+                &call.arguments
+            }) {
+                Ok(v) => v,
+                Err(e) => {
+                    return done(Err(ToolError::invalid_arguments(format!(
+                        "arguments are not valid JSON: {e}"
+                    ))));
+                }
+            };
+        let Some(server) = config.mcp_servers.get(&tool.server) else {
+            return next.run(cx, call).await;
+        };
+        let client = match self.pool.get(&server.server, &server.options).await {
+            Ok(c) => c,
+            Err((e, _)) => return done(Err(ToolError::new(codes::FAILED, e.to_string()))),
+        };
+        let result = tokio::select! {
+            r = client.call(&tool.name, args) => r,
+            _ = cx.tool.cancel.cancelled() => {
+                return done(Err(ToolError::new(codes::CANCELLED, "the call was cancelled")));
+            }
+        };
+        match result {
+            Ok(r) if r.is_error => done(Err(ToolError::new(codes::FAILED, r.text))),
+            Ok(r) => done(Ok(r.text)),
+            Err(hame_mcp::Error::Timeout { .. }) => done(Err(ToolError::new(
+                codes::TIMEOUT,
+                format!("MCP server `{}` did not answer in time", tool.server),
+            ))),
+            Err(e) => done(Err(ToolError::new(codes::FAILED, e.to_string()))),
+        }
+    }
+}

@@ -1,0 +1,354 @@
+//! One connection to an MCP server.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use tokio::sync::Mutex;
+
+use crate::result::{CallResult, qualified_name, render_result};
+use crate::{DEFAULT_CALL_TIMEOUT, DEFAULT_STARTUP_TIMEOUT, Error, Result};
+
+/// A server to connect to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ServerConfig {
+    /// Its name (the `<server>` of `mcp__<server>__<tool>`).
+    pub name: String,
+    /// How to reach it.
+    pub transport: Transport,
+}
+
+/// How a server is reached.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// A child process speaking JSON-RPC on its stdin/stdout. It inherits hame's
+    /// environment plus `env`, runs in its own process group and is killed when the
+    /// connection is dropped; its stderr goes to the log (`tracing`, target
+    /// `hame_mcp::stderr`).
+    Stdio {
+        /// The program.
+        command: String,
+        /// Its arguments.
+        args: Vec<String>,
+        /// Extra environment variables.
+        env: BTreeMap<String, String>,
+        /// Its working directory (default: hame's).
+        cwd: Option<PathBuf>,
+    },
+    /// A streamable HTTP endpoint (feature `http`).
+    Http {
+        /// The endpoint URL.
+        url: String,
+        /// Headers sent with every request (`Authorization: Bearer …` included).
+        headers: BTreeMap<String, String>,
+    },
+}
+
+/// Timeouts of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClientOptions {
+    /// How long `initialize` (and the first tool list) may take. Default
+    /// [`DEFAULT_STARTUP_TIMEOUT`].
+    pub startup_timeout: Duration,
+    /// How long one `tools/call` may take. Default [`DEFAULT_CALL_TIMEOUT`].
+    pub call_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            startup_timeout: DEFAULT_STARTUP_TIMEOUT,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
+        }
+    }
+}
+
+/// A tool of a server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct McpTool {
+    /// The server's name.
+    pub server: String,
+    /// The tool's name on the server.
+    pub name: String,
+    /// `mcp__<server>__<tool>` ([`qualified_name`]).
+    pub qualified: String,
+    /// The server's description.
+    pub description: String,
+    /// The server's input schema (a JSON Schema object).
+    pub input_schema: serde_json::Value,
+    /// The server's `readOnlyHint` annotation (false when absent): plan mode may run
+    /// read-only tools.
+    pub read_only: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Handler {
+    stale: Arc<AtomicBool>,
+}
+
+impl ClientHandler for Handler {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.stale.store(true, Ordering::SeqCst);
+    }
+}
+
+/// One connection to an MCP server. Dropping it ends the connection (and kills a stdio
+/// child).
+pub struct McpClient {
+    name: String,
+    options: ClientOptions,
+    service: RunningService<RoleClient, Handler>,
+    stale: Arc<AtomicBool>,
+    tools: Mutex<Option<Vec<McpTool>>>,
+}
+
+impl std::fmt::Debug for McpClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpClient")
+            .field("name", &self.name)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+impl McpClient {
+    /// Starts or reaches the server and completes `initialize` within
+    /// [`ClientOptions::startup_timeout`].
+    pub async fn connect(server: &ServerConfig, options: &ClientOptions) -> Result<Self> {
+        let name = server.name.clone();
+        let stale = Arc::new(AtomicBool::new(false));
+        let handler = Handler {
+            stale: stale.clone(),
+        };
+        let start = |message: String| Error::Start {
+            server: name.clone(),
+            message,
+        };
+        let serve = async {
+            match &server.transport {
+                Transport::Stdio {
+                    command,
+                    args,
+                    env,
+                    cwd,
+                } => {
+                    let transport = spawn(&name, command, args, env, cwd.as_ref())
+                        .map_err(|e| start(format!("cannot run `{command}`: {e}")))?;
+                    handler
+                        .serve(transport)
+                        .await
+                        .map_err(|e| start(format!("initialize failed: {e}")))
+                }
+                Transport::Http { url, headers } => http(&name, url, headers, handler).await,
+            }
+        };
+        let service = tokio::time::timeout(options.startup_timeout, serve)
+            .await
+            .map_err(|_| {
+                start(format!(
+                    "no answer to initialize within {} s",
+                    options.startup_timeout.as_secs_f64()
+                ))
+            })??;
+        Ok(Self {
+            name,
+            options: *options,
+            service,
+            stale,
+            tools: Mutex::new(None),
+        })
+    }
+
+    /// The server's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The server's tools: listed once per connection, and again after the server said
+    /// its list changed.
+    pub async fn tools(&self) -> Result<Vec<McpTool>> {
+        let mut cached = self.tools.lock().await;
+        if let Some(tools) = cached.as_ref()
+            && !self.stale.load(Ordering::SeqCst)
+        {
+            return Ok(tools.clone());
+        }
+        self.stale.store(false, Ordering::SeqCst);
+        let listed = tokio::time::timeout(
+            self.options.startup_timeout,
+            self.service.peer().list_all_tools(),
+        )
+        .await
+        .map_err(|_| self.timeout("tools/list", self.options.startup_timeout))?
+        .map_err(|e| self.request(format!("tools/list failed: {e}")))?;
+        let tools: Vec<McpTool> = listed
+            .iter()
+            .filter_map(|t| serde_json::to_value(t).ok())
+            .map(|v| self.tool_of(&v))
+            .collect();
+        *cached = Some(tools.clone());
+        Ok(tools)
+    }
+
+    fn tool_of(&self, v: &serde_json::Value) -> McpTool {
+        let name = v
+            .get("name")
+            .and_then(|n| n.as_str())
+            .unwrap_or_default()
+            .to_owned();
+        McpTool {
+            server: self.name.clone(),
+            qualified: qualified_name(&self.name, &name),
+            description: v
+                .get("description")
+                .and_then(|d| d.as_str())
+                .unwrap_or_default()
+                .to_owned(),
+            input_schema: v
+                .get("inputSchema")
+                .cloned()
+                .unwrap_or_else(|| serde_json::json!({"type": "object"})),
+            read_only: v
+                .pointer("/annotations/readOnlyHint")
+                .and_then(|r| r.as_bool())
+                .unwrap_or(false),
+            name,
+        }
+    }
+
+    /// Calls tool `tool` (its name on the server) within [`ClientOptions::call_timeout`].
+    pub async fn call(&self, tool: &str, arguments: serde_json::Value) -> Result<CallResult> {
+        let mut params = CallToolRequestParams::new(tool.to_owned());
+        match arguments {
+            serde_json::Value::Object(map) => params = params.with_arguments(map),
+            serde_json::Value::Null => {}
+            other => {
+                return Err(self.request(format!("arguments must be a JSON object, not {other}")));
+            }
+        }
+        let result = tokio::time::timeout(
+            self.options.call_timeout,
+            self.service.peer().call_tool(params),
+        )
+        .await
+        .map_err(|_| self.timeout(&format!("tools/call {tool}"), self.options.call_timeout))?
+        .map_err(|e| self.request(format!("tools/call {tool} failed: {e}")))?;
+        let value = serde_json::to_value(&result)
+            .map_err(|e| self.request(format!("unreadable result: {e}")))?;
+        Ok(render_result(&value))
+    }
+
+    /// Whether the connection has ended (the child exited, the stream closed).
+    pub fn is_closed(&self) -> bool {
+        self.service.is_transport_closed()
+    }
+
+    /// Ends the connection (a stdio child is killed).
+    pub async fn shutdown(self) {
+        if let Err(e) = self.service.cancel().await {
+            tracing::debug!(server = %self.name, error = %e, "closing the MCP connection");
+        }
+    }
+
+    fn timeout(&self, what: &str, after: Duration) -> Error {
+        Error::Timeout {
+            server: self.name.clone(),
+            what: what.to_owned(),
+            secs: after.as_secs(),
+        }
+    }
+
+    fn request(&self, message: String) -> Error {
+        Error::Request {
+            server: self.name.clone(),
+            message,
+        }
+    }
+}
+
+/// Spawns a stdio server in its own process group, killed on drop, stderr to the log.
+fn spawn(
+    server: &str,
+    command: &str,
+    args: &[String],
+    env: &BTreeMap<String, String>,
+    cwd: Option<&PathBuf>,
+) -> std::io::Result<rmcp::transport::TokioChildProcess> {
+    use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
+    let mut cmd = tokio::process::Command::new(command);
+    cmd.args(args).envs(env);
+    if let Some(dir) = cwd {
+        cmd.current_dir(dir);
+    }
+    let mut wrap = CommandWrap::from(cmd);
+    wrap.wrap(KillOnDrop).wrap(ProcessGroup::leader());
+    let (transport, stderr) = rmcp::transport::TokioChildProcess::builder(wrap)
+        .stderr(std::process::Stdio::piped())
+        .spawn()?;
+    if let Some(stderr) = stderr {
+        let server = server.to_owned();
+        tokio::spawn(async move {
+            use tokio::io::AsyncBufReadExt;
+            let mut lines = tokio::io::BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                tracing::info!(target: "hame_mcp::stderr", server = %server, "{line}");
+            }
+        });
+    }
+    Ok(transport)
+}
+
+#[cfg(feature = "http")]
+async fn http(
+    name: &str,
+    url: &str,
+    headers: &BTreeMap<String, String>,
+    handler: Handler,
+) -> Result<RunningService<RoleClient, Handler>> {
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    let start = |message: String| Error::Start {
+        server: name.to_owned(),
+        message,
+    };
+    let mut config = StreamableHttpClientTransportConfig::with_uri(url.to_owned());
+    let mut custom = std::collections::HashMap::new();
+    for (k, v) in headers {
+        if k.eq_ignore_ascii_case("authorization") {
+            let token = v
+                .strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+                .unwrap_or(v);
+            config = config.auth_header(token.to_owned());
+            continue;
+        }
+        let name = http::HeaderName::from_bytes(k.as_bytes())
+            .map_err(|e| start(format!("header `{k}`: {e}")))?;
+        let value =
+            http::HeaderValue::from_str(v).map_err(|e| start(format!("header `{k}`: {e}")))?;
+        custom.insert(name, value);
+    }
+    let transport = StreamableHttpClientTransport::from_config(config.custom_headers(custom));
+    handler
+        .serve(transport)
+        .await
+        .map_err(|e| start(format!("initialize failed at {url}: {e}")))
+}
+
+#[cfg(not(feature = "http"))]
+async fn http(
+    name: &str,
+    _url: &str,
+    _headers: &BTreeMap<String, String>,
+    _handler: Handler,
+) -> Result<RunningService<RoleClient, Handler>> {
+    Err(Error::Unsupported {
+        server: name.to_owned(),
+        message: "this build has no streamable HTTP transport (enable the `mcp-http` feature of `hame`, or `http` of `hame-mcp`)".into(),
+    })
+}

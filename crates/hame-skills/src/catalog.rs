@@ -1,0 +1,603 @@
+//! Discovery over the caller's layers, loading, drafts and promotion (the I/O part).
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use chrono::Utc;
+use hame_core::{AgentEvent, EventSink};
+use hame_fs::{DeleteOptions, Filesystem, FsPath, WriteOptions};
+use hame_tools::Workspace;
+
+use crate::skill::{
+    SkillDoc, SkillLayer, SkillState, Usage, curate, merge, parse_skill, render_skill, valid_name,
+};
+use crate::{Error, Result};
+
+/// Folder of drafts inside `skills/` of the caller's home.
+pub const DRAFTS_DIR: &str = "_drafts";
+/// The usage record of agent-created skills, in `skills/` of the caller's home.
+pub const USAGE_FILE: &str = ".usage.json";
+/// Most skills read from one layer.
+pub const MAX_SKILLS_PER_LAYER: usize = 500;
+/// Most resource paths `load_skill` lists.
+pub const MAX_RESOURCES: usize = 200;
+/// Largest `SKILL.md` read, in bytes.
+pub const MAX_SKILL_BYTES: usize = 256 * 1024;
+/// Event kind of a skill skipped for invalid front matter (printed by `hame run`).
+pub const INVALID_EVENT: &str = "workspace.skill_invalid";
+
+/// Settings of the skills capability.
+#[derive(Debug, Clone, Default)]
+pub struct SkillsOptions {
+    /// The project/global skills directory on the host (`<dir>/<name>/SKILL.md`), the
+    /// lowest layer.
+    pub global_dir: Option<PathBuf>,
+}
+
+/// One skill as the caller sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skill {
+    /// Its name.
+    pub name: String,
+    /// Its description.
+    pub description: String,
+    /// The layer it comes from (the highest one holding the name).
+    pub layer: SkillLayer,
+    /// Its state.
+    pub state: SkillState,
+    /// Its folder as the caller's file tools see it (`skills/<name>`,
+    /// `<userId>/skills/<name>`), or a host path for the global layer.
+    pub dir: String,
+    /// Whether `read_file` and `execute` reach [`dir`](Self::dir).
+    pub in_workspace: bool,
+}
+
+/// A `SKILL.md` that was skipped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    /// Its path, as in [`Skill::dir`].
+    pub path: String,
+    /// Why.
+    pub error: String,
+}
+
+/// Every skill of a caller, in every state, and the skipped ones.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Catalog {
+    /// Sorted by name; one per name (the highest layer), then the drafts.
+    pub skills: Vec<Skill>,
+    /// Files skipped for invalid front matter.
+    pub invalid: Vec<Invalid>,
+}
+
+impl Catalog {
+    /// The skills the model sees (active and stale), sorted by name.
+    pub fn visible(&self) -> Vec<&Skill> {
+        self.skills
+            .iter()
+            .filter(|s| s.state.is_visible())
+            .collect()
+    }
+}
+
+#[derive(Clone)]
+struct Source {
+    layer: SkillLayer,
+    fs: Arc<dyn Filesystem>,
+    base: FsPath,
+    shown: String,
+    in_workspace: bool,
+}
+
+/// The skills capability of an agent: the global directory and the warnings already
+/// given. One per agent; it holds no caller's data.
+#[derive(Debug)]
+pub struct Skills {
+    global: Option<(PathBuf, Arc<dyn Filesystem>)>,
+    warned: Mutex<HashSet<u64>>,
+}
+
+/// Warnings remembered before the set is cleared.
+const MAX_WARNED: usize = 4096;
+
+impl Skills {
+    /// The capability; a global directory that is not a directory is a configuration
+    /// error.
+    pub fn new(options: SkillsOptions) -> Result<Self> {
+        let global = match options.global_dir {
+            Some(dir) => {
+                if !dir.is_dir() {
+                    return Err(Error::Config(format!(
+                        "skills directory {} is not a directory (check --skills-dir)",
+                        dir.display()
+                    )));
+                }
+                let abs = std::fs::canonicalize(&dir).unwrap_or(dir);
+                let fs = hame_fs::LocalFs::new(&abs).map_err(|e| {
+                    Error::Config(format!(
+                        "cannot open skills directory {}: {e}",
+                        abs.display()
+                    ))
+                })?;
+                Some((abs, Arc::new(fs) as Arc<dyn Filesystem>))
+            }
+            None => None,
+        };
+        Ok(Self {
+            global,
+            warned: Mutex::new(HashSet::new()),
+        })
+    }
+
+    fn sources(&self, ws: &Workspace) -> Vec<Source> {
+        let mut out = Vec::new();
+        if let Some((dir, fs)) = &self.global {
+            out.push(Source {
+                layer: SkillLayer::Global,
+                fs: fs.clone(),
+                base: FsPath::root(),
+                shown: dir.display().to_string(),
+                in_workspace: false,
+            });
+        }
+        let skills = FsPath::parse("skills").unwrap_or_else(|_| FsPath::root());
+        out.push(Source {
+            layer: SkillLayer::Workspace,
+            fs: ws.files().clone(),
+            base: skills.clone(),
+            shown: "skills".into(),
+            in_workspace: true,
+        });
+        if let (Some(o), Some(user)) = (ws.overrides(), ws.identity().user.as_deref()) {
+            out.push(Source {
+                layer: SkillLayer::User,
+                fs: o.clone(),
+                base: skills,
+                shown: format!("{user}/skills"),
+                in_workspace: true,
+            });
+        }
+        out
+    }
+
+    fn drafts(ws: &Workspace) -> Source {
+        let home_in = ws.home_in_files();
+        let prefix = if home_in.is_root() {
+            String::new()
+        } else {
+            format!("{}/", home_in.as_str().trim_start_matches('/'))
+        };
+        Source {
+            layer: if home_in.is_root() {
+                SkillLayer::Workspace
+            } else {
+                SkillLayer::User
+            },
+            fs: ws.home().clone(),
+            base: FsPath::parse(&format!("skills/{DRAFTS_DIR}")).unwrap_or_else(|_| FsPath::root()),
+            shown: format!("{prefix}skills/{DRAFTS_DIR}"),
+            in_workspace: true,
+        }
+    }
+
+    /// Every skill of the caller (all states) and the skipped files. With `events`, each
+    /// skipped file is reported once per process and content as a
+    /// [`INVALID_EVENT`] custom event (and a `tracing` warning).
+    pub async fn catalog(&self, ws: &Workspace, events: Option<&EventSink>) -> Catalog {
+        let sources = self.sources(ws);
+        let draft_source = Self::drafts(ws);
+        let reads = sources.iter().map(read_layer);
+        let (layers, drafts, usage) = tokio::join!(
+            futures_join_all(reads),
+            read_layer(&draft_source),
+            read_usage(ws)
+        );
+        let mut found = Vec::new();
+        let mut invalid = Vec::new();
+        for (source, (docs, bad)) in sources.iter().zip(layers) {
+            invalid.extend(bad);
+            for (dir, doc) in docs {
+                found.push((source.layer, doc.name.clone(), (source.clone(), dir, doc)));
+            }
+        }
+        let now = Utc::now();
+        let mut skills: Vec<Skill> = merge(found)
+            .into_iter()
+            .map(|(layer, name, (source, dir, doc))| Skill {
+                state: curate(usage.get(&name), now),
+                name,
+                description: doc.description,
+                layer,
+                dir: format!("{}/{dir}", source.shown),
+                in_workspace: source.in_workspace,
+            })
+            .collect();
+        let (draft_docs, bad) = drafts;
+        invalid.extend(bad);
+        for (dir, doc) in draft_docs {
+            skills.push(Skill {
+                name: doc.name,
+                description: doc.description,
+                layer: draft_source.layer,
+                state: SkillState::Draft,
+                dir: format!("{}/{dir}", draft_source.shown),
+                in_workspace: true,
+            });
+        }
+        if let Some(events) = events {
+            self.warn(ws, &invalid, events);
+        }
+        Catalog { skills, invalid }
+    }
+
+    fn warn(&self, ws: &Workspace, invalid: &[Invalid], events: &EventSink) {
+        use std::hash::{Hash, Hasher};
+        let Ok(mut warned) = self.warned.lock() else {
+            return;
+        };
+        if warned.len() > MAX_WARNED {
+            warned.clear();
+        }
+        for bad in invalid {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (&ws.identity().user, &bad.path, &bad.error).hash(&mut h);
+            if warned.insert(h.finish()) {
+                tracing::warn!(path = %bad.path, error = %bad.error, "skill skipped");
+                events.emit(AgentEvent::Custom {
+                    kind: INVALID_EVENT.into(),
+                    data: serde_json::json!({
+                        "path": bad.path,
+                        "error": format!("skill skipped: {}", bad.error),
+                    }),
+                });
+            }
+        }
+    }
+
+    /// `load_skill`: the body of a visible skill and its resources, or (with `path`) one
+    /// resource file. An unknown name is an error listing the available names.
+    pub async fn load(&self, ws: &Workspace, name: &str, path: Option<&str>) -> Result<String> {
+        let catalog = self.catalog(ws, None).await;
+        let visible = catalog.visible();
+        let Some(skill) = visible.iter().find(|s| s.name == name) else {
+            let names: Vec<&str> = visible.iter().map(|s| s.name.as_str()).collect();
+            return Err(Error::NotFound(format!(
+                "no skill named `{name}`; available: {}",
+                if names.is_empty() {
+                    "(none)".to_owned()
+                } else {
+                    names.join(", ")
+                }
+            )));
+        };
+        let source = self
+            .sources(ws)
+            .into_iter()
+            .find(|s| s.layer == skill.layer)
+            .ok_or_else(|| Error::NotFound(format!("skill `{name}` vanished")))?;
+        let dir_name = skill.dir.rsplit('/').next().unwrap_or(name).to_owned();
+        let dir = source
+            .base
+            .join(&dir_name)
+            .map_err(|e| Error::NotFound(e.to_string()))?;
+        if let Some(rel) = path {
+            let p = FsPath::parse(rel).map_err(|e| Error::Invalid(format!("path `{rel}`: {e}")))?;
+            let bytes = source
+                .fs
+                .read_bytes(&dir.join_path(&p))
+                .await
+                .map_err(|e| Error::NotFound(format!("skill `{name}` has no file `{rel}`: {e}")))?;
+            return Ok(String::from_utf8_lossy(&bytes).into_owned());
+        }
+        let text = read_text(
+            &source.fs,
+            &dir.join("SKILL.md")
+                .map_err(|e| Error::NotFound(e.to_string()))?,
+        )
+        .await
+        .map_err(|e| Error::NotFound(format!("skill `{name}`: {e}")))?;
+        let doc = parse_skill(&dir_name, &text).map_err(Error::Invalid)?;
+        let mut resources = Vec::new();
+        walk(&source.fs, &dir, &mut resources).await;
+        resources.retain(|p| p != "SKILL.md");
+        resources.sort();
+        record_use(ws, name).await;
+        Ok(render_loaded(skill, &doc, &resources, ws.exec().is_some()))
+    }
+
+    /// `propose_skill`: writes a draft `skills/_drafts/<name>/SKILL.md` into the caller's
+    /// home (its namespace); it is not listed until promoted. Returns the draft's path.
+    pub async fn propose(
+        &self,
+        ws: &Workspace,
+        name: &str,
+        description: &str,
+        body: &str,
+    ) -> Result<String> {
+        if !valid_name(name) {
+            return Err(Error::Invalid(format!(
+                "`{name}` is not a valid skill name: use [A-Za-z0-9._-], at most 64 characters, not starting with `.` or `_`"
+            )));
+        }
+        if description.trim().is_empty() {
+            return Err(Error::Invalid("the description is empty".into()));
+        }
+        let text = render_skill(name, description, body).map_err(Error::Invalid)?;
+        let draft = Self::drafts(ws);
+        let path = draft
+            .base
+            .join(name)
+            .and_then(|d| d.join("SKILL.md"))
+            .map_err(|e| Error::Invalid(e.to_string()))?;
+        ws.home()
+            .write(&path, text.into_bytes(), WriteOptions::default())
+            .await
+            .map_err(|e| Error::storage("writing the draft failed", e))?;
+        update_usage(ws, name, |u| {
+            u.created = Some(Utc::now());
+            u.promoted = None;
+        })
+        .await?;
+        Ok(format!("{}/{name}/SKILL.md", draft.shown))
+    }
+
+    /// Promotes the draft `name` (moves `skills/_drafts/<name>/` to `skills/<name>/` of
+    /// the caller's home), or restores an archived skill. Returns the skill.
+    pub async fn promote(&self, ws: &Workspace, name: &str) -> Result<Skill> {
+        let catalog = self.catalog(ws, None).await;
+        let draft = catalog
+            .skills
+            .iter()
+            .find(|s| s.name == name && s.state == SkillState::Draft);
+        let archived = catalog
+            .skills
+            .iter()
+            .find(|s| s.name == name && s.state == SkillState::Archived);
+        match (draft, archived) {
+            (Some(d), _) => {
+                let dir_name = d.dir.rsplit('/').next().unwrap_or(name).to_owned();
+                let home = ws.home();
+                let from = Self::drafts(ws)
+                    .base
+                    .join(&dir_name)
+                    .map_err(|e| Error::Invalid(e.to_string()))?;
+                let to = FsPath::parse(&format!("skills/{name}"))
+                    .map_err(|e| Error::Invalid(e.to_string()))?;
+                if home
+                    .exists(
+                        &to.join("SKILL.md")
+                            .map_err(|e| Error::Invalid(e.to_string()))?,
+                    )
+                    .await
+                    .unwrap_or(false)
+                {
+                    return Err(Error::Invalid(format!(
+                        "a skill `{name}` already exists in {}; remove it or rename the draft first",
+                        d.layer.as_str()
+                    )));
+                }
+                let mut files = Vec::new();
+                walk(home, &from, &mut files).await;
+                for rel in &files {
+                    let src = from.join(rel).map_err(|e| Error::Invalid(e.to_string()))?;
+                    let dst = to.join(rel).map_err(|e| Error::Invalid(e.to_string()))?;
+                    let bytes = home
+                        .read_bytes(&src)
+                        .await
+                        .map_err(|e| Error::storage("reading the draft failed", e))?;
+                    home.write(&dst, bytes, WriteOptions::default())
+                        .await
+                        .map_err(|e| Error::storage("writing the skill failed", e))?;
+                }
+                home.delete(&from, DeleteOptions { recursive: true })
+                    .await
+                    .map_err(|e| Error::storage("removing the draft failed", e))?;
+            }
+            (None, Some(_)) => {}
+            (None, None) => {
+                let drafts: Vec<&str> = catalog
+                    .skills
+                    .iter()
+                    .filter(|s| matches!(s.state, SkillState::Draft | SkillState::Archived))
+                    .map(|s| s.name.as_str())
+                    .collect();
+                return Err(Error::NotFound(format!(
+                    "no draft or archived skill named `{name}`; drafts and archived: {}",
+                    if drafts.is_empty() {
+                        "(none)".to_owned()
+                    } else {
+                        drafts.join(", ")
+                    }
+                )));
+            }
+        }
+        update_usage(ws, name, |u| u.promoted = Some(Utc::now())).await?;
+        let catalog = self.catalog(ws, None).await;
+        catalog
+            .skills
+            .into_iter()
+            .find(|s| s.name == name && s.state.is_visible())
+            .ok_or_else(|| Error::NotFound(format!("skill `{name}` is not visible after promotion (a higher layer may hold the name)")))
+    }
+}
+
+/// The `<available_skills>` block of the system prompt: names and descriptions only,
+/// sorted by name, so it changes only when the skills do. `None` without skills.
+pub fn prompt_block(skills: &[&Skill]) -> Option<String> {
+    if skills.is_empty() {
+        return None;
+    }
+    let mut out = String::from(
+        "Skills are packaged instructions for particular tasks. When a task matches a skill's \
+         description, call load_skill(name) first and follow its instructions.\n",
+    );
+    for s in skills {
+        out.push_str(&format!("- {}: {}\n", s.name, s.description));
+    }
+    Some(out)
+}
+
+fn render_loaded(skill: &Skill, doc: &SkillDoc, resources: &[String], shell: bool) -> String {
+    let mut out = format!(
+        "<skill name=\"{}\" layer=\"{}\" dir=\"{}\">\n{}\n</skill>\n",
+        skill.name,
+        skill.layer.as_str(),
+        skill.dir,
+        doc.body.trim_end()
+    );
+    if !resources.is_empty() {
+        if skill.in_workspace {
+            out.push_str("\nResources (read them with read_file):\n");
+            for r in resources {
+                out.push_str(&format!("- {}/{r}\n", skill.dir));
+            }
+        } else {
+            out.push_str(&format!(
+                "\nResources (read them with load_skill(name=\"{}\", path=...)):\n",
+                skill.name
+            ));
+            for r in resources {
+                out.push_str(&format!("- {r}\n"));
+            }
+        }
+    }
+    let scripts: Vec<&String> = resources
+        .iter()
+        .filter(|r| r.starts_with("scripts/"))
+        .collect();
+    if !scripts.is_empty() {
+        if shell {
+            out.push_str(
+                "\nRun its scripts with execute (the shell starts in the workspace root):\n",
+            );
+            for s in scripts {
+                out.push_str(&format!("- `sh {}/{s}`\n", skill.dir));
+            }
+        } else {
+            out.push_str("\nThis mode has no shell: the scripts cannot be run here; read them for reference.\n");
+        }
+    }
+    out
+}
+
+async fn futures_join_all<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut out = Vec::new();
+    for f in futs {
+        out.push(f.await);
+    }
+    out
+}
+
+async fn read_text(fs: &Arc<dyn Filesystem>, path: &FsPath) -> std::result::Result<String, String> {
+    let bytes = fs.read_bytes(path).await.map_err(|e| e.to_string())?;
+    if bytes.len() > MAX_SKILL_BYTES {
+        return Err(format!("larger than {MAX_SKILL_BYTES} bytes"));
+    }
+    String::from_utf8(bytes).map_err(|_| "not valid UTF-8".to_owned())
+}
+
+/// The valid skills of one layer (`(dir name, doc)`) and its invalid files.
+async fn read_layer(source: &Source) -> (Vec<(String, SkillDoc)>, Vec<Invalid>) {
+    let mut docs = Vec::new();
+    let mut invalid = Vec::new();
+    let Ok(entries) = source.fs.list(&source.base).await else {
+        return (docs, invalid);
+    };
+    let mut dirs: Vec<String> = entries
+        .into_iter()
+        .filter(|e| e.is_dir())
+        .map(|e| e.path.file_name().to_owned())
+        .filter(|n| !n.starts_with('.') && !n.starts_with('_'))
+        .collect();
+    dirs.sort();
+    dirs.truncate(MAX_SKILLS_PER_LAYER);
+    for dir in dirs {
+        let Ok(path) = source.base.join(&dir).and_then(|d| d.join("SKILL.md")) else {
+            continue;
+        };
+        let shown = format!("{}/{dir}/SKILL.md", source.shown);
+        let text = match source.fs.read_bytes(&path).await {
+            Ok(b) if b.len() > MAX_SKILL_BYTES => {
+                Err(format!("larger than {MAX_SKILL_BYTES} bytes"))
+            }
+            Ok(b) => String::from_utf8(b).map_err(|_| "not valid UTF-8".to_owned()),
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => Err(e.to_string()),
+        };
+        match text.and_then(|t| parse_skill(&dir, &t)) {
+            Ok(doc) => docs.push((dir, doc)),
+            Err(error) => invalid.push(Invalid { path: shown, error }),
+        }
+    }
+    (docs, invalid)
+}
+
+/// Files below `dir` (relative paths), at most [`MAX_RESOURCES`].
+async fn walk(fs: &Arc<dyn Filesystem>, dir: &FsPath, out: &mut Vec<String>) {
+    let mut stack = vec![dir.clone()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = fs.list(&d).await else {
+            continue;
+        };
+        for e in entries {
+            if e.is_dir() {
+                stack.push(e.path);
+            } else if let Some(rel) = e.path.strip_prefix(dir) {
+                if out.len() >= MAX_RESOURCES {
+                    return;
+                }
+                out.push(rel.as_str().trim_start_matches('/').to_owned());
+            }
+        }
+    }
+}
+
+fn usage_path() -> Option<FsPath> {
+    FsPath::parse(&format!("skills/{USAGE_FILE}")).ok()
+}
+
+async fn read_usage(ws: &Workspace) -> BTreeMap<String, Usage> {
+    let Some(path) = usage_path() else {
+        return BTreeMap::new();
+    };
+    match ws.home().read_bytes(&path).await {
+        Ok(bytes) => match serde_json::from_slice::<UsageFile>(&bytes) {
+            Ok(f) => f.skills,
+            Err(e) => {
+                tracing::warn!(error = %e, "skills/.usage.json is unreadable; every skill counts as active");
+                BTreeMap::new()
+            }
+        },
+        Err(_) => BTreeMap::new(),
+    }
+}
+
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct UsageFile {
+    #[serde(default)]
+    skills: BTreeMap<String, Usage>,
+}
+
+async fn update_usage(ws: &Workspace, name: &str, f: impl FnOnce(&mut Usage)) -> Result<()> {
+    let path = usage_path().ok_or_else(|| Error::Invalid("usage path".into()))?;
+    let mut file = UsageFile {
+        skills: read_usage(ws).await,
+    };
+    f(file.skills.entry(name.to_owned()).or_default());
+    let bytes = serde_json::to_vec_pretty(&file).map_err(|e| Error::storage("usage", e))?;
+    ws.home()
+        .write(&path, bytes, WriteOptions::default())
+        .await
+        .map_err(|e| Error::storage("writing skills/.usage.json failed", e))?;
+    Ok(())
+}
+
+/// Records a use of an agent-created skill (others have no record and never age).
+async fn record_use(ws: &Workspace, name: &str) {
+    if read_usage(ws).await.contains_key(name)
+        && let Err(e) = update_usage(ws, name, |u| u.last_used = Some(Utc::now())).await
+    {
+        tracing::warn!(error = %e, skill = name, "recording the use of a skill failed");
+    }
+}
