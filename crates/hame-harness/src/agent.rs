@@ -810,6 +810,7 @@ impl HarnessAgent {
         cancel: CancellationToken,
     ) -> BoxStream<'static, AgentEvent> {
         let (sink, rx) = EventSink::channel();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         let this = self.clone();
         let ctx = ctx.clone();
         tokio::spawn(async move {
@@ -823,19 +824,32 @@ impl HarnessAgent {
                     message: e.to_string(),
                 });
             }
+            let _ = done_tx.send(());
         });
-        // The stream ends with the call's own last event: background subagents may keep
-        // the sink open after the call.
-        Box::pin(futures::stream::unfold(Some(rx), |rx| async move {
-            let mut rx = rx?;
-            let ev = rx.recv().await?;
-            let last = matches!(
-                ev,
-                AgentEvent::Finished { .. }
-                    | AgentEvent::Suspended { .. }
-                    | AgentEvent::Failed { .. }
-            );
-            Some((ev, (!last).then_some(rx)))
+        // The stream ends when the call is over — its state saved and its lease released —
+        // with what the call emitted until then; background subagents may keep the sink
+        // open after the call, so its closing is not waited for.
+        struct Reading {
+            rx: tokio::sync::mpsc::UnboundedReceiver<AgentEvent>,
+            done: Option<tokio::sync::oneshot::Receiver<()>>,
+        }
+        let start = Reading {
+            rx,
+            done: Some(done_rx),
+        };
+        Box::pin(futures::stream::unfold(start, |mut st| async move {
+            loop {
+                let Some(done) = st.done.as_mut() else {
+                    // The call is over: what it left queued, then the end.
+                    let ev = st.rx.try_recv().ok()?;
+                    return Some((ev, st));
+                };
+                tokio::select! {
+                    biased;
+                    ev = st.rx.recv() => return ev.map(|ev| (ev, st)),
+                    _ = done => st.done = None,
+                }
+            }
         }))
     }
 

@@ -410,6 +410,7 @@ impl Subagents {
             .min(self.options.max_timeout)
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn launch(
         self: &Arc<Self>,
         ctx: &ToolContext,
@@ -513,6 +514,7 @@ impl Subagents {
             .collect()
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn start(
         self: &Arc<Self>,
         store: TaskStore,

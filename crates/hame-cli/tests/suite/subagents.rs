@@ -630,3 +630,48 @@ async fn shared_store_mode_on_redis_keeps_task_records_in_the_store() -> TestRes
     assert!(tasks_json(dir.path(), &other).await?.is_empty());
     Ok(())
 }
+
+#[tokio::test]
+async fn chat_shows_child_progress_indented_and_saves_before_the_next_prompt() -> TestResult {
+    use std::io::Write;
+    use std::process::Stdio;
+
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        spawn_step("reviewer", "review", false),
+        ScriptStep::tool_call("r1", "list_files", json!({"path": "."})).when_system(CHILD),
+        ScriptStep::text("REVIEW OK").when_system(CHILD),
+        ScriptStep::text("parent done").when_system(PARENT),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let (_ws, ws_s) = workspace(dir.path())?;
+    let base = server.base_url();
+    let state = dir.path().join("state").to_string_lossy().into_owned();
+    let mut cmd = hame(
+        &["chat", "--workspace", &ws_s, "--model", "openai:m"],
+        &[("OPENAI_BASE_URL", &base), ("HAME_STATE_HOME", &state)],
+        dir.path(),
+    );
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = tokio::task::spawn_blocking(move || -> std::io::Result<std::process::Output> {
+        let mut child = cmd.spawn()?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(b"review please\n")?;
+        }
+        child.wait_with_output()
+    })
+    .await??;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "parent done\n");
+    let err = stderr(&out);
+    assert!(err.contains("    ↳ reviewer task-"), "{err}");
+    assert!(err.contains("⚙ list_files ok ("), "{err}");
+    assert!(err.contains(" completed"), "{err}");
+    // End of input right after the reply: the turn is saved and nothing is cut off.
+    assert!(!err.contains("WARN"), "{err}");
+    let tasks = tasks_json(dir.path(), &["--workspace", &ws_s]).await?;
+    assert_eq!(tasks[0]["status"], "completed");
+    Ok(())
+}
