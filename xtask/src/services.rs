@@ -448,8 +448,24 @@ fn docker_answers() -> bool {
 fn start_docker(options: &ServiceOptions) -> Result<()> {
     if docker_answers() {
         println!("docker: engine already answering");
-        return Ok(());
+    } else {
+        start_dockerd(options)?;
     }
+    build_sandbox_image()
+}
+
+/// The default sandbox image (`hame-sandbox:busybox-1`), built offline from Debian's
+/// busybox-static (installed above) by the same code as `hame sandbox image`, so the
+/// Docker suites reuse one image.
+fn build_sandbox_image() -> Result<()> {
+    let mut cmd = command(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.args([
+        "run", "--quiet", "-p", "hame-cli", "--bin", "hame", "--", "sandbox", "image",
+    ]);
+    proc::run_bounded(&mut cmd, START_LIMIT * 5).context("build the sandbox image")
+}
+
+fn start_dockerd(options: &ServiceOptions) -> Result<()> {
     if find_binary("dockerd").is_none() {
         apt_install(&["docker.io"])?;
     }

@@ -54,6 +54,8 @@ pub(crate) struct Common {
     #[command(flatten)]
     pub(crate) plan: crate::approve::PlanArgs,
     #[command(flatten)]
+    sandbox: crate::sandbox::SandboxArgs,
+    #[command(flatten)]
     pub(crate) subagents: crate::tasks::SubagentArgs,
     #[command(flatten)]
     pub(crate) capabilities: crate::skills::CapabilityArgs,
@@ -173,6 +175,7 @@ async fn build_agent(
         })?;
         builder = builder.filesystem(hame::FilesystemMode::SharedStore { store });
     }
+    builder = crate::sandbox::apply(&common.sandbox, builder).await?;
     let agent = builder.build().map_err(|e| {
         if e.is_config() {
             anyhow::Error::new(ConfigError(e.to_string()))

@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 mod approve;
 mod common;
 mod run;
+mod sandbox;
 mod secrets;
 mod signals;
 mod skills;
@@ -68,6 +69,11 @@ enum Command {
         /// Why, for the model.
         #[arg(long)]
         reason: Option<String>,
+    },
+    /// The Docker sandbox: `hame sandbox image` builds its default image offline.
+    Sandbox {
+        #[command(subcommand)]
+        command: sandbox::SandboxCommand,
     },
     /// Skills of the workspace: list them, promote drafts.
     Skills {
@@ -129,7 +135,7 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        match cli.command {
+        let result = match cli.command {
             Command::Run {
                 common,
                 json,
@@ -138,9 +144,13 @@ fn main() -> ExitCode {
             Command::Chat { common } => run::chat(common).await,
             Command::Approve { args } => approve::decide(args, true, None).await,
             Command::Deny { args, reason } => approve::decide(args, false, reason).await,
+            Command::Sandbox { command } => sandbox::command(command).await,
             Command::Skills { command } => skills::run(command).await,
             Command::Tasks { common, json } => tasks::tasks(common, json).await,
-        }
+        };
+        // Nothing hame started outlives it.
+        sandbox::shutdown().await;
+        result
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

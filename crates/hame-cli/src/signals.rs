@@ -54,6 +54,7 @@ impl Signals {
             Some(token) if first || !token.is_cancelled() => token.cancel(),
             _ => {
                 eprintln!();
+                crate::sandbox::shutdown_blocking();
                 std::process::exit(i32::from(code));
             }
         }

@@ -398,10 +398,30 @@ impl HarnessAgentBuilder {
                     .into(),
             ));
         }
-        let (store, shell) = match &mode {
-            FilesystemMode::Local { shell } => (private.clone(), *shell),
-            FilesystemMode::IsolatedLocal => (private.clone(), false),
-            FilesystemMode::SharedStore { store } => (store.clone(), false),
+        // Sandbox mode keeps runtime data (session logs, memory) on the host but outside
+        // the workspace: `<state home>/sandbox-runtime/<workspace identity>/`.
+        let runtime_dir = match &mode {
+            FilesystemMode::Sandbox { .. } => Some(sandbox_runtime_dir(&env, &workspace)?),
+            _ => None,
+        };
+        let (store, shell) = match (&mode, &runtime_dir) {
+            (FilesystemMode::Local { shell }, _) => (private.clone(), *shell),
+            (FilesystemMode::IsolatedLocal, _) => (private.clone(), false),
+            (FilesystemMode::SharedStore { store }, _) => (store.clone(), false),
+            (FilesystemMode::Sandbox { .. }, Some(dir)) => {
+                let runtime: Arc<dyn Filesystem> = Arc::new(
+                    hame_fs::LocalFs::with_options(
+                        dir,
+                        hame_fs::LocalFsOptions {
+                            private: true,
+                            ..hame_fs::LocalFsOptions::default()
+                        },
+                    )
+                    .map_err(|e| Error::Config(format!("cannot open {}: {e}", dir.display())))?,
+                );
+                (runtime, false)
+            }
+            (FilesystemMode::Sandbox { .. }, None) => (private.clone(), false),
         };
         // A state home inside the workspace is never shown to the file tools.
         let mut hidden = Vec::new();
@@ -412,17 +432,22 @@ impl HarnessAgentBuilder {
         }
         let memory_options = self.memory.unwrap_or_default();
         let exec = shell.then(|| crate::tools::local_shell(&workspace, memory_options.enabled));
-        let tenancy = Arc::new(
-            Tenancy::new(
-                store,
-                local,
-                &name,
-                self.scope,
-                mode.workspace_mode(),
-                exec.clone(),
-            )
-            .with_hidden(hidden),
-        );
+        let mut tenancy = Tenancy::new(
+            store,
+            local,
+            &name,
+            self.scope,
+            mode.workspace_mode(),
+            exec.clone(),
+        )
+        .with_hidden(hidden);
+        if let Some(sandboxes) = mode.sandboxes() {
+            tenancy = tenancy.with_sandboxes(sandboxes.clone());
+        }
+        let tenancy = Arc::new(tenancy);
+        let sandbox_layer: Option<Arc<dyn Layer>> = mode.sandboxes().map(|_| {
+            Arc::new(crate::sandbox::SandboxLayer::new(tenancy.clone())) as Arc<dyn Layer>
+        });
 
         // One token counter for every budget (tiktoken for OpenAI families, else the
         // calibrated estimate of hame-memory).
@@ -434,7 +459,7 @@ impl HarnessAgentBuilder {
                 &name,
                 model.clone(),
                 counter.clone(),
-                &workspace,
+                runtime_dir.as_deref().unwrap_or(&workspace),
             ))
         });
 
@@ -458,7 +483,8 @@ impl HarnessAgentBuilder {
         let recorder = Arc::new(SessionRecorder::new(name.clone()));
 
         let mut tools = ToolSet::new();
-        for t in crate::tools::builtin_tools(&name, exec.is_some(), memory.is_some())? {
+        let has_shell = exec.is_some() || sandbox_layer.is_some();
+        for t in crate::tools::builtin_tools(&name, has_shell, memory.is_some())? {
             tools.register(t);
         }
         if let Some(layer) = &memory {
@@ -502,6 +528,7 @@ impl HarnessAgentBuilder {
             .with_tools(tools)
             .with_config(config);
         let mut outer = self.outer_layers;
+        outer.extend(sandbox_layer);
         outer.push(Arc::new(hame_subagent::SubagentLayer::new(
             subagents.clone(),
         )));
@@ -639,6 +666,33 @@ fn default_state_store(
     // The whole state home is hidden from the file tools when it is inside the workspace
     // (it holds other workspaces' state too).
     Ok((Arc::new(store), base))
+}
+
+/// Where sandbox mode keeps a workspace's runtime data on the host:
+/// `<HAME_STATE_HOME or ~/.hame/state>/sandbox-runtime/<workspace identity>/` (created
+/// `0700`).
+fn sandbox_runtime_dir(env: &EnvLookup, workspace: &std::path::Path) -> Result<PathBuf> {
+    let base = match env.get(STATE_HOME_ENV) {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let home = env.get("HOME").ok_or_else(|| {
+                Error::Config(format!(
+                    "neither {STATE_HOME_ENV} nor HOME is set: set {STATE_HOME_ENV} to a directory"
+                ))
+            })?;
+            PathBuf::from(home).join(".hame").join("state")
+        }
+    };
+    let dir = base
+        .join("sandbox-runtime")
+        .join(workspace_identity(workspace));
+    create_private_dir(&dir).map_err(|e| {
+        Error::Config(format!(
+            "cannot create {}: {e} (set {STATE_HOME_ENV})",
+            dir.display()
+        ))
+    })?;
+    Ok(dir)
 }
 
 /// Creates `dir` and its missing parents `0700`.
@@ -782,6 +836,7 @@ impl HarnessAgent {
         cancel: CancellationToken,
     ) -> BoxStream<'static, AgentEvent> {
         let (sink, rx) = EventSink::channel();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         let this = self.clone();
         let ctx = ctx.clone();
         tokio::spawn(async move {
@@ -795,19 +850,32 @@ impl HarnessAgent {
                     message: e.to_string(),
                 });
             }
+            let _ = done_tx.send(());
         });
-        // The stream ends with the call's own last event: background subagents may keep
-        // the sink open after the call.
-        Box::pin(futures::stream::unfold(Some(rx), |rx| async move {
-            let mut rx = rx?;
-            let ev = rx.recv().await?;
-            let last = matches!(
-                ev,
-                AgentEvent::Finished { .. }
-                    | AgentEvent::Suspended { .. }
-                    | AgentEvent::Failed { .. }
-            );
-            Some((ev, (!last).then_some(rx)))
+        // The stream ends when the call is over — its state saved and its lease released —
+        // with what the call emitted until then; background subagents may keep the sink
+        // open after the call, so its closing is not waited for.
+        struct Reading {
+            rx: tokio::sync::mpsc::UnboundedReceiver<AgentEvent>,
+            done: Option<tokio::sync::oneshot::Receiver<()>>,
+        }
+        let start = Reading {
+            rx,
+            done: Some(done_rx),
+        };
+        Box::pin(futures::stream::unfold(start, |mut st| async move {
+            loop {
+                let Some(done) = st.done.as_mut() else {
+                    // The call is over: what it left queued, then the end.
+                    let ev = st.rx.try_recv().ok()?;
+                    return Some((ev, st));
+                };
+                tokio::select! {
+                    biased;
+                    ev = st.rx.recv() => return ev.map(|ev| (ev, st)),
+                    _ = done => st.done = None,
+                }
+            }
         }))
     }
 

@@ -158,6 +158,7 @@ impl WorkspaceContext {
                 session_id: id.session.clone(),
                 user_id: id.user.clone(),
             },
+            sandboxed: ws.mode() == hame_tools::WorkspaceMode::Sandbox,
         }
     }
 }

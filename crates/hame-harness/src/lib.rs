@@ -42,6 +42,7 @@ pub mod memory;
 pub mod permissions;
 pub mod prompt;
 mod recorder;
+mod sandbox;
 mod subagents;
 mod template;
 mod tenancy;

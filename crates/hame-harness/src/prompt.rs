@@ -29,6 +29,9 @@ pub struct PromptParts {
     pub memory: Option<BudgetedText>,
     /// Session facts.
     pub session: SessionInfo,
+    /// The tools run in a sandbox: files and commands are inside a container at
+    /// `/workspace` (the prompt says so and never names the host path).
+    pub sandboxed: bool,
 }
 
 /// The volatile facts of the session section.
@@ -103,6 +106,15 @@ pub fn render(parts: &PromptParts) -> String {
          below and re-read before every step, so edits take effect immediately. Use the file tools to read \
          more; paths are relative to the workspace root.\n\n",
     );
+    if parts.sandboxed {
+        out.push_str(
+            "# Sandbox\nYou run sandboxed: every file tool and the execute tool work inside an isolated \
+             container whose working directory is /workspace (relative paths are relative to it). It has \
+             no network unless the operator enabled one. Its files are kept between calls of this session; \
+             AGENTS.md, skills/, subagents/, knowledge/ and tools.json are copied in from the operator's \
+             workspace at the start of every call (edits to them in the sandbox do not last).\n\n",
+        );
+    }
     if let Some(agents) = &parts.agents_md {
         section(&mut out, "agents_md", "", agents);
     }
@@ -193,8 +205,22 @@ mod tests {
                 session_id: "s1".into(),
                 user_id: Some("alice".into()),
             },
+            sandboxed: false,
         };
         insta::assert_snapshot!(render(&parts));
+    }
+
+    #[test]
+    fn sandboxed_prompt_names_the_sandbox_workspace_only() {
+        let parts = PromptParts {
+            sandboxed: true,
+            ..PromptParts::default()
+        };
+        let p = render(&parts);
+        assert!(p.contains("You run sandboxed"), "{p}");
+        assert!(p.contains("/workspace"), "{p}");
+        let plain = render(&PromptParts::default());
+        assert!(!plain.contains("sandboxed"), "{plain}");
     }
 
     #[test]

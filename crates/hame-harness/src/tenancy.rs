@@ -32,6 +32,14 @@ pub enum FilesystemMode {
         /// The shared store.
         store: Arc<dyn Filesystem>,
     },
+    /// Sandbox mode: the file tools and `execute` work inside a container per isolation
+    /// scope, on `/workspace`; the host workspace's static assets are projected in at the
+    /// start of each call and nothing is written into the host workspace. Session logs and
+    /// memory stay on the host, under the state home (see `docs/sandbox.md`).
+    Sandbox {
+        /// The sandboxes (one container per scope key).
+        sandboxes: Arc<dyn hame_sandbox::Sandboxes>,
+    },
 }
 
 impl Default for FilesystemMode {
@@ -52,6 +60,15 @@ impl FilesystemMode {
             FilesystemMode::Local { .. } => WorkspaceMode::TrustedLocal,
             FilesystemMode::IsolatedLocal => WorkspaceMode::IsolatedLocal,
             FilesystemMode::SharedStore { .. } => WorkspaceMode::SharedStore,
+            FilesystemMode::Sandbox { .. } => WorkspaceMode::Sandbox,
+        }
+    }
+
+    /// The sandboxes of sandbox mode.
+    pub fn sandboxes(&self) -> Option<&Arc<dyn hame_sandbox::Sandboxes>> {
+        match self {
+            FilesystemMode::Sandbox { sandboxes } => Some(sandboxes),
+            _ => None,
         }
     }
 }
@@ -71,6 +88,7 @@ pub struct Tenancy {
     mode: WorkspaceMode,
     exec: Option<Arc<dyn Execute>>,
     hidden: Vec<FsPath>,
+    sandboxes: Option<Arc<dyn hame_sandbox::Sandboxes>>,
 }
 
 impl Tenancy {
@@ -97,7 +115,31 @@ impl Tenancy {
             mode,
             exec,
             hidden: Vec::new(),
+            sandboxes: None,
         }
+    }
+
+    /// Sandbox mode: callers' files and shell are their scope's sandbox.
+    pub fn with_sandboxes(mut self, sandboxes: Arc<dyn hame_sandbox::Sandboxes>) -> Self {
+        self.sandboxes = Some(sandboxes);
+        self
+    }
+
+    /// The key of a caller's sandbox: the path of its isolation namespace (the one key
+    /// function of hame, [`Namespace::derive`]).
+    pub fn sandbox_key(&self, identity: &Identity) -> hame_fs::Result<String> {
+        let ns = Namespace::derive(
+            &identity.agent,
+            identity.user.as_deref(),
+            &identity.session,
+            self.isolation.scope,
+        )?;
+        Ok(ns.path().as_str().to_owned())
+    }
+
+    /// The sandboxes of sandbox mode.
+    pub fn sandboxes(&self) -> Option<&Arc<dyn hame_sandbox::Sandboxes>> {
+        self.sandboxes.as_ref()
     }
 
     /// Paths of the workspace no caller sees (a state home inside the workspace).
@@ -124,6 +166,20 @@ impl Tenancy {
         let session = runtime.session_id.as_str();
         let identity = Identity::new(agent.clone(), user, session);
         let offload = hame_memory::offload::DEFAULT_OFFLOAD_DIR;
+        if let (WorkspaceMode::Sandbox, Some(sandboxes)) = (self.mode, &self.sandboxes) {
+            // Files and shell: the scope's container. Runtime data: the caller's namespace
+            // in the host store (under the state home), never in the host workspace.
+            let ns = Namespace::derive(agent, user, session, self.isolation.scope)?;
+            let sandbox = sandboxes.scope(ns.path().as_str());
+            let files: Arc<dyn Filesystem> = sandbox.clone();
+            let exec: Arc<dyn Execute> = sandbox;
+            let home = hame_fs::tenant_fs(self.store.clone(), &ns, None);
+            let log_ns = Namespace::derive(agent, user, session, Scope::User)?;
+            let records = hame_fs::tenant_fs(self.store.clone(), &log_ns, None);
+            return Ok(Workspace::new(identity, self.mode, files, records)
+                .with_home(home, FsPath::root())
+                .with_exec(exec));
+        }
         let mut ws = if self.mode == WorkspaceMode::TrustedLocal {
             // Validates the ids (the namespace itself is not used in local mode).
             Namespace::derive(agent, user, session, Scope::User)?;

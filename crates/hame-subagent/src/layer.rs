@@ -110,8 +110,14 @@ impl Layer for SubagentLayer {
         next: CallNext<'_>,
     ) -> hame_core::Result<CallOutput> {
         if let Some(ws) = cx.extensions.get::<Workspace>().cloned() {
+            // Children read the same specs; their parent's call warned already.
             let catalog = self.subagents.catalog(&ws).await;
-            for w in &catalog.warnings {
+            let warnings = if depth_of(cx.runtime) == 0 {
+                catalog.warnings.as_slice()
+            } else {
+                &[]
+            };
+            for w in warnings {
                 cx.events.emit(AgentEvent::Custom {
                     kind: "workspace.invalid_subagent".into(),
                     data: serde_json::json!({ "path": w.path, "error": w.error }),

@@ -664,52 +664,28 @@ impl Subagents {
         };
         let _ = forward.await;
         tracing::debug!(task = %record.task_id, ok = outcome.is_ok(), "subagent run ended");
-        match outcome {
-            Ok(reply) => {
-                let iterations = reply.iterations;
-                self.finish(
-                    &store,
-                    &mut record,
-                    TaskEvent::Complete,
-                    Some(reply.text),
-                    Some(iterations),
-                    &tx,
-                )
-                .await;
-            }
-            Err(Outcome::TimedOut) => {
-                let reason = format!(
+        // What the outcome means for the record: (event, detail, iterations).
+        let (event, detail, iterations) = match outcome {
+            Ok(reply) => (TaskEvent::Complete, reply.text, Some(reply.iterations)),
+            Err(Outcome::TimedOut) => (
+                TaskEvent::Fail,
+                format!(
                     "timed out after {} s (its wall-clock limit)",
                     timeout.as_secs()
-                );
-                self.finish(
-                    &store,
-                    &mut record,
-                    TaskEvent::Fail,
-                    Some(reason),
-                    None,
-                    &tx,
-                )
-                .await;
-            }
+                ),
+                None,
+            ),
             Err(Outcome::Failed(reason)) if !cancel.is_cancelled() => {
-                self.finish(
-                    &store,
-                    &mut record,
-                    TaskEvent::Fail,
-                    Some(reason),
-                    None,
-                    &tx,
-                )
-                .await;
+                (TaskEvent::Fail, reason, None)
             }
             Err(Outcome::Failed(_)) => {
                 let (event, reason) =
                     stop_reason((TaskEvent::Cancel, "the parent call was cancelled".into()));
-                self.finish(&store, &mut record, event, Some(reason), None, &tx)
-                    .await;
+                (event, reason, None)
             }
-        }
+        };
+        self.finish(&store, &mut record, event, Some(detail), iterations, &tx)
+            .await;
         parent_events.emit(tag(finished_event(&record), &record));
     }
 

@@ -310,3 +310,76 @@ async fn depth_is_enforced_at_every_level() -> TestResult {
     assert_eq!(err.code, "depth_exceeded");
     Ok(())
 }
+
+#[tokio::test]
+async fn agent_send_continues_the_same_child_session() -> TestResult {
+    let (subagents, ctx, tools) = setup(Arc::new(Slow::default()), SubagentOptions::default());
+    let out = tool(&tools, "agent_spawn")
+        .call(json!({"agent_id": "worker", "task": "first"}), &ctx)
+        .await?;
+    assert!(out.contains("did first"), "{out}");
+    let id = task_id(&out);
+    let out = tool(&tools, "agent_send")
+        .call(json!({"task_id": id, "message": "second"}), &ctx)
+        .await?;
+    assert!(out.contains("did second") && out.contains(&id), "{out}");
+    let ws = ctx.extensions.get::<Workspace>().cloned().ok_or("ws")?;
+    let records = subagents.sweep(&ws).await?;
+    assert_eq!(records.len(), 1, "one task, continued");
+    assert_eq!(records[0].task, "second");
+    assert_eq!(records[0].status, TaskStatus::Completed);
+    assert!(records[0].child_session.starts_with("s1@worker-"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn agent_send_to_a_running_task_is_refused() -> TestResult {
+    let runner = Arc::new(Slow {
+        delay: Duration::from_secs(30),
+        ..Slow::default()
+    });
+    let (_s, ctx, tools) = setup(runner, SubagentOptions::default());
+    let out = tool(&tools, "agent_spawn")
+        .call(
+            json!({"agent_id": "worker", "task": "t", "background": true}),
+            &ctx,
+        )
+        .await?;
+    let err = tool(&tools, "agent_send")
+        .call(json!({"task_id": task_id(&out), "message": "more"}), &ctx)
+        .await
+        .err()
+        .ok_or("sent to a running task")?;
+    assert_eq!(err.code, "invalid_state");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_cancelled_parent_cancels_its_children() -> TestResult {
+    let runner = Arc::new(Slow {
+        delay: Duration::from_secs(30),
+        ..Slow::default()
+    });
+    let (subagents, mut ctx, tools) = setup(runner, SubagentOptions::default());
+    let parent = ParentCall::default();
+    let mut ext = ctx.extensions.clone();
+    ext.insert(parent.clone());
+    ctx = ctx.with_extensions(ext);
+    let out = tool(&tools, "agent_spawn")
+        .call(
+            json!({"agent_id": "worker", "task": "t", "background": true}),
+            &ctx,
+        )
+        .await?;
+    let id = task_id(&out);
+    parent.cancel.cancel();
+    assert_eq!(subagents.wait_idle(Duration::from_secs(5)).await, 0);
+    let out = tool(&tools, "task_output")
+        .call(json!({"task_id": id}), &ctx)
+        .await?;
+    assert!(
+        out.contains("status: cancelled") && out.contains("parent call was cancelled"),
+        "{out}"
+    );
+    Ok(())
+}

@@ -16,6 +16,7 @@
 //! | `postgres` | PostgreSQL state store |
 //! | `mysql` | MySQL / MariaDB state store |
 //! | `s3` | object storage (S3 and S3-compatible) as the shared-store filesystem |
+//! | `sandbox` | the Docker sandbox ([`sandbox::DockerSandboxes`], bollard) |
 //! | `mcp-http` | MCP servers over streamable HTTP (stdio servers need no feature) |
 //! | `full` | all of the above |
 //! | `test-support` | an in-process model double for unit tests |
@@ -67,6 +68,11 @@ pub mod fs {
     pub mod remote {
         pub use hame_fs_remote::*;
     }
+}
+
+/// The Docker sandbox (`hame-sandbox`): tools in a locked-down container per isolation scope.
+pub mod sandbox {
+    pub use hame_sandbox::*;
 }
 
 /// Subagents (`hame-subagent`): declarations, durable tasks, the spawn and task tools.

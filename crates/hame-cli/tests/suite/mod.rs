@@ -8,6 +8,7 @@ mod permissions;
 mod replicas;
 mod resume;
 mod run;
+mod sandbox;
 mod shared;
 mod signals;
 mod skills;

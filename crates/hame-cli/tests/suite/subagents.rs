@@ -40,16 +40,37 @@ fn workspace(dir: &Path) -> std::io::Result<(std::path::PathBuf, String)> {
 }
 
 fn tool_names(req: &RecordedRequest) -> Vec<String> {
-    let mut names: Vec<String> = req.body["tools"]
-        .as_array()
-        .map(|t| {
-            t.iter()
-                .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    names
+    super::common::tool_names(&req.body)
+}
+
+/// The parent's step that spawns `agent_id`.
+fn spawn_step(agent_id: &str, task: &str, background: bool) -> ScriptStep {
+    ScriptStep::tool_call(
+        "c1",
+        "agent_spawn",
+        json!({"agent_id": agent_id, "task": task, "background": background}),
+    )
+    .when_system(PARENT)
+}
+
+/// `hame run --workspace ws <extra> message` against `server`; it must exit 0.
+async fn run_ok(
+    dir: &Path,
+    server: &ScriptedServer,
+    ws: &str,
+    extra: &[&str],
+    message: &str,
+) -> Result<std::process::Output, Box<dyn std::error::Error>> {
+    let mut args = vec!["--workspace", ws];
+    args.extend_from_slice(extra);
+    let out = run_with(dir, &server.base_url(), &args, message, &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    Ok(out)
+}
+
+/// The `error` of a task record.
+fn error_of(record: &Value) -> String {
+    record["error"].as_str().unwrap_or_default().to_owned()
 }
 
 fn requests_of(server: &ScriptedServer, marker: &str) -> Vec<RecordedRequest> {
@@ -100,12 +121,7 @@ async fn tasks_json(dir: &Path, args: &[&str]) -> Result<Vec<Value>, Box<dyn std
 async fn sync_spawn_from_a_workspace_spec_with_its_tool_allowlist() -> TestResult {
     let server = ScriptedServer::start().await?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "reviewer", "task": "review notes.txt"}),
-        )
-        .when_system(PARENT),
+        spawn_step("reviewer", "review notes.txt", false),
         ScriptStep::text("REVIEW: notes look fine").when_system(CHILD),
         ScriptStep::text("The reviewer says it is fine.").when_system(PARENT),
     ]);
@@ -115,15 +131,7 @@ async fn sync_spawn_from_a_workspace_spec_with_its_tool_allowlist() -> TestResul
         ws.join("subagents/broken.md"),
         "---\ndescription: [unclosed\n---\n",
     )?;
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "review",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = run_ok(dir.path(), &server, &ws_s, &[], "review").await?;
     assert_eq!(stdout(&out), "The reviewer says it is fine.\n");
     // The broken spec: one warning line naming it; the others work.
     let warnings: Vec<_> = stderr(&out)
@@ -137,14 +145,7 @@ async fn sync_spawn_from_a_workspace_spec_with_its_tool_allowlist() -> TestResul
     let parent = requests_of(&server, PARENT);
     assert_eq!(parent.len(), 2);
     let names = tool_names(&parent[0]);
-    for t in [
-        "agent_spawn",
-        "agent_send",
-        "agent_list",
-        "task_output",
-        "task_list",
-        "task_cancel",
-    ] {
+    for t in hame::subagent::SUBAGENT_TOOLS {
         assert!(names.contains(&t.to_owned()), "{t} missing from {names:?}");
     }
     let prompt = system_of(&parent[0].body);
@@ -192,12 +193,7 @@ async fn sync_spawn_from_a_workspace_spec_with_its_tool_allowlist() -> TestResul
 async fn background_spawn_then_task_output() -> TestResult {
     let server = ScriptedServer::start().await?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "reviewer", "task": "slow review", "background": true}),
-        )
-        .when_system(PARENT),
+        spawn_step("reviewer", "slow review", true),
         ScriptStep::text("BACKGROUND RESULT")
             .when_system(CHILD)
             .with_delay(Duration::from_millis(400)),
@@ -216,15 +212,7 @@ async fn background_spawn_then_task_output() -> TestResult {
     });
     let dir = tempfile::tempdir()?;
     let (_ws, ws_s) = workspace(dir.path())?;
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "go",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = run_ok(dir.path(), &server, &ws_s, &[], "go").await?;
     let parent = requests_of(&server, PARENT);
     let started = last_tool(&parent[1]);
     assert!(
@@ -253,26 +241,13 @@ async fn background_spawn_then_task_output() -> TestResult {
 async fn a_failed_child_is_failed_never_completed() -> TestResult {
     let server = ScriptedServer::start().await?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "reviewer", "task": "t"}),
-        )
-        .when_system(PARENT),
+        spawn_step("reviewer", "t", false),
         ScriptStep::unauthorized().when_system(CHILD),
         ScriptStep::text("the reviewer failed").when_system(PARENT),
     ]);
     let dir = tempfile::tempdir()?;
     let (_ws, ws_s) = workspace(dir.path())?;
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "go",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    run_ok(dir.path(), &server, &ws_s, &[], "go").await?;
     let parent = requests_of(&server, PARENT);
     let result = &parent[1].body["messages"]
         .as_array()
@@ -283,14 +258,7 @@ async fn a_failed_child_is_failed_never_completed() -> TestResult {
     assert!(text.contains("failed") && text.contains("401"), "{text}");
     let tasks = tasks_json(dir.path(), &["--workspace", &ws_s]).await?;
     assert_eq!(tasks[0]["status"], "failed");
-    assert!(
-        tasks[0]["error"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("401"),
-        "{}",
-        tasks[0]
-    );
+    assert!(error_of(&tasks[0]).contains("401"), "{}", tasks[0]);
     Ok(())
 }
 
@@ -306,35 +274,15 @@ async fn a_child_past_its_step_limit_is_failed() -> TestResult {
         "You are LOOPER-3.",
     )?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "looper", "task": "t"}),
-        )
-        .when_system(PARENT),
+        spawn_step("looper", "t", false),
         ScriptStep::tool_call("l1", "list_files", json!({"path": "."})).when_system("LOOPER-3"),
         ScriptStep::tool_call("l2", "list_files", json!({"path": "."})).when_system("LOOPER-3"),
         ScriptStep::text("ok").when_system(PARENT),
     ]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "go",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    run_ok(dir.path(), &server, &ws_s, &[], "go").await?;
     let tasks = tasks_json(dir.path(), &["--workspace", &ws_s]).await?;
     assert_eq!(tasks[0]["status"], "failed");
-    assert!(
-        tasks[0]["error"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("step limit"),
-        "{}",
-        tasks[0]
-    );
+    assert!(error_of(&tasks[0]).contains("step limit"), "{}", tasks[0]);
     Ok(())
 }
 
@@ -342,12 +290,7 @@ async fn a_child_past_its_step_limit_is_failed() -> TestResult {
 async fn task_cancel_stops_a_slow_child_quickly() -> TestResult {
     let server = ScriptedServer::start().await?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "reviewer", "task": "slow", "background": true}),
-        )
-        .when_system(PARENT),
+        spawn_step("reviewer", "slow", true),
         // The child's model request hangs for a minute unless abandoned.
         ScriptStep::text("too late")
             .when_system(CHILD)
@@ -364,26 +307,14 @@ async fn task_cancel_stops_a_slow_child_quickly() -> TestResult {
     let dir = tempfile::tempdir()?;
     let (_ws, ws_s) = workspace(dir.path())?;
     let started = Instant::now();
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "go",
-        &[],
-    )
-    .await?;
+    let out = run_ok(dir.path(), &server, &ws_s, &[], "go").await?;
     let took = started.elapsed();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out), "cancelled it\n");
     assert!(took < Duration::from_secs(10), "took {took:?}");
     let tasks = tasks_json(dir.path(), &["--workspace", &ws_s]).await?;
     assert_eq!(tasks[0]["status"], "cancelled");
-    assert!(
-        tasks[0]["error"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("task_cancel")
-    );
+    assert!(error_of(&tasks[0]).contains("task_cancel"));
     Ok(())
 }
 
@@ -391,12 +322,7 @@ async fn task_cancel_stops_a_slow_child_quickly() -> TestResult {
 async fn a_background_result_is_pushed_exactly_once_across_calls() -> TestResult {
     let server = ScriptedServer::start().await?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "reviewer", "task": "bg", "background": true}),
-        )
-        .when_system(PARENT),
+        spawn_step("reviewer", "bg", true),
         ScriptStep::text("started it").when_system(PARENT),
         ScriptStep::text("PUSHED RESULT 42")
             .when_system(CHILD)
@@ -407,9 +333,7 @@ async fn a_background_result_is_pushed_exactly_once_across_calls() -> TestResult
     ]);
     let dir = tempfile::tempdir()?;
     let (_ws, ws_s) = workspace(dir.path())?;
-    let base = server.base_url();
-    let out = run_with(dir.path(), &base, &["--workspace", &ws_s], "start", &[]).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = run_ok(dir.path(), &server, &ws_s, &[], "start").await?;
     assert_eq!(stdout(&out), "started it\n");
     // hame run waited for the task it started.
     assert!(
@@ -422,8 +346,7 @@ async fn a_background_result_is_pushed_exactly_once_across_calls() -> TestResult
     assert!(tasks[0]["delivered_at"].is_null());
 
     for msg in ["next", "third"] {
-        let out = run_with(dir.path(), &base, &["--workspace", &ws_s], msg, &[]).await?;
-        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        run_ok(dir.path(), &server, &ws_s, &[], msg).await?;
     }
     let parent = requests_of(&server, PARENT);
     assert_eq!(parent.len(), 4);
@@ -441,12 +364,7 @@ async fn a_background_result_is_pushed_exactly_once_across_calls() -> TestResult
 async fn task_wait_bound_records_the_task_failed() -> TestResult {
     let server = ScriptedServer::start().await?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "reviewer", "task": "bg", "background": true}),
-        )
-        .when_system(PARENT),
+        spawn_step("reviewer", "bg", true),
         ScriptStep::text("started").when_system(PARENT),
         ScriptStep::text("never")
             .when_system(CHILD)
@@ -455,15 +373,7 @@ async fn task_wait_bound_records_the_task_failed() -> TestResult {
     let dir = tempfile::tempdir()?;
     let (_ws, ws_s) = workspace(dir.path())?;
     let started = Instant::now();
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s, "--task-wait", "1"],
-        "start",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = run_ok(dir.path(), &server, &ws_s, &["--task-wait", "1"], "start").await?;
     assert!(started.elapsed() < Duration::from_secs(15));
     assert!(
         stderr(&out).contains("waiting for 1 background task(s)"),
@@ -472,14 +382,7 @@ async fn task_wait_bound_records_the_task_failed() -> TestResult {
     );
     let tasks = tasks_json(dir.path(), &["--workspace", &ws_s]).await?;
     assert_eq!(tasks[0]["status"], "failed");
-    assert!(
-        tasks[0]["error"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("interrupted"),
-        "{}",
-        tasks[0]
-    );
+    assert!(error_of(&tasks[0]).contains("interrupted"), "{}", tasks[0]);
     Ok(())
 }
 
@@ -487,12 +390,7 @@ async fn task_wait_bound_records_the_task_failed() -> TestResult {
 async fn sigkill_of_the_parent_leaves_no_record_running() -> TestResult {
     let server = ScriptedServer::start().await?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "reviewer", "task": "bg", "background": true}),
-        )
-        .when_system(PARENT),
+        spawn_step("reviewer", "bg", true),
         ScriptStep::text("started").when_system(PARENT),
         ScriptStep::text("never")
             .when_system(CHILD)
@@ -530,14 +428,7 @@ async fn sigkill_of_the_parent_leaves_no_record_running() -> TestResult {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let tasks = tasks_json(dir.path(), &["--workspace", &ws_s]).await?;
     assert_eq!(tasks[0]["status"], "failed");
-    assert!(
-        tasks[0]["error"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("interrupted"),
-        "{}",
-        tasks[0]
-    );
+    assert!(error_of(&tasks[0]).contains("interrupted"), "{}", tasks[0]);
     let parent = requests_of(&server, PARENT);
     let last = parent
         .last()
@@ -562,24 +453,11 @@ async fn a_users_spec_shadows_the_shared_one_for_that_user_only() -> TestResult 
     )?;
     for (user, marker) in [("alice", "ALICE-REVIEWER-9"), ("bob", CHILD)] {
         server.push_all([
-            ScriptStep::tool_call(
-                "c1",
-                "agent_spawn",
-                json!({"agent_id": "reviewer", "task": "t"}),
-            )
-            .when_system(PARENT),
+            spawn_step("reviewer", "t", false),
             ScriptStep::text(format!("child of {user}")).when_system(marker),
             ScriptStep::text("done").when_system(PARENT),
         ]);
-        let out = run_with(
-            dir.path(),
-            &server.base_url(),
-            &["--workspace", &ws_s, "--user", user],
-            "go",
-            &[],
-        )
-        .await?;
-        assert_eq!(out.status.code(), Some(0), "{user}: {}", stderr(&out));
+        run_ok(dir.path(), &server, &ws_s, &["--user", user], "go").await?;
         assert_eq!(server.remaining(), 0, "{user}: a step was not used");
     }
     let alice_parent = requests_of(&server, "Alice's reviewer");
@@ -607,36 +485,18 @@ async fn depth_one_children_are_leaves_and_depth_two_nests_once() -> TestResult 
     // Depth 1 (default): the child gets no subagent tools.
     let server = ScriptedServer::start().await?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "lead", "task": "t"}),
-        )
-        .when_system(PARENT),
+        spawn_step("lead", "t", false),
         ScriptStep::text("lead done").when_system("LEAD-5"),
         ScriptStep::text("ok").when_system(PARENT),
     ]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "go",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    run_ok(dir.path(), &server, &ws_s, &[], "go").await?;
     let lead = requests_of(&server, "LEAD-5");
     assert!(!tool_names(&lead[0]).contains(&"agent_spawn".to_owned()));
 
     // Depth 2: the lead may spawn the reviewer; the reviewer (depth 2) is a leaf.
     let server = ScriptedServer::start().await?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "lead", "task": "t"}),
-        )
-        .when_system(PARENT),
+        spawn_step("lead", "t", false),
         ScriptStep::tool_call(
             "c2",
             "agent_spawn",
@@ -703,15 +563,14 @@ async fn no_general_subagent_removes_the_builtin() -> TestResult {
     ]);
     let dir = tempfile::tempdir()?;
     let (_ws, ws_s) = workspace(dir.path())?;
-    let out = run_with(
+    run_ok(
         dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s, "--no-general-subagent"],
+        &server,
+        &ws_s,
+        &["--no-general-subagent"],
         "list",
-        &[],
     )
     .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let reqs = requests_of(&server, PARENT);
     let listed = last_tool(&reqs[1]);
     assert!(listed.contains("- reviewer: Reviews files"), "{listed}");
@@ -727,12 +586,7 @@ async fn shared_store_mode_on_redis_keeps_task_records_in_the_store() -> TestRes
     };
     let server = ScriptedServer::start().await?;
     server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "reviewer", "task": "t"}),
-        )
-        .when_system(PARENT),
+        spawn_step("reviewer", "t", false),
         ScriptStep::text("STORE CHILD").when_system(CHILD),
         ScriptStep::text("done").when_system(PARENT),
     ]);
@@ -774,5 +628,50 @@ async fn shared_store_mode_on_redis_keeps_task_records_in_the_store() -> TestRes
         "u2",
     ];
     assert!(tasks_json(dir.path(), &other).await?.is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn chat_shows_child_progress_indented_and_saves_before_the_next_prompt() -> TestResult {
+    use std::io::Write;
+    use std::process::Stdio;
+
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        spawn_step("reviewer", "review", false),
+        ScriptStep::tool_call("r1", "list_files", json!({"path": "."})).when_system(CHILD),
+        ScriptStep::text("REVIEW OK").when_system(CHILD),
+        ScriptStep::text("parent done").when_system(PARENT),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let (_ws, ws_s) = workspace(dir.path())?;
+    let base = server.base_url();
+    let state = dir.path().join("state").to_string_lossy().into_owned();
+    let mut cmd = hame(
+        &["chat", "--workspace", &ws_s, "--model", "openai:m"],
+        &[("OPENAI_BASE_URL", &base), ("HAME_STATE_HOME", &state)],
+        dir.path(),
+    );
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = tokio::task::spawn_blocking(move || -> std::io::Result<std::process::Output> {
+        let mut child = cmd.spawn()?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(b"review please\n")?;
+        }
+        child.wait_with_output()
+    })
+    .await??;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "parent done\n");
+    let err = stderr(&out);
+    assert!(err.contains("    ↳ reviewer task-"), "{err}");
+    assert!(err.contains("⚙ list_files ok ("), "{err}");
+    assert!(err.contains(" completed"), "{err}");
+    // End of input right after the reply: the turn is saved and nothing is cut off.
+    assert!(!err.contains("WARN"), "{err}");
+    let tasks = tasks_json(dir.path(), &["--workspace", &ws_s]).await?;
+    assert_eq!(tasks[0]["status"], "completed");
     Ok(())
 }

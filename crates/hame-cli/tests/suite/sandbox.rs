@@ -1,0 +1,369 @@
+//! `hame run --sandbox docker` against a real engine (`HAME_TEST_DOCKER=1`), as a user
+//! drives it: files stay in the container, nothing lands in the host workspace, the state
+//! comes back in a new process after the containers are gone, scopes stay apart, the
+//! projection follows the host, and no container outlives hame.
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+use hame_test_support::{ScriptStep, ScriptedServer};
+use pretty_assertions::assert_eq;
+use serde_json::json;
+
+use super::common::{run_with, service, stderr, stdout, system_of, tool_results, unique_agent};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Containers of `agent` that exist now (running or not).
+fn containers_of(agent: &str) -> Vec<String> {
+    let out = Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            "label=hame.sandbox",
+            "--format",
+            "{{.Label \"hame.sandbox.scope\"}}",
+        ])
+        .output();
+    let Ok(out) = out else {
+        panic!("`docker ps` failed: {out:?}");
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&format!("agents/{agent}/")))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every file of the host workspace, relative, sorted.
+fn host_files(ws: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![ws.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if let Ok(rel) = p.strip_prefix(ws) {
+                out.push(rel.to_string_lossy().into_owned());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The output of the last `execute` result (without its exit-code footer).
+fn last_exec(server: &ScriptedServer) -> String {
+    let last = tool_results(server).last().cloned().unwrap_or_default();
+    last.strip_suffix("\n[exit code 0]")
+        .unwrap_or(&last)
+        .to_owned()
+}
+
+fn exec(id: &str, command: &str) -> ScriptStep {
+    ScriptStep::tool_call(id, "execute", json!({ "command": command }))
+}
+
+#[tokio::test]
+async fn files_stay_in_the_sandbox_and_come_back_in_a_new_process() -> TestResult {
+    if service("HAME_TEST_DOCKER").is_none() {
+        return Ok(());
+    }
+    let agent = unique_agent();
+    let server = ScriptedServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(ws.join("skills/old"))?;
+    fs::write(ws.join("AGENTS.md"), "persona v1\n")?;
+    fs::write(ws.join("skills/old/SKILL.md"), "old skill\n")?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let secret = [("OPENAI_API_KEY", "sk-test-secret-123")];
+    let args = [
+        "--workspace",
+        &ws_s,
+        "--agent",
+        &agent,
+        "--user",
+        "alice",
+        "--session",
+        "s1",
+        "--sandbox",
+        "docker",
+    ];
+
+    // Call 1: a file tool and the shell, both in the container.
+    server.push_all([
+        ScriptStep::tool_call("c1", "write_file", json!({"file_path": "notes.md", "content": "kept\n"})),
+        exec("c2", "cat notes.md; pwd; id -u; env | grep -c sk-test || true; ls /sys/class/net; cat AGENTS.md; ls skills"),
+        ScriptStep::text("done"),
+    ]);
+    let out = run_with(dir.path(), &server.base_url(), &args, "go", &secret).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "done\n");
+    assert_eq!(
+        last_exec(&server),
+        "kept\n/workspace\n1000\n0\nlo\npersona v1\nold\n"
+    );
+    let system = system_of(&server.requests()[0].body);
+    assert!(
+        system.contains("You run sandboxed") && system.contains("/workspace"),
+        "{system}"
+    );
+    assert!(
+        !system.contains(&ws_s),
+        "the prompt never names the host path"
+    );
+    assert_eq!(
+        host_files(&ws),
+        vec!["AGENTS.md", "skills/old/SKILL.md"],
+        "nothing written into the host workspace"
+    );
+    assert!(
+        containers_of(&agent).is_empty(),
+        "no container outlives hame"
+    );
+
+    // The host edits AGENTS.md and deletes a skill; call 2 in a new process sees the
+    // restored notes and the new projection.
+    fs::write(ws.join("AGENTS.md"), "persona v2\n")?;
+    fs::remove_dir_all(ws.join("skills/old"))?;
+    fs::create_dir_all(ws.join("skills/new"))?;
+    fs::write(ws.join("skills/new/SKILL.md"), "new skill\n")?;
+    server.push_all([
+        exec("c3", "cat notes.md AGENTS.md; ls skills"),
+        ScriptStep::text("again"),
+    ]);
+    let out = run_with(dir.path(), &server.base_url(), &args, "again", &secret).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(last_exec(&server), "kept\npersona v2\nnew\n");
+
+    // User scope (the default): another session of alice shares the sandbox state ...
+    let other_session = [
+        "--workspace",
+        &ws_s,
+        "--agent",
+        &agent,
+        "--user",
+        "alice",
+        "--session",
+        "s2",
+        "--sandbox",
+        "docker",
+    ];
+    server.push_all([exec("c4", "cat notes.md"), ScriptStep::text("shared")]);
+    let out = run_with(dir.path(), &server.base_url(), &other_session, "x", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(last_exec(&server), "kept\n");
+    // ... session scope does not, and neither does another user.
+    let session_scope = [
+        "--workspace",
+        &ws_s,
+        "--agent",
+        &agent,
+        "--user",
+        "alice",
+        "--session",
+        "s3",
+        "--isolation",
+        "session",
+        "--sandbox",
+        "docker",
+    ];
+    server.push_all([exec("c5", "ls"), ScriptStep::text("fresh")]);
+    let out = run_with(dir.path(), &server.base_url(), &session_scope, "x", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(last_exec(&server), "AGENTS.md\nskills\n");
+    let bob = [
+        "--workspace",
+        &ws_s,
+        "--agent",
+        &agent,
+        "--user",
+        "bob",
+        "--sandbox",
+        "docker",
+    ];
+    server.push_all([
+        exec("c6", "cat notes.md 2>&1 | grep -c 'No such'"),
+        ScriptStep::text("bob"),
+    ]);
+    let out = run_with(dir.path(), &server.base_url(), &bob, "x", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(last_exec(&server), "1\n");
+
+    assert_eq!(host_files(&ws), vec!["AGENTS.md", "skills/new/SKILL.md"]);
+    assert!(
+        containers_of(&agent).is_empty(),
+        "no container outlives hame"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn docker_down_is_a_one_line_configuration_error() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s, "--sandbox", "docker"],
+        "hi",
+        &[("DOCKER_HOST", "unix:///nonexistent/docker.sock")],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("Docker engine is not reachable"), "{err}");
+    assert!(server.requests().is_empty(), "no model call");
+    let bad = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s, "--sandbox", "podman"],
+        "hi",
+        &[],
+    )
+    .await?;
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    Ok(())
+}
+
+/// SIGTERM during a sandboxed command: hame exits 143 and its container is gone. After a
+/// SIGKILL the container is left, and the next hame run removes it (its owner is dead).
+#[tokio::test]
+async fn no_container_outlives_a_signal_and_orphans_are_reaped() -> TestResult {
+    if service("HAME_TEST_DOCKER").is_none() {
+        return Ok(());
+    }
+    use std::time::{Duration, Instant};
+    let agent = unique_agent();
+    let server = ScriptedServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let state = dir.path().join("state").to_string_lossy().into_owned();
+    let base = server.base_url();
+    for (round, signal) in ["-TERM", "-KILL"].into_iter().enumerate() {
+        server.push(exec("s1", "sleep 600"));
+        let child = super::common::hame(
+            &[
+                "run",
+                "--model",
+                "openai:m",
+                "--workspace",
+                &ws_s,
+                "--agent",
+                &agent,
+                "--sandbox",
+                "docker",
+                "--no-memory",
+                "go",
+            ],
+            &[("OPENAI_BASE_URL", &base), ("HAME_STATE_HOME", &state)],
+            dir.path(),
+        )
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        // This round's model request arrived (its `sleep` step is taken) and its container runs.
+        while server.request_count() < round + 1 || containers_of(&agent).is_empty() {
+            assert!(Instant::now() < deadline, "the sandbox never started");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Let the command start in the container.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let sent = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()?;
+        assert!(sent.success());
+        let status = tokio::task::spawn_blocking(move || child.wait_with_output()).await??;
+        if signal == "-TERM" {
+            assert_eq!(status.status.code(), Some(143));
+            assert!(
+                containers_of(&agent).is_empty(),
+                "SIGTERM: the container is removed"
+            );
+        } else {
+            assert_eq!(
+                containers_of(&agent).len(),
+                1,
+                "SIGKILL leaves the container"
+            );
+        }
+    }
+    // The next run (another session: the killed one still holds its session lease)
+    // removes the orphan of the killed process.
+    server.push(ScriptStep::text("ok"));
+    let out = run_with(
+        dir.path(),
+        &base,
+        &[
+            "--workspace",
+            &ws_s,
+            "--agent",
+            &agent,
+            "--session",
+            "after",
+            "--sandbox",
+            "docker",
+            "--no-memory",
+        ],
+        "x",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(containers_of(&agent).is_empty(), "orphan reaped");
+    Ok(())
+}
+
+/// A sandboxed command past its timeout: the partial output comes back and no process of
+/// its tree is left in the container (the next command of the call sees none).
+#[tokio::test]
+async fn a_command_past_its_timeout_is_killed_with_its_tree() -> TestResult {
+    if service("HAME_TEST_DOCKER").is_none() {
+        return Ok(());
+    }
+    let agent = unique_agent();
+    let server = ScriptedServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    server.push_all([
+        ScriptStep::tool_call(
+            "t1",
+            "execute",
+            json!({"command": "echo started; (sleep 300; echo) & sh -c 'sleep 301' & sleep 302", "timeout_secs": 1}),
+        ),
+        exec("t2", "ps -o args | grep -c '^sleep 30[012]' || true"),
+        ScriptStep::text("done"),
+    ]);
+    let args = [
+        "--workspace",
+        &ws_s,
+        "--agent",
+        &agent,
+        "--sandbox",
+        "docker",
+        "--no-memory",
+    ];
+    let out = run_with(dir.path(), &server.base_url(), &args, "go", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let results = tool_results(&server);
+    assert!(
+        results[0].starts_with("started\n") && results[0].contains("[timed out"),
+        "{results:?}"
+    );
+    assert_eq!(last_exec(&server), "0\n", "no process of the tree is left");
+    assert!(containers_of(&agent).is_empty());
+    Ok(())
+}

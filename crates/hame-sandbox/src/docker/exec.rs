@@ -1,0 +1,308 @@
+//! Running processes in a container (`docker exec` through the API).
+
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecResults};
+use futures::{Stream, StreamExt};
+use tokio::io::AsyncWriteExt;
+
+use super::{SANDBOX_USER, Shared, scripts};
+use crate::error::{Error, Result};
+
+/// The whole environment of the container and of every process in it: nothing of the
+/// host's (no API key can leak in).
+pub(crate) fn base_env() -> Vec<String> {
+    vec![
+        "PATH=/usr/local/bin:/usr/bin:/bin".to_owned(),
+        "HOME=/workspace".to_owned(),
+        "LANG=C.UTF-8".to_owned(),
+    ]
+}
+
+/// Output of one pipe, up to a cap.
+#[derive(Debug, Default)]
+pub(crate) struct Capped {
+    pub(crate) kept: Vec<u8>,
+    pub(crate) truncated: bool,
+}
+
+impl Capped {
+    fn push(&mut self, bytes: &[u8], cap: usize) {
+        let room = cap.saturating_sub(self.kept.len());
+        if bytes.len() > room {
+            self.truncated = true;
+        }
+        self.kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+}
+
+/// What a process printed and how it ended.
+#[derive(Debug, Default)]
+pub(crate) struct Raw {
+    pub(crate) stdout: Capped,
+    pub(crate) stderr: Capped,
+    pub(crate) exit: Option<i64>,
+}
+
+type Output = Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
+
+/// Reads `output` to its end into the buffers (cancel-safe: what was read stays).
+async fn drain(output: &mut Output, out: &mut Capped, err: &mut Capped, cap: usize) -> Result<()> {
+    while let Some(item) = output.next().await {
+        match item
+            .map_err(|e| Error::backend("reading the output of a sandbox process failed", e))?
+        {
+            LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                out.push(&message, cap)
+            }
+            LogOutput::StdErr { message } => err.push(&message, cap),
+            LogOutput::StdIn { .. } => {}
+        }
+    }
+    Ok(())
+}
+
+impl Shared {
+    async fn start_exec(
+        &self,
+        container: &str,
+        cmd: Vec<String>,
+        stdin: bool,
+    ) -> Result<(String, Output, Pin<Box<dyn tokio::io::AsyncWrite + Send>>)> {
+        let exec = self
+            .docker
+            .create_exec(
+                container,
+                CreateExecOptions {
+                    attach_stdin: Some(stdin),
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    cmd: Some(cmd),
+                    user: Some(SANDBOX_USER.to_owned()),
+                    working_dir: Some("/workspace".to_owned()),
+                    env: Some(base_env()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| Error::backend("creating a process in the sandbox failed", e))?;
+        match self
+            .docker
+            .start_exec(&exec.id, None)
+            .await
+            .map_err(|e| Error::backend("starting a process in the sandbox failed", e))?
+        {
+            StartExecResults::Attached { output, input } => Ok((exec.id, output, input)),
+            StartExecResults::Detached => Err(Error::Backend {
+                message: "the sandbox process started detached".into(),
+                source: None,
+            }),
+        }
+    }
+
+    async fn exit_code(&self, exec: &str) -> Option<i64> {
+        for _ in 0..50 {
+            match self.docker.inspect_exec(exec).await {
+                Ok(i) if i.running != Some(true) => return i.exit_code,
+                Ok(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+
+    /// Runs `cmd` to its end with `stdin` as its input; keeps at most `cap` bytes of each
+    /// output stream.
+    pub(crate) async fn run(
+        &self,
+        container: &str,
+        cmd: Vec<String>,
+        stdin: Option<Vec<u8>>,
+        cap: usize,
+    ) -> Result<Raw> {
+        let (exec, mut output, mut input) =
+            self.start_exec(container, cmd, stdin.is_some()).await?;
+        let write = async move {
+            if let Some(data) = stdin {
+                let sent = input.write_all(&data).await;
+                let _ = input.shutdown().await;
+                sent.map_err(|e| Error::backend("writing to a sandbox process failed", e))?;
+            }
+            Ok::<(), Error>(())
+        };
+        let mut raw = Raw::default();
+        let read = drain(&mut output, &mut raw.stdout, &mut raw.stderr, cap);
+        let (w, r) = tokio::join!(write, read);
+        r?;
+        w?;
+        raw.exit = self.exit_code(&exec).await;
+        Ok(raw)
+    }
+
+    /// A shell script with arguments (`sh -c SCRIPT name args...`).
+    pub(crate) async fn script(
+        &self,
+        container: &str,
+        script: &str,
+        args: &[&str],
+        stdin: Option<Vec<u8>>,
+        cap: usize,
+    ) -> Result<Raw> {
+        let mut cmd = vec![
+            "sh".to_owned(),
+            "-c".to_owned(),
+            script.to_owned(),
+            "hame".to_owned(),
+        ];
+        cmd.extend(args.iter().map(|a| (*a).to_owned()));
+        self.run(container, cmd, stdin, cap).await
+    }
+
+    fn token(&self) -> String {
+        format!(
+            "{}-{}",
+            std::process::id(),
+            self.counter.fetch_add(1, Ordering::SeqCst)
+        )
+    }
+
+    /// Runs a user command: its process group is killed on timeout (and when the future is
+    /// dropped), and the output printed until then is returned.
+    pub(crate) async fn execute(
+        &self,
+        container: &str,
+        command: &str,
+        timeout: Duration,
+    ) -> Result<hame_fs::ExecOutput> {
+        let token = self.token();
+        let cmd = vec![
+            "sh".to_owned(),
+            "-c".to_owned(),
+            scripts::EXEC_WRAPPER.to_owned(),
+            token.clone(),
+            command.to_owned(),
+        ];
+        let (exec, mut output, input) = self.start_exec(container, cmd, false).await?;
+        drop(input);
+        let mut guard = KillOnDrop {
+            docker: self.docker.clone(),
+            container: container.to_owned(),
+            token: token.clone(),
+            grace: self.options.kill_grace,
+            armed: true,
+        };
+        let cap = self.options.max_output_bytes;
+        let (mut out, mut err) = (Capped::default(), Capped::default());
+        let finished =
+            tokio::time::timeout(timeout, drain(&mut output, &mut out, &mut err, cap)).await;
+        let (exit, timed_out) = match finished {
+            Ok(r) => {
+                r?;
+                guard.armed = false;
+                (self.exit_code(&exec).await, false)
+            }
+            Err(_) => {
+                self.kill_group(container, &token).await;
+                guard.armed = false;
+                let rest = drain(&mut output, &mut out, &mut err, cap);
+                let _ = tokio::time::timeout(Duration::from_millis(500), rest).await;
+                (None, true)
+            }
+        };
+        let (text, truncated) = render(out, err, cap);
+        Ok(hame_fs::ExecOutput {
+            output: text,
+            exit_code: exit.and_then(|c| i32::try_from(c).ok()),
+            truncated,
+            timed_out,
+        })
+    }
+
+    pub(crate) async fn kill_group(&self, container: &str, token: &str) {
+        let grace = self.options.kill_grace.as_micros().to_string();
+        let cmd = vec![
+            "sh".to_owned(),
+            "-c".to_owned(),
+            scripts::KILL_GROUP.to_owned(),
+            token.to_owned(),
+            grace,
+        ];
+        let _ = self.run(container, cmd, None, 4096).await;
+    }
+}
+
+/// Kills a command's process group when its future is dropped before it ended.
+struct KillOnDrop {
+    docker: bollard::Docker,
+    container: String,
+    token: String,
+    grace: Duration,
+    armed: bool,
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (docker, container, token, grace) = (
+            self.docker.clone(),
+            std::mem::take(&mut self.container),
+            std::mem::take(&mut self.token),
+            self.grace.as_micros().to_string(),
+        );
+        runtime.spawn(async move {
+            let cmd = vec![
+                "sh".to_owned(),
+                "-c".to_owned(),
+                scripts::KILL_GROUP.to_owned(),
+                token,
+                grace,
+            ];
+            let options = CreateExecOptions {
+                cmd: Some(cmd),
+                user: Some(SANDBOX_USER.to_owned()),
+                ..Default::default()
+            };
+            if let Ok(exec) = docker.create_exec(&container, options).await
+                && let Ok(StartExecResults::Attached { mut output, .. }) =
+                    docker.start_exec(&exec.id, None).await
+            {
+                while output.next().await.is_some() {}
+            }
+        });
+    }
+}
+
+/// stdout, then the stderr lines prefixed `[stderr] `, cut at `cap` bytes (as the local
+/// shell renders it).
+pub(crate) fn render(stdout: Capped, stderr: Capped, cap: usize) -> (String, bool) {
+    let mut text = String::from_utf8_lossy(&stdout.kept).into_owned();
+    for line in String::from_utf8_lossy(&stderr.kept).lines() {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str("[stderr] ");
+        text.push_str(line);
+        text.push('\n');
+    }
+    let mut truncated = stdout.truncated || stderr.truncated;
+    if text.len() > cap {
+        let mut cut = cap;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        truncated = true;
+    }
+    if truncated {
+        text.push_str(&format!("\n[output truncated at {cap} bytes]"));
+    }
+    (text, truncated)
+}

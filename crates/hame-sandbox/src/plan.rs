@@ -1,0 +1,217 @@
+//! Decisions without I/O: what a snapshot must upload, what a projection must change, how
+//! a duration is spelled.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The version of the snapshot manifest format.
+pub const MANIFEST_VERSION: u32 = 1;
+
+/// One file of a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestEntry {
+    /// Hex SHA-256 of the content (the blob's name in the store).
+    pub sha256: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits (`0o755`, `0o644`, ...).
+    pub mode: u32,
+    /// Modification time, seconds since the epoch.
+    pub mtime: u64,
+}
+
+/// The files of a scope's `/workspace` at its last snapshot (paths relative to it).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Format version ([`MANIFEST_VERSION`]).
+    pub version: u32,
+    /// Path → entry.
+    pub files: BTreeMap<String, ManifestEntry>,
+}
+
+/// One file as the container lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// Path relative to `/workspace`.
+    pub path: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits.
+    pub mode: u32,
+    /// Modification time, seconds since the epoch.
+    pub mtime: u64,
+}
+
+/// What a snapshot has to do.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SnapshotPlan {
+    /// Files to read from the container (new, or changed by size, mode or time, or written
+    /// since the last snapshot's marker).
+    pub fetch: Vec<String>,
+    /// Files of the last manifest that are gone.
+    pub removed: Vec<String>,
+}
+
+/// Compares the container's listing with the last manifest. `touched` are the files the
+/// container reports as modified since the last snapshot (a marker file), which catches a
+/// change within the same second that keeps the size.
+pub fn plan_snapshot(
+    last: &Manifest,
+    listed: &[Listed],
+    touched: &BTreeSet<String>,
+) -> SnapshotPlan {
+    let mut plan = SnapshotPlan::default();
+    let mut seen = BTreeSet::new();
+    for f in listed {
+        seen.insert(f.path.as_str());
+        let same = last
+            .files
+            .get(&f.path)
+            .is_some_and(|e| e.size == f.size && e.mode == f.mode && e.mtime == f.mtime);
+        if !same || touched.contains(&f.path) {
+            plan.fetch.push(f.path.clone());
+        }
+    }
+    plan.removed = last
+        .files
+        .keys()
+        .filter(|p| !seen.contains(p.as_str()))
+        .cloned()
+        .collect();
+    plan.fetch.sort();
+    plan
+}
+
+/// What a projection has to do.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProjectionPlan {
+    /// Host files to upload (absent from the sandbox or with another hash).
+    pub upload: Vec<String>,
+    /// Sandbox files under the projection roots that the host does not have.
+    pub delete: Vec<String>,
+}
+
+/// Compares the host's assets (path → SHA-256) with the sandbox's files under the
+/// projection roots (path → SHA-256).
+pub fn plan_projection(
+    host: &BTreeMap<String, String>,
+    sandbox: &BTreeMap<String, String>,
+) -> ProjectionPlan {
+    ProjectionPlan {
+        upload: host
+            .iter()
+            .filter(|(p, h)| sandbox.get(*p) != Some(*h))
+            .map(|(p, _)| p.clone())
+            .collect(),
+        delete: sandbox
+            .keys()
+            .filter(|p| !host.contains_key(*p))
+            .cloned()
+            .collect(),
+    }
+}
+
+/// Parses a duration: `300` (seconds), `300s`, `500ms`, `5m`, `1h`.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    match unit.trim() {
+        "" | "s" => Some(Duration::from_secs(n)),
+        "ms" => Some(Duration::from_millis(n)),
+        "m" | "min" => n.checked_mul(60).map(Duration::from_secs),
+        "h" => n.checked_mul(3600).map(Duration::from_secs),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    fn entry(size: u64, mtime: u64) -> ManifestEntry {
+        ManifestEntry {
+            sha256: "h".into(),
+            size,
+            mode: 0o644,
+            mtime,
+        }
+    }
+
+    fn listed(path: &str, size: u64, mtime: u64) -> Listed {
+        Listed {
+            path: path.into(),
+            size,
+            mode: 0o644,
+            mtime,
+        }
+    }
+
+    #[test]
+    fn snapshot_fetches_only_changes_and_sees_deletions() {
+        let mut last = Manifest::default();
+        last.files.insert("same".into(), entry(1, 10));
+        last.files.insert("grown".into(), entry(1, 10));
+        last.files.insert("gone".into(), entry(1, 10));
+        last.files.insert("touched".into(), entry(1, 10));
+        let now = [
+            listed("same", 1, 10),
+            listed("grown", 2, 10),
+            listed("new", 1, 11),
+            listed("touched", 1, 10),
+        ];
+        let touched = BTreeSet::from(["touched".to_owned()]);
+        assert_eq!(
+            plan_snapshot(&last, &now, &touched),
+            SnapshotPlan {
+                fetch: vec!["grown".into(), "new".into(), "touched".into()],
+                removed: vec!["gone".into()],
+            }
+        );
+    }
+
+    #[test]
+    fn unchanged_workspace_needs_nothing() {
+        let mut last = Manifest::default();
+        last.files.insert("a".into(), entry(3, 5));
+        let plan = plan_snapshot(&last, &[listed("a", 3, 5)], &BTreeSet::new());
+        assert_eq!(plan, SnapshotPlan::default());
+    }
+
+    #[test]
+    fn projection_uploads_changes_and_deletes_what_the_host_dropped() {
+        let host = BTreeMap::from([
+            ("AGENTS.md".to_owned(), "h2".to_owned()),
+            ("skills/a/SKILL.md".to_owned(), "s".to_owned()),
+        ]);
+        let sandbox = BTreeMap::from([
+            ("AGENTS.md".to_owned(), "h1".to_owned()),
+            ("skills/a/SKILL.md".to_owned(), "s".to_owned()),
+            ("skills/old/SKILL.md".to_owned(), "o".to_owned()),
+        ]);
+        assert_eq!(
+            plan_projection(&host, &sandbox),
+            ProjectionPlan {
+                upload: vec!["AGENTS.md".into()],
+                delete: vec!["skills/old/SKILL.md".into()],
+            }
+        );
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("300"), Some(Duration::from_secs(300)));
+        assert_eq!(parse_duration("20s"), Some(Duration::from_secs(20)));
+        assert_eq!(parse_duration("5m"), Some(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_duration("soon"), None);
+        assert_eq!(parse_duration("-1"), None);
+        assert_eq!(parse_duration("5d"), None);
+    }
+}
