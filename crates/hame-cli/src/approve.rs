@@ -6,7 +6,7 @@ use hame::{CallInput, EventSink, HarnessAgent, Resolution, RuntimeContext, Suspe
 
 use crate::ConfigError;
 use crate::common::{Common, build};
-use crate::run::{outcome, warn_on};
+use crate::run::outcome;
 use crate::signals::Signals;
 
 /// Flags of `hame approve` and `hame deny`.
@@ -92,19 +92,8 @@ pub(crate) async fn decide(
     };
     let (sink, mut rx) = EventSink::channel();
     let cancel = signals.begin();
-    let result = {
-        let call = agent.resume(vec![Resolution::new(id, value)], &ctx, &sink, &cancel);
-        tokio::pin!(call);
-        loop {
-            tokio::select! {
-                r = &mut call => break r,
-                Some(ev) = rx.recv() => warn_on(&ev),
-            }
-        }
-    };
-    while let Ok(ev) = rx.try_recv() {
-        warn_on(&ev);
-    }
+    let call = agent.resume(vec![Resolution::new(id, value)], &ctx, &sink, &cancel);
+    let result = crate::run::with_warnings(call, &mut rx).await;
     let signal = signals.end();
     drop(sink);
     // A refused decision (decided already by another process) is a usage error.

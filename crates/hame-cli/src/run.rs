@@ -86,19 +86,8 @@ pub(crate) async fn run(common: Common, json: bool, message: String) -> anyhow::
     let cancel = signals.begin();
     // The warnings of the call are printed as they come (background subagents keep the
     // event stream open after the call, so it is read alongside, not to its end).
-    let result = {
-        let call = agent.call_with(Message::user(message), &ctx, &sink, &cancel);
-        tokio::pin!(call);
-        loop {
-            tokio::select! {
-                r = &mut call => break r,
-                Some(ev) = rx.recv() => warn_on(&ev),
-            }
-        }
-    };
-    while let Ok(ev) = rx.try_recv() {
-        warn_on(&ev);
-    }
+    let call = agent.call_with(Message::user(message), &ctx, &sink, &cancel);
+    let result = with_warnings(call, &mut rx).await;
     let signal = signals.end();
     drop(sink);
     let out = outcome(result, signal)?;
@@ -108,6 +97,25 @@ pub(crate) async fn run(common: Common, json: bool, message: String) -> anyhow::
     // consolidation) finish before the process exits, within a bound. Unfinished work is
     // redone by the session's next call.
     finish(&agent).await
+}
+
+/// Awaits `call`, printing the warnings among its events as they come (and those left
+/// when it ends).
+pub(crate) async fn with_warnings<T>(
+    call: impl std::future::Future<Output = T>,
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<AgentEvent>,
+) -> T {
+    tokio::pin!(call);
+    let result = loop {
+        tokio::select! {
+            r = &mut call => break r,
+            Some(ev) = rx.recv() => warn_on(&ev),
+        }
+    };
+    while let Ok(ev) = rx.try_recv() {
+        warn_on(&ev);
+    }
+    result
 }
 
 /// Prints a call's reply: its text, or with `json` one object.
