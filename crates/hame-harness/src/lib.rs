@@ -9,6 +9,8 @@
 //! `<available_skills>` block, `load_skill`, `propose_skill`) and `tools.json`
 //! ([`tools_config`]: allow/deny and MCP servers through `hame-mcp`, applied per call by
 //! the innermost [`ToolsConfigLayer`]); see `docs/skills.md` and `docs/tools-and-mcp.md`.
+//! Every tool call passes the [`permissions`] layer (allow / ask / deny rules with durable
+//! human approval, plan mode, the todo list; `docs/permissions.md`).
 //!
 //! Applications depend on the `hame` facade, which re-exports this crate.
 //!
