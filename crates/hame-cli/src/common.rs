@@ -25,8 +25,8 @@ pub(crate) struct Common {
     /// Model as provider:model, e.g. openai:gpt-4o-mini or anthropic:claude-sonnet-4-5 [default: $HAME_MODEL]
     #[arg(long)]
     model: Option<String>,
-    /// Maximum reasoning steps per call.
-    #[arg(long)]
+    /// Maximum reasoning steps per call, at least 1 [default: 50]
+    #[arg(long, value_parser = at_least_one)]
     max_iterations: Option<usize>,
     /// Shared-store mode: tenant files live in this store (redis://..., s3://bucket/prefix)
     /// over the read-only workspace template; no shell tool.
@@ -227,5 +227,14 @@ impl Model for NoModel {
         Err(hame::ModelError::Config(
             "no model configured: pass --model provider:model or set HAME_MODEL".into(),
         ))
+    }
+}
+
+/// A count that must be at least 1 (checked when the flags are parsed: exit 2).
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
     }
 }

@@ -278,3 +278,41 @@ async fn chat_streams_tokens_and_shows_tool_calls() -> TestResult {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn max_iterations_zero_is_refused_when_parsed() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let out = output(hame(
+        &["run", "--model", "openai:m", "--max-iterations", "0", "hi"],
+        &[],
+        dir.path(),
+    ))
+    .await?;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("must be at least 1"),
+        "{}",
+        stderr(&out)
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn log_lines_carry_no_colour_codes_when_stderr_is_not_a_terminal() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push(ScriptStep::text("ok"));
+    let dir = workspace()?;
+    let out = super::common::run_with(
+        dir.path(),
+        &server.base_url(),
+        &[],
+        "hi",
+        &[("HAME_LOG", "debug")],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("DEBUG"), "{err}");
+    assert!(!err.contains('\u{1b}'), "{err}");
+    Ok(())
+}

@@ -1,6 +1,7 @@
 //! `hame-scripted-server SCRIPT.json [PORT]`: serves a script until killed.
 //!
-//! Prints `listening on http://127.0.0.1:PORT` on stdout once it accepts connections.
+//! Prints `listening on http://127.0.0.1:PORT` on stdout once it accepts connections,
+//! then the `export OPENAI_BASE_URL=...` line to paste into the shell that runs hame.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::io::Write;
@@ -48,6 +49,11 @@ async fn main() -> ExitCode {
         }
     };
     println!("listening on {}", server.url());
+    // The line to paste into the shell that runs hame (OpenAI-compatible clients want /v1).
+    println!(
+        "export OPENAI_BASE_URL={}/v1 OPENAI_API_KEY=scripted",
+        server.url()
+    );
     let _ = std::io::stdout().flush();
     if let Err(e) = tokio::signal::ctrl_c().await {
         eprintln!("cannot wait for Ctrl-C: {e}");
