@@ -54,6 +54,8 @@ fn decisions(
             out.push((s("tool"), s("rule"), s("outcome")));
         }
     }
+    // The calls of a step run concurrently: their decisions come in any order.
+    out.sort();
     out
 }
 
