@@ -48,11 +48,12 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    println!("listening on {}", server.url());
-    // The line to paste into the shell that runs hame (OpenAI-compatible clients want /v1).
-    println!(
-        "export OPENAI_BASE_URL={}/v1 OPENAI_API_KEY=scripted",
-        server.url()
+    // The URL, then the line to paste into the shell that runs hame (OpenAI-compatible
+    // clients want /v1); a reader that stops after the first line is no error.
+    let url = server.url();
+    let _ = write!(
+        std::io::stdout(),
+        "listening on {url}\nexport OPENAI_BASE_URL={url}/v1 OPENAI_API_KEY=scripted\n"
     );
     let _ = std::io::stdout().flush();
     if let Err(e) = tokio::signal::ctrl_c().await {
