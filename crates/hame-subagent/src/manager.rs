@@ -334,7 +334,7 @@ impl Subagents {
         let parent = &ws.identity().session;
         let child_session = child_session_id(parent, &decl.spec.id, &task_id)?;
         let now = Utc::now();
-        let timeout = self.timeout_of(&decl, None);
+        let timeout = self.timeout_of(&decl);
         let record = TaskRecord {
             task_id,
             agent_id: decl.spec.id.clone(),
@@ -405,7 +405,7 @@ impl Subagents {
             .await
     }
 
-    fn timeout_of(&self, decl: &Declaration, _asked: Option<Duration>) -> Duration {
+    fn timeout_of(&self, decl: &Declaration) -> Duration {
         decl.spec
             .timeout_seconds
             .map(Duration::from_secs)
