@@ -47,7 +47,8 @@ pub(crate) struct Raw {
     pub(crate) exit: Option<i64>,
 }
 
-type Output = Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
+pub(crate) type Output =
+    Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
 
 /// Reads `output` to its end into the buffers (cancel-safe: what was read stays).
 async fn drain(output: &mut Output, out: &mut Capped, err: &mut Capped, cap: usize) -> Result<()> {
@@ -66,7 +67,7 @@ async fn drain(output: &mut Output, out: &mut Capped, err: &mut Capped, cap: usi
 }
 
 impl Shared {
-    async fn start_exec(
+    pub(crate) async fn start_exec(
         &self,
         container: &str,
         cmd: Vec<String>,
@@ -142,8 +143,43 @@ impl Shared {
         Ok(raw)
     }
 
-    /// A shell script with arguments (`sh -c SCRIPT name args...`).
+    /// A shell script with arguments, through the container's command server when its
+    /// input is small (a script that would send more than
+    /// [`scripts::FAST_OUTPUT_BYTES`] exits [`scripts::TOO_BIG`] and runs again as its
+    /// own exec).
     pub(crate) async fn script(
+        &self,
+        container: &str,
+        script: &str,
+        args: &[&str],
+        stdin: Option<Vec<u8>>,
+        cap: usize,
+    ) -> Result<Raw> {
+        let input = stdin.as_deref().unwrap_or_default();
+        if input.len() as u64 <= scripts::FAST_OUTPUT_BYTES {
+            let text = super::server::script_text(script, args);
+            let answer = self
+                .serve(container, &text, input, cap, self.options.max_timeout)
+                .await?;
+            if answer.timed_out {
+                return Err(Error::Backend {
+                    message: format!(
+                        "a sandbox file operation took longer than {:?}",
+                        self.options.max_timeout
+                    ),
+                    source: None,
+                });
+            }
+            if answer.raw.exit != Some(scripts::TOO_BIG) {
+                return Ok(answer.raw);
+            }
+        }
+        self.script_exec(container, script, args, stdin, cap).await
+    }
+
+    /// A shell script with arguments as its own `docker exec` (`sh -c SCRIPT name
+    /// args...`): for inputs and outputs too large for the command server.
+    pub(crate) async fn script_exec(
         &self,
         container: &str,
         script: &str,
@@ -161,7 +197,7 @@ impl Shared {
         self.run(container, cmd, stdin, cap).await
     }
 
-    fn token(&self) -> String {
+    pub(crate) fn token(&self) -> String {
         format!(
             "{}-{}",
             std::process::id(),
@@ -169,56 +205,41 @@ impl Shared {
         )
     }
 
-    /// Runs a user command: its process group is killed on timeout (and when the future is
-    /// dropped), and the output printed until then is returned.
+    /// Runs a user command through the container's command server: its process group is
+    /// killed on timeout (and when the future is dropped), and the output printed until
+    /// then is returned. When the command exits, what is left of its process group
+    /// (background jobs) is killed.
     pub(crate) async fn execute(
         &self,
         container: &str,
         command: &str,
         timeout: Duration,
     ) -> Result<hame_fs::ExecOutput> {
-        let token = self.token();
-        let cmd = vec![
-            "sh".to_owned(),
-            "-c".to_owned(),
-            scripts::EXEC_WRAPPER.to_owned(),
-            token.clone(),
-            command.to_owned(),
-        ];
-        let (exec, mut output, input) = self.start_exec(container, cmd, false).await?;
-        drop(input);
-        let mut guard = KillOnDrop {
-            docker: self.docker.clone(),
-            container: container.to_owned(),
-            token: token.clone(),
-            grace: self.options.kill_grace,
-            armed: true,
-        };
         let cap = self.options.max_output_bytes;
-        let (mut out, mut err) = (Capped::default(), Capped::default());
-        let finished =
-            tokio::time::timeout(timeout, drain(&mut output, &mut out, &mut err, cap)).await;
-        let (exit, timed_out) = match finished {
-            Ok(r) => {
-                r?;
-                guard.armed = false;
-                (self.exit_code(&exec).await, false)
-            }
-            Err(_) => {
-                self.kill_group(container, &token).await;
-                guard.armed = false;
-                let rest = drain(&mut output, &mut out, &mut err, cap);
-                let _ = tokio::time::timeout(Duration::from_millis(500), rest).await;
-                (None, true)
-            }
-        };
-        let (text, truncated) = render(out, err, cap);
+        let answer = self.serve(container, command, &[], cap, timeout).await?;
+        let Raw {
+            stdout,
+            stderr,
+            exit,
+        } = answer.raw;
+        let (text, truncated) = render(stdout, stderr, cap);
         Ok(hame_fs::ExecOutput {
             output: text,
             exit_code: exit.and_then(|c| i32::try_from(c).ok()),
             truncated,
-            timed_out,
+            timed_out: answer.timed_out,
         })
+    }
+
+    /// A guard that kills the process group of the command `token` when dropped armed.
+    pub(crate) fn kill_guard(&self, container: &str, token: &str) -> KillOnDrop {
+        KillOnDrop {
+            docker: self.docker.clone(),
+            container: container.to_owned(),
+            token: token.to_owned(),
+            grace: self.options.kill_grace,
+            armed: true,
+        }
     }
 
     pub(crate) async fn kill_group(&self, container: &str, token: &str) {
@@ -235,12 +256,19 @@ impl Shared {
 }
 
 /// Kills a command's process group when its future is dropped before it ended.
-struct KillOnDrop {
+pub(crate) struct KillOnDrop {
     docker: bollard::Docker,
     container: String,
     token: String,
     grace: Duration,
     armed: bool,
+}
+
+impl KillOnDrop {
+    /// The command ended (or was killed): nothing to do on drop.
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
 }
 
 impl Drop for KillOnDrop {

@@ -4,6 +4,7 @@ mod exec;
 mod fs;
 mod image;
 mod scripts;
+mod server;
 mod state;
 
 use std::collections::HashMap;
@@ -168,6 +169,8 @@ pub(crate) struct Shared {
     owner: String,
     counter: AtomicU64,
     closed: AtomicBool,
+    /// Idle command servers per container id.
+    servers: Mutex<HashMap<String, Vec<server::Server>>>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -262,6 +265,7 @@ impl DockerSandboxes {
             owner,
             counter: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            servers: Mutex::new(HashMap::new()),
         });
         let this = Self { shared };
         this.reap_orphans().await;
@@ -373,6 +377,7 @@ impl Shared {
     }
 
     async fn remove(&self, id: &str) {
+        self.forget_servers(id);
         let options = RemoveContainerOptions {
             force: true,
             v: true,

@@ -17,7 +17,8 @@ pub(crate) const DENIED: i64 = 15;
 /// Exit code: invalid move (into itself, the root).
 pub(crate) const INVALID: i64 = 16;
 
-/// The filesystem operations: `sh -c FS_OPS hame-fs <op> <args...>`. Writes and appends
+/// The filesystem operations: `sh -c FS_OPS hame-fs <op> <args...>` (through the command
+/// server, `read` of a file larger than `$HAME_FAST` bytes exits [`TOO_BIG`]). Writes and appends
 /// take one lock directory in `/tmp`, so compare-and-set and appends are atomic between
 /// every writer of the container that goes through these scripts.
 pub(crate) const FS_OPS: &str = r#"
@@ -33,7 +34,9 @@ list)
   [ -e "$p" ] || exit 10; [ -d "$p" ] || exit 12
   find "$p" -mindepth 1 -maxdepth 1 -exec stat -L -c '%F|%s|%Y|%n' {} + 2>/dev/null; exit 0 ;;
 read)
-  if [ -d "$p" ]; then exit 11; elif [ -f "$p" ]; then exec cat "$p"; elif [ -e "$p" ]; then exit 15; else exit 10; fi ;;
+  if [ -d "$p" ]; then exit 11; elif [ -f "$p" ]; then
+    [ -n "$HAME_FAST" ] && [ "$(stat -c %s "$p")" -gt "$HAME_FAST" ] && exit 17
+    exec cat "$p"; elif [ -e "$p" ]; then exit 15; else exit 10; fi ;;
 write)
   parents "$p"; [ -d "$p" ] && exit 11
   d=$(dirname "$p"); mkdir -p "$d" 2>/dev/null || exit 15
@@ -71,13 +74,8 @@ rename)
 esac
 "#;
 
-/// Runs a command in the shell that leads its own process group (a `docker exec` process
-/// leads its group) after recording its pid in `/tmp/.hame-pid-<token>` for
-/// [`KILL_GROUP`]: one process, no fork before the command. `$0` is the token, `$1` the
-/// command (stdin is not attached: it reads as empty).
-pub(crate) const EXEC_WRAPPER: &str = r#"echo $$ > "/tmp/.hame-pid-$0"; eval "$1""#;
-
-/// Kills the process group of the command with token `$0`: `SIGTERM`, then `SIGKILL`
+/// Kills the process group of the command with token `$0` (its leader's pid is in
+/// `/tmp/.hame-pid-<token>`, written by [`SERVER`]): `SIGTERM`, then `SIGKILL`
 /// after `$1` microseconds.
 pub(crate) const KILL_GROUP: &str = r#"f="/tmp/.hame-pid-$0"
 p=$(cat "$f" 2>/dev/null) || exit 0
@@ -87,7 +85,9 @@ kill -KILL -"$p" 2>/dev/null
 rm -f "$f"
 exit 0"#;
 
-/// One process per snapshot: lists every file of `/workspace` on stderr
+/// One process per snapshot (through the command server `$HAME_FAST` is set to the
+/// largest archive it may send; a larger one exits [`TOO_BIG`] before the marker moves):
+/// lists every file of `/workspace` on stderr
 /// (`size mode mtime ./path`) and writes on stdout a tar of the files modified since the
 /// last snapshot's marker (all files when there is none), projection roots and temporary
 /// files left out; then moves the marker forward.
@@ -97,6 +97,10 @@ touch /tmp/.hame-snap-next
 find . -type f -exec stat -c '%s %a %Y %n' {} + >&2
 N=""; [ -e $M ] && N="-newer $M"
 find . -type f $N ! -name '.hame-tmp-*' ! -path ./AGENTS.md ! -path ./tools.json ! -path './skills/*' ! -path './subagents/*' ! -path './knowledge/*' > /tmp/.hame-snap-list
+if [ -n "$HAME_FAST" ]; then
+  s=$(tr '\n' '\0' < /tmp/.hame-snap-list | xargs -0 -r stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
+  [ "$s" -gt "$HAME_FAST" ] && exit 17
+fi
 mv /tmp/.hame-snap-next $M
 set --
 while IFS= read -r f; do set -- "$@" "$f"; done < /tmp/.hame-snap-list
@@ -117,3 +121,43 @@ exit 0"#;
 pub(crate) const REMOVE: &str = r#"cd /workspace || exit 1
 rm -f "$@"
 exit 0"#;
+
+/// Exit code of a fast-path script: the output would be too large for the command server's
+/// temporary files; the caller runs it again as its own `docker exec`.
+pub(crate) const TOO_BIG: i64 = 17;
+
+/// Largest output a script sends through the command server (the rest goes the slow way).
+pub(crate) const FAST_OUTPUT_BYTES: u64 = 8 << 20;
+
+/// The command server: one long-lived `sh` per warm container, so a warm command costs
+/// no `docker exec` (Docker's own exec set-up is ~55 ms here). It reads one request per
+/// line from stdin, `<token> <stdin bytes> <cap> <base64 of the command text>`, followed
+/// by exactly `<stdin bytes>` bytes of input (read by `dd`, which never reads past them).
+/// It runs the command as `sh FILE` in a new session (`setsid`: its process group is the
+/// one [`KILL_GROUP`] kills, its pid recorded in `/tmp/.hame-pid-<token>`), stdout and
+/// stderr to files in `/tmp`, and answers `P <pid>` at once, then, when the command has
+/// ended and what is left of its process group is killed,
+/// `D <exit> <stdout bytes> <stderr bytes> <sent stdout> <sent stderr>`, the first
+/// `<cap>` bytes of each stream, and `E`. One request at a time; the host keeps a pool of
+/// servers per container for concurrent calls.
+pub(crate) const SERVER: &str = r#"while IFS=' ' read -r t n c b; do
+  [ -n "$b" ] || exit 2
+  i=/dev/null
+  if [ "$n" -gt 0 ]; then i="/tmp/.hame-i-$t"; dd of="$i" bs="$n" count=1 iflag=fullblock 2>/dev/null || exit 3; fi
+  f="/tmp/.hame-c-$t"; o="/tmp/.hame-o-$t"; e="/tmp/.hame-e-$t"
+  printf %s "$b" | base64 -d > "$f" || exit 4
+  setsid sh "$f" < "$i" > "$o" 2> "$e" &
+  p=$!
+  echo "$p" > "/tmp/.hame-pid-$t"
+  echo "P $p"
+  wait "$p"; x=$?
+  kill -KILL -"$p" 2>/dev/null
+  so=$(stat -c %s "$o"); se=$(stat -c %s "$e")
+  ko=$so; [ "$ko" -gt "$c" ] && ko=$c
+  ke=$se; [ "$ke" -gt "$c" ] && ke=$c
+  echo "D $x $so $se $ko $ke"
+  head -c "$ko" "$o"; head -c "$ke" "$e"
+  echo E
+  rm -f "$f" "$o" "$e" "/tmp/.hame-pid-$t"
+  [ "$i" = /dev/null ] || rm -f "$i"
+done"#;

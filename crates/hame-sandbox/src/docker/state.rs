@@ -80,35 +80,11 @@ fn check(raw: &super::exec::Raw, what: &str) -> Result<()> {
 
 /// Restores the scope's last snapshot into a fresh container; returns the file count.
 pub(crate) async fn restore(shared: &Shared, key: &str, live: &Live) -> Result<usize> {
-    let manifest = load_manifest(shared.snapshots.as_ref(), key).await?;
+    // The container's first command server starts while the snapshot is read.
+    let (prepared, ()) = tokio::join!(restore_archive(shared, key), shared.warm(&live.id));
+    let (manifest, archive) = prepared?;
     let count = manifest.files.len();
-    if count > 0 {
-        let paths: Vec<FsPath> = manifest
-            .files
-            .values()
-            .map(|e| blob_path(&e.sha256))
-            .collect::<Result<_>>()?;
-        let blobs = shared.snapshots.download(&paths).await;
-        let mut tar = tar::Builder::new(Vec::new());
-        for ((path, entry), blob) in manifest.files.iter().zip(blobs) {
-            let bytes = blob.map_err(|e| {
-                snapshot_error(format!(
-                    "the snapshot of {key} misses the content of {path}: {e}"
-                ))
-            })?;
-            let mut h = tar::Header::new_gnu();
-            h.set_size(bytes.len() as u64);
-            h.set_mode(entry.mode);
-            h.set_mtime(entry.mtime);
-            h.set_uid(1000);
-            h.set_gid(1000);
-            h.set_entry_type(tar::EntryType::Regular);
-            tar.append_data(&mut h, format!("./{path}"), bytes.as_slice())
-                .map_err(|e| snapshot_error(format!("cannot pack {path}: {e}")))?;
-        }
-        let archive = tar
-            .into_inner()
-            .map_err(|e| snapshot_error(format!("cannot pack the snapshot: {e}")))?;
+    if let Some(archive) = archive {
         let raw = shared
             .script(&live.id, scripts::RESTORE, &[], Some(archive), 64 << 10)
             .await?;
@@ -117,6 +93,41 @@ pub(crate) async fn restore(shared: &Shared, key: &str, live: &Live) -> Result<u
     // Without a snapshot there is no marker yet: the first snapshot takes every file.
     *live.manifest.lock().await = manifest;
     Ok(count)
+}
+
+/// The last snapshot of `key`: its manifest and, when it has files, their tar.
+async fn restore_archive(shared: &Shared, key: &str) -> Result<(Manifest, Option<Vec<u8>>)> {
+    let manifest = load_manifest(shared.snapshots.as_ref(), key).await?;
+    if manifest.files.is_empty() {
+        return Ok((manifest, None));
+    }
+    let paths: Vec<FsPath> = manifest
+        .files
+        .values()
+        .map(|e| blob_path(&e.sha256))
+        .collect::<Result<_>>()?;
+    let blobs = shared.snapshots.download(&paths).await;
+    let mut tar = tar::Builder::new(Vec::new());
+    for ((path, entry), blob) in manifest.files.iter().zip(blobs) {
+        let bytes = blob.map_err(|e| {
+            snapshot_error(format!(
+                "the snapshot of {key} misses the content of {path}: {e}"
+            ))
+        })?;
+        let mut h = tar::Header::new_gnu();
+        h.set_size(bytes.len() as u64);
+        h.set_mode(entry.mode);
+        h.set_mtime(entry.mtime);
+        h.set_uid(1000);
+        h.set_gid(1000);
+        h.set_entry_type(tar::EntryType::Regular);
+        tar.append_data(&mut h, format!("./{path}"), bytes.as_slice())
+            .map_err(|e| snapshot_error(format!("cannot pack {path}: {e}")))?;
+    }
+    let archive = tar
+        .into_inner()
+        .map_err(|e| snapshot_error(format!("cannot pack the snapshot: {e}")))?;
+    Ok((manifest, Some(archive)))
 }
 
 fn parse_listing(text: &str) -> Vec<Listed> {
@@ -186,7 +197,7 @@ async fn fetch(
         let args: Vec<String> = chunk.iter().map(|p| format!("./{p}")).collect();
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         let raw = shared
-            .script(
+            .script_exec(
                 &live.id,
                 "cd /workspace && tar -cf - \"$@\"",
                 &refs,

@@ -327,3 +327,88 @@ async fn snapshots_live_in_redis_and_s3_too() {
         second.shutdown().await;
     }
 }
+
+/// The command server (one long-lived shell per warm container): concurrent commands of one
+/// scope each get their own output, a dropped call kills its command, background jobs do
+/// not outlive their command, inputs and outputs past the server's 8 MB go the slow way
+/// intact, and hostile command texts are just commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn command_server_concurrency_cancellation_and_large_files() {
+    if !docker_enabled() {
+        return;
+    }
+    use hame_fs::{Filesystem, WriteOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let sbs = sandboxes(dir.path(), DockerOptions::default()).await;
+    let sb = sbs.scope(&key("server"));
+    sb.begin(Vec::new()).await.unwrap();
+
+    // 12 at once: each sees its own output and exit code.
+    let runs = (0..12).map(|i| {
+        let sb = sb.clone();
+        async move {
+            let out = sb
+                .execute(ExecRequest {
+                    command: format!("sleep 0.2; echo out-{i}; echo err-{i} >&2; exit {i}"),
+                    timeout: None,
+                })
+                .await
+                .unwrap();
+            (i, out)
+        }
+    });
+    for (i, out) in futures::future::join_all(runs).await {
+        assert_eq!(out.output, format!("out-{i}\n[stderr] err-{i}\n"));
+        assert_eq!(out.exit_code, Some(i));
+    }
+
+    // Quotes, newlines, `$(...)` and a leading dash are plain text of the command.
+    let out = sh(
+        sb.as_ref(),
+        "printf '%s|' 'a b' \"it's\" '$(id)' -n; echo\necho line2",
+    )
+    .await;
+    assert_eq!(out.output, "a b|it's|$(id)|-n|\nline2\n");
+
+    // A call dropped mid-command kills it.
+    let slow = sb.execute(ExecRequest {
+        command: "sleep 311".into(),
+        timeout: None,
+    });
+    let _ = tokio::time::timeout(Duration::from_millis(300), slow).await;
+    // Background jobs end with their command.
+    sh(sb.as_ref(), "sleep 312 &").await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let ps = sh(sb.as_ref(), "ps -o args | grep -c '^sleep 31[12]' || true").await;
+        if ps.output.trim() == "0" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "left running: {}", ps.output);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The server still answers after all that.
+    assert_eq!(sh(sb.as_ref(), "echo still").await.output, "still\n");
+
+    // 12 MB with every byte value, written and read back through the file tools.
+    let big: Vec<u8> = (0..12 << 20).map(|i: u32| (i % 251) as u8).collect();
+    sb.write(&p("big.bin"), big.clone(), WriteOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(sb.read_bytes(&p("big.bin")).await.unwrap(), big);
+    let small: Vec<u8> = (0..=255u8).chain(b"\n\n".iter().copied()).collect();
+    sb.write(&p("small.bin"), small.clone(), WriteOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(sb.read_bytes(&p("small.bin")).await.unwrap(), small);
+    assert!(sb.exists(&p("small.bin")).await.unwrap());
+    // A snapshot holding more than 8 MB of changes, restored in a new "process".
+    let report = sb.end().await.unwrap();
+    assert_eq!(report.uploaded, 2);
+    sbs.shutdown().await;
+    let sbs = sandboxes(dir.path(), DockerOptions::default()).await;
+    let sb = sbs.scope(sb.key());
+    assert_eq!(sb.begin(Vec::new()).await.unwrap().restored_files, 2);
+    assert_eq!(sb.read_bytes(&p("big.bin")).await.unwrap(), big);
+    sbs.shutdown().await;
+}
