@@ -267,8 +267,18 @@ pub fn plan_forced(
             results.insert(r.id.as_str(), i);
         }
     }
-    // The cut may not pass the first call still in flight.
+    // The cut may not pass the first call still in flight, nor the latest step whose
+    // results the model has not answered yet (the calls of the last assistant message and
+    // the results after it): summarising a fresh result makes the model call again.
     let mut limit = n;
+    if let Some(last) = messages.iter().rposition(|m| m.role == Role::Assistant)
+        && messages[last].tool_calls().next().is_some()
+        && messages[last + 1..]
+            .iter()
+            .all(|m| m.role == Role::Tool || m.tool_results_iter().next().is_some())
+    {
+        limit = last;
+    }
     // forbidden[c]: cutting before message c separates a call from its result.
     let mut forbidden = vec![0i64; n + 2];
     for (id, &ci) in &calls {

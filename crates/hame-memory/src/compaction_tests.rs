@@ -609,4 +609,43 @@ proptest! {
         }
         prop_assert_eq!(next.next_seq(out.len()), seqs.next_seq(msgs.len()));
     }
+
+    /// The case of issue #16: a token trigger fires on a turn's second request, after the
+    /// turn's one tool result, which is larger than the recent-tail budget. The latest step
+    /// (the call and its fresh result) must stay verbatim, whatever the budgets.
+    #[test]
+    fn a_fresh_tool_result_is_never_summarised(
+        steps in proptest::collection::vec(step(), 0..40),
+        keep in 0usize..25,
+        keep_tokens in proptest::option::of(0u64..400),
+        result_words in 50usize..2_000,
+        calls in 1usize..4,
+    ) {
+        let (mut msgs, _) = build(&steps, false, None);
+        msgs.push(Message::user("[bench turn=7] read knowledge.md"));
+        let ids: Vec<String> = (0..calls).map(|i| format!("fresh{i}")).collect();
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        msgs.push(assistant_calls(&refs));
+        for id in &refs {
+            msgs.push(Message::tool_results(vec![ToolResult {
+                id: (*id).to_owned(),
+                content: "knowledge ".repeat(result_words),
+                is_error: false,
+                code: None,
+            }]));
+        }
+        let p = CompactionPolicy {
+            max_messages: 0,
+            keep_recent_messages: keep,
+            keep_recent_tokens: keep_tokens,
+            trigger_tokens: Some(1),
+            ..CompactionPolicy::default()
+        };
+        if let Some(plan) = plan_compaction(&msgs, &p, &EstimateCounter) {
+            let out = apply(&msgs, &plan, "SUMMARY", SeqSpan::one(0)).unwrap();
+            let step_at = msgs.len() - 1 - calls;
+            prop_assert!(plan.range.end <= step_at, "the latest step was summarised");
+            prop_assert_eq!(&out[out.len() - calls - 1..], &msgs[step_at..]);
+        }
+    }
 }
