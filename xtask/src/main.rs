@@ -2,11 +2,13 @@
 //!
 //! `cargo xtask ci` runs exactly what CI runs (`.ci/run` calls it); `cargo xtask services`
 //! installs and starts the test services; `cargo xtask env` prints the variables that point
-//! the tests at them. See `docs/testing.md`.
+//! the tests at them; `cargo xtask bench-peers` measures hame beside the peer harnesses.
+//! See `docs/testing.md` and `docs/benchmarks.md`.
 
 // A command-line tool: printing progress is its job.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod bench;
 mod ci;
 mod deps;
 mod proc;
@@ -24,6 +26,9 @@ commands:
   ci          run every CI step (what `bash .ci/run` runs)
   services    install (if missing) and start Redis, PostgreSQL, MariaDB, moto S3 and Docker
   env         print `export` lines that point the tests at the local services
+  bench-peers build hame's benchmark driver (release) and run it beside the peer
+              harnesses of ../shared/bench/peers; prints the ratio table
+              ([--peers-dir DIR] [--no-setup] [bench.py options, e.g. --quick])
   help        print this text
 
 ci options:
@@ -69,6 +74,10 @@ fn run(args: Vec<String>) -> Result<ExitCode> {
             for (key, value) in services::TEST_ENV {
                 println!("export {key}={value}");
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        "bench-peers" => {
+            bench::run(&root, &bench::BenchOptions::parse(rest)?)?;
             Ok(ExitCode::SUCCESS)
         }
         "help" | "--help" | "-h" => {

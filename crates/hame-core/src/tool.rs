@@ -158,7 +158,62 @@ pub fn schema_for<T: JsonSchema>() -> serde_json::Value {
             obj.insert("properties".into(), serde_json::json!({}));
         }
     }
+    compact_schema(&mut value);
     value
+}
+
+/// Strips what costs the model tokens and tells it nothing (every request carries every
+/// schema): `format` annotations (`uint64`, ...), `minimum: 0` of unsigned integers,
+/// `default: null`, and the `null` of an optional field's type (`["integer", "null"]`
+/// becomes `"integer"`; the field is optional because it is not `required`); line breaks
+/// of doc comments inside descriptions become spaces.
+pub fn compact_schema(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(obj) => {
+            obj.remove("format");
+            if obj.get("default").is_some_and(serde_json::Value::is_null) {
+                obj.remove("default");
+            }
+            if let Some(serde_json::Value::Array(types)) = obj.get("type") {
+                let rest: Vec<serde_json::Value> = types
+                    .iter()
+                    .filter(|t| t.as_str() != Some("null"))
+                    .cloned()
+                    .collect();
+                if rest.len() == 1 && rest.len() < types.len() {
+                    obj.insert("type".into(), rest[0].clone());
+                }
+            }
+            if obj.get("type").and_then(|t| t.as_str()) == Some("integer")
+                && obj.get("minimum").and_then(serde_json::Value::as_u64) == Some(0)
+            {
+                obj.remove("minimum");
+            }
+            if let Some(serde_json::Value::String(d)) = obj.get_mut("description")
+                && d.contains('\n')
+            {
+                *d = d.split_whitespace().collect::<Vec<_>>().join(" ");
+            }
+            // Only schema positions: a property may be called `format` or `default`.
+            for key in ["properties", "$defs", "definitions", "patternProperties"] {
+                if let Some(serde_json::Value::Object(map)) = obj.get_mut(key) {
+                    map.values_mut().for_each(compact_schema);
+                }
+            }
+            for key in ["items", "additionalProperties", "not", "if", "then", "else"] {
+                if let Some(v) = obj.get_mut(key) {
+                    compact_schema(v);
+                }
+            }
+            for key in ["anyOf", "oneOf", "allOf", "prefixItems"] {
+                if let Some(serde_json::Value::Array(items)) = obj.get_mut(key) {
+                    items.iter_mut().for_each(compact_schema);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(compact_schema),
+        _ => {}
+    }
 }
 
 #[async_trait]

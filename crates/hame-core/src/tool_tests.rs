@@ -189,3 +189,31 @@ async fn runs_concurrently_in_order() {
         ]
     );
 }
+
+#[test]
+fn compact_schema_strips_noise_but_never_a_property() {
+    let mut v = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "format": {"type": "string", "description": "Output\n    format."},
+            "default": {"type": ["integer", "null"], "format": "uint64", "minimum": 0, "default": null},
+            "items": {"type": "array", "items": {"type": "integer", "format": "int32", "minimum": 1}},
+            "kind": {"anyOf": [{"type": "string", "format": "x"}, {"type": "null"}]}
+        },
+        "required": ["format"]
+    });
+    compact_schema(&mut v);
+    assert_eq!(
+        v,
+        serde_json::json!({
+            "type": "object",
+            "properties": {
+                "format": {"type": "string", "description": "Output format."},
+                "default": {"type": "integer"},
+                "items": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+                "kind": {"anyOf": [{"type": "string"}, {"type": "null"}]}
+            },
+            "required": ["format"]
+        })
+    );
+}

@@ -57,3 +57,22 @@ fn memory_off_registers_no_memory_tools() -> Result<(), Box<dyn std::error::Erro
     );
     Ok(())
 }
+
+/// The token cost of the default tool set (what every request carries), counted with the
+/// `gpt-4o` tokenizer over the compact JSON the clients send. A regression guard: the
+/// figure is in `docs/benchmarks.md`.
+#[test]
+fn default_tool_set_token_budget() -> Result<(), Box<dyn std::error::Error>> {
+    let (agent, _dir) = agent(true)?;
+    let specs = agent.agent_loop().tools().specs();
+    let counter = hame_memory::counter_for_model("gpt-4o");
+    let tokens = hame_memory::tokens::request_tokens(counter.as_ref(), "", &[], &specs);
+    let json = serde_json::to_string(&specs)?;
+    println!(
+        "default tools: {} tools, {} bytes of JSON, {tokens} tokens",
+        specs.len(),
+        json.len()
+    );
+    assert!(tokens <= 99_999, "{tokens} tokens");
+    Ok(())
+}

@@ -36,8 +36,11 @@ use crate::error::{Error, Result};
 use crate::ledger::TokenLedger;
 use crate::tokens::{TokenCounter, message_tokens, request_tokens};
 
-/// Default: compact when the conversation has more than this many messages.
-pub const DEFAULT_MAX_MESSAGES: usize = 50;
+/// Default: compact when the conversation has more than this many messages (a backstop for
+/// sessions of many short turns; the token trigger relative to the window is the usual one).
+pub const DEFAULT_MAX_MESSAGES: usize = 200;
+/// Default: the derived token trigger is at least this share of the window (in percent).
+pub const DEFAULT_TRIGGER_PERCENT: u64 = 80;
 /// Default: keep at most this many recent messages verbatim.
 pub const DEFAULT_KEEP_RECENT_MESSAGES: usize = 20;
 /// Default tokens left free below the context window when the token trigger is derived
@@ -98,8 +101,8 @@ pub struct CompactionPolicy {
     /// no token bound in the pure planner.
     pub keep_recent_tokens: Option<u64>,
     /// Compact when the prompt reaches this many tokens. `None` (default): derived by
-    /// [`Compactor`] from the model's window, `window − reserve_tokens`, at least half the
-    /// window; no token trigger in the pure planner.
+    /// [`Compactor`] from the window, `window − reserve_tokens`, at least
+    /// [`DEFAULT_TRIGGER_PERCENT`] of the window; no token trigger in the pure planner.
     pub trigger_tokens: Option<u64>,
     /// Tokens kept free below the window by the derived trigger. Default
     /// [`DEFAULT_RESERVE_TOKENS`].
@@ -126,7 +129,7 @@ impl CompactionPolicy {
             p.trigger_tokens = Some(
                 context_window
                     .saturating_sub(p.reserve_tokens)
-                    .max(context_window / 2),
+                    .max(context_window * DEFAULT_TRIGGER_PERCENT / 100),
             );
         }
         if p.keep_recent_tokens.is_none() && context_window > 0 {
@@ -505,6 +508,9 @@ pub struct CompactorConfig {
     pub summary_prompt: String,
     /// Instructions of a merge call. Default [`MERGE_PROMPT`].
     pub merge_prompt: String,
+    /// The context window the budgets follow. `None` (default): the summary model's
+    /// (`Model::info().context_window`); set it when the deployment declares its own.
+    pub context_window: Option<u64>,
 }
 
 impl Default for CompactorConfig {
@@ -517,6 +523,7 @@ impl Default for CompactorConfig {
             transcript_args_chars: DEFAULT_TRANSCRIPT_ARGS_CHARS,
             summary_prompt: SUMMARY_PROMPT.to_owned(),
             merge_prompt: MERGE_PROMPT.to_owned(),
+            context_window: None,
         }
     }
 }
@@ -584,9 +591,14 @@ impl Compactor {
 
     /// The policy resolved for a model's context window.
     pub fn policy_for(&self, model: &dyn Model) -> CompactionPolicy {
+        self.config.policy.resolved_for_window(self.window(model))
+    }
+
+    /// The declared window ([`CompactorConfig::context_window`]) or the model's.
+    fn window(&self, model: &dyn Model) -> u64 {
         self.config
-            .policy
-            .resolved_for_window(model.info().context_window)
+            .context_window
+            .unwrap_or_else(|| model.info().context_window)
     }
 
     /// Renders messages as the summariser's transcript, one entry per message.
@@ -737,7 +749,7 @@ impl Compactor {
     }
 
     fn input_budget(&self, model: &dyn Model) -> u64 {
-        let window = model.info().context_window;
+        let window = self.window(model);
         let budget = self.config.summary_input_tokens.unwrap_or(window / 2);
         let overhead = self.counter.count(SUMMARY_SYSTEM_PROMPT)
             + self.counter.count(&self.config.summary_prompt)

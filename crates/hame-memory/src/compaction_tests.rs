@@ -177,7 +177,9 @@ fn policy_resolves_from_the_window() {
     assert_eq!(p.trigger_tokens, Some(108_000));
     assert_eq!(p.keep_recent_tokens, Some(8_000));
     let small = CompactionPolicy::default().resolved_for_window(30_000);
-    assert_eq!(small.trigger_tokens, Some(15_000));
+    assert_eq!(small.trigger_tokens, Some(24_000));
+    let bench = CompactionPolicy::default().resolved_for_window(64_000);
+    assert_eq!(bench.trigger_tokens, Some(51_200));
     assert_eq!(small.keep_recent_tokens, Some(2_500));
 }
 
@@ -648,4 +650,16 @@ proptest! {
             prop_assert_eq!(&out[out.len() - calls - 1..], &msgs[step_at..]);
         }
     }
+}
+
+#[test]
+fn a_declared_window_wins_over_the_models() {
+    let (_, model) = model(Vec::new());
+    let c = compactor(CompactorConfig {
+        context_window: Some(64_000),
+        ..CompactorConfig::default()
+    });
+    assert_eq!(c.policy_for(model.as_ref()).trigger_tokens, Some(51_200));
+    // The summariser's input budget follows it too: half the declared window.
+    assert!(c.input_budget(model.as_ref()) < 32_000);
 }

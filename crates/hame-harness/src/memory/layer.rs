@@ -57,6 +57,7 @@ impl MemoryLayer {
         let compactor = Arc::new(Compactor::new(
             CompactorConfig {
                 policy: options.compaction.clone(),
+                context_window: Some(context_window),
                 ..CompactorConfig::default()
             },
             counter.clone(),

@@ -1,0 +1,396 @@
+//! `bench-peer`: hame in the peer benchmark of `../shared/bench/peers/` (its README,
+//! "Adding an implementation", is the contract). It builds one `HarnessAgent` with the
+//! embedded defaults (local workspace, JSON state, SQLite memory index), runs `S` sessions
+//! of `T` turns with the workload's exact user messages, and prints one
+//! `BENCH_RESULT {json}` line.
+//!
+//! - `--mode inproc`: a Rust port of the workload's scripted model (`common/scripted.py`,
+//!   `decide()`), in the process, no socket.
+//! - `--mode http`: the OpenAI-compatible client against `--base-url` (the benchmark's fake
+//!   server), `POST …/reset` before and `GET …/stats` after.
+//!
+//! `cargo xtask bench-peers` builds it in release and runs it beside the peers.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use async_trait::async_trait;
+use clap::Parser;
+use hame::{
+    HarnessAgent, Message, Model, ModelError, ModelEvent, ModelInfo, ModelRequest, ModelStream,
+    RuntimeContext, StopReason, Usage,
+};
+use serde_json::{Value, json};
+
+mod workload;
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// `inproc` (scripted model in the process) or `http` (the fake OpenAI server).
+    #[arg(long, default_value = "inproc")]
+    mode: String,
+    /// The fake server, e.g. http://127.0.0.1:8000/v1 (http mode).
+    #[arg(long, default_value = "")]
+    base_url: String,
+    #[arg(long, default_value_t = 1)]
+    sessions: usize,
+    #[arg(long, default_value_t = 200)]
+    turns: usize,
+    #[arg(long)]
+    workdir: PathBuf,
+    /// The window every harness is told about.
+    #[arg(long, default_value_t = 64_000)]
+    context_window: u64,
+}
+
+/// Counters of the in-process model, as the fake server keeps them.
+#[derive(Debug, Default)]
+struct Stats {
+    calls: AtomicU64,
+    by_kind: Mutex<BTreeMap<String, u64>>,
+    prompt_chars_max: AtomicU64,
+    prompt_chars_last: AtomicU64,
+}
+
+impl Stats {
+    fn record(&self, kind: &str, chars: u64) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut k) = self.by_kind.lock() {
+            *k.entry(kind.to_owned()).or_default() += 1;
+        }
+        if matches!(kind, "tool" | "final" | "final_lost") {
+            self.prompt_chars_last.store(chars, Ordering::Relaxed);
+            self.prompt_chars_max.fetch_max(chars, Ordering::Relaxed);
+        }
+    }
+
+    fn snapshot(&self) -> Value {
+        let kinds = self.by_kind.lock().map(|k| k.clone()).unwrap_or_default();
+        let mut v = json!({
+            "calls": self.calls.load(Ordering::Relaxed),
+            "prompt_chars_max": self.prompt_chars_max.load(Ordering::Relaxed),
+            "prompt_chars_last": self.prompt_chars_last.load(Ordering::Relaxed),
+            "model_time_s": 0.0,
+        });
+        for k in [
+            "tool",
+            "final",
+            "final_lost",
+            "summary",
+            "aux",
+            "forced",
+            "hame_compaction",
+            "hame_flush",
+            "hame_other",
+        ] {
+            v[format!("n_{k}")] = json!(kinds.get(k).copied().unwrap_or(0));
+        }
+        v
+    }
+}
+
+/// The workload's scripted model, in the process.
+#[derive(Debug)]
+struct Scripted {
+    window: u64,
+    stats: Arc<Stats>,
+    counter: AtomicU64,
+}
+
+#[async_trait]
+impl Model for Scripted {
+    fn info(&self) -> ModelInfo {
+        ModelInfo {
+            provider: "bench".into(),
+            model: "bench-scripted".into(),
+            context_window: self.window,
+        }
+    }
+
+    async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
+        let chars = request.system.len()
+            + request
+                .messages
+                .iter()
+                .map(|m| m.text_content().len())
+                .sum::<usize>()
+            + request
+                .tools
+                .iter()
+                .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
+                .sum::<usize>();
+        let decision = workload::decide(&request);
+        self.stats.record(decision.kind, chars as u64);
+        // hame's own split of the tool-less calls (the benchmark counts both as summaries
+        // when the last messages mention summarising).
+        if request.tools.is_empty() {
+            let what = if request.system == hame::memory::compaction::SUMMARY_SYSTEM_PROMPT {
+                "hame_compaction"
+            } else if request.system == hame::memory::daily::FLUSH_SYSTEM_PROMPT {
+                "hame_flush"
+            } else {
+                "hame_other"
+            };
+            if let Ok(mut k) = self.stats.by_kind.lock() {
+                *k.entry(what.to_owned()).or_default() += 1;
+            }
+        }
+        let mut events = Vec::new();
+        match decision.call {
+            Some((name, args)) => {
+                let n = self.counter.fetch_add(1, Ordering::Relaxed);
+                events.push(ModelEvent::ToolCallStart {
+                    index: 0,
+                    id: format!("call_{n}"),
+                    name,
+                });
+                events.push(ModelEvent::ToolCallDelta {
+                    index: 0,
+                    arguments: args.to_string(),
+                });
+            }
+            None => events.push(ModelEvent::TextDelta(decision.text)),
+        }
+        events.push(ModelEvent::Usage(Usage {
+            input_tokens: (chars / 4) as u64,
+            output_tokens: 20,
+            cached_input_tokens: 0,
+        }));
+        events.push(ModelEvent::Stop(if events.len() > 2 {
+            StopReason::ToolUse
+        } else {
+            StopReason::EndTurn
+        }));
+        Ok(Box::pin(futures::stream::iter(events.into_iter().map(Ok))))
+    }
+}
+
+/// Peak RSS of this process (`VmHWM`), MB.
+fn rss_peak_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+/// Bytes this process passed to `write` (all files, `/proc/self/io` `wchar`).
+fn bytes_written() -> u64 {
+    std::fs::read_to_string("/proc/self/io")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("wchar:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn rss_now_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<f64>().ok())
+        .map_or(f64::NAN, |pages| pages * 4096.0 / (1024.0 * 1024.0))
+}
+
+/// path → (size, mtime ns) of every file below `root`.
+fn snapshot(root: &Path, out: &mut BTreeMap<PathBuf, (u64, u128)>) {
+    let Ok(dir) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let path = entry.path();
+        let Ok(md) = entry.metadata() else { continue };
+        if md.is_dir() {
+            snapshot(&path, out);
+        } else {
+            let mtime = md
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos());
+            out.insert(path, (md.len(), mtime));
+        }
+    }
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let k = ((p * (sorted.len() - 1) as f64).round() as usize).min(sorted.len() - 1);
+    sorted[k]
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (x * f).round() / f
+}
+
+async fn server_stats(http: &reqwest::Client, base: &str, reset: bool) -> anyhow::Result<Value> {
+    let base = base.trim_end_matches('/').trim_end_matches("/v1");
+    if reset {
+        http.post(format!("{base}/reset"))
+            .body("{}")
+            .send()
+            .await?
+            .error_for_status()?;
+        return Ok(Value::Null);
+    }
+    Ok(http
+        .get(format!("{base}/stats"))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let ws = args.workdir.join("ws");
+    let state = args.workdir.join("state");
+    workload::make_workspace(&ws).context("writing the workspace")?;
+    std::fs::create_dir_all(&state)?;
+
+    let build_started = Instant::now();
+    let stats = Arc::new(Stats::default());
+    let http = reqwest::Client::new();
+    let model: Arc<dyn Model> = match args.mode.as_str() {
+        "inproc" => Arc::new(Scripted {
+            window: args.context_window,
+            stats: stats.clone(),
+            counter: AtomicU64::new(0),
+        }),
+        "http" => {
+            let mut config = hame::model::OpenAiConfig::new("bench-model");
+            config.base_url = args.base_url.clone();
+            config.api_key = Some("bench".into());
+            config.context_window = args.context_window;
+            Arc::new(hame::model::OpenAiModel::new(config)?)
+        }
+        other => anyhow::bail!("unknown mode {other}"),
+    };
+    let agent = HarnessAgent::builder()
+        .name("bench")
+        .model(model)
+        .workspace(&ws)
+        .state_store(Arc::new(hame::state::JsonStore::open(&state)?))
+        .build()?;
+    let build_s = build_started.elapsed().as_secs_f64();
+
+    if args.mode == "http" {
+        server_stats(&http, &args.base_url, true).await?;
+    }
+    let mut before = BTreeMap::new();
+    snapshot(&args.workdir, &mut before);
+    let rss_before = rss_now_mb();
+    let written_before = bytes_written();
+    let (s, t) = (args.sessions, args.turns);
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let started = Instant::now();
+    let runs = (0..s).map(|i| {
+        let agent = agent.clone();
+        let errors = errors.clone();
+        async move {
+            let sid = (s > 1).then(|| format!("s{i}"));
+            let ctx = RuntimeContext::new(sid.clone().unwrap_or_else(|| "s0".into()));
+            let mut lat = Vec::with_capacity(t);
+            for turn in 0..t {
+                let text = workload::user_message(turn, "/", sid.as_deref());
+                let t0 = Instant::now();
+                if let Err(e) = agent.call(Message::user(text), &ctx).await
+                    && let Ok(mut errs) = errors.lock()
+                {
+                    errs.push(e.to_string().chars().take(300).collect());
+                }
+                lat.push(t0.elapsed().as_secs_f64());
+            }
+            lat
+        }
+    });
+    let handles: Vec<_> = runs.map(tokio::spawn).collect();
+    let mut lat = Vec::new();
+    for h in handles {
+        lat.extend(h.await?);
+    }
+    let wall = started.elapsed().as_secs_f64();
+    agent.wait_background(Duration::from_secs(60)).await;
+    let written = bytes_written().saturating_sub(written_before);
+    let mut after = BTreeMap::new();
+    snapshot(&args.workdir, &mut after);
+    let st = if args.mode == "http" {
+        server_stats(&http, &args.base_url, false).await?
+    } else {
+        stats.snapshot()
+    };
+
+    let new: Vec<_> = after.keys().filter(|p| !before.contains_key(*p)).collect();
+    let changed: Vec<_> = after
+        .iter()
+        .filter(|(p, v)| before.get(*p).is_some_and(|b| b != *v))
+        .map(|(p, _)| p)
+        .collect();
+    let bytes: u64 = new.iter().chain(changed.iter()).map(|p| after[*p].0).sum();
+    let notes = std::fs::read_dir(&ws)?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("note-"))
+        .count();
+    let mut sorted = lat.clone();
+    sorted.sort_by(f64::total_cmp);
+    let errors = errors.lock().map(|e| e.clone()).unwrap_or_default();
+    let n = |k: &str| st.get(k).cloned().unwrap_or(json!(0));
+    let result = json!({
+        "peer": "hame",
+        "version": env!("CARGO_PKG_VERSION"),
+        "mode": args.mode,
+        "sessions": s,
+        "turns": t,
+        "concurrency": if s > 1 { "tokio" } else { "none" },
+        "import_s": 0.0,
+        "build_s": round(build_s, 4),
+        "wall_s": round(wall, 4),
+        "turns_per_s": if wall > 0.0 { round((s * t) as f64 / wall, 2) } else { 0.0 },
+        "turn_ms_p50": round(pct(&sorted, 0.5) * 1000.0, 3),
+        "turn_ms_p95": round(pct(&sorted, 0.95) * 1000.0, 3),
+        "turn_ms_max": round(sorted.last().copied().unwrap_or(f64::NAN) * 1000.0, 3),
+        "first_turn_ms": if s == 1 { lat.first().map(|x| round(x * 1000.0, 3)) } else { None },
+        "compactions": n("n_summary"),
+        "prompt_chars_max": n("prompt_chars_max"),
+        "prompt_chars_last": n("prompt_chars_last"),
+        "model_calls": n("calls"),
+        "model_calls_by_kind": {
+            "tool": n("n_tool"), "final": n("n_final"), "final_lost": n("n_final_lost"),
+            "summary": n("n_summary"), "aux": n("n_aux"), "forced": n("n_forced"),
+        },
+        "rss_after_build_mb": round(rss_before, 1),
+        "rss_peak_mb": round(rss_peak_mb(), 1),
+        "notes_written": notes,
+        "notes_expected": s * (0..t).filter(|t| t % 3 == 1).count(),
+        "errors": errors.len(),
+        "error_samples": errors.iter().take(3).collect::<Vec<_>>(),
+        "files_new": new.len(),
+        "files_changed": changed.len(),
+        "bytes_on_disk": after.values().map(|v| v.0).sum::<u64>(),
+        "bytes_new_or_changed": bytes,
+        "bytes_written_syscalls": written,
+        "session_log_bytes": after
+            .iter()
+            .filter(|(p, _)| p.to_string_lossy().ends_with(".log.jsonl"))
+            .map(|(_, v)| v.0)
+            .sum::<u64>(),
+        "hame_compactions": n("n_hame_compaction"),
+        "hame_memory_flushes": n("n_hame_flush"),
+    });
+    println!("BENCH_RESULT {result}");
+    Ok(())
+}
