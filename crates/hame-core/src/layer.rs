@@ -217,9 +217,34 @@ impl ModelNext<'_> {
     pub async fn run(self, cx: &mut CallCtx<'_>, request: ModelRequest) -> Result<ModelResponse> {
         match self.split() {
             Some((layer, next)) => layer.model(cx, request, next).await,
-            None => self.core.request_once(request, cx.events, cx.cancel).await,
+            None => {
+                if tracing::enabled!(tracing::Level::DEBUG) {
+                    tracing::debug!(
+                        prefix = %prefix_hash(&request),
+                        iteration = cx.iteration,
+                        messages = request.messages.len(),
+                        "model request"
+                    );
+                }
+                self.core.request_once(request, cx.events, cx.cancel).await
+            }
         }
     }
+}
+
+/// A hash of what a provider's prompt cache keys on first: the system prompt and the tool
+/// schemas. Equal hashes on consecutive requests mean the cached prefix is reused (logged at
+/// `debug` per request: `RUST_LOG=hame_core=debug`).
+pub fn prefix_hash(request: &ModelRequest) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    request.system.hash(&mut h);
+    for t in &request.tools {
+        t.name.hash(&mut h);
+        t.description.hash(&mut h);
+        t.parameters.to_string().hash(&mut h);
+    }
+    format!("{:016x}", h.finish())
 }
 
 impl ToolNext<'_> {

@@ -57,7 +57,7 @@ pub use event::{AgentEvent, EventSink};
 pub use extensions::Extensions;
 pub use layer::{
     AppendNext, CallCtx, CallInput, CallNext, Layer, ModelNext, Resumed, ToolCtx, ToolNext,
-    ToolOutcome,
+    ToolOutcome, prefix_hash,
 };
 pub use message::{ContentBlock, Message, Role, ToolCall, ToolResult, Usage};
 pub use model::{

@@ -73,6 +73,66 @@ fn default_tool_set_token_budget() -> Result<(), Box<dyn std::error::Error>> {
         specs.len(),
         json.len()
     );
-    assert!(tokens <= 99_999, "{tokens} tokens");
+    assert!(
+        tokens <= 2_900,
+        "{tokens} tokens: the default tool set grew"
+    );
+    Ok(())
+}
+
+/// Prompt-cache friendliness: the system prompt and the tools are byte-identical across the
+/// steps of a call and across calls while no workspace file changes, and change when one
+/// does.
+#[tokio::test]
+async fn the_prefix_is_byte_identical_until_a_workspace_file_changes()
+-> Result<(), Box<dyn std::error::Error>> {
+    use hame_core::test_support::Reply;
+    use hame_core::{Message, RuntimeContext, ToolCall};
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws)?;
+    std::fs::write(ws.join("AGENTS.md"), "# Persona\nBe terse.\n")?;
+    let call = ToolCall {
+        id: "c1".into(),
+        name: "read_file".into(),
+        arguments: r#"{"file_path":"AGENTS.md"}"#.into(),
+    };
+    let model = ScriptedModel::new([
+        Reply::tools(std::slice::from_ref(&call)),
+        Reply::text("one"),
+        Reply::text("two"),
+        Reply::text("three"),
+    ]);
+    let agent = HarnessAgent::builder()
+        .model(Arc::new(model.clone()))
+        .workspace(&ws)
+        .state_store(Arc::new(hame_state::InMemoryStore::new()))
+        .build()?;
+    let ctx = RuntimeContext::new("s1");
+    agent.call(Message::user("hi"), &ctx).await?;
+    agent.call(Message::user("again"), &ctx).await?;
+    std::fs::write(ws.join("AGENTS.md"), "# Persona\nBe verbose.\n")?;
+    agent.call(Message::user("and now"), &ctx).await?;
+    let prefix = |r: &hame_core::ModelRequest| -> Result<String, serde_json::Error> {
+        Ok(format!(
+            "{}\n{}",
+            r.system,
+            serde_json::to_string(&r.tools)?
+        ))
+    };
+    let requests: Vec<_> = model
+        .requests()
+        .into_iter()
+        .filter(|r| !r.tools.is_empty())
+        .collect();
+    assert_eq!(requests.len(), 4, "two steps, then one per call");
+    let p: Vec<String> = requests.iter().map(prefix).collect::<Result<_, _>>()?;
+    assert_eq!(p[0], p[1], "steps of one call");
+    assert_eq!(p[1], p[2], "calls while nothing changed");
+    assert_ne!(p[2], p[3], "AGENTS.md changed");
+    assert!(p[3].contains("Be verbose."));
+    // The hash logged per request (`RUST_LOG=hame_core=debug`) follows the prefix.
+    let h: Vec<String> = requests.iter().map(hame_core::prefix_hash).collect();
+    assert_eq!((h[0] == h[2], h[2] == h[3]), (true, false));
     Ok(())
 }

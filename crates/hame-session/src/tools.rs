@@ -113,9 +113,8 @@ impl TypedTool for SessionListTool {
 
     fn description(&self) -> String {
         format!(
-            "List your past conversation sessions, newest first: id, title (the first user \
-             message), last update and message count. Use session_history with a session id \
-             to read one. Shows {} sessions by default, at most {}.",
+            "List your past sessions, newest first (id, title, last update, message count; \
+             {} by default, at most {}).",
             self.options.default_list_limit, self.options.max_list_limit
         )
     }
@@ -230,10 +229,9 @@ impl TypedTool for SessionHistoryTool {
 
     fn description(&self) -> String {
         format!(
-            "Read the complete message history of a session (default: the current one), \
-             including tool calls and results that are no longer in your context. Records are \
-             numbered from 0; page with from_seq and limit (default {}, at most {}). Each \
-             record is cut after max_chars characters (default {}, at most {}).",
+            "Read a session's complete log (default: this one), including what is no longer \
+             in your context. Records from #0; page with from_seq/limit (default {}, max {}); \
+             each cut at max_chars (default {}, max {}).",
             self.options.default_history_limit,
             self.options.max_history_limit,
             self.options.default_record_chars,

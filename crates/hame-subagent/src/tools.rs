@@ -146,7 +146,7 @@ impl TypedTool for Spawn {
         "agent_spawn"
     }
     fn description(&self) -> String {
-        "Hand a task to a subagent (see agent_list for the ids). It works in its own conversation with its own tools and returns its final reply. With background=true it runs while you continue; its result is delivered to you when it finishes.".into()
+        "Hand a task to a subagent (ids: agent_list); it works in its own conversation and returns its final reply. background=true: it runs while you continue and its result is delivered when done.".into()
     }
     async fn run(&self, a: SpawnArgs, ctx: &ToolContext) -> ToolOutput {
         if a.task.trim().is_empty() {

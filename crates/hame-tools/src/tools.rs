@@ -229,7 +229,7 @@ impl TypedTool for ReadFile {
     }
     fn description(&self) -> String {
         format!(
-            "Read a text file. Returns numbered lines (`number<TAB>text`), {} lines from `offset` by default; lines over {} characters are cut. Use offset/limit to page through long files. Binary files are refused.",
+            "Read a text file as numbered lines (`number<TAB>text`): {} lines from `offset` by default, lines over {} characters cut; page with offset/limit.",
             self.0.opts.read_default_lines, self.0.opts.max_line_chars
         )
     }

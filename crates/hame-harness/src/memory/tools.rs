@@ -85,9 +85,8 @@ impl TypedTool for MemorySearch {
     }
 
     fn description(&self) -> String {
-        "Search your long-term memory (MEMORY.md and the daily logs memory/YYYY-MM-DD.md) \
-         for facts, preferences and decisions. Returns ranked hits as path:line with a \
-         snippet; read around a hit with memory_get."
+        "Search long-term memory (MEMORY.md, memory/*.md) for facts, preferences and \
+         decisions: ranked path:line hits with snippets (read more with memory_get)."
             .into()
     }
 
@@ -201,9 +200,8 @@ impl TypedTool for MemorySave {
     }
 
     fn description(&self) -> String {
-        "Save one durable fact to today's memory log (memory/YYYY-MM-DD.md) right away, \
-         e.g. when the user asks you to remember something. A fact already in memory is not \
-         saved twice. Facts are merged into MEMORY.md later."
+        "Save one durable fact to today's memory log now (e.g. when asked to remember \
+         something); duplicates are skipped."
             .into()
     }
 
@@ -256,9 +254,8 @@ impl TypedTool for SessionSearch {
     }
 
     fn description(&self) -> String {
-        "Search the full, never-compacted logs of your conversations (this session and \
-         earlier ones) for words. Returns hits as session, record number (#seq) and snippet; \
-         read the records with session_history(session_id, from_seq)."
+        "Search the full logs of all your sessions for words: hits as session, #seq and \
+         snippet (read them with session_history)."
             .into()
     }
 
