@@ -97,12 +97,7 @@ pub fn run(root: &Path, options: &BenchOptions) -> Result<()> {
         .arg("--out")
         .arg(&out)
         .args(&options.pass);
-    if !options.pass.iter().any(|a| a == "--peers") {
-        cmd.args([
-            "--peers",
-            "deepagents,deepagents+sqlite,agentscope,hermes,hame",
-        ]);
-    }
+    // bench.py adds every `--extra` to the peers it runs.
     proc::run(&mut cmd)?;
     let newest = stamps(&out)
         .into_iter()
@@ -190,15 +185,18 @@ pub fn ratio_table(results: &Value) -> String {
                     x.total_cmp(&y)
                 });
             let Some((peer, b)) = best else { continue };
-            let ratio = if lower {
-                if h > 0.0 { b / h } else { f64::INFINITY }
-            } else if b > 0.0 {
-                h / b
+            let (num, den) = if lower { (b, h) } else { (h, b) };
+            let ratio = if num == 0.0 && den == 0.0 {
+                "equal".to_owned()
+            } else if den == 0.0 {
+                "∞".to_owned()
+            } else if num / den < 1.0 {
+                format!("{:.2}x (worse)", num / den)
             } else {
-                f64::INFINITY
+                format!("{:.1}x", num / den)
             };
             out.push_str(&format!(
-                "| {mode} | {scen} | {label} | {:.3} | {:.3} ({peer}) | {ratio:.1}x |\n",
+                "| {mode} | {scen} | {label} | {:.3} | {:.3} ({peer}) | {ratio} |\n",
                 h * scale,
                 b * scale
             ));
