@@ -105,7 +105,7 @@ pub(crate) async fn decide(
     };
     let out = outcome(result, signal)?;
     crate::run::print_reply(&agent, &ctx, &out, args.json)?;
-    crate::tasks::wait_for_background(&agent, &args.common.subagents, &signals, &mut rx).await;
+    crate::tasks::wait_for_background(&agent, &args.common, &signals, &mut rx).await;
     crate::run::finish(&agent).await
 }
 

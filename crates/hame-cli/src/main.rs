@@ -13,6 +13,8 @@ use clap::{Parser, Subcommand};
 
 mod approve;
 mod common;
+mod config;
+mod init;
 mod run;
 mod sandbox;
 mod secrets;
@@ -79,6 +81,20 @@ enum Command {
     Skills {
         #[command(subcommand)]
         command: skills::SkillsCommand,
+    },
+    /// Creates a starter workspace: AGENTS.md, knowledge/KNOWLEDGE.md, an example skill, an
+    /// example subagent spec and a commented hame.toml. Existing files are kept (named on
+    /// stderr), never overwritten.
+    Init {
+        #[command(flatten)]
+        args: init::InitArgs,
+    },
+    /// The effective configuration and where each value comes from (flag, environment,
+    /// the workspace's hame.toml, the user's ~/.config/hame/config.toml, default);
+    /// passwords in URLs and API keys are redacted.
+    Config {
+        #[command(flatten)]
+        args: config::ConfigArgs,
     },
     /// The subagent task records of a session (`agents/<agent>/tasks/`), oldest first.
     /// Records left running by a process that is gone are marked failed (interrupted).
@@ -149,6 +165,8 @@ fn main() -> ExitCode {
             Command::Sandbox { command } => sandbox::command(command).await,
             Command::Skills { command } => skills::run(command).await,
             Command::Tasks { common, json } => tasks::tasks(common, json).await,
+            Command::Init { args } => init::init(args),
+            Command::Config { args } => config::show(args),
         };
         // Nothing hame started outlives it.
         sandbox::shutdown().await;

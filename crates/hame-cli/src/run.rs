@@ -92,7 +92,7 @@ pub(crate) async fn run(common: Common, json: bool, message: String) -> anyhow::
     drop(sink);
     let out = outcome(result, signal)?;
     print_reply(&agent, &ctx, &out, json)?;
-    crate::tasks::wait_for_background(&agent, &common.subagents, &signals, &mut rx).await;
+    crate::tasks::wait_for_background(&agent, &common, &signals, &mut rx).await;
     // The reply is printed and durable; let background memory work (flush,
     // consolidation) finish before the process exits, within a bound. Unfinished work is
     // redone by the session's next call.

@@ -1,0 +1,364 @@
+//! The first hour of a new user (issue #17): `hame init`, the configuration files and
+//! `hame config`, the workspace that must exist, the offline demo script.
+
+use std::fs;
+use std::path::Path;
+
+use hame_test_support::{ScriptStep, ScriptedServer};
+use pretty_assertions::assert_eq;
+
+use super::common::{hame, output, stderr, stdout};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+fn s(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+#[tokio::test]
+async fn init_creates_a_starter_workspace_that_runs_and_never_overwrites() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("my ws");
+    let out = output(hame(&["init", &s(&ws)], &[], dir.path())).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stderr(&out), "");
+    let created: Vec<String> = stdout(&out)
+        .lines()
+        .filter_map(|l| l.strip_prefix("created "))
+        .map(str::to_owned)
+        .collect();
+    let expected: Vec<String> = [
+        "AGENTS.md",
+        "knowledge/KNOWLEDGE.md",
+        "skills/summarize/SKILL.md",
+        "subagents/reviewer.md",
+        "hame.toml",
+    ]
+    .iter()
+    .map(|f| s(&ws.join(f)))
+    .collect();
+    assert_eq!(created, expected);
+    assert!(stdout(&out).contains(&format!("--workspace '{}'", s(&ws))));
+
+    // The starter workspace is valid: the skill is listed, the subagent spec is offered,
+    // the persona is in the prompt, and no warning is printed.
+    let server = ScriptedServer::start().await?;
+    server.push(ScriptStep::text("ok"));
+    let state = dir.path().join("state");
+    let out = output(hame(
+        &["run", "--workspace", &s(&ws), "--model", "openai:m", "hi"],
+        &[
+            ("OPENAI_BASE_URL", &server.base_url()),
+            ("HAME_STATE_HOME", &s(&state)),
+        ],
+        dir.path(),
+    ))
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stderr(&out), "");
+    let body = &server.requests()[0].body;
+    let system = body["messages"][0]["content"].as_str().unwrap_or_default();
+    assert!(
+        system.contains("You are a helpful, terse assistant"),
+        "{system}"
+    );
+    assert!(system.contains("summarize"), "{system}");
+    assert!(serde_json::to_string(body)?.contains("reviewer"));
+    let skills = output(hame(
+        &["skills", "list", "--workspace", &s(&ws)],
+        &[("HAME_STATE_HOME", &s(&state))],
+        dir.path(),
+    ))
+    .await?;
+    assert_eq!(stderr(&skills), "");
+    assert!(stdout(&skills).starts_with("summarize\tworkspace\tactive\t"));
+
+    // A second init keeps every file, says so, and still succeeds.
+    fs::write(ws.join("AGENTS.md"), "mine")?;
+    let again = output(hame(&["init", &s(&ws)], &[], dir.path())).await?;
+    assert_eq!(again.status.code(), Some(0));
+    assert_eq!(stdout(&again), "");
+    let err = stderr(&again);
+    assert!(
+        err.contains(&format!("kept {} (exists)", s(&ws.join("AGENTS.md")))),
+        "{err}"
+    );
+    assert!(err.contains("nothing changed"), "{err}");
+    assert_eq!(fs::read_to_string(ws.join("AGENTS.md"))?, "mine");
+
+    // A file where the workspace should be is exit 2.
+    let file = dir.path().join("file");
+    fs::write(&file, "x")?;
+    let out = output(hame(&["init", &s(&file)], &[], dir.path())).await?;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("not a directory"), "{}", stderr(&out));
+    Ok(())
+}
+
+#[tokio::test]
+async fn init_without_a_dir_makes_the_default_workspace() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let out = output(hame(&["init"], &[], dir.path())).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(dir.path().join(".hame/workspace/AGENTS.md").is_file());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_workspace_that_does_not_exist_is_refused_and_points_at_init() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let typo = dir.path().join("my-wrokspace");
+    for (args, env) in [
+        (
+            vec!["run", "--workspace", &s(&typo), "--model", "openai:m", "hi"],
+            vec![],
+        ),
+        (
+            vec!["run", "--model", "openai:m", "hi"],
+            vec![("HAME_WORKSPACE", s(&typo))],
+        ),
+    ] {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let out = output(hame(&args, &env, dir.path())).await?;
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("does not exist"), "{err}");
+        assert!(err.contains(&format!("hame init {}", s(&typo))), "{err}");
+        assert!(!typo.exists());
+    }
+    // The default workspace is still created on first use, with a note.
+    let server = ScriptedServer::start().await?;
+    server.push(ScriptStep::text("ok"));
+    let out = output(hame(
+        &["run", "--model", "openai:m", "hi"],
+        &[("OPENAI_BASE_URL", &server.base_url())],
+        dir.path(),
+    ))
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("hame: note: creating the default workspace .hame/workspace"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(dir.path().join(".hame/workspace").is_dir());
+    Ok(())
+}
+
+/// `hame config --json` in `cwd` with `args` and `env`: the settings object.
+async fn config_json(
+    cwd: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let mut all = vec!["config", "--json"];
+    all.extend_from_slice(args);
+    let out = output(hame(&all, env, cwd)).await?;
+    if out.status.code() != Some(0) {
+        return Err(format!("hame config failed: {}", stderr(&out)).into());
+    }
+    Ok(serde_json::from_str(&stdout(&out))?)
+}
+
+fn setting(v: &serde_json::Value, name: &str) -> (serde_json::Value, String) {
+    let s = &v["settings"][name];
+    (
+        s["value"].clone(),
+        s["source"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+#[tokio::test]
+async fn config_precedence_flag_env_workspace_user_default() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let ws_toml = ws.join("hame.toml");
+    fs::write(
+        &ws_toml,
+        "model = \"openai:from-ws\"\nstate = \"postgres://u:hunter2@127.0.0.1/db\"\n[limits]\nmax_iterations = 7\n",
+    )?;
+    let xdg = dir.path().join("xdg");
+    fs::create_dir_all(xdg.join("hame"))?;
+    let user_toml = xdg.join("hame/config.toml");
+    fs::write(
+        &user_toml,
+        "model = \"openai:from-user\"\nisolation = \"agent\"\nbase_url = \"http://127.0.0.1:1/v1\"\n[limits]\nmax_iterations = 5\ntask_wait = 9\n[memory]\nenabled = false\n",
+    )?;
+    let wsa = s(&ws);
+    let xdga = s(&xdg);
+    let base = [("XDG_CONFIG_HOME", xdga.as_str())];
+    // Files only: the workspace file wins over the user's file, the user's over defaults.
+    let v = config_json(dir.path(), &["--workspace", &wsa], &base).await?;
+    let ws_src = format!("file {}", s(&ws_toml));
+    let user_src = format!("file {}", s(&user_toml));
+    assert_eq!(
+        setting(&v, "model"),
+        ("openai:from-ws".into(), ws_src.clone())
+    );
+    assert_eq!(
+        setting(&v, "limits.max_iterations"),
+        (7.into(), ws_src.clone())
+    );
+    assert_eq!(
+        setting(&v, "limits.task_wait"),
+        (9.into(), user_src.clone())
+    );
+    assert_eq!(setting(&v, "isolation"), ("agent".into(), user_src.clone()));
+    assert_eq!(
+        setting(&v, "memory.enabled"),
+        (false.into(), user_src.clone())
+    );
+    assert_eq!(
+        setting(&v, "limits.subagent_depth"),
+        (1.into(), "default".into())
+    );
+    // The password of a URL is never shown.
+    assert_eq!(
+        setting(&v, "state"),
+        ("postgres://u:***@127.0.0.1/db".into(), ws_src.clone())
+    );
+    assert_eq!(v["files"], serde_json::json!([s(&ws_toml), s(&user_toml)]));
+    // Environment over files; flags over environment.
+    let env = [
+        ("XDG_CONFIG_HOME", xdga.as_str()),
+        ("HAME_MODEL", "openai:from-env"),
+        ("HAME_MAX_ITERATIONS", "3"),
+        ("OPENAI_BASE_URL", "http://127.0.0.1:2/v1"),
+        ("OPENAI_API_KEY", "sk-secret"),
+    ];
+    let v = config_json(dir.path(), &["--workspace", &wsa], &env).await?;
+    assert_eq!(
+        setting(&v, "model"),
+        ("openai:from-env".into(), "env HAME_MODEL".into())
+    );
+    assert_eq!(
+        setting(&v, "limits.max_iterations"),
+        (3.into(), "env HAME_MAX_ITERATIONS".into())
+    );
+    assert_eq!(
+        setting(&v, "base_url"),
+        ("http://127.0.0.1:2/v1".into(), "env OPENAI_BASE_URL".into())
+    );
+    assert_eq!(
+        setting(&v, "api_key"),
+        ("(set, redacted)".into(), "env OPENAI_API_KEY".into())
+    );
+    assert!(!v.to_string().contains("sk-secret"));
+    let v = config_json(
+        dir.path(),
+        &[
+            "--workspace",
+            &wsa,
+            "--model",
+            "openai:from-flag",
+            "--max-iterations",
+            "2",
+            "--isolation",
+            "session",
+        ],
+        &env,
+    )
+    .await?;
+    assert_eq!(
+        setting(&v, "model"),
+        ("openai:from-flag".into(), "flag --model".into())
+    );
+    assert_eq!(
+        setting(&v, "limits.max_iterations"),
+        (2.into(), "flag --max-iterations".into())
+    );
+    assert_eq!(
+        setting(&v, "isolation"),
+        ("session".into(), "flag --isolation".into())
+    );
+    // HAME_CONFIG names the user's file instead of XDG_CONFIG_HOME; it must exist.
+    let other = dir.path().join("other.toml");
+    fs::write(&other, "[limits]\nsubagent_depth = 0\n")?;
+    let v = config_json(
+        dir.path(),
+        &["--workspace", &wsa],
+        &[("XDG_CONFIG_HOME", &xdga), ("HAME_CONFIG", &s(&other))],
+    )
+    .await?;
+    assert_eq!(
+        setting(&v, "limits.subagent_depth"),
+        (0.into(), format!("file {}", s(&other)))
+    );
+    let out = output(hame(
+        &["config", "--workspace", &wsa],
+        &[("HAME_CONFIG", &s(&dir.path().join("missing.toml")))],
+        dir.path(),
+    ))
+    .await?;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("missing.toml"), "{}", stderr(&out));
+    // The text form: one line per setting with its source.
+    let out = output(hame(&["config", "--workspace", &wsa], &base, dir.path())).await?;
+    let text = stdout(&out);
+    assert!(
+        text.lines().any(|l| l.starts_with("model ")
+            && l.contains("openai:from-ws")
+            && l.ends_with(&ws_src)),
+        "{text}"
+    );
+    assert!(!text.contains("hunter2"), "{text}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_config_file_configures_the_run() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call("c1", "list_files", serde_json::json!({})),
+        ScriptStep::tool_call("c2", "list_files", serde_json::json!({})),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    // Model, base URL and the step limit come from the workspace's file alone.
+    fs::write(
+        ws.join("hame.toml"),
+        format!(
+            "model = \"openai:from-file\"\nbase_url = \"{}\"\n[limits]\nmax_iterations = 1\n",
+            server.base_url()
+        ),
+    )?;
+    let state = dir.path().join("state");
+    let out = output(hame(
+        &["run", "--workspace", &s(&ws), "hi"],
+        &[("HAME_STATE_HOME", &s(&state))],
+        dir.path(),
+    ))
+    .await?;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("1"), "{}", stderr(&out));
+    let reqs = server.requests();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(reqs[0].body["model"], "from-file");
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_invalid_config_file_is_exit_2_naming_file_line_and_key() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    fs::write(ws.join("hame.toml"), "model = \"openai:m\"\nmodle = 1\n")?;
+    let out = output(hame(
+        &["run", "--workspace", &s(&ws), "hi"],
+        &[],
+        dir.path(),
+    ))
+    .await?;
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&format!("{} line 2", s(&ws.join("hame.toml")))),
+        "{err}"
+    );
+    assert!(err.contains("unknown field `modle`"), "{err}");
+    Ok(())
+}
