@@ -118,21 +118,6 @@ impl Common {
             task_wait: self.subagents.task_wait,
         }
     }
-
-    /// The agent id.
-    pub(crate) fn agent(&self) -> &str {
-        &self.agent
-    }
-
-    /// The session id.
-    pub(crate) fn session(&self) -> &str {
-        &self.session
-    }
-
-    /// The user id.
-    pub(crate) fn user(&self) -> Option<&str> {
-        self.user.as_deref()
-    }
 }
 
 impl From<Isolation> for hame::fs::Scope {

@@ -15,6 +15,7 @@ mod approve;
 mod common;
 mod config;
 mod init;
+mod inspect;
 mod run;
 mod sandbox;
 mod secrets;
@@ -96,6 +97,16 @@ enum Command {
         #[command(flatten)]
         args: config::ConfigArgs,
     },
+    /// The caller's sessions: `list` (default), `show ID` (the full log), `search QUERY`.
+    Sessions {
+        #[command(flatten)]
+        args: inspect::SessionsArgs,
+    },
+    /// The caller's memory: `show` (default: MEMORY.md and the daily logs), `search QUERY`.
+    Memory {
+        #[command(flatten)]
+        args: inspect::MemoryArgs,
+    },
     /// The subagent task records of a session (`agents/<agent>/tasks/`), oldest first.
     /// Records left running by a process that is gone are marked failed (interrupted).
     Tasks {
@@ -166,6 +177,8 @@ fn main() -> ExitCode {
             Command::Skills { command } => skills::run(command).await,
             Command::Tasks { common, json } => tasks::tasks(common, json).await,
             Command::Init { args } => init::init(args),
+            Command::Sessions { args } => inspect::sessions(args).await,
+            Command::Memory { args } => inspect::memory(args).await,
             Command::Config { args } => config::show(args),
         };
         // Nothing hame started outlives it.

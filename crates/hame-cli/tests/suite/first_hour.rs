@@ -362,3 +362,117 @@ async fn an_invalid_config_file_is_exit_2_naming_file_line_and_key() -> TestResu
     assert!(err.contains("unknown field `modle`"), "{err}");
     Ok(())
 }
+
+#[tokio::test]
+async fn sessions_and_memory_from_the_command_line() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::text("Paris it is."),
+        ScriptStep::tool_call("c1", "list_files", serde_json::json!({})),
+        ScriptStep::text("Listed."),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(ws.join("memory"))?;
+    fs::write(ws.join("MEMORY.md"), "- The user lives in Lyon\n")?;
+    fs::write(ws.join("memory/2026-03-14.md"), "- Prefers green tea\n")?;
+    let wsa = s(&ws);
+    let state = s(&dir.path().join("state"));
+    let env = [
+        ("OPENAI_BASE_URL", server.base_url()),
+        ("HAME_STATE_HOME", state.clone()),
+    ];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    for (session, msg) in [("trip", "a capital of France?"), ("work", "list files")] {
+        let out = output(hame(
+            &[
+                "run",
+                "--workspace",
+                &wsa,
+                "--model",
+                "openai:m",
+                "--session",
+                session,
+                msg,
+            ],
+            &env,
+            dir.path(),
+        ))
+        .await?;
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    }
+    let run = |args: Vec<&str>| {
+        let mut all = args;
+        all.extend_from_slice(&["--workspace", &wsa]);
+        let cmd = hame(&all, &[("HAME_STATE_HOME", &state)], dir.path());
+        output(cmd)
+    };
+    // list: most recent first; the default subcommand.
+    let out = run(vec!["sessions"]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let ids: Vec<String> = stdout(&out)
+        .lines()
+        .map(|l| l.split('\t').next().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(ids, ["work", "trip"]);
+    assert!(stdout(&out).contains("\t2 messages\ta capital of France?"));
+    let out = run(vec!["sessions", "list", "--json"]).await?;
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out))?;
+    assert_eq!(v[1]["id"], "trip");
+    assert_eq!(v[1]["message_count"], 2);
+    // show: every record, tool calls and results included.
+    let out = run(vec!["sessions", "show", "work"]).await?;
+    assert_eq!(
+        stdout(&out).lines().take(2).collect::<Vec<_>>(),
+        ["#0 user: list files", "#1 assistant: → list_files({})"]
+    );
+    assert!(stdout(&out).contains("#2 tool: ← "), "{}", stdout(&out));
+    let out = run(vec!["sessions", "show", "trip", "--json"]).await?;
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out))?;
+    assert_eq!(v.as_array().map(Vec::len), Some(2));
+    let out = run(vec!["sessions", "show", "nope"]).await?;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("no session nope"), "{}", stderr(&out));
+    // search
+    let out = run(vec!["sessions", "search", "France"]).await?;
+    assert_eq!(
+        stdout(&out),
+        "trip #0: user: a capital of **France**?\n",
+        "{}",
+        stderr(&out)
+    );
+    let out = run(vec!["sessions", "search", "France", "--json"]).await?;
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out))?;
+    assert_eq!(
+        (v[0]["session"].clone(), v[0]["seq"].clone()),
+        ("trip".into(), 0.into())
+    );
+    // memory
+    let out = run(vec!["memory"]).await?;
+    assert_eq!(
+        stdout(&out),
+        "== MEMORY.md ==\n- The user lives in Lyon\n== memory/2026-03-14.md ==\n- Prefers green tea\n"
+    );
+    let out = run(vec!["memory", "search", "tea"]).await?;
+    assert_eq!(
+        stdout(&out),
+        "memory/2026-03-14.md:1: - Prefers green **tea**\n"
+    );
+    let out = run(vec!["memory", "search", "Lyon", "--json"]).await?;
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out))?;
+    assert_eq!(
+        (v[0]["path"].clone(), v[0]["line"].clone()),
+        ("MEMORY.md".into(), 1.into())
+    );
+    let out = run(vec!["memory", "show", "--json"]).await?;
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out))?;
+    assert_eq!(v[0]["path"], "MEMORY.md");
+    let out = run(vec!["memory", "--no-memory"]).await?;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("memory is switched off"),
+        "{}",
+        stderr(&out)
+    );
+    Ok(())
+}
