@@ -136,7 +136,19 @@ pub(crate) fn env(key: &str) -> Option<String> {
 }
 
 pub(crate) async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
-    build_agent(common, true).await
+    build_agent(common, true, None).await
+}
+
+/// Wraps the configured model before the agent is built (`hame chat`'s switchable model).
+pub(crate) type ModelHook = Box<dyn FnOnce(Arc<dyn Model>) -> Arc<dyn Model> + Send>;
+
+/// [`build`] with a hook on the model.
+pub(crate) async fn build_with(
+    common: &Common,
+    need_model: bool,
+    hook: Option<ModelHook>,
+) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
+    build_agent(common, need_model, hook).await
 }
 
 /// The agent of a command that never calls the model (`hame tasks`): a configured model is
@@ -144,12 +156,13 @@ pub(crate) async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, Runt
 pub(crate) async fn build_without_model(
     common: &Common,
 ) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
-    build_agent(common, false).await
+    build_agent(common, false, None).await
 }
 
 async fn build_agent(
     common: &Common,
     need_model: bool,
+    hook: Option<ModelHook>,
 ) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
     let config = crate::config::resolve(common)?;
     check_workspace(&config)?;
@@ -162,6 +175,10 @@ async fn build_agent(
         None => {
             return Err(ConfigError("no model configured: pass --model provider:model, set HAME_MODEL or `model` in hame.toml (e.g. openai:gpt-4o-mini)".into()).into());
         }
+    };
+    let model = match hook {
+        Some(hook) => hook(model),
+        None => model,
     };
     let mut builder = HarnessAgent::builder()
         .name(common.agent.clone())
@@ -294,7 +311,7 @@ fn check_workspace(config: &crate::config::Effective) -> anyhow::Result<()> {
 
 /// The model of a command that never calls one.
 #[derive(Debug)]
-struct NoModel;
+pub(crate) struct NoModel;
 
 #[async_trait::async_trait]
 impl Model for NoModel {

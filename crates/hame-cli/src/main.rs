@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod approve;
+mod chat;
 mod common;
 mod config;
 mod init;
@@ -54,6 +55,10 @@ enum Command {
         message: String,
     },
     /// Interactive chat: streams tokens and shows each tool call with its duration.
+    ///
+    /// Line editing and history on a terminal; a trailing \ continues the message; /help
+    /// lists the commands (/exit, /new, /sessions, /compact, /model); Ctrl-C cancels the
+    /// running turn, Ctrl-D exits.
     Chat {
         #[command(flatten)]
         common: Common,
@@ -170,7 +175,7 @@ fn main() -> ExitCode {
                 json,
                 message,
             } => run::run(common, json, message).await,
-            Command::Chat { common } => run::chat(common).await,
+            Command::Chat { common } => chat::chat(common).await,
             Command::Approve { args } => approve::decide(args, true, None).await,
             Command::Deny { args, reason } => approve::decide(args, false, reason).await,
             Command::Sandbox { command } => sandbox::command(command).await,

@@ -6,6 +6,7 @@
 //!   (its first 200 characters);
 //! - a user message that mentions "file" gets a `list_files` tool call (so a tool call
 //!   and its result can be seen without an API key);
+//! - a request without tools (a compaction's summary) gets a short summary text;
 //! - any other message gets `Hello from the scripted model. You said: "…"` and a hint.
 
 use serde_json::{Value, json};
@@ -26,6 +27,13 @@ pub fn demo_reply(request: &RecordedRequest) -> ScriptStep {
         return ScriptStep::text(format!("The tool returned: {head}"));
     }
     let text = text_of(&last["content"]);
+    // A request without tools (a compaction's summary, a memory flush) gets text.
+    let has_tools = request.body["tools"]
+        .as_array()
+        .is_some_and(|t| !t.is_empty());
+    if !has_tools {
+        return ScriptStep::text("Summary (scripted): the user and the assistant talked.");
+    }
     if text.to_ascii_lowercase().contains("file") {
         let n = messages.len();
         return ScriptStep::tool_call(format!("call_demo_{n}"), "list_files", json!({}));
@@ -87,12 +95,13 @@ mod tests {
 
     #[test]
     fn greets_calls_a_tool_and_reports_its_result() {
+        let tools = json!([{"type": "function", "function": {"name": "list_files"}}]);
         let hi = demo_reply(&req(
-            json!({"messages": [{"role": "user", "content": "hi"}]}),
+            json!({"messages": [{"role": "user", "content": "hi"}], "tools": tools.clone()}),
         ));
         assert!(text(&hi).contains("You said: \"hi\""), "{hi:?}");
         let files = demo_reply(&req(
-            json!({"messages": [{"role": "user", "content": "list the files"}]}),
+            json!({"messages": [{"role": "user", "content": "list the files"}], "tools": tools.clone()}),
         ));
         assert!(
             matches!(&files.reply, Reply::Message { tool_calls, .. } if tool_calls.len() == 1 && tool_calls[0].name == "list_files"),
@@ -101,7 +110,11 @@ mod tests {
         let result = demo_reply(&req(json!({"messages": [
             {"role": "user", "content": "list the files"},
             {"role": "tool", "content": "AGENTS.md"}
-        ]})));
+        ], "tools": tools})));
         assert_eq!(text(&result), "The tool returned: AGENTS.md");
+        let summary = demo_reply(&req(
+            json!({"messages": [{"role": "user", "content": "files"}]}),
+        ));
+        assert!(text(&summary).starts_with("Summary"), "{summary:?}");
     }
 }

@@ -476,3 +476,118 @@ async fn sessions_and_memory_from_the_command_line() -> TestResult {
     );
     Ok(())
 }
+
+/// Runs `hame chat` with `input` on its stdin (a pipe).
+async fn chat(
+    dir: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    input: &'static str,
+) -> std::io::Result<std::process::Output> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut all = vec!["chat"];
+    all.extend_from_slice(args);
+    let mut cmd = hame(&all, env, dir);
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    tokio::task::spawn_blocking(move || {
+        let mut child = cmd.spawn()?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(input.as_bytes())?;
+        }
+        child.wait_with_output()
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
+#[tokio::test]
+async fn chat_commands_are_never_sent_to_the_model() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::text("one"),
+        ScriptStep::text("two"),
+        ScriptStep::text("three"),
+    ]);
+    // After /compact: the memory flush and the summary (requests without tools), then
+    // the message.
+    server.set_responder(|r: &hame_test_support::RecordedRequest| {
+        if r.body["tools"].as_array().is_some_and(|t| !t.is_empty()) {
+            ScriptStep::text("four")
+        } else {
+            ScriptStep::text("- a summary")
+        }
+    });
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let state = s(&dir.path().join("state"));
+    let base = server.base_url();
+    let out = chat(
+        dir.path(),
+        &["--workspace", &s(&ws), "--model", "openai:first", "--session", "c1"],
+        &[("OPENAI_BASE_URL", &base), ("HAME_STATE_HOME", &state)],
+        "/help\nhello \\\nsecond line\n/model\n/model openai:second\nafter switch\n/sessions\n/new c2\nin c2\n/compact\n/etc/hosts is a path\n/bogus\n/quit\nnever sent\n",
+    )
+    .await?;
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(stdout(&out), "one\ntwo\nthree\nfour\n", "{err}");
+    // The banner names agent, workspace, model and session.
+    let first = err.lines().next().unwrap_or_default();
+    assert_eq!(
+        first,
+        format!(
+            "hame chat · agent hame · workspace {} · model openai:first · session c1",
+            s(&ws)
+        )
+    );
+    assert!(err.contains("/exit, /quit"), "{err}");
+    assert!(err.contains("model openai:first\n"), "{err}");
+    assert!(
+        err.contains("model openai:second for the next turns"),
+        "{err}"
+    );
+    assert!(err.contains("* c1  "), "{err}");
+    assert!(err.contains("new session c2"), "{err}");
+    assert!(err.contains("unknown command /bogus"), "{err}");
+    let reqs = server.requests();
+    let users: Vec<String> = reqs
+        .iter()
+        .map(|r| {
+            r.body["messages"]
+                .as_array()
+                .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+                .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+                .unwrap_or_default()
+        })
+        .collect();
+    // A continued line is one message; commands never reach the model.
+    assert_eq!(users[0], "hello \nsecond line");
+    assert_eq!(reqs[0].body["model"], "first");
+    assert_eq!(users[1], "after switch");
+    assert_eq!(reqs[1].body["model"], "second");
+    // /new: the next message starts a new conversation (system + user only).
+    assert_eq!(users[2], "in c2");
+    assert_eq!(reqs[2].body["messages"].as_array().map(Vec::len), Some(2));
+    // /compact: the next turn starts with requests without tools (flush, summary), then
+    // the message.
+    assert!(reqs.len() > 4, "{err}");
+    assert!(reqs[3].body["tools"].as_array().is_none_or(Vec::is_empty));
+    assert_eq!(
+        users.last().map(String::as_str),
+        Some("/etc/hosts is a path")
+    );
+    let last = reqs.last().map(|r| r.body.to_string()).unwrap_or_default();
+    assert!(last.contains("a summary"), "{last}");
+    for r in &reqs {
+        let body = r.body.to_string();
+        assert!(
+            !body.contains("/help") && !body.contains("never sent"),
+            "{body}"
+        );
+    }
+    Ok(())
+}
