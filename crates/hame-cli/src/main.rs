@@ -202,8 +202,50 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
         Err(e) => {
-            eprintln!("hame: {e:#}");
+            eprintln!("hame: {}", one_line(&e));
             ExitCode::from(1)
         }
     }
+}
+
+/// An error as one line: its chain, without the parts an earlier part already says
+/// ("connection refused" after "… (connection refused); check …"); below a model error
+/// (which says what to check) only the root cause, not the HTTP client's layers.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    let chain: Vec<&(dyn std::error::Error + 'static)> = e.chain().collect();
+    let is_model = |p: &&(dyn std::error::Error + 'static)| {
+        p.downcast_ref::<hame::ModelError>().is_some()
+            || matches!(p.downcast_ref::<hame::Error>(), Some(hame::Error::Model(_)))
+            || matches!(
+                p.downcast_ref::<hame::harness::Error>(),
+                Some(hame::harness::Error::Call(hame::Error::Model(_)))
+            )
+    };
+    let cut = chain.iter().position(is_model).map(|i| i + 1);
+    let parts: Vec<&(dyn std::error::Error + 'static)> = match cut {
+        Some(i) if i < chain.len() => {
+            let mut v = chain[..i].to_vec();
+            v.extend(chain.last().copied());
+            v
+        }
+        _ => chain,
+    };
+    for part in parts {
+        let p = part.to_string();
+        let bare = p
+            .split(" (os error")
+            .next()
+            .unwrap_or(&p)
+            .trim()
+            .to_ascii_lowercase();
+        if bare.is_empty() || text.to_ascii_lowercase().contains(&bare) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&p);
+    }
+    text
 }

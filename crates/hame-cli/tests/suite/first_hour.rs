@@ -591,3 +591,96 @@ async fn chat_commands_are_never_sent_to_the_model() -> TestResult {
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn errors_that_cannot_succeed_fail_at_once_in_one_line() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let wsa = s(&ws);
+    // A refused connection on this machine, a host that does not resolve: no retries.
+    for (base, needle) in [
+        ("http://127.0.0.1:9/v1", "(connection refused)"),
+        ("http://no-such-host.invalid/v1", "cannot resolve the host"),
+    ] {
+        let started = std::time::Instant::now();
+        let out = output(hame(
+            &["run", "--workspace", &wsa, "--model", "openai:m", "hi"],
+            &[("OPENAI_BASE_URL", base), ("HAME_LOG", "debug")],
+            dir.path(),
+        ))
+        .await?;
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        let last = err.lines().last().unwrap_or_default();
+        assert!(last.starts_with("hame: transport error: "), "{err}");
+        assert!(last.contains(needle), "{err}");
+        assert!(last.contains("OPENAI_BASE_URL"), "{err}");
+        // Said once: no repetition of the cause, no HTTP client internals.
+        assert!(!last.contains("error sending request"), "{last}");
+        assert!(!err.contains("retrying"), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
+    // A database that refuses the connection: named host and cause, exit 2, at once.
+    for args in [
+        vec!["--state", "postgres://hame@127.0.0.1:9/hame"],
+        vec!["--memory-index", "postgres://hame@127.0.0.1:9/hame"],
+        vec!["--state", "mysql://hame@127.0.0.1:9/hame"],
+    ] {
+        let started = std::time::Instant::now();
+        let mut all = vec!["run", "--workspace", &wsa, "--model", "openai:m"];
+        all.extend_from_slice(&args);
+        all.push("hi");
+        let out = output(hame(&all, &[], dir.path())).await?;
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("at 127.0.0.1:9: connection refused"), "{err}");
+        assert!(!err.contains("pool timed out"), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_wrong_database_password_is_named() -> TestResult {
+    let Some(url) = super::common::service("HAME_TEST_POSTGRES_URL") else {
+        return Ok(());
+    };
+    let Some((head, tail)) = url.rsplit_once('@') else {
+        return Err(format!("no credentials in {url}").into());
+    };
+    let user = head
+        .split("://")
+        .nth(1)
+        .unwrap_or("")
+        .split(':')
+        .next()
+        .unwrap_or("");
+    let bad = format!("postgres://{user}:wrong-password@{tail}");
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    for flag in ["--state", "--memory-index"] {
+        let out = output(hame(
+            &[
+                "run",
+                "--workspace",
+                &s(&ws),
+                "--model",
+                "openai:m",
+                flag,
+                &bad,
+                "hi",
+            ],
+            &[],
+            dir.path(),
+        ))
+        .await?;
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("password authentication failed"), "{err}");
+        assert!(!err.contains("wrong-password"), "{err}");
+    }
+    Ok(())
+}
