@@ -149,15 +149,25 @@ impl std::error::Error for ConfigError {}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("HAME_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        // Colour codes only for a terminal, never in a file or a pipe.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    match tracing_subscriber::EnvFilter::try_from_env("HAME_LOG") {
+        // HAME_LOG set: the full format (time, target), for debugging.
+        Ok(filter) => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            // Colour codes only for a terminal, never in a file or a pipe.
+            .with_ansi(ansi)
+            .init(),
+        // Default: warnings only, one plain line each (`WARN model request failed (…);
+        // retrying in 1.2 s`), no time stamp or module path.
+        Err(_) => tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+            .with_writer(std::io::stderr)
+            .with_ansi(ansi)
+            .without_time()
+            .with_target(false)
+            .init(),
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
