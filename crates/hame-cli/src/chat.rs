@@ -1,7 +1,7 @@
 //! `hame chat`: an interactive session.
 //!
 //! On a terminal, input is read with `rustyline` (line editing, history in
-//! `<state home>/chat_history`, ADR 0012); from a pipe, line by line. A trailing `\`
+//! `<state home>/chat_history`, ADR 0013); from a pipe, line by line. A trailing `\`
 //! continues the message on the next line. Lines starting with `/` are commands, never sent
 //! to the model (`/help`). Ctrl-C during a turn cancels the turn (what joined the
 //! conversation is saved); at the prompt it clears the line, and a second one on an empty

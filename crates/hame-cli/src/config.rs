@@ -1,7 +1,7 @@
 //! The configuration files and `hame config`.
 //!
 //! Each setting comes from the first of: the command-line flag, the environment, the
-//! workspace's `hame.toml`, the user's config file, the built-in default (ADR 0012). The
+//! workspace's `hame.toml`, the user's config file, the built-in default (ADR 0013). The
 //! user's file is `$HAME_CONFIG` when set, else `$XDG_CONFIG_HOME/hame/config.toml`, else
 //! `~/.config/hame/config.toml`. Both files have the same keys; unknown keys are an error
 //! (exit 2) naming the file, so a typo is not silently ignored.
