@@ -37,7 +37,7 @@ impl HarnessAgent {
             .list_sessions()
             .await
             .map_err(|e| Error::storage("cannot read the session index", e))?;
-        entries.sort_by(|a, b| b.updated.cmp(&a.updated));
+        entries.sort_by_key(|e| std::cmp::Reverse(e.updated));
         Ok(entries)
     }
 
