@@ -101,6 +101,12 @@ pub(crate) struct Flags {
 }
 
 impl Common {
+    /// `hame replay`: memory off (a compaction or flush would ask the model for text the
+    /// recording does not hold).
+    pub(crate) fn replay_settings(&mut self) {
+        self.no_memory = true;
+    }
+
     /// The configurable flags as given.
     pub(crate) fn flags(&self) -> Flags {
         Flags {

@@ -17,6 +17,7 @@ mod common;
 mod config;
 mod init;
 mod inspect;
+mod replay;
 mod run;
 mod sandbox;
 mod secrets;
@@ -112,6 +113,13 @@ enum Command {
         #[command(flatten)]
         args: inspect::MemoryArgs,
     },
+    /// Re-runs a recorded session against the model answers in its log, with the same tools
+    /// (they run again in the workspace), and reports the first record that differs: exit
+    /// 0 when identical, 1 at a divergence. Memory is off during a replay.
+    Replay {
+        #[command(flatten)]
+        args: replay::ReplayArgs,
+    },
     /// The subagent task records of a session (`agents/<agent>/tasks/`), oldest first.
     /// Records left running by a process that is gone are marked failed (interrupted).
     Tasks {
@@ -194,6 +202,7 @@ fn main() -> ExitCode {
             Command::Init { args } => init::init(args),
             Command::Sessions { args } => inspect::sessions(args).await,
             Command::Memory { args } => inspect::memory(args).await,
+            Command::Replay { args } => replay::replay(args).await,
             Command::Config { args } => config::show(args),
         };
         // Nothing hame started outlives it.

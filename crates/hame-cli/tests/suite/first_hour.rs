@@ -684,3 +684,104 @@ async fn a_wrong_database_password_is_named() -> TestResult {
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn replay_reruns_a_session_and_reports_the_first_divergence() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "read_file",
+            serde_json::json!({"file_path": "notes.md"}),
+        ),
+        ScriptStep::text("The notes say hello."),
+        ScriptStep::text("Second turn."),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    fs::write(ws.join("notes.md"), "hello\n")?;
+    let wsa = s(&ws);
+    let state = s(&dir.path().join("state"));
+    for msg in ["read my notes", "and again"] {
+        let out = output(hame(
+            &[
+                "run",
+                "--workspace",
+                &wsa,
+                "--model",
+                "openai:m",
+                "--session",
+                "rec",
+                msg,
+            ],
+            &[
+                ("OPENAI_BASE_URL", &server.base_url()),
+                ("HAME_STATE_HOME", &state),
+            ],
+            dir.path(),
+        ))
+        .await?;
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    }
+    let requests_before = server.requests().len();
+    // No model is needed: the answers come from the log.
+    let replay = || {
+        output(hame(
+            &["replay", "rec", "--workspace", &wsa],
+            &[("HAME_STATE_HOME", &state)],
+            dir.path(),
+        ))
+    };
+    let out = replay().await?;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert_eq!(
+        stdout(&out),
+        "identical: 6 records of session rec replayed\n"
+    );
+    assert_eq!(server.requests().len(), requests_before);
+    // The file the tool reads changed: the tool result differs at record #2.
+    fs::write(ws.join("notes.md"), "goodbye\n")?;
+    let out = replay().await?;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("first divergence at record #2:\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("recorded: tool:  | result c1: ") && text.contains("hello"),
+        "{text}"
+    );
+    assert!(
+        text.contains("replayed: tool:  | result c1: ") && text.contains("goodbye"),
+        "{text}"
+    );
+    let out = output(hame(
+        &["replay", "rec", "--workspace", &wsa, "--json"],
+        &[("HAME_STATE_HOME", &state)],
+        dir.path(),
+    ))
+    .await?;
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&out))?;
+    assert_eq!(
+        (v["identical"].clone(), v["divergence"]["record"].clone()),
+        (false.into(), 2.into())
+    );
+    // An unknown session is exit 2.
+    let out = output(hame(
+        &["replay", "nope", "--workspace", &wsa],
+        &[("HAME_STATE_HOME", &state)],
+        dir.path(),
+    ))
+    .await?;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    Ok(())
+}
