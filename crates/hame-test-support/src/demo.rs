@@ -118,3 +118,24 @@ mod tests {
         assert!(text(&summary).starts_with("Summary"), "{summary:?}");
     }
 }
+
+#[cfg(test)]
+mod script_file_tests {
+    use crate::{Reply, Script};
+
+    #[test]
+    fn tool_call_arguments_may_be_an_object_or_its_text() -> Result<(), serde_json::Error> {
+        let script = Script::from_json(
+            r#"[{"kind": "message", "tool_calls": [
+                {"id": "a", "name": "t", "arguments": {"path": "."}},
+                {"id": "b", "name": "t", "arguments": "{\"path\":\".\"}"}
+            ]}]"#,
+        )?;
+        let Reply::Message { tool_calls, .. } = &script.steps[0].reply else {
+            panic!("not a message: {script:?}");
+        };
+        assert_eq!(tool_calls[0].arguments, r#"{"path":"."}"#);
+        assert_eq!(tool_calls[1].arguments, r#"{"path":"."}"#);
+        Ok(())
+    }
+}
