@@ -23,6 +23,7 @@ mod sandbox;
 mod secrets;
 mod signals;
 mod skills;
+mod status;
 mod tasks;
 
 use common::Common;
@@ -167,11 +168,19 @@ fn main() -> ExitCode {
             .with_ansi(ansi)
             .init(),
         // Default: warnings only, one plain line each (`WARN model request failed (…);
-        // retrying in 1.2 s`), no time stamp or module path.
+        // retrying in 1.2 s`), no time stamp or module path; on a terminal the retry
+        // notices update one line in place.
+        Err(_) if ansi => tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+            .with_writer(status::TtyWriter)
+            .with_ansi(true)
+            .without_time()
+            .with_target(false)
+            .init(),
         Err(_) => tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
             .with_writer(std::io::stderr)
-            .with_ansi(ansi)
+            .with_ansi(false)
             .without_time()
             .with_target(false)
             .init(),
@@ -209,6 +218,7 @@ fn main() -> ExitCode {
         sandbox::shutdown().await;
         result
     });
+    status::clear();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<Stopped>() => {

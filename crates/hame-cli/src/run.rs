@@ -125,6 +125,7 @@ pub(crate) fn print_reply(
     out: &hame::CallOutput,
     json: bool,
 ) -> anyhow::Result<()> {
+    crate::status::clear();
     if json {
         let obj = serde_json::json!({
             "reply": out.reply.text_content(),
@@ -161,6 +162,7 @@ pub(crate) async fn show_events(
     let mut out = std::io::stdout();
     let mut suspended = None;
     while let Some(ev) = events.next().await {
+        crate::status::clear();
         match ev {
             AgentEvent::TextDelta { text } => {
                 print!("{text}");
