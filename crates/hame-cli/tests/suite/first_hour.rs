@@ -785,3 +785,80 @@ async fn replay_reruns_a_session_and_reports_the_first_divergence() -> TestResul
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     Ok(())
 }
+
+/// The README's five-minute tour, step by step, against the scripted server's demo script.
+#[tokio::test]
+async fn the_readme_tour_works_offline() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.set_responder(hame_test_support::demo_reply);
+    let dir = tempfile::tempdir()?;
+    let base = server.base_url();
+    let env = [
+        ("OPENAI_BASE_URL", base.as_str()),
+        ("OPENAI_API_KEY", "scripted"),
+    ];
+    let step = |args: &[&str]| output(hame(args, &env, dir.path()));
+    let out = step(&["init", "ws"]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let toml = dir.path().join("ws/hame.toml");
+    let mut text = fs::read_to_string(&toml)?;
+    text.push_str("model = \"openai:demo\"\n");
+    fs::write(&toml, text)?;
+    let out = step(&["run", "--workspace", "ws", "hi"]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).starts_with("Hello from the scripted model. You said: \"hi\""));
+    let out = step(&[
+        "run",
+        "--workspace",
+        "ws",
+        "which files are in the workspace?",
+    ])
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with("The tool returned: /AGENTS.md"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(stderr(&out), "");
+    let out = step(&["config", "--workspace", "ws"]).await?;
+    assert!(
+        stdout(&out)
+            .lines()
+            .any(|l| l.starts_with("model ") && l.ends_with("file ws/hame.toml")),
+        "{}",
+        stdout(&out)
+    );
+    let out = step(&["sessions", "--workspace", "ws"]).await?;
+    assert!(stdout(&out).starts_with("default\t"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("\t6 messages\thi\n"),
+        "{}",
+        stdout(&out)
+    );
+    let out = step(&["sessions", "search", "files", "--workspace", "ws"]).await?;
+    assert!(
+        stdout(&out).contains("default #2: user: which **files**"),
+        "{}",
+        stdout(&out)
+    );
+    let out = step(&["replay", "default", "--workspace", "ws"]).await?;
+    assert_eq!(
+        stdout(&out),
+        "identical: 6 records of session default replayed\n"
+    );
+    let out = chat(
+        dir.path(),
+        &["--workspace", "ws"],
+        &env,
+        "hello\n/help\n/sessions\n/exit\n",
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("You said: \"hello\""),
+        "{}",
+        stdout(&out)
+    );
+    Ok(())
+}
