@@ -32,7 +32,8 @@ pub(crate) struct Common {
     #[arg(long, value_parser = at_least_one)]
     max_iterations: Option<usize>,
     /// Shared-store mode: tenant files live in this store (redis://..., s3://bucket/prefix)
-    /// over the read-only workspace template; no shell tool.
+    /// over the read-only workspace template; no shell tool; see docs/backends.md [default:
+    /// $HAME_STORE, else `store` of hame.toml]
     #[arg(long)]
     store: Option<String>,
     /// Isolated local mode: each tenant sees only its namespace on local disk over the
@@ -40,10 +41,10 @@ pub(crate) struct Common {
     /// machine.
     #[arg(long, conflicts_with = "store")]
     isolated: bool,
-    /// Which runtime data tenants share (isolated and store modes) [default: user]
+    /// Which runtime data tenants share (isolated and store modes) [default: $HAME_ISOLATION, else `isolation` of hame.toml, else user]
     #[arg(long, value_enum)]
     isolation: Option<Isolation>,
-    /// Where session state lives: a directory, redis://, postgres://, mysql:// [default: $HAME_STATE, else JSON files under $HAME_STATE_HOME or ~/.hame/state]
+    /// Where session state lives: a directory, redis://, postgres://, mysql:// [default: $HAME_STATE, else `state` of hame.toml, else JSON files under $HAME_STATE_HOME or ~/.hame/state]
     #[arg(long)]
     state: Option<String>,
     /// Switch off memory and context management (compaction, offloading of large tool
@@ -51,7 +52,8 @@ pub(crate) struct Common {
     #[arg(long)]
     no_memory: bool,
     /// The memory search index: a SQLite file, or postgres://... for an index shared by
-    /// replicas [default: <workspace>/agents/<agent>/.memory-index.sqlite]
+    /// replicas [default: $HAME_MEMORY_INDEX, else `memory.index` of hame.toml, else
+    /// <workspace>/agents/<agent>/.memory-index.sqlite]
     #[arg(long)]
     memory_index: Option<String>,
     #[command(flatten)]
