@@ -218,6 +218,38 @@ impl Drop for Ctx {
     }
 }
 
+/// cargo-deny's diagnostics without the `warning[duplicate]` blocks, and how many there
+/// were. A block starts at a line `warning[...]`, `error[...]`, `note[...]` or
+/// `help[...]` and runs to the next one (or to a line that starts a summary, like
+/// `bans ok`).
+fn summarise_deny(stderr: &str) -> (String, usize) {
+    let starts_block = |l: &str| {
+        ["warning[", "error[", "note[", "help["]
+            .iter()
+            .any(|p| l.starts_with(p))
+    };
+    // A line of a block is indented, a box-drawing line or a numbered source line.
+    let ends_block = |l: &str| l.starts_with(|c: char| c.is_ascii_alphabetic());
+    let mut kept = String::new();
+    let mut duplicates = 0;
+    let mut skipping = false;
+    for line in stderr.lines() {
+        if starts_block(line) {
+            skipping = line.starts_with("warning[duplicate]");
+            if skipping {
+                duplicates += 1;
+            }
+        } else if skipping && ends_block(line) {
+            skipping = false;
+        }
+        if !skipping {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    (kept, duplicates)
+}
+
 /// A cargo subcommand CI installs from crates.io when it is missing.
 #[derive(Debug, Clone, Copy)]
 struct Tool {
@@ -268,10 +300,25 @@ impl Ctx {
         })
     }
 
+    /// Where CI installs the tools it needs: `target/xtask/tools` (binaries in its `bin/`),
+    /// never `~/.cargo/bin`.
+    fn tools_root(&self) -> PathBuf {
+        self.target_dir.join("xtask").join("tools")
+    }
+
+    /// `PATH` with the tools' `bin/` first, so `cargo deny` finds the one CI installed.
+    fn tools_path(&self) -> std::ffi::OsString {
+        let mut paths = vec![self.tools_root().join("bin")];
+        if let Some(path) = std::env::var_os("PATH") {
+            paths.extend(std::env::split_paths(&path));
+        }
+        std::env::join_paths(paths).unwrap_or_else(|_| std::env::var_os("PATH").unwrap_or_default())
+    }
+
     /// `cargo <args>` in the workspace root, with the service variables set.
     fn cargo(&self, env: Option<&ServiceEnv>) -> Command {
         let mut cmd = Command::new(&self.cargo);
-        cmd.current_dir(&self.root);
+        cmd.current_dir(&self.root).env("PATH", self.tools_path());
         if let Some(env) = env {
             cmd.envs(env.vars());
         }
@@ -293,14 +340,26 @@ impl Ctx {
             ])),
             Step::Nextest => {
                 self.ensure_tool(NEXTEST)?;
-                proc::run(self.cargo(env).args([
+                let result = proc::run(self.cargo(env).args([
                     "nextest",
                     "run",
                     "--workspace",
                     "--all-features",
                     "--profile",
                     "ci",
-                ]))
+                ]));
+                // The keys the tests left (unique agents and prefixes, in the tests' own
+                // database) go with them.
+                if env.is_some() {
+                    let db = crate::services::REDIS_TEST_DB;
+                    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 6379));
+                    if proc::redis_flushdb(addr, db) {
+                        println!("redis: emptied the tests' database {db}");
+                    } else {
+                        println!("redis: could not empty the tests' database {db}");
+                    }
+                }
+                result
             }
             Step::Doctest => {
                 proc::run(
@@ -312,14 +371,29 @@ impl Ctx {
             Step::Deny => {
                 proc::run(self.cargo(None).arg("fetch"))?;
                 self.ensure_tool(DENY)?;
-                proc::run(self.cargo(None).args([
-                    "deny",
-                    "--offline",
-                    "check",
-                    "bans",
-                    "licenses",
-                    "sources",
-                ]))
+                let mut cmd = self.cargo(None);
+                cmd.args(["deny", "--offline", "check", "bans", "licenses", "sources"]);
+                println!("$ {}", proc::display(&cmd));
+                let out = cmd
+                    .stdin(std::process::Stdio::null())
+                    .output()
+                    .context("run cargo deny")?;
+                print!("{}", String::from_utf8_lossy(&out.stdout));
+                // The duplicate-version warnings (hundreds of lines) as one line; every
+                // other diagnostic as cargo-deny printed it.
+                let (kept, duplicates) = summarise_deny(&String::from_utf8_lossy(&out.stderr));
+                eprint!("{kept}");
+                if duplicates > 0 {
+                    println!(
+                        "deny: {duplicates} crate(s) in more than one version (warnings; \
+                         `cargo deny check bans` lists them)"
+                    );
+                }
+                if out.status.success() {
+                    Ok(())
+                } else {
+                    bail!("cargo deny failed with {}", out.status)
+                }
             }
             Step::Features => self.check_features(),
         }
@@ -394,7 +468,9 @@ impl Ctx {
 
     fn has_tool(&self, tool: Tool) -> bool {
         proc::succeeds_quietly(
-            Command::new(&self.cargo).args([tool.sub, "--version"]),
+            Command::new(&self.cargo)
+                .args([tool.sub, "--version"])
+                .env("PATH", self.tools_path()),
             Duration::from_secs(30),
         )
     }
@@ -402,9 +478,13 @@ impl Ctx {
     fn install_command(&self, tool: Tool) -> Command {
         let mut cmd = Command::new(&self.cargo);
         cmd.args(["install", "--locked", tool.krate, "--version", tool.version])
+            // Binaries in target/xtask/tools/bin (found first on the PATH of every cargo
+            // command CI runs), never in ~/.cargo/bin.
+            .arg("--root")
+            .arg(self.tools_root())
             // Inside the one target dir, so a reinstall is incremental.
             .arg("--target-dir")
-            .arg(self.target_dir.join("xtask").join("tools"));
+            .arg(self.tools_root().join("build"));
         cmd
     }
 
@@ -503,6 +583,30 @@ mod tests {
             }
         );
         Ok(())
+    }
+
+    #[test]
+    fn duplicate_warnings_become_one_count() {
+        let stderr = "\
+warning[duplicate]: found 2 duplicate entries for crate 'hashbrown'
+   ┌─ /w/Cargo.lock:10:1
+   │
+10 │ hashbrown 0.14.5 registry+https://github.com/rust-lang/crates.io-index
+   │ ------------------------------------------------------------------- lock entries
+
+warning[duplicate]: found 2 duplicate entries for crate 'getrandom'
+   ┌─ /w/Cargo.lock:5:1
+
+error[rejected]: failed to satisfy license requirements
+   ┌─ foo 1.0.0
+bans ok, licenses FAILED, sources ok
+";
+        let (kept, n) = summarise_deny(stderr);
+        assert_eq!(n, 2);
+        assert_eq!(
+            kept,
+            "error[rejected]: failed to satisfy license requirements\n   ┌─ foo 1.0.0\nbans ok, licenses FAILED, sources ok\n"
+        );
     }
 
     #[test]

@@ -149,6 +149,28 @@ pub fn redis_ping(addr: SocketAddr) -> bool {
     reply.is_ok_and(|r| r.starts_with(b"+PONG"))
 }
 
+/// Empties Redis database `db` on `addr` (`SELECT db`, `FLUSHDB`); `true` when both
+/// answered `+OK`.
+pub fn redis_flushdb(addr: SocketAddr, db: u8) -> bool {
+    let reply = (|| -> std::io::Result<Vec<u8>> {
+        let mut stream = TcpStream::connect_timeout(&addr, PROBE_TIMEOUT)?;
+        stream.set_read_timeout(Some(PROBE_TIMEOUT))?;
+        stream.set_write_timeout(Some(PROBE_TIMEOUT))?;
+        stream.write_all(format!("SELECT {db}\r\nFLUSHDB\r\n").as_bytes())?;
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 64];
+        while buf.windows(2).filter(|w| w == b"\r\n").count() < 2 {
+            let n = stream.read(&mut chunk)?;
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        Ok(buf)
+    })();
+    reply.is_ok_and(|r| r == b"+OK\r\n+OK\r\n")
+}
+
 /// Whether something accepts TCP connections on `addr`.
 pub fn tcp_open(addr: SocketAddr) -> bool {
     TcpStream::connect_timeout(&addr, PROBE_TIMEOUT).is_ok()
@@ -257,6 +279,29 @@ mod tests {
             request.starts_with("PUT /hame-test HTTP/1.1\r\n"),
             "{request}"
         );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod redis_tests {
+    /// Needs a Redis on 127.0.0.1:6379 and empties its database 15: run by hand
+    /// (`cargo test -p xtask -- --ignored flushdb`).
+    #[test]
+    #[ignore]
+    fn flushdb_empties_its_database() -> std::io::Result<()> {
+        use std::io::{Read, Write};
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 6379));
+        let mut s = std::net::TcpStream::connect(addr)?;
+        s.write_all(b"SELECT 15\r\nSET xtask-probe 1\r\n")?;
+        let mut buf = [0u8; 32];
+        let _ = s.read(&mut buf)?;
+        assert!(super::redis_flushdb(addr, 15));
+        let mut s = std::net::TcpStream::connect(addr)?;
+        s.write_all(b"SELECT 15\r\nDBSIZE\r\n")?;
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let n = s.read(&mut buf)?;
+        assert_eq!(&buf[..n], b"+OK\r\n:0\r\n");
         Ok(())
     }
 }

@@ -23,7 +23,10 @@ pub const TEST_ENV: [(&str, &str); 5] = [
     ("HAME_TEST_DOCKER", "1"),
 ];
 
-const REDIS_URL: &str = "redis://127.0.0.1:6379/";
+/// The tests' own database, never 0 (the README's examples use 1): `cargo xtask ci` empties
+/// it after the tests.
+pub const REDIS_TEST_DB: u8 = 15;
+const REDIS_URL: &str = "redis://127.0.0.1:6379/15";
 const POSTGRES_URL: &str = "postgres://postgres:postgres@127.0.0.1:5432/postgres";
 const MYSQL_URL: &str = "mysql://test:test@127.0.0.1:3306/test";
 const S3_ENDPOINT: &str = "http://127.0.0.1:5000";

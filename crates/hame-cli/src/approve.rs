@@ -105,7 +105,7 @@ pub(crate) async fn decide(
     };
     let out = outcome(result, signal)?;
     crate::run::print_reply(&agent, &ctx, &out, args.json)?;
-    crate::tasks::wait_for_background(&agent, &args.common.subagents, &signals, &mut rx).await;
+    crate::tasks::wait_for_background(&agent, &args.common, &signals, &mut rx).await;
     crate::run::finish(&agent).await
 }
 
@@ -114,21 +114,21 @@ pub(crate) async fn decide(
 pub(crate) async fn inline(
     agent: &HarnessAgent,
     ctx: &RuntimeContext,
-    lines: &mut tokio::sync::mpsc::Receiver<std::io::Result<String>>,
+    lines: &mut crate::chat::LineReader,
     mut suspended: Option<Vec<SuspendedCall>>,
     signals: &Signals,
 ) -> anyhow::Result<()> {
     while let Some(calls) = suspended.take() {
         let mut resolutions = Vec::new();
         for c in &calls {
-            eprint!(
+            let prompt = format!(
                 "allow {} {}? [y/N/a(lways)] ",
                 c.call.name,
                 main_argument(c)
             );
-            let answer = match lines.recv().await {
-                Some(r) => r?,
-                None => String::new(),
+            let answer = match lines.read(&prompt).await? {
+                crate::chat::Input::Line(l) => l,
+                crate::chat::Input::Interrupted | crate::chat::Input::Eof => String::new(),
             };
             let value = match answer.trim().to_ascii_lowercase().as_str() {
                 "y" | "yes" => serde_json::json!({"approve": true}),

@@ -10,7 +10,7 @@ use crate::{ConfigError, secrets};
 
 #[derive(Debug, Args)]
 pub(crate) struct Common {
-    /// Workspace directory [default: $HAME_WORKSPACE, else ./.hame/workspace]
+    /// Workspace directory; must exist (create one with `hame init DIR`) [default: $HAME_WORKSPACE, else ./.hame/workspace]
     #[arg(long)]
     workspace: Option<PathBuf>,
     /// Agent id.
@@ -22,14 +22,18 @@ pub(crate) struct Common {
     /// Session id.
     #[arg(long, default_value = "default")]
     session: String,
-    /// Model as provider:model, e.g. openai:gpt-4o-mini or anthropic:claude-sonnet-4-5 [default: $HAME_MODEL]
+    /// Model as provider:model, e.g. openai:gpt-4o-mini or anthropic:claude-sonnet-4-5 [default: $HAME_MODEL, else hame.toml]
     #[arg(long)]
     model: Option<String>,
-    /// Maximum reasoning steps per call, at least 1 [default: 50]
+    /// The model provider's endpoint [default: $OPENAI_BASE_URL / $ANTHROPIC_BASE_URL, else hame.toml `base_url`, else the provider's]
+    #[arg(long, value_name = "URL")]
+    base_url: Option<String>,
+    /// Maximum reasoning steps per call, at least 1 [default: 50, or limits.max_iterations of hame.toml]
     #[arg(long, value_parser = at_least_one)]
     max_iterations: Option<usize>,
     /// Shared-store mode: tenant files live in this store (redis://..., s3://bucket/prefix)
-    /// over the read-only workspace template; no shell tool.
+    /// over the read-only workspace template; no shell tool; see docs/backends.md [default:
+    /// $HAME_STORE, else `store` of hame.toml]
     #[arg(long)]
     store: Option<String>,
     /// Isolated local mode: each tenant sees only its namespace on local disk over the
@@ -37,10 +41,10 @@ pub(crate) struct Common {
     /// machine.
     #[arg(long, conflicts_with = "store")]
     isolated: bool,
-    /// Which runtime data tenants share (isolated and store modes).
-    #[arg(long, value_enum, default_value_t = Isolation::User)]
-    isolation: Isolation,
-    /// Where session state lives: a directory, redis://, postgres://, mysql:// [default: $HAME_STATE, else JSON files under $HAME_STATE_HOME or ~/.hame/state]
+    /// Which runtime data tenants share (isolated and store modes) [default: $HAME_ISOLATION, else `isolation` of hame.toml, else user]
+    #[arg(long, value_enum)]
+    isolation: Option<Isolation>,
+    /// Where session state lives: a directory, redis://, postgres://, mysql:// [default: $HAME_STATE, else `state` of hame.toml, else JSON files under $HAME_STATE_HOME or ~/.hame/state]
     #[arg(long)]
     state: Option<String>,
     /// Switch off memory and context management (compaction, offloading of large tool
@@ -48,7 +52,8 @@ pub(crate) struct Common {
     #[arg(long)]
     no_memory: bool,
     /// The memory search index: a SQLite file, or postgres://... for an index shared by
-    /// replicas [default: <workspace>/agents/<agent>/.memory-index.sqlite]
+    /// replicas [default: $HAME_MEMORY_INDEX, else `memory.index` of hame.toml, else
+    /// <workspace>/agents/<agent>/.memory-index.sqlite]
     #[arg(long)]
     memory_index: Option<String>,
     #[command(flatten)]
@@ -61,12 +66,66 @@ pub(crate) struct Common {
     pub(crate) capabilities: crate::skills::CapabilityArgs,
 }
 
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub(crate) enum Isolation {
     Session,
     User,
     Agent,
     Global,
+}
+
+impl Isolation {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Isolation::Session => "session",
+            Isolation::User => "user",
+            Isolation::Agent => "agent",
+            Isolation::Global => "global",
+        }
+    }
+}
+
+/// The configurable flags of [`Common`], as given on the command line (`None`: not given).
+pub(crate) struct Flags {
+    pub(crate) workspace: Option<PathBuf>,
+    pub(crate) model: Option<String>,
+    pub(crate) base_url: Option<String>,
+    pub(crate) state: Option<String>,
+    pub(crate) store: Option<String>,
+    pub(crate) isolation: Option<Isolation>,
+    pub(crate) isolated: bool,
+    pub(crate) no_memory: bool,
+    pub(crate) memory_index: Option<String>,
+    pub(crate) max_iterations: Option<usize>,
+    pub(crate) subagent_depth: Option<usize>,
+    pub(crate) task_wait: Option<u64>,
+}
+
+impl Common {
+    /// `hame replay`: memory off (a compaction or flush would ask the model for text the
+    /// recording does not hold).
+    pub(crate) fn replay_settings(&mut self) {
+        self.no_memory = true;
+    }
+
+    /// The configurable flags as given.
+    pub(crate) fn flags(&self) -> Flags {
+        Flags {
+            workspace: self.workspace.clone(),
+            model: self.model.clone(),
+            base_url: self.base_url.clone(),
+            state: self.state.clone(),
+            store: self.store.clone(),
+            isolation: self.isolation,
+            isolated: self.isolated,
+            no_memory: self.no_memory,
+            memory_index: self.memory_index.clone(),
+            max_iterations: self.max_iterations,
+            subagent_depth: self.subagents.subagent_depth,
+            task_wait: self.subagents.task_wait,
+        }
+    }
 }
 
 impl From<Isolation> for hame::fs::Scope {
@@ -85,7 +144,19 @@ pub(crate) fn env(key: &str) -> Option<String> {
 }
 
 pub(crate) async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
-    build_agent(common, true).await
+    build_agent(common, true, None).await
+}
+
+/// Wraps the configured model before the agent is built (`hame chat`'s switchable model).
+pub(crate) type ModelHook = Box<dyn FnOnce(Arc<dyn Model>) -> Arc<dyn Model> + Send>;
+
+/// [`build`] with a hook on the model.
+pub(crate) async fn build_with(
+    common: &Common,
+    need_model: bool,
+    hook: Option<ModelHook>,
+) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
+    build_agent(common, need_model, hook).await
 }
 
 /// The agent of a command that never calls the model (`hame tasks`): a configured model is
@@ -93,38 +164,43 @@ pub(crate) async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, Runt
 pub(crate) async fn build_without_model(
     common: &Common,
 ) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
-    build_agent(common, false).await
+    build_agent(common, false, None).await
 }
 
 async fn build_agent(
     common: &Common,
     need_model: bool,
+    hook: Option<ModelHook>,
 ) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
-    let spec = common.model.clone().or_else(|| env("HAME_MODEL"));
-    let model: Arc<dyn Model> = match spec {
-        Some(spec) => hame::model::open(&spec, &env).map_err(|e| ConfigError(e.to_string()))?,
+    let config = crate::config::resolve(common)?;
+    check_workspace(&config)?;
+    let model_env = config.model_env();
+    let model: Arc<dyn Model> = match &config.model.value {
+        Some(spec) => {
+            hame::model::open(spec, &model_env).map_err(|e| ConfigError(e.to_string()))?
+        }
         None if !need_model => Arc::new(NoModel),
         None => {
-            return Err(ConfigError("no model configured: pass --model provider:model or set HAME_MODEL (e.g. openai:gpt-4o-mini)".into()).into());
+            return Err(ConfigError("no model configured: pass --model provider:model, set HAME_MODEL or `model` in hame.toml (e.g. openai:gpt-4o-mini)".into()).into());
         }
+    };
+    let model = match hook {
+        Some(hook) => hook(model),
+        None => model,
     };
     let mut builder = HarnessAgent::builder()
         .name(common.agent.clone())
         .model(model);
-    builder = crate::tasks::configure(&common.subagents, builder);
+    builder = crate::tasks::configure(&common.subagents, &config, builder);
     builder = crate::skills::configure(builder, &common.capabilities);
-    if let Some(ws) = &common.workspace {
-        builder = builder.workspace(ws.clone());
-    }
-    if let Some(n) = common.max_iterations {
-        builder = builder.max_iterations(n);
-    }
-    builder = builder.isolation_scope(common.isolation.into());
-    let memory = if common.no_memory {
+    builder = builder.workspace(config.workspace.value.clone());
+    builder = builder.max_iterations(config.max_iterations.value);
+    builder = builder.isolation_scope(config.isolation.value.into());
+    let memory = if !config.memory.value {
         hame::harness::MemoryOptions::disabled()
     } else {
         let mut options = hame::harness::MemoryOptions::default();
-        match common.memory_index.as_deref() {
+        match config.memory_index.value.as_deref() {
             Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
                 let index =
                     hame::memory::PgIndex::connect(url, hame::memory::PgIndexOptions::default())
@@ -150,11 +226,12 @@ async fn build_agent(
         options
     };
     builder = builder.memory(memory);
-    if let Some(url) = common.state.clone().or_else(|| env("HAME_STATE")) {
+    if let Some(url) = config.state.value.clone() {
         let store = hame::state::open(&url).await.map_err(|e| {
             ConfigError(format!(
-                "cannot open state store {}: {e} (check --state / HAME_STATE)",
-                hame::state::redact_url(&url)
+                "cannot open state store {}: {e} (check {})",
+                hame::state::redact_url(&url),
+                config.state.source
             ))
         })?;
         builder = builder.state_store(store);
@@ -163,14 +240,15 @@ async fn build_agent(
             builder = builder.hide_path(PathBuf::from(&url));
         }
     }
-    if common.isolated {
+    if config.isolated.value {
         builder = builder.filesystem(hame::FilesystemMode::IsolatedLocal);
     }
-    if let Some(url) = &common.store {
+    if let Some(url) = &config.store.value {
         let store = hame::fs::remote::open(url, "hame").await.map_err(|e| {
             ConfigError(format!(
-                "cannot open shared store {}: {e} (check --store)",
-                hame::state::redact_url(url)
+                "cannot open shared store {}: {e} (check {})",
+                hame::state::redact_url(url),
+                config.store.source
             ))
         })?;
         builder = builder.filesystem(hame::FilesystemMode::SharedStore { store });
@@ -206,9 +284,42 @@ async fn build_agent(
     Ok((agent, ctx))
 }
 
+/// A workspace named by --workspace or HAME_WORKSPACE must exist (a typo is not silently
+/// made into an empty workspace); the default `./.hame/workspace` is created on first use,
+/// with a note.
+fn check_workspace(config: &crate::config::Effective) -> anyhow::Result<()> {
+    let ws = &config.workspace.value;
+    if ws.is_dir() {
+        return Ok(());
+    }
+    if ws.exists() {
+        return Err(ConfigError(format!(
+            "workspace {} is not a directory (from {})",
+            ws.display(),
+            config.workspace.source
+        ))
+        .into());
+    }
+    match config.workspace.source {
+        crate::config::Source::Default => {
+            eprintln!(
+                "hame: note: creating the default workspace {} (empty; `hame init` makes a starter one)",
+                ws.display()
+            );
+            Ok(())
+        }
+        ref source => Err(ConfigError(format!(
+            "workspace {} does not exist (from {source}); create it with `hame init {}`",
+            ws.display(),
+            ws.display()
+        ))
+        .into()),
+    }
+}
+
 /// The model of a command that never calls one.
 #[derive(Debug)]
-struct NoModel;
+pub(crate) struct NoModel;
 
 #[async_trait::async_trait]
 impl Model for NoModel {

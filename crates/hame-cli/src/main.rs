@@ -12,12 +12,18 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod approve;
+mod chat;
 mod common;
+mod config;
+mod init;
+mod inspect;
+mod replay;
 mod run;
 mod sandbox;
 mod secrets;
 mod signals;
 mod skills;
+mod status;
 mod tasks;
 
 use common::Common;
@@ -51,6 +57,10 @@ enum Command {
         message: String,
     },
     /// Interactive chat: streams tokens and shows each tool call with its duration.
+    ///
+    /// Line editing and history on a terminal; a trailing \ continues the message; /help
+    /// lists the commands (/exit, /new, /sessions, /compact, /model); Ctrl-C cancels the
+    /// running turn, Ctrl-D exits.
     Chat {
         #[command(flatten)]
         common: Common,
@@ -79,6 +89,37 @@ enum Command {
     Skills {
         #[command(subcommand)]
         command: skills::SkillsCommand,
+    },
+    /// Creates a starter workspace: AGENTS.md, knowledge/KNOWLEDGE.md, an example skill, an
+    /// example subagent spec and a commented hame.toml. Existing files are kept (named on
+    /// stderr), never overwritten.
+    Init {
+        #[command(flatten)]
+        args: init::InitArgs,
+    },
+    /// The effective configuration and where each value comes from (flag, environment,
+    /// the workspace's hame.toml, the user's ~/.config/hame/config.toml, default);
+    /// passwords in URLs and API keys are redacted.
+    Config {
+        #[command(flatten)]
+        args: config::ConfigArgs,
+    },
+    /// The caller's sessions: `list` (default), `show ID` (the full log), `search QUERY`.
+    Sessions {
+        #[command(flatten)]
+        args: inspect::SessionsArgs,
+    },
+    /// The caller's memory: `show` (default: MEMORY.md and the daily logs), `search QUERY`.
+    Memory {
+        #[command(flatten)]
+        args: inspect::MemoryArgs,
+    },
+    /// Re-runs a recorded session against the model answers in its log, with the same tools
+    /// (they run again in the workspace), and reports the first record that differs: exit
+    /// 0 when identical, 1 at a divergence. Memory is off during a replay.
+    Replay {
+        #[command(flatten)]
+        args: replay::ReplayArgs,
     },
     /// The subagent task records of a session (`agents/<agent>/tasks/`), oldest first.
     /// Records left running by a process that is gone are marked failed (interrupted).
@@ -117,15 +158,33 @@ impl std::error::Error for ConfigError {}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("HAME_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        // Colour codes only for a terminal, never in a file or a pipe.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    match tracing_subscriber::EnvFilter::try_from_env("HAME_LOG") {
+        // HAME_LOG set: the full format (time, target), for debugging.
+        Ok(filter) => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            // Colour codes only for a terminal, never in a file or a pipe.
+            .with_ansi(ansi)
+            .init(),
+        // Default: warnings only, one plain line each (`WARN model request failed (…);
+        // retrying in 1.2 s`), no time stamp or module path; on a terminal the retry
+        // notices update one line in place.
+        Err(_) if ansi => tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+            .with_writer(status::TtyWriter)
+            .with_ansi(true)
+            .without_time()
+            .with_target(false)
+            .init(),
+        Err(_) => tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .without_time()
+            .with_target(false)
+            .init(),
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -143,17 +202,23 @@ fn main() -> ExitCode {
                 json,
                 message,
             } => run::run(common, json, message).await,
-            Command::Chat { common } => run::chat(common).await,
+            Command::Chat { common } => chat::chat(common).await,
             Command::Approve { args } => approve::decide(args, true, None).await,
             Command::Deny { args, reason } => approve::decide(args, false, reason).await,
             Command::Sandbox { command } => sandbox::command(command).await,
             Command::Skills { command } => skills::run(command).await,
             Command::Tasks { common, json } => tasks::tasks(common, json).await,
+            Command::Init { args } => init::init(args),
+            Command::Sessions { args } => inspect::sessions(args).await,
+            Command::Memory { args } => inspect::memory(args).await,
+            Command::Replay { args } => replay::replay(args).await,
+            Command::Config { args } => config::show(args),
         };
         // Nothing hame started outlives it.
         sandbox::shutdown().await;
         result
     });
+    status::clear();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<Stopped>() => {
@@ -166,8 +231,50 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
         Err(e) => {
-            eprintln!("hame: {e:#}");
+            eprintln!("hame: {}", one_line(&e));
             ExitCode::from(1)
         }
     }
+}
+
+/// An error as one line: its chain, without the parts an earlier part already says
+/// ("connection refused" after "… (connection refused); check …"); below a model error
+/// (which says what to check) only the root cause, not the HTTP client's layers.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    let chain: Vec<&(dyn std::error::Error + 'static)> = e.chain().collect();
+    let is_model = |p: &&(dyn std::error::Error + 'static)| {
+        p.downcast_ref::<hame::ModelError>().is_some()
+            || matches!(p.downcast_ref::<hame::Error>(), Some(hame::Error::Model(_)))
+            || matches!(
+                p.downcast_ref::<hame::harness::Error>(),
+                Some(hame::harness::Error::Call(hame::Error::Model(_)))
+            )
+    };
+    let cut = chain.iter().position(is_model).map(|i| i + 1);
+    let parts: Vec<&(dyn std::error::Error + 'static)> = match cut {
+        Some(i) if i < chain.len() => {
+            let mut v = chain[..i].to_vec();
+            v.extend(chain.last().copied());
+            v
+        }
+        _ => chain,
+    };
+    for part in parts {
+        let p = part.to_string();
+        let bare = p
+            .split(" (os error")
+            .next()
+            .unwrap_or(&p)
+            .trim()
+            .to_ascii_lowercase();
+        if bare.is_empty() || text.to_ascii_lowercase().contains(&bare) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&p);
+    }
+    text
 }

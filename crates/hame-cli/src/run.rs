@@ -1,9 +1,9 @@
-//! `hame run` and `hame chat`.
+//! `hame run`, and the event display of `hame chat`.
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 
 use futures::StreamExt;
-use hame::{AgentEvent, CallInput, EventSink, HarnessAgent, Message};
+use hame::{AgentEvent, EventSink, HarnessAgent, Message};
 
 use crate::Stopped;
 use crate::common::{Common, build};
@@ -92,7 +92,7 @@ pub(crate) async fn run(common: Common, json: bool, message: String) -> anyhow::
     drop(sink);
     let out = outcome(result, signal)?;
     print_reply(&agent, &ctx, &out, json)?;
-    crate::tasks::wait_for_background(&agent, &common.subagents, &signals, &mut rx).await;
+    crate::tasks::wait_for_background(&agent, &common, &signals, &mut rx).await;
     // The reply is printed and durable; let background memory work (flush,
     // consolidation) finish before the process exits, within a bound. Unfinished work is
     // redone by the session's next call.
@@ -125,6 +125,7 @@ pub(crate) fn print_reply(
     out: &hame::CallOutput,
     json: bool,
 ) -> anyhow::Result<()> {
+    crate::status::clear();
     if json {
         let obj = serde_json::json!({
             "reply": out.reply.text_content(),
@@ -153,56 +154,6 @@ pub(crate) async fn finish(agent: &HarnessAgent) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Reads stdin lines on a blocking thread (the runtime's workers never block on a TTY).
-pub(crate) fn stdin_lines() -> tokio::sync::mpsc::Receiver<std::io::Result<String>> {
-    let (tx, rx) = tokio::sync::mpsc::channel(1);
-    std::thread::spawn(move || {
-        let stdin = std::io::stdin();
-        loop {
-            let mut line = String::new();
-            let r = stdin.lock().read_line(&mut line);
-            let eof = matches!(r, Ok(0)) || r.is_err();
-            if tx.blocking_send(r.map(|_| line)).is_err() || eof {
-                return;
-            }
-        }
-    });
-    rx
-}
-
-pub(crate) async fn chat(common: Common) -> anyhow::Result<()> {
-    let signals = Signals::watch();
-    let (agent, ctx) = build(&common).await?;
-    let mut lines = stdin_lines();
-    loop {
-        eprint!("> ");
-        // End of input (or a closed reader) ends the chat.
-        let line = match lines.recv().await {
-            Some(r) => r?,
-            None => String::new(),
-        };
-        if line.is_empty() {
-            return finish(&agent).await;
-        }
-        let text = line.trim();
-        if text.is_empty() {
-            continue;
-        }
-        if text == "/exit" || text == "/quit" {
-            return finish(&agent).await;
-        }
-        // Ctrl-C during a turn cancels the turn and comes back to the prompt; at the
-        // prompt it exits.
-        let cancel = signals.begin();
-        let events = agent.stream_with(CallInput::Message(Message::user(text)), &ctx, cancel);
-        let suspended = show_events(events).await?;
-        crate::approve::inline(&agent, &ctx, &mut lines, suspended, &signals).await?;
-        if signals.end().is_some() {
-            eprintln!("(turn cancelled; the conversation so far is saved)");
-        }
-    }
-}
-
 /// Prints a chat turn's events; returns the calls waiting for a decision, if it stopped
 /// for one.
 pub(crate) async fn show_events(
@@ -211,12 +162,15 @@ pub(crate) async fn show_events(
     let mut out = std::io::stdout();
     let mut suspended = None;
     while let Some(ev) = events.next().await {
+        crate::status::clear();
         match ev {
             AgentEvent::TextDelta { text } => {
                 print!("{text}");
                 out.flush()?;
             }
-            AgentEvent::ToolStarted { name, .. } => eprintln!("\n  ⚙ {name} …"),
+            AgentEvent::ToolStarted { name, .. } => {
+                eprintln!("\n{}", crate::chat::dim(&format!("  ⚙ {name} …")))
+            }
             AgentEvent::ToolFinished {
                 name,
                 duration_ms,
@@ -229,7 +183,10 @@ pub(crate) async fn show_events(
                 } else {
                     "ok".into()
                 };
-                eprintln!("  ⚙ {name} {status} ({duration_ms} ms)");
+                eprintln!(
+                    "{}",
+                    crate::chat::dim(&format!("  ⚙ {name} {status} ({duration_ms} ms)"))
+                );
             }
             AgentEvent::Finished { .. } => println!(),
             AgentEvent::Suspended { calls } => {

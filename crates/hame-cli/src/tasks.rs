@@ -6,7 +6,8 @@ use std::time::Duration;
 use clap::Args;
 use hame::{HarnessAgent, HarnessAgentBuilder};
 
-use crate::common::{Common, build_without_model, env};
+use crate::common::{Common, build_without_model};
+use crate::config::Effective;
 use crate::signals::Signals;
 
 /// Subagent flags of `run`, `chat` (and `tasks`).
@@ -16,25 +17,30 @@ pub(crate) struct SubagentArgs {
     /// subagents/<id>.md still work).
     #[arg(long)]
     pub(crate) no_general_subagent: bool,
-    /// How deep subagents may nest: 1 = children are leaves (0 switches subagents off).
-    #[arg(long, default_value_t = 1)]
-    pub(crate) subagent_depth: usize,
+    /// How deep subagents may nest: 1 = children are leaves (0 switches subagents off) [default: 1]
+    #[arg(long)]
+    pub(crate) subagent_depth: Option<usize>,
     /// `hame run` waits up to this many seconds for background tasks it started before it
-    /// exits; tasks still running then are stopped and recorded failed (interrupted).
-    #[arg(long, default_value_t = 600, value_name = "SECONDS")]
-    pub(crate) task_wait: u64,
+    /// exits; tasks still running then are stopped and recorded failed (interrupted) [default: 600]
+    #[arg(long, value_name = "SECONDS")]
+    pub(crate) task_wait: Option<u64>,
 }
 
 /// Applies the flags to the builder; subagent specs naming a model open it like --model.
-pub(crate) fn configure(args: &SubagentArgs, builder: HarnessAgentBuilder) -> HarnessAgentBuilder {
+pub(crate) fn configure(
+    args: &SubagentArgs,
+    config: &Effective,
+    builder: HarnessAgentBuilder,
+) -> HarnessAgentBuilder {
     let options = hame::subagent::SubagentOptions {
         general_purpose: !args.no_general_subagent,
-        max_depth: args.subagent_depth,
+        max_depth: config.subagent_depth.value,
         ..hame::subagent::SubagentOptions::default()
     };
+    let env = config.model_env();
     builder
         .subagent_options(options)
-        .model_resolver(hame::harness::ModelResolver(Arc::new(|spec: &str| {
+        .model_resolver(hame::harness::ModelResolver(Arc::new(move |spec: &str| {
             hame::model::open(spec, &env).map_err(|e| e.to_string())
         })))
 }
@@ -43,7 +49,7 @@ pub(crate) fn configure(args: &SubagentArgs, builder: HarnessAgentBuilder) -> Ha
 /// by --task-wait; a signal stops the wait), then stops and records what still runs.
 pub(crate) async fn wait_for_background(
     agent: &HarnessAgent,
-    args: &SubagentArgs,
+    common: &Common,
     signals: &Signals,
     events: &mut tokio::sync::mpsc::UnboundedReceiver<hame::AgentEvent>,
 ) {
@@ -51,12 +57,15 @@ pub(crate) async fn wait_for_background(
     if n == 0 {
         return;
     }
+    let task_wait = crate::config::resolve(common)
+        .map(|c| c.task_wait.value)
+        .unwrap_or(crate::config::DEFAULT_TASK_WAIT);
     eprintln!(
         "hame: waiting for {n} background task(s) (up to {} s; --task-wait)",
-        args.task_wait
+        task_wait
     );
     let cancel = signals.begin();
-    let wait = agent.wait_tasks(Duration::from_secs(args.task_wait));
+    let wait = agent.wait_tasks(Duration::from_secs(task_wait));
     tokio::pin!(wait);
     loop {
         tokio::select! {
@@ -79,7 +88,7 @@ pub(crate) async fn wait_for_background(
             }
             None => format!(
                 "interrupted: still running when hame run stopped waiting (--task-wait {} s)",
-                args.task_wait
+                task_wait
             ),
         };
         let stopped = agent.interrupt_tasks(&reason).await;

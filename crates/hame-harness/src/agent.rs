@@ -713,7 +713,7 @@ pub(crate) struct Inner {
     pub(crate) state_store: Arc<dyn StateStore>,
     pub(crate) lease: LeaseOptions,
     local_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    memory: Option<Arc<MemoryLayer>>,
+    pub(crate) memory: Option<Arc<MemoryLayer>>,
     capabilities: crate::capabilities::Built,
     pub(crate) subagents: Arc<hame_subagent::Subagents>,
     pub(crate) model_resolver: Option<ModelResolver>,

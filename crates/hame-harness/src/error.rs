@@ -8,7 +8,8 @@ pub enum Error {
     #[error("configuration error: {0}")]
     Config(String),
     /// An id in the runtime context is not acceptable.
-    #[error("invalid id: {0}")]
+    // The message names the id already ("invalid session id \"a b\": ..."): not repeated.
+    #[error("{0}")]
     InvalidId(String),
     /// The loop failed.
     #[error(transparent)]

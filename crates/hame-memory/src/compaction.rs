@@ -60,6 +60,10 @@ pub const EXTENSION_KEY: &str = "compaction";
 pub const MAX_HISTORY: usize = 100;
 /// Most rounds of merging partial summaries in a map-reduce summary.
 pub const MAX_REDUCE_ROUNDS: usize = 4;
+/// A [`RuntimeContext`](hame_core::RuntimeContext) extra: when present, the
+/// [`CompactionLayer`] compacts before the call's first model request, whatever the
+/// triggers say (nothing happens when there is nothing to summarise).
+pub const COMPACT_NOW_EXTRA: &str = "hame.compact_now";
 
 const MARKER_PREFIX: &str = "[summary of messages #";
 const SUMMARY_NOTE: &str = "The earlier part of this conversation was summarised to save \
@@ -647,6 +651,7 @@ impl Compactor {
     }
 
     /// Compacts `state` now (as after a context overflow), ignoring the triggers.
+    /// (Through the layer: set [`COMPACT_NOW_EXTRA`] on the call's context.)
     /// `Ok(None)` when there is nothing to summarise. On error the state is unchanged.
     pub async fn compact(
         &self,
@@ -1091,7 +1096,10 @@ impl Layer for CompactionLayer {
         let fixed = self.fixed_tokens(&request);
         let before = ledger.estimate(counter.as_ref(), &request.messages, fixed);
         let frame = Frame::of(&request, cx.state.messages.len());
-        if policy.triggers(cx.state.messages.len(), before) {
+        // A caller asked for a compaction now (`hame chat`'s /compact): before the first
+        // request of the call only.
+        let forced = cx.iteration <= 1 && cx.runtime.extras.contains_key(COMPACT_NOW_EXTRA);
+        if forced || policy.triggers(cx.state.messages.len(), before) {
             match self.compact(cx, &policy).await {
                 Ok(Some(report)) => {
                     request = frame.rebuild(cx.state);

@@ -71,8 +71,9 @@ mod test_support;
 pub mod tokens;
 
 pub use compaction::{
-    BeforeCompaction, CompactionLayer, CompactionPlan, CompactionPolicy, CompactionReport,
-    CompactionState, Compactor, CompactorConfig, SeqSpan, apply, plan_compaction, plan_forced,
+    BeforeCompaction, COMPACT_NOW_EXTRA, CompactionLayer, CompactionPlan, CompactionPolicy,
+    CompactionReport, CompactionState, Compactor, CompactorConfig, SeqSpan, apply, plan_compaction,
+    plan_forced,
 };
 pub use consolidate::{ConsolidationOptions, ConsolidationOutcome, Consolidator, ThrottlePolicy};
 pub use daily::{

@@ -138,6 +138,9 @@ pub(crate) enum FailureKind {
     Connect,
     /// No connection within the connect timeout. Not retried (it already waited).
     ConnectTimeout,
+    /// A failure that a retry cannot fix: the host name does not resolve, or a server on
+    /// this machine (a loopback address) refused the connection. Never retried.
+    Final,
     /// Everything else: by [`ModelError::is_retryable`] with the configured backoff.
     Other,
 }
@@ -169,7 +172,7 @@ pub(crate) fn next_wait(
 ) -> Option<Duration> {
     let planned = planned?;
     match failure.kind {
-        FailureKind::ConnectTimeout => None,
+        FailureKind::ConnectTimeout | FailureKind::Final => None,
         FailureKind::Connect if connect_retries >= MAX_CONNECT_RETRIES => None,
         FailureKind::Connect => {
             // The same backoff (doubling, jitter) scaled down to start at CONNECT_RETRY_DELAY.
@@ -215,6 +218,36 @@ fn has_io_kind(e: &(dyn std::error::Error + 'static), kind: std::io::ErrorKind) 
     false
 }
 
+/// Whether an error chain holds a failed name resolution (hyper-util's resolver error,
+/// or an I/O error that says so), for clients where `is_dns()` does not see it.
+fn has_dns_failure(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        let text = err.to_string().to_ascii_lowercase();
+        if text.contains("dns error") || text.contains("failed to lookup address") {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// Whether the URL's host is this machine: `localhost` (and `*.localhost`), 127.0.0.0/8
+/// or `::1`.
+pub(crate) fn is_loopback(url: &Url) -> bool {
+    let Some(host) = url.host_str() else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_loopback(),
+        Err(_) => {
+            let d = host.trim_end_matches('.').to_ascii_lowercase();
+            d == "localhost" || d.ends_with(".localhost")
+        }
+    }
+}
+
 /// An error and its causes as one line (for [`ModelError::Config`], which has no source).
 fn chain_text(e: &(dyn std::error::Error + 'static)) -> String {
     let mut parts = vec![e.to_string()];
@@ -236,6 +269,9 @@ pub(crate) struct Client {
     url: Url,
     /// The base URL without credentials, named in errors.
     base_shown: String,
+    /// Whether the endpoint's host is this machine (`localhost`, 127.0.0.0/8, `::1`): a
+    /// refused connection there is not retried.
+    loopback: bool,
     /// The endpoint URL without credentials, named in errors and logs.
     url_shown: String,
     base_url_name: String,
@@ -302,6 +338,7 @@ impl Client {
         Ok(Self {
             http,
             base_shown: redact(base),
+            loopback: is_loopback(&endpoint),
             url_shown: redact(&endpoint),
             url: endpoint,
             base_url_name: common.base_url_name.to_owned(),
@@ -497,17 +534,30 @@ impl Client {
                 ),
             )
         } else if e.is_connect() {
-            let message = if e.is_dns() {
-                format!("cannot resolve the host of {base}; check the host name in {var}")
+            if e.is_dns() || has_dns_failure(&e) {
+                (
+                    FailureKind::Final,
+                    format!("cannot resolve the host of {base}; check the host name in {var}"),
+                )
             } else if has_io_kind(&e, std::io::ErrorKind::ConnectionRefused) {
-                format!(
-                    "cannot connect to {base}; check that the server is running and that {var} \
-                     has the right host and port"
+                let kind = if self.loopback {
+                    FailureKind::Final
+                } else {
+                    FailureKind::Connect
+                };
+                (
+                    kind,
+                    format!(
+                        "cannot connect to {base} (connection refused); check that the server \
+                         is running and that {var} has the right host and port"
+                    ),
                 )
             } else {
-                format!("cannot connect to {base}; check {var}")
-            };
-            (FailureKind::Connect, message)
+                (
+                    FailureKind::Connect,
+                    format!("cannot connect to {base}; check {var}"),
+                )
+            }
         } else if e.is_timeout() {
             (
                 FailureKind::Other,

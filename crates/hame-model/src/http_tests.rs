@@ -153,3 +153,44 @@ fn retry_log_lines_are_brief() {
         "429 rate limited: slow down"
     );
 }
+
+#[test]
+fn final_failures_are_never_retried() {
+    let retry = RetryConfig::default();
+    let f = failure(FailureKind::Final, transport());
+    assert_eq!(next_wait(&f, Some(MS(500)), 0, &retry), None);
+}
+
+#[test]
+fn loopback_hosts() {
+    for (url, want) in [
+        ("http://127.0.0.1:9/v1", true),
+        ("http://127.1.2.3/v1", true),
+        ("http://localhost:8080/v1", true),
+        ("http://LOCALHOST./v1", true),
+        ("http://[::1]:8080/v1", true),
+        ("http://10.0.0.1/v1", false),
+        ("https://api.openai.com/v1", false),
+    ] {
+        let u = Url::parse(url).map_err(|e| e.to_string());
+        assert_eq!(u.map(|u| is_loopback(&u)), Ok(want), "{url}");
+    }
+}
+
+#[test]
+fn jitter_is_random_per_backoff() {
+    use backon::BackoffBuilder;
+    // Two schedules built the same way differ (a fixed seed would make every process
+    // retry at the same instants).
+    let schedule = || -> Vec<Duration> {
+        backon::ExponentialBuilder::default()
+            .with_min_delay(MS(500))
+            .with_max_times(6)
+            .with_jitter()
+            .build()
+            .collect()
+    };
+    let (a, b, c) = (schedule(), schedule(), schedule());
+    assert_eq!(a.len(), 6);
+    assert!(a != b || b != c, "{a:?} {b:?} {c:?}");
+}

@@ -20,8 +20,10 @@
 //! * When no step and no responder is left, the server answers 400
 //!   `script exhausted at request N`, so a test that makes too many requests fails loudly.
 //!
-//! The binary `hame-scripted-server SCRIPT.json [PORT]` serves a script file and prints
-//! `listening on http://127.0.0.1:PORT`.
+//! The binary `hame-scripted-server [SCRIPT.json] [PORT]` serves a script file (without
+//! one: the looping [`demo_reply`] script) and prints `listening on http://127.0.0.1:PORT`
+//! and the `export OPENAI_BASE_URL=…/v1 OPENAI_API_KEY=scripted` line to paste. In a
+//! script file, tool-call `arguments` may be a JSON object or its JSON text.
 //!
 //! | feature | what it adds |
 //! |---|---|
@@ -41,10 +43,12 @@
 //! ```
 #![deny(missing_docs)]
 
+mod demo;
 mod script;
 mod server;
 mod wire;
 
+pub use demo::demo_reply;
 pub use script::{
     Reply, Script, ScriptReasoning, ScriptStep, ScriptStop, ScriptToolCall, ScriptUsage,
     StreamFault,

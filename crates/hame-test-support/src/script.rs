@@ -24,8 +24,20 @@ pub struct ScriptToolCall {
     pub id: String,
     /// Tool name.
     pub name: String,
-    /// Arguments exactly as sent on the wire; may be malformed JSON on purpose.
+    /// Arguments exactly as sent on the wire; may be malformed JSON on purpose. In a
+    /// script file either a JSON string (sent verbatim) or a JSON object (sent as its
+    /// JSON text): `"arguments": {"path": "."}` and `"arguments": "{\"path\":\".\"}"`
+    /// are the same call.
+    #[serde(deserialize_with = "arguments_text")]
     pub arguments: String,
+}
+
+/// Tool-call arguments of a script file: a string verbatim, any other value as JSON text.
+fn arguments_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(match Value::deserialize(d)? {
+        Value::String(s) => s,
+        other => other.to_string(),
+    })
 }
 
 impl ScriptToolCall {

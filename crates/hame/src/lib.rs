@@ -44,6 +44,54 @@ pub use hame_harness::{
     WorkspaceContext, resolve_workspace,
 };
 pub use hame_tools::{Identity, Workspace, WorkspaceExt, WorkspaceMode};
+/// Re-exported: the `Deserialize` of a tool's arguments uses the same serde as hame.
+pub use serde;
+/// Re-exported: tool results and arguments are JSON.
+pub use serde_json;
+
+/// What a custom tool needs, in one import: `use hame::prelude::*;`.
+///
+/// With it, `#[derive(Deserialize, JsonSchema)]` on the argument struct works with only
+/// `hame` and `serde` in your `[dependencies]` (the schema derive finds `schemars` through
+/// this module; serde's derive needs the `serde` crate itself, or
+/// `#[serde(crate = "hame::serde")]`). See `docs/tools.md` and `examples/custom-tool`.
+///
+/// ```
+/// use hame::prelude::*;
+///
+/// /// Arguments of `add`.
+/// #[derive(Debug, Deserialize, JsonSchema)]
+/// #[serde(crate = "hame::serde")]
+/// struct AddArgs {
+///     /// The first number.
+///     a: f64,
+///     /// The second number.
+///     b: f64,
+/// }
+///
+/// #[derive(Debug)]
+/// struct Add;
+///
+/// #[async_trait]
+/// impl TypedTool for Add {
+///     type Args = AddArgs;
+///     fn name(&self) -> &str { "add" }
+///     fn description(&self) -> String { "Add two numbers.".into() }
+///     async fn run(&self, args: AddArgs, _ctx: &ToolContext) -> ToolOutput {
+///         Ok(format!("{}", args.a + args.b))
+///     }
+/// }
+///
+/// let tool = typed(Add);
+/// assert_eq!(tool.spec().name, "add");
+/// ```
+pub mod prelude {
+    pub use crate::schemars::{self, JsonSchema};
+    pub use crate::serde::{self, Deserialize, Serialize};
+    pub use crate::{
+        Tool, ToolContext, ToolError, ToolOutput, TypedTool, WorkspaceExt, async_trait, typed,
+    };
+}
 
 /// Tools over the caller's workspace and the workspace handle (`hame-tools`).
 pub mod tools {

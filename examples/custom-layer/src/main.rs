@@ -25,6 +25,8 @@ use hame::{
     HarnessAgent, Layer, Message, RuntimeContext, ToolCall, ToolContext, ToolCtx, ToolError,
     ToolNext, ToolOutcome, ToolOutput, TypedTool, WorkspaceExt, async_trait, typed,
 };
+// `schemars` in scope is all the schema derive needs (`use hame::prelude::*` brings it too).
+use hame::schemars::{self, JsonSchema};
 use serde::Deserialize;
 
 /// Appends `{"tool", "ms", "ok"}` per tool call to `audit/tools.jsonl` in the caller's files.
@@ -60,8 +62,7 @@ impl Layer for AuditLayer {
 }
 
 /// Arguments of `word_count`.
-#[derive(Debug, Deserialize, hame::schemars::JsonSchema)]
-#[schemars(crate = "hame::schemars")]
+#[derive(Debug, Deserialize, JsonSchema)]
 struct WordCountArgs {
     /// A workspace file, e.g. `AGENTS.md`.
     path: String,

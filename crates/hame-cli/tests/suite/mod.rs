@@ -1,6 +1,7 @@
 mod common;
 mod concurrency;
 mod crash;
+mod first_hour;
 mod layout;
 mod mcp;
 mod memory;

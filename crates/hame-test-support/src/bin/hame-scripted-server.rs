@@ -1,4 +1,6 @@
-//! `hame-scripted-server SCRIPT.json [PORT]`: serves a script until killed.
+//! `hame-scripted-server [SCRIPT.json] [PORT]`: serves a script until killed. Without a
+//! script file (or with `-` as its name) it serves the looping demo script
+//! ([`hame_test_support::demo_reply`]): every request gets an answer.
 //!
 //! Prints `listening on http://127.0.0.1:PORT` on stdout once it accepts connections,
 //! then the `export OPENAI_BASE_URL=...` line to paste into the shell that runs hame.
@@ -9,36 +11,52 @@ use std::process::ExitCode;
 
 use hame_test_support::{Script, ScriptedServer};
 
-const USAGE: &str = "usage: hame-scripted-server SCRIPT.json [PORT]\n\
-  SCRIPT.json is {\"steps\": [...], \"fallback\": {...}} or a bare array of steps.";
+const USAGE: &str = "usage: hame-scripted-server [SCRIPT.json|-] [PORT]\n\
+  SCRIPT.json is {\"steps\": [...], \"fallback\": {...}} or a bare array of steps;\n\
+  without it (or with -) a looping demo script answers every request.";
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some(path) = args.first().filter(|a| !a.starts_with('-')) else {
-        eprintln!("{USAGE}");
-        return ExitCode::from(2);
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    // `hame-scripted-server PORT` (a number) serves the demo on that port.
+    let (path, port_arg) = match args.first() {
+        Some(a) if a.parse::<u16>().is_ok() => (None, Some(a.as_str())),
+        Some(a) if a == "-" => (None, args.get(1).map(String::as_str)),
+        Some(a) => (Some(a.as_str()), args.get(1).map(String::as_str)),
+        None => (None, None),
     };
-    let port: u16 = match args.get(1).map(|p| p.parse()) {
+    let port: u16 = match port_arg.map(str::parse) {
         None => 0,
         Some(Ok(p)) => p,
         Some(Err(e)) => {
-            eprintln!("invalid port {:?}: {e}\n{USAGE}", args[1]);
+            eprintln!(
+                "invalid port {:?}: {e}\n{USAGE}",
+                port_arg.unwrap_or_default()
+            );
             return ExitCode::from(2);
         }
     };
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("cannot read script {path}: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let script = match Script::from_json(&text) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("invalid script {path}: {e}");
-            return ExitCode::FAILURE;
+    let script = match path {
+        None => Script::default(),
+        Some(path) => {
+            let text = match std::fs::read_to_string(path) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("cannot read script {path}: {e}\n{USAGE}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match Script::from_json(&text) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("invalid script {path}: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
         }
     };
     let server = match ScriptedServer::start_on(script, port).await {
@@ -48,6 +66,9 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if path.is_none() {
+        server.set_responder(hame_test_support::demo_reply);
+    }
     // The URL, then the line to paste into the shell that runs hame (OpenAI-compatible
     // clients want /v1); a reader that stops after the first line is no error.
     let url = server.url();

@@ -1,0 +1,545 @@
+//! The configuration files and `hame config`.
+//!
+//! Each setting comes from the first of: the command-line flag, the environment, the
+//! workspace's `hame.toml`, the user's config file, the built-in default (ADR 0013). The
+//! user's file is `$HAME_CONFIG` when set, else `$XDG_CONFIG_HOME/hame/config.toml`, else
+//! `~/.config/hame/config.toml`. Both files have the same keys; unknown keys are an error
+//! (exit 2) naming the file, so a typo is not silently ignored.
+//!
+//! ```toml
+//! model = "openai:gpt-4o-mini"
+//! base_url = "http://127.0.0.1:11434/v1"
+//! state = "redis://127.0.0.1:6379/0"
+//! store = "redis://127.0.0.1:6379/0"
+//! isolation = "user"
+//! isolated = false
+//! [memory]
+//! enabled = true
+//! index = "postgres://user@host/db"
+//! [limits]
+//! max_iterations = 50
+//! subagent_depth = 1
+//! task_wait = 600
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use serde::Deserialize;
+
+use crate::ConfigError;
+use crate::common::{Common, Isolation, env};
+
+/// The workspace's configuration file.
+pub(crate) const WORKSPACE_FILE: &str = "hame.toml";
+/// The environment variable naming the user's configuration file.
+pub(crate) const CONFIG_ENV: &str = "HAME_CONFIG";
+
+/// Default reasoning steps per call.
+pub(crate) const DEFAULT_MAX_ITERATIONS: usize = 50;
+/// Default subagent depth.
+pub(crate) const DEFAULT_SUBAGENT_DEPTH: usize = 1;
+/// Default seconds `hame run` waits for background tasks.
+pub(crate) const DEFAULT_TASK_WAIT: u64 = 600;
+
+/// One configuration file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    model: Option<String>,
+    base_url: Option<String>,
+    state: Option<String>,
+    store: Option<String>,
+    isolation: Option<Isolation>,
+    isolated: Option<bool>,
+    #[serde(default)]
+    memory: MemorySection,
+    #[serde(default)]
+    limits: Limits,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MemorySection {
+    enabled: Option<bool>,
+    index: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Limits {
+    max_iterations: Option<usize>,
+    subagent_depth: Option<usize>,
+    task_wait: Option<u64>,
+}
+
+/// Where a value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Source {
+    Flag(&'static str),
+    Env(String),
+    File(PathBuf),
+    Default,
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Flag(name) => write!(f, "flag {name}"),
+            Source::Env(name) => write!(f, "env {name}"),
+            Source::File(path) => write!(f, "file {}", path.display()),
+            Source::Default => f.write_str("default"),
+        }
+    }
+}
+
+/// A value and its source.
+#[derive(Debug, Clone)]
+pub(crate) struct Setting<T> {
+    pub(crate) value: T,
+    pub(crate) source: Source,
+}
+
+/// The effective configuration of one command.
+#[derive(Debug, Clone)]
+pub(crate) struct Effective {
+    pub(crate) workspace: Setting<PathBuf>,
+    pub(crate) model: Setting<Option<String>>,
+    pub(crate) base_url: Setting<Option<String>>,
+    pub(crate) state: Setting<Option<String>>,
+    pub(crate) store: Setting<Option<String>>,
+    pub(crate) isolation: Setting<Isolation>,
+    pub(crate) isolated: Setting<bool>,
+    pub(crate) memory: Setting<bool>,
+    pub(crate) memory_index: Setting<Option<String>>,
+    pub(crate) max_iterations: Setting<usize>,
+    pub(crate) subagent_depth: Setting<usize>,
+    pub(crate) task_wait: Setting<u64>,
+    /// The configuration files that exist and were read, highest precedence first.
+    pub(crate) files: Vec<PathBuf>,
+}
+
+impl Effective {
+    /// The environment variable of the model provider's base URL (`OPENAI_BASE_URL`).
+    pub(crate) fn base_url_var(&self) -> Option<String> {
+        let spec = self.model.value.as_deref()?;
+        let provider = spec.split(':').next()?;
+        Some(format!("{}_BASE_URL", provider.to_ascii_uppercase()))
+    }
+
+    /// The environment lookup for opening models: the process environment, with the
+    /// configured base URL as the provider's `<PROVIDER>_BASE_URL`.
+    pub(crate) fn model_env(&self) -> impl Fn(&str) -> Option<String> + Send + Sync + 'static {
+        let var = self.base_url_var();
+        let url = self.base_url.value.clone();
+        move |key: &str| match (&var, &url) {
+            (Some(v), Some(u)) if v == key => Some(u.clone()),
+            _ => env(key),
+        }
+    }
+}
+
+/// The user's configuration file: `$HAME_CONFIG`, else `$XDG_CONFIG_HOME/hame/config.toml`,
+/// else `$HOME/.config/hame/config.toml`.
+pub(crate) fn user_file() -> Option<PathBuf> {
+    if let Some(p) = env(CONFIG_ENV) {
+        return Some(PathBuf::from(p));
+    }
+    if let Some(x) = env("XDG_CONFIG_HOME") {
+        return Some(Path::new(&x).join("hame/config.toml"));
+    }
+    env("HOME").map(|h| Path::new(&h).join(".config/hame/config.toml"))
+}
+
+fn read(path: &Path, must_exist: bool) -> anyhow::Result<Option<File>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !must_exist => return Ok(None),
+        Err(e) => {
+            return Err(ConfigError(format!(
+                "cannot read the config file {}: {e}",
+                path.display()
+            ))
+            .into());
+        }
+    };
+    let file: File = toml::from_str(&text).map_err(|e| {
+        let line = e
+            .span()
+            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+        ConfigError(format!(
+            "invalid config file {}{}: {}",
+            path.display(),
+            line.map(|l| format!(" line {l}")).unwrap_or_default(),
+            e.message().trim_end()
+        ))
+    })?;
+    Ok(Some(file))
+}
+
+/// Picks the first value of flag, environment, workspace file, user file, else `default`.
+fn pick<T: Clone>(
+    flag: (Option<T>, &'static str),
+    env_value: Option<(T, String)>,
+    files: &[(Option<T>, &Path)],
+    default: T,
+) -> Setting<T> {
+    if let Some(v) = flag.0 {
+        return Setting {
+            value: v,
+            source: Source::Flag(flag.1),
+        };
+    }
+    if let Some((v, name)) = env_value {
+        return Setting {
+            value: v,
+            source: Source::Env(name),
+        };
+    }
+    for (v, path) in files {
+        if let Some(v) = v {
+            return Setting {
+                value: v.clone(),
+                source: Source::File(path.to_path_buf()),
+            };
+        }
+    }
+    Setting {
+        value: default,
+        source: Source::Default,
+    }
+}
+
+/// A string environment variable (blank counts as unset).
+fn env_str(name: &str) -> Option<(String, String)> {
+    env(name).map(|v| (v, name.to_owned()))
+}
+
+/// A parsed environment variable; a value that does not parse is exit 2.
+fn env_parsed<T: std::str::FromStr>(name: &str) -> anyhow::Result<Option<(T, String)>>
+where
+    T::Err: std::fmt::Display,
+{
+    match env(name) {
+        None => Ok(None),
+        Some(v) => match v.trim().parse::<T>() {
+            Ok(p) => Ok(Some((p, name.to_owned()))),
+            Err(e) => Err(ConfigError(format!("{name}={v:?}: {e}")).into()),
+        },
+    }
+}
+
+/// The effective configuration of `common`'s flags.
+pub(crate) fn resolve(common: &Common) -> anyhow::Result<Effective> {
+    let flags = common.flags();
+    let (workspace, ws_source) = match (flags.workspace, env(hame::harness::WORKSPACE_ENV)) {
+        (Some(p), _) => (p, Source::Flag("--workspace")),
+        (None, Some(v)) => (
+            PathBuf::from(v),
+            Source::Env(hame::harness::WORKSPACE_ENV.into()),
+        ),
+        (None, None) => (
+            PathBuf::from(hame::harness::DEFAULT_WORKSPACE),
+            Source::Default,
+        ),
+    };
+    let ws_path = workspace.join(WORKSPACE_FILE);
+    // A workspace that is not a directory is refused later, with its own message.
+    let ws_file = if workspace.is_dir() {
+        read(&ws_path, false)?
+    } else {
+        None
+    };
+    let user_path = user_file();
+    // A file named by HAME_CONFIG must exist.
+    let user_file = match &user_path {
+        Some(p) => read(p, env(CONFIG_ENV).is_some())?,
+        None => None,
+    };
+    let mut files = Vec::new();
+    if ws_file.is_some() {
+        files.push(ws_path.clone());
+    }
+    if let (Some(_), Some(p)) = (&user_file, &user_path) {
+        files.push(p.clone());
+    }
+    let empty = File::default();
+    let w = ws_file.as_ref().unwrap_or(&empty);
+    let u = user_file.as_ref().unwrap_or(&empty);
+    let up = user_path.clone().unwrap_or_default();
+    let layers = |f: fn(&File) -> Option<String>| -> Vec<(Option<String>, &Path)> {
+        vec![(f(w), ws_path.as_path()), (f(u), up.as_path())]
+    };
+    let model = pick(
+        (flags.model.map(Some), "--model"),
+        env_str("HAME_MODEL").map(|(v, n)| (Some(v), n)),
+        &wrap(layers(|f| f.model.clone())),
+        None,
+    );
+    let state = pick(
+        (flags.state.map(Some), "--state"),
+        env_str("HAME_STATE").map(|(v, n)| (Some(v), n)),
+        &wrap(layers(|f| f.state.clone())),
+        None,
+    );
+    let store = pick(
+        (flags.store.map(Some), "--store"),
+        env_str("HAME_STORE").map(|(v, n)| (Some(v), n)),
+        &wrap(layers(|f| f.store.clone())),
+        None,
+    );
+    let memory_index = pick(
+        (flags.memory_index.map(Some), "--memory-index"),
+        env_str("HAME_MEMORY_INDEX").map(|(v, n)| (Some(v), n)),
+        &wrap(layers(|f| f.memory.index.clone())),
+        None,
+    );
+    // The base URL's variable depends on the provider of the effective model.
+    let provider_var = model
+        .value
+        .as_deref()
+        .and_then(|s| s.split(':').next())
+        .map(|p| format!("{}_BASE_URL", p.to_ascii_uppercase()));
+    let base_url = pick(
+        (flags.base_url.map(Some), "--base-url"),
+        provider_var
+            .as_deref()
+            .and_then(env_str)
+            .map(|(v, n)| (Some(v), n)),
+        &wrap(layers(|f| f.base_url.clone())),
+        None,
+    );
+    let isolation = pick(
+        (flags.isolation, "--isolation"),
+        env_parsed_isolation()?,
+        &[
+            (w.isolation, ws_path.as_path()),
+            (u.isolation, up.as_path()),
+        ],
+        Isolation::User,
+    );
+    let isolated = pick(
+        (flags.isolated.then_some(true), "--isolated"),
+        None,
+        &[(w.isolated, ws_path.as_path()), (u.isolated, up.as_path())],
+        false,
+    );
+    let memory = pick(
+        (flags.no_memory.then_some(false), "--no-memory"),
+        None,
+        &[
+            (w.memory.enabled, ws_path.as_path()),
+            (u.memory.enabled, up.as_path()),
+        ],
+        true,
+    );
+    let max_iterations = pick(
+        (flags.max_iterations, "--max-iterations"),
+        env_parsed::<usize>("HAME_MAX_ITERATIONS")?,
+        &[
+            (w.limits.max_iterations, ws_path.as_path()),
+            (u.limits.max_iterations, up.as_path()),
+        ],
+        DEFAULT_MAX_ITERATIONS,
+    );
+    if max_iterations.value == 0 {
+        return Err(ConfigError(format!(
+            "max_iterations must be at least 1 (from {})",
+            max_iterations.source
+        ))
+        .into());
+    }
+    let subagent_depth = pick(
+        (flags.subagent_depth, "--subagent-depth"),
+        None,
+        &[
+            (w.limits.subagent_depth, ws_path.as_path()),
+            (u.limits.subagent_depth, up.as_path()),
+        ],
+        DEFAULT_SUBAGENT_DEPTH,
+    );
+    let task_wait = pick(
+        (flags.task_wait, "--task-wait"),
+        None,
+        &[
+            (w.limits.task_wait, ws_path.as_path()),
+            (u.limits.task_wait, up.as_path()),
+        ],
+        DEFAULT_TASK_WAIT,
+    );
+    if isolated.value && store.value.is_some() {
+        return Err(ConfigError(format!(
+            "isolated ({}) and store ({}) exclude each other: pick one mode",
+            isolated.source, store.source
+        ))
+        .into());
+    }
+    Ok(Effective {
+        workspace: Setting {
+            value: workspace,
+            source: ws_source,
+        },
+        model,
+        base_url,
+        state,
+        store,
+        isolation,
+        isolated,
+        memory,
+        memory_index,
+        max_iterations,
+        subagent_depth,
+        task_wait,
+        files,
+    })
+}
+
+fn wrap(v: Vec<(Option<String>, &Path)>) -> Vec<(Option<Option<String>>, &Path)> {
+    v.into_iter().map(|(s, p)| (s.map(Some), p)).collect()
+}
+
+fn env_parsed_isolation() -> anyhow::Result<Option<(Isolation, String)>> {
+    const NAME: &str = "HAME_ISOLATION";
+    match env(NAME) {
+        None => Ok(None),
+        Some(v) => match <Isolation as clap::ValueEnum>::from_str(v.trim(), true) {
+            Ok(i) => Ok(Some((i, NAME.to_owned()))),
+            Err(_) => Err(ConfigError(format!(
+                "{NAME}={v:?}: expected session, user, agent or global"
+            ))
+            .into()),
+        },
+    }
+}
+
+/// Flags of `hame config`.
+#[derive(Debug, Args)]
+pub(crate) struct ConfigArgs {
+    #[command(flatten)]
+    pub(crate) common: Common,
+    /// One JSON object: {"files": [...], "settings": {NAME: {"value", "source"}}}.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A URL or secret as it may be shown: passwords of URLs replaced by `***`.
+fn shown(v: &Option<String>) -> Option<String> {
+    v.as_deref().map(hame::state::redact_url)
+}
+
+/// `hame config`: the effective configuration with the source of each value.
+pub(crate) fn show(args: ConfigArgs) -> anyhow::Result<()> {
+    let e = resolve(&args.common)?;
+    let mut rows: Vec<(&str, serde_json::Value, &Source)> = vec![
+        (
+            "workspace",
+            serde_json::json!(e.workspace.value.display().to_string()),
+            &e.workspace.source,
+        ),
+        ("model", serde_json::json!(e.model.value), &e.model.source),
+        (
+            "base_url",
+            serde_json::json!(shown(&e.base_url.value)),
+            &e.base_url.source,
+        ),
+        (
+            "state",
+            serde_json::json!(shown(&e.state.value)),
+            &e.state.source,
+        ),
+        (
+            "store",
+            serde_json::json!(shown(&e.store.value)),
+            &e.store.source,
+        ),
+        (
+            "isolation",
+            serde_json::json!(e.isolation.value.as_str()),
+            &e.isolation.source,
+        ),
+        (
+            "isolated",
+            serde_json::json!(e.isolated.value),
+            &e.isolated.source,
+        ),
+        (
+            "memory.enabled",
+            serde_json::json!(e.memory.value),
+            &e.memory.source,
+        ),
+        (
+            "memory.index",
+            serde_json::json!(shown(&e.memory_index.value)),
+            &e.memory_index.source,
+        ),
+        (
+            "limits.max_iterations",
+            serde_json::json!(e.max_iterations.value),
+            &e.max_iterations.source,
+        ),
+        (
+            "limits.subagent_depth",
+            serde_json::json!(e.subagent_depth.value),
+            &e.subagent_depth.source,
+        ),
+        (
+            "limits.task_wait",
+            serde_json::json!(e.task_wait.value),
+            &e.task_wait.source,
+        ),
+    ];
+    // The API key of the model's provider: whether it is set, never its value.
+    let key_source;
+    if let Some(var) = e.base_url_var() {
+        let key_var = var.replace("_BASE_URL", "_API_KEY");
+        let set = env(&key_var).is_some();
+        key_source = if set {
+            Source::Env(key_var)
+        } else {
+            Source::Default
+        };
+        rows.push((
+            "api_key",
+            if set {
+                serde_json::json!("(set, redacted)")
+            } else {
+                serde_json::Value::Null
+            },
+            &key_source,
+        ));
+    }
+    if args.json {
+        let mut settings = serde_json::Map::new();
+        for (name, value, source) in &rows {
+            settings.insert(
+                (*name).to_owned(),
+                serde_json::json!({"value": value, "source": source.to_string()}),
+            );
+        }
+        let files: Vec<String> = e.files.iter().map(|p| p.display().to_string()).collect();
+        println!(
+            "{}",
+            serde_json::json!({"files": files, "settings": settings})
+        );
+        return Ok(());
+    }
+    for (name, value, source) in &rows {
+        let v = match value {
+            serde_json::Value::Null => "(unset)".to_owned(),
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        println!("{name:<22} {v:<40} {source}");
+    }
+    if e.files.is_empty() {
+        println!(
+            "# no config file read (looked for {} and {})",
+            e.workspace.value.join(WORKSPACE_FILE).display(),
+            user_file().map_or_else(
+                || "~/.config/hame/config.toml".into(),
+                |p| p.display().to_string()
+            )
+        );
+    }
+    Ok(())
+}
