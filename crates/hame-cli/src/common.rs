@@ -31,6 +31,12 @@ pub(crate) struct Common {
     /// Maximum reasoning steps per call, at least 1 [default: 50, or limits.max_iterations of hame.toml]
     #[arg(long, value_parser = at_least_one)]
     max_iterations: Option<usize>,
+    /// The model's context window in tokens, for compaction and offloading budgets (the
+    /// token trigger is 80 % of it or window − 20,000, whichever is larger) [default:
+    /// $HAME_CONTEXT_WINDOW, else limits.context_window of hame.toml, else the model's
+    /// known window (128,000 for unknown models)]
+    #[arg(long, value_name = "TOKENS")]
+    context_window: Option<u64>,
     /// Shared-store mode: tenant files live in this store (redis://..., s3://bucket/prefix)
     /// over the read-only workspace template; no shell tool; see docs/backends.md [default:
     /// $HAME_STORE, else `store` of hame.toml]
@@ -98,6 +104,7 @@ pub(crate) struct Flags {
     pub(crate) no_memory: bool,
     pub(crate) memory_index: Option<String>,
     pub(crate) max_iterations: Option<usize>,
+    pub(crate) context_window: Option<u64>,
     pub(crate) subagent_depth: Option<usize>,
     pub(crate) task_wait: Option<u64>,
 }
@@ -122,6 +129,7 @@ impl Common {
             no_memory: self.no_memory,
             memory_index: self.memory_index.clone(),
             max_iterations: self.max_iterations,
+            context_window: self.context_window,
             subagent_depth: self.subagents.subagent_depth,
             task_wait: self.subagents.task_wait,
         }
@@ -200,6 +208,7 @@ async fn build_agent(
         hame::harness::MemoryOptions::disabled()
     } else {
         let mut options = hame::harness::MemoryOptions::default();
+        options.context_window = config.context_window.value;
         match config.memory_index.value.as_deref() {
             Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
                 let index =

@@ -18,6 +18,7 @@
 //! index = "postgres://user@host/db"
 //! [limits]
 //! max_iterations = 50
+//! context_window = 64000
 //! subagent_depth = 1
 //! task_wait = 600
 //! ```
@@ -69,6 +70,7 @@ struct MemorySection {
 #[serde(deny_unknown_fields)]
 struct Limits {
     max_iterations: Option<usize>,
+    context_window: Option<u64>,
     subagent_depth: Option<usize>,
     task_wait: Option<u64>,
 }
@@ -113,6 +115,7 @@ pub(crate) struct Effective {
     pub(crate) memory: Setting<bool>,
     pub(crate) memory_index: Setting<Option<String>>,
     pub(crate) max_iterations: Setting<usize>,
+    pub(crate) context_window: Setting<Option<u64>>,
     pub(crate) subagent_depth: Setting<usize>,
     pub(crate) task_wait: Setting<u64>,
     /// The configuration files that exist and were read, highest precedence first.
@@ -349,6 +352,22 @@ pub(crate) fn resolve(common: &Common) -> anyhow::Result<Effective> {
         ))
         .into());
     }
+    let context_window = pick(
+        (flags.context_window.map(Some), "--context-window"),
+        env_parsed::<u64>("HAME_CONTEXT_WINDOW")?.map(|(v, n)| (Some(v), n)),
+        &[
+            (w.limits.context_window.map(Some), ws_path.as_path()),
+            (u.limits.context_window.map(Some), up.as_path()),
+        ],
+        None,
+    );
+    if context_window.value.is_some_and(|w| w < 1_000) {
+        return Err(ConfigError(format!(
+            "context_window must be at least 1000 tokens (from {})",
+            context_window.source
+        ))
+        .into());
+    }
     let subagent_depth = pick(
         (flags.subagent_depth, "--subagent-depth"),
         None,
@@ -388,6 +407,7 @@ pub(crate) fn resolve(common: &Common) -> anyhow::Result<Effective> {
         memory,
         memory_index,
         max_iterations,
+        context_window,
         subagent_depth,
         task_wait,
         files,
@@ -476,6 +496,11 @@ pub(crate) fn show(args: ConfigArgs) -> anyhow::Result<()> {
             "limits.max_iterations",
             serde_json::json!(e.max_iterations.value),
             &e.max_iterations.source,
+        ),
+        (
+            "limits.context_window",
+            serde_json::json!(e.context_window.value),
+            &e.context_window.source,
         ),
         (
             "limits.subagent_depth",

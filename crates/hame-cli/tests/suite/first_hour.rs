@@ -862,3 +862,99 @@ async fn the_readme_tour_works_offline() -> TestResult {
     );
     Ok(())
 }
+
+/// `--context-window` (issue #16: the CLI could not declare a window): the compaction
+/// trigger follows the declared window, not the model's (128,000 for an unknown model).
+#[tokio::test]
+async fn a_declared_context_window_drives_compaction() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::text("NO_REPLY").when_system("You extract durable facts"),
+        ScriptStep::text(
+            "## Intent\nTest.\n## Progress\nNone\n## Artifacts\nNone\n## Next steps\nNone",
+        )
+        .when_system("You write the working summary"),
+        ScriptStep::text(
+            "## Intent\nTest.\n## Progress\nNone\n## Artifacts\nNone\n## Next steps\nNone",
+        )
+        .when_system("You write the working summary"),
+        ScriptStep::text(
+            "## Intent\nTest.\n## Progress\nNone\n## Artifacts\nNone\n## Next steps\nNone",
+        )
+        .when_system("You write the working summary"),
+        ScriptStep::text(
+            "## Intent\nTest.\n## Progress\nNone\n## Artifacts\nNone\n## Next steps\nNone",
+        )
+        .when_system("You write the working summary"),
+        ScriptStep::text("one"),
+        ScriptStep::text("two"),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let (wsa, state) = (s(&ws), s(&dir.path().join("state")));
+    let base = server.base_url();
+    let env = [
+        ("HAME_STATE_HOME", state.as_str()),
+        ("OPENAI_BASE_URL", base.as_str()),
+        ("OPENAI_API_KEY", "scripted"),
+    ];
+    let v = config_json(
+        dir.path(),
+        &["--workspace", &wsa, "--context-window", "12000"],
+        &env,
+    )
+    .await?;
+    assert_eq!(
+        setting(&v, "limits.context_window"),
+        (12000.into(), "flag --context-window".into())
+    );
+    // ~5,000 tokens per message: the second call is past 80 % of 12,000 (and far below
+    // the model's own 128,000), the first is not.
+    let long = "plenty of words here ".repeat(950);
+    for (i, reply) in ["one", "two"].iter().enumerate() {
+        let out = output(hame(
+            &[
+                "run",
+                "--model",
+                "openai:m",
+                "--workspace",
+                &wsa,
+                "--context-window",
+                "12000",
+                &format!("{i}: {long}"),
+            ],
+            &env,
+            dir.path(),
+        ))
+        .await?;
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert_eq!(stdout(&out).trim(), *reply);
+    }
+    let summaries = server
+        .requests()
+        .iter()
+        .filter(|r| r.system_text().contains("You write the working summary"))
+        .count();
+    // The second call compacted the first, and the summariser's input budget (half the
+    // declared window) split the transcript into parts and a merge.
+    assert!(summaries >= 2, "{summaries} summary requests");
+    // A window too small to hold anything is refused before anything runs.
+    let out = output(hame(
+        &[
+            "run",
+            "--model",
+            "openai:m",
+            "--workspace",
+            &wsa,
+            "--context-window",
+            "10",
+            "hi",
+        ],
+        &env,
+        dir.path(),
+    ))
+    .await?;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    Ok(())
+}
