@@ -113,11 +113,19 @@ impl Model for Scripted {
     }
 
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
+        // As the fake server counts (messages and tool schemas), so that the usage reported
+        // back (chars / 4, as the server reports it) drives compaction the same way.
         let chars = request.system.len()
             + request
                 .messages
                 .iter()
-                .map(|m| m.text_content().len())
+                .flat_map(|m| m.content.iter())
+                .map(|b| match b {
+                    hame::ContentBlock::Text { text } => text.len(),
+                    hame::ContentBlock::ToolCall(c) => c.name.len() + c.arguments.len(),
+                    hame::ContentBlock::ToolResult(r) => r.content.len(),
+                    _ => 0,
+                })
                 .sum::<usize>()
             + request
                 .tools
