@@ -16,6 +16,7 @@ mod common;
 mod run;
 mod sandbox;
 mod secrets;
+mod serve;
 mod signals;
 mod skills;
 mod tasks;
@@ -79,6 +80,14 @@ enum Command {
     Skills {
         #[command(subcommand)]
         command: skills::SkillsCommand,
+    },
+    /// Serve the agent over HTTP: sessions as JSON and SSE, an OpenAI-compatible
+    /// `/v1/chat/completions`, `/metrics` and a web console at `/` (docs/gateway.md).
+    /// Prints `listening on http://ADDR` when ready; SIGTERM drains in-flight turns and
+    /// exits 0. Without --auth only a loopback address is accepted.
+    Serve {
+        #[command(flatten)]
+        args: serve::ServeArgs,
     },
     /// The subagent task records of a session (`agents/<agent>/tasks/`), oldest first.
     /// Records left running by a process that is gone are marked failed (interrupted).
@@ -149,6 +158,7 @@ fn main() -> ExitCode {
             Command::Sandbox { command } => sandbox::command(command).await,
             Command::Skills { command } => skills::run(command).await,
             Command::Tasks { common, json } => tasks::tasks(common, json).await,
+            Command::Serve { args } => serve::serve(args).await,
         };
         // Nothing hame started outlives it.
         sandbox::shutdown().await;
