@@ -47,9 +47,9 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         return Err(ConfigError(format!("--listen {} resolves to no address", args.listen)).into());
     };
     let auth = match &args.auth {
-        Some(path) => Some(
-            hame_gateway::Auth::from_file(path).map_err(|e| ConfigError(e.to_string()))?,
-        ),
+        Some(path) => {
+            Some(hame_gateway::Auth::from_file(path).map_err(|e| ConfigError(e.to_string()))?)
+        }
         None => None,
     };
     if auth.is_none() && !addrs.iter().all(|a| a.ip().is_loopback()) {

@@ -146,7 +146,11 @@ async fn main() -> anyhow::Result<()> {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(1024)
         .build()?;
-    println!("gateway_bench: release={} cores={}", !cfg!(debug_assertions), std::thread::available_parallelism().map_or(0, |n| n.get()));
+    println!(
+        "gateway_bench: release={} cores={}",
+        !cfg!(debug_assertions),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
 
     // Warm up (connections, the model client, file caches).
     load(&client, &base, 10, 1).await.context("warm-up")?;

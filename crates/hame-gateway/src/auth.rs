@@ -103,7 +103,8 @@ mod tests {
 
     #[test]
     fn tokens_decide_the_user() -> Result<()> {
-        let auth = Auth::from_json(r#"{"tokens": {"t1": {"user": "alice"}, "t2": {"user": "bob"}}}"#)?;
+        let auth =
+            Auth::from_json(r#"{"tokens": {"t1": {"user": "alice"}, "t2": {"user": "bob"}}}"#)?;
         assert_eq!(auth.user_of("t1"), Some("alice"));
         assert_eq!(auth.user_of("t2"), Some("bob"));
         assert_eq!(auth.user_of("t3"), None);

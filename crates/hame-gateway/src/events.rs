@@ -113,12 +113,7 @@ impl Hub {
 
     /// The events after `after` still in the ring, whether a turn is active, and (when
     /// `follow`) a receiver of later events.
-    pub(crate) fn replay(
-        &self,
-        key: &str,
-        after: u64,
-        follow: bool,
-    ) -> Replay {
+    pub(crate) fn replay(&self, key: &str, after: u64, follow: bool) -> Replay {
         self.with(key, |s| {
             let past: Vec<Arc<Event>> = s.ring.iter().filter(|e| e.id > after).cloned().collect();
             let rx = follow.then(|| {

@@ -145,7 +145,10 @@ mod tests {
         };
         first.ready().await;
         let waited = tokio::time::timeout(std::time::Duration::from_millis(50), second.ready());
-        assert!(waited.await.is_err(), "the second turn must wait for the first");
+        assert!(
+            waited.await.is_err(),
+            "the second turn must wait for the first"
+        );
         drop(first);
         second.ready().await;
         assert_eq!(gates.waiting(), 0);

@@ -226,8 +226,8 @@ impl Gateway {
                             "turns still running after the drain timeout; cancelling them"
                         );
                         shared.cancel.cancel();
-                        let _ = tokio::time::timeout(Duration::from_secs(5), shared.turns.wait())
-                            .await;
+                        let _ =
+                            tokio::time::timeout(Duration::from_secs(5), shared.turns.wait()).await;
                         Ok(())
                     }
                 }

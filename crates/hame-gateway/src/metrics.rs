@@ -69,7 +69,10 @@ impl Metrics {
     pub(crate) fn render(&self, agent: &str, g: &Gauges) -> String {
         let mut out = String::new();
         let a = escape(agent);
-        let _ = writeln!(out, "# HELP hame_turns_total Turns (calls and resumes) by outcome.");
+        let _ = writeln!(
+            out,
+            "# HELP hame_turns_total Turns (calls and resumes) by outcome."
+        );
         let _ = writeln!(out, "# TYPE hame_turns_total counter");
         if let Ok(t) = self.turns.lock() {
             for (outcome, n) in t.iter() {
@@ -91,14 +94,20 @@ impl Metrics {
             "hame_turn_seconds_count{{agent=\"{a}\"}} {}",
             self.turn_count.load(Ordering::Relaxed)
         );
-        let _ = writeln!(out, "# HELP hame_steps_total Reasoning steps (model requests).");
+        let _ = writeln!(
+            out,
+            "# HELP hame_steps_total Reasoning steps (model requests)."
+        );
         let _ = writeln!(out, "# TYPE hame_steps_total counter");
         let _ = writeln!(
             out,
             "hame_steps_total{{agent=\"{a}\"}} {}",
             self.steps.load(Ordering::Relaxed)
         );
-        let _ = writeln!(out, "# HELP hame_tool_calls_total Tool calls by name and outcome.");
+        let _ = writeln!(
+            out,
+            "# HELP hame_tool_calls_total Tool calls by name and outcome."
+        );
         let _ = writeln!(out, "# TYPE hame_tool_calls_total counter");
         if let Ok(t) = self.tools.lock() {
             for ((name, outcome), n) in t.iter() {
@@ -121,7 +130,10 @@ impl Metrics {
             "hame_tokens_total{{agent=\"{a}\",kind=\"output\"}} {}",
             self.output_tokens.load(Ordering::Relaxed)
         );
-        let _ = writeln!(out, "# HELP hame_requests_refused_total Requests refused, by reason.");
+        let _ = writeln!(
+            out,
+            "# HELP hame_requests_refused_total Requests refused, by reason."
+        );
         let _ = writeln!(out, "# TYPE hame_requests_refused_total counter");
         if let Ok(r) = self.refused.lock() {
             for (reason, n) in r.iter() {
@@ -131,13 +143,19 @@ impl Metrics {
                 );
             }
         }
-        let _ = writeln!(out, "# HELP hame_queue_depth Turns waiting behind a running turn of their session.");
+        let _ = writeln!(
+            out,
+            "# HELP hame_queue_depth Turns waiting behind a running turn of their session."
+        );
         let _ = writeln!(out, "# TYPE hame_queue_depth gauge");
         let _ = writeln!(out, "hame_queue_depth{{agent=\"{a}\"}} {}", g.queue_depth);
         let _ = writeln!(out, "# HELP hame_turns_in_flight Turns running or waiting.");
         let _ = writeln!(out, "# TYPE hame_turns_in_flight gauge");
         let _ = writeln!(out, "hame_turns_in_flight{{agent=\"{a}\"}} {}", g.in_flight);
-        let _ = writeln!(out, "# HELP hame_sessions Sessions the gateway holds events for.");
+        let _ = writeln!(
+            out,
+            "# HELP hame_sessions Sessions the gateway holds events for."
+        );
         let _ = writeln!(out, "# TYPE hame_sessions gauge");
         let _ = writeln!(out, "hame_sessions{{agent=\"{a}\"}} {}", g.sessions);
         out

@@ -35,14 +35,8 @@ pub(crate) fn router(shared: AppState) -> Router {
         )
         .route("/v1/sessions/{session}/events", get(get_events))
         .route("/v1/sessions/{session}/tasks", get(get_tasks))
-        .route(
-            "/v1/sessions/{session}/approvals",
-            get(get_approvals),
-        )
-        .route(
-            "/v1/sessions/{session}/approvals/{id}",
-            post(post_approval),
-        )
+        .route("/v1/sessions/{session}/approvals", get(get_approvals))
+        .route("/v1/sessions/{session}/approvals/{id}", post(post_approval))
         .route("/v1/memory", get(get_memory))
         .route("/v1/chat/completions", post(crate::openai::completions))
         .fallback(|| async { ApiError::not_found("no such route") })
@@ -229,7 +223,10 @@ async fn get_messages(
     }
 }
 
-fn session_log(shared: &Shared, ctx: &RuntimeContext) -> Result<hame::session::SessionLog, ApiError> {
+fn session_log(
+    shared: &Shared,
+    ctx: &RuntimeContext,
+) -> Result<hame::session::SessionLog, ApiError> {
     let ws = shared
         .agent
         .workspace_for(ctx)

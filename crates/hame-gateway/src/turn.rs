@@ -48,8 +48,13 @@ pub(crate) fn start(
     if shared.draining.is_cancelled() {
         return Err(ApiError::draining());
     }
-    hame::harness::validate_id("session id", &session)
-        .map_err(|e| ApiError::new(axum::http::StatusCode::BAD_REQUEST, "invalid_id", e.to_string()))?;
+    hame::harness::validate_id("session id", &session).map_err(|e| {
+        ApiError::new(
+            axum::http::StatusCode::BAD_REQUEST,
+            "invalid_id",
+            e.to_string(),
+        )
+    })?;
     let key = key(shared.agent.name(), user.as_deref(), &session);
     let Some(mut ticket) = shared.gates.enter(&key) else {
         shared.metrics.refused("queue_full");

@@ -38,19 +38,26 @@ impl Serve {
         std::fs::create_dir_all(&ws)?;
         let stderr = dir.join(format!("serve-{}.err", std::process::id()));
         let mut cmd = std::process::Command::new(bin());
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--model", "openai:m", "--no-memory"])
-            .arg("--workspace")
-            .arg(&ws)
-            .args(args)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("HOME", dir)
-            .env("OPENAI_BASE_URL", model)
-            .env("HAME_STATE_HOME", dir.join("state"))
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&stderr)?);
+        cmd.args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--model",
+            "openai:m",
+            "--no-memory",
+        ])
+        .arg("--workspace")
+        .arg(&ws)
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", dir)
+        .env("OPENAI_BASE_URL", model)
+        .env("HAME_STATE_HOME", dir.join("state"))
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&stderr)?);
         let mut child = cmd.spawn()?;
         let stdout = child.stdout.take().ok_or("no stdout")?;
         let mut line = String::new();
@@ -175,7 +182,10 @@ async fn serve_answers_json_and_sse_with_ids_and_replays_after_an_id() -> TestRe
         ScriptStep::text("Plain answer."),
     ]);
     let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
-    assert_eq!(client().get(serve.at("/healthz")).send().await?.status(), 200);
+    assert_eq!(
+        client().get(serve.at("/healthz")).send().await?.status(),
+        200
+    );
 
     let events = post_sse(
         &serve.at("/v1/sessions/s1/messages"),
@@ -199,7 +209,10 @@ async fn serve_answers_json_and_sse_with_ids_and_replays_after_an_id() -> TestRe
         .filter_map(|e| e.data["text"].as_str())
         .collect();
     assert_eq!(deltas, "I wrote notes.txt.");
-    assert_eq!(std::fs::read_to_string(dir.path().join("ws/notes.txt"))?, "hello");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("ws/notes.txt"))?,
+        "hello"
+    );
 
     // A stream that dropped after the second event replays the rest, by query or header.
     let replay = client()
@@ -244,8 +257,16 @@ async fn serve_answers_json_and_sse_with_ids_and_replays_after_an_id() -> TestRe
         .json()
         .await?;
     let on_disk = ws_log(dir.path(), None, "s1");
-    assert_eq!(log["messages"].as_array().map(Vec::len), Some(on_disk.len()));
-    let list: Value = client().get(serve.at("/v1/sessions")).send().await?.json().await?;
+    assert_eq!(
+        log["messages"].as_array().map(Vec::len),
+        Some(on_disk.len())
+    );
+    let list: Value = client()
+        .get(serve.at("/v1/sessions"))
+        .send()
+        .await?
+        .json()
+        .await?;
     assert_eq!(list["sessions"][0]["id"], "s1");
     let tasks: Value = client()
         .get(serve.at("/v1/sessions/s1/tasks"))
@@ -264,7 +285,10 @@ async fn serve_answers_json_and_sse_with_ids_and_replays_after_an_id() -> TestRe
         .send()
         .await?;
     assert_eq!(bad.status(), 400);
-    let missing = client().get(serve.at("/v1/sessions/nope/messages")).send().await?;
+    let missing = client()
+        .get(serve.at("/v1/sessions/nope/messages"))
+        .send()
+        .await?;
     assert_eq!(missing.status(), 404);
     Ok(())
 }
@@ -339,7 +363,10 @@ async fn serve_with_auth_needs_a_bearer_token_and_the_token_decides_the_user() -
         .await?
         .text()
         .await?;
-    assert!(parse_sse(&events).is_empty(), "bob replays none of alice's events");
+    assert!(
+        parse_sse(&events).is_empty(),
+        "bob replays none of alice's events"
+    );
     // The console page takes the token in its address.
     let r = c.get(serve.at("/?token=tok-alice")).send().await?;
     assert_eq!(r.status(), 200);
@@ -365,7 +392,14 @@ async fn serve_refuses_a_public_address_without_auth() -> TestResult {
     let bad = dir.path().join("auth.json");
     std::fs::write(&bad, "{\"tokens\": 3}")?;
     let out = std::process::Command::new(bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--model", "openai:m", "--auth"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--model",
+            "openai:m",
+            "--auth",
+        ])
         .arg(&bad)
         .env_clear()
         .env("HOME", dir.path())
@@ -417,7 +451,10 @@ async fn serve_runs_turns_of_one_session_in_order_and_sessions_in_parallel() -> 
         let c = c.clone();
         let url = serve.at(&format!("/v1/sessions/p{i}/messages"));
         handles.push(tokio::spawn(async move {
-            c.post(url).json(&json!({"message": format!("m{i}")})).send().await
+            c.post(url)
+                .json(&json!({"message": format!("m{i}")}))
+                .send()
+                .await
         }));
     }
     for (i, h) in handles.into_iter().enumerate() {
@@ -480,8 +517,13 @@ async fn serve_drains_in_flight_turns_on_sigterm_and_exits_0() -> TestResult {
     model.push(ScriptStep::text("finished anyway").with_delay(Duration::from_millis(1500)));
     let mut serve = Serve::start(dir.path(), &model.base_url(), &[])?;
     let url = serve.at("/v1/sessions/d/messages");
-    let inflight =
-        tokio::spawn(async move { client().post(url).json(&json!({"message": "x"})).send().await });
+    let inflight = tokio::spawn(async move {
+        client()
+            .post(url)
+            .json(&json!({"message": "x"}))
+            .send()
+            .await
+    });
     tokio::time::sleep(Duration::from_millis(400)).await;
     let killed = std::process::Command::new("kill")
         .args(["-TERM", &serve.pid().to_string()])
@@ -583,7 +625,10 @@ async fn serve_suspends_a_call_for_approval_and_resumes_it_over_http() -> TestRe
     assert_eq!(r.status(), 202);
     let body: Value = r.json().await?;
     assert_eq!(body["status"], "approval_needed");
-    let id = body["approvals"][0]["id"].as_str().ok_or("no id")?.to_owned();
+    let id = body["approvals"][0]["id"]
+        .as_str()
+        .ok_or("no id")?
+        .to_owned();
     let r = c
         .post(serve.at(&format!("/v1/sessions/a/approvals/{id}")))
         .header("accept", "text/event-stream")
@@ -592,7 +637,11 @@ async fn serve_suspends_a_call_for_approval_and_resumes_it_over_http() -> TestRe
         .await?;
     let events = parse_sse(&r.text().await?);
     assert_eq!(events.last().map(|e| e.event.as_str()), Some("finished"));
-    assert!(events.iter().any(|e| e.event == "tool_finished" && e.data["is_error"] == true));
+    assert!(
+        events
+            .iter()
+            .any(|e| e.event == "tool_finished" && e.data["is_error"] == true)
+    );
     assert!(!ws.join("no.txt").exists());
     Ok(())
 }
@@ -601,7 +650,10 @@ async fn serve_suspends_a_call_for_approval_and_resumes_it_over_http() -> TestRe
 async fn serve_speaks_openai_chat_completions() -> TestResult {
     let dir = tempfile::tempdir()?;
     let model = ScriptedServer::start().await?;
-    model.push_all([ScriptStep::text("first reply"), ScriptStep::text("streamed reply")]);
+    model.push_all([
+        ScriptStep::text("first reply"),
+        ScriptStep::text("streamed reply"),
+    ]);
     let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
     let c = client();
     let url = serve.at("/v1/chat/completions");
@@ -646,8 +698,16 @@ async fn serve_speaks_openai_chat_completions() -> TestResult {
         .filter_map(|c| c.data["choices"][0]["delta"]["content"].as_str())
         .collect();
     assert_eq!(content, "streamed reply");
-    assert!(chunks.iter().any(|c| c.data["usage"]["total_tokens"].as_u64().is_some()));
-    assert!(chunks.iter().any(|c| c.data["choices"][0]["finish_reason"] == "stop"));
+    assert!(
+        chunks
+            .iter()
+            .any(|c| c.data["usage"]["total_tokens"].as_u64().is_some())
+    );
+    assert!(
+        chunks
+            .iter()
+            .any(|c| c.data["choices"][0]["finish_reason"] == "stop")
+    );
     // Both turns are in the one session.
     assert_eq!(
         texts(&ws_log(dir.path(), None, "oa")),
@@ -756,13 +816,19 @@ async fn serve_works_with_the_official_openai_python_sdk() -> TestResult {
     };
     let dir = tempfile::tempdir()?;
     let model = ScriptedServer::start().await?;
-    model.push_all([ScriptStep::text("sdk reply"), ScriptStep::text("sdk stream")]);
+    model.push_all([
+        ScriptStep::text("sdk reply"),
+        ScriptStep::text("sdk stream"),
+    ]);
     let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
     let script = dir.path().join("client.py");
     std::fs::write(&script, OPENAI_CLIENT_PY)?;
     let base = serve.at("/v1");
     let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(py).arg(script).arg(base).output()
+        std::process::Command::new(py)
+            .arg(script)
+            .arg(base)
+            .output()
     })
     .await??;
     assert!(
@@ -856,7 +922,9 @@ async fn serve_console_chats_in_headless_chromium() -> TestResult {
     assert!(dom.contains("list_files"), "the tool call is not shown");
     // The message was sent and logged once.
     assert_eq!(
-        texts(&ws_log(dir.path(), None, "web")).first().map(String::as_str),
+        texts(&ws_log(dir.path(), None, "web"))
+            .first()
+            .map(String::as_str),
         Some("user: hello console")
     );
     // A screenshot of the page with the conversation loaded (kept for a look).
