@@ -960,3 +960,59 @@ async fn serve_console_chats_in_headless_chromium() -> TestResult {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn serve_replays_and_follows_a_turn_after_a_stream_dropped_mid_turn() -> TestResult {
+    use futures::StreamExt;
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    model.push(
+        ScriptStep::text("one two three four five six seven eight")
+            .with_chunk_delay(Duration::from_millis(150)),
+    );
+    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
+    let resp = client()
+        .post(serve.at("/v1/sessions/r/messages"))
+        .header("accept", "text/event-stream")
+        .json(&json!({"message": "talk"}))
+        .send()
+        .await?;
+    // Read until the first complete event, then drop the stream.
+    let mut body = resp.bytes_stream();
+    let mut text = String::new();
+    while !text.contains("\n\n") {
+        let chunk = body.next().await.ok_or("stream ended early")??;
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    drop(body);
+    let first = parse_sse(&text);
+    let last_id = first.last().and_then(|e| e.id).ok_or("no id")?;
+    // Reconnect with Last-Event-ID: the rest of the turn, live, up to `finished`.
+    let rest = client()
+        .get(serve.at("/v1/sessions/r/events"))
+        .header("last-event-id", last_id.to_string())
+        .send()
+        .await?
+        .text()
+        .await?;
+    let rest = parse_sse(&rest);
+    assert_eq!(rest.last().map(|e| e.event.as_str()), Some("finished"));
+    assert!(rest.iter().all(|e| e.id.unwrap_or(0) > last_id));
+    let ids: Vec<u64> = first
+        .iter()
+        .chain(rest.iter())
+        .filter_map(|e| e.id)
+        .collect();
+    assert!(
+        ids.windows(2).all(|w| w[1] == w[0] + 1),
+        "no gap, no repeat: {ids:?}"
+    );
+    let text: String = first
+        .iter()
+        .chain(rest.iter())
+        .filter(|e| e.event == "text_delta")
+        .filter_map(|e| e.data["text"].as_str())
+        .collect();
+    assert_eq!(text, "one two three four five six seven eight");
+    Ok(())
+}
