@@ -7,7 +7,8 @@
 //! cargo run --release -p hame-gateway --example gateway_bench
 //! ```
 //! Figures are recorded in docs/gateway.md. Options: `--seconds N` per concurrency level
-//! (default 5), `--idle N` idle sessions (default 10000).
+//! (default 5), `--idle N` idle sessions (default 10000), `--tmpfs` workspace and state on
+//! /dev/shm (fsync is free there: the CPU cost of a turn without the disk's).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::sync::Arc;
@@ -52,39 +53,72 @@ fn arg(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-async fn post(client: &reqwest::Client, base: &str, session: &str) -> anyhow::Result<()> {
-    let r = client
+async fn post(
+    client: &reqwest::Client,
+    base: &str,
+    user: Option<&str>,
+    session: &str,
+) -> anyhow::Result<()> {
+    let mut req = client
         .post(format!("{base}/v1/sessions/{session}/messages"))
-        .json(&serde_json::json!({"message": "hi"}))
-        .send()
-        .await?;
+        .json(&serde_json::json!({"message": "hi"}));
+    if let Some(u) = user {
+        req = req.header("x-hame-user", u);
+    }
+    let r = req.send().await?;
     anyhow::ensure!(r.status() == 200, "status {}", r.status());
     r.bytes().await?;
     Ok(())
 }
 
-/// `workers` concurrent sessions posting turns for `secs`; returns turns/s and p50/p99.
+/// Where a load sends its turns.
+#[derive(Clone)]
+enum Via {
+    Http(reqwest::Client, String),
+    Library(HarnessAgent),
+}
+
+impl Via {
+    async fn turn(&self, user: Option<&str>, session: &str) -> anyhow::Result<()> {
+        match self {
+            Via::Http(client, base) => post(client, base, user, session).await,
+            Via::Library(agent) => {
+                let mut ctx = RuntimeContext::new(session);
+                if let Some(u) = user {
+                    ctx = ctx.with_user(u);
+                }
+                agent.call(Message::user("hi"), &ctx).await?;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// `workers` concurrent sessions (each worker its own user when `users`) sending turns
+/// for `secs`; returns turns/s and p50/p99.
 async fn load(
-    client: &reqwest::Client,
-    base: &str,
+    via: &Via,
+    tag: &str,
     workers: u64,
     secs: u64,
+    users: bool,
 ) -> anyhow::Result<(f64, Duration, Duration)> {
     let done = Arc::new(AtomicU64::new(0));
     let stop = Instant::now() + Duration::from_secs(secs);
     let started = Instant::now();
     let mut handles = Vec::new();
     for w in 0..workers {
-        let client = client.clone();
-        let base = base.to_owned();
+        let via = via.clone();
         let done = done.clone();
+        let tag = tag.to_owned();
         handles.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let mut n = 0u64;
+            let user = users.then(|| format!("{tag}u{w}"));
             while Instant::now() < stop {
-                let session = format!("load{workers}-w{w}-{}", n / TURNS_PER_SESSION);
+                let session = format!("{tag}{workers}-w{w}-{}", n / TURNS_PER_SESSION);
                 let t = Instant::now();
-                post(&client, &base, &session).await?;
+                via.turn(user.as_deref(), &session).await?;
                 lat.push(t.elapsed());
                 n += 1;
                 done.fetch_add(1, Ordering::Relaxed);
@@ -109,7 +143,14 @@ async fn load(
 async fn main() -> anyhow::Result<()> {
     let secs = arg("--seconds", 5);
     let idle = arg("--idle", 10_000);
-    let dir = tempfile::tempdir()?;
+    // `--tmpfs`: workspace and state on /dev/shm, where fsync costs nothing: the CPU cost
+    // of a turn without the disk's.
+    let tmpfs = std::env::args().any(|a| a == "--tmpfs");
+    let dir = if tmpfs {
+        tempfile::tempdir_in("/dev/shm")?
+    } else {
+        tempfile::tempdir()?
+    };
     let ws = dir.path().join("ws");
     std::fs::create_dir_all(&ws)?;
     std::fs::write(ws.join("AGENTS.md"), "You are a benchmark agent.")?;
@@ -147,33 +188,39 @@ async fn main() -> anyhow::Result<()> {
         .pool_max_idle_per_host(1024)
         .build()?;
     println!(
-        "gateway_bench: release={} cores={}",
+        "gateway_bench: release={} cores={} dir={}",
         !cfg!(debug_assertions),
-        std::thread::available_parallelism().map_or(0, |n| n.get())
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        if tmpfs {
+            "/dev/shm (tmpfs)"
+        } else {
+            "temp dir (disk)"
+        }
     );
 
+    let http = Via::Http(client.clone(), base.clone());
+    let lib = Via::Library(agent.clone());
     // Warm up (connections, the model client, file caches).
-    load(&client, &base, 10, 1).await.context("warm-up")?;
+    load(&http, "warm", 10, 1, false).await.context("warm-up")?;
 
-    // Added latency: the same turn (a new session's first and later turns) through the
-    // library and over HTTP, one at a time.
+    // Added latency: the same turn through the library and over HTTP, one at a time,
+    // interleaved so drift (page cache, allocator) hits both alike.
     let n = 300u64;
-    let mut lib = Vec::new();
-    for i in 0..n {
-        let ctx = RuntimeContext::new(format!("lib-{}", i / TURNS_PER_SESSION));
-        let t = Instant::now();
-        agent.call(Message::user("hi"), &ctx).await?;
-        lib.push(t.elapsed());
-    }
-    let mut http = Vec::new();
+    let mut lib_lat = Vec::new();
+    let mut http_lat = Vec::new();
     for i in 0..n {
         let t = Instant::now();
-        post(&client, &base, &format!("http-{}", i / TURNS_PER_SESSION)).await?;
-        http.push(t.elapsed());
+        lib.turn(None, &format!("lib-{}", i / TURNS_PER_SESSION))
+            .await?;
+        lib_lat.push(t.elapsed());
+        let t = Instant::now();
+        http.turn(None, &format!("http-{}", i / TURNS_PER_SESSION))
+            .await?;
+        http_lat.push(t.elapsed());
     }
-    lib.sort();
-    http.sort();
-    let (lib50, http50) = (pct(&lib, 0.5), pct(&http, 0.5));
+    lib_lat.sort();
+    http_lat.sort();
+    let (lib50, http50) = (pct(&lib_lat, 0.5), pct(&http_lat, 0.5));
     println!(
         "latency, 1 at a time ({n} turns each): library p50 {:.3} ms, HTTP p50 {:.3} ms, added p50 {:.3} ms",
         lib50.as_secs_f64() * 1e3,
@@ -181,25 +228,32 @@ async fn main() -> anyhow::Result<()> {
         (http50.as_secs_f64() - lib50.as_secs_f64()) * 1e3
     );
 
-    for workers in [1u64, 50, 500] {
-        let (tps, p50, p99) = load(&client, &base, workers, secs).await?;
-        println!(
-            "throughput, {workers:>3} concurrent sessions, {secs} s: {tps:>7.0} turns/s (p50 {:.1} ms, p99 {:.1} ms)",
-            p50.as_secs_f64() * 1e3,
-            p99.as_secs_f64() * 1e3
-        );
+    for (users, what) in [(false, "one user"), (true, "a user per session")] {
+        for workers in [1u64, 50, 500] {
+            for (via, name) in [(&lib, "library"), (&http, "HTTP")] {
+                let tag = format!("{}{}", &name[..1], if users { "u" } else { "s" });
+                let (tps, p50, p99) = load(via, &tag, workers, secs, users).await?;
+                println!(
+                    "throughput, {what:<18}, {workers:>3} concurrent sessions, {name:<7}: {tps:>6.0} turns/s (p50 {:.1} ms, p99 {:.1} ms)",
+                    p50.as_secs_f64() * 1e3,
+                    p99.as_secs_f64() * 1e3
+                );
+            }
+        }
     }
-
-    // Idle sessions: each had one turn, so the gateway holds its gate entry and event ring.
+    // Idle sessions last: each had one turn (each its own user: one user's session index is
+    // rewritten whole on every call, so 10,000 sessions of one user measure the index, not
+    // the gateway), so the gateway holds its gate entry and event ring for each.
     let before = rss_mb();
     let sem = Arc::new(tokio::sync::Semaphore::new(50));
     let mut handles = Vec::new();
+    let idle_started = Instant::now();
     for i in 0..idle {
         let permit = sem.clone().acquire_owned().await?;
         let client = client.clone();
         let base = base.clone();
         handles.push(tokio::spawn(async move {
-            let r = post(&client, &base, &format!("idle-{i}")).await;
+            let r = post(&client, &base, Some(&format!("idle{i}")), "s").await;
             drop(permit);
             r
         }));
@@ -207,11 +261,14 @@ async fn main() -> anyhow::Result<()> {
     for h in handles {
         h.await??;
     }
+    let idle_secs = idle_started.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = rss_mb();
     println!(
-        "memory: RSS {before:.1} MB before, {after:.1} MB with {idle} more idle sessions (whole process: model server, agent, gateway, client)"
+        "memory: RSS {before:.1} MB before, {after:.1} MB with {idle} idle sessions (+{:.1} MB; whole process: model server, agent, gateway, client; {idle} turns took {idle_secs:.1} s)",
+        after - before
     );
+
     let _ = stop_tx.send(());
     server.await??;
     Ok(())
