@@ -8,7 +8,8 @@
 //! ```
 //! Figures are recorded in docs/gateway.md. Options: `--seconds N` per concurrency level
 //! (default 5), `--idle N` idle sessions (default 10000), `--tmpfs` workspace and state on
-//! /dev/shm (fsync is free there: the CPU cost of a turn without the disk's).
+//! /dev/shm (fsync is free there: the CPU cost of a turn without the disk's), `--idle-only`
+//! only the memory figure (in a fresh process).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::sync::Arc;
@@ -203,9 +204,11 @@ async fn main() -> anyhow::Result<()> {
     // Warm up (connections, the model client, file caches).
     load(&http, "warm", 10, 1, false).await.context("warm-up")?;
 
+    // `--idle-only`: only the memory figure, in a fresh process.
+    let idle_only = std::env::args().any(|a| a == "--idle-only");
     // Added latency: the same turn through the library and over HTTP, one at a time,
     // interleaved so drift (page cache, allocator) hits both alike.
-    let n = 300u64;
+    let n = if idle_only { 0 } else { 300u64 };
     let mut lib_lat = Vec::new();
     let mut http_lat = Vec::new();
     for i in 0..n {
@@ -221,14 +224,21 @@ async fn main() -> anyhow::Result<()> {
     lib_lat.sort();
     http_lat.sort();
     let (lib50, http50) = (pct(&lib_lat, 0.5), pct(&http_lat, 0.5));
-    println!(
-        "latency, 1 at a time ({n} turns each): library p50 {:.3} ms, HTTP p50 {:.3} ms, added p50 {:.3} ms",
-        lib50.as_secs_f64() * 1e3,
-        http50.as_secs_f64() * 1e3,
-        (http50.as_secs_f64() - lib50.as_secs_f64()) * 1e3
-    );
+    if n > 0 {
+        println!(
+            "latency, 1 at a time ({n} turns each): library p50 {:.3} ms, HTTP p50 {:.3} ms, added p50 {:.3} ms",
+            lib50.as_secs_f64() * 1e3,
+            http50.as_secs_f64() * 1e3,
+            (http50.as_secs_f64() - lib50.as_secs_f64()) * 1e3
+        );
+    }
 
-    for (users, what) in [(false, "one user"), (true, "a user per session")] {
+    let modes: &[(bool, &str)] = if idle_only {
+        &[]
+    } else {
+        &[(false, "one user"), (true, "a user per session")]
+    };
+    for &(users, what) in modes {
         for workers in [1u64, 50, 500] {
             for (via, name) in [(&lib, "library"), (&http, "HTTP")] {
                 let tag = format!("{}{}", &name[..1], if users { "u" } else { "s" });
