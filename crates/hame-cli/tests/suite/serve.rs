@@ -124,6 +124,35 @@ fn parse_sse(text: &str) -> Vec<Sse> {
         .collect()
 }
 
+/// Waits (bounded) until `cond` holds.
+async fn until(what: &str, mut cond: impl FnMut() -> bool) -> TestResult {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        if Instant::now() > deadline {
+            return Err(format!("timed out waiting for {what}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// The value of a metric line `name{labels} value` of `/metrics`.
+async fn metric(serve: &Serve, series: &str) -> Result<f64, Box<dyn std::error::Error>> {
+    let text = client()
+        .get(serve.at("/metrics"))
+        .send()
+        .await?
+        .text()
+        .await?;
+    Ok(text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(series)
+                .map(|v| v.trim().parse().unwrap_or(-1.0))
+        })
+        .unwrap_or(0.0))
+}
+
 fn client() -> reqwest::Client {
     reqwest::Client::new()
 }
@@ -425,7 +454,10 @@ async fn serve_runs_turns_of_one_session_in_order_and_sessions_in_parallel() -> 
         let (c, url) = (c.clone(), url.clone());
         tokio::spawn(async move { c.post(url).json(&json!({"message": "first"})).send().await })
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    until("the first turn's model request", || {
+        model.request_count() >= 1
+    })
+    .await?;
     let second = {
         let (c, url) = (c.clone(), url.clone());
         tokio::spawn(async move { c.post(url).json(&json!({"message": "second"})).send().await })
@@ -475,7 +507,7 @@ async fn serve_answers_429_with_retry_after_when_a_session_queue_is_full() -> Te
     let dir = tempfile::tempdir()?;
     let model = ScriptedServer::start().await?;
     model.set_responder(|_: &hame_test_support::RecordedRequest| {
-        ScriptStep::text("slow").with_delay(Duration::from_millis(1500))
+        ScriptStep::text("slow").with_delay(Duration::from_millis(2000))
     });
     let serve = Serve::start(dir.path(), &model.base_url(), &["--max-queue", "1"])?;
     let url = serve.at("/v1/sessions/q/messages");
@@ -484,12 +516,19 @@ async fn serve_answers_429_with_retry_after_when_a_session_queue_is_full() -> Te
         let (c, url) = (c.clone(), url.clone());
         tokio::spawn(async move { c.post(url).json(&json!({"message": "a"})).send().await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until("the first turn's model request", || {
+        model.request_count() >= 1
+    })
+    .await?;
     let waiting = {
         let (c, url) = (c.clone(), url.clone());
         tokio::spawn(async move { c.post(url).json(&json!({"message": "b"})).send().await })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(&serve, "hame_queue_depth{agent=\"hame\"}").await? < 1.0 {
+        assert!(Instant::now() < deadline, "the second turn never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let refused = c.post(&url).json(&json!({"message": "c"})).send().await?;
     assert_eq!(refused.status(), 429);
     assert!(refused.headers().get("retry-after").is_some());
@@ -524,7 +563,7 @@ async fn serve_drains_in_flight_turns_on_sigterm_and_exits_0() -> TestResult {
             .send()
             .await
     });
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    until("the turn's model request", || model.request_count() >= 1).await?;
     let killed = std::process::Command::new("kill")
         .args(["-TERM", &serve.pid().to_string()])
         .status()?;
