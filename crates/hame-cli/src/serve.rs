@@ -58,6 +58,11 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ))
         .into());
     }
+    if auth.is_some() && args.common.is_local_mode() {
+        eprintln!(
+            "hame: warning: local mode: every caller's tools (the shell included) work on the workspace with your rights; for tenants you do not trust use --isolated or --store"
+        );
+    }
     let (agent, ctx) = build(&args.common).await?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await

@@ -67,7 +67,13 @@ pub(crate) fn start(
     ctx.user_id = user;
     let me = shared.clone();
     shared.hub.active(&key, 1);
-    shared.turns.spawn(async move {
+    let span = tracing::info_span!(
+        "hame.turn",
+        agent = %shared.agent.name(),
+        session = %ctx.session_id,
+        user = ctx.user_id.as_deref().unwrap_or("")
+    );
+    let task = async move {
         ticket.ready().await;
         let started = Instant::now();
         let outcome = run(&me, &key, &ctx, input, &tx).await;
@@ -83,7 +89,10 @@ pub(crate) fn start(
         me.hub.active(&key, -1);
         drop(ticket);
         let _ = out_tx.send(outcome);
-    });
+    };
+    shared
+        .turns
+        .spawn(tracing::Instrument::instrument(task, span));
     Ok(Turn {
         events: rx,
         outcome: out_rx,
