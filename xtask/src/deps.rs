@@ -2,7 +2,7 @@
 //!
 //! Rules (see `docs/testing.md`):
 //! 1. `hame-core` reaches none of [`FORBIDDEN_IN_CORE`] through normal or build edges.
-//! 2. Workspace edges point down the layering: core ← leaf crates ← harness ← hame ← hame-cli.
+//! 2. Workspace edges point down the layering: core ← leaf crates ← harness ← hame ← hame-gateway ← hame-cli.
 //! 3. Library crates never depend (normal/build) on helper crates such as `hame-test-support`.
 //! 4. Exactly one `libsqlite3-sys` in the graph (rusqlite's), never sqlx's second copy.
 //! 5. The storage crates ([`STANDALONE_STORAGE`]) never reach `hame-core`: storage stands
@@ -43,8 +43,10 @@ pub enum Layer {
     Harness = 2,
     /// `hame`, the facade.
     Facade = 3,
+    /// Servers built on the facade: `hame-gateway` (HTTP).
+    Server = 4,
     /// `hame-cli`.
-    Cli = 4,
+    Cli = 5,
 }
 
 /// The layer of a library crate (one under `crates/`), or `None` for helpers
@@ -55,6 +57,7 @@ pub fn layer_of(name: &str) -> Option<Layer> {
         "hame-core" => Some(Layer::Core),
         "hame-harness" => Some(Layer::Harness),
         "hame" => Some(Layer::Facade),
+        "hame-gateway" => Some(Layer::Server),
         "hame-cli" => Some(Layer::Cli),
         "hame-test-support" => None,
         other if other.starts_with("hame-") => Some(Layer::Leaf),
@@ -329,7 +332,7 @@ impl Graph {
                     Some(to_layer) if to_layer > from_layer => out.push(format!(
                         "{from_name} ({from_layer:?}) must not depend on {to_name} \
                          ({to_layer:?}): edges point down the layering \
-                         core <- leaf crates <- harness <- hame <- hame-cli"
+                         core <- leaf crates <- harness <- hame <- hame-gateway <- hame-cli"
                     )),
                     Some(_) => {}
                 }

@@ -153,11 +153,11 @@ fn upward_edges_are_reported() -> Result<()> {
         got,
         vec![
             "hame-core (Core) must not depend on hame-state (Leaf): edges point down the \
-             layering core <- leaf crates <- harness <- hame <- hame-cli",
+             layering core <- leaf crates <- harness <- hame <- hame-gateway <- hame-cli",
             "hame-core must not depend on rusqlite: hame-core -> hame-state -> rusqlite",
             "hame-core must not depend on sqlx: hame-core -> hame-state -> sqlx",
             "hame-model (Leaf) must not depend on hame-harness (Harness): edges point down \
-             the layering core <- leaf crates <- harness <- hame <- hame-cli",
+             the layering core <- leaf crates <- harness <- hame <- hame-gateway <- hame-cli",
         ]
     );
     Ok(())
@@ -262,6 +262,7 @@ fn layers_of_known_and_unknown_crates() {
     assert_eq!(layer_of("hame-sandbox"), Some(Layer::Leaf));
     assert_eq!(layer_of("hame-harness"), Some(Layer::Harness));
     assert_eq!(layer_of("hame"), Some(Layer::Facade));
+    assert_eq!(layer_of("hame-gateway"), Some(Layer::Server));
     assert_eq!(layer_of("hame-cli"), Some(Layer::Cli));
     assert_eq!(layer_of("hame-test-support"), None);
     assert_eq!(layer_of("xtask"), None);

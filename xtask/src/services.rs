@@ -38,21 +38,24 @@ const MYSQL_ADDR: ([u8; 4], u16) = ([127, 0, 0, 1], 3306);
 const MOTO_ADDR: ([u8; 4], u16) = ([127, 0, 0, 1], 5000);
 
 /// Debian packages installed when one of their binaries is missing.
-const APT_PACKAGES: [&str; 5] = [
+const APT_PACKAGES: [&str; 6] = [
     "redis-server",
     "postgresql",
     "mariadb-server",
     "ripgrep",
     "busybox-static",
+    // Headless browser for the web console test of `hame serve`.
+    "chromium",
 ];
 /// Binaries whose presence means the packages above are installed.
-const APT_BINARIES: [&str; 6] = [
+const APT_BINARIES: [&str; 7] = [
     "redis-server",
     "pg_ctlcluster",
     "mariadbd",
     "rg",
     "busybox",
     "pg_isready",
+    "chromium",
 ];
 /// moto is pinned to its major version so a new major cannot change behaviour under us.
 const MOTO_REQUIREMENT: &str = "moto[server]>=5,<6";

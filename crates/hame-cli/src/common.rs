@@ -147,6 +147,14 @@ impl From<Isolation> for hame::fs::Scope {
     }
 }
 
+impl Common {
+    /// Local mode: the file tools and the shell work on the workspace itself, with the
+    /// host user's rights (no --isolated, no --store).
+    pub(crate) fn is_local_mode(&self) -> bool {
+        !self.isolated && self.store.is_none()
+    }
+}
+
 pub(crate) fn env(key: &str) -> Option<String> {
     std::env::var(key).ok().filter(|v| !v.trim().is_empty())
 }

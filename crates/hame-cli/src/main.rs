@@ -21,6 +21,7 @@ mod replay;
 mod run;
 mod sandbox;
 mod secrets;
+mod serve;
 mod signals;
 mod skills;
 mod status;
@@ -121,6 +122,14 @@ enum Command {
         #[command(flatten)]
         args: replay::ReplayArgs,
     },
+    /// Serve the agent over HTTP: sessions as JSON and SSE, an OpenAI-compatible
+    /// `/v1/chat/completions`, `/metrics` and a web console at `/` (docs/gateway.md).
+    /// Prints `listening on http://ADDR` when ready; SIGTERM drains in-flight turns and
+    /// exits 0. Without --auth only a loopback address is accepted.
+    Serve {
+        #[command(flatten)]
+        args: serve::ServeArgs,
+    },
     /// The subagent task records of a session (`agents/<agent>/tasks/`), oldest first.
     /// Records left running by a process that is gone are marked failed (interrupted).
     Tasks {
@@ -213,6 +222,7 @@ fn main() -> ExitCode {
             Command::Memory { args } => inspect::memory(args).await,
             Command::Replay { args } => replay::replay(args).await,
             Command::Config { args } => config::show(args),
+            Command::Serve { args } => serve::serve(args).await,
         };
         // Nothing hame started outlives it.
         sandbox::shutdown().await;

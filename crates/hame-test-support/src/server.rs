@@ -122,6 +122,10 @@ struct Inner {
     queue: VecDeque<ScriptStep>,
     requests: Vec<RecordedRequest>,
     responder: Option<Arc<dyn Responder>>,
+    /// Requests received (recorded or not).
+    seen: usize,
+    /// Whether requests are kept for [`ScriptedServer::requests`] (off for benchmarks).
+    no_recording: bool,
 }
 
 type Shared = Arc<Mutex<Inner>>;
@@ -179,6 +183,8 @@ impl ScriptedServer {
         let shared: Shared = Arc::new(Mutex::new(Inner {
             queue: script.steps.into(),
             requests: Vec::new(),
+            seen: 0,
+            no_recording: false,
             responder: script.fallback.map(|step| {
                 Arc::new(move |_: &RecordedRequest| step.clone()) as Arc<dyn Responder>
             }),
@@ -234,6 +240,12 @@ impl ScriptedServer {
         lock(&self.shared).responder = Some(Arc::new(responder));
     }
 
+    /// Stops (or restarts) keeping requests for [`requests`](Self::requests): a benchmark
+    /// sending many requests does not grow the server's memory.
+    pub fn set_recording(&self, on: bool) {
+        lock(&self.shared).no_recording = !on;
+    }
+
     /// All requests received so far, oldest first.
     pub fn requests(&self) -> Vec<RecordedRequest> {
         lock(&self.shared).requests.clone()
@@ -241,7 +253,7 @@ impl ScriptedServer {
 
     /// How many requests were received.
     pub fn request_count(&self) -> usize {
-        lock(&self.shared).requests.len()
+        lock(&self.shared).seen
     }
 
     /// How many queued steps are still unanswered.
@@ -290,8 +302,11 @@ async fn handle(
     };
     let (step, seq) = {
         let mut inner = lock(&shared);
-        inner.requests.push(recorded.clone());
-        let seq = inner.requests.len();
+        if !inner.no_recording {
+            inner.requests.push(recorded.clone());
+        }
+        inner.seen += 1;
+        let seq = inner.seen;
         // The first queued step whose `when_system` (if any) the system prompt contains:
         // concurrent agents (a parent and its children) get their own scripts.
         let system = recorded.system_text();

@@ -10,6 +10,7 @@ mod replicas;
 mod resume;
 mod run;
 mod sandbox;
+mod serve;
 mod shared;
 mod signals;
 mod skills;

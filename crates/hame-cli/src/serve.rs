@@ -1,0 +1,112 @@
+//! `hame serve`: the agent `hame run` would build, served over HTTP by `hame-gateway`.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::ConfigError;
+use crate::common::{Common, build};
+
+/// Flags of `hame serve`.
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Address to listen on, e.g. 127.0.0.1:8080 (port 0: any free port). Without --auth
+    /// only a loopback address is accepted.
+    #[arg(long)]
+    listen: String,
+    /// Bearer tokens: a JSON file {"tokens": {"<token>": {"user": "<userId>"}}}. Then every
+    /// request but /healthz needs `Authorization: Bearer <token>` and the token decides
+    /// the user; without it the user is the `X-Hame-User` header (else --user).
+    #[arg(long, value_name = "FILE")]
+    auth: Option<PathBuf>,
+    /// Messages that may wait behind the running turn of one session; one more is
+    /// answered 429 with Retry-After.
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    max_queue: usize,
+    /// After SIGTERM / SIGINT, how long in-flight turns may take before they are cancelled.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    drain_timeout: u64,
+}
+
+pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(args.listen.as_str())
+        .await
+        .map_err(|e| {
+            ConfigError(format!(
+                "cannot use --listen {}: {e} (give HOST:PORT, e.g. 127.0.0.1:8080)",
+                args.listen
+            ))
+        })?
+        .collect();
+    let Some(addr) = addrs.first().copied() else {
+        return Err(ConfigError(format!("--listen {} resolves to no address", args.listen)).into());
+    };
+    let auth = match &args.auth {
+        Some(path) => {
+            Some(hame_gateway::Auth::from_file(path).map_err(|e| ConfigError(e.to_string()))?)
+        }
+        None => None,
+    };
+    if auth.is_none() && !addrs.iter().all(|a| a.ip().is_loopback()) {
+        return Err(ConfigError(format!(
+            "refusing to listen on {addr} without --auth: a non-loopback address needs bearer tokens (--auth FILE with {{\"tokens\": {{\"<token>\": {{\"user\": \"<userId>\"}}}}}}), or listen on 127.0.0.1"
+        ))
+        .into());
+    }
+    if auth.is_some() && args.common.is_local_mode() {
+        eprintln!(
+            "hame: warning: local mode: every caller's tools (the shell included) work on the workspace with your rights; for tenants you do not trust use --isolated or --store"
+        );
+    }
+    let (agent, ctx) = build(&args.common).await?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| ConfigError(format!("cannot listen on {addr}: {e} (check --listen)")))?;
+    let local = listener.local_addr()?;
+    let options = hame_gateway::GatewayOptions::default()
+        .with_auth(auth)
+        .with_queue_bound(args.max_queue)
+        .with_drain_timeout(Duration::from_secs(args.drain_timeout));
+    let gateway = hame_gateway::Gateway::new(agent.clone(), ctx, options);
+    println!("listening on http://{local}");
+    std::io::stdout().flush()?;
+    gateway.serve(listener, shutdown_signal()).await?;
+    crate::run::finish(&agent).await
+}
+
+/// The first SIGTERM or SIGINT starts the drain; a second one exits at once.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut int), Ok(mut term)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) else {
+            tracing::warn!("cannot install signal handlers");
+            return std::future::pending().await;
+        };
+        let code = tokio::select! {
+            _ = int.recv() => 130,
+            _ = term.recv() => 143,
+        };
+        eprintln!("hame: draining in-flight turns (a second signal exits at once)");
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = int.recv() => {},
+                _ = term.recv() => {},
+            }
+            crate::sandbox::shutdown_blocking();
+            std::process::exit(code);
+        });
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

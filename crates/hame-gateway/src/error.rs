@@ -1,0 +1,135 @@
+//! The crate's error, and the HTTP error answers of the routes.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+/// What can go wrong setting up or running the gateway.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The `--auth` file cannot be read or is not `{"tokens": {"<token>": {"user": "<id>"}}}`.
+    #[error("auth file {path}: {message}")]
+    Auth {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The listen address is public and no auth is configured, or another setting is wrong.
+    #[error("{0}")]
+    Config(String),
+    /// Binding or serving the socket failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// Whether this is a usage or configuration error (the CLI exits 2 for those).
+    pub fn is_config(&self) -> bool {
+        matches!(self, Error::Auth { .. } | Error::Config(_))
+    }
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An error answer of a route: a status and `{"error": {"code", "message"}}`.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    pub(crate) status: StatusCode,
+    pub(crate) code: &'static str,
+    pub(crate) message: String,
+    pub(crate) retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    pub(crate) fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid `Authorization: Bearer <token>` header is required",
+        )
+    }
+
+    pub(crate) fn not_found(what: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", what)
+    }
+
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    pub(crate) fn busy(retry_after: u64) -> Self {
+        Self {
+            retry_after: Some(retry_after),
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "queue_full",
+                "too many messages wait for this session; retry later",
+            )
+        }
+    }
+
+    pub(crate) fn draining() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting_down",
+            "the server is shutting down",
+        )
+    }
+
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+
+    /// The answer for an error of the harness.
+    pub(crate) fn from_harness(e: &hame::harness::Error) -> Self {
+        use hame::harness::Error as H;
+        match e {
+            H::InvalidId(m) => Self::new(StatusCode::BAD_REQUEST, "invalid_id", m.clone()),
+            H::SessionBusy(_) => Self {
+                retry_after: Some(1),
+                ..Self::new(StatusCode::CONFLICT, "session_busy", e.to_string())
+            },
+            H::Call(hame::Error::NothingPending | hame::Error::UnknownResolution(_)) => {
+                Self::new(StatusCode::CONFLICT, "not_pending", e.to_string())
+            }
+            H::Call(_) => Self::new(StatusCode::BAD_GATEWAY, "call_failed", e.to_string()),
+            _ => Self::internal(e.to_string()),
+        }
+    }
+
+    pub(crate) fn body(&self) -> serde_json::Value {
+        serde_json::json!({"error": {"code": self.code, "message": self.message}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status, axum::Json(self.body())).into_response();
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        resp
+    }
+}

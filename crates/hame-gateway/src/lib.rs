@@ -1,0 +1,245 @@
+//! The HTTP gateway of hame: what `hame serve` runs.
+//!
+//! It serves one [`HarnessAgent`] — the only engine: state backends, store mode, subagents,
+//! approvals and the sandbox work as they do for `hame run` — to many users and sessions:
+//!
+//! - `POST /v1/sessions/{session}/messages` `{"message"}`: a turn, answered as JSON
+//!   `{"reply", "session", "user", "usage", "iterations"}` or, with
+//!   `Accept: text/event-stream`, as SSE events `text_delta`, `tool_started`,
+//!   `tool_finished`, `approval_needed`, `finished`, `failed`, each with an `id:`;
+//! - `GET /v1/sessions/{session}/events?after=ID` (or `Last-Event-ID`): replay from the
+//!   session's bounded ring;
+//! - `GET /v1/sessions`, `GET /v1/sessions/{session}/messages`, `…/tasks`,
+//!   `POST …/approvals/{id}` `{"decision": "approve"|"deny"}`, `GET /v1/memory`;
+//! - `POST /v1/chat/completions` (OpenAI-compatible; `model` is the agent id);
+//! - `GET /healthz`, `GET /metrics` (Prometheus text), and a web console at `/`.
+//!
+//! Turns of one (agent, user, session) run one at a time in arrival order behind a gate
+//! with a bounded queue (429 + `Retry-After` past it); different sessions run in parallel.
+//! With [`Auth`] every request but `/healthz` needs `Authorization: Bearer <token>` and the
+//! token decides the user; without it the user comes from an optional `X-Hame-User` header.
+//! Every default and limit is in `docs/gateway.md`.
+//!
+//! Who should depend on it: a binary that serves an agent over HTTP (the `hame` CLI). It
+//! has no features.
+//!
+//! ```no_run
+//! # async fn demo(agent: hame::HarnessAgent) -> Result<(), Box<dyn std::error::Error>> {
+//! use hame_gateway::{Gateway, GatewayOptions};
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! let gateway = Gateway::new(agent, hame::RuntimeContext::new("default"), GatewayOptions::default());
+//! gateway.serve(listener, async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::StatusCode;
+use hame::{CancellationToken, HarnessAgent, RuntimeContext};
+use tokio_util::task::TaskTracker;
+
+mod auth;
+mod console;
+mod error;
+mod events;
+mod gate;
+mod metrics;
+mod openai;
+mod routes;
+mod turn;
+
+pub use auth::Auth;
+pub use error::{Error, Result};
+
+/// Settings of a [`Gateway`]; `Default` gives the documented defaults.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct GatewayOptions {
+    /// Bearer tokens; `None`: no authentication (loopback only, enforced by the CLI).
+    pub auth: Option<Auth>,
+    /// Turns that may wait behind the running turn of one session (default 16); one more
+    /// is answered 429.
+    pub queue_bound: usize,
+    /// The `Retry-After` of a 429, in seconds (default 1).
+    pub retry_after_secs: u64,
+    /// Largest request body in bytes (default 1 MiB).
+    pub body_limit: usize,
+    /// How long a request may take until its response starts (default 600 s; a turn
+    /// answered as JSON waits for its reply within it; an SSE response starts at once).
+    pub request_timeout: Duration,
+    /// Events kept per session for replay (default 1,000).
+    pub ring_size: usize,
+    /// SSE keep-alive comment interval (default 15 s).
+    pub keep_alive: Duration,
+    /// After the shutdown signal, how long in-flight turns may take before they are
+    /// cancelled (default 30 s).
+    pub drain_timeout: Duration,
+}
+
+impl Default for GatewayOptions {
+    fn default() -> Self {
+        Self {
+            auth: None,
+            queue_bound: 16,
+            retry_after_secs: 1,
+            body_limit: 1024 * 1024,
+            request_timeout: Duration::from_secs(600),
+            ring_size: 1000,
+            keep_alive: Duration::from_secs(15),
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl GatewayOptions {
+    /// With bearer tokens.
+    pub fn with_auth(mut self, auth: Option<Auth>) -> Self {
+        self.auth = auth;
+        self
+    }
+
+    /// With a queue bound per session.
+    pub fn with_queue_bound(mut self, n: usize) -> Self {
+        self.queue_bound = n;
+        self
+    }
+
+    /// With a drain timeout.
+    pub fn with_drain_timeout(mut self, d: Duration) -> Self {
+        self.drain_timeout = d;
+        self
+    }
+}
+
+/// What the routes share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) agent: HarnessAgent,
+    /// The context every turn starts from (its extras, e.g. plan mode); session and user
+    /// are the request's.
+    pub(crate) base: RuntimeContext,
+    pub(crate) options: GatewayOptions,
+    pub(crate) gates: gate::Gates,
+    pub(crate) hub: events::Hub,
+    pub(crate) metrics: metrics::Metrics,
+    /// The turns' tasks, waited for when draining.
+    pub(crate) turns: TaskTracker,
+    /// Cancelled when the shutdown signal arrives: no new turns, followers end.
+    pub(crate) draining: CancellationToken,
+    /// Parent of every turn's token: cancelled when the drain times out.
+    pub(crate) cancel: CancellationToken,
+}
+
+/// The HTTP gateway of one agent.
+#[derive(Debug, Clone)]
+pub struct Gateway {
+    shared: Arc<Shared>,
+}
+
+impl Gateway {
+    /// A gateway serving `agent`; each turn's context is `base` with the request's session
+    /// and user.
+    pub fn new(agent: HarnessAgent, base: RuntimeContext, options: GatewayOptions) -> Self {
+        let shared = Shared {
+            agent,
+            base,
+            gates: gate::Gates::new(options.queue_bound),
+            hub: events::Hub::new(options.ring_size),
+            metrics: metrics::Metrics::default(),
+            turns: TaskTracker::new(),
+            draining: CancellationToken::new(),
+            cancel: CancellationToken::new(),
+            options,
+        };
+        Self {
+            shared: Arc::new(shared),
+        }
+    }
+
+    /// The routes, with the timeout, body-limit and trace layers (no CORS).
+    pub fn router(&self) -> Router {
+        use tower_http::limit::RequestBodyLimitLayer;
+        use tower_http::timeout::TimeoutLayer;
+        use tower_http::trace::TraceLayer;
+        let o = &self.shared.options;
+        routes::router(self.shared.clone())
+            .layer(axum::extract::DefaultBodyLimit::disable())
+            .layer(RequestBodyLimitLayer::new(o.body_limit))
+            .layer(TimeoutLayer::with_status_code(
+                StatusCode::REQUEST_TIMEOUT,
+                o.request_timeout,
+            ))
+            .layer(TraceLayer::new_for_http())
+    }
+
+    /// Serves on `listener` until `shutdown` completes; then stops accepting, lets
+    /// in-flight turns finish (up to [`GatewayOptions::drain_timeout`], then cancels them:
+    /// what joined their conversations is saved) and returns.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<()> {
+        let shared = self.shared.clone();
+        let app = self.router();
+        let draining = shared.draining.clone();
+        let graceful = {
+            let draining = draining.clone();
+            async move {
+                shutdown.await;
+                tracing::info!("shutting down: no new connections, draining turns");
+                draining.cancel();
+            }
+        };
+        let server = axum::serve(listener, app).with_graceful_shutdown(graceful);
+        let server = async move {
+            server.await.map_err(|source| Error::Io {
+                context: "serving HTTP".into(),
+                source,
+            })
+        };
+        tokio::pin!(server);
+        // Until the signal, the server runs alone; after it, for at most the drain time.
+        let result = tokio::select! {
+            r = &mut server => Some(r),
+            _ = draining.cancelled() => None,
+        };
+        let result = match result {
+            Some(r) => r,
+            None => {
+                let limit = shared.options.drain_timeout;
+                shared.turns.close();
+                let drained = tokio::time::timeout(limit, async {
+                    shared.turns.wait().await;
+                    (&mut server).await
+                })
+                .await;
+                match drained {
+                    Ok(r) => r,
+                    Err(_) => {
+                        tracing::warn!(
+                            seconds = limit.as_secs(),
+                            "turns still running after the drain timeout; cancelling them"
+                        );
+                        shared.cancel.cancel();
+                        let _ =
+                            tokio::time::timeout(Duration::from_secs(5), shared.turns.wait()).await;
+                        Ok(())
+                    }
+                }
+            }
+        };
+        if !shared
+            .agent
+            .wait_background(hame::harness::memory::DEFAULT_BACKGROUND_WAIT)
+            .await
+        {
+            tracing::warn!("background memory work did not finish; the next call redoes it");
+        }
+        result
+    }
+}

@@ -1,0 +1,462 @@
+//! The routes of the session API, `/healthz`, `/metrics` and the caller's identity.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use hame::{CallInput, Message, Resolution, RuntimeContext};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::Shared;
+use crate::error::ApiError;
+use crate::events::Event;
+use crate::turn::{self, Outcome, Turn};
+
+pub(crate) type AppState = Arc<Shared>;
+
+pub(crate) fn router(shared: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/", get(crate::console::page))
+        .route("/v1/sessions", get(list_sessions))
+        .route(
+            "/v1/sessions/{session}/messages",
+            post(post_message).get(get_messages),
+        )
+        .route("/v1/sessions/{session}/events", get(get_events))
+        .route("/v1/sessions/{session}/tasks", get(get_tasks))
+        .route("/v1/sessions/{session}/approvals", get(get_approvals))
+        .route("/v1/sessions/{session}/approvals/{id}", post(post_approval))
+        .route("/v1/memory", get(get_memory))
+        .route("/v1/chat/completions", post(crate::openai::completions))
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .with_state(shared)
+}
+
+/// The caller: its user id (the token's with auth, else `X-Hame-User` or the default).
+#[derive(Debug)]
+pub(crate) struct Caller(pub(crate) Option<String>);
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        shared: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        match &shared.options.auth {
+            Some(auth) => {
+                let bearer = parts
+                    .headers
+                    .get(header::AUTHORIZATION)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| {
+                        v.strip_prefix("Bearer ")
+                            .or_else(|| v.strip_prefix("bearer "))
+                    })
+                    .map(|t| t.trim().to_owned());
+                // The console page itself cannot send a header: `/?token=`.
+                let token = bearer.or_else(|| {
+                    (parts.uri.path() == "/")
+                        .then(|| query_param(parts.uri.query().unwrap_or(""), "token"))
+                        .flatten()
+                });
+                match token.as_deref().and_then(|t| auth.user_of(t)) {
+                    Some(user) => Ok(Caller(Some(user.to_owned()))),
+                    None => {
+                        shared.metrics.refused("unauthorized");
+                        Err(ApiError::unauthorized())
+                    }
+                }
+            }
+            None => match parts.headers.get("x-hame-user") {
+                Some(v) => {
+                    let user = v
+                        .to_str()
+                        .map_err(|_| ApiError::bad_request("X-Hame-User is not text"))?
+                        .trim()
+                        .to_owned();
+                    if user.is_empty() {
+                        return Ok(Caller(shared.base.user_id.clone()));
+                    }
+                    hame::harness::validate_id("user id", &user).map_err(|e| {
+                        ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
+                    })?;
+                    Ok(Caller(Some(user)))
+                }
+                None => Ok(Caller(shared.base.user_id.clone())),
+            },
+        }
+    }
+}
+
+fn query_param(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k == name).then(|| v.to_owned())
+    })
+}
+
+/// The context of `user` on `session` (the base's extras kept).
+pub(crate) fn context(shared: &Shared, user: Option<String>, session: &str) -> RuntimeContext {
+    let mut ctx = shared.base.clone();
+    ctx.session_id = session.to_owned();
+    ctx.user_id = user;
+    ctx
+}
+
+fn valid_session(session: &str) -> Result<(), ApiError> {
+    hame::harness::validate_id("session id", session)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", e.to_string()))
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn metrics(State(shared): State<AppState>, _caller: Caller) -> Response {
+    let gauges = crate::metrics::Gauges {
+        queue_depth: shared.gates.waiting(),
+        sessions: shared.hub.len().max(shared.gates.len()),
+        in_flight: shared.turns.len(),
+    };
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        shared.metrics.render(shared.agent.name(), &gauges),
+    )
+        .into_response()
+}
+
+/// Whether the client asked for SSE.
+pub(crate) fn wants_sse(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"))
+}
+
+#[derive(Debug, Deserialize)]
+struct MessageBody {
+    message: String,
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("bad JSON body: {e}")))
+}
+
+async fn post_message(
+    State(shared): State<AppState>,
+    Caller(user): Caller,
+    Path(session): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    valid_session(&session)?;
+    let body: MessageBody = parse(&body)?;
+    if body.message.trim().is_empty() {
+        return Err(ApiError::bad_request("`message` is empty"));
+    }
+    let turn = turn::start(
+        &shared,
+        user,
+        session,
+        CallInput::Message(Message::user(body.message)),
+    )?;
+    Ok(answer(&shared, turn, wants_sse(&headers)).await)
+}
+
+/// A turn's answer: SSE of its events, or its outcome as JSON.
+async fn answer(shared: &Shared, turn: Turn, sse: bool) -> Response {
+    if sse {
+        let stream = futures::stream::unfold(turn.events, |mut rx| async move {
+            rx.recv().await.map(|ev| (ev, rx))
+        })
+        .map(|ev| Ok::<_, Infallible>(sse_event(&ev)));
+        return Sse::new(stream)
+            .keep_alive(KeepAlive::new().interval(shared.options.keep_alive))
+            .into_response();
+    }
+    let Turn { outcome, .. } = turn;
+    match outcome.await {
+        Ok(Outcome::Finished(body)) => Json(body).into_response(),
+        Ok(Outcome::Suspended(body)) => (StatusCode::ACCEPTED, Json(body)).into_response(),
+        Ok(Outcome::Failed(e)) => e.into_response(),
+        Err(_) => ApiError::internal("the turn ended without an outcome").into_response(),
+    }
+}
+
+pub(crate) fn sse_event(ev: &Event) -> SseEvent {
+    SseEvent::default()
+        .id(ev.id.to_string())
+        .event(ev.name)
+        .data(ev.data.as_str())
+}
+
+async fn get_messages(
+    State(shared): State<AppState>,
+    Caller(user): Caller,
+    Path(session): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    valid_session(&session)?;
+    let ctx = context(&shared, user, &session);
+    let log = session_log(&shared, &ctx)?;
+    match log.read_page(&session, 0, usize::MAX).await {
+        Ok(page) => Ok(Json(json!({
+            "session": session,
+            "user": ctx.user_id,
+            "messages": page.records,
+        }))),
+        Err(hame::session::Error::SessionNotFound { .. }) => {
+            Err(ApiError::not_found(format!("no session {session}")))
+        }
+        Err(e) => Err(ApiError::internal(e.to_string())),
+    }
+}
+
+fn session_log(
+    shared: &Shared,
+    ctx: &RuntimeContext,
+) -> Result<hame::session::SessionLog, ApiError> {
+    let ws = shared
+        .agent
+        .workspace_for(ctx)
+        .map_err(|e| ApiError::from_harness(&e))?;
+    hame::session::SessionLog::new(ws.records().clone(), shared.agent.name())
+        .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+async fn list_sessions(
+    State(shared): State<AppState>,
+    Caller(user): Caller,
+) -> Result<Json<Value>, ApiError> {
+    let ctx = context(&shared, user, &shared.base.session_id);
+    let log = session_log(&shared, &ctx)?;
+    let sessions = log
+        .list_sessions()
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(Json(json!({"user": ctx.user_id, "sessions": sessions})))
+}
+
+async fn get_tasks(
+    State(shared): State<AppState>,
+    Caller(user): Caller,
+    Path(session): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    valid_session(&session)?;
+    let ctx = context(&shared, user, &session);
+    let tasks = shared
+        .agent
+        .tasks(&ctx)
+        .await
+        .map_err(|e| ApiError::from_harness(&e))?;
+    Ok(Json(json!({"session": session, "tasks": tasks})))
+}
+
+async fn get_approvals(
+    State(shared): State<AppState>,
+    Caller(user): Caller,
+    Path(session): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    valid_session(&session)?;
+    let ctx = context(&shared, user, &session);
+    let pending = shared
+        .agent
+        .pending(&ctx)
+        .await
+        .map_err(|e| ApiError::from_harness(&e))?
+        .map(|s| s.calls)
+        .unwrap_or_default();
+    let approvals: Vec<Value> = pending
+        .iter()
+        .map(|c| {
+            json!({
+                "id": c.suspension.id,
+                "tool": c.call.name,
+                "call_id": c.call.id,
+                "arguments": c.call.arguments,
+                "reason": c.suspension.reason,
+            })
+        })
+        .collect();
+    Ok(Json(json!({"session": session, "approvals": approvals})))
+}
+
+#[derive(Debug, Deserialize)]
+struct DecisionBody {
+    decision: String,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+async fn post_approval(
+    State(shared): State<AppState>,
+    Caller(user): Caller,
+    Path((session, id)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    valid_session(&session)?;
+    let body: DecisionBody = parse(&body)?;
+    let value = match (body.decision.as_str(), body.reason) {
+        ("approve", _) => json!({"approve": true}),
+        ("deny", Some(r)) => json!({"approve": false, "reason": r}),
+        ("deny", None) => json!({"approve": false}),
+        (other, _) => {
+            return Err(ApiError::bad_request(format!(
+                "`decision` must be \"approve\" or \"deny\", not {:?}",
+                other.chars().take(40).collect::<String>()
+            )));
+        }
+    };
+    let ctx = context(&shared, user.clone(), &session);
+    let pending = shared
+        .agent
+        .pending(&ctx)
+        .await
+        .map_err(|e| ApiError::from_harness(&e))?;
+    let known = pending
+        .as_ref()
+        .is_some_and(|p| p.calls.iter().any(|c| c.suspension.id == id));
+    if !known {
+        return Err(ApiError::not_found(format!(
+            "no call waits for a decision with id {} in session {session}",
+            id.chars().take(40).collect::<String>()
+        )));
+    }
+    let turn = turn::start(
+        &shared,
+        user,
+        session,
+        CallInput::Resume(vec![Resolution::new(id, value)]),
+    )?;
+    Ok(answer(&shared, turn, wants_sse(&headers)).await)
+}
+
+#[derive(Debug, Deserialize)]
+struct EventsQuery {
+    after: Option<u64>,
+    #[serde(default)]
+    follow: bool,
+}
+
+/// Replays the session's events after `after` (or `Last-Event-ID`); then, while a turn
+/// runs, its live events until it ends (`follow=true`: until the client or the server
+/// goes away).
+async fn get_events(
+    State(shared): State<AppState>,
+    Caller(user): Caller,
+    Path(session): Path<String>,
+    Query(q): Query<EventsQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    valid_session(&session)?;
+    let last = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let after = q.after.or(last).unwrap_or(0);
+    let key = turn::key(shared.agent.name(), user.as_deref(), &session);
+    let (past, active, rx) = shared.hub.replay(&key, after, true);
+    let follow = q.follow;
+    let last_id = past.last().map_or(after, |e| e.id);
+    // A replay that ends on a turn's end, with no turn running, is complete.
+    let stream: BoxStream<'static, Arc<Event>> = futures::stream::iter(past).boxed();
+    let live: BoxStream<'static, Arc<Event>> = match rx {
+        Some(rx) if follow || active => {
+            let shared2 = shared.clone();
+            futures::stream::unfold((rx, last_id, false), move |(mut rx, mut last_id, done)| {
+                let shared2 = shared2.clone();
+                let key = key.clone();
+                async move {
+                    if done {
+                        return None;
+                    }
+                    loop {
+                        let got = tokio::select! {
+                            r = rx.recv() => r,
+                            _ = shared2.draining.cancelled() => return None,
+                        };
+                        match got {
+                            Ok(ev) if ev.id <= last_id => continue,
+                            Ok(ev) => {
+                                let end = ev.terminal && !follow;
+                                return Some((vec![ev.clone()], (rx, ev.id, end)));
+                            }
+                            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                                // Fell behind: what was missed is still in the ring.
+                                let (missed, _, _) = shared2.hub.replay(&key, last_id, false);
+                                if let Some(l) = missed.last() {
+                                    last_id = l.id;
+                                }
+                                let end = !follow && missed.iter().any(|e| e.terminal);
+                                return Some((missed, (rx, last_id, end)));
+                            }
+                            Err(_) => return None,
+                        }
+                    }
+                }
+            })
+            .flat_map(futures::stream::iter)
+            .boxed()
+        }
+        _ => futures::stream::empty().boxed(),
+    };
+    let all = stream
+        .chain(live)
+        .map(|ev| Ok::<_, Infallible>(sse_event(&ev)));
+    Ok(Sse::new(all)
+        .keep_alive(KeepAlive::new().interval(shared.options.keep_alive))
+        .into_response())
+}
+
+/// The caller's memory files, read-only: `MEMORY.md` and `memory/*.md` of its home.
+async fn get_memory(
+    State(shared): State<AppState>,
+    Caller(user): Caller,
+) -> Result<Json<Value>, ApiError> {
+    use hame::fs::{FileKind, FsPath};
+    let ctx = context(&shared, user, &shared.base.session_id);
+    let ws = shared
+        .agent
+        .workspace_for(&ctx)
+        .map_err(|e| ApiError::from_harness(&e))?;
+    let home = ws.home().clone();
+    let mut files = Vec::new();
+    let mut paths = Vec::new();
+    if let Ok(p) = FsPath::parse("/MEMORY.md") {
+        paths.push(p);
+    }
+    if let Ok(dir) = FsPath::parse("/memory")
+        && let Ok(list) = home.list(&dir).await
+    {
+        let mut list: Vec<_> = list
+            .into_iter()
+            .filter(|f| matches!(f.kind, FileKind::File))
+            .map(|f| f.path)
+            .collect();
+        list.sort_by_key(|p| p.to_string());
+        paths.extend(list);
+    }
+    for p in paths {
+        match home.read_bytes(&p).await {
+            Ok(data) => files.push(json!({
+                "path": p.to_string(),
+                "content": String::from_utf8_lossy(&data),
+            })),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(ApiError::internal(e.to_string())),
+        }
+    }
+    Ok(Json(json!({"user": ctx.user_id, "files": files})))
+}

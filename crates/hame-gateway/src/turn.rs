@@ -1,0 +1,234 @@
+//! One turn (a message or a decision) of a session: queued behind the session's gate, run
+//! by the harness in a task of its own (a client that goes away does not stop it), its
+//! events published to the session's ring and to the request that started it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use hame::{AgentEvent, CallInput, EventSink, RuntimeContext};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::Shared;
+use crate::error::ApiError;
+use crate::events::Event;
+
+/// How a turn ended.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// The reply: `{"reply", "session", "user", "usage", "iterations"}`.
+    Finished(Value),
+    /// Tool calls wait for decisions: `{"status": "approval_needed", "approvals": [...]}`.
+    Suspended(Value),
+    /// The call failed.
+    Failed(ApiError),
+}
+
+/// A started turn: its events as they come, and its outcome.
+#[derive(Debug)]
+pub(crate) struct Turn {
+    pub(crate) events: mpsc::UnboundedReceiver<Arc<Event>>,
+    pub(crate) outcome: oneshot::Receiver<Outcome>,
+    pub(crate) session: String,
+}
+
+/// The key of a session in the gate table and the event hub.
+pub(crate) fn key(agent: &str, user: Option<&str>, session: &str) -> String {
+    format!("{agent}\u{0}{}\u{0}{session}", user.unwrap_or(""))
+}
+
+/// Queues a turn on `(user, session)` and starts its task. Refused with 429 when the
+/// session's queue is full, 503 while the gateway drains.
+pub(crate) fn start(
+    shared: &Arc<Shared>,
+    user: Option<String>,
+    session: String,
+    input: CallInput,
+) -> Result<Turn, ApiError> {
+    if shared.draining.is_cancelled() {
+        return Err(ApiError::draining());
+    }
+    hame::harness::validate_id("session id", &session).map_err(|e| {
+        ApiError::new(
+            axum::http::StatusCode::BAD_REQUEST,
+            "invalid_id",
+            e.to_string(),
+        )
+    })?;
+    let key = key(shared.agent.name(), user.as_deref(), &session);
+    let Some(mut ticket) = shared.gates.enter(&key) else {
+        shared.metrics.refused("queue_full");
+        return Err(ApiError::busy(shared.options.retry_after_secs));
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (out_tx, out_rx) = oneshot::channel();
+    let mut ctx = shared.base.clone();
+    ctx.session_id = session.clone();
+    ctx.user_id = user;
+    let me = shared.clone();
+    shared.hub.active(&key, 1);
+    let span = tracing::info_span!(
+        "hame.turn",
+        agent = %shared.agent.name(),
+        session = %ctx.session_id,
+        user = ctx.user_id.as_deref().unwrap_or("")
+    );
+    let task = async move {
+        ticket.ready().await;
+        let started = Instant::now();
+        let outcome = run(&me, &key, &ctx, input, &tx).await;
+        let label = match &outcome {
+            Outcome::Finished(_) => "finished",
+            Outcome::Suspended(_) => "suspended",
+            Outcome::Failed(_) => "failed",
+        };
+        me.metrics.turn(
+            label,
+            u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+        );
+        me.hub.active(&key, -1);
+        drop(ticket);
+        let _ = out_tx.send(outcome);
+    };
+    shared
+        .turns
+        .spawn(tracing::Instrument::instrument(task, span));
+    Ok(Turn {
+        events: rx,
+        outcome: out_rx,
+        session,
+    })
+}
+
+/// The SSE name and JSON data of a loop event shown to clients, if it is one.
+fn shown(ev: &AgentEvent) -> Option<(&'static str, Value)> {
+    match ev {
+        AgentEvent::TextDelta { text } => Some(("text_delta", json!({"text": text}))),
+        AgentEvent::ToolStarted {
+            id,
+            name,
+            arguments,
+        } => Some((
+            "tool_started",
+            json!({"id": id, "name": name, "arguments": arguments}),
+        )),
+        AgentEvent::ToolFinished {
+            id,
+            name,
+            duration_ms,
+            is_error,
+            code,
+        } => Some((
+            "tool_finished",
+            json!({"id": id, "name": name, "duration_ms": duration_ms, "is_error": is_error, "code": code}),
+        )),
+        _ => None,
+    }
+}
+
+async fn run(
+    shared: &Arc<Shared>,
+    key: &str,
+    ctx: &RuntimeContext,
+    input: CallInput,
+    tx: &mpsc::UnboundedSender<Arc<Event>>,
+) -> Outcome {
+    let emit = |name: &'static str, data: Value, terminal: bool| {
+        let ev = shared.hub.publish(key, name, data.to_string(), terminal);
+        let _ = tx.send(ev);
+    };
+    let (sink, mut rx) = EventSink::channel();
+    let cancel = shared.cancel.child_token();
+    let on_event = |ev: AgentEvent| {
+        shared.metrics.event(&ev);
+        if let Some((name, data)) = shown(&ev) {
+            emit(name, data, false);
+        }
+    };
+    let result = {
+        let call = async {
+            match input {
+                CallInput::Message(m) => shared.agent.call_with(m, ctx, &sink, &cancel).await,
+                CallInput::Resume(r) => shared.agent.resume(r, ctx, &sink, &cancel).await,
+            }
+        };
+        tokio::pin!(call);
+        loop {
+            tokio::select! {
+                r = &mut call => break r,
+                Some(ev) = rx.recv() => on_event(ev),
+            }
+        }
+    };
+    while let Ok(ev) = rx.try_recv() {
+        on_event(ev);
+    }
+    drop(sink);
+    let outcome = match result {
+        Ok(out) => {
+            let body = json!({
+                "reply": out.reply.text_content(),
+                "session": ctx.session_id,
+                "user": ctx.user_id,
+                "usage": out.usage,
+                "iterations": out.iterations,
+            });
+            emit("finished", body.clone(), true);
+            Outcome::Finished(body)
+        }
+        Err(hame::harness::Error::Call(hame::Error::Suspended(s))) => {
+            let approvals: Vec<Value> = s
+                .calls
+                .iter()
+                .map(|c| {
+                    json!({
+                        "id": c.suspension.id,
+                        "tool": c.call.name,
+                        "call_id": c.call.id,
+                        "arguments": c.call.arguments,
+                        "reason": c.suspension.reason,
+                    })
+                })
+                .collect();
+            let n = approvals.len();
+            for (i, a) in approvals.iter().enumerate() {
+                let mut data = a.clone();
+                if let Some(o) = data.as_object_mut() {
+                    o.insert("session".into(), json!(ctx.session_id));
+                }
+                emit("approval_needed", data, i + 1 == n);
+            }
+            Outcome::Suspended(json!({
+                "status": "approval_needed",
+                "session": ctx.session_id,
+                "user": ctx.user_id,
+                "approvals": approvals,
+            }))
+        }
+        Err(e) => {
+            let err = ApiError::from_harness(&e);
+            emit(
+                "failed",
+                json!({"code": err.code, "message": err.message, "session": ctx.session_id}),
+                true,
+            );
+            Outcome::Failed(err)
+        }
+    };
+    // Background work the turn started (subagents) reports into the session after it.
+    if !rx.is_closed() || !rx.is_empty() {
+        let shared = shared.clone();
+        let key = key.to_owned();
+        tokio::spawn(async move {
+            while let Some(ev) = rx.recv().await {
+                shared.metrics.event(&ev);
+                if let AgentEvent::Subagent { .. } | AgentEvent::Custom { .. } = &ev
+                    && let Ok(data) = serde_json::to_string(&ev)
+                {
+                    shared.hub.publish(&key, "subagent", data, false);
+                }
+            }
+        });
+    }
+    outcome
+}
