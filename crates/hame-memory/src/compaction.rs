@@ -48,6 +48,11 @@ pub const DEFAULT_KEEP_RECENT_MESSAGES: usize = 20;
 pub const DEFAULT_RESERVE_TOKENS: u64 = 20_000;
 /// Bounds of the derived recent-tail token budget: `(window − reserve) / 4`, clamped.
 pub const DEFAULT_KEEP_TOKENS_BOUNDS: (u64, u64) = (2_000, 8_000);
+/// Default: tool results over this many characters outside the recent tail are cleared
+/// before a token-triggered summary ([`CompactionPolicy::clear_results_over`]).
+pub const DEFAULT_CLEAR_RESULT_CHARS: usize = 1_000;
+/// How a cleared tool result starts.
+pub const CLEARED_PREFIX: &str = "[tool result cleared to save context:";
 /// Default output budget of one summary call.
 pub const DEFAULT_SUMMARY_MAX_TOKENS: u32 = 4_096;
 /// Default cap on one tool result's text in the summariser's transcript (head and tail).
@@ -111,6 +116,12 @@ pub struct CompactionPolicy {
     /// Tokens kept free below the window by the derived trigger. Default
     /// [`DEFAULT_RESERVE_TOKENS`].
     pub reserve_tokens: u64,
+    /// Before a token-triggered summary, clear tool results longer than this many
+    /// characters outside the recent tail (each becomes a pointer to its record in the
+    /// session log, which keeps it whole); the summary runs only if the prompt is still
+    /// over the trigger. No model call. `None`: never clear. Default
+    /// [`DEFAULT_CLEAR_RESULT_CHARS`].
+    pub clear_results_over: Option<usize>,
 }
 
 impl Default for CompactionPolicy {
@@ -121,6 +132,7 @@ impl Default for CompactionPolicy {
             keep_recent_tokens: None,
             trigger_tokens: None,
             reserve_tokens: DEFAULT_RESERVE_TOKENS,
+            clear_results_over: Some(DEFAULT_CLEAR_RESULT_CHARS),
         }
     }
 }
@@ -232,6 +244,95 @@ pub fn latest_request(messages: &[Message]) -> Option<usize> {
     messages
         .iter()
         .rposition(|m| m.role == Role::User && !is_summary(m))
+}
+
+/// The first message of the recent tail the policy keeps verbatim, and never past the
+/// first call in flight or the latest step (the last assistant message's calls and the
+/// results after it).
+fn protected_from(
+    messages: &[Message],
+    policy: &CompactionPolicy,
+    counter: &dyn TokenCounter,
+) -> usize {
+    let n = messages.len();
+    let mut start = n.saturating_sub(policy.keep_recent_messages);
+    if let Some(budget) = policy.keep_recent_tokens {
+        let mut suffix = 0u64;
+        let mut c = n;
+        while c > 0 {
+            let t = message_tokens(counter, &messages[c - 1]);
+            if suffix + t > budget {
+                break;
+            }
+            suffix += t;
+            c -= 1;
+        }
+        start = start.max(c);
+    }
+    if let Some(last) = messages.iter().rposition(|m| m.role == Role::Assistant)
+        && messages[last].tool_calls().next().is_some()
+    {
+        start = start.min(last);
+    }
+    let answered: std::collections::HashSet<&str> = messages
+        .iter()
+        .flat_map(|m| m.tool_results_iter().map(|r| r.id.as_str()))
+        .collect();
+    if let Some(first_open) = messages
+        .iter()
+        .position(|m| m.tool_calls().any(|c| !answered.contains(c.id.as_str())))
+    {
+        start = start.min(first_open);
+    }
+    start
+}
+
+/// Which messages hold tool results to clear: results longer than
+/// [`CompactionPolicy::clear_results_over`] characters, not cleared yet, before the
+/// protected tail. Pure; see [`clear_results`].
+pub fn plan_clearing(
+    messages: &[Message],
+    policy: &CompactionPolicy,
+    counter: &dyn TokenCounter,
+) -> Vec<usize> {
+    let Some(over) = policy.clear_results_over else {
+        return Vec::new();
+    };
+    let end = protected_from(messages, policy, counter);
+    (0..end)
+        .filter(|&i| {
+            messages[i]
+                .tool_results_iter()
+                .any(|r| r.content.len() > over && !r.content.starts_with(CLEARED_PREFIX))
+        })
+        .collect()
+}
+
+/// Clears the tool results of `indices` (from [`plan_clearing`]) in `state`: each becomes a
+/// pointer to its record in the session log. Returns the characters removed.
+pub fn clear_results(state: &mut AgentState, indices: &[usize], over: usize) -> usize {
+    let seqs = CompactionState::load(state);
+    let mut removed = 0;
+    for &i in indices {
+        let seq = seqs.span_of(i).from;
+        let Some(message) = state.messages.get_mut(i) else {
+            continue;
+        };
+        for block in message.content.iter_mut() {
+            if let ContentBlock::ToolResult(r) = block
+                && r.content.len() > over
+                && !r.content.starts_with(CLEARED_PREFIX)
+            {
+                let n = r.content.len();
+                removed += n;
+                r.content = format!(
+                    "{CLEARED_PREFIX} {n} characters; the whole result is record #{seq} of the \
+                     session log (session_history from_seq={seq} limit=1)]"
+                );
+            }
+        }
+    }
+    removed
 }
 
 /// Plans a compaction if the policy triggers (message count, or `trigger_tokens` when set).
@@ -1099,6 +1200,36 @@ impl Layer for CompactionLayer {
         // A caller asked for a compaction now (`hame chat`'s /compact): before the first
         // request of the call only.
         let forced = cx.iteration <= 1 && cx.runtime.extras.contains_key(COMPACT_NOW_EXTRA);
+        let mut before = before;
+        if !forced
+            && cx.state.messages.len() <= policy.max_messages
+            && policy.triggers(cx.state.messages.len(), before)
+        {
+            // Over the token trigger only: clearing old tool results costs no model call.
+            let plan = plan_clearing(&cx.state.messages, &policy, counter.as_ref());
+            if !plan.is_empty() {
+                let over = policy.clear_results_over.unwrap_or(usize::MAX);
+                let chars = clear_results(cx.state, &plan, over);
+                request = frame.rebuild(cx.state);
+                ledger = TokenLedger::load(cx.state);
+                let after = ledger.estimate(counter.as_ref(), &request.messages, fixed);
+                tracing::debug!(
+                    results = plan.len(),
+                    chars,
+                    before,
+                    after,
+                    "old tool results cleared"
+                );
+                cx.events.emit(AgentEvent::Custom {
+                    kind: "compaction.cleared".into(),
+                    data: serde_json::json!({
+                        "messages": plan.len(), "chars": chars,
+                        "before_tokens": before, "after_tokens": after,
+                    }),
+                });
+                before = after;
+            }
+        }
         if forced || policy.triggers(cx.state.messages.len(), before) {
             match self.compact(cx, &policy).await {
                 Ok(Some(report)) => {

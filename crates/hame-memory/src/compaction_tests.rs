@@ -663,3 +663,117 @@ fn a_declared_window_wins_over_the_models() {
     // The summariser's input budget follows it too: half the declared window.
     assert!(c.input_budget(model.as_ref()) < 32_000);
 }
+
+/// A conversation of `turns` tool turns, each with a result of `chars` characters.
+fn tool_turns(turns: usize, chars: usize) -> Vec<Message> {
+    let mut msgs = Vec::new();
+    for t in 0..turns {
+        let id = format!("t{t}");
+        msgs.push(Message::user(format!("turn {t}")));
+        msgs.push(assistant_calls(&[id.as_str()]));
+        msgs.push(Message::tool_results(vec![ToolResult {
+            id: id.clone(),
+            content: format!("{t} ").repeat(chars / 2),
+            is_error: false,
+            code: None,
+        }]));
+        msgs.push(Message::assistant(format!("answer {t}")));
+    }
+    msgs
+}
+
+#[tokio::test]
+async fn the_layer_clears_old_tool_results_before_it_summarises() -> Result<()> {
+    let (scripted, m) = model(vec![Reply::text("answer")]);
+    let c = Arc::new(compactor(CompactorConfig {
+        policy: CompactionPolicy {
+            trigger_tokens: Some(3_000),
+            keep_recent_tokens: Some(1_500),
+            ..CompactionPolicy::default()
+        },
+        ..CompactorConfig::default()
+    }));
+    let agent = AgentLoop::new(Arc::clone(&m))
+        .with_layer(Arc::new(CompactionLayer::new(c, Arc::clone(&m))));
+    // 8 results of 2,000 characters: ~4,000 tokens, over the trigger.
+    let mut state = AgentState {
+        messages: tool_turns(8, 2_000),
+        ..AgentState::default()
+    };
+    agent
+        .run(
+            &mut state,
+            Message::user("next"),
+            &RuntimeContext::new("s"),
+            &EventSink::none(),
+            &Default::default(),
+        )
+        .await
+        .map_err(|e| Error::InvalidInput(e.to_string()))?;
+    let reqs = scripted.requests();
+    assert_eq!(reqs.len(), 1, "no summary call: clearing was enough");
+    let sent = &reqs[0].messages;
+    assert_eq!(sent.len(), 33, "every message is still there");
+    let results: Vec<&ToolResult> = sent.iter().flat_map(|m| m.tool_results_iter()).collect();
+    let cleared = results
+        .iter()
+        .filter(|r| r.content.starts_with(CLEARED_PREFIX))
+        .count();
+    assert!(cleared >= 6, "{cleared} of 8 cleared");
+    assert!(
+        !results
+            .last()
+            .is_some_and(|r| r.content.starts_with(CLEARED_PREFIX)),
+        "the newest result is in the kept tail"
+    );
+    // The pointer names the record that holds the whole result (seq = index here).
+    assert!(results[0].content.contains("#2 "), "{}", results[0].content);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// Clearing keeps every message, every call/result pairing and the latest step, and
+    /// only shortens results outside the protected tail.
+    #[test]
+    fn clearing_keeps_structure_and_the_latest_step(
+        turns in 0usize..12,
+        chars in 0usize..3_000,
+        keep in 0usize..10,
+        keep_tokens in proptest::option::of(0u64..2_000),
+        fresh in any::<bool>(),
+    ) {
+        let mut msgs = tool_turns(turns, chars);
+        if fresh {
+            msgs.push(Message::user("fresh"));
+            msgs.push(assistant_calls(&["f1"]));
+            msgs.push(results(&["f1"]));
+            if let Some(ContentBlock::ToolResult(r)) = msgs.last_mut().and_then(|m| m.content.iter_mut().next()) {
+                r.content = "x".repeat(5_000);
+            }
+        }
+        let p = CompactionPolicy {
+            keep_recent_messages: keep,
+            keep_recent_tokens: keep_tokens,
+            ..CompactionPolicy::default()
+        };
+        let plan = plan_clearing(&msgs, &p, &EstimateCounter);
+        let mut state = AgentState { messages: msgs.clone(), ..AgentState::default() };
+        clear_results(&mut state, &plan, DEFAULT_CLEAR_RESULT_CHARS);
+        let out = &state.messages;
+        prop_assert_eq!(out.len(), msgs.len());
+        prop_assert_eq!(pairs(out), pairs(&msgs));
+        if fresh {
+            prop_assert_eq!(&out[out.len() - 2..], &msgs[msgs.len() - 2..]);
+        }
+        let tail = protected_from(&msgs, &p, &EstimateCounter);
+        prop_assert_eq!(&out[tail..], &msgs[tail..]);
+        for (a, b) in out.iter().zip(&msgs) {
+            prop_assert_eq!(a.role, b.role);
+            prop_assert!(a.text_content().len() <= b.text_content().len() + 200);
+        }
+        // Clearing twice changes nothing more.
+        prop_assert!(plan_clearing(out, &p, &EstimateCounter).is_empty());
+    }
+}
