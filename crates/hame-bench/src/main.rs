@@ -306,9 +306,19 @@ async fn main() -> anyhow::Result<()> {
     let (s, t) = (args.sessions, args.turns);
     let errors = Arc::new(Mutex::new(Vec::<String>::new()));
     let started = Instant::now();
+    // Sequential runs record the request size after each turn, as the Python workload does
+    // (`prompt_chars_trace`), outside the timed part of the turn.
+    let trace = Arc::new(Mutex::new(Vec::<u64>::new()));
     let runs = (0..s).map(|i| {
         let agent = agent.clone();
         let errors = errors.clone();
+        let (trace, stats, http, mode, base) = (
+            trace.clone(),
+            stats.clone(),
+            http.clone(),
+            args.mode.clone(),
+            args.base_url.clone(),
+        );
         async move {
             let sid = (s > 1).then(|| format!("s{i}"));
             let ctx = RuntimeContext::new(sid.clone().unwrap_or_else(|| "s0".into()));
@@ -322,6 +332,21 @@ async fn main() -> anyhow::Result<()> {
                     errs.push(e.to_string().chars().take(300).collect());
                 }
                 lat.push(t0.elapsed().as_secs_f64());
+                if s == 1 {
+                    let st = if mode == "http" {
+                        server_stats(&http, &base, false)
+                            .await
+                            .unwrap_or(Value::Null)
+                    } else {
+                        stats.snapshot()
+                    };
+                    if let (Some(c), Ok(mut t)) = (
+                        st.get("prompt_chars_last").and_then(Value::as_u64),
+                        trace.lock(),
+                    ) {
+                        t.push(c);
+                    }
+                }
             }
             lat
         }
@@ -396,6 +421,13 @@ async fn main() -> anyhow::Result<()> {
             .filter(|(p, _)| p.to_string_lossy().ends_with(".log.jsonl"))
             .map(|(_, v)| v.0)
             .sum::<u64>(),
+        "prompt_chars_trace": trace
+            .lock()
+            .map(|t| {
+                let step = (t.len() / 20).max(1);
+                t.iter().step_by(step).copied().collect::<Vec<_>>()
+            })
+            .unwrap_or_default(),
         "hame_compactions": n("n_hame_compaction"),
         "hame_memory_flushes": n("n_hame_flush"),
     });
