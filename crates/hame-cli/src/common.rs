@@ -215,8 +215,10 @@ async fn build_agent(
     let memory = if !config.memory.value {
         hame::harness::MemoryOptions::disabled()
     } else {
-        let mut options = hame::harness::MemoryOptions::default();
-        options.context_window = config.context_window.value;
+        let mut options = hame::harness::MemoryOptions {
+            context_window: config.context_window.value,
+            ..hame::harness::MemoryOptions::default()
+        };
         match config.memory_index.value.as_deref() {
             Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
                 let index =

@@ -62,6 +62,7 @@ fn memory_off_registers_no_memory_tools() -> Result<(), Box<dyn std::error::Erro
 /// `gpt-4o` tokenizer over the compact JSON the clients send. A regression guard: the
 /// figure is in `docs/benchmarks.md`.
 #[test]
+#[allow(clippy::print_stdout)] // the figure is the point of this test
 fn default_tool_set_token_budget() -> Result<(), Box<dyn std::error::Error>> {
     let (agent, _dir) = agent(true)?;
     let specs = agent.agent_loop().tools().specs();
