@@ -50,7 +50,7 @@ pub enum Layer {
 }
 
 /// The layer of a library crate (one under `crates/`), or `None` for helpers
-/// (`hame-test-support`, and every member outside `crates/`: xtask, examples, integration
+/// (`hame-test-support`, `hame-bench`, and every member outside `crates/`: xtask, examples, integration
 /// tests), which may depend on anything but which no library may depend on.
 pub fn layer_of(name: &str) -> Option<Layer> {
     match name {
@@ -59,7 +59,8 @@ pub fn layer_of(name: &str) -> Option<Layer> {
         "hame" => Some(Layer::Facade),
         "hame-gateway" => Some(Layer::Server),
         "hame-cli" => Some(Layer::Cli),
-        "hame-test-support" => None,
+        // Helpers: test scaffolding and the peer-benchmark driver (a binary on the facade).
+        "hame-test-support" | "hame-bench" => None,
         other if other.starts_with("hame-") => Some(Layer::Leaf),
         _ => None,
     }

@@ -47,13 +47,13 @@
 //! assert!(index.search("bob", "rust", &SearchOptions::default()).await?.is_empty());
 //!
 //! // Compaction planning is pure.
-//! let messages: Vec<Message> = (0..60)
+//! let messages: Vec<Message> = (0..210)
 //!     .map(|i| if i % 2 == 0 { Message::user(format!("q{i}")) } else { Message::assistant("a") })
 //!     .collect();
 //! let counter = tokens::counter_for_model("gpt-4o");
 //! let plan = compaction::plan_compaction(&messages, &Default::default(), counter.as_ref())
-//!     .expect("60 messages exceed the default 50");
-//! assert_eq!(plan.range, 0..40); // the 20 most recent messages stay verbatim
+//!     .expect("210 messages exceed the default backstop of 200");
+//! assert_eq!(plan.range, 0..190); // the 20 most recent messages stay verbatim
 //! # Ok(()) }
 //! ```
 #![deny(missing_docs)]
