@@ -69,6 +69,24 @@ impl Stats {
         }
     }
 
+    /// hame's own split of the tool-less calls (the benchmark counts compactions and
+    /// memory flushes alike as summaries when the last messages mention summarising).
+    fn split(&self, request: &ModelRequest) {
+        if !request.tools.is_empty() {
+            return;
+        }
+        let what = if request.system == hame::memory::compaction::SUMMARY_SYSTEM_PROMPT {
+            "hame_compaction"
+        } else if request.system == hame::memory::daily::FLUSH_SYSTEM_PROMPT {
+            "hame_flush"
+        } else {
+            "hame_other"
+        };
+        if let Ok(mut k) = self.by_kind.lock() {
+            *k.entry(what.to_owned()).or_default() += 1;
+        }
+    }
+
     fn snapshot(&self) -> Value {
         let kinds = self.by_kind.lock().map(|k| k.clone()).unwrap_or_default();
         let mut v = json!({
@@ -134,20 +152,7 @@ impl Model for Scripted {
                 .sum::<usize>();
         let decision = workload::decide(&request);
         self.stats.record(decision.kind, chars as u64);
-        // hame's own split of the tool-less calls (the benchmark counts both as summaries
-        // when the last messages mention summarising).
-        if request.tools.is_empty() {
-            let what = if request.system == hame::memory::compaction::SUMMARY_SYSTEM_PROMPT {
-                "hame_compaction"
-            } else if request.system == hame::memory::daily::FLUSH_SYSTEM_PROMPT {
-                "hame_flush"
-            } else {
-                "hame_other"
-            };
-            if let Ok(mut k) = self.stats.by_kind.lock() {
-                *k.entry(what.to_owned()).or_default() += 1;
-            }
-        }
+        self.stats.split(&request);
         let mut events = Vec::new();
         match decision.call {
             Some((name, args)) => {
@@ -175,6 +180,25 @@ impl Model for Scripted {
             StopReason::EndTurn
         }));
         Ok(Box::pin(futures::stream::iter(events.into_iter().map(Ok))))
+    }
+}
+
+/// The HTTP model with hame's split of its tool-less calls counted on the way.
+#[derive(Debug)]
+struct Counting {
+    inner: Arc<dyn Model>,
+    stats: Arc<Stats>,
+}
+
+#[async_trait]
+impl Model for Counting {
+    fn info(&self) -> ModelInfo {
+        self.inner.info()
+    }
+
+    async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
+        self.stats.split(&request);
+        self.inner.stream(request).await
     }
 }
 
@@ -284,7 +308,10 @@ async fn main() -> anyhow::Result<()> {
             config.base_url = args.base_url.clone();
             config.api_key = Some("bench".into());
             config.context_window = args.context_window;
-            Arc::new(hame::model::OpenAiModel::new(config)?)
+            Arc::new(Counting {
+                inner: Arc::new(hame::model::OpenAiModel::new(config)?),
+                stats: stats.clone(),
+            })
         }
         other => anyhow::bail!("unknown mode {other}"),
     };
@@ -381,7 +408,8 @@ async fn main() -> anyhow::Result<()> {
     let mut sorted = lat.clone();
     sorted.sort_by(f64::total_cmp);
     let errors = errors.lock().map(|e| e.clone()).unwrap_or_default();
-    let n = |k: &str| st.get(k).cloned().unwrap_or(json!(0));
+    let own = stats.snapshot();
+    let n = |k: &str| st.get(k).or_else(|| own.get(k)).cloned().unwrap_or(json!(0));
     let result = json!({
         "peer": "hame",
         "version": env!("CARGO_PKG_VERSION"),
@@ -430,6 +458,7 @@ async fn main() -> anyhow::Result<()> {
             .unwrap_or_default(),
         "hame_compactions": n("n_hame_compaction"),
         "hame_memory_flushes": n("n_hame_flush"),
+        "hame_other_toolless": n("n_hame_other"),
     });
     println!("BENCH_RESULT {result}");
     Ok(())

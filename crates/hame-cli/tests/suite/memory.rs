@@ -178,7 +178,8 @@ async fn a_long_session_compacts_flushes_consolidates_offloads_and_searches() ->
     let reqs = server.requests();
     let chats: Vec<&RecordedRequest> = reqs.iter().filter(|r| kind(r) == "chat").collect();
     let count = |k: &str| reqs.iter().filter(|r| kind(r) == k).count();
-    assert!(count("flush") >= 3, "flushes: {}", count("flush"));
+    // One after-call flush (80 unflushed messages) and one before each compaction.
+    assert!(count("flush") >= 2, "flushes: {}", count("flush"));
     assert!(count("summary") >= 2, "summaries: {}", count("summary"));
     assert!(count("consolidate") >= 1);
 

@@ -46,7 +46,7 @@ pub use tools::{DEFAULT_HITS, GET_LINES, MAX_HITS, MAX_SAVED_FACT_CHARS};
 pub const MEMORY_LEASE_SESSION: &str = "_memory";
 
 /// Default: flush after a call when at least this many messages are unflushed.
-pub const DEFAULT_FLUSH_MIN_NEW_MESSAGES: usize = 24;
+pub const DEFAULT_FLUSH_MIN_NEW_MESSAGES: usize = 80;
 /// Default longest wait of [`HarnessAgent::wait_background`](crate::HarnessAgent::wait_background)
 /// in the CLI.
 pub const DEFAULT_BACKGROUND_WAIT: Duration = Duration::from_secs(30);
