@@ -409,7 +409,12 @@ async fn main() -> anyhow::Result<()> {
     sorted.sort_by(f64::total_cmp);
     let errors = errors.lock().map(|e| e.clone()).unwrap_or_default();
     let own = stats.snapshot();
-    let n = |k: &str| st.get(k).or_else(|| own.get(k)).cloned().unwrap_or(json!(0));
+    let n = |k: &str| {
+        st.get(k)
+            .or_else(|| own.get(k))
+            .cloned()
+            .unwrap_or(json!(0))
+    };
     let result = json!({
         "peer": "hame",
         "version": env!("CARGO_PKG_VERSION"),
