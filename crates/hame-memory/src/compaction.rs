@@ -246,45 +246,58 @@ pub fn latest_request(messages: &[Message]) -> Option<usize> {
         .rposition(|m| m.role == Role::User && !is_summary(m))
 }
 
-/// The first message of the recent tail the policy keeps verbatim, and never past the
-/// first call in flight or the latest step (the last assistant message's calls and the
-/// results after it).
-fn protected_from(
-    messages: &[Message],
-    policy: &CompactionPolicy,
-    counter: &dyn TokenCounter,
-) -> usize {
-    let n = messages.len();
-    let mut start = n.saturating_sub(policy.keep_recent_messages);
-    if let Some(budget) = policy.keep_recent_tokens {
-        let mut suffix = 0u64;
-        let mut c = n;
-        while c > 0 {
-            let t = message_tokens(counter, &messages[c - 1]);
-            if suffix + t > budget {
-                break;
-            }
-            suffix += t;
-            c -= 1;
-        }
-        start = start.max(c);
-    }
+/// Where the replaced range must end at the latest: before the first call still in flight
+/// and before the latest step (the last assistant message when it called tools: its
+/// results are fresh until the model answers them, and summarising or clearing them makes
+/// the model call again).
+fn cut_limit(messages: &[Message]) -> usize {
+    let mut limit = messages.len();
     if let Some(last) = messages.iter().rposition(|m| m.role == Role::Assistant)
         && messages[last].tool_calls().next().is_some()
     {
-        start = start.min(last);
+        limit = last;
     }
     let answered: std::collections::HashSet<&str> = messages
         .iter()
         .flat_map(|m| m.tool_results_iter().map(|r| r.id.as_str()))
         .collect();
-    if let Some(first_open) = messages
+    if let Some(open) = messages
         .iter()
         .position(|m| m.tool_calls().any(|c| !answered.contains(c.id.as_str())))
     {
-        start = start.min(first_open);
+        limit = limit.min(open);
+    }
+    limit
+}
+
+/// The first message of the recent tail the budgets keep verbatim (the smaller tail of
+/// `keep_recent_messages` and `keep_recent_tokens` wins); `tokens` per message.
+fn tail_start(tokens: &[u64], policy: &CompactionPolicy) -> usize {
+    let n = tokens.len();
+    let mut start = n.saturating_sub(policy.keep_recent_messages);
+    if let Some(budget) = policy.keep_recent_tokens {
+        let mut suffix = 0u64;
+        let mut c = n;
+        while c > 0 && suffix + tokens[c - 1] <= budget {
+            suffix += tokens[c - 1];
+            c -= 1;
+        }
+        start = start.max(c);
     }
     start
+}
+
+/// The first message neither a compaction nor clearing may touch.
+fn protected_from(
+    messages: &[Message],
+    policy: &CompactionPolicy,
+    counter: &dyn TokenCounter,
+) -> usize {
+    let tokens: Vec<u64> = messages
+        .iter()
+        .map(|m| message_tokens(counter, m))
+        .collect();
+    tail_start(&tokens, policy).min(cut_limit(messages))
 }
 
 /// Which messages hold tool results to clear: results longer than
@@ -375,28 +388,16 @@ pub fn plan_forced(
             results.insert(r.id.as_str(), i);
         }
     }
-    // The cut may not pass the first call still in flight, nor the latest step whose
-    // results the model has not answered yet (the calls of the last assistant message and
-    // the results after it): summarising a fresh result makes the model call again.
-    let mut limit = n;
-    if let Some(last) = messages.iter().rposition(|m| m.role == Role::Assistant)
-        && messages[last].tool_calls().next().is_some()
-        && messages[last + 1..]
-            .iter()
-            .all(|m| m.role == Role::Tool || m.tool_results_iter().next().is_some())
-    {
-        limit = last;
-    }
+    let limit = cut_limit(messages);
     // forbidden[c]: cutting before message c separates a call from its result.
     let mut forbidden = vec![0i64; n + 2];
+    // (A call without a result is in flight: `cut_limit` stops before it.)
     for (id, &ci) in &calls {
-        match results.get(id) {
-            Some(&ri) if ri > ci => {
-                forbidden[ci + 1] += 1;
-                forbidden[ri + 1] -= 1;
-            }
-            Some(_) => {}
-            None => limit = limit.min(ci),
+        if let Some(&ri) = results.get(id)
+            && ri > ci
+        {
+            forbidden[ci + 1] += 1;
+            forbidden[ri + 1] -= 1;
         }
     }
     // Results whose call comes later (malformed logs): never separate either.
@@ -417,16 +418,7 @@ pub fn plan_forced(
         .collect();
 
     // The desired cut: the smaller tail of the message and token budgets.
-    let mut desired = n.saturating_sub(policy.keep_recent_messages);
-    if let Some(budget) = policy.keep_recent_tokens {
-        let mut suffix = 0u64;
-        let mut c = n;
-        while c > 0 && suffix + tokens[c - 1] <= budget {
-            suffix += tokens[c - 1];
-            c -= 1;
-        }
-        desired = desired.max(c);
-    }
+    let desired = tail_start(&tokens, policy);
     let desired = desired.min(limit);
     let cut = (1..=desired)
         .rev()

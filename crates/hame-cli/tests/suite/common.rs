@@ -204,3 +204,64 @@ pub async fn tools_offered(
 ) -> Result<Vec<String>, Box<dyn std::error::Error>> {
     Ok(tool_names(&first_request(dir, args).await?))
 }
+
+/// A Python that imports `module`: a venv `<target tmp>/<name>` created once (under a
+/// lock) with `python3 -m venv` and `pip install <requirement>`. `None` (with a loud
+/// SKIPPED line) when that is impossible; under `CI=true` a failure.
+pub fn python_venv(name: &str, requirement: &str, module: &str) -> Option<std::path::PathBuf> {
+    let root = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let venv = root.join(name);
+    let python = venv.join("bin/python");
+    let ok = |py: &std::path::Path| {
+        std::process::Command::new(py)
+            .args(["-c", &format!("import {module}")])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    };
+    let setup = || -> Result<(), String> {
+        std::fs::create_dir_all(&root).map_err(|e| e.to_string())?;
+        let lock =
+            std::fs::File::create(root.join(format!("{name}.lock"))).map_err(|e| e.to_string())?;
+        lock.lock().map_err(|e| e.to_string())?;
+        if ok(&python) {
+            return Ok(());
+        }
+        let run = |cmd: &mut std::process::Command| -> Result<(), String> {
+            let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr)))
+            }
+        };
+        run(std::process::Command::new("python3")
+            .args(["-m", "venv", "--clear"])
+            .arg(&venv))?;
+        run(std::process::Command::new(venv.join("bin/pip")).args([
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            requirement,
+        ]))?;
+        if ok(&python) {
+            Ok(())
+        } else {
+            Err(format!("{module} does not import after pip install"))
+        }
+    };
+    if ok(&python) {
+        return Some(python);
+    }
+    match setup() {
+        Ok(()) => Some(python),
+        Err(e) => {
+            assert!(
+                std::env::var("CI").map(|v| v != "true").unwrap_or(true),
+                "cannot set up {requirement} under CI=true: {e}"
+            );
+            eprintln!("SKIPPED: cannot set up {requirement} ({e})");
+            None
+        }
+    }
+}

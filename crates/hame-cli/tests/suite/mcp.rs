@@ -30,60 +30,7 @@ fn python() -> Option<PathBuf> {
     {
         return Some(PathBuf::from(p));
     }
-    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let venv = root.join("mcp-venv");
-    let python = venv.join("bin/python");
-    let ok = |py: &Path| {
-        std::process::Command::new(py)
-            .args(["-c", "import mcp.server.mcpserver"])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false)
-    };
-    let setup = || -> Result<(), String> {
-        fs::create_dir_all(&root).map_err(|e| e.to_string())?;
-        let lock = fs::File::create(root.join("mcp-venv.lock")).map_err(|e| e.to_string())?;
-        lock.lock().map_err(|e| e.to_string())?;
-        if ok(&python) {
-            return Ok(());
-        }
-        let run = |cmd: &mut std::process::Command| -> Result<(), String> {
-            let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr)))
-            }
-        };
-        run(std::process::Command::new("python3")
-            .args(["-m", "venv", "--clear"])
-            .arg(&venv))?;
-        run(std::process::Command::new(venv.join("bin/pip")).args([
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            MCP_SDK,
-        ]))?;
-        if ok(&python) {
-            Ok(())
-        } else {
-            Err("mcp does not import after pip install".into())
-        }
-    };
-    if ok(&python) {
-        return Some(python);
-    }
-    match setup() {
-        Ok(()) => Some(python),
-        Err(e) => {
-            assert!(
-                std::env::var("CI").map(|v| v != "true").unwrap_or(true),
-                "cannot set up the Python MCP SDK under CI=true: {e}"
-            );
-            eprintln!("SKIPPED: cannot set up the Python MCP SDK ({e})");
-            None
-        }
-    }
+    super::common::python_venv("mcp-venv", MCP_SDK, "mcp.server.mcpserver")
 }
 
 fn alive(pid: u32) -> bool {

@@ -763,61 +763,7 @@ async fn serve_speaks_openai_chat_completions() -> TestResult {
 /// A Python with the `openai` SDK: a venv under the target directory, created once (under
 /// a lock). `None` (with a loud SKIPPED line) when impossible; under `CI=true` a failure.
 fn openai_python() -> Option<PathBuf> {
-    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let venv = root.join("openai-venv");
-    let python = venv.join("bin/python");
-    let ok = |py: &Path| {
-        std::process::Command::new(py)
-            .args(["-c", "import openai"])
-            .output()
-            .map(|o| o.status.success())
-            .unwrap_or(false)
-    };
-    let setup = || -> Result<(), String> {
-        std::fs::create_dir_all(&root).map_err(|e| e.to_string())?;
-        let lock =
-            std::fs::File::create(root.join("openai-venv.lock")).map_err(|e| e.to_string())?;
-        lock.lock().map_err(|e| e.to_string())?;
-        if ok(&python) {
-            return Ok(());
-        }
-        let run = |cmd: &mut std::process::Command| -> Result<(), String> {
-            let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(format!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr)))
-            }
-        };
-        run(std::process::Command::new("python3")
-            .args(["-m", "venv", "--clear"])
-            .arg(&venv))?;
-        run(std::process::Command::new(venv.join("bin/pip")).args([
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            OPENAI_SDK,
-        ]))?;
-        if ok(&python) {
-            Ok(())
-        } else {
-            Err("openai does not import after pip install".into())
-        }
-    };
-    if ok(&python) {
-        return Some(python);
-    }
-    match setup() {
-        Ok(()) => Some(python),
-        Err(e) => {
-            assert!(
-                std::env::var("CI").map(|v| v != "true").unwrap_or(true),
-                "cannot set up the openai Python SDK under CI=true: {e}"
-            );
-            eprintln!("SKIPPED: cannot set up the openai Python SDK ({e})");
-            None
-        }
-    }
+    super::common::python_venv("openai-venv", OPENAI_SDK, "openai")
 }
 
 /// The version range of the Python SDK the test runs against.
