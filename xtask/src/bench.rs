@@ -119,7 +119,7 @@ fn stamps(out: &Path) -> Vec<PathBuf> {
         .map(|d| {
             d.flatten()
                 .map(|e| e.path())
-                .filter(|p| p.join("results.json").is_file() || p.is_dir())
+                .filter(|p| p.is_dir())
                 .collect()
         })
         .unwrap_or_default()

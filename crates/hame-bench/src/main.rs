@@ -154,6 +154,11 @@ impl Model for Scripted {
         self.stats.record(decision.kind, chars as u64);
         self.stats.split(&request);
         let mut events = Vec::new();
+        let stop = if decision.call.is_some() {
+            StopReason::ToolUse
+        } else {
+            StopReason::EndTurn
+        };
         match decision.call {
             Some((name, args)) => {
                 let n = self.counter.fetch_add(1, Ordering::Relaxed);
@@ -174,11 +179,7 @@ impl Model for Scripted {
             output_tokens: 20,
             cached_input_tokens: 0,
         }));
-        events.push(ModelEvent::Stop(if events.len() > 2 {
-            StopReason::ToolUse
-        } else {
-            StopReason::EndTurn
-        }));
+        events.push(ModelEvent::Stop(stop));
         Ok(Box::pin(futures::stream::iter(events.into_iter().map(Ok))))
     }
 }
