@@ -17,6 +17,11 @@ pub(crate) struct CapabilityArgs {
     /// under the workspace's skills/ and the user's <userId>/skills/.
     #[arg(long, value_name = "DIR")]
     skills_dir: Option<PathBuf>,
+    /// Offer every tool in every request. By default the rarely used built-ins (session
+    /// history, memory_get/memory_save, the task tools, plan mode, skills) are offered on
+    /// demand: the model loads them with tool_search (docs/tools.md).
+    #[arg(long)]
+    all_tools: bool,
 }
 
 /// Applies the flags to the builder.
@@ -24,6 +29,11 @@ pub(crate) fn configure(
     builder: HarnessAgentBuilder,
     args: &CapabilityArgs,
 ) -> HarnessAgentBuilder {
+    let builder = if args.all_tools {
+        builder.defer_tools(Vec::<String>::new())
+    } else {
+        builder
+    };
     match &args.skills_dir {
         Some(dir) => builder.skills(Some(hame::skills::SkillsOptions {
             global_dir: Some(dir.clone()),

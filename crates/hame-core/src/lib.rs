@@ -67,8 +67,9 @@ pub use model::{
 pub use state::{AgentState, STATE_SCHEMA_VERSION, StateFormatError};
 pub use suspend::{PendingCall, PendingStep, Resolution, Suspended, SuspendedCall, Suspension};
 pub use tool::{
-    DEFAULT_TOOL_TIMEOUT, Tool, ToolError, ToolOutput, ToolRunOptions, ToolSet, ToolSpec, Typed,
-    TypedTool, codes, compact_schema, schema_for, to_tool_result, typed,
+    DEFAULT_TOOL_TIMEOUT, Tool, ToolError, ToolOffers, ToolOutput, ToolRunOptions, ToolSet,
+    ToolSpec, Typed, TypedTool, codes, compact_schema, inline_definitions, schema_for,
+    to_tool_result, typed,
 };
 
 /// Re-exported for implementing traits.

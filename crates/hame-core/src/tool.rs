@@ -158,21 +158,112 @@ pub fn schema_for<T: JsonSchema>() -> serde_json::Value {
             obj.insert("properties".into(), serde_json::json!({}));
         }
     }
+    inline_definitions(&mut value);
     compact_schema(&mut value);
     value
 }
 
+/// Replaces each `{"$ref": "#/$defs/X"}` of a parameter schema by the definition itself
+/// (the referring object's own keys win; the definition's description, a doc comment
+/// written for Rust readers, is not copied) and drops `$defs`
+/// when nothing refers to it any more. Models read a flat schema more reliably, and it
+/// is shorter when a definition is used once. Recursive definitions are left as
+/// references.
+pub fn inline_definitions(value: &mut serde_json::Value) {
+    let Some(defs) = value
+        .as_object_mut()
+        .and_then(|o| o.remove("$defs"))
+        .and_then(|d| match d {
+            serde_json::Value::Object(m) => Some(m),
+            _ => None,
+        })
+    else {
+        return;
+    };
+    fn walk(
+        v: &mut serde_json::Value,
+        defs: &serde_json::Map<String, serde_json::Value>,
+        depth: usize,
+        unresolved: &mut bool,
+    ) {
+        match v {
+            serde_json::Value::Object(obj) => {
+                let target = obj
+                    .get("$ref")
+                    .and_then(|r| r.as_str())
+                    .and_then(|r| r.strip_prefix("#/$defs/"))
+                    .map(str::to_owned);
+                if let Some(name) = target {
+                    match defs.get(&name) {
+                        Some(serde_json::Value::Object(def)) if depth < 8 => {
+                            obj.remove("$ref");
+                            for (k, val) in def {
+                                if k != "description" && !obj.contains_key(k) {
+                                    obj.insert(k.clone(), val.clone());
+                                }
+                            }
+                        }
+                        _ => *unresolved = true,
+                    }
+                }
+                for val in obj.values_mut() {
+                    walk(val, defs, depth + 1, unresolved);
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for val in items {
+                    walk(val, defs, depth + 1, unresolved);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut unresolved = false;
+    walk(value, &defs, 0, &mut unresolved);
+    if unresolved && let Some(obj) = value.as_object_mut() {
+        obj.insert("$defs".into(), serde_json::Value::Object(defs));
+    }
+}
+
 /// Strips what costs the model tokens and tells it nothing (every request carries every
 /// schema): `format` annotations (`uint64`, ...), `minimum: 0` of unsigned integers,
-/// `default: null`, and the `null` of an optional field's type (`["integer", "null"]`
-/// becomes `"integer"`; the field is optional because it is not `required`); line breaks
+/// `default: null` and `default: false`, empty descriptions, `additionalProperties: false` (arguments are
+/// checked when they are parsed), and the `null` of an optional field's type
+/// (`["integer", "null"]` becomes `"integer"`; the field is optional because it is not
+/// `required`); a `oneOf` of string constants (a Rust enum) becomes `enum`; line breaks
 /// of doc comments inside descriptions become spaces.
 pub fn compact_schema(value: &mut serde_json::Value) {
     match value {
         serde_json::Value::Object(obj) => {
             obj.remove("format");
-            if obj.get("default").is_some_and(serde_json::Value::is_null) {
+            if obj
+                .get("default")
+                .is_some_and(|d| d.is_null() || d == &serde_json::Value::Bool(false))
+            {
                 obj.remove("default");
+            }
+            if obj.get("description").and_then(|d| d.as_str()) == Some("") {
+                obj.remove("description");
+            }
+            if obj.get("additionalProperties") == Some(&serde_json::Value::Bool(false)) {
+                obj.remove("additionalProperties");
+            }
+            if let Some(serde_json::Value::Array(variants)) = obj.get("oneOf") {
+                let consts: Option<Vec<serde_json::Value>> = variants
+                    .iter()
+                    .map(|v| {
+                        let o = v.as_object()?;
+                        let c = o.get("const").filter(|c| c.is_string())?;
+                        o.keys()
+                            .all(|k| matches!(k.as_str(), "const" | "type" | "description"))
+                            .then(|| c.clone())
+                    })
+                    .collect();
+                if let Some(consts) = consts.filter(|c| !c.is_empty()) {
+                    obj.remove("oneOf");
+                    obj.insert("type".into(), "string".into());
+                    obj.insert("enum".into(), serde_json::Value::Array(consts));
+                }
             }
             if let Some(serde_json::Value::Array(types)) = obj.get("type") {
                 let rest: Vec<serde_json::Value> = types
@@ -257,7 +348,38 @@ impl Default for ToolRunOptions {
     }
 }
 
-/// A registry of tools with allow/deny filtering.
+/// Deferred tools a layer wants offered in the current model request (in the call's
+/// [`Extensions`](crate::Extensions) when the agent defers tools): e.g. the subagents layer
+/// offers the task tools when subagents are declared. The layer that offers deferred tools
+/// takes the wishes once per request, so a wish lasts one request.
+#[derive(Debug, Default)]
+pub struct ToolOffers(std::sync::Mutex<std::collections::BTreeSet<String>>);
+
+impl ToolOffers {
+    /// Asks for these deferred tools in the current request.
+    pub fn offer<I, S>(&self, names: I)
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        if let Ok(mut set) = self.0.lock() {
+            set.extend(names.into_iter().map(Into::into));
+        }
+    }
+
+    /// The wishes so far, emptied.
+    pub fn take(&self) -> std::collections::BTreeSet<String> {
+        self.0
+            .lock()
+            .map(|mut s| std::mem::take(&mut *s))
+            .unwrap_or_default()
+    }
+}
+
+/// A registry of tools with allow/deny filtering, and *deferred* tools: registered and
+/// callable by name, but not offered in model requests (their specs are sent only when a
+/// layer asks for them, e.g. after the model looked them up). Deferring the rarely used
+/// tools keeps every request small.
 ///
 /// A tool's [`Tool::spec`] is read once, when it is registered: specs are model-visible and
 /// kept stable (which also lets provider prompt caches reuse them), and deriving JSON
@@ -267,6 +389,7 @@ pub struct ToolSet {
     tools: BTreeMap<String, (Arc<dyn Tool>, ToolSpec)>,
     allow: Option<Vec<String>>,
     deny: Vec<String>,
+    deferred: std::collections::BTreeSet<String>,
 }
 
 impl fmt::Debug for ToolSet {
@@ -275,6 +398,7 @@ impl fmt::Debug for ToolSet {
             .field("tools", &self.tools.keys().collect::<Vec<_>>())
             .field("allow", &self.allow)
             .field("deny", &self.deny)
+            .field("deferred", &self.deferred)
             .finish()
     }
 }
@@ -301,6 +425,31 @@ impl ToolSet {
         self.deny = deny;
     }
 
+    /// Tools named here are deferred: callable, but left out of [`ToolSet::specs`] (see
+    /// [`ToolSet::deferred_specs`]). Replaces the previous set; names of tools that are
+    /// not registered are kept, so the order of registering and deferring does not matter.
+    pub fn set_deferred(&mut self, names: impl IntoIterator<Item = String>) {
+        self.deferred = names.into_iter().collect();
+    }
+
+    /// Offers a deferred tool again in every request.
+    pub fn undefer(&mut self, name: &str) {
+        self.deferred.remove(name);
+    }
+
+    /// Whether a visible tool of this name is deferred.
+    pub fn is_deferred(&self, name: &str) -> bool {
+        self.deferred.contains(name) && self.tools.contains_key(name) && self.visible(name)
+    }
+
+    /// The spec of the visible tool with this name (deferred or not).
+    pub fn spec(&self, name: &str) -> Option<&ToolSpec> {
+        if !self.visible(name) {
+            return None;
+        }
+        self.tools.get(name).map(|(_, spec)| spec)
+    }
+
     fn visible(&self, name: &str) -> bool {
         if self.deny.iter().any(|d| d == name) {
             return false;
@@ -319,7 +468,7 @@ impl ToolSet {
         self.tools.get(name).map(|(tool, _)| tool)
     }
 
-    /// Names of the visible tools, sorted.
+    /// Names of the visible tools (deferred ones included), sorted.
     pub fn names(&self) -> Vec<String> {
         self.tools
             .keys()
@@ -328,11 +477,21 @@ impl ToolSet {
             .collect()
     }
 
-    /// Specs of the visible tools, sorted by name (a stable order helps prompt caching).
+    /// Specs of the visible tools that are offered (not deferred), sorted by name (a
+    /// stable order helps prompt caching).
     pub fn specs(&self) -> Vec<ToolSpec> {
         self.tools
             .iter()
-            .filter(|(n, _)| self.visible(n))
+            .filter(|(n, _)| self.visible(n) && !self.deferred.contains(*n))
+            .map(|(_, (_, spec))| spec.clone())
+            .collect()
+    }
+
+    /// Specs of the visible deferred tools, sorted by name.
+    pub fn deferred_specs(&self) -> Vec<ToolSpec> {
+        self.tools
+            .iter()
+            .filter(|(n, _)| self.visible(n) && self.deferred.contains(*n))
             .map(|(_, (_, spec))| spec.clone())
             .collect()
     }

@@ -166,6 +166,37 @@ fn allow_and_deny_filter() {
 }
 
 #[tokio::test]
+async fn a_deferred_tool_is_callable_but_not_offered() {
+    let mut s = set();
+    s.set_deferred(["echo".to_owned(), "not_registered".to_owned()]);
+    let offered: Vec<String> = s.specs().into_iter().map(|t| t.name).collect();
+    assert!(!offered.contains(&"echo".to_owned()), "{offered:?}");
+    assert_eq!(
+        s.deferred_specs()
+            .into_iter()
+            .map(|t| t.name)
+            .collect::<Vec<_>>(),
+        vec!["echo".to_owned()]
+    );
+    assert!(s.is_deferred("echo") && !s.is_deferred("not_registered"));
+    assert!(s.names().contains(&"echo".to_owned()), "still listed");
+    let out = s
+        .run_one(
+            &call("echo", r#"{"text":"hi"}"#),
+            &ctx(),
+            Duration::from_secs(5),
+        )
+        .await;
+    assert!(out.is_ok(), "{out:?}");
+    // Allow/deny still win over deferral.
+    s.set_deny(vec!["echo".into()]);
+    assert!(s.deferred_specs().is_empty() && s.spec("echo").is_none());
+    s.set_deny(Vec::new());
+    s.undefer("echo");
+    assert!(s.specs().iter().any(|t| t.name == "echo"));
+}
+
+#[tokio::test]
 async fn runs_concurrently_in_order() {
     let mut s = ToolSet::new();
     s.register(typed(Rendezvous(Arc::new(tokio::sync::Barrier::new(3)))));
@@ -187,6 +218,60 @@ async fn runs_concurrently_in_order() {
             Ok("met".into()),
             Ok("met".into())
         ]
+    );
+}
+
+#[test]
+fn nested_enums_are_inlined_and_collapsed() {
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    #[serde(rename_all = "snake_case")]
+    #[allow(dead_code)]
+    /// A status.
+    enum Status {
+        /// Not yet.
+        Pending,
+        /// Done.
+        Done,
+    }
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Item {
+        /// What.
+        content: String,
+        /// Its status.
+        status: Status,
+        /// Urgent.
+        #[serde(default)]
+        urgent: bool,
+    }
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    #[allow(dead_code)]
+    struct Args {
+        /// The items.
+        items: Vec<Item>,
+    }
+    let v = crate::tool::schema_for::<Args>();
+    assert_eq!(
+        v,
+        serde_json::json!({
+            "type": "object",
+            "properties": {"items": {
+                "description": "The items.",
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "content": {"description": "What.", "type": "string"},
+                        "status": {"description": "Its status.", "type": "string", "enum": ["pending", "done"]},
+                        "urgent": {"description": "Urgent.", "type": "boolean"}
+                    },
+                    "required": ["content", "status"]
+                }
+            }},
+            "required": ["items"]
+        }),
+        "{v:#}"
     );
 }
 

@@ -71,6 +71,7 @@ pub struct HarnessAgentBuilder {
     tools: Vec<Arc<dyn Tool>>,
     allow_tools: Option<Vec<String>>,
     deny_tools: Vec<String>,
+    deferred_tools: Option<Vec<String>>,
     loop_config: LoopConfig,
     memory_budget_tokens: Option<usize>,
     additional_context_files: Vec<String>,
@@ -143,6 +144,20 @@ impl HarnessAgentBuilder {
     /// context, and sees the prompt before the harness rebuilds it.
     pub fn outer_layer(mut self, layer: Arc<dyn Layer>) -> Self {
         self.outer_layers.push(layer);
+        self
+    }
+
+    /// The tools that are registered and callable but offered only on demand (after the
+    /// model looked them up with `tool_search`, used a tool of their group, or while plan
+    /// mode is on; see `docs/tools.md`). Default:
+    /// [`DEFAULT_DEFERRED_TOOLS`](crate::catalog::DEFAULT_DEFERRED_TOOLS); an empty list
+    /// offers every tool in every request (and no `tool_search`).
+    pub fn defer_tools<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.deferred_tools = Some(names.into_iter().map(Into::into).collect());
         self
     }
 
@@ -522,6 +537,20 @@ impl HarnessAgentBuilder {
         }
         tools.set_allow(self.allow_tools);
         tools.set_deny(self.deny_tools);
+        tools.set_deferred(self.deferred_tools.unwrap_or_else(|| {
+            crate::catalog::DEFAULT_DEFERRED_TOOLS
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect()
+        }));
+        let catalog =
+            crate::catalog::Catalog::new(tools.deferred_specs(), subagents.options().max_depth);
+        if let Some(catalog) = &catalog {
+            tools.register(crate::catalog::search_tool(catalog.clone()));
+            if let Some(layer) = &capabilities.tools_layer {
+                layer.set_deferred(catalog.clone());
+            }
+        }
         let mut config = self.loop_config;
         config.system_prompt = self.system_prompt;
         let mut agent_loop = AgentLoop::new(model.clone())
@@ -548,6 +577,12 @@ impl HarnessAgentBuilder {
             self.permission_rules,
             self.permission_mode,
         )));
+        // Deferred tools: inside permissions (it sees plan mode), outside tools-config (whose
+        // allow/deny also filters what it offers).
+        if let Some(catalog) = catalog {
+            agent_loop =
+                agent_loop.with_layer(Arc::new(crate::catalog::CatalogLayer::new(catalog)));
+        }
         // Innermost: allow/deny of tools.json over every tool, MCP calls dispatched below
         // every other layer (ADR 0006).
         if let Some(layer) = &capabilities.tools_layer {

@@ -36,6 +36,7 @@
 
 mod agent;
 mod capabilities;
+pub mod catalog;
 mod context;
 mod error;
 mod guard;

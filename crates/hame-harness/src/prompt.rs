@@ -97,14 +97,13 @@ fn section(out: &mut String, tag: &str, attrs: &str, body: &str) {
 pub fn render(parts: &PromptParts) -> String {
     let mut out = String::new();
     if !parts.base.trim().is_empty() {
-        out.push_str(parts.base.trim_end());
+        out.push_str(parts.base.trim());
         out.push_str("\n\n");
     }
     out.push_str(
         "# Workspace\nYour workspace holds your persona (AGENTS.md), curated memory (MEMORY.md), daily \
-         memory logs (memory/), domain knowledge (knowledge/) and skills (skills/). Its files are injected \
-         below and re-read before every step, so edits take effect immediately. Use the file tools to read \
-         more; paths are relative to the workspace root.\n\n",
+         memory logs (memory/), knowledge (knowledge/) and skills (skills/). Its files below are re-read \
+         before every step. Paths are relative to the workspace root.\n\n",
     );
     if parts.sandboxed {
         out.push_str(

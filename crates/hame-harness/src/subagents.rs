@@ -117,6 +117,10 @@ impl HarnessAgent {
                     .is_none_or(|allow| allow.iter().any(|a| a == n))
             })
             .collect();
+        // A tool the spec names is offered to the child, deferred or not.
+        for n in spec.tools.iter().flatten() {
+            tools.undefer(n);
+        }
         tools.set_allow(Some(names));
         let mut config = parent.config().clone();
         config.system_prompt = format!("{}{}", spec.prompt, child_context(spec));

@@ -30,6 +30,8 @@ pub struct ToolsConfigLayer {
     env: EnvLookup,
     workspace: PathBuf,
     pool: Arc<McpPool>,
+    /// The agent's deferred tools: an explicit `allow` list offers those it names.
+    deferred: std::sync::OnceLock<Arc<crate::catalog::Catalog>>,
 }
 
 impl ToolsConfigLayer {
@@ -40,7 +42,13 @@ impl ToolsConfigLayer {
             env,
             workspace,
             pool,
+            deferred: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The agent's deferred tools (set once, when the agent is built).
+    pub(crate) fn set_deferred(&self, catalog: Arc<crate::catalog::Catalog>) {
+        let _ = self.deferred.set(catalog);
     }
 
     /// The caller's `tools.json`: `tools.json` of its files (in the isolated modes its
@@ -148,6 +156,19 @@ impl Layer for ToolsConfigLayer {
                 description: tool.description,
                 parameters: tool.input_schema,
             });
+        }
+        // An explicit allow list is the offered set: the deferred tools it names are
+        // offered too.
+        if config.allow.as_ref().is_some_and(|a| !a.is_empty())
+            && let Some(catalog) = self.deferred.get()
+        {
+            for spec in catalog.specs() {
+                if catalog.permitted(cx.runtime, &spec.name)
+                    && !request.tools.iter().any(|t| t.name == spec.name)
+                {
+                    request.tools.push(spec.clone());
+                }
+            }
         }
         request.tools.retain(|t| filter.permits(&t.name));
         // A subagent's spec allowlist covers the tools offered here (MCP) as well.

@@ -116,6 +116,7 @@ fn built_ins_sit_between_outer_and_inner_user_layers() -> TestResult {
             "inner-1",
             "inner-2",
             "permissions",
+            "catalog",
             "tools-config"
         ]
     );
@@ -129,6 +130,7 @@ fn built_ins_sit_between_outer_and_inner_user_layers() -> TestResult {
             "inner-1",
             "inner-2",
             "permissions",
+            "catalog",
             "tools-config"
         ]
     );

@@ -161,12 +161,19 @@ impl Layer for SubagentLayer {
             let catalog = self.subagents.catalog(ws).await;
             if !catalog.specs.is_empty() {
                 let mut s = String::from(
-                    "\n\n## Subagents\nagent_spawn(agent_id, task) hands a self-contained task to a subagent; it does not see this conversation. background=true runs it while you continue (its result is delivered to you when it finishes; task_output waits for it). Available subagents:\n",
+                    "\n\n## Subagents\nagent_spawn hands a self-contained task to a subagent, which does not see this conversation; with background=true it runs while you continue and its result is delivered when it ends. Available subagents:\n",
                 );
                 for (id, d) in &catalog.specs {
                     let _ = writeln!(s, "- {id}: {}", d.spec.description);
                 }
                 request.system.push_str(s.trim_end());
+                // Declared subagents (more than the built-in one): the task tools are
+                // offered with agent_spawn, deferred or not.
+                if catalog.specs.keys().any(|id| id != crate::GENERAL_PURPOSE)
+                    && let Some(offers) = cx.extensions.get::<hame_core::ToolOffers>()
+                {
+                    offers.offer(crate::SUBAGENT_TOOLS);
+                }
             }
         }
         next.run(cx, request).await

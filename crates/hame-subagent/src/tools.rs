@@ -126,15 +126,14 @@ struct Spawn(Arc<Subagents>);
 /// Arguments of `agent_spawn`.
 #[derive(Debug, Deserialize, JsonSchema)]
 struct SpawnArgs {
-    /// Id of the subagent to run (see agent_list).
+    /// A subagent id.
     agent_id: String,
-    /// The complete task for the subagent: it sees nothing of this conversation.
+    /// The whole task; it sees nothing of this chat.
     task: String,
-    /// Return at once with a task_id instead of waiting for the reply. Default false.
+    /// Return a task_id at once.
     #[serde(default)]
     background: bool,
-    /// Wait at most this many seconds for the reply; past it the subagent keeps running in
-    /// the background and you get its task_id.
+    /// Past it, the task goes on in the background.
     #[serde(default)]
     timeout_seconds: Option<u64>,
 }
@@ -146,7 +145,7 @@ impl TypedTool for Spawn {
         "agent_spawn"
     }
     fn description(&self) -> String {
-        "Hand a task to a subagent (ids: agent_list); it works in its own conversation and returns its final reply. background=true: it runs while you continue and its result is delivered when done.".into()
+        "Run a task in a subagent and return its final reply (see Subagents in the prompt).".into()
     }
     async fn run(&self, a: SpawnArgs, ctx: &ToolContext) -> ToolOutput {
         if a.task.trim().is_empty() {

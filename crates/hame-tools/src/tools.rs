@@ -211,12 +211,12 @@ struct ReadFile(Arc<Shared>);
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct ReadFileArgs {
-    /// Path of the file, from the workspace root (e.g. `/src/main.rs`).
+    /// Path from the workspace root.
     file_path: String,
-    /// 1-based line to start at. Default 1.
+    /// First line, 1-based.
     #[serde(default)]
     offset: Option<usize>,
-    /// How many lines to return. Default 2000.
+    /// Number of lines.
     #[serde(default)]
     limit: Option<usize>,
 }
@@ -229,8 +229,8 @@ impl TypedTool for ReadFile {
     }
     fn description(&self) -> String {
         format!(
-            "Read a text file as numbered lines (`number<TAB>text`): {} lines from `offset` by default, lines over {} characters cut; page with offset/limit.",
-            self.0.opts.read_default_lines, self.0.opts.max_line_chars
+            "Read a text file as numbered lines ({} from `offset` by default; page with offset/limit).",
+            self.0.opts.read_default_lines
         )
     }
     async fn run(&self, args: ReadFileArgs, ctx: &ToolContext) -> ToolOutput {
@@ -293,9 +293,9 @@ struct WriteFile(Arc<Shared>);
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct WriteFileArgs {
-    /// Path of the file, from the workspace root.
+    /// Path from the workspace root.
     file_path: String,
-    /// The whole new content.
+    /// The whole content.
     content: String,
 }
 
@@ -306,7 +306,7 @@ impl TypedTool for WriteFile {
         "write_file"
     }
     fn description(&self) -> String {
-        "Create a file, or replace a whole file. Parent directories are created. To change part of an existing file use edit_file; to replace an existing file, read it first.".into()
+        "Create or overwrite a file (folders are created). Read a file before replacing it; prefer edit_file for changes.".into()
     }
     async fn run(&self, args: WriteFileArgs, ctx: &ToolContext) -> ToolOutput {
         let fs = self.0.fs(ctx)?;
@@ -343,13 +343,13 @@ struct EditFile(Arc<Shared>);
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct EditFileArgs {
-    /// Path of the file, from the workspace root.
+    /// Path from the workspace root.
     file_path: String,
-    /// Exact text to replace (copy it from read_file output, without the line numbers).
+    /// Exact text, without line numbers.
     old_string: String,
-    /// The replacement; must differ from old_string.
+    /// The replacement.
     new_string: String,
-    /// Replace every occurrence. Default false: old_string must occur exactly once.
+    /// Replace every occurrence.
     #[serde(default)]
     replace_all: bool,
 }
@@ -361,7 +361,7 @@ impl TypedTool for EditFile {
         "edit_file"
     }
     fn description(&self) -> String {
-        "Replace exact text in a file. old_string must occur exactly once unless replace_all is true; include enough surrounding lines to make it unique. Line endings of the file are kept.".into()
+        "Replace old_string with new_string in a file; old_string must be unique unless replace_all.".into()
     }
     async fn run(&self, args: EditFileArgs, ctx: &ToolContext) -> ToolOutput {
         let fs = self.0.fs(ctx)?;
@@ -393,18 +393,18 @@ struct GrepFiles(Arc<Shared>);
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct GrepFilesArgs {
-    /// Regular expression (Rust regex syntax), or plain text with literal=true.
+    /// Regex (Rust syntax), or text with literal=true.
     pattern: String,
-    /// Directory or file to search. Default: the workspace root.
+    /// Folder or file; default the root.
     #[serde(default)]
     path: Option<String>,
-    /// Only files matching this glob (`*.rs`, `src/**/*.ts`).
+    /// Only files matching, e.g. `*.rs`.
     #[serde(default)]
     glob: Option<String>,
-    /// Search for the pattern as plain text. Default false.
+    /// The pattern is plain text.
     #[serde(default)]
     literal: bool,
-    /// Ignore case. Default false.
+    /// Ignore case.
     #[serde(default)]
     case_insensitive: bool,
 }
@@ -417,7 +417,7 @@ impl TypedTool for GrepFiles {
     }
     fn description(&self) -> String {
         format!(
-            "Search file contents. Returns `path:line:text` lines sorted by path, at most {}. Binary files and files over 10 MB are skipped.",
+            "Search file contents; returns `path:line:text`, at most {} lines.",
             self.0.opts.grep_max_results
         )
     }
@@ -460,10 +460,9 @@ struct GlobFiles(Arc<Shared>);
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct GlobFilesArgs {
-    /// Glob relative to `path`: `*` stays in one directory, `**` crosses directories
-    /// (`**/*.rs`).
+    /// Glob, e.g. `**/*.rs`.
     pattern: String,
-    /// Directory to search. Default: the workspace root.
+    /// Folder; default the root.
     #[serde(default)]
     path: Option<String>,
 }
@@ -476,7 +475,7 @@ impl TypedTool for GlobFiles {
     }
     fn description(&self) -> String {
         format!(
-            "Find files by name pattern. Returns sorted paths, at most {}.",
+            "Find files by glob; returns sorted paths, at most {}.",
             self.0.opts.glob_max_results
         )
     }
@@ -516,7 +515,7 @@ struct ListFiles(Arc<Shared>);
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct ListFilesArgs {
-    /// Directory to list. Default: the workspace root.
+    /// Folder; default the root.
     #[serde(default)]
     path: Option<String>,
 }
@@ -528,8 +527,7 @@ impl TypedTool for ListFiles {
         "list_files"
     }
     fn description(&self) -> String {
-        "List a directory: one entry per line, directories end with `/`, files show their size."
-            .into()
+        "List a folder (folders end with `/`, files show their size).".into()
     }
     async fn run(&self, args: ListFilesArgs, ctx: &ToolContext) -> ToolOutput {
         let fs = self.0.fs(ctx)?;
@@ -565,9 +563,9 @@ struct ExecuteTool(Option<Arc<dyn Execute>>);
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct ExecuteArgs {
-    /// Shell command line, run with `sh -c` in the workspace root.
+    /// Run with `sh -c`.
     command: String,
-    /// Timeout in seconds (capped by the configured maximum).
+    /// Seconds.
     #[serde(default)]
     timeout_secs: Option<u64>,
 }
@@ -579,7 +577,7 @@ impl TypedTool for ExecuteTool {
         "execute"
     }
     fn description(&self) -> String {
-        "Run a shell command in the workspace root. Returns its output (stderr lines prefixed `[stderr] `, long output truncated) and exit code.".into()
+        "Run a shell command in the workspace root; returns its output and exit code.".into()
     }
     async fn run(&self, args: ExecuteArgs, ctx: &ToolContext) -> ToolOutput {
         if args.command.trim().is_empty() {

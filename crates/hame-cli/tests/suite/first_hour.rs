@@ -958,3 +958,97 @@ async fn a_declared_context_window_drives_compaction() -> TestResult {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     Ok(())
 }
+
+/// The token economy of the default tool set: the rarely used tools are deferred behind
+/// `tool_search` (a call loads them for the session), `--all-tools` offers everything.
+#[tokio::test]
+async fn rarely_used_tools_are_offered_on_demand() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let ws_s = s(&ws);
+    let default = super::common::tools_offered(dir.path(), &["--workspace", &ws_s]).await?;
+    assert_eq!(
+        default,
+        [
+            "agent_spawn",
+            "edit_file",
+            "execute",
+            "glob_files",
+            "grep_files",
+            "list_files",
+            "memory_search",
+            "read_file",
+            "todo_write",
+            "tool_search",
+            "write_file"
+        ]
+    );
+    let all =
+        super::common::tools_offered(dir.path(), &["--workspace", &ws_s, "--all-tools"]).await?;
+    for t in [
+        "session_history",
+        "task_output",
+        "plan_enter",
+        "memory_save",
+    ] {
+        assert!(all.contains(&t.to_owned()), "{t} in {all:?}");
+    }
+    assert!(!all.contains(&"tool_search".to_owned()), "{all:?}");
+
+    // tool_search loads a group; the session keeps it for the next `hame run`.
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "tool_search",
+            serde_json::json!({"query": "memory_save"}),
+        ),
+        ScriptStep::tool_call(
+            "c2",
+            "memory_save",
+            serde_json::json!({"fact": "The user prefers tea."}),
+        ),
+        ScriptStep::text("Noted."),
+        ScriptStep::text("Still here."),
+    ]);
+    let run = |msg: &'static str| {
+        let dir = dir.path().to_path_buf();
+        let url = server.base_url();
+        let ws_s = ws_s.clone();
+        async move {
+            super::common::run_with(
+                &dir,
+                &url,
+                &["--workspace", &ws_s, "--session", "t"],
+                msg,
+                &[],
+            )
+            .await
+        }
+    };
+    let out = run("remember that I prefer tea").await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "Noted.\n");
+    let out = run("hi").await?;
+    assert_eq!(stdout(&out), "Still here.\n");
+    let reqs = server.requests();
+    let names = |i: usize| super::common::tool_names(&reqs[i].body);
+    assert!(!names(0).contains(&"memory_save".to_owned()));
+    for i in 1..4 {
+        assert!(
+            names(i).contains(&"memory_save".to_owned()),
+            "request {i}: {:?}",
+            names(i)
+        );
+        assert!(
+            names(i).contains(&"memory_get".to_owned()),
+            "the group: {:?}",
+            names(i)
+        );
+    }
+    let results = super::common::tool_results(&server);
+    assert!(results[0].contains("memory_save"), "{}", results[0]);
+    assert!(!results[1].contains("unknown_tool"), "{}", results[1]);
+    Ok(())
+}

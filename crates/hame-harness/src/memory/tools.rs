@@ -65,10 +65,9 @@ fn limit(n: Option<usize>) -> usize {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct SearchArgs {
-    /// Words to look for (all must match; if nothing does, any). `word*` matches a prefix.
-    /// Chinese, Japanese and Korean text works too.
+    /// Words (all must match, else any); `word*` is a prefix.
     query: String,
-    /// Most hits to return (default 8, at most 50).
+    /// Most hits (default 8).
     #[serde(default)]
     limit: Option<usize>,
 }
@@ -85,9 +84,7 @@ impl TypedTool for MemorySearch {
     }
 
     fn description(&self) -> String {
-        "Search long-term memory (MEMORY.md, memory/*.md) for facts, preferences and \
-         decisions: ranked path:line hits with snippets (read more with memory_get)."
-            .into()
+        "Search long-term memory (MEMORY.md, memory/) for facts and preferences; returns ranked path:line hits.".into()
     }
 
     async fn run(&self, args: SearchArgs, ctx: &ToolContext) -> ToolOutput {

@@ -41,8 +41,10 @@ pub enum TodoStatus {
 #[serde(deny_unknown_fields)]
 pub struct Todo {
     /// What to do.
+    #[schemars(description = "")] // the names say it; the model reads the tool's text
     pub content: String,
     /// `pending`, `in_progress` or `completed`.
+    #[schemars(description = "")]
     pub status: TodoStatus,
 }
 
@@ -204,7 +206,7 @@ impl TypedTool for PlanExit {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct TodoWriteArgs {
-    /// The whole list (it replaces the previous one); at most one item `in_progress`.
+    /// The whole list.
     todos: Vec<Todo>,
 }
 
@@ -218,7 +220,7 @@ impl TypedTool for TodoWrite {
         "todo_write"
     }
     fn description(&self) -> String {
-        "Replace the session's todo list (kept with the session, shown to you every step). Each item: content and status pending|in_progress|completed; at most one in_progress.".into()
+        "Replace your todo list (shown to you every step); at most one item in_progress.".into()
     }
     async fn run(&self, args: TodoWriteArgs, ctx: &ToolContext) -> ToolOutput {
         let todos = validate_todos(args.todos).map_err(ToolError::invalid_arguments)?;
