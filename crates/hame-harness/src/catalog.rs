@@ -349,7 +349,10 @@ impl TypedTool for ToolSearch {
             }
         }
         // A match brings its group (the tools that work together).
-        let groups: Vec<String> = found.iter().flat_map(|n| self.catalog.group_of(n)).collect();
+        let groups: Vec<String> = found
+            .iter()
+            .flat_map(|n| self.catalog.group_of(n))
+            .collect();
         let mut found: BTreeSet<&str> = groups.iter().map(String::as_str).collect();
         found.retain(|n| permitted(n));
         if found.is_empty() {
