@@ -63,6 +63,21 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             "hame: warning: local mode: every caller's tools (the shell included) work on the workspace with your rights; for tenants you do not trust use --isolated or --store"
         );
     }
+    // Replicas: the events go where the shared state or files are, when that is Redis.
+    let config = crate::config::resolve(&args.common)?;
+    let redis = [&config.state.value, &config.store.value]
+        .into_iter()
+        .flatten()
+        .find(|u| u.starts_with("redis://") || u.starts_with("rediss://"))
+        .cloned();
+    let shared_events = match redis {
+        Some(url) => Some(
+            hame_gateway::SharedEvents::connect(&url, "")
+                .await
+                .map_err(|e| ConfigError(e.to_string()))?,
+        ),
+        None => None,
+    };
     let (agent, ctx) = build(&args.common).await?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -71,7 +86,8 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let options = hame_gateway::GatewayOptions::default()
         .with_auth(auth)
         .with_queue_bound(args.max_queue)
-        .with_drain_timeout(Duration::from_secs(args.drain_timeout));
+        .with_drain_timeout(Duration::from_secs(args.drain_timeout))
+        .with_shared_events(shared_events);
     let gateway = hame_gateway::Gateway::new(agent.clone(), ctx, options);
     println!("listening on http://{local}");
     std::io::stdout().flush()?;

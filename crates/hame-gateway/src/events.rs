@@ -11,6 +11,23 @@ const MAX_SESSIONS: usize = 100_000;
 /// Capacity of a follower broadcast; a follower that lags re-reads the ring.
 const FOLLOW_CAPACITY: usize = 256;
 
+/// The event names the gateway sends (and reads back from a shared store).
+const NAMES: [&str; 7] = [
+    "text_delta",
+    "tool_started",
+    "tool_finished",
+    "approval_needed",
+    "finished",
+    "failed",
+    "subagent",
+];
+
+/// The static name of a known event name.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn known_name(name: &str) -> Option<&'static str> {
+    NAMES.iter().copied().find(|n| *n == name)
+}
+
 /// One event of a session's stream.
 #[derive(Debug)]
 pub(crate) struct Event {
@@ -80,9 +97,25 @@ impl Hub {
         data: String,
         terminal: bool,
     ) -> Arc<Event> {
+        self.publish_as(key, None, name, data, terminal)
+    }
+
+    /// Appends an event with the id a shared store gave it (`None`: the session's next id
+    /// here). Ids only grow: a given id at or below the last one is replaced by the next.
+    pub(crate) fn publish_as(
+        &self,
+        key: &str,
+        id: Option<u64>,
+        name: &'static str,
+        data: String,
+        terminal: bool,
+    ) -> Arc<Event> {
         let ring = self.ring;
         self.with(key, |s| {
-            s.next += 1;
+            s.next = match id {
+                Some(id) if id > s.next => id,
+                _ => s.next + 1,
+            };
             let ev = Arc::new(Event {
                 id: s.next,
                 name,
@@ -123,6 +156,12 @@ impl Hub {
             });
             (past, s.active > 0, rx)
         })
+    }
+
+    /// The ring size (events kept per session).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn ring_size(&self) -> usize {
+        self.ring
     }
 
     /// Sessions with a ring.

@@ -8,7 +8,8 @@
 //!   `Accept: text/event-stream`, as SSE events `text_delta`, `tool_started`,
 //!   `tool_finished`, `approval_needed`, `finished`, `failed`, each with an `id:`;
 //! - `GET /v1/sessions/{session}/events?after=ID` (or `Last-Event-ID`): replay from the
-//!   session's bounded ring;
+//!   session's bounded ring (in Redis with [`GatewayOptions::shared_events`], so any
+//!   replica replays any replica's events);
 //! - `GET /v1/sessions`, `GET /v1/sessions/{session}/messages`, `…/tasks`,
 //!   `POST …/approvals/{id}` `{"decision": "approve"|"deny"}`, `GET /v1/memory`;
 //! - `POST /v1/chat/completions` (OpenAI-compatible; `model` is the agent id);
@@ -20,8 +21,8 @@
 //! token decides the user; without it the user comes from an optional `X-Hame-User` header.
 //! Every default and limit is in `docs/gateway.md`.
 //!
-//! Who should depend on it: a binary that serves an agent over HTTP (the `hame` CLI). It
-//! has no features.
+//! Who should depend on it: a binary that serves an agent over HTTP (the `hame` CLI).
+//! Feature `redis`: [`SharedEvents`], the sessions' events shared between replicas.
 //!
 //! ```no_run
 //! # async fn demo(agent: hame::HarnessAgent) -> Result<(), Box<dyn std::error::Error>> {
@@ -50,10 +51,14 @@ mod gate;
 mod metrics;
 mod openai;
 mod routes;
+#[cfg(feature = "redis")]
+mod shared_events;
 mod turn;
 
 pub use auth::Auth;
 pub use error::{Error, Result};
+#[cfg(feature = "redis")]
+pub use shared_events::SharedEvents;
 
 /// Settings of a [`Gateway`]; `Default` gives the documented defaults.
 #[derive(Debug, Clone)]
@@ -78,6 +83,10 @@ pub struct GatewayOptions {
     /// After the shutdown signal, how long in-flight turns may take before they are
     /// cancelled (default 30 s).
     pub drain_timeout: Duration,
+    /// Where events are shared between replicas (feature `redis`); `None` (the default):
+    /// in this process only.
+    #[cfg(feature = "redis")]
+    pub shared_events: Option<SharedEvents>,
 }
 
 impl Default for GatewayOptions {
@@ -91,6 +100,8 @@ impl Default for GatewayOptions {
             ring_size: 1000,
             keep_alive: Duration::from_secs(15),
             drain_timeout: Duration::from_secs(30),
+            #[cfg(feature = "redis")]
+            shared_events: None,
         }
     }
 }
@@ -112,6 +123,60 @@ impl GatewayOptions {
     pub fn with_drain_timeout(mut self, d: Duration) -> Self {
         self.drain_timeout = d;
         self
+    }
+
+    /// Shares the sessions' events between replicas through Redis.
+    #[cfg(feature = "redis")]
+    pub fn with_shared_events(mut self, events: Option<SharedEvents>) -> Self {
+        self.shared_events = events;
+        self
+    }
+}
+
+impl Shared {
+    /// Publishes an event: in the shared store first when there is one (it gives the id;
+    /// if it cannot be reached, the event gets a local id and a warning), then in this
+    /// process's ring.
+    pub(crate) async fn publish(
+        &self,
+        key: &str,
+        name: &'static str,
+        data: String,
+        terminal: bool,
+    ) -> Arc<events::Event> {
+        #[cfg(feature = "redis")]
+        if let Some(shared) = &self.options.shared_events {
+            match shared
+                .publish(key, name, &data, terminal, self.hub.ring_size())
+                .await
+            {
+                Ok(id) => return self.hub.publish_as(key, Some(id), name, data, terminal),
+                Err(e) => {
+                    tracing::warn!(error = %e, "shared events: publishing failed; the event is kept in this process only");
+                }
+            }
+        }
+        self.hub.publish(key, name, data, terminal)
+    }
+
+    /// The session's events after `after` from the shared store; `None` without one (or
+    /// when it cannot be reached: the caller replays this process's ring).
+    pub(crate) async fn shared_replay(
+        &self,
+        key: &str,
+        after: u64,
+    ) -> Option<Vec<Arc<events::Event>>> {
+        #[cfg(feature = "redis")]
+        if let Some(shared) = &self.options.shared_events {
+            match shared.replay(key, after).await {
+                Ok(events) => return Some(events),
+                Err(e) => {
+                    tracing::warn!(error = %e, "shared events: replay failed; replaying this process's events")
+                }
+            }
+        }
+        let _ = (key, after);
+        None
     }
 }
 

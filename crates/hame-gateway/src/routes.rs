@@ -2,6 +2,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
@@ -367,12 +368,21 @@ async fn get_events(
         .and_then(|v| v.trim().parse::<u64>().ok());
     let after = q.after.or(last).unwrap_or(0);
     let key = turn::key(shared.agent.name(), user.as_deref(), &session);
-    let (past, active, rx) = shared.hub.replay(&key, after, true);
+    let (local, active, rx) = shared.hub.replay(&key, after, true);
     let follow = q.follow;
+    // Replicas: the shared store has every replica's events; a turn that runs elsewhere
+    // (its last event is not a turn's end) is followed by polling the store.
+    let from_store = shared.shared_replay(&key, after).await;
+    let shared_mode = from_store.is_some();
+    let past = from_store.unwrap_or(local);
     let last_id = past.last().map_or(after, |e| e.id);
+    let elsewhere = shared_mode && !active && past.last().is_some_and(|e| !e.terminal);
     // A replay that ends on a turn's end, with no turn running, is complete.
     let stream: BoxStream<'static, Arc<Event>> = futures::stream::iter(past).boxed();
     let live: BoxStream<'static, Arc<Event>> = match rx {
+        _ if shared_mode && !active && (follow || elsewhere) => {
+            poll_store(shared.clone(), key.clone(), last_id, follow)
+        }
         Some(rx) if follow || active => {
             let shared2 = shared.clone();
             futures::stream::unfold((rx, last_id, false), move |(mut rx, mut last_id, done)| {
@@ -418,6 +428,58 @@ async fn get_events(
     Ok(Sse::new(all)
         .keep_alive(KeepAlive::new().interval(shared.options.keep_alive))
         .into_response())
+}
+
+/// How often a follower polls the shared store for a turn that runs on another replica.
+const POLL_INTERVAL: Duration = Duration::from_millis(200);
+/// A follower of a turn elsewhere gives up after this long without a new event (a replica
+/// that died mid-turn never sends the turn's end); with `follow=true` it polls until the
+/// client goes away.
+const POLL_IDLE_LIMIT: Duration = Duration::from_secs(60);
+
+/// Later events of the session from the shared store, until a turn's end (unless `follow`).
+fn poll_store(
+    shared: AppState,
+    key: String,
+    after: u64,
+    follow: bool,
+) -> BoxStream<'static, Arc<Event>> {
+    futures::stream::unfold(
+        (after, false, tokio::time::Instant::now()),
+        move |(mut last_id, done, mut seen)| {
+            let shared = shared.clone();
+            let key = key.clone();
+            async move {
+                if done {
+                    return None;
+                }
+                loop {
+                    tokio::select! {
+                        () = tokio::time::sleep(POLL_INTERVAL) => {}
+                        () = shared.draining.cancelled() => return None,
+                    }
+                    let got = shared
+                        .shared_replay(&key, last_id)
+                        .await
+                        .unwrap_or_default();
+                    if got.is_empty() {
+                        if !follow && seen.elapsed() > POLL_IDLE_LIMIT {
+                            return None;
+                        }
+                        continue;
+                    }
+                    seen = tokio::time::Instant::now();
+                    if let Some(l) = got.last() {
+                        last_id = l.id;
+                    }
+                    let end = !follow && got.iter().any(|e| e.terminal);
+                    return Some((got, (last_id, end, seen)));
+                }
+            }
+        },
+    )
+    .flat_map(futures::stream::iter)
+    .boxed()
 }
 
 /// The caller's memory files, read-only: `MEMORY.md` and `memory/*.md` of its home.

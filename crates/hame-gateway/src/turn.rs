@@ -133,16 +133,16 @@ async fn run(
     input: CallInput,
     tx: &mpsc::UnboundedSender<Arc<Event>>,
 ) -> Outcome {
-    let emit = |name: &'static str, data: Value, terminal: bool| {
-        let ev = shared.hub.publish(key, name, data.to_string(), terminal);
+    let emit = |name: &'static str, data: Value, terminal: bool| async move {
+        let ev = shared.publish(key, name, data.to_string(), terminal).await;
         let _ = tx.send(ev);
     };
     let (sink, mut rx) = EventSink::channel();
     let cancel = shared.cancel.child_token();
-    let on_event = |ev: AgentEvent| {
+    let on_event = |ev: AgentEvent| async move {
         shared.metrics.event(&ev);
         if let Some((name, data)) = shown(&ev) {
-            emit(name, data, false);
+            emit(name, data, false).await;
         }
     };
     let result = {
@@ -156,12 +156,12 @@ async fn run(
         loop {
             tokio::select! {
                 r = &mut call => break r,
-                Some(ev) = rx.recv() => on_event(ev),
+                Some(ev) = rx.recv() => on_event(ev).await,
             }
         }
     };
     while let Ok(ev) = rx.try_recv() {
-        on_event(ev);
+        on_event(ev).await;
     }
     drop(sink);
     let outcome = match result {
@@ -173,7 +173,7 @@ async fn run(
                 "usage": out.usage,
                 "iterations": out.iterations,
             });
-            emit("finished", body.clone(), true);
+            emit("finished", body.clone(), true).await;
             Outcome::Finished(body)
         }
         Err(hame::harness::Error::Call(hame::Error::Suspended(s))) => {
@@ -196,7 +196,7 @@ async fn run(
                 if let Some(o) = data.as_object_mut() {
                     o.insert("session".into(), json!(ctx.session_id));
                 }
-                emit("approval_needed", data, i + 1 == n);
+                emit("approval_needed", data, i + 1 == n).await;
             }
             Outcome::Suspended(json!({
                 "status": "approval_needed",
@@ -211,7 +211,8 @@ async fn run(
                 "failed",
                 json!({"code": err.code, "message": err.message, "session": ctx.session_id}),
                 true,
-            );
+            )
+            .await;
             Outcome::Failed(err)
         }
     };
@@ -225,7 +226,7 @@ async fn run(
                 if let AgentEvent::Subagent { .. } | AgentEvent::Custom { .. } = &ev
                     && let Ok(data) = serde_json::to_string(&ev)
                 {
-                    shared.hub.publish(&key, "subagent", data, false);
+                    shared.publish(&key, "subagent", data, false).await;
                 }
             }
         });

@@ -1052,3 +1052,108 @@ async fn serve_replays_and_follows_a_turn_after_a_stream_dropped_mid_turn() -> T
     assert_eq!(text, "one two three four five six seven eight");
     Ok(())
 }
+
+/// Two replicas on one Redis (shared state and files): the events of a turn on one are
+/// replayed by the other with the same ids, and ids keep growing across replicas.
+#[tokio::test]
+async fn serve_replicas_share_a_sessions_events_through_redis() -> TestResult {
+    let Some(redis) = super::common::service("HAME_TEST_REDIS_URL") else {
+        return Ok(());
+    };
+    let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let model = ScriptedServer::start().await?;
+    model.push_all([ScriptStep::text("from A"), ScriptStep::text("from B")]);
+    let shared = ["--state", redis.as_str(), "--store", redis.as_str()];
+    let a = Serve::start(dir_a.path(), &model.base_url(), &shared)?;
+    let b = Serve::start(dir_b.path(), &model.base_url(), &shared)?;
+    let session = format!(
+        "rep-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_nanos()
+    );
+    let on_a = post_sse(
+        &a.at(&format!("/v1/sessions/{session}/messages")),
+        json!({"message": "hi"}),
+    )
+    .await?;
+    assert_eq!(
+        names(&on_a).last().map(String::as_str),
+        Some("finished"),
+        "{on_a:?}"
+    );
+    let replay = |serve: &Serve, after: u64| {
+        let url = serve.at(&format!("/v1/sessions/{session}/events?after={after}"));
+        async move {
+            let text = client().get(url).send().await?.text().await?;
+            Ok::<_, Box<dyn std::error::Error>>(parse_sse(&text))
+        }
+    };
+    let on_b = replay(&b, 0).await?;
+    let ids = |evs: &[Sse]| evs.iter().map(|e| e.id).collect::<Vec<_>>();
+    assert_eq!(ids(&on_b), ids(&on_a), "B replays A's events: {on_b:?}");
+    assert_eq!(names(&on_b), names(&on_a));
+    assert_eq!(
+        on_b.last().map(|e| e.data["reply"].clone()),
+        Some(json!("from A"))
+    );
+    // A second turn on B: ids continue after A's; A replays it from its last id.
+    let last = on_a.last().and_then(|e| e.id).ok_or("no id")?;
+    let second = post_sse(
+        &b.at(&format!("/v1/sessions/{session}/messages")),
+        json!({"message": "again"}),
+    )
+    .await?;
+    assert!(
+        second.iter().all(|e| e.id.is_some_and(|id| id > last)),
+        "{second:?}"
+    );
+    let on_a2 = replay(&a, last).await?;
+    assert_eq!(ids(&on_a2), ids(&second));
+    assert_eq!(
+        on_a2.last().map(|e| e.data["reply"].clone()),
+        Some(json!("from B"))
+    );
+    // A turn running on A is followed from B (B polls the shared events until its end).
+    model.push(ScriptStep::text("slow words from A").with_chunk_delay(Duration::from_millis(200)));
+    let resp = client()
+        .post(a.at(&format!("/v1/sessions/{session}/messages")))
+        .header("accept", "text/event-stream")
+        .json(&json!({"message": "slowly"}))
+        .send()
+        .await?;
+    let mut body = {
+        use futures::StreamExt;
+        let mut body = resp.bytes_stream();
+        let mut text = String::new();
+        while !text.contains("\n\n") {
+            let chunk = body.next().await.ok_or("stream ended early")??;
+            text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        body
+    };
+    let last2 = second.last().and_then(|e| e.id).ok_or("no id")?;
+    let followed = replay(&b, last2).await?;
+    assert_eq!(
+        names(&followed).last().map(String::as_str),
+        Some("finished"),
+        "{followed:?}"
+    );
+    assert_eq!(
+        followed.last().map(|e| e.data["reply"].clone()),
+        Some(json!("slow words from A"))
+    );
+    while futures::StreamExt::next(&mut body).await.is_some() {}
+    // The log is shared too: both turns are in the session's messages on either replica.
+    let msgs: Value = client()
+        .get(a.at(&format!("/v1/sessions/{session}/messages")))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let text = msgs.to_string();
+    assert!(text.contains("from A") && text.contains("from B"), "{text}");
+    drop((a, b));
+    Ok(())
+}
