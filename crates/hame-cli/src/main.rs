@@ -26,12 +26,18 @@ mod signals;
 mod skills;
 mod status;
 mod tasks;
+mod telemetry;
 
 use common::Common;
 
 #[derive(Debug, Parser)]
 #[command(name = "hame", version, about = "Run a hame agent against a workspace")]
 struct Cli {
+    /// Send OpenTelemetry traces (spans hame.call, hame.step, hame.model, hame.tool and
+    /// the gateway's hame.turn) to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318
+    /// (`/v1/traces` is added to a base URL) [default: $HAME_OTLP_ENDPOINT; none]
+    #[arg(long, global = true, env = "HAME_OTLP_ENDPOINT", value_name = "URL")]
+    otlp_endpoint: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -167,33 +173,13 @@ impl std::error::Error for ConfigError {}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    match tracing_subscriber::EnvFilter::try_from_env("HAME_LOG") {
-        // HAME_LOG set: the full format (time, target), for debugging.
-        Ok(filter) => tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            // Colour codes only for a terminal, never in a file or a pipe.
-            .with_ansi(ansi)
-            .init(),
-        // Default: warnings only, one plain line each (`WARN model request failed (…);
-        // retrying in 1.2 s`), no time stamp or module path; on a terminal the retry
-        // notices update one line in place.
-        Err(_) if ansi => tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
-            .with_writer(status::TtyWriter)
-            .with_ansi(true)
-            .without_time()
-            .with_target(false)
-            .init(),
-        Err(_) => tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
-            .with_writer(std::io::stderr)
-            .with_ansi(false)
-            .without_time()
-            .with_target(false)
-            .init(),
-    }
+    let telemetry = match telemetry::init(cli.otlp_endpoint.as_deref()) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("hame: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -229,6 +215,8 @@ fn main() -> ExitCode {
         result
     });
     status::clear();
+    drop(runtime);
+    telemetry.shutdown();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<Stopped>() => {

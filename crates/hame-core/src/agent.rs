@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::context::{RuntimeContext, ToolContext};
 use crate::decide;
@@ -189,11 +190,17 @@ impl AgentLoop {
             cancel: env.cancel,
             iteration: 0,
         };
+        let span = tracing::info_span!(
+            "hame.call",
+            session = %env.runtime.session_id,
+            user = env.runtime.user_id.as_deref().unwrap_or(""),
+        );
         let outcome = CallNext {
             layers: &self.layers,
             core: self,
         }
         .run(&mut cx, input)
+        .instrument(span)
         .await;
         match &outcome {
             Ok(out) => env.events.emit(AgentEvent::Finished {
@@ -304,6 +311,7 @@ impl AgentLoop {
             }
             cx.iteration = iteration;
             cx.events.emit(AgentEvent::StepStarted { iteration });
+            let step = tracing::info_span!("hame.step", iteration);
             let request = ModelRequest {
                 system: self.config.system_prompt.clone(),
                 messages: cx.state.messages.clone(),
@@ -315,6 +323,7 @@ impl AgentLoop {
                 core: self,
             }
             .run(cx, request)
+            .instrument(step.clone())
             .await?;
             if let Some(u) = response.usage {
                 usage.add(&u);
@@ -341,7 +350,7 @@ impl AgentLoop {
                 .enumerate()
                 .map(|(i, c)| (i, c, None))
                 .collect();
-            let outcomes = self.act(cx, &planned).await;
+            let outcomes = self.act(cx, &planned).instrument(step).await;
             match decide::settle(calls, outcomes, position, iteration, usage) {
                 decide::Settled::Results(results) => {
                     self.append(cx, Message::tool_results(results)).await?;
@@ -400,10 +409,11 @@ impl AgentLoop {
             }
             Ok::<_, ModelError>(asm.finish())
         };
+        let span = tracing::info_span!("hame.model", model = %self.model.info().model);
         tokio::select! {
             biased;
             _ = cancel.cancelled() => Err(Error::Cancelled),
-            r = work => Ok(r?),
+            r = work.instrument(span) => Ok(r?),
         }
     }
 
@@ -441,30 +451,35 @@ impl AgentLoop {
             };
             let call = call.clone();
             let resume = resume.clone();
-            runs.push(async move {
-                let tcx = ToolCtx {
-                    tool: &ctx,
-                    state,
-                    events,
-                    iteration,
-                    resume: resume.as_ref(),
-                };
-                let started = Instant::now();
-                let outcome = ToolNext { layers, core: self }
-                    .run(&tcx, call.clone())
-                    .await;
-                let duration_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-                if let ToolOutcome::Done(out) = &outcome {
-                    events.emit(AgentEvent::ToolFinished {
-                        id: call.id.clone(),
-                        name: call.name.clone(),
-                        duration_ms,
-                        is_error: out.is_err(),
-                        code: out.as_ref().err().map(|e| e.code.clone()),
-                    });
+            let span = tracing::info_span!("hame.tool", tool = %call.name, call_id = %call.id);
+            runs.push(
+                async move {
+                    let tcx = ToolCtx {
+                        tool: &ctx,
+                        state,
+                        events,
+                        iteration,
+                        resume: resume.as_ref(),
+                    };
+                    let started = Instant::now();
+                    let outcome = ToolNext { layers, core: self }
+                        .run(&tcx, call.clone())
+                        .await;
+                    let duration_ms =
+                        u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                    if let ToolOutcome::Done(out) = &outcome {
+                        events.emit(AgentEvent::ToolFinished {
+                            id: call.id.clone(),
+                            name: call.name.clone(),
+                            duration_ms,
+                            is_error: out.is_err(),
+                            code: out.as_ref().err().map(|e| e.code.clone()),
+                        });
+                    }
+                    outcome
                 }
-                outcome
-            });
+                .instrument(span),
+            );
         }
         futures::stream::iter(runs)
             .buffered(self.config.tools.max_concurrency.max(1))

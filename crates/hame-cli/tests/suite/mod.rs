@@ -15,6 +15,7 @@ mod shared;
 mod signals;
 mod skills;
 mod subagents;
+mod telemetry;
 mod tenants;
 mod tools;
 mod tools_json;
