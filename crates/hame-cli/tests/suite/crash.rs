@@ -389,7 +389,7 @@ async fn crash_sigkill_at_random_instants_never_tears_state_or_log() -> TestResu
     let saved = store.load(&key).await?.ok_or("no state saved")?;
     let saved_turns = turns(&saved.state);
     read_log(&fx.log())?;
-    let index = fx.log().with_file_name("sessions.json");
+    let index = fx.log().with_file_name("index").join("s1.json");
     serde_json::from_slice::<serde_json::Value>(&fs::read(&index)?)
         .map_err(|e| format!("{} is torn: {e}", index.display()))?;
 
