@@ -293,7 +293,10 @@ async fn forty_processes_never_lose_a_session_index_entry() -> TestResult {
     // per session, each naming its session.
     let mut found = Vec::new();
     for entry in walk(&dir.path().join("ws"))? {
-        if entry.parent().is_some_and(|p| p.ends_with("sessions/index")) {
+        if entry
+            .parent()
+            .is_some_and(|p| p.ends_with("sessions/index"))
+        {
             let index: serde_json::Value = serde_json::from_slice(&fs::read(&entry)?)?;
             found.push(index["session"]["id"].as_str().unwrap_or("?").to_owned());
         }
