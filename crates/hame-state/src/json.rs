@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, MAX_SCHEMA, Result};
 use crate::holder::Holder;
-use crate::json_journal::{Doc, DocCache, FileId, LineOut, replay};
+use crate::json_journal::{Doc, DocCache, FileId, ReplayError, replay};
 use crate::key::{StateKey, validate_id};
 use crate::store::Save;
 use crate::store::{Lease, LeaseGrant, LeaseHandle, SessionSummary, StateStore, Stored};
@@ -195,21 +195,13 @@ impl JsonStore {
         // Taken out while the save runs (so the cached state can be extended in place);
         // put back, or replaced, when it succeeds.
         let cached = lock(&self.cache).take(&path);
-        if let Some(mut doc) = cached.filter(|d| d.appendable(state)) {
+        if let Some(mut doc) = cached
+            && let Some(change) = doc.change(state)
+        {
             // Serialise before taking the lock, to keep the critical section short.
-            let kept = doc.state.messages.len();
-            let line = serde_json::to_vec(&LineOut {
-                gen_id: doc.gen_id.as_deref().unwrap_or_default(),
-                version: 0,
-                updated_at: Utc::now(),
-                schema_version: state.schema_version,
-                keep: kept,
-                messages: &state.messages[kept..],
-                usage: &state.usage,
-                pending: &state.pending,
-                extensions: &state.extensions,
-            })
-            .map_err(Error::Serialize)?;
+            let gen_id = doc.gen_id.clone().unwrap_or_default();
+            let line =
+                serde_json::to_vec(&change.line(&gen_id, state)).map_err(Error::Serialize)?;
             let (key2, dir2, fence2) = (key.clone(), dir.clone(), fence.clone());
             let seen = (doc.version, doc.base, doc.journal);
             let appended = Self::blocking(move || {
@@ -220,12 +212,7 @@ impl JsonStore {
             })
             .await?;
             if let Some((version, journal)) = appended {
-                let new = Arc::make_mut(&mut doc.state);
-                new.messages.extend_from_slice(&state.messages[kept..]);
-                new.usage = state.usage;
-                new.pending.clone_from(&state.pending);
-                new.extensions.clone_from(&state.extensions);
-                new.schema_version = state.schema_version;
+                change.apply_to(Arc::make_mut(&mut doc.state), state);
                 doc.version = version;
                 doc.journal = Some(journal);
                 lock(&self.cache).put(path, doc);
@@ -396,7 +383,10 @@ fn read_current(dir: &Path, key: &StateKey, bytes: &[u8]) -> Result<(u64, u64)> 
     match replay(None, head.version, &gen_id, &lines) {
         Ok(r) if r.version == head.version => Ok((r.version, head.state.schema_version)),
         Ok(r) => Ok((r.version, u64::from(r.schema_version))),
-        Err(schema) => Ok((head.version, u64::from(schema))),
+        Err(ReplayError::TooNew(schema)) => Ok((head.version, u64::from(schema))),
+        Err(ReplayError::Corrupt(reason)) => {
+            Err(Error::Config(format!("{}: {reason}", journal.display())))
+        }
     }
 }
 
@@ -541,8 +531,13 @@ impl StateStore for JsonStore {
             if let Some(gen_id) = &env.gen_id
                 && let Some((lines, id)) = read_with_id(&journal)?
             {
-                let replayed = replay(Some(&mut state), version, gen_id, &lines)
-                    .map_err(|schema| Error::too_new(&key, u64::from(schema)))?;
+                let replayed =
+                    replay(Some(&mut state), version, gen_id, &lines).map_err(|e| match e {
+                        ReplayError::TooNew(schema) => Error::too_new(&key, u64::from(schema)),
+                        ReplayError::Corrupt(reason) => {
+                            Error::Config(format!("{}: {reason}", journal.display()))
+                        }
+                    })?;
                 version = replayed.version;
                 clean_tail = replayed.clean_tail;
                 journal_id = Some(id);

@@ -133,7 +133,7 @@ async fn a_journal_of_an_earlier_document_never_applies() -> TestResult {
     let old = fs::read(&journal)?;
     // A full rewrite, then a crash before the old journal was removed.
     let mut other = turns(1);
-    other.messages[0] = Message::user("another conversation");
+    other.messages = vec![Message::user("another"), Message::assistant("conversation")];
     let v = store.save(&key, &other, Some(v)).await?;
     fs::write(&journal, &old)?;
     let cold = cold_load(dir.path()).await?.ok_or("no state")?;
@@ -219,4 +219,103 @@ async fn listing_sees_appending_saves() -> TestResult {
         .collect();
     assert_eq!(listed, ["s1", "s2"]);
     Ok(())
+}
+
+/// Tool-result clearing replaces an old message: the line holds that message, not the
+/// conversation; a sliding window of recent entries in an extension (the permission
+/// decisions) costs the entries that changed.
+#[tokio::test]
+async fn replaced_messages_and_sliding_windows_are_small_lines() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = JsonStore::open(dir.path())?;
+    let key = key()?;
+    let (doc, journal) = paths(dir.path());
+    let window = |from: usize| {
+        serde_json::json!({
+            "decisions": (from..from + 200)
+                .map(|i| serde_json::json!({"tool": "read_file", "argument": format!("/f{i}"), "n": i}))
+                .collect::<Vec<_>>(),
+            "plan_mode": false,
+        })
+    };
+    let mut state = turns(30);
+    state.extensions.insert("permissions".into(), window(0));
+    let mut v = store.save(&key, &state, None).await?;
+    let base = fs::read(&doc)?;
+    for step in 1..=5 {
+        state.messages[2 * step + 1] = Message::assistant(format!("[cleared {step}]"));
+        state.extensions.insert("permissions".into(), window(step));
+        let before = file_len(&journal);
+        v = store.save(&key, &state, Some(v)).await?;
+        let added = file_len(&journal) - before;
+        assert!(added < 1_000, "step {step}: {added} bytes");
+    }
+    assert_eq!(fs::read(&doc)?, base);
+    let cold = cold_load(dir.path()).await?.ok_or("no state")?;
+    assert_eq!((cold.version, cold.state), (v, state));
+    Ok(())
+}
+
+fn file_len(path: &std::path::Path) -> u64 {
+    fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+mod patches {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    use crate::json_journal::{apply_map, diff_map};
+
+    fn value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            (0u8..4).prop_map(Value::from),
+            "[ab]{0,2}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::btree_map("[abc]", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn map() -> impl Strategy<Value = BTreeMap<String, Value>> {
+        proptest::collection::btree_map("[xyz]", value(), 0..4)
+    }
+
+    proptest! {
+        /// Applying the patch from any `old` to any `new` gives `new`.
+        #[test]
+        fn a_patch_turns_old_into_new(old in map(), new in map()) {
+            let patch = diff_map(&old, &new);
+            prop_assert_eq!(patch.is_empty(), old == new);
+            let mut target = old.clone();
+            prop_assert!(apply_map(&mut target, patch));
+            prop_assert_eq!(target, new);
+        }
+
+        /// A window that slides (drop from the front, push at the back) patches as such.
+        #[test]
+        fn a_sliding_window_patches_its_ends(items in proptest::collection::vec(value(), 1..30), drop in 0usize..5, push in 0usize..5) {
+            let drop = drop.min(items.len());
+            let extra: Vec<Value> = (0..push).map(|i| Value::from(format!("new{i}"))).collect();
+            let old = BTreeMap::from([("w".to_owned(), Value::Array(items.clone()))]);
+            let mut next = items[drop..].to_vec();
+            next.extend(extra);
+            let new = BTreeMap::from([("w".to_owned(), Value::Array(next))]);
+            let patch = diff_map(&old, &new);
+            let mut target = old.clone();
+            prop_assert!(apply_map(&mut target, patch.clone()));
+            prop_assert_eq!(&target, &new);
+            if old != new {
+                let text = serde_json::to_string(&patch).unwrap_or_default();
+                prop_assert!(text.len() < 40 + 16 * push, "{}", text);
+            }
+        }
+    }
 }
