@@ -23,9 +23,9 @@ use serde_json::{Map, Value};
 /// A full rewrite replaces the journal once it is larger than this many times the base
 /// document, plus [`JOURNAL_SLACK`], so that a cold load never replays much more than it
 /// would have read anyway.
-pub(crate) const JOURNAL_FACTOR: u64 = 4;
+pub(crate) const JOURNAL_FACTOR: u64 = 8;
 /// See [`JOURNAL_FACTOR`].
-pub(crate) const JOURNAL_SLACK: u64 = 256 * 1024;
+pub(crate) const JOURNAL_SLACK: u64 = 1024 * 1024;
 /// How many sessions' last state one store keeps in memory (to skip parsing on load and to
 /// find what a save changes without reading the document).
 pub(crate) const MAX_CACHED_STATES: usize = 128;
