@@ -27,16 +27,21 @@ pub const JSON_FORMAT: &str = "hame-state/1";
 ///
 /// ```text
 /// <root>/<agent>/anonymous/<session>.json        state of an anonymous session
-/// <root>/<agent>/users/<user>/<session>.json     state of a user's session
+/// <root>/<agent>/users/<user>/<session>.json     state of a user's session (the base)
+///                            <session>.journal    the saves since the base, one line each
 ///                            <session>.lock       held while a save compares and writes
 ///                            <session>.lease      held (OS lock) by the session's lease holder;
 ///                                                 holds {"fence":N,"token":…,"holder":{…}}
 ///                            .<session>.<uuid>.tmp   a save in progress
 /// ```
 ///
-/// Saves write a temp file, `fsync` it, rename it over the document and `fsync` the
-/// directory, all under an exclusive lock of `<session>.lock`, so a crash leaves either the
-/// old or the new document and two processes never interleave a compare-and-set.
+/// A save that changes little (new messages, a few replaced ones, an extensions patch)
+/// appends one line to the journal and `fdatasync`s it; any other writes a temp file,
+/// `fsync`s it, renames it over the document and `fsync`s the directory, starting a new
+/// journal. Both happen under an exclusive lock of `<session>.lock`, so a crash leaves the
+/// old or the new state and two processes never interleave a compare-and-set. The store
+/// keeps the last state of recent sessions in memory, used only while the files are
+/// unchanged (another process's write is noticed). Format: `docs/state.md`.
 /// Leases are advisory OS locks (`File::try_lock`) on `<session>.lease`: they last until
 /// released or until the holding process dies (the OS drops them); their TTL is ignored.
 /// The holder writes its fence (the previous one plus one) and token into the file, and
@@ -179,9 +184,9 @@ impl JsonStore {
     }
 
     /// The compare-and-set of `save`; with `fence` (token, fence) only while the session's
-    /// lease file names that lease. A save that keeps every stored message and appends
-    /// others is one journal line (`fdatasync`); any other is a full rewrite of the
-    /// document (temp file, `fsync`, rename, directory `fsync`) that starts a new journal.
+    /// lease file names that lease. A save that [`Doc::change`] finds small is one journal
+    /// line (`fdatasync`); any other is a full rewrite of the document (temp file,
+    /// `fsync`, rename, directory `fsync`) that starts a new journal.
     async fn write(
         &self,
         key: &StateKey,
@@ -249,23 +254,25 @@ impl JsonStore {
                 };
                 let bytes = envelope(&head, state_json.as_bytes())?;
                 write_atomic(&dir, key.session(), &bytes)?;
-                // The old journal names the old base: harmless, but dead weight.
+                // The old journal names the old base: never applied to this one, only dead
+                // weight, so failing to remove it does not fail the save (it is written).
                 let journal = journal_path(&dir, key.session());
                 if let Err(e) = fs::remove_file(&journal)
                     && e.kind() != io::ErrorKind::NotFound
                 {
-                    return Err(Error::io(&journal, e));
+                    tracing::warn!(path = %journal.display(), error = %e, "could not remove an old state journal");
                 }
                 let base = FileId::stat(&path)
                     .map_err(|e| Error::io(&path, e))?
                     .ok_or_else(|| Error::io(&path, io::ErrorKind::NotFound.into()))?;
+                let journal = FileId::stat(&journal).map_err(|e| Error::io(&journal, e))?;
                 Ok(Doc {
                     state: snapshot,
                     version,
                     gen_id: Some(gen_id),
                     base,
-                    journal: None,
-                    clean_tail: true,
+                    clean_tail: journal.is_none(),
+                    journal,
                 })
             })
         })
@@ -528,7 +535,10 @@ impl StateStore for JsonStore {
             let mut state = AgentState::from_json(env.state).map_err(format)?;
             let mut version = env.version;
             let (mut journal_id, mut clean_tail) = (None, true);
-            if let Some(gen_id) = &env.gen_id
+            if env.gen_id.is_none() {
+                // Never appended to; only its identity matters for the cache.
+                journal_id = FileId::stat(&journal).map_err(|e| Error::io(&journal, e))?;
+            } else if let Some(gen_id) = &env.gen_id
                 && let Some((lines, id)) = read_with_id(&journal)?
             {
                 let replayed =

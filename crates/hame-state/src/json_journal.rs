@@ -29,6 +29,9 @@ pub(crate) const JOURNAL_SLACK: u64 = 1024 * 1024;
 /// How many sessions' last state one store keeps in memory (to skip parsing on load and to
 /// find what a save changes without reading the document).
 pub(crate) const MAX_CACHED_STATES: usize = 128;
+/// The most the cached states may weigh, counted as the size of their files: the least
+/// recently used are dropped first.
+pub(crate) const MAX_CACHED_BYTES: u64 = 32 * 1024 * 1024;
 /// How many elements an array patch may drop from the front (a sliding window) before the
 /// array is written whole instead.
 const MAX_ARRAY_DROP: usize = 64;
@@ -199,6 +202,11 @@ impl Doc {
         }
         let ext = diff_map(&self.state.extensions, &state.extensions);
         Some(Change { keep, set, ext })
+    }
+
+    /// What keeping it in memory costs, roughly: the size of its files.
+    pub(crate) fn weight(&self) -> u64 {
+        self.base.len() + self.journal.map_or(0, |j| j.len())
     }
 
     /// Whether the files are still what this document was read from.
@@ -450,14 +458,24 @@ impl DocCache {
 
     pub(crate) fn put(&mut self, path: PathBuf, doc: Doc) {
         self.tick += 1;
-        if self.docs.len() >= MAX_CACHED_STATES
-            && !self.docs.contains_key(&path)
-            && let Some(oldest) = self
+        self.docs.remove(&path);
+        let weight = doc.weight();
+        if weight > MAX_CACHED_BYTES {
+            return;
+        }
+        while !self.docs.is_empty()
+            && (self.docs.len() >= MAX_CACHED_STATES
+                || self.docs.values().map(|(_, d)| d.weight()).sum::<u64>() + weight
+                    > MAX_CACHED_BYTES)
+        {
+            let Some(oldest) = self
                 .docs
                 .iter()
                 .min_by_key(|(_, (t, _))| *t)
                 .map(|(p, _)| p.clone())
-        {
+            else {
+                break;
+            };
             self.docs.remove(&oldest);
         }
         self.docs.insert(path, (self.tick, doc));

@@ -319,3 +319,45 @@ mod patches {
         }
     }
 }
+
+/// The in-memory copies are bounded by count and by the size of their files; the least
+/// recently used go first.
+#[test]
+fn the_cache_drops_the_least_recently_used_past_its_byte_budget() {
+    use std::sync::Arc;
+
+    use crate::json_journal::{Doc, DocCache, FileId, MAX_CACHED_BYTES};
+
+    let doc = |len: u64| Doc {
+        state: Arc::new(AgentState::default()),
+        version: 1,
+        gen_id: None,
+        base: FileId {
+            ino: 1,
+            len,
+            mtime_ns: 0,
+        },
+        journal: None,
+        clean_tail: true,
+    };
+    let third = MAX_CACHED_BYTES / 3 + 1;
+    let mut cache = DocCache::default();
+    cache.put("a".into(), doc(third));
+    cache.put("b".into(), doc(third));
+    assert!(cache.get(std::path::Path::new("a")).is_some());
+    // a was used after b: b goes.
+    cache.put("c".into(), doc(third));
+    let held = |cache: &mut DocCache, p: &str| cache.get(std::path::Path::new(p)).is_some();
+    assert_eq!(
+        (
+            held(&mut cache, "a"),
+            held(&mut cache, "b"),
+            held(&mut cache, "c")
+        ),
+        (true, false, true)
+    );
+    // A state larger than the whole budget is not kept at all.
+    cache.put("huge".into(), doc(MAX_CACHED_BYTES + 1));
+    assert!(!held(&mut cache, "huge"));
+    assert!(held(&mut cache, "a"));
+}
