@@ -52,7 +52,7 @@ enum Command {
     /// caller with --user cannot). For tenants you do not trust, use --isolated (each
     /// tenant its namespace on local disk over the read-only workspace, no shell) or
     /// --store (the same in a shared store). Runtime data of local mode:
-    /// agents/<agent>/sessions/<session>.log.jsonl, agents/<agent>/sessions/sessions.json,
+    /// agents/<agent>/sessions/<session>.log.jsonl, agents/<agent>/sessions/index/<session>.json,
     /// memory/YYYY-MM-DD.md, MEMORY.md, large_tool_results/ (under <userId>/ with --user).
     Run {
         #[command(flatten)]

@@ -1012,7 +1012,7 @@ impl HarnessAgent {
             }
             Err(e) => return Err(Error::storage("acquiring the session lease failed", e)),
         };
-        let result = self
+        let (result, unflushed) = self
             .run_leased(agent_loop, &key, &lease, input, ctx, &ws, events, cancel)
             .await;
         // The call's extensions (which held the lease for the session log) are gone.
@@ -1032,6 +1032,7 @@ impl HarnessAgent {
                 key,
                 ws,
                 self.inner.lease,
+                unflushed,
             );
         }
         result
@@ -1059,15 +1060,16 @@ impl HarnessAgent {
         ws: &Workspace,
         events: &EventSink,
         cancel: &CancellationToken,
-    ) -> Result<CallOutput> {
+    ) -> (Result<CallOutput>, u64) {
         let store = &self.inner.state_store;
-        let (mut state, version) = match store
+        let loaded = store
             .load(key)
             .await
-            .map_err(|e| Error::storage("loading session state failed", e))?
-        {
-            Some(s) => (s.state, Some(s.version)),
-            None => (AgentState::default(), None),
+            .map_err(|e| Error::storage("loading session state failed", e));
+        let (mut state, version) = match loaded {
+            Ok(Some(s)) => (s.state, Some(s.version)),
+            Ok(None) => (AgentState::default(), None),
+            Err(e) => return (Err(e), 0),
         };
         let mut runtime = ctx.clone();
         runtime.extras.insert(
@@ -1116,7 +1118,10 @@ impl HarnessAgent {
             .save_fenced(key, &state, version, lease)
             .await
             .map_err(|e| Error::storage("saving session state failed", e));
-        match (outcome, saved) {
+        // What the after-call memory flush would find, read here instead of loading the
+        // state again.
+        let unflushed = crate::memory::unflushed(&state);
+        let result = match (outcome, saved) {
             (Ok(out), Ok(_)) => Ok(out),
             // The reply is in the log but not in the state: the caller must know.
             (Ok(_), Err(e)) => Err(e),
@@ -1126,6 +1131,7 @@ impl HarnessAgent {
                 tracing::warn!(error = %save, "saving the state of a failed call failed too");
                 Err(e.into())
             }
-        }
+        };
+        (result, unflushed)
     }
 }

@@ -1,4 +1,6 @@
-//! The session index `agents/<agentId>/sessions/sessions.json`, updated by compare-and-set.
+//! The session index: one small file per session, `agents/<agentId>/sessions/index/<sessionId>.json`,
+//! updated by compare-and-set and merged on read (with the whole-tenant `sessions.json` of
+//! earlier builds, when there is one).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -135,7 +137,8 @@ pub(crate) fn title_candidate(messages: &[Message]) -> Option<String> {
         .find(|t| !t.trim().is_empty())
 }
 
-/// The index document.
+/// The index document of earlier builds (`sessions.json`, before that `index.json`): every
+/// session of the tenant in one file. Read (never written) to carry its entries over.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct IndexFile {
     #[serde(default = "default_version")]
@@ -148,70 +151,114 @@ fn default_version() -> u32 {
     INDEX_FORMAT_VERSION
 }
 
-/// Reads the index; a missing file is an empty index.
-pub(crate) async fn read_index(
+/// One session's index file, `sessions/index/<sessionId>.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct EntryFile {
+    #[serde(default = "default_version")]
+    pub version: u32,
+    pub session: SessionEntry,
+}
+
+/// Parses one session's index file.
+pub(crate) fn parse_entry(path: &FsPath, bytes: &[u8]) -> Result<SessionEntry> {
+    serde_json::from_slice::<EntryFile>(bytes)
+        .map(|f| f.session)
+        .map_err(|e| Error::Corrupt {
+            path: path.to_string(),
+            reason: e.to_string(),
+        })
+}
+
+/// Encodes one session's index file.
+pub(crate) fn encode_entry(path: &FsPath, entry: &SessionEntry) -> Result<Vec<u8>> {
+    let file = EntryFile {
+        version: INDEX_FORMAT_VERSION,
+        session: entry.clone(),
+    };
+    let mut bytes = serde_json::to_vec(&file).map_err(|e| Error::Corrupt {
+        path: path.to_string(),
+        reason: format!("cannot encode: {e}"),
+    })?;
+    bytes.push(b'\n');
+    Ok(bytes)
+}
+
+/// Reads one session's index file: `None` when it does not exist.
+pub(crate) async fn read_entry(
     fs: &dyn Filesystem,
     path: &FsPath,
-) -> Result<(IndexFile, Option<Version>)> {
+) -> Result<Option<(SessionEntry, Version)>> {
     match fs.read_bytes(path).await {
-        Ok(bytes) => {
-            let version = Version::of(&bytes);
-            let index: IndexFile = serde_json::from_slice(&bytes).map_err(|e| Error::Corrupt {
-                path: path.to_string(),
-                reason: e.to_string(),
-            })?;
-            Ok((index, Some(version)))
-        }
-        Err(e) if e.is_not_found() => Ok((read_legacy_index(fs, path).await, None)),
+        Ok(bytes) => Ok(Some((parse_entry(path, &bytes)?, Version::of(&bytes)))),
+        Err(e) if e.is_not_found() => Ok(None),
         Err(e) => Err(e.into()),
     }
 }
 
-/// The index of a build that named it `index.json`, when `sessions.json` does not exist
-/// yet: its entries (titles, times) carry over, and the first update writes them to
-/// `sessions.json` (the version is `None`, so that write is a create). A missing or
-/// unreadable legacy index is an empty one: `list_sessions` repairs it from the logs.
-async fn read_legacy_index(fs: &dyn Filesystem, path: &FsPath) -> IndexFile {
-    let legacy = match path.parent() {
-        Some(dir) => dir.join(crate::log::LEGACY_INDEX_FILE),
-        None => FsPath::parse(crate::log::LEGACY_INDEX_FILE),
-    };
-    let Ok(legacy) = legacy else {
-        return IndexFile::default();
-    };
-    match fs.read_bytes(&legacy).await {
-        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_default(),
-        Err(_) => IndexFile::default(),
+/// The whole-tenant index of an earlier build: `sessions.json`, else `index.json`, in
+/// `dir`. Missing is empty; an unreadable one is logged and counts as empty (the logs
+/// repair what it would have said).
+pub(crate) async fn read_legacy_index(fs: &dyn Filesystem, dir: &FsPath) -> IndexFile {
+    for name in [crate::log::INDEX_FILE, crate::log::LEGACY_INDEX_FILE] {
+        let Ok(path) = dir.join(name) else { continue };
+        match fs.read_bytes(&path).await {
+            Ok(bytes) => match serde_json::from_slice(&bytes) {
+                Ok(index) => return index,
+                Err(e) => {
+                    tracing::warn!(path = %path, error = %e, "old session index unreadable; ignored");
+                    return IndexFile::default();
+                }
+            },
+            Err(e) if e.is_not_found() => {}
+            Err(e) => {
+                tracing::warn!(path = %path, error = %e, "old session index unreadable; ignored");
+                return IndexFile::default();
+            }
+        }
     }
+    IndexFile::default()
 }
 
-/// Read → modify → write-if-match, retried on `conflict` up to [`INDEX_CAS_ATTEMPTS`] times
-/// with a short growing, jittered pause. Never overwrites blindly.
-pub(crate) async fn update_index_cas<F>(
+/// Read → modify → write-if-match of one session's index file, retried on `conflict` up to
+/// [`INDEX_CAS_ATTEMPTS`] times with a short growing, jittered pause. Never overwrites
+/// blindly. A session without a file yet starts from its entry in the old whole-tenant
+/// index of `legacy_dir`, if any (read only then). The write is atomic but not fsynced: the index is
+/// derived from the logs, which are, and a listing repairs entries the logs imply.
+pub(crate) async fn update_entry_cas<F>(
     fs: &dyn Filesystem,
+    legacy_dir: &FsPath,
+    session_id: &str,
     path: &FsPath,
     mut modify: F,
-) -> Result<IndexFile>
+) -> Result<SessionEntry>
 where
-    F: FnMut(&mut IndexFile) + Send,
+    F: FnMut(Option<SessionEntry>) -> SessionEntry + Send,
 {
+    let mut seed_read = false;
+    let mut seeded: Option<SessionEntry> = None;
     for attempt in 0..INDEX_CAS_ATTEMPTS {
-        let (mut index, version) = read_index(fs, path).await?;
-        modify(&mut index);
-        index.version = INDEX_FORMAT_VERSION;
-        let mut bytes = serde_json::to_vec_pretty(&index).map_err(|e| Error::Corrupt {
-            path: path.to_string(),
-            reason: format!("cannot encode: {e}"),
-        })?;
-        bytes.push(b'\n');
-        let options = match version {
-            Some(v) => WriteOptions::if_match(v),
-            None => WriteOptions::create_new(),
+        let (entry, options) = match read_entry(fs, path).await? {
+            Some((entry, version)) => (modify(Some(entry)), WriteOptions::if_match(version)),
+            None => {
+                if !seed_read {
+                    seed_read = true;
+                    seeded = read_legacy_index(fs, legacy_dir)
+                        .await
+                        .sessions
+                        .remove(session_id);
+                }
+                (modify(seeded.clone()), WriteOptions::create_new())
+            }
+        };
+        let bytes = encode_entry(path, &entry)?;
+        let options = WriteOptions {
+            durability: hame_fs::Durability::Atomic,
+            ..options
         };
         match fs.write(path, bytes, options).await {
-            Ok(_) => return Ok(index),
+            Ok(_) => return Ok(entry),
             Err(hame_fs::Error::Conflict { .. } | hame_fs::Error::AlreadyExists { .. }) => {
-                tracing::debug!(path = %path, attempt, "session index changed concurrently; retrying");
+                tracing::debug!(path = %path, attempt, "session index entry changed concurrently; retrying");
                 tokio::time::sleep(backoff(attempt)).await;
             }
             Err(e) => return Err(e.into()),

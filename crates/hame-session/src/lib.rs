@@ -3,7 +3,7 @@
 //! Never-compacted session logs for the hame agent harness. Every message of every call —
 //! full tool arguments and full tool results, never truncated — is appended as one JSON line
 //! to `agents/<agentId>/sessions/<sessionId>.log.jsonl` on a [`hame_fs::Filesystem`], and an
-//! index (`sessions.json` next to the logs) lists the sessions with a title, times and a
+//! index (one small file per session, `index/<sessionId>.json` next to the logs) lists the sessions with a title, times and a
 //! message count. Context compaction may drop messages from the model's window; the log
 //! keeps them, and the [`session_list`](SessionListTool) and
 //! [`session_history`](SessionHistoryTool) tools let the model read them back.
@@ -53,7 +53,7 @@ pub use index::{
     make_title,
 };
 pub use log::{
-    INDEX_FILE, LEGACY_INDEX_FILE, LOG_SUFFIX, LogPage, MAX_CACHED_WRITERS, SessionLog,
+    INDEX_DIR, INDEX_FILE, LEGACY_INDEX_FILE, LOG_SUFFIX, LogPage, MAX_CACHED_WRITERS, SessionLog,
     SessionLogOptions,
 };
 pub use record::{LogRecord, RECORD_FORMAT_VERSION};

@@ -1,6 +1,6 @@
 //! [`SessionLog`]: append, read and index the logs of one agent.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::ops::{Range, RangeBounds};
 use std::sync::{Arc, Mutex};
@@ -12,14 +12,24 @@ use hame_fs::{Filesystem, FsPath, WriteOptions};
 use crate::error::{Error, Result};
 use crate::id::validate_id;
 use crate::index::{
-    IndexFile, IndexUpdate, SessionEntry, read_index, title_candidate, update_index_cas,
+    IndexUpdate, SessionEntry, encode_entry, parse_entry, read_entry, read_legacy_index,
+    title_candidate, update_entry_cas,
 };
 use crate::record::{LogRecord, last_record, parse_log};
 
-/// File name of the index inside the sessions directory.
+/// Directory of the per-session index files inside the sessions directory
+/// (`index/<sessionId>.json`).
+pub const INDEX_DIR: &str = "index";
+/// The whole-tenant index of earlier builds (every session in one file, rewritten on every
+/// update). Read, never written: its entries seed the per-session files and are listed
+/// until then.
 pub const INDEX_FILE: &str = "sessions.json";
-/// The index name of earlier builds, read once when [`INDEX_FILE`] does not exist yet.
+/// The whole-tenant index name of still earlier builds, read when [`INDEX_FILE`] does not
+/// exist.
 pub const LEGACY_INDEX_FILE: &str = "index.json";
+
+/// How many index files [`SessionLog::list_sessions`] reads at once.
+const LIST_READ_CONCURRENCY: usize = 16;
 /// Suffix of a session's log file (`<sessionId>.log.jsonl`).
 pub const LOG_SUFFIX: &str = ".log.jsonl";
 
@@ -93,7 +103,8 @@ type WriterSlot = Arc<tokio::sync::Mutex<Option<Tail>>>;
 ///
 /// ```text
 /// agents/<agentId>/sessions/<sessionId>.log.jsonl   one LogRecord per line
-/// agents/<agentId>/sessions/sessions.json           SessionEntry per session
+/// agents/<agentId>/sessions/index/<sessionId>.json  that session's SessionEntry
+/// agents/<agentId>/sessions/sessions.json           (earlier builds) every SessionEntry; read only
 /// ```
 ///
 /// # Guarantees
@@ -106,16 +117,17 @@ type WriterSlot = Arc<tokio::sync::Mutex<Option<Tail>>>;
 ///   lease may write a duplicate number; readers tolerate duplicates and gaps.
 /// * A torn last line (a crash mid-append) is skipped on read, and the next append starts
 ///   with a newline so it never glues onto it.
-/// * The index is changed by compare-and-set only, so concurrent updates are never lost.
+/// * The index is changed by compare-and-set only, so concurrent updates are never lost; an
+///   update writes the one small file of its session, so the cost of an update does not
+///   grow with the number of sessions.
 #[derive(Clone)]
 pub struct SessionLog {
     fs: Arc<dyn Filesystem>,
     agent_id: String,
     dir: FsPath,
-    index: FsPath,
+    index_dir: FsPath,
     options: SessionLogOptions,
     writers: Arc<Mutex<HashMap<String, WriterSlot>>>,
-    index_lock: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl fmt::Debug for SessionLog {
@@ -143,15 +155,14 @@ impl SessionLog {
     ) -> Result<Self> {
         validate_id("agent id", agent_id)?;
         let dir = FsPath::parse(&format!("agents/{agent_id}/sessions"))?;
-        let index = dir.join(INDEX_FILE)?;
+        let index_dir = dir.join(INDEX_DIR)?;
         Ok(SessionLog {
             fs,
             agent_id: agent_id.to_owned(),
             dir,
-            index,
+            index_dir,
             options,
             writers: Arc::new(Mutex::new(HashMap::new())),
-            index_lock: Arc::new(tokio::sync::Mutex::new(())),
         })
     }
 
@@ -171,9 +182,15 @@ impl SessionLog {
         Ok(self.dir.join(&format!("{session_id}{LOG_SUFFIX}"))?)
     }
 
-    /// The path of the index.
-    pub fn index_path(&self) -> &FsPath {
-        &self.index
+    /// The directory of the per-session index files.
+    pub fn index_dir(&self) -> &FsPath {
+        &self.index_dir
+    }
+
+    /// The path of one session's index file (after validating the id).
+    pub fn index_path(&self, session_id: &str) -> Result<FsPath> {
+        validate_id("session id", session_id)?;
+        Ok(self.index_dir.join(&format!("{session_id}.json"))?)
     }
 
     fn now(&self) -> DateTime<Utc> {
@@ -365,78 +382,119 @@ impl SessionLog {
         Ok(self.fs.exists(&path).await?)
     }
 
-    /// Every session, newest first (by `updated`, then id). A log the index does not list
-    /// (an update lost to a crash, or to a store without cross-process compare-and-set) is
-    /// read and added to the index first, so the index repairs itself from the logs.
+    /// Every session, newest first (by `updated`, then id): the per-session index files,
+    /// merged with the old whole-tenant index (`sessions.json`) for sessions that have no
+    /// file yet. A log that neither lists (an update lost to a crash, or to a store without
+    /// cross-process compare-and-set) is read and its entry written, so the index repairs
+    /// itself from the logs. An index file that cannot be parsed is left alone (see
+    /// [`rebuild_index`](Self::rebuild_index)); its session is listed from its log.
     pub async fn list_sessions(&self) -> Result<Vec<SessionEntry>> {
-        let (mut index, _) = read_index(self.fs.as_ref(), &self.index).await?;
+        use futures::StreamExt as _;
+        let mut entries: BTreeMap<String, SessionEntry> = BTreeMap::new();
+        let mut corrupt = Vec::new();
+        let files = match self.fs.list(&self.index_dir).await {
+            Ok(files) => files,
+            Err(e) if e.is_not_found() => Vec::new(),
+            Err(e) => return Err(e.into()),
+        };
+        let ids: Vec<String> = files
+            .iter()
+            .filter(|f| !f.is_dir())
+            .filter_map(|f| f.path.file_name().strip_suffix(".json").map(str::to_owned))
+            .filter(|id| validate_id("session id", id).is_ok())
+            .collect();
+        let mut reads = futures::stream::iter(ids.into_iter().map(|id| async move {
+            let path = self.index_path(&id)?;
+            let found = read_entry(self.fs.as_ref(), &path).await;
+            Ok::<_, Error>((id, found))
+        }))
+        .buffer_unordered(LIST_READ_CONCURRENCY);
+        while let Some(read) = reads.next().await {
+            let (id, found) = read?;
+            match found {
+                Ok(Some((entry, _))) => {
+                    entries.insert(id, entry);
+                }
+                // Deleted since the listing.
+                Ok(None) => {}
+                Err(Error::Corrupt { path, reason }) => {
+                    tracing::warn!(path = %path, reason = %reason, "session index file unreadable; listing the session from its log");
+                    corrupt.push(id);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        drop(reads);
+        let legacy = read_legacy_index(self.fs.as_ref(), &self.dir).await;
+        for (id, entry) in legacy.sessions {
+            if !corrupt.contains(&id) && validate_id("session id", &id).is_ok() {
+                entries.entry(id).or_insert(entry);
+            }
+        }
         let missing: Vec<String> = self
             .logged_sessions()
             .await?
             .into_iter()
-            .filter(|id| !index.sessions.contains_key(id))
+            .filter(|id| !entries.contains_key(id))
             .collect();
-        if !missing.is_empty() {
-            let mut found = Vec::new();
-            for id in &missing {
-                if let Some(entry) = self.entry_from_log(id).await? {
-                    found.push(entry);
+        let mut repaired = 0usize;
+        for id in &missing {
+            let Some(entry) = self.entry_from_log(id).await? else {
+                continue;
+            };
+            if !corrupt.contains(id) {
+                let path = self.index_path(id)?;
+                let bytes = encode_entry(&path, &entry)?;
+                match self
+                    .fs
+                    .write(&path, bytes, WriteOptions::create_new())
+                    .await
+                {
+                    Ok(_) => repaired += 1,
+                    // Written meanwhile by an update: that one is at least as new.
+                    Err(hame_fs::Error::AlreadyExists { .. }) => {}
+                    Err(e) => return Err(e.into()),
                 }
             }
-            tracing::info!(
-                repaired = found.len(),
-                "session index missed logs; repaired from them"
-            );
-            let _guard = self.index_lock.lock().await;
-            index = update_index_cas(self.fs.as_ref(), &self.index, |index| {
-                for entry in &found {
-                    index
-                        .sessions
-                        .entry(entry.id.clone())
-                        .or_insert_with(|| entry.clone());
-                }
-            })
-            .await?;
+            entries.insert(id.clone(), entry);
         }
-        let mut entries: Vec<SessionEntry> = index.sessions.into_values().collect();
+        if repaired > 0 {
+            tracing::info!(repaired, "session index missed logs; repaired from them");
+        }
+        let mut entries: Vec<SessionEntry> = entries.into_values().collect();
         entries.sort_by(|a, b| b.updated.cmp(&a.updated).then_with(|| a.id.cmp(&b.id)));
         Ok(entries)
     }
 
-    /// The index entry of one session.
+    /// The index entry of one session (its index file, else its entry in the old
+    /// whole-tenant index).
     pub async fn session(&self, session_id: &str) -> Result<Option<SessionEntry>> {
-        validate_id("session id", session_id)?;
-        let (mut index, _) = read_index(self.fs.as_ref(), &self.index).await?;
-        Ok(index.sessions.remove(session_id))
+        let path = self.index_path(session_id)?;
+        if let Some((entry, _)) = read_entry(self.fs.as_ref(), &path).await? {
+            return Ok(Some(entry));
+        }
+        Ok(read_legacy_index(self.fs.as_ref(), &self.dir)
+            .await
+            .sessions
+            .remove(session_id))
     }
 
-    /// Applies `update` to the session's index entry (creating it) by compare-and-set:
-    /// read → modify → write-if-match, retried on conflict up to
-    /// [`INDEX_CAS_ATTEMPTS`](crate::INDEX_CAS_ATTEMPTS) times. Returns the new entry.
+    /// Applies `update` to the session's index entry (creating it) by compare-and-set of
+    /// its index file: read → modify → write-if-match, retried on conflict up to
+    /// [`INDEX_CAS_ATTEMPTS`](crate::INDEX_CAS_ATTEMPTS) times. Returns the new entry. A
+    /// session that has no index file yet starts from its entry in the old whole-tenant
+    /// index, if any.
     pub async fn update_index(
         &self,
         session_id: &str,
         update: &IndexUpdate,
     ) -> Result<SessionEntry> {
-        validate_id("session id", session_id)?;
+        let path = self.index_path(session_id)?;
         let now = self.now();
-        // Index updates from this process go one at a time (no self-inflicted conflicts);
-        // the compare-and-set protects against other processes.
-        let _guard = self.index_lock.lock().await;
-        let index = update_index_cas(self.fs.as_ref(), &self.index, |index| {
-            let entry = index.sessions.remove(session_id);
-            let entry = update.apply(session_id, entry, now);
-            index.sessions.insert(session_id.to_owned(), entry);
+        update_entry_cas(self.fs.as_ref(), &self.dir, session_id, &path, |entry| {
+            update.apply(session_id, entry, now)
         })
-        .await?;
-        index
-            .sessions
-            .get(session_id)
-            .cloned()
-            .ok_or_else(|| Error::Corrupt {
-                path: self.index.to_string(),
-                reason: "entry vanished after update".into(),
-            })
+        .await
     }
 
     /// The session ids that have a log file.
@@ -472,51 +530,44 @@ impl SessionLog {
     }
 
     /// Rebuilds the index from the logs themselves (every `*.log.jsonl` in the directory is
-    /// read whole): repairs an index that is corrupt or missed updates. Existing titles are
-    /// kept. The new index is written by compare-and-set like any update.
+    /// read whole): repairs index files that are corrupt or missed updates. Existing titles
+    /// are kept (from the session's index file, else the old whole-tenant index). Each
+    /// session's index file is replaced by compare-and-set against the bytes read.
     pub async fn rebuild_index(&self) -> Result<Vec<SessionEntry>> {
         let files = match self.fs.list(&self.dir).await {
             Ok(files) => files,
             Err(e) if e.is_not_found() => Vec::new(),
             Err(e) => return Err(e.into()),
         };
-        let mut rebuilt = IndexFile::default();
+        let legacy = read_legacy_index(self.fs.as_ref(), &self.dir).await;
         for session_id in sessions_in(&files) {
-            if let Some(entry) = self.entry_from_log(&session_id).await? {
-                rebuilt.sessions.insert(session_id, entry);
+            let Some(mut entry) = self.entry_from_log(&session_id).await? else {
+                continue;
+            };
+            let path = self.index_path(&session_id)?;
+            // A corrupt file is replaced (that is the point of a rebuild), by
+            // compare-and-set against the bytes seen.
+            let current = match self.fs.read_bytes(&path).await {
+                Ok(bytes) => Some(bytes),
+                Err(e) if e.is_not_found() => None,
+                Err(e) => return Err(e.into()),
+            };
+            let old_title = current
+                .as_deref()
+                .and_then(|b| parse_entry(&path, b).ok())
+                .or_else(|| legacy.sessions.get(&session_id).cloned())
+                .map(|e| e.title)
+                .filter(|t| !t.is_empty());
+            if let Some(title) = old_title {
+                entry.title = title;
             }
+            let bytes = encode_entry(&path, &entry)?;
+            let options = match &current {
+                Some(old) => WriteOptions::if_match(hame_fs::Version::of(old)),
+                None => WriteOptions::create_new(),
+            };
+            self.fs.write(&path, bytes, options).await?;
         }
-        let path = self.index.clone();
-        let guard = self.index_lock.lock().await;
-        // A corrupt index is replaced (that is the point of a rebuild), by compare-and-set
-        // against the bytes we saw.
-        let current = match self.fs.read_bytes(&path).await {
-            Ok(bytes) => Some(bytes),
-            Err(e) if e.is_not_found() => None,
-            Err(e) => return Err(e.into()),
-        };
-        if let Some(bytes) = &current
-            && let Ok(old) = serde_json::from_slice::<IndexFile>(bytes)
-        {
-            for (id, entry) in &mut rebuilt.sessions {
-                if let Some(old_entry) = old.sessions.get(id)
-                    && !old_entry.title.is_empty()
-                {
-                    entry.title.clone_from(&old_entry.title);
-                }
-            }
-        }
-        let mut bytes = serde_json::to_vec_pretty(&rebuilt).map_err(|e| Error::Corrupt {
-            path: path.to_string(),
-            reason: format!("cannot encode: {e}"),
-        })?;
-        bytes.push(b'\n');
-        let options = match &current {
-            Some(old) => WriteOptions::if_match(hame_fs::Version::of(old)),
-            None => WriteOptions::create_new(),
-        };
-        self.fs.write(&path, bytes, options).await?;
-        drop(guard);
         self.list_sessions().await
     }
 }

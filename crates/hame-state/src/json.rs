@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, MAX_SCHEMA, Result};
 use crate::holder::Holder;
+use crate::json_journal::{Doc, DocCache, FileId, ReplayError, replay};
 use crate::key::{StateKey, validate_id};
 use crate::store::Save;
 use crate::store::{Lease, LeaseGrant, LeaseHandle, SessionSummary, StateStore, Stored};
@@ -26,29 +27,47 @@ pub const JSON_FORMAT: &str = "hame-state/1";
 ///
 /// ```text
 /// <root>/<agent>/anonymous/<session>.json        state of an anonymous session
-/// <root>/<agent>/users/<user>/<session>.json     state of a user's session
+/// <root>/<agent>/users/<user>/<session>.json     state of a user's session (the base)
+///                            <session>.journal    the saves since the base, one line each
 ///                            <session>.lock       held while a save compares and writes
 ///                            <session>.lease      held (OS lock) by the session's lease holder;
 ///                                                 holds {"fence":N,"token":…,"holder":{…}}
 ///                            .<session>.<uuid>.tmp   a save in progress
 /// ```
 ///
-/// Saves write a temp file, `fsync` it, rename it over the document and `fsync` the
-/// directory, all under an exclusive lock of `<session>.lock`, so a crash leaves either the
-/// old or the new document and two processes never interleave a compare-and-set.
+/// A save that changes little (new messages, a few replaced ones, an extensions patch)
+/// appends one line to the journal and `fdatasync`s it; any other writes a temp file,
+/// `fsync`s it, renames it over the document and `fsync`s the directory, starting a new
+/// journal. Both happen under an exclusive lock of `<session>.lock`, so a crash leaves the
+/// old or the new state and two processes never interleave a compare-and-set. The store
+/// keeps the last state of recent sessions in memory, used only while the files are
+/// unchanged (another process's write is noticed). Format: `docs/state.md`.
 /// Leases are advisory OS locks (`File::try_lock`) on `<session>.lease`: they last until
 /// released or until the holding process dies (the OS drops them); their TTL is ignored.
 /// The holder writes its fence (the previous one plus one) and token into the file, and
 /// `save_fenced` compares them under the write lock.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct JsonStore {
     root: PathBuf,
+    /// The last state read or written per document, checked against the files' identity
+    /// before use (another process may have written since).
+    cache: Arc<Mutex<DocCache>>,
+}
+
+impl std::fmt::Debug for JsonStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JsonStore")
+            .field("root", &self.root)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Serialize)]
 struct EnvelopeHead<'a> {
     format: &'static str,
     version: u64,
+    /// Names this base document; journal lines apply only to the base they name.
+    gen_id: &'a str,
     updated_at: DateTime<Utc>,
     agent: &'a str,
     user: Option<&'a str>,
@@ -69,6 +88,8 @@ fn envelope(head: &EnvelopeHead<'_>, state_json: &[u8]) -> Result<Vec<u8>> {
 #[derive(Deserialize)]
 struct EnvelopeIn {
     version: u64,
+    #[serde(default)]
+    gen_id: Option<String>,
     agent: String,
     user: Option<String>,
     session: String,
@@ -79,6 +100,8 @@ struct EnvelopeIn {
 #[derive(Deserialize)]
 struct Header {
     version: u64,
+    #[serde(default)]
+    gen_id: Option<String>,
     #[serde(default)]
     state: StateHeader,
 }
@@ -125,7 +148,10 @@ impl JsonStore {
     pub fn open(root: impl Into<PathBuf>) -> Result<Self> {
         let root = root.into();
         create_private_dirs(&root).map_err(|e| Error::io(&root, e))?;
-        Ok(Self { root })
+        Ok(Self {
+            root,
+            cache: Arc::default(),
+        })
     }
 
     /// The root directory.
@@ -158,7 +184,9 @@ impl JsonStore {
     }
 
     /// The compare-and-set of `save`; with `fence` (token, fence) only while the session's
-    /// lease file names that lease.
+    /// lease file names that lease. A save that [`Doc::change`] finds small is one journal
+    /// line (`fdatasync`); any other is a full rewrite of the document (temp file,
+    /// `fsync`, rename, directory `fsync`) that starts a new journal.
     async fn write(
         &self,
         key: &StateKey,
@@ -167,37 +195,58 @@ impl JsonStore {
         fence: Option<(String, u64)>,
     ) -> Result<u64> {
         let dir = self.dir(key.agent(), key.user());
-        // Serialise before taking the lock, to keep the critical section short.
+        Error::writable_schema(key, state)?;
+        let path = dir.join(format!("{}.json", key.session()));
+        // Taken out while the save runs (so the cached state can be extended in place);
+        // put back, or replaced, when it succeeds.
+        let cached = lock(&self.cache).take(&path);
+        if let Some(mut doc) = cached
+            && let Some(change) = doc.change(state)
+        {
+            // Serialise before taking the lock, to keep the critical section short.
+            let gen_id = doc.gen_id.clone().unwrap_or_default();
+            let line =
+                serde_json::to_vec(&change.line(&gen_id, state)).map_err(Error::Serialize)?;
+            let (key2, dir2, fence2) = (key.clone(), dir.clone(), fence.clone());
+            let seen = (doc.version, doc.base, doc.journal);
+            let appended = Self::blocking(move || {
+                with_write_lock(&dir2, key2.session(), || {
+                    check_fence(&dir2, &key2, fence2.as_ref())?;
+                    append_line(&dir2, &key2, expected, seen, line)
+                })
+            })
+            .await?;
+            if let Some((version, journal)) = appended {
+                change.apply_to(Arc::make_mut(&mut doc.state), state);
+                doc.version = version;
+                doc.journal = Some(journal);
+                lock(&self.cache).put(path, doc);
+                return Ok(version);
+            }
+            // The files changed under the cache (another process wrote): a full save.
+        }
         let (state_json, _) = Error::encode(key, state)?;
+        let snapshot = Arc::new(state.clone());
         let key = key.clone();
-        Self::blocking(move || {
+        let doc = Self::blocking(move || {
             create_private_dirs(&dir).map_err(|e| Error::io(&dir, e))?;
             with_write_lock(&dir, key.session(), || {
-                if let Some((token, fence)) = fence {
-                    let held = LeaseFile::read(&dir.join(format!("{}.lease", key.session())))?;
-                    if held.token != token || held.fence != fence {
-                        return Err(Error::lease_lost(&key));
-                    }
-                }
+                check_fence(&dir, &key, fence.as_ref())?;
                 let path = dir.join(format!("{}.json", key.session()));
                 let found = match read_opt(&path)? {
                     None => None,
-                    Some(bytes) => Some(serde_json::from_slice::<Header>(&bytes).map_err(|e| {
-                        Error::Format {
-                            key: key.to_string(),
-                            source: hame_core::StateFormatError::Invalid(e),
-                        }
-                    })?),
+                    Some(bytes) => Some(read_current(&dir, &key, &bytes)?),
                 };
-                let version =
-                    Error::next_version(&key, expected, found.as_ref().map(|h| h.version))?;
+                let version = Error::next_version(&key, expected, found.as_ref().map(|h| h.0))?;
                 // Never overwrite a document of a newer hame.
-                if let Some(h) = found.filter(|h| h.state.schema_version > MAX_SCHEMA) {
-                    return Err(Error::too_new(&key, h.state.schema_version));
+                if let Some((_, schema)) = found.filter(|h| h.1 > MAX_SCHEMA) {
+                    return Err(Error::too_new(&key, schema));
                 }
+                let gen_id = uuid::Uuid::new_v4().simple().to_string();
                 let head = EnvelopeHead {
                     format: JSON_FORMAT,
                     version,
+                    gen_id: &gen_id,
                     updated_at: Utc::now(),
                     agent: key.agent(),
                     user: key.user(),
@@ -205,10 +254,40 @@ impl JsonStore {
                 };
                 let bytes = envelope(&head, state_json.as_bytes())?;
                 write_atomic(&dir, key.session(), &bytes)?;
-                Ok(version)
+                // The old journal names the old base: never applied to this one, only dead
+                // weight, so failing to remove it does not fail the save (it is written).
+                let journal = journal_path(&dir, key.session());
+                if let Err(e) = fs::remove_file(&journal)
+                    && e.kind() != io::ErrorKind::NotFound
+                {
+                    tracing::warn!(path = %journal.display(), error = %e, "could not remove an old state journal");
+                }
+                let base = FileId::stat(&path)
+                    .map_err(|e| Error::io(&path, e))?
+                    .ok_or_else(|| Error::io(&path, io::ErrorKind::NotFound.into()))?;
+                let journal = FileId::stat(&journal).map_err(|e| Error::io(&journal, e))?;
+                Ok(Doc {
+                    state: snapshot,
+                    version,
+                    gen_id: Some(gen_id),
+                    base,
+                    clean_tail: journal.is_none(),
+                    journal,
+                })
             })
         })
-        .await
+        .await;
+        match doc {
+            Ok(doc) => {
+                let version = doc.version;
+                lock(&self.cache).put(path, doc);
+                Ok(version)
+            }
+            Err(e) => {
+                lock(&self.cache).remove(&path);
+                Err(e)
+            }
+        }
     }
 
     #[cfg(any(test, feature = "conformance"))]
@@ -220,8 +299,119 @@ impl JsonStore {
             "agent": key.agent(), "user": key.user(), "session": key.session(), "state": state,
         });
         let bytes = serde_json::to_vec(&doc).map_err(Error::Serialize)?;
+        lock(&self.cache).remove(&self.doc_path(key));
+        let _ = fs::remove_file(journal_path(&dir, key.session()));
         write_atomic(&dir, key.session(), &bytes)
     }
+}
+
+fn lock(cache: &Mutex<DocCache>) -> std::sync::MutexGuard<'_, DocCache> {
+    cache
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn journal_path(dir: &Path, session: &str) -> PathBuf {
+    dir.join(format!("{session}.journal"))
+}
+
+/// `Err(LeaseLost)` unless the session's lease file names the lease `fence` (token, fence).
+fn check_fence(dir: &Path, key: &StateKey, fence: Option<&(String, u64)>) -> Result<()> {
+    if let Some((token, fence)) = fence {
+        let held = LeaseFile::read(&dir.join(format!("{}.lease", key.session())))?;
+        if held.token != *token || held.fence != *fence {
+            return Err(Error::lease_lost(key));
+        }
+    }
+    Ok(())
+}
+
+/// Appends the journal `line` (its version still to be set) on top of the document `seen`
+/// (its version, base and journal ids), if the files are still those (checked under the
+/// write lock). `None` when they are not (another process wrote): the caller does a full
+/// save instead.
+fn append_line(
+    dir: &Path,
+    key: &StateKey,
+    expected: Option<u64>,
+    seen: (u64, FileId, Option<FileId>),
+    mut line: Vec<u8>,
+) -> Result<Option<(u64, FileId)>> {
+    let base_path = dir.join(format!("{}.json", key.session()));
+    let journal = journal_path(dir, key.session());
+    let base = FileId::stat(&base_path).map_err(|e| Error::io(&base_path, e))?;
+    let current = FileId::stat(&journal).map_err(|e| Error::io(&journal, e))?;
+    if base != Some(seen.1) || current != seen.2 {
+        return Ok(None);
+    }
+    let version = Error::next_version(key, expected, Some(seen.0))?;
+    // `"version":0` was serialised as a placeholder: the version is known only now.
+    let placeholder = b"\"version\":0,";
+    let at = line
+        .windows(placeholder.len())
+        .position(|w| w == placeholder)
+        .ok_or_else(|| Error::Config("journal line without a version field".into()))?;
+    let real = format!("\"version\":{version},");
+    line.splice(at..at + placeholder.len(), real.into_bytes());
+    line.push(b'\n');
+    let write = || -> io::Result<FileId> {
+        let mut f = private(&mut OpenOptions::new())
+            .append(true)
+            .create(true)
+            .open(&journal)?;
+        f.write_all(&line)?;
+        f.sync_data()?;
+        Ok(FileId::of(&f.metadata()?))
+    };
+    let id = write().map_err(|e| Error::io(&journal, e))?;
+    if current.is_none() {
+        // A new file: its directory entry must be durable too.
+        sync_dir(dir)?;
+    }
+    Ok(Some((version, id)))
+}
+
+/// The version and schema version of the stored document (`bytes`, its base, plus its
+/// journal).
+fn read_current(dir: &Path, key: &StateKey, bytes: &[u8]) -> Result<(u64, u64)> {
+    let invalid = |e| Error::Format {
+        key: key.to_string(),
+        source: hame_core::StateFormatError::Invalid(e),
+    };
+    let head: Header = serde_json::from_slice(bytes).map_err(invalid)?;
+    let Some(gen_id) = head.gen_id else {
+        return Ok((head.version, head.state.schema_version));
+    };
+    let journal = journal_path(dir, key.session());
+    let Some(lines) = read_opt(&journal)? else {
+        return Ok((head.version, head.state.schema_version));
+    };
+    // Only the version sequence matters here.
+    match replay(None, head.version, &gen_id, &lines) {
+        Ok(r) if r.version == head.version => Ok((r.version, head.state.schema_version)),
+        Ok(r) => Ok((r.version, u64::from(r.schema_version))),
+        Err(ReplayError::TooNew(schema)) => Ok((head.version, u64::from(schema))),
+        Err(ReplayError::Corrupt(reason)) => {
+            Err(Error::Config(format!("{}: {reason}", journal.display())))
+        }
+    }
+}
+
+/// The content of `path` and the identity of the file it was read from (`None` when it
+/// does not exist). Bytes appended after the `fstat` are not returned, so the two match.
+fn read_with_id(path: &Path) -> Result<Option<(Vec<u8>, FileId)>> {
+    let mut f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    let id = FileId::of(&f.metadata().map_err(|e| Error::io(path, e))?);
+    let mut bytes = Vec::with_capacity(usize::try_from(id.len()).unwrap_or(0));
+    (&mut f)
+        .take(id.len())
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(path, e))?;
+    Ok(Some((bytes, id)))
 }
 
 fn read_opt(path: &Path) -> Result<Option<Vec<u8>>> {
@@ -306,8 +496,22 @@ impl StateStore for JsonStore {
     async fn load(&self, key: &StateKey) -> Result<Option<Stored>> {
         let path = self.doc_path(key);
         let key = key.clone();
+        let cache = self.cache.clone();
         Self::blocking(move || {
-            let Some(bytes) = read_opt(&path)? else {
+            let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+            let journal = journal_path(&dir, key.session());
+            let cached = lock(&cache).get(&path);
+            if let Some(doc) = cached {
+                let base = FileId::stat(&path).map_err(|e| Error::io(&path, e))?;
+                let current = FileId::stat(&journal).map_err(|e| Error::io(&journal, e))?;
+                if doc.is_current(base, current) {
+                    return Ok(Some(Stored {
+                        state: (*doc.state).clone(),
+                        version: doc.version,
+                    }));
+                }
+            }
+            let Some((bytes, base)) = read_with_id(&path)? else {
                 return Ok(None);
             };
             let format = |source| Error::Format {
@@ -328,11 +532,36 @@ impl StateStore for JsonStore {
                     env.session
                 )));
             }
-            let state = AgentState::from_json(env.state).map_err(format)?;
-            Ok(Some(Stored {
-                state,
-                version: env.version,
-            }))
+            let mut state = AgentState::from_json(env.state).map_err(format)?;
+            let mut version = env.version;
+            let (mut journal_id, mut clean_tail) = (None, true);
+            if env.gen_id.is_none() {
+                // Never appended to; only its identity matters for the cache.
+                journal_id = FileId::stat(&journal).map_err(|e| Error::io(&journal, e))?;
+            } else if let Some(gen_id) = &env.gen_id
+                && let Some((lines, id)) = read_with_id(&journal)?
+            {
+                let replayed =
+                    replay(Some(&mut state), version, gen_id, &lines).map_err(|e| match e {
+                        ReplayError::TooNew(schema) => Error::too_new(&key, u64::from(schema)),
+                        ReplayError::Corrupt(reason) => {
+                            Error::Config(format!("{}: {reason}", journal.display()))
+                        }
+                    })?;
+                version = replayed.version;
+                clean_tail = replayed.clean_tail;
+                journal_id = Some(id);
+            }
+            let doc = Doc {
+                state: Arc::new(state.clone()),
+                version,
+                gen_id: env.gen_id,
+                base,
+                journal: journal_id,
+                clean_tail,
+            };
+            lock(&cache).put(path, doc);
+            Ok(Some(Stored { state, version }))
         })
         .await
     }
@@ -345,20 +574,31 @@ impl StateStore for JsonStore {
     async fn delete(&self, key: &StateKey) -> Result<bool> {
         let dir = self.dir(key.agent(), key.user());
         let session = key.session().to_owned();
+        let cache = self.cache.clone();
         Self::blocking(move || {
             if !dir.exists() {
                 return Ok(false);
             }
             with_write_lock(&dir, &session, || {
                 let path = dir.join(format!("{session}.json"));
-                match fs::remove_file(&path) {
+                lock(&cache).remove(&path);
+                let existed = match fs::remove_file(&path) {
                     Ok(()) => {
                         sync_dir(&dir)?;
-                        Ok(true)
+                        true
                     }
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-                    Err(e) => Err(Error::io(&path, e)),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+                    Err(e) => return Err(Error::io(&path, e)),
+                };
+                // After the document: a journal left by a crash in between names a base
+                // that no longer exists, so it never applies to a new one.
+                let journal = journal_path(&dir, &session);
+                match fs::remove_file(&journal) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(Error::io(&journal, e)),
                 }
+                Ok(existed)
             })
         })
         .await
@@ -389,6 +629,12 @@ impl StateStore for JsonStore {
                     Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                     Err(e) => return Err(Error::io(entry.path(), e)),
                 };
+                // A save that appended to the journal left the document itself as it was.
+                let modified =
+                    match fs::metadata(journal_path(&dir, session)).and_then(|m| m.modified()) {
+                        Ok(j) => j.max(modified),
+                        Err(_) => modified,
+                    };
                 out.push(SessionSummary {
                     session: session.to_owned(),
                     updated_at: DateTime::<Utc>::from(modified),

@@ -56,6 +56,8 @@ mod shared_lease;
 
 #[cfg(feature = "json")]
 mod json;
+#[cfg(feature = "json")]
+mod json_journal;
 #[cfg(feature = "redis")]
 mod redis_store;
 #[cfg(any(feature = "postgres", feature = "mysql"))]

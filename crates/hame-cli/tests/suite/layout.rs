@@ -67,12 +67,13 @@ async fn file_tools_and_shell_share_the_workspace() -> TestResult {
     // The reference layout, no nested namespaces.
     let sessions = ws.join("agents/hame/sessions");
     assert!(sessions.join("default.log.jsonl").is_file());
-    assert!(sessions.join("sessions.json").is_file());
+    assert!(sessions.join("index/default.json").is_file());
+    assert!(!sessions.join("sessions.json").exists());
     assert!(!ws.join("agents/hame/anonymous").exists());
     assert!(!ws.join("agents/hame/users").exists());
     // Runtime data is private to the host user.
     assert_eq!(mode(&sessions.join("default.log.jsonl"))?, 0o600);
-    assert_eq!(mode(&sessions.join("sessions.json"))?, 0o600);
+    assert_eq!(mode(&sessions.join("index/default.json"))?, 0o600);
     assert_eq!(mode(&sessions)?, 0o700);
     Ok(())
 }
@@ -96,7 +97,7 @@ async fn a_user_s_runtime_data_sits_under_its_folder() -> TestResult {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(ws.join("alice/agents/hame/sessions/s1.log.jsonl").is_file());
     assert!(
-        ws.join("alice/agents/hame/sessions/sessions.json")
+        ws.join("alice/agents/hame/sessions/index/s1.json")
             .is_file()
     );
     assert!(!ws.join("agents/hame/users").exists());
@@ -134,7 +135,7 @@ async fn session_logs_are_not_writable_and_walks_skip_them() -> TestResult {
             call(
                 "e0",
                 "read_file",
-                &json!({"file_path": "agents/hame/sessions/sessions.json"}),
+                &json!({"file_path": "agents/hame/sessions/index/default.json"}),
             ),
         ]),
         ScriptStep::tool_calls(vec![
@@ -151,7 +152,7 @@ async fn session_logs_are_not_writable_and_walks_skip_them() -> TestResult {
             call(
                 "e3",
                 "write_file",
-                &json!({"file_path": "agents/hame/sessions/sessions.json", "content": "{}"}),
+                &json!({"file_path": "agents/hame/sessions/index/default.json", "content": "{}"}),
             ),
             call("e4", "grep_files", &json!({"pattern": "needle"})),
             call("e5", "glob_files", &json!({"pattern": "**/*.jsonl"})),

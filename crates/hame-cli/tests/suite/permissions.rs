@@ -54,7 +54,7 @@ fn approval_id(stderr: &str) -> Option<String> {
 }
 
 /// The `permissions` state extension of session `session` (agent `hame`, no user).
-fn permission_state(
+async fn permission_state(
     dir: &Path,
     ws: &Path,
     session: &str,
@@ -69,8 +69,24 @@ fn permission_state(
         }
     }
     let path = found.ok_or("no state file")?;
+    use hame::state::StateStore as _;
+    // Through the store: the document alone misses the changes in its journal.
     let v: Value = serde_json::from_slice(&fs::read(path)?)?;
-    Ok(v["state"]["extensions"]["permissions"].clone())
+    let key = hame::state::StateKey::new(
+        v["agent"].as_str().unwrap_or_default(),
+        v["user"].as_str(),
+        v["session"].as_str().unwrap_or_default(),
+    )?;
+    let stored = hame::state::JsonStore::open(state_dir(dir, ws))?
+        .load(&key)
+        .await?
+        .ok_or("no state")?;
+    Ok(stored
+        .state
+        .extensions
+        .get("permissions")
+        .cloned()
+        .unwrap_or_default())
 }
 
 fn walk(dir: &Path) -> std::io::Result<Vec<std::path::PathBuf>> {
@@ -126,7 +142,7 @@ async fn a_deny_rule_with_a_glob_refuses_the_call_and_names_the_policy() -> Test
     );
     assert!(results[1].contains("Wrote"), "{results:?}");
     // Both decisions are recorded in the session state.
-    let st = permission_state(dir.path(), &ws, "default")?;
+    let st = permission_state(dir.path(), &ws, "default").await?;
     let outcomes: Vec<&str> = st["decisions"]
         .as_array()
         .ok_or("no decisions")?
@@ -200,7 +216,7 @@ async fn ask_exits_3_then_approve_in_a_new_process_runs_the_tool() -> TestResult
         stderr(&twice)
     );
 
-    let st = permission_state(dir.path(), &ws, "s1")?;
+    let st = permission_state(dir.path(), &ws, "s1").await?;
     let by: Vec<(String, String)> = st["decisions"]
         .as_array()
         .ok_or("no decisions")?
@@ -358,7 +374,7 @@ async fn plan_mode_blocks_writes_and_the_shell_until_the_plan_is_approved() -> T
         "# Plan\n1. write a.txt\n"
     );
     assert_eq!(
-        permission_state(dir.path(), &ws, "default")?["plan_mode"],
+        permission_state(dir.path(), &ws, "default").await?["plan_mode"],
         json!(true)
     );
 
@@ -369,7 +385,7 @@ async fn plan_mode_blocks_writes_and_the_shell_until_the_plan_is_approved() -> T
     let reqs = server.requests();
     assert!(!system_of(&reqs[reqs.len() - 1].body).contains("# Plan mode"));
     assert_eq!(
-        permission_state(dir.path(), &ws, "default")?["plan_mode"],
+        permission_state(dir.path(), &ws, "default").await?["plan_mode"],
         json!(false)
     );
     Ok(())
@@ -460,7 +476,7 @@ async fn the_todo_list_persists_and_is_shown_every_step() -> TestResult {
             .last()
             .is_some_and(|r| r.contains("at most one item may be in_progress"))
     );
-    let st = permission_state(dir.path(), &ws, "default")?;
+    let st = permission_state(dir.path(), &ws, "default").await?;
     assert_eq!(
         st["todos"][1],
         json!({"content": "write the summary", "status": "in_progress"})

@@ -54,7 +54,7 @@ async fn write_then_read_a_file_through_the_tools() -> TestResult {
     assert_eq!(log.lines().count(), 6, "{log}");
     // The session index is updated once at the end of the call.
     let index: serde_json::Value = serde_json::from_str(&fs::read_to_string(
-        ws.join("alice/agents/hame/sessions/sessions.json"),
+        ws.join("alice/agents/hame/sessions/index/default.json"),
     )?)?;
     let text = index.to_string();
     assert!(text.contains("\"message_count\":6"), "{text}");

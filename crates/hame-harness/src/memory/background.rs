@@ -37,14 +37,20 @@ pub(crate) fn unflushed(state: &AgentState) -> u64 {
 }
 
 /// Starts the after-call work for a session; the CLI waits for it before exiting.
+/// `unflushed` is [`unflushed`] of the state the call saved: below the flush threshold
+/// nothing is started (the common case, which then costs no load of the state).
 pub(crate) fn spawn_after_call(
     layer: &Arc<MemoryLayer>,
     store: Arc<dyn StateStore>,
     key: StateKey,
     ws: Workspace,
     lease: LeaseOptions,
+    unflushed: u64,
 ) {
-    if !layer.options.enabled || !layer.options.flush_policy.after_call {
+    if !layer.options.enabled
+        || !layer.options.flush_policy.after_call
+        || unflushed < (layer.options.flush_policy.min_new_messages.max(1) as u64)
+    {
         return;
     }
     let l = layer.clone();

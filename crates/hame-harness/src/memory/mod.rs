@@ -33,7 +33,7 @@ pub use hame_memory::{
     CompactionPolicy, ConsolidationOptions, FlushOptions, OffloadPolicy, ThrottlePolicy,
 };
 
-pub(crate) use background::spawn_after_call;
+pub(crate) use background::{spawn_after_call, unflushed};
 pub(crate) use layer::MemoryLayer;
 pub(crate) use layers::{FlushBeforeCompaction, OffloadLayer};
 pub(crate) use tools::memory_tools;

@@ -103,6 +103,11 @@ impl PermissionCell {
         self.state.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
+    /// Reads the session's permission state without copying it.
+    pub fn read<R>(&self, f: impl FnOnce(&SessionPermissions) -> R) -> Option<R> {
+        self.state.lock().ok().map(|s| f(&s))
+    }
+
     /// Changes the session's permission state.
     pub fn update<R>(&self, f: impl FnOnce(&mut SessionPermissions) -> R) -> Option<R> {
         self.state.lock().ok().map(|mut s| f(&mut s))
@@ -110,7 +115,7 @@ impl PermissionCell {
 
     /// Whether plan mode applies (the session's, or the parent's for a child).
     pub fn plan_mode(&self) -> bool {
-        self.inherited.plan_mode || self.snapshot().plan_mode
+        self.inherited.plan_mode || self.read(|s| s.plan_mode).unwrap_or(false)
     }
 
     /// Whether plan mode was set by the parent call (a child cannot leave it).
@@ -292,8 +297,10 @@ impl Layer for PermissionLayer {
             };
             next.run(&mut inner, input).await
         };
-        if let Err(e) = cx.state.set_extension(STATE_KEY, &cell.snapshot()) {
-            tracing::warn!(error = %e, "saving the permission state failed");
+        match cell.read(|s| cx.state.set_extension(STATE_KEY, s)) {
+            Some(Err(e)) => tracing::warn!(error = %e, "saving the permission state failed"),
+            Some(Ok(())) => {}
+            None => tracing::warn!("saving the permission state failed: its lock is poisoned"),
         }
         out
     }
@@ -305,13 +312,15 @@ impl Layer for PermissionLayer {
         next: ModelNext<'_>,
     ) -> Result<ModelResponse, hame_core::Error> {
         if let Some(cell) = cx.extensions.get::<PermissionCell>() {
-            let s = cell.snapshot();
             if cell.plan_mode() {
                 request.system.push_str(tools::PLAN_MODE_NOTE);
             }
-            if !s.todos.is_empty() {
+            let todos = cell
+                .read(|s| (!s.todos.is_empty()).then(|| tools::render_todos(&s.todos)))
+                .flatten();
+            if let Some(todos) = todos {
                 request.system.push_str("\n\n# Todo list\n");
-                request.system.push_str(&tools::render_todos(&s.todos));
+                request.system.push_str(&todos);
             }
         }
         next.run(cx, request).await
@@ -377,11 +386,15 @@ impl Layer for PermissionLayer {
 
         let effect = decide::effect_of(&call.name, mcp_read_only);
         let session_allow: Vec<PermissionRule> = cell
-            .map(|c| c.snapshot().always_allow)
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|r| PermissionRule::parse(r).ok())
-            .collect();
+            .and_then(|c| {
+                c.read(|s| {
+                    s.always_allow
+                        .iter()
+                        .filter_map(|r| PermissionRule::parse(r).ok())
+                        .collect()
+                })
+            })
+            .unwrap_or_default();
         let question = decide::Question {
             tool: &call.name,
             argument: argument.as_deref(),

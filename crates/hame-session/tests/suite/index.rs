@@ -132,7 +132,7 @@ async fn concurrent_replicas_never_lose_a_session() -> TestResult {
 }
 
 #[tokio::test]
-async fn a_corrupt_index_is_left_alone_and_can_be_rebuilt() -> TestResult {
+async fn a_corrupt_index_file_is_left_alone_and_can_be_rebuilt() -> TestResult {
     let fs: Arc<dyn Filesystem> = Arc::new(InMemoryFs::new());
     let log = log_at(fs.clone(), 0);
     log.append_messages(
@@ -144,7 +144,8 @@ async fn a_corrupt_index_is_left_alone_and_can_be_rebuilt() -> TestResult {
     log_at(fs.clone(), 4)
         .append_messages("b", "c2", &[Message::user("first b")])
         .await?;
-    let index = FsPath::parse("agents/main/sessions/sessions.json")?;
+    let index = FsPath::parse("agents/main/sessions/index/a.json")?;
+    assert_eq!(log.index_path("a")?, index);
     fs.write(&index, b"{not json".to_vec(), WriteOptions::default())
         .await?;
 
@@ -160,31 +161,137 @@ async fn a_corrupt_index_is_left_alone_and_can_be_rebuilt() -> TestResult {
         other => panic!("expected IndexNotUpdated, got {other:?}"),
     }
     assert_eq!(fs.read_bytes(&index).await?, b"{not json");
-    assert!(matches!(
-        log.list_sessions().await,
-        Err(Error::Corrupt { .. })
-    ));
+    let from_logs = vec![
+        SessionEntry {
+            id: "b".into(),
+            title: "first b".into(),
+            created: t(4),
+            updated: t(4),
+            message_count: 1,
+        },
+        SessionEntry {
+            id: "a".into(),
+            title: "first a".into(),
+            created: t(0),
+            updated: t(0),
+            message_count: 3,
+        },
+    ];
+    // Listing still works: the session with the unreadable file is listed from its log,
+    // and the file is left as it was.
+    assert_eq!(log.list_sessions().await?, from_logs);
+    assert_eq!(fs.read_bytes(&index).await?, b"{not json");
 
     let rebuilt = log.rebuild_index().await?;
+    assert_eq!(rebuilt, from_logs);
+    assert_eq!(log.session("a").await?, Some(from_logs[1].clone()));
+    Ok(())
+}
+
+/// An update writes only its own session's small file: with many sessions of one user, the
+/// cost of a call does not grow with their number, and the others' files stay untouched.
+#[tokio::test]
+async fn an_update_writes_only_its_sessions_file() -> TestResult {
+    let fs: Arc<dyn Filesystem> = Arc::new(InMemoryFs::new());
+    let log = log_at(fs.clone(), 0);
+    for i in 0..200 {
+        log.append_messages(&format!("s{i:03}"), "c1", &[Message::user(format!("q{i}"))])
+            .await?;
+    }
+    let dir = FsPath::parse("agents/main/sessions/index")?;
+    let before = fs.read_bytes(&dir.join("s000.json")?).await?;
+    log_at(fs.clone(), 50)
+        .append_messages("s199", "c2", &[Message::assistant("a")])
+        .await?;
+    let file = fs.read_bytes(&dir.join("s199.json")?).await?;
+    // One entry, not two hundred.
+    assert!(file.len() < 300, "{} bytes", file.len());
+    assert_eq!(fs.read_bytes(&dir.join("s000.json")?).await?, before);
+    assert!(
+        !fs.exists(&FsPath::parse("agents/main/sessions/sessions.json")?)
+            .await?
+    );
+    let listed = log.list_sessions().await?;
+    assert_eq!(listed.len(), 200);
     assert_eq!(
-        rebuilt,
-        vec![
-            SessionEntry {
-                id: "b".into(),
-                title: "first b".into(),
-                created: t(4),
-                updated: t(4),
-                message_count: 1,
-            },
-            SessionEntry {
-                id: "a".into(),
-                title: "first a".into(),
-                created: t(0),
-                updated: t(0),
-                message_count: 3,
-            },
+        (
+            listed[0].id.as_str(),
+            listed[0].updated,
+            listed[0].message_count
+        ),
+        ("s199", t(50), 2)
+    );
+    // Then ties on `updated` by id.
+    assert_eq!(
+        (listed[1].id.as_str(), listed[199].id.as_str()),
+        ("s000", "s198")
+    );
+    Ok(())
+}
+
+/// The whole-tenant `sessions.json` of an earlier build is listed, seeds a session's file
+/// on its next update (title and creation time carry over) and is never rewritten.
+#[tokio::test]
+async fn the_old_whole_tenant_index_is_read_and_carried_over() -> TestResult {
+    let fs: Arc<dyn Filesystem> = Arc::new(InMemoryFs::new());
+    let quiet = SessionLog::with_options(
+        fs.clone(),
+        "main",
+        SessionLogOptions {
+            update_index: false,
+            ..fixed_clock(0)
+        },
+    )?;
+    for id in ["old1", "old2"] {
+        quiet
+            .append_messages(id, "c1", &[Message::user("from the log")])
+            .await?;
+    }
+    let legacy = FsPath::parse("agents/main/sessions/sessions.json")?;
+    let old = serde_json::json!({"version": 1, "sessions": {
+        "old1": {"id": "old1", "title": "Renamed by the user", "created": "2025-01-02T03:04:05.000Z",
+                 "updated": "2025-01-02T03:04:07.000Z", "message_count": 1},
+        "old2": {"id": "old2", "title": "Second", "created": "2025-01-02T03:04:05.000Z",
+                 "updated": "2025-01-02T03:04:06.000Z", "message_count": 1},
+    }});
+    let old_bytes = serde_json::to_vec_pretty(&old)?;
+    fs.write(&legacy, old_bytes.clone(), WriteOptions::default())
+        .await?;
+
+    let log = log_at(fs.clone(), 10);
+    let listed: Vec<(String, String)> = log
+        .list_sessions()
+        .await?
+        .into_iter()
+        .map(|e| (e.id, e.title))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("old1".to_owned(), "Renamed by the user".to_owned()),
+            ("old2".to_owned(), "Second".to_owned()),
         ]
     );
+    log.append_messages("old2", "c2", &[Message::user("another question")])
+        .await?;
+    assert_eq!(
+        log.session("old2").await?,
+        Some(SessionEntry {
+            id: "old2".into(),
+            title: "Second".into(),
+            created: t(0),
+            updated: t(10),
+            message_count: 2,
+        })
+    );
+    let ids: Vec<String> = log
+        .list_sessions()
+        .await?
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(ids, ["old2", "old1"]);
+    assert_eq!(fs.read_bytes(&legacy).await?, old_bytes);
     Ok(())
 }
 
