@@ -210,6 +210,25 @@ impl CallNext<'_> {
             None => self.core.drive(cx, input).await,
         }
     }
+
+    /// Runs the rest of the stack with other extensions (e.g. the caller's plus a value of
+    /// this call that the layers and tools below read); the rest of `cx` is shared.
+    pub async fn run_with(
+        self,
+        cx: &mut CallCtx<'_>,
+        extensions: &Extensions,
+        input: CallInput,
+    ) -> Result<crate::CallOutput> {
+        let mut inner = CallCtx {
+            runtime: cx.runtime,
+            state: &mut *cx.state,
+            events: cx.events,
+            extensions,
+            cancel: cx.cancel,
+            iteration: cx.iteration,
+        };
+        self.run(&mut inner, input).await
+    }
 }
 
 impl ModelNext<'_> {

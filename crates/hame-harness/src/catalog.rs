@@ -202,17 +202,7 @@ impl Layer for CatalogLayer {
         let mut extensions = cx.extensions.clone();
         extensions.insert_arc(cell.clone());
         extensions.insert_arc(Arc::new(ToolOffers::default()));
-        let out = {
-            let mut inner = CallCtx {
-                runtime: cx.runtime,
-                state: &mut *cx.state,
-                events: cx.events,
-                extensions: &extensions,
-                cancel: cx.cancel,
-                iteration: cx.iteration,
-            };
-            next.run(&mut inner, input).await
-        };
+        let out = next.run_with(cx, &extensions, input).await;
         let after = Loaded { loaded: cell.get() };
         if after != before
             && let Err(e) = cx.state.set_extension(STATE_KEY, &after)

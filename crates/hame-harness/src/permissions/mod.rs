@@ -286,17 +286,7 @@ impl Layer for PermissionLayer {
         });
         let mut extensions = cx.extensions.clone();
         extensions.insert_arc(cell.clone());
-        let out = {
-            let mut inner = CallCtx {
-                runtime: cx.runtime,
-                state: &mut *cx.state,
-                events: cx.events,
-                extensions: &extensions,
-                cancel: cx.cancel,
-                iteration: cx.iteration,
-            };
-            next.run(&mut inner, input).await
-        };
+        let out = next.run_with(cx, &extensions, input).await;
         match cell.read(|s| cx.state.set_extension(STATE_KEY, s)) {
             Some(Err(e)) => tracing::warn!(error = %e, "saving the permission state failed"),
             Some(Ok(())) => {}
