@@ -46,6 +46,9 @@ pub mod permissions;
 pub mod prompt;
 mod recorder;
 mod sandbox;
+pub use sandbox::{
+    DEFAULT_SANDBOX_LEASE_WAIT, SANDBOX_LEASE_SESSION, default_sandbox_lease, sandbox_lease_key,
+};
 mod subagents;
 mod template;
 mod tenancy;

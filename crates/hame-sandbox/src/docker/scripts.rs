@@ -110,8 +110,23 @@ exit 0"#;
 /// Extracts a tar from stdin into `/workspace` and starts the snapshot marker.
 pub(crate) const RESTORE: &str = "cd /workspace && tar -xf - && touch /tmp/.hame-snap-marker";
 
-/// SHA-256 of every file under the projection roots (`hash  ./path`).
-pub(crate) const PROJECTION_HASHES: &str = r#"cd /workspace || exit 1
+/// Writes the container's state file `/tmp/.hame-sandbox`: `$1` the status (`idle` when a
+/// call ended with its snapshot stored, `busy` while a call runs), `$2` the identity of
+/// the manifest of its last snapshot, `$3` the owner (`<pid>:<start time>` of the process
+/// that uses it). Its time is when the status was written (for `idle`: when the container
+/// went idle).
+pub(crate) const STATE_WRITE: &str = r#"printf '%s\n%s\n%s\n' "$1" "$2" "$3" > /tmp/.hame-sandbox.t && mv -f /tmp/.hame-sandbox.t /tmp/.hame-sandbox"#;
+
+/// Prints `state`, the state file's three lines and the seconds since it was written;
+/// exits 1 without a state file.
+pub(crate) const STATE_READ: &str = r#"f=/tmp/.hame-sandbox
+[ -f $f ] || exit 1
+echo state; cat $f; echo $(( $(date +%s) - $(stat -c %Y $f) ))"#;
+
+/// SHA-256 of every file under the projection roots (`hash  ./path`); a call begins, so the
+/// state file says `busy` for the owner `$1`.
+pub(crate) const PROJECTION_HASHES: &str = r#"printf 'busy\n\n%s\n' "$1" > /tmp/.hame-sandbox.t && mv -f /tmp/.hame-sandbox.t /tmp/.hame-sandbox
+cd /workspace || exit 1
 for r in AGENTS.md skills subagents knowledge tools.json; do
   [ -e "$r" ] && find "./$r" -type f -exec sha256sum {} +
 done
