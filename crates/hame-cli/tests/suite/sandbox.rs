@@ -367,3 +367,102 @@ async fn a_command_past_its_timeout_is_killed_with_its_tree() -> TestResult {
     assert!(containers_of(&agent).is_empty());
     Ok(())
 }
+
+/// `--isolation agent` from two processes in turn, with `--sandbox-keep`: the first leaves
+/// its idle container, the second (another user and session) adopts that very container
+/// (same hostname) and sees the first's files; a run without `--sandbox-keep` adopts it too
+/// and removes it on exit. With a short TTL a kept container removes itself when no hame
+/// process runs any more.
+#[tokio::test]
+async fn kept_containers_are_adopted_by_the_next_process_and_expire_alone() -> TestResult {
+    if service("HAME_TEST_DOCKER").is_none() {
+        return Ok(());
+    }
+    use std::time::{Duration, Instant};
+    let agent = unique_agent();
+    let server = ScriptedServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let args = |user: &'static str, keep: bool| {
+        let mut a = vec![
+            "--workspace".to_owned(),
+            ws_s.clone(),
+            "--agent".to_owned(),
+            agent.clone(),
+            "--user".to_owned(),
+            user.to_owned(),
+            "--isolation".to_owned(),
+            "agent".to_owned(),
+            "--sandbox".to_owned(),
+            "docker".to_owned(),
+            "--no-memory".to_owned(),
+        ];
+        if keep {
+            a.push("--sandbox-keep".to_owned());
+        }
+        a
+    };
+    let run = |a: Vec<String>| {
+        let server_url = server.base_url();
+        let dir = dir.path().to_path_buf();
+        async move {
+            let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+            run_with(&dir, &server_url, &refs, "go", &[]).await
+        }
+    };
+
+    server.push_all([
+        exec("k1", "echo from-alice > a.txt; hostname"),
+        ScriptStep::text("1"),
+    ]);
+    let out = run(args("alice", true)).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let host = last_exec(&server);
+    assert_eq!(containers_of(&agent).len(), 1, "kept after exit");
+
+    server.push_all([exec("k2", "cat a.txt; hostname"), ScriptStep::text("2")]);
+    let started = Instant::now();
+    let out = run(args("bob", true)).await?;
+    let second = started.elapsed();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        last_exec(&server),
+        format!("from-alice\n{host}"),
+        "the same container"
+    );
+
+    server.push_all([exec("k3", "cat a.txt; hostname"), ScriptStep::text("3")]);
+    let out = run(args("carol", false)).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(last_exec(&server), format!("from-alice\n{host}"));
+    assert!(
+        containers_of(&agent).is_empty(),
+        "removed without --sandbox-keep"
+    );
+    eprintln!("second run with an adopted container: {second:?}");
+
+    // A kept container with a 2 s TTL ends by itself (no hame process is running).
+    let mut short = args("alice", true);
+    short.extend(["--sandbox-ttl".to_owned(), "2s".to_owned()]);
+    server.push_all([exec("k4", "cat a.txt"), ScriptStep::text("4")]);
+    let out = run(short).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        last_exec(&server),
+        "from-alice\n",
+        "restored after the removal"
+    );
+    assert_eq!(containers_of(&agent).len(), 1);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !containers_of(&agent).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the kept container never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    eprintln!("expired alone {:?} after the run", deadline.elapsed());
+    Ok(())
+}

@@ -60,6 +60,11 @@ pub struct DockerOptions {
     pub tmp_bytes: u64,
     /// How long an idle container is kept warm. Default 5 min.
     pub idle_ttl: Duration,
+    /// Leave idle containers running when [`Sandboxes::shutdown`] is called (the process
+    /// exits), for the next process's call of their scope to adopt within the idle TTL;
+    /// each stops and is removed by itself once idle longer than the TTL + a grace of
+    /// TTL/10 (1 to 10 s). Default `false`: every container is removed.
+    pub keep_on_exit: bool,
     /// Command timeout when a request gives none. Default 120 s.
     pub default_timeout: Duration,
     /// Longest command timeout. Default 600 s.
@@ -82,6 +87,7 @@ impl Default for DockerOptions {
             workspace_bytes: 1 << 30,
             tmp_bytes: 256 << 20,
             idle_ttl: Duration::from_secs(300),
+            keep_on_exit: false,
             default_timeout: Duration::from_secs(120),
             max_timeout: Duration::from_secs(600),
             max_output_bytes: 100_000,
@@ -123,16 +129,28 @@ pub(crate) fn container_body(
         security_opt: Some(vec!["no-new-privileges:true".to_owned()]),
         tmpfs: Some(tmpfs),
         init: Some(true),
+        // The watchdog below ends the container once it is idle past its TTL; the engine
+        // then removes it, whether or not a hame process is still running.
+        auto_remove: Some(true),
         privileged: Some(false),
         ipc_mode: Some("private".to_owned()),
         binds: None,
         mounts: None,
         ..Default::default()
     };
+    let limit = options.idle_ttl + orphan_grace(options.idle_ttl);
+    let period = (options.idle_ttl / 4).clamp(Duration::from_secs(1), Duration::from_secs(30));
     ContainerCreateBody {
         image: Some(options.image.clone()),
-        entrypoint: Some(vec!["sleep".to_owned()]),
-        cmd: Some(vec!["2147483647".to_owned()]),
+        entrypoint: Some(vec![
+            "sh".to_owned(),
+            "-c".to_owned(),
+            scripts::WATCHDOG.to_owned(),
+            "hame-watchdog".to_owned(),
+            limit.as_secs().max(1).to_string(),
+            period.as_secs().to_string(),
+        ]),
+        cmd: None,
         user: Some(SANDBOX_USER.to_owned()),
         working_dir: Some("/workspace".to_owned()),
         env: Some(exec::base_env()),
@@ -265,9 +283,12 @@ pub(crate) enum Orphan {
     Remove,
 }
 
-/// Extra idle time past the TTL before a process that did not use an orphan removes it
-/// (so it never removes one that a call of its scope is adopting at that moment).
-const ORPHAN_GRACE: Duration = Duration::from_secs(10);
+/// Extra idle time past the TTL (TTL/10, 1 to 10 s) before a process that did not use an
+/// orphan removes it, or it ends itself (so neither happens to one that a call of its scope
+/// is adopting at that moment).
+pub(crate) fn orphan_grace(ttl: Duration) -> Duration {
+    (ttl / 10).clamp(Duration::from_secs(1), Duration::from_secs(10))
+}
 
 /// Decides about a container of another process (a pure function, unit-tested):
 /// `label_owner` its [`OWNER_LABEL`], `state` its state file, `me` this process, `alive`
@@ -432,7 +453,7 @@ impl Shared {
             } else {
                 None
             };
-            let limit = self.options.idle_ttl + ORPHAN_GRACE;
+            let limit = self.options.idle_ttl + orphan_grace(self.options.idle_ttl);
             if judge_orphan(
                 &label_owner,
                 state.as_ref(),
@@ -603,9 +624,16 @@ impl Sandboxes for DockerSandboxes {
     async fn shutdown(&self) {
         self.shared.closed.store(true, Ordering::SeqCst);
         let slots = self.shared.slot_list();
-        let removals = slots.iter().map(|slot| async {
+        let keep = self.shared.options.keep_on_exit;
+        let removals = slots.iter().map(|slot| async move {
             if let Some(l) = slot.live.lock().await.take() {
-                self.shared.remove(&l.id).await;
+                // A container in the middle of a call is never kept (not adoptable).
+                if keep && slot.active.load(Ordering::SeqCst) == 0 {
+                    self.shared.forget_servers(&l.id);
+                    tracing::debug!(scope = %slot.key, container = %l.id, "sandbox container left warm for the next process");
+                } else {
+                    self.shared.remove(&l.id).await;
+                }
             }
         });
         futures::future::join_all(removals).await;
@@ -780,6 +808,11 @@ mod tests {
             with_net.host_config.and_then(|h| h.network_mode).as_deref(),
             Some("bridge")
         );
+        // The watchdog: idle past 300 s + 10 s, looked at every 30 s; removed when it ends.
+        let entry = body.entrypoint.unwrap_or_default();
+        assert_eq!(entry[3..], ["hame-watchdog", "310", "30"]);
+        assert_eq!(host.auto_remove, Some(true));
+        assert_eq!(orphan_grace(Duration::from_secs(2)), Duration::from_secs(1));
     }
 
     #[test]

@@ -117,6 +117,18 @@ pub(crate) const RESTORE: &str = "cd /workspace && tar -xf - && touch /tmp/.hame
 /// went idle).
 pub(crate) const STATE_WRITE: &str = r#"printf '%s\n%s\n%s\n' "$1" "$2" "$3" > /tmp/.hame-sandbox.t && mv -f /tmp/.hame-sandbox.t /tmp/.hame-sandbox"#;
 
+/// The container's main process (under Docker's init): every `$2` seconds it looks at the
+/// state file and exits, ending the container (which the engine then removes), once the
+/// file says `idle` and is older than `$1` seconds. So a container whose process died, or
+/// that was left for the next process, never outlives its idle TTL (+ grace) even when no
+/// hame process runs any more. A container in the middle of a call is never ended.
+pub(crate) const WATCHDOG: &str = r#"f=/tmp/.hame-sandbox
+while sleep "$2"; do
+  [ -f $f ] || continue
+  [ "$(head -n 1 $f)" = idle ] || continue
+  [ $(( $(date +%s) - $(stat -c %Y $f) )) -gt "$1" ] && exit 0
+done"#;
+
 /// Prints `state`, the state file's three lines and the seconds since it was written;
 /// exits 1 without a state file.
 pub(crate) const STATE_READ: &str = r#"f=/tmp/.hame-sandbox
