@@ -14,7 +14,7 @@ use hame_core::{
 use hame_fs::{Filesystem, Scope};
 use hame_memory::CompactionLayer;
 use hame_state::{LeaseOptions, StateKey, StateStore};
-use hame_tools::Workspace;
+use hame_tools::{Workspace, WorkspaceMode};
 
 use crate::context::{ContextOptions, DEFAULT_MEMORY_BUDGET_TOKENS, TokenCount, WorkspaceContext};
 use crate::error::{Error, Result};
@@ -794,7 +794,21 @@ impl HarnessAgent {
         let Some(layer) = &self.inner.capabilities.tools_layer else {
             return Ok(None);
         };
-        let ws = self.workspace_for(ctx)?;
+        let mut ws = self.workspace_for(ctx)?;
+        if ws.mode() == WorkspaceMode::Sandbox {
+            // The host's copy, which the call projects into the sandbox: reading it from
+            // the sandbox would start (and restore) a container outside the call's lease.
+            let mut host = Workspace::new(
+                ws.identity().clone(),
+                ws.mode(),
+                self.inner.tenancy.template.clone(),
+                ws.records().clone(),
+            );
+            if let Some(o) = ws.overrides() {
+                host = host.with_overrides(o.clone());
+            }
+            ws = host;
+        }
         layer.load(&ws).await.map(Some).map_err(Error::Config)
     }
 

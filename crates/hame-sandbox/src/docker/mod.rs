@@ -449,7 +449,7 @@ impl Shared {
             }
             let running = c.state == Some(ContainerSummaryStateEnum::RUNNING);
             let state = if running {
-                state::read_state(self, &id).await
+                state::read_state(self, &id, false).await
             } else {
                 None
             };
@@ -731,7 +731,20 @@ impl DockerScope {
             if label_owner == self.shared.owner || owner_alive(&label_owner) {
                 continue;
             }
-            let state = state::read_state(&self.shared, &id).await;
+            // Through a pooled command server (the calls that follow in an adopted container
+            // need one anyway), while the stored manifest is read.
+            let (state, stored_now) =
+                tokio::join!(state::read_state(&self.shared, &id, true), async {
+                    match &stored {
+                        Some(_) => None,
+                        None => state::load_manifest(self.shared.snapshots.as_ref(), key)
+                            .await
+                            .ok(),
+                    }
+                });
+            if stored.is_none() {
+                stored = stored_now;
+            }
             let verdict = judge_orphan(
                 &label_owner,
                 state.as_ref(),
@@ -740,13 +753,11 @@ impl DockerScope {
                 self.shared.options.idle_ttl,
             );
             match (verdict, state) {
-                (Orphan::Theirs, _) => continue,
+                (Orphan::Theirs, _) => {
+                    self.shared.forget_servers(&id);
+                    continue;
+                }
                 (Orphan::Adoptable, Some(st)) => {
-                    if stored.is_none() {
-                        stored = state::load_manifest(self.shared.snapshots.as_ref(), key)
-                            .await
-                            .ok();
-                    }
                     let (manifest, identity) = stored.clone()?;
                     if st.identity == identity {
                         let live = Arc::new(Live::new(id.clone(), manifest, identity));

@@ -115,13 +115,20 @@ pub(crate) fn parse_state(text: &str) -> Option<ContainerState> {
     })
 }
 
-/// Reads a container's state file (its own `docker exec`: no command server is left in a
-/// container that may not become ours).
-pub(crate) async fn read_state(shared: &Shared, id: &str) -> Option<ContainerState> {
-    match shared
-        .script_exec(id, scripts::STATE_READ, &[], None, 4096)
-        .await
-    {
+/// Reads a container's state file: through a command server that stays in the pool when
+/// `pooled` (a container about to be adopted), else as its own `docker exec` (no server is
+/// left in a container that may not become ours).
+pub(crate) async fn read_state(shared: &Shared, id: &str, pooled: bool) -> Option<ContainerState> {
+    let raw = if pooled {
+        shared
+            .script(id, scripts::STATE_READ, &[], None, 4096)
+            .await
+    } else {
+        shared
+            .script_exec(id, scripts::STATE_READ, &[], None, 4096)
+            .await
+    };
+    match raw {
         Ok(raw) if raw.exit == Some(0) => parse_state(&String::from_utf8_lossy(&raw.stdout.kept)),
         _ => None,
     }
