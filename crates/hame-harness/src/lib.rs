@@ -47,7 +47,8 @@ pub mod prompt;
 mod recorder;
 mod sandbox;
 pub use sandbox::{
-    DEFAULT_SANDBOX_LEASE_WAIT, SANDBOX_LEASE_SESSION, default_sandbox_lease, sandbox_lease_key,
+    DEFAULT_SANDBOX_LEASE_WAIT, SANDBOX_KEY_EXTRA, SANDBOX_LEASE_SESSION, default_sandbox_lease,
+    sandbox_lease_key,
 };
 mod subagents;
 mod template;

@@ -29,6 +29,10 @@ const MAX_PROJECTED_FILES: usize = 10_000;
 /// refused from callers (`hame_id::RESERVED_PREFIXES`).
 pub const SANDBOX_LEASE_SESSION: &str = "_sandbox";
 
+/// The runtime extra naming the sandbox of a subagent with `sandbox: own` (its scope key,
+/// the child session's namespace), set by the subagent runner.
+pub const SANDBOX_KEY_EXTRA: &str = "hame.sandbox_key";
+
 /// How long a call waits for the sandbox of its scope while a call of another process
 /// holds it, before it fails: a whole call of the other process (model turns and tools)
 /// runs under the lease, so this is much longer than the session lease's wait.
@@ -178,22 +182,36 @@ impl Layer for SandboxLayer {
         ) else {
             return next.run(cx, input).await;
         };
-        // A subagent's call shares its parent's handle, so its parent's sandbox: the
-        // parent's call projected it and snapshots it (waiting for the parent's scope lock
-        // here would deadlock a synchronous child).
-        if cx.runtime.extras.contains_key(hame_subagent::TASK_EXTRA) {
+        // A subagent with `sandbox: own` has the sandbox of its own session, begun and
+        // snapshotted here; it is that session's alone (no lease).
+        let own = cx
+            .runtime
+            .extras
+            .get(SANDBOX_KEY_EXTRA)
+            .and_then(|v| v.as_str())
+            .map(str::to_owned);
+        // Any other subagent's call shares its parent's handle, so its parent's sandbox:
+        // the parent's call projected it and snapshots it (waiting for the parent's scope
+        // lock here would deadlock a synchronous child).
+        if own.is_none() && cx.runtime.extras.contains_key(hame_subagent::TASK_EXTRA) {
             return next.run(cx, input).await;
         }
-        let key = self
-            .tenancy
-            .sandbox_key(ws.identity())
-            .map_err(|e| hame_core::Error::layer("sandbox", e))?;
+        let key = match &own {
+            Some(key) => key.clone(),
+            None => self
+                .tenancy
+                .sandbox_key(ws.identity())
+                .map_err(|e| hame_core::Error::layer("sandbox", e))?,
+        };
         let lock = self.lock_for(&key);
         let _serial = lock.lock().await;
         // Across processes: held (and renewed) until the snapshot is stored; a dropped call
         // (Ctrl-C) releases it when the lease drops, a killed process's lease lapses after
         // its TTL (the JSON store's OS lock goes with the process at once).
-        let lease = self.lease(&key).await?;
+        let lease = match own {
+            Some(_) => None,
+            None => self.lease(&key).await?,
+        };
         let alive = lease.as_ref().map(|l| l.keep_alive());
         let sandbox = sandboxes.scope(&key);
         let assets = collect_assets(

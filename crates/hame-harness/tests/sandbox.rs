@@ -185,3 +185,92 @@ async fn a_scope_busy_in_another_process_past_the_wait_is_a_clear_error() -> Tes
     }
     Ok(())
 }
+
+fn call(id: &str, name: &str, args: serde_json::Value) -> Reply {
+    Reply::tools(&[ToolCall {
+        id: id.into(),
+        name: name.into(),
+        arguments: args.to_string(),
+    }])
+}
+
+/// `sandbox: own` in `subagents/<id>.md`: the child works in a sandbox of its own session
+/// (never the parent's files, the host's assets projected, its own snapshot); `shared`
+/// (the default) works in the parent's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_subagent_with_its_own_sandbox_never_sees_the_parents_files() -> TestResult {
+    if !docker_enabled() {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let subagents = dir.path().join("ws/subagents");
+    std::fs::create_dir_all(&subagents)?;
+    std::fs::write(
+        subagents.join("own.md"),
+        "---\ndescription: Works alone\nsandbox: own\n---\nYou look.\n",
+    )?;
+    std::fs::write(
+        subagents.join("near.md"),
+        "---\ndescription: Works with you\n---\nYou look.\n",
+    )?;
+    let name = format!("sbo{}", std::process::id());
+    let p = process(dir.path(), &name, hame_harness::default_sandbox_lease()).await?;
+    let ls = "ls *.txt 2>/dev/null; ls subagents; echo end";
+    for reply in [
+        exec("echo parent > p.txt"),
+        call(
+            "s1",
+            "agent_spawn",
+            serde_json::json!({"agent_id": "own", "task": "look"}),
+        ),
+        exec(&format!("{ls}; echo child > c.txt")),
+        Reply::text("own-done"),
+        call(
+            "s2",
+            "agent_spawn",
+            serde_json::json!({"agent_id": "near", "task": "look"}),
+        ),
+        exec(ls),
+        Reply::text("near-done"),
+        exec(ls),
+        Reply::text("done"),
+    ] {
+        p.model.push(reply);
+    }
+    let ctx = RuntimeContext::new("s1").with_user("alice");
+    p.agent.call(Message::user("go"), &ctx).await?;
+    let results: Vec<String> = p
+        .model
+        .requests()
+        .iter()
+        .filter_map(|r| r.messages.last())
+        .filter_map(|m| m.tool_results_iter().next().map(|t| t.content.clone()))
+        .filter(|c| c.contains("end"))
+        .map(|c| c.strip_suffix("\n[exit code 0]").unwrap_or(&c).to_owned())
+        .collect();
+    assert_eq!(
+        results,
+        vec![
+            "near.md\nown.md\nend\n",        // own: projected assets only
+            "p.txt\nnear.md\nown.md\nend\n", // shared: the parent's files
+            "p.txt\nnear.md\nown.md\nend\n", // the parent: not the own child's c.txt
+        ]
+    );
+    // The child's sandbox has a snapshot of its own, under its session's namespace.
+    let scopes = dir.path().join(format!(
+        "snapshots/scopes/agents/{name}/users/alice/sessions"
+    ));
+    let manifests: Vec<String> = std::fs::read_dir(&scopes)?
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("manifest.json")).ok())
+        .collect();
+    assert_eq!(manifests.len(), 1, "{manifests:?}");
+    assert!(manifests[0].contains("c.txt") && !manifests[0].contains("p.txt"));
+    assert_eq!(
+        p.sandboxes.running().await.len(),
+        2,
+        "the parent's and the child's"
+    );
+    p.sandboxes.shutdown().await;
+    Ok(())
+}
