@@ -466,3 +466,46 @@ async fn kept_containers_are_adopted_by_the_next_process_and_expire_alone() -> T
     eprintln!("expired alone {:?} after the run", deadline.elapsed());
     Ok(())
 }
+
+/// A tool result too large for the context (memory on) is offloaded into the sandbox's
+/// `/workspace/large_tool_results/`, where the sandboxed file tools and shell read it back,
+/// and it is not written into the host workspace.
+#[tokio::test]
+async fn offloaded_results_land_in_the_sandbox() -> TestResult {
+    if service("HAME_TEST_DOCKER").is_none() {
+        return Ok(());
+    }
+    let agent = unique_agent();
+    let server = ScriptedServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    server.push_all([
+        exec("o1", "seq 1 20000"),
+        exec(
+            "o2",
+            "ls large_tool_results | wc -l; head -n 2 large_tool_results/*.txt",
+        ),
+        ScriptStep::text("done"),
+    ]);
+    let args = [
+        "--workspace",
+        &ws_s,
+        "--agent",
+        &agent,
+        "--sandbox",
+        "docker",
+    ];
+    let out = run_with(dir.path(), &server.base_url(), &args, "go", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let results = tool_results(&server);
+    let preview = results.first().cloned().unwrap_or_default();
+    assert!(
+        preview.contains("/large_tool_results/"),
+        "offloaded: {preview}"
+    );
+    assert_eq!(last_exec(&server), "1\n1\n2\n");
+    assert!(host_files(&ws).is_empty(), "{:?}", host_files(&ws));
+    Ok(())
+}
