@@ -14,7 +14,7 @@ use hame_core::{
 use hame_fs::{Filesystem, Scope};
 use hame_memory::CompactionLayer;
 use hame_state::{LeaseOptions, StateKey, StateStore};
-use hame_tools::{Workspace, WorkspaceMode};
+use hame_tools::Workspace;
 
 use crate::context::{ContextOptions, DEFAULT_MEMORY_BUDGET_TOKENS, TokenCount, WorkspaceContext};
 use crate::error::{Error, Result};
@@ -480,7 +480,11 @@ impl HarnessAgentBuilder {
             ))
         });
 
-        let capabilities = self.capabilities.build(vars, &workspace)?;
+        let capabilities = self.capabilities.build(
+            vars,
+            &workspace,
+            mode.sandboxes().map(|_| tenancy.template.clone()),
+        )?;
         let context = WorkspaceContext::new(
             ContextOptions {
                 agent: name.clone(),
@@ -794,21 +798,8 @@ impl HarnessAgent {
         let Some(layer) = &self.inner.capabilities.tools_layer else {
             return Ok(None);
         };
-        let mut ws = self.workspace_for(ctx)?;
-        if ws.mode() == WorkspaceMode::Sandbox {
-            // The host's copy, which the call projects into the sandbox: reading it from
-            // the sandbox would start (and restore) a container outside the call's lease.
-            let mut host = Workspace::new(
-                ws.identity().clone(),
-                ws.mode(),
-                self.inner.tenancy.template.clone(),
-                ws.records().clone(),
-            );
-            if let Some(o) = ws.overrides() {
-                host = host.with_overrides(o.clone());
-            }
-            ws = host;
-        }
+        // In sandbox mode the layer reads the host's copy: no container starts here.
+        let ws = self.workspace_for(ctx)?;
         layer.load(&ws).await.map(Some).map_err(Error::Config)
     }
 

@@ -11,7 +11,7 @@ use hame_core::{
 };
 use hame_fs::FsPath;
 use hame_mcp::{McpPool, McpTool};
-use hame_tools::Workspace;
+use hame_tools::{Workspace, WorkspaceMode};
 
 use crate::agent::EnvLookup;
 use crate::tools_config::{
@@ -30,6 +30,9 @@ pub struct ToolsConfigLayer {
     env: EnvLookup,
     workspace: PathBuf,
     pool: Arc<McpPool>,
+    /// Sandbox mode: the host's template, where `tools.json` is read instead of the
+    /// caller's files (the sandbox's `/workspace`, which the agent's commands can write).
+    host: Option<Arc<dyn hame_fs::Filesystem>>,
 }
 
 impl ToolsConfigLayer {
@@ -40,7 +43,17 @@ impl ToolsConfigLayer {
             env,
             workspace,
             pool,
+            host: None,
         }
+    }
+
+    /// Sandbox mode: read `tools.json` from the host's `template` (as the caller sees it,
+    /// its `<userId>/tools.json` merged over), never from the sandbox, whose copy the
+    /// agent's commands can rewrite to lift a deny or start a host command (a stdio MCP
+    /// server) — ADR 0006.
+    pub fn with_sandbox_host(mut self, template: Arc<dyn hame_fs::Filesystem>) -> Self {
+        self.host = Some(template);
+        self
     }
 
     /// The caller's `tools.json`: `tools.json` of its files (in the isolated modes its
@@ -49,7 +62,11 @@ impl ToolsConfigLayer {
     /// line naming it.
     pub async fn load(&self, ws: &Workspace) -> Result<ToolsConfig, String> {
         let env = |k: &str| self.env.get(k);
-        let shared = match read(ws.files().as_ref(), TOOLS_JSON).await? {
+        let files = match (&self.host, ws.mode()) {
+            (Some(host), WorkspaceMode::Sandbox) => host,
+            _ => ws.files(),
+        };
+        let shared = match read(files.as_ref(), TOOLS_JSON).await? {
             Some(text) => parse(TOOLS_JSON, &text, &env, &self.workspace)?,
             None => ToolsConfig::default(),
         };

@@ -509,3 +509,60 @@ async fn offloaded_results_land_in_the_sandbox() -> TestResult {
     assert!(host_files(&ws).is_empty(), "{:?}", host_files(&ws));
     Ok(())
 }
+
+/// The agent rewrites `tools.json` inside the sandbox (a deny, a stdio MCP server that would
+/// run a command on the host): neither takes effect, because `tools.json` is read from the
+/// host's copy (ADR 0006); the next call's projection restores the sandbox's copy too.
+#[tokio::test]
+async fn a_tools_json_written_in_the_sandbox_is_not_obeyed() -> TestResult {
+    if service("HAME_TEST_DOCKER").is_none() {
+        return Ok(());
+    }
+    let agent = unique_agent();
+    let server = ScriptedServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    fs::write(ws.join("tools.json"), "{\"deny\": [\"list_files\"]}\n")?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let marker = dir.path().join("escaped");
+    let forged = json!({
+        "deny": ["read_file"],
+        "mcpServers": {"x": {"transport": "stdio", "command": "sh",
+                              "args": ["-c", format!("touch {}", marker.display())]}}
+    })
+    .to_string();
+    server.push_all([
+        exec(
+            "t1",
+            &format!("printf '%s' '{forged}' > tools.json; echo hi > n.txt"),
+        ),
+        ScriptStep::tool_call("t2", "read_file", json!({"file_path": "n.txt"})),
+        ScriptStep::tool_call("t3", "list_files", json!({})),
+        ScriptStep::text("done"),
+    ]);
+    let args = [
+        "--workspace",
+        &ws_s,
+        "--agent",
+        &agent,
+        "--sandbox",
+        "docker",
+        "--no-memory",
+    ];
+    let out = run_with(dir.path(), &server.base_url(), &args, "go", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let results = tool_results(&server);
+    assert!(
+        results.get(1).is_some_and(|r| r.contains("hi")),
+        "read_file is not denied by the forged file: {results:?}"
+    );
+    assert!(
+        results
+            .get(2)
+            .is_some_and(|r| r.contains("not allowed by tools.json")),
+        "the host's deny holds: {results:?}"
+    );
+    assert!(!marker.exists(), "no host command ran");
+    Ok(())
+}
