@@ -251,7 +251,7 @@ impl HarnessAgentBuilder {
 
     /// Sandbox mode: the TTL of the lease that orders the calls of one shared sandbox scope
     /// across processes, and how long a call waits for it (defaults
-    /// [`hame_state::DEFAULT_LEASE_TTL`], [`crate::sandbox::DEFAULT_SANDBOX_LEASE_WAIT`]; see
+    /// [`hame_state::DEFAULT_LEASE_TTL`], [`crate::DEFAULT_SANDBOX_LEASE_WAIT`]; see
     /// `docs/sandbox.md`).
     pub fn sandbox_lease(mut self, options: LeaseOptions) -> Self {
         self.sandbox_lease = Some(options);
