@@ -105,7 +105,7 @@ async fn main() {
         let t = Instant::now();
         let r = sb.begin(Vec::new()).await.unwrap();
         refresh.push(t.elapsed());
-        assert!(r.refreshed);
+        assert!(r.refreshed, "{i}: {r:?}");
         sb.end().await.unwrap();
     }
     other.shutdown().await;

@@ -90,12 +90,14 @@ exit 0"#;
 /// lists every file of `/workspace` on stderr
 /// (`size mode mtime ./path`) and writes on stdout a tar of the files modified since the
 /// last snapshot's marker (all files when there is none), projection roots and temporary
-/// files left out; then moves the marker forward.
+/// files left out; then moves the marker forward. It also prints `marker <seconds>`, the
+/// marker's time: busybox's `-newer` compares whole seconds, so the caller reads again the
+/// files modified in the marker's second.
 pub(crate) const SNAPSHOT: &str = r#"cd /workspace || exit 1
 M=/tmp/.hame-snap-marker
 touch /tmp/.hame-snap-next
 find . -type f -exec stat -c '%s %a %Y %n' {} + >&2
-N=""; [ -e $M ] && N="-newer $M"
+N=""; [ -e $M ] && N="-newer $M" && echo "marker $(stat -c %Y $M)" >&2
 find . -type f $N ! -name '.hame-tmp-*' ! -path ./AGENTS.md ! -path ./tools.json ! -path './skills/*' ! -path './subagents/*' ! -path './knowledge/*' > /tmp/.hame-snap-list
 if [ -n "$HAME_FAST" ]; then
   s=$(tr '\n' '\0' < /tmp/.hame-snap-list | xargs -0 -r stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')

@@ -257,6 +257,14 @@ fn parse_listing(text: &str) -> Vec<Listed> {
     listed
 }
 
+/// The `marker <seconds>` line of a snapshot listing: the time of the last snapshot's
+/// marker.
+fn parse_marker(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("marker "))
+        .and_then(|t| t.trim().parse().ok())
+}
+
 /// The regular files of a tar archive: path (relative) → bytes; projected and temporary
 /// files left out.
 fn untar(bytes: &[u8], out: &mut BTreeMap<String, Vec<u8>>) -> Result<()> {
@@ -329,14 +337,27 @@ async fn snapshot_files(shared: &Shared, key: &str, live: &Live) -> Result<Snaps
     let raw = shared
         .script(&live.id, scripts::SNAPSHOT, &[], None, BIG)
         .await?;
-    let listed = parse_listing(&String::from_utf8_lossy(&raw.stderr.kept));
+    let text = String::from_utf8_lossy(&raw.stderr.kept);
+    let listed = parse_listing(&text);
+    let marker = parse_marker(&text);
     // The archive of what was modified since the marker; a failed `tar` (too many files
     // for one command line) leaves it to the fallback below.
     let mut fetched = BTreeMap::new();
     if raw.exit == Some(0) {
         untar(&raw.stdout.kept, &mut fetched)?;
     }
-    let touched: BTreeSet<String> = fetched.keys().cloned().collect();
+    // `-newer` sees whole seconds only: a file modified in the second of the last
+    // snapshot (same size, same second) counts as touched too.
+    let touched: BTreeSet<String> = fetched
+        .keys()
+        .cloned()
+        .chain(
+            listed
+                .iter()
+                .filter(|l| marker.is_some_and(|m| l.mtime >= m))
+                .map(|l| l.path.clone()),
+        )
+        .collect();
     let plan = plan_snapshot(&manifest, &listed, &touched);
     let mut report = SnapshotReport {
         files: listed.len(),
@@ -502,6 +523,16 @@ pub(crate) async fn project(
 mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
+
+    #[test]
+    fn the_marker_time_is_parsed() {
+        assert_eq!(
+            parse_marker("5 644 100 ./a\nmarker 1796150087\n"),
+            Some(1796150087)
+        );
+        assert_eq!(parse_marker("5 644 100 ./a\n"), None);
+        assert!(parse_listing("marker 17\n").is_empty(), "not a file");
+    }
 
     #[test]
     fn state_files_are_parsed() {

@@ -465,3 +465,27 @@ async fn a_warm_container_made_stale_by_another_process_is_refreshed() {
     one.shutdown().await;
     two.shutdown().await;
 }
+
+/// A file rewritten with the same size in the same second as the last snapshot is not
+/// lost (busybox's `find -newer` sees whole seconds only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_same_second_same_size_rewrite_is_snapshotted() {
+    if !docker_enabled() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let k = key("same-second");
+    let sbs = sandboxes(dir.path(), DockerOptions::default()).await;
+    let sb = sbs.scope(&k);
+    for i in 0..5 {
+        sb.begin(Vec::new()).await.unwrap();
+        sh(sb.as_ref(), &format!("echo {i} > f.txt")).await;
+        sb.end().await.unwrap();
+    }
+    sbs.shutdown().await;
+    let sbs = sandboxes(dir.path(), DockerOptions::default()).await;
+    let sb = sbs.scope(&k);
+    sb.begin(Vec::new()).await.unwrap();
+    assert_eq!(sh(sb.as_ref(), "cat f.txt").await.output, "4\n");
+    sbs.shutdown().await;
+}
