@@ -1,6 +1,6 @@
 //! The sandbox flags of `run`/`chat` (`--sandbox docker[:IMAGE]`, `--sandbox-network`,
-//! `--sandbox-snapshots`, `--sandbox-ttl`), the `hame sandbox image` command, and the
-//! removal of every container when hame exits.
+//! `--sandbox-snapshots`, `--sandbox-ttl`, `--sandbox-keep`), the `hame sandbox image`
+//! command, and the removal of every container when hame exits.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -30,6 +30,11 @@ pub(crate) struct SandboxArgs {
     /// How long an idle sandbox container is kept warm: 300, 30s, 5m, 1h [default: 5m]
     #[arg(long, requires = "sandbox", value_name = "DURATION")]
     sandbox_ttl: Option<String>,
+    /// Leave idle sandbox containers running when hame exits, for the next hame process
+    /// to reuse within --sandbox-ttl; each removes itself once idle past it (default:
+    /// every container is removed on exit).
+    #[arg(long, requires = "sandbox")]
+    sandbox_keep: bool,
 }
 
 /// `hame sandbox ...`
@@ -94,6 +99,7 @@ fn options(args: &SandboxArgs, spec: &str) -> anyhow::Result<DockerOptions> {
     let mut options = DockerOptions {
         busybox: env("HAME_SANDBOX_BUSYBOX").map(PathBuf::from),
         network: args.sandbox_network,
+        keep_on_exit: args.sandbox_keep,
         ..DockerOptions::default()
     };
     match spec.split_once(':') {
@@ -152,7 +158,8 @@ pub(crate) async fn command(cmd: SandboxCommand) -> anyhow::Result<()> {
     }
 }
 
-/// Removes every container this process started (the end of a command, a signal).
+/// Removes every container this process started (the end of a command, a signal); with
+/// `--sandbox-keep` idle ones are left for the next process.
 pub(crate) async fn shutdown() {
     let active = ACTIVE.lock().ok().and_then(|mut a| a.take());
     if let Some(sandboxes) = active {

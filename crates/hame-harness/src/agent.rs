@@ -82,6 +82,7 @@ pub struct HarnessAgentBuilder {
     allow_local_state: bool,
     hidden_paths: Vec<PathBuf>,
     lease: Option<LeaseOptions>,
+    sandbox_lease: Option<LeaseOptions>,
     memory: Option<MemoryOptions>,
     capabilities: crate::capabilities::Capabilities,
     subagent_options: hame_subagent::SubagentOptions,
@@ -260,6 +261,15 @@ impl HarnessAgentBuilder {
     /// [`hame_state::DEFAULT_LEASE_TTL`], [`hame_state::DEFAULT_LEASE_WAIT`]).
     pub fn session_lease(mut self, options: LeaseOptions) -> Self {
         self.lease = Some(options);
+        self
+    }
+
+    /// Sandbox mode: the TTL of the lease that orders the calls of one shared sandbox scope
+    /// across processes, and how long a call waits for it (defaults
+    /// [`hame_state::DEFAULT_LEASE_TTL`], [`crate::DEFAULT_SANDBOX_LEASE_WAIT`]; see
+    /// `docs/sandbox.md`).
+    pub fn sandbox_lease(mut self, options: LeaseOptions) -> Self {
+        self.sandbox_lease = Some(options);
         self
     }
 
@@ -460,8 +470,15 @@ impl HarnessAgentBuilder {
             tenancy = tenancy.with_sandboxes(sandboxes.clone());
         }
         let tenancy = Arc::new(tenancy);
+        let sandbox_lease = self
+            .sandbox_lease
+            .unwrap_or_else(crate::sandbox::default_sandbox_lease);
         let sandbox_layer: Option<Arc<dyn Layer>> = mode.sandboxes().map(|_| {
-            Arc::new(crate::sandbox::SandboxLayer::new(tenancy.clone())) as Arc<dyn Layer>
+            Arc::new(crate::sandbox::SandboxLayer::new(
+                tenancy.clone(),
+                state_store.clone(),
+                sandbox_lease,
+            )) as Arc<dyn Layer>
         });
 
         // One token counter for every budget (tiktoken for OpenAI families, else the
@@ -478,7 +495,11 @@ impl HarnessAgentBuilder {
             ))
         });
 
-        let capabilities = self.capabilities.build(vars, &workspace)?;
+        let capabilities = self.capabilities.build(
+            vars,
+            &workspace,
+            mode.sandboxes().map(|_| tenancy.template.clone()),
+        )?;
         let context = WorkspaceContext::new(
             ContextOptions {
                 agent: name.clone(),
@@ -812,6 +833,7 @@ impl HarnessAgent {
         let Some(layer) = &self.inner.capabilities.tools_layer else {
             return Ok(None);
         };
+        // In sandbox mode the layer reads the host's copy: no container starts here.
         let ws = self.workspace_for(ctx)?;
         layer.load(&ws).await.map(Some).map_err(Error::Config)
     }

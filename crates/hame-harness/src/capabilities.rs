@@ -38,7 +38,13 @@ pub(crate) struct Built {
 }
 
 impl Capabilities {
-    pub(crate) fn build(self, env: EnvLookup, workspace: &Path) -> Result<Built> {
+    /// `sandbox_host`: in sandbox mode, the host template `tools.json` is read from.
+    pub(crate) fn build(
+        self,
+        env: EnvLookup,
+        workspace: &Path,
+        sandbox_host: Option<Arc<dyn hame_fs::Filesystem>>,
+    ) -> Result<Built> {
         let skills = match self.skills {
             Some(options) => Some(Arc::new(
                 Skills::new(options).map_err(|e| Error::Config(e.to_string()))?,
@@ -46,11 +52,15 @@ impl Capabilities {
             None => None,
         };
         let tools_layer = self.tools_config.then(|| {
-            Arc::new(ToolsConfigLayer::new(
+            let layer = ToolsConfigLayer::new(
                 env,
                 workspace.to_path_buf(),
                 self.mcp_pool.unwrap_or_default(),
-            ))
+            );
+            Arc::new(match sandbox_host {
+                Some(host) => layer.with_sandbox_host(host),
+                None => layer,
+            })
         });
         Ok(Built {
             skills,

@@ -1,14 +1,23 @@
 //! The `sandbox` layer of sandbox mode (ADR 0009): around each call it acquires the
 //! caller's scope sandbox (warm, or started with its snapshot restored), projects the host
 //! workspace's static assets into it, runs the call, and snapshots `/workspace` after it.
+//!
+//! Calls of one scope never overlap: in this process a lock per scope key orders them, and
+//! across processes and replicas (USER, AGENT and GLOBAL scopes are shared by sessions the
+//! session lease does not serialise) a **sandbox lease** does: a [`StateStore`] lease on
+//! the reserved session [`SANDBOX_LEASE_SESSION`]`-<32 hex of SHA-256(scope key)>` of the
+//! reserved agent [`SANDBOX_LEASE_SESSION`] (one key for GLOBAL scope whatever the agent).
+//! SESSION scope needs none: the session lease already orders its calls.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use hame_core::{CallCtx, CallInput, CallNext, CallOutput, Layer};
-use hame_fs::{Filesystem, FilesystemExt, FsPath, GlobRequest};
+use hame_fs::{Filesystem, FilesystemExt, FsPath, GlobRequest, Scope};
 use hame_sandbox::{Asset, PROJECTION_ROOTS};
+use hame_state::{LeaseOptions, StateKey, StateStore};
 use hame_tools::Workspace;
 
 use crate::tenancy::Tenancy;
@@ -16,20 +25,81 @@ use crate::tenancy::Tenancy;
 /// Files of one projection root at most (a larger `skills/` is cut, with a warning).
 const MAX_PROJECTED_FILES: usize = 10_000;
 
+/// The reserved id (agent and session prefix) of sandbox leases; ids starting with it are
+/// refused from callers (`hame_id::RESERVED_PREFIXES`).
+pub const SANDBOX_LEASE_SESSION: &str = "_sandbox";
+
+/// The runtime extra naming the sandbox of a subagent with `sandbox: own` (its scope key,
+/// the child session's namespace), set by the subagent runner.
+pub const SANDBOX_KEY_EXTRA: &str = "hame.sandbox_key";
+
+/// How long a call waits for the sandbox of its scope while a call of another process
+/// holds it, before it fails: a whole call of the other process (model turns and tools)
+/// runs under the lease, so this is much longer than the session lease's wait.
+pub const DEFAULT_SANDBOX_LEASE_WAIT: Duration = Duration::from_secs(300);
+
+/// The default options of the sandbox lease: the session lease's TTL (10 s, renewed every
+/// third of it during the call), [`DEFAULT_SANDBOX_LEASE_WAIT`].
+pub fn default_sandbox_lease() -> LeaseOptions {
+    LeaseOptions::new(hame_state::DEFAULT_LEASE_TTL, DEFAULT_SANDBOX_LEASE_WAIT)
+}
+
+/// The lease key that orders the calls of one sandbox scope across processes.
+pub fn sandbox_lease_key(scope_key: &str) -> hame_state::Result<StateKey> {
+    let hash = hame_memory::content_hash(scope_key);
+    StateKey::new(
+        SANDBOX_LEASE_SESSION,
+        None::<String>,
+        format!("{SANDBOX_LEASE_SESSION}-{}", &hash[..32]),
+    )
+}
+
 /// See the module docs. One per agent; per-call data lives in the call.
 #[derive(Debug)]
 pub(crate) struct SandboxLayer {
     tenancy: Arc<Tenancy>,
-    /// Calls of one scope run one after the other in this process (AGENT and GLOBAL scopes
-    /// are shared by sessions that the session lease does not serialise).
+    store: Arc<dyn StateStore>,
+    lease: LeaseOptions,
+    /// Calls of one scope run one after the other in this process.
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl SandboxLayer {
-    pub(crate) fn new(tenancy: Arc<Tenancy>) -> Self {
+    pub(crate) fn new(
+        tenancy: Arc<Tenancy>,
+        store: Arc<dyn StateStore>,
+        lease: LeaseOptions,
+    ) -> Self {
         Self {
             tenancy,
+            store,
+            lease,
             locks: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes the scope's sandbox lease (not for SESSION scope, which the session lease
+    /// orders). Waits up to the lease options' `wait`, polling with backoff.
+    async fn lease(&self, key: &str) -> hame_core::Result<Option<hame_state::Lease>> {
+        if self.tenancy.isolation.scope == Scope::Session {
+            return Ok(None);
+        }
+        let lease_key =
+            sandbox_lease_key(key).map_err(|e| hame_core::Error::layer("sandbox", e))?;
+        match self.store.acquire(&lease_key, self.lease).await {
+            Ok(lease) => Ok(Some(lease)),
+            Err(hame_state::Error::SessionBusy { waited, .. }) => Err(hame_core::Error::layer(
+                "sandbox",
+                format!(
+                    "the sandbox of scope {key} is in use by a call of another process \
+                     (waited {:.0} s for its lease {lease_key}); try again later",
+                    waited.as_secs_f64()
+                ),
+            )),
+            Err(e) => Err(hame_core::Error::layer(
+                "sandbox",
+                format!("taking the sandbox lease of scope {key} failed: {e}"),
+            )),
         }
     }
 
@@ -112,18 +182,37 @@ impl Layer for SandboxLayer {
         ) else {
             return next.run(cx, input).await;
         };
-        // A subagent's call shares its parent's handle, so its parent's sandbox: the
-        // parent's call projected it and snapshots it (waiting for the parent's scope lock
-        // here would deadlock a synchronous child).
-        if cx.runtime.extras.contains_key(hame_subagent::TASK_EXTRA) {
+        // A subagent with `sandbox: own` has the sandbox of its own session, begun and
+        // snapshotted here; it is that session's alone (no lease).
+        let own = cx
+            .runtime
+            .extras
+            .get(SANDBOX_KEY_EXTRA)
+            .and_then(|v| v.as_str())
+            .map(str::to_owned);
+        // Any other subagent's call shares its parent's handle, so its parent's sandbox:
+        // the parent's call projected it and snapshots it (waiting for the parent's scope
+        // lock here would deadlock a synchronous child).
+        if own.is_none() && cx.runtime.extras.contains_key(hame_subagent::TASK_EXTRA) {
             return next.run(cx, input).await;
         }
-        let key = self
-            .tenancy
-            .sandbox_key(ws.identity())
-            .map_err(|e| hame_core::Error::layer("sandbox", e))?;
+        let key = match &own {
+            Some(key) => key.clone(),
+            None => self
+                .tenancy
+                .sandbox_key(ws.identity())
+                .map_err(|e| hame_core::Error::layer("sandbox", e))?,
+        };
         let lock = self.lock_for(&key);
         let _serial = lock.lock().await;
+        // Across processes: held (and renewed) until the snapshot is stored; a dropped call
+        // (Ctrl-C) releases it when the lease drops, a killed process's lease lapses after
+        // its TTL (the JSON store's OS lock goes with the process at once).
+        let lease = match own {
+            Some(_) => None,
+            None => self.lease(&key).await?,
+        };
+        let alive = lease.as_ref().map(|l| l.keep_alive());
         let sandbox = sandboxes.scope(&key);
         let assets = collect_assets(
             self.tenancy.template.as_ref(),
@@ -136,8 +225,29 @@ impl Layer for SandboxLayer {
             .map_err(|e| hame_core::Error::layer("sandbox", e))?;
         tracing::debug!(scope = %key, ?began, "sandbox ready");
         let out = next.run(cx, input).await;
+        if let Some(lost) = lease.as_ref().and_then(|l| l.check().err()) {
+            // Another process may be using the scope now: our snapshot would overwrite its.
+            sandbox.discard().await;
+            tracing::warn!(scope = %key, "the sandbox lease was lost during the call; its changes are not snapshotted");
+            return match out {
+                Ok(_) => Err(hame_core::Error::layer(
+                    "sandbox",
+                    format!(
+                        "the sandbox lease of scope {key} was lost during the call ({lost}); the call's changes to /workspace were not saved"
+                    ),
+                )),
+                Err(e) => Err(e),
+            };
+        }
         // Snapshot whatever the call did, also when it failed part-way.
-        match sandbox.end().await {
+        let ended = sandbox.end().await;
+        drop(alive);
+        if let Some(lease) = lease
+            && let Err(e) = lease.release().await
+        {
+            tracing::warn!(scope = %key, error = %e, "releasing the sandbox lease failed; it expires by itself");
+        }
+        match ended {
             Ok(report) => tracing::debug!(scope = %key, ?report, "sandbox snapshot"),
             Err(e) => {
                 tracing::warn!(scope = %key, error = %e, "snapshotting the sandbox failed");

@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use hame_core::{AgentLoop, CallInput, Message, Model, RuntimeContext};
 use hame_subagent::{
-    ChildReply, ChildRun, Declaration, GENERAL_PURPOSE, SUBAGENT_TOOLS, SpecSource, SubagentRunner,
-    SubagentSpec, TaskRecord,
+    ChildReply, ChildRun, Declaration, GENERAL_PURPOSE, SUBAGENT_TOOLS, SpecSandbox, SpecSource,
+    SubagentRunner, SubagentSpec, TaskRecord,
 };
 
 use crate::agent::{HarnessAgent, Inner};
@@ -58,12 +58,13 @@ impl SubagentRunner for HarnessRunner {
             .ok_or_else(|| "the agent that spawned it is gone".to_owned())?;
         let agent = HarnessAgent { inner };
         let child = agent.child_loop(&run.spec, run.may_spawn)?;
+        let (workspace, runtime) = child_sandbox(&agent.inner.tenancy, &run)?;
         let out = agent
             .run_loop(
                 &child,
                 CallInput::Message(Message::user(run.message)),
-                &run.runtime,
-                Some(run.workspace),
+                &runtime,
+                Some(workspace),
                 &run.events,
                 &run.cancel,
             )
@@ -75,6 +76,48 @@ impl SubagentRunner for HarnessRunner {
             usage: out.usage,
         })
     }
+}
+
+/// The handle and context of a child in sandbox mode: `sandbox: own` gives it the sandbox
+/// of its own session (named in [`crate::sandbox::SANDBOX_KEY_EXTRA`], so the `sandbox`
+/// layer begins and ends it around the child's call); `shared` (the default) keeps the
+/// parent's (and drops a key inherited from an `own` parent: that sandbox is its
+/// parent's, begun by the parent's call).
+fn child_sandbox(
+    tenancy: &crate::tenancy::Tenancy,
+    run: &ChildRun,
+) -> std::result::Result<(hame_tools::Workspace, RuntimeContext), String> {
+    let mut runtime = run.runtime.clone();
+    runtime.extras.remove(crate::sandbox::SANDBOX_KEY_EXTRA);
+    let (SpecSandbox::Own, Some(sandboxes)) = (run.spec.sandbox, tenancy.sandboxes()) else {
+        return Ok((run.workspace.clone(), runtime));
+    };
+    let ws = &run.workspace;
+    let id = ws.identity();
+    let key = hame_fs::Namespace::derive(
+        &id.agent,
+        id.user.as_deref(),
+        &id.session,
+        hame_fs::Scope::Session,
+    )
+    .map_err(|e| e.to_string())?
+    .path()
+    .as_str()
+    .to_owned();
+    let sandbox = sandboxes.scope(&key);
+    let files: Arc<dyn hame_fs::Filesystem> = sandbox.clone();
+    let exec: Arc<dyn hame_fs::Execute> = sandbox;
+    let mut own = hame_tools::Workspace::new(id.clone(), ws.mode(), files, ws.records().clone())
+        .with_home(ws.home().clone(), hame_fs::FsPath::root())
+        .with_exec(exec);
+    if let Some(o) = ws.overrides() {
+        own = own.with_overrides(o.clone());
+    }
+    runtime.extras.insert(
+        crate::sandbox::SANDBOX_KEY_EXTRA.to_owned(),
+        serde_json::Value::String(key),
+    );
+    Ok((own, runtime))
 }
 
 /// A child's failure as its parent reads it.

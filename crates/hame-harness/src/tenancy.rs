@@ -176,9 +176,16 @@ impl Tenancy {
             let home = hame_fs::tenant_fs(self.store.clone(), &ns, None);
             let log_ns = Namespace::derive(agent, user, session, Scope::User)?;
             let records = hame_fs::tenant_fs(self.store.clone(), &log_ns, None);
-            return Ok(Workspace::new(identity, self.mode, files, records)
+            let mut ws = Workspace::new(identity, self.mode, files, records)
                 .with_home(home, FsPath::root())
-                .with_exec(exec));
+                .with_exec(exec);
+            // The caller's `<userId>/` overrides of the host template (projected into the
+            // sandbox with the template's assets, theirs winning).
+            if let Some(u) = user {
+                let prefix = FsPath::parse(u)?;
+                ws = ws.with_overrides(Arc::new(PrefixFs::new(self.template.clone(), prefix)));
+            }
+            return Ok(ws);
         }
         let mut ws = if self.mode == WorkspaceMode::TrustedLocal {
             // Validates the ids (the namespace itself is not used in local mode).

@@ -11,7 +11,7 @@ use hame_core::{
 };
 use hame_fs::FsPath;
 use hame_mcp::{McpPool, McpTool};
-use hame_tools::Workspace;
+use hame_tools::{Workspace, WorkspaceMode};
 
 use crate::agent::EnvLookup;
 use crate::tools_config::{
@@ -32,6 +32,9 @@ pub struct ToolsConfigLayer {
     pool: Arc<McpPool>,
     /// The agent's deferred tools: an explicit `allow` list offers those it names.
     deferred: std::sync::OnceLock<Arc<crate::catalog::Catalog>>,
+    /// Sandbox mode: the host's template, where `tools.json` is read instead of the
+    /// caller's files (the sandbox's `/workspace`, which the agent's commands can write).
+    host: Option<Arc<dyn hame_fs::Filesystem>>,
 }
 
 impl ToolsConfigLayer {
@@ -43,6 +46,7 @@ impl ToolsConfigLayer {
             workspace,
             pool,
             deferred: std::sync::OnceLock::new(),
+            host: None,
         }
     }
 
@@ -51,13 +55,26 @@ impl ToolsConfigLayer {
         let _ = self.deferred.set(catalog);
     }
 
+    /// Sandbox mode: read `tools.json` from the host's `template` (as the caller sees it,
+    /// its `<userId>/tools.json` merged over), never from the sandbox, whose copy the
+    /// agent's commands can rewrite to lift a deny or start a host command (a stdio MCP
+    /// server) — ADR 0006.
+    pub fn with_sandbox_host(mut self, template: Arc<dyn hame_fs::Filesystem>) -> Self {
+        self.host = Some(template);
+        self
+    }
+
     /// The caller's `tools.json`: `tools.json` of its files (in the isolated modes its
     /// namespace over the template), with `<userId>/tools.json` of the template merged
     /// over it ([`merge`]). No file is an empty configuration; a broken file is an error
     /// line naming it.
     pub async fn load(&self, ws: &Workspace) -> Result<ToolsConfig, String> {
         let env = |k: &str| self.env.get(k);
-        let shared = match read(ws.files().as_ref(), TOOLS_JSON).await? {
+        let files = match (&self.host, ws.mode()) {
+            (Some(host), WorkspaceMode::Sandbox) => host,
+            _ => ws.files(),
+        };
+        let shared = match read(files.as_ref(), TOOLS_JSON).await? {
             Some(text) => parse(TOOLS_JSON, &text, &env, &self.workspace)?,
             None => ToolsConfig::default(),
         };

@@ -9,7 +9,8 @@
 //! The rule: 1 to [`MAX_ID_LEN`] bytes of `A-Z a-z 0-9 . _ - @`, not starting with `.`, and
 //! without `..` anywhere. Ids that callers pass in from outside (a session id from the CLI
 //! or an HTTP request) are also checked with [`validate_external`], which refuses the
-//! prefix [`RESERVED_PREFIX`] that hame keeps for its own sessions (memory leases).
+//! prefixes [`RESERVED_PREFIXES`] that hame keeps for its own sessions (memory and sandbox
+//! leases).
 //!
 //! It depends on nothing but `thiserror`, so storage crates can use it without the agent
 //! core.
@@ -19,6 +20,7 @@
 //! assert!(hame_id::validate("session id", "a..b").is_err());
 //! assert!(hame_id::validate("user id", "alice@example.com").is_ok());
 //! assert!(hame_id::validate_external("session id", "_memory").is_err());
+//! assert!(hame_id::validate_external("session id", "_sandbox-1f2e").is_err());
 //! ```
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
@@ -27,8 +29,14 @@
 pub const MAX_ID_LEN: usize = 128;
 
 /// Ids starting with this are reserved for hame's own records (e.g. the `_memory`
-/// consolidation lease); [`validate_external`] refuses them.
+/// consolidation lease); [`validate_external`] refuses them. The first of
+/// [`RESERVED_PREFIXES`].
 pub const RESERVED_PREFIX: &str = "_memory";
+
+/// Every prefix reserved for hame's own records: `_memory` (the memory consolidation
+/// lease) and `_sandbox` (the cross-process lease of a shared sandbox scope).
+/// [`validate_external`] refuses ids starting with any of them.
+pub const RESERVED_PREFIXES: [&str; 2] = [RESERVED_PREFIX, "_sandbox"];
 
 /// An id that breaks the rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -71,15 +79,15 @@ pub fn validate(what: &'static str, id: &str) -> Result<(), IdError> {
     Ok(())
 }
 
-/// [`validate`], and refuses ids hame reserves for itself ([`RESERVED_PREFIX`]). Use it for
+/// [`validate`], and refuses ids hame reserves for itself ([`RESERVED_PREFIXES`]). Use it for
 /// ids that come from outside (CLI flags, HTTP paths, library callers).
 pub fn validate_external(what: &'static str, id: &str) -> Result<(), IdError> {
     validate(what, id)?;
-    if id.starts_with(RESERVED_PREFIX) {
+    if RESERVED_PREFIXES.iter().any(|p| id.starts_with(p)) {
         return Err(IdError {
             what,
             id: id.chars().take(64).collect(),
-            reason: "ids starting with `_memory` are reserved for hame",
+            reason: "ids starting with `_memory` or `_sandbox` are reserved for hame",
         });
     }
     Ok(())
@@ -117,9 +125,12 @@ mod tests {
         let e = validate_external("session id", "_memory-ab").err();
         assert_eq!(
             e.map(|e| e.reason),
-            Some("ids starting with `_memory` are reserved for hame")
+            Some("ids starting with `_memory` or `_sandbox` are reserved for hame")
         );
+        assert!(validate_external("user id", "_sandbox").is_err());
+        assert!(validate_external("session id", "_sandbox-0123abcd").is_err());
         assert!(validate_external("session id", "memory").is_ok());
+        assert!(validate_external("session id", "sandbox").is_ok());
     }
 
     proptest! {

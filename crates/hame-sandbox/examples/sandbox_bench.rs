@@ -80,6 +80,35 @@ async fn main() {
         sh(sb.as_ref(), "true").await;
         warm.push(t.elapsed());
     }
+    // Warm `begin` + `end` of a call that changes nothing: the stored manifest's identity
+    // is read (staleness check), the projection hashed, the listing compared.
+    let mut warm_begin = Vec::new();
+    let mut warm_end = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        let r = sb.begin(Vec::new()).await.unwrap();
+        warm_begin.push(t.elapsed());
+        assert!(!r.started);
+        let t = Instant::now();
+        sb.end().await.unwrap();
+        warm_end.push(t.elapsed());
+    }
+    // A warm container made stale by another "process" (a second value on the same store):
+    // replaced by a new one with the newer snapshot.
+    let other = connect(dir.path()).await;
+    let mut refresh = Vec::new();
+    for i in 0..5 {
+        let theirs = other.scope(&format!("bench/{run}/cold0"));
+        theirs.begin(Vec::new()).await.unwrap();
+        sh(theirs.as_ref(), &format!("echo {i} > theirs.txt")).await;
+        theirs.end().await.unwrap();
+        let t = Instant::now();
+        let r = sb.begin(Vec::new()).await.unwrap();
+        refresh.push(t.elapsed());
+        assert!(r.refreshed, "{i}: {r:?}");
+        sb.end().await.unwrap();
+    }
+    other.shutdown().await;
     sbs.shutdown().await;
 
     // Restore of 1 MB and 100 MB in a new "process" (a new value, no container left).
@@ -118,6 +147,18 @@ async fn main() {
     println!(
         "| warm exec round trip, p50 of 50 | {} | ≤ 50 ms |",
         ms(median(warm))
+    );
+    println!(
+        "| warm `begin` (staleness check + projection), p50 of 20 | {} | |",
+        ms(median(warm_begin))
+    );
+    println!(
+        "| warm `end` of a call that changed nothing, p50 of 20 | {} | |",
+        ms(median(warm_end))
+    );
+    println!(
+        "| `begin` of a warm container made stale by another process (replaced + restored), median of 5 | {} | |",
+        ms(median(refresh))
     );
     println!(
         "| cold start of a fresh container (`begin` without a snapshot, median of 5) | {} | ≤ 1 s |",

@@ -55,6 +55,13 @@ impl fmt::Debug for Asset {
 pub struct BeginReport {
     /// A new container was started for this call (none was warm).
     pub started: bool,
+    /// No container of this process was warm, and an idle one left by another process
+    /// (found by its labels, its last snapshot the stored one) was taken over instead of
+    /// starting a new one.
+    pub adopted: bool,
+    /// The warm container was stale (another process stored a newer snapshot of the scope
+    /// since this one's last call) and was replaced by a new one with that snapshot.
+    pub refreshed: bool,
     /// Files restored from the scope's snapshot (only when `started`).
     pub restored_files: usize,
     /// Projected files uploaded (new or changed on the host).
@@ -98,6 +105,12 @@ pub trait ScopeSandbox: Filesystem + Execute {
     /// Called at the end of a call: snapshots `/workspace` (only what changed since the
     /// last snapshot is uploaded) and marks the container idle (its TTL starts).
     async fn end(&self) -> Result<SnapshotReport>;
+
+    /// Ends a call without a snapshot (instead of [`end`](Self::end)), when the caller may
+    /// no longer store one (its lease on the scope was lost): the container is removed, so
+    /// its changes since the last snapshot are dropped and the next [`begin`](Self::begin)
+    /// restores the stored snapshot.
+    async fn discard(&self);
 }
 
 /// The sandboxes of one agent: one [`ScopeSandbox`] per scope key, never shared between

@@ -76,6 +76,8 @@ pub use manager::{
     TOOLS_EXTRA, child_session_id, depth_of, tool_allowlist,
 };
 pub use runner::{ChildReply, ChildRun, SubagentRunner};
-pub use spec::{Catalog, Declaration, GENERAL_PURPOSE, SpecSource, SpecWorkspace, SubagentSpec};
+pub use spec::{
+    Catalog, Declaration, GENERAL_PURPOSE, SpecSandbox, SpecSource, SpecWorkspace, SubagentSpec,
+};
 pub use task::{TaskRecord, TaskStatus, TaskStore};
 pub use tools::{SUBAGENT_FAILED, SUBAGENT_TOOLS, render, subagent_tools};

@@ -32,6 +32,20 @@ pub enum SpecWorkspace {
     Isolated,
 }
 
+/// Which sandbox a child's file tools and shell use in sandbox mode (front-matter key
+/// `sandbox`); outside sandbox mode it changes nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SpecSandbox {
+    /// The parent's sandbox (the default): the child sees and changes the parent's
+    /// `/workspace`, within the parent's call.
+    #[default]
+    Shared,
+    /// A sandbox of its own, keyed by the child's session: a container and snapshots of
+    /// its own, with the host's assets projected; it never sees the parent's files.
+    Own,
+}
+
 /// Where a declaration came from (shown by `agent_list` and `hame tasks`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
@@ -73,6 +87,9 @@ pub struct SubagentSpec {
     /// Which files it works on.
     #[serde(default)]
     pub workspace: SpecWorkspace,
+    /// In sandbox mode: the parent's sandbox or its own.
+    #[serde(default)]
+    pub sandbox: SpecSandbox,
     /// Where it came from.
     pub source: SpecSource,
 }
@@ -93,6 +110,7 @@ impl SubagentSpec {
             max_iterations: None,
             timeout_seconds: None,
             workspace: SpecWorkspace::Shared,
+            sandbox: SpecSandbox::Shared,
             source: SpecSource::Code,
         }
     }
@@ -173,18 +191,20 @@ struct FrontMatter {
     max_iterations: Option<usize>,
     timeout_seconds: Option<u64>,
     workspace: Option<WorkspaceField>,
+    sandbox: Option<SpecSandbox>,
     #[serde(flatten)]
     unknown: BTreeMap<String, yaml_serde::Value>,
 }
 
 /// The keys a spec's front matter may have.
-pub const SPEC_KEYS: [&str; 6] = [
+pub const SPEC_KEYS: [&str; 7] = [
     "description",
     "model",
     "tools",
     "max_iterations",
     "timeout_seconds",
     "workspace",
+    "sandbox",
 ];
 
 /// Splits `--- yaml --- body`; `None` when the text does not start with front matter.
@@ -260,6 +280,7 @@ pub fn parse_spec(id: &str, path: &str, text: &str) -> Result<(SubagentSpec, Vec
             max_iterations: fm.max_iterations,
             timeout_seconds: fm.timeout_seconds,
             workspace: fm.workspace.map(|w| w.mode).unwrap_or_default(),
+            sandbox: fm.sandbox.unwrap_or_default(),
             source: SpecSource::File {
                 path: path.to_owned(),
             },
@@ -376,7 +397,7 @@ mod tests {
 
     #[test]
     fn parses_every_key() -> Result<(), String> {
-        let text = "---\ndescription: Reviews code\nmodel: openai:gpt-4o-mini\ntools: [read_file, grep_files]\nmax_iterations: 4\ntimeout_seconds: 30\nworkspace:\n  mode: isolated\n---\nYou review code.\n";
+        let text = "---\ndescription: Reviews code\nmodel: openai:gpt-4o-mini\ntools: [read_file, grep_files]\nmax_iterations: 4\ntimeout_seconds: 30\nworkspace:\n  mode: isolated\nsandbox: own\n---\nYou review code.\n";
         let (spec, unknown) = parse_spec("reviewer", "subagents/reviewer.md", text)?;
         assert_eq!(unknown, Vec::<String>::new());
         assert_eq!(
@@ -390,10 +411,22 @@ mod tests {
                 max_iterations: Some(4),
                 timeout_seconds: Some(30),
                 workspace: SpecWorkspace::Isolated,
+                sandbox: SpecSandbox::Own,
                 source: SpecSource::File {
                     path: "subagents/reviewer.md".into()
                 },
             }
+        );
+        let (spec, _) = parse_spec("r", "subagents/r.md", "---\ndescription: d\n---\nx\n")?;
+        assert_eq!(spec.sandbox, SpecSandbox::Shared, "the default");
+        let bad = parse_spec(
+            "r",
+            "subagents/r.md",
+            "---\ndescription: d\nsandbox: mine\n---\nx\n",
+        );
+        assert!(
+            bad.is_err_and(|e| e.contains("invalid front matter")),
+            "an unknown value is refused"
         );
         Ok(())
     }

@@ -367,3 +367,202 @@ async fn a_command_past_its_timeout_is_killed_with_its_tree() -> TestResult {
     assert!(containers_of(&agent).is_empty());
     Ok(())
 }
+
+/// `--isolation agent` from two processes in turn, with `--sandbox-keep`: the first leaves
+/// its idle container, the second (another user and session) adopts that very container
+/// (same hostname) and sees the first's files; a run without `--sandbox-keep` adopts it too
+/// and removes it on exit. With a short TTL a kept container removes itself when no hame
+/// process runs any more.
+#[tokio::test]
+async fn kept_containers_are_adopted_by_the_next_process_and_expire_alone() -> TestResult {
+    if service("HAME_TEST_DOCKER").is_none() {
+        return Ok(());
+    }
+    use std::time::{Duration, Instant};
+    let agent = unique_agent();
+    let server = ScriptedServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let args = |user: &'static str, keep: bool| {
+        let mut a = vec![
+            "--workspace".to_owned(),
+            ws_s.clone(),
+            "--agent".to_owned(),
+            agent.clone(),
+            "--user".to_owned(),
+            user.to_owned(),
+            "--isolation".to_owned(),
+            "agent".to_owned(),
+            "--sandbox".to_owned(),
+            "docker".to_owned(),
+            "--no-memory".to_owned(),
+        ];
+        if keep {
+            a.push("--sandbox-keep".to_owned());
+        }
+        a
+    };
+    let run = |a: Vec<String>| {
+        let server_url = server.base_url();
+        let dir = dir.path().to_path_buf();
+        async move {
+            let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+            run_with(&dir, &server_url, &refs, "go", &[]).await
+        }
+    };
+
+    server.push_all([
+        exec("k1", "echo from-alice > a.txt; hostname"),
+        ScriptStep::text("1"),
+    ]);
+    let out = run(args("alice", true)).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let host = last_exec(&server);
+    assert_eq!(containers_of(&agent).len(), 1, "kept after exit");
+
+    server.push_all([exec("k2", "cat a.txt; hostname"), ScriptStep::text("2")]);
+    let started = Instant::now();
+    let out = run(args("bob", true)).await?;
+    let second = started.elapsed();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        last_exec(&server),
+        format!("from-alice\n{host}"),
+        "the same container"
+    );
+
+    server.push_all([exec("k3", "cat a.txt; hostname"), ScriptStep::text("3")]);
+    let out = run(args("carol", false)).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(last_exec(&server), format!("from-alice\n{host}"));
+    assert!(
+        containers_of(&agent).is_empty(),
+        "removed without --sandbox-keep"
+    );
+    eprintln!("second run with an adopted container: {second:?}");
+
+    // A kept container with a 2 s TTL ends by itself (no hame process is running).
+    let mut short = args("alice", true);
+    short.extend(["--sandbox-ttl".to_owned(), "2s".to_owned()]);
+    server.push_all([exec("k4", "cat a.txt"), ScriptStep::text("4")]);
+    let out = run(short).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        last_exec(&server),
+        "from-alice\n",
+        "restored after the removal"
+    );
+    assert_eq!(containers_of(&agent).len(), 1);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !containers_of(&agent).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the kept container never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    eprintln!("expired alone {:?} after the run", deadline.elapsed());
+    Ok(())
+}
+
+/// A tool result too large for the context (memory on) is offloaded into the sandbox's
+/// `/workspace/large_tool_results/`, where the sandboxed file tools and shell read it back,
+/// and it is not written into the host workspace.
+#[tokio::test]
+async fn offloaded_results_land_in_the_sandbox() -> TestResult {
+    if service("HAME_TEST_DOCKER").is_none() {
+        return Ok(());
+    }
+    let agent = unique_agent();
+    let server = ScriptedServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    server.push_all([
+        exec("o1", "seq 1 20000"),
+        exec(
+            "o2",
+            "ls large_tool_results | wc -l; head -n 2 large_tool_results/*.txt",
+        ),
+        ScriptStep::text("done"),
+    ]);
+    let args = [
+        "--workspace",
+        &ws_s,
+        "--agent",
+        &agent,
+        "--sandbox",
+        "docker",
+    ];
+    let out = run_with(dir.path(), &server.base_url(), &args, "go", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let results = tool_results(&server);
+    let preview = results.first().cloned().unwrap_or_default();
+    assert!(
+        preview.contains("/large_tool_results/"),
+        "offloaded: {preview}"
+    );
+    assert_eq!(last_exec(&server), "1\n1\n2\n");
+    assert!(host_files(&ws).is_empty(), "{:?}", host_files(&ws));
+    Ok(())
+}
+
+/// The agent rewrites `tools.json` inside the sandbox (a deny, a stdio MCP server that would
+/// run a command on the host): neither takes effect, because `tools.json` is read from the
+/// host's copy (ADR 0006); the next call's projection restores the sandbox's copy too.
+#[tokio::test]
+async fn a_tools_json_written_in_the_sandbox_is_not_obeyed() -> TestResult {
+    if service("HAME_TEST_DOCKER").is_none() {
+        return Ok(());
+    }
+    let agent = unique_agent();
+    let server = ScriptedServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    fs::write(ws.join("tools.json"), "{\"deny\": [\"list_files\"]}\n")?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let marker = dir.path().join("escaped");
+    let forged = json!({
+        "deny": ["read_file"],
+        "mcpServers": {"x": {"transport": "stdio", "command": "sh",
+                              "args": ["-c", format!("touch {}", marker.display())]}}
+    })
+    .to_string();
+    server.push_all([
+        exec(
+            "t1",
+            &format!("printf '%s' '{forged}' > tools.json; echo hi > n.txt"),
+        ),
+        ScriptStep::tool_call("t2", "read_file", json!({"file_path": "n.txt"})),
+        ScriptStep::tool_call("t3", "list_files", json!({})),
+        ScriptStep::text("done"),
+    ]);
+    let args = [
+        "--workspace",
+        &ws_s,
+        "--agent",
+        &agent,
+        "--sandbox",
+        "docker",
+        "--no-memory",
+    ];
+    let out = run_with(dir.path(), &server.base_url(), &args, "go", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let results = tool_results(&server);
+    assert!(
+        results.get(1).is_some_and(|r| r.contains("hi")),
+        "read_file is not denied by the forged file: {results:?}"
+    );
+    assert!(
+        results
+            .get(2)
+            .is_some_and(|r| r.contains("not allowed by tools.json")),
+        "the host's deny holds: {results:?}"
+    );
+    assert!(!marker.exists(), "no host command ran");
+    Ok(())
+}

@@ -51,7 +51,15 @@ impl Layer for OffloadLayer {
                     ws.home_in_files().as_str()
                 );
             }
-            let offloader = Offloader::new(policy, Arc::new(self.layer.files(ws)))
+            // In sandbox mode the caller's home is on the host, where the sandboxed file
+            // tools cannot read: the results go into the sandbox's `/workspace` instead
+            // (snapshotted with it), so `read_file` pages them like any file there.
+            let sink = if ws.mode() == hame_tools::WorkspaceMode::Sandbox {
+                super::files::FsFiles::new(ws.files().clone())
+            } else {
+                self.layer.files(ws)
+            };
+            let offloader = Offloader::new(policy, Arc::new(sink))
                 .with_context_window(self.layer.context_window);
             let threshold = offloader.threshold();
             if message

@@ -11,7 +11,7 @@ use hame_fs::{
     Version, WriteMode, WriteOptions,
 };
 
-use super::{DockerScope, scripts, state};
+use super::{DockerScope, Got, scripts, state};
 use crate::api::{Asset, BeginReport, SANDBOX_WORKSPACE, ScopeSandbox, SnapshotReport};
 use crate::error::Result;
 
@@ -207,19 +207,27 @@ impl ScopeSandbox for DockerScope {
     }
 
     async fn begin(&self, assets: Vec<Asset>) -> Result<BeginReport> {
-        let started = Instant::now();
+        let began = Instant::now();
         self.slot.active.fetch_add(1, Ordering::SeqCst);
         let result = async {
-            let (live, restored) = self.live(true).await?;
-            let fresh = restored.is_some();
+            let (live, got) = self.live(true).await?;
+            let (started, restored_files, refreshed) = match got {
+                Got::Started {
+                    restored,
+                    refreshed,
+                } => (true, restored, refreshed),
+                Got::Warm | Got::Adopted => (false, 0, false),
+            };
             let (projected, unprojected) =
-                state::project(&self.shared, &live, assets, fresh).await?;
+                state::project(&self.shared, &live, assets, started).await?;
             Ok(BeginReport {
-                started: restored.is_some(),
-                restored_files: restored.unwrap_or(0),
+                started,
+                adopted: got == Got::Adopted,
+                refreshed,
+                restored_files,
                 projected,
                 unprojected,
-                elapsed: started.elapsed(),
+                elapsed: began.elapsed(),
             })
         }
         .await;
@@ -244,5 +252,16 @@ impl ScopeSandbox for DockerScope {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
         self.slot.touch();
         result
+    }
+
+    async fn discard(&self) {
+        if let Some(live) = self.slot.live.lock().await.take() {
+            self.shared.remove(&live.id).await;
+        }
+        let _ = self
+            .slot
+            .active
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        self.slot.touch();
     }
 }

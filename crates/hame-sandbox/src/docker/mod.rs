@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bollard::Docker;
-use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::models::{ContainerCreateBody, ContainerSummaryStateEnum, HostConfig};
 use bollard::query_parameters::{
     CreateContainerOptions, ListContainersOptions, RemoveContainerOptions,
 };
@@ -60,6 +60,11 @@ pub struct DockerOptions {
     pub tmp_bytes: u64,
     /// How long an idle container is kept warm. Default 5 min.
     pub idle_ttl: Duration,
+    /// Leave idle containers running when [`Sandboxes::shutdown`] is called (the process
+    /// exits), for the next process's call of their scope to adopt within the idle TTL;
+    /// each stops and is removed by itself once idle longer than the TTL + a grace of
+    /// TTL/10 (1 to 10 s). Default `false`: every container is removed.
+    pub keep_on_exit: bool,
     /// Command timeout when a request gives none. Default 120 s.
     pub default_timeout: Duration,
     /// Longest command timeout. Default 600 s.
@@ -82,6 +87,7 @@ impl Default for DockerOptions {
             workspace_bytes: 1 << 30,
             tmp_bytes: 256 << 20,
             idle_ttl: Duration::from_secs(300),
+            keep_on_exit: false,
             default_timeout: Duration::from_secs(120),
             max_timeout: Duration::from_secs(600),
             max_output_bytes: 100_000,
@@ -123,16 +129,28 @@ pub(crate) fn container_body(
         security_opt: Some(vec!["no-new-privileges:true".to_owned()]),
         tmpfs: Some(tmpfs),
         init: Some(true),
+        // The watchdog below ends the container once it is idle past its TTL; the engine
+        // then removes it, whether or not a hame process is still running.
+        auto_remove: Some(true),
         privileged: Some(false),
         ipc_mode: Some("private".to_owned()),
         binds: None,
         mounts: None,
         ..Default::default()
     };
+    let limit = options.idle_ttl + orphan_grace(options.idle_ttl);
+    let period = (options.idle_ttl / 4).clamp(Duration::from_secs(1), Duration::from_secs(30));
     ContainerCreateBody {
         image: Some(options.image.clone()),
-        entrypoint: Some(vec!["sleep".to_owned()]),
-        cmd: Some(vec!["2147483647".to_owned()]),
+        entrypoint: Some(vec![
+            "sh".to_owned(),
+            "-c".to_owned(),
+            scripts::WATCHDOG.to_owned(),
+            "hame-watchdog".to_owned(),
+            limit.as_secs().max(1).to_string(),
+            period.as_secs().to_string(),
+        ]),
+        cmd: None,
         user: Some(SANDBOX_USER.to_owned()),
         working_dir: Some("/workspace".to_owned()),
         env: Some(exec::base_env()),
@@ -212,6 +230,87 @@ pub(crate) struct Live {
     id: String,
     /// The manifest of the last snapshot (or restore) of this container.
     manifest: tokio::sync::Mutex<Manifest>,
+    /// The identity of that manifest as stored (empty: none stored yet).
+    identity: Mutex<String>,
+}
+
+impl Live {
+    fn new(id: String, manifest: Manifest, identity: String) -> Self {
+        Self {
+            id,
+            manifest: tokio::sync::Mutex::new(manifest),
+            identity: Mutex::new(identity),
+        }
+    }
+
+    pub(crate) fn identity(&self) -> String {
+        self.identity.lock().map(|i| i.clone()).unwrap_or_default()
+    }
+
+    pub(crate) fn set_identity(&self, identity: String) {
+        if let Ok(mut i) = self.identity.lock() {
+            *i = identity;
+        }
+    }
+}
+
+/// How [`DockerScope::live`] got the scope's container.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Got {
+    /// This process's warm container, up to date.
+    Warm,
+    /// An idle container of a process that is gone, taken over.
+    Adopted,
+    /// A new container with the stored snapshot restored (`refreshed`: it replaces a warm
+    /// one that was stale).
+    Started {
+        /// Files restored.
+        restored: usize,
+        /// A stale warm container was replaced.
+        refreshed: bool,
+    },
+}
+
+/// What to do with a container of another process found by its labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Orphan {
+    /// Its process (or the one that took it over) lives: not ours to touch.
+    Theirs,
+    /// Idle within the TTL and its process gone: another call of its scope may adopt it.
+    Adoptable,
+    /// Its process is gone and it is busy (killed mid-call), idle past the TTL, or has no
+    /// state: remove it.
+    Remove,
+}
+
+/// Extra idle time past the TTL (TTL/10, 1 to 10 s) before a process that did not use an
+/// orphan removes it, or it ends itself (so neither happens to one that a call of its scope
+/// is adopting at that moment).
+pub(crate) fn orphan_grace(ttl: Duration) -> Duration {
+    (ttl / 10).clamp(Duration::from_secs(1), Duration::from_secs(10))
+}
+
+/// Decides about a container of another process (a pure function, unit-tested):
+/// `label_owner` its [`OWNER_LABEL`], `state` its state file, `me` this process, `alive`
+/// whether an owner names a live process, `limit` the idle time past which it is removed.
+pub(crate) fn judge_orphan(
+    label_owner: &str,
+    state: Option<&state::ContainerState>,
+    me: &str,
+    alive: &dyn Fn(&str) -> bool,
+    limit: Duration,
+) -> Orphan {
+    let owner = match state {
+        Some(s) if !s.owner.is_empty() => s.owner.as_str(),
+        _ => label_owner,
+    };
+    if owner == me || alive(owner) {
+        return Orphan::Theirs;
+    }
+    match state {
+        Some(s) if s.idle && Duration::from_secs(s.age_secs) <= limit => Orphan::Adoptable,
+        _ => Orphan::Remove,
+    }
 }
 
 /// The Docker sandboxes of one agent (see [`Sandboxes`]). Cheap to clone.
@@ -313,12 +412,20 @@ impl DockerSandboxes {
         ids
     }
 
-    /// Removes the containers of hame processes that are gone (found by [`OWNER_LABEL`]).
+    /// Removes the containers of hame processes that are gone (found by [`OWNER_LABEL`]
+    /// and the state file inside): those killed in the middle of a call, and those idle
+    /// longer than the idle TTL (+ 10 s). Idle ones within it are left for a call of their
+    /// scope to adopt. Runs when this value connects and then with the idle reaper.
     /// Returns how many were removed.
     pub async fn reap_orphans(&self) -> usize {
+        self.shared.reap_orphans().await
+    }
+}
+
+impl Shared {
+    async fn reap_orphans(&self) -> usize {
         let filters = HashMap::from([("label".to_owned(), vec![LABEL.to_owned()])]);
         let list = self
-            .shared
             .docker
             .list_containers(Some(ListContainersOptions {
                 all: true,
@@ -329,17 +436,33 @@ impl DockerSandboxes {
             .unwrap_or_default();
         let mut removed = 0;
         for c in list {
-            let owner = c
+            let Some(id) = c.id else { continue };
+            let label_owner = c
                 .labels
                 .as_ref()
                 .and_then(|l| l.get(OWNER_LABEL))
                 .cloned()
                 .unwrap_or_default();
-            if owner == self.shared.owner || owner_alive(&owner) {
+            // Ours, or of a live process (it was never adopted then): no need to look inside.
+            if label_owner == self.owner || owner_alive(&label_owner) {
                 continue;
             }
-            if let Some(id) = c.id {
-                self.shared.remove(&id).await;
+            let running = c.state == Some(ContainerSummaryStateEnum::RUNNING);
+            let state = if running {
+                state::read_state(self, &id, false).await
+            } else {
+                None
+            };
+            let limit = self.options.idle_ttl + orphan_grace(self.options.idle_ttl);
+            if judge_orphan(
+                &label_owner,
+                state.as_ref(),
+                &self.owner,
+                &owner_alive,
+                limit,
+            ) == Orphan::Remove
+            {
+                self.remove(&id).await;
                 removed += 1;
             }
         }
@@ -348,9 +471,7 @@ impl DockerSandboxes {
         }
         removed
     }
-}
 
-impl Shared {
     fn slot_list(&self) -> Vec<Arc<Slot>> {
         self.slots
             .lock()
@@ -393,7 +514,9 @@ impl Shared {
         if self.closed.load(Ordering::SeqCst) {
             return Err(Error::Config("the sandboxes were shut down".into()));
         }
-        let n = self.counter.fetch_add(1, Ordering::SeqCst);
+        // Unique in the process, whatever the number of `DockerSandboxes` values.
+        static CONTAINERS: AtomicU64 = AtomicU64::new(0);
+        let n = CONTAINERS.fetch_add(1, Ordering::SeqCst);
         let name = format!("hame-sbx-{}-{n}", std::process::id());
         let labels = HashMap::from([
             (LABEL.to_owned(), "1".to_owned()),
@@ -435,12 +558,16 @@ impl Shared {
     }
 }
 
+/// How often the idle reaper looks for containers of dead processes.
+const ORPHAN_SCAN_EVERY: Duration = Duration::from_secs(30);
+
 /// Removes containers idle past the TTL (their state is in the last snapshot).
 fn spawn_reaper(shared: Weak<Shared>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
     runtime.spawn(async move {
+        let mut last_orphan_scan = Instant::now();
         loop {
             let period = match shared.upgrade() {
                 Some(s) => (s.options.idle_ttl / 2)
@@ -451,6 +578,11 @@ fn spawn_reaper(shared: Weak<Shared>) {
             let Some(s) = shared.upgrade() else { return };
             if s.closed.load(Ordering::SeqCst) {
                 return;
+            }
+            // Containers of processes that died are removed by whichever hame process runs.
+            if last_orphan_scan.elapsed() >= ORPHAN_SCAN_EVERY {
+                last_orphan_scan = Instant::now();
+                s.reap_orphans().await;
             }
             for slot in s.slot_list() {
                 if slot.active.load(Ordering::SeqCst) > 0 || slot.idle_for() < s.options.idle_ttl {
@@ -492,9 +624,16 @@ impl Sandboxes for DockerSandboxes {
     async fn shutdown(&self) {
         self.shared.closed.store(true, Ordering::SeqCst);
         let slots = self.shared.slot_list();
-        let removals = slots.iter().map(|slot| async {
+        let keep = self.shared.options.keep_on_exit;
+        let removals = slots.iter().map(|slot| async move {
             if let Some(l) = slot.live.lock().await.take() {
-                self.shared.remove(&l.id).await;
+                // A container in the middle of a call is never kept (not adoptable).
+                if keep && slot.active.load(Ordering::SeqCst) == 0 {
+                    self.shared.forget_servers(&l.id);
+                    tracing::debug!(scope = %slot.key, container = %l.id, "sandbox container left warm for the next process");
+                } else {
+                    self.shared.remove(&l.id).await;
+                }
             }
         });
         futures::future::join_all(removals).await;
@@ -509,24 +648,39 @@ pub struct DockerScope {
 }
 
 impl DockerScope {
-    /// The running container of the scope, started (and the snapshot restored) if none
-    /// runs. Returns it, and the number of restored files when it was started now.
-    async fn live(&self, check: bool) -> Result<(Arc<Live>, Option<usize>)> {
+    /// The running container of the scope. With `check` (at the start of a call): a warm
+    /// container that is gone, or stale (the stored snapshot is not the one it last wrote
+    /// or restored: another process ran a call of the scope since), is replaced; without a
+    /// warm one, an idle container of a dead process with the stored snapshot is adopted;
+    /// else a new one starts with the snapshot restored.
+    async fn live(&self, check: bool) -> Result<(Arc<Live>, Got)> {
         self.slot.touch();
         let mut guard = self.slot.live.lock().await;
+        let mut refreshed = false;
         if let Some(live) = guard.as_ref() {
-            if !check || self.shared.running(&live.id).await {
-                return Ok((live.clone(), None));
+            if !check {
+                return Ok((live.clone(), Got::Warm));
             }
-            tracing::warn!(scope = %self.slot.key, "the sandbox container is gone; restoring its snapshot in a new one");
+            if self.shared.running(&live.id).await {
+                let stored =
+                    state::stored_identity(self.shared.snapshots.as_ref(), &self.slot.key).await?;
+                if stored == live.identity() {
+                    return Ok((live.clone(), Got::Warm));
+                }
+                tracing::info!(scope = %self.slot.key, "another process stored a newer snapshot of this scope; the warm container is replaced");
+                refreshed = true;
+            } else {
+                tracing::warn!(scope = %self.slot.key, "the sandbox container is gone; restoring its snapshot in a new one");
+            }
             self.shared.remove(&live.id).await;
             *guard = None;
         }
+        if let Some(live) = self.adopt().await {
+            *guard = Some(live.clone());
+            return Ok((live, Got::Adopted));
+        }
         let id = self.shared.start(&self.slot).await?;
-        let live = Arc::new(Live {
-            id,
-            manifest: tokio::sync::Mutex::new(Manifest::default()),
-        });
+        let live = Arc::new(Live::new(id, Manifest::default(), String::new()));
         let restored = match state::restore(&self.shared, &self.slot.key, &live).await {
             Ok(n) => n,
             Err(e) => {
@@ -535,7 +689,90 @@ impl DockerScope {
             }
         };
         *guard = Some(live.clone());
-        Ok((live, Some(restored)))
+        Ok((
+            live,
+            Got::Started {
+                restored,
+                refreshed,
+            },
+        ))
+    }
+
+    /// Takes over a running container of this scope left by a process that is gone, if
+    /// its last call ended within the idle TTL with the snapshot that is stored now;
+    /// removes the other orphans of the scope it finds. The caller holds the scope (the
+    /// sandbox or session lease), so two processes never adopt one container.
+    async fn adopt(&self) -> Option<Arc<Live>> {
+        let key = &self.slot.key;
+        let filters = HashMap::from([
+            ("label".to_owned(), vec![format!("{SCOPE_LABEL}={key}")]),
+            ("status".to_owned(), vec!["running".to_owned()]),
+        ]);
+        let list = self
+            .shared
+            .docker
+            .list_containers(Some(ListContainersOptions {
+                all: false,
+                filters: Some(filters),
+                ..Default::default()
+            }))
+            .await
+            .ok()?;
+        let mut stored: Option<(Manifest, String)> = None;
+        for c in list {
+            let Some(id) = c.id else { continue };
+            let label_owner = c
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(OWNER_LABEL))
+                .cloned()
+                .unwrap_or_default();
+            // One this process started (being removed) or one of a live process.
+            if label_owner == self.shared.owner || owner_alive(&label_owner) {
+                continue;
+            }
+            // Through a pooled command server (the calls that follow in an adopted container
+            // need one anyway), while the stored manifest is read.
+            let (state, stored_now) =
+                tokio::join!(state::read_state(&self.shared, &id, true), async {
+                    match &stored {
+                        Some(_) => None,
+                        None => state::load_manifest(self.shared.snapshots.as_ref(), key)
+                            .await
+                            .ok(),
+                    }
+                });
+            if stored.is_none() {
+                stored = stored_now;
+            }
+            let verdict = judge_orphan(
+                &label_owner,
+                state.as_ref(),
+                &self.shared.owner,
+                &owner_alive,
+                self.shared.options.idle_ttl,
+            );
+            match (verdict, state) {
+                (Orphan::Theirs, _) => {
+                    self.shared.forget_servers(&id);
+                    continue;
+                }
+                (Orphan::Adoptable, Some(st)) => {
+                    let (manifest, identity) = stored.clone()?;
+                    if st.identity == identity {
+                        let live = Arc::new(Live::new(id.clone(), manifest, identity));
+                        // Claimed: from now on it is this process's (busy) container.
+                        if state::write_state(&self.shared, &live, false).await.is_ok() {
+                            tracing::info!(scope = %key, container = %live.id, "adopted the idle sandbox container of a process that is gone");
+                            return Some(live);
+                        }
+                    }
+                    self.shared.remove(&id).await;
+                }
+                _ => self.shared.remove(&id).await,
+            }
+        }
+        None
     }
 }
 
@@ -581,6 +818,62 @@ mod tests {
         assert_eq!(
             with_net.host_config.and_then(|h| h.network_mode).as_deref(),
             Some("bridge")
+        );
+        // The watchdog: idle past 300 s + 10 s, looked at every 30 s; removed when it ends.
+        let entry = body.entrypoint.unwrap_or_default();
+        assert_eq!(entry[3..], ["hame-watchdog", "310", "30"]);
+        assert_eq!(host.auto_remove, Some(true));
+        assert_eq!(orphan_grace(Duration::from_secs(2)), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn orphans_are_judged_by_owner_state_and_age() {
+        use state::ContainerState;
+        let alive = |o: &str| o == "live:1";
+        let ttl = Duration::from_secs(300);
+        let st = |idle: bool, owner: &str, age: u64| ContainerState {
+            idle,
+            identity: "id".into(),
+            owner: owner.into(),
+            age_secs: age,
+        };
+        let judge = |label: &str, s: Option<ContainerState>| {
+            judge_orphan(label, s.as_ref(), "me:1", &alive, ttl)
+        };
+        assert_eq!(judge("live:1", None), Orphan::Theirs, "its process lives");
+        assert_eq!(
+            judge("dead:1", Some(st(true, "live:1", 5))),
+            Orphan::Theirs,
+            "adopted by a live process"
+        );
+        assert_eq!(
+            judge("dead:1", Some(st(false, "me:1", 5))),
+            Orphan::Theirs,
+            "adopted by this one"
+        );
+        assert_eq!(
+            judge("dead:1", Some(st(true, "dead:1", 5))),
+            Orphan::Adoptable
+        );
+        assert_eq!(
+            judge("dead:1", Some(st(true, "", 300))),
+            Orphan::Adoptable,
+            "the label names the owner"
+        );
+        assert_eq!(
+            judge("dead:1", Some(st(true, "dead:1", 301))),
+            Orphan::Remove,
+            "idle past the TTL"
+        );
+        assert_eq!(
+            judge("dead:1", Some(st(false, "dead:1", 1))),
+            Orphan::Remove,
+            "killed mid-call"
+        );
+        assert_eq!(
+            judge("dead:1", None),
+            Orphan::Remove,
+            "never finished a call"
         );
     }
 

@@ -90,12 +90,14 @@ exit 0"#;
 /// lists every file of `/workspace` on stderr
 /// (`size mode mtime ./path`) and writes on stdout a tar of the files modified since the
 /// last snapshot's marker (all files when there is none), projection roots and temporary
-/// files left out; then moves the marker forward.
+/// files left out; then moves the marker forward. It also prints `marker <seconds>`, the
+/// marker's time: busybox's `-newer` compares whole seconds, so the caller reads again the
+/// files modified in the marker's second.
 pub(crate) const SNAPSHOT: &str = r#"cd /workspace || exit 1
 M=/tmp/.hame-snap-marker
 touch /tmp/.hame-snap-next
 find . -type f -exec stat -c '%s %a %Y %n' {} + >&2
-N=""; [ -e $M ] && N="-newer $M"
+N=""; [ -e $M ] && N="-newer $M" && echo "marker $(stat -c %Y $M)" >&2
 find . -type f $N ! -name '.hame-tmp-*' ! -path ./AGENTS.md ! -path ./tools.json ! -path './skills/*' ! -path './subagents/*' ! -path './knowledge/*' > /tmp/.hame-snap-list
 if [ -n "$HAME_FAST" ]; then
   s=$(tr '\n' '\0' < /tmp/.hame-snap-list | xargs -0 -r stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
@@ -110,8 +112,35 @@ exit 0"#;
 /// Extracts a tar from stdin into `/workspace` and starts the snapshot marker.
 pub(crate) const RESTORE: &str = "cd /workspace && tar -xf - && touch /tmp/.hame-snap-marker";
 
-/// SHA-256 of every file under the projection roots (`hash  ./path`).
-pub(crate) const PROJECTION_HASHES: &str = r#"cd /workspace || exit 1
+/// Writes the container's state file `/tmp/.hame-sandbox`: `$1` the status (`idle` when a
+/// call ended with its snapshot stored, `busy` while a call runs), `$2` the identity of
+/// the manifest of its last snapshot, `$3` the owner (`<pid>:<start time>` of the process
+/// that uses it). Its time is when the status was written (for `idle`: when the container
+/// went idle).
+pub(crate) const STATE_WRITE: &str = r#"printf '%s\n%s\n%s\n' "$1" "$2" "$3" > /tmp/.hame-sandbox.t && mv -f /tmp/.hame-sandbox.t /tmp/.hame-sandbox"#;
+
+/// The container's main process (under Docker's init): every `$2` seconds it looks at the
+/// state file and exits, ending the container (which the engine then removes), once the
+/// file says `idle` and is older than `$1` seconds. So a container whose process died, or
+/// that was left for the next process, never outlives its idle TTL (+ grace) even when no
+/// hame process runs any more. A container in the middle of a call is never ended.
+pub(crate) const WATCHDOG: &str = r#"f=/tmp/.hame-sandbox
+while sleep "$2"; do
+  [ -f $f ] || continue
+  [ "$(head -n 1 $f)" = idle ] || continue
+  [ $(( $(date +%s) - $(stat -c %Y $f) )) -gt "$1" ] && exit 0
+done"#;
+
+/// Prints `state`, the state file's three lines and the seconds since it was written;
+/// exits 1 without a state file.
+pub(crate) const STATE_READ: &str = r#"f=/tmp/.hame-sandbox
+[ -f $f ] || exit 1
+echo state; cat $f; echo $(( $(date +%s) - $(stat -c %Y $f) ))"#;
+
+/// SHA-256 of every file under the projection roots (`hash  ./path`); a call begins, so the
+/// state file says `busy` for the owner `$1`.
+pub(crate) const PROJECTION_HASHES: &str = r#"printf 'busy\n\n%s\n' "$1" > /tmp/.hame-sandbox.t && mv -f /tmp/.hame-sandbox.t /tmp/.hame-sandbox
+cd /workspace || exit 1
 for r in AGENTS.md skills subagents knowledge tools.json; do
   [ -e "$r" ] && find "./$r" -type f -exec sha256sum {} +
 done

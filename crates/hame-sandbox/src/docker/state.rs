@@ -47,13 +47,108 @@ fn blob_path(sha: &str) -> Result<FsPath> {
     Ok(FsPath::parse(&format!("blobs/{prefix}/{sha}"))?)
 }
 
-async fn load_manifest(store: &dyn Filesystem, key: &str) -> Result<Manifest> {
+/// The identity of a stored manifest: the SHA-256 of its bytes (empty: no snapshot yet).
+/// Two processes that store the same files store the same identity; any other change of
+/// the scope's snapshot changes it.
+fn identity_of(bytes: &[u8]) -> String {
+    sha256(bytes)
+}
+
+/// The scope's stored manifest and its identity.
+pub(crate) async fn load_manifest(store: &dyn Filesystem, key: &str) -> Result<(Manifest, String)> {
     match store.read_bytes(&manifest_path(key)?).await {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| snapshot_error(format!("the manifest of {key} is not valid: {e}"))),
-        Err(e) if e.is_not_found() => Ok(Manifest::default()),
+        Ok(bytes) => {
+            let manifest = serde_json::from_slice(&bytes)
+                .map_err(|e| snapshot_error(format!("the manifest of {key} is not valid: {e}")))?;
+            Ok((manifest, identity_of(&bytes)))
+        }
+        Err(e) if e.is_not_found() => Ok((Manifest::default(), String::new())),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The identity of the scope's stored manifest (one read of the store).
+pub(crate) async fn stored_identity(store: &dyn Filesystem, key: &str) -> Result<String> {
+    match store.read_bytes(&manifest_path(key)?).await {
+        Ok(bytes) => Ok(identity_of(&bytes)),
+        Err(e) if e.is_not_found() => Ok(String::new()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What a container's state file says (see [`scripts::STATE_WRITE`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ContainerState {
+    /// Its last call ended with its snapshot stored (else a call runs, or ran when its
+    /// process died).
+    pub(crate) idle: bool,
+    /// The identity of the manifest of its last snapshot.
+    pub(crate) identity: String,
+    /// The process that uses it (`<pid>:<start time>`).
+    pub(crate) owner: String,
+    /// Seconds since the state was written.
+    pub(crate) age_secs: u64,
+}
+
+/// Parses the output of [`scripts::STATE_READ`]: `None` when the container has no state
+/// file (it never finished a call).
+pub(crate) fn parse_state(text: &str) -> Option<ContainerState> {
+    let mut lines = text.lines();
+    if lines.next()? != "state" {
+        return None;
+    }
+    let idle = lines.next()?.trim() == "idle";
+    let identity = lines.next()?.trim().to_owned();
+    let owner = lines.next()?.trim().to_owned();
+    let age_secs = lines
+        .next()?
+        .trim()
+        .parse::<i64>()
+        .ok()?
+        .max(0)
+        .unsigned_abs();
+    Some(ContainerState {
+        idle,
+        identity,
+        owner,
+        age_secs,
+    })
+}
+
+/// Reads a container's state file: through a command server that stays in the pool when
+/// `pooled` (a container about to be adopted), else as its own `docker exec` (no server is
+/// left in a container that may not become ours).
+pub(crate) async fn read_state(shared: &Shared, id: &str, pooled: bool) -> Option<ContainerState> {
+    let raw = if pooled {
+        shared
+            .script(id, scripts::STATE_READ, &[], None, 4096)
+            .await
+    } else {
+        shared
+            .script_exec(id, scripts::STATE_READ, &[], None, 4096)
+            .await
+    };
+    match raw {
+        Ok(raw) if raw.exit == Some(0) => parse_state(&String::from_utf8_lossy(&raw.stdout.kept)),
+        _ => None,
+    }
+}
+
+/// Writes the container's state file: `idle` (a call ended with the snapshot of
+/// `live`'s identity stored) or `busy` (a call begins; an adoption claims it).
+pub(crate) async fn write_state(shared: &Shared, live: &Live, idle: bool) -> Result<()> {
+    let identity = live.identity();
+    let status = if idle { "idle" } else { "busy" };
+    let raw = shared
+        .script(
+            &live.id,
+            scripts::STATE_WRITE,
+            &[status, identity.as_str(), shared.owner.as_str()],
+            None,
+            4096,
+        )
+        .await?;
+    check(&raw, "writing the sandbox state file")
 }
 
 fn relative(path: &str) -> &str {
@@ -82,7 +177,7 @@ fn check(raw: &super::exec::Raw, what: &str) -> Result<()> {
 pub(crate) async fn restore(shared: &Shared, key: &str, live: &Live) -> Result<usize> {
     // The container's first command server starts while the snapshot is read.
     let (prepared, ()) = tokio::join!(restore_archive(shared, key), shared.warm(&live.id));
-    let (manifest, archive) = prepared?;
+    let (manifest, identity, archive) = prepared?;
     let count = manifest.files.len();
     if let Some(archive) = archive {
         let raw = shared
@@ -92,14 +187,19 @@ pub(crate) async fn restore(shared: &Shared, key: &str, live: &Live) -> Result<u
     }
     // Without a snapshot there is no marker yet: the first snapshot takes every file.
     *live.manifest.lock().await = manifest;
+    live.set_identity(identity);
     Ok(count)
 }
 
-/// The last snapshot of `key`: its manifest and, when it has files, their tar.
-async fn restore_archive(shared: &Shared, key: &str) -> Result<(Manifest, Option<Vec<u8>>)> {
-    let manifest = load_manifest(shared.snapshots.as_ref(), key).await?;
+/// The last snapshot of `key`: its manifest, its identity and, when it has files, their
+/// tar.
+async fn restore_archive(
+    shared: &Shared,
+    key: &str,
+) -> Result<(Manifest, String, Option<Vec<u8>>)> {
+    let (manifest, identity) = load_manifest(shared.snapshots.as_ref(), key).await?;
     if manifest.files.is_empty() {
-        return Ok((manifest, None));
+        return Ok((manifest, identity, None));
     }
     let paths: Vec<FsPath> = manifest
         .files
@@ -127,7 +227,7 @@ async fn restore_archive(shared: &Shared, key: &str) -> Result<(Manifest, Option
     let archive = tar
         .into_inner()
         .map_err(|e| snapshot_error(format!("cannot pack the snapshot: {e}")))?;
-    Ok((manifest, Some(archive)))
+    Ok((manifest, identity, Some(archive)))
 }
 
 fn parse_listing(text: &str) -> Vec<Listed> {
@@ -155,6 +255,14 @@ fn parse_listing(text: &str) -> Vec<Listed> {
     }
     listed.retain(|l| !skipped(&l.path));
     listed
+}
+
+/// The `marker <seconds>` line of a snapshot listing: the time of the last snapshot's
+/// marker.
+fn parse_marker(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("marker "))
+        .and_then(|t| t.trim().parse().ok())
 }
 
 /// The regular files of a tar archive: path (relative) → bytes; projected and temporary
@@ -211,21 +319,45 @@ async fn fetch(
 }
 
 /// Snapshots the container's `/workspace`: lists it, reads only what changed since the
-/// last snapshot, uploads the blobs the store lacks and writes the new manifest.
+/// last snapshot, uploads the blobs the store lacks and writes the new manifest; then
+/// records the manifest's identity in the container's state file (the container is idle
+/// and can be adopted by another process from now on).
 pub(crate) async fn snapshot(shared: &Shared, key: &str, live: &Live) -> Result<SnapshotReport> {
+    let report = snapshot_files(shared, key, live).await?;
+    if let Err(e) = write_state(shared, live, true).await {
+        // Not adoptable by another process then; nothing else depends on it.
+        tracing::debug!(error = %e, "recording the sandbox's idle state failed");
+    }
+    Ok(report)
+}
+
+async fn snapshot_files(shared: &Shared, key: &str, live: &Live) -> Result<SnapshotReport> {
     let started = Instant::now();
     let mut manifest = live.manifest.lock().await;
     let raw = shared
         .script(&live.id, scripts::SNAPSHOT, &[], None, BIG)
         .await?;
-    let listed = parse_listing(&String::from_utf8_lossy(&raw.stderr.kept));
+    let text = String::from_utf8_lossy(&raw.stderr.kept);
+    let listed = parse_listing(&text);
+    let marker = parse_marker(&text);
     // The archive of what was modified since the marker; a failed `tar` (too many files
     // for one command line) leaves it to the fallback below.
     let mut fetched = BTreeMap::new();
     if raw.exit == Some(0) {
         untar(&raw.stdout.kept, &mut fetched)?;
     }
-    let touched: BTreeSet<String> = fetched.keys().cloned().collect();
+    // `-newer` sees whole seconds only: a file modified in the second of the last
+    // snapshot (same size, same second) counts as touched too.
+    let touched: BTreeSet<String> = fetched
+        .keys()
+        .cloned()
+        .chain(
+            listed
+                .iter()
+                .filter(|l| marker.is_some_and(|m| l.mtime >= m))
+                .map(|l| l.path.clone()),
+        )
+        .collect();
     let plan = plan_snapshot(&manifest, &listed, &touched);
     let mut report = SnapshotReport {
         files: listed.len(),
@@ -298,11 +430,13 @@ pub(crate) async fn snapshot(shared: &Shared, key: &str, live: &Live) -> Result<
     }
     let json = serde_json::to_vec(&next)
         .map_err(|e| snapshot_error(format!("cannot encode the manifest: {e}")))?;
+    let identity = identity_of(&json);
     shared
         .snapshots
         .write(&manifest_path(key)?, json, WriteOptions::default())
         .await?;
     *manifest = next;
+    live.set_identity(identity);
     report.elapsed = started.elapsed();
     Ok(report)
 }
@@ -320,7 +454,13 @@ pub(crate) async fn project(
         BTreeMap::new()
     } else {
         let raw = shared
-            .script(&live.id, scripts::PROJECTION_HASHES, &[], None, BIG)
+            .script(
+                &live.id,
+                scripts::PROJECTION_HASHES,
+                &[shared.owner.as_str()],
+                None,
+                BIG,
+            )
             .await?;
         check(&raw, "hashing the projected files")?;
         String::from_utf8_lossy(&raw.stdout.kept)
@@ -383,6 +523,37 @@ pub(crate) async fn project(
 mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
+
+    #[test]
+    fn the_marker_time_is_parsed() {
+        assert_eq!(
+            parse_marker("5 644 100 ./a\nmarker 1796150087\n"),
+            Some(1796150087)
+        );
+        assert_eq!(parse_marker("5 644 100 ./a\n"), None);
+        assert!(parse_listing("marker 17\n").is_empty(), "not a file");
+    }
+
+    #[test]
+    fn state_files_are_parsed() {
+        assert_eq!(
+            parse_state("state\nidle\nabc\n12:34\n7\n"),
+            Some(ContainerState {
+                idle: true,
+                identity: "abc".into(),
+                owner: "12:34".into(),
+                age_secs: 7
+            })
+        );
+        assert_eq!(
+            parse_state("state\nbusy\n\n12:34\n-2\n").map(|s| (s.idle, s.identity, s.age_secs)),
+            Some((false, String::new(), 0)),
+            "a call runs; a clock step back counts as new"
+        );
+        assert_eq!(parse_state("none\n"), None);
+        assert_eq!(parse_state(""), None);
+        assert_eq!(parse_state("state\nidle\nabc\n"), None);
+    }
 
     #[test]
     fn listing_is_parsed_and_projection_and_temp_files_left_out() {

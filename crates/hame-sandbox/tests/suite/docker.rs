@@ -412,3 +412,80 @@ async fn command_server_concurrency_cancellation_and_large_files() {
     assert_eq!(sb.read_bytes(&p("big.bin")).await.unwrap(), big);
     sbs.shutdown().await;
 }
+
+/// Two "processes" (two values on one snapshot store) take turns on one scope, each keeping
+/// its container warm: before using it, each sees that the other stored a newer snapshot
+/// and replaces its stale container, so each sees the other's files; an unchanged store
+/// keeps the warm container.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_warm_container_made_stale_by_another_process_is_refreshed() {
+    if !docker_enabled() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let k = key("stale");
+    let one = sandboxes(dir.path(), DockerOptions::default()).await;
+    let two = sandboxes(dir.path(), DockerOptions::default()).await;
+    let (a, b) = (one.scope(&k), two.scope(&k));
+    let r = a.begin(Vec::new()).await.unwrap();
+    assert!(r.started && !r.refreshed);
+    sh(a.as_ref(), "echo from-one > one.txt").await;
+    a.end().await.unwrap();
+    let r = b.begin(Vec::new()).await.unwrap();
+    assert_eq!((r.started, r.restored_files), (true, 1));
+    assert_eq!(sh(b.as_ref(), "cat one.txt").await.output, "from-one\n");
+    sh(b.as_ref(), "echo from-two > two.txt; rm one.txt").await;
+    b.end().await.unwrap();
+    // One's warm container predates two's snapshot.
+    let warm = one.running().await;
+    let r = a.begin(Vec::new()).await.unwrap();
+    assert!(r.started && r.refreshed, "{r:?}");
+    assert_eq!(r.restored_files, 1);
+    assert_ne!(
+        one.running().await,
+        warm,
+        "the stale container was replaced"
+    );
+    assert_eq!(sh(a.as_ref(), "ls").await.output, "two.txt\n");
+    sh(a.as_ref(), "echo again > one.txt").await;
+    a.end().await.unwrap();
+    // Nothing stored in between: the warm container is used as it is.
+    let warm = one.running().await;
+    let r = a.begin(Vec::new()).await.unwrap();
+    assert!(!r.started && !r.refreshed, "{r:?}");
+    assert_eq!(one.running().await, warm);
+    a.end().await.unwrap();
+    let r = b.begin(Vec::new()).await.unwrap();
+    assert!(r.refreshed, "{r:?}");
+    assert_eq!(
+        sh(b.as_ref(), "cat one.txt two.txt").await.output,
+        "again\nfrom-two\n"
+    );
+    b.end().await.unwrap();
+    one.shutdown().await;
+    two.shutdown().await;
+}
+
+/// A file rewritten with the same size in the same second as the last snapshot is not
+/// lost (busybox's `find -newer` sees whole seconds only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_same_second_same_size_rewrite_is_snapshotted() {
+    if !docker_enabled() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let k = key("same-second");
+    let sbs = sandboxes(dir.path(), DockerOptions::default()).await;
+    let sb = sbs.scope(&k);
+    for i in 0..5 {
+        sb.begin(Vec::new()).await.unwrap();
+        sh(sb.as_ref(), &format!("echo {i} > f.txt")).await;
+        sb.end().await.unwrap();
+    }
+    sbs.shutdown().await;
+    let sbs = sandboxes(dir.path(), DockerOptions::default()).await;
+    let sb = sbs.scope(&k);
+    sb.begin(Vec::new()).await.unwrap();
+    assert_eq!(sh(sb.as_ref(), "cat f.txt").await.output, "4\n");
+    sbs.shutdown().await;
+}
