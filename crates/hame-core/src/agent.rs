@@ -410,11 +410,16 @@ impl AgentLoop {
             Ok::<_, ModelError>(asm.finish())
         };
         let span = tracing::info_span!("hame.model", model = %self.model.info().model);
-        tokio::select! {
+        let started = Instant::now();
+        let response = tokio::select! {
             biased;
-            _ = cancel.cancelled() => Err(Error::Cancelled),
-            r = work.instrument(span) => Ok(r?),
-        }
+            _ = cancel.cancelled() => return Err(Error::Cancelled),
+            r = work.instrument(span) => r?,
+        };
+        events.emit(AgentEvent::ModelResponded {
+            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        });
+        Ok(response)
     }
 
     /// The innermost end of the tool chain: the tool itself.

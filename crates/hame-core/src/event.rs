@@ -48,6 +48,11 @@ pub enum AgentEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         code: Option<String>,
     },
+    /// A model request was answered (its whole stream read), after `duration_ms`.
+    ModelResponded {
+        /// Wall time of the request, in milliseconds.
+        duration_ms: u64,
+    },
     /// Usage of one model request.
     Usage {
         /// Token counts.

@@ -5,6 +5,9 @@ use std::fmt::Write;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Upper bounds of the model latency histogram, in seconds.
+const MODEL_BUCKETS: [f64; 10] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
 /// The counters.
 #[derive(Debug, Default)]
 pub(crate) struct Metrics {
@@ -18,6 +21,11 @@ pub(crate) struct Metrics {
     tools: Mutex<BTreeMap<(String, &'static str), u64>>,
     input_tokens: AtomicU64,
     output_tokens: AtomicU64,
+    /// Model request latency: counts per bucket of [`MODEL_BUCKETS`] (cumulative when
+    /// rendered), the sum in milliseconds and the count.
+    model_buckets: [AtomicU64; MODEL_BUCKETS.len()],
+    model_millis: AtomicU64,
+    model_count: AtomicU64,
     /// Refused requests by reason (`queue_full`, `unauthorized`, ...).
     refused: Mutex<BTreeMap<&'static str, u64>>,
 }
@@ -49,6 +57,14 @@ impl Metrics {
                     let outcome = if *is_error { "error" } else { "ok" };
                     *t.entry((name.clone(), outcome)).or_default() += 1;
                 }
+            }
+            hame::AgentEvent::ModelResponded { duration_ms } => {
+                let secs = *duration_ms as f64 / 1e3;
+                if let Some(i) = MODEL_BUCKETS.iter().position(|b| secs <= *b) {
+                    self.model_buckets[i].fetch_add(1, Ordering::Relaxed);
+                }
+                self.model_millis.fetch_add(*duration_ms, Ordering::Relaxed);
+                self.model_count.fetch_add(1, Ordering::Relaxed);
             }
             hame::AgentEvent::Usage { usage } => {
                 self.input_tokens
@@ -118,6 +134,33 @@ impl Metrics {
                 );
             }
         }
+        let _ = writeln!(
+            out,
+            "# HELP hame_model_request_seconds Latency of model requests (until the whole answer streamed)."
+        );
+        let _ = writeln!(out, "# TYPE hame_model_request_seconds histogram");
+        let mut cumulative = 0;
+        for (bound, n) in MODEL_BUCKETS.iter().zip(&self.model_buckets) {
+            cumulative += n.load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "hame_model_request_seconds_bucket{{agent=\"{a}\",le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        let count = self.model_count.load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "hame_model_request_seconds_bucket{{agent=\"{a}\",le=\"+Inf\"}} {count}"
+        );
+        let _ = writeln!(
+            out,
+            "hame_model_request_seconds_sum{{agent=\"{a}\"}} {}",
+            self.model_millis.load(Ordering::Relaxed) as f64 / 1e3
+        );
+        let _ = writeln!(
+            out,
+            "hame_model_request_seconds_count{{agent=\"{a}\"}} {count}"
+        );
         let _ = writeln!(out, "# HELP hame_tokens_total Model tokens by kind.");
         let _ = writeln!(out, "# TYPE hame_tokens_total counter");
         let _ = writeln!(

@@ -546,6 +546,13 @@ async fn serve_answers_429_with_retry_after_when_a_session_queue_is_full() -> Te
         "{metrics}"
     );
     assert!(metrics.contains("hame_turns_total{agent=\"hame\",outcome=\"finished\"} 2"));
+    // Model latency: a histogram, one observation per model request (two turns, one step each).
+    assert!(
+        metrics.contains("# TYPE hame_model_request_seconds histogram")
+            && metrics.contains("hame_model_request_seconds_bucket{agent=\"hame\",le=\"+Inf\"} 2")
+            && metrics.contains("hame_model_request_seconds_count{agent=\"hame\"} 2"),
+        "{metrics}"
+    );
     Ok(())
 }
 
