@@ -126,6 +126,38 @@ impl Catalog {
         hame_subagent::tool_allowlist(runtime).is_none_or(|allow| allow.iter().any(|a| a == name))
     }
 
+    /// The deferred tools a `tool_search` query names: a word (3 characters or more) equal
+    /// to or inside a tool's name (a plural `s` dropped), in a group's topic, or (4
+    /// characters or more) in a tool's description.
+    fn matching(&self, query: &str) -> BTreeSet<&str> {
+        let mut found = BTreeSet::new();
+        let words = query
+            .split(|c: char| c.is_whitespace() || c == ',')
+            .map(str::to_lowercase)
+            .filter(|w| w.chars().count() >= 3);
+        for w in words {
+            let singular = w.trim_end_matches('s');
+            for spec in &self.specs {
+                if spec.name == w
+                    || (!singular.is_empty() && spec.name.contains(singular))
+                    || (w.chars().count() >= 4 && spec.description.to_lowercase().contains(&w))
+                {
+                    found.insert(spec.name.as_str());
+                }
+            }
+            for (label, members) in GROUPS {
+                if !singular.is_empty() && label.contains(singular) {
+                    for m in members.iter().copied() {
+                        if let Some(spec) = self.specs.iter().find(|s| s.name == m) {
+                            found.insert(spec.name.as_str());
+                        }
+                    }
+                }
+            }
+        }
+        found
+    }
+
     /// `tool_search`'s description: what can be loaded, by group.
     fn description(&self) -> String {
         let mut parts = Vec::new();
@@ -309,35 +341,8 @@ impl TypedTool for ToolSearch {
                 "query is longer than {MAX_QUERY_CHARS} characters"
             )));
         }
-        let words: Vec<String> = args
-            .query
-            .split(|c: char| c.is_whitespace() || c == ',')
-            .filter(|w| !w.is_empty())
-            .map(str::to_lowercase)
-            .collect();
         let permitted = |n: &str| self.catalog.permitted(&ctx.runtime, n);
-        let mut found: BTreeSet<&str> = BTreeSet::new();
-        for w in &words {
-            let singular = w.trim_end_matches('s');
-            for spec in &self.catalog.specs {
-                let hit = spec.name == *w
-                    || spec.name.contains(singular)
-                    || spec.description.to_lowercase().contains(w.as_str());
-                if hit {
-                    found.insert(spec.name.as_str());
-                }
-            }
-            for (label, members) in GROUPS {
-                if label.contains(singular) {
-                    found.extend(
-                        members
-                            .iter()
-                            .copied()
-                            .filter(|m| self.catalog.is_deferred(m)),
-                    );
-                }
-            }
-        }
+        let found = self.catalog.matching(&args.query);
         // A match brings its group (the tools that work together).
         let groups: Vec<String> = found
             .iter()
@@ -394,6 +399,30 @@ mod tests {
         assert!(Catalog::new(Vec::new(), 1).is_none());
         let d = c.description();
         assert!(d.contains("subagent tasks: task_output task_list"), "{d}");
+    }
+
+    #[test]
+    fn queries_match_names_topics_and_descriptions_but_not_short_words() {
+        let Some(c) = Catalog::new(
+            vec![
+                spec("session_list"),
+                spec("session_history"),
+                spec("task_output"),
+            ],
+            1,
+        ) else {
+            panic!("a catalog");
+        };
+        let names = |q: &str| c.matching(q).into_iter().collect::<Vec<_>>();
+        assert_eq!(names("sessions"), ["session_history", "session_list"]);
+        assert_eq!(names("task_output"), ["task_output"]);
+        assert_eq!(names("subagent"), ["task_output"], "the group's topic");
+        assert_eq!(
+            names("does"),
+            ["session_history", "session_list", "task_output"]
+        );
+        assert!(names("a s to of").is_empty(), "short words match nothing");
+        assert!(names("").is_empty());
     }
 
     #[test]
