@@ -559,6 +559,7 @@ async fn events_are_emitted_in_order() -> Result<()> {
             AgentEvent::ToolFinished {
                 is_error: false, ..
             } => "tool-end",
+            AgentEvent::ModelResponded { .. } => "model",
             AgentEvent::Usage { .. } => "usage",
             AgentEvent::Finished { .. } => "finished",
             _ => "other",
@@ -568,10 +569,12 @@ async fn events_are_emitted_in_order() -> Result<()> {
         kinds,
         vec![
             "step",
+            "model",
             "tool-start",
             "tool-end",
             "step",
             "text",
+            "model",
             "usage",
             "finished"
         ]
