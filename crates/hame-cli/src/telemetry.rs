@@ -57,33 +57,22 @@ fn stderr_layer() -> Boxed {
     }
 }
 
-/// The traces endpoint: a base URL (`http://host:4318`) gets the standard `/v1/traces`.
+/// The traces endpoint of an OTLP/HTTP URL: a base URL (`http://host:4318`, no path) gets
+/// the standard `/v1/traces`; a URL with a path is used as it is.
 #[cfg_attr(not(feature = "otlp"), allow(dead_code))]
 fn traces_url(endpoint: &str) -> Result<String, String> {
-    let url = reqwest_free_parse(endpoint)?;
-    Ok(
-        if url.ends_with('/')
-            || !url
-                .trim_start_matches("http://")
-                .trim_start_matches("https://")
-                .contains('/')
-        {
-            format!("{}/v1/traces", url.trim_end_matches('/'))
-        } else {
-            url
-        },
-    )
-}
-
-/// Checks the scheme: OTLP/HTTP only.
-fn reqwest_free_parse(endpoint: &str) -> Result<String, String> {
     let e = endpoint.trim();
-    if !(e.starts_with("http://") || e.starts_with("https://")) || e.len() <= "https://".len() {
-        return Err(format!(
-            "--otlp-endpoint {e}: give an OTLP/HTTP URL such as http://127.0.0.1:4318"
-        ));
-    }
-    Ok(e.to_owned())
+    let rest = e
+        .strip_prefix("http://")
+        .or_else(|| e.strip_prefix("https://"))
+        .filter(|r| !r.is_empty())
+        .ok_or_else(|| {
+            format!("--otlp-endpoint {e}: give an OTLP/HTTP URL such as http://127.0.0.1:4318")
+        })?;
+    Ok(match rest.split_once('/') {
+        None | Some((_, "")) => format!("{}/v1/traces", e.trim_end_matches('/')),
+        Some(_) => e.to_owned(),
+    })
 }
 
 /// Installs the subscriber. `otlp`: the collector's OTLP/HTTP endpoint.
