@@ -63,7 +63,7 @@ pub use fs::{
     GrepRequest, ReadWindow, RenameOptions, TextWindow, Version, WriteMode, WriteOptions,
 };
 #[cfg(feature = "local")]
-pub use local::{LocalFs, LocalFsOptions};
+pub use local::{INLINE_READ_MAX, LocalFs, LocalFsOptions};
 pub use memory::InMemoryFs;
 pub use namespace::{Isolation, MAX_ID_BYTES, Namespace, Scope, tenant_fs, validate_id};
 pub use path::{FsPath, MAX_DEPTH, MAX_PATH_BYTES, MAX_SEGMENT_BYTES};

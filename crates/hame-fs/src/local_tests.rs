@@ -243,3 +243,61 @@ proptest! {
         prop_assert_eq!(std::fs::read_to_string(sb.outside.join("secret.txt")).unwrap(), "TOP SECRET\n");
     }
 }
+
+/// The calls made on the caller's thread: a compare-and-set whose file another process
+/// has locked waits for it on the blocking pool (the runtime's worker stays free: a timer
+/// task runs meanwhile) and then lands; a file over `INLINE_READ_MAX` is read whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_write_that_would_wait_moves_off_the_runtime_thread() -> TestResult {
+    let sb = sandbox();
+    let fs = LocalFs::new(&sb.root)?;
+    let v1 = fs
+        .write(&p("idx/a.json"), b"one".to_vec(), WriteOptions::default())
+        .await?;
+    // Another process's compare-and-set writer holds the file's lock.
+    let held = std::fs::File::open(sb.root.join("idx/a.json"))?;
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::LockExclusive)?;
+    let write = {
+        let fs = fs.clone();
+        tokio::spawn(async move {
+            let mut o = WriteOptions::if_match(v1);
+            o.durability = crate::fs::Durability::Atomic;
+            fs.write(&p("idx/a.json"), b"two".to_vec(), o).await
+        })
+    };
+    // The single worker is not blocked by the waiting write: this sleep completes.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(!write.is_finished(), "the write waits for the lock");
+    assert_eq!(fs.read_bytes(&p("idx/a.json")).await?, b"one");
+    drop(held);
+    write.await??;
+    assert_eq!(fs.read_bytes(&p("idx/a.json")).await?, b"two");
+
+    let big = vec![b'x'; (INLINE_READ_MAX + 10) as usize];
+    std::fs::write(sb.root.join("big.bin"), &big)?;
+    assert_eq!(fs.read_bytes(&p("big.bin")).await?.len(), big.len());
+    let small = fs.read_range(&p("big.bin"), 5, 10).await?;
+    assert_eq!(small, b"xxxxxxxxxx");
+    Ok(())
+}
+
+/// On a current-thread runtime (no blocking pool is needed for the inline calls) every
+/// kind of call still completes.
+#[test]
+fn inline_calls_work_on_a_current_thread_runtime() -> TestResult {
+    let sb = sandbox();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let fs = LocalFs::new(&sb.root)?;
+        let mut o = WriteOptions::default();
+        o.durability = crate::fs::Durability::Atomic;
+        fs.write(&p("a/b.txt"), b"hi".to_vec(), o).await?;
+        fs.append(&p("a/log"), b"1\n".to_vec()).await?;
+        assert_eq!(fs.read_bytes(&p("a/b.txt")).await?, b"hi");
+        assert_eq!(fs.list(&p("a")).await?.len(), 2);
+        assert_eq!(fs.stat(&p("a/log")).await?.size, 2);
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })
+}

@@ -1016,8 +1016,10 @@ pub struct CompactionLayer {
     context_window: u64,
     max_retries: usize,
     before: Option<Arc<dyn BeforeCompaction>>,
-    /// Tokens of the last system prompt + tools seen, by a hash of their text.
-    fixed: std::sync::Mutex<Option<(u64, u64)>>,
+    /// Tokens of the system prompts + tools seen lately, by a hash of their text (one
+    /// entry per distinct prompt: sessions and users whose prompts differ each keep
+    /// theirs; emptied when [`FIXED_CACHE_ENTRIES`] is reached).
+    fixed: std::sync::Mutex<std::collections::HashMap<u64, u64>>,
 }
 
 impl fmt::Debug for CompactionLayer {
@@ -1042,7 +1044,7 @@ impl CompactionLayer {
             context_window,
             max_retries: hame_core::DEFAULT_MAX_MODEL_RETRIES,
             before: None,
-            fixed: std::sync::Mutex::new(None),
+            fixed: std::sync::Mutex::default(),
         }
     }
 
@@ -1091,10 +1093,9 @@ impl CompactionLayer {
         }
         let key = h.finish();
         if let Ok(g) = self.fixed.lock()
-            && let Some((k, v)) = *g
-            && k == key
+            && let Some(v) = g.get(&key)
         {
-            return v;
+            return *v;
         }
         let v = request_tokens(
             self.compactor.counter().as_ref(),
@@ -1103,7 +1104,10 @@ impl CompactionLayer {
             &request.tools,
         );
         if let Ok(mut g) = self.fixed.lock() {
-            *g = Some((key, v));
+            if g.len() >= FIXED_CACHE_ENTRIES {
+                g.clear();
+            }
+            g.insert(key, v);
         }
         v
     }
@@ -1170,6 +1174,9 @@ impl Frame {
         }
     }
 }
+
+/// Distinct system prompts + tool sets whose token counts [`CompactionLayer`] keeps.
+const FIXED_CACHE_ENTRIES: usize = 1024;
 
 #[async_trait]
 impl Layer for CompactionLayer {
