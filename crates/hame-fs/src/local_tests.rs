@@ -291,8 +291,10 @@ fn inline_calls_work_on_a_current_thread_runtime() -> TestResult {
         .build()?;
     rt.block_on(async {
         let fs = LocalFs::new(&sb.root)?;
-        let mut o = WriteOptions::default();
-        o.durability = crate::fs::Durability::Atomic;
+        let o = WriteOptions {
+            durability: crate::fs::Durability::Atomic,
+            ..Default::default()
+        };
         fs.write(&p("a/b.txt"), b"hi".to_vec(), o).await?;
         fs.append(&p("a/log"), b"1\n".to_vec()).await?;
         assert_eq!(fs.read_bytes(&p("a/b.txt")).await?, b"hi");
