@@ -9,7 +9,8 @@
 //! Figures are recorded in docs/gateway.md. Options: `--seconds N` per concurrency level
 //! (default 5), `--idle N` idle sessions (default 10000), `--tmpfs` workspace and state on
 //! /dev/shm (fsync is free there: the CPU cost of a turn without the disk's), `--idle-only`
-//! only the memory figure (in a fresh process).
+//! only the memory figure (in a fresh process), `--users-only` only the runs with a user
+//! per session.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::sync::Arc;
@@ -233,8 +234,12 @@ async fn main() -> anyhow::Result<()> {
         );
     }
 
+    // `--users-only`: only the runs with a user per session.
+    let users_only = std::env::args().any(|a| a == "--users-only");
     let modes: &[(bool, &str)] = if idle_only {
         &[]
+    } else if users_only {
+        &[(true, "a user per session")]
     } else {
         &[(false, "one user"), (true, "a user per session")]
     };
