@@ -286,10 +286,12 @@ impl Inner {
         if size > inline_max {
             return Err(Busy::Wait);
         }
-        // One byte more than the size seen, so a file that grew since is read to its end
-        // without another `statx` for a size hint.
+        // One byte more than the size seen, so a file that grew since is read to its end;
+        // through `take` because `File::read_to_end` asks the kernel for the size and the
+        // position again (`statx` + `lseek`) to size its buffer.
         let mut buf = Vec::with_capacity(size as usize + 1);
         f.into_std()
+            .take(self.options.max_file_bytes)
             .read_to_end(&mut buf)
             .map_err(|e| map_io(path, e))?;
         Ok(buf)
@@ -468,7 +470,8 @@ impl Inner {
                 // processes, not only within this one. The locked file is the current one.
                 let mut current_file = self.lock_current(path, wait)?;
                 let mut current = Vec::new();
-                current_file
+                (&mut current_file)
+                    .take(self.options.max_file_bytes)
                     .read_to_end(&mut current)
                     .map_err(|e| map_io(path, e))?;
                 if Version::of(&current) != *v {

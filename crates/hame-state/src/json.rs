@@ -500,6 +500,9 @@ fn with_write_lock<T>(dir: &Path, session: &str, f: impl FnOnce() -> Result<T>) 
     out
 }
 
+/// The most of a lease file that is read (one holds a fence, a token and a holder).
+const MAX_LEASE_FILE_BYTES: u64 = 64 * 1024;
+
 #[async_trait]
 impl StateStore for JsonStore {
     async fn load(&self, key: &StateKey) -> Result<Option<Stored>> {
@@ -662,15 +665,24 @@ impl StateStore for JsonStore {
         let held = {
             let (path, token) = (path.clone(), token.clone());
             Self::inline(move || {
-                create_private_dirs(&dir).map_err(|e| Error::io(&dir, e))?;
-                let mut file = open_lock_file(&path)?;
+                // The user's directory exists but for a first session: made only then.
+                let mut file = match open_lock_file(&path) {
+                    Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                        create_private_dirs(&dir).map_err(|e| Error::io(&dir, e))?;
+                        open_lock_file(&path)?
+                    }
+                    other => other?,
+                };
                 match file.try_lock() {
                     Ok(()) => {}
                     Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
                     Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&path, e)),
                 }
                 let mut text = Vec::new();
-                file.read_to_end(&mut text)
+                // Through `take`: `File::read_to_end` would `statx` and `lseek` first.
+                (&mut file)
+                    .take(MAX_LEASE_FILE_BYTES)
+                    .read_to_end(&mut text)
                     .map_err(|e| Error::io(&path, e))?;
                 let old: LeaseFile = serde_json::from_slice(&text).unwrap_or_default();
                 let fence = old.fence + 1;
