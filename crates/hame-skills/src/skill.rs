@@ -107,13 +107,11 @@ pub fn valid_name(name: &str) -> bool {
 /// Parses a `SKILL.md` of directory `dir_name`: `---` YAML front matter `---`, then the
 /// body. The error says what is wrong, for the warning.
 pub fn parse_skill(dir_name: &str, text: &str) -> Result<SkillDoc, String> {
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let rest = text
-        .strip_prefix("---\n")
-        .or_else(|| text.strip_prefix("---\r\n"))
-        .ok_or("no front matter: the file must start with a `---` line")?;
-    let (yaml, body) =
-        split_front_matter(rest).ok_or("the front matter has no closing `---` line")?;
+    use hame_tools::front_matter::{FrontMatterError, split};
+    let (yaml, body) = split(text).map_err(|e| match e {
+        FrontMatterError::NoOpening => "no front matter: the file must start with a `---` line",
+        FrontMatterError::NoClosing => "the front matter has no closing `---` line",
+    })?;
     let fm: FrontMatter = yaml_serde::from_str(yaml).map_err(|e| format!("front matter: {e}"))?;
     let description = fm
         .description
@@ -141,17 +139,6 @@ pub fn parse_skill(dir_name: &str, text: &str) -> Result<SkillDoc, String> {
         description,
         body: body.trim_start_matches(['\r', '\n']).to_owned(),
     })
-}
-
-fn split_front_matter(rest: &str) -> Option<(&str, &str)> {
-    let mut offset = 0;
-    for line in rest.split_inclusive('\n') {
-        if line.trim_end_matches(['\r', '\n']) == "---" {
-            return Some((&rest[..offset], &rest[offset + line.len()..]));
-        }
-        offset += line.len();
-    }
-    None
 }
 
 /// Writes a `SKILL.md`: the front matter is serialised by `yaml_serde` (never pasted),

@@ -207,31 +207,11 @@ pub const SPEC_KEYS: [&str; 7] = [
     "sandbox",
 ];
 
-/// Splits `--- yaml --- body`; `None` when the text does not start with front matter.
-fn split_front_matter(text: &str) -> Option<(&str, &str)> {
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    let rest = text
-        .strip_prefix("---\n")
-        .or_else(|| text.strip_prefix("---\r\n"))?;
-    // The closing `---` is a line of its own.
-    let mut offset = 0;
-    for line in rest.split_inclusive('\n') {
-        if line.trim_end_matches(['\r', '\n']) == "---" {
-            return Some((&rest[..offset], &rest[offset + line.len()..]));
-        }
-        offset += line.len();
-    }
-    if rest[offset..].trim_end() == "---" {
-        return Some((&rest[..offset], ""));
-    }
-    None
-}
-
 /// Parses a workspace spec: `id` is its file name without `.md`. Returns the spec and the
 /// unknown keys it has (they are ignored; the caller warns about them).
 pub fn parse_spec(id: &str, path: &str, text: &str) -> Result<(SubagentSpec, Vec<String>), String> {
     hame_id::validate("subagent id", id).map_err(|e| e.to_string())?;
-    let (yaml, body) = split_front_matter(text).ok_or_else(|| {
+    let (yaml, body) = hame_tools::front_matter::split(text).map_err(|_| {
         "no front matter: the file must start with a `---` line, then YAML (description: ...), then `---`".to_owned()
     })?;
     let fm: FrontMatter = if yaml.trim().is_empty() {

@@ -44,6 +44,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod error;
+pub mod front_matter;
 mod tools;
 mod workspace;
 
