@@ -518,7 +518,7 @@ impl StateStore for JsonStore {
         Self::inline(|| {
             let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
             let journal = journal_path(&dir, key.session());
-            let cached = lock(&cache).get(&path);
+            let cached = lock(cache).get(&path);
             if let Some(doc) = cached {
                 let base = FileId::stat(&path).map_err(|e| Error::io(&path, e))?;
                 let current = FileId::stat(&journal).map_err(|e| Error::io(&journal, e))?;
@@ -561,7 +561,7 @@ impl StateStore for JsonStore {
             {
                 let replayed =
                     replay(Some(&mut state), version, gen_id, &lines).map_err(|e| match e {
-                        ReplayError::TooNew(schema) => Error::too_new(&key, u64::from(schema)),
+                        ReplayError::TooNew(schema) => Error::too_new(key, u64::from(schema)),
                         ReplayError::Corrupt(reason) => {
                             Error::Config(format!("{}: {reason}", journal.display()))
                         }
@@ -578,7 +578,7 @@ impl StateStore for JsonStore {
                 journal: journal_id,
                 clean_tail,
             };
-            lock(&cache).put(path, doc);
+            lock(cache).put(path, doc);
             Ok(Some(Stored { state, version }))
         })
     }
@@ -754,7 +754,7 @@ impl LeaseHandle for FileLease {
                 token: String::new(),
                 holder: None,
             };
-            let written = blank.write(&file, &path);
+            let written = blank.write(&file, path);
             let _ = file.unlock();
             written
         })
