@@ -160,7 +160,16 @@ pub(crate) fn env(key: &str) -> Option<String> {
 }
 
 pub(crate) async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
-    build_agent(common, true, None).await
+    build_agent(common, &crate::config::resolve(common)?, true, None).await
+}
+
+/// [`build`] from a configuration the caller has resolved already (`hame serve` reads it
+/// for the shared-events URL first).
+pub(crate) async fn build_resolved(
+    common: &Common,
+    config: &crate::config::Effective,
+) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
+    build_agent(common, config, true, None).await
 }
 
 /// Wraps the configured model before the agent is built (`hame chat`'s switchable model).
@@ -172,7 +181,7 @@ pub(crate) async fn build_with(
     need_model: bool,
     hook: Option<ModelHook>,
 ) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
-    build_agent(common, need_model, hook).await
+    build_agent(common, &crate::config::resolve(common)?, need_model, hook).await
 }
 
 /// The agent of a command that never calls the model (`hame tasks`): a configured model is
@@ -180,16 +189,16 @@ pub(crate) async fn build_with(
 pub(crate) async fn build_without_model(
     common: &Common,
 ) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
-    build_agent(common, false, None).await
+    build_agent(common, &crate::config::resolve(common)?, false, None).await
 }
 
 async fn build_agent(
     common: &Common,
+    config: &crate::config::Effective,
     need_model: bool,
     hook: Option<ModelHook>,
 ) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
-    let config = crate::config::resolve(common)?;
-    check_workspace(&config)?;
+    check_workspace(config)?;
     let model_env = config.model_env();
     let model: Arc<dyn Model> = match &config.model.value {
         Some(spec) => {
@@ -207,7 +216,7 @@ async fn build_agent(
     let mut builder = HarnessAgent::builder()
         .name(common.agent.clone())
         .model(model);
-    builder = crate::tasks::configure(&common.subagents, &config, builder);
+    builder = crate::tasks::configure(&common.subagents, config, builder);
     builder = crate::skills::configure(builder, &common.capabilities);
     builder = builder.workspace(config.workspace.value.clone());
     builder = builder.max_iterations(config.max_iterations.value);

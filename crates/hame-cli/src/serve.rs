@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::ConfigError;
-use crate::common::{Common, build};
+use crate::common::{Common, build_resolved};
 
 /// Flags of `hame serve`.
 #[derive(Debug, Args)]
@@ -78,7 +78,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let (agent, ctx) = build(&args.common).await?;
+    let (agent, ctx) = build_resolved(&args.common, &config).await?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| ConfigError(format!("cannot listen on {addr}: {e} (check --listen)")))?;
