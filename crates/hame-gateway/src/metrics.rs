@@ -83,125 +83,136 @@ impl Metrics {
     }
 
     pub(crate) fn render(&self, agent: &str, g: &Gauges) -> String {
-        let mut out = String::new();
-        let a = escape(agent);
-        let _ = writeln!(
-            out,
-            "# HELP hame_turns_total Turns (calls and resumes) by outcome."
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut x = Exposition::new(agent);
+        x.family(
+            "hame_turns_total",
+            "counter",
+            "Turns (calls and resumes) by outcome.",
         );
-        let _ = writeln!(out, "# TYPE hame_turns_total counter");
         if let Ok(t) = self.turns.lock() {
             for (outcome, n) in t.iter() {
-                let _ = writeln!(
-                    out,
-                    "hame_turns_total{{agent=\"{a}\",outcome=\"{outcome}\"}} {n}"
-                );
+                x.sample("hame_turns_total", &[("outcome", outcome)], n);
             }
         }
-        let _ = writeln!(out, "# HELP hame_turn_seconds Wall time of turns.");
-        let _ = writeln!(out, "# TYPE hame_turn_seconds summary");
-        let _ = writeln!(
-            out,
-            "hame_turn_seconds_sum{{agent=\"{a}\"}} {}",
-            self.turn_micros.load(Ordering::Relaxed) as f64 / 1e6
+        x.family("hame_turn_seconds", "summary", "Wall time of turns.");
+        x.sample(
+            "hame_turn_seconds_sum",
+            &[],
+            load(&self.turn_micros) as f64 / 1e6,
         );
-        let _ = writeln!(
-            out,
-            "hame_turn_seconds_count{{agent=\"{a}\"}} {}",
-            self.turn_count.load(Ordering::Relaxed)
+        x.sample("hame_turn_seconds_count", &[], load(&self.turn_count));
+        x.family(
+            "hame_steps_total",
+            "counter",
+            "Reasoning steps (model requests).",
         );
-        let _ = writeln!(
-            out,
-            "# HELP hame_steps_total Reasoning steps (model requests)."
+        x.sample("hame_steps_total", &[], load(&self.steps));
+        x.family(
+            "hame_tool_calls_total",
+            "counter",
+            "Tool calls by name and outcome.",
         );
-        let _ = writeln!(out, "# TYPE hame_steps_total counter");
-        let _ = writeln!(
-            out,
-            "hame_steps_total{{agent=\"{a}\"}} {}",
-            self.steps.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP hame_tool_calls_total Tool calls by name and outcome."
-        );
-        let _ = writeln!(out, "# TYPE hame_tool_calls_total counter");
         if let Ok(t) = self.tools.lock() {
             for ((name, outcome), n) in t.iter() {
-                let _ = writeln!(
-                    out,
-                    "hame_tool_calls_total{{agent=\"{a}\",tool=\"{}\",outcome=\"{outcome}\"}} {n}",
-                    escape(name)
+                x.sample(
+                    "hame_tool_calls_total",
+                    &[("tool", name), ("outcome", outcome)],
+                    n,
                 );
             }
         }
-        let _ = writeln!(
-            out,
-            "# HELP hame_model_request_seconds Latency of model requests (until the whole answer streamed)."
+        x.family(
+            "hame_model_request_seconds",
+            "histogram",
+            "Latency of model requests (until the whole answer streamed).",
         );
-        let _ = writeln!(out, "# TYPE hame_model_request_seconds histogram");
         let mut cumulative = 0;
         for (bound, n) in MODEL_BUCKETS.iter().zip(&self.model_buckets) {
-            cumulative += n.load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "hame_model_request_seconds_bucket{{agent=\"{a}\",le=\"{bound}\"}} {cumulative}"
+            cumulative += load(n);
+            x.sample(
+                "hame_model_request_seconds_bucket",
+                &[("le", &bound.to_string())],
+                cumulative,
             );
         }
-        let count = self.model_count.load(Ordering::Relaxed);
-        let _ = writeln!(
-            out,
-            "hame_model_request_seconds_bucket{{agent=\"{a}\",le=\"+Inf\"}} {count}"
+        let count = load(&self.model_count);
+        x.sample(
+            "hame_model_request_seconds_bucket",
+            &[("le", "+Inf")],
+            count,
         );
-        let _ = writeln!(
-            out,
-            "hame_model_request_seconds_sum{{agent=\"{a}\"}} {}",
-            self.model_millis.load(Ordering::Relaxed) as f64 / 1e3
+        x.sample(
+            "hame_model_request_seconds_sum",
+            &[],
+            load(&self.model_millis) as f64 / 1e3,
         );
-        let _ = writeln!(
-            out,
-            "hame_model_request_seconds_count{{agent=\"{a}\"}} {count}"
+        x.sample("hame_model_request_seconds_count", &[], count);
+        x.family("hame_tokens_total", "counter", "Model tokens by kind.");
+        x.sample(
+            "hame_tokens_total",
+            &[("kind", "input")],
+            load(&self.input_tokens),
         );
-        let _ = writeln!(out, "# HELP hame_tokens_total Model tokens by kind.");
-        let _ = writeln!(out, "# TYPE hame_tokens_total counter");
-        let _ = writeln!(
-            out,
-            "hame_tokens_total{{agent=\"{a}\",kind=\"input\"}} {}",
-            self.input_tokens.load(Ordering::Relaxed)
+        x.sample(
+            "hame_tokens_total",
+            &[("kind", "output")],
+            load(&self.output_tokens),
         );
-        let _ = writeln!(
-            out,
-            "hame_tokens_total{{agent=\"{a}\",kind=\"output\"}} {}",
-            self.output_tokens.load(Ordering::Relaxed)
+        x.family(
+            "hame_requests_refused_total",
+            "counter",
+            "Requests refused, by reason.",
         );
-        let _ = writeln!(
-            out,
-            "# HELP hame_requests_refused_total Requests refused, by reason."
-        );
-        let _ = writeln!(out, "# TYPE hame_requests_refused_total counter");
         if let Ok(r) = self.refused.lock() {
             for (reason, n) in r.iter() {
-                let _ = writeln!(
-                    out,
-                    "hame_requests_refused_total{{agent=\"{a}\",reason=\"{reason}\"}} {n}"
-                );
+                x.sample("hame_requests_refused_total", &[("reason", reason)], n);
             }
         }
-        let _ = writeln!(
-            out,
-            "# HELP hame_queue_depth Turns waiting behind a running turn of their session."
+        x.family(
+            "hame_queue_depth",
+            "gauge",
+            "Turns waiting behind a running turn of their session.",
         );
-        let _ = writeln!(out, "# TYPE hame_queue_depth gauge");
-        let _ = writeln!(out, "hame_queue_depth{{agent=\"{a}\"}} {}", g.queue_depth);
-        let _ = writeln!(out, "# HELP hame_turns_in_flight Turns running or waiting.");
-        let _ = writeln!(out, "# TYPE hame_turns_in_flight gauge");
-        let _ = writeln!(out, "hame_turns_in_flight{{agent=\"{a}\"}} {}", g.in_flight);
-        let _ = writeln!(
-            out,
-            "# HELP hame_sessions Sessions the gateway holds events for."
+        x.sample("hame_queue_depth", &[], g.queue_depth);
+        x.family("hame_turns_in_flight", "gauge", "Turns running or waiting.");
+        x.sample("hame_turns_in_flight", &[], g.in_flight);
+        x.family(
+            "hame_sessions",
+            "gauge",
+            "Sessions the gateway holds events for.",
         );
-        let _ = writeln!(out, "# TYPE hame_sessions gauge");
-        let _ = writeln!(out, "hame_sessions{{agent=\"{a}\"}} {}", g.sessions);
-        out
+        x.sample("hame_sessions", &[], g.sessions);
+        x.out
+    }
+}
+
+/// The Prometheus text format, one family at a time; every sample is labelled with the
+/// agent, label values escaped.
+struct Exposition {
+    out: String,
+    agent: String,
+}
+
+impl Exposition {
+    fn new(agent: &str) -> Self {
+        Self {
+            out: String::new(),
+            agent: escape(agent),
+        }
+    }
+
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {help}");
+        let _ = writeln!(self.out, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+        let _ = write!(self.out, "{name}{{agent=\"{}\"", self.agent);
+        for (k, v) in labels {
+            let _ = write!(self.out, ",{k}=\"{}\"", escape(v));
+        }
+        let _ = writeln!(self.out, "}} {value}");
     }
 }
 
