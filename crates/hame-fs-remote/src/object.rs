@@ -37,8 +37,9 @@ enum Cas {
     /// processes and machines.
     Native,
     /// The store has create-only writes but no conditional update (a local directory):
-    /// a striped in-process lock around read-check-write. Safe within one process.
-    InProcess(Box<[Mutex<()>]>),
+    /// the striped in-process lock around read-check-write is all there is. Safe within
+    /// one process.
+    InProcess,
 }
 
 /// A filesystem stored in an object store.
@@ -59,9 +60,10 @@ enum Cas {
 /// `edit` re-applies its replacement on the fresh content after a conflict, within the same
 /// bound.
 ///
-/// A local directory (`file://`) has no conditional update: there, compare-and-set, `append`
-/// and `edit` take a striped lock held by this `ObjectStoreFs`, which makes them atomic
-/// within one process only. Share one instance per directory.
+/// Compare-and-set, `append` and `edit` also take a striped lock held by this
+/// `ObjectStoreFs`, so writers of one process never race each other. A local directory
+/// (`file://`) has no conditional update: there that lock is all there is, which makes
+/// them atomic within one process only. Share one instance per directory.
 ///
 /// `rename` is copy-then-delete (a crash in between leaves both), and a directory `rename`
 /// or recursive `delete` handles one object at a time. The file/directory checks
@@ -71,6 +73,12 @@ pub struct ObjectStoreFs {
     store: Arc<dyn ObjectStore>,
     root: Path,
     cas: Cas,
+    /// Striped locks around every read-check-write of this instance (compare-and-set,
+    /// `append`, `edit`), with any `cas`: writers of one process never race each other,
+    /// so they do not spend retries on conflicts, and a store whose conditional writes
+    /// are weaker than advertised (moto's `If-Match` under concurrency) loses nothing
+    /// written through one instance.
+    stripes: Box<[Mutex<()>]>,
     options: ObjectStoreOptions,
     label: String,
 }
@@ -84,7 +92,7 @@ impl fmt::Debug for ObjectStoreFs {
                 "cas",
                 &match self.cas {
                     Cas::Native => "conditional writes",
-                    Cas::InProcess(_) => "in-process lock",
+                    Cas::InProcess => "in-process lock",
                 },
             )
             .finish_non_exhaustive()
@@ -192,7 +200,7 @@ impl ObjectStoreFs {
                 let local = object_store::local::LocalFileSystem::new_with_prefix(&dir)
                     .map_err(|e| Error::backend("cannot open the object store directory", e))?
                     .with_automatic_cleanup(true);
-                cas = Cas::InProcess((0..LOCK_STRIPES).map(|_| Mutex::new(())).collect());
+                cas = Cas::InProcess;
                 (Arc::new(local), String::new())
             }
             "s3" | "s3a" => {
@@ -261,6 +269,7 @@ impl ObjectStoreFs {
             store,
             root,
             cas,
+            stripes: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             options,
             label,
         })
@@ -320,28 +329,21 @@ impl ObjectStoreFs {
         }
     }
 
-    async fn lock(&self, path: &FsPath) -> Option<MutexGuard<'_, ()>> {
-        match &self.cas {
-            Cas::Native => None,
-            Cas::InProcess(stripes) => Some(stripes[stripe(path, stripes.len())].lock().await),
-        }
+    async fn lock(&self, path: &FsPath) -> MutexGuard<'_, ()> {
+        self.stripes[stripe(path, self.stripes.len())].lock().await
     }
 
     /// Locks two paths in a fixed order (one stripe when they share it).
     async fn lock2(&self, a: &FsPath, b: &FsPath) -> Vec<MutexGuard<'_, ()>> {
-        match &self.cas {
-            Cas::Native => Vec::new(),
-            Cas::InProcess(stripes) => {
-                let (x, y) = (stripe(a, stripes.len()), stripe(b, stripes.len()));
-                let mut idx = vec![x.min(y), x.max(y)];
-                idx.dedup();
-                let mut guards = Vec::with_capacity(2);
-                for i in idx {
-                    guards.push(stripes[i].lock().await);
-                }
-                guards
-            }
+        let n = self.stripes.len();
+        let (x, y) = (stripe(a, n), stripe(b, n));
+        let mut idx = vec![x.min(y), x.max(y)];
+        idx.dedup();
+        let mut guards = Vec::with_capacity(2);
+        for i in idx {
+            guards.push(self.stripes[i].lock().await);
         }
+        guards
     }
 
     async fn head(&self, path: &FsPath) -> Result<Option<ObjectMeta>> {
@@ -467,7 +469,7 @@ impl ObjectStoreFs {
         let mode = match (&self.cas, current) {
             (_, None) => PutMode::Create,
             // Under the in-process lock: nothing else in this process writes the path.
-            (Cas::InProcess(_), Some(_)) => PutMode::Overwrite,
+            (Cas::InProcess, Some(_)) => PutMode::Overwrite,
             (Cas::Native, Some(v)) => PutMode::Update(v),
         };
         match self.put(path, data, mode).await {
