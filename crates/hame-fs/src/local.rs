@@ -43,6 +43,16 @@ impl Default for LocalFsOptions {
 
 const LOCK_STRIPES: usize = 64;
 
+/// What [`Inner::write`] did.
+#[derive(Debug)]
+struct Written {
+    version: Version,
+    /// The file that was replaced, still open, when the write ran on the caller's thread:
+    /// closing it may free its blocks, which must happen where waiting is allowed. On the
+    /// blocking pool it is closed by the write itself (`None`).
+    replaced: Option<cap_std::fs::File>,
+}
+
 #[derive(Debug)]
 struct Inner {
     root: Dir,
@@ -430,7 +440,7 @@ impl Inner {
         mode: &WriteMode,
         synced: bool,
         wait: bool,
-    ) -> Attempt<Version> {
+    ) -> Attempt<Written> {
         if path.is_root() {
             return Err(Busy::Failed(Error::IsDirectory {
                 path: path.to_string(),
@@ -482,6 +492,12 @@ impl Inner {
                 }
                 _cas_lock = Some(current_file);
             }
+            (_, Some(_)) if !wait => {
+                // Hold the file being replaced open across the rename, so that its blocks
+                // are not freed here (see `Written::replaced`). Gone meanwhile: nothing to
+                // free.
+                _cas_lock = self.root.open(rel(path)).ok();
+            }
             _ => {}
         }
         let name = path.file_name();
@@ -521,7 +537,11 @@ impl Inner {
         if synced && let Ok(d) = dir.try_clone() {
             let _ = d.into_std_file().sync_all();
         }
-        Ok(Version::of(data))
+        Ok(Written {
+            version: Version::of(data),
+            // On the blocking pool the replaced file is closed here, with the lock guard.
+            replaced: if wait { None } else { _cas_lock },
+        })
     }
 
     fn append(&self, path: &FsPath, data: &[u8]) -> Result<()> {
@@ -806,12 +826,22 @@ impl Filesystem for LocalFs {
             return self
                 .blocking(move |i| {
                     i.write(&path, &data, &options.mode, true, true)
+                        .map(|w| w.version)
                         .map_err(Busy::into_error)
                 })
                 .await;
         }
-        self.inline_or_blocking(move |i, wait| i.write(&path, &data, &options.mode, false, wait))
-            .await
+        let written = self
+            .inline_or_blocking(move |i, wait| i.write(&path, &data, &options.mode, false, wait))
+            .await?;
+        if let Some(file) = written.replaced {
+            // The last close of a replaced file frees its blocks, which waits for the
+            // device on a filesystem mounted with online `discard` (0.3-1 ms a file on a
+            // virtual disk): never on the runtime's thread. Nothing waits for it; the
+            // file's lock, if it was a compare-and-set's, is no longer looked at.
+            drop(tokio::task::spawn_blocking(move || drop(file)));
+        }
+        Ok(written.version)
     }
 
     async fn delete(&self, path: &FsPath, options: DeleteOptions) -> Result<()> {

@@ -303,3 +303,56 @@ fn inline_calls_work_on_a_current_thread_runtime() -> TestResult {
         Ok::<_, Box<dyn std::error::Error>>(())
     })
 }
+
+/// Open descriptors of this process that point at a deleted file below `root`.
+fn deleted_fds_below(root: &std::path::Path) -> std::io::Result<Vec<String>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc/self/fd")? {
+        if let Ok(target) = std::fs::read_link(e?.path()) {
+            let t = target.to_string_lossy().into_owned();
+            if t.starts_with(&*root.to_string_lossy()) && t.ends_with(" (deleted)") {
+                out.push(t);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A write on the caller's thread that replaces a file hands the replaced file to the
+/// blocking pool to be closed (freeing its blocks may wait for the device): the content is
+/// the new one at once, and the old file is closed soon after, for a plain overwrite and a
+/// compare-and-set alike.
+#[test]
+fn a_write_that_replaces_a_file_closes_the_old_one() -> TestResult {
+    let sb = sandbox();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let fs = LocalFs::new(&sb.root)?;
+        let o = WriteOptions {
+            durability: crate::fs::Durability::Atomic,
+            ..Default::default()
+        };
+        fs.write(&p("a.txt"), b"one".to_vec(), o.clone()).await?;
+        let v = fs.write(&p("a.txt"), b"two".to_vec(), o.clone()).await?;
+        assert_eq!(fs.read_bytes(&p("a.txt")).await?, b"two");
+        let cas = WriteOptions {
+            mode: WriteMode::IfMatch(v),
+            ..o
+        };
+        fs.write(&p("a.txt"), b"three".to_vec(), cas).await?;
+        assert_eq!(fs.read_bytes(&p("a.txt")).await?, b"three");
+        let root = std::fs::canonicalize(&sb.root)?;
+        let mut open = deleted_fds_below(&root)?;
+        for _ in 0..200 {
+            if open.is_empty() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            open = deleted_fds_below(&root)?;
+        }
+        assert!(open.is_empty(), "replaced files still open: {open:?}");
+        Ok::<_, Box<dyn std::error::Error>>(())
+    })
+}
