@@ -165,7 +165,7 @@ pub fn decide(request: &ModelRequest) -> Decision {
     let tools: Map<String, Value> = request
         .tools
         .iter()
-        .map(|t| (t.name.clone(), t.parameters.clone()))
+        .map(|t| (t.name.clone(), (*t.parameters).clone()))
         .collect();
     let last3: String = request
         .messages

@@ -499,7 +499,7 @@ async fn tools_and_layers_see_the_call_extensions() -> Result<()> {
             crate::ToolSpec {
                 name: "whoami".into(),
                 description: "tenant".into(),
-                parameters: serde_json::json!({"type": "object", "properties": {}}),
+                parameters: serde_json::json!({"type": "object", "properties": {}}).into(),
             }
         }
         async fn call(&self, _args: serde_json::Value, ctx: &ToolContext) -> crate::ToolOutput {

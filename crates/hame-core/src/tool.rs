@@ -40,8 +40,9 @@ pub struct ToolSpec {
     pub name: String,
     /// What the tool does, for the model.
     pub description: String,
-    /// JSON Schema of the arguments object.
-    pub parameters: serde_json::Value,
+    /// JSON Schema of the arguments object. Shared: every model request of every step
+    /// carries the specs, and cloning one must not copy its schema.
+    pub parameters: std::sync::Arc<serde_json::Value>,
 }
 
 /// An error the model can act on. It becomes a tool result with `is_error = true`.
@@ -313,7 +314,7 @@ impl<T: TypedTool> Tool for Typed<T> {
         ToolSpec {
             name: self.0.name().to_owned(),
             description: self.0.description(),
-            parameters: schema_for::<T::Args>(),
+            parameters: schema_for::<T::Args>().into(),
         }
     }
 

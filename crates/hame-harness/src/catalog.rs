@@ -385,7 +385,7 @@ mod tests {
         ToolSpec {
             name: name.into(),
             description: format!("does {name}"),
-            parameters: serde_json::json!({"type": "object", "properties": {}}),
+            parameters: serde_json::json!({"type": "object", "properties": {}}).into(),
         }
     }
 

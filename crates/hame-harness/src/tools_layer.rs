@@ -171,7 +171,7 @@ impl Layer for ToolsConfigLayer {
             request.tools.push(ToolSpec {
                 name: tool.qualified,
                 description: tool.description,
-                parameters: tool.input_schema,
+                parameters: tool.input_schema.into(),
             });
         }
         // An explicit allow list is the offered set: the deferred tools it names are

@@ -20,7 +20,7 @@ impl Tool for LoseTheLease {
         ToolSpec {
             name: "pause".into(),
             description: "pauses".into(),
-            parameters: serde_json::json!({"type": "object", "properties": {}}),
+            parameters: serde_json::json!({"type": "object", "properties": {}}).into(),
         }
     }
     async fn call(&self, _args: serde_json::Value, ctx: &ToolContext) -> ToolOutput {

@@ -62,7 +62,7 @@ impl Tool for Big {
         ToolSpec {
             name: "big".into(),
             description: "a large result".into(),
-            parameters: serde_json::json!({"type": "object", "properties": {}}),
+            parameters: serde_json::json!({"type": "object", "properties": {}}).into(),
         }
     }
     async fn call(&self, _args: serde_json::Value, _ctx: &ToolContext) -> ToolOutput {

@@ -74,7 +74,7 @@ fn request_tokens_include_all_parts() -> Result<(), serde_json::Error> {
     let spec = ToolSpec {
         name: "ls".into(),
         description: "list".into(),
-        parameters: serde_json::json!({}),
+        parameters: serde_json::json!({}).into(),
     };
     let r = request_tokens(&c, "sys!", &msgs, &[spec]);
     assert!(r > m + TOKENS_PER_MESSAGE + TOKENS_PER_TOOL_SPEC);

@@ -1,5 +1,6 @@
 //! Anthropic Messages API (feature `anthropic`).
 
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -8,7 +9,8 @@ use hame_core::{
     ContentBlock, Message, Model, ModelError, ModelEvent, ModelInfo, ModelRequest, ModelResponse,
     ModelStream, Role, StopReason, Usage,
 };
-use serde_json::{Map, Value, json};
+use serde::Serialize;
+use serde_json::{Value, json};
 
 use crate::classify::classify_stream_error;
 use crate::config::{DEFAULT_TIMEOUT, RetryConfig, context_window_for};
@@ -162,12 +164,49 @@ impl Model for AnthropicModel {
     }
 }
 
+/// The JSON body of a Messages request. The tool schemas are borrowed from the request:
+/// every step sends them all, and a [`Value`] copy of them was built only to be serialised
+/// and dropped.
+#[derive(Debug, Serialize)]
+pub(crate) struct RequestBody<'a> {
+    model: &'a str,
+    max_tokens: u32,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    system: Cow<'a, str>,
+    messages: Vec<Value>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<WireTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thinking: Option<Thinking>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    stream: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct WireTool<'a> {
+    name: &'a str,
+    description: &'a str,
+    input_schema: &'a Value,
+}
+
+#[derive(Debug, Serialize)]
+struct Thinking {
+    r#type: &'static str,
+    budget_tokens: u32,
+}
+
 /// Builds the JSON body of a Messages request.
-pub(crate) fn request_body(config: &AnthropicConfig, req: &ModelRequest, stream: bool) -> Value {
-    let mut system = req.system.clone();
+pub(crate) fn request_body<'a>(
+    config: &'a AnthropicConfig,
+    req: &'a ModelRequest,
+    stream: bool,
+) -> RequestBody<'a> {
+    let mut system = Cow::Borrowed(req.system.as_str());
     let mut messages: Vec<Value> = Vec::new();
     for m in &req.messages {
         if m.role == Role::System {
+            let system = system.to_mut();
             if !system.is_empty() {
                 system.push_str("\n\n");
             }
@@ -188,34 +227,30 @@ pub(crate) fn request_body(config: &AnthropicConfig, req: &ModelRequest, stream:
             _ => messages.push(json!({"role": role, "content": blocks})),
         }
     }
-    let mut body = Map::new();
-    body.insert("model".into(), json!(config.model));
-    body.insert(
-        "max_tokens".into(),
-        json!(req.params.max_tokens.unwrap_or(config.max_tokens)),
-    );
-    if !system.is_empty() {
-        body.insert("system".into(), json!(system));
+    let tools = req
+        .tools
+        .iter()
+        .map(|t| WireTool {
+            name: &t.name,
+            description: &t.description,
+            input_schema: &t.parameters,
+        })
+        .collect();
+    let thinking = config.thinking_budget.map(|budget| Thinking {
+        r#type: "enabled",
+        budget_tokens: budget,
+    });
+    RequestBody {
+        model: &config.model,
+        max_tokens: req.params.max_tokens.unwrap_or(config.max_tokens),
+        system,
+        messages,
+        tools,
+        // Extended thinking does not take a temperature.
+        temperature: req.params.temperature.filter(|_| thinking.is_none()),
+        thinking,
+        stream,
     }
-    body.insert("messages".into(), Value::Array(messages));
-    if !req.tools.is_empty() {
-        let tools: Vec<Value> = req
-            .tools
-            .iter()
-            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
-            .collect();
-        body.insert("tools".into(), Value::Array(tools));
-    }
-    if let Some(budget) = config.thinking_budget {
-        body.insert(
-            "thinking".into(),
-            json!({"type": "enabled", "budget_tokens": budget}),
-        );
-    } else if let Some(t) = req.params.temperature {
-        body.insert("temperature".into(), json!(t));
-    }
-    body.insert("stream".into(), json!(stream));
-    Value::Object(body)
 }
 
 /// Tool input as an object: malformed or non-object arguments become `{}` (the API rejects

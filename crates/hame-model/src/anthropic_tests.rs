@@ -9,7 +9,7 @@ use super::*;
 use crate::http::SseParser;
 
 #[test]
-fn request_mapping() {
+fn request_mapping() -> Result<(), serde_json::Error> {
     let req = ModelRequest {
         system: "be brief".into(),
         messages: vec![
@@ -57,14 +57,15 @@ fn request_mapping() {
         tools: vec![ToolSpec {
             name: "ls".into(),
             description: "list".into(),
-            parameters: json!({"type": "object"}),
+            parameters: json!({"type": "object"}).into(),
         }],
         params: ModelParams {
             temperature: Some(0.0),
             max_tokens: None,
         },
     };
-    let body = request_body(&AnthropicConfig::new("claude-x"), &req, true);
+    let config = AnthropicConfig::new("claude-x");
+    let body = serde_json::to_value(request_body(&config, &req, true))?;
     assert_eq!(
         body,
         json!({
@@ -94,12 +95,13 @@ fn request_mapping() {
         thinking_budget: Some(2048),
         ..AnthropicConfig::new("claude-x")
     };
-    let body = request_body(&thinking, &req, false);
+    let body = serde_json::to_value(request_body(&thinking, &req, false))?;
     assert_eq!(
         body["thinking"],
         json!({"type": "enabled", "budget_tokens": 2048})
     );
     assert_eq!(body.get("temperature"), None);
+    Ok(())
 }
 
 #[test]

@@ -355,7 +355,7 @@ impl Client {
     /// limit of the request, named when a reply is cut off before any content.
     pub async fn stream<P: SseParser>(
         &self,
-        body: &Value,
+        body: &(impl serde::Serialize + Sync),
         parser: P,
         max_tokens: Option<u32>,
     ) -> Result<ModelStream, ModelError> {
@@ -371,7 +371,7 @@ impl Client {
     /// Sends `body` and parses the whole JSON answer with `parse`.
     pub async fn complete(
         &self,
-        body: &Value,
+        body: &(impl serde::Serialize + Sync),
         parse: fn(&Value) -> Result<Vec<ModelEvent>, ModelError>,
         max_tokens: Option<u32>,
     ) -> Result<ModelResponse, ModelError> {
@@ -394,7 +394,10 @@ impl Client {
     }
 
     /// POSTs `body`, retrying retryable failures; returns a 2xx response.
-    async fn post(&self, body: &Value) -> Result<reqwest::Response, ModelError> {
+    async fn post(
+        &self,
+        body: &(impl serde::Serialize + Sync),
+    ) -> Result<reqwest::Response, ModelError> {
         let bytes = serde_json::to_vec(body)
             .map_err(|e| ModelError::InvalidResponse(format!("cannot encode request: {e}")))?;
         let r = &self.retry;

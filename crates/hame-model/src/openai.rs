@@ -7,7 +7,10 @@ use hame_core::{
     ContentBlock, Message, Model, ModelError, ModelEvent, ModelInfo, ModelRequest, ModelResponse,
     ModelStream, Role, StopReason, Usage,
 };
-use serde_json::{Map, Value, json};
+use std::borrow::Cow;
+
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::classify::classify_stream_error;
 use crate::config::{DEFAULT_TIMEOUT, RetryConfig, context_window_for};
@@ -158,55 +161,143 @@ impl Model for OpenAiModel {
     }
 }
 
+/// The JSON body of a Chat Completions request. It borrows from the request (the tool
+/// schemas, the tool results): every step sends the whole conversation, and building it
+/// as a [`Value`] tree deep-copied all of it only to serialise and drop the copy.
+#[derive(Debug, Serialize)]
+pub(crate) struct RequestBody<'a> {
+    model: &'a str,
+    messages: Vec<WireMessage<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<WireTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    // api.openai.com's reasoning models only accept the newer name; compatible servers
+    // (vLLM, Ollama, DashScope, llama.cpp) all accept the older one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_completion_tokens: Option<u32>,
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Debug, Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct WireTool<'a> {
+    r#type: &'static str,
+    function: WireFunction<'a>,
+}
+
+#[derive(Debug, Serialize)]
+struct WireFunction<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
+/// One message of the wire conversation. `content` is `null` only for an assistant
+/// message that is nothing but tool calls.
+#[derive(Debug, Serialize)]
+struct WireMessage<'a> {
+    role: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+    content: Option<Cow<'a, str>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<WireCall<'a>>,
+}
+
+impl<'a> WireMessage<'a> {
+    fn new(role: &'static str, content: Cow<'a, str>) -> Self {
+        WireMessage {
+            role,
+            tool_call_id: None,
+            content: Some(content),
+            tool_calls: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct WireCall<'a> {
+    id: &'a str,
+    r#type: &'static str,
+    function: WireCallFunction<'a>,
+}
+
+#[derive(Debug, Serialize)]
+struct WireCallFunction<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
 /// Builds the JSON body of a Chat Completions request.
-pub(crate) fn request_body(model: &str, base_url: &str, req: &ModelRequest, stream: bool) -> Value {
-    let mut messages = Vec::new();
+pub(crate) fn request_body<'a>(
+    model: &'a str,
+    base_url: &str,
+    req: &'a ModelRequest,
+    stream: bool,
+) -> RequestBody<'a> {
+    let mut messages = Vec::with_capacity(req.messages.len() + 1);
     if !req.system.is_empty() {
-        messages.push(json!({"role": "system", "content": req.system}));
+        messages.push(WireMessage::new("system", Cow::Borrowed(&req.system)));
     }
     for m in &req.messages {
         map_message(m, &mut messages);
     }
-    let mut body = Map::new();
-    body.insert("model".into(), json!(model));
-    body.insert("messages".into(), Value::Array(messages));
-    if !req.tools.is_empty() {
-        let tools: Vec<Value> = req
-            .tools
-            .iter()
-            .map(|t| {
-                json!({"type": "function", "function": {
-                    "name": t.name, "description": t.description, "parameters": t.parameters}})
-            })
-            .collect();
-        body.insert("tools".into(), Value::Array(tools));
+    let tools = req
+        .tools
+        .iter()
+        .map(|t| WireTool {
+            r#type: "function",
+            function: WireFunction {
+                name: &t.name,
+                description: &t.description,
+                parameters: &t.parameters,
+            },
+        })
+        .collect();
+    let official = base_url.contains("api.openai.com");
+    let max = req.params.max_tokens;
+    RequestBody {
+        model,
+        messages,
+        tools,
+        temperature: req.params.temperature,
+        max_tokens: max.filter(|_| !official),
+        max_completion_tokens: max.filter(|_| official),
+        stream,
+        stream_options: stream.then_some(StreamOptions {
+            include_usage: true,
+        }),
     }
-    if let Some(t) = req.params.temperature {
-        body.insert("temperature".into(), json!(t));
-    }
-    if let Some(n) = req.params.max_tokens {
-        // api.openai.com's reasoning models only accept the newer name; compatible
-        // servers (vLLM, Ollama, DashScope, llama.cpp) all accept the older one.
-        let key = if base_url.contains("api.openai.com") {
-            "max_completion_tokens"
-        } else {
-            "max_tokens"
-        };
-        body.insert(key.into(), json!(n));
-    }
-    body.insert("stream".into(), json!(stream));
-    if stream {
-        body.insert("stream_options".into(), json!({"include_usage": true}));
-    }
-    Value::Object(body)
 }
 
-fn map_message(m: &Message, out: &mut Vec<Value>) {
-    let text = m.text_content();
+/// The text of a message: borrowed when it is one text block (nearly always).
+fn text_of(m: &Message) -> Cow<'_, str> {
+    let mut texts = m.content.iter().filter_map(|b| match b {
+        ContentBlock::Text { text } => Some(text.as_str()),
+        _ => None,
+    });
+    match (texts.next(), texts.next()) {
+        (None, _) => Cow::Borrowed(""),
+        (Some(only), None) => Cow::Borrowed(only),
+        _ => Cow::Owned(m.text_content()),
+    }
+}
+
+fn map_message<'a>(m: &'a Message, out: &mut Vec<WireMessage<'a>>) {
+    let text = text_of(m);
     match m.role {
-        Role::System => out.push(json!({"role": "system", "content": text})),
+        Role::System => out.push(WireMessage::new("system", text)),
         Role::Assistant => {
-            let calls: Vec<Value> = m
+            let calls: Vec<WireCall<'_>> = m
                 .tool_calls()
                 .map(|c| {
                     let args = if c.arguments.trim().is_empty() {
@@ -214,23 +305,35 @@ fn map_message(m: &Message, out: &mut Vec<Value>) {
                     } else {
                         c.arguments.as_str()
                     };
-                    json!({"id": c.id, "type": "function",
-                           "function": {"name": c.name, "arguments": args}})
+                    WireCall {
+                        id: &c.id,
+                        r#type: "function",
+                        function: WireCallFunction {
+                            name: &c.name,
+                            arguments: args,
+                        },
+                    }
                 })
                 .collect();
-            let mut msg = json!({"role": "assistant",
-                                 "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { json!(text) }});
-            if !calls.is_empty() {
-                msg["tool_calls"] = Value::Array(calls);
-            }
-            out.push(msg);
+            let content = (!text.is_empty() || calls.is_empty()).then_some(text);
+            out.push(WireMessage {
+                role: "assistant",
+                tool_call_id: None,
+                content,
+                tool_calls: calls,
+            });
         }
         Role::User | Role::Tool => {
             for r in m.tool_results_iter() {
-                out.push(json!({"role": "tool", "tool_call_id": r.id, "content": r.content}));
+                out.push(WireMessage {
+                    role: "tool",
+                    tool_call_id: Some(&r.id),
+                    content: Some(Cow::Borrowed(&r.content)),
+                    tool_calls: Vec::new(),
+                });
             }
             if !text.is_empty() || (m.role == Role::User && !m.content.iter().any(is_result)) {
-                out.push(json!({"role": "user", "content": text}));
+                out.push(WireMessage::new("user", text));
             }
         }
     }

@@ -52,7 +52,7 @@ fn conversation() -> ModelRequest {
         tools: vec![ToolSpec {
             name: "ls".into(),
             description: "list".into(),
-            parameters: json!({"type": "object", "properties": {}}),
+            parameters: json!({"type": "object", "properties": {}}).into(),
         }],
         params: ModelParams {
             temperature: Some(0.5),
@@ -62,8 +62,14 @@ fn conversation() -> ModelRequest {
 }
 
 #[test]
-fn request_mapping() {
-    let body = request_body("m", "http://localhost:8000/v1", &conversation(), true);
+fn request_mapping() -> Result<(), serde_json::Error> {
+    let conversation = conversation();
+    let body = serde_json::to_value(request_body(
+        "m",
+        "http://localhost:8000/v1",
+        &conversation,
+        true,
+    ))?;
     assert_eq!(
         body,
         json!({
@@ -86,9 +92,17 @@ fn request_mapping() {
             "stream_options": {"include_usage": true}
         })
     );
-    let official = request_body("m", "https://api.openai.com/v1", &conversation(), false);
+    let official = serde_json::to_value(request_body(
+        "m",
+        "https://api.openai.com/v1",
+        &conversation,
+        false,
+    ))?;
     assert_eq!(official["max_completion_tokens"], json!(100));
+    assert_eq!(official.get("max_tokens"), None);
     assert_eq!(official.get("stream_options"), None);
+    assert_eq!(official["stream"], json!(false));
+    Ok(())
 }
 
 fn run(parser: &mut StreamParser, lines: &[&str]) -> Result<Vec<ModelEvent>, ModelError> {

@@ -86,7 +86,7 @@ pub fn ls_tool() -> ToolSpec {
     ToolSpec {
         name: "ls".into(),
         description: "List a directory".into(),
-        parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+        parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}).into(),
     }
 }
 
