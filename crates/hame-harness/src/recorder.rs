@@ -1,6 +1,6 @@
 //! The session-log layer: every message of every call goes to the never-compacted log.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -28,6 +28,9 @@ pub struct SessionRecorder {
     calls: Mutex<HashMap<String, PendingCall>>,
     /// Per call: the end of the written sequence range, for the index update.
     ends: Mutex<HashMap<String, u64>>,
+    /// Sessions (by tenant and session) whose index entry this recorder wrote with a
+    /// title: later calls leave the entry alone.
+    indexed: Mutex<HashSet<String>>,
 }
 
 #[derive(Debug, Default)]
@@ -44,6 +47,7 @@ impl SessionRecorder {
             logs: Mutex::new(HashMap::new()),
             calls: Mutex::new(HashMap::new()),
             ends: Mutex::new(HashMap::new()),
+            indexed: Mutex::new(HashSet::new()),
         }
     }
 
@@ -53,10 +57,7 @@ impl SessionRecorder {
         runtime: &RuntimeContext,
         ws: &Workspace,
     ) -> Result<Arc<SessionLog>, hame_core::Error> {
-        let key = runtime
-            .user_id
-            .clone()
-            .unwrap_or_else(|| format!("anonymous/{}", runtime.session_id));
+        let key = tenant_key(runtime);
         let mut logs = self
             .logs
             .lock()
@@ -142,6 +143,19 @@ impl SessionRecorder {
             .ok()
             .and_then(|mut e| e.remove(&call_id))
             .unwrap_or(0);
+        // Once this recorder has written a session's entry with its title, later calls
+        // leave it: what they change (the count and the time of the last record) is read
+        // from the log by `SessionLog::list_sessions` and `SessionLog::session` whenever
+        // the log is newer than the entry. A rewrite per call made a new file per call (the
+        // index is replaced atomically), which was most of a short turn's cost on disk.
+        let indexed_key = format!("{}\u{0}{}", tenant_key(cx.runtime), cx.runtime.session_id);
+        if self
+            .indexed
+            .lock()
+            .is_ok_and(|known| known.contains(&indexed_key))
+        {
+            return Ok(());
+        }
         let log = self.log_for(cx.runtime, ws)?;
         let mut update = IndexUpdate::new().with_message_count_at_least(end);
         if let Some(t) = call.title {
@@ -149,8 +163,19 @@ impl SessionRecorder {
         }
         // The log is the truth and already durable; a lagging index is repaired by the next
         // update or by `SessionLog::rebuild_index`, so a failure here does not fail the call.
-        if let Err(e) = log.update_index(&cx.runtime.session_id, &update).await {
-            tracing::warn!(session = %cx.runtime.session_id, error = %e, "session index update failed; the log is intact");
+        match log.update_index(&cx.runtime.session_id, &update).await {
+            Ok(entry) if !entry.title.is_empty() => {
+                if let Ok(mut known) = self.indexed.lock() {
+                    if known.len() >= MAX_CACHED_LOGS {
+                        known.clear();
+                    }
+                    known.insert(indexed_key);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(session = %cx.runtime.session_id, error = %e, "session index update failed; the log is intact");
+            }
         }
         Ok(())
     }
@@ -214,6 +239,14 @@ impl Layer for SessionRecorder {
         }
         next.run(cx, message).await
     }
+}
+
+/// The key of the caller's tenant in the recorder's caches.
+fn tenant_key(runtime: &RuntimeContext) -> String {
+    runtime
+        .user_id
+        .clone()
+        .unwrap_or_else(|| format!("anonymous/{}", runtime.session_id))
 }
 
 fn call_id(runtime: &RuntimeContext) -> String {

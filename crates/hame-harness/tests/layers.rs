@@ -228,3 +228,43 @@ async fn allow_and_deny_reach_the_tool_set() -> TestResult {
     );
     Ok(())
 }
+
+/// In one process the session index is written by a session's first call only; later
+/// calls leave the file alone and the listing still counts every record, with the time of
+/// the last one.
+#[tokio::test]
+async fn later_calls_leave_the_index_file_and_the_listing_follows_the_log() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let agent = HarnessAgent::builder()
+        .model(Arc::new(ScriptedModel::new([
+            Reply::text("one"),
+            Reply::text("two"),
+            Reply::text("three"),
+        ])))
+        .workspace(dir.path().join("ws"))
+        .state_store(Arc::new(hame_state::InMemoryStore::new()))
+        .memory(hame_harness::memory::MemoryOptions::disabled())
+        .build()?;
+    let ctx = RuntimeContext::new("s1").with_user("ada");
+    agent.call(Message::user("first question"), &ctx).await?;
+    let records = agent.workspace_for(&ctx)?.records().clone();
+    let index = hame_fs::FsPath::parse("agents/hame/sessions/index/s1.json")?;
+    let written = records.read_bytes(&index).await?;
+    agent.call(Message::user("second"), &ctx).await?;
+    agent.call(Message::user("third"), &ctx).await?;
+    assert_eq!(records.read_bytes(&index).await?, written);
+    let log = hame_session::SessionLog::new(records, "hame")?;
+    let last = log
+        .read("s1", ..)
+        .await?
+        .last()
+        .map(|r| r.time)
+        .ok_or("empty log")?;
+    let listed = log.list_sessions().await?;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].title, "first question");
+    assert_eq!(listed[0].message_count, 6);
+    assert_eq!(listed[0].updated, last);
+    assert_eq!(log.session("s1").await?, Some(listed[0].clone()));
+    Ok(())
+}

@@ -31,10 +31,13 @@ pub struct SessionEntry {
     /// When the first record was logged.
     #[serde(with = "time_fmt")]
     pub created: DateTime<Utc>,
-    /// When the last record was logged.
+    /// When the last record was logged. The stored file may lag the log (a writer may
+    /// update the index once per session); [`SessionLog::list_sessions`](crate::SessionLog::list_sessions)
+    /// and [`SessionLog::session`](crate::SessionLog::session) take it from the log then.
     #[serde(with = "time_fmt")]
     pub updated: DateTime<Utc>,
-    /// How many records the log holds: the next sequence number to be written.
+    /// How many records the log holds: the next sequence number to be written (read from
+    /// the log, like `updated`, when the stored file lags).
     pub message_count: u64,
 }
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 use hame_core::Message;
-use hame_fs::{Filesystem, FsPath, WriteOptions};
+use hame_fs::{FileInfo, Filesystem, FsPath, WriteOptions};
 
 use crate::error::{Error, Result};
 use crate::id::validate_id;
@@ -431,12 +431,31 @@ impl SessionLog {
                 entries.entry(id).or_insert(entry);
             }
         }
-        let missing: Vec<String> = self
-            .logged_sessions()
-            .await?
-            .into_iter()
-            .filter(|id| !entries.contains_key(id))
+        let logs = self.logged_sessions().await?;
+        let missing: Vec<String> = logs
+            .keys()
+            .filter(|id| !entries.contains_key(*id))
+            .cloned()
             .collect();
+        // Entries whose log changed after them: their count and time come from the log's
+        // last record (a long-running writer updates the index once per session, not per
+        // call; see `SessionLog::refresh`).
+        let stale: Vec<(String, FileInfo)> = logs
+            .into_iter()
+            .filter(|(id, log)| entries.get(id).is_some_and(|e| log_is_newer(log, e)))
+            .collect();
+        let mut refreshed = futures::stream::iter(stale.into_iter().map(|(id, log)| async move {
+            let last = self.last_logged(&id, log.size).await?;
+            Ok::<_, Error>((id, last))
+        }))
+        .buffer_unordered(LIST_READ_CONCURRENCY);
+        while let Some(read) = refreshed.next().await {
+            let (id, last) = read?;
+            if let (Some(entry), Some(last)) = (entries.get_mut(&id), last) {
+                refresh(entry, &last);
+            }
+        }
+        drop(refreshed);
         let mut repaired = 0usize;
         for id in &missing {
             let Some(entry) = self.entry_from_log(id).await? else {
@@ -470,13 +489,56 @@ impl SessionLog {
     /// whole-tenant index).
     pub async fn session(&self, session_id: &str) -> Result<Option<SessionEntry>> {
         let path = self.index_path(session_id)?;
-        if let Some((entry, _)) = read_entry(self.fs.as_ref(), &path).await? {
-            return Ok(Some(entry));
+        let mut entry = match read_entry(self.fs.as_ref(), &path).await? {
+            Some((entry, _)) => entry,
+            None => match read_legacy_index(self.fs.as_ref(), &self.dir)
+                .await
+                .sessions
+                .remove(session_id)
+            {
+                Some(entry) => entry,
+                None => return Ok(None),
+            },
+        };
+        match self.fs.stat(&self.log_path(session_id)?).await {
+            Ok(log) if log_is_newer(&log, &entry) => {
+                if let Some(last) = self.last_logged(session_id, log.size).await? {
+                    refresh(&mut entry, &last);
+                }
+            }
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e.into()),
         }
-        Ok(read_legacy_index(self.fs.as_ref(), &self.dir)
-            .await
-            .sessions
-            .remove(session_id))
+        Ok(Some(entry))
+    }
+
+    /// The last valid record of a session's log (`None` when it has none): only the log's
+    /// last [`TAIL_READ_BYTES`] are read, unless that holds no whole record.
+    async fn last_logged(&self, session_id: &str, size: u64) -> Result<Option<LogRecord>> {
+        let path = self.log_path(session_id)?;
+        if size > TAIL_READ_BYTES {
+            match self
+                .fs
+                .read_range(&path, size - TAIL_READ_BYTES, TAIL_READ_BYTES)
+                .await
+            {
+                // The first line of the range is usually cut: it does not parse and is
+                // skipped, as a torn line is.
+                Ok(tail) => {
+                    if let Some(last) = last_record(&tail) {
+                        return Ok(Some(last));
+                    }
+                }
+                Err(e) if e.is_not_found() => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        match self.fs.read_bytes(&path).await {
+            Ok(data) => Ok(last_record(&data)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Applies `update` to the session's index entry (creating it) by compare-and-set of
@@ -497,11 +559,14 @@ impl SessionLog {
         .await
     }
 
-    /// The session ids that have a log file.
-    async fn logged_sessions(&self) -> Result<Vec<String>> {
+    /// The session ids that have a log file, with the log's size and time.
+    async fn logged_sessions(&self) -> Result<BTreeMap<String, FileInfo>> {
         match self.fs.list(&self.dir).await {
-            Ok(files) => Ok(sessions_in(&files)),
-            Err(e) if e.is_not_found() => Ok(Vec::new()),
+            Ok(files) => Ok(files
+                .into_iter()
+                .filter_map(|f| session_of(&f).map(|id| (id, f)))
+                .collect()),
+            Err(e) if e.is_not_found() => Ok(BTreeMap::new()),
             Err(e) => Err(e.into()),
         }
     }
@@ -573,16 +638,31 @@ impl SessionLog {
 }
 
 /// The session ids of the `*.log.jsonl` files in a directory listing.
-fn sessions_in(files: &[hame_fs::FileInfo]) -> Vec<String> {
-    files
-        .iter()
-        .filter(|f| !f.is_dir())
-        .filter_map(|f| {
-            f.path
-                .file_name()
-                .strip_suffix(LOG_SUFFIX)
-                .map(str::to_owned)
-        })
-        .filter(|id| validate_id("session id", id).is_ok())
-        .collect()
+fn sessions_in(files: &[FileInfo]) -> Vec<String> {
+    files.iter().filter_map(session_of).collect()
+}
+
+/// The session whose log `file` is, if it is one.
+fn session_of(file: &FileInfo) -> Option<String> {
+    if file.is_dir() {
+        return None;
+    }
+    let id = file.path.file_name().strip_suffix(LOG_SUFFIX)?;
+    validate_id("session id", id).ok()?;
+    Some(id.to_owned())
+}
+
+/// How much of a log's end [`SessionLog`] reads to find its last record.
+const TAIL_READ_BYTES: u64 = 64 * 1024;
+
+/// Whether the log may hold records the index entry does not count: it was modified after
+/// the entry's time, or the backend does not say when it was modified.
+fn log_is_newer(log: &FileInfo, entry: &SessionEntry) -> bool {
+    log.modified.is_none_or(|m| m > entry.updated)
+}
+
+/// Raises the entry's count and time to the log's last record (both only grow).
+fn refresh(entry: &mut SessionEntry, last: &LogRecord) {
+    entry.message_count = entry.message_count.max(last.seq + 1);
+    entry.updated = entry.updated.max(last.time);
 }
