@@ -281,21 +281,29 @@ async fn a_write_that_would_wait_moves_off_the_runtime_thread() -> TestResult {
     Ok(())
 }
 
+fn current_thread_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
+
+/// A write that is atomic but not synced: the kind that runs on the caller's thread.
+fn atomic() -> WriteOptions {
+    WriteOptions {
+        durability: crate::fs::Durability::Atomic,
+        ..Default::default()
+    }
+}
+
 /// On a current-thread runtime (no blocking pool is needed for the inline calls) every
 /// kind of call still completes.
 #[test]
 fn inline_calls_work_on_a_current_thread_runtime() -> TestResult {
     let sb = sandbox();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = current_thread_runtime()?;
     rt.block_on(async {
         let fs = LocalFs::new(&sb.root)?;
-        let o = WriteOptions {
-            durability: crate::fs::Durability::Atomic,
-            ..Default::default()
-        };
-        fs.write(&p("a/b.txt"), b"hi".to_vec(), o).await?;
+        fs.write(&p("a/b.txt"), b"hi".to_vec(), atomic()).await?;
         fs.append(&p("a/log"), b"1\n".to_vec()).await?;
         assert_eq!(fs.read_bytes(&p("a/b.txt")).await?, b"hi");
         assert_eq!(fs.list(&p("a")).await?.len(), 2);
@@ -325,15 +333,10 @@ fn deleted_fds_below(root: &std::path::Path) -> std::io::Result<Vec<String>> {
 #[test]
 fn a_write_that_replaces_a_file_closes_the_old_one() -> TestResult {
     let sb = sandbox();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = current_thread_runtime()?;
     rt.block_on(async {
         let fs = LocalFs::new(&sb.root)?;
-        let o = WriteOptions {
-            durability: crate::fs::Durability::Atomic,
-            ..Default::default()
-        };
+        let o = atomic();
         fs.write(&p("a.txt"), b"one".to_vec(), o.clone()).await?;
         let v = fs.write(&p("a.txt"), b"two".to_vec(), o.clone()).await?;
         assert_eq!(fs.read_bytes(&p("a.txt")).await?, b"two");
