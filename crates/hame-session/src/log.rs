@@ -655,10 +655,18 @@ fn session_of(file: &FileInfo) -> Option<String> {
 /// How much of a log's end [`SessionLog`] reads to find its last record.
 const TAIL_READ_BYTES: u64 = 64 * 1024;
 
-/// Whether the log may hold records the index entry does not count: it was modified after
-/// the entry's time, or the backend does not say when it was modified.
+/// How long before an entry's time a log must have been last modified for a listing to
+/// trust the entry without reading the log: modification times come from the backend's
+/// clock, possibly in whole seconds (S3), the entry's from the writer's.
+const MODIFIED_SLACK: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
+
+/// Whether the log may hold records the index entry does not count: it was modified after,
+/// or less than [`MODIFIED_SLACK`] before, the entry's time, or the backend does not say
+/// when it was modified. Reading the tail when it was not needed only costs the read: the
+/// refresh never lowers a count or a time.
 fn log_is_newer(log: &FileInfo, entry: &SessionEntry) -> bool {
-    log.modified.is_none_or(|m| m > entry.updated)
+    log.modified
+        .is_none_or(|m| m + MODIFIED_SLACK > entry.updated)
 }
 
 /// Raises the entry's count and time to the log's last record (both only grow).

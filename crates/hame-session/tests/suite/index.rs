@@ -335,56 +335,59 @@ async fn logs_missing_from_the_index_are_listed_and_added() -> TestResult {
 /// a long-running process): listing and `session` take the count and the time from the
 /// log's last record, while the index file keeps what was written. On a local disk too,
 /// where "the log is newer" comes from its modification time, and with a last record
-/// larger than the tail that is read first.
+/// larger than the tail that is read first. (Redis: `suite::remote`.)
 #[tokio::test]
 async fn an_entry_behind_its_log_is_listed_with_the_logs_count_and_time() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let local: Arc<dyn Filesystem> = Arc::new(hame_fs::LocalFs::new(dir.path())?);
-    for fs in [Arc::new(InMemoryFs::new()) as Arc<dyn Filesystem>, local] {
-        log_at(fs.clone(), 0)
-            .append_messages(
-                "s",
-                "c1",
-                &[Message::user("first"), Message::assistant("a")],
-            )
-            .await?;
-        let index_path = FsPath::parse("agents/main/sessions/index/s.json")?;
-        let written = fs.read_bytes(&index_path).await?;
-        let quiet = SessionLog::with_options(
-            fs.clone(),
-            "main",
-            SessionLogOptions {
-                update_index: false,
-                ..fixed_clock(7)
-            },
-        )?;
-        quiet
-            .append_messages(
-                "s",
-                "c2",
-                &[Message::user("second"), Message::assistant("b")],
-            )
-            .await?;
-        let big = "x".repeat(100 * 1024);
-        quiet
-            .append_messages(
-                "s",
-                "c3",
-                &[Message::user("third"), Message::assistant(&big)],
-            )
-            .await?;
-        // The index file is as the first call left it.
-        assert_eq!(fs.read_bytes(&index_path).await?, written);
-        let expected = SessionEntry {
-            id: "s".into(),
-            title: "first".into(),
-            created: t(0),
-            updated: t(7),
-            message_count: 6,
-        };
-        let reader = log_at(fs.clone(), 9);
-        assert_eq!(reader.list_sessions().await?, vec![expected.clone()]);
-        assert_eq!(reader.session("s").await?, Some(expected));
-    }
+    entry_behind_its_log(Arc::new(InMemoryFs::new())).await?;
+    entry_behind_its_log(Arc::new(hame_fs::LocalFs::new(dir.path())?)).await
+}
+
+/// The case above on `fs`.
+pub(crate) async fn entry_behind_its_log(fs: Arc<dyn Filesystem>) -> TestResult {
+    log_at(fs.clone(), 0)
+        .append_messages(
+            "s",
+            "c1",
+            &[Message::user("first"), Message::assistant("a")],
+        )
+        .await?;
+    let index_path = FsPath::parse("agents/main/sessions/index/s.json")?;
+    let written = fs.read_bytes(&index_path).await?;
+    let quiet = SessionLog::with_options(
+        fs.clone(),
+        "main",
+        SessionLogOptions {
+            update_index: false,
+            ..fixed_clock(7)
+        },
+    )?;
+    quiet
+        .append_messages(
+            "s",
+            "c2",
+            &[Message::user("second"), Message::assistant("b")],
+        )
+        .await?;
+    let big = "x".repeat(100 * 1024);
+    quiet
+        .append_messages(
+            "s",
+            "c3",
+            &[Message::user("third"), Message::assistant(&big)],
+        )
+        .await?;
+    // The index file is as the first call left it.
+    assert_eq!(fs.read_bytes(&index_path).await?, written);
+    let expected = SessionEntry {
+        id: "s".into(),
+        title: "first".into(),
+        created: t(0),
+        updated: t(7),
+        message_count: 6,
+    };
+    let reader = log_at(fs.clone(), 9);
+    assert_eq!(reader.list_sessions().await?, vec![expected.clone()]);
+    assert_eq!(reader.session("s").await?, Some(expected));
     Ok(())
 }

@@ -98,3 +98,13 @@ async fn replicas_share_one_log_and_index_on_redis() -> TestResult {
     );
     Ok(())
 }
+
+/// An index entry that lags its log is listed with the log's count and time on Redis too
+/// (`suite::index`): the modification times there are the store's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_entry_behind_its_log_is_refreshed_on_redis() -> TestResult {
+    let Some(fs) = redis_fs().await? else {
+        return Ok(());
+    };
+    super::index::entry_behind_its_log(fs).await
+}
