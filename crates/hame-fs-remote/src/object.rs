@@ -8,9 +8,9 @@ use async_trait::async_trait;
 use futures::{StreamExt, TryStreamExt, stream};
 use hame_fs::generic::{self, GrepSearch};
 use hame_fs::{
-    DeleteOptions, EditOutcome, EditRequest, Error, FileInfo, FileKind, Filesystem, FsPath,
-    GlobOutput, GlobRequest, GrepOutput, GrepRequest, RenameOptions, Result, Version, WriteMode,
-    WriteOptions,
+    AppendOptions, DeleteOptions, EditOutcome, EditRequest, Error, FileInfo, FileKind, Filesystem,
+    FsPath, GlobOutput, GlobRequest, GrepOutput, GrepRequest, RenameOptions, Result, Version,
+    WriteMode, WriteOptions,
 };
 use object_store::path::Path;
 use object_store::{
@@ -731,8 +731,13 @@ impl Filesystem for ObjectStoreFs {
         self.has_children(path).await
     }
 
-    async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
+    /// Both durabilities alike: every object write is durable when the store acknowledges it.
+    async fn append(&self, path: &FsPath, data: Vec<u8>, _: AppendOptions) -> Result<()> {
         self.check_target(path).await?;
+        if data.is_empty() && self.head(path).await?.is_some() {
+            // Nothing to add and nothing to flush: no read-modify-write of the object.
+            return Ok(());
+        }
         let attempts = self.options.cas_retries.max(1);
         for attempt in 0..attempts {
             backoff(attempt).await;

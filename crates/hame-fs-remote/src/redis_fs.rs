@@ -8,9 +8,9 @@ use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt, stream};
 use hame_fs::generic::{self, GrepSearch};
 use hame_fs::{
-    DeleteOptions, EditOutcome, EditRequest, Error, FileInfo, FileKind, Filesystem, FsPath,
-    GlobOutput, GlobRequest, GrepOutput, GrepRequest, RenameOptions, Result, Version, WriteMode,
-    WriteOptions,
+    AppendOptions, DeleteOptions, EditOutcome, EditRequest, Error, FileInfo, FileKind, Filesystem,
+    FsPath, GlobOutput, GlobRequest, GrepOutput, GrepRequest, RenameOptions, Result, Version,
+    WriteMode, WriteOptions,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
@@ -645,7 +645,8 @@ impl Filesystem for RedisFs {
         Ok(n > 0)
     }
 
-    async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
+    /// Both durabilities alike: Redis persists (or not) as its server is configured.
+    async fn append(&self, path: &FsPath, data: Vec<u8>, _: AppendOptions) -> Result<()> {
         if path.is_root() {
             return Err(Error::IsDirectory {
                 path: path.to_string(),

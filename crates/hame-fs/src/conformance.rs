@@ -409,7 +409,11 @@ pub async fn read_byte_ranges(fs: &dyn Filesystem) {
         ok(fs.read_range(&f, 500, u64::MAX).await, "to the end"),
         data[500..],
     );
-    ok(fs.append(&f, b"tail".to_vec()).await, "append");
+    ok(
+        fs.append(&f, b"tail".to_vec(), crate::AppendOptions::default())
+            .await,
+        "append",
+    );
     assert_eq!(
         ok(fs.read_range(&f, 998, 100).await, "after append"),
         [&data[998..], b"tail".as_slice()].concat(),
@@ -432,18 +436,65 @@ pub async fn read_byte_ranges(fs: &dyn Filesystem) {
     );
 }
 
-/// `append` creates and extends.
+/// `append` creates and extends, synced or not; an empty append adds nothing.
 pub async fn append_creates_and_extends(fs: &dyn Filesystem) {
     let f = p("append/log.jsonl");
-    ok(fs.append(&f, b"{\"a\":1}\n".to_vec()).await, "append new");
-    ok(fs.append(&f, b"{\"a\":2}\n".to_vec()).await, "append more");
+    ok(
+        fs.append(&f, b"{\"a\":1}\n".to_vec(), crate::AppendOptions::default())
+            .await,
+        "append new",
+    );
+    ok(
+        fs.append(&f, b"{\"a\":2}\n".to_vec(), crate::AppendOptions::default())
+            .await,
+        "append more",
+    );
     assert_eq!(get(fs, "append/log.jsonl").await, "{\"a\":1}\n{\"a\":2}\n");
     put(fs, "append/d/x", "x").await;
     code(
-        fs.append(&p("append/d"), b"x".to_vec()).await,
+        fs.append(
+            &p("append/d"),
+            b"x".to_vec(),
+            crate::AppendOptions::default(),
+        )
+        .await,
         codes::IS_DIRECTORY,
         "append to a dir",
     );
+    // Unflushed appends land as they do synced, in order; an empty synced append (the
+    // flush) adds nothing, and creates an absent file as any append does.
+    let g = p("append/steps.jsonl");
+    ok(
+        fs.append(&g, b"1\n".to_vec(), crate::AppendOptions::atomic())
+            .await,
+        "atomic append new",
+    );
+    ok(
+        fs.append(&g, b"2\n".to_vec(), crate::AppendOptions::atomic())
+            .await,
+        "atomic append more",
+    );
+    ok(
+        fs.append(&g, Vec::new(), crate::AppendOptions::default())
+            .await,
+        "empty synced append",
+    );
+    ok(
+        fs.append(&g, b"3\n".to_vec(), crate::AppendOptions::default())
+            .await,
+        "synced append after atomic ones",
+    );
+    assert_eq!(get(fs, "append/steps.jsonl").await, "1\n2\n3\n");
+    ok(
+        fs.append(
+            &p("append/empty"),
+            Vec::new(),
+            crate::AppendOptions::default(),
+        )
+        .await,
+        "empty append of a new file",
+    );
+    assert_eq!(get(fs, "append/empty").await, "");
 }
 
 fn edit(old: &str, new: &str, replace_all: bool) -> EditRequest {
@@ -794,7 +845,14 @@ pub async fn concurrent_appends(fs: &dyn Filesystem) {
     let path = p("race/log");
     let futs = (0..20).map(|i| {
         let path = path.clone();
-        async move { fs.append(&path, format!("line {i}\n").into_bytes()).await }
+        async move {
+            fs.append(
+                &path,
+                format!("line {i}\n").into_bytes(),
+                crate::AppendOptions::default(),
+            )
+            .await
+        }
     });
     for r in futures::future::join_all(futs).await {
         ok(r, "append");
@@ -999,8 +1057,18 @@ pub async fn read_only_refuses_changes(backing: &dyn Filesystem, view: &dyn File
             &format!("write {target} {mode:?}"),
         );
     }
-    code(view.append(&file, b"x".to_vec()).await, denied, "append");
-    code(view.append(&new, b"x".to_vec()).await, denied, "append new");
+    code(
+        view.append(&file, b"x".to_vec(), crate::AppendOptions::default())
+            .await,
+        denied,
+        "append",
+    );
+    code(
+        view.append(&new, b"x".to_vec(), crate::AppendOptions::default())
+            .await,
+        denied,
+        "append new",
+    );
     code(
         view.edit(&file, &edit("alpha", "omega", false)).await,
         denied,

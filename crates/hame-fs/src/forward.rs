@@ -15,7 +15,7 @@
 /// member of the trait.
 ///
 /// ```
-/// use hame_fs::{Error, Filesystem, FsPath, InMemoryFs, Result, Version, WriteOptions};
+/// use hame_fs::{AppendOptions, Error, Filesystem, FsPath, InMemoryFs, Result, Version, WriteOptions};
 ///
 /// /// Refuses files over a size; everything else goes to the inner filesystem.
 /// #[derive(Debug)]
@@ -45,9 +45,14 @@
 ///             }
 ///             self.inner.write(path, data, options).await
 ///         }
-///         async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
+///         async fn append(
+///             &self,
+///             path: &FsPath,
+///             data: Vec<u8>,
+///             options: AppendOptions,
+///         ) -> Result<()> {
 ///             // Through our own `write`, so the limit holds for appends as well.
-///             hame_fs::generic::append_via_cas(self, path, data).await
+///             hame_fs::generic::append_via_cas(self, path, data, options).await
 ///         }
 ///     }
 /// }
@@ -56,7 +61,7 @@
 /// let fs = SizeLimit { inner: InMemoryFs::new(), max: 4 };
 /// let p = FsPath::parse("a")?;
 /// fs.write(&p, b"1234".to_vec(), WriteOptions::default()).await?;
-/// let refused = fs.append(&p, b"5".to_vec()).await;
+/// let refused = fs.append(&p, b"5".to_vec(), AppendOptions::default()).await;
 /// assert_eq!(refused.map_err(|e| e.code()), Err("too_large"));
 /// # Ok(()) }
 /// # let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -235,9 +240,10 @@ macro_rules! forward_filesystem {
                     &self,
                     path: &$crate::FsPath,
                     data: ::std::vec::Vec<u8>,
+                    options: $crate::AppendOptions,
                 ) -> $crate::Result<()> {
                     let $s = self;
-                    $crate::Filesystem::append($e, path, data).await
+                    $crate::Filesystem::append($e, path, data, options).await
                 }
             ] items $items);
     };

@@ -157,6 +157,30 @@ impl WriteOptions {
     }
 }
 
+/// Options of [`Filesystem::append`].
+///
+/// [`Durability::Synced`] (the default) makes the appended bytes survive a crash of the
+/// machine before `append` returns (local disk: `fdatasync`). [`Durability::Atomic`] lands
+/// them as one piece at the end of the file, visible to every reader and kept through a
+/// crash of the process, but not flushed: a later synced append to the same file flushes
+/// them too (local disk: `fdatasync` writes all of a file's dirty data), which is how the
+/// session log pays one flush per call instead of one per step. Backends without the
+/// distinction (Redis, object storage, the sandbox) treat both alike.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AppendOptions {
+    /// Synced (default) or atomic only.
+    pub durability: Durability,
+}
+
+impl AppendOptions {
+    /// An append that is not flushed to the device ([`Durability::Atomic`]).
+    pub fn atomic() -> Self {
+        AppendOptions {
+            durability: Durability::Atomic,
+        }
+    }
+}
+
 /// Options of [`Filesystem::delete`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeleteOptions {
@@ -417,10 +441,12 @@ pub trait Filesystem: Send + Sync + fmt::Debug + 'static {
         generic::read_range_via_read(self, path, offset, len).await
     }
 
-    /// Appends bytes, creating the file if absent. Fallback: read + compare-and-set write,
-    /// retried ([`generic::append_via_cas`]).
-    async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
-        generic::append_via_cas(self, path, data).await
+    /// Appends bytes, creating the file if absent; `options` says whether they are flushed
+    /// before it returns ([`AppendOptions`]). An empty synced append flushes what earlier
+    /// atomic appends left unflushed. Fallback: read + compare-and-set write, retried
+    /// ([`generic::append_via_cas`]).
+    async fn append(&self, path: &FsPath, data: Vec<u8>, options: AppendOptions) -> Result<()> {
+        generic::append_via_cas(self, path, data, options).await
     }
 
     /// Replaces exact text in a file. Fallback: read + [`generic::apply_edit`] +

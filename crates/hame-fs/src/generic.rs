@@ -14,9 +14,9 @@ use regex::bytes::{Regex, RegexBuilder};
 
 use crate::error::{Error, Result};
 use crate::fs::{
-    BINARY_SNIFF_BYTES, DEFAULT_READ_LINES, EditOutcome, EditRequest, FileInfo, Filesystem,
-    GREP_MAX_FILE_BYTES, GlobOutput, GlobRequest, GrepMatch, GrepOutput, GrepRequest, ReadWindow,
-    TextWindow, Version, WriteMode, WriteOptions,
+    AppendOptions, BINARY_SNIFF_BYTES, DEFAULT_READ_LINES, EditOutcome, EditRequest, FileInfo,
+    Filesystem, GREP_MAX_FILE_BYTES, GlobOutput, GlobRequest, GrepMatch, GrepOutput, GrepRequest,
+    ReadWindow, TextWindow, Version, WriteMode, WriteOptions,
 };
 use crate::path::FsPath;
 
@@ -162,6 +162,7 @@ pub async fn append_via_cas<F: Filesystem + ?Sized>(
     fs: &F,
     path: &FsPath,
     data: Vec<u8>,
+    options: AppendOptions,
 ) -> Result<()> {
     let mut last = None;
     for attempt in 0..CAS_RETRIES {
@@ -181,7 +182,7 @@ pub async fn append_via_cas<F: Filesystem + ?Sized>(
                 current,
                 WriteOptions {
                     mode,
-                    ..WriteOptions::default()
+                    durability: options.durability,
                 },
             )
             .await

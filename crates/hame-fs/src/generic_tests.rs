@@ -68,7 +68,14 @@ async fn contended_appends_all_land() -> TestResult {
     let tasks: Vec<_> = (0..32)
         .map(|i| {
             let (fs, path) = (fs.clone(), path.clone());
-            tokio::spawn(async move { fs.append(&path, format!("{i}\n").into_bytes()).await })
+            tokio::spawn(async move {
+                fs.append(
+                    &path,
+                    format!("{i}\n").into_bytes(),
+                    crate::AppendOptions::default(),
+                )
+                .await
+            })
         })
         .collect();
     for t in tasks {

@@ -23,11 +23,13 @@
 //!
 //! ```
 //! # async fn demo() -> hame_fs::Result<()> {
-//! use hame_fs::{Filesystem, FilesystemExt, FsPath, InMemoryFs, ReadWindow, WriteOptions};
+//! use hame_fs::{
+//!     AppendOptions, Filesystem, FilesystemExt, FsPath, InMemoryFs, ReadWindow, WriteOptions,
+//! };
 //! let fs = InMemoryFs::new();
 //! let path = FsPath::parse("/notes/today.md")?;
 //! fs.write(&path, b"# Today\n".to_vec(), WriteOptions::default()).await?;
-//! fs.append(&path, b"- shipped\n".to_vec()).await?;
+//! fs.append(&path, b"- shipped\n".to_vec(), AppendOptions::default()).await?;
 //! assert_eq!(fs.read_bytes(&path).await?, b"# Today\n- shipped\n");
 //! let second = ReadWindow { offset: 1, limit: Some(1) };
 //! assert_eq!(fs.read(&path, second).await?.text, "- shipped\n");
@@ -57,9 +59,9 @@ pub use error::{Error, Result, codes};
 #[doc(hidden)]
 pub use forward::__private;
 pub use fs::{
-    BINARY_SNIFF_BYTES, DEFAULT_READ_LINES, DOWNLOAD_CONCURRENCY, DeleteOptions, Durability,
-    EditOutcome, EditRequest, ExecOutput, ExecRequest, Execute, FileInfo, FileKind, Filesystem,
-    FilesystemExt, GREP_MAX_FILE_BYTES, GlobOutput, GlobRequest, GrepMatch, GrepOutput,
+    AppendOptions, BINARY_SNIFF_BYTES, DEFAULT_READ_LINES, DOWNLOAD_CONCURRENCY, DeleteOptions,
+    Durability, EditOutcome, EditRequest, ExecOutput, ExecRequest, Execute, FileInfo, FileKind,
+    Filesystem, FilesystemExt, GREP_MAX_FILE_BYTES, GlobOutput, GlobRequest, GrepMatch, GrepOutput,
     GrepRequest, ReadWindow, RenameOptions, TextWindow, Version, WriteMode, WriteOptions,
 };
 #[cfg(feature = "local")]

@@ -12,8 +12,9 @@ use rustix::io::Errno;
 
 use crate::error::{Error, Result};
 use crate::fs::{
-    DeleteOptions, EditOutcome, EditRequest, FileInfo, FileKind, Filesystem, GlobOutput,
-    GlobRequest, GrepOutput, GrepRequest, RenameOptions, Version, WriteMode, WriteOptions,
+    AppendOptions, DeleteOptions, EditOutcome, EditRequest, FileInfo, FileKind, Filesystem,
+    GlobOutput, GlobRequest, GrepOutput, GrepRequest, RenameOptions, Version, WriteMode,
+    WriteOptions,
 };
 use crate::generic::{self, GrepSearch};
 use crate::path::FsPath;
@@ -544,13 +545,20 @@ impl Inner {
         })
     }
 
-    fn append(&self, path: &FsPath, data: &[u8]) -> Result<()> {
+    /// Appends `data`; `fdatasync`s the file when `synced` (which also flushes what earlier
+    /// unsynced appends left). Off the blocking pool (`wait` false) it gives up with
+    /// `Busy::Wait` when the path's stripe lock is taken.
+    fn append(&self, path: &FsPath, data: &[u8], synced: bool, wait: bool) -> Attempt<()> {
         if path.is_root() {
-            return Err(Error::IsDirectory {
+            return Err(Busy::Failed(Error::IsDirectory {
                 path: path.to_string(),
-            });
+            }));
         }
-        let _guard = self.lock_for(path);
+        let _guard = if wait {
+            self.lock_for(path)
+        } else {
+            self.try_lock_for(path)?
+        };
         // The parents exist nearly always (the log of a session being continued): they
         // are created only when the open finds them missing.
         let (mut f, _) = match self.open_regular(path, true) {
@@ -560,8 +568,13 @@ impl Inner {
             }
             other => other?,
         };
-        f.write_all(data).map_err(|e| map_io(path, e))?;
-        f.sync_data().map_err(|e| map_io(path, e))
+        if !data.is_empty() {
+            f.write_all(data).map_err(|e| map_io(path, e))?;
+        }
+        if synced {
+            f.sync_data().map_err(|e| map_io(path, e))?;
+        }
+        Ok(())
     }
 
     fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
@@ -796,7 +809,8 @@ impl LocalFs {
 /// to this size, ranges up to this size, and writes that are not `Synced` when their
 /// locks are free — run on the calling task's thread: on a local disk they complete from
 /// the page cache in microseconds, less than a hand-off to the blocking pool (a thread
-/// wake-up each way). Everything that `fsync`s (`Synced` writes, `append`), walks a tree
+/// wake-up each way); so do appends that are not `Synced`. Everything that `fsync`s
+/// (`Synced` writes and appends), walks a tree
 /// (`grep`, `glob`), deletes or renames, or would wait for a lock runs on the blocking
 /// pool. On a slow or remote mount (NFS, FUSE) the inline calls stall the runtime's
 /// worker for their duration.
@@ -867,9 +881,17 @@ impl Filesystem for LocalFs {
             .await
     }
 
-    async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
+    async fn append(&self, path: &FsPath, data: Vec<u8>, options: AppendOptions) -> Result<()> {
         let path = path.clone();
-        self.blocking(move |i| i.append(&path, &data)).await
+        if options.durability == crate::fs::Durability::Synced {
+            return self
+                .blocking(move |i| i.append(&path, &data, true, true).map_err(Busy::into_error))
+                .await;
+        }
+        // Not flushed: a write into the page cache, on the caller's thread unless its lock
+        // is taken (ADR 0016).
+        self.inline_or_blocking(move |i, wait| i.append(&path, &data, false, wait))
+            .await
     }
 
     async fn edit(&self, path: &FsPath, request: &EditRequest) -> Result<EditOutcome> {

@@ -66,7 +66,10 @@ async fn escaping_symlinks_are_refused() -> TestResult {
             [codes::PERMISSION_DENIED, codes::NOT_A_DIRECTORY].contains(&err.code()),
             "{bad}: {err}"
         );
-        let err = fs.append(&p(bad), b"x".to_vec()).await.unwrap_err();
+        let err = fs
+            .append(&p(bad), b"x".to_vec(), crate::AppendOptions::default())
+            .await
+            .unwrap_err();
         assert_eq!(err.code(), codes::PERMISSION_DENIED, "{bad}: {err}");
         let err = fs.read_range(&p(bad), 0, 100).await.unwrap_err();
         assert_eq!(err.code(), codes::PERMISSION_DENIED, "{bad}: {err}");
@@ -106,7 +109,10 @@ async fn hard_links_devices_and_fifos_are_refused() -> TestResult {
     for bad in ["hard", "dev", "fifo"] {
         let err = fs.read_bytes(&p(bad)).await.unwrap_err();
         assert_eq!(err.code(), codes::PERMISSION_DENIED, "{bad}: {err}");
-        let err = fs.append(&p(bad), b"x".to_vec()).await.unwrap_err();
+        let err = fs
+            .append(&p(bad), b"x".to_vec(), crate::AppendOptions::default())
+            .await
+            .unwrap_err();
         assert_eq!(err.code(), codes::PERMISSION_DENIED, "{bad}: {err}");
         let err = fs.read_range(&p(bad), 0, 4).await.unwrap_err();
         assert_eq!(err.code(), codes::PERMISSION_DENIED, "{bad}: {err}");
@@ -229,7 +235,7 @@ proptest! {
                     prop_assert!(!String::from_utf8_lossy(&data).contains("SECRET"), "range read outside via {raw:?}");
                 }
                 let _ = fs.write(&path, b"pwned".to_vec(), WriteOptions::default()).await;
-                let _ = fs.append(&path, b"pwned".to_vec()).await;
+                let _ = fs.append(&path, b"pwned".to_vec(), crate::AppendOptions::default()).await;
                 let _ = fs.delete(&path, DeleteOptions { recursive: true }).await;
                 let _ = fs.rename(&path, &FsPath::parse("moved").unwrap(), RenameOptions { overwrite: true }).await;
                 if let Ok(g) = fs.grep(&GrepRequest { path: path.clone(), ..GrepRequest::new("SECRET") }).await {
@@ -304,7 +310,12 @@ fn inline_calls_work_on_a_current_thread_runtime() -> TestResult {
     rt.block_on(async {
         let fs = LocalFs::new(&sb.root)?;
         fs.write(&p("a/b.txt"), b"hi".to_vec(), atomic()).await?;
-        fs.append(&p("a/log"), b"1\n".to_vec()).await?;
+        fs.append(
+            &p("a/log"),
+            b"1\n".to_vec(),
+            crate::AppendOptions::default(),
+        )
+        .await?;
         assert_eq!(fs.read_bytes(&p("a/b.txt")).await?, b"hi");
         assert_eq!(fs.list(&p("a")).await?.len(), 2);
         assert_eq!(fs.stat(&p("a/log")).await?.size, 2);

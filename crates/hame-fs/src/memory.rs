@@ -8,8 +8,9 @@ use chrono::{DateTime, Utc};
 
 use crate::error::{Error, Result};
 use crate::fs::{
-    DeleteOptions, EditOutcome, EditRequest, FileInfo, FileKind, Filesystem, GlobOutput,
-    GlobRequest, GrepOutput, GrepRequest, RenameOptions, Version, WriteMode, WriteOptions,
+    AppendOptions, DeleteOptions, EditOutcome, EditRequest, FileInfo, FileKind, Filesystem,
+    GlobOutput, GlobRequest, GrepOutput, GrepRequest, RenameOptions, Version, WriteMode,
+    WriteOptions,
 };
 use crate::generic;
 use crate::path::FsPath;
@@ -304,7 +305,7 @@ impl Filesystem for InMemoryFs {
         }
     }
 
-    async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
+    async fn append(&self, path: &FsPath, data: Vec<u8>, _: AppendOptions) -> Result<()> {
         let mut map = self.lock();
         if let Some(e) = map.get_mut(path) {
             e.data.extend_from_slice(&data);

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::fs::{
-    DeleteOptions, EditOutcome, EditRequest, FileInfo, Filesystem, GlobOutput, GlobRequest,
-    GrepOutput, GrepRequest, RenameOptions, Version, WriteMode, WriteOptions,
+    AppendOptions, DeleteOptions, EditOutcome, EditRequest, FileInfo, Filesystem, GlobOutput,
+    GlobRequest, GrepOutput, GrepRequest, RenameOptions, Version, WriteMode, WriteOptions,
 };
 use crate::generic;
 use crate::path::FsPath;
@@ -147,9 +147,9 @@ crate::forward_filesystem! {
                 .await
                 .map_err(|e| self.err(e))
         }
-        async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
+        async fn append(&self, path: &FsPath, data: Vec<u8>, options: AppendOptions) -> Result<()> {
             self.inner
-                .append(&self.full(path), data)
+                .append(&self.full(path), data, options)
                 .await
                 .map_err(|e| self.err(e))
         }
@@ -219,7 +219,7 @@ crate::forward_filesystem! {
         async fn rename(&self, from: &FsPath, _: &FsPath, _: RenameOptions) -> Result<()> {
             Err(read_only(from))
         }
-        async fn append(&self, path: &FsPath, _: Vec<u8>) -> Result<()> {
+        async fn append(&self, path: &FsPath, _: Vec<u8>, _: AppendOptions) -> Result<()> {
             Err(read_only(path))
         }
         async fn edit(&self, path: &FsPath, _: &EditRequest) -> Result<EditOutcome> {
@@ -426,14 +426,14 @@ crate::forward_filesystem! {
                 .await
                 .map_err(|e| Self::err(&prefix, e))
         }
-        async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
+        async fn append(&self, path: &FsPath, data: Vec<u8>, options: AppendOptions) -> Result<()> {
             let (fs, inner, prefix) = self.route(path);
             if inner.is_root() || self.mounts_below(path).next().is_some() {
                 return Err(Error::IsDirectory {
                     path: path.to_string(),
                 });
             }
-            fs.append(&inner, data)
+            fs.append(&inner, data, options)
                 .await
                 .map_err(|e| Self::err(&prefix, e))
         }
@@ -618,23 +618,32 @@ crate::forward_filesystem! {
                 other => other,
             }
         }
-        async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
+        async fn append(&self, path: &FsPath, data: Vec<u8>, options: AppendOptions) -> Result<()> {
             if !self.upper.exists(path).await?
                 && let Some(mut cur) = or_not_found(self.lower.read_bytes(path).await)?
             {
                 cur.extend_from_slice(&data);
                 return match self
                     .upper
-                    .write(path, cur, WriteOptions::create_new())
+                    .write(
+                        path,
+                        cur,
+                        WriteOptions {
+                            durability: options.durability,
+                            ..WriteOptions::create_new()
+                        },
+                    )
                     .await
                 {
                     Ok(_) => Ok(()),
                     // Copied up concurrently: append to the copy.
-                    Err(Error::AlreadyExists { .. }) => self.upper.append(path, data).await,
+                    Err(Error::AlreadyExists { .. }) => {
+                        self.upper.append(path, data, options).await
+                    }
                     Err(e) => Err(e),
                 };
             }
-            self.upper.append(path, data).await
+            self.upper.append(path, data, options).await
         }
         async fn edit(&self, path: &FsPath, request: &EditRequest) -> Result<EditOutcome> {
             if self.upper.exists(path).await? {

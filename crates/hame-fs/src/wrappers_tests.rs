@@ -100,7 +100,9 @@ async fn read_only_refuses_every_change() -> TestResult {
         fs.write(&f, b"x".to_vec(), WriteOptions::default())
             .await
             .err(),
-        fs.append(&f, b"x".to_vec()).await.err(),
+        fs.append(&f, b"x".to_vec(), crate::AppendOptions::default())
+            .await
+            .err(),
         fs.delete(&f, DeleteOptions::default()).await.err(),
         fs.rename(&f, &p("b"), RenameOptions::default()).await.err(),
         fs.edit(
@@ -139,8 +141,12 @@ async fn overlay_reads_through_writes_up_and_never_touches_the_template() -> Tes
     .await?;
     assert_eq!(fs.read_bytes(&agents).await?, b"# Mine\n");
     assert_eq!(lower.read_bytes(&agents).await?, b"# Agents\n");
-    fs.append(&p("tpl/knowledge/k.md"), b"more\n".to_vec())
-        .await?;
+    fs.append(
+        &p("tpl/knowledge/k.md"),
+        b"more\n".to_vec(),
+        crate::AppendOptions::default(),
+    )
+    .await?;
     assert_eq!(
         upper.read_bytes(&p("tpl/knowledge/k.md")).await?,
         b"knowledge\nmore\n"

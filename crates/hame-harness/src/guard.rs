@@ -20,8 +20,9 @@
 use std::sync::Arc;
 
 use hame_fs::{
-    DeleteOptions, EditOutcome, EditRequest, Error, FileInfo, Filesystem, FsPath, GlobOutput,
-    GlobRequest, GrepOutput, GrepRequest, RenameOptions, Result, Version, WriteOptions, generic,
+    AppendOptions, DeleteOptions, EditOutcome, EditRequest, Error, FileInfo, Filesystem, FsPath,
+    GlobOutput, GlobRequest, GrepOutput, GrepRequest, RenameOptions, Result, Version, WriteOptions,
+    generic,
 };
 
 /// Names whose presence at the top of a folder makes it a per-user override folder.
@@ -223,9 +224,9 @@ hame_fs::forward_filesystem! {
             self.inner.rename(from, to, options).await
         }
 
-        async fn append(&self, path: &FsPath, data: Vec<u8>) -> Result<()> {
+        async fn append(&self, path: &FsPath, data: Vec<u8>, options: AppendOptions) -> Result<()> {
             self.check_write(path).await?;
-            self.inner.append(path, data).await
+            self.inner.append(path, data, options).await
         }
 
         async fn edit(&self, path: &FsPath, request: &EditRequest) -> Result<EditOutcome> {

@@ -93,7 +93,11 @@ async fn runtime_roots_are_never_written() -> Result<()> {
             .await
             .is_err_and(|e| denied(&e))
     );
-    assert!(g.append(&log, vec![b'x']).await.is_err_and(|e| denied(&e)));
+    assert!(
+        g.append(&log, vec![b'x'], hame_fs::AppendOptions::default())
+            .await
+            .is_err_and(|e| denied(&e))
+    );
     assert!(
         g.delete(&log, DeleteOptions::default())
             .await

@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use hame_core::{
     AppendNext, CallCtx, CallInput, CallNext, CallOutput, Layer, Message, Role, RuntimeContext,
 };
+use hame_fs::{AppendOptions, Durability};
 use hame_session::{IndexUpdate, SessionLog, SessionLogOptions};
 use hame_tools::Workspace;
 
@@ -37,6 +38,9 @@ pub struct SessionRecorder {
 struct PendingCall {
     title: Option<String>,
     pending: Vec<Message>,
+    /// The call's last append to the log was not flushed (a tool result): the log is
+    /// synced before the call ends, so before its state is saved.
+    unsynced: bool,
 }
 
 impl SessionRecorder {
@@ -90,10 +94,11 @@ impl SessionRecorder {
         ws: &Workspace,
         call_id: &str,
         messages: &[Message],
+        options: AppendOptions,
     ) -> Result<(), hame_core::Error> {
         let log = self.log_for(runtime, ws)?;
         let written = log
-            .append_messages(&runtime.session_id, call_id, messages)
+            .append_messages_with(&runtime.session_id, call_id, messages, options)
             .await
             .map_err(|e| hame_core::Error::layer("session-log", e))?;
         if let Ok(mut ends) = self.ends.lock() {
@@ -134,8 +139,23 @@ impl SessionRecorder {
         if !call.pending.is_empty() {
             check_lease(cx)?;
             // A call that failed or was suspended mid-step: what joined the state is logged
-            // before the state is saved.
-            self.write(cx.runtime, ws, &call_id, &call.pending).await?;
+            // (and flushed, with any unflushed tool results) before the state is saved.
+            self.write(
+                cx.runtime,
+                ws,
+                &call_id,
+                &call.pending,
+                AppendOptions::default(),
+            )
+            .await?;
+        } else if call.unsynced {
+            // The call ended after a tool result (failed, cancelled, out of steps): its
+            // records are flushed before the state that holds them is saved.
+            check_lease(cx)?;
+            self.log_for(cx.runtime, ws)?
+                .sync(&cx.runtime.session_id)
+                .await
+                .map_err(|e| hame_core::Error::layer("session-log", e))?;
         }
         let end = self
             .ends
@@ -210,8 +230,18 @@ impl Layer for SessionRecorder {
     ) -> Result<(), hame_core::Error> {
         let call_id = call_id(cx.runtime);
         // A tool-call message and the user's input wait for the step's next message so that a
-        // step costs one durable append; the final reply and tool results are written at
-        // once. Nothing waits past the end of the call, and the state is only saved after.
+        // step costs one append; the final reply and tool results are written at once.
+        // Nothing waits past the end of the call, and the state is only saved after.
+        // Tool results are appended without a flush: another step follows, and its synced
+        // append (or the sync at the call's end) flushes them with it, so a call with tools
+        // pays one `fdatasync` for its log, not one per step. A process crash loses nothing
+        // (the bytes are in the OS's page cache); a machine crash can lose the unflushed
+        // steps of the call it interrupted, whose state was not saved either.
+        let durability = if message.role == Role::Tool {
+            AppendOptions::atomic()
+        } else {
+            AppendOptions::default()
+        };
         let pending = {
             let mut calls = self
                 .calls
@@ -234,8 +264,13 @@ impl Layer for SessionRecorder {
         };
         if let Some(pending) = pending {
             check_lease(cx)?;
-            self.write(cx.runtime, handle(cx)?, &call_id, &pending)
+            self.write(cx.runtime, handle(cx)?, &call_id, &pending, durability)
                 .await?;
+            if let Ok(mut calls) = self.calls.lock()
+                && let Some(entry) = calls.get_mut(&call_id)
+            {
+                entry.unsynced = durability.durability != Durability::Synced;
+            }
         }
         next.run(cx, message).await
     }

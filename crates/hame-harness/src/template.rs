@@ -11,8 +11,9 @@
 use std::sync::Arc;
 
 use hame_fs::{
-    DeleteOptions, EditOutcome, EditRequest, Error, FileInfo, Filesystem, FsPath, GlobOutput,
-    GlobRequest, GrepOutput, GrepRequest, RenameOptions, Result, Version, WriteOptions, generic,
+    AppendOptions, DeleteOptions, EditOutcome, EditRequest, Error, FileInfo, Filesystem, FsPath,
+    GlobOutput, GlobRequest, GrepOutput, GrepRequest, RenameOptions, Result, Version, WriteOptions,
+    generic,
 };
 
 /// Top-level directories that hold runtime data and never appear in the template.
@@ -103,7 +104,7 @@ hame_fs::forward_filesystem! {
             Err(Self::read_only(from))
         }
 
-        async fn append(&self, path: &FsPath, _data: Vec<u8>) -> Result<()> {
+        async fn append(&self, path: &FsPath, _data: Vec<u8>, _: AppendOptions) -> Result<()> {
             Err(Self::read_only(path))
         }
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 use hame_core::Message;
-use hame_fs::{FileInfo, Filesystem, FsPath, WriteOptions};
+use hame_fs::{AppendOptions, FileInfo, Filesystem, FsPath, WriteOptions};
 
 use crate::error::{Error, Result};
 use crate::id::validate_id;
@@ -225,6 +225,22 @@ impl SessionLog {
         call_id: &str,
         messages: &[Message],
     ) -> Result<Range<u64>> {
+        self.append_messages_with(session_id, call_id, messages, AppendOptions::default())
+            .await
+    }
+
+    /// [`append_messages`](Self::append_messages) with the append's durability: with
+    /// [`AppendOptions::atomic`] the records are not flushed to the device before this
+    /// returns (on local disk), and the caller makes them durable with a later synced
+    /// append or [`sync`](Self::sync) of the same session before anything depends on them
+    /// (the session-log layer does so before the call's state is saved).
+    pub async fn append_messages_with(
+        &self,
+        session_id: &str,
+        call_id: &str,
+        messages: &[Message],
+        options: AppendOptions,
+    ) -> Result<Range<u64>> {
         let path = self.log_path(session_id)?;
         let slot = self.writer(session_id);
         let written = {
@@ -262,7 +278,7 @@ impl SessionLog {
                 chunk.push(b'\n');
             }
             let added = chunk.len() as u64;
-            if let Err(e) = self.fs.append(&path, chunk).await {
+            if let Err(e) = self.fs.append(&path, chunk, options).await {
                 // The append may or may not have landed: learn the truth next time.
                 *tail = None;
                 return Err(e.into());
@@ -289,6 +305,26 @@ impl SessionLog {
             }
         }
         Ok(written)
+    }
+
+    /// Flushes the session's log to the device: what earlier appends with
+    /// [`AppendOptions::atomic`] left unflushed survives a crash of the machine once this
+    /// returns (an empty synced append; local disk: one `fdatasync`). A session without a
+    /// log is left without one.
+    pub async fn sync(&self, session_id: &str) -> Result<()> {
+        let path = self.log_path(session_id)?;
+        let slot = self.writer(session_id);
+        // Ordered with this process's appends to the session, as they are with each other.
+        let _tail = slot.lock().await;
+        match self.fs.stat(&path).await {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+        self.fs
+            .append(&path, Vec::new(), AppendOptions::default())
+            .await
+            .map_err(Into::into)
     }
 
     /// Reads the log to find the next sequence number and whether the file ends mid-line.

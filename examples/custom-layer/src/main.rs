@@ -19,7 +19,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use hame::fs::FsPath;
+use hame::fs::{AppendOptions, FsPath};
 use hame::test_support::{Reply, ScriptedModel};
 use hame::{
     HarnessAgent, Layer, Message, RuntimeContext, ToolCall, ToolContext, ToolCtx, ToolError,
@@ -53,7 +53,11 @@ impl Layer for AuditLayer {
             && let Ok(path) = FsPath::parse("audit/tools.jsonl")
         {
             let bytes = format!("{line}\n").into_bytes();
-            if let Err(e) = ws.files().append(&path, bytes).await {
+            if let Err(e) = ws
+                .files()
+                .append(&path, bytes, AppendOptions::default())
+                .await
+            {
                 eprintln!("audit line not written: {e}");
             }
         }

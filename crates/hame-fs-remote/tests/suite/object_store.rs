@@ -150,7 +150,9 @@ async fn objects_are_named_under_the_namespace() {
 #[tokio::test]
 async fn open_picks_the_backend_from_the_url() {
     let fs = hame_fs_remote::open("memory://", "t1").await.unwrap();
-    fs.append(&p("log"), b"a".to_vec()).await.unwrap();
+    fs.append(&p("log"), b"a".to_vec(), hame_fs::AppendOptions::default())
+        .await
+        .unwrap();
     assert!(format!("{fs:?}").contains("ObjectStoreFs"));
     let err = hame_fs_remote::open("file://relative", "t1")
         .await

@@ -110,7 +110,9 @@ async fn append_after_compare_and_set_uses_the_real_content() {
         .write(&path, b"one\n".to_vec(), WriteOptions::create_new())
         .await
         .unwrap();
-    fs.append(&path, b"two\n".to_vec()).await.unwrap();
+    fs.append(&path, b"two\n".to_vec(), hame_fs::AppendOptions::default())
+        .await
+        .unwrap();
     // The stored version is stale after APPEND: v1 must now conflict...
     let stale = fs
         .write(&path, b"x".to_vec(), WriteOptions::if_match(v1))
@@ -157,7 +159,13 @@ async fn open_builds_a_redis_filesystem() {
     let fs = hame_fs_remote::open(&url, &support::namespace("open"))
         .await
         .unwrap();
-    fs.append(&p("a/b.txt"), b"hi".to_vec()).await.unwrap();
+    fs.append(
+        &p("a/b.txt"),
+        b"hi".to_vec(),
+        hame_fs::AppendOptions::default(),
+    )
+    .await
+    .unwrap();
     assert_eq!(fs.read_bytes(&p("a/b.txt")).await.unwrap(), b"hi");
     assert!(format!("{fs:?}").contains("RedisFs"));
 }

@@ -403,7 +403,7 @@ async fn run(w: &World, fs: &LocalFs, input: &[u8], op: &Op) {
         }
         Op::Append(p, data) => {
             let Some(p) = parse(p) else { return };
-            if let Err(e) = fs.append(&p, data.clone()).await {
+            if let Err(e) = fs.append(&p, data.clone(), hame_fs::AppendOptions::default()).await {
                 err("append", &e);
             }
         }

@@ -52,7 +52,11 @@ impl MemoryFiles for FsFiles {
 
     async fn append(&self, p: &str, content: &str) -> hame_memory::Result<()> {
         self.fs
-            .append(&path(p)?, content.as_bytes().to_vec())
+            .append(
+                &path(p)?,
+                content.as_bytes().to_vec(),
+                hame_fs::AppendOptions::default(),
+            )
             .await
             .map_err(|e| files_err(p, "append failed", e))
     }

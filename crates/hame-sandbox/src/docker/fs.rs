@@ -175,7 +175,12 @@ impl Filesystem for DockerScope {
         .map(|_| ())
     }
 
-    async fn append(&self, path: &FsPath, data: Vec<u8>) -> hame_fs::Result<()> {
+    async fn append(
+        &self,
+        path: &FsPath,
+        data: Vec<u8>,
+        _: hame_fs::AppendOptions,
+    ) -> hame_fs::Result<()> {
         self.op(&["append", &abs(path)], Some(data), path, None)
             .await
             .map(|_| ())

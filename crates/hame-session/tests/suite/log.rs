@@ -156,7 +156,8 @@ async fn empty_append_writes_nothing() -> TestResult {
 /// Appends a torn record (a crash mid-append): partial JSON, no newline.
 async fn tear(fs: &dyn Filesystem, session: &str, torn: &[u8]) -> TestResult {
     let path = FsPath::parse(&format!("agents/main/sessions/{session}.log.jsonl"))?;
-    fs.append(&path, torn.to_vec()).await?;
+    fs.append(&path, torn.to_vec(), hame_fs::AppendOptions::default())
+        .await?;
     Ok(())
 }
 

@@ -82,7 +82,12 @@ async fn replicas_share_one_log_and_index_on_redis() -> TestResult {
 
     // A torn tail on Redis is skipped and the next append starts on a fresh line.
     let path = log.log_path("shared")?;
-    fs.append(&path, br#"{"v":1,"seq":96,"ti"#.to_vec()).await?;
+    fs.append(
+        &path,
+        br#"{"v":1,"seq":96,"ti"#.to_vec(),
+        hame_fs::AppendOptions::default(),
+    )
+    .await?;
     assert_eq!(
         log.append_messages("shared", "after", &[Message::user("x")])
             .await?,
