@@ -1,6 +1,6 @@
 //! The session-log layer: every message of every call goes to the never-compacted log.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -29,9 +29,6 @@ pub struct SessionRecorder {
     calls: Mutex<HashMap<String, PendingCall>>,
     /// Per call: the end of the written sequence range, for the index update.
     ends: Mutex<HashMap<String, u64>>,
-    /// Sessions (by tenant and session) whose index entry this recorder wrote with a
-    /// title: later calls leave the entry alone.
-    indexed: Mutex<HashSet<String>>,
 }
 
 #[derive(Debug, Default)]
@@ -51,7 +48,6 @@ impl SessionRecorder {
             logs: Mutex::new(HashMap::new()),
             calls: Mutex::new(HashMap::new()),
             ends: Mutex::new(HashMap::new()),
-            indexed: Mutex::new(HashSet::new()),
         }
     }
 
@@ -163,19 +159,11 @@ impl SessionRecorder {
             .ok()
             .and_then(|mut e| e.remove(&call_id))
             .unwrap_or(0);
-        // Once this recorder has written a session's entry with its title, later calls
-        // leave it: what they change (the count and the time of the last record) is read
-        // from the log by `SessionLog::list_sessions` and `SessionLog::session` whenever
-        // the log is newer than the entry. A rewrite per call made a new file per call (the
-        // index is replaced atomically), which was most of a short turn's cost on disk.
-        let indexed_key = format!("{}\u{0}{}", tenant_key(cx.runtime), cx.runtime.session_id);
-        if self
-            .indexed
-            .lock()
-            .is_ok_and(|known| known.contains(&indexed_key))
-        {
-            return Ok(());
-        }
+        // Once the session's entry has its title, later calls leave it: what they change
+        // (the count and the time of the last record) is read from the log by listings
+        // whenever the log is newer than the entry (ADR 0017). A rewrite per call made a new
+        // file per call (the index is replaced atomically), which was most of a short
+        // turn's cost on disk.
         let log = self.log_for(cx.runtime, ws)?;
         let mut update = IndexUpdate::new().with_message_count_at_least(end);
         if let Some(t) = call.title {
@@ -183,15 +171,7 @@ impl SessionRecorder {
         }
         // The log is the truth and already durable; a lagging index is repaired by the next
         // update or by `SessionLog::rebuild_index`, so a failure here does not fail the call.
-        match log.update_index(&cx.runtime.session_id, &update).await {
-            Ok(entry) if !entry.title.is_empty() => {
-                if let Ok(mut known) = self.indexed.lock() {
-                    if known.len() >= MAX_CACHED_LOGS {
-                        known.clear();
-                    }
-                    known.insert(indexed_key);
-                }
-            }
+        match log.update_index_once(&cx.runtime.session_id, &update).await {
             Ok(_) => {}
             Err(e) => {
                 tracing::warn!(session = %cx.runtime.session_id, error = %e, "session index update failed; the log is intact");

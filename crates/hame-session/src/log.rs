@@ -15,7 +15,7 @@ use crate::index::{
     IndexUpdate, SessionEntry, encode_entry, parse_entry, read_entry, read_legacy_index,
     title_candidate, update_entry_cas,
 };
-use crate::record::{LogRecord, last_record, parse_log};
+use crate::record::{LogRecord, LogRecordRef, last_record, parse_log};
 
 /// Directory of the per-session index files inside the sessions directory
 /// (`index/<sessionId>.json`).
@@ -95,7 +95,17 @@ struct Tail {
     size: u64,
 }
 
-type WriterSlot = Arc<tokio::sync::Mutex<Option<Tail>>>;
+/// What this [`SessionLog`] knows about one session it writes.
+#[derive(Debug, Default)]
+struct Writer {
+    /// The log's tail as this writer left it.
+    tail: Option<Tail>,
+    /// This writer wrote the session's index entry with a title
+    /// ([`SessionLog::update_index_once`]).
+    titled: bool,
+}
+
+type WriterSlot = Arc<tokio::sync::Mutex<Writer>>;
 
 /// The append-only, never-compacted logs of one agent's sessions, and their index.
 ///
@@ -246,7 +256,8 @@ impl SessionLog {
         let written = {
             // Serialises the writers of this session in this process; an async mutex, so it
             // may be held across the appends it exists to order.
-            let mut tail = slot.lock().await;
+            let mut writer = slot.lock().await;
+            let tail = &mut writer.tail;
             let size = match self.fs.stat(&path).await {
                 Ok(info) => Some(info.size),
                 Err(e) if e.is_not_found() => None,
@@ -270,7 +281,7 @@ impl SessionLog {
                 chunk.push(b'\n');
             }
             for (i, message) in messages.iter().enumerate() {
-                let record = LogRecord::new(next_seq + i as u64, now, call_id, message.clone());
+                let record = LogRecordRef::new(next_seq + i as u64, now, call_id, message);
                 serde_json::to_writer(&mut chunk, &record).map_err(|e| Error::Corrupt {
                     path: path.to_string(),
                     reason: format!("cannot encode record: {e}"),
@@ -315,7 +326,7 @@ impl SessionLog {
         let path = self.log_path(session_id)?;
         let slot = self.writer(session_id);
         // Ordered with this process's appends to the session, as they are with each other.
-        let _tail = slot.lock().await;
+        let _writer = slot.lock().await;
         match self.fs.stat(&path).await {
             Ok(_) => {}
             Err(e) if e.is_not_found() => return Ok(()),
@@ -593,6 +604,30 @@ impl SessionLog {
             update.apply(session_id, entry, now)
         })
         .await
+    }
+
+    /// [`update_index`](Self::update_index) until this `SessionLog` has written the
+    /// session's entry with a title; after that, nothing (`Ok(None)`). What later updates
+    /// would change — the message count and the time of the last record — is read from the
+    /// log by [`list_sessions`](Self::list_sessions) and [`session`](Self::session) whenever
+    /// the log is newer than the entry (ADR 0017), so a long-running writer replaces the
+    /// index file once per session instead of once per call. Remembered per session with
+    /// the writer state, within the same bound ([`MAX_CACHED_WRITERS`]): a forgotten
+    /// session costs one more update.
+    pub async fn update_index_once(
+        &self,
+        session_id: &str,
+        update: &IndexUpdate,
+    ) -> Result<Option<SessionEntry>> {
+        let slot = self.writer(session_id);
+        if slot.lock().await.titled {
+            return Ok(None);
+        }
+        let entry = self.update_index(session_id, update).await?;
+        if !entry.title.is_empty() {
+            slot.lock().await.titled = true;
+        }
+        Ok(Some(entry))
     }
 
     /// The session ids that have a log file, with the log's size and time.

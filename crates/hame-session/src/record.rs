@@ -32,6 +32,42 @@ pub struct LogRecord {
     pub message: Message,
 }
 
+/// A [`LogRecord`] borrowed from its message, serialised to the same bytes: an append
+/// encodes its records through it, without copying each message (a tool result can be
+/// megabytes).
+#[derive(Debug, Serialize)]
+pub(crate) struct LogRecordRef<'a> {
+    v: u32,
+    seq: u64,
+    #[serde(with = "rfc3339_millis")]
+    time: DateTime<Utc>,
+    call_id: &'a str,
+    role: Role,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Usage>,
+    message: &'a Message,
+}
+
+impl<'a> LogRecordRef<'a> {
+    /// The record [`LogRecord::new`] would make, borrowed.
+    pub(crate) fn new(
+        seq: u64,
+        time: DateTime<Utc>,
+        call_id: &'a str,
+        message: &'a Message,
+    ) -> Self {
+        LogRecordRef {
+            v: RECORD_FORMAT_VERSION,
+            seq,
+            time,
+            call_id,
+            role: message.role,
+            usage: message.usage,
+            message,
+        }
+    }
+}
+
 fn default_version() -> u32 {
     RECORD_FORMAT_VERSION
 }

@@ -79,3 +79,25 @@ proptest! {
         let _ = last_record(&data);
     }
 }
+
+proptest! {
+    /// An append encodes through the borrowed record: the bytes must be those of the owned
+    /// one, which is what readers parse.
+    #[test]
+    fn the_borrowed_record_encodes_as_the_owned_one(
+        seq in any::<u64>(),
+        millis in 0i64..4_000_000_000_000,
+        call in "[a-z0-9-]{0,12}",
+        text in ".{0,40}",
+        with_usage in any::<bool>(),
+    ) {
+        let time = Utc.timestamp_millis_opt(millis).unwrap();
+        let mut message = if with_usage { Message::assistant(&text) } else { Message::user(&text) };
+        if with_usage {
+            message.usage = Some(hame_core::Usage { input_tokens: 3, output_tokens: 4, cached_input_tokens: 1 });
+        }
+        let owned = serde_json::to_vec(&LogRecord::new(seq, time, &call, message.clone())).unwrap();
+        let borrowed = serde_json::to_vec(&LogRecordRef::new(seq, time, &call, &message)).unwrap();
+        prop_assert_eq!(owned, borrowed);
+    }
+}

@@ -684,7 +684,9 @@ impl StateStore for JsonStore {
                     Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
                     Err(std::fs::TryLockError::Error(e)) => return Err(Error::io(&path, e)),
                 }
-                let mut text = Vec::new();
+                // Sized for a lease file (~200 bytes) so it is one read and the end-of-file
+                // probe, not a read per doubling of an empty buffer.
+                let mut text = Vec::with_capacity(512);
                 // Through `take`: `File::read_to_end` would `statx` and `lseek` first.
                 (&mut file)
                     .take(MAX_LEASE_FILE_BYTES)

@@ -153,6 +153,61 @@ async fn empty_append_writes_nothing() -> TestResult {
     Ok(())
 }
 
+#[tokio::test]
+async fn sync_flushes_an_existing_log_and_leaves_a_missing_one_missing() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let fs: Arc<dyn Filesystem> = Arc::new(LocalFs::new(dir.path())?);
+    let log = log_at(fs.clone(), 0);
+    log.sync("s1").await?;
+    assert!(!log.exists("s1").await?);
+    let written = log
+        .append_messages_with(
+            "s1",
+            "c1",
+            &[Message::user("a"), Message::assistant("b")],
+            hame_fs::AppendOptions::atomic(),
+        )
+        .await?;
+    assert_eq!(written, 0..2);
+    log.sync("s1").await?;
+    // The flush adds nothing: the next append continues the numbering.
+    assert_eq!(
+        log.append_messages("s1", "c2", &[Message::user("c")])
+            .await?,
+        2..3
+    );
+    assert_eq!(log.read("s1", ..).await?.len(), 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_index_is_written_once_it_has_a_title() -> TestResult {
+    let fs = mem();
+    let log = log_at(fs.clone(), 0);
+    let untitled = hame_session::IndexUpdate::new().with_message_count_at_least(1);
+    // No title yet: written, and written again next time.
+    let first = log.update_index_once("s1", &untitled).await?;
+    assert!(first.is_some_and(|e| e.title.is_empty()));
+    let titled = hame_session::IndexUpdate::new()
+        .with_message_count_at_least(2)
+        .with_title_if_unset("hello");
+    let second = log.update_index_once("s1", &titled).await?;
+    assert_eq!(
+        second.map(|e| (e.title, e.message_count)),
+        Some(("hello".into(), 2))
+    );
+    // Titled: later updates leave the file alone.
+    let later = hame_session::IndexUpdate::new().with_message_count_at_least(9);
+    assert_eq!(log.update_index_once("s1", &later).await?, None);
+    let stored = fs
+        .read_bytes(&FsPath::parse("agents/main/sessions/index/s1.json")?)
+        .await?;
+    assert!(String::from_utf8_lossy(&stored).contains("\"message_count\":2"));
+    // Another session is its own.
+    assert!(log.update_index_once("s2", &titled).await?.is_some());
+    Ok(())
+}
+
 /// Appends a torn record (a crash mid-append): partial JSON, no newline.
 async fn tear(fs: &dyn Filesystem, session: &str, torn: &[u8]) -> TestResult {
     let path = FsPath::parse(&format!("agents/main/sessions/{session}.log.jsonl"))?;
