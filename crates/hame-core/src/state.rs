@@ -95,9 +95,11 @@ impl AgentState {
 
     /// The sub-state of a capability, deserialised; `None` when absent or unreadable.
     pub fn extension<T: serde::de::DeserializeOwned>(&self, key: &str) -> Option<T> {
+        // Deserialised from the borrowed tree: `from_value` would deep-copy it first (the
+        // permission decisions and the token ledger are read this way every step).
         self.extensions
             .get(key)
-            .and_then(|v| serde_json::from_value(v.clone()).ok())
+            .and_then(|v| T::deserialize(v).ok())
     }
 
     /// Stores the sub-state of a capability.

@@ -28,14 +28,14 @@
 //!
 //! ```
 //! # async fn demo() -> hame_fs::Result<()> {
-//! use hame_fs::{Filesystem, FsPath, WriteOptions};
+//! use hame_fs::{AppendOptions, Filesystem, FsPath, WriteOptions};
 //!
 //! // Without the matching feature the URL is refused with the feature's name.
 //! match hame_fs_remote::open("memory://", "tenant-a").await {
 //!     Ok(fs) => {
 //!         let path = FsPath::parse("/notes/today.md")?;
 //!         fs.write(&path, b"# Today\n".to_vec(), WriteOptions::default()).await?;
-//!         fs.append(&path, b"- shipped\n".to_vec()).await?;
+//!         fs.append(&path, b"- shipped\n".to_vec(), AppendOptions::default()).await?;
 //!         assert_eq!(fs.read_bytes(&path).await?, b"# Today\n- shipped\n");
 //!     }
 //!     Err(e) => assert_eq!(e.code(), hame_fs::codes::NOT_SUPPORTED),

@@ -217,7 +217,7 @@ impl Layer for SessionRecorder {
         // pays one `fdatasync` for its log, not one per step. A process crash loses nothing
         // (the bytes are in the OS's page cache); a machine crash can lose the unflushed
         // steps of the call it interrupted, whose state was not saved either.
-        let durability = if message.role == Role::Tool {
+        let options = if message.role == Role::Tool {
             AppendOptions::atomic()
         } else {
             AppendOptions::default()
@@ -244,12 +244,12 @@ impl Layer for SessionRecorder {
         };
         if let Some(pending) = pending {
             check_lease(cx)?;
-            self.write(cx.runtime, handle(cx)?, &call_id, &pending, durability)
+            self.write(cx.runtime, handle(cx)?, &call_id, &pending, options)
                 .await?;
             if let Ok(mut calls) = self.calls.lock()
                 && let Some(entry) = calls.get_mut(&call_id)
             {
-                entry.unsynced = durability.durability != Durability::Synced;
+                entry.unsynced = options.durability != Durability::Synced;
             }
         }
         next.run(cx, message).await

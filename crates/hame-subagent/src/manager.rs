@@ -32,7 +32,7 @@ pub fn tool_allowlist(runtime: &RuntimeContext) -> Option<Vec<String>> {
     runtime
         .extras
         .get(TOOLS_EXTRA)
-        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .and_then(|v| <Vec<String> as serde::Deserialize>::deserialize(v).ok())
 }
 
 /// Limits and switches of the subagent runtime (every default is in `docs/subagents.md`).

@@ -278,7 +278,7 @@ impl Layer for PermissionLayer {
             .runtime
             .extras
             .get(INHERIT_EXTRA)
-            .and_then(|v| serde_json::from_value(v.clone()).ok())
+            .and_then(|v| Inherited::deserialize(v).ok())
             .unwrap_or_default();
         let cell = Arc::new(PermissionCell {
             state: Mutex::new(session),
