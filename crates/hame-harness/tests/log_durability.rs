@@ -55,6 +55,14 @@ hame_fs::forward_filesystem! {
     }
 }
 
+/// The state that was saved holds as many messages as the session's log.
+async fn log_holds_the_saved_state(agent: &HarnessAgent, ctx: &RuntimeContext) -> TestResult {
+    let state = agent.state(ctx).await?.ok_or("no state saved")?;
+    let log = hame_session::SessionLog::new(agent.workspace_for(ctx)?.records().clone(), "hame")?;
+    assert_eq!(log.read("s1", ..).await?.len(), state.messages.len());
+    Ok(())
+}
+
 fn read_call(id: &str) -> ToolCall {
     ToolCall {
         id: id.into(),
@@ -194,11 +202,7 @@ async fn a_call_that_stops_after_a_tool_result_syncs_its_log_before_the_state_is
         ],
     );
     assert!(appends[0].bytes > 0);
-    // The state that was saved holds what the log holds.
-    let state = agent.state(&ctx).await?.ok_or("no state saved")?;
-    let log = hame_session::SessionLog::new(agent.workspace_for(&ctx)?.records().clone(), "hame")?;
-    assert_eq!(log.read("s1", ..).await?.len(), state.messages.len());
-    Ok(())
+    log_holds_the_saved_state(&agent, &ctx).await
 }
 
 #[tokio::test]
@@ -221,10 +225,7 @@ async fn a_call_whose_model_fails_after_a_tool_result_ends_with_a_synced_append(
         vec![Durability::Atomic, Durability::Synced],
         "{appends:?}"
     );
-    let state = agent.state(&ctx).await?.ok_or("no state saved")?;
-    let log = hame_session::SessionLog::new(agent.workspace_for(&ctx)?.records().clone(), "hame")?;
-    assert_eq!(log.read("s1", ..).await?.len(), state.messages.len());
-    Ok(())
+    log_holds_the_saved_state(&agent, &ctx).await
 }
 
 #[tokio::test]
