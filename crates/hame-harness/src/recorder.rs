@@ -25,19 +25,32 @@ const MAX_CACHED_LOGS: usize = 4096;
 pub struct SessionRecorder {
     agent: String,
     logs: Mutex<HashMap<String, Arc<SessionLog>>>,
-    /// Per call (by call id): messages not yet written and the title candidate.
-    calls: Mutex<HashMap<String, PendingCall>>,
-    /// Per call: the end of the written sequence range, for the index update.
-    ends: Mutex<HashMap<String, u64>>,
 }
 
+/// What one call has for the log: messages not yet written, the title candidate, the end
+/// of the sequence range written and whether the last append was flushed. It lives in the
+/// call's extensions (put there by the layer's `call`), so it ends with the call: no table
+/// of calls to bound, nothing left behind by a call whose future was dropped.
 #[derive(Debug, Default)]
-struct PendingCall {
+struct CallRecord {
     title: Option<String>,
     pending: Vec<Message>,
+    /// The end of the sequence range written by this call, for the index update.
+    end: u64,
+    /// A message of this call reached the layer.
+    appended: bool,
     /// The call's last append to the log was not flushed (a tool result): the log is
     /// synced before the call ends, so before its state is saved.
     unsynced: bool,
+}
+
+/// The call's [`CallRecord`] in its extensions.
+type CallCell = Mutex<CallRecord>;
+
+fn lock(cell: &CallCell) -> std::sync::MutexGuard<'_, CallRecord> {
+    // Nothing is left half-updated under this lock: a poisoned one is still consistent.
+    cell.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl SessionRecorder {
@@ -46,8 +59,6 @@ impl SessionRecorder {
         Self {
             agent: agent.into(),
             logs: Mutex::new(HashMap::new()),
-            calls: Mutex::new(HashMap::new()),
-            ends: Mutex::new(HashMap::new()),
         }
     }
 
@@ -91,18 +102,17 @@ impl SessionRecorder {
         call_id: &str,
         messages: &[Message],
         options: AppendOptions,
+        record: Option<&CallCell>,
     ) -> Result<(), hame_core::Error> {
         let log = self.log_for(runtime, ws)?;
         let written = log
             .append_messages_with(&runtime.session_id, call_id, messages, options)
             .await
             .map_err(|e| hame_core::Error::layer("session-log", e))?;
-        if let Ok(mut ends) = self.ends.lock() {
-            if ends.len() >= MAX_CACHED_LOGS {
-                ends.clear();
-            }
-            let end = ends.entry(call_id.to_owned()).or_insert(0);
-            *end = (*end).max(written.end);
+        if let Some(cell) = record {
+            let mut record = lock(cell);
+            record.end = record.end.max(written.end);
+            record.unsynced = options.durability != Durability::Synced;
         }
         Ok(())
     }
@@ -126,11 +136,13 @@ fn check_lease(cx: &CallCtx<'_>) -> Result<(), hame_core::Error> {
 
 impl SessionRecorder {
     /// Writes what the call left pending and updates the session index once.
-    async fn finish(&self, cx: &CallCtx<'_>) -> Result<(), hame_core::Error> {
-        let call_id = call_id(cx.runtime);
-        let Some(call) = self.calls.lock().ok().and_then(|mut c| c.remove(&call_id)) else {
+    async fn finish(&self, cx: &CallCtx<'_>, cell: &CallCell) -> Result<(), hame_core::Error> {
+        let call = std::mem::take(&mut *lock(cell));
+        if !call.appended {
+            // Nothing of this call reached the conversation.
             return Ok(());
-        };
+        }
+        let call_id = call_id(cx.runtime);
         let ws = handle(cx)?;
         if !call.pending.is_empty() {
             check_lease(cx)?;
@@ -142,6 +154,7 @@ impl SessionRecorder {
                 &call_id,
                 &call.pending,
                 AppendOptions::default(),
+                Some(cell),
             )
             .await?;
         } else if call.unsynced {
@@ -153,12 +166,7 @@ impl SessionRecorder {
                 .await
                 .map_err(|e| hame_core::Error::layer("session-log", e))?;
         }
-        let end = self
-            .ends
-            .lock()
-            .ok()
-            .and_then(|mut e| e.remove(&call_id))
-            .unwrap_or(0);
+        let end = lock(cell).end.max(call.end);
         // Once the session's entry has its title, later calls leave it: what they change
         // (the count and the time of the last record) is read from the log by listings
         // whenever the log is newer than the entry (ADR 0017). A rewrite per call made a new
@@ -193,8 +201,12 @@ impl Layer for SessionRecorder {
         input: CallInput,
         next: CallNext<'_>,
     ) -> Result<CallOutput, hame_core::Error> {
-        let out = next.run(cx, input).await;
-        let end = self.finish(cx).await;
+        // This call's record, for the appends below and the end of the call.
+        let cell: Arc<CallCell> = Arc::default();
+        let mut extensions = cx.extensions.clone();
+        extensions.insert_arc(cell.clone());
+        let out = next.run_with(cx, &extensions, input).await;
+        let end = self.finish(cx, &cell).await;
         match (out, end) {
             (Ok(o), Ok(())) => Ok(o),
             // The first failure is the one the caller needs to see.
@@ -217,40 +229,41 @@ impl Layer for SessionRecorder {
         // pays one `fdatasync` for its log, not one per step. A process crash loses nothing
         // (the bytes are in the OS's page cache); a machine crash can lose the unflushed
         // steps of the call it interrupted, whose state was not saved either.
-        let options = if message.role == Role::Tool {
+        let cell = cx.extensions.get_arc::<CallCell>();
+        // Outside a call of this layer (not done by the harness) nothing would flush later.
+        let options = if message.role == Role::Tool && cell.is_some() {
             AppendOptions::atomic()
         } else {
             AppendOptions::default()
         };
-        let pending = {
-            let mut calls = self
-                .calls
-                .lock()
-                .map_err(|_| hame_core::Error::other("session log table poisoned"))?;
-            if calls.len() >= MAX_CACHED_LOGS {
-                calls.clear();
+        let pending = match &cell {
+            Some(cell) => {
+                let mut record = lock(cell);
+                record.appended = true;
+                if record.title.is_none() && message.role == Role::User {
+                    record.title = Some(message.text_content());
+                }
+                record.pending.push(message.clone());
+                let defer = message.role == Role::User || message.has_tool_calls();
+                if defer {
+                    None
+                } else {
+                    Some(std::mem::take(&mut record.pending))
+                }
             }
-            let entry = calls.entry(call_id.clone()).or_default();
-            if entry.title.is_none() && message.role == Role::User {
-                entry.title = Some(message.text_content());
-            }
-            entry.pending.push(message.clone());
-            let defer = message.role == Role::User || message.has_tool_calls();
-            if defer {
-                None
-            } else {
-                Some(std::mem::take(&mut entry.pending))
-            }
+            None => Some(vec![message.clone()]),
         };
         if let Some(pending) = pending {
             check_lease(cx)?;
-            self.write(cx.runtime, handle(cx)?, &call_id, &pending, options)
-                .await?;
-            if let Ok(mut calls) = self.calls.lock()
-                && let Some(entry) = calls.get_mut(&call_id)
-            {
-                entry.unsynced = options.durability != Durability::Synced;
-            }
+            self.write(
+                cx.runtime,
+                handle(cx)?,
+                &call_id,
+                &pending,
+                options,
+                cell.as_deref(),
+            )
+            .await?;
         }
         next.run(cx, message).await
     }
