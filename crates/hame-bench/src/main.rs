@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -215,6 +215,63 @@ fn rss_peak_mb() -> f64 {
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
+/// `RssAnon` of this process (heap, stacks: not the executable's mapped pages), kB.
+fn rss_anon_kb() -> Option<u64> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("RssAnon:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+}
+
+/// Samples [`rss_anon_kb`] every 10 ms on a thread of its own and keeps the largest value:
+/// the peak of the memory the harness allocates. `VmHWM` also counts the executable's
+/// mapped text pages, whose number depends on the binary file's page-cache state (the same
+/// binary peaks ~1.4 MB higher right after it was copied), so it does not compare builds.
+struct AnonPeak {
+    stop: Arc<AtomicBool>,
+    max_kb: Arc<AtomicU64>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl AnonPeak {
+    fn start() -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let max_kb = Arc::new(AtomicU64::new(rss_anon_kb().unwrap_or(0)));
+        let (s, m) = (stop.clone(), max_kb.clone());
+        let thread = std::thread::Builder::new()
+            .name("rss-sampler".into())
+            .spawn(move || {
+                while !s.load(Ordering::Relaxed) {
+                    if let Some(kb) = rss_anon_kb() {
+                        m.fetch_max(kb, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            })
+            .ok();
+        AnonPeak {
+            stop,
+            max_kb,
+            thread,
+        }
+    }
+
+    /// Stops sampling; the peak in MB.
+    fn finish(mut self) -> f64 {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(kb) = rss_anon_kb() {
+            self.max_kb.fetch_max(kb, Ordering::Relaxed);
+        }
+        self.max_kb.load(Ordering::Relaxed) as f64 / 1024.0
+    }
+}
+
 /// Bytes this process passed to `write` (all files, `/proc/self/io` `wchar`).
 fn bytes_written() -> u64 {
     std::fs::read_to_string("/proc/self/io")
@@ -330,6 +387,7 @@ async fn main() -> anyhow::Result<()> {
     let mut before = BTreeMap::new();
     snapshot(&args.workdir, &mut before);
     let rss_before = rss_now_mb();
+    let anon_peak = AnonPeak::start();
     let written_before = bytes_written();
     let (s, t) = (args.sessions, args.turns);
     let errors = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -385,6 +443,7 @@ async fn main() -> anyhow::Result<()> {
         lat.extend(h.await?);
     }
     let wall = started.elapsed().as_secs_f64();
+    let rss_anon_peak = anon_peak.finish();
     agent.wait_background(Duration::from_secs(60)).await;
     let written = bytes_written().saturating_sub(written_before);
     let mut after = BTreeMap::new();
@@ -441,6 +500,7 @@ async fn main() -> anyhow::Result<()> {
         },
         "rss_after_build_mb": round(rss_before, 1),
         "rss_peak_mb": round(rss_peak_mb(), 1),
+        "rss_anon_peak_mb": round(rss_anon_peak, 1),
         "notes_written": notes,
         "notes_expected": s * (0..t).filter(|t| t % 3 == 1).count(),
         "errors": errors.len(),
