@@ -102,19 +102,13 @@ impl SessionRecorder {
         call_id: &str,
         messages: &[Message],
         options: AppendOptions,
-        record: Option<&CallCell>,
-    ) -> Result<(), hame_core::Error> {
+    ) -> Result<u64, hame_core::Error> {
         let log = self.log_for(runtime, ws)?;
         let written = log
             .append_messages_with(&runtime.session_id, call_id, messages, options)
             .await
             .map_err(|e| hame_core::Error::layer("session-log", e))?;
-        if let Some(cell) = record {
-            let mut record = lock(cell);
-            record.end = record.end.max(written.end);
-            record.unsynced = options.durability != Durability::Synced;
-        }
-        Ok(())
+        Ok(written.end)
     }
 }
 
@@ -135,9 +129,10 @@ fn check_lease(cx: &CallCtx<'_>) -> Result<(), hame_core::Error> {
 }
 
 impl SessionRecorder {
-    /// Writes what the call left pending and updates the session index once.
+    /// Writes what the call left pending (or flushes what it left unflushed) and updates the
+    /// session index once.
     async fn finish(&self, cx: &CallCtx<'_>, cell: &CallCell) -> Result<(), hame_core::Error> {
-        let call = std::mem::take(&mut *lock(cell));
+        let mut call = std::mem::take(&mut *lock(cell));
         if !call.appended {
             // Nothing of this call reached the conversation.
             return Ok(());
@@ -148,15 +143,16 @@ impl SessionRecorder {
             check_lease(cx)?;
             // A call that failed or was suspended mid-step: what joined the state is logged
             // (and flushed, with any unflushed tool results) before the state is saved.
-            self.write(
-                cx.runtime,
-                ws,
-                &call_id,
-                &call.pending,
-                AppendOptions::default(),
-                Some(cell),
-            )
-            .await?;
+            let end = self
+                .write(
+                    cx.runtime,
+                    ws,
+                    &call_id,
+                    &call.pending,
+                    AppendOptions::default(),
+                )
+                .await?;
+            call.end = call.end.max(end);
         } else if call.unsynced {
             // The call ended after a tool result (failed, cancelled, out of steps): its
             // records are flushed before the state that holds them is saved.
@@ -166,14 +162,13 @@ impl SessionRecorder {
                 .await
                 .map_err(|e| hame_core::Error::layer("session-log", e))?;
         }
-        let end = lock(cell).end.max(call.end);
         // Once the session's entry has its title, later calls leave it: what they change
         // (the count and the time of the last record) is read from the log by listings
         // whenever the log is newer than the entry (ADR 0017). A rewrite per call made a new
         // file per call (the index is replaced atomically), which was most of a short
         // turn's cost on disk.
         let log = self.log_for(cx.runtime, ws)?;
-        let mut update = IndexUpdate::new().with_message_count_at_least(end);
+        let mut update = IndexUpdate::new().with_message_count_at_least(call.end);
         if let Some(t) = call.title {
             update = update.with_title_if_unset(t);
         }
@@ -255,15 +250,14 @@ impl Layer for SessionRecorder {
         };
         if let Some(pending) = pending {
             check_lease(cx)?;
-            self.write(
-                cx.runtime,
-                handle(cx)?,
-                &call_id,
-                &pending,
-                options,
-                cell.as_deref(),
-            )
-            .await?;
+            let end = self
+                .write(cx.runtime, handle(cx)?, &call_id, &pending, options)
+                .await?;
+            if let Some(cell) = &cell {
+                let mut record = lock(cell);
+                record.end = record.end.max(end);
+                record.unsynced = options.durability != Durability::Synced;
+            }
         }
         next.run(cx, message).await
     }

@@ -11,7 +11,7 @@ pub const RECORD_FORMAT_VERSION: u32 = 1;
 ///
 /// `role` and `usage` repeat what is inside `message` so that line-oriented tools (`grep`,
 /// `jq`) and readers that do not know the message format can use them directly.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct LogRecord {
     /// Format version of this line ([`RECORD_FORMAT_VERSION`]).
     #[serde(default = "default_version")]
@@ -32,9 +32,9 @@ pub struct LogRecord {
     pub message: Message,
 }
 
-/// A [`LogRecord`] borrowed from its message, serialised to the same bytes: an append
-/// encodes its records through it, without copying each message (a tool result can be
-/// megabytes).
+/// The written form of a [`LogRecord`], borrowing its message: an append encodes its
+/// records through it without copying each message (a tool result can be megabytes), and
+/// `LogRecord`'s own `Serialize` delegates to it, so the line format is declared once.
 #[derive(Debug, Serialize)]
 pub(crate) struct LogRecordRef<'a> {
     v: u32,
@@ -65,6 +65,21 @@ impl<'a> LogRecordRef<'a> {
             usage: message.usage,
             message,
         }
+    }
+}
+
+impl Serialize for LogRecord {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        LogRecordRef {
+            v: self.v,
+            seq: self.seq,
+            time: self.time,
+            call_id: &self.call_id,
+            role: self.role,
+            usage: self.usage,
+            message: &self.message,
+        }
+        .serialize(serializer)
     }
 }
 

@@ -98,6 +98,9 @@ proptest! {
         }
         let owned = serde_json::to_vec(&LogRecord::new(seq, time, &call, message.clone())).unwrap();
         let borrowed = serde_json::to_vec(&LogRecordRef::new(seq, time, &call, &message)).unwrap();
-        prop_assert_eq!(owned, borrowed);
+        prop_assert_eq!(&owned, &borrowed);
+        // And what is written reads back as the record it was made from.
+        let parsed: LogRecord = serde_json::from_slice(&borrowed).unwrap();
+        prop_assert_eq!(parsed, LogRecord::new(seq, time, &call, message));
     }
 }
