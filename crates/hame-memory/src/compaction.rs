@@ -273,13 +273,26 @@ fn cut_limit(messages: &[Message]) -> usize {
 /// The first message of the recent tail the budgets keep verbatim (the smaller tail of
 /// `keep_recent_messages` and `keep_recent_tokens` wins); `tokens` per message.
 fn tail_start(tokens: &[u64], policy: &CompactionPolicy) -> usize {
-    let n = tokens.len();
+    tail_start_by(tokens.len(), policy, |i| tokens[i])
+}
+
+/// [`tail_start`] of `n` messages whose counts `tokens(i)` gives: only the messages of the
+/// token-budget tail and the one after it are counted.
+fn tail_start_by(
+    n: usize,
+    policy: &CompactionPolicy,
+    mut tokens: impl FnMut(usize) -> u64,
+) -> usize {
     let mut start = n.saturating_sub(policy.keep_recent_messages);
     if let Some(budget) = policy.keep_recent_tokens {
         let mut suffix = 0u64;
         let mut c = n;
-        while c > 0 && suffix + tokens[c - 1] <= budget {
-            suffix += tokens[c - 1];
+        while c > 0 {
+            let t = tokens(c - 1);
+            if suffix + t > budget {
+                break;
+            }
+            suffix += t;
             c -= 1;
         }
         start = start.max(c);
@@ -287,17 +300,18 @@ fn tail_start(tokens: &[u64], policy: &CompactionPolicy) -> usize {
     start
 }
 
-/// The first message neither a compaction nor clearing may touch.
+/// The first message neither a compaction nor clearing may touch. Counts only the recent
+/// tail's messages (clearing runs on steps over the token trigger, so every such step
+/// would otherwise count the whole conversation).
 fn protected_from(
     messages: &[Message],
     policy: &CompactionPolicy,
     counter: &dyn TokenCounter,
 ) -> usize {
-    let tokens: Vec<u64> = messages
-        .iter()
-        .map(|m| message_tokens(counter, m))
-        .collect();
-    tail_start(&tokens, policy).min(cut_limit(messages))
+    tail_start_by(messages.len(), policy, |i| {
+        message_tokens(counter, &messages[i])
+    })
+    .min(cut_limit(messages))
 }
 
 /// Which messages hold tool results to clear: results longer than

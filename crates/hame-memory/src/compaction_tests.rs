@@ -777,3 +777,67 @@ proptest! {
         prop_assert!(plan_clearing(out, &p, &EstimateCounter).is_empty());
     }
 }
+
+/// Counts how many messages' worth of text it was asked to count.
+#[derive(Debug, Default)]
+struct CallCounter(std::sync::atomic::AtomicUsize);
+impl TokenCounter for CallCounter {
+    fn count(&self, text: &str) -> u64 {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        EstimateCounter.count(text)
+    }
+    fn name(&self) -> &str {
+        "calls"
+    }
+}
+
+#[test]
+fn clearing_counts_only_the_recent_tail() {
+    // 400 messages of ~100 tokens; the token tail keeps ~10 of them.
+    let msgs: Vec<Message> = (0..400)
+        .map(|i| Message::user(format!("word{i} ").repeat(100)))
+        .collect();
+    let p = CompactionPolicy {
+        keep_recent_messages: 50,
+        keep_recent_tokens: Some(1_000),
+        ..CompactionPolicy::default()
+    };
+    let counter = CallCounter::default();
+    let from = protected_from(&msgs, &p, &counter);
+    let all: Vec<u64> = msgs
+        .iter()
+        .map(|m| message_tokens(&EstimateCounter, m))
+        .collect();
+    // Same answer as counting everything...
+    assert_eq!(from, tail_start(&all, &p).min(cut_limit(&msgs)));
+    assert!(from > 350, "the token tail is the smaller one here: {from}");
+    // ...from the tail's messages and the one after it only.
+    let counted = counter.0.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(counted, msgs.len() - from + 1, "counted {counted} texts");
+}
+
+proptest! {
+    #[test]
+    fn tail_start_by_is_tail_start(
+        tokens in proptest::collection::vec(0u64..500, 0..60),
+        keep in 0usize..40,
+        budget in proptest::option::of(0u64..5_000),
+    ) {
+        let p = CompactionPolicy {
+            keep_recent_messages: keep,
+            keep_recent_tokens: budget,
+            ..CompactionPolicy::default()
+        };
+        let mut naive = tokens.len().saturating_sub(keep);
+        if let Some(b) = budget {
+            let mut suffix = 0;
+            let mut c = tokens.len();
+            while c > 0 && suffix + tokens[c - 1] <= b {
+                suffix += tokens[c - 1];
+                c -= 1;
+            }
+            naive = naive.max(c);
+        }
+        prop_assert_eq!(tail_start(&tokens, &p), naive);
+    }
+}
