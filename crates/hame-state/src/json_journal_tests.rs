@@ -320,6 +320,112 @@ mod patches {
     }
 }
 
+mod sequences {
+    use hame_core::{AgentState, Message};
+    use proptest::prelude::*;
+
+    use crate::{JsonStore, StateKey, StateStore};
+
+    /// Short texts from a small alphabet, so that equal messages recur (a repeated "ok").
+    fn message() -> impl Strategy<Value = Message> {
+        (0u8..3, 0u8..6).prop_map(|(role, text)| match role {
+            0 => Message::user(format!("u{text}")),
+            1 => Message::assistant(format!("a{text}")),
+            _ => Message::system(format!("s{text}")),
+        })
+    }
+
+    fn messages(max: usize) -> impl Strategy<Value = Vec<Message>> {
+        proptest::collection::vec(message(), 0..max)
+    }
+
+    /// What a save can do to the conversation: append, compact a span, replace one
+    /// message, truncate, or replace everything.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Append(Vec<Message>),
+        Compact {
+            from: usize,
+            len: usize,
+            summary: Vec<Message>,
+            then: Vec<Message>,
+        },
+        Replace(usize, Message),
+        Truncate(usize),
+        Wholesale(Vec<Message>),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => messages(6).prop_map(Op::Append),
+            3 => (0usize..20, 0usize..20, messages(3), messages(4))
+                .prop_map(|(from, len, summary, then)| Op::Compact { from, len, summary, then }),
+            1 => (0usize..30, message()).prop_map(|(i, m)| Op::Replace(i, m)),
+            1 => (0usize..30).prop_map(Op::Truncate),
+            1 => messages(8).prop_map(Op::Wholesale),
+        ]
+    }
+
+    fn apply(messages: &mut Vec<Message>, op: &Op) {
+        match op {
+            Op::Append(m) => messages.extend(m.iter().cloned()),
+            Op::Compact {
+                from,
+                len,
+                summary,
+                then,
+            } => {
+                let from = (*from).min(messages.len());
+                let end = (from + len).min(messages.len());
+                messages.splice(from..end, summary.iter().cloned());
+                messages.extend(then.iter().cloned());
+            }
+            Op::Replace(i, m) => {
+                if let Some(slot) = messages.get_mut(*i) {
+                    *slot = m.clone();
+                }
+            }
+            Op::Truncate(n) => messages.truncate(*n),
+            Op::Wholesale(m) => *messages = m.clone(),
+        }
+    }
+
+    proptest! {
+        /// Any sequence of saves loads back as the last state: warm from the same store
+        /// and cold from a new one, whichever lines or rewrites the saves became.
+        #[test]
+        fn any_sequence_of_saves_loads_back(
+            start in messages(20),
+            ops in proptest::collection::vec(op(), 1..8),
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let out: Result<(), String> = rt.block_on(async {
+                let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+                let key = StateKey::new("agent", Some("alice"), "s1").map_err(|e| e.to_string())?;
+                let store = JsonStore::open(dir.path()).map_err(|e| e.to_string())?;
+                let mut state = AgentState { messages: start, ..AgentState::default() };
+                let mut v = store.save(&key, &state, None).await.map_err(|e| e.to_string())?;
+                for op in &ops {
+                    apply(&mut state.messages, op);
+                    v = store.save(&key, &state, Some(v)).await.map_err(|e| e.to_string())?;
+                    let warm = store.load(&key).await.map_err(|e| e.to_string())?.ok_or("gone")?;
+                    if (warm.version, &warm.state) != (v, &state) {
+                        return Err(format!("warm load after {op:?} differs"));
+                    }
+                }
+                let cold = JsonStore::open(dir.path()).map_err(|e| e.to_string())?
+                    .load(&key).await.map_err(|e| e.to_string())?.ok_or("gone")?;
+                if (cold.version, &cold.state) != (v, &state) {
+                    return Err("cold load differs".into());
+                }
+                Ok(())
+            });
+            out.map_err(TestCaseError::fail)?;
+        }
+    }
+}
+
 /// The in-memory copies are bounded by count and by the size of their files; the least
 /// recently used go first.
 #[test]
