@@ -936,7 +936,7 @@ impl HarnessAgent {
         }))
     }
 
-    fn key(&self, ctx: &RuntimeContext) -> Result<StateKey> {
+    pub(crate) fn key(&self, ctx: &RuntimeContext) -> Result<StateKey> {
         validate_id("session id", &ctx.session_id)?;
         if let Some(u) = &ctx.user_id {
             validate_id("user id", u)?;

@@ -38,7 +38,9 @@ pub(crate) fn unflushed(state: &AgentState) -> u64 {
 
 /// Starts the after-call work for a session; the CLI waits for it before exiting.
 /// `unflushed` is [`unflushed`] of the state the call saved: below the flush threshold
-/// nothing is started (the common case, which then costs no load of the state).
+/// nothing is started (the common case, which then costs no load of the state). At most
+/// one is in flight per session: while one waits for the lease (the session's next call
+/// holds it), later calls start none, and the one waiting flushes their messages too.
 pub(crate) fn spawn_after_call(
     layer: &Arc<MemoryLayer>,
     store: Arc<dyn StateStore>,
@@ -53,8 +55,12 @@ pub(crate) fn spawn_after_call(
     {
         return;
     }
+    let Some(claim) = layer.claim_flush(&key) else {
+        return;
+    };
     let l = layer.clone();
     let task = tokio::spawn(async move {
+        let _claim = claim;
         match after_call(&l, store.as_ref(), &key, &ws, lease).await {
             Ok(true) => {
                 if let Err(e) = consolidate(&l, store.as_ref(), &ws).await {
@@ -72,7 +78,8 @@ pub(crate) fn spawn_after_call(
 
 /// Flushes the session if enough messages are unflushed. Holds the session lease, so it
 /// never races a call of the same session; saves the watermark with compare-and-set.
-/// Returns whether a flush ran.
+/// Returns whether a flush ran. The caller's count decided to come here; the state is
+/// loaded (and the count checked again) only under the lease.
 async fn after_call(
     layer: &MemoryLayer,
     store: &dyn StateStore,
@@ -81,11 +88,6 @@ async fn after_call(
     lease: LeaseOptions,
 ) -> Result<bool, BackgroundError> {
     let min = layer.options.flush_policy.min_new_messages.max(1) as u64;
-    // A cheap look without the lease first.
-    match store.load(key).await? {
-        Some(s) if unflushed(&s.state) >= min => {}
-        _ => return Ok(false),
-    }
     let held = match store.acquire(key, lease).await {
         Ok(l) => l,
         Err(hame_state::Error::SessionBusy { .. }) => {

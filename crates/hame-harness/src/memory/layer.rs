@@ -33,6 +33,26 @@ pub(crate) struct MemoryLayer {
     index_path: PathBuf,
     index: tokio::sync::OnceCell<Arc<dyn SearchIndex>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Sessions with an after-call flush started and not finished (at most one each).
+    flushing: Mutex<HashSet<hame_state::StateKey>>,
+}
+
+/// A session's after-call flush in flight ([`MemoryLayer::claim_flush`]); released when
+/// dropped, also when its task fails or is aborted.
+#[derive(Debug)]
+pub(crate) struct FlushClaim {
+    layer: Arc<MemoryLayer>,
+    key: hame_state::StateKey,
+}
+
+impl Drop for FlushClaim {
+    fn drop(&mut self) {
+        self.layer
+            .flushing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.key);
+    }
 }
 
 /// What one flush (possibly several rounds) did.
@@ -84,6 +104,7 @@ impl MemoryLayer {
             index_path,
             index,
             tasks: Mutex::new(Vec::new()),
+            flushing: Mutex::new(HashSet::new()),
         }
     }
 
@@ -259,6 +280,24 @@ impl MemoryLayer {
     }
 
     /// Keeps a background task so [`wait_background`](Self::wait_background) can wait for it.
+    /// Claims the after-call flush of `key`: `None` while another one of the session is
+    /// started and not finished (it loads the state when it gets the lease, so it flushes
+    /// what later calls added too).
+    pub(crate) fn claim_flush(self: &Arc<Self>, key: &hame_state::StateKey) -> Option<FlushClaim> {
+        let mut flushing = self.flushing.lock().unwrap_or_else(PoisonError::into_inner);
+        flushing.insert(key.clone()).then(|| FlushClaim {
+            layer: self.clone(),
+            key: key.clone(),
+        })
+    }
+
+    /// Background tasks started and not finished.
+    #[cfg(test)]
+    pub(crate) fn running(&self) -> usize {
+        let tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
+        tasks.iter().filter(|t| !t.is_finished()).count()
+    }
+
     pub(crate) fn track(&self, task: JoinHandle<()>) {
         let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
         tasks.retain(|t| !t.is_finished());

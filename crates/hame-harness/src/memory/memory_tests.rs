@@ -198,6 +198,58 @@ async fn a_flush_missed_by_a_dead_process_is_redone_by_the_next_call() -> TestRe
     Ok(())
 }
 
+/// Calls that end while a flush of their session waits for the lease start no other one:
+/// the waiting one loads the state under the lease and flushes their messages too.
+#[tokio::test]
+async fn one_after_call_flush_per_session_is_in_flight() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (ws, st) = (dir.path().join("ws"), dir.path().join("state"));
+    let ctx = RuntimeContext::new("s1").with_user("bob");
+    let model = ScriptedModel::new([Reply::text("noted"), Reply::text("sure")]);
+    let options = |after_call| MemoryOptions {
+        flush_policy: FlushPolicy {
+            after_call,
+            min_new_messages: 2,
+        },
+        ..MemoryOptions::default()
+    };
+    let a = agent(&ws, &st, &model, options(false))?;
+    a.call(Message::user("remember: bob likes tea"), &ctx)
+        .await?;
+    a.call(Message::user("and coffee"), &ctx).await?;
+    let b = agent(&ws, &st, &model, options(true))?;
+    let layer = b.inner.memory.clone().ok_or("no memory layer")?;
+    let store = b.inner.state_store.clone();
+    let key = b.key(&ctx)?;
+    let workspace = b.workspace_for(&ctx)?;
+    // The session's next call holds the lease.
+    let held = store
+        .acquire(&key, hame_state::LeaseOptions::default())
+        .await?;
+    let mut wait = hame_state::LeaseOptions::default();
+    wait.wait = Duration::from_secs(30);
+    for unflushed in [4, 6, 8] {
+        background::spawn_after_call(
+            &layer,
+            store.clone(),
+            key.clone(),
+            workspace.clone(),
+            wait,
+            unflushed,
+        );
+    }
+    assert_eq!(layer.running(), 1, "one flush waits for the lease");
+    model.push(Reply::text("- Bob likes tea and coffee"));
+    model.push(Reply::text("# Memory\n\n- Bob likes tea and coffee\n"));
+    held.release().await?;
+    assert!(b.wait_background(Duration::from_secs(10)).await);
+    assert_eq!(unflushed(&b.state(&ctx).await?.ok_or("no state")?), 0);
+    // Its claim is gone with it: the next call's flush starts again.
+    background::spawn_after_call(&layer, store, key, workspace, wait, 4);
+    assert!(b.wait_background(Duration::from_secs(10)).await);
+    Ok(())
+}
+
 #[tokio::test]
 async fn memory_save_dedupes_and_search_finds_chinese_and_sessions() -> TestResult {
     let dir = tempfile::tempdir()?;
