@@ -95,6 +95,11 @@ struct Inherited {
 pub struct PermissionCell {
     state: Mutex<SessionPermissions>,
     inherited: Inherited,
+    /// The decisions recorded in this call, as written to the state.
+    recorded: Mutex<Vec<serde_json::Value>>,
+    /// Whether anything but recorded decisions changed (then the state's extension is
+    /// written whole at the end of the call, else only the new decisions are appended).
+    changed: std::sync::atomic::AtomicBool,
 }
 
 impl PermissionCell {
@@ -110,7 +115,54 @@ impl PermissionCell {
 
     /// Changes the session's permission state.
     pub fn update<R>(&self, f: impl FnOnce(&mut SessionPermissions) -> R) -> Option<R> {
+        self.changed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         self.state.lock().ok().map(|mut s| f(&mut s))
+    }
+
+    /// Records a decision (`value` is its serialised form).
+    fn record(&self, d: Decision, value: serde_json::Value) {
+        if let Ok(mut s) = self.state.lock() {
+            s.decisions.push(d);
+            let over = s.decisions.len().saturating_sub(MAX_RECORDED_DECISIONS);
+            s.decisions.drain(..over);
+        }
+        if let Ok(mut r) = self.recorded.lock() {
+            r.push(value);
+        }
+    }
+
+    /// Writes the call's changes to the state's extension: the whole permission state if
+    /// anything but decisions changed, else only the decisions recorded in this call,
+    /// appended to the stored list (so a call does not re-encode the 200 kept decisions).
+    fn store(&self, state: &mut hame_core::AgentState) -> Result<(), String> {
+        let recorded = self
+            .recorded
+            .lock()
+            .map(|mut r| std::mem::take(&mut *r))
+            .map_err(|_| "its lock is poisoned".to_owned())?;
+        if !self.changed.load(std::sync::atomic::Ordering::Relaxed) {
+            if recorded.is_empty() {
+                return Ok(());
+            }
+            if let Some(serde_json::Value::Array(list)) = state
+                .extensions
+                .get_mut(STATE_KEY)
+                .and_then(serde_json::Value::as_object_mut)
+                .map(|o| {
+                    o.entry("decisions")
+                        .or_insert_with(|| serde_json::Value::Array(Vec::new()))
+                })
+            {
+                list.extend(recorded);
+                let over = list.len().saturating_sub(MAX_RECORDED_DECISIONS);
+                list.drain(..over);
+                return Ok(());
+            }
+        }
+        self.read(|s| state.set_extension(STATE_KEY, s))
+            .ok_or_else(|| "its lock is poisoned".to_owned())?
+            .map_err(|e| e.to_string())
     }
 
     /// Whether plan mode applies (the session's, or the parent's for a child).
@@ -187,18 +239,15 @@ impl PermissionLayer {
     }
 
     fn record(&self, cx: &ToolCtx<'_>, cell: Option<&PermissionCell>, d: Decision) {
-        cx.events.emit(AgentEvent::Custom {
-            kind: DECIDED_EVENT.into(),
-            data: serde_json::to_value(&d).unwrap_or_default(),
-        });
+        let value = serde_json::to_value(&d).unwrap_or_default();
         tracing::info!(tool = %d.tool, rule = %d.rule, outcome = ?d.outcome, by = %d.by, "permission decided");
         if let Some(cell) = cell {
-            cell.update(|s| {
-                s.decisions.push(d);
-                let over = s.decisions.len().saturating_sub(MAX_RECORDED_DECISIONS);
-                s.decisions.drain(..over);
-            });
+            cell.record(d, value.clone());
         }
+        cx.events.emit(AgentEvent::Custom {
+            kind: DECIDED_EVENT.into(),
+            data: value,
+        });
     }
 
     /// Runs the call; a spawn or send carries plan mode and the deny rules to the child.
@@ -264,15 +313,24 @@ impl Layer for PermissionLayer {
         input: CallInput,
         next: CallNext<'_>,
     ) -> Result<CallOutput, hame_core::Error> {
-        let mut session: SessionPermissions = cx.state.extension(STATE_KEY).unwrap_or_default();
+        // An unreadable stored value is replaced whole at the end of the call.
+        let (mut session, mut changed) = match cx.state.extensions.get(STATE_KEY) {
+            None => (SessionPermissions::default(), false),
+            Some(v) => match SessionPermissions::deserialize(v) {
+                Ok(s) => (s, false),
+                Err(_) => (SessionPermissions::default(), true),
+            },
+        };
         if cx
             .runtime
             .extras
             .get(PLAN_EXTRA)
             .and_then(serde_json::Value::as_bool)
             == Some(true)
+            && !session.plan_mode
         {
             session.plan_mode = true;
+            changed = true;
         }
         let inherited: Inherited = cx
             .runtime
@@ -283,14 +341,14 @@ impl Layer for PermissionLayer {
         let cell = Arc::new(PermissionCell {
             state: Mutex::new(session),
             inherited,
+            recorded: Mutex::new(Vec::new()),
+            changed: std::sync::atomic::AtomicBool::new(changed),
         });
         let mut extensions = cx.extensions.clone();
         extensions.insert_arc(cell.clone());
         let out = next.run_with(cx, &extensions, input).await;
-        match cell.read(|s| cx.state.set_extension(STATE_KEY, s)) {
-            Some(Err(e)) => tracing::warn!(error = %e, "saving the permission state failed"),
-            Some(Ok(())) => {}
-            None => tracing::warn!("saving the permission state failed: its lock is poisoned"),
+        if let Err(e) = cell.store(cx.state) {
+            tracing::warn!(error = %e, "saving the permission state failed");
         }
         out
     }
@@ -427,3 +485,7 @@ impl Layer for PermissionLayer {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "cell_tests.rs"]
+mod cell_tests;
