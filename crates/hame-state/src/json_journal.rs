@@ -50,7 +50,7 @@ pub(crate) struct LineOut<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pending: &'a Option<PendingStep>,
     #[serde(skip_serializing_if = "Map::is_empty")]
-    pub ext: Map<String, Value>,
+    pub ext: &'a Map<String, Value>,
 }
 
 #[derive(Deserialize)]
@@ -93,12 +93,14 @@ impl Change {
             messages: &state.messages[self.keep..],
             usage: &state.usage,
             pending: &state.pending,
-            ext: self.ext.clone(),
+            ext: &self.ext,
         }
     }
 
-    /// Brings `stored` to `state` (what replaying the line does, without the copy).
-    pub(crate) fn apply_to(&self, stored: &mut AgentState, state: &AgentState) {
+    /// Brings `stored` to `state` (what replaying the line does, without the copy): the
+    /// new messages are copied, the extensions patched (a list that grew by one entry
+    /// gets that entry, not a copy of the list).
+    pub(crate) fn apply_to(self, stored: &mut AgentState, state: &AgentState) {
         stored.messages.truncate(self.keep);
         for i in &self.set {
             stored.messages[*i] = state.messages[*i].clone();
@@ -108,13 +110,22 @@ impl Change {
             .extend_from_slice(&state.messages[self.keep..]);
         stored.usage = state.usage;
         stored.pending.clone_from(&state.pending);
-        for key in self.ext.keys() {
-            match state.extensions.get(key) {
+        for (key, patch) in self.ext {
+            let fits = match stored.extensions.get_mut(&key) {
+                Some(slot) if !patch.is_null() => apply(slot, patch),
+                _ => false,
+            };
+            if fits {
+                continue;
+            }
+            // A new or removed key, or a patch that does not fit the cached value (never
+            // expected: the patch was made from it): take the new value.
+            match state.extensions.get(&key) {
                 Some(v) => {
-                    stored.extensions.insert(key.clone(), v.clone());
+                    stored.extensions.insert(key, v.clone());
                 }
                 None => {
-                    stored.extensions.remove(key);
+                    stored.extensions.remove(&key);
                 }
             }
         }

@@ -353,6 +353,12 @@ mod sequences {
         Replace(usize, Message),
         Truncate(usize),
         Wholesale(Vec<Message>),
+        /// Pushes onto the `list` extension and keeps its last `keep` entries.
+        Push(u8, usize),
+        /// Sets a field of the `obj` extension.
+        Field(u8, u8),
+        /// Removes an extension.
+        Remove(bool),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -363,10 +369,14 @@ mod sequences {
             1 => (0usize..30, message()).prop_map(|(i, m)| Op::Replace(i, m)),
             1 => (0usize..30).prop_map(Op::Truncate),
             1 => messages(8).prop_map(Op::Wholesale),
+            3 => (0u8..10, 1usize..6).prop_map(|(v, keep)| Op::Push(v, keep)),
+            2 => (0u8..4, 0u8..10).prop_map(|(k, v)| Op::Field(k, v)),
+            1 => proptest::bool::ANY.prop_map(Op::Remove),
         ]
     }
 
-    fn apply(messages: &mut Vec<Message>, op: &Op) {
+    fn apply(state: &mut AgentState, op: &Op) {
+        let messages = &mut state.messages;
         match op {
             Op::Append(m) => messages.extend(m.iter().cloned()),
             Op::Compact {
@@ -387,6 +397,29 @@ mod sequences {
             }
             Op::Truncate(n) => messages.truncate(*n),
             Op::Wholesale(m) => *messages = m.clone(),
+            Op::Push(v, keep) => {
+                let list = state
+                    .extensions
+                    .entry("list".into())
+                    .or_insert_with(|| serde_json::json!([]));
+                if let Some(a) = list.as_array_mut() {
+                    a.push(serde_json::json!({ "v": v }));
+                    let over = a.len().saturating_sub(*keep);
+                    a.drain(..over);
+                }
+            }
+            Op::Field(k, v) => {
+                let obj = state
+                    .extensions
+                    .entry("obj".into())
+                    .or_insert_with(|| serde_json::json!({}));
+                if let Some(o) = obj.as_object_mut() {
+                    o.insert(format!("k{k}"), serde_json::json!(v));
+                }
+            }
+            Op::Remove(list) => {
+                state.extensions.remove(if *list { "list" } else { "obj" });
+            }
         }
     }
 
@@ -407,7 +440,7 @@ mod sequences {
                 let mut state = AgentState { messages: start, ..AgentState::default() };
                 let mut v = store.save(&key, &state, None).await.map_err(|e| e.to_string())?;
                 for op in &ops {
-                    apply(&mut state.messages, op);
+                    apply(&mut state, op);
                     v = store.save(&key, &state, Some(v)).await.map_err(|e| e.to_string())?;
                     let warm = store.load(&key).await.map_err(|e| e.to_string())?.ok_or("gone")?;
                     if (warm.version, &warm.state) != (v, &state) {
