@@ -118,6 +118,27 @@ struct Scripted {
     window: u64,
     stats: Arc<Stats>,
     counter: AtomicU64,
+    /// The encoded length of each tool schema seen, by the schema's address; the schema is
+    /// kept so that the address is not reused (schemas live as long as the agent).
+    schema_chars: Mutex<Vec<(Arc<Value>, usize)>>,
+}
+
+impl Scripted {
+    fn schema_chars(&self, schema: &Arc<Value>) -> usize {
+        let Ok(mut known) = self.schema_chars.lock() else {
+            return schema.to_string().len();
+        };
+        if let Some((_, n)) = known.iter().find(|(s, _)| Arc::ptr_eq(s, schema)) {
+            return *n;
+        }
+        let n = schema.to_string().len();
+        if known.len() >= 1024 {
+            // Schemas made per request: caching them would only grow.
+            known.clear();
+        }
+        known.push((schema.clone(), n));
+        n
+    }
 }
 
 #[async_trait]
@@ -148,7 +169,7 @@ impl Model for Scripted {
             + request
                 .tools
                 .iter()
-                .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
+                .map(|t| t.name.len() + t.description.len() + self.schema_chars(&t.parameters))
                 .sum::<usize>();
         let decision = workload::decide(&request);
         self.stats.record(decision.kind, chars as u64);
@@ -360,6 +381,7 @@ async fn main() -> anyhow::Result<()> {
             window: args.context_window,
             stats: stats.clone(),
             counter: AtomicU64::new(0),
+            schema_chars: Mutex::new(Vec::new()),
         }),
         "http" => {
             let mut config = hame::model::OpenAiConfig::new("bench-model");

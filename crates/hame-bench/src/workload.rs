@@ -89,7 +89,10 @@ pub struct Decision {
     pub call: Option<(String, Value)>,
 }
 
-fn pick(names: &[&str], tools: &Map<String, Value>) -> Option<String> {
+/// The offered tools' schemas by name, borrowed from the request.
+type Tools<'a> = std::collections::BTreeMap<&'a str, &'a Value>;
+
+fn pick(names: &[&str], tools: &Tools<'_>) -> Option<String> {
     names
         .iter()
         .find(|n| tools.contains_key(**n))
@@ -120,7 +123,7 @@ fn join(root: &str, name: &str) -> String {
 fn tool_call_for(
     turn: usize,
     root: &str,
-    tools: &Map<String, Value>,
+    tools: &Tools<'_>,
     sid: Option<&str>,
 ) -> Option<(String, Value)> {
     let mut action = ACTIONS[turn % 3];
@@ -134,22 +137,23 @@ fn tool_call_for(
         name = pick(READ_TOOLS, tools);
     }
     let name = name?;
-    let schema = tools.get(&name).cloned().unwrap_or(Value::Null);
+    let null = Value::Null;
+    let schema = tools.get(name.as_str()).copied().unwrap_or(&null);
     let mut args = Map::new();
     match action {
         "read" => {
-            args.insert(arg(PATH_ARGS, &schema), json!(join(root, "knowledge.md")));
+            args.insert(arg(PATH_ARGS, schema), json!(join(root, "knowledge.md")));
         }
         "write" => {
             let file = match sid {
                 Some(s) => format!("note-{s}-{turn}.md"),
                 None => format!("note-{turn}.md"),
             };
-            args.insert(arg(PATH_ARGS, &schema), json!(join(root, &file)));
-            args.insert(arg(CONTENT_ARGS, &schema), json!(note_body()));
+            args.insert(arg(PATH_ARGS, schema), json!(join(root, &file)));
+            args.insert(arg(CONTENT_ARGS, schema), json!(note_body()));
         }
         _ => {
-            args.insert(arg(PATTERN_ARGS, &schema), json!("Zephyr"));
+            args.insert(arg(PATTERN_ARGS, schema), json!("Zephyr"));
             if let Some(props) = schema.get("properties").and_then(Value::as_object)
                 && let Some(p) = PATH_ARGS.iter().find(|p| props.contains_key(**p))
             {
@@ -162,10 +166,10 @@ fn tool_call_for(
 
 /// `scripted.decide` on a hame request (no forced tool choice: hame never forces one).
 pub fn decide(request: &ModelRequest) -> Decision {
-    let tools: Map<String, Value> = request
+    let tools: Tools<'_> = request
         .tools
         .iter()
-        .map(|t| (t.name.clone(), (*t.parameters).clone()))
+        .map(|t| (t.name.as_str(), &*t.parameters))
         .collect();
     let last3: String = request
         .messages
