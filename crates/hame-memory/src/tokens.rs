@@ -72,69 +72,99 @@ impl EstimateCounter {
     /// punctuation at [`TOKENS_PER_ASCII_SYMBOL`]; single spaces are free, runs of blanks
     /// (indentation) cost one token and line breaks half a token.
     pub fn estimate(text: &str) -> u64 {
-        let mut t = 0.0f64;
-        let mut word = 0u32;
-        let mut digits = 0u32;
-        let mut blanks = 0u32;
-        let flush = |t: &mut f64, word: &mut u32, digits: &mut u32| {
-            if *word > 0 {
-                *t += 1.0
-                    + f64::from(word.saturating_sub(WORD_LETTERS_PER_TOKEN))
-                        / ASCII_CHARS_PER_TOKEN;
-                *word = 0;
-            }
-            if *digits > 0 {
-                *t += f64::from(digits.div_ceil(3));
-                *digits = 0;
-            }
+        // ASCII text (most of what tools return) skips UTF-8 decoding.
+        let units = if text.is_ascii() {
+            estimate_units(text.bytes().map(char::from))
+        } else {
+            estimate_units(text.chars())
         };
-        for c in text.chars() {
-            if c != ' ' && c != '\t' {
-                blanks = 0;
-            }
-            if c.is_alphabetic() && !is_cjk(c) {
-                if digits > 0 {
-                    flush(&mut t, &mut 0, &mut digits);
-                }
-                word += 1;
-                if !c.is_ascii() {
-                    t += TOKENS_PER_OTHER_LETTER;
-                }
-                continue;
-            }
-            if c.is_ascii_digit() {
-                if word > 0 {
-                    flush(&mut t, &mut word, &mut 0);
-                }
-                digits += 1;
-                continue;
-            }
-            flush(&mut t, &mut word, &mut digits);
-            if c == ' ' || c == '\t' {
-                blanks += 1;
-                // A run of blanks (indentation, alignment) is a token of its own.
-                if blanks == 2 {
-                    t += 1.0;
-                }
-                continue;
-            }
+        units.div_ceil(UNITS_PER_TOKEN)
+    }
+}
+
+/// The estimate counts in twentieths of a token: every weight above is a multiple of
+/// 1/20, so the sum is exact (and integer additions are cheaper than floating ones).
+const UNITS_PER_TOKEN: u64 = 20;
+
+/// `tokens` in [`UNITS_PER_TOKEN`]ths; a compile error if it is not a whole number of them.
+const fn units(tokens: f64) -> u64 {
+    let u = tokens * UNITS_PER_TOKEN as f64;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let n = (u + 0.5) as u64;
+    assert!((n as f64 - u) < 1e-9 && (u - n as f64) < 1e-9, "not a multiple of 1/20");
+    n
+}
+
+const WORD_UNITS: u64 = units(1.0);
+const EXTRA_LETTER_UNITS: u64 = units(1.0 / ASCII_CHARS_PER_TOKEN);
+const OTHER_LETTER_UNITS: u64 = units(TOKENS_PER_OTHER_LETTER);
+const SYMBOL_UNITS: u64 = units(TOKENS_PER_ASCII_SYMBOL);
+const CJK_UNITS: u64 = units(TOKENS_PER_CJK_CHAR);
+const OTHER_CHAR_UNITS: u64 = units(TOKENS_PER_OTHER_CHAR);
+const NEWLINE_UNITS: u64 = units(0.5);
+
+/// [`EstimateCounter::estimate`] in [`UNITS_PER_TOKEN`]ths of a token.
+#[inline(always)]
+fn estimate_units(chars: impl Iterator<Item = char>) -> u64 {
+    let mut t = 0u64;
+    let mut word = 0u32;
+    let mut digits = 0u32;
+    let mut blanks = 0u32;
+    let flush = |t: &mut u64, word: &mut u32, digits: &mut u32| {
+        if *word > 0 {
+            *t += WORD_UNITS
+                + u64::from(word.saturating_sub(WORD_LETTERS_PER_TOKEN)) * EXTRA_LETTER_UNITS;
+            *word = 0;
+        }
+        if *digits > 0 {
+            *t += WORD_UNITS * u64::from(digits.div_ceil(3));
+            *digits = 0;
+        }
+    };
+    for c in chars {
+        if c != ' ' && c != '\t' {
             blanks = 0;
-            if c == '\n' {
-                t += 0.5;
-            } else if c.is_ascii_whitespace() {
-            } else if c.is_ascii() {
-                t += TOKENS_PER_ASCII_SYMBOL;
-            } else if is_cjk(c) {
-                t += TOKENS_PER_CJK_CHAR;
-            } else {
-                t += TOKENS_PER_OTHER_CHAR;
+        }
+        if c.is_alphabetic() && !is_cjk(c) {
+            if digits > 0 {
+                flush(&mut t, &mut 0, &mut digits);
             }
+            word += 1;
+            if !c.is_ascii() {
+                t += OTHER_LETTER_UNITS;
+            }
+            continue;
+        }
+        if c.is_ascii_digit() {
+            if word > 0 {
+                flush(&mut t, &mut word, &mut 0);
+            }
+            digits += 1;
+            continue;
         }
         flush(&mut t, &mut word, &mut digits);
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let n = t.ceil() as u64;
-        n
+        if c == ' ' || c == '\t' {
+            blanks += 1;
+            // A run of blanks (indentation, alignment) is a token of its own.
+            if blanks == 2 {
+                t += WORD_UNITS;
+            }
+            continue;
+        }
+        blanks = 0;
+        if c == '\n' {
+            t += NEWLINE_UNITS;
+        } else if c.is_ascii_whitespace() {
+        } else if c.is_ascii() {
+            t += SYMBOL_UNITS;
+        } else if is_cjk(c) {
+            t += CJK_UNITS;
+        } else {
+            t += OTHER_CHAR_UNITS;
+        }
     }
+    flush(&mut t, &mut word, &mut digits);
+    t
 }
 
 impl TokenCounter for EstimateCounter {
