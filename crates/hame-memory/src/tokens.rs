@@ -91,7 +91,10 @@ const fn units(tokens: f64) -> u64 {
     let u = tokens * UNITS_PER_TOKEN as f64;
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let n = (u + 0.5) as u64;
-    assert!((n as f64 - u) < 1e-9 && (u - n as f64) < 1e-9, "not a multiple of 1/20");
+    assert!(
+        (n as f64 - u) < 1e-9 && (u - n as f64) < 1e-9,
+        "not a multiple of 1/20"
+    );
     n
 }
 

@@ -127,8 +127,13 @@ impl PermissionCell {
             let over = s.decisions.len().saturating_sub(MAX_RECORDED_DECISIONS);
             s.decisions.drain(..over);
         }
-        if let Ok(mut r) = self.recorded.lock() {
-            r.push(value);
+        match self.recorded.lock() {
+            Ok(mut r) if !value.is_null() => r.push(value),
+            // Not encodable (never expected) or poisoned: the end of the call writes the
+            // whole state instead.
+            _ => self
+                .changed
+                .store(true, std::sync::atomic::Ordering::Relaxed),
         }
     }
 
