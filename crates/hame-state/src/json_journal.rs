@@ -110,24 +110,10 @@ impl Change {
             .extend_from_slice(&state.messages[self.keep..]);
         stored.usage = state.usage;
         stored.pending.clone_from(&state.pending);
-        for (key, patch) in self.ext {
-            let fits = match stored.extensions.get_mut(&key) {
-                Some(slot) if !patch.is_null() => apply(slot, patch),
-                _ => false,
-            };
-            if fits {
-                continue;
-            }
-            // A new or removed key, or a patch that does not fit the cached value (never
-            // expected: the patch was made from it): take the new value.
-            match state.extensions.get(&key) {
-                Some(v) => {
-                    stored.extensions.insert(key, v.clone());
-                }
-                None => {
-                    stored.extensions.remove(&key);
-                }
-            }
+        // The patch was made from this very copy, so it fits; if it ever did not, take
+        // the new extensions whole.
+        if !apply_map(&mut stored.extensions, self.ext) {
+            stored.extensions.clone_from(&state.extensions);
         }
         stored.schema_version = state.schema_version;
     }

@@ -69,6 +69,17 @@ fn agent(
         .build()
 }
 
+/// Memory with the after-call flush on or off, at `min_new_messages` unflushed messages.
+fn flush_options(after_call: bool, min_new_messages: usize) -> MemoryOptions {
+    MemoryOptions {
+        flush_policy: FlushPolicy {
+            after_call,
+            min_new_messages,
+        },
+        ..MemoryOptions::default()
+    }
+}
+
 fn last_tool_text(m: &Message) -> String {
     m.tool_results_iter()
         .map(|r| r.content.clone())
@@ -133,18 +144,7 @@ async fn a_flush_missed_by_a_dead_process_is_redone_by_the_next_call() -> TestRe
     let ctx = RuntimeContext::new("s1").with_user("bob");
     // First process: two calls, and it died before flushing (no after-call flush).
     let first = ScriptedModel::new([Reply::text("noted"), Reply::text("sure")]);
-    let a = agent(
-        &ws,
-        &st,
-        &first,
-        MemoryOptions {
-            flush_policy: FlushPolicy {
-                after_call: false,
-                min_new_messages: 4,
-            },
-            ..MemoryOptions::default()
-        },
-    )?;
+    let a = agent(&ws, &st, &first, flush_options(false, 4))?;
     a.call(Message::user("remember: bob likes tea"), &ctx)
         .await?;
     a.call(Message::user("and something else"), &ctx).await?;
@@ -156,13 +156,7 @@ async fn a_flush_missed_by_a_dead_process_is_redone_by_the_next_call() -> TestRe
         Reply::text("- Bob likes tea"),
         Reply::text("# Memory\n\n- Bob likes tea\n"),
     ]);
-    let options = MemoryOptions {
-        flush_policy: FlushPolicy {
-            after_call: true,
-            min_new_messages: 4,
-        },
-        ..MemoryOptions::default()
-    };
+    let options = flush_options(true, 4);
     let b = agent(&ws, &st, &second, options)?;
     let out = b.call(Message::user("hi"), &ctx).await?;
     assert_eq!(out.reply.text_content(), "hello again");
@@ -206,18 +200,11 @@ async fn one_after_call_flush_per_session_is_in_flight() -> TestResult {
     let (ws, st) = (dir.path().join("ws"), dir.path().join("state"));
     let ctx = RuntimeContext::new("s1").with_user("bob");
     let model = ScriptedModel::new([Reply::text("noted"), Reply::text("sure")]);
-    let options = |after_call| MemoryOptions {
-        flush_policy: FlushPolicy {
-            after_call,
-            min_new_messages: 2,
-        },
-        ..MemoryOptions::default()
-    };
-    let a = agent(&ws, &st, &model, options(false))?;
+    let a = agent(&ws, &st, &model, flush_options(false, 2))?;
     a.call(Message::user("remember: bob likes tea"), &ctx)
         .await?;
     a.call(Message::user("and coffee"), &ctx).await?;
-    let b = agent(&ws, &st, &model, options(true))?;
+    let b = agent(&ws, &st, &model, flush_options(true, 2))?;
     let layer = b.inner.memory.clone().ok_or("no memory layer")?;
     let store = b.inner.state_store.clone();
     let key = b.key(&ctx)?;

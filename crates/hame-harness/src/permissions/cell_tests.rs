@@ -22,15 +22,13 @@ fn cell(session: SessionPermissions, changed: bool) -> PermissionCell {
     PermissionCell {
         state: Mutex::new(session),
         inherited: Inherited::default(),
-        recorded: Mutex::new(Vec::new()),
-        changed: std::sync::atomic::AtomicBool::new(changed),
+        recorded: AtomicUsize::new(0),
+        changed: AtomicBool::new(changed),
     }
 }
 
 fn record(cell: &PermissionCell, i: usize) {
-    let d = decision(i);
-    let v = serde_json::to_value(&d).expect("encodes");
-    cell.record(d, v);
+    cell.record(decision(i));
 }
 
 fn stored(state: &AgentState) -> SessionPermissions {

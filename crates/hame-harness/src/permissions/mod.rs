@@ -10,6 +10,7 @@
 pub mod decide;
 mod tools;
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -95,11 +96,11 @@ struct Inherited {
 pub struct PermissionCell {
     state: Mutex<SessionPermissions>,
     inherited: Inherited,
-    /// The decisions recorded in this call, as written to the state.
-    recorded: Mutex<Vec<serde_json::Value>>,
+    /// How many decisions this call recorded (the last ones of `state.decisions`).
+    recorded: AtomicUsize,
     /// Whether anything but recorded decisions changed (then the state's extension is
     /// written whole at the end of the call, else only the new decisions are appended).
-    changed: std::sync::atomic::AtomicBool,
+    changed: AtomicBool,
 }
 
 impl PermissionCell {
@@ -115,25 +116,17 @@ impl PermissionCell {
 
     /// Changes the session's permission state.
     pub fn update<R>(&self, f: impl FnOnce(&mut SessionPermissions) -> R) -> Option<R> {
-        self.changed
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.changed.store(true, Ordering::Relaxed);
         self.state.lock().ok().map(|mut s| f(&mut s))
     }
 
-    /// Records a decision (`value` is its serialised form).
-    fn record(&self, d: Decision, value: serde_json::Value) {
+    /// Records a decision.
+    fn record(&self, d: Decision) {
         if let Ok(mut s) = self.state.lock() {
             s.decisions.push(d);
             let over = s.decisions.len().saturating_sub(MAX_RECORDED_DECISIONS);
             s.decisions.drain(..over);
-        }
-        match self.recorded.lock() {
-            Ok(mut r) if !value.is_null() => r.push(value),
-            // Not encodable (never expected) or poisoned: the end of the call writes the
-            // whole state instead.
-            _ => self
-                .changed
-                .store(true, std::sync::atomic::Ordering::Relaxed),
+            self.recorded.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -141,32 +134,39 @@ impl PermissionCell {
     /// anything but decisions changed, else only the decisions recorded in this call,
     /// appended to the stored list (so a call does not re-encode the 200 kept decisions).
     fn store(&self, state: &mut hame_core::AgentState) -> Result<(), String> {
-        let recorded = self
-            .recorded
+        let recorded = self.recorded.swap(0, Ordering::Relaxed);
+        let changed = self.changed.load(Ordering::Relaxed);
+        let s = self
+            .state
             .lock()
-            .map(|mut r| std::mem::take(&mut *r))
             .map_err(|_| "its lock is poisoned".to_owned())?;
-        if !self.changed.load(std::sync::atomic::Ordering::Relaxed) {
-            if recorded.is_empty() {
+        if !changed {
+            let new = &s.decisions[s.decisions.len().saturating_sub(recorded)..];
+            if new.is_empty() {
                 return Ok(());
             }
-            if let Some(serde_json::Value::Array(list)) = state
+            let list = state
                 .extensions
                 .get_mut(STATE_KEY)
                 .and_then(serde_json::Value::as_object_mut)
                 .map(|o| {
                     o.entry("decisions")
                         .or_insert_with(|| serde_json::Value::Array(Vec::new()))
-                })
+                });
+            if let Some(serde_json::Value::Array(list)) = list
+                && let Ok(new) = new
+                    .iter()
+                    .map(serde_json::to_value)
+                    .collect::<Result<Vec<_>, _>>()
             {
-                list.extend(recorded);
+                list.extend(new);
                 let over = list.len().saturating_sub(MAX_RECORDED_DECISIONS);
                 list.drain(..over);
                 return Ok(());
             }
         }
-        self.read(|s| state.set_extension(STATE_KEY, s))
-            .ok_or_else(|| "its lock is poisoned".to_owned())?
+        state
+            .set_extension(STATE_KEY, &*s)
             .map_err(|e| e.to_string())
     }
 
@@ -244,15 +244,14 @@ impl PermissionLayer {
     }
 
     fn record(&self, cx: &ToolCtx<'_>, cell: Option<&PermissionCell>, d: Decision) {
-        let value = serde_json::to_value(&d).unwrap_or_default();
-        tracing::info!(tool = %d.tool, rule = %d.rule, outcome = ?d.outcome, by = %d.by, "permission decided");
-        if let Some(cell) = cell {
-            cell.record(d, value.clone());
-        }
         cx.events.emit(AgentEvent::Custom {
             kind: DECIDED_EVENT.into(),
-            data: value,
+            data: serde_json::to_value(&d).unwrap_or_default(),
         });
+        tracing::info!(tool = %d.tool, rule = %d.rule, outcome = ?d.outcome, by = %d.by, "permission decided");
+        if let Some(cell) = cell {
+            cell.record(d);
+        }
     }
 
     /// Runs the call; a spawn or send carries plan mode and the deny rules to the child.
@@ -346,8 +345,8 @@ impl Layer for PermissionLayer {
         let cell = Arc::new(PermissionCell {
             state: Mutex::new(session),
             inherited,
-            recorded: Mutex::new(Vec::new()),
-            changed: std::sync::atomic::AtomicBool::new(changed),
+            recorded: AtomicUsize::new(0),
+            changed: AtomicBool::new(changed),
         });
         let mut extensions = cx.extensions.clone();
         extensions.insert_arc(cell.clone());
