@@ -1,4 +1,5 @@
-//! The gateway's benchmark: turns/s over loopback at 1, 50 and 500 concurrent sessions, the
+//! The gateway's benchmark: turns/s over loopback at 1, 50 and 500 concurrent sessions (or
+//! the levels `--concurrency` names), the
 //! p50 latency the gateway adds over the library call, and the RSS with 10,000 idle
 //! sessions. Everything runs in this process: the Rust scripted model server (recording
 //! off), the agent (local mode, JSON state, memory off) and the gateway.
@@ -10,7 +11,8 @@
 //! (default 5), `--idle N` idle sessions (default 10000), `--tmpfs` workspace and state on
 //! /dev/shm (fsync is free there: the CPU cost of a turn without the disk's), `--idle-only`
 //! only the memory figure (in a fresh process), `--users-only` only the runs with a user
-//! per session.
+//! per session, `--concurrency 1,50,1000` the levels of concurrent sessions (default
+//! `1,50,500`).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::sync::Arc;
@@ -44,6 +46,24 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
     }
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
+}
+
+/// `--concurrency a,b,c`: the levels of concurrent sessions (each ≥ 1).
+fn levels(default: &[u64]) -> anyhow::Result<Vec<u64>> {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(v) = args
+        .iter()
+        .position(|a| a == "--concurrency")
+        .and_then(|i| args.get(i + 1))
+    else {
+        return Ok(default.to_vec());
+    };
+    v.split(',')
+        .map(|n| match n.trim().parse::<u64>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => anyhow::bail!("--concurrency: `{n}` is not a number of sessions (1 or more)"),
+        })
+        .collect()
 }
 
 fn arg(name: &str, default: u64) -> u64 {
@@ -236,6 +256,7 @@ async fn main() -> anyhow::Result<()> {
 
     // `--users-only`: only the runs with a user per session.
     let users_only = std::env::args().any(|a| a == "--users-only");
+    let concurrency = levels(&[1, 50, 500])?;
     let modes: &[(bool, &str)] = if idle_only {
         &[]
     } else if users_only {
@@ -244,7 +265,7 @@ async fn main() -> anyhow::Result<()> {
         &[(false, "one user"), (true, "a user per session")]
     };
     for &(users, what) in modes {
-        for workers in [1u64, 50, 500] {
+        for &workers in &concurrency {
             for (via, name) in [(&lib, "library"), (&http, "HTTP")] {
                 let tag = format!("{}{}", &name[..1], if users { "u" } else { "s" });
                 let (tps, p50, p99) = load(via, &tag, workers, secs, users).await?;
@@ -256,9 +277,8 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
-    // Idle sessions last: each had one turn (each its own user: one user's session index is
-    // rewritten whole on every call, so 10,000 sessions of one user measure the index, not
-    // the gateway), so the gateway holds its gate entry and event ring for each.
+    // Idle sessions last: each had one turn (each its own user, as in a chat service), so
+    // the gateway holds its gate entry and event ring for each.
     let before = rss_mb();
     let sem = Arc::new(tokio::sync::Semaphore::new(50));
     let mut handles = Vec::new();

@@ -140,9 +140,14 @@ impl TokenLedger {
         fixed: u64,
     ) -> u64 {
         let all = self.messages_tokens(counter, messages);
+        // `counts` is now aligned with `messages`: its fingerprints are theirs, so the
+        // reported prefix is checked without fingerprinting the messages again.
         if let Some(r) = &self.reported
-            && r.messages <= messages.len()
-            && Self::prefix(&messages[..r.messages]) == r.prefix
+            && r.messages <= self.counts.len()
+            && self.counts[..r.messages]
+                .iter()
+                .fold(0x811c_9dc5, |h, (fp, _)| mix(h, u64::from(*fp)))
+                == r.prefix
         {
             let since: u64 = self.counts[r.messages..].iter().map(|(_, t)| *t).sum();
             return r.input_tokens + since;
