@@ -196,3 +196,98 @@ async fn accept_edits_asks_for_the_shell_and_read_only_denies_it() -> TestResult
     );
     Ok(())
 }
+
+/// The tool names a request offered.
+fn offered(request: &hame_core::ModelRequest) -> Vec<String> {
+    request.tools.iter().map(|t| t.name.clone()).collect()
+}
+
+/// `tools.json` is parsed once per text and its rules compiled once per pattern, but read at
+/// every step: an edit between two calls of one agent applies to the second, and a file
+/// with `${VAR}` follows the variable's current value.
+#[tokio::test]
+async fn an_edited_tools_json_applies_to_the_next_call_of_the_same_agent() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws)?;
+    let tools_json = ws.join("tools.json");
+    let write = |id: &str, path: &str| {
+        call(
+            id,
+            "write_file",
+            serde_json::json!({"file_path": path, "content": "x"}),
+        )
+    };
+    let model = Arc::new(ScriptedModel::new(vec![
+        Reply::tools(&[write("c1", "a/x.txt")]),
+        Reply::text("one"),
+        Reply::tools(&[write("c2", "a/x.txt"), write("c3", "b/x.txt")]),
+        Reply::text("two"),
+        Reply::tools(&[write("c4", "c/x.txt")]),
+        Reply::text("three"),
+        Reply::tools(&[write("c5", "c/x.txt")]),
+        Reply::text("four"),
+    ]));
+    let denied_dir = Arc::new(std::sync::Mutex::new("c".to_owned()));
+    let env_dir = denied_dir.clone();
+    let env = hame_harness::EnvLookup(Arc::new(move |k: &str| {
+        (k == "DENIED_DIR").then(|| env_dir.lock().map(|d| d.clone()).unwrap_or_default())
+    }));
+    let a = HarnessAgent::builder()
+        .model(model.clone())
+        .workspace(ws.clone())
+        .state_store(Arc::new(hame_state::JsonStore::open(
+            dir.path().join("state"),
+        )?))
+        .memory(hame_harness::memory::MemoryOptions::disabled())
+        .env(env)
+        .build()?;
+    let ctx = RuntimeContext::new("s1");
+    let run = |text: &'static str| {
+        let a = a.clone();
+        let ctx = ctx.clone();
+        async move {
+            a.call_with(
+                Message::user(text),
+                &ctx,
+                &EventSink::none(),
+                &CancellationToken::new(),
+            )
+            .await
+        }
+    };
+
+    std::fs::write(
+        &tools_json,
+        r#"{"deny": ["glob_files"], "permissions": {"deny": ["write_file(a/*)"]}}"#,
+    )?;
+    run("first").await?;
+    assert!(!ws.join("a/x.txt").exists(), "a/* is denied");
+    let requests = model.requests();
+    assert!(!offered(&requests[0]).contains(&"glob_files".to_owned()));
+
+    std::fs::write(
+        &tools_json,
+        r#"{"permissions": {"deny": ["write_file(b/*)"]}}"#,
+    )?;
+    run("second").await?;
+    assert!(
+        ws.join("a/x.txt").exists(),
+        "the edit lifted the deny of a/*"
+    );
+    assert!(!ws.join("b/x.txt").exists(), "the edit denies b/*");
+    let requests = model.requests();
+    assert!(offered(&requests[2]).contains(&"glob_files".to_owned()));
+
+    // The same text, with a variable: its value now, at each call.
+    std::fs::write(
+        &tools_json,
+        r#"{"permissions": {"deny": ["write_file(${DENIED_DIR}/*)"]}}"#,
+    )?;
+    run("third").await?;
+    assert!(!ws.join("c/x.txt").exists(), "DENIED_DIR=c");
+    *denied_dir.lock().map_err(|e| e.to_string())? = "d".to_owned();
+    run("fourth").await?;
+    assert!(ws.join("c/x.txt").exists(), "DENIED_DIR=d now");
+    Ok(())
+}

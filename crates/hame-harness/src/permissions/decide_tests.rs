@@ -289,3 +289,25 @@ proptest! {
         if is_mutating(effect) { prop_assert_eq!(out, Outcome::Deny); }
     }
 }
+
+/// Compiled patterns are remembered per thread, up to `MEMO_PATTERNS`; more patterns than
+/// that (the memo starts over) still decide correctly, and an invalid glob never matches.
+#[test]
+fn many_distinct_patterns_decide_like_few() {
+    let n = MEMO_PATTERNS + 100;
+    let deny: Vec<String> = (0..n).map(|i| format!("write_file(dir{i}/*)")).collect();
+    let deny: Vec<&str> = deny.iter().map(String::as_str).collect();
+    let r = rules(&[], &[], &deny);
+    for round in 0..2 {
+        for i in [0, 1, MEMO_PATTERNS - 1, MEMO_PATTERNS, n - 1] {
+            let path = format!("dir{i}/a.txt");
+            let v = decide(&q("write_file", Some(&path)), &r, &[]);
+            assert_eq!(v.outcome, Outcome::Deny, "{path} (round {round})");
+            assert_eq!(v.rule, format!("deny write_file(dir{i}/*)"));
+        }
+        let v = decide(&q("write_file", Some("elsewhere/a.txt")), &r, &[]);
+        assert_eq!(v.outcome, Outcome::Allow, "round {round}");
+    }
+    assert!(!glob_match("[", "["), "an invalid glob matches nothing");
+    assert!(!glob_match("[", "["), "remembered as invalid");
+}
