@@ -53,3 +53,47 @@ async fn invalid_utf8_is_kept_and_reported_and_large_files_are_cut() -> TestResu
     assert!(system.contains("only the first 65536 are shown"), "no note");
     Ok(())
 }
+
+/// Skills and subagent specs are parsed once per text (a memo), but read at every step: an
+/// edit between two calls of one agent shows in the second call's prompt, and the first
+/// text, written back, shows again.
+#[tokio::test]
+async fn edited_skills_and_subagents_show_in_the_next_call() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(ws.join("skills/tidy"))?;
+    std::fs::create_dir_all(ws.join("subagents"))?;
+    let skill = |d: &str| format!("---\ndescription: {d}\n---\n# Tidy\nTidy things.\n");
+    let spec = |d: &str| format!("---\ndescription: {d}\n---\nYou review.\n");
+    let model = ScriptedModel::new([Reply::text("1"), Reply::text("2"), Reply::text("3")]);
+    let agent = HarnessAgent::builder()
+        .model(Arc::new(model.clone()))
+        .workspace(&ws)
+        .state_store(Arc::new(hame_state::InMemoryStore::new()))
+        .build()?;
+    let ctx = RuntimeContext::new("s1");
+    let versions = [
+        ("Tidies the alpha files", "Reviews alpha changes"),
+        ("Tidies the beta files", "Reviews beta changes"),
+        ("Tidies the alpha files", "Reviews alpha changes"),
+    ];
+    for (i, (s, a)) in versions.iter().enumerate() {
+        std::fs::write(ws.join("skills/tidy/SKILL.md"), skill(s))?;
+        std::fs::write(ws.join("subagents/reviewer.md"), spec(a))?;
+        let _: Vec<AgentEvent> = agent
+            .stream(Message::user(format!("call {i}")), &ctx)
+            .collect()
+            .await;
+        let system = model
+            .requests()
+            .get(i)
+            .map(|r| r.system.clone())
+            .unwrap_or_default();
+        assert!(system.contains(s), "call {i}: {system}");
+        assert!(system.contains(a), "call {i}: {system}");
+        let (other_s, other_a) = versions[1 - (i % 2)];
+        assert!(!system.contains(other_s), "call {i}: a stale skill");
+        assert!(!system.contains(other_a), "call {i}: a stale spec");
+    }
+    Ok(())
+}

@@ -497,6 +497,11 @@ async fn read_text(fs: &Arc<dyn Filesystem>, path: &FsPath) -> std::result::Resu
     String::from_utf8(bytes).map_err(|_| "not valid UTF-8".to_owned())
 }
 
+/// Skills parsed by directory name and text: the layers are read at every step, an
+/// unchanged `SKILL.md` is not parsed again (`hame_tools::front_matter::ParseMemo`).
+static PARSED: std::sync::LazyLock<hame_tools::front_matter::ParseMemo<Result<SkillDoc, String>>> =
+    std::sync::LazyLock::new(|| hame_tools::front_matter::ParseMemo::new(512, 64 * 1024));
+
 /// The valid skills of one layer (`(dir name, doc)`) and its invalid files.
 async fn read_layer(source: &Source) -> (Vec<(String, SkillDoc)>, Vec<Invalid>) {
     let mut docs = Vec::new();
@@ -525,7 +530,9 @@ async fn read_layer(source: &Source) -> (Vec<(String, SkillDoc)>, Vec<Invalid>) 
             Err(e) if e.is_not_found() => continue,
             Err(e) => Err(e.to_string()),
         };
-        match text.and_then(|t| parse_skill(&dir, &t)) {
+        let parsed =
+            text.and_then(|t| PARSED.get_or_parse(&[dir.as_str(), &t], || parse_skill(&dir, &t)));
+        match parsed {
             Ok(doc) => docs.push((dir, doc)),
             Err(error) => invalid.push(Invalid { path: shown, error }),
         }

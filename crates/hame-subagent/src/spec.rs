@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use hame_fs::{Filesystem, FsPath};
 use hame_tools::Workspace;
+use hame_tools::front_matter::ParseMemo;
 use serde::{Deserialize, Serialize};
 
 use crate::runner::SubagentRunner;
@@ -307,6 +308,14 @@ impl Catalog {
     }
 }
 
+/// Specs parsed by id, shown path and text: the directory is read at every step, an
+/// unchanged file is not parsed again (`hame_tools::front_matter::ParseMemo`).
+static PARSED: std::sync::LazyLock<ParseMemo<Parsed>> =
+    std::sync::LazyLock::new(|| ParseMemo::new(256, 64 * 1024));
+
+/// What [`parse_spec`] returns.
+type Parsed = Result<(SubagentSpec, Vec<String>), String>;
+
 async fn read_dir(fs: &dyn Filesystem, shown_prefix: &str, catalog: &mut Catalog) {
     let Ok(dir) = FsPath::parse(SPEC_DIR) else {
         return;
@@ -354,7 +363,8 @@ async fn read_dir(fs: &dyn Filesystem, shown_prefix: &str, catalog: &mut Catalog
             catalog.warnings.push(warn("not valid UTF-8".into()));
             continue;
         };
-        match parse_spec(id, &shown, &text) {
+        let parsed = PARSED.get_or_parse(&[id, &shown, &text], || parse_spec(id, &shown, &text));
+        match parsed {
             Ok((spec, unknown)) => {
                 if !unknown.is_empty() {
                     catalog.warnings.push(warn(format!(
