@@ -76,8 +76,18 @@ async fn escaping_symlinks_are_refused() -> TestResult {
     }
     assert_eq!(fs.read_bytes(&p("good_link")).await?, b"ok");
     assert_eq!(fs.read_range(&p("good_link"), 1, 9).await?, b"k");
-    let names = crate::conformance::paths(&fs.list(&FsPath::root()).await?);
+    let listed = fs.list(&FsPath::root()).await?;
+    let names = crate::conformance::paths(&listed);
     assert_eq!(names, vec!["/good_link", "/inside"]);
+    // A symlink inside the root is listed as what it points at; other entries as
+    // themselves.
+    assert_eq!(
+        listed
+            .iter()
+            .map(|i| (i.is_dir(), i.size))
+            .collect::<Vec<_>>(),
+        vec![(false, 2), (true, listed[1].size)]
+    );
     let hits = fs.grep(&GrepRequest::new("SECRET")).await?;
     assert_eq!(hits.matches, vec![]);
     assert_eq!(
