@@ -11,6 +11,7 @@ use hame_core::{
 };
 use hame_fs::FsPath;
 use hame_mcp::{McpPool, McpTool};
+use hame_tools::front_matter::ParseMemo;
 use hame_tools::{Workspace, WorkspaceMode};
 
 use crate::agent::EnvLookup;
@@ -36,7 +37,7 @@ pub struct ToolsConfigLayer {
     /// caller's files (the sandbox's `/workspace`, which the agent's commands can write).
     host: Option<Arc<dyn hame_fs::Filesystem>>,
     /// Parsed files and compiled filters, by content (see [`Memo`]).
-    memo: std::sync::Mutex<Memo>,
+    memo: Memo,
 }
 
 /// Entries a [`Memo`] keeps of each kind; past this many it starts over.
@@ -46,15 +47,25 @@ const MEMO_ENTRIES: usize = 32;
 /// `MEMO_ENTRIES` x this much text).
 const MEMO_MAX_TEXT: usize = 64 * 1024;
 
-/// What `tools.json` parses to, by its text, and the filters its `allow`/`deny` lists
-/// compile to. The file is still read at every step and tool call (an edit applies at the
-/// next one); only parsing and compiling an unchanged text again is saved (~10 µs each,
-/// measured in release, several times per step). A text with `${VAR}` is parsed every
-/// time (the variables' values may change), and so is a text over [`MEMO_MAX_TEXT`].
-#[derive(Debug, Default)]
+/// What `tools.json` parses to, by its name and text, and the filters its `allow`/`deny`
+/// lists compile to. The file is still read at every step and tool call (an edit applies
+/// at the next one); only parsing and compiling an unchanged text again is saved (~10 µs
+/// each, measured in release, several times per step). A text with `${VAR}` is parsed
+/// every time (the variables' values may change), and so is a text over
+/// [`MEMO_MAX_TEXT`].
+#[derive(Debug)]
 struct Memo {
-    parsed: std::collections::HashMap<String, ToolsConfig>,
-    filters: Vec<(FilterKey, Arc<ToolFilter>)>,
+    parsed: ParseMemo<Result<ToolsConfig, String>>,
+    filters: std::sync::Mutex<Vec<(FilterKey, Arc<ToolFilter>)>>,
+}
+
+impl Default for Memo {
+    fn default() -> Self {
+        Self {
+            parsed: ParseMemo::new(MEMO_ENTRIES, MEMO_MAX_TEXT),
+            filters: std::sync::Mutex::default(),
+        }
+    }
 }
 
 /// A filter's `allow` and `deny` lists.
@@ -70,39 +81,31 @@ impl ToolsConfigLayer {
             pool,
             deferred: std::sync::OnceLock::new(),
             host: None,
-            memo: std::sync::Mutex::default(),
+            memo: Memo::default(),
         }
     }
 
-    fn memo(&self) -> std::sync::MutexGuard<'_, Memo> {
+    fn filters(&self) -> std::sync::MutexGuard<'_, Vec<(FilterKey, Arc<ToolFilter>)>> {
         self.memo
+            .filters
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// [`parse`], remembered by text ([`Memo`]).
     fn parse(&self, name: &str, text: &str) -> Result<ToolsConfig, String> {
-        let memoised = text.len() <= MEMO_MAX_TEXT && !text.contains("${");
-        if memoised && let Some(config) = self.memo().parsed.get(text) {
-            return Ok(config.clone());
-        }
         let env = |k: &str| self.env.get(k);
-        let config = parse(name, text, &env, &self.workspace)?;
-        if memoised {
-            let mut memo = self.memo();
-            if memo.parsed.len() >= MEMO_ENTRIES {
-                memo.parsed.clear();
-            }
-            memo.parsed.insert(text.to_owned(), config.clone());
+        let parse = || parse(name, text, &env, &self.workspace);
+        if text.contains("${") {
+            return parse();
         }
-        Ok(config)
+        self.memo.parsed.get_or_parse(&[name, text], parse)
     }
 
     /// [`ToolFilter::new`], remembered by `allow`/`deny`.
     fn filter(&self, config: &ToolsConfig) -> Result<Arc<ToolFilter>, String> {
         let found = self
-            .memo()
-            .filters
+            .filters()
             .iter()
             .find(|((allow, deny), _)| *allow == config.allow && *deny == config.deny)
             .map(|(_, f)| f.clone());
@@ -110,12 +113,11 @@ impl ToolsConfigLayer {
             return Ok(filter);
         }
         let filter = Arc::new(ToolFilter::new(config)?);
-        let mut memo = self.memo();
-        if memo.filters.len() >= MEMO_ENTRIES {
-            memo.filters.clear();
+        let mut filters = self.filters();
+        if filters.len() >= MEMO_ENTRIES {
+            filters.clear();
         }
-        memo.filters
-            .push(((config.allow.clone(), config.deny.clone()), filter.clone()));
+        filters.push(((config.allow.clone(), config.deny.clone()), filter.clone()));
         Ok(filter)
     }
 

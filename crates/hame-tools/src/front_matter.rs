@@ -34,9 +34,10 @@ pub fn split(text: &str) -> Result<(&str, &str), FrontMatterError> {
     Err(FrontMatterError::NoClosing)
 }
 
-/// Parse results remembered by their input: the workspace's Markdown files are read at
-/// every reasoning step (an edit applies at the next one), but an unchanged text need not
-/// be parsed again (YAML is the costly part of a step with a few skills and subagents).
+/// Parse results remembered by their input: the workspace files that configure a step
+/// (`SKILL.md`, `subagents/<id>.md`, `tools.json`) are read at every reasoning step (an
+/// edit applies at the next one), but an unchanged text need not be parsed again (YAML is
+/// the costly part of a step with a few skills and subagents).
 /// At most `max_entries` results of inputs up to `max_text` bytes are kept; past that the
 /// memo starts over; a longer input is parsed every time. Only pure parses belong here:
 /// the result must depend on the key alone.
