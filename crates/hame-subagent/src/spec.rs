@@ -311,7 +311,7 @@ impl Catalog {
 /// Specs parsed by id, shown path and text: the directory is read at every step, an
 /// unchanged file is not parsed again (`hame_tools::front_matter::ParseMemo`).
 static PARSED: std::sync::LazyLock<ParseMemo<Parsed>> =
-    std::sync::LazyLock::new(|| ParseMemo::new(256, 64 * 1024));
+    std::sync::LazyLock::new(|| ParseMemo::new(256, 32 * 1024));
 
 /// What [`parse_spec`] returns.
 type Parsed = Result<(SubagentSpec, Vec<String>), String>;
