@@ -132,6 +132,7 @@ impl WorkspaceContext {
         let memory = memory
             .filter(|m| !m.trim().is_empty())
             .map(|m| self.budget_memory(&m));
+        let (knowledge_files, knowledge_more) = knowledge_files;
         let knowledge_files = knowledge_files
             .into_iter()
             .filter(|p| p != "knowledge/KNOWLEDGE.md")
@@ -149,6 +150,7 @@ impl WorkspaceContext {
             agents_md,
             knowledge_md,
             knowledge_files,
+            knowledge_more,
             additional,
             skills,
             memory,
@@ -233,13 +235,17 @@ impl Reader<'_> {
         self.read_in(self.ws.files().as_ref(), path, cap).await
     }
 
-    async fn list_files(&self, dir: &str) -> Vec<String> {
+    /// The files below `dir` (at most [`MAX_LISTED_FILES`], sorted), and whether there are
+    /// more.
+    async fn list_files(&self, dir: &str) -> (Vec<String>, bool) {
         let Ok(base) = FsPath::parse(dir) else {
-            return Vec::new();
+            return (Vec::new(), false);
         };
         let fs = self.ws.files();
-        // A breadth-first walk with `list` (cheaper per step than compiling a glob).
+        // A walk with `list` (cheaper per step than compiling a glob). Once the list is
+        // full it goes on only until it meets one more file.
         let mut files = Vec::new();
+        let mut more = false;
         let mut dirs = vec![base];
         while let Some(d) = dirs.pop() {
             let Ok(entries) = fs.list(&d).await else {
@@ -250,14 +256,16 @@ impl Reader<'_> {
                     dirs.push(e.path);
                 } else if files.len() < MAX_LISTED_FILES {
                     files.push(e.path.as_str().to_owned());
+                } else {
+                    more = true;
                 }
             }
-            if files.len() >= MAX_LISTED_FILES {
+            if more {
                 break;
             }
         }
         files.sort();
-        files
+        (files, more)
     }
 }
 

@@ -21,6 +21,8 @@ pub struct PromptParts {
     pub knowledge_md: Option<String>,
     /// Paths (workspace-relative) of other files under `knowledge/`, sorted.
     pub knowledge_files: Vec<String>,
+    /// `knowledge/` holds more files than `knowledge_files` lists (the prompt says so).
+    pub knowledge_more: bool,
     /// `(path, content)` of additional context files.
     pub additional: Vec<(String, String)>,
     /// The `<available_skills>` block (names and descriptions), if any skill is visible.
@@ -127,6 +129,12 @@ pub fn render(parts: &PromptParts) -> String {
             for f in &parts.knowledge_files {
                 body.push_str(&format!("- {f}\n"));
             }
+            if parts.knowledge_more {
+                body.push_str(&format!(
+                    "(only the first {} are listed: list_files or glob_files under knowledge/ finds the others)\n",
+                    parts.knowledge_files.len()
+                ));
+            }
         }
         section(&mut out, "knowledge", "", &body);
     }
@@ -192,6 +200,7 @@ mod tests {
                 "knowledge/pricing.md".into(),
                 "knowledge/faq/returns.md".into(),
             ],
+            knowledge_more: false,
             additional: vec![("docs/extra.md".into(), "Extra context.".into())],
             skills: Some("- review: Review a patch.\n".into()),
             memory: Some(BudgetedText {
@@ -207,6 +216,25 @@ mod tests {
             sandboxed: false,
         };
         insta::assert_snapshot!(render(&parts));
+    }
+
+    #[test]
+    fn a_cut_knowledge_list_says_so() {
+        let parts = PromptParts {
+            knowledge_files: vec!["knowledge/a.md".into()],
+            knowledge_more: true,
+            ..PromptParts::default()
+        };
+        let p = render(&parts);
+        assert!(
+            p.contains("- knowledge/a.md\n(only the first 1 are listed: list_files or glob_files under knowledge/ finds the others)"),
+            "{p}"
+        );
+        let whole = PromptParts {
+            knowledge_more: false,
+            ..parts
+        };
+        assert!(!render(&whole).contains("only the first"));
     }
 
     #[test]

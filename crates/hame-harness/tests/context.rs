@@ -97,3 +97,67 @@ async fn edited_skills_and_subagents_show_in_the_next_call() -> TestResult {
     }
     Ok(())
 }
+
+/// A knowledge tree over `MAX_LISTED_FILES` is listed up to the limit, and the prompt says
+/// there are more; one under the limit is listed whole, without the note.
+#[tokio::test]
+async fn a_knowledge_tree_over_the_limit_is_cut_with_a_note() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    for d in 0..4 {
+        std::fs::create_dir_all(ws.join(format!("knowledge/t{d}")))?;
+    }
+    let total = hame_harness::MAX_LISTED_FILES + 3;
+    for i in 0..total {
+        std::fs::write(ws.join(format!("knowledge/t{}/n{i:04}.md", i % 4)), "x")?;
+    }
+    let model = ScriptedModel::new([Reply::text("1"), Reply::text("2")]);
+    let agent = HarnessAgent::builder()
+        .model(Arc::new(model.clone()))
+        .workspace(&ws)
+        .state_store(Arc::new(hame_state::InMemoryStore::new()))
+        .build()?;
+    let system = |i: usize| {
+        model
+            .requests()
+            .get(i)
+            .map(|r| r.system.clone())
+            .unwrap_or_default()
+    };
+    let _: Vec<AgentEvent> = agent
+        .stream(Message::user("hi"), &RuntimeContext::new("s1"))
+        .collect()
+        .await;
+    let cut = system(0);
+    let listed = cut
+        .lines()
+        .filter(|l| l.starts_with("- knowledge/"))
+        .count();
+    assert_eq!(listed, hame_harness::MAX_LISTED_FILES);
+    assert!(
+        cut.contains(&format!(
+            "(only the first {} are listed: list_files or glob_files under knowledge/ finds the others)",
+            hame_harness::MAX_LISTED_FILES
+        )),
+        "{cut}"
+    );
+    // Down to the limit: every file listed, no note.
+    for i in 0..3 {
+        std::fs::remove_file(ws.join(format!("knowledge/t{}/n{i:04}.md", i % 4)))?;
+    }
+    let _: Vec<AgentEvent> = agent
+        .stream(Message::user("again"), &RuntimeContext::new("s1"))
+        .collect()
+        .await;
+    let whole = system(1);
+    let listed = whole
+        .lines()
+        .filter(|l| l.starts_with("- knowledge/"))
+        .count();
+    assert_eq!(listed, hame_harness::MAX_LISTED_FILES);
+    assert!(
+        !whole.contains("only the first"),
+        "a note without more files"
+    );
+    Ok(())
+}
