@@ -48,14 +48,16 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[i.min(sorted.len() - 1)]
 }
 
+/// The value after option `name`, if given.
+fn value(name: &str) -> Option<String> {
+    let mut args = std::env::args();
+    args.position(|a| a == name)?;
+    args.next()
+}
+
 /// `--concurrency a,b,c`: the levels of concurrent sessions (each ≥ 1).
 fn levels(default: &[u64]) -> anyhow::Result<Vec<u64>> {
-    let args: Vec<String> = std::env::args().collect();
-    let Some(v) = args
-        .iter()
-        .position(|a| a == "--concurrency")
-        .and_then(|i| args.get(i + 1))
-    else {
+    let Some(v) = value("--concurrency") else {
         return Ok(default.to_vec());
     };
     v.split(',')
@@ -67,12 +69,7 @@ fn levels(default: &[u64]) -> anyhow::Result<Vec<u64>> {
 }
 
 fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    value(name).and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 async fn post(

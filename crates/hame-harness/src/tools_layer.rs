@@ -11,7 +11,7 @@ use hame_core::{
 };
 use hame_fs::FsPath;
 use hame_mcp::{McpPool, McpTool};
-use hame_tools::front_matter::ParseMemo;
+use hame_tools::memo::ParseMemo;
 use hame_tools::{Workspace, WorkspaceMode};
 
 use crate::agent::EnvLookup;
@@ -50,26 +50,22 @@ const MEMO_MAX_TEXT: usize = 64 * 1024;
 /// What `tools.json` parses to, by its name and text, and the filters its `allow`/`deny`
 /// lists compile to. The file is still read at every step and tool call (an edit applies
 /// at the next one); only parsing and compiling an unchanged text again is saved (~10 µs
-/// each, measured in release, several times per step). A text with `${VAR}` is parsed
-/// every time (the variables' values may change), and so is a text over
-/// [`MEMO_MAX_TEXT`].
+/// each, measured in release). A text with `${VAR}` is parsed every time (the variables'
+/// values may change), and so is a text over [`MEMO_MAX_TEXT`].
 #[derive(Debug)]
 struct Memo {
     parsed: ParseMemo<Result<ToolsConfig, String>>,
-    filters: std::sync::Mutex<Vec<(FilterKey, Arc<ToolFilter>)>>,
+    filters: ParseMemo<Result<Arc<ToolFilter>, String>>,
 }
 
 impl Default for Memo {
     fn default() -> Self {
         Self {
             parsed: ParseMemo::new(MEMO_ENTRIES, MEMO_MAX_TEXT),
-            filters: std::sync::Mutex::default(),
+            filters: ParseMemo::new(MEMO_ENTRIES, MEMO_MAX_TEXT),
         }
     }
 }
-
-/// A filter's `allow` and `deny` lists.
-type FilterKey = (Option<Vec<String>>, Vec<String>);
 
 impl ToolsConfigLayer {
     /// A layer; `env` resolves `${VAR}`, `workspace` is the directory relative `cwd`s of
@@ -85,13 +81,6 @@ impl ToolsConfigLayer {
         }
     }
 
-    fn filters(&self) -> std::sync::MutexGuard<'_, Vec<(FilterKey, Arc<ToolFilter>)>> {
-        self.memo
-            .filters
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// [`parse`], remembered by text ([`Memo`]).
     fn parse(&self, name: &str, text: &str) -> Result<ToolsConfig, String> {
         let env = |k: &str| self.env.get(k);
@@ -104,21 +93,14 @@ impl ToolsConfigLayer {
 
     /// [`ToolFilter::new`], remembered by `allow`/`deny`.
     fn filter(&self, config: &ToolsConfig) -> Result<Arc<ToolFilter>, String> {
-        let found = self
-            .filters()
-            .iter()
-            .find(|((allow, deny), _)| *allow == config.allow && *deny == config.deny)
-            .map(|(_, f)| f.clone());
-        if let Some(filter) = found {
-            return Ok(filter);
-        }
-        let filter = Arc::new(ToolFilter::new(config)?);
-        let mut filters = self.filters();
-        if filters.len() >= MEMO_ENTRIES {
-            filters.clear();
-        }
-        filters.push(((config.allow.clone(), config.deny.clone()), filter.clone()));
-        Ok(filter)
+        let allow = config.allow.as_deref().unwrap_or_default();
+        // The count keeps `allow` and `deny` apart; `None` and `[]` filter alike.
+        let count = allow.len().to_string();
+        let mut key: Vec<&str> = vec![&count];
+        key.extend(allow.iter().chain(&config.deny).map(String::as_str));
+        self.memo
+            .filters
+            .get_or_parse(&key, || ToolFilter::new(config).map(Arc::new))
     }
 
     /// The agent's deferred tools (set once, when the agent is built).

@@ -98,6 +98,14 @@ async fn edited_skills_and_subagents_show_in_the_next_call() -> TestResult {
     Ok(())
 }
 
+/// The knowledge files a system prompt lists.
+fn listed(system: &str) -> usize {
+    system
+        .lines()
+        .filter(|l| l.starts_with("- knowledge/"))
+        .count()
+}
+
 /// A knowledge tree over `MAX_LISTED_FILES` is listed up to the limit, and the prompt says
 /// there are more; one under the limit is listed whole, without the note.
 #[tokio::test]
@@ -129,11 +137,7 @@ async fn a_knowledge_tree_over_the_limit_is_cut_with_a_note() -> TestResult {
         .collect()
         .await;
     let cut = system(0);
-    let listed = cut
-        .lines()
-        .filter(|l| l.starts_with("- knowledge/"))
-        .count();
-    assert_eq!(listed, hame_harness::MAX_LISTED_FILES);
+    assert_eq!(listed(&cut), hame_harness::MAX_LISTED_FILES);
     assert!(
         cut.contains(&format!(
             "(only the first {} are listed: list_files or glob_files under knowledge/ finds the others)",
@@ -150,11 +154,7 @@ async fn a_knowledge_tree_over_the_limit_is_cut_with_a_note() -> TestResult {
         .collect()
         .await;
     let whole = system(1);
-    let listed = whole
-        .lines()
-        .filter(|l| l.starts_with("- knowledge/"))
-        .count();
-    assert_eq!(listed, hame_harness::MAX_LISTED_FILES);
+    assert_eq!(listed(&whole), hame_harness::MAX_LISTED_FILES);
     assert!(
         !whole.contains("only the first"),
         "a note without more files"

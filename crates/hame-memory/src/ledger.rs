@@ -111,10 +111,9 @@ impl TokenLedger {
         total
     }
 
-    fn prefix(messages: &[Message]) -> u32 {
-        messages
-            .iter()
-            .fold(0x811c_9dc5, |h, m| mix(h, u64::from(fingerprint(m))))
+    /// The fingerprint of a run of messages, from theirs.
+    fn prefix(fingerprints: impl Iterator<Item = u32>) -> u32 {
+        fingerprints.fold(0x811c_9dc5, |h, fp| mix(h, u64::from(fp)))
     }
 
     /// Records the prompt tokens a provider reported for a request that carried
@@ -125,7 +124,7 @@ impl TokenLedger {
         }
         self.reported = Some(Reported {
             messages: messages.len(),
-            prefix: Self::prefix(messages),
+            prefix: Self::prefix(messages.iter().map(fingerprint)),
             input_tokens,
         });
     }
@@ -144,10 +143,7 @@ impl TokenLedger {
         // reported prefix is checked without fingerprinting the messages again.
         if let Some(r) = &self.reported
             && r.messages <= self.counts.len()
-            && self.counts[..r.messages]
-                .iter()
-                .fold(0x811c_9dc5, |h, (fp, _)| mix(h, u64::from(*fp)))
-                == r.prefix
+            && Self::prefix(self.counts[..r.messages].iter().map(|(fp, _)| *fp)) == r.prefix
         {
             let since: u64 = self.counts[r.messages..].iter().map(|(_, t)| *t).sum();
             return r.input_tokens + since;

@@ -498,9 +498,9 @@ async fn read_text(fs: &Arc<dyn Filesystem>, path: &FsPath) -> std::result::Resu
 }
 
 /// Skills parsed by directory name and text: the layers are read at every step, an
-/// unchanged `SKILL.md` is not parsed again (`hame_tools::front_matter::ParseMemo`).
-static PARSED: std::sync::LazyLock<hame_tools::front_matter::ParseMemo<Result<SkillDoc, String>>> =
-    std::sync::LazyLock::new(|| hame_tools::front_matter::ParseMemo::new(256, 32 * 1024));
+/// unchanged `SKILL.md` is not parsed again (`hame_tools::memo::ParseMemo`).
+static PARSED: std::sync::LazyLock<hame_tools::memo::ParseMemo<Result<SkillDoc, String>>> =
+    std::sync::LazyLock::new(|| hame_tools::memo::ParseMemo::new(256, 32 * 1024));
 
 /// The valid skills of one layer (`(dir name, doc)`) and its invalid files.
 async fn read_layer(source: &Source) -> (Vec<(String, SkillDoc)>, Vec<Invalid>) {

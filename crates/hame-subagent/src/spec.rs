@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use hame_fs::{Filesystem, FsPath};
 use hame_tools::Workspace;
-use hame_tools::front_matter::ParseMemo;
+use hame_tools::memo::ParseMemo;
 use serde::{Deserialize, Serialize};
 
 use crate::runner::SubagentRunner;
@@ -309,7 +309,7 @@ impl Catalog {
 }
 
 /// Specs parsed by id, shown path and text: the directory is read at every step, an
-/// unchanged file is not parsed again (`hame_tools::front_matter::ParseMemo`).
+/// unchanged file is not parsed again (`hame_tools::memo::ParseMemo`).
 static PARSED: std::sync::LazyLock<ParseMemo<Parsed>> =
     std::sync::LazyLock::new(|| ParseMemo::new(256, 32 * 1024));
 

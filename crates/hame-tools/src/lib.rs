@@ -45,6 +45,7 @@
 
 mod error;
 pub mod front_matter;
+pub mod memo;
 mod tools;
 mod workspace;
 

@@ -2,6 +2,9 @@
 //! tool call (deny > ask > allow > the mode's default), and the table of built-in tools by
 //! effect. No I/O here (`decide_tests.rs` has the unit and property tests).
 
+use std::sync::Arc;
+
+use hame_tools::memo::ParseMemo;
 use serde::{Deserialize, Serialize};
 
 use crate::tools_config::{PermissionDefault, PermissionRule, Permissions};
@@ -189,33 +192,23 @@ fn strip_root(s: &str) -> &str {
     }
 }
 
-/// Patterns compiled by [`glob_match`] kept per thread; past this many the memo starts over.
+/// Patterns [`glob_match`] keeps compiled; past this many the memo starts over.
 const MEMO_PATTERNS: usize = 512;
 
-thread_local! {
-    /// `glob_match`'s compiled patterns (`None`: not a valid glob). Compiling a glob builds
-    /// a regex (~10 µs each; a call checked against a dozen rules paid ~160 µs, measured
-    /// in release); the rules are re-read every step, but their patterns rarely change.
-    static COMPILED: std::cell::RefCell<std::collections::HashMap<Box<str>, Option<globset::GlobMatcher>>> =
-        std::cell::RefCell::default();
-}
+/// `glob_match`'s compiled patterns (`None`: not a valid glob). Compiling a glob builds a
+/// regex (~10 µs each; a call checked against a dozen rules paid ~160 µs, measured in
+/// release); the rules are re-read every step, but their patterns rarely change.
+static COMPILED: std::sync::LazyLock<ParseMemo<Option<Arc<globset::GlobMatcher>>>> =
+    std::sync::LazyLock::new(|| ParseMemo::new(MEMO_PATTERNS, 4096));
 
 fn glob_match(pattern: &str, text: &str) -> bool {
-    COMPILED.with(|memo| {
-        let mut memo = memo.borrow_mut();
-        if let Some(m) = memo.get(pattern) {
-            return m.as_ref().is_some_and(|m| m.is_match(text));
-        }
-        let m = globset::Glob::new(pattern)
-            .ok()
-            .map(|g| g.compile_matcher());
-        let hit = m.as_ref().is_some_and(|m| m.is_match(text));
-        if memo.len() >= MEMO_PATTERNS {
-            memo.clear();
-        }
-        memo.insert(pattern.into(), m);
-        hit
-    })
+    COMPILED
+        .get_or_parse(&[pattern], || {
+            globset::Glob::new(pattern)
+                .ok()
+                .map(|g| Arc::new(g.compile_matcher()))
+        })
+        .is_some_and(|m| m.is_match(text))
 }
 
 /// Renders a rule as written (`tool` or `tool(glob)`).
