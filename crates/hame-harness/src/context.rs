@@ -126,17 +126,13 @@ impl WorkspaceContext {
             r.read_text("AGENTS.md", true),
             r.read_home("MEMORY.md"),
             r.read_text("knowledge/KNOWLEDGE.md", true),
-            r.list_files("knowledge"),
+            r.list_files("knowledge", "knowledge/KNOWLEDGE.md"),
             self.skills_block(ws, events),
         );
         let memory = memory
             .filter(|m| !m.trim().is_empty())
             .map(|m| self.budget_memory(&m));
         let (knowledge_files, knowledge_more) = knowledge_files;
-        let knowledge_files = knowledge_files
-            .into_iter()
-            .filter(|p| p != "knowledge/KNOWLEDGE.md")
-            .collect();
         let mut additional = Vec::new();
         for path in &self.options.additional_context_files {
             if let Some(text) = r.read_text(path, true).await {
@@ -235,9 +231,9 @@ impl Reader<'_> {
         self.read_in(self.ws.files().as_ref(), path, cap).await
     }
 
-    /// The files below `dir` (at most [`MAX_LISTED_FILES`], sorted), and whether there are
-    /// more.
-    async fn list_files(&self, dir: &str) -> (Vec<String>, bool) {
+    /// The files below `dir` but `skip` (at most [`MAX_LISTED_FILES`], sorted), and whether
+    /// there are more.
+    async fn list_files(&self, dir: &str, skip: &str) -> (Vec<String>, bool) {
         let Ok(base) = FsPath::parse(dir) else {
             return (Vec::new(), false);
         };
@@ -254,10 +250,12 @@ impl Reader<'_> {
             for e in entries {
                 if e.is_dir() {
                     dirs.push(e.path);
-                } else if files.len() < MAX_LISTED_FILES {
-                    files.push(e.path.as_str().to_owned());
-                } else {
-                    more = true;
+                } else if e.path.as_str() != skip {
+                    if files.len() < MAX_LISTED_FILES {
+                        files.push(e.path.as_str().to_owned());
+                    } else {
+                        more = true;
+                    }
                 }
             }
             if more {

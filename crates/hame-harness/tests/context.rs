@@ -106,8 +106,9 @@ fn listed(system: &str) -> usize {
         .count()
 }
 
-/// A knowledge tree over `MAX_LISTED_FILES` is listed up to the limit, and the prompt says
-/// there are more; one under the limit is listed whole, without the note.
+/// A knowledge tree over `MAX_LISTED_FILES` (besides `KNOWLEDGE.md`) is listed up to the
+/// limit, and the prompt says there are more; one at the limit is listed whole, without
+/// the note.
 #[tokio::test]
 async fn a_knowledge_tree_over_the_limit_is_cut_with_a_note() -> TestResult {
     let dir = tempfile::tempdir()?;
@@ -115,6 +116,8 @@ async fn a_knowledge_tree_over_the_limit_is_cut_with_a_note() -> TestResult {
     for d in 0..4 {
         std::fs::create_dir_all(ws.join(format!("knowledge/t{d}")))?;
     }
+    // KNOWLEDGE.md goes into the prompt whole: it is not one of the listed files.
+    std::fs::write(ws.join("knowledge/KNOWLEDGE.md"), "Facts.")?;
     let total = hame_harness::MAX_LISTED_FILES + 3;
     for i in 0..total {
         std::fs::write(ws.join(format!("knowledge/t{}/n{i:04}.md", i % 4)), "x")?;
