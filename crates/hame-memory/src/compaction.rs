@@ -656,6 +656,92 @@ pub struct CompactionReport {
     pub model_calls: u32,
 }
 
+/// The heading of the last section a summary call is asked to end with when the facts of
+/// the summarised messages are asked of it ([`FactsRequest`]).
+pub const FACTS_HEADING: &str = "## Facts for long-term memory";
+
+/// Facts for long-term memory asked of the summary call itself, instead of a call of their
+/// own before it (see [`BeforeCompaction::plan_facts`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FactsRequest {
+    /// The messages the facts are asked from (those of the summarised range not yet
+    /// recorded).
+    pub span: SeqSpan,
+    /// Added after the summary prompt: what to extract, from which messages, what is
+    /// already recorded, and that the answer ends with a section headed [`FACTS_HEADING`].
+    pub instructions: String,
+    /// Output tokens added to the summary call's budget for the section.
+    pub max_tokens: u32,
+}
+
+/// What [`BeforeCompaction::plan_facts`] wants done for the facts of the messages about to
+/// be summarised.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FactsPlan {
+    /// Nothing: they are all recorded already.
+    Nothing,
+    /// [`BeforeCompaction::before_compaction`] runs first (a call of its own).
+    Separate,
+    /// The summary call is asked for them too. When its answer has no facts section (or the
+    /// summary needs several calls), `before_compaction` runs after the summary and before
+    /// it replaces the messages, so no fact is lost to it.
+    Ask(FactsRequest),
+}
+
+/// A summary written and checked but not applied: [`Compactor::draft`], then
+/// [`Compactor::commit`].
+#[derive(Debug, Clone)]
+pub struct CompactionDraft {
+    plan: CompactionPlan,
+    span: SeqSpan,
+    /// Messages of the state the draft was made from.
+    messages: usize,
+    summary: String,
+    calls: u32,
+    /// The bullets of the answer's facts section, when facts were asked and the answer had
+    /// the section (empty when it said there were none).
+    pub facts: Option<Vec<String>>,
+}
+
+impl CompactionDraft {
+    /// The sequence numbers the summary replaces.
+    pub fn span(&self) -> SeqSpan {
+        self.span
+    }
+
+    /// The summary text (without the facts section).
+    pub fn summary(&self) -> &str {
+        &self.summary
+    }
+}
+
+/// Splits a summary answer at its last line that is a heading naming the facts section
+/// (`## Facts for long-term memory`, any level and case): the summary before it, the
+/// bullets under it (up to the next heading, whose text goes back to the summary). `None`
+/// when the answer has no such heading.
+pub fn split_facts(answer: &str) -> (String, Option<Vec<String>>) {
+    let wanted = FACTS_HEADING.trim_start_matches('#').trim().to_lowercase();
+    let lines: Vec<&str> = answer.lines().collect();
+    let heading = lines.iter().rposition(|l| {
+        let t = l.trim();
+        t.starts_with('#') && t.trim_start_matches('#').trim().to_lowercase() == wanted
+    });
+    let Some(at) = heading else {
+        return (answer.trim().to_owned(), None);
+    };
+    let end = lines[at + 1..]
+        .iter()
+        .position(|l| l.trim_start().starts_with('#'))
+        .map_or(lines.len(), |n| at + 1 + n);
+    let facts = crate::daily::parse_bullets(&lines[at + 1..end].join("\n"));
+    let mut summary = lines[..at].join("\n");
+    if end < lines.len() {
+        summary.push('\n');
+        summary.push_str(&lines[end..].join("\n"));
+    }
+    (summary.trim().to_owned(), Some(facts))
+}
+
 /// Summarises and rewrites an [`AgentState`]'s conversation. See the [module docs](self).
 #[derive(Debug, Clone)]
 pub struct Compactor {
@@ -792,6 +878,21 @@ impl Compactor {
         model: &Arc<dyn Model>,
         plan: CompactionPlan,
     ) -> Result<CompactionReport> {
+        let draft = self.draft(state, model, plan, None).await?;
+        self.commit(state, draft)
+    }
+
+    /// The first half of [`run`](Self::run): the summary call(s) for `plan`, checked, with
+    /// the state untouched. With `facts`, a summary made in one call is also asked for the
+    /// facts section ([`FactsRequest`]); [`CompactionDraft::facts`] holds its bullets when
+    /// the answer had one. [`commit`](Self::commit) applies the draft.
+    pub async fn draft(
+        &self,
+        state: &AgentState,
+        model: &Arc<dyn Model>,
+        plan: CompactionPlan,
+        facts: Option<&FactsRequest>,
+    ) -> Result<CompactionDraft> {
         let seqs = CompactionState::load(state);
         let span = seqs.range_span(&plan.range);
         let transcript = self.transcript(&state.messages[plan.range.clone()], &seqs);
@@ -810,7 +911,7 @@ impl Compactor {
                 }
             })
             .collect();
-        let (summary, calls) = self.summarise(model, entries).await?;
+        let (summary, calls, facts) = self.summarise(model, entries, facts).await?;
         let summary_tokens = self.counter.count(&summary);
         if summary_tokens >= plan.summarised_tokens.max(1) && plan.summarised_tokens > 200 {
             return Err(Error::UnusableOutput {
@@ -821,6 +922,39 @@ impl Compactor {
                 ),
             });
         }
+        Ok(CompactionDraft {
+            plan,
+            span,
+            messages: state.messages.len(),
+            summary,
+            calls,
+            facts,
+        })
+    }
+
+    /// The second half of [`run`](Self::run): replaces the summarised messages of `state`
+    /// (the state the draft was made from; only its extensions may have changed since) and
+    /// records the compaction. Atomic: on error the state is unchanged.
+    pub fn commit(
+        &self,
+        state: &mut AgentState,
+        draft: CompactionDraft,
+    ) -> Result<CompactionReport> {
+        let CompactionDraft {
+            plan,
+            span,
+            messages: before,
+            summary,
+            calls,
+            facts: _,
+        } = draft;
+        if state.messages.len() != before {
+            return Err(Error::InvalidInput(format!(
+                "the conversation changed between the summary ({before} messages) and its commit ({})",
+                state.messages.len()
+            )));
+        }
+        let seqs = CompactionState::load(state);
         let messages = apply(&state.messages, &plan, &summary, span)?;
         let after_tokens: u64 = messages
             .iter()
@@ -871,18 +1005,45 @@ impl Compactor {
 
     /// Summarises transcript entries, in chunks when they exceed the input budget, and
     /// merges partial summaries. Returns the summary and the number of model calls.
+    /// With `facts`, a summary made in one call also answers the facts section; a chunked
+    /// one does not (the facts are then `None`).
     async fn summarise(
         &self,
         model: &Arc<dyn Model>,
         entries: Vec<String>,
-    ) -> Result<(String, u32)> {
-        let budget = self.input_budget(model.as_ref());
+        facts: Option<&FactsRequest>,
+    ) -> Result<(String, u32, Option<Vec<String>>)> {
+        let mut budget = self.input_budget(model.as_ref());
+        let max_tokens = self.config.summary_max_tokens;
+        if let Some(f) = facts {
+            // The facts' instructions and answer take room from the transcript, so that
+            // asking for them never makes a request larger than a summary alone would be.
+            let room = self.counter.count(&f.instructions) + u64::from(f.max_tokens);
+            budget = budget.saturating_sub(room).max(1_000);
+        }
         let mut calls = 0u32;
         let chunks = self.pack(entries, budget);
         if chunks.len() == 1 {
             let text = chunks.concat();
-            let s = self.call(model, &self.config.summary_prompt, &text).await?;
-            return Ok((s, 1));
+            return Ok(match facts {
+                Some(f) => {
+                    let prompt = format!("{}\n\n{}", self.config.summary_prompt, f.instructions);
+                    let max = max_tokens.saturating_add(f.max_tokens);
+                    let answer = self.call(model, &prompt, &text, max).await?;
+                    let (summary, facts) = split_facts(&answer);
+                    if summary.is_empty() {
+                        return Err(Error::UnusableOutput {
+                            purpose: "compaction",
+                            reason: "the summary is empty".into(),
+                        });
+                    }
+                    (summary, 1, facts)
+                }
+                None => {
+                    let prompt = &self.config.summary_prompt;
+                    (self.call(model, prompt, &text, max_tokens).await?, 1, None)
+                }
+            });
         }
         let total = chunks.len();
         let mut partials = Vec::with_capacity(total);
@@ -892,7 +1053,7 @@ impl Compactor {
                 self.config.summary_prompt,
                 i + 1
             );
-            partials.push(self.call(model, &prompt, &chunk).await?);
+            partials.push(self.call(model, &prompt, &chunk, max_tokens).await?);
             calls += 1;
         }
         for _ in 0..MAX_REDUCE_ROUNDS {
@@ -904,11 +1065,14 @@ impl Compactor {
             let groups = self.pack(labelled, budget);
             let mut merged = Vec::with_capacity(groups.len());
             for g in &groups {
-                merged.push(self.call(model, &self.config.merge_prompt, g).await?);
+                merged.push(
+                    self.call(model, &self.config.merge_prompt, g, max_tokens)
+                        .await?,
+                );
                 calls += 1;
             }
             if merged.len() == 1 {
-                return Ok((merged.concat(), calls));
+                return Ok((merged.concat(), calls, None));
             }
             partials = merged;
         }
@@ -959,14 +1123,20 @@ impl Compactor {
         chunks
     }
 
-    async fn call(&self, model: &Arc<dyn Model>, prompt: &str, transcript: &str) -> Result<String> {
+    async fn call(
+        &self,
+        model: &Arc<dyn Model>,
+        prompt: &str,
+        transcript: &str,
+        max_tokens: u32,
+    ) -> Result<String> {
         let request = ModelRequest {
             system: SUMMARY_SYSTEM_PROMPT.to_owned(),
             messages: vec![Message::user(format!("{prompt}\n\n---\n\n{transcript}"))],
             tools: Vec::new(),
             params: ModelParams {
                 temperature: None,
-                max_tokens: Some(self.config.summary_max_tokens),
+                max_tokens: Some(max_tokens),
             },
         };
         let response = model
@@ -999,12 +1169,32 @@ impl Compactor {
     }
 }
 
-/// Runs before every compaction; the harness flushes the daily memory log here, so no
-/// fact is lost to a summary. Failures are the hook's to report: compaction goes ahead.
+/// Runs around every compaction of [`CompactionLayer`]; the harness records the facts of
+/// the messages about to be summarised in the daily memory log here, so no fact is lost to
+/// a summary. Failures are the hook's to report: compaction goes ahead.
+///
+/// Order: [`plan_facts`](Self::plan_facts) with the span about to be summarised; on
+/// [`FactsPlan::Separate`], [`before_compaction`](Self::before_compaction); the summary
+/// call(s); on [`FactsPlan::Ask`], [`record_facts`](Self::record_facts) with the answer's
+/// facts, or `before_compaction` when it had none; then the summary replaces the messages.
 #[async_trait]
 pub trait BeforeCompaction: Send + Sync + fmt::Debug + 'static {
-    /// Called with the call's context right before the conversation is summarised.
+    /// Records the facts of the messages about to be summarised with a call of its own
+    /// (the messages are still in `cx.state`).
     async fn before_compaction(&self, cx: &mut CallCtx<'_>);
+
+    /// How the facts of the messages `span` (about to be summarised) are recorded. Default
+    /// [`FactsPlan::Separate`].
+    async fn plan_facts(&self, cx: &mut CallCtx<'_>, span: SeqSpan) -> FactsPlan {
+        let _ = (cx, span);
+        FactsPlan::Separate
+    }
+
+    /// The facts the summary call answered for `request` (empty: it found none). Called
+    /// before the summary replaces the messages. Default: nothing.
+    async fn record_facts(&self, cx: &mut CallCtx<'_>, request: &FactsRequest, facts: Vec<String>) {
+        let _ = (cx, request, facts);
+    }
 }
 
 /// The compaction layer: wraps each model request.
@@ -1126,23 +1316,45 @@ impl CompactionLayer {
         v
     }
 
-    /// Runs the hook, then compacts by `policy`. `Ok(None)` when there was nothing to do.
+    /// Compacts by `policy`, with the hook around the summary (see [`BeforeCompaction`]).
+    /// `Ok(None)` when there was nothing to do.
     async fn compact(
         &self,
         cx: &mut CallCtx<'_>,
         policy: &CompactionPolicy,
     ) -> Result<Option<CompactionReport>> {
-        if let Some(hook) = &self.before {
-            hook.before_compaction(cx).await;
-        }
         let counter = self.compactor.counter().as_ref();
         let Some(plan) = plan_forced(&cx.state.messages, policy, counter) else {
             return Ok(None);
         };
-        self.compactor
-            .run(cx.state, &self.model, plan)
-            .await
-            .map(Some)
+        let Some(hook) = &self.before else {
+            return self
+                .compactor
+                .run(cx.state, &self.model, plan)
+                .await
+                .map(Some);
+        };
+        let span = CompactionState::load(cx.state).range_span(&plan.range);
+        let asked = match hook.plan_facts(cx, span).await {
+            FactsPlan::Nothing => None,
+            FactsPlan::Separate => {
+                hook.before_compaction(cx).await;
+                None
+            }
+            FactsPlan::Ask(request) => Some(request),
+        };
+        let mut draft = self
+            .compactor
+            .draft(cx.state, &self.model, plan, asked.as_ref())
+            .await?;
+        if let Some(request) = &asked {
+            match draft.facts.take() {
+                Some(facts) => hook.record_facts(cx, request, facts).await,
+                // The model left the section out: the messages are still here to be read.
+                None => hook.before_compaction(cx).await,
+            }
+        }
+        self.compactor.commit(cx.state, draft).map(Some)
     }
 
     fn report(cx: &CallCtx<'_>, r: &CompactionReport, before: u64, after: u64) {

@@ -841,3 +841,199 @@ proptest! {
         prop_assert_eq!(tail_start(&tokens, &p), naive);
     }
 }
+
+#[test]
+fn the_facts_section_is_split_from_the_summary() {
+    let (summary, facts) = split_facts(
+        "## Intent\nShip it.\n## Progress\n- built the parser\n\n## Facts for long-term memory\n\
+         - The user prefers Helix.\n- Deadline is Friday.\n",
+    );
+    assert_eq!(
+        summary,
+        "## Intent\nShip it.\n## Progress\n- built the parser"
+    );
+    assert_eq!(
+        facts,
+        Some(vec![
+            "The user prefers Helix.".to_owned(),
+            "Deadline is Friday.".to_owned()
+        ])
+    );
+    // Any heading level and case; "None" is no facts; a later heading goes back to the
+    // summary; the last facts heading wins (a summary may quote the first).
+    let (summary, facts) = split_facts(
+        "## Progress\nquoted: ## Facts for long-term memory\n### FACTS FOR LONG-TERM MEMORY\nNone\n## Next steps\nNone",
+    );
+    assert_eq!(
+        summary,
+        "## Progress\nquoted: ## Facts for long-term memory\n## Next steps\nNone"
+    );
+    assert_eq!(facts, Some(Vec::new()));
+    // No section: the whole answer is the summary, and the facts are unknown.
+    let (summary, facts) = split_facts("  ## Intent\nShip it.  ");
+    assert_eq!(summary, "## Intent\nShip it.");
+    assert_eq!(facts, None);
+}
+
+/// A hook that records what the layer asked of it, in order, and what it saw.
+#[derive(Debug)]
+struct Hook {
+    plan: FactsPlan,
+    seen: std::sync::Mutex<Vec<String>>,
+}
+
+impl Hook {
+    fn new(plan: FactsPlan) -> Arc<Self> {
+        Arc::new(Self {
+            plan,
+            seen: std::sync::Mutex::default(),
+        })
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl BeforeCompaction for Hook {
+    async fn before_compaction(&self, cx: &mut CallCtx<'_>) {
+        // The messages are still all there when the hook flushes.
+        let n = cx.state.messages.len();
+        self.seen.lock().unwrap().push(format!("flush over {n}"));
+    }
+
+    async fn plan_facts(&self, _cx: &mut CallCtx<'_>, span: SeqSpan) -> FactsPlan {
+        self.seen
+            .lock()
+            .unwrap()
+            .push(format!("plan #{}..#{}", span.from, span.to));
+        self.plan.clone()
+    }
+
+    async fn record_facts(&self, cx: &mut CallCtx<'_>, request: &FactsRequest, facts: Vec<String>) {
+        let n = cx.state.messages.len();
+        self.seen.lock().unwrap().push(format!(
+            "record #{}..#{} over {n}: {}",
+            request.span.from,
+            request.span.to,
+            facts.join(" | ")
+        ));
+    }
+}
+
+/// Runs one call ("next") over three turns with a layer that compacts past 10 messages
+/// (keeping 4), with `hook`; returns the model's requests and the state.
+async fn compact_with_hook(
+    hook: Arc<Hook>,
+    summary: &str,
+) -> Result<(Vec<ModelRequest>, AgentState)> {
+    let (scripted, m) = model(vec![Reply::text(summary), Reply::text("answer")]);
+    let c = Arc::new(compactor(CompactorConfig {
+        policy: CompactionPolicy {
+            max_messages: 10,
+            keep_recent_messages: 4,
+            ..CompactionPolicy::default()
+        },
+        ..CompactorConfig::default()
+    }));
+    let layer = CompactionLayer::new(c, Arc::clone(&m)).with_before_compaction(hook);
+    let agent = AgentLoop::new(Arc::clone(&m)).with_layer(Arc::new(layer));
+    let mut state = AgentState {
+        messages: long_conversation(3),
+        ..AgentState::default()
+    };
+    agent
+        .run(
+            &mut state,
+            Message::user("next"),
+            &RuntimeContext::new("s"),
+            &EventSink::none(),
+            &Default::default(),
+        )
+        .await
+        .map_err(|e| Error::InvalidInput(e.to_string()))?;
+    Ok((scripted.requests(), state))
+}
+
+fn ask(from: u64, to: u64) -> FactsPlan {
+    FactsPlan::Ask(FactsRequest {
+        span: SeqSpan { from, to },
+        instructions: "FACTS PLEASE: end with ## Facts for long-term memory".into(),
+        max_tokens: 700,
+    })
+}
+
+#[tokio::test]
+async fn facts_asked_of_the_summary_cost_no_call_of_their_own() -> Result<()> {
+    let hook = Hook::new(ask(0, 8));
+    let (reqs, state) = compact_with_hook(
+        hook.clone(),
+        "## Intent\nwork\n## Facts for long-term memory\n- The user likes tea.\n",
+    )
+    .await?;
+    // One summary call (asked for the facts, with room for them), then the request.
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(reqs[0].system, SUMMARY_SYSTEM_PROMPT);
+    let prompt = reqs[0].messages[0].text_content();
+    let (instructions, transcript) = prompt.split_once("\n\n---\n\n").unwrap();
+    assert!(instructions.starts_with(SUMMARY_PROMPT));
+    assert!(instructions.ends_with("FACTS PLEASE: end with ## Facts for long-term memory"));
+    assert!(transcript.contains("#0 user: request 0"));
+    assert_eq!(
+        reqs[0].params.max_tokens,
+        Some(DEFAULT_SUMMARY_MAX_TOKENS + 700)
+    );
+    // The facts were recorded before the summary replaced the messages (13 then), and the
+    // summary in the state is the summary alone.
+    assert_eq!(
+        hook.seen(),
+        vec![
+            "plan #0..#8".to_owned(),
+            "record #0..#8 over 13: The user likes tea.".to_owned()
+        ]
+    );
+    let summary = state.messages[0].text_content();
+    assert!(summary.ends_with("## Intent\nwork"), "{summary}");
+    assert!(!summary.contains("tea"), "{summary}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_summary_without_the_facts_section_is_followed_by_a_flush_before_it_applies() -> Result<()>
+{
+    let hook = Hook::new(ask(0, 8));
+    let (reqs, state) = compact_with_hook(hook.clone(), "## Intent\nwork").await?;
+    assert_eq!(reqs.len(), 2);
+    // The separate flush ran after the summary call, over the messages not yet replaced.
+    assert_eq!(
+        hook.seen(),
+        vec!["plan #0..#8".to_owned(), "flush over 13".to_owned()]
+    );
+    assert!(is_summary(&state.messages[0]));
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_hook_decides_between_nothing_and_a_separate_flush() -> Result<()> {
+    let hook = Hook::new(FactsPlan::Nothing);
+    let (reqs, _) = compact_with_hook(hook.clone(), "## Intent\nwork").await?;
+    assert_eq!(hook.seen(), vec!["plan #0..#8".to_owned()]);
+    // Not asked: the summary call is the plain one.
+    assert_eq!(reqs[0].messages[0].text_content().find("FACTS"), None);
+    assert_eq!(reqs[0].params.max_tokens, Some(DEFAULT_SUMMARY_MAX_TOKENS));
+
+    let hook = Hook::new(FactsPlan::Separate);
+    // Even an answer with a facts section is not read as facts when none were asked.
+    let (_, state) = compact_with_hook(
+        hook.clone(),
+        "## Intent\nwork\n## Facts for long-term memory\n- x",
+    )
+    .await?;
+    assert_eq!(
+        hook.seen(),
+        vec!["plan #0..#8".to_owned(), "flush over 13".to_owned()]
+    );
+    assert!(state.messages[0].text_content().contains("- x"));
+    Ok(())
+}

@@ -18,7 +18,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use hame_core::{AgentState, ContentBlock, Message, Model, ModelParams, ModelRequest, Role};
 use serde::{Deserialize, Serialize};
 
-use crate::compaction::{CompactionState, SeqSpan, clip_middle, summary_span};
+use crate::compaction::{CompactionState, FactsRequest, SeqSpan, clip_middle, summary_span};
 use crate::error::{Error, Result};
 
 /// Directory of the daily logs.
@@ -44,14 +44,33 @@ pub const DEFAULT_FLUSH_MAX_TOKENS: u32 = 1_500;
 /// Longest fact kept (characters); longer bullets are cut.
 pub const MAX_FACT_CHARS: usize = 500;
 
+/// What a durable fact is, shared by the flush call and the facts section of a summary.
+macro_rules! fact_criteria {
+    () => {
+        "one concise, self-contained fact per bullet: the user's preferences and personal \
+details they shared, project and technical decisions with their reasons, commitments and \
+deadlines, who works on what, and lessons learned. Ignore greetings, tool noise, transient \
+status and anything already recorded. Write facts in the language of the conversation."
+    };
+}
+
 /// The system prompt of flush calls.
-pub const FLUSH_SYSTEM_PROMPT: &str = "You extract durable facts from an agent's conversation \
-for its long-term memory. Output only a Markdown bullet list, one concise, self-contained \
-fact per bullet: the user's preferences and personal details they shared, project and \
-technical decisions with their reasons, commitments and deadlines, who works on what, \
-and lessons learned. Ignore greetings, tool noise, transient status and anything already \
-recorded. Write facts in the language of the conversation. If there is nothing new, answer \
-exactly NO_REPLY.";
+pub const FLUSH_SYSTEM_PROMPT: &str = concat!(
+    "You extract durable facts from an agent's conversation for its long-term memory. Output \
+only a Markdown bullet list, ",
+    fact_criteria!(),
+    " If there is nothing new, answer exactly NO_REPLY."
+);
+
+/// The facts part of a summary call that records them too ([`MemoryFlusher::facts_request`]);
+/// `{from}` and `{to}` are the messages' sequence numbers.
+pub const FACTS_INSTRUCTIONS: &str = concat!(
+    "Then end your answer with one more section, headed exactly `## Facts for long-term \
+memory`, listing as Markdown bullets the NEW durable facts of messages #{from}..#{to} for the \
+agent's long-term memory, ",
+    fact_criteria!(),
+    " Write None under the heading when there are none."
+);
 
 /// Workspace file access for memory, implemented by the harness over the tenant's
 /// filesystem. Paths are workspace-relative (`memory/2026-03-14.md`, `MEMORY.md`).
@@ -410,22 +429,7 @@ pub fn build_flush_request(
     today_log: &str,
     options: &FlushOptions,
 ) -> ModelRequest {
-    let section = |title: &str, body: &str| {
-        let body = clip_middle(body.trim(), options.max_context_chars);
-        format!(
-            "{title}\n<<<\n{}\n>>>\n\n",
-            if body.is_empty() { "(empty)" } else { &body }
-        )
-    };
-    let mut prompt = String::new();
-    prompt.push_str(&section(
-        "Long-term memory (MEMORY.md) — read-only, do not repeat these facts:",
-        memory_md,
-    ));
-    prompt.push_str(&section(
-        "Already recorded today — your bullets are appended after these; do not repeat them:",
-        today_log,
-    ));
+    let mut prompt = recorded_context(memory_md, today_log, options);
     prompt.push_str(&format!(
         "New conversation messages #{}..#{}:\n<<<\n{}\n>>>\n\nList the NEW durable facts \
          from these messages as bullets, or answer NO_REPLY.",
@@ -442,6 +446,27 @@ pub fn build_flush_request(
             max_tokens: Some(options.max_tokens),
         },
     }
+}
+
+/// What is already recorded, shown read-only to a flush call and to a summary asked for
+/// facts: `MEMORY.md` and today's log, each clipped to [`FlushOptions::max_context_chars`].
+fn recorded_context(memory_md: &str, today_log: &str, options: &FlushOptions) -> String {
+    let section = |title: &str, body: &str| {
+        let body = clip_middle(body.trim(), options.max_context_chars);
+        format!(
+            "{title}\n<<<\n{}\n>>>\n\n",
+            if body.is_empty() { "(empty)" } else { &body }
+        )
+    };
+    let mut out = section(
+        "Long-term memory (MEMORY.md) — read-only, do not repeat these facts:",
+        memory_md,
+    );
+    out.push_str(&section(
+        "Already recorded today — your bullets are appended after these; do not repeat them:",
+        today_log,
+    ));
+    out
 }
 
 /// What a flush did.
@@ -506,10 +531,92 @@ impl MemoryFlusher {
                 purpose: "memory flush",
                 source,
             })?;
-        let facts = new_facts(
-            [memory_md.as_str(), today.as_str()],
-            parse_bullets(&response.message.text_content()),
-        );
+        let candidates = parse_bullets(&response.message.text_content());
+        let mut report = self
+            .record(state, session_id, now, span, candidates, &memory_md, &today)
+            .await?;
+        report.more = more;
+        Ok(report)
+    }
+
+    /// The facts of the messages `span` (about to be summarised) asked of the summary call:
+    /// `None` when they are all recorded already (the watermark is past them). The request
+    /// covers those after the watermark and shows what is recorded (`MEMORY.md`, today's
+    /// log), as a flush call does.
+    pub async fn facts_request(
+        &self,
+        state: &AgentState,
+        span: SeqSpan,
+        now: DateTime<Utc>,
+    ) -> Result<Option<FactsRequest>> {
+        let mark = MemoryState::load(state).watermark();
+        if mark > span.to {
+            return Ok(None);
+        }
+        let span = SeqSpan {
+            from: mark.max(span.from),
+            to: span.to,
+        };
+        let memory_md = self.files.read(MEMORY_FILE).await?.unwrap_or_default();
+        let today = self
+            .files
+            .read(&daily_log_path(now.date_naive()))
+            .await?
+            .unwrap_or_default();
+        let mut instructions = FACTS_INSTRUCTIONS
+            .replace("{from}", &span.from.to_string())
+            .replace("{to}", &span.to.to_string());
+        instructions.push_str("\n\n");
+        instructions.push_str(&recorded_context(&memory_md, &today, &self.options));
+        Ok(Some(FactsRequest {
+            span,
+            instructions: instructions.trim_end().to_owned(),
+            max_tokens: self.options.max_tokens,
+        }))
+    }
+
+    /// Records the facts a summary call answered for `request` (see
+    /// [`facts_request`](Self::facts_request)) as a flush does: the new ones appended to
+    /// `memory/<today>.md`, then the watermark advanced to the end of `request.span` (never
+    /// moved back). On error the watermark stays.
+    pub async fn record_facts(
+        &self,
+        state: &mut AgentState,
+        session_id: &str,
+        now: DateTime<Utc>,
+        request: &FactsRequest,
+        facts: Vec<String>,
+    ) -> Result<FlushReport> {
+        let memory_md = self.files.read(MEMORY_FILE).await?.unwrap_or_default();
+        let path = daily_log_path(now.date_naive());
+        let today = self.files.read(&path).await?.unwrap_or_default();
+        self.record(
+            state,
+            session_id,
+            now,
+            request.span,
+            facts,
+            &memory_md,
+            &today,
+        )
+        .await
+    }
+
+    /// Appends the candidates not yet recorded to today's log and advances the watermark
+    /// to `span.to`.
+    #[allow(clippy::too_many_arguments)]
+    async fn record(
+        &self,
+        state: &mut AgentState,
+        session_id: &str,
+        now: DateTime<Utc>,
+        span: SeqSpan,
+        candidates: Vec<String>,
+        memory_md: &str,
+        today: &str,
+    ) -> Result<FlushReport> {
+        let path = daily_log_path(now.date_naive());
+        let facts = new_facts([memory_md, today], candidates);
         let appended = facts.len();
         let written = if facts.is_empty() {
             None
@@ -520,14 +627,14 @@ impl MemoryFlusher {
             Some(path)
         };
         let mut ms = MemoryState::load(state);
-        ms.flushed_through = Some(span.to);
+        ms.flushed_through = Some(ms.flushed_through.map_or(span.to, |f| f.max(span.to)));
         ms.last_flush = Some(now);
         ms.store(state)?;
         Ok(FlushReport {
             span: Some(span),
             path: written,
             appended,
-            more,
+            more: false,
         })
     }
 }

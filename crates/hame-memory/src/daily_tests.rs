@@ -285,3 +285,82 @@ proptest! {
         prop_assert!(new_facts([log.as_str()], facts).is_empty());
     }
 }
+
+#[tokio::test]
+async fn facts_asked_of_a_summary_start_at_the_watermark_and_are_recorded_like_a_flush()
+-> Result<()> {
+    let files = Arc::new(InMemoryFiles::new());
+    files
+        .write_atomic("MEMORY.md", "# Memory\n- The user prefers Rust\n")
+        .await?;
+    let now = at(10, 30);
+    let today = daily_log_path(now.date_naive());
+    files
+        .append(
+            &today,
+            "\n## 09:00 UTC · session s · messages #0..#1\n- Deploys on Fridays\n",
+        )
+        .await?;
+    // No model call is made by either method.
+    let model: Arc<dyn Model> = Arc::new(ScriptedModel::new([]));
+    let flusher = MemoryFlusher::new(files.clone(), model, FlushOptions::default());
+    let mut state = AgentState {
+        messages: conversation(),
+        ..AgentState::default()
+    };
+    MemoryState {
+        flushed_through: Some(1),
+        last_flush: None,
+    }
+    .store(&mut state)?;
+
+    // The summarised span #0..#3, of which #2.. is not recorded yet.
+    let request = flusher
+        .facts_request(&state, SeqSpan { from: 0, to: 3 }, now)
+        .await?
+        .unwrap();
+    assert_eq!(request.span, SeqSpan { from: 2, to: 3 });
+    assert_eq!(request.max_tokens, DEFAULT_FLUSH_MAX_TOKENS);
+    let i = &request.instructions;
+    assert!(i.contains("`## Facts for long-term memory`"), "{i}");
+    assert!(i.contains("messages #2..#3"), "{i}");
+    assert!(i.contains("- The user prefers Rust"), "{i}");
+    assert!(i.contains("- Deploys on Fridays"), "{i}");
+
+    // Known facts are dropped, new ones appended under the span; the watermark moves on.
+    let report = flusher
+        .record_facts(
+            &mut state,
+            "s",
+            now,
+            &request,
+            vec!["the user prefers rust".into(), "Alice owns billing".into()],
+        )
+        .await?;
+    assert_eq!(report.appended, 1);
+    assert_eq!(report.path.as_deref(), Some(today.as_str()));
+    let log = files.snapshot()[&today].clone();
+    assert!(
+        log.ends_with("## 10:30 UTC · session s · messages #2..#3\n- Alice owns billing\n"),
+        "{log}"
+    );
+    assert_eq!(MemoryState::load(&state).flushed_through, Some(3));
+
+    // Past the watermark there is nothing to ask; recording an older span never moves the
+    // watermark back.
+    assert_eq!(
+        flusher
+            .facts_request(&state, SeqSpan { from: 0, to: 3 }, now)
+            .await?,
+        None
+    );
+    let old = FactsRequest {
+        span: SeqSpan { from: 0, to: 1 },
+        ..request
+    };
+    flusher
+        .record_facts(&mut state, "s", now, &old, Vec::new())
+        .await?;
+    assert_eq!(MemoryState::load(&state).flushed_through, Some(3));
+    Ok(())
+}

@@ -71,9 +71,9 @@ mod test_support;
 pub mod tokens;
 
 pub use compaction::{
-    BeforeCompaction, COMPACT_NOW_EXTRA, CompactionLayer, CompactionPlan, CompactionPolicy,
-    CompactionReport, CompactionState, Compactor, CompactorConfig, SeqSpan, apply, plan_compaction,
-    plan_forced,
+    BeforeCompaction, COMPACT_NOW_EXTRA, CompactionDraft, CompactionLayer, CompactionPlan,
+    CompactionPolicy, CompactionReport, CompactionState, Compactor, CompactorConfig, FactsPlan,
+    FactsRequest, SeqSpan, apply, plan_compaction, plan_forced,
 };
 pub use consolidate::{ConsolidationOptions, ConsolidationOutcome, Consolidator, ThrottlePolicy};
 pub use daily::{

@@ -114,6 +114,12 @@ impl MemoryLayer {
         FsFiles::new(ws.home().clone())
     }
 
+    /// The flusher of the caller's memory files.
+    pub(crate) fn flusher(&self, ws: &Workspace) -> MemoryFlusher {
+        let files: Arc<dyn MemoryFiles> = Arc::new(self.files(ws));
+        MemoryFlusher::new(files, self.model.clone(), self.options.flush.clone())
+    }
+
     /// Flushes the messages after the watermark into today's log, in rounds until nothing
     /// is pending (at most [`MAX_FLUSH_ROUNDS`]). Advances the watermark in `state`.
     pub(crate) async fn flush(
@@ -121,8 +127,7 @@ impl MemoryLayer {
         state: &mut AgentState,
         ws: &Workspace,
     ) -> hame_memory::Result<Flushed> {
-        let files: Arc<dyn MemoryFiles> = Arc::new(self.files(ws));
-        let flusher = MemoryFlusher::new(files, self.model.clone(), self.options.flush.clone());
+        let flusher = self.flusher(ws);
         let mut done = Flushed::default();
         for _ in 0..MAX_FLUSH_ROUNDS {
             let report = flusher

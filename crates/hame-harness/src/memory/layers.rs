@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use hame_core::{AgentEvent, AppendNext, CallCtx, ContentBlock, Layer, Message, Role, ToolCall};
-use hame_memory::{BeforeCompaction, Offloader};
+use hame_memory::{BeforeCompaction, FactsPlan, FactsRequest, Offloader, SeqSpan};
 use hame_tools::Workspace;
 
 use super::layer::MemoryLayer;
@@ -104,9 +104,11 @@ impl Layer for OffloadLayer {
     }
 }
 
-/// Flushes new facts to the daily log before the conversation is summarised, so no fact
-/// is lost to a summary. A failed flush is reported and does not stop the compaction (the
-/// summary covers the unflushed messages and the next flush reads it).
+/// Records the facts of the messages about to be summarised in the daily log, so no fact
+/// is lost to a summary: asked of the summary call itself (one model call for both), or,
+/// when its answer has no facts section, with a flush call of their own before the summary
+/// replaces the messages. A failure is reported and does not stop the compaction (the
+/// watermark stays, and the next flush reads the summary).
 #[derive(Debug)]
 pub(crate) struct FlushBeforeCompaction {
     layer: Arc<MemoryLayer>,
@@ -120,6 +122,52 @@ impl FlushBeforeCompaction {
 
 #[async_trait]
 impl BeforeCompaction for FlushBeforeCompaction {
+    async fn plan_facts(&self, cx: &mut CallCtx<'_>, span: SeqSpan) -> FactsPlan {
+        let Some(ws) = cx.extensions.get::<Workspace>() else {
+            return FactsPlan::Nothing;
+        };
+        match self
+            .layer
+            .flusher(ws)
+            .facts_request(cx.state, span, chrono::Utc::now())
+            .await
+        {
+            Ok(Some(request)) => FactsPlan::Ask(request),
+            Ok(None) => FactsPlan::Nothing,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the memory files for the summary failed; flushing separately");
+                FactsPlan::Separate
+            }
+        }
+    }
+
+    async fn record_facts(&self, cx: &mut CallCtx<'_>, request: &FactsRequest, facts: Vec<String>) {
+        let Some(ws) = cx.extensions.get::<Workspace>() else {
+            return;
+        };
+        let session = ws.identity().session.clone();
+        let flusher = self.layer.flusher(ws);
+        match flusher
+            .record_facts(cx.state, &session, chrono::Utc::now(), request, facts)
+            .await
+        {
+            Ok(report) => cx.events.emit(AgentEvent::Custom {
+                kind: "memory.flush".into(),
+                data: serde_json::json!({
+                    "facts": report.appended, "rounds": 0, "before": "compaction",
+                    "with": "summary", "from_seq": request.span.from, "to_seq": request.span.to,
+                }),
+            }),
+            Err(e) => {
+                tracing::warn!(error = %e, "recording the summary's facts failed; compacting anyway");
+                cx.events.emit(AgentEvent::Custom {
+                    kind: "memory.flush_failed".into(),
+                    data: serde_json::json!({ "error": e.to_string() }),
+                });
+            }
+        }
+    }
+
     async fn before_compaction(&self, cx: &mut CallCtx<'_>) {
         let Some(ws) = cx.extensions.get::<Workspace>() else {
             return;
