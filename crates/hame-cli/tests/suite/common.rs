@@ -265,3 +265,30 @@ pub fn python_venv(name: &str, requirement: &str, module: &str) -> Option<std::p
         }
     }
 }
+
+/// Runs `hame chat` with `input` on its stdin (a pipe).
+pub async fn chat(
+    dir: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    input: &str,
+) -> std::io::Result<std::process::Output> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut all = vec!["chat"];
+    all.extend_from_slice(args);
+    let mut cmd = hame(&all, env, dir);
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let input = input.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let mut child = cmd.spawn()?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(input.as_bytes())?;
+        }
+        child.wait_with_output()
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}

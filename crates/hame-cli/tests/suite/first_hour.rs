@@ -7,7 +7,7 @@ use std::path::Path;
 use hame_test_support::{ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 
-use super::common::{hame, output, stderr, stdout};
+use super::common::{chat, hame, output, stderr, stdout};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -477,32 +477,6 @@ async fn sessions_and_memory_from_the_command_line() -> TestResult {
     Ok(())
 }
 
-/// Runs `hame chat` with `input` on its stdin (a pipe).
-async fn chat(
-    dir: &Path,
-    args: &[&str],
-    env: &[(&str, &str)],
-    input: &'static str,
-) -> std::io::Result<std::process::Output> {
-    use std::io::Write;
-    use std::process::Stdio;
-    let mut all = vec!["chat"];
-    all.extend_from_slice(args);
-    let mut cmd = hame(&all, env, dir);
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    tokio::task::spawn_blocking(move || {
-        let mut child = cmd.spawn()?;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(input.as_bytes())?;
-        }
-        child.wait_with_output()
-    })
-    .await
-    .map_err(std::io::Error::other)?
-}
-
 #[tokio::test]
 async fn chat_commands_are_never_sent_to_the_model() -> TestResult {
     let server = ScriptedServer::start().await?;
@@ -511,8 +485,8 @@ async fn chat_commands_are_never_sent_to_the_model() -> TestResult {
         ScriptStep::text("two"),
         ScriptStep::text("three"),
     ]);
-    // After /compact: the memory flush and the summary (requests without tools), then
-    // the message.
+    // After /compact: the summary (asked for the facts too; this answer has no facts
+    // section, so the memory flush follows it), requests without tools, then the message.
     server.set_responder(|r: &hame_test_support::RecordedRequest| {
         if r.body["tools"].as_array().is_some_and(|t| !t.is_empty()) {
             ScriptStep::text("four")
@@ -572,7 +546,7 @@ async fn chat_commands_are_never_sent_to_the_model() -> TestResult {
     // /new: the next message starts a new conversation (system + user only).
     assert_eq!(users[2], "in c2");
     assert_eq!(reqs[2].body["messages"].as_array().map(Vec::len), Some(2));
-    // /compact: the next turn starts with requests without tools (flush, summary), then
+    // /compact: the next turn starts with requests without tools (summary, flush), then
     // the message.
     assert!(reqs.len() > 4, "{err}");
     assert!(reqs[3].body["tools"].as_array().is_none_or(Vec::is_empty));

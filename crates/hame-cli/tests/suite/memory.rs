@@ -12,7 +12,7 @@ use hame::memory::daily::FLUSH_SYSTEM_PROMPT;
 use hame_test_support::{RecordedRequest, ScriptStep, ScriptedServer};
 use serde_json::{Value, json};
 
-use super::common::{last_tool_result, run_with, stderr, stdout, system_of};
+use super::common::{chat, last_tool_result, run_with, stderr, stdout, system_of};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -43,7 +43,12 @@ fn messages(req: &RecordedRequest) -> Vec<Value> {
 /// The scripted model: facts for the flush prompt, a merged file for consolidation, a
 /// summary for compaction, tool calls for `search-memory`/`search-sessions`/`read-big`,
 /// one context overflow for `OVERFLOW`, else a short text.
-fn responder(overflowed: Arc<AtomicBool>) -> impl Fn(&RecordedRequest) -> ScriptStep {
+/// With `facts_in_summary`, a summary asked for facts ends with their section, as a model
+/// that follows the instructions does; otherwise it is the summary alone.
+fn responder(
+    overflowed: Arc<AtomicBool>,
+    facts_in_summary: bool,
+) -> impl Fn(&RecordedRequest) -> ScriptStep {
     let ids = AtomicUsize::new(0);
     move |req: &RecordedRequest| {
         let prompt = req.last_user_text().unwrap_or_default();
@@ -71,10 +76,15 @@ fn responder(overflowed: Arc<AtomicBool>) -> impl Fn(&RecordedRequest) -> Script
                 facts.dedup();
                 ScriptStep::text(format!("# Memory\n\n## Facts\n{}\n", facts.join("\n")))
             }
-            "summary" => ScriptStep::text(
+            "summary" => ScriptStep::text(format!(
                 "## Intent\nA long test conversation.\n## Progress\nTurns answered.\n\
-                 ## Artifacts\nNone\n## Next steps\nNone",
-            ),
+                 ## Artifacts\nNone\n## Next steps\nNone{}",
+                if facts_in_summary {
+                    summary_facts(&prompt)
+                } else {
+                    String::new()
+                }
+            )),
             _ => {
                 let msgs = messages(req);
                 if msgs.last().is_some_and(|m| m["role"] == "tool") {
@@ -98,6 +108,41 @@ fn responder(overflowed: Arc<AtomicBool>) -> impl Fn(&RecordedRequest) -> Script
             }
         }
     }
+}
+
+/// The facts section of a summary asked for facts: the `remember:` messages among those it
+/// names (`messages #a..#b`), or `None`. Empty when no facts were asked.
+fn summary_facts(prompt: &str) -> String {
+    let Some((instructions, transcript)) = prompt.split_once("\n\n---\n\n") else {
+        return String::new();
+    };
+    let Some(range) = instructions
+        .split_once("NEW durable facts of messages #")
+        .and_then(|(_, rest)| rest.split_once(' '))
+        .map(|(range, _)| range)
+        .and_then(|r| r.split_once("..#"))
+        .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
+    else {
+        return String::new();
+    };
+    let facts: Vec<String> = transcript
+        .lines()
+        .filter_map(|l| {
+            let (seq, rest) = l.strip_prefix('#')?.split_once(" user: remember: ")?;
+            let seq: u64 = seq.parse().ok()?;
+            (range.0..=range.1)
+                .contains(&seq)
+                .then(|| format!("- {rest}"))
+        })
+        .collect();
+    format!(
+        "\n## Facts for long-term memory\n{}",
+        if facts.is_empty() {
+            "None".to_owned()
+        } else {
+            facts.join("\n")
+        }
+    )
 }
 
 fn message_for(turn: usize) -> String {
@@ -127,7 +172,7 @@ fn home(ws: &Path) -> std::path::PathBuf {
 async fn a_long_session_compacts_flushes_consolidates_offloads_and_searches() -> TestResult {
     let server = ScriptedServer::start().await?;
     let overflowed = Arc::new(AtomicBool::new(false));
-    server.set_responder(responder(overflowed.clone()));
+    server.set_responder(responder(overflowed.clone(), false));
     let dir = tempfile::tempdir()?;
     let ws = dir.path().join("ws");
     fs::create_dir_all(&ws)?;
@@ -302,5 +347,99 @@ async fn a_long_session_compacts_flushes_consolidates_offloads_and_searches() ->
         super::common::state_dir(dir.path(), &ws).join("hame/users/alice/long.json"),
     )?;
     assert!(state_text.contains("\"flushed_through\""), "{state_text}");
+    Ok(())
+}
+
+/// A model that answers the facts section of a summary (`hame chat`, `/compact`): the
+/// compaction is one model call (no flush call of its own), the facts reach the daily log
+/// once, the summary in the conversation is the summary alone, and the watermark follows
+/// the summarised messages.
+#[tokio::test]
+async fn a_summary_that_answers_the_facts_is_the_only_call_of_a_compaction() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.set_responder(responder(Arc::new(AtomicBool::new(true)), true));
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let state_home = dir.path().join("state");
+    let state_s = state_home.to_string_lossy().into_owned();
+    let base = server.base_url();
+    // 16 messages (32 with the answers), of which the oldest are summarised, then one more.
+    let mut input = "remember: my favourite editor is Helix\nhello there\n\
+                     remember: the project codename is Falcon\n"
+        .to_owned();
+    for i in 0..13 {
+        input.push_str(&format!("filler message {i}\n"));
+    }
+    input.push_str("/compact\nafter\n/quit\n");
+    let out = chat(
+        dir.path(),
+        &[
+            "--workspace",
+            &ws_s,
+            "--model",
+            "openai:m",
+            "--user",
+            "alice",
+            "--session",
+            "facts",
+        ],
+        &[("OPENAI_BASE_URL", &base), ("HAME_STATE_HOME", &state_s)],
+        &input,
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let reqs = server.requests();
+    let kinds: Vec<&str> = reqs.iter().map(kind).collect();
+    let mut expected = vec!["chat"; 16];
+    expected.extend(["summary", "chat"]);
+    assert_eq!(kinds, expected, "{}", stderr(&out));
+    let prompt = reqs[16].last_user_text().unwrap_or_default();
+    assert!(
+        prompt.contains("`## Facts for long-term memory`"),
+        "{prompt}"
+    );
+
+    let memory = home(&ws).join("memory");
+    let logs: Vec<_> = fs::read_dir(&memory)?.collect::<Result<Vec<_>, _>>()?;
+    assert_eq!(logs.len(), 1);
+    let daily = fs::read_to_string(logs[0].path())?;
+    for fact in [
+        "my favourite editor is Helix",
+        "the project codename is Falcon",
+    ] {
+        assert_eq!(daily.matches(fact).count(), 1, "{fact} in {daily}");
+    }
+    assert!(
+        daily.contains("· session facts · messages #0..#"),
+        "{daily}"
+    );
+
+    // The summary the model sees next is the summary alone.
+    let summary = messages(&reqs[17])
+        .iter()
+        .filter_map(|m| m["content"].as_str().map(str::to_owned))
+        .find(|c| c.starts_with("[summary of messages #"))
+        .ok_or("no summary in the request after /compact")?;
+    assert!(!summary.contains("Facts for long-term memory"), "{summary}");
+    assert!(!summary.contains("Helix"), "{summary}");
+    // The watermark reached the end of the summarised messages.
+    let to: u64 = summary
+        .trim_start_matches("[summary of messages #")
+        .split_once("..#")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .and_then(|(to, _)| to.parse().ok())
+        .ok_or("no span in the summary")?;
+    let saved = super::common::state_dir(dir.path(), &ws).join("hame/users/alice");
+    let text = format!(
+        "{}{}",
+        fs::read_to_string(saved.join("facts.json"))?,
+        fs::read_to_string(saved.join("facts.journal")).unwrap_or_default()
+    );
+    assert!(
+        text.contains(&format!("\"flushed_through\":{to}")),
+        "no watermark at #{to}: {text}"
+    );
     Ok(())
 }
