@@ -46,6 +46,12 @@ struct Args {
     /// The window every harness is told about.
     #[arg(long, default_value_t = 64_000)]
     context_window: u64,
+    /// In-process only: a summary call asked for the facts section answers it (one fact),
+    /// as a model that follows the instructions does. Off by default: the workload's
+    /// scripted model answers every summary with the same text, without the section (hame
+    /// then records the facts with a flush call of their own).
+    #[arg(long)]
+    facts_section: bool,
 }
 
 /// Counters of the in-process model, as the fake server keeps them.
@@ -116,6 +122,8 @@ impl Stats {
 #[derive(Debug)]
 struct Scripted {
     window: u64,
+    /// Answer the facts section of a summary call asked for it (`--facts-section`).
+    facts_section: bool,
     stats: Arc<Stats>,
     counter: AtomicU64,
     /// The encoded length of each tool schema seen, by the schema's address; the schema is
@@ -193,7 +201,22 @@ impl Model for Scripted {
                     arguments: args.to_string(),
                 });
             }
-            None => events.push(ModelEvent::TextDelta(decision.text)),
+            None => {
+                let mut text = decision.text;
+                let asked = || {
+                    request.messages.last().is_some_and(|m| {
+                        m.text_content()
+                            .contains(&format!("`{}`", hame::memory::compaction::FACTS_HEADING))
+                    })
+                };
+                if self.facts_section && request.tools.is_empty() && asked() {
+                    text.push_str(
+                        "\n\n## Facts for long-term memory\n- The user runs scripted benchmark \
+                         turns over knowledge.md, notes and greps for Zephyr.",
+                    );
+                }
+                events.push(ModelEvent::TextDelta(text));
+            }
         }
         events.push(ModelEvent::Usage(Usage {
             input_tokens: (chars / 4) as u64,
@@ -379,6 +402,7 @@ async fn main() -> anyhow::Result<()> {
     let model: Arc<dyn Model> = match args.mode.as_str() {
         "inproc" => Arc::new(Scripted {
             window: args.context_window,
+            facts_section: args.facts_section,
             stats: stats.clone(),
             counter: AtomicU64::new(0),
             schema_chars: Mutex::new(Vec::new()),

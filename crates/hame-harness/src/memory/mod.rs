@@ -3,12 +3,14 @@
 //!
 //! - **Compaction** before a model request when the conversation has more than
 //!   [`CompactionPolicy::max_messages`] messages or the request's tokens reach the window
-//!   minus the reserve, and after a context overflow (then the loop retries). The memory
-//!   flush always runs first, so no fact is lost to a summary.
+//!   minus the reserve, and after a context overflow (then the loop retries). The
+//!   summary call also records the facts of the messages it replaces in the daily log
+//!   (one call for both; a flush call of its own when the answer has no facts section),
+//!   so no fact is lost to a summary.
 //! - **Offloading** of tool results over the threshold to `large_tool_results/<call_id>-<12 hex of its SHA-256>.txt`
 //!   in the caller's filesystem. The offload layer sits inside the session-log layer, so
 //!   the log records the full result and the state keeps the preview.
-//! - **Daily logs** (`memory/YYYY-MM-DD.md`): flushed before compaction, and after a call
+//! - **Daily logs** (`memory/YYYY-MM-DD.md`): written at compaction, and after a call
 //!   (in the background, once the reply is durable) when enough messages are unflushed.
 //!   The watermark lives in `AgentState.extensions["memory"]`.
 //! - **`MEMORY.md`** rewritten by the throttled consolidator in the background, one
@@ -64,7 +66,8 @@ pub const INDEXED_RECORD_CHARS: usize = 2_000;
 /// When to flush the daily log after a call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FlushPolicy {
-    /// Flush after calls at all (the flush before compaction always runs). Default true.
+    /// Flush after calls at all (the facts of summarised messages are always recorded at
+    /// compaction). Default true.
     pub after_call: bool,
     /// Flush after a call only when at least this many messages are unflushed. Default
     /// [`DEFAULT_FLUSH_MIN_NEW_MESSAGES`].
