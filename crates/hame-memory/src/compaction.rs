@@ -53,6 +53,12 @@ pub const DEFAULT_KEEP_TOKENS_BOUNDS: (u64, u64) = (2_000, 8_000);
 pub const DEFAULT_CLEAR_RESULT_CHARS: usize = 1_000;
 /// How a cleared tool result starts.
 pub const CLEARED_PREFIX: &str = "[tool result cleared to save context:";
+/// Default share of the window (percent) one summary call may use, prompts and output
+/// included. A compaction at the token trigger (80 % of the window, less the kept tail) fits
+/// in one call; at 50 % a conversation of plain text took two parts and a merge.
+pub const DEFAULT_SUMMARY_INPUT_PERCENT: u64 = 85;
+/// The smallest transcript budget of one summary call (tokens).
+pub const MIN_SUMMARY_INPUT_TOKENS: u64 = 1_000;
 /// Default output budget of one summary call.
 pub const DEFAULT_SUMMARY_MAX_TOKENS: u32 = 4_096;
 /// Default cap on one tool result's text in the summariser's transcript (head and tail).
@@ -609,7 +615,10 @@ pub struct CompactorConfig {
     /// Output budget of each summary call. Default [`DEFAULT_SUMMARY_MAX_TOKENS`].
     pub summary_max_tokens: u32,
     /// Largest transcript (tokens) sent in one summary call; longer ones are summarised in
-    /// chunks and merged. `None` (default): half the summary model's context window.
+    /// chunks and merged; the summary prompts and output budget come out of it. `None`
+    /// (default): [`DEFAULT_SUMMARY_INPUT_PERCENT`] of the window. A call the provider
+    /// refuses as over its window (the token estimate fell short) is made again in parts of
+    /// half the budget, down to [`MIN_SUMMARY_INPUT_TOKENS`].
     pub summary_input_tokens: Option<u64>,
     /// Cap on one tool result in the transcript (characters, head and tail kept).
     pub transcript_result_chars: usize,
@@ -996,11 +1005,16 @@ impl Compactor {
 
     fn input_budget(&self, model: &dyn Model) -> u64 {
         let window = self.window(model);
-        let budget = self.config.summary_input_tokens.unwrap_or(window / 2);
+        let budget = self
+            .config
+            .summary_input_tokens
+            .unwrap_or(window * DEFAULT_SUMMARY_INPUT_PERCENT / 100);
         let overhead = self.counter.count(SUMMARY_SYSTEM_PROMPT)
             + self.counter.count(&self.config.summary_prompt)
             + u64::from(self.config.summary_max_tokens);
-        budget.saturating_sub(overhead).max(1_000)
+        budget
+            .saturating_sub(overhead)
+            .max(MIN_SUMMARY_INPUT_TOKENS)
     }
 
     /// Summarises transcript entries, in chunks when they exceed the input budget, and
@@ -1014,14 +1028,45 @@ impl Compactor {
         facts: Option<&FactsRequest>,
     ) -> Result<(String, u32, Option<Vec<String>>)> {
         let mut budget = self.input_budget(model.as_ref());
-        let max_tokens = self.config.summary_max_tokens;
         if let Some(f) = facts {
             // The facts' instructions and answer take room from the transcript, so that
             // asking for them never makes a request larger than a summary alone would be.
             let room = self.counter.count(&f.instructions) + u64::from(f.max_tokens);
-            budget = budget.saturating_sub(room).max(1_000);
+            budget = budget.saturating_sub(room).max(MIN_SUMMARY_INPUT_TOKENS);
         }
         let mut calls = 0u32;
+        loop {
+            match self
+                .summarise_within(model, entries.clone(), facts, budget, &mut calls)
+                .await
+            {
+                // The estimate was short of the provider's count: smaller chunks.
+                Err(Error::Model { source, .. })
+                    if source.is_context_overflow() && budget > MIN_SUMMARY_INPUT_TOKENS =>
+                {
+                    budget = (budget / 2).max(MIN_SUMMARY_INPUT_TOKENS);
+                    tracing::warn!(
+                        budget,
+                        "a summary call overflowed the context window; summarising in smaller parts"
+                    );
+                }
+                Ok((summary, facts)) => return Ok((summary, calls, facts)),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// [`summarise`](Self::summarise) with a transcript budget of `budget` tokens per call;
+    /// counts the calls made (also those that failed) in `calls`.
+    async fn summarise_within(
+        &self,
+        model: &Arc<dyn Model>,
+        entries: Vec<String>,
+        facts: Option<&FactsRequest>,
+        budget: u64,
+        calls: &mut u32,
+    ) -> Result<(String, Option<Vec<String>>)> {
+        let max_tokens = self.config.summary_max_tokens;
         let chunks = self.pack(entries, budget);
         if chunks.len() == 1 {
             let text = chunks.concat();
@@ -1029,6 +1074,7 @@ impl Compactor {
                 Some(f) => {
                     let prompt = format!("{}\n\n{}", self.config.summary_prompt, f.instructions);
                     let max = max_tokens.saturating_add(f.max_tokens);
+                    *calls += 1;
                     let answer = self.call(model, &prompt, &text, max).await?;
                     let (summary, facts) = split_facts(&answer);
                     if summary.is_empty() {
@@ -1037,11 +1083,12 @@ impl Compactor {
                             reason: "the summary is empty".into(),
                         });
                     }
-                    (summary, 1, facts)
+                    (summary, facts)
                 }
                 None => {
+                    *calls += 1;
                     let prompt = &self.config.summary_prompt;
-                    (self.call(model, prompt, &text, max_tokens).await?, 1, None)
+                    (self.call(model, prompt, &text, max_tokens).await?, None)
                 }
             });
         }
@@ -1053,8 +1100,8 @@ impl Compactor {
                 self.config.summary_prompt,
                 i + 1
             );
+            *calls += 1;
             partials.push(self.call(model, &prompt, &chunk, max_tokens).await?);
-            calls += 1;
         }
         for _ in 0..MAX_REDUCE_ROUNDS {
             let labelled: Vec<String> = partials
@@ -1065,14 +1112,14 @@ impl Compactor {
             let groups = self.pack(labelled, budget);
             let mut merged = Vec::with_capacity(groups.len());
             for g in &groups {
+                *calls += 1;
                 merged.push(
                     self.call(model, &self.config.merge_prompt, g, max_tokens)
                         .await?,
                 );
-                calls += 1;
             }
             if merged.len() == 1 {
-                return Ok((merged.concat(), calls, None));
+                return Ok((merged.concat(), None));
             }
             partials = merged;
         }

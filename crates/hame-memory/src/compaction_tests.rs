@@ -660,8 +660,10 @@ fn a_declared_window_wins_over_the_models() {
         ..CompactorConfig::default()
     });
     assert_eq!(c.policy_for(model.as_ref()).trigger_tokens, Some(51_200));
-    // The summariser's input budget follows it too: half the declared window.
-    assert!(c.input_budget(model.as_ref()) < 32_000);
+    // The summariser's input budget follows it too: 85 % of the declared window, less the
+    // prompts and the output budget.
+    let budget = c.input_budget(model.as_ref());
+    assert!((45_000..54_400 - 4_096).contains(&budget), "{budget}");
 }
 
 /// A conversation of `turns` tool turns, each with a result of `chars` characters.
@@ -1035,5 +1037,95 @@ async fn the_hook_decides_between_nothing_and_a_separate_flush() -> Result<()> {
         vec!["plan #0..#8".to_owned(), "flush over 13".to_owned()]
     );
     assert!(state.messages[0].text_content().contains("- x"));
+    Ok(())
+}
+
+/// 70 messages of plain text (~52,000 tokens by the estimate), as a conversation reaches
+/// the token trigger of a 64K window.
+fn plain_text_conversation() -> Vec<Message> {
+    let text = "plain words of a long conversation ".repeat(99);
+    (0..70)
+        .map(|i| {
+            if i % 2 == 0 {
+                Message::user(format!("{i} {text}"))
+            } else {
+                Message::assistant(format!("{i} {text}"))
+            }
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_plain_text_conversation_at_the_trigger_is_summarised_in_one_call() -> Result<()> {
+    let (scripted, m) = model(vec![Reply::text("## Intent\nthe summary")]);
+    let c = compactor(CompactorConfig {
+        context_window: Some(64_000),
+        ..CompactorConfig::default()
+    });
+    let mut state = AgentState {
+        messages: plain_text_conversation(),
+        ..AgentState::default()
+    };
+    let before: u64 = state
+        .messages
+        .iter()
+        .map(|m| message_tokens(&EstimateCounter, m))
+        .sum();
+    assert!(before > 51_200, "{before} tokens do not reach the trigger");
+    let report = c.compact(&mut state, &m).await?.unwrap();
+    // More than half the window is summarised, in one call (at half the window as the
+    // budget it took two parts and a merge).
+    let summarised: u64 = before - 8_000;
+    assert!(
+        EstimateCounter.count(&scripted.requests()[0].messages[0].text_content()) > 32_000,
+        "summarised {summarised}"
+    );
+    assert_eq!(report.model_calls, 1, "{report:?}");
+    assert_eq!(scripted.requests().len(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_summary_over_the_providers_window_is_made_again_in_parts() -> Result<()> {
+    let mut replies = vec![Reply::Fail(ModelError::ContextOverflow {
+        message: "maximum context length exceeded".into(),
+    })];
+    replies.extend((0..10).map(|i| Reply::text(&format!("part {i}"))));
+    let (scripted, m) = model(replies);
+    let c = compactor(CompactorConfig {
+        context_window: Some(64_000),
+        ..CompactorConfig::default()
+    });
+    let mut state = AgentState {
+        messages: plain_text_conversation(),
+        ..AgentState::default()
+    };
+    let report = c.compact(&mut state, &m).await?.unwrap();
+    let reqs = scripted.requests();
+    // The refused call, then parts of half the budget and their merge; all counted.
+    assert!(reqs.len() >= 4, "{}", reqs.len());
+    assert_eq!(report.model_calls as usize, reqs.len());
+    assert!(
+        reqs[1].messages[0]
+            .text_content()
+            .contains("This is part 1 of")
+    );
+    let half = c.input_budget(m.as_ref()) / 2;
+    let first = EstimateCounter.count(&reqs[0].messages[0].text_content());
+    assert!(first > half, "{first}");
+    for r in &reqs[1..] {
+        // The part's transcript within half the budget, plus the instructions.
+        let t = EstimateCounter.count(&r.messages[0].text_content());
+        assert!(
+            t <= half + 300,
+            "a part of {t} tokens, half the budget {half}"
+        );
+    }
+    assert!(
+        reqs.last().unwrap().messages[0]
+            .text_content()
+            .starts_with(MERGE_PROMPT)
+    );
+    assert!(is_summary(&state.messages[0]));
     Ok(())
 }
