@@ -18,7 +18,9 @@ use chrono::{DateTime, NaiveDate, Utc};
 use hame_core::{AgentState, ContentBlock, Message, Model, ModelParams, ModelRequest, Role};
 use serde::{Deserialize, Serialize};
 
-use crate::compaction::{CompactionState, FactsRequest, SeqSpan, clip_middle, summary_span};
+use crate::compaction::{
+    CompactionState, FACTS_HEADING, FactsRequest, SeqSpan, clip_middle, summary_span,
+};
 use crate::error::{Error, Result};
 
 /// Directory of the daily logs.
@@ -63,11 +65,11 @@ only a Markdown bullet list, ",
 );
 
 /// The facts part of a summary call that records them too ([`MemoryFlusher::facts_request`]);
-/// `{from}` and `{to}` are the messages' sequence numbers.
+/// `{heading}` is [`FACTS_HEADING`], `{from}` and `{to}` the messages' sequence numbers.
 pub const FACTS_INSTRUCTIONS: &str = concat!(
-    "Then end your answer with one more section, headed exactly `## Facts for long-term \
-memory`, listing as Markdown bullets the NEW durable facts of messages #{from}..#{to} for the \
-agent's long-term memory, ",
+    "Besides the summary, end your answer with one more section, headed exactly `{heading}`, \
+listing as Markdown bullets the NEW durable facts of messages #{from}..#{to} for the agent's \
+long-term memory, ",
     fact_criteria!(),
     " Write None under the heading when there are none."
 );
@@ -564,6 +566,7 @@ impl MemoryFlusher {
             .await?
             .unwrap_or_default();
         let mut instructions = FACTS_INSTRUCTIONS
+            .replace("{heading}", FACTS_HEADING)
             .replace("{from}", &span.from.to_string())
             .replace("{to}", &span.to.to_string());
         instructions.push_str("\n\n");
