@@ -388,34 +388,24 @@ async fn the_layer_compacts_on_overflow_and_retries() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn the_layer_compacts_by_count_before_the_request() -> Result<()> {
-    let (scripted, m) = model(vec![Reply::text("sum"), Reply::text("answer")]);
-    let c = Arc::new(compactor(CompactorConfig {
-        policy: CompactionPolicy {
-            max_messages: 10,
-            keep_recent_messages: 4,
-            ..CompactionPolicy::default()
-        },
-        ..CompactorConfig::default()
-    }));
-    let agent = AgentLoop::new(Arc::clone(&m))
-        .with_layer(Arc::new(CompactionLayer::new(c, Arc::clone(&m))));
-    let mut state = AgentState {
-        messages: long_conversation(3),
-        ..AgentState::default()
-    };
+/// One call of `agent` with the user message "next".
+async fn run_next(agent: &AgentLoop, state: &mut AgentState) -> Result<()> {
     agent
         .run(
-            &mut state,
+            state,
             Message::user("next"),
             &RuntimeContext::new("s"),
             &EventSink::none(),
             &Default::default(),
         )
         .await
-        .map_err(|e| Error::InvalidInput(e.to_string()))?;
-    let reqs = scripted.requests();
+        .map(|_| ())
+        .map_err(|e| Error::InvalidInput(e.to_string()))
+}
+
+#[tokio::test]
+async fn the_layer_compacts_by_count_before_the_request() -> Result<()> {
+    let (reqs, state) = compact_next(None, "sum").await?;
     assert_eq!(reqs.len(), 2);
     assert!(is_summary(&reqs[1].messages[0]));
     assert_eq!(reqs[1].messages.len(), 5);
@@ -702,16 +692,7 @@ async fn the_layer_clears_old_tool_results_before_it_summarises() -> Result<()> 
         messages: tool_turns(8, 2_000),
         ..AgentState::default()
     };
-    agent
-        .run(
-            &mut state,
-            Message::user("next"),
-            &RuntimeContext::new("s"),
-            &EventSink::none(),
-            &Default::default(),
-        )
-        .await
-        .map_err(|e| Error::InvalidInput(e.to_string()))?;
+    run_next(&agent, &mut state).await?;
     let reqs = scripted.requests();
     assert_eq!(reqs.len(), 1, "no summary call: clearing was enough");
     let sent = &reqs[0].messages;
@@ -925,9 +906,10 @@ impl BeforeCompaction for Hook {
 }
 
 /// Runs one call ("next") over three turns with a layer that compacts past 10 messages
-/// (keeping 4), with `hook`; returns the model's requests and the state.
-async fn compact_with_hook(
-    hook: Arc<Hook>,
+/// (keeping 4), with `hook` if any; the model answers `summary`, then "answer". Returns the
+/// model's requests and the state.
+async fn compact_next(
+    hook: Option<Arc<Hook>>,
     summary: &str,
 ) -> Result<(Vec<ModelRequest>, AgentState)> {
     let (scripted, m) = model(vec![Reply::text(summary), Reply::text("answer")]);
@@ -939,22 +921,16 @@ async fn compact_with_hook(
         },
         ..CompactorConfig::default()
     }));
-    let layer = CompactionLayer::new(c, Arc::clone(&m)).with_before_compaction(hook);
+    let mut layer = CompactionLayer::new(c, Arc::clone(&m));
+    if let Some(hook) = hook {
+        layer = layer.with_before_compaction(hook);
+    }
     let agent = AgentLoop::new(Arc::clone(&m)).with_layer(Arc::new(layer));
     let mut state = AgentState {
         messages: long_conversation(3),
         ..AgentState::default()
     };
-    agent
-        .run(
-            &mut state,
-            Message::user("next"),
-            &RuntimeContext::new("s"),
-            &EventSink::none(),
-            &Default::default(),
-        )
-        .await
-        .map_err(|e| Error::InvalidInput(e.to_string()))?;
+    run_next(&agent, &mut state).await?;
     Ok((scripted.requests(), state))
 }
 
@@ -969,8 +945,8 @@ fn ask(from: u64, to: u64) -> FactsPlan {
 #[tokio::test]
 async fn facts_asked_of_the_summary_cost_no_call_of_their_own() -> Result<()> {
     let hook = Hook::new(ask(0, 8));
-    let (reqs, state) = compact_with_hook(
-        hook.clone(),
+    let (reqs, state) = compact_next(
+        Some(hook.clone()),
         "## Intent\nwork\n## Facts for long-term memory\n- The user likes tea.\n",
     )
     .await?;
@@ -1005,7 +981,7 @@ async fn facts_asked_of_the_summary_cost_no_call_of_their_own() -> Result<()> {
 async fn a_summary_without_the_facts_section_is_followed_by_a_flush_before_it_applies() -> Result<()>
 {
     let hook = Hook::new(ask(0, 8));
-    let (reqs, state) = compact_with_hook(hook.clone(), "## Intent\nwork").await?;
+    let (reqs, state) = compact_next(Some(hook.clone()), "## Intent\nwork").await?;
     assert_eq!(reqs.len(), 2);
     // The separate flush ran after the summary call, over the messages not yet replaced.
     assert_eq!(
@@ -1019,7 +995,7 @@ async fn a_summary_without_the_facts_section_is_followed_by_a_flush_before_it_ap
 #[tokio::test]
 async fn the_hook_decides_between_nothing_and_a_separate_flush() -> Result<()> {
     let hook = Hook::new(FactsPlan::Nothing);
-    let (reqs, _) = compact_with_hook(hook.clone(), "## Intent\nwork").await?;
+    let (reqs, _) = compact_next(Some(hook.clone()), "## Intent\nwork").await?;
     assert_eq!(hook.seen(), vec!["plan #0..#8".to_owned()]);
     // Not asked: the summary call is the plain one.
     assert_eq!(reqs[0].messages[0].text_content().find("FACTS"), None);
@@ -1027,8 +1003,8 @@ async fn the_hook_decides_between_nothing_and_a_separate_flush() -> Result<()> {
 
     let hook = Hook::new(FactsPlan::Separate);
     // Even an answer with a facts section is not read as facts when none were asked.
-    let (_, state) = compact_with_hook(
-        hook.clone(),
+    let (_, state) = compact_next(
+        Some(hook.clone()),
         "## Intent\nwork\n## Facts for long-term memory\n- x",
     )
     .await?;
