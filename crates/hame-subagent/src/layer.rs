@@ -161,7 +161,7 @@ impl Layer for SubagentLayer {
             let catalog = self.subagents.catalog(ws).await;
             if !catalog.specs.is_empty() {
                 let mut s = String::from(
-                    "\n\n## Subagents\nagent_spawn hands a self-contained task to a subagent, which does not see this conversation; with background=true it runs while you continue and its result is delivered when it ends. Available subagents:\n",
+                    "\n\n# Subagents\nagent_spawn hands a self-contained task to a subagent, which does not see this conversation; with background=true it runs while you continue and its result is delivered when it ends. Available subagents:\n",
                 );
                 for (id, d) in &catalog.specs {
                     let _ = writeln!(s, "- {id}: {}", d.spec.description);
