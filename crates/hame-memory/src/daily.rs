@@ -7,7 +7,7 @@
 //! The flush is incremental: `AgentState.extensions["memory"]` ([`MemoryState`]) holds the
 //! sequence number of the last message flushed (a watermark), and only later messages are
 //! sent to the model. Sequence numbers survive compaction (see
-//! [`CompactionState`](crate::compaction::CompactionState)).
+//! [`CompactionState`]).
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
