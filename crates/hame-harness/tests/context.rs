@@ -1,6 +1,7 @@
 //! Workspace files in the prompt: a file that is not UTF-8 is not dropped silently, and no
 //! file is sent whole past its budget.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -9,6 +10,20 @@ use hame_core::{AgentEvent, Message, RuntimeContext};
 use hame_harness::{HarnessAgent, MAX_CONTEXT_FILE_BYTES};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// An agent over the workspace `ws` with `model` and an in-memory state store.
+fn agent_over(ws: &Path, model: &ScriptedModel) -> Result<HarnessAgent, hame_harness::Error> {
+    HarnessAgent::builder()
+        .model(Arc::new(model.clone()))
+        .workspace(ws)
+        .state_store(Arc::new(hame_state::InMemoryStore::new()))
+        .build()
+}
+
+/// One call of `agent` with `message`, streamed to its end; its events.
+async fn turn(agent: &HarnessAgent, message: Message, ctx: &RuntimeContext) -> Vec<AgentEvent> {
+    agent.stream(message, ctx).collect().await
+}
 
 #[tokio::test]
 async fn invalid_utf8_is_kept_and_reported_and_large_files_are_cut() -> TestResult {
@@ -20,15 +35,9 @@ async fn invalid_utf8_is_kept_and_reported_and_large_files_are_cut() -> TestResu
     let big = "fact. ".repeat(50_000); // 300 KB
     std::fs::write(ws.join("knowledge/KNOWLEDGE.md"), &big)?;
     let model = ScriptedModel::new([Reply::text("ok")]);
-    let agent = HarnessAgent::builder()
-        .model(Arc::new(model.clone()))
-        .workspace(&ws)
-        .state_store(Arc::new(hame_state::InMemoryStore::new()))
-        .build()?;
-    let events: Vec<AgentEvent> = agent
-        .stream(Message::user("hi"), &RuntimeContext::new("s1"))
-        .collect()
-        .await;
+    let agent = agent_over(&ws, &model)?;
+    let events: Vec<AgentEvent> =
+        turn(&agent, Message::user("hi"), &RuntimeContext::new("s1")).await;
     let system = model
         .requests()
         .first()
@@ -66,11 +75,7 @@ async fn edited_skills_and_subagents_show_in_the_next_call() -> TestResult {
     let skill = |d: &str| format!("---\ndescription: {d}\n---\n# Tidy\nTidy things.\n");
     let spec = |d: &str| format!("---\ndescription: {d}\n---\nYou review.\n");
     let model = ScriptedModel::new([Reply::text("1"), Reply::text("2"), Reply::text("3")]);
-    let agent = HarnessAgent::builder()
-        .model(Arc::new(model.clone()))
-        .workspace(&ws)
-        .state_store(Arc::new(hame_state::InMemoryStore::new()))
-        .build()?;
+    let agent = agent_over(&ws, &model)?;
     let ctx = RuntimeContext::new("s1");
     let versions = [
         ("Tidies the alpha files", "Reviews alpha changes"),
@@ -80,10 +85,7 @@ async fn edited_skills_and_subagents_show_in_the_next_call() -> TestResult {
     for (i, (s, a)) in versions.iter().enumerate() {
         std::fs::write(ws.join("skills/tidy/SKILL.md"), skill(s))?;
         std::fs::write(ws.join("subagents/reviewer.md"), spec(a))?;
-        let _: Vec<AgentEvent> = agent
-            .stream(Message::user(format!("call {i}")), &ctx)
-            .collect()
-            .await;
+        turn(&agent, Message::user(format!("call {i}")), &ctx).await;
         let system = model
             .requests()
             .get(i)
@@ -123,11 +125,7 @@ async fn a_knowledge_tree_over_the_limit_is_cut_with_a_note() -> TestResult {
         std::fs::write(ws.join(format!("knowledge/t{}/n{i:04}.md", i % 4)), "x")?;
     }
     let model = ScriptedModel::new([Reply::text("1"), Reply::text("2")]);
-    let agent = HarnessAgent::builder()
-        .model(Arc::new(model.clone()))
-        .workspace(&ws)
-        .state_store(Arc::new(hame_state::InMemoryStore::new()))
-        .build()?;
+    let agent = agent_over(&ws, &model)?;
     let system = |i: usize| {
         model
             .requests()
@@ -135,10 +133,7 @@ async fn a_knowledge_tree_over_the_limit_is_cut_with_a_note() -> TestResult {
             .map(|r| r.system.clone())
             .unwrap_or_default()
     };
-    let _: Vec<AgentEvent> = agent
-        .stream(Message::user("hi"), &RuntimeContext::new("s1"))
-        .collect()
-        .await;
+    turn(&agent, Message::user("hi"), &RuntimeContext::new("s1")).await;
     let cut = system(0);
     assert_eq!(listed(&cut), hame_harness::MAX_LISTED_FILES);
     assert!(
@@ -152,10 +147,7 @@ async fn a_knowledge_tree_over_the_limit_is_cut_with_a_note() -> TestResult {
     for i in 0..3 {
         std::fs::remove_file(ws.join(format!("knowledge/t{}/n{i:04}.md", i % 4)))?;
     }
-    let _: Vec<AgentEvent> = agent
-        .stream(Message::user("again"), &RuntimeContext::new("s1"))
-        .collect()
-        .await;
+    turn(&agent, Message::user("again"), &RuntimeContext::new("s1")).await;
     let whole = system(1);
     assert_eq!(listed(&whole), hame_harness::MAX_LISTED_FILES);
     assert!(

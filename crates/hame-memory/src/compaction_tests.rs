@@ -1031,17 +1031,23 @@ fn plain_text_conversation() -> Vec<Message> {
         .collect()
 }
 
-#[tokio::test]
-async fn a_plain_text_conversation_at_the_trigger_is_summarised_in_one_call() -> Result<()> {
-    let (scripted, m) = model(vec![Reply::text("## Intent\nthe summary")]);
+/// A compactor for a declared 64K window, and a state holding [`plain_text_conversation`].
+fn plain_text_at_64k() -> (Compactor, AgentState) {
     let c = compactor(CompactorConfig {
         context_window: Some(64_000),
         ..CompactorConfig::default()
     });
-    let mut state = AgentState {
+    let state = AgentState {
         messages: plain_text_conversation(),
         ..AgentState::default()
     };
+    (c, state)
+}
+
+#[tokio::test]
+async fn a_plain_text_conversation_at_the_trigger_is_summarised_in_one_call() -> Result<()> {
+    let (scripted, m) = model(vec![Reply::text("## Intent\nthe summary")]);
+    let (c, mut state) = plain_text_at_64k();
     let before: u64 = state
         .messages
         .iter()
@@ -1068,14 +1074,7 @@ async fn a_summary_over_the_providers_window_is_made_again_in_parts() -> Result<
     })];
     replies.extend((0..10).map(|i| Reply::text(&format!("part {i}"))));
     let (scripted, m) = model(replies);
-    let c = compactor(CompactorConfig {
-        context_window: Some(64_000),
-        ..CompactorConfig::default()
-    });
-    let mut state = AgentState {
-        messages: plain_text_conversation(),
-        ..AgentState::default()
-    };
+    let (c, mut state) = plain_text_at_64k();
     let report = c.compact(&mut state, &m).await?.unwrap();
     let reqs = scripted.requests();
     // The refused call, then parts of half the budget and their merge; all counted.

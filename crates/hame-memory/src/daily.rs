@@ -535,7 +535,14 @@ impl MemoryFlusher {
             })?;
         let candidates = parse_bullets(&response.message.text_content());
         let mut report = self
-            .record(state, session_id, now, span, candidates, &memory_md, &today)
+            .record(
+                state,
+                session_id,
+                now,
+                span,
+                candidates,
+                [&memory_md, &today],
+            )
             .await?;
         report.more = more;
         Ok(report)
@@ -599,15 +606,13 @@ impl MemoryFlusher {
             now,
             request.span,
             facts,
-            &memory_md,
-            &today,
+            [&memory_md, &today],
         )
         .await
     }
 
-    /// Appends the candidates not yet recorded to today's log and advances the watermark
-    /// to `span.to`.
-    #[allow(clippy::too_many_arguments)]
+    /// Appends the candidates not in `recorded` (`MEMORY.md` and today's log as read) to
+    /// today's log and advances the watermark to `span.to`.
     async fn record(
         &self,
         state: &mut AgentState,
@@ -615,11 +620,10 @@ impl MemoryFlusher {
         now: DateTime<Utc>,
         span: SeqSpan,
         candidates: Vec<String>,
-        memory_md: &str,
-        today: &str,
+        recorded: [&str; 2],
     ) -> Result<FlushReport> {
         let path = daily_log_path(now.date_naive());
-        let facts = new_facts([memory_md, today], candidates);
+        let facts = new_facts(recorded, candidates);
         let appended = facts.len();
         let written = if facts.is_empty() {
             None
