@@ -52,6 +52,10 @@ struct Args {
     /// then records the facts with a flush call of their own).
     #[arg(long)]
     facts_section: bool,
+    /// The JSON state store writes plain journal lines instead of packed ones (ADR 0021),
+    /// to compare the two in one build.
+    #[arg(long)]
+    plain_journal: bool,
 }
 
 /// Counters of the in-process model, as the fake server keeps them.
@@ -423,7 +427,9 @@ async fn main() -> anyhow::Result<()> {
         .name("bench")
         .model(model)
         .workspace(&ws)
-        .state_store(Arc::new(hame::state::JsonStore::open(&state)?))
+        .state_store(Arc::new(
+            hame::state::JsonStore::open(&state)?.with_packed_journal(!args.plain_journal),
+        ))
         .build()?;
     let build_s = build_started.elapsed().as_secs_f64();
 

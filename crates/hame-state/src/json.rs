@@ -52,6 +52,8 @@ pub struct JsonStore {
     /// The last state read or written per document, checked against the files' identity
     /// before use (another process may have written since).
     cache: Arc<Mutex<DocCache>>,
+    /// Journal lines hold their messages packed (ADR 0021).
+    pack_journal: bool,
 }
 
 impl std::fmt::Debug for JsonStore {
@@ -158,7 +160,17 @@ impl JsonStore {
         Ok(Self {
             root,
             cache: Arc::default(),
+            pack_journal: true,
         })
+    }
+
+    /// Whether journal lines hold their messages packed (zstd, then base64; the default)
+    /// or as plain JSON, e.g. to read a journal with `jq` while debugging. Lines of either
+    /// kind load whatever this is set to. ADR 0021, `docs/state.md`.
+    #[must_use]
+    pub fn with_packed_journal(mut self, pack: bool) -> Self {
+        self.pack_journal = pack;
+        self
     }
 
     /// The root directory.
@@ -221,8 +233,9 @@ impl JsonStore {
         {
             // Serialise before taking the lock, to keep the critical section short.
             let gen_id = doc.gen_id.clone().unwrap_or_default();
-            let line =
-                serde_json::to_vec(&change.line(&gen_id, state)).map_err(Error::Serialize)?;
+            let line = change
+                .encode(&gen_id, state, self.pack_journal)
+                .map_err(Error::Serialize)?;
             let (key2, dir2, fence2) = (key.clone(), dir.clone(), fence.clone());
             let seen = (doc.version, doc.base, doc.journal);
             let appended = Self::blocking(move || {

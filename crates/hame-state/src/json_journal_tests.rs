@@ -40,7 +40,8 @@ async fn cold_load(root: &std::path::Path) -> Result<Option<crate::Stored>> {
 #[tokio::test]
 async fn appending_saves_write_the_new_messages_only() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let store = JsonStore::open(dir.path())?;
+    // Plain lines: their size is the messages' JSON (packed ones: the next test).
+    let store = JsonStore::open(dir.path())?.with_packed_journal(false);
     let key = key()?;
     let (doc, journal) = paths(dir.path());
     let mut v = store.save(&key, &turns(20), None).await?;
@@ -66,6 +67,112 @@ async fn appending_saves_write_the_new_messages_only() -> TestResult {
     let cold = cold_load(dir.path()).await?.ok_or("no state")?;
     assert_eq!((warm.version, &warm.state), (21, &turns(40)));
     assert_eq!((cold.version, &cold.state), (21, &turns(40)));
+    Ok(())
+}
+
+/// Text that zstd cannot shrink by much: printable characters from a linear congruential
+/// generator.
+fn noise(len: usize, seed: u64) -> String {
+    let mut x = seed;
+    (0..len)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            char::from(b' ' + u8::try_from((x >> 33) % 95).unwrap_or(0))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn packed_lines_hold_a_turn_in_a_fraction_of_its_bytes() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = JsonStore::open(dir.path())?;
+    let key = key()?;
+    let (_, journal) = paths(dir.path());
+    let mut v = store.save(&key, &turns(20), None).await?;
+    let mut journal_len = 0;
+    for n in 21..=40 {
+        v = store.save(&key, &turns(n), Some(v)).await?;
+        let len = fs::metadata(&journal)?.len();
+        // A plain line of this turn is over 4,096 bytes (the test above).
+        let added = len - journal_len;
+        assert!(added < 700, "turn {n}: {added} bytes");
+        journal_len = len;
+    }
+    let text = fs::read_to_string(&journal)?;
+    assert_eq!(text.lines().count(), 20);
+    assert!(text.lines().all(|l| l.contains(r#""packed":""#)));
+    assert!(!text.contains("xxxx"), "no message is written plain");
+    // Warm, cold, and cold through a store that writes plain lines: the same state.
+    let warm = store.load(&key).await?.ok_or("no state")?;
+    let cold = cold_load(dir.path()).await?.ok_or("no state")?;
+    let plain = JsonStore::open(dir.path())?.with_packed_journal(false);
+    let plain_cold = plain.load(&key).await?.ok_or("no state")?;
+    for loaded in [&warm, &cold, &plain_cold] {
+        assert_eq!((loaded.version, &loaded.state), (21, &turns(40)));
+    }
+    // A plain line after the packed ones, then a packed store reads both kinds.
+    let v = plain.save(&key, &turns(41), Some(v)).await?;
+    let last = fs::read_to_string(&journal)?;
+    assert!(last.lines().last().is_some_and(|l| !l.contains("packed")));
+    let cold = cold_load(dir.path()).await?.ok_or("no state")?;
+    assert_eq!((cold.version, cold.state), (v, turns(41)));
+    Ok(())
+}
+
+#[tokio::test]
+async fn small_or_incompressible_messages_stay_plain() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = JsonStore::open(dir.path())?;
+    let key = key()?;
+    let (_, journal) = paths(dir.path());
+    let mut state = turns(2);
+    let mut v = store.save(&key, &state, None).await?;
+    // Under the packing threshold: "hi" and its answer.
+    state.messages.push(Message::user("hi"));
+    state.messages.push(Message::assistant("hello"));
+    v = store.save(&key, &state, Some(v)).await?;
+    // Large, but packing would not save a tenth (zstd, then base64's 4/3).
+    state.messages.push(Message::assistant(noise(8_000, 7)));
+    v = store.save(&key, &state, Some(v)).await?;
+    let text = fs::read_to_string(&journal)?;
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2);
+    assert!(
+        lines[0].contains(r#""messages":[{"role":"user""#),
+        "{}",
+        lines[0]
+    );
+    assert!(!lines[1].contains("packed"));
+    assert!(lines[1].len() > 8_000);
+    let cold = cold_load(dir.path()).await?.ok_or("no state")?;
+    assert_eq!((cold.version, cold.state), (v, state));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_packed_line_that_does_not_unpack_fails_the_load() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let key = key()?;
+    let (_, journal) = paths(dir.path());
+    let store = JsonStore::open(dir.path())?;
+    let v = store.save(&key, &turns(3), None).await?;
+    store.save(&key, &turns(4), Some(v)).await?;
+    // A whole line (it parses) whose packed field is base64 but not a zstd frame: not a
+    // torn line to skip, a corrupt one (skipping it would silently lose its turn).
+    let text = fs::read_to_string(&journal)?;
+    let at = text.find(r#""packed":""#).ok_or("not packed")? + 10;
+    let mut bytes = text.into_bytes();
+    bytes[at..at + 8].copy_from_slice(b"AAAAAAAA");
+    fs::write(&journal, &bytes)?;
+    let err = cold_load(dir.path())
+        .await
+        .err()
+        .ok_or("a corrupt line loaded")?;
+    let msg = err.to_string();
+    assert!(msg.contains("s1.journal"), "{msg}");
+    assert!(msg.contains("packed messages"), "{msg}");
     Ok(())
 }
 
@@ -326,12 +433,20 @@ mod sequences {
 
     use crate::{JsonStore, StateKey, StateStore};
 
-    /// Short texts from a small alphabet, so that equal messages recur (a repeated "ok").
+    /// Short texts from a small alphabet, so that equal messages recur (a repeated "ok");
+    /// one in five is long enough for its line to be packed.
     fn message() -> impl Strategy<Value = Message> {
-        (0u8..3, 0u8..6).prop_map(|(role, text)| match role {
-            0 => Message::user(format!("u{text}")),
-            1 => Message::assistant(format!("a{text}")),
-            _ => Message::system(format!("s{text}")),
+        (0u8..3, 0u8..6, proptest::bool::weighted(0.2)).prop_map(|(role, text, long)| {
+            let text = if long {
+                format!("{text}").repeat(1_500)
+            } else {
+                format!("{text}")
+            };
+            match role {
+                0 => Message::user(format!("u{text}")),
+                1 => Message::assistant(format!("a{text}")),
+                _ => Message::system(format!("s{text}")),
+            }
         })
     }
 
