@@ -139,7 +139,9 @@ fn unpack(packed: &str) -> Result<BulkIn, String> {
                 "its packed messages claim {size} bytes, over the limit of {MAX_UNPACKED_BYTES}"
             ));
         }
-        Ok(None) | Err(_) => return Err("its packed messages are not a zstd frame".into()),
+        Ok(None) | Err(_) => {
+            return Err("its packed messages are not a zstd frame of known size".into());
+        }
     };
     let capacity = usize::try_from(size).map_err(|e| e.to_string())?;
     let json = zstd::bulk::decompress(&frame, capacity)
