@@ -8,14 +8,16 @@
 //! time is the CPU's, not the disk's `fdatasync`), else the system's temp directory.
 #![allow(missing_docs, clippy::print_stderr)]
 
+mod common;
+
 use std::cell::{Cell, RefCell};
 use std::path::PathBuf;
 use std::sync::LazyLock;
 
+use common::{RT, ok};
 use divan::Bencher;
 use hame_core::{AgentState, ContentBlock, Message, Role, ToolCall, ToolResult};
 use hame_state::{JsonStore, StateKey, StateStore};
-use tokio::runtime::Runtime;
 
 const KINDS: [&str; 3] = ["rust", "markdown", "synthetic"];
 
@@ -46,11 +48,6 @@ fn main() {
     }
     divan::main();
 }
-
-static RT: LazyLock<Runtime> = LazyLock::new(|| match Runtime::new() {
-    Ok(rt) => rt,
-    Err(e) => panic!("tokio runtime: {e}"),
-});
 
 static DIR: LazyLock<PathBuf> = LazyLock::new(|| {
     std::env::var_os("HAME_BENCH_DIR")
@@ -139,13 +136,6 @@ fn key(tag: &str) -> StateKey {
     let session = format!("{tag}-{}", uuid::Uuid::new_v4().simple());
     match StateKey::new("bench", Some("bench"), session) {
         Ok(k) => k,
-        Err(e) => panic!("{e}"),
-    }
-}
-
-fn ok<T>(r: hame_state::Result<T>) -> T {
-    match r {
-        Ok(v) => v,
         Err(e) => panic!("{e}"),
     }
 }

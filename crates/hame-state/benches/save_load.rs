@@ -4,14 +4,16 @@
 //! crate is built with the matching feature (`cargo bench -p hame-state --all-features`).
 #![allow(missing_docs, clippy::print_stderr)]
 
+mod common;
+
 use std::cell::Cell;
 use std::sync::{Arc, LazyLock};
 
+use common::{RT, ok};
 use divan::Bencher;
 use divan::counter::BytesCount;
 use hame_core::{AgentState, ContentBlock, Message, Role, ToolCall, ToolResult};
 use hame_state::{StateKey, StateStore};
-use tokio::runtime::Runtime;
 
 fn main() {
     let names: Vec<&str> = STORES.iter().map(|(n, _)| *n).collect();
@@ -21,11 +23,6 @@ fn main() {
     );
     divan::main();
 }
-
-static RT: LazyLock<Runtime> = LazyLock::new(|| match Runtime::new() {
-    Ok(rt) => rt,
-    Err(e) => panic!("tokio runtime: {e}"),
-});
 
 static TMP: LazyLock<tempfile::TempDir> = LazyLock::new(|| match tempfile::tempdir() {
     Ok(d) => d,
@@ -106,13 +103,6 @@ fn key(tag: &str) -> StateKey {
     let agent = format!("bench-{}", uuid::Uuid::new_v4().simple());
     match StateKey::new(agent, Some("bench"), tag) {
         Ok(k) => k,
-        Err(e) => panic!("{e}"),
-    }
-}
-
-fn ok<T>(r: hame_state::Result<T>) -> T {
-    match r {
-        Ok(v) => v,
         Err(e) => panic!("{e}"),
     }
 }

@@ -36,7 +36,8 @@ pub const JSON_FORMAT: &str = "hame-state/1";
 /// ```
 ///
 /// A save that changes little (new messages, a few replaced ones, an extensions patch)
-/// appends one line to the journal and `fdatasync`s it; any other writes a temp file,
+/// appends one line to the journal (its messages packed, [`JsonStore::with_packed_journal`])
+/// and `fdatasync`s it; any other writes a temp file,
 /// `fsync`s it, renames it over the document and `fsync`s the directory, starting a new
 /// journal. Both happen under an exclusive lock of `<session>.lock`, so a crash leaves the
 /// old or the new state and two processes never interleave a compare-and-set. The store

@@ -75,7 +75,7 @@ struct Bulk<'a> {
     messages: &'a [Message],
 }
 
-#[derive(Default, Deserialize)]
+#[derive(Deserialize)]
 struct BulkIn {
     #[serde(default)]
     set: Vec<(usize, Message)>,
@@ -162,7 +162,7 @@ pub(crate) struct Change {
 
 impl Change {
     /// The journal line of this change to `state` (without its newline), its messages
-    /// packed when `pack` and they are large enough (see the module docs). The version is
+    /// packed when `pack_messages` and [`pack`] finds it worth it (see the module docs). The version is
     /// a placeholder, `"version":0,`, set when the line is appended.
     pub(crate) fn encode(
         &self,
