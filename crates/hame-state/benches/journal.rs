@@ -14,9 +14,9 @@ use std::cell::{Cell, RefCell};
 use std::path::PathBuf;
 use std::sync::LazyLock;
 
-use common::{RT, ok};
+use common::{RT, ok, read_call, read_result};
 use divan::Bencher;
-use hame_core::{AgentState, ContentBlock, Message, Role, ToolCall, ToolResult};
+use hame_core::{AgentState, Message};
 use hame_state::{JsonStore, StateKey, StateStore};
 
 const KINDS: [&str; 3] = ["rust", "markdown", "synthetic"];
@@ -96,22 +96,9 @@ fn turn(state: &mut AgentState, kind: &str, n: usize) {
     state
         .messages
         .push(Message::user(format!("Please read file {n} and tell me.")));
-    state.messages.push(Message {
-        role: Role::Assistant,
-        content: vec![ContentBlock::ToolCall(ToolCall {
-            id: format!("c{n}"),
-            name: "read_file".into(),
-            arguments: format!("{{\"path\":\"src/f{n}.rs\"}}"),
-        })]
-        .into(),
-        usage: None,
-    });
-    state.messages.push(Message::tool_results(vec![ToolResult {
-        id: format!("c{n}"),
-        content: output(kind, n),
-        is_error: false,
-        code: None,
-    }]));
+    let id = format!("c{n}");
+    state.messages.push(read_call(&id, n));
+    state.messages.push(read_result(&id, output(kind, n)));
     state.messages.push(Message::assistant(format!(
         "File {n} holds what you asked; the relevant part is quoted above."
     )));

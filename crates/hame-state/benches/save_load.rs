@@ -9,10 +9,10 @@ mod common;
 use std::cell::Cell;
 use std::sync::{Arc, LazyLock};
 
-use common::{RT, ok};
+use common::{RT, ok, read_call, read_result};
 use divan::Bencher;
 use divan::counter::BytesCount;
-use hame_core::{AgentState, ContentBlock, Message, Role, ToolCall, ToolResult};
+use hame_core::{AgentState, Message};
 use hame_state::{StateKey, StateStore};
 
 fn main() {
@@ -78,22 +78,8 @@ fn state(n: usize, result_bytes: usize) -> AgentState {
     for i in 0..n {
         s.messages.push(match i % 3 {
             0 => Message::user(format!("question {i}")),
-            1 => Message {
-                role: Role::Assistant,
-                content: vec![ContentBlock::ToolCall(ToolCall {
-                    id: format!("c{i}"),
-                    name: "read_file".into(),
-                    arguments: format!("{{\"path\":\"src/f{i}.rs\"}}"),
-                })]
-                .into(),
-                usage: None,
-            },
-            _ => Message::tool_results(vec![ToolResult {
-                id: format!("c{}", i - 1),
-                content: filler.clone(),
-                is_error: false,
-                code: None,
-            }]),
+            1 => read_call(&format!("c{i}"), i),
+            _ => read_result(&format!("c{}", i - 1), filler.clone()),
         });
     }
     s

@@ -37,6 +37,16 @@ async fn cold_load(root: &std::path::Path) -> Result<Option<crate::Stored>> {
     JsonStore::open(root)?.load(&key()?).await
 }
 
+/// A store in `dir` whose session has a base (3 turns) and one journal line (the 4th):
+/// the store, the key and the version saved last.
+async fn base_and_one_line(dir: &std::path::Path) -> Result<(JsonStore, StateKey, u64)> {
+    let store = JsonStore::open(dir)?;
+    let key = key()?;
+    let v = store.save(&key, &turns(3), None).await?;
+    let v = store.save(&key, &turns(4), Some(v)).await?;
+    Ok((store, key, v))
+}
+
 #[tokio::test]
 async fn appending_saves_write_the_new_messages_only() -> TestResult {
     let dir = tempfile::tempdir()?;
@@ -154,11 +164,8 @@ async fn small_or_incompressible_messages_stay_plain() -> TestResult {
 #[tokio::test]
 async fn a_packed_line_that_does_not_unpack_fails_the_load() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let key = key()?;
     let (_, journal) = paths(dir.path());
-    let store = JsonStore::open(dir.path())?;
-    let v = store.save(&key, &turns(3), None).await?;
-    store.save(&key, &turns(4), Some(v)).await?;
+    base_and_one_line(dir.path()).await?;
     // A whole line (it parses) whose packed field is base64 but not a zstd frame: not a
     // torn line to skip, a corrupt one (skipping it would silently lose its turn).
     let text = fs::read_to_string(&journal)?;
@@ -206,11 +213,8 @@ async fn a_save_that_changes_old_messages_rewrites_the_document() -> TestResult 
 #[tokio::test]
 async fn a_torn_journal_line_is_ignored_and_never_appended_to() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let key = key()?;
     let (doc, journal) = paths(dir.path());
-    let store = JsonStore::open(dir.path())?;
-    let v = store.save(&key, &turns(3), None).await?;
-    let v = store.save(&key, &turns(4), Some(v)).await?;
+    let (_, key, v) = base_and_one_line(dir.path()).await?;
     // A crash mid-append of version 3.
     let mut bytes = fs::read(&journal)?;
     let whole = bytes.len();
