@@ -105,8 +105,3 @@ fn workspace_root() -> PathBuf {
         .parent()
         .map_or_else(|| manifest_dir.clone(), PathBuf::from)
 }
-
-/// `true` when running under CI (`CI=true` or `CI=1`): a missing service is then an error.
-fn is_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}

@@ -86,7 +86,7 @@ impl ServiceOptions {
             .with_context(|| format!("create {}", state_dir.display()))?;
         Ok(Self {
             state_dir,
-            require_all: crate::is_ci(),
+            require_all: hame_test_env::ci(),
         })
     }
 }
@@ -145,7 +145,7 @@ pub fn start_all(options: &ServiceOptions) -> Result<ServiceEnv> {
     if !failures.is_empty() {
         if options.require_all {
             bail!(
-                "{} service(s) could not be started (CI=true requires all):\n  {}",
+                "{} service(s) could not be started (CI is set: all are required):\n  {}",
                 failures.len(),
                 failures.join("\n  ")
             );

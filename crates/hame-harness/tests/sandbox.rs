@@ -20,17 +20,7 @@ type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// Whether the Docker tests run: loud skip locally, failure in CI.
 fn docker_enabled() -> bool {
-    match std::env::var("HAME_TEST_DOCKER") {
-        Ok(v) if v.trim() == "1" => true,
-        _ => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "HAME_TEST_DOCKER is not set and CI=true: the Docker sandbox tests must run in CI"
-            );
-            eprintln!("SKIPPED: HAME_TEST_DOCKER is not set, so the sandbox tests did not run");
-            false
-        }
-    }
+    hame_test_env::docker("harness sandbox")
 }
 
 /// One "process": its own engine connection and containers; the state and snapshot stores

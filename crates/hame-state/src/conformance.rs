@@ -848,13 +848,13 @@ macro_rules! conformance_tests {
 
 /// Reads a service URL from the environment for a backend test.
 ///
-/// Unset: prints a loud `SKIPPED` line and returns `None`, except under `CI=true`, where a
+/// Unset: prints a loud `SKIPPED` line and returns `None`, except under CI, where a
 /// missing service is an error.
 pub fn service_url(var: &str) -> Result<Option<String>> {
     match std::env::var(var) {
         Ok(url) if !url.is_empty() => Ok(Some(url)),
-        _ if std::env::var("CI").is_ok_and(|v| v == "true") => Err(Error::Config(format!(
-            "{var} is not set but CI=true: the service must be available in CI"
+        _ if hame_test_env::ci() => Err(Error::Config(format!(
+            "{var} is not set but CI is set: the service must be available in CI"
         ))),
         _ => {
             #[allow(clippy::print_stderr)]

@@ -5,24 +5,9 @@ use std::sync::Arc;
 use hame::harness::EnvLookup;
 
 /// The URL of a test service from `var`, or `None` (with a loud SKIPPED line) when it is
-/// not configured. Under `CI=true` a missing service is a failure.
+/// not configured. Under CI a missing service is a failure.
 pub fn service(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => Some(v),
-        _ => {
-            assert!(
-                std::env::var("CI").map(|v| v != "true").unwrap_or(true),
-                "{var} is not set under CI=true: the service is missing"
-            );
-            #[allow(clippy::print_stderr)] // a skip must be loud
-            {
-                eprintln!(
-                    "SKIPPED: {var} is not set; start the services with `cargo xtask services`"
-                );
-            }
-            None
-        }
-    }
+    hame_test_env::service(var, "integration")
 }
 
 /// A unique id, so parallel tests never share keys in a shared store.

@@ -76,19 +76,9 @@ pub fn last_tool_result(body: &serde_json::Value) -> String {
 }
 
 /// The URL of a test service from `var`, or `None` (with a loud SKIPPED line) when it is
-/// not configured. Under `CI=true` a missing service is a failure.
+/// not configured. Under CI a missing service is a failure.
 pub fn service(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => Some(v),
-        _ => {
-            assert!(
-                std::env::var("CI").map(|v| v != "true").unwrap_or(true),
-                "{var} is not set under CI=true: the service is missing"
-            );
-            eprintln!("SKIPPED: {var} is not set; start the services with `cargo xtask services`");
-            None
-        }
-    }
+    hame_test_env::service(var, "CLI")
 }
 
 /// A unique agent id, so parallel tests never share keys in a shared store.
@@ -207,7 +197,7 @@ pub async fn tools_offered(
 
 /// A Python that imports `module`: a venv `<target tmp>/<name>` created once (under a
 /// lock) with `python3 -m venv` and `pip install <requirement>`. `None` (with a loud
-/// SKIPPED line) when that is impossible; under `CI=true` a failure.
+/// SKIPPED line) when that is impossible; under CI a failure.
 pub fn python_venv(name: &str, requirement: &str, module: &str) -> Option<std::path::PathBuf> {
     let root = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let venv = root.join(name);
@@ -256,11 +246,7 @@ pub fn python_venv(name: &str, requirement: &str, module: &str) -> Option<std::p
     match setup() {
         Ok(()) => Some(python),
         Err(e) => {
-            assert!(
-                std::env::var("CI").map(|v| v != "true").unwrap_or(true),
-                "cannot set up {requirement} under CI=true: {e}"
-            );
-            eprintln!("SKIPPED: cannot set up {requirement} ({e})");
+            hame_test_env::skip(format_args!("cannot set up {requirement} ({e})"));
             None
         }
     }

@@ -23,7 +23,7 @@ fn server_py() -> PathBuf {
 
 /// A Python with the `mcp` SDK: `HAME_TEST_MCP_PYTHON`, else a venv under the target
 /// directory, created once (under a lock) with `python3 -m venv` and `pip install`.
-/// `None` (with a loud SKIPPED line) when that is impossible; under `CI=true` a failure.
+/// `None` (with a loud SKIPPED line) when that is impossible; under CI a failure.
 fn python() -> Option<PathBuf> {
     if let Ok(p) = std::env::var("HAME_TEST_MCP_PYTHON")
         && !p.trim().is_empty()

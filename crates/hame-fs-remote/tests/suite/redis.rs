@@ -198,11 +198,7 @@ async fn a_redis_that_dies_after_connecting_gives_errors_not_hangs() {
     let mut server = match spawned {
         Ok(child) => OwnRedis(child),
         Err(e) => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "redis-server is not installed: {e}"
-            );
-            eprintln!("SKIPPED: cannot start a private redis-server ({e})");
+            hame_test_env::skip(format_args!("cannot start a private redis-server ({e})"));
             return;
         }
     };

@@ -5,19 +5,10 @@ use std::sync::Arc;
 use hame_fs::{EditRequest, Filesystem, FsPath, GlobRequest, GrepRequest, WriteOptions};
 use pretty_assertions::assert_eq;
 
-/// The URL of a test service, or `None` after a loud `SKIPPED` line. With `CI=true` a
+/// The URL of a test service, or `None` after a loud `SKIPPED` line. Under CI a
 /// missing service fails the test.
 pub fn service(var: &str, what: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => Some(v),
-        _ => {
-            if std::env::var("CI").as_deref() == Ok("true") {
-                panic!("{var} is not set and CI=true: the {what} tests must run in CI");
-            }
-            eprintln!("SKIPPED: {var} is not set, so the {what} tests did not run");
-            None
-        }
-    }
+    hame_test_env::service(var, what)
 }
 
 /// A fresh namespace per test, so runs never collide.

@@ -10,22 +10,10 @@ use pretty_assertions::assert_eq;
 
 const URL_VAR: &str = "HAME_TEST_POSTGRES_URL";
 
-/// The server URL, or `None` after a loud SKIPPED line; under `CI=true` a missing server
+/// The server URL, or `None` after a loud SKIPPED line; under CI a missing server
 /// fails the test.
 fn service_url() -> Option<String> {
-    match std::env::var(URL_VAR) {
-        Ok(v) if !v.trim().is_empty() => Some(v),
-        _ => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "{URL_VAR} is not set and CI=true: the PostgreSQL index tests must run in CI"
-            );
-            eprintln!(
-                "SKIPPED: {URL_VAR} is not set, so the PostgreSQL search index tests did not run"
-            );
-            None
-        }
-    }
+    hame_test_env::service(URL_VAR, "PostgreSQL search index")
 }
 
 /// A table prefix no other test (or test run) uses.

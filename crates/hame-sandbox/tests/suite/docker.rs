@@ -10,20 +10,7 @@ use pretty_assertions::assert_eq;
 
 /// Whether the Docker tests run: loud skip locally, failure in CI.
 fn docker_enabled() -> bool {
-    match std::env::var("HAME_TEST_DOCKER") {
-        Ok(v) if v.trim() == "1" => true,
-        _ => {
-            if std::env::var("CI").as_deref() == Ok("true") {
-                panic!(
-                    "HAME_TEST_DOCKER is not set and CI=true: the Docker sandbox tests must run in CI"
-                );
-            }
-            eprintln!(
-                "SKIPPED: HAME_TEST_DOCKER is not set, so the Docker sandbox tests did not run"
-            );
-            false
-        }
-    }
+    hame_test_env::docker("Docker sandbox")
 }
 
 fn p(s: &str) -> FsPath {
@@ -277,36 +264,20 @@ async fn snapshots_live_in_redis_and_s3_too() {
     }
     let mut stores: Vec<(&str, Arc<dyn hame_fs::Filesystem>)> = Vec::new();
     let ns = format!("sbx-{}", rand_suffix());
-    match std::env::var("HAME_TEST_REDIS_URL") {
-        Ok(url) => stores.push(("redis", hame_fs_remote::open(&url, &ns).await.unwrap())),
-        Err(_) => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "HAME_TEST_REDIS_URL is needed in CI"
-            );
-            eprintln!("SKIPPED: HAME_TEST_REDIS_URL is not set: no Redis snapshot test");
-        }
+    if let Some(url) = hame_test_env::service("HAME_TEST_REDIS_URL", "Redis snapshot") {
+        stores.push(("redis", hame_fs_remote::open(&url, &ns).await.unwrap()));
     }
-    match std::env::var("HAME_TEST_S3_ENDPOINT") {
-        Ok(endpoint) => {
-            let mut o = hame_fs_remote::ObjectStoreOptions::default()
-                .with("aws_endpoint", &endpoint)
-                .with("aws_access_key_id", "test")
-                .with("aws_secret_access_key", "test")
-                .with("aws_region", "us-east-1")
-                .with("aws_allow_http", "true")
-                .with("aws_virtual_hosted_style_request", "false");
-            o.from_env = false;
-            let fs = hame_fs_remote::ObjectStoreFs::open("s3://hame-test/sandbox", &ns, o).unwrap();
-            stores.push(("s3", Arc::new(fs)));
-        }
-        Err(_) => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "HAME_TEST_S3_ENDPOINT is needed in CI"
-            );
-            eprintln!("SKIPPED: HAME_TEST_S3_ENDPOINT is not set: no S3 snapshot test");
-        }
+    if let Some(endpoint) = hame_test_env::service("HAME_TEST_S3_ENDPOINT", "S3 snapshot") {
+        let mut o = hame_fs_remote::ObjectStoreOptions::default()
+            .with("aws_endpoint", &endpoint)
+            .with("aws_access_key_id", "test")
+            .with("aws_secret_access_key", "test")
+            .with("aws_region", "us-east-1")
+            .with("aws_allow_http", "true")
+            .with("aws_virtual_hosted_style_request", "false");
+        o.from_env = false;
+        let fs = hame_fs_remote::ObjectStoreFs::open("s3://hame-test/sandbox", &ns, o).unwrap();
+        stores.push(("s3", Arc::new(fs)));
     }
     for (name, store) in stores {
         let k = key(name);

@@ -56,8 +56,3 @@ pub fn exchange(question: &str, arguments: &str, result: &str) -> Vec<Message> {
         Message::assistant("Done."),
     ]
 }
-
-/// Whether CI demands every service.
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true")
-}

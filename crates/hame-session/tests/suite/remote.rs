@@ -8,24 +8,11 @@ use hame_fs::Filesystem;
 use hame_session::{Error, IndexUpdate};
 use pretty_assertions::assert_eq;
 
-use super::helpers::{TestResult, in_ci, log_at};
+use super::helpers::{TestResult, log_at};
 
-/// The Redis URL, or `None` after a loud skip (a failure under `CI=true`).
-#[allow(clippy::print_stderr)]
+/// The Redis URL, or `None` after a loud skip (a failure under CI).
 fn redis_url() -> Option<String> {
-    match std::env::var("HAME_TEST_REDIS_URL") {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ => {
-            assert!(
-                !in_ci(),
-                "HAME_TEST_REDIS_URL is not set and CI=true: the Redis session-log tests must run"
-            );
-            eprintln!(
-                "SKIPPED: HAME_TEST_REDIS_URL is not set, so the Redis session-log tests did not run"
-            );
-            None
-        }
-    }
+    hame_test_env::service("HAME_TEST_REDIS_URL", "Redis session-log")
 }
 
 async fn redis_fs() -> Result<Option<Arc<dyn Filesystem>>, hame_fs::Error> {
