@@ -39,6 +39,7 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod counting;
 mod error;
 mod forward;
 mod fs;
@@ -55,6 +56,7 @@ mod wrappers;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 
+pub use counting::{CountingFs, FsCounts};
 pub use error::{Error, Result, codes};
 #[doc(hidden)]
 pub use forward::__private;

@@ -266,7 +266,7 @@ impl SessionLog {
             let (next_seq, needs_newline) = match (*tail, size) {
                 (Some(t), Some(size)) if t.size == size => (t.next_seq, false),
                 (_, None) => (0, false),
-                (_, Some(_)) => self.recover(&path).await?,
+                (_, Some(size)) => self.recover(&path, size).await?,
             };
             if messages.is_empty() {
                 // A cached tail means "ends with a newline"; a torn tail is not cached.
@@ -338,19 +338,46 @@ impl SessionLog {
             .map_err(Into::into)
     }
 
-    /// Reads the log to find the next sequence number and whether the file ends mid-line.
-    async fn recover(&self, path: &FsPath) -> Result<(u64, bool)> {
-        let data = match self.fs.read_bytes(path).await {
-            Ok(data) => data,
-            Err(e) if e.is_not_found() => return Ok((0, false)),
-            Err(e) => return Err(e.into()),
+    /// Reads the log's tail to find the next sequence number and whether the file ends
+    /// mid-line (see [`tail_of`](Self::tail_of)).
+    async fn recover(&self, path: &FsPath, size: u64) -> Result<(u64, bool)> {
+        let Some((last, torn)) = self.tail_of(path, size).await? else {
+            return Ok((0, false));
         };
-        let needs_newline = data.last().is_some_and(|b| *b != b'\n');
-        let next = last_record(&data).map_or(0, |r| r.seq + 1);
-        if needs_newline {
+        if torn {
             tracing::warn!(path = %path, "session log ends with a torn line; it will be skipped");
         }
-        Ok((next, needs_newline))
+        Ok((last.map_or(0, |r| r.seq + 1), torn))
+    }
+
+    /// The last valid record of the log at `path`, `size` bytes long, and whether the file
+    /// ends mid-line; `None` when there is no log. Only the last [`TAIL_READ_BYTES`] are
+    /// read (`Filesystem::read_range`: a ranged read on every backend), unless they hold no
+    /// whole record; then the whole log is.
+    async fn tail_of(&self, path: &FsPath, size: u64) -> Result<Option<(Option<LogRecord>, bool)>> {
+        let torn = |data: &[u8]| data.last().is_some_and(|b| *b != b'\n');
+        if size > TAIL_READ_BYTES {
+            match self
+                .fs
+                .read_range(path, size - TAIL_READ_BYTES, TAIL_READ_BYTES)
+                .await
+            {
+                // The first line of the range is usually cut: it does not parse and is
+                // skipped, as a torn line is.
+                Ok(tail) => {
+                    if let Some(last) = last_record(&tail) {
+                        return Ok(Some((Some(last), torn(&tail))));
+                    }
+                }
+                Err(e) if e.is_not_found() => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        match self.fs.read_bytes(path).await {
+            Ok(data) => Ok(Some((last_record(&data), torn(&data)))),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// The records whose sequence numbers fall in `range`, ordered by sequence number.
@@ -564,28 +591,7 @@ impl SessionLog {
     /// last [`TAIL_READ_BYTES`] are read, unless that holds no whole record.
     async fn last_logged(&self, session_id: &str, size: u64) -> Result<Option<LogRecord>> {
         let path = self.log_path(session_id)?;
-        if size > TAIL_READ_BYTES {
-            match self
-                .fs
-                .read_range(&path, size - TAIL_READ_BYTES, TAIL_READ_BYTES)
-                .await
-            {
-                // The first line of the range is usually cut: it does not parse and is
-                // skipped, as a torn line is.
-                Ok(tail) => {
-                    if let Some(last) = last_record(&tail) {
-                        return Ok(Some(last));
-                    }
-                }
-                Err(e) if e.is_not_found() => return Ok(None),
-                Err(e) => return Err(e.into()),
-            }
-        }
-        match self.fs.read_bytes(&path).await {
-            Ok(data) => Ok(last_record(&data)),
-            Err(e) if e.is_not_found() => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+        Ok(self.tail_of(&path, size).await?.and_then(|(last, _)| last))
     }
 
     /// Applies `update` to the session's index entry (creating it) by compare-and-set of

@@ -13,6 +13,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::layer::MemoryLayer;
+use super::{INDEXED_RECORD_CHARS, MAX_INDEXED_SESSIONS};
 
 /// Default hits of the search tools.
 pub const DEFAULT_HITS: usize = 8;
@@ -251,9 +252,12 @@ impl TypedTool for SessionSearch {
     }
 
     fn description(&self) -> String {
-        "Search the full logs of all your sessions for words: hits as session, #seq and \
-         snippet (read them with session_history)."
-            .into()
+        format!(
+            "Search the logs of your {MAX_INDEXED_SESSIONS} most recently updated sessions \
+             (and this one) for words; a record longer than {INDEXED_RECORD_CHARS} characters \
+             is searched by its beginning and end only. Hits as session, #seq and snippet (read \
+             the whole record with session_history)."
+        )
     }
 
     async fn run(&self, args: SearchArgs, ctx: &ToolContext) -> ToolOutput {

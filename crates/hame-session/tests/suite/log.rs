@@ -414,3 +414,32 @@ async fn duplicate_seqs_from_a_replica_race_page_without_loss() -> TestResult {
     );
     Ok(())
 }
+
+/// A writer that did not write the log itself (a restart, another replica) finds the next
+/// number from the log's tail: a ranged read of 64 KiB, not the whole log.
+#[tokio::test]
+async fn a_new_writer_recovers_from_the_logs_tail_not_the_whole_log() -> TestResult {
+    let inner = mem();
+    let log = log_at(inner.clone(), 0);
+    let big = "x".repeat(10_000);
+    for i in 0..100 {
+        log.append_messages("s1", &format!("c{i}"), &[Message::user(big.as_str())])
+            .await?;
+    }
+    let size = inner.stat(&log.log_path("s1")?).await?.size;
+    assert!(size > 1_000_000, "{size}");
+
+    let counting = hame_fs::CountingFs::new(inner.clone());
+    let reopened = log_at(Arc::new(counting.clone()), 10);
+    assert_eq!(
+        reopened
+            .append_messages("s1", "next", &[Message::user("after the restart")])
+            .await?,
+        100..101
+    );
+    // One ranged read of the log's last 64 KiB, and the session's small index file.
+    let counts = counting.counts();
+    assert_eq!(counts.of("read_range"), 1, "{counts:?}");
+    assert!(counts.bytes_read <= 64 * 1024 + 1024, "{counts:?}");
+    Ok(())
+}
