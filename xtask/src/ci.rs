@@ -23,6 +23,8 @@ pub enum Step {
     Clippy,
     /// `cargo nextest run` with the `ci` profile.
     Nextest,
+    /// The README's runnable shell blocks, run as written (`readme.rs`).
+    Readme,
     /// `cargo test --doc`.
     Doctest,
     /// Dependency-direction checks over `cargo metadata`.
@@ -35,11 +37,12 @@ pub enum Step {
 
 impl Step {
     /// All steps in the order CI runs them.
-    pub const ALL: [Step; 8] = [
+    pub const ALL: [Step; 9] = [
         Step::Services,
         Step::Fmt,
         Step::Clippy,
         Step::Nextest,
+        Step::Readme,
         Step::Doctest,
         Step::Deps,
         Step::Deny,
@@ -53,6 +56,7 @@ impl Step {
             Step::Fmt => "fmt",
             Step::Clippy => "clippy",
             Step::Nextest => "nextest",
+            Step::Readme => "readme",
             Step::Doctest => "doctest",
             Step::Deps => "deps",
             Step::Deny => "deny",
@@ -360,6 +364,21 @@ impl Ctx {
                     }
                 }
                 result
+            }
+            Step::Readme => {
+                // The binaries the blocks run, with the features the nextest step built
+                // (so this is a no-op after it).
+                proc::run(self.cargo(None).args([
+                    "build",
+                    "--workspace",
+                    "--all-features",
+                    "--bins",
+                ]))?;
+                crate::readme::run(
+                    &self.root,
+                    &self.target_dir.join("debug"),
+                    &crate::readme::scratch_dir(&self.target_dir),
+                )
             }
             Step::Doctest => {
                 proc::run(

@@ -12,6 +12,7 @@ mod bench;
 mod ci;
 mod deps;
 mod proc;
+mod readme;
 mod services;
 
 use std::path::PathBuf;
@@ -37,7 +38,7 @@ ci options:
   --skip-deny     same as --skip deny
   --fail-fast     stop at the first failing step (default: run all, then report)
 
-steps, in order: services fmt clippy nextest doctest deps deny features";
+steps, in order: services fmt clippy nextest readme doctest deps deny features";
 
 fn main() -> ExitCode {
     match run(std::env::args().skip(1).collect()) {

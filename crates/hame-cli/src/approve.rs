@@ -140,7 +140,7 @@ pub(crate) async fn inline(
         signals.end();
         let cancel = signals.begin();
         let events = agent.stream_with(CallInput::Resume(resolutions), ctx, cancel);
-        suspended = crate::run::show_events(events).await?;
+        suspended = crate::run::show_events(events).await?.suspended;
     }
     Ok(())
 }

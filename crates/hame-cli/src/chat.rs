@@ -23,6 +23,8 @@ commands (never sent to the model):
   /exit, /quit     leave (Ctrl-D does too)
   /new [ID]        start a new session (default id chat-<unix time>)
   /sessions        the sessions of this agent and user (* = current)
+  /usage           the tokens of this session: input (cached), output
+  /context         what the next request holds: messages by role, estimated tokens
   /compact         compact the conversation before the next message
   /model [SPEC]    show the model, or switch to SPEC (provider:model) for the next turns
 input: a line ending with \\ continues on the next line; Ctrl-C cancels a running turn.";
@@ -247,7 +249,7 @@ fn history_file() -> Option<PathBuf> {
 }
 
 /// `hame chat`.
-pub(crate) async fn chat(common: Common) -> anyhow::Result<()> {
+pub(crate) async fn chat(common: Common, pick: crate::resume::SessionPick) -> anyhow::Result<()> {
     let signals = Signals::watch();
     // The environment as it is before the credentials are scrubbed (for `/model`).
     let snapshot: HashMap<String, String> = std::env::vars().collect();
@@ -262,6 +264,7 @@ pub(crate) async fn chat(common: Common) -> anyhow::Result<()> {
         }
     };
     let (agent, mut ctx) = crate::common::build_with(&common, true, Some(Box::new(hook))).await?;
+    crate::resume::apply(&pick, &agent, &mut ctx).await?;
     let info = switch.info();
     eprintln!(
         "{} · agent {} · workspace {} · model {}:{} · session {}",
@@ -279,6 +282,8 @@ pub(crate) async fn chat(common: Common) -> anyhow::Result<()> {
     let mut reader = LineReader::start(history);
     let mut interrupted = false;
     let mut compact_next = false;
+    // The usage of the last model request answered in this chat (what the context held).
+    let mut last_request: Option<hame::Usage> = None;
     loop {
         let Some(line) = read_message(&mut reader, &mut interrupted).await? else {
             return crate::run::finish(&agent).await;
@@ -327,6 +332,25 @@ pub(crate) async fn chat(common: Common) -> anyhow::Result<()> {
                     }
                     Err(e) => eprintln!("hame: {e}"),
                 },
+                "usage" => match agent.state(&ctx).await {
+                    Ok(state) => eprintln!(
+                        "{}",
+                        usage_text(&ctx.session_id, &state.unwrap_or_default().usage)
+                    ),
+                    Err(e) => eprintln!("hame: {e}"),
+                },
+                "context" => match agent.state(&ctx).await {
+                    Ok(state) => eprintln!(
+                        "{}",
+                        context_text(
+                            &ctx.session_id,
+                            &state.unwrap_or_default(),
+                            &switch.info(),
+                            last_request.as_ref()
+                        )
+                    ),
+                    Err(e) => eprintln!("hame: {e}"),
+                },
                 "compact" => {
                     compact_next = true;
                     eprintln!("the conversation is compacted before the next message");
@@ -359,12 +383,77 @@ pub(crate) async fn chat(common: Common) -> anyhow::Result<()> {
         // Ctrl-C during a turn cancels the turn and comes back to the prompt.
         let cancel = signals.begin();
         let events = agent.stream_with(CallInput::Message(Message::user(text)), &turn_ctx, cancel);
-        let suspended = crate::run::show_events(events).await?;
-        crate::approve::inline(&agent, &turn_ctx, &mut reader, suspended, &signals).await?;
+        let turn = crate::run::show_events(events).await?;
+        last_request = turn.last_request.or(last_request);
+        crate::approve::inline(&agent, &turn_ctx, &mut reader, turn.suspended, &signals).await?;
         if signals.end().is_some() {
             eprintln!("(turn cancelled; the conversation so far is saved)");
         }
     }
+}
+
+/// A number with thousands separators: `12,345`.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `/usage`: the session's tokens as summed in its state (every call, every process).
+fn usage_text(session: &str, u: &hame::Usage) -> String {
+    format!(
+        "session {session}: {} input tokens ({} cached), {} output tokens, {} in all \
+         (cached: prompt tokens the provider served from its cache, when it reports them)",
+        thousands(u.input_tokens),
+        thousands(u.cached_input_tokens),
+        thousands(u.output_tokens),
+        thousands(u.total())
+    )
+}
+
+/// `/context`: what the next request holds besides the system prompt (rebuilt from the
+/// workspace before every step): the conversation by role with its estimated tokens, and
+/// the input tokens the provider counted for the last request of this chat.
+fn context_text(
+    session: &str,
+    state: &hame::AgentState,
+    model: &hame::ModelInfo,
+    last: Option<&hame::Usage>,
+) -> String {
+    let count = |role: hame::Role| state.messages.iter().filter(|m| m.role == role).count();
+    let counter = hame::memory::counter_for_model(&model.model);
+    let tokens = hame::memory::tokens::messages_tokens(counter.as_ref(), &state.messages);
+    let mut text = format!(
+        "session {session}: {} messages ({} user, {} assistant, {} tool results), ~{} tokens \
+         estimated, of a {} token window ({}:{})\n\
+         system prompt: rebuilt before every step from the workspace (AGENTS.md, knowledge/, \
+         skills, MEMORY.md, the todo list, plan mode)",
+        state.messages.len(),
+        count(hame::Role::User),
+        count(hame::Role::Assistant),
+        count(hame::Role::Tool),
+        thousands(tokens),
+        thousands(model.context_window),
+        model.provider,
+        model.model,
+    );
+    if let Some(u) = last {
+        text.push_str(&format!(
+            "\nlast request: {} input tokens ({} cached) as the provider counted them: system prompt, tool schemas and conversation",
+            thousands(u.input_tokens),
+            thousands(u.cached_input_tokens)
+        ));
+    }
+    if state.pending.is_some() {
+        text.push_str("\na tool call waits for a decision (hame approve / hame deny)");
+    }
+    text
 }
 
 /// `/name [arg]` when `text` is a chat command: a slash and letters (a path such as
@@ -405,7 +494,15 @@ fn model_lookup(
 
 #[cfg(test)]
 mod tests {
-    use super::command_of;
+    use super::{command_of, thousands};
+
+    #[test]
+    fn thousands_separators() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1_000), "1,000");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+    }
 
     #[test]
     fn commands_and_paths() {

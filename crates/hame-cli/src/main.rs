@@ -18,6 +18,7 @@ mod config;
 mod init;
 mod inspect;
 mod replay;
+mod resume;
 mod run;
 mod sandbox;
 mod secrets;
@@ -57,6 +58,8 @@ enum Command {
     Run {
         #[command(flatten)]
         common: Common,
+        #[command(flatten)]
+        pick: resume::SessionPick,
         /// Print one JSON object {"reply", "session", "usage", ...} instead of the text.
         #[arg(long)]
         json: bool,
@@ -71,6 +74,8 @@ enum Command {
     Chat {
         #[command(flatten)]
         common: Common,
+        #[command(flatten)]
+        pick: resume::SessionPick,
     },
     /// Approve a tool call that waits for a decision (`hame run` exited 3): runs it, finishes
     /// the call and prints the reply like `hame run`. Same flags as `run`.
@@ -194,10 +199,11 @@ fn main() -> ExitCode {
         let result = match cli.command {
             Command::Run {
                 common,
+                pick,
                 json,
                 message,
-            } => run::run(common, json, message).await,
-            Command::Chat { common } => chat::chat(common).await,
+            } => run::run(common, pick, json, message).await,
+            Command::Chat { common, pick } => chat::chat(common, pick).await,
             Command::Approve { args } => approve::decide(args, true, None).await,
             Command::Deny { args, reason } => approve::decide(args, false, reason).await,
             Command::Sandbox { command } => sandbox::command(command).await,

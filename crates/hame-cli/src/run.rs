@@ -26,26 +26,75 @@ pub(crate) fn warn_on(ev: &AgentEvent) {
     }
 }
 
+/// The argument keys a tool line shows, in order: paths, the command, search patterns,
+/// subagent and task ids.
+const KEY_ARGUMENTS: &[&str] = &[
+    "file_path",
+    "path",
+    "command",
+    "pattern",
+    "query",
+    "agent_id",
+    "subagent_type",
+    "task_id",
+    "id",
+];
+
+/// Longest value a tool line shows of one argument, in characters.
+const ARGUMENT_CHARS: usize = 60;
+
+/// The key arguments of a call whose arguments are `arguments` (JSON text): `(key, value)`
+/// in [`KEY_ARGUMENTS`] order, each value on one line and clipped to [`ARGUMENT_CHARS`].
+pub(crate) fn key_arguments(arguments: &str) -> Vec<(&'static str, String)> {
+    let args: serde_json::Value =
+        serde_json::from_str(arguments).unwrap_or(serde_json::Value::Null);
+    KEY_ARGUMENTS
+        .iter()
+        .filter_map(|k| {
+            let v = args.get(*k)?.as_str()?;
+            Some((*k, clip(v)))
+        })
+        .collect()
+}
+
+/// A value on one line, at most [`ARGUMENT_CHARS`] characters (`…` when cut).
+fn clip(v: &str) -> String {
+    let one_line = v.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one_line.chars().count() <= ARGUMENT_CHARS {
+        return one_line;
+    }
+    let mut cut: String = one_line.chars().take(ARGUMENT_CHARS - 1).collect();
+    cut.push('…');
+    cut
+}
+
+/// A tool call as `hame chat` shows it: `read_file path=notes.txt`, `execute command="ls -l"`.
+pub(crate) fn tool_line(name: &str, arguments: &str) -> String {
+    let mut line = name.to_owned();
+    for (k, v) in key_arguments(arguments) {
+        line.push(' ');
+        line.push_str(k);
+        line.push('=');
+        if v.contains(' ') || v.is_empty() {
+            line.push_str(&format!("{v:?}"));
+        } else {
+            line.push_str(&v);
+        }
+    }
+    line
+}
+
 /// The line `hame run` prints for each suspended tool call: the approval id, the tool and
 /// its main argument.
 pub(crate) fn suspended_lines(s: &hame::Suspended) -> String {
     s.calls
         .iter()
         .map(|c| {
-            let args: serde_json::Value =
-                serde_json::from_str(&c.call.arguments).unwrap_or(serde_json::Value::Null);
-            let main = [
-                "file_path",
-                "path",
-                "command",
-                "agent_id",
-                "subagent_type",
-                "id",
-                "pattern",
-            ]
-            .iter()
-            .find_map(|k| args.get(*k).and_then(|v| v.as_str()))
-            .unwrap_or("");
+            let main = key_arguments(&c.call.arguments)
+                .into_iter()
+                .next()
+                .map(|(_, v)| v)
+                .unwrap_or_default();
             format!(
                 "approval needed: {} {} {} ({})",
                 c.suspension.id, c.call.name, main, c.suspension.reason
@@ -79,9 +128,15 @@ pub(crate) fn outcome<T>(
     }
 }
 
-pub(crate) async fn run(common: Common, json: bool, message: String) -> anyhow::Result<()> {
+pub(crate) async fn run(
+    common: Common,
+    pick: crate::resume::SessionPick,
+    json: bool,
+    message: String,
+) -> anyhow::Result<()> {
     let signals = Signals::watch();
-    let (agent, ctx) = build(&common).await?;
+    let (agent, mut ctx) = build(&common).await?;
+    crate::resume::apply(&pick, &agent, &mut ctx).await?;
     let (sink, mut rx) = EventSink::channel();
     let cancel = signals.begin();
     // The warnings of the call are printed as they come (background subagents keep the
@@ -154,23 +209,46 @@ pub(crate) async fn finish(agent: &HarnessAgent) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Prints a chat turn's events; returns the calls waiting for a decision, if it stopped
-/// for one.
+/// What one chat turn showed and counted.
+#[derive(Debug, Default)]
+pub(crate) struct Turn {
+    /// The calls waiting for a decision, if the turn stopped for one.
+    pub(crate) suspended: Option<Vec<hame::SuspendedCall>>,
+    /// The usage of the turn's last model request (its input tokens: what the context
+    /// held), if one was answered.
+    pub(crate) last_request: Option<hame::Usage>,
+}
+
+/// Prints a chat turn's events: text as it streams, each tool call with its key arguments,
+/// and on a terminal a spinner while the model has not answered yet.
 pub(crate) async fn show_events(
     mut events: futures::stream::BoxStream<'static, AgentEvent>,
-) -> anyhow::Result<Option<Vec<hame::SuspendedCall>>> {
+) -> anyhow::Result<Turn> {
     let mut out = std::io::stdout();
-    let mut suspended = None;
+    let mut turn = Turn::default();
+    let spinner = crate::status::Spinner::for_stderr();
+    spinner.start();
     while let Some(ev) = events.next().await {
-        crate::status::clear();
+        // Reasoning is not shown: the wait goes on.
+        if !matches!(
+            ev,
+            AgentEvent::ReasoningDelta { .. } | AgentEvent::Usage { .. }
+        ) {
+            spinner.stop();
+            crate::status::clear();
+        }
         match ev {
+            AgentEvent::StepStarted { .. } => spinner.start(),
             AgentEvent::TextDelta { text } => {
                 print!("{text}");
                 out.flush()?;
             }
-            AgentEvent::ToolStarted { name, .. } => {
-                eprintln!("\n{}", crate::chat::dim(&format!("  ⚙ {name} …")))
-            }
+            AgentEvent::ToolStarted {
+                name, arguments, ..
+            } => eprintln!(
+                "\n{}",
+                crate::chat::dim(&format!("  ⚙ {} …", tool_line(&name, &arguments)))
+            ),
             AgentEvent::ToolFinished {
                 name,
                 duration_ms,
@@ -188,6 +266,7 @@ pub(crate) async fn show_events(
                     crate::chat::dim(&format!("  ⚙ {name} {status} ({duration_ms} ms)"))
                 );
             }
+            AgentEvent::Usage { usage } => turn.last_request = Some(usage),
             AgentEvent::Finished { .. } => println!(),
             AgentEvent::Suspended { calls } => {
                 eprintln!(
@@ -196,7 +275,7 @@ pub(crate) async fn show_events(
                         calls: calls.clone()
                     })
                 );
-                suspended = Some(calls);
+                turn.suspended = Some(calls);
             }
             AgentEvent::Failed { message } => eprintln!("\nerror: {message}"),
             AgentEvent::Subagent {
@@ -207,14 +286,17 @@ pub(crate) async fn show_events(
             other => warn_on(&other),
         }
     }
-    Ok(suspended)
+    spinner.stop();
+    Ok(turn)
 }
 
 /// A subagent's progress in `hame chat`, indented under the tool call that spawned it.
 fn child_line(task_id: &str, agent_id: &str, event: &AgentEvent) {
     let who = format!("    ↳ {agent_id} {task_id}");
     match event {
-        AgentEvent::ToolStarted { name, .. } => eprintln!("{who} ⚙ {name} …"),
+        AgentEvent::ToolStarted {
+            name, arguments, ..
+        } => eprintln!("{who} ⚙ {} …", tool_line(name, arguments)),
         AgentEvent::ToolFinished {
             name,
             duration_ms,

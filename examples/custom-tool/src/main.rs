@@ -6,15 +6,21 @@
 //! (an unknown unit) are a `ToolError` with a stable code, returned to the model as the
 //! tool's result; see `docs/tools.md`.
 //!
+//! Each tool call is shown on stderr (`tool call: NAME ARGUMENTS`, then its outcome), the
+//! reply on stdout. Offline, with `script.json` beside this crate's manifest making the
+//! model call the tool (from the repository root):
+//!
 //! ```sh
-//! # offline: hame-scripted-server prints the line to export
-//! export OPENAI_BASE_URL=http://127.0.0.1:PORT/v1 OPENAI_API_KEY=scripted
-//! cargo run -p example-custom-tool -- ./ws "What is 100 F in Celsius?"
+//! hame-scripted-server examples/custom-tool/script.json -- cargo run -q -p example-custom-tool
 //! ```
-#![allow(clippy::print_stdout)]
+//!
+//! Against a real model: `OPENAI_API_KEY=sk-... cargo run -p example-custom-tool -- [WORKSPACE]
+//! [QUESTION]` (`HAME_MODEL` picks the model, default `openai:gpt-4o-mini`; the workspace
+//! defaults to `hame-custom-tool` in the system's temporary directory).
+#![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use hame::prelude::*;
-use hame::{HarnessAgent, Message, RuntimeContext};
+use hame::{AgentEvent, CancellationToken, EventSink, HarnessAgent, Message, RuntimeContext};
 
 /// Arguments of `convert_temperature`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -64,7 +70,10 @@ impl TypedTool for ConvertTemperature {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
-    let workspace = args.next().unwrap_or_else(|| "./ws".to_owned());
+    let workspace = args.next().map_or_else(
+        || std::env::temp_dir().join("hame-custom-tool"),
+        std::path::PathBuf::from,
+    );
     let question = args
         .next()
         .unwrap_or_else(|| "What is 100 F in Celsius?".to_owned());
@@ -77,9 +86,33 @@ async fn main() -> anyhow::Result<()> {
         .workspace(&workspace)
         .tool(typed(ConvertTemperature))
         .build()?;
-    let out = agent
-        .call(Message::user(question), &RuntimeContext::new("example"))
-        .await?;
+    // The call's events, read alongside it, show each tool call as it happens.
+    let (sink, mut events) = EventSink::channel();
+    let (ctx, cancel) = (RuntimeContext::new("example"), CancellationToken::new());
+    let call = agent.call_with(Message::user(question), &ctx, &sink, &cancel);
+    tokio::pin!(call);
+    let out = loop {
+        tokio::select! {
+            out = &mut call => break out?,
+            Some(event) = events.recv() => show(&event),
+        }
+    };
+    while let Ok(event) = events.try_recv() {
+        show(&event);
+    }
     println!("{}", out.reply.text_content());
     Ok(())
+}
+
+/// Prints a tool call as it starts and ends.
+fn show(event: &AgentEvent) {
+    match event {
+        AgentEvent::ToolStarted {
+            name, arguments, ..
+        } => eprintln!("tool call: {name} {arguments}"),
+        AgentEvent::ToolFinished { name, is_error, .. } => {
+            eprintln!("tool {name}: {}", if *is_error { "error" } else { "ok" });
+        }
+        _ => {}
+    }
 }
