@@ -278,3 +278,35 @@ pub async fn chat(
     .await
     .map_err(std::io::Error::other)?
 }
+
+/// `cmd` (program, arguments, environment, directory) run by `script` on a new
+/// pseudo-terminal, with stdin from `stdin_file`: stdout and stderr are a terminal, stdin
+/// is not. What the terminal showed is the output's stdout. `None` when `script` (util-linux)
+/// is missing.
+pub fn on_a_terminal(cmd: &Command, stdin_file: &Path) -> Option<Command> {
+    let quote = |s: &std::ffi::OsStr| format!("'{}'", s.to_string_lossy().replace('\'', "'\\''"));
+    let mut line = quote(cmd.get_program());
+    for a in cmd.get_args() {
+        line.push(' ');
+        line.push_str(&quote(a));
+    }
+    line.push_str(" < ");
+    line.push_str(&quote(stdin_file.as_os_str()));
+    let script = ["/usr/bin/script", "/bin/script"]
+        .into_iter()
+        .find(|p| Path::new(p).is_file())?;
+    let mut term = Command::new(script);
+    term.args(["-q", "-e", "-c", &line, "/dev/null"])
+        .env_clear()
+        .env("TERM", "xterm")
+        .stdin(Stdio::null());
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            term.env(k, v);
+        }
+    }
+    if let Some(d) = cmd.get_current_dir() {
+        term.current_dir(d);
+    }
+    Some(term)
+}

@@ -1,5 +1,6 @@
 mod common;
 mod concurrency;
+mod conventions;
 mod crash;
 mod first_hour;
 mod layout;

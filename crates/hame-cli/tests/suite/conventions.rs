@@ -1,0 +1,195 @@
+//! The CLI conventions of issue #36: a chat that shows its work (tool arguments, a spinner
+//! on a terminal only, `/usage`, `/context`), `--continue` and `--resume`.
+
+use std::time::Duration;
+
+use hame_test_support::{ScriptStep, ScriptUsage, ScriptedServer};
+use pretty_assertions::assert_eq;
+
+use super::common::{chat, hame, on_a_terminal, output, run_with, stderr, stdout};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// A scripted server and the environment of `hame` against it, state under `dir/state`.
+async fn server(
+    dir: &std::path::Path,
+    steps: Vec<ScriptStep>,
+) -> Result<(ScriptedServer, Vec<(String, String)>), Box<dyn std::error::Error>> {
+    let server = ScriptedServer::start().await?;
+    server.push_all(steps);
+    let env = vec![
+        ("OPENAI_BASE_URL".to_owned(), server.base_url()),
+        ("OPENAI_API_KEY".to_owned(), "scripted".to_owned()),
+        (
+            "HAME_STATE_HOME".to_owned(),
+            dir.join("state").to_string_lossy().into_owned(),
+        ),
+        ("HAME_MODEL".to_owned(), "openai:m".to_owned()),
+    ];
+    Ok((server, env))
+}
+
+fn pairs(env: &[(String, String)]) -> Vec<(&str, &str)> {
+    env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+/// The user messages of a recorded request.
+fn user_texts(body: &serde_json::Value) -> Vec<String> {
+    body["messages"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .filter(|m| m["role"] == "user")
+                .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn chat_shows_tool_arguments_and_off_a_terminal_no_spinner() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let long = "x".repeat(100);
+    let (_server, env) = server(
+        dir.path(),
+        vec![
+            ScriptStep::tool_call("c1", "grep_files", serde_json::json!({"pattern": "TODO", "path": "src"})),
+            ScriptStep::tool_call("c2", "execute", serde_json::json!({"command": format!("echo {long}\necho two")})),
+            ScriptStep::text("done").with_delay(Duration::from_millis(300)),
+        ],
+    )
+    .await?;
+    let out = chat(dir.path(), &[], &pairs(&env), "look\n/exit\n").await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("⚙ grep_files path=src pattern=TODO …"), "{err}");
+    // A long command is one line, clipped to 60 characters.
+    let clipped = format!("echo {}…", "x".repeat(54));
+    assert!(
+        err.contains(&format!("⚙ execute command=\"{clipped}\" …")),
+        "{err}"
+    );
+    // No spinner, no carriage return, no escape sequence in a pipe.
+    assert!(!err.contains("waiting for the model"), "{err}");
+    assert!(!err.contains('\r') && !err.contains('\x1b'), "{err:?}");
+    assert!(stdout(&out).contains("done"), "{}", stdout(&out));
+    Ok(())
+}
+
+#[tokio::test]
+async fn on_a_terminal_chat_shows_a_spinner_while_the_model_thinks() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (_server, env) = server(
+        dir.path(),
+        vec![ScriptStep::text("late answer").with_delay(Duration::from_millis(800))],
+    )
+    .await?;
+    let input = dir.path().join("input.txt");
+    std::fs::write(&input, "hello\n/exit\n")?;
+    let cmd = hame(&["chat"], &pairs(&env), dir.path());
+    let Some(term) = on_a_terminal(&cmd, &input) else {
+        eprintln!("SKIPPED: no `script` to make a terminal");
+        return Ok(());
+    };
+    let out = output(term).await?;
+    let screen = stdout(&out);
+    assert_eq!(out.status.code(), Some(0), "{screen}");
+    assert!(screen.contains("waiting for the model 0."), "{screen:?}");
+    // The spinner's line is erased before the answer.
+    let answer = screen.find("late answer").unwrap_or(0);
+    let erased = screen[..answer].rfind("\r\x1b[2K").unwrap_or(usize::MAX);
+    assert!(erased < answer, "{screen:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn usage_and_context_report_the_session() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let usage = ScriptUsage {
+        input_tokens: 1_500,
+        output_tokens: 20,
+        cached_input_tokens: 1_024,
+    };
+    let (_server, env) = server(
+        dir.path(),
+        vec![
+            ScriptStep::text("one").with_cached_usage(usage),
+            ScriptStep::text("two").with_cached_usage(usage),
+        ],
+    )
+    .await?;
+    let out = chat(
+        dir.path(),
+        &[],
+        &pairs(&env),
+        "first\nsecond\n/usage\n/context\n/exit\n",
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(
+            "session default: 3,000 input tokens (2,048 cached), 40 output tokens, 3,040 in all"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("session default: 4 messages (2 user, 2 assistant, 0 tool results), ~"),
+        "{err}"
+    );
+    assert!(
+        err.contains("last request: 1,500 input tokens (1,024 cached)"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn continue_and_resume_pick_a_session() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (server, env) = server(dir.path(), vec![]).await?;
+    server.set_responder(|_: &hame_test_support::RecordedRequest| ScriptStep::text("ok"));
+    let base = server.base_url();
+    let env = pairs(&env);
+    // Nothing to continue yet: exit 2 naming the flag.
+    let out = run_with(dir.path(), &base, &["--continue"], "x", &env).await?;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no session to continue"), "{}", stderr(&out));
+    for (session, text) in [("a", "first of a"), ("b", "first of b")] {
+        let out = run_with(dir.path(), &base, &["--session", session], text, &env).await?;
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    }
+    // `chat --continue` picks up b, the latest.
+    let out = chat(dir.path(), &["--continue"], &env, "more\n/exit\n").await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("hame: continuing session b (2 messages"),
+        "{}",
+        stderr(&out)
+    );
+    let last = server.requests().pop().map(|r| r.body).unwrap_or_default();
+    assert_eq!(user_texts(&last), vec!["first of b", "more"]);
+    // `run --resume a` goes back to a.
+    let out = run_with(dir.path(), &base, &["--resume", "a"], "again", &env).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let last = server.requests().pop().map(|r| r.body).unwrap_or_default();
+    assert_eq!(user_texts(&last), vec!["first of a", "again"]);
+    // An unknown id, and no id without a terminal: exit 2, one line each, no model call.
+    let before = server.requests().len();
+    let out = run_with(dir.path(), &base, &["--resume", "zz"], "x", &env).await?;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no session \"zz\"") && stderr(&out).contains("hame sessions"),
+        "{}",
+        stderr(&out)
+    );
+    let out = chat(dir.path(), &["--resume"], &env, "x\n").await?;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out),
+        "hame: --resume without an ID lists the sessions to pick from on a terminal; pass \
+         --resume ID (`hame sessions` lists them) or --continue for the latest\n"
+    );
+    assert_eq!(server.requests().len(), before);
+    Ok(())
+}
