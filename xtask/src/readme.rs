@@ -96,7 +96,10 @@ pub fn run(root: &Path, bin_dir: &Path, scratch_root: &Path) -> Result<()> {
     }
     for name in ["hame", "hame-scripted-server"] {
         if !bin_dir.join(name).is_file() {
-            bail!("{} is missing: build the workspace's binaries first", bin_dir.join(name).display());
+            bail!(
+                "{} is missing: build the workspace's binaries first",
+                bin_dir.join(name).display()
+            );
         }
     }
     if scratch_root.exists() {

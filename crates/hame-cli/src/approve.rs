@@ -27,7 +27,7 @@ pub(crate) struct PlanArgs {
     /// Enter plan mode for the session (kept in its state until a plan is approved):
     /// tools that change something are denied; plan_write writes plans/PLAN.md and
     /// plan_exit asks for approval.
-    #[arg(long)]
+    #[arg(long, help_heading = "Permissions")]
     plan: bool,
 }
 

@@ -29,38 +29,38 @@ pub(crate) struct Common {
     #[arg(long, value_name = "URL")]
     base_url: Option<String>,
     /// Maximum reasoning steps per call, at least 1 [default: 50, or limits.max_iterations of hame.toml]
-    #[arg(long, value_parser = at_least_one)]
+    #[arg(long, value_parser = at_least_one, help_heading = "Model and limits")]
     max_iterations: Option<usize>,
     /// The model's context window in tokens, for compaction and offloading budgets (the
     /// token trigger is 80 % of it or window − 20,000, whichever is larger) [default:
     /// $HAME_CONTEXT_WINDOW, else limits.context_window of hame.toml, else the model's
     /// known window (128,000 for unknown models)]
-    #[arg(long, value_name = "TOKENS")]
+    #[arg(long, value_name = "TOKENS", help_heading = "Model and limits")]
     context_window: Option<u64>,
     /// Shared-store mode: tenant files live in this store (redis://..., s3://bucket/prefix)
     /// over the read-only workspace template; no shell tool; see docs/backends.md [default:
     /// $HAME_STORE, else `store` of hame.toml]
-    #[arg(long)]
+    #[arg(long, help_heading = "Modes and state")]
     store: Option<String>,
     /// Isolated local mode: each tenant sees only its namespace on local disk over the
     /// read-only workspace template; no shell tool. For several untrusted tenants on one
     /// machine.
-    #[arg(long, conflicts_with = "store")]
+    #[arg(long, conflicts_with = "store", help_heading = "Modes and state")]
     isolated: bool,
     /// Which runtime data tenants share (isolated and store modes) [default: $HAME_ISOLATION, else `isolation` of hame.toml, else user]
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, help_heading = "Modes and state")]
     isolation: Option<Isolation>,
     /// Where session state lives: a directory, redis://, postgres://, mysql:// [default: $HAME_STATE, else `state` of hame.toml, else JSON files under $HAME_STATE_HOME or ~/.hame/state]
-    #[arg(long)]
+    #[arg(long, help_heading = "Modes and state")]
     state: Option<String>,
     /// Switch off memory and context management (compaction, offloading of large tool
     /// results, daily logs and MEMORY.md consolidation, the memory tools).
-    #[arg(long)]
+    #[arg(long, help_heading = "Memory")]
     no_memory: bool,
     /// The memory search index: a SQLite file, or postgres://... for an index shared by
     /// replicas [default: $HAME_MEMORY_INDEX, else `memory.index` of hame.toml, else
     /// <workspace>/agents/<agent>/.memory-index.sqlite]
-    #[arg(long)]
+    #[arg(long, help_heading = "Memory")]
     memory_index: Option<String>,
     #[command(flatten)]
     pub(crate) plan: crate::approve::PlanArgs,

@@ -9,7 +9,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod approve;
 mod chat;
@@ -37,7 +37,13 @@ struct Cli {
     /// Send OpenTelemetry traces (spans hame.call, hame.step, hame.model, hame.tool and
     /// the gateway's hame.turn) to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318
     /// (`/v1/traces` is added to a base URL) [default: $HAME_OTLP_ENDPOINT; none]
-    #[arg(long, global = true, env = "HAME_OTLP_ENDPOINT", value_name = "URL")]
+    #[arg(
+        long,
+        global = true,
+        env = "HAME_OTLP_ENDPOINT",
+        value_name = "URL",
+        help_heading = "Telemetry"
+    )]
     otlp_endpoint: Option<String>,
     #[command(subcommand)]
     command: Command,
@@ -66,25 +72,29 @@ enum Command {
         /// The message to send.
         message: String,
     },
-    /// Interactive chat: streams tokens and shows each tool call with its duration.
+    /// Interactive chat: streams tokens, shows each tool call and its arguments.
     ///
     /// Line editing and history on a terminal; a trailing \ continues the message; /help
-    /// lists the commands (/exit, /new, /sessions, /compact, /model); Ctrl-C cancels the
-    /// running turn, Ctrl-D exits.
+    /// lists the commands (/exit, /new, /sessions, /usage, /context, /compact, /model);
+    /// Ctrl-C cancels the running turn, Ctrl-D exits. On a terminal, a spinner shows how
+    /// long the model has been thinking.
     Chat {
         #[command(flatten)]
         common: Common,
         #[command(flatten)]
         pick: resume::SessionPick,
     },
-    /// Approve a tool call that waits for a decision (`hame run` exited 3): runs it, finishes
-    /// the call and prints the reply like `hame run`. Same flags as `run`.
+    /// Approve a tool call that waits for a decision (after `hame run` exited 3).
+    ///
+    /// Runs it, finishes the call and prints the reply like `hame run`. Same flags as `run`.
     Approve {
         #[command(flatten)]
         args: approve::DecideArgs,
     },
-    /// Deny a tool call that waits for a decision: the model gets a denied result and the
-    /// call finishes (the reply is printed like `hame run`). Same flags as `run`.
+    /// Deny a tool call that waits for a decision.
+    ///
+    /// The model gets a denied result and the call finishes (the reply is printed like
+    /// `hame run`). Same flags as `run`.
     Deny {
         #[command(flatten)]
         args: approve::DecideArgs,
@@ -102,16 +112,18 @@ enum Command {
         #[command(subcommand)]
         command: skills::SkillsCommand,
     },
-    /// Creates a starter workspace: AGENTS.md, knowledge/KNOWLEDGE.md, an example skill, an
-    /// example subagent spec and a commented hame.toml. Existing files are kept (named on
-    /// stderr), never overwritten.
+    /// Create a starter workspace (existing files are kept, never overwritten).
+    ///
+    /// AGENTS.md, knowledge/KNOWLEDGE.md, an example skill, an example subagent spec and a
+    /// commented hame.toml. Existing files are kept (named on stderr), never overwritten.
     Init {
         #[command(flatten)]
         args: init::InitArgs,
     },
-    /// The effective configuration and where each value comes from (flag, environment,
-    /// the workspace's hame.toml, the user's ~/.config/hame/config.toml, default);
-    /// passwords in URLs and API keys are redacted.
+    /// The effective configuration and where each value comes from.
+    ///
+    /// Sources: flag, environment, the workspace's hame.toml, the user's
+    /// ~/.config/hame/config.toml, default; passwords in URLs and API keys are redacted.
     Config {
         #[command(flatten)]
         args: config::ConfigArgs,
@@ -126,23 +138,28 @@ enum Command {
         #[command(flatten)]
         args: inspect::MemoryArgs,
     },
-    /// Re-runs a recorded session against the model answers in its log, with the same tools
-    /// (they run again in the workspace), and reports the first record that differs: exit
-    /// 0 when identical, 1 at a divergence. Memory is off during a replay.
+    /// Re-run a recorded session against its logged model answers; report the first difference.
+    ///
+    /// The same tools run again in the workspace; exit 0 when identical, 1 at a divergence.
+    /// Memory is off during a replay.
     Replay {
         #[command(flatten)]
         args: replay::ReplayArgs,
     },
-    /// Serve the agent over HTTP: sessions as JSON and SSE, an OpenAI-compatible
-    /// `/v1/chat/completions`, `/metrics` and a web console at `/` (docs/gateway.md).
-    /// Prints `listening on http://ADDR` when ready; SIGTERM drains in-flight turns and
-    /// exits 0. Without --auth only a loopback address is accepted.
+    /// Serve the agent over HTTP: sessions, /v1/chat/completions, /metrics, a web console.
+    ///
+    /// Sessions as JSON and SSE, an OpenAI-compatible `/v1/chat/completions`, `/metrics`
+    /// and a web console at `/` (docs/gateway.md). Prints `listening on http://ADDR` when
+    /// ready; SIGTERM drains in-flight turns and exits 0. Without --auth only a loopback
+    /// address is accepted.
     Serve {
         #[command(flatten)]
         args: serve::ServeArgs,
     },
-    /// The subagent task records of a session (`agents/<agent>/tasks/`), oldest first.
-    /// Records left running by a process that is gone are marked failed (interrupted).
+    /// The subagent task records of a session, oldest first.
+    ///
+    /// From `agents/<agent>/tasks/`. Records left running by a process that is gone are
+    /// marked failed (interrupted).
     Tasks {
         #[command(flatten)]
         common: Common,
@@ -176,8 +193,47 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// The commands of `hame --help`, by group, in the order shown.
+const COMMAND_GROUPS: &[(&str, &[&str])] = &[
+    ("Run an agent", &["run", "chat", "serve"]),
+    (
+        "Inspect",
+        &["sessions", "memory", "tasks", "replay", "config"],
+    ),
+    ("Workspace", &["init", "skills"]),
+    ("Admin", &["approve", "deny", "sandbox"]),
+];
+
+/// The command line with `hame --help` listing the commands by group, each with the first
+/// line of its help.
+fn command() -> clap::Command {
+    let cmd = Cli::command();
+    let mut groups = String::new();
+    for (group, names) in COMMAND_GROUPS {
+        groups.push_str(group);
+        groups.push_str(":\n");
+        for name in *names {
+            let about = cmd
+                .find_subcommand(name)
+                .and_then(|c| c.get_about())
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            groups.push_str(&format!("  {name:<9} {about}\n"));
+        }
+        groups.push('\n');
+    }
+    groups.push_str("  help      Print this message or the help of the given command\n\n");
+    let template = format!(
+        "{{about-with-newline}}\n{{usage-heading}} {{usage}}\n\n{groups}Options:\n{{options}}{{after-help}}"
+    );
+    cmd.help_template(template)
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::from_arg_matches(&command().get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let telemetry = match telemetry::init(cli.otlp_endpoint.as_deref()) {
         Ok(t) => t,
         Err(e) => {
@@ -238,6 +294,29 @@ fn main() -> ExitCode {
             eprintln!("hame: {}", one_line(&e));
             ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{COMMAND_GROUPS, command};
+
+    /// Every command is in exactly one group of `hame --help`.
+    #[test]
+    fn every_command_has_one_group() {
+        let cmd = command();
+        let mut names: Vec<&str> = cmd
+            .get_subcommands()
+            .map(clap::Command::get_name)
+            .filter(|n| *n != "help")
+            .collect();
+        names.sort_unstable();
+        let mut grouped: Vec<&str> = COMMAND_GROUPS
+            .iter()
+            .flat_map(|(_, n)| n.iter().copied())
+            .collect();
+        grouped.sort_unstable();
+        assert_eq!(names, grouped);
     }
 }
 

@@ -20,8 +20,7 @@ pub(crate) struct SessionPick {
     #[arg(
         long = "continue",
         short = 'c',
-        conflicts_with_all = ["resume", "session"],
-        help_heading = "Session"
+        conflicts_with_all = ["resume", "session"]
     )]
     continue_latest: bool,
     /// Resume session ID; without ID, list the recent sessions and pick one (on a terminal)
@@ -31,8 +30,7 @@ pub(crate) struct SessionPick {
         value_name = "ID",
         num_args = 0..=1,
         default_missing_value = "",
-        conflicts_with = "session",
-        help_heading = "Session"
+        conflicts_with = "session"
     )]
     resume: Option<String>,
 }

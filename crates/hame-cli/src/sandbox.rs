@@ -18,22 +18,32 @@ pub(crate) struct SandboxArgs {
     /// /workspace: `docker` (default image, built offline when missing) or `docker:IMAGE`.
     /// No network, memory/CPU/pids limits, read-only root, no capabilities, no host mount
     /// or environment; nothing is written into the host workspace (see docs/sandbox.md).
-    #[arg(long, value_name = "docker[:IMAGE]")]
+    #[arg(long, value_name = "docker[:IMAGE]", help_heading = "Sandbox")]
     sandbox: Option<String>,
     /// Give the sandbox a network (default: none).
-    #[arg(long, requires = "sandbox")]
+    #[arg(long, requires = "sandbox", help_heading = "Sandbox")]
     sandbox_network: bool,
     /// Where sandbox snapshots live: a directory, s3://bucket/prefix or redis://...
     /// [default: <state home>/sandbox-snapshots]
-    #[arg(long, requires = "sandbox", value_name = "DIR|s3://...|redis://...")]
+    #[arg(
+        long,
+        requires = "sandbox",
+        value_name = "DIR|s3://...|redis://...",
+        help_heading = "Sandbox"
+    )]
     sandbox_snapshots: Option<String>,
     /// How long an idle sandbox container is kept warm: 300, 30s, 5m, 1h [default: 5m]
-    #[arg(long, requires = "sandbox", value_name = "DURATION")]
+    #[arg(
+        long,
+        requires = "sandbox",
+        value_name = "DURATION",
+        help_heading = "Sandbox"
+    )]
     sandbox_ttl: Option<String>,
     /// Leave idle sandbox containers running when hame exits, for the next hame process
     /// to reuse within --sandbox-ttl; each removes itself once idle past it (default:
     /// every container is removed on exit).
-    #[arg(long, requires = "sandbox")]
+    #[arg(long, requires = "sandbox", help_heading = "Sandbox")]
     sandbox_keep: bool,
 }
 

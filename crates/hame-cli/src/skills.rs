@@ -15,12 +15,12 @@ use crate::common::{Common, build_without_model};
 pub(crate) struct CapabilityArgs {
     /// A project/global skills directory (<dir>/<name>/SKILL.md), the lowest skills layer
     /// under the workspace's skills/ and the user's <userId>/skills/.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", help_heading = "Tools and skills")]
     skills_dir: Option<PathBuf>,
     /// Offer every tool in every request. By default the rarely used built-ins (session
     /// history, memory_get/memory_save, the task tools, plan mode, skills) are offered on
     /// demand: the model loads them with tool_search (docs/tools.md).
-    #[arg(long)]
+    #[arg(long, help_heading = "Tools and skills")]
     all_tools: bool,
 }
 

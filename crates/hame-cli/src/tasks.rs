@@ -15,14 +15,14 @@ use crate::signals::Signals;
 pub(crate) struct SubagentArgs {
     /// Do not offer the built-in `general-purpose` subagent (workspace specs in
     /// subagents/<id>.md still work).
-    #[arg(long)]
+    #[arg(long, help_heading = "Subagents")]
     pub(crate) no_general_subagent: bool,
     /// How deep subagents may nest: 1 = children are leaves (0 switches subagents off) [default: 1]
-    #[arg(long)]
+    #[arg(long, help_heading = "Subagents")]
     pub(crate) subagent_depth: Option<usize>,
     /// `hame run` waits up to this many seconds for background tasks it started before it
     /// exits; tasks still running then are stopped and recorded failed (interrupted) [default: 600]
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, value_name = "SECONDS", help_heading = "Subagents")]
     pub(crate) task_wait: Option<u64>,
 }
 

@@ -53,8 +53,16 @@ async fn chat_shows_tool_arguments_and_off_a_terminal_no_spinner() -> TestResult
     let (_server, env) = server(
         dir.path(),
         vec![
-            ScriptStep::tool_call("c1", "grep_files", serde_json::json!({"pattern": "TODO", "path": "src"})),
-            ScriptStep::tool_call("c2", "execute", serde_json::json!({"command": format!("echo {long}\necho two")})),
+            ScriptStep::tool_call(
+                "c1",
+                "grep_files",
+                serde_json::json!({"pattern": "TODO", "path": "src"}),
+            ),
+            ScriptStep::tool_call(
+                "c2",
+                "execute",
+                serde_json::json!({"command": format!("echo {long}\necho two")}),
+            ),
             ScriptStep::text("done").with_delay(Duration::from_millis(300)),
         ],
     )
@@ -62,7 +70,10 @@ async fn chat_shows_tool_arguments_and_off_a_terminal_no_spinner() -> TestResult
     let out = chat(dir.path(), &[], &pairs(&env), "look\n/exit\n").await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let err = stderr(&out);
-    assert!(err.contains("⚙ grep_files path=src pattern=TODO …"), "{err}");
+    assert!(
+        err.contains("⚙ grep_files path=src pattern=TODO …"),
+        "{err}"
+    );
     // A long command is one line, clipped to 60 characters.
     let clipped = format!("echo {}…", "x".repeat(54));
     assert!(
@@ -154,7 +165,11 @@ async fn continue_and_resume_pick_a_session() -> TestResult {
     // Nothing to continue yet: exit 2 naming the flag.
     let out = run_with(dir.path(), &base, &["--continue"], "x", &env).await?;
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("no session to continue"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no session to continue"),
+        "{}",
+        stderr(&out)
+    );
     for (session, text) in [("a", "first of a"), ("b", "first of b")] {
         let out = run_with(dir.path(), &base, &["--session", session], text, &env).await?;
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -191,5 +206,55 @@ async fn continue_and_resume_pick_a_session() -> TestResult {
          --resume ID (`hame sessions` lists them) or --continue for the latest\n"
     );
     assert_eq!(server.requests().len(), before);
+    Ok(())
+}
+
+#[tokio::test]
+async fn help_groups_the_commands_and_puts_the_common_flags_first() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let out = output(hame(&["--help"], &[], dir.path())).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let help = stdout(&out);
+    let headings: Vec<&str> = help
+        .lines()
+        .filter(|l| l.ends_with(':') && !l.starts_with(' '))
+        .collect();
+    assert_eq!(
+        headings,
+        vec![
+            "Run an agent:",
+            "Inspect:",
+            "Workspace:",
+            "Admin:",
+            "Options:"
+        ]
+    );
+    // One line per command.
+    assert!(
+        help.lines()
+            .any(|l| l == "  run       One call: prints the final reply on stdout"),
+        "{help}"
+    );
+    assert!(
+        help.lines()
+            .all(|l| l.chars().count() <= 100 || l.contains("--otlp")),
+        "{help}"
+    );
+    let out = output(hame(&["run", "-h"], &[], dir.path())).await?;
+    let help = stdout(&out);
+    let flags: Vec<&str> = help
+        .lines()
+        .filter_map(|l| {
+            l.trim_start()
+                .strip_prefix("--")
+                .or_else(|| l.trim_start().strip_prefix("-c, --"))
+        })
+        .filter_map(|l| l.split([' ', '<']).next())
+        .take(6)
+        .collect();
+    assert_eq!(
+        flags,
+        vec!["workspace", "agent", "user", "session", "model", "base-url"]
+    );
     Ok(())
 }
