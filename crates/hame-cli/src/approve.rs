@@ -28,12 +28,12 @@ pub(crate) struct PlanArgs {
     /// tools that change something are denied; plan_write writes plans/PLAN.md and
     /// plan_exit asks for approval.
     #[arg(long, help_heading = "Permissions")]
-    plan: bool,
+    pub(crate) plan: bool,
 }
 
-/// Marks the call context to enter plan mode when `--plan` is given.
-pub(crate) fn with_plan(ctx: RuntimeContext, plan: &PlanArgs) -> RuntimeContext {
-    if plan.plan {
+/// Marks the call context to enter plan mode (`--plan`, `--permission-mode plan`).
+pub(crate) fn with_plan(ctx: RuntimeContext, plan: bool) -> RuntimeContext {
+    if plan {
         ctx.with_extra(
             hame::harness::permissions::PLAN_EXTRA,
             serde_json::json!(true),

@@ -28,6 +28,13 @@ pub(crate) struct Common {
     /// The model provider's endpoint [default: $OPENAI_BASE_URL / $ANTHROPIC_BASE_URL, else hame.toml `base_url`, else the provider's]
     #[arg(long, value_name = "URL")]
     base_url: Option<String>,
+    /// What tools may do without a decision (docs/permissions.md): default (tools.json's
+    /// rules, else allow), ask (tools that change something ask; what `hame init` writes),
+    /// accept-edits (file edits run, the shell asks), plan (plan mode, as --plan),
+    /// read-only (tools that change something are denied), bypass (all but deny rules)
+    /// [default: $HAME_PERMISSION_MODE, else `permission_mode` of hame.toml, else default]
+    #[arg(long, value_enum, value_name = "MODE")]
+    permission_mode: Option<PermissionMode>,
     /// Maximum reasoning steps per call, at least 1 [default: 50, or limits.max_iterations of hame.toml]
     #[arg(long, value_parser = at_least_one, help_heading = "Model and limits")]
     max_iterations: Option<usize>,
@@ -92,11 +99,49 @@ impl Isolation {
     }
 }
 
+/// `--permission-mode`: a permission mode of the harness, or plan mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum PermissionMode {
+    Default,
+    Ask,
+    AcceptEdits,
+    Plan,
+    ReadOnly,
+    Bypass,
+}
+
+impl PermissionMode {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            PermissionMode::Default => "default",
+            PermissionMode::Ask => "ask",
+            PermissionMode::AcceptEdits => "accept-edits",
+            PermissionMode::Plan => "plan",
+            PermissionMode::ReadOnly => "read-only",
+            PermissionMode::Bypass => "bypass",
+        }
+    }
+
+    /// The harness's mode (`plan` is plan mode of the session over the default mode).
+    fn harness_mode(self) -> hame::harness::permissions::Mode {
+        use hame::harness::permissions::Mode;
+        match self {
+            PermissionMode::Default | PermissionMode::Plan => Mode::Default,
+            PermissionMode::Ask => Mode::Ask,
+            PermissionMode::AcceptEdits => Mode::AcceptEdits,
+            PermissionMode::ReadOnly => Mode::ReadOnly,
+            PermissionMode::Bypass => Mode::Bypass,
+        }
+    }
+}
+
 /// The configurable flags of [`Common`], as given on the command line (`None`: not given).
 pub(crate) struct Flags {
     pub(crate) workspace: Option<PathBuf>,
     pub(crate) model: Option<String>,
     pub(crate) base_url: Option<String>,
+    pub(crate) permission_mode: Option<PermissionMode>,
     pub(crate) state: Option<String>,
     pub(crate) store: Option<String>,
     pub(crate) isolation: Option<Isolation>,
@@ -122,6 +167,7 @@ impl Common {
             workspace: self.workspace.clone(),
             model: self.model.clone(),
             base_url: self.base_url.clone(),
+            permission_mode: self.permission_mode,
             state: self.state.clone(),
             store: self.store.clone(),
             isolation: self.isolation,
@@ -221,6 +267,7 @@ async fn build_agent(
     builder = builder.workspace(config.workspace.value.clone());
     builder = builder.max_iterations(config.max_iterations.value);
     builder = builder.isolation_scope(config.isolation.value.into());
+    builder = builder.permission_mode(config.permission_mode.value.harness_mode());
     let memory = if !config.memory.value {
         hame::harness::MemoryOptions::disabled()
     } else {
@@ -293,7 +340,8 @@ async fn build_agent(
     if let Some(u) = &common.user {
         ctx = ctx.with_user(u.clone());
     }
-    let ctx = crate::approve::with_plan(ctx, &common.plan);
+    let plan = common.plan.plan || config.permission_mode.value == PermissionMode::Plan;
+    let ctx = crate::approve::with_plan(ctx, plan);
     hame::harness::validate_id("session id", &ctx.session_id)
         .map_err(|e| ConfigError(e.to_string()))?;
     if let Some(u) = &ctx.user_id {

@@ -13,6 +13,7 @@
 //! store = "redis://127.0.0.1:6379/0"
 //! isolation = "user"
 //! isolated = false
+//! permission_mode = "ask"
 //! [memory]
 //! enabled = true
 //! index = "postgres://user@host/db"
@@ -29,7 +30,7 @@ use clap::Args;
 use serde::Deserialize;
 
 use crate::ConfigError;
-use crate::common::{Common, Isolation, env};
+use crate::common::{Common, Isolation, PermissionMode, env};
 
 /// The workspace's configuration file.
 pub(crate) const WORKSPACE_FILE: &str = "hame.toml";
@@ -53,6 +54,7 @@ struct File {
     store: Option<String>,
     isolation: Option<Isolation>,
     isolated: Option<bool>,
+    permission_mode: Option<PermissionMode>,
     #[serde(default)]
     memory: MemorySection,
     #[serde(default)]
@@ -112,6 +114,7 @@ pub(crate) struct Effective {
     pub(crate) store: Setting<Option<String>>,
     pub(crate) isolation: Setting<Isolation>,
     pub(crate) isolated: Setting<bool>,
+    pub(crate) permission_mode: Setting<PermissionMode>,
     pub(crate) memory: Setting<bool>,
     pub(crate) memory_index: Setting<Option<String>>,
     pub(crate) max_iterations: Setting<usize>,
@@ -314,7 +317,7 @@ pub(crate) fn resolve(common: &Common) -> anyhow::Result<Effective> {
     );
     let isolation = pick(
         (flags.isolation, "--isolation"),
-        env_parsed_isolation()?,
+        env_parsed_enum::<Isolation>("HAME_ISOLATION")?,
         &[
             (w.isolation, ws_path.as_path()),
             (u.isolation, up.as_path()),
@@ -326,6 +329,15 @@ pub(crate) fn resolve(common: &Common) -> anyhow::Result<Effective> {
         None,
         &[(w.isolated, ws_path.as_path()), (u.isolated, up.as_path())],
         false,
+    );
+    let permission_mode = pick(
+        (flags.permission_mode, "--permission-mode"),
+        env_parsed_enum::<PermissionMode>("HAME_PERMISSION_MODE")?,
+        &[
+            (w.permission_mode, ws_path.as_path()),
+            (u.permission_mode, up.as_path()),
+        ],
+        PermissionMode::Default,
     );
     let memory = pick(
         (flags.no_memory.then_some(false), "--no-memory"),
@@ -404,6 +416,7 @@ pub(crate) fn resolve(common: &Common) -> anyhow::Result<Effective> {
         store,
         isolation,
         isolated,
+        permission_mode,
         memory,
         memory_index,
         max_iterations,
@@ -418,16 +431,20 @@ fn wrap(v: Vec<(Option<String>, &Path)>) -> Vec<(Option<Option<String>>, &Path)>
     v.into_iter().map(|(s, p)| (s.map(Some), p)).collect()
 }
 
-fn env_parsed_isolation() -> anyhow::Result<Option<(Isolation, String)>> {
-    const NAME: &str = "HAME_ISOLATION";
-    match env(NAME) {
+/// An environment variable holding one value of `T` (a `clap::ValueEnum`); another value is
+/// exit 2 naming the variable and the values it takes.
+fn env_parsed_enum<T: clap::ValueEnum>(name: &str) -> anyhow::Result<Option<(T, String)>> {
+    match env(name) {
         None => Ok(None),
-        Some(v) => match <Isolation as clap::ValueEnum>::from_str(v.trim(), true) {
-            Ok(i) => Ok(Some((i, NAME.to_owned()))),
-            Err(_) => Err(ConfigError(format!(
-                "{NAME}={v:?}: expected session, user, agent or global"
-            ))
-            .into()),
+        Some(v) => match T::from_str(v.trim(), true) {
+            Ok(value) => Ok(Some((value, name.to_owned()))),
+            Err(_) => {
+                let names: Vec<String> = T::value_variants()
+                    .iter()
+                    .filter_map(|x| x.to_possible_value().map(|p| p.get_name().to_owned()))
+                    .collect();
+                Err(ConfigError(format!("{name}={v:?}: expected {}", names.join(", "))).into())
+            }
         },
     }
 }
@@ -481,6 +498,11 @@ pub(crate) fn show(args: ConfigArgs) -> anyhow::Result<()> {
             "isolated",
             serde_json::json!(e.isolated.value),
             &e.isolated.source,
+        ),
+        (
+            "permission_mode",
+            serde_json::json!(e.permission_mode.value.as_str()),
+            &e.permission_mode.source,
         ),
         (
             "memory.enabled",

@@ -71,6 +71,12 @@ const HAME_TOML: &str = "\
 # hame configuration of this workspace (`hame config` shows the effective values).
 # Precedence: command-line flags > environment > this file > ~/.config/hame/config.toml.
 
+# Tools that change something (file edits, the shell, memory_save, MCP tools) ask first:
+# `hame chat` asks inline; `hame run` stops with exit 3 and `hame approve` / `hame deny`
+# decide. Others: default (tools.json's rules, else allow), accept-edits, plan, read-only,
+# bypass (docs/permissions.md; --permission-mode, HAME_PERMISSION_MODE).
+permission_mode = \"ask\"
+
 # model = \"openai:gpt-4o-mini\"       # or HAME_MODEL / --model
 # base_url = \"http://127.0.0.1:8080/v1\" # the provider's endpoint (OPENAI_BASE_URL, ANTHROPIC_BASE_URL)
 # state = \"redis://127.0.0.1:6379/0\"    # session state (HAME_STATE / --state)

@@ -22,6 +22,22 @@ pub(crate) fn warn_on(ev: &AgentEvent) {
             let error = data.get("error").and_then(|p| p.as_str()).unwrap_or("");
             eprintln!("hame: warning: {kind} {path}: {error}");
         }
+        // A call the policy denied: the model gets an error result; the user sees why.
+        AgentEvent::Custom { kind, data }
+            if kind == hame::harness::permissions::DECIDED_EVENT
+                && data.get("outcome").and_then(|o| o.as_str()) == Some("deny") =>
+        {
+            let field = |k: &str| data.get(k).and_then(|v| v.as_str()).unwrap_or("");
+            let argument = match field("argument") {
+                "" => String::new(),
+                a => format!(" {}", clip(a)),
+            };
+            eprintln!(
+                "hame: denied: {}{argument} ({})",
+                field("tool"),
+                field("rule")
+            );
+        }
         _ => {}
     }
 }

@@ -4,6 +4,8 @@
 //!
 //! - a request whose last message is a tool result gets the text `The tool returned: …`
 //!   (its first 200 characters);
+//! - a user message that mentions "write" gets a `write_file` call of `notes.txt` (so a
+//!   permission mode can be seen refusing or asking for it);
 //! - a user message that mentions "file" gets a `list_files` tool call (so a tool call
 //!   and its result can be seen without an API key);
 //! - a request without tools (a compaction's summary) gets a short summary text;
@@ -34,13 +36,21 @@ pub fn demo_reply(request: &RecordedRequest) -> ScriptStep {
     if !has_tools {
         return ScriptStep::text("Summary (scripted): the user and the assistant talked.");
     }
+    if text.to_ascii_lowercase().contains("write") {
+        let n = messages.len();
+        return ScriptStep::tool_call(
+            format!("call_demo_{n}"),
+            "write_file",
+            json!({"file_path": "notes.txt", "content": "written by the demo model\n"}),
+        );
+    }
     if text.to_ascii_lowercase().contains("file") {
         let n = messages.len();
         return ScriptStep::tool_call(format!("call_demo_{n}"), "list_files", json!({}));
     }
     let said: String = text.chars().take(200).collect();
     ScriptStep::text(format!(
-        "Hello from the scripted model. You said: \"{said}\". (Offline demo: mention \"files\" to see a tool call.)"
+        "Hello from the scripted model. You said: \"{said}\". (Offline demo: mention \"files\" or \"write\" to see a tool call.)"
     ))
 }
 

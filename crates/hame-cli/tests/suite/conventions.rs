@@ -258,3 +258,140 @@ async fn help_groups_the_commands_and_puts_the_common_flags_first() -> TestResul
     );
     Ok(())
 }
+
+/// One `hame run` whose model calls `tool` with `args` once, then answers "done".
+async fn run_tool(
+    dir: &std::path::Path,
+    flags: &[&str],
+    tool: &str,
+    args: serde_json::Value,
+    extra_env: &[(&str, &str)],
+) -> Result<(std::process::Output, ScriptedServer), Box<dyn std::error::Error>> {
+    let steps = vec![
+        ScriptStep::tool_call("c1", tool, args),
+        ScriptStep::text("done"),
+    ];
+    super::common::run_script(dir, flags, "go", steps, extra_env).await
+}
+
+#[tokio::test]
+async fn permission_mode_read_only_refuses_a_write_and_says_why() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let write = serde_json::json!({"file_path": "notes.txt", "content": "x"});
+    let (out, server) = run_tool(
+        dir.path(),
+        &["--permission-mode", "read-only"],
+        "write_file",
+        write,
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out).lines().last(),
+        Some("hame: denied: write_file notes.txt (mode read-only)")
+    );
+    assert!(!dir.path().join(".hame/workspace/notes.txt").exists());
+    let result = super::common::tool_results(&server).join("\n");
+    assert!(
+        result.contains("is blocked: the permission mode is read-only"),
+        "{result}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn permission_modes_from_flag_environment_and_init() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let write = || serde_json::json!({"file_path": "a.txt", "content": "x"});
+    let shell = serde_json::json!({"command": "echo hi"});
+    // accept-edits: the edit runs, the shell waits for a decision (exit 3).
+    let (out, _) = run_tool(
+        dir.path(),
+        &["--permission-mode", "accept-edits"],
+        "write_file",
+        write(),
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let (out, _) = run_tool(
+        dir.path(),
+        &["--session", "s2"],
+        "execute",
+        shell.clone(),
+        &[("HAME_PERMISSION_MODE", "accept-edits")],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("(rule `mode accept-edits`)"),
+        "{}",
+        stderr(&out)
+    );
+    // plan: plan mode of the session, as --plan.
+    let (out, server) = run_tool(
+        dir.path(),
+        &["--session", "s3", "--permission-mode", "plan"],
+        "write_file",
+        write(),
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let result = super::common::tool_results(&server).join("\n");
+    assert!(result.contains("the session is in plan mode"), "{result}");
+    // A value that is no mode: exit 2 naming the variable and the modes.
+    let (out, _) = run_tool(
+        dir.path(),
+        &[],
+        "read_file",
+        serde_json::json!({}),
+        &[("HAME_PERMISSION_MODE", "yolo")],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("HAME_PERMISSION_MODE=\"yolo\": expected default, ask, accept-edits, plan, read-only, bypass"),
+        "{}",
+        stderr(&out)
+    );
+    // `hame init` writes `ask`: reads run, a write and the shell wait for a decision.
+    let ws = dir.path().join("ws");
+    let out = output(hame(&["init", &ws.to_string_lossy()], &[], dir.path())).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let ws_flag = ["--workspace", "ws"];
+    let (out, _) = run_tool(
+        dir.path(),
+        &ws_flag,
+        "list_files",
+        serde_json::json!({}),
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    for (session, tool, args) in [("w", "write_file", write()), ("x", "execute", shell)] {
+        let flags = ["--workspace", "ws", "--session", session];
+        let (out, _) = run_tool(dir.path(), &flags, tool, args, &[]).await?;
+        assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("(rule `mode ask`)"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    assert!(!ws.join("a.txt").exists());
+    // The flag beats the file.
+    let flags = [
+        "--workspace",
+        "ws",
+        "--session",
+        "y",
+        "--permission-mode",
+        "accept-edits",
+    ];
+    let (out, _) = run_tool(dir.path(), &flags, "write_file", write(), &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(ws.join("a.txt").exists());
+    Ok(())
+}

@@ -34,16 +34,21 @@ pub enum Mode {
     ReadOnly,
     /// Everything not denied by a rule is allowed (each such call is logged as a warning).
     Bypass,
+    /// Every tool that changes something (edits, the shell, memory, skills, unknown and
+    /// MCP tools not annotated read-only) asks; the rules still apply first; reads and
+    /// coordination follow the rules' `default`. What `hame init` writes.
+    Ask,
 }
 
 impl Mode {
-    /// Parses `default`, `accept-edits`, `read-only` (alias `plan`), `bypass`.
+    /// Parses `default`, `accept-edits`, `read-only` (alias `plan`), `bypass`, `ask`.
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "default" => Some(Mode::Default),
             "accept-edits" | "acceptEdits" => Some(Mode::AcceptEdits),
             "read-only" | "plan" => Some(Mode::ReadOnly),
             "bypass" => Some(Mode::Bypass),
+            "ask" => Some(Mode::Ask),
             _ => None,
         }
     }
@@ -79,6 +84,8 @@ pub const BUILTIN_EFFECTS: &[(&str, Effect)] = &[
     ("memory_search", Effect::ReadOnly),
     ("memory_get", Effect::ReadOnly),
     ("load_skill", Effect::ReadOnly),
+    // Loads the schemas of tools offered on demand; runs nothing.
+    ("tool_search", Effect::ReadOnly),
     ("write_file", Effect::Edit),
     ("edit_file", Effect::Edit),
     ("delete_file", Effect::Edit),
@@ -255,6 +262,7 @@ pub fn decide(q: &Question<'_>, rules: &Permissions, session_allow: &[Permission
             Verdict::new(Outcome::Ask, "mode accept-edits")
         }
         Mode::Bypass => Verdict::new(Outcome::Allow, "mode bypass"),
+        Mode::Ask if is_mutating(q.effect) => Verdict::new(Outcome::Ask, "mode ask"),
         _ => match rules.default.unwrap_or(PermissionDefault::Allow) {
             PermissionDefault::Allow => Verdict::new(Outcome::Allow, "default allow"),
             PermissionDefault::Ask => Verdict::new(Outcome::Ask, "default ask"),

@@ -136,6 +136,26 @@ fn modes_are_presets_under_the_rules() {
     assert_eq!(with("write_file", Mode::ReadOnly), Outcome::Deny);
     assert_eq!(with("read_file", Mode::ReadOnly), Outcome::Allow);
     assert_eq!(with("execute", Mode::Bypass), Outcome::Allow);
+    // Ask: everything that changes something asks, reads and coordination do not.
+    for tool in [
+        "write_file",
+        "edit_file",
+        "execute",
+        "memory_save",
+        "my_own_tool",
+    ] {
+        assert_eq!(with(tool, Mode::Ask), Outcome::Ask, "{tool}");
+    }
+    for tool in [
+        "read_file",
+        "grep_files",
+        "list_files",
+        "todo_write",
+        "plan_write",
+    ] {
+        assert_eq!(with(tool, Mode::Ask), Outcome::Allow, "{tool}");
+    }
+    assert_eq!(Mode::parse("ask"), Some(Mode::Ask));
     // Bypass does not lift a deny rule.
     let deny = rules(&[], &[], &["execute"]);
     assert_eq!(
@@ -255,7 +275,7 @@ proptest! {
         in_ask in any::<bool>(),
         in_allow in any::<bool>(),
         plan in any::<bool>(),
-        mode in prop_oneof![Just(Mode::Default), Just(Mode::AcceptEdits), Just(Mode::ReadOnly), Just(Mode::Bypass)],
+        mode in prop_oneof![Just(Mode::Default), Just(Mode::AcceptEdits), Just(Mode::ReadOnly), Just(Mode::Bypass), Just(Mode::Ask)],
     ) {
         let mut r = rules(&[], &[], &[]);
         r.deny.push(PermissionRule { tool: tool.clone(), argument: None });
@@ -270,7 +290,7 @@ proptest! {
     fn ask_beats_allow_and_default(
         tool in "[a-z_]{1,12}",
         arg in "[a-z ]{0,12}",
-        mode in prop_oneof![Just(Mode::Default), Just(Mode::AcceptEdits), Just(Mode::Bypass)],
+        mode in prop_oneof![Just(Mode::Default), Just(Mode::AcceptEdits), Just(Mode::Bypass), Just(Mode::Ask)],
     ) {
         let mut r = rules(&[], &[], &[]);
         r.ask.push(PermissionRule { tool: tool.clone(), argument: Some("*".into()) });

@@ -470,6 +470,9 @@ impl Layer for PermissionLayer {
             Outcome::Deny if verdict.rule == "plan mode" => denied(format!(
                 "{what} is blocked: the session is in plan mode (read-only), where tools that change something are denied. Explore with read-only tools, write the plan with plan_write, then call plan_exit to ask for approval."
             )),
+            Outcome::Deny if verdict.rule == "mode read-only" => denied(format!(
+                "{what} is blocked: the permission mode is read-only (rule `mode read-only`), where tools that change something are denied. Use read-only tools, and tell the user what you would change."
+            )),
             Outcome::Deny => denied(format!(
                 "{what} was denied by policy (rule `{}`)",
                 verdict.rule
