@@ -63,8 +63,8 @@ pub use forward::__private;
 pub use fs::{
     AppendOptions, BINARY_SNIFF_BYTES, DEFAULT_READ_LINES, DOWNLOAD_CONCURRENCY, DeleteOptions,
     Durability, EditOutcome, EditRequest, ExecOutput, ExecRequest, Execute, FileInfo, FileKind,
-    Filesystem, FilesystemExt, GREP_MAX_FILE_BYTES, Links, GlobOutput, GlobRequest, GrepMatch, GrepOutput,
-    GrepRequest, ReadWindow, RenameOptions, TextWindow, Version, WriteMode, WriteOptions,
+    Filesystem, FilesystemExt, GREP_MAX_FILE_BYTES, GlobOutput, GlobRequest, GrepMatch, GrepOutput,
+    GrepRequest, Links, ReadWindow, RenameOptions, TextWindow, Version, WriteMode, WriteOptions,
 };
 #[cfg(feature = "local")]
 pub use local::{INLINE_READ_MAX, LocalFs, LocalFsOptions};

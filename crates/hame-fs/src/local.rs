@@ -12,8 +12,8 @@ use rustix::io::Errno;
 
 use crate::error::{Error, Result};
 use crate::fs::{
-    Links, AppendOptions, DeleteOptions, EditOutcome, EditRequest, FileInfo, FileKind, Filesystem,
-    GlobOutput, GlobRequest, GrepOutput, GrepRequest, RenameOptions, Version, WriteMode,
+    AppendOptions, DeleteOptions, EditOutcome, EditRequest, FileInfo, FileKind, Filesystem,
+    GlobOutput, GlobRequest, GrepOutput, GrepRequest, Links, RenameOptions, Version, WriteMode,
     WriteOptions,
 };
 use crate::generic::{self, GrepSearch};
@@ -648,7 +648,10 @@ impl Inner {
                     }
                     return Ok(out);
                 }
-                Err(e) if errno_of(&e) == Some(Errno::NOENT) || e.kind() == io::ErrorKind::NotFound => {
+                Err(e)
+                    if errno_of(&e) == Some(Errno::NOENT)
+                        || e.kind() == io::ErrorKind::NotFound =>
+                {
                     rest.push(base.file_name().to_owned());
                     base = base.parent().unwrap_or_default();
                 }
@@ -872,10 +875,11 @@ impl LocalFs {
     /// evidence: [`NameCase::Sensitive`]. A folder below the root with its own setting
     /// (ext4's per-directory casefold attribute) is not seen.
     pub fn name_case(&self) -> NameCase {
-        *self.inner.name_case.get_or_init(|| self.inner.probe_name_case())
+        *self
+            .inner
+            .name_case
+            .get_or_init(|| self.inner.probe_name_case())
     }
-
-
 
     async fn blocking<T: Send + 'static>(
         &self,
@@ -924,7 +928,11 @@ impl Links for LocalFs {
     }
 
     fn links_in(&self, dir: &FsPath) -> Result<Vec<String>> {
-        let entries = self.inner.root.read_dir(rel(dir)).map_err(|e| map_io(dir, e))?;
+        let entries = self
+            .inner
+            .root
+            .read_dir(rel(dir))
+            .map_err(|e| map_io(dir, e))?;
         Ok(entries
             .flatten()
             .filter(|e| e.file_type().is_ok_and(|t| t.is_symlink()))

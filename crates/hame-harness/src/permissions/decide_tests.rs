@@ -224,7 +224,10 @@ fn an_always_answer_sticks_for_the_identical_call_even_under_an_ask_rule() {
         decide(&q("execute", Some("rm x")), &r, &bare).outcome,
         Outcome::Ask
     );
-    assert_eq!(decide(&q("execute", None), &r, &bare).outcome, Outcome::Allow);
+    assert_eq!(
+        decide(&q("execute", None), &r, &bare).outcome,
+        Outcome::Allow
+    );
     assert_eq!(
         decide(&q("read_file", None), &r, &always).rule,
         "default ask"
@@ -244,7 +247,11 @@ fn an_always_answer_sticks_for_the_identical_call_even_under_an_ask_rule() {
 /// touches; `..` is refused for the file tools before any rule (the tool refuses it too).
 #[test]
 fn hostile_spellings_meet_the_rules_of_the_file_they_touch() {
-    let r = rules(&[], &["write_file(out/**)"], &["edit_file(config/prod.yaml)", "write_file(*.env)"]);
+    let r = rules(
+        &[],
+        &["write_file(out/**)"],
+        &["edit_file(config/prod.yaml)", "write_file(*.env)"],
+    );
     for (tool, path, outcome) in [
         ("edit_file", "config//prod.yaml", Outcome::Deny),
         ("edit_file", "config/./prod.yaml", Outcome::Deny),
@@ -269,33 +276,60 @@ fn hostile_spellings_meet_the_rules_of_the_file_they_touch() {
             NameCase::Sensitive,
         );
         assert!(refused.is_err(), "{bad}");
-        assert!(hame_fs::FsPath::parse(bad).is_err(), "the tool refuses {bad} too");
+        assert!(
+            hame_fs::FsPath::parse(bad).is_err(),
+            "the tool refuses {bad} too"
+        );
     }
     // Another tool's `path` that FsPath refuses is compared as given.
     assert_eq!(
-        call_argument("mcp__s__get", &serde_json::json!({"path": "../x"}), NameCase::Sensitive),
+        call_argument(
+            "mcp__s__get",
+            &serde_json::json!({"path": "../x"}),
+            NameCase::Sensitive
+        ),
         Ok(Some(Argument::text("../x")))
     );
 }
 
 #[test]
 fn unicode_forms_and_folded_case_meet_the_same_rules() {
-    let r = rules(&[], &[], &["write_file(caf\u{e9}/*)", "read_file(Secret/**)"]);
+    let r = rules(
+        &[],
+        &[],
+        &["write_file(caf\u{e9}/*)", "read_file(Secret/**)"],
+    );
     let nfd = "cafe\u{301}/a.txt";
-    assert_eq!(decide(&q("write_file", Some(nfd)), &r, &[]).outcome, Outcome::Deny);
+    assert_eq!(
+        decide(&q("write_file", Some(nfd)), &r, &[]).outcome,
+        Outcome::Deny
+    );
     let folded = |tool: &'static str, a: &str| Question {
         argument: Some(
-            call_argument(tool, &serde_json::json!({"file_path": a}), NameCase::Insensitive)
-                .expect("valid")
-                .expect("some"),
+            call_argument(
+                tool,
+                &serde_json::json!({"file_path": a}),
+                NameCase::Insensitive,
+            )
+            .expect("valid")
+            .expect("some"),
         ),
         case: NameCase::Insensitive,
         ..q(tool, None)
     };
-    assert_eq!(decide(&folded("read_file", "SECRET/k"), &r, &[]).outcome, Outcome::Deny);
-    assert_eq!(decide(&folded("read_file", "secret/k"), &r, &[]).outcome, Outcome::Deny);
+    assert_eq!(
+        decide(&folded("read_file", "SECRET/k"), &r, &[]).outcome,
+        Outcome::Deny
+    );
+    assert_eq!(
+        decide(&folded("read_file", "secret/k"), &r, &[]).outcome,
+        Outcome::Deny
+    );
     // A backend that does not fold case: `SECRET/k` is another file.
-    assert_eq!(decide(&q("read_file", Some("SECRET/k")), &r, &[]).outcome, Outcome::Allow);
+    assert_eq!(
+        decide(&q("read_file", Some("SECRET/k")), &r, &[]).outcome,
+        Outcome::Allow
+    );
 }
 
 /// The table names every tool the harness registers by default (a new built-in must be

@@ -405,7 +405,10 @@ impl Layer for PermissionLayer {
                         approval: None,
                     },
                 );
-                return ToolOutcome::Done(Err(ToolError::new(hame_fs::codes::INVALID_PATH, reason)));
+                return ToolOutcome::Done(Err(ToolError::new(
+                    hame_fs::codes::INVALID_PATH,
+                    reason,
+                )));
             }
         };
         let argument = parsed.as_ref().map(|a| a.shown.clone());
