@@ -540,3 +540,154 @@ async fn chat_asks_inline_and_runs_the_call_on_yes() -> TestResult {
     );
     Ok(())
 }
+
+/// Issue #30, item 1: with `deny edit_file(config/prod.yaml)` and `deny write_file(*.env)`,
+/// every spelling the file tools accept for those files is denied and nothing is written;
+/// a `..` spelling is refused before any rule, as the tool refuses it.
+#[tokio::test]
+async fn hostile_spellings_of_a_denied_path_are_denied_and_nothing_is_written() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    let call = hame_test_support::ScriptToolCall::new;
+    let edit = |p: &str| json!({"file_path": p, "old_string": "original", "new_string": "pwned"});
+    server.push_all([
+        ScriptStep::tool_calls(vec![
+            call("c1", "edit_file", &edit("config//prod.yaml")),
+            call("c2", "edit_file", &edit("config/./prod.yaml")),
+            call("c3", "edit_file", &edit("config/prod.yaml/")),
+            call("c4", "edit_file", &edit("/./config/prod.yaml")),
+            call("c5", "edit_file", &edit("config/../config/prod.yaml")),
+            call(
+                "c6",
+                "write_file",
+                &json!({"file_path": "a.env/", "content": "SECRET=1"}),
+            ),
+            call(
+                "c7",
+                "write_file",
+                &json!({"file_path": "dir//b.env", "content": "SECRET=1"}),
+            ),
+        ]),
+        ScriptStep::text("done"),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let tj = json!({"permissions": {"deny": ["edit_file(config/prod.yaml)", "write_file(*.env)"]}});
+    let (ws, ws_s) = workspace(dir.path(), Some(tj))?;
+    fs::create_dir_all(ws.join("config"))?;
+    fs::write(ws.join("config/prod.yaml"), "original")?;
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "go",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(fs::read_to_string(ws.join("config/prod.yaml"))?, "original");
+    assert!(!ws.join("a.env").exists() && !ws.join("dir/b.env").exists());
+    let results = tool_results(&server);
+    assert_eq!(results.len(), 7, "{results:?}");
+    for (i, r) in results.iter().enumerate() {
+        let expected = if i == 4 {
+            "invalid_path"
+        } else {
+            "permission_denied"
+        };
+        assert!(r.contains(expected), "call {}: {r}", i + 1);
+    }
+    // The denial names the file that would have been touched.
+    assert!(
+        results[0].contains("`edit_file` (config/prod.yaml) was denied by policy"),
+        "{}",
+        results[0]
+    );
+    Ok(())
+}
+
+/// The same spellings meet `ask` rules: the call is suspended, nothing is written.
+#[tokio::test]
+async fn hostile_spellings_of_an_asked_path_are_suspended() -> TestResult {
+    for spelling in ["out//a.txt", "./out/./a.txt", "out/a.txt/"] {
+        let server = ScriptedServer::start().await?;
+        server.push_all([
+            ScriptStep::tool_call(
+                "c1",
+                "write_file",
+                json!({"file_path": spelling, "content": "hello"}),
+            ),
+            ScriptStep::text("written"),
+        ]);
+        let dir = tempfile::tempdir()?;
+        let tj = json!({"permissions": {"ask": ["write_file(out/*)"]}});
+        let (ws, ws_s) = workspace(dir.path(), Some(tj))?;
+        let out = run_with(
+            dir.path(),
+            &server.base_url(),
+            &["--workspace", &ws_s],
+            "go",
+            &[],
+        )
+        .await?;
+        assert_eq!(out.status.code(), Some(3), "{spelling}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("write_file out/a.txt (rule `ask write_file(out/*)`)"),
+            "{spelling}: {}",
+            stderr(&out)
+        );
+        assert!(!ws.join("out/a.txt").exists(), "{spelling}");
+    }
+    Ok(())
+}
+
+/// Issue #30, item 13: `a` to a call an `ask` rule stopped sticks: the next identical call
+/// (same tool, same file, however spelled) runs without asking.
+#[tokio::test]
+async fn chat_always_under_an_ask_rule_does_not_ask_again() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    let edit = |p: &str, old: &str, new: &str| json!({"file_path": p, "old_string": old, "new_string": new});
+    server.push_all([
+        ScriptStep::tool_call("c1", "edit_file", edit("notes.md", "v1", "v2")),
+        ScriptStep::text("first"),
+        ScriptStep::tool_call("c2", "edit_file", edit("notes.md", "v2", "v3")),
+        ScriptStep::text("second"),
+        ScriptStep::tool_call("c3", "edit_file", edit("./notes.md", "v3", "v4")),
+        ScriptStep::text("third"),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let tj = json!({"permissions": {"ask": ["edit_file(notes.md)"]}});
+    let (ws, ws_s) = workspace(dir.path(), Some(tj))?;
+    fs::write(ws.join("notes.md"), "v1")?;
+    let state = dir.path().join("state").to_string_lossy().into_owned();
+    let base = server.base_url();
+    let env = [
+        ("OPENAI_BASE_URL", base.as_str()),
+        ("HAME_STATE_HOME", state.as_str()),
+    ];
+    let mut cmd = hame(
+        &["chat", "--model", "openai:m", "--workspace", &ws_s],
+        &env,
+        dir.path(),
+    );
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = tokio::task::spawn_blocking(move || -> std::io::Result<std::process::Output> {
+        let mut child = cmd.spawn()?;
+        if let Some(mut stdin) = child.stdin.take() {
+            // One answer only: a second question would read "edit again" as a no.
+            stdin.write_all(b"edit once\na\nedit again\nand again\n")?;
+        }
+        child.wait_with_output()
+    })
+    .await??;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.matches("allow edit_file notes.md?").count(), 1, "{err}");
+    assert_eq!(fs::read_to_string(ws.join("notes.md"))?, "v4");
+    let o = stdout(&out);
+    assert!(
+        o.contains("first") && o.contains("second") && o.contains("third"),
+        "{o}"
+    );
+    Ok(())
+}

@@ -161,3 +161,134 @@ async fn users_cannot_see_each_other_in_a_shared_store() -> TestResult {
     )
     .await
 }
+
+/// Issue #30, item 3: a folder is a user's because its name is a user id hame served, not
+/// because of what it holds. Alice's template folder without any marker is hidden from bob
+/// once alice has called; a project folder that holds `skills/` and `AGENTS.md` is not.
+#[tokio::test]
+async fn user_folders_are_the_users_hame_served_not_folders_with_markers() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(ws.join("alice"))?;
+    fs::create_dir_all(ws.join("proj/skills/lint"))?;
+    fs::write(ws.join("alice/persona.txt"), "alice-secret-3")?;
+    fs::write(ws.join("proj/AGENTS.md"), "project readme shared-5")?;
+    fs::write(ws.join("proj/skills/lint/SKILL.md"), "lint skill shared-6")?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let base = server.base_url();
+    server.push_all([ScriptStep::text("hi alice")]);
+    let args = [
+        "--workspace",
+        ws_s.as_str(),
+        "--isolated",
+        "--user",
+        "alice",
+    ];
+    let out = run_with(dir.path(), &base, &args, "hello", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+
+    let call = hame_test_support::ScriptToolCall::new;
+    server.push_all([
+        ScriptStep::tool_calls(vec![
+            call(
+                "b1",
+                "read_file",
+                &json!({"file_path": "alice/persona.txt"}),
+            ),
+            call("b2", "grep_files", &json!({"pattern": "secret|shared"})),
+            call("b3", "list_files", &json!({"path": "/"})),
+        ]),
+        ScriptStep::text("done"),
+    ]);
+    let args = ["--workspace", ws_s.as_str(), "--isolated", "--user", "bob"];
+    let out = run_with(dir.path(), &base, &args, "look", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let results = tool_results(&server);
+    assert!(
+        results.iter().all(|r| !r.contains("alice-secret")),
+        "{results:#?}"
+    );
+    assert!(!results[2].contains("alice"), "{}", results[2]);
+    assert!(
+        results[1].contains("shared-5") && results[1].contains("shared-6"),
+        "{}",
+        results[1]
+    );
+    assert!(results[2].contains("proj/"), "{}", results[2]);
+    Ok(())
+}
+
+/// Issue #30, item 4: bob's own link to alice's folder (and one out of the workspace) leads
+/// his file tools nowhere: walks do not follow it, a path through it does not exist.
+#[tokio::test]
+async fn a_users_symlink_does_not_lead_into_another_users_folder() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    fs::write(dir.path().join("outside.txt"), "outside-secret-9")?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let base = server.base_url();
+    server.push_all([
+        ScriptStep::tool_call(
+            "a1",
+            "write_file",
+            json!({"file_path": "alice/secret.md", "content": "alice-secret-42"}),
+        ),
+        ScriptStep::text("saved"),
+    ]);
+    let out = run_with(
+        dir.path(),
+        &base,
+        &["--workspace", &ws_s, "--user", "alice"],
+        "save",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    fs::create_dir_all(ws.join("bob"))?;
+    std::os::unix::fs::symlink("../alice", ws.join("bob/x"))?;
+    std::os::unix::fs::symlink("../alice/secret.md", ws.join("bob/y"))?;
+    std::os::unix::fs::symlink(dir.path().join("outside.txt"), ws.join("bob/out"))?;
+    let call = hame_test_support::ScriptToolCall::new;
+    server.push_all([
+        ScriptStep::tool_calls(vec![
+            call("b1", "grep_files", &json!({"pattern": "secret"})),
+            call(
+                "b2",
+                "grep_files",
+                &json!({"pattern": "secret", "path": "bob"}),
+            ),
+            call("b3", "glob_files", &json!({"pattern": "**"})),
+            call("b4", "list_files", &json!({"path": "bob/x"})),
+            call("b5", "read_file", &json!({"file_path": "bob/x/secret.md"})),
+            call("b6", "read_file", &json!({"file_path": "bob/y"})),
+            call("b7", "read_file", &json!({"file_path": "bob/out"})),
+            call(
+                "b8",
+                "grep_files",
+                &json!({"pattern": "alice", "path": "bob/x/agents"}),
+            ),
+        ]),
+        ScriptStep::text("done"),
+    ]);
+    let out = run_with(
+        dir.path(),
+        &base,
+        &["--workspace", &ws_s, "--user", "bob"],
+        "look",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let results = tool_results(&server);
+    assert_eq!(results.len(), 8);
+    for r in &results {
+        assert!(
+            !r.contains("secret-") && !r.contains("alice/") && !r.contains("session"),
+            "bob reached alice's files: {results:#?}"
+        );
+    }
+    Ok(())
+}
