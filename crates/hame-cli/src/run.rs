@@ -32,20 +32,7 @@ pub(crate) fn suspended_lines(s: &hame::Suspended) -> String {
     s.calls
         .iter()
         .map(|c| {
-            let args: serde_json::Value =
-                serde_json::from_str(&c.call.arguments).unwrap_or(serde_json::Value::Null);
-            let main = [
-                "file_path",
-                "path",
-                "command",
-                "agent_id",
-                "subagent_type",
-                "id",
-                "pattern",
-            ]
-            .iter()
-            .find_map(|k| args.get(*k).and_then(|v| v.as_str()))
-            .unwrap_or("");
+            let main = crate::approve::shown_argument(c);
             format!(
                 "approval needed: {} {} {} ({})",
                 c.suspension.id, c.call.name, main, c.suspension.reason
