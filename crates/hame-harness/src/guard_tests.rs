@@ -37,6 +37,30 @@ async fn conformance_without_rules() {
     hame_fs::conformance::run_all(&GuardFs::new(mem, GuardRules::default())).await;
 }
 
+/// The names a listing of the root shows.
+async fn root_names(g: &GuardFs) -> Result<Vec<String>> {
+    Ok(g.list(&FsPath::root())
+        .await?
+        .into_iter()
+        .map(|e| e.path.as_str().to_owned())
+        .collect())
+}
+
+/// The paths a literal search for `needle` finds, sorted.
+async fn grep_paths(g: &GuardFs, needle: &str) -> Result<Vec<String>> {
+    let mut req = GrepRequest::new(needle);
+    req.literal = true;
+    let mut hits: Vec<String> = g
+        .grep(&req)
+        .await?
+        .matches
+        .into_iter()
+        .map(|m| m.path.as_str().to_owned())
+        .collect();
+    hits.sort();
+    Ok(hits)
+}
+
 /// A registry over `store` that knows `users`.
 async fn registry(store: Arc<InMemoryFs>, users: &[&str]) -> Result<Arc<UserRegistry>> {
     let r = Arc::new(UserRegistry::new(store.clone(), store));
@@ -51,24 +75,13 @@ async fn walks_skip_runtime_roots_and_other_users() -> Result<()> {
     let mem = seeded().await;
     let g = GuardFs::new(mem.clone(), rules(Some("alice")))
         .with_users(registry(mem, &["alice", "bob"]).await?);
+    assert_eq!(
+        grep_paths(&g, "needle").await?,
+        vec!["alice/AGENTS.md", "notes.md"]
+    );
+    assert_eq!(root_names(&g).await?, vec!["alice", "notes.md"]);
     let mut req = GrepRequest::new("needle");
     req.literal = true;
-    let mut hits: Vec<String> = g
-        .grep(&req)
-        .await?
-        .matches
-        .into_iter()
-        .map(|m| m.path.as_str().to_owned())
-        .collect();
-    hits.sort();
-    assert_eq!(hits, vec!["alice/AGENTS.md", "notes.md"]);
-    let names: Vec<String> = g
-        .list(&FsPath::root())
-        .await?
-        .into_iter()
-        .map(|e| e.path.as_str().to_owned())
-        .collect();
-    assert_eq!(names, vec!["alice", "notes.md"]);
     // Named, a runtime root is readable and searchable.
     assert!(
         g.read_bytes(&p("agents/hame/sessions/s.log.jsonl"))
@@ -155,23 +168,11 @@ async fn user_folders_are_the_registered_ids_whatever_they_hold() -> Result<()> 
             .is_err_and(|e| e.is_not_found())
     );
     assert_eq!(bob.read_bytes(&p("proj/AGENTS.md")).await?, b"needle");
-    let names: Vec<String> = bob
-        .list(&FsPath::root())
-        .await?
-        .into_iter()
-        .map(|e| e.path.as_str().to_owned())
-        .collect();
-    assert_eq!(names, vec!["proj"]);
-    let mut req = GrepRequest::new("needle");
-    req.literal = true;
-    let hits: Vec<String> = bob
-        .grep(&req)
-        .await?
-        .matches
-        .into_iter()
-        .map(|m| m.path.as_str().to_owned())
-        .collect();
-    assert_eq!(hits, vec!["proj/AGENTS.md", "proj/skills/x/SKILL.md"]);
+    assert_eq!(root_names(&bob).await?, vec!["proj"]);
+    assert_eq!(
+        grep_paths(&bob, "needle").await?,
+        vec!["proj/AGENTS.md", "proj/skills/x/SKILL.md"]
+    );
     // Carol sees her own folder.
     let carol = GuardFs::new(mem, rules(Some("carol"))).with_users(reg);
     assert_eq!(carol.read_bytes(&p("carol/notes.md")).await?, b"needle");

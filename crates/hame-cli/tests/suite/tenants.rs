@@ -6,45 +6,58 @@ use hame_test_support::{ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use super::common::{run_with, stderr, system_of, tool_results};
+use super::common::{run_ok, run_with, stderr, system_of, tool_results};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
+/// One step of tool calls `b1`, `b2`, ... with these tools and arguments.
+fn probes(calls: &[(&str, serde_json::Value)]) -> ScriptStep {
+    ScriptStep::tool_calls(
+        calls
+            .iter()
+            .enumerate()
+            .map(|(i, (tool, args))| {
+                hame_test_support::ScriptToolCall::new(&format!("b{}", i + 1), tool, args)
+            })
+            .collect(),
+    )
+}
+
+/// Alice's turn: she writes her secret to `path`.
+fn alice_writes(path: &str) -> [ScriptStep; 2] {
+    [
+        ScriptStep::tool_call(
+            "a1",
+            "write_file",
+            json!({"file_path": path, "content": "alice-secret-42"}),
+        ),
+        ScriptStep::text("saved"),
+    ]
+}
+
 /// Bob's attempts on alice's files: every file tool, several spellings of each path.
 fn bob_probes() -> ScriptStep {
-    let call = hame_test_support::ScriptToolCall::new;
-    ScriptStep::tool_calls(vec![
-        call("b1", "read_file", &json!({"file_path": "secret.md"})),
-        call("b2", "read_file", &json!({"file_path": "alice/secret.md"})),
-        call(
-            "b3",
+    probes(&[
+        ("read_file", json!({"file_path": "secret.md"})),
+        ("read_file", json!({"file_path": "alice/secret.md"})),
+        ("read_file", json!({"file_path": "/alice/./secret.md"})),
+        ("read_file", json!({"file_path": "alice/AGENTS.md"})),
+        (
             "read_file",
-            &json!({"file_path": "/alice/./secret.md"}),
+            json!({"file_path": "agents/hame/users/alice/home/secret.md"}),
         ),
-        call("b4", "read_file", &json!({"file_path": "alice/AGENTS.md"})),
-        call(
-            "b5",
-            "read_file",
-            &json!({"file_path": "agents/hame/users/alice/home/secret.md"}),
-        ),
-        call("b6", "grep_files", &json!({"pattern": "alice-secret"})),
-        call(
-            "b7",
-            "grep_files",
-            &json!({"pattern": "alice", "path": "alice"}),
-        ),
-        call("b8", "glob_files", &json!({"pattern": "**/*.md"})),
-        call("b9", "list_files", &json!({"path": "/"})),
-        call("b10", "list_files", &json!({"path": "alice"})),
-        call(
-            "b11",
+        ("grep_files", json!({"pattern": "alice-secret"})),
+        ("grep_files", json!({"pattern": "alice", "path": "alice"})),
+        ("glob_files", json!({"pattern": "**/*.md"})),
+        ("list_files", json!({"path": "/"})),
+        ("list_files", json!({"path": "alice"})),
+        (
             "edit_file",
-            &json!({"file_path": "alice/AGENTS.md", "old_string": "persona", "new_string": "hacked"}),
+            json!({"file_path": "alice/AGENTS.md", "old_string": "persona", "new_string": "hacked"}),
         ),
-        call(
-            "b12",
+        (
             "write_file",
-            &json!({"file_path": "alice/AGENTS.md", "content": "hacked"}),
+            json!({"file_path": "alice/AGENTS.md", "content": "hacked"}),
         ),
     ])
 }
@@ -60,14 +73,7 @@ async fn users_cannot_see_each_other_in(mode: &[&str], path: &str) -> TestResult
     let ws_s = ws.to_string_lossy().into_owned();
     let base = server.base_url();
 
-    server.push_all([
-        ScriptStep::tool_call(
-            "a1",
-            "write_file",
-            json!({"file_path": path, "content": "alice-secret-42"}),
-        ),
-        ScriptStep::text("saved"),
-    ]);
+    server.push_all(alice_writes(path));
     let mut args = vec!["--workspace", ws_s.as_str(), "--user", "alice"];
     args.extend_from_slice(mode);
     let out = run_with(dir.path(), &base, &args, "save", &[]).await?;
@@ -178,32 +184,24 @@ async fn user_folders_are_the_users_hame_served_not_folders_with_markers() -> Te
     let ws_s = ws.to_string_lossy().into_owned();
     let base = server.base_url();
     server.push_all([ScriptStep::text("hi alice")]);
-    let args = [
+    let alice = [
         "--workspace",
         ws_s.as_str(),
         "--isolated",
         "--user",
         "alice",
     ];
-    let out = run_with(dir.path(), &base, &args, "hello", &[]).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-
-    let call = hame_test_support::ScriptToolCall::new;
+    run_ok(dir.path(), &base, &alice, "hello").await?;
     server.push_all([
-        ScriptStep::tool_calls(vec![
-            call(
-                "b1",
-                "read_file",
-                &json!({"file_path": "alice/persona.txt"}),
-            ),
-            call("b2", "grep_files", &json!({"pattern": "secret|shared"})),
-            call("b3", "list_files", &json!({"path": "/"})),
+        probes(&[
+            ("read_file", json!({"file_path": "alice/persona.txt"})),
+            ("grep_files", json!({"pattern": "secret|shared"})),
+            ("list_files", json!({"path": "/"})),
         ]),
         ScriptStep::text("done"),
     ]);
-    let args = ["--workspace", ws_s.as_str(), "--isolated", "--user", "bob"];
-    let out = run_with(dir.path(), &base, &args, "look", &[]).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let bob = ["--workspace", ws_s.as_str(), "--isolated", "--user", "bob"];
+    run_ok(dir.path(), &base, &bob, "look").await?;
     let results = tool_results(&server);
     assert!(
         results.iter().all(|r| !r.contains("alice-secret")),
@@ -230,58 +228,31 @@ async fn a_users_symlink_does_not_lead_into_another_users_folder() -> TestResult
     fs::write(dir.path().join("outside.txt"), "outside-secret-9")?;
     let ws_s = ws.to_string_lossy().into_owned();
     let base = server.base_url();
-    server.push_all([
-        ScriptStep::tool_call(
-            "a1",
-            "write_file",
-            json!({"file_path": "alice/secret.md", "content": "alice-secret-42"}),
-        ),
-        ScriptStep::text("saved"),
-    ]);
-    let out = run_with(
-        dir.path(),
-        &base,
-        &["--workspace", &ws_s, "--user", "alice"],
-        "save",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    server.push_all(alice_writes("alice/secret.md"));
+    let alice = ["--workspace", ws_s.as_str(), "--user", "alice"];
+    run_ok(dir.path(), &base, &alice, "save").await?;
     fs::create_dir_all(ws.join("bob"))?;
     std::os::unix::fs::symlink("../alice", ws.join("bob/x"))?;
     std::os::unix::fs::symlink("../alice/secret.md", ws.join("bob/y"))?;
     std::os::unix::fs::symlink(dir.path().join("outside.txt"), ws.join("bob/out"))?;
-    let call = hame_test_support::ScriptToolCall::new;
     server.push_all([
-        ScriptStep::tool_calls(vec![
-            call("b1", "grep_files", &json!({"pattern": "secret"})),
-            call(
-                "b2",
+        probes(&[
+            ("grep_files", json!({"pattern": "secret"})),
+            ("grep_files", json!({"pattern": "secret", "path": "bob"})),
+            ("glob_files", json!({"pattern": "**"})),
+            ("list_files", json!({"path": "bob/x"})),
+            ("read_file", json!({"file_path": "bob/x/secret.md"})),
+            ("read_file", json!({"file_path": "bob/y"})),
+            ("read_file", json!({"file_path": "bob/out"})),
+            (
                 "grep_files",
-                &json!({"pattern": "secret", "path": "bob"}),
-            ),
-            call("b3", "glob_files", &json!({"pattern": "**"})),
-            call("b4", "list_files", &json!({"path": "bob/x"})),
-            call("b5", "read_file", &json!({"file_path": "bob/x/secret.md"})),
-            call("b6", "read_file", &json!({"file_path": "bob/y"})),
-            call("b7", "read_file", &json!({"file_path": "bob/out"})),
-            call(
-                "b8",
-                "grep_files",
-                &json!({"pattern": "alice", "path": "bob/x/agents"}),
+                json!({"pattern": "alice", "path": "bob/x/agents"}),
             ),
         ]),
         ScriptStep::text("done"),
     ]);
-    let out = run_with(
-        dir.path(),
-        &base,
-        &["--workspace", &ws_s, "--user", "bob"],
-        "look",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let bob = ["--workspace", ws_s.as_str(), "--user", "bob"];
+    run_ok(dir.path(), &base, &bob, "look").await?;
     let results = tool_results(&server);
     assert_eq!(results.len(), 8);
     for r in &results {
