@@ -1,6 +1,5 @@
 use super::*;
 use hame_fs::InMemoryFs;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 fn p(s: &str) -> FsPath {
     FsPath::parse(s).unwrap_or_default()
@@ -179,51 +178,6 @@ async fn user_folders_are_the_registered_ids_whatever_they_hold() -> Result<()> 
     Ok(())
 }
 
-/// Counts the operations that reach the inner filesystem.
-#[derive(Debug)]
-struct Counting {
-    inner: Arc<InMemoryFs>,
-    probes: AtomicUsize,
-    others: AtomicUsize,
-}
-
-impl Counting {
-    fn new(inner: Arc<InMemoryFs>) -> Arc<Self> {
-        Arc::new(Self {
-            inner,
-            probes: AtomicUsize::new(0),
-            others: AtomicUsize::new(0),
-        })
-    }
-}
-
-hame_fs::forward_filesystem! {
-    impl Filesystem for Counting {
-        inner = |s| &s.inner;
-        forward = [delete, rename, read_range, append, edit, grep, glob];
-        async fn stat(&self, path: &FsPath) -> Result<FileInfo> {
-            self.probes.fetch_add(1, Ordering::Relaxed);
-            self.inner.stat(path).await
-        }
-        async fn exists(&self, path: &FsPath) -> Result<bool> {
-            self.probes.fetch_add(1, Ordering::Relaxed);
-            self.inner.exists(path).await
-        }
-        async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
-            self.others.fetch_add(1, Ordering::Relaxed);
-            self.inner.list(path).await
-        }
-        async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
-            self.others.fetch_add(1, Ordering::Relaxed);
-            self.inner.read_bytes(path).await
-        }
-        async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version> {
-            self.others.fetch_add(1, Ordering::Relaxed);
-            self.inner.write(path, data, options).await
-        }
-    }
-}
-
 /// A view reads the registry once (one `list` of the store) and then pays no probe per
 /// file operation: the old marker rule paid up to 8 `exists` (Redis round trips in store
 /// mode) for each one.
@@ -231,8 +185,8 @@ hame_fs::forward_filesystem! {
 async fn file_operations_pay_no_probe_for_user_folders() -> Result<()> {
     let mem = seeded().await;
     registry(mem.clone(), &["alice", "bob"]).await?;
-    let store = Counting::new(mem.clone());
-    let files = Counting::new(mem.clone());
+    let store = Arc::new(hame_fs::CountingFs::new(mem.clone()));
+    let files = Arc::new(hame_fs::CountingFs::new(mem.clone()));
     let reg = Arc::new(UserRegistry::new(store.clone(), mem.clone()));
     let g = GuardFs::new(files.clone(), rules(Some("alice"))).with_users(reg);
     for _ in 0..10 {
@@ -240,22 +194,15 @@ async fn file_operations_pay_no_probe_for_user_folders() -> Result<()> {
         g.read_bytes(&p("alice/AGENTS.md")).await?;
         assert!(g.read_bytes(&p("bob/AGENTS.md")).await.is_err());
     }
+    let (files, store) = (files.counts(), store.counts());
     assert_eq!(
-        files.probes.load(Ordering::Relaxed),
+        files.of("exists") + files.of("stat"),
         0,
-        "no exists/stat probe"
+        "no probe: {files:?}"
     );
-    assert_eq!(
-        files.others.load(Ordering::Relaxed),
-        20,
-        "the reads themselves"
-    );
-    assert_eq!(store.probes.load(Ordering::Relaxed), 0);
-    assert_eq!(
-        store.others.load(Ordering::Relaxed),
-        1,
-        "one list of the registry"
-    );
+    assert_eq!(files.total(), 20, "the reads themselves: {files:?}");
+    assert_eq!(store.total(), 1, "one list of the registry: {store:?}");
+    assert_eq!(store.of("list"), 1);
     Ok(())
 }
 
