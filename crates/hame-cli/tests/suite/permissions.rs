@@ -9,7 +9,7 @@ use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
 use super::common::{
-    chat_ok, hame, output, run_ok, run_with, state_dir, stderr, stdout, system_of, tool_results,
+    chat_ok, hame, output, run_with, state_dir, stderr, stdout, system_of, tool_results,
 };
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
