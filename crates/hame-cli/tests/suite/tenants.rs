@@ -17,7 +17,7 @@ fn probes(calls: &[(&str, serde_json::Value)]) -> ScriptStep {
             .iter()
             .enumerate()
             .map(|(i, (tool, args))| {
-                hame_test_support::ScriptToolCall::new(&format!("b{}", i + 1), *tool, args)
+                hame_test_support::ScriptToolCall::new(format!("b{}", i + 1), *tool, args)
             })
             .collect(),
     )
