@@ -124,7 +124,7 @@ pub(crate) async fn inline(
             let prompt = format!(
                 "allow {} {}? [y/N/a(lways)] ",
                 c.call.name,
-                main_argument(c)
+                shown_argument(c)
             );
             let answer = match lines.read(&prompt).await? {
                 crate::chat::Input::Line(l) => l,
@@ -145,7 +145,15 @@ pub(crate) async fn inline(
     Ok(())
 }
 
-fn main_argument(c: &SuspendedCall) -> String {
-    let args: serde_json::Value = serde_json::from_str(&c.call.arguments).unwrap_or_default();
-    hame::harness::permissions::decide::main_argument(&args).unwrap_or_default()
+/// The argument of a waiting call as a person should read it: the one the permission
+/// layer decided on (for a path, the file the tool will touch), else the call's own.
+pub(crate) fn shown_argument(c: &SuspendedCall) -> String {
+    if let Some(a) = c.suspension.data.get("argument").and_then(|v| v.as_str()) {
+        return a.to_owned();
+    }
+    crate::run::key_argument_values(&c.call.arguments)
+        .into_iter()
+        .next()
+        .map(|(_, v)| v)
+        .unwrap_or_default()
 }

@@ -266,6 +266,7 @@ async fn build_agent(
     builder = crate::skills::configure(builder, &common.capabilities);
     builder = builder.workspace(config.workspace.value.clone());
     builder = builder.max_iterations(config.max_iterations.value);
+    builder = builder.users(config.users.value.clone());
     builder = builder.isolation_scope(config.isolation.value.into());
     builder = builder.permission_mode(config.permission_mode.value.harness_mode());
     let memory = if !config.memory.value {

@@ -14,6 +14,7 @@
 //! isolation = "user"
 //! isolated = false
 //! permission_mode = "ask"
+//! users = ["alice", "bob"]
 //! [memory]
 //! enabled = true
 //! index = "postgres://user@host/db"
@@ -55,6 +56,8 @@ struct File {
     isolation: Option<Isolation>,
     isolated: Option<bool>,
     permission_mode: Option<PermissionMode>,
+    /// User ids whose `<userId>/` folders are theirs before their first call.
+    users: Option<Vec<String>>,
     #[serde(default)]
     memory: MemorySection,
     #[serde(default)]
@@ -121,6 +124,8 @@ pub(crate) struct Effective {
     pub(crate) context_window: Setting<Option<u64>>,
     pub(crate) subagent_depth: Setting<usize>,
     pub(crate) task_wait: Setting<u64>,
+    /// Declared user ids (their `<userId>/` folders are private from the start).
+    pub(crate) users: Setting<Vec<String>>,
     /// The configuration files that exist and were read, highest precedence first.
     pub(crate) files: Vec<PathBuf>,
 }
@@ -398,6 +403,15 @@ pub(crate) fn resolve(common: &Common) -> anyhow::Result<Effective> {
         ],
         DEFAULT_TASK_WAIT,
     );
+    let users = pick(
+        (None, "--"),
+        None,
+        &[
+            (w.users.clone(), ws_path.as_path()),
+            (u.users.clone(), up.as_path()),
+        ],
+        Vec::new(),
+    );
     if isolated.value && store.value.is_some() {
         return Err(ConfigError(format!(
             "isolated ({}) and store ({}) exclude each other: pick one mode",
@@ -423,6 +437,7 @@ pub(crate) fn resolve(common: &Common) -> anyhow::Result<Effective> {
         context_window,
         subagent_depth,
         task_wait,
+        users,
         files,
     })
 }
@@ -514,6 +529,7 @@ pub(crate) fn show(args: ConfigArgs) -> anyhow::Result<()> {
             serde_json::json!(shown(&e.memory_index.value)),
             &e.memory_index.source,
         ),
+        ("users", serde_json::json!(e.users.value), &e.users.source),
         (
             "limits.max_iterations",
             serde_json::json!(e.max_iterations.value),

@@ -42,19 +42,30 @@ pub(crate) fn warn_on(ev: &AgentEvent) {
     }
 }
 
-/// The argument keys a tool line shows, in order: paths, the command, search patterns,
-/// subagent and task ids.
+/// The argument keys that name what a call works on, in order: paths, the command,
+/// subagent and task ids, search patterns.
 const KEY_ARGUMENTS: &[&str] = &[
     "file_path",
     "path",
     "command",
+    "agent_id",
+    "task_id",
+    "subagent_type",
+    "id",
     "pattern",
     "query",
-    "agent_id",
-    "subagent_type",
-    "task_id",
-    "id",
 ];
+
+/// The key arguments of a call whose arguments are `arguments` (JSON text), in
+/// [`KEY_ARGUMENTS`] order, as given.
+pub(crate) fn key_argument_values(arguments: &str) -> Vec<(&'static str, String)> {
+    let args: serde_json::Value =
+        serde_json::from_str(arguments).unwrap_or(serde_json::Value::Null);
+    KEY_ARGUMENTS
+        .iter()
+        .filter_map(|k| Some((*k, args.get(*k)?.as_str()?.to_owned())))
+        .collect()
+}
 
 /// Longest value a tool line shows of one argument, in characters.
 const ARGUMENT_CHARS: usize = 60;
@@ -62,14 +73,9 @@ const ARGUMENT_CHARS: usize = 60;
 /// The key arguments of a call whose arguments are `arguments` (JSON text): `(key, value)`
 /// in [`KEY_ARGUMENTS`] order, each value on one line and clipped to [`ARGUMENT_CHARS`].
 pub(crate) fn key_arguments(arguments: &str) -> Vec<(&'static str, String)> {
-    let args: serde_json::Value =
-        serde_json::from_str(arguments).unwrap_or(serde_json::Value::Null);
-    KEY_ARGUMENTS
-        .iter()
-        .filter_map(|k| {
-            let v = args.get(*k)?.as_str()?;
-            Some((*k, clip(v)))
-        })
+    key_argument_values(arguments)
+        .into_iter()
+        .map(|(k, v)| (k, clip(&v)))
         .collect()
 }
 
@@ -106,11 +112,7 @@ pub(crate) fn suspended_lines(s: &hame::Suspended) -> String {
     s.calls
         .iter()
         .map(|c| {
-            let main = key_arguments(&c.call.arguments)
-                .into_iter()
-                .next()
-                .map(|(_, v)| v)
-                .unwrap_or_default();
+            let main = crate::approve::shown_argument(c);
             format!(
                 "approval needed: {} {} {} ({})",
                 c.suspension.id, c.call.name, main, c.suspension.reason

@@ -32,6 +32,20 @@ pub enum FileKind {
     Dir,
 }
 
+/// An optional ability (like [`Execute`]): a filesystem with symbolic links says where a
+/// path leads. Views that hide parts of a tree by path (the harness's `GuardFs`) check the
+/// resolved path as well as the named one, so a link cannot lead into what they hide.
+/// Backends without links (memory, Redis, object storage) do not implement it.
+pub trait Links: Send + Sync + std::fmt::Debug {
+    /// Where `path` leads once its links are followed, as a path of this filesystem: the
+    /// longest existing prefix resolved (a link that leaves the root: `permission_denied`),
+    /// the rest appended as given. A path without links resolves to itself.
+    fn resolve(&self, path: &FsPath) -> Result<FsPath>;
+
+    /// The names of the symbolic links directly in the directory `dir`.
+    fn links_in(&self, dir: &FsPath) -> Result<Vec<String>>;
+}
+
 /// Metadata of one entry.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileInfo {

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::fs::{
     AppendOptions, BINARY_SNIFF_BYTES, DEFAULT_READ_LINES, EditOutcome, EditRequest, FileInfo,
     Filesystem, GREP_MAX_FILE_BYTES, GlobOutput, GlobRequest, GrepMatch, GrepOutput, GrepRequest,
-    ReadWindow, TextWindow, Version, WriteMode, WriteOptions,
+    Links, ReadWindow, TextWindow, Version, WriteMode, WriteOptions,
 };
 use crate::path::FsPath;
 
@@ -379,11 +379,27 @@ pub async fn files_at<F: Filesystem + ?Sized>(
 /// Every file at or below `base`, sorted by path (a file `base` yields itself), found by
 /// walking with `list`.
 pub async fn walk_files<F: Filesystem + ?Sized>(fs: &F, base: &FsPath) -> Result<Vec<FileInfo>> {
-    files_at(fs, base, walk_below(fs, base)).await
+    files_at(fs, base, walk_below(fs, base, None)).await
 }
 
-/// Every file strictly below the directory `base`, sorted, by walking with `list`.
-async fn walk_below<F: Filesystem + ?Sized>(fs: &F, base: &FsPath) -> Result<Vec<FileInfo>> {
+/// [`walk_files`] that neither returns nor descends the symbolic links `links` names (a
+/// view over a backend with links: a walk never leads out of the tree it names, and never
+/// loops).
+pub async fn walk_files_without_links<F: Filesystem + ?Sized>(
+    fs: &F,
+    base: &FsPath,
+    links: &dyn Links,
+) -> Result<Vec<FileInfo>> {
+    files_at(fs, base, walk_below(fs, base, Some(links))).await
+}
+
+/// Every file strictly below the directory `base`, sorted, by walking with `list`
+/// (skipping the entries that are `links`).
+async fn walk_below<F: Filesystem + ?Sized>(
+    fs: &F,
+    base: &FsPath,
+    links: Option<&dyn Links>,
+) -> Result<Vec<FileInfo>> {
     let mut out = Vec::new();
     let mut stack = vec![base.clone()];
     while let Some(dir) = stack.pop() {
@@ -393,7 +409,14 @@ async fn walk_below<F: Filesystem + ?Sized>(fs: &F, base: &FsPath) -> Result<Vec
             Err(Error::NotFound { .. }) => continue,
             Err(e) => return Err(e),
         };
+        let skip = match links {
+            Some(l) => l.links_in(&dir).unwrap_or_default(),
+            None => Vec::new(),
+        };
         for e in entries {
+            if skip.iter().any(|n| n == e.path.file_name()) {
+                continue;
+            }
             if e.is_dir() {
                 stack.push(e.path);
             } else {
@@ -621,8 +644,25 @@ pub async fn grep_via_walk<F: Filesystem + ?Sized>(
     fs: &F,
     request: &GrepRequest,
 ) -> Result<GrepOutput> {
+    grep_via_walk_of(fs, request, None).await
+}
+
+/// [`grep_via_walk`] that skips symbolic links ([`walk_files_without_links`]).
+pub async fn grep_via_walk_without_links<F: Filesystem + ?Sized>(
+    fs: &F,
+    request: &GrepRequest,
+    links: &dyn Links,
+) -> Result<GrepOutput> {
+    grep_via_walk_of(fs, request, Some(links)).await
+}
+
+async fn grep_via_walk_of<F: Filesystem + ?Sized>(
+    fs: &F,
+    request: &GrepRequest,
+    links: Option<&dyn Links>,
+) -> Result<GrepOutput> {
     let search = GrepSearch::new(request)?;
-    let files = walk_files(fs, &request.path).await?;
+    let files = files_at(fs, &request.path, walk_below(fs, &request.path, links)).await?;
     grep_files(search, files, 1, |path| async move {
         fs.read_bytes(&path).await
     })
@@ -663,6 +703,17 @@ pub async fn glob_via_walk<F: Filesystem + ?Sized>(
 ) -> Result<GlobOutput> {
     compile_glob(&request.pattern)?;
     let files = walk_files(fs, &request.path).await?;
+    glob_filter(request, files)
+}
+
+/// [`glob_via_walk`] that skips symbolic links ([`walk_files_without_links`]).
+pub async fn glob_via_walk_without_links<F: Filesystem + ?Sized>(
+    fs: &F,
+    request: &GlobRequest,
+    links: &dyn Links,
+) -> Result<GlobOutput> {
+    compile_glob(&request.pattern)?;
+    let files = walk_files_without_links(fs, &request.path, links).await?;
     glob_filter(request, files)
 }
 

@@ -64,13 +64,13 @@ pub use fs::{
     AppendOptions, BINARY_SNIFF_BYTES, DEFAULT_READ_LINES, DOWNLOAD_CONCURRENCY, DeleteOptions,
     Durability, EditOutcome, EditRequest, ExecOutput, ExecRequest, Execute, FileInfo, FileKind,
     Filesystem, FilesystemExt, GREP_MAX_FILE_BYTES, GlobOutput, GlobRequest, GrepMatch, GrepOutput,
-    GrepRequest, ReadWindow, RenameOptions, TextWindow, Version, WriteMode, WriteOptions,
+    GrepRequest, Links, ReadWindow, RenameOptions, TextWindow, Version, WriteMode, WriteOptions,
 };
 #[cfg(feature = "local")]
 pub use local::{INLINE_READ_MAX, LocalFs, LocalFsOptions};
 pub use memory::InMemoryFs;
 pub use namespace::{Isolation, MAX_ID_BYTES, Namespace, Scope, tenant_fs, validate_id};
-pub use path::{FsPath, MAX_DEPTH, MAX_PATH_BYTES, MAX_SEGMENT_BYTES};
+pub use path::{FsPath, MAX_DEPTH, MAX_PATH_BYTES, MAX_SEGMENT_BYTES, NameCase, pattern_key};
 #[cfg(feature = "local")]
 pub use shell::{LocalShell, ShellOptions};
 pub use wrappers::{CompositeFs, OverlayFs, PrefixFs, ReadOnlyFs};

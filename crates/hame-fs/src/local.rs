@@ -13,11 +13,11 @@ use rustix::io::Errno;
 use crate::error::{Error, Result};
 use crate::fs::{
     AppendOptions, DeleteOptions, EditOutcome, EditRequest, FileInfo, FileKind, Filesystem,
-    GlobOutput, GlobRequest, GrepOutput, GrepRequest, RenameOptions, Version, WriteMode,
+    GlobOutput, GlobRequest, GrepOutput, GrepRequest, Links, RenameOptions, Version, WriteMode,
     WriteOptions,
 };
 use crate::generic::{self, GrepSearch};
-use crate::path::FsPath;
+use crate::path::{FsPath, NameCase};
 
 /// Options of [`LocalFs`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,6 +61,7 @@ struct Inner {
     options: LocalFsOptions,
     locks: Vec<Mutex<()>>,
     tmp_counter: AtomicU64,
+    name_case: std::sync::OnceLock<NameCase>,
 }
 
 /// A filesystem rooted at a local directory.
@@ -79,8 +80,8 @@ struct Inner {
 ///   race-free across processes; `IfMatch` holds an exclusive `flock` on the current file
 ///   from the check to the rename, so compare-and-set is atomic across processes too;
 ///   `append` is serialised per path within the process (striped locks);
-/// * symlinks whose target leaves the root are invisible in `list`, `grep` and `glob`;
-///   symlinked directories are not descended by `grep`/`glob`.
+/// * symlinks whose target leaves the root are invisible in `list`; `grep` and `glob`
+///   skip every symlink (walks do not follow links); [`Links`] says where a path leads.
 #[derive(Debug, Clone)]
 pub struct LocalFs {
     inner: Arc<Inner>,
@@ -577,6 +578,88 @@ impl Inner {
         Ok(())
     }
 
+    fn probe_name_case(&self) -> NameCase {
+        let lower = format!(
+            ".hame-tmp-{}-{}-case",
+            std::process::id(),
+            self.tmp_counter.fetch_add(1, Ordering::Relaxed)
+        );
+        if self.root.create(&lower).is_ok() {
+            let folded = self.root.symlink_metadata(lower.to_uppercase()).is_ok();
+            let _ = self.root.remove_file(&lower);
+            return if folded {
+                NameCase::Insensitive
+            } else {
+                NameCase::Sensitive
+            };
+        }
+        let Ok(entries) = self.root.entries() else {
+            return NameCase::Sensitive;
+        };
+        let names: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+            .collect();
+        for name in &names {
+            let other: String = name
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_lowercase() {
+                        c.to_ascii_uppercase()
+                    } else {
+                        c.to_ascii_lowercase()
+                    }
+                })
+                .collect();
+            if other == *name || names.contains(&other) {
+                continue;
+            }
+            let (Ok(a), Ok(b)) = (
+                self.root.symlink_metadata(name),
+                self.root.symlink_metadata(&other),
+            ) else {
+                return NameCase::Sensitive;
+            };
+            return if a.ino() == b.ino() && a.dev() == b.dev() {
+                NameCase::Insensitive
+            } else {
+                NameCase::Sensitive
+            };
+        }
+        NameCase::Sensitive
+    }
+
+    fn resolve(&self, path: &FsPath) -> Result<FsPath> {
+        let mut rest: Vec<String> = Vec::new();
+        let mut base = path.clone();
+        loop {
+            if base.is_root() {
+                return Ok(path.clone());
+            }
+            match self.root.canonicalize(rel(&base)) {
+                Ok(real) => {
+                    let real = real.to_str().ok_or_else(|| Error::PermissionDenied {
+                        path: path.to_string(),
+                        reason: "a link leads to a name that is not UTF-8".into(),
+                    })?;
+                    let mut out = FsPath::parse(real)?;
+                    for seg in rest.iter().rev() {
+                        out = out.join(seg)?;
+                    }
+                    return Ok(out);
+                }
+                Err(e)
+                    if errno_of(&e) == Some(Errno::NOENT)
+                        || e.kind() == io::ErrorKind::NotFound =>
+                {
+                    rest.push(base.file_name().to_owned());
+                    base = base.parent().unwrap_or_default();
+                }
+                Err(e) => return Err(map_io(path, e)),
+            }
+        }
+    }
+
     fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
         let md = self.root.metadata(rel(path)).map_err(|e| map_io(path, e))?;
         if !md.is_dir() {
@@ -623,7 +706,10 @@ impl Inner {
         }
     }
 
-    /// Every regular file below `base`, sorted; symlinked directories are not descended.
+    /// Every regular file below `base`, sorted. Symbolic links are skipped, to files and
+    /// to directories alike (ripgrep's default): a walk never leads elsewhere than the tree
+    /// it names, so a view that hides parts of the tree by path sees every file a walk
+    /// returns under the path it has.
     fn walk(&self, base: &FsPath) -> Result<Vec<FileInfo>> {
         let info = self.stat(base)?;
         if !info.is_dir() {
@@ -645,9 +731,8 @@ impl Inner {
                 let Ok(ft) = entry.file_type() else { continue };
                 if ft.is_dir() {
                     stack.push(child);
-                } else if (ft.is_file() || ft.is_symlink())
-                    && let Ok(md) = self.entry_metadata(&entry, &child)
-                    && md.is_file()
+                } else if ft.is_file()
+                    && let Ok(md) = entry.metadata()
                 {
                     out.push(FileInfo {
                         path: child,
@@ -773,6 +858,7 @@ impl LocalFs {
                 options,
                 locks: (0..LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
                 tmp_counter: AtomicU64::new(0),
+                name_case: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -780,6 +866,19 @@ impl LocalFs {
     /// The host directory this filesystem is rooted at.
     pub fn root_path(&self) -> &Path {
         &self.inner.root_path
+    }
+
+    /// Whether the filesystem under the root folds case (`A` and `a` one file), found once
+    /// and remembered: a temporary `.hame-tmp-…-case` file is created in the root and
+    /// looked up in upper case, then removed; where the root is not writable, an entry of
+    /// the root with a letter is looked up in the other case (same inode: folding). Without
+    /// evidence: [`NameCase::Sensitive`]. A folder below the root with its own setting
+    /// (ext4's per-directory casefold attribute) is not seen.
+    pub fn name_case(&self) -> NameCase {
+        *self
+            .inner
+            .name_case
+            .get_or_init(|| self.inner.probe_name_case())
     }
 
     async fn blocking<T: Send + 'static>(
@@ -822,6 +921,25 @@ impl LocalFs {
 /// pool. On a slow or remote mount (NFS, FUSE) the inline calls stall the runtime's
 /// worker for their duration.
 pub const INLINE_READ_MAX: u64 = 1024 * 1024;
+
+impl Links for LocalFs {
+    fn resolve(&self, path: &FsPath) -> Result<FsPath> {
+        self.inner.resolve(path)
+    }
+
+    fn links_in(&self, dir: &FsPath) -> Result<Vec<String>> {
+        let entries = self
+            .inner
+            .root
+            .read_dir(rel(dir))
+            .map_err(|e| map_io(dir, e))?;
+        Ok(entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_symlink()))
+            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+            .collect())
+    }
+}
 
 #[async_trait]
 impl Filesystem for LocalFs {

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use unicode_normalization::UnicodeNormalization;
 
 use crate::error::{Error, Result};
 
@@ -128,6 +129,22 @@ impl FsPath {
         }
     }
 
+    /// The form that policy checks compare (permission rules, plan mode, subagent deny
+    /// rules): this path — already the exact path a tool touches, since both the tool and
+    /// the check take it from [`FsPath::parse`] — in Unicode NFC, and lower-cased when the
+    /// backend folds case ([`NameCase::Insensitive`]). Two spellings a backend takes for
+    /// one file (`a//b`, `./a/b`, `a/b/`, NFD and NFC forms, and on a case-folding backend
+    /// `A/B`) have one key. The key may be coarser than the backend (on Linux `café` in NFC
+    /// and NFD are two files with one key): a rule then covers both, never neither.
+    /// Match it against patterns normalised by [`pattern_key`].
+    pub fn match_key(&self, case: NameCase) -> String {
+        let nfc: String = self.0.nfc().collect();
+        match case {
+            NameCase::Sensitive => nfc,
+            NameCase::Insensitive => nfc.to_lowercase(),
+        }
+    }
+
     /// Whether `self` is `prefix` or lies below it (segment-wise: `ab` is not below `a`).
     pub fn starts_with(&self, prefix: &FsPath) -> bool {
         prefix.is_root()
@@ -146,6 +163,35 @@ impl FsPath {
         }
         let rest = &self.0[prefix.0.len()..];
         Some(FsPath(rest.trim_start_matches('/').to_owned()))
+    }
+}
+
+/// Whether a backend takes two names that differ only in case for one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum NameCase {
+    /// `A` and `a` are two files (Linux filesystems by default, Redis, object storage,
+    /// memory).
+    #[default]
+    Sensitive,
+    /// `A` and `a` are one file (macOS and Windows defaults, FAT/exFAT, CIFS, ext4
+    /// directories with the casefold attribute).
+    Insensitive,
+}
+
+/// A glob over paths in the form [`FsPath::match_key`] gives paths: leading `/` and `./`,
+/// empty and `.` segments and a trailing `/` dropped, NFC, lower-cased for
+/// [`NameCase::Insensitive`]. Glob syntax passes through (`*`, `**`, `?`, `[..]`, `{a,b}`);
+/// a `..` segment is kept (it then matches no key, as no path has one).
+pub fn pattern_key(pattern: &str, case: NameCase) -> String {
+    let joined = pattern
+        .split('/')
+        .filter(|s| !s.is_empty() && *s != ".")
+        .collect::<Vec<_>>()
+        .join("/");
+    let nfc: String = joined.nfc().collect();
+    match case {
+        NameCase::Sensitive => nfc,
+        NameCase::Insensitive => nfc.to_lowercase(),
     }
 }
 

@@ -81,6 +81,7 @@ pub struct HarnessAgentBuilder {
     state_store: Option<Arc<dyn StateStore>>,
     allow_local_state: bool,
     hidden_paths: Vec<PathBuf>,
+    declared_users: Vec<String>,
     lease: Option<LeaseOptions>,
     sandbox_lease: Option<LeaseOptions>,
     memory: Option<MemoryOptions>,
@@ -250,6 +251,19 @@ impl HarnessAgentBuilder {
         self
     }
 
+    /// User ids whose `<userId>/` folder of the workspace is theirs (hidden from every other
+    /// user) before their first call; a user is registered at its first call anyway
+    /// (`docs/filesystem.md`, ADR 0022). CLI: `users = [...]` in `hame.toml`.
+    pub fn users<I, S>(mut self, users: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.declared_users
+            .extend(users.into_iter().map(Into::into));
+        self
+    }
+
     /// Allows a single-machine state store (JSON files, memory) with a shared-store
     /// filesystem. Only for tests: replicas would not see each other's sessions.
     pub fn allow_local_state_with_shared_filesystem(mut self, allow: bool) -> Self {
@@ -383,13 +397,13 @@ impl HarnessAgentBuilder {
                 workspace.display()
             ))
         })?;
-        let local: Arc<dyn Filesystem> =
-            Arc::new(hame_fs::LocalFs::new(&workspace).map_err(|e| {
-                Error::Config(format!(
-                    "cannot open workspace {}: {e}",
-                    workspace.display()
-                ))
-            })?);
+        let local_fs = hame_fs::LocalFs::new(&workspace).map_err(|e| {
+            Error::Config(format!(
+                "cannot open workspace {}: {e}",
+                workspace.display()
+            ))
+        })?;
+        let local: Arc<dyn Filesystem> = Arc::new(local_fs.clone());
 
         // Runtime data (session logs, memory, offloaded results) is created 0600 / 0700.
         let private: Arc<dyn Filesystem> = Arc::new(
@@ -465,7 +479,10 @@ impl HarnessAgentBuilder {
             mode.workspace_mode(),
             exec.clone(),
         )
-        .with_hidden(hidden);
+        .with_hidden(hidden)
+        .with_declared_users(validated_users(&self.declared_users)?)
+        .with_links(Arc::new(local_fs.clone()))
+        .with_name_case(local_fs.name_case());
         if let Some(sandboxes) = mode.sandboxes() {
             tenancy = tenancy.with_sandboxes(sandboxes.clone());
         }
@@ -1026,6 +1043,12 @@ impl HarnessAgent {
                 .clone()
         };
         let _local = slot.lock().await;
+        // The caller's `<userId>/` folder is its own before the call writes anything there.
+        self.inner
+            .tenancy
+            .register_user(ctx.user_id.as_deref())
+            .await
+            .map_err(|e| Error::storage("registering the user id failed", e))?;
         // ... and across processes and replicas behind the store's lease.
         let lease = match self.inner.state_store.acquire(&key, self.inner.lease).await {
             Ok(l) => Arc::new(l),
@@ -1156,4 +1179,13 @@ impl HarnessAgent {
         };
         (result, unflushed)
     }
+}
+
+/// The declared user ids, each checked by the one id rule (a bad one is a configuration
+/// error naming it).
+fn validated_users(users: &[String]) -> Result<Vec<String>> {
+    for u in users {
+        validate_id("user id", u)?;
+    }
+    Ok(users.to_vec())
 }

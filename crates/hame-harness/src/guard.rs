@@ -10,22 +10,33 @@
 //!   `glob`, `list` of a parent) skip them unless the walk starts inside one; writes, edits,
 //!   moves and deletes are refused with `permission_denied` (only hame writes them, and the
 //!   session logs are append-only).
-//! * **user folders** (when set): a top-level folder that holds one of the workspace's own
-//!   names ([`USER_FOLDER_MARKERS`]: `AGENTS.md`, `MEMORY.md`, `agents/`, `memory/`,
-//!   `skills/`, ...) is some user's override folder; every user folder but the caller's own
-//!   is hidden.
+//! * **user folders** (when set): a top-level folder whose name is a registered user id
+//!   ([`UserRegistry`]: ids hame served a call for, ids the application declares, and the
+//!   folders an earlier hame protected) is that user's; every user folder but the caller's
+//!   own is hidden. The registry is read once per view (a view is made per call), at its
+//!   first file operation: no probe per operation.
+//!
+//! Over a backend with symbolic links ([`GuardFs::with_links`]: the local workspace) every
+//! path is checked as named *and* as resolved, so a link cannot lead into what is hidden or
+//! protected: operations through it say `not_found` (or `permission_denied` for a write
+//! into a runtime root), listings leave it out, and walks never follow links.
 //!
 //! It implements every `Filesystem` method through `hame_fs::forward_filesystem!`.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use hame_fs::{
     AppendOptions, DeleteOptions, EditOutcome, EditRequest, Error, FileInfo, Filesystem, FsPath,
-    GlobOutput, GlobRequest, GrepOutput, GrepRequest, RenameOptions, Result, Version, WriteOptions,
-    generic,
+    GlobOutput, GlobRequest, GrepOutput, GrepRequest, Links, RenameOptions, Result, Version,
+    WriteOptions, generic,
 };
 
-/// Names whose presence at the top of a folder makes it a per-user override folder.
+use crate::users::UserRegistry;
+
+/// The names the migration from marker files looked for (an earlier hame took a top-level
+/// folder holding one of them for a user's folder; now only the registry decides,
+/// [`UserRegistry`]).
 pub const USER_FOLDER_MARKERS: &[&str] = &[
     "AGENTS.md",
     "MEMORY.md",
@@ -37,6 +48,14 @@ pub const USER_FOLDER_MARKERS: &[&str] = &[
     "tools.json",
 ];
 
+/// Whether a top-level name is one of the workspace's own (never a user's folder, even if a
+/// user id is spelled so).
+pub fn is_workspace_name(name: &str) -> bool {
+    USER_FOLDER_MARKERS.contains(&name)
+        || crate::template::RUNTIME_ROOTS.contains(&name)
+        || name == hame_memory::offload::DEFAULT_OFFLOAD_DIR
+}
+
 /// What a [`GuardFs`] hides and protects.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GuardRules {
@@ -44,9 +63,16 @@ pub struct GuardRules {
     pub hidden: Vec<FsPath>,
     /// The caller's runtime roots: skipped by walks, never written by the file tools.
     pub runtime: Vec<FsPath>,
-    /// Hide top-level user folders ([`USER_FOLDER_MARKERS`]) except this caller's own
-    /// (`Some(None)`: hide every user folder; `None`: no user-folder rule).
+    /// Hide the folders of registered users ([`GuardFs::with_users`]) except this caller's
+    /// own (`Some(None)`: hide every user folder; `None`: no user-folder rule).
     pub user_folders: Option<Option<String>>,
+}
+
+/// The registered users as one view read them (once).
+#[derive(Debug)]
+struct UserView {
+    registry: Arc<UserRegistry>,
+    loaded: tokio::sync::OnceCell<BTreeSet<String>>,
 }
 
 /// A view of `inner` under [`GuardRules`].
@@ -54,6 +80,8 @@ pub struct GuardRules {
 pub struct GuardFs {
     inner: Arc<dyn Filesystem>,
     rules: Arc<GuardRules>,
+    users: Option<Arc<UserView>>,
+    links: Option<Arc<dyn Links>>,
 }
 
 fn under(path: &FsPath, root: &FsPath) -> bool {
@@ -66,7 +94,26 @@ impl GuardFs {
         Self {
             inner,
             rules: Arc::new(rules),
+            users: None,
+            links: None,
         }
+    }
+
+    /// The registry that says which top-level folders are users' (read once, at the first
+    /// operation that needs it).
+    pub fn with_users(mut self, registry: Arc<UserRegistry>) -> Self {
+        self.users = Some(Arc::new(UserView {
+            registry,
+            loaded: tokio::sync::OnceCell::new(),
+        }));
+        self
+    }
+
+    /// Says where `inner`'s paths lead (the same path space as `inner`): every path is then
+    /// checked as resolved too, and walks skip links.
+    pub fn with_links(mut self, links: Arc<dyn Links>) -> Self {
+        self.links = Some(links);
+        self
     }
 
     fn not_found(path: &FsPath) -> Error {
@@ -75,58 +122,59 @@ impl GuardFs {
         }
     }
 
-    /// Whether the top-level folder `name` is another user's override folder.
-    async fn foreign_user_folder(&self, name: &str) -> bool {
-        let Some(own) = &self.rules.user_folders else {
-            return false;
-        };
-        // A folder named like one of the workspace's own names is never a user folder.
-        if own.as_deref() == Some(name)
-            || USER_FOLDER_MARKERS.contains(&name)
-            || crate::template::RUNTIME_ROOTS.contains(&name)
-            || name == hame_memory::offload::DEFAULT_OFFLOAD_DIR
-        {
-            return false;
+    /// The registered users (empty without a user-folder rule).
+    async fn users(&self) -> Result<Option<&BTreeSet<String>>> {
+        match (&self.rules.user_folders, &self.users) {
+            (Some(_), Some(view)) => view
+                .loaded
+                .get_or_try_init(|| view.registry.users())
+                .await
+                .map(Some),
+            _ => Ok(None),
         }
-        let Ok(dir) = FsPath::parse(name) else {
-            return false;
-        };
-        if !matches!(self.inner.stat(&dir).await, Ok(info) if info.is_dir()) {
-            return false;
-        }
-        for marker in USER_FOLDER_MARKERS {
-            if let Ok(p) = dir.join(marker)
-                && matches!(self.inner.exists(&p).await, Ok(true))
-            {
-                return true;
-            }
-        }
-        false
     }
 
-    /// Whether `path` does not exist for the caller.
-    async fn is_hidden(&self, path: &FsPath) -> bool {
+    /// Whether `path`, as named, does not exist for the caller.
+    fn hidden_as_named(&self, path: &FsPath, users: Option<&BTreeSet<String>>) -> bool {
         if self.rules.hidden.iter().any(|h| under(path, h)) {
             return true;
         }
-        match path.segments().next() {
-            Some(first) => self.foreign_user_folder(first).await,
-            None => false,
+        let (Some(own), Some(users), Some(first)) =
+            (&self.rules.user_folders, users, path.segments().next())
+        else {
+            return false;
+        };
+        own.as_deref() != Some(first) && users.contains(first) && !is_workspace_name(first)
+    }
+
+    /// Where `path` leads, when it leads elsewhere than it is named.
+    fn resolved(&self, path: &FsPath) -> Option<FsPath> {
+        let links = self.links.as_ref()?;
+        links.resolve(path).ok().filter(|r| r != path)
+    }
+
+    /// Whether `path` does not exist for the caller: as named, or where its links lead.
+    async fn is_hidden(&self, path: &FsPath) -> Result<bool> {
+        let users = self.users().await?;
+        if self.hidden_as_named(path, users) {
+            return Ok(true);
         }
+        Ok(self
+            .resolved(path)
+            .is_some_and(|r| self.hidden_as_named(&r, users)))
     }
 
     async fn check(&self, path: &FsPath) -> Result<()> {
-        if self.is_hidden(path).await {
+        if self.is_hidden(path).await? {
             return Err(Self::not_found(path));
         }
         Ok(())
     }
 
-    async fn check_write(&self, path: &FsPath) -> Result<()> {
-        self.check(path).await?;
+    fn check_runtime(&self, path: &FsPath, named: &FsPath) -> Result<()> {
         if let Some(root) = self.rules.runtime.iter().find(|r| under(path, r)) {
             return Err(Error::PermissionDenied {
-                path: path.as_str().to_owned(),
+                path: named.as_str().to_owned(),
                 reason: format!(
                     "{} holds hame's runtime data (session logs are append-only); the file tools \
                      never change it: read the history with session_history",
@@ -137,11 +185,20 @@ impl GuardFs {
         // Moving or deleting a folder that holds a runtime root would move that data too.
         if !path.is_root() && self.rules.runtime.iter().any(|r| under(r, path)) {
             return Err(Error::PermissionDenied {
-                path: path.as_str().to_owned(),
+                path: named.as_str().to_owned(),
                 reason: "the folder holds hame's runtime data (session logs); the file tools \
                          never change it"
                     .into(),
             });
+        }
+        Ok(())
+    }
+
+    async fn check_write(&self, path: &FsPath) -> Result<()> {
+        self.check(path).await?;
+        self.check_runtime(path, path)?;
+        if let Some(r) = self.resolved(path) {
+            self.check_runtime(&r, path)?;
         }
         Ok(())
     }
@@ -162,13 +219,13 @@ impl GuardFs {
                 .any(|h| under(h, base))
     }
 
-    /// Whether a listing of `dir` shows `entry`.
-    async fn shows(&self, dir: &FsPath, entry: &FsPath) -> bool {
+    /// Whether a listing of `dir` shows `entry` (as named; links are checked by `list`).
+    fn shows(&self, dir: &FsPath, entry: &FsPath, users: Option<&BTreeSet<String>>) -> bool {
         let in_runtime = self.rules.runtime.iter().any(|r| under(dir, r));
         if !in_runtime && self.rules.runtime.iter().any(|r| under(entry, r)) {
             return false;
         }
-        !self.is_hidden(entry).await
+        !self.hidden_as_named(entry, users)
     }
 }
 
@@ -182,11 +239,28 @@ hame_fs::forward_filesystem! {
         async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
             self.check(path).await?;
             let entries = self.inner.list(path).await?;
+            let users = self.users().await?;
+            // Where the folder itself leads, and which entries are links.
+            let real_dir = self.resolved(path);
+            let links = match &self.links {
+                Some(l) => l.links_in(path).unwrap_or_default(),
+                None => Vec::new(),
+            };
             let mut shown = Vec::with_capacity(entries.len());
             for e in entries {
-                if self.shows(path, &e.path).await {
-                    shown.push(e);
+                if !self.shows(path, &e.path, users) {
+                    continue;
                 }
+                let name = e.path.file_name();
+                let real = if links.iter().any(|n| n == name) {
+                    self.resolved(&e.path)
+                } else {
+                    real_dir.as_ref().and_then(|d| d.join(name).ok())
+                };
+                if real.is_some_and(|r| !self.shows(real_dir.as_ref().unwrap_or(path), &r, users)) {
+                    continue;
+                }
+                shown.push(e);
             }
             Ok(shown)
         }
@@ -197,7 +271,7 @@ hame_fs::forward_filesystem! {
         }
 
         async fn exists(&self, path: &FsPath) -> Result<bool> {
-            if self.is_hidden(path).await {
+            if self.is_hidden(path).await? {
                 return Ok(false);
             }
             self.inner.exists(path).await
@@ -236,18 +310,43 @@ hame_fs::forward_filesystem! {
 
         async fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
             self.check(&request.path).await?;
-            if self.walk_filtered(&request.path) {
-                return generic::grep_via_walk(self, request).await;
+            match self.walk_through_view(&request.path) {
+                Walk::Native => self.inner.grep(request).await,
+                Walk::Listed(None) => generic::grep_via_walk(self, request).await,
+                Walk::Listed(Some(links)) => {
+                    generic::grep_via_walk_without_links(self, request, links.as_ref()).await
+                }
             }
-            self.inner.grep(request).await
         }
 
         async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
             self.check(&request.path).await?;
-            if self.walk_filtered(&request.path) {
-                return generic::glob_via_walk(self, request).await;
+            match self.walk_through_view(&request.path) {
+                Walk::Native => self.inner.glob(request).await,
+                Walk::Listed(None) => generic::glob_via_walk(self, request).await,
+                Walk::Listed(Some(links)) => {
+                    generic::glob_via_walk_without_links(self, request, links.as_ref()).await
+                }
             }
-            self.inner.glob(request).await
+        }
+    }
+}
+
+/// How a walk of a [`GuardFs`] runs.
+enum Walk<'a> {
+    /// The backend's own search: nothing below the base is hidden, and it follows no link.
+    Native,
+    /// Over the view's filtered listing (skipping links when the backend has them).
+    Listed(Option<&'a Arc<dyn Links>>),
+}
+
+impl GuardFs {
+    fn walk_through_view(&self, base: &FsPath) -> Walk<'_> {
+        // A base reached through a link leads where the names below it do not say.
+        if self.walk_filtered(base) || self.resolved(base).is_some() {
+            Walk::Listed(self.links.as_ref())
+        } else {
+            Walk::Native
         }
     }
 }

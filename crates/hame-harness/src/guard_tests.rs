@@ -36,10 +36,18 @@ async fn conformance_without_rules() {
     hame_fs::conformance::run_all(&GuardFs::new(mem, GuardRules::default())).await;
 }
 
-#[tokio::test]
-async fn walks_skip_runtime_roots_and_other_users() -> Result<()> {
-    let g = GuardFs::new(seeded().await, rules(Some("alice")));
-    let mut req = GrepRequest::new("needle");
+/// The names a listing of the root shows.
+async fn root_names(g: &GuardFs) -> Result<Vec<String>> {
+    Ok(g.list(&FsPath::root())
+        .await?
+        .into_iter()
+        .map(|e| e.path.as_str().to_owned())
+        .collect())
+}
+
+/// The paths a literal search for `needle` finds, sorted.
+async fn grep_paths(g: &GuardFs, needle: &str) -> Result<Vec<String>> {
+    let mut req = GrepRequest::new(needle);
     req.literal = true;
     let mut hits: Vec<String> = g
         .grep(&req)
@@ -49,14 +57,30 @@ async fn walks_skip_runtime_roots_and_other_users() -> Result<()> {
         .map(|m| m.path.as_str().to_owned())
         .collect();
     hits.sort();
-    assert_eq!(hits, vec!["alice/AGENTS.md", "notes.md"]);
-    let names: Vec<String> = g
-        .list(&FsPath::root())
-        .await?
-        .into_iter()
-        .map(|e| e.path.as_str().to_owned())
-        .collect();
-    assert_eq!(names, vec!["alice", "notes.md"]);
+    Ok(hits)
+}
+
+/// A registry over `store` that knows `users`.
+async fn registry(store: Arc<InMemoryFs>, users: &[&str]) -> Result<Arc<UserRegistry>> {
+    let r = Arc::new(UserRegistry::new(store.clone(), store));
+    for u in users {
+        r.register(u).await?;
+    }
+    Ok(r)
+}
+
+#[tokio::test]
+async fn walks_skip_runtime_roots_and_other_users() -> Result<()> {
+    let mem = seeded().await;
+    let g = GuardFs::new(mem.clone(), rules(Some("alice")))
+        .with_users(registry(mem, &["alice", "bob"]).await?);
+    assert_eq!(
+        grep_paths(&g, "needle").await?,
+        vec!["alice/AGENTS.md", "notes.md"]
+    );
+    assert_eq!(root_names(&g).await?, vec!["alice", "notes.md"]);
+    let mut req = GrepRequest::new("needle");
+    req.literal = true;
     // Named, a runtime root is readable and searchable.
     assert!(
         g.read_bytes(&p("agents/hame/sessions/s.log.jsonl"))
@@ -122,6 +146,175 @@ async fn runtime_roots_are_never_written() -> Result<()> {
         g.write(&p("out/a.txt"), b"a".to_vec(), WriteOptions::default())
             .await
             .is_ok()
+    );
+    Ok(())
+}
+
+/// A folder is a user's because its name is a registered id, not because of what it holds:
+/// a user's folder without any marker is hidden, a project folder with `skills/` is not.
+#[tokio::test]
+async fn user_folders_are_the_registered_ids_whatever_they_hold() -> Result<()> {
+    let mem = Arc::new(InMemoryFs::new());
+    for path in ["carol/notes.md", "proj/skills/x/SKILL.md", "proj/AGENTS.md"] {
+        mem.write(&p(path), b"needle".to_vec(), WriteOptions::default())
+            .await?;
+    }
+    let reg = registry(mem.clone(), &["carol"]).await?;
+    let bob = GuardFs::new(mem.clone(), rules(Some("bob"))).with_users(reg.clone());
+    assert!(
+        bob.read_bytes(&p("carol/notes.md"))
+            .await
+            .is_err_and(|e| e.is_not_found())
+    );
+    assert_eq!(bob.read_bytes(&p("proj/AGENTS.md")).await?, b"needle");
+    assert_eq!(root_names(&bob).await?, vec!["proj"]);
+    assert_eq!(
+        grep_paths(&bob, "needle").await?,
+        vec!["proj/AGENTS.md", "proj/skills/x/SKILL.md"]
+    );
+    // Carol sees her own folder.
+    let carol = GuardFs::new(mem, rules(Some("carol"))).with_users(reg);
+    assert_eq!(carol.read_bytes(&p("carol/notes.md")).await?, b"needle");
+    Ok(())
+}
+
+/// A view reads the registry once (one `list` of the store) and then pays no probe per
+/// file operation: the old marker rule paid up to 8 `exists` (Redis round trips in store
+/// mode) for each one.
+#[tokio::test]
+async fn file_operations_pay_no_probe_for_user_folders() -> Result<()> {
+    let mem = seeded().await;
+    registry(mem.clone(), &["alice", "bob"]).await?;
+    let store = Arc::new(hame_fs::CountingFs::new(mem.clone()));
+    let files = Arc::new(hame_fs::CountingFs::new(mem.clone()));
+    let reg = Arc::new(UserRegistry::new(store.clone(), mem.clone()));
+    let g = GuardFs::new(files.clone(), rules(Some("alice"))).with_users(reg);
+    for _ in 0..10 {
+        g.read_bytes(&p("notes.md")).await?;
+        g.read_bytes(&p("alice/AGENTS.md")).await?;
+        assert!(g.read_bytes(&p("bob/AGENTS.md")).await.is_err());
+    }
+    let (files, store) = (files.counts(), store.counts());
+    assert_eq!(
+        files.of("exists") + files.of("stat"),
+        0,
+        "no probe: {files:?}"
+    );
+    assert_eq!(files.total(), 20, "the reads themselves: {files:?}");
+    assert_eq!(store.total(), 1, "one list of the registry: {store:?}");
+    assert_eq!(store.of("list"), 1);
+    Ok(())
+}
+
+/// Bob's own links lead to alice's folder, to her file, up to the root and out of the
+/// workspace: no file tool of his returns her content or changes it, and a walk never
+/// follows a link (item 4 of #30).
+#[tokio::test]
+async fn links_do_not_lead_out_of_the_callers_view()
+-> std::result::Result<(), Box<dyn std::error::Error>> {
+    use std::os::unix::fs::symlink;
+    let tmp = tempfile::tempdir()?;
+    let root = tmp.path().join("ws");
+    let outside = tmp.path().join("outside");
+    std::fs::create_dir_all(root.join("alice/agents/hame/sessions"))?;
+    std::fs::create_dir_all(root.join("bob"))?;
+    std::fs::create_dir_all(&outside)?;
+    std::fs::write(
+        root.join("alice/agents/hame/sessions/s.log.jsonl"),
+        "alice-secret log",
+    )?;
+    std::fs::write(root.join("alice/notes.md"), "alice-secret notes")?;
+    std::fs::write(outside.join("o.md"), "outside-secret")?;
+    std::fs::write(root.join("bob/mine.md"), "bob's own")?;
+    symlink("../alice", root.join("bob/x"))?;
+    symlink("../alice/notes.md", root.join("bob/y"))?;
+    symlink("..", root.join("bob/up"))?;
+    symlink(&outside, root.join("bob/out"))?;
+    let local = hame_fs::LocalFs::new(&root)?;
+    let inner: Arc<dyn Filesystem> = Arc::new(local.clone());
+    let store = Arc::new(hame_fs::LocalFs::new(&root)?);
+    let reg = Arc::new(UserRegistry::new(store, inner.clone()));
+    for u in ["alice", "bob"] {
+        reg.register(u).await?;
+    }
+    let bob = GuardFs::new(
+        inner,
+        GuardRules {
+            hidden: vec![p("agents")],
+            runtime: vec![p("bob/agents")],
+            user_folders: Some(Some("bob".into())),
+        },
+    )
+    .with_users(reg)
+    .with_links(Arc::new(local));
+    let mut seen = Vec::new();
+    for base in ["", "bob", "bob/x", "bob/up"] {
+        let mut req = GrepRequest::new("secret");
+        req.path = p(base);
+        match bob.grep(&req).await {
+            Ok(out) => seen.extend(
+                out.matches
+                    .into_iter()
+                    .map(|m| format!("{}:{}", m.path, m.text)),
+            ),
+            Err(e) => assert!(e.is_not_found(), "{base}: {e}"),
+        }
+        let mut glob = GlobRequest::new("**");
+        glob.path = p(base);
+        match bob.glob(&glob).await {
+            Ok(out) => seen.extend(out.files.into_iter().map(|f| f.path.to_string())),
+            Err(e) => assert!(e.is_not_found(), "{base}: {e}"),
+        }
+    }
+    for dir in ["bob", "bob/x", "bob/up", "bob/up/alice", "bob/out"] {
+        if let Ok(entries) = bob.list(&p(dir)).await {
+            seen.extend(entries.into_iter().map(|e| e.path.to_string()));
+        }
+    }
+    for file in [
+        "bob/y",
+        "bob/x/notes.md",
+        "bob/up/alice/notes.md",
+        "bob/x/agents/hame/sessions/s.log.jsonl",
+        "bob/out/o.md",
+    ] {
+        if let Ok(b) = bob.read_bytes(&p(file)).await {
+            seen.push(String::from_utf8_lossy(&b).into_owned());
+        }
+        assert!(
+            !matches!(bob.exists(&p(file)).await, Ok(true)),
+            "{file} exists for bob"
+        );
+        assert!(
+            bob.write(&p(file), b"bob was here".to_vec(), WriteOptions::default())
+                .await
+                .is_err(),
+            "bob wrote {file}"
+        );
+    }
+    assert!(
+        seen.iter()
+            .all(|s| !s.contains("secret") && !s.contains("notes") && !s.contains("/x/")),
+        "{seen:#?}"
+    );
+    // A walk of the root or of bob's folder follows no link: bob's file, once.
+    let all = bob.glob(&GlobRequest::new("**")).await?;
+    let names: Vec<String> = all.files.iter().map(|f| f.path.to_string()).collect();
+    assert_eq!(names, vec!["/bob/mine.md"]);
+    let mut req = GrepRequest::new("own");
+    req.path = p("bob");
+    assert_eq!(bob.grep(&req).await?.matches.len(), 1);
+    assert_eq!(
+        std::fs::read_to_string(root.join("alice/notes.md"))?,
+        "alice-secret notes"
+    );
+    // A link into a runtime root is no way to write it.
+    symlink("agents", root.join("bob/rt"))?;
+    std::fs::create_dir_all(root.join("bob/agents"))?;
+    assert!(
+        bob.write(&p("bob/rt/x.jsonl"), b"x".to_vec(), WriteOptions::default())
+            .await
+            .is_err_and(|e| e.code() == hame_fs::codes::PERMISSION_DENIED)
     );
     Ok(())
 }

@@ -57,6 +57,7 @@ mod tenancy;
 mod tools;
 pub mod tools_config;
 mod tools_layer;
+pub mod users;
 mod workspace;
 
 pub use agent::{
@@ -77,4 +78,5 @@ pub use recorder::{CALL_ID_EXTRA, SessionRecorder};
 pub use template::{RUNTIME_ROOTS, TemplateFs};
 pub use tenancy::{FilesystemMode, Tenancy};
 pub use tools_layer::{MCP_FAILED_EVENT, ToolsConfigError, ToolsConfigLayer};
+pub use users::UserRegistry;
 pub use workspace::{DEFAULT_WORKSPACE, WORKSPACE_ENV, resolve_workspace};

@@ -3,11 +3,14 @@
 use std::sync::Arc;
 
 use hame_core::RuntimeContext;
-use hame_fs::{Execute, Filesystem, FsPath, Isolation, Namespace, PrefixFs, Scope};
+use hame_fs::{
+    Execute, Filesystem, FsPath, Isolation, Links, NameCase, Namespace, PrefixFs, Scope,
+};
 use hame_tools::{Identity, Workspace, WorkspaceMode};
 
 use crate::guard::{GuardFs, GuardRules};
 use crate::template::TemplateFs;
+use crate::users::UserRegistry;
 
 /// Where workspace files physically live (the table of modes is in `docs/filesystem.md`).
 #[derive(Debug, Clone)]
@@ -89,6 +92,9 @@ pub struct Tenancy {
     exec: Option<Arc<dyn Execute>>,
     hidden: Vec<FsPath>,
     sandboxes: Option<Arc<dyn hame_sandbox::Sandboxes>>,
+    users: Arc<UserRegistry>,
+    links: Option<Arc<dyn Links>>,
+    name_case: NameCase,
 }
 
 impl Tenancy {
@@ -104,6 +110,7 @@ impl Tenancy {
         exec: Option<Arc<dyn Execute>>,
     ) -> Self {
         let template: Arc<dyn Filesystem> = Arc::new(TemplateFs::new(workspace.clone()));
+        let users = Arc::new(UserRegistry::new(store.clone(), workspace.clone()));
         let mut isolation = Isolation::new(agent);
         isolation.scope = scope;
         isolation.template = Some(template.clone());
@@ -116,6 +123,55 @@ impl Tenancy {
             exec,
             hidden: Vec::new(),
             sandboxes: None,
+            users,
+            links: None,
+            name_case: NameCase::Sensitive,
+        }
+    }
+
+    /// User ids whose `<userId>/` folders are theirs before their first call (the
+    /// registry's declared ids; see [`UserRegistry`]).
+    pub fn with_declared_users(mut self, users: impl IntoIterator<Item = String>) -> Self {
+        self.users = Arc::new(
+            UserRegistry::new(self.store.clone(), self.workspace.clone()).with_declared(users),
+        );
+        self
+    }
+
+    /// Says where the workspace's paths lead (its symbolic links): every view then checks
+    /// paths as resolved too, and walks skip links.
+    pub fn with_links(mut self, links: Arc<dyn Links>) -> Self {
+        self.links = Some(links);
+        self
+    }
+
+    /// Whether the workspace's filesystem folds case (policy checks compare paths so).
+    pub fn with_name_case(mut self, case: NameCase) -> Self {
+        self.name_case = case;
+        self
+    }
+
+    /// The registered user ids (see [`UserRegistry`]).
+    pub fn users(&self) -> &Arc<UserRegistry> {
+        &self.users
+    }
+
+    /// Registers a caller's user id before its call touches a file, so its `<userId>/`
+    /// folder is its own from then on (once per process and user).
+    pub async fn register_user(&self, user: Option<&str>) -> hame_fs::Result<()> {
+        match user {
+            Some(u) if self.mode != WorkspaceMode::Sandbox => self.users.register(u).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// A guard over `inner` (a view of the workspace's own paths) with the registry and
+    /// the workspace's links.
+    fn guard(&self, inner: Arc<dyn Filesystem>, rules: GuardRules) -> GuardFs {
+        let guard = GuardFs::new(inner, rules).with_users(self.users.clone());
+        match &self.links {
+            Some(l) => guard.with_links(l.clone()),
+            None => guard,
         }
     }
 
@@ -210,15 +266,21 @@ impl Tenancy {
                 }
                 rules.user_folders = Some(user.map(str::to_owned));
             }
-            let files: Arc<dyn Filesystem> = Arc::new(GuardFs::new(self.workspace.clone(), rules));
+            let files: Arc<dyn Filesystem> = Arc::new(self.guard(self.workspace.clone(), rules));
             Workspace::new(identity, self.mode, files, home.clone()).with_home(home, home_in_files)
         } else {
             let ns = Namespace::derive(agent, user, session, self.isolation.scope)?;
             // Other users' override folders of the template are not this caller's.
-            let template: Arc<dyn Filesystem> = Arc::new(GuardFs::new(
+            // The runtime roots are named too: a link of the template into them is hidden
+            // like the roots themselves.
+            let mut hidden = self.hidden.clone();
+            for root in crate::template::RUNTIME_ROOTS {
+                hidden.push(FsPath::parse(root)?);
+            }
+            let template: Arc<dyn Filesystem> = Arc::new(self.guard(
                 self.template.clone(),
                 GuardRules {
-                    hidden: self.hidden.clone(),
+                    hidden,
                     runtime: Vec::new(),
                     user_folders: Some(user.map(str::to_owned)),
                 },
@@ -247,6 +309,6 @@ impl Tenancy {
         if let Some(exec) = &self.exec {
             ws = ws.with_exec(exec.clone());
         }
-        Ok(ws)
+        Ok(ws.with_name_case(self.name_case))
     }
 }

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use hame_core::{Extensions, ToolContext, ToolError, codes};
-use hame_fs::{Execute, Filesystem, FsPath};
+use hame_fs::{Execute, Filesystem, FsPath, NameCase};
 
 /// Who is calling: the ids every path and key of the caller is derived from (checked by
 /// `hame_id` before a handle is made).
@@ -57,6 +57,7 @@ pub struct Workspace {
     home_in_files: FsPath,
     overrides: Option<Arc<dyn Filesystem>>,
     exec: Option<Arc<dyn Execute>>,
+    name_case: NameCase,
 }
 
 impl fmt::Debug for Workspace {
@@ -67,6 +68,7 @@ impl fmt::Debug for Workspace {
             .field("home_in_files", &self.home_in_files)
             .field("overrides", &self.overrides.is_some())
             .field("exec", &self.exec.is_some())
+            .field("name_case", &self.name_case)
             .finish()
     }
 }
@@ -90,7 +92,21 @@ impl Workspace {
             records,
             overrides: None,
             exec: None,
+            name_case: NameCase::Sensitive,
         }
+    }
+
+    /// Says whether the backend of [`files`](Self::files) folds case (default
+    /// [`NameCase::Sensitive`]); policy checks compare paths accordingly
+    /// ([`FsPath::match_key`]).
+    pub fn with_name_case(mut self, case: NameCase) -> Self {
+        self.name_case = case;
+        self
+    }
+
+    /// Whether the caller's files fold case.
+    pub fn name_case(&self) -> NameCase {
+        self.name_case
     }
 
     /// Sets where the caller's runtime data lives (memory files, `MEMORY.md`, offloaded

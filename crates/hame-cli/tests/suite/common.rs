@@ -57,6 +57,56 @@ pub async fn run_with(
     output(hame(&all, &env, dir)).await
 }
 
+/// [`run_with`] without extra variables that must exit 0 (else the error carries stderr).
+pub async fn run_ok(
+    dir: &Path,
+    base: &str,
+    args: &[&str],
+    message: &str,
+) -> Result<Output, Box<dyn std::error::Error>> {
+    let out = run_with(dir, base, args, message, &[]).await?;
+    if out.status.code() != Some(0) {
+        return Err(format!("hame run exited {:?}: {}", out.status, stderr(&out)).into());
+    }
+    Ok(out)
+}
+
+/// Runs `hame chat --model openai:m --workspace <ws>` against `base` (state under
+/// `dir/state`), typing `input` on its standard input; it must exit 0.
+pub async fn chat_ok(
+    dir: &Path,
+    base: &str,
+    ws: &str,
+    input: &'static [u8],
+) -> Result<Output, Box<dyn std::error::Error>> {
+    use std::io::Write;
+    let state = dir.join("state").to_string_lossy().into_owned();
+    let env = [
+        ("OPENAI_BASE_URL", base),
+        ("HAME_STATE_HOME", state.as_str()),
+    ];
+    let mut cmd = hame(
+        &["chat", "--model", "openai:m", "--workspace", ws],
+        &env,
+        dir,
+    );
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = tokio::task::spawn_blocking(move || -> std::io::Result<Output> {
+        let mut child = cmd.spawn()?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(input)?;
+        }
+        child.wait_with_output()
+    })
+    .await??;
+    if out.status.code() != Some(0) {
+        return Err(format!("hame chat exited {:?}: {}", out.status, stderr(&out)).into());
+    }
+    Ok(out)
+}
+
 /// The system prompt of a recorded OpenAI-style request.
 pub fn system_of(body: &serde_json::Value) -> String {
     body["messages"][0]["content"]

@@ -2,15 +2,15 @@
 //! list, driven through the binary against the scripted server.
 
 use std::fs;
-use std::io::Write;
 use std::path::Path;
-use std::process::Stdio;
 
 use hame_test_support::{ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::common::{hame, output, run_with, state_dir, stderr, stdout, system_of, tool_results};
+use super::common::{
+    chat_ok, hame, output, run_with, state_dir, stderr, stdout, system_of, tool_results,
+};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -25,6 +25,31 @@ fn workspace(
     }
     let s = ws.to_string_lossy().into_owned();
     Ok((ws, s))
+}
+
+/// One `hame run "go"` in a fresh workspace whose `tools.json` is `tj` (after `setup` on
+/// the workspace), the model answering `steps`.
+async fn run_once(
+    steps: Vec<ScriptStep>,
+    tj: Value,
+    setup: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> Result<
+    (
+        tempfile::TempDir,
+        std::path::PathBuf,
+        std::process::Output,
+        ScriptedServer,
+    ),
+    Box<dyn std::error::Error>,
+> {
+    let server = ScriptedServer::start().await?;
+    server.push_all(steps);
+    let dir = tempfile::tempdir()?;
+    let (ws, ws_s) = workspace(dir.path(), Some(tj))?;
+    setup(&ws)?;
+    let (base, args) = (server.base_url(), ["--workspace", ws_s.as_str()]);
+    let out = run_with(dir.path(), &base, &args, "go", &[]).await?;
+    Ok((dir, ws, out, server))
 }
 
 /// `hame approve|deny <args>` against `base`, state under `dir/state`.
@@ -504,29 +529,8 @@ async fn chat_asks_inline_and_runs_the_call_on_yes() -> TestResult {
     let dir = tempfile::tempdir()?;
     let tj = json!({"permissions": {"ask": ["write_file"]}});
     let (ws, ws_s) = workspace(dir.path(), Some(tj))?;
-    let state = dir.path().join("state").to_string_lossy().into_owned();
-    let base = server.base_url();
-    let env = [
-        ("OPENAI_BASE_URL", base.as_str()),
-        ("HAME_STATE_HOME", state.as_str()),
-    ];
-    let mut cmd = hame(
-        &["chat", "--model", "openai:m", "--workspace", &ws_s],
-        &env,
-        dir.path(),
-    );
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let out = tokio::task::spawn_blocking(move || -> std::io::Result<std::process::Output> {
-        let mut child = cmd.spawn()?;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(b"write a\ny\nwrite b\nn\n")?;
-        }
-        child.wait_with_output()
-    })
-    .await??;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let input = b"write a\ny\nwrite b\nn\n";
+    let out = chat_ok(dir.path(), &server.base_url(), &ws_s, input).await?;
     let err = stderr(&out);
     assert!(err.contains("allow write_file a.txt? [y/N"), "{err}");
     assert_eq!(fs::read_to_string(ws.join("a.txt"))?, "yes");
@@ -537,6 +541,111 @@ async fn chat_asks_inline_and_runs_the_call_on_yes() -> TestResult {
         tool_results(&server)
             .last()
             .is_some_and(|r| r.contains("denied by the user"))
+    );
+    Ok(())
+}
+
+/// Issue #30, item 1: with `deny edit_file(config/prod.yaml)` and `deny write_file(*.env)`,
+/// every spelling the file tools accept for those files is denied and nothing is written;
+/// a `..` spelling is refused before any rule, as the tool refuses it.
+#[tokio::test]
+async fn hostile_spellings_of_a_denied_path_are_denied_and_nothing_is_written() -> TestResult {
+    let call = hame_test_support::ScriptToolCall::new;
+    let edit = |p: &str| json!({"file_path": p, "old_string": "original", "new_string": "pwned"});
+    let env_file = |p: &str| json!({"file_path": p, "content": "SECRET=1"});
+    let steps = vec![
+        ScriptStep::tool_calls(vec![
+            call("c1", "edit_file", &edit("config//prod.yaml")),
+            call("c2", "edit_file", &edit("config/./prod.yaml")),
+            call("c3", "edit_file", &edit("config/prod.yaml/")),
+            call("c4", "edit_file", &edit("/./config/prod.yaml")),
+            call("c5", "edit_file", &edit("config/../config/prod.yaml")),
+            call("c6", "write_file", &env_file("a.env/")),
+            call("c7", "write_file", &env_file("dir//b.env")),
+        ]),
+        ScriptStep::text("done"),
+    ];
+    let tj = json!({"permissions": {"deny": ["edit_file(config/prod.yaml)", "write_file(*.env)"]}});
+    let (_dir, ws, out, server) = run_once(steps, tj, |ws| {
+        fs::create_dir_all(ws.join("config"))?;
+        fs::write(ws.join("config/prod.yaml"), "original")
+    })
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(fs::read_to_string(ws.join("config/prod.yaml"))?, "original");
+    assert!(!ws.join("a.env").exists() && !ws.join("dir/b.env").exists());
+    let results = tool_results(&server);
+    assert_eq!(results.len(), 7, "{results:?}");
+    for (i, r) in results.iter().enumerate() {
+        let expected = if i == 4 {
+            "invalid_path"
+        } else {
+            "permission_denied"
+        };
+        assert!(r.contains(expected), "call {}: {r}", i + 1);
+    }
+    // The denial names the file that would have been touched.
+    assert!(
+        results[0].contains("`edit_file` (config/prod.yaml) was denied by policy"),
+        "{}",
+        results[0]
+    );
+    Ok(())
+}
+
+/// The same spellings meet `ask` rules: the call is suspended, nothing is written.
+#[tokio::test]
+async fn hostile_spellings_of_an_asked_path_are_suspended() -> TestResult {
+    for spelling in ["out//a.txt", "./out/./a.txt", "out/a.txt/"] {
+        let steps = vec![
+            ScriptStep::tool_call(
+                "c1",
+                "write_file",
+                json!({"file_path": spelling, "content": "hello"}),
+            ),
+            ScriptStep::text("written"),
+        ];
+        let tj = json!({"permissions": {"ask": ["write_file(out/*)"]}});
+        let (_dir, ws, out, _server) = run_once(steps, tj, |_| Ok(())).await?;
+        assert_eq!(out.status.code(), Some(3), "{spelling}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("write_file out/a.txt (rule `ask write_file(out/*)`)"),
+            "{spelling}: {}",
+            stderr(&out)
+        );
+        assert!(!ws.join("out/a.txt").exists(), "{spelling}");
+    }
+    Ok(())
+}
+
+/// Issue #30, item 13: `a` to a call an `ask` rule stopped sticks: the next identical call
+/// (same tool, same file, however spelled) runs without asking.
+#[tokio::test]
+async fn chat_always_under_an_ask_rule_does_not_ask_again() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    let edit = |p: &str, old: &str, new: &str| json!({"file_path": p, "old_string": old, "new_string": new});
+    server.push_all([
+        ScriptStep::tool_call("c1", "edit_file", edit("notes.md", "v1", "v2")),
+        ScriptStep::text("first"),
+        ScriptStep::tool_call("c2", "edit_file", edit("notes.md", "v2", "v3")),
+        ScriptStep::text("second"),
+        ScriptStep::tool_call("c3", "edit_file", edit("./notes.md", "v3", "v4")),
+        ScriptStep::text("third"),
+    ]);
+    let dir = tempfile::tempdir()?;
+    let tj = json!({"permissions": {"ask": ["edit_file(notes.md)"]}});
+    let (ws, ws_s) = workspace(dir.path(), Some(tj))?;
+    fs::write(ws.join("notes.md"), "v1")?;
+    // One answer only: a second question would read "edit again" as a no.
+    let input = b"edit once\na\nedit again\nand again\n";
+    let out = chat_ok(dir.path(), &server.base_url(), &ws_s, input).await?;
+    let err = stderr(&out);
+    assert_eq!(err.matches("allow edit_file notes.md?").count(), 1, "{err}");
+    assert_eq!(fs::read_to_string(ws.join("notes.md"))?, "v4");
+    let o = stdout(&out);
+    assert!(
+        o.contains("first") && o.contains("second") && o.contains("third"),
+        "{o}"
     );
     Ok(())
 }

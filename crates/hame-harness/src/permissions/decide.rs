@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use hame_fs::{FsPath, NameCase};
 use hame_tools::memo::ParseMemo;
 use serde::{Deserialize, Serialize};
 
@@ -126,12 +127,93 @@ pub fn is_mutating(effect: Effect) -> bool {
 /// the command for `execute`, the spec id for `agent_spawn`, the task for `agent_send`.
 pub const MAIN_ARGUMENT_KEYS: &[&str] = &["file_path", "path", "command", "agent_id", "task_id"];
 
-/// The main argument of a call (what a rule's glob is matched against).
+/// The keys of [`MAIN_ARGUMENT_KEYS`] that hold a path of the caller's files.
+pub const PATH_ARGUMENT_KEYS: &[&str] = &["file_path", "path"];
+
+/// The tools that take their path through [`FsPath::parse`](hame_fs::FsPath::parse) (the
+/// file tools of `hame-tools`, and the names the effect table reserves): a path the
+/// filesystem refuses is refused for them before any rule is looked at.
+pub const WORKSPACE_FILE_TOOLS: &[&str] = &[
+    "read_file",
+    "write_file",
+    "edit_file",
+    "grep_files",
+    "glob_files",
+    "list_files",
+    "delete_file",
+    "move_file",
+];
+
+/// The main argument of a call as given (what a person reads; [`call_argument`] is what
+/// the rules compare).
 pub fn main_argument(arguments: &serde_json::Value) -> Option<String> {
     MAIN_ARGUMENT_KEYS
         .iter()
         .find_map(|k| arguments.get(*k).and_then(|v| v.as_str()))
         .map(str::to_owned)
+}
+
+/// A call's main argument as the rules see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Argument {
+    /// What is recorded, shown and remembered by "always": for a path, the path the tool
+    /// touches (`FsPath` form, no leading `/`); else the text as given.
+    pub shown: String,
+    /// What rule globs are matched against: [`FsPath::match_key`](hame_fs::FsPath::match_key)
+    /// of the path, else the text.
+    pub key: String,
+    /// Whether it is a path (rule globs are then normalised by [`hame_fs::pattern_key`]).
+    pub path: bool,
+}
+
+impl Argument {
+    /// A text argument (a command, a spec id), compared as given.
+    pub fn text(s: &str) -> Self {
+        Self {
+            shown: s.to_owned(),
+            key: s.to_owned(),
+            path: false,
+        }
+    }
+
+    /// A path argument: the path the filesystem takes for `raw`, or why it refuses it.
+    pub fn path(raw: &str, case: NameCase) -> Result<Self, String> {
+        let p = FsPath::parse(raw).map_err(|e| e.to_string())?;
+        Ok(Self {
+            shown: p.as_str().to_owned(),
+            key: p.match_key(case),
+            path: true,
+        })
+    }
+}
+
+/// The main argument of a call of `tool`, the way the tool will use it: under a
+/// [`PATH_ARGUMENT_KEYS`] key, the path [`FsPath::parse`](hame_fs::FsPath::parse) gives
+/// (the one function the file tools take their path from), so every spelling of one file
+/// (`a//b`, `./a/b`, `a/b/`, other Unicode forms, other cases where the backend folds case)
+/// meets the same rules. `Err` (the filesystem's reason) for a path a
+/// [`WORKSPACE_FILE_TOOLS`] tool would refuse (`a/../b`, NUL, `\`): such a call is refused
+/// before any rule, so no rule can allow what the tool would not touch. A path another tool
+/// (MCP, the application's) takes that `FsPath` refuses is compared as given.
+pub fn call_argument(
+    tool: &str,
+    arguments: &serde_json::Value,
+    case: NameCase,
+) -> Result<Option<Argument>, String> {
+    let Some((key, raw)) = MAIN_ARGUMENT_KEYS
+        .iter()
+        .find_map(|k| arguments.get(*k).and_then(|v| v.as_str()).map(|v| (*k, v)))
+    else {
+        return Ok(None);
+    };
+    if !PATH_ARGUMENT_KEYS.contains(&key) {
+        return Ok(Some(Argument::text(raw)));
+    }
+    match Argument::path(raw, case) {
+        Ok(a) => Ok(Some(a)),
+        Err(e) if WORKSPACE_FILE_TOOLS.contains(&tool) => Err(e),
+        Err(_) => Ok(Some(Argument::text(raw))),
+    }
 }
 
 /// One decision and why.
@@ -153,24 +235,34 @@ impl Verdict {
 }
 
 /// Everything the decision looks at for one call.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Question<'a> {
     /// The tool name.
     pub tool: &'a str,
-    /// Its main argument, if any.
-    pub argument: Option<&'a str>,
+    /// Its main argument, if any ([`call_argument`]).
+    pub argument: Option<Argument>,
     /// What the tool does.
     pub effect: Effect,
     /// Whether the session is in plan mode.
     pub plan_mode: bool,
     /// The permission mode.
     pub mode: Mode,
+    /// Whether the caller's files fold case (path globs then compare lower-cased).
+    pub case: NameCase,
 }
 
 /// Whether `rule` matches `tool` with `argument`. A rule with a glob never matches a call
-/// without a main argument. Paths are compared as given and without a leading `/` or
-/// `./`, so `write_file(secret/*)` and `write_file(/secret/*)` match either spelling.
-pub fn rule_matches(rule: &PermissionRule, tool: &str, argument: Option<&str>) -> bool {
+/// without a main argument. A path argument is compared in its
+/// [`match_key`](hame_fs::FsPath::match_key) form against the glob in its
+/// [`pattern_key`](hame_fs::pattern_key) form, so `write_file(secret/*)`,
+/// `write_file(/secret/*)` and `write_file(./secret//*)` match `secret/a.txt` however the
+/// call spells it. Other arguments are compared as given and without a leading `/` or `./`.
+pub fn rule_matches(
+    rule: &PermissionRule,
+    tool: &str,
+    argument: Option<&Argument>,
+    case: NameCase,
+) -> bool {
     if !glob_match(&rule.tool, tool) {
         return false;
     }
@@ -180,10 +272,37 @@ pub fn rule_matches(rule: &PermissionRule, tool: &str, argument: Option<&str>) -
     let Some(arg) = argument else {
         return false;
     };
+    if arg.path {
+        return glob_match(&hame_fs::pattern_key(pattern, case), &arg.key);
+    }
     let bare_pattern = strip_root(pattern);
-    [arg, strip_root(arg)]
+    [arg.key.as_str(), strip_root(&arg.key)]
         .iter()
         .any(|a| glob_match(pattern, a) || glob_match(bare_pattern, a))
+}
+
+/// Whether a session's "always allow" answer `rule` is for this very call: the same tool,
+/// and the same argument (a remembered answer without one only for calls without one).
+fn always_matches(
+    rule: &PermissionRule,
+    tool: &str,
+    argument: Option<&Argument>,
+    case: NameCase,
+) -> bool {
+    match (&rule.argument, argument) {
+        (None, None) => glob_match(&rule.tool, tool),
+        (Some(_), Some(_)) => rule_matches(rule, tool, argument, case),
+        _ => false,
+    }
+}
+
+/// The "always allow" rule that remembers a human's answer for this call (its argument
+/// escaped, so it matches this argument only).
+pub fn always_rule(tool: &str, argument: Option<&Argument>) -> String {
+    match argument {
+        Some(a) => format!("{tool}({})", globset::escape(&a.shown)),
+        None => tool.to_owned(),
+    }
 }
 
 fn strip_root(s: &str) -> &str {
@@ -227,12 +346,15 @@ pub fn rule_text(rule: &PermissionRule) -> String {
 }
 
 /// The decision for one call: plan mode first (a mutating tool is denied), then `deny`
-/// rules, `ask` rules, `allow` rules (and the session's "always allow" answers), then the
-/// mode's default. `plan_exit` always asks while in plan mode (a human approves the plan).
+/// rules, then the session's "always allow" answers (a human said yes to this very call
+/// for the rest of the session: it does not ask again, whatever rule asked), `ask` rules,
+/// `allow` rules, then the mode's default. `plan_exit` always asks while in plan mode (a
+/// human approves the plan).
 pub fn decide(q: &Question<'_>, rules: &Permissions, session_allow: &[PermissionRule]) -> Verdict {
+    let argument = q.argument.as_ref();
     let first = |list: &[PermissionRule]| {
         list.iter()
-            .find(|r| rule_matches(r, q.tool, q.argument))
+            .find(|r| rule_matches(r, q.tool, argument, q.case))
             .map(rule_text)
     };
     if q.plan_mode && is_mutating(q.effect) {
@@ -244,14 +366,17 @@ pub fn decide(q: &Question<'_>, rules: &Permissions, session_allow: &[Permission
     if q.plan_mode && q.tool == "plan_exit" {
         return Verdict::new(Outcome::Ask, "plan_exit");
     }
+    if let Some(r) = session_allow
+        .iter()
+        .find(|r| always_matches(r, q.tool, argument, q.case))
+    {
+        return Verdict::new(Outcome::Allow, format!("always allow {}", rule_text(r)));
+    }
     if let Some(r) = first(&rules.ask) {
         return Verdict::new(Outcome::Ask, format!("ask {r}"));
     }
     if let Some(r) = first(&rules.allow) {
         return Verdict::new(Outcome::Allow, format!("allow {r}"));
-    }
-    if let Some(r) = first(session_allow) {
-        return Verdict::new(Outcome::Allow, format!("always allow {r}"));
     }
     match q.mode {
         Mode::ReadOnly if is_mutating(q.effect) => Verdict::new(Outcome::Deny, "mode read-only"),

@@ -381,7 +381,37 @@ impl Layer for PermissionLayer {
     async fn tool(&self, cx: &ToolCtx<'_>, call: ToolCall, next: ToolNext<'_>) -> ToolOutcome {
         let cell = cx.tool.extensions.get::<PermissionCell>();
         let args: serde_json::Value = serde_json::from_str(&call.arguments).unwrap_or_default();
-        let argument = decide::main_argument(&args);
+        let case = cx
+            .tool
+            .extensions
+            .get::<Workspace>()
+            .map(Workspace::name_case)
+            .unwrap_or_default();
+        // The path the tool will touch, from the function the tool takes it from.
+        let parsed = match decide::call_argument(&call.name, &args, case) {
+            Ok(a) => a,
+            Err(reason) => {
+                let raw = decide::main_argument(&args);
+                self.record(
+                    cx,
+                    cell,
+                    Decision {
+                        time: now(),
+                        tool: call.name.clone(),
+                        argument: raw.clone(),
+                        rule: "invalid path".into(),
+                        outcome: Outcome::Deny,
+                        by: "policy".into(),
+                        approval: None,
+                    },
+                );
+                return ToolOutcome::Done(Err(ToolError::new(
+                    hame_fs::codes::INVALID_PATH,
+                    reason,
+                )));
+            }
+        };
+        let argument = parsed.as_ref().map(|a| a.shown.clone());
         let plan_mode = cell.is_some_and(PermissionCell::plan_mode);
         let inherited = cell.map(|c| c.inherited.clone()).unwrap_or_default();
         let (rules, mcp_read_only) = match self.rules_for(cx, &call, &inherited).await {
@@ -423,10 +453,7 @@ impl Layer for PermissionLayer {
             if v.get("always").and_then(serde_json::Value::as_bool) == Some(true)
                 && let Some(cell) = cell
             {
-                let rule = match &argument {
-                    Some(a) => format!("{}({})", call.name, globset::escape(a)),
-                    None => call.name.clone(),
-                };
+                let rule = decide::always_rule(&call.name, parsed.as_ref());
                 cell.update(|s| {
                     if !s.always_allow.contains(&rule) {
                         s.always_allow.push(rule);
@@ -449,10 +476,11 @@ impl Layer for PermissionLayer {
             .unwrap_or_default();
         let question = decide::Question {
             tool: &call.name,
-            argument: argument.as_deref(),
+            argument: parsed,
             effect,
             plan_mode,
             mode: self.mode,
+            case,
         };
         let verdict = decide::decide(&question, &rules, &session_allow);
         self.record(
