@@ -13,7 +13,10 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::classify::classify_stream_error;
-use crate::config::{DEFAULT_TIMEOUT, RetryConfig, context_window_for};
+use crate::config::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_TIMEOUT, RetryConfig,
+    context_window_for,
+};
 use crate::endpoint::join;
 use crate::http::{Client, Common, SseParser, common_of, env_value};
 
@@ -47,8 +50,13 @@ pub struct AnthropicConfig {
     /// Extended thinking budget in tokens (`None` = thinking off, the default). Must be
     /// at least 1024 and below `max_tokens`; temperature is not sent while it is on.
     pub thinking_budget: Option<u32>,
-    /// Idle timeout: longest wait for headers or between two stream chunks. Default 120 s.
+    /// Idle timeout: longest wait between two chunks of the response. Default 120 s.
     pub timeout: Duration,
+    /// Longest wait for a TCP/TLS connection. Default 10 s; not retried.
+    pub connect_timeout: Duration,
+    /// Longest wait from sending a request (connecting included) until the response
+    /// begins (status and headers). Default 30 s; not retried.
+    pub first_byte_timeout: Duration,
     /// Retry policy.
     pub retry: RetryConfig,
 }
@@ -77,6 +85,8 @@ impl AnthropicConfig {
             max_tokens: ANTHROPIC_DEFAULT_MAX_TOKENS,
             thinking_budget: None,
             timeout: DEFAULT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            first_byte_timeout: DEFAULT_FIRST_BYTE_TIMEOUT,
             retry: RetryConfig::default(),
         }
     }

@@ -6,6 +6,15 @@ use std::time::Duration;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 /// Default TCP/TLS connect timeout.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default first-byte timeout: the longest wait from sending a request (connecting
+/// included) until the response begins (its status and headers). Not retried: a server that accepted the connection and said
+/// nothing for this long is not a model that answers (with the connect timeout, a dead
+/// endpoint fails within 30 s).
+pub const DEFAULT_FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The variable (read through `open`'s lookup) that sets the first-byte timeout in seconds.
+pub const MODEL_TIMEOUT_ENV: &str = "HAME_MODEL_TIMEOUT";
+/// The variable (read through `open`'s lookup) that sets the connect timeout in seconds.
+pub const MODEL_CONNECT_TIMEOUT_ENV: &str = "HAME_MODEL_CONNECT_TIMEOUT";
 /// Most retries after a failure to connect (refused, unknown host, TLS handshake), however
 /// large [`RetryConfig::max_retries`] is: a dead or mistyped URL should fail in well under a
 /// second, not after the whole backoff. A connect *timeout* is not retried at all (it has

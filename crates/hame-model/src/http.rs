@@ -19,9 +19,7 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
 use crate::classify::{HttpFailure, classify_http, error_message};
-use crate::config::{
-    CONNECT_RETRY_DELAY, DEFAULT_CONNECT_TIMEOUT, MAX_CONNECT_RETRIES, RetryConfig,
-};
+use crate::config::{CONNECT_RETRY_DELAY, MAX_CONNECT_RETRIES, RetryConfig};
 use crate::endpoint::{parse_base_url, redact, redact_str};
 
 /// Longest wait before retrying a failed connection.
@@ -46,6 +44,10 @@ pub(crate) struct Common<'a> {
     pub context_window: u64,
     /// Idle timeout.
     pub timeout: Duration,
+    /// Connect timeout.
+    pub connect_timeout: Duration,
+    /// First-byte timeout.
+    pub first_byte_timeout: Duration,
     /// Retry policy.
     pub retry: &'a RetryConfig,
 }
@@ -61,6 +63,8 @@ impl Common<'_> {
             .field("model", &self.model)
             .field("context_window", &self.context_window)
             .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("first_byte_timeout", &self.first_byte_timeout)
             .field("retry", self.retry);
     }
 
@@ -95,6 +99,8 @@ macro_rules! common_of {
             model: &$c.model,
             context_window: $c.context_window,
             timeout: $c.timeout,
+            connect_timeout: $c.connect_timeout,
+            first_byte_timeout: $c.first_byte_timeout,
             retry: &$c.retry,
         }
     };
@@ -275,11 +281,15 @@ pub(crate) struct Client {
     /// The endpoint URL without credentials, named in errors and logs.
     url_shown: String,
     base_url_name: String,
+    /// Whether the base URL is a provider's default endpoint (its variable was likely never
+    /// set): what to check is then the network, not the variable.
+    default_endpoint: bool,
     key_name: String,
     key_sent: bool,
     headers: HeaderMap,
     timeout: Duration,
     connect_timeout: Duration,
+    first_byte_timeout: Duration,
     retry: RetryConfig,
 }
 
@@ -327,7 +337,7 @@ impl Client {
             v.set_sensitive(true);
             map.insert(k, v);
         }
-        let connect_timeout = DEFAULT_CONNECT_TIMEOUT.min(common.timeout);
+        let connect_timeout = common.connect_timeout;
         let http = reqwest::Client::builder()
             .connect_timeout(connect_timeout)
             .read_timeout(common.timeout)
@@ -342,11 +352,13 @@ impl Client {
             url_shown: redact(&endpoint),
             url: endpoint,
             base_url_name: common.base_url_name.to_owned(),
+            default_endpoint: crate::is_default_endpoint(common.base_url),
             key_name: common.api_key_name.to_owned(),
             key_sent: common.api_key.is_some(),
             headers: map,
             timeout: common.timeout,
             connect_timeout,
+            first_byte_timeout: common.first_byte_timeout,
             retry: common.retry.clone(),
         })
     }
@@ -376,14 +388,11 @@ impl Client {
         max_tokens: Option<u32>,
     ) -> Result<ModelResponse, ModelError> {
         let resp = self.post(body).await?;
+        let status = resp.status().as_u16();
+        let content_type = content_type(resp.headers());
         let text = resp.text().await.map_err(|e| self.send_failure(e).error)?;
-        let value: Value = serde_json::from_str(&text).map_err(|e| {
-            ModelError::InvalidResponse(format!(
-                "{} answered with non-JSON ({e}): {}",
-                self.url_shown,
-                error_message(&text)
-            ))
-        })?;
+        let value: Value = serde_json::from_str(&text)
+            .map_err(|_| self.not_a_model(status, content_type.as_deref(), &text))?;
         let mut check = OutputCheck::new(max_tokens);
         let mut asm = ResponseAssembler::default();
         for ev in parse(&value)? {
@@ -411,7 +420,11 @@ impl Client {
         let started = Instant::now();
         let mut retries = 0usize;
         let mut connect_retries = 0usize;
-        let attempt = || self.post_once(bytes.clone());
+        // Every attempt's wait for the response to begin ends by this deadline: a server
+        // that accepts and answers nothing fails after the first-byte timeout, retries
+        // included.
+        let deadline = started + self.first_byte_timeout;
+        let attempt = || self.post_once(bytes.clone(), deadline);
         let result = attempt
             .retry(backoff)
             .sleep(tokio::time::sleep)
@@ -469,17 +482,37 @@ impl Client {
         }
     }
 
-    async fn post_once(&self, body: Vec<u8>) -> Result<reqwest::Response, Failure> {
+    async fn post_once(&self, body: Vec<u8>, deadline: Instant) -> Result<reqwest::Response, Failure> {
         let req = self
             .http
             .post(self.url.clone())
             .headers(self.headers.clone())
             .body(body);
-        let resp = match tokio::time::timeout(self.timeout, req.send()).await {
+        // The wait for the response to begin (connecting included): the idle timeout, cut
+        // at the first-byte deadline.
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let wait = remaining.min(self.timeout);
+        let resp = match tokio::time::timeout(wait, req.send()).await {
+            Err(_) if wait == remaining => {
+                return Err(Failure {
+                    error: ModelError::Transport {
+                        message: format!(
+                            "no response from {} within {}; check {}, or for a slow model \
+                             raise the first-byte timeout (model_timeout in hame.toml, \
+                             --model-timeout)",
+                            self.url_shown,
+                            human(self.first_byte_timeout),
+                            self.check_endpoint()
+                        ),
+                        source: None,
+                    },
+                    kind: FailureKind::Final,
+                });
+            }
             Err(_) => {
                 return Err(ModelError::Transport {
                     message: format!(
-                        "no response from {} within {}; raise the timeout for slow models",
+                        "no response from {} within {} (the idle timeout)",
                         self.url_shown,
                         human(self.timeout)
                     ),
@@ -491,7 +524,15 @@ impl Client {
             Ok(Ok(resp)) => resp,
         };
         let status = resp.status();
+        let content_type = content_type(resp.headers());
         if status.is_success() {
+            if content_type.as_deref().is_some_and(is_html) {
+                let text = resp.text().await.unwrap_or_default();
+                return Err(Failure {
+                    error: self.not_a_model(status.as_u16(), content_type.as_deref(), &text),
+                    kind: FailureKind::Final,
+                });
+            }
             return Ok(resp);
         }
         let header = |name: &str| {
@@ -503,6 +544,20 @@ impl Client {
         let retry_after = header("retry-after");
         let retry_after_ms = header("retry-after-ms");
         let text = resp.text().await.map_err(|e| self.send_failure(e))?;
+        // A web page or any other answer that is not a model API's JSON: one line, no
+        // retry. Whatever their body, a 429 is a rate limit, a 401/403 a refused key, and a
+        // text that says the prompt is too long an overflow.
+        let html = content_type.as_deref().is_some_and(is_html)
+            || text.trim_start().starts_with('<');
+        let plain = serde_json::from_str::<Value>(&text).is_err()
+            && !matches!(status.as_u16(), 401 | 403 | 429)
+            && !crate::classify::is_context_overflow_body(&text);
+        if html || plain {
+            return Err(Failure {
+                error: self.not_a_model(status.as_u16(), content_type.as_deref(), &text),
+                kind: FailureKind::Final,
+            });
+        }
         Err(classify_http(HttpFailure {
             status: status.as_u16(),
             body: &text,
@@ -521,6 +576,7 @@ impl Client {
     fn send_failure(&self, e: reqwest::Error) -> Failure {
         let e = e.without_url();
         let (base, var, url) = (&self.base_shown, &self.base_url_name, &self.url_shown);
+        let network = self.default_endpoint.then(|| self.check_endpoint());
         if e.is_builder() {
             return ModelError::Config(format!(
                 "cannot build the request to {url}: {}",
@@ -531,16 +587,27 @@ impl Client {
         let (kind, message) = if e.is_connect() && e.is_timeout() {
             (
                 FailureKind::ConnectTimeout,
-                format!(
-                    "no connection to {base} within {}; check that the host is reachable and {var}",
-                    human(self.connect_timeout)
-                ),
+                match &network {
+                    Some(n) => format!(
+                        "no connection to {base} within {}; check {n}",
+                        human(self.connect_timeout)
+                    ),
+                    None => format!(
+                        "no connection to {base} within {}; check that the host is reachable and {var}",
+                        human(self.connect_timeout)
+                    ),
+                },
             )
         } else if e.is_connect() {
             if e.is_dns() || has_dns_failure(&e) {
                 (
                     FailureKind::Final,
-                    format!("cannot resolve the host of {base}; check the host name in {var}"),
+                    match &network {
+                        Some(n) => format!("cannot resolve the host of {base}; check {n}"),
+                        None => format!(
+                            "cannot resolve the host of {base}; check the host name in {var}"
+                        ),
+                    },
                 )
             } else if has_io_kind(&e, std::io::ErrorKind::ConnectionRefused) {
                 let kind = if self.loopback {
@@ -550,22 +617,28 @@ impl Client {
                 };
                 (
                     kind,
-                    format!(
-                        "cannot connect to {base} (connection refused); check that the server \
-                         is running and that {var} has the right host and port"
-                    ),
+                    match &network {
+                        Some(n) => format!("cannot connect to {base} (connection refused); check {n}"),
+                        None => format!(
+                            "cannot connect to {base} (connection refused); check that the \
+                             server is running and that {var} has the right host and port"
+                        ),
+                    },
                 )
             } else {
                 (
                     FailureKind::Connect,
-                    format!("cannot connect to {base}; check {var}"),
+                    match &network {
+                        Some(n) => format!("cannot connect to {base}; check {n}"),
+                        None => format!("cannot connect to {base}; check {var}"),
+                    },
                 )
             }
         } else if e.is_timeout() {
             (
                 FailureKind::Other,
                 format!(
-                    "no data from {url} for {}; raise the timeout for slow models",
+                    "no data from {url} for {} (the idle timeout)",
                     human(self.timeout)
                 ),
             )
@@ -583,6 +656,62 @@ impl Client {
                 source: Some(Box::new(e)),
             },
             kind,
+        }
+    }
+}
+
+/// The `content-type` of a response, without parameters (`text/html`), if any.
+fn content_type(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(CONTENT_TYPE)?.to_str().ok()?;
+    let bare = value.split(';').next().unwrap_or(value).trim();
+    Some(bare.to_ascii_lowercase())
+}
+
+/// Whether a content type is a web page.
+fn is_html(content_type: &str) -> bool {
+    content_type == "text/html" || content_type == "application/xhtml+xml"
+}
+
+/// The `<title>` of an HTML page, on one line and clipped, if it has one.
+fn html_title(text: &str) -> Option<String> {
+    let lower = text.to_ascii_lowercase();
+    let start = lower.find("<title")?;
+    let open_end = start + lower[start..].find('>')? + 1;
+    let end = open_end + lower[open_end..].find("</title")?;
+    let title: String = text
+        .get(open_end..end)?
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    (!title.is_empty()).then(|| title.chars().take(80).collect())
+}
+
+impl Client {
+    /// The one-line error for an answer that is not a model API's: a web page, a proxy's
+    /// text, an empty body.
+    fn not_a_model(&self, status: u16, content_type: Option<&str>, text: &str) -> ModelError {
+        let kind = content_type.unwrap_or("no content type");
+        let what = match html_title(text) {
+            Some(title) => format!("{kind}, {} bytes, title {title:?}", text.len()),
+            None => format!("{kind}, {} bytes", text.len()),
+        };
+        ModelError::InvalidResponse(format!(
+            "{} answered HTTP {status} ({what}), not a model API's JSON; check {}",
+            self.url_shown,
+            self.check_endpoint()
+        ))
+    }
+
+    /// What to check when the endpoint does not answer as a model: the base URL's
+    /// variable, or for a provider's default endpoint the network.
+    fn check_endpoint(&self) -> String {
+        if self.default_endpoint {
+            format!(
+                "the network (this is the provider's default endpoint; {} sets another)",
+                self.base_url_name
+            )
+        } else {
+            self.base_url_name.clone()
         }
     }
 }

@@ -62,8 +62,9 @@ mod openai;
 use std::sync::Arc;
 
 pub use config::{
-    CONNECT_RETRY_DELAY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONTEXT_WINDOW, DEFAULT_TIMEOUT,
-    KNOWN_CONTEXT_WINDOWS, MAX_CONNECT_RETRIES, RetryConfig, context_window_for, process_env,
+    CONNECT_RETRY_DELAY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONTEXT_WINDOW,
+    DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_TIMEOUT, KNOWN_CONTEXT_WINDOWS, MAX_CONNECT_RETRIES,
+    MODEL_CONNECT_TIMEOUT_ENV, MODEL_TIMEOUT_ENV, RetryConfig, context_window_for, process_env,
 };
 pub use hame_core::{Model, ModelError};
 
@@ -93,6 +94,8 @@ pub struct Provider {
     pub default_base_url: &'static str,
     /// Variable holding the API key.
     pub api_key_var: &'static str,
+    /// Whether the default endpoint needs a key (a local server's does not).
+    pub key_required: bool,
 }
 
 /// The providers [`open`] knows, in the order error messages list them.
@@ -103,6 +106,7 @@ pub const PROVIDERS: &[Provider] = &[
         base_url_var: "OPENAI_BASE_URL",
         default_base_url: "https://api.openai.com/v1",
         api_key_var: "OPENAI_API_KEY",
+        key_required: true,
     },
     Provider {
         name: "anthropic",
@@ -110,6 +114,7 @@ pub const PROVIDERS: &[Provider] = &[
         base_url_var: "ANTHROPIC_BASE_URL",
         default_base_url: "https://api.anthropic.com",
         api_key_var: "ANTHROPIC_API_KEY",
+        key_required: true,
     },
     Provider {
         name: "dashscope",
@@ -117,6 +122,7 @@ pub const PROVIDERS: &[Provider] = &[
         base_url_var: "DASHSCOPE_BASE_URL",
         default_base_url: "https://dashscope.aliyuncs.com/compatible-mode/v1",
         api_key_var: "DASHSCOPE_API_KEY",
+        key_required: true,
     },
     Provider {
         name: "ollama",
@@ -124,8 +130,16 @@ pub const PROVIDERS: &[Provider] = &[
         base_url_var: "OLLAMA_BASE_URL",
         default_base_url: "http://127.0.0.1:11434/v1",
         api_key_var: "OLLAMA_API_KEY",
+        key_required: false,
     },
 ];
+
+/// Whether `base_url` is the default endpoint of a provider [`open`] knows (its variable was
+/// likely never set, so a failure to reach it is the network's, not the variable's).
+pub fn is_default_endpoint(base_url: &str) -> bool {
+    let url = base_url.trim().trim_end_matches('/');
+    PROVIDERS.iter().any(|p| p.default_base_url == url)
+}
 
 /// Opens a model from a `provider:model` spec, reading base URLs and keys through `env`
 /// (pass [`process_env`] in applications, a closure in tests).
@@ -134,10 +148,14 @@ pub const PROVIDERS: &[Provider] = &[
 /// (`ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY`), `dashscope` (`DASHSCOPE_BASE_URL`,
 /// `DASHSCOPE_API_KEY`, OpenAI-compatible mode) and `ollama` (`OLLAMA_BASE_URL`, no key
 /// needed). The model name may itself contain `:` (`ollama:llama3.1:8b`).
+/// [`MODEL_TIMEOUT_ENV`] and [`MODEL_CONNECT_TIMEOUT_ENV`] (seconds, e.g. `30` or `2.5`)
+/// set the first-byte and connect timeouts.
 ///
 /// # Errors
 /// [`ModelError::Config`] for a malformed spec, an unknown provider (the message lists
-/// the known ones) or a provider whose cargo feature is off (the message names it).
+/// the known ones), a provider whose cargo feature is off (the message names it), no key
+/// for a provider's default endpoint that needs one (the message names the variable), or
+/// a timeout that is not a positive number of seconds.
 pub fn open(spec: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Arc<dyn Model>> {
     let Some((name, model)) = spec.split_once(':') else {
         return Err(ModelError::Config(format!(
@@ -159,12 +177,51 @@ pub fn open(spec: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Arc<dyn 
     open_provider(provider, model, env)
 }
 
+/// A timeout in seconds read through `env`, if set.
+fn timeout_env(env: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<std::time::Duration>> {
+    let Some(raw) = env(var).filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    match raw.trim().parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs > 0.0 && secs <= 86_400.0 => {
+            Ok(Some(std::time::Duration::from_secs_f64(secs)))
+        }
+        _ => Err(ModelError::Config(format!(
+            "{var}={raw:?} is not a timeout: give seconds, more than 0 (e.g. 30 or 2.5)"
+        ))),
+    }
+}
+
 #[allow(unused_variables)]
 fn open_provider(
     p: &Provider,
     model: &str,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Arc<dyn Model>> {
+    let first_byte = timeout_env(env, MODEL_TIMEOUT_ENV)?;
+    let connect = timeout_env(env, MODEL_CONNECT_TIMEOUT_ENV)?;
+    let base_set = env(p.base_url_var).is_some_and(|v| !v.trim().is_empty());
+    let key_set = env(p.api_key_var).is_some_and(|v| !v.trim().is_empty());
+    if p.key_required && !base_set && !key_set {
+        return Err(ModelError::Config(format!(
+            "{} is not set: the {} endpoint {} needs a key (export {}=...; for another \
+             compatible server, set {} instead)",
+            p.api_key_var, p.name, p.default_base_url, p.api_key_var, p.base_url_var
+        )));
+    }
+    #[allow(unused_macros)]
+    macro_rules! with_timeouts {
+        ($config:expr) => {{
+            let mut c = $config;
+            if let Some(t) = first_byte {
+                c.first_byte_timeout = t;
+            }
+            if let Some(t) = connect {
+                c.connect_timeout = t;
+            }
+            c
+        }};
+    }
     match p.feature {
         #[cfg(feature = "openai")]
         "openai" => {
@@ -176,11 +233,11 @@ fn open_provider(
                 p.default_base_url,
             );
             p.name.clone_into(&mut config.provider);
-            Ok(Arc::new(OpenAiModel::new(config)?))
+            Ok(Arc::new(OpenAiModel::new(with_timeouts!(config))?))
         }
         #[cfg(feature = "anthropic")]
-        "anthropic" => Ok(Arc::new(AnthropicModel::new(AnthropicConfig::from_env(
-            model, env,
+        "anthropic" => Ok(Arc::new(AnthropicModel::new(with_timeouts!(
+            AnthropicConfig::from_env(model, env)
         ))?)),
         feature => Err(ModelError::Config(format!(
             "provider {:?} needs hame-model's cargo feature `{feature}`, which this build lacks",

@@ -13,7 +13,10 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::classify::classify_stream_error;
-use crate::config::{DEFAULT_TIMEOUT, RetryConfig, context_window_for};
+use crate::config::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_TIMEOUT, RetryConfig,
+    context_window_for,
+};
 use crate::endpoint::join;
 use crate::http::{Client, Common, SseParser, common_of, env_value};
 
@@ -41,8 +44,13 @@ pub struct OpenAiConfig {
     pub model: String,
     /// Context window in tokens. Default from [`crate::context_window_for`].
     pub context_window: u64,
-    /// Idle timeout: longest wait for headers or between two stream chunks. Default 120 s.
+    /// Idle timeout: longest wait between two chunks of the response. Default 120 s.
     pub timeout: Duration,
+    /// Longest wait for a TCP/TLS connection. Default 10 s; not retried.
+    pub connect_timeout: Duration,
+    /// Longest wait from sending a request (connecting included) until the response
+    /// begins (status and headers). Default 30 s; not retried.
+    pub first_byte_timeout: Duration,
     /// Retry policy.
     pub retry: RetryConfig,
 }
@@ -68,6 +76,8 @@ impl OpenAiConfig {
             context_window: context_window_for(&model),
             model,
             timeout: DEFAULT_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            first_byte_timeout: DEFAULT_FIRST_BYTE_TIMEOUT,
             retry: RetryConfig::default(),
         }
     }

@@ -2,6 +2,7 @@
 
 mod anthropic;
 mod diagnostics;
+mod endpoints;
 mod errors;
 mod open;
 mod openai;

@@ -1,0 +1,153 @@
+//! Endpoints that are not models fail fast and say why (issue #36): a web page is one line
+//! naming the URL, the status and the content type, never retried; a server that accepts
+//! and says nothing fails after the first-byte timeout, retries included; no key for a
+//! provider's default endpoint names the key's variable before any request.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use hame_core::{Model, ModelError};
+use hame_model::{
+    AnthropicConfig, AnthropicModel, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FIRST_BYTE_TIMEOUT,
+    OpenAiConfig, OpenAiModel, RetryConfig, open,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::*;
+
+/// A web server on 127.0.0.1 that answers every request with `status` and an HTML page of
+/// 60 lines; returns its root URL and the number of requests it answered.
+async fn web_server(status: &'static str) -> std::io::Result<(String, Arc<AtomicUsize>)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            seen.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let _ = sock.read(&mut buf).await;
+                let lines: String = (0..60).map(|i| format!("<p>line {i}</p>\n")).collect();
+                let body = format!(
+                    "<!DOCTYPE html>\n<html><head><title>Directory\n listing</title></head><body>\n{lines}</body></html>\n"
+                );
+                let head = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: text/html; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = sock.write_all(head.as_bytes()).await;
+                let _ = sock.write_all(body.as_bytes()).await;
+            });
+        }
+    });
+    Ok((url, count))
+}
+
+fn both(base: &str, retry: RetryConfig) -> Result<Vec<Arc<dyn Model>>, ModelError> {
+    Ok(vec![
+        Arc::new(OpenAiModel::new(OpenAiConfig {
+            base_url: format!("{base}/v1"),
+            api_key: Some("k".into()),
+            retry: retry.clone(),
+            ..OpenAiConfig::new("m")
+        })?),
+        Arc::new(AnthropicModel::new(AnthropicConfig {
+            base_url: base.to_owned(),
+            api_key: Some("k".into()),
+            retry,
+            ..AnthropicConfig::new("claude-x")
+        })?),
+    ])
+}
+
+#[tokio::test]
+async fn a_web_page_is_one_line_and_never_retried() -> TestResult {
+    for status in ["501 Not Implemented", "200 OK", "404 Not Found", "503 Service Unavailable"] {
+        let (base, count) = web_server(status).await?;
+        // The default retry policy: a 5xx model error would be retried four times.
+        for (i, m) in both(&base, RetryConfig::default())?.into_iter().enumerate() {
+            let started = Instant::now();
+            let err = m.complete(request("x")).await.err().ok_or("no error")?;
+            assert!(started.elapsed() < Duration::from_secs(2), "{status}: {err}");
+            assert!(!err.is_retryable(), "{err:?}");
+            let text = err.to_string();
+            assert!(!text.contains('\n'), "{text}");
+            let code = &status[..3];
+            assert!(
+                text.contains(&format!("{base}/v1/")) && text.contains(&format!("answered HTTP {code} (text/html, ")),
+                "{text}"
+            );
+            assert!(text.contains("title \"Directory listing\""), "{text}");
+            assert!(text.ends_with("not a model API's JSON; check OPENAI_BASE_URL") || text.ends_with("check ANTHROPIC_BASE_URL"), "{text}");
+            assert_eq!(count.load(Ordering::SeqCst), i + 1, "{status}: retried");
+            // Streaming says the same.
+            let err = m.stream(request("x")).await.err().ok_or("no error")?;
+            assert!(err.to_string().contains(&format!("answered HTTP {code}")), "{err}");
+            count.store(i + 1, Ordering::SeqCst);
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_server_that_never_answers_fails_after_the_first_byte_timeout() -> TestResult {
+    assert_eq!(DEFAULT_FIRST_BYTE_TIMEOUT, Duration::from_secs(30));
+    assert!(DEFAULT_CONNECT_TIMEOUT <= DEFAULT_FIRST_BYTE_TIMEOUT);
+    assert_eq!(OpenAiConfig::new("m").first_byte_timeout, DEFAULT_FIRST_BYTE_TIMEOUT);
+    // Accepts connections (the kernel's backlog) and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let base = format!("http://{}", silent.local_addr()?);
+    let env = move |k: &str| match k {
+        "OPENAI_BASE_URL" => Some(format!("{base}/v1")),
+        "HAME_MODEL_TIMEOUT" => Some("0.6".to_owned()),
+        _ => None,
+    };
+    // The default retry policy and idle timeout (120 s): the deadline still holds.
+    let m = open("openai:m", &env)?;
+    let started = Instant::now();
+    let err = m.complete(request("x")).await.err().ok_or("no error")?;
+    let elapsed = started.elapsed();
+    assert!(elapsed >= Duration::from_millis(600), "{elapsed:?}");
+    assert!(elapsed < Duration::from_secs(3), "{elapsed:?}");
+    let text = err.to_string();
+    assert!(text.contains("no response from http://127.0.0.1:"), "{text}");
+    assert!(text.contains("within 600 ms; check OPENAI_BASE_URL, or for a slow model raise the first-byte timeout (model_timeout in hame.toml, --model-timeout)"), "{text}");
+    // A timeout that is not one is a configuration error naming the variable.
+    let bad = |k: &str| match k {
+        "OPENAI_BASE_URL" => Some("http://127.0.0.1:9/v1".to_owned()),
+        "HAME_MODEL_CONNECT_TIMEOUT" => Some("soon".to_owned()),
+        _ => None,
+    };
+    let err = open("openai:m", &bad).err().ok_or("no error")?;
+    assert!(
+        matches!(&err, ModelError::Config(m) if m.starts_with("HAME_MODEL_CONNECT_TIMEOUT=\"soon\" is not a timeout")),
+        "{err:?}"
+    );
+    drop(silent);
+    Ok(())
+}
+
+#[test]
+fn no_key_for_a_default_endpoint_names_the_key_not_the_url() {
+    let nothing = |_: &str| None;
+    for (spec, var) in [
+        ("openai:gpt-4o-mini", "OPENAI_API_KEY"),
+        ("anthropic:claude-sonnet-4-5", "ANTHROPIC_API_KEY"),
+        ("dashscope:qwen-max", "DASHSCOPE_API_KEY"),
+    ] {
+        let err = open(spec, &nothing).err();
+        let Some(ModelError::Config(message)) = &err else {
+            panic!("{spec}: {err:?}");
+        };
+        assert!(message.starts_with(&format!("{var} is not set: the ")), "{message}");
+        assert!(!message.contains("BASE_URL is"), "{message}");
+    }
+    // A local server needs no key; neither does an endpoint that was set.
+    assert!(open("ollama:llama3.1", &nothing).is_ok());
+    let local = |k: &str| (k == "OPENAI_BASE_URL").then(|| "http://127.0.0.1:8000/v1".to_owned());
+    assert!(open("openai:m", &local).is_ok());
+    assert!(hame_model::is_default_endpoint("https://api.openai.com/v1/"));
+    assert!(!hame_model::is_default_endpoint("http://127.0.0.1:8000/v1"));
+}
