@@ -481,7 +481,11 @@ fn model_lookup(
         .map(|p| format!("{}_BASE_URL", p.to_ascii_uppercase()));
     let same_provider = var.is_some() && var == config.base_url_var();
     let url = config.base_url.value.clone().filter(|_| same_provider);
+    let timeouts = config.model_timeouts();
     move |k: &str| {
+        if let Some((_, v)) = timeouts.iter().find(|(t, _)| *t == k) {
+            return Some(v.clone());
+        }
         if let Some(v) = snapshot.get(k).filter(|v| !v.trim().is_empty()) {
             return Some(v.clone());
         }

@@ -35,6 +35,15 @@ pub(crate) struct Common {
     /// [default: $HAME_PERMISSION_MODE, else `permission_mode` of hame.toml, else default]
     #[arg(long, value_enum, value_name = "MODE")]
     permission_mode: Option<PermissionMode>,
+    /// Longest wait, in seconds, for the model's response to begin (connecting and
+    /// retries included): a server that says nothing fails after it [default:
+    /// $HAME_MODEL_TIMEOUT, else `model_timeout` of hame.toml, else 25]
+    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
+    model_timeout: Option<f64>,
+    /// Longest wait, in seconds, for a connection to the model's endpoint [default:
+    /// $HAME_MODEL_CONNECT_TIMEOUT, else `model_connect_timeout` of hame.toml, else 10]
+    #[arg(long, value_name = "SECONDS", value_parser = seconds, help_heading = "Model and limits")]
+    model_connect_timeout: Option<f64>,
     /// Maximum reasoning steps per call, at least 1 [default: 50, or limits.max_iterations of hame.toml]
     #[arg(long, value_parser = at_least_one, help_heading = "Model and limits")]
     max_iterations: Option<usize>,
@@ -142,6 +151,8 @@ pub(crate) struct Flags {
     pub(crate) model: Option<String>,
     pub(crate) base_url: Option<String>,
     pub(crate) permission_mode: Option<PermissionMode>,
+    pub(crate) model_timeout: Option<f64>,
+    pub(crate) model_connect_timeout: Option<f64>,
     pub(crate) state: Option<String>,
     pub(crate) store: Option<String>,
     pub(crate) isolation: Option<Isolation>,
@@ -168,6 +179,8 @@ impl Common {
             model: self.model.clone(),
             base_url: self.base_url.clone(),
             permission_mode: self.permission_mode,
+            model_timeout: self.model_timeout,
+            model_connect_timeout: self.model_connect_timeout,
             state: self.state.clone(),
             store: self.store.clone(),
             isolation: self.isolation,
@@ -247,9 +260,15 @@ async fn build_agent(
     check_workspace(config)?;
     let model_env = config.model_env();
     let model: Arc<dyn Model> = match &config.model.value {
-        Some(spec) => {
+        Some(spec) if need_model => {
             hame::model::open(spec, &model_env).map_err(|e| ConfigError(e.to_string()))?
         }
+        // A command that does not call the model (`hame sessions`, `hame replay`) works
+        // without a key.
+        Some(spec) => hame::model::open(spec, &model_env).unwrap_or_else(|e| {
+            tracing::debug!(error = %e, "the configured model is not used");
+            Arc::new(NoModel)
+        }),
         None if !need_model => Arc::new(NoModel),
         None => {
             return Err(ConfigError("no model configured: pass --model provider:model, set HAME_MODEL or `model` in hame.toml (e.g. openai:gpt-4o-mini)".into()).into());
@@ -415,6 +434,15 @@ impl Model for NoModel {
         Err(hame::ModelError::Config(
             "no model configured: pass --model provider:model or set HAME_MODEL".into(),
         ))
+    }
+}
+
+/// A number of seconds above 0 and at most a day (checked when the flags are parsed: exit 2).
+pub(crate) fn seconds(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(v),
+        Ok(_) => Err("must be more than 0 and at most 86400 seconds".into()),
+        Err(e) => Err(e.to_string()),
     }
 }
 

@@ -14,6 +14,8 @@
 //! isolation = "user"
 //! isolated = false
 //! permission_mode = "ask"
+//! model_timeout = 25
+//! model_connect_timeout = 10
 //! users = ["alice", "bob"]
 //! [memory]
 //! enabled = true
@@ -56,6 +58,8 @@ struct File {
     isolation: Option<Isolation>,
     isolated: Option<bool>,
     permission_mode: Option<PermissionMode>,
+    model_timeout: Option<f64>,
+    model_connect_timeout: Option<f64>,
     /// User ids whose `<userId>/` folders are theirs before their first call.
     users: Option<Vec<String>>,
     #[serde(default)]
@@ -118,6 +122,9 @@ pub(crate) struct Effective {
     pub(crate) isolation: Setting<Isolation>,
     pub(crate) isolated: Setting<bool>,
     pub(crate) permission_mode: Setting<PermissionMode>,
+    /// Seconds; the model crate's default when unset.
+    pub(crate) model_timeout: Setting<Option<f64>>,
+    pub(crate) model_connect_timeout: Setting<Option<f64>>,
     pub(crate) memory: Setting<bool>,
     pub(crate) memory_index: Setting<Option<String>>,
     pub(crate) max_iterations: Setting<usize>,
@@ -143,10 +150,30 @@ impl Effective {
     pub(crate) fn model_env(&self) -> impl Fn(&str) -> Option<String> + Send + Sync + 'static {
         let var = self.base_url_var();
         let url = self.base_url.value.clone();
-        move |key: &str| match (&var, &url) {
-            (Some(v), Some(u)) if v == key => Some(u.clone()),
-            _ => env(key),
+        let timeouts = self.model_timeouts();
+        move |key: &str| {
+            if let Some((_, v)) = timeouts.iter().find(|(k, _)| *k == key) {
+                return Some(v.clone());
+            }
+            match (&var, &url) {
+                (Some(v), Some(u)) if v == key => Some(u.clone()),
+                _ => env(key),
+            }
         }
+    }
+
+    /// The model timeouts as the variables `hame::model::open` reads (those configured).
+    pub(crate) fn model_timeouts(&self) -> Vec<(&'static str, String)> {
+        [
+            (hame::model::MODEL_TIMEOUT_ENV, self.model_timeout.value),
+            (
+                hame::model::MODEL_CONNECT_TIMEOUT_ENV,
+                self.model_connect_timeout.value,
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, v?.to_string())))
+        .collect()
     }
 }
 
@@ -344,6 +371,36 @@ pub(crate) fn resolve(common: &Common) -> anyhow::Result<Effective> {
         ],
         PermissionMode::Default,
     );
+    let model_timeout = pick(
+        (flags.model_timeout.map(Some), "--model-timeout"),
+        env_seconds(hame::model::MODEL_TIMEOUT_ENV)?,
+        &[
+            (w.model_timeout.map(Some), ws_path.as_path()),
+            (u.model_timeout.map(Some), up.as_path()),
+        ],
+        None,
+    );
+    let model_connect_timeout = pick(
+        (
+            flags.model_connect_timeout.map(Some),
+            "--model-connect-timeout",
+        ),
+        env_seconds(hame::model::MODEL_CONNECT_TIMEOUT_ENV)?,
+        &[
+            (w.model_connect_timeout.map(Some), ws_path.as_path()),
+            (u.model_connect_timeout.map(Some), up.as_path()),
+        ],
+        None,
+    );
+    for (name, setting) in [
+        ("model_timeout", &model_timeout),
+        ("model_connect_timeout", &model_connect_timeout),
+    ] {
+        if let Some(v) = setting.value {
+            crate::common::seconds(&v.to_string())
+                .map_err(|e| ConfigError(format!("{name} {e} (from {})", setting.source)))?;
+        }
+    }
     let memory = pick(
         (flags.no_memory.then_some(false), "--no-memory"),
         None,
@@ -431,6 +488,8 @@ pub(crate) fn resolve(common: &Common) -> anyhow::Result<Effective> {
         isolation,
         isolated,
         permission_mode,
+        model_timeout,
+        model_connect_timeout,
         memory,
         memory_index,
         max_iterations,
@@ -444,6 +503,17 @@ pub(crate) fn resolve(common: &Common) -> anyhow::Result<Effective> {
 
 fn wrap(v: Vec<(Option<String>, &Path)>) -> Vec<(Option<Option<String>>, &Path)> {
     v.into_iter().map(|(s, p)| (s.map(Some), p)).collect()
+}
+
+/// An environment variable holding seconds; a value that is not is exit 2.
+fn env_seconds(name: &str) -> anyhow::Result<Option<(Option<f64>, String)>> {
+    match env(name) {
+        None => Ok(None),
+        Some(v) => match crate::common::seconds(&v) {
+            Ok(s) => Ok(Some((Some(s), name.to_owned()))),
+            Err(e) => Err(ConfigError(format!("{name}={v:?}: {e}")).into()),
+        },
+    }
 }
 
 /// An environment variable holding one value of `T` (a `clap::ValueEnum`); another value is
@@ -518,6 +588,24 @@ pub(crate) fn show(args: ConfigArgs) -> anyhow::Result<()> {
             "permission_mode",
             serde_json::json!(e.permission_mode.value.as_str()),
             &e.permission_mode.source,
+        ),
+        (
+            "model_timeout",
+            serde_json::json!(
+                e.model_timeout
+                    .value
+                    .unwrap_or(hame::model::DEFAULT_FIRST_BYTE_TIMEOUT.as_secs_f64())
+            ),
+            &e.model_timeout.source,
+        ),
+        (
+            "model_connect_timeout",
+            serde_json::json!(
+                e.model_connect_timeout
+                    .value
+                    .unwrap_or(hame::model::DEFAULT_CONNECT_TIMEOUT.as_secs_f64())
+            ),
+            &e.model_connect_timeout.source,
         ),
         (
             "memory.enabled",

@@ -55,7 +55,7 @@ pub struct AnthropicConfig {
     /// Longest wait for a TCP/TLS connection. Default 10 s; not retried.
     pub connect_timeout: Duration,
     /// Longest wait from sending a request (connecting included) until the response
-    /// begins (status and headers). Default 30 s; not retried.
+    /// begins (status and headers), retries included. Default 25 s.
     pub first_byte_timeout: Duration,
     /// Retry policy.
     pub retry: RetryConfig,

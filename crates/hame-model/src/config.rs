@@ -8,9 +8,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default first-byte timeout: the longest wait from sending a request (connecting
 /// included) until the response begins (its status and headers). Not retried: a server that accepted the connection and said
-/// nothing for this long is not a model that answers (with the connect timeout, a dead
-/// endpoint fails within 30 s).
-pub const DEFAULT_FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(30);
+/// nothing for this long is not a model that answers: a `hame run` against it ends within
+/// 30 s).
+pub const DEFAULT_FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(25);
 /// The variable (read through `open`'s lookup) that sets the first-byte timeout in seconds.
 pub const MODEL_TIMEOUT_ENV: &str = "HAME_MODEL_TIMEOUT";
 /// The variable (read through `open`'s lookup) that sets the connect timeout in seconds.

@@ -482,7 +482,11 @@ impl Client {
         }
     }
 
-    async fn post_once(&self, body: Vec<u8>, deadline: Instant) -> Result<reqwest::Response, Failure> {
+    async fn post_once(
+        &self,
+        body: Vec<u8>,
+        deadline: Instant,
+    ) -> Result<reqwest::Response, Failure> {
         let req = self
             .http
             .post(self.url.clone())
@@ -547,8 +551,8 @@ impl Client {
         // A web page or any other answer that is not a model API's JSON: one line, no
         // retry. Whatever their body, a 429 is a rate limit, a 401/403 a refused key, and a
         // text that says the prompt is too long an overflow.
-        let html = content_type.as_deref().is_some_and(is_html)
-            || text.trim_start().starts_with('<');
+        let html =
+            content_type.as_deref().is_some_and(is_html) || text.trim_start().starts_with('<');
         let plain = serde_json::from_str::<Value>(&text).is_err()
             && !matches!(status.as_u16(), 401 | 403 | 429)
             && !crate::classify::is_context_overflow_body(&text);
@@ -618,7 +622,9 @@ impl Client {
                 (
                     kind,
                     match &network {
-                        Some(n) => format!("cannot connect to {base} (connection refused); check {n}"),
+                        Some(n) => {
+                            format!("cannot connect to {base} (connection refused); check {n}")
+                        }
                         None => format!(
                             "cannot connect to {base} (connection refused); check that the \
                              server is running and that {var} has the right host and port"

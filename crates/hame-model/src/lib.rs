@@ -178,7 +178,10 @@ pub fn open(spec: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Arc<dyn 
 }
 
 /// A timeout in seconds read through `env`, if set.
-fn timeout_env(env: &dyn Fn(&str) -> Option<String>, var: &str) -> Result<Option<std::time::Duration>> {
+fn timeout_env(
+    env: &dyn Fn(&str) -> Option<String>,
+    var: &str,
+) -> Result<Option<std::time::Duration>> {
     let Some(raw) = env(var).filter(|v| !v.trim().is_empty()) else {
         return Ok(None);
     };

@@ -254,6 +254,17 @@ impl ScriptStep {
         .into()
     }
 
+    /// A web page (`text/html`) with `status` and `<title>title</title>` and 60 lines of
+    /// markup: what a web server that is not a model answers.
+    pub fn html_page(status: u16, title: &str) -> Self {
+        let lines: String = (0..60).map(|i| format!("<p>line {i}</p>\n")).collect();
+        let page = format!(
+            "<!DOCTYPE html>\n<html><head><title>{title}</title></head><body>\n{lines}</body></html>\n"
+        );
+        Self::error_body(status, Value::String(page))
+            .with_header("content-type", "text/html; charset=utf-8")
+    }
+
     /// 429 with `Retry-After: <seconds>`.
     pub fn rate_limited(retry_after_secs: u64) -> Self {
         Self::error(429, "Rate limit reached, please slow down")

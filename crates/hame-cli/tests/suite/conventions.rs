@@ -395,3 +395,110 @@ async fn permission_modes_from_flag_environment_and_init() -> TestResult {
     assert!(ws.join("a.txt").exists());
     Ok(())
 }
+
+#[tokio::test]
+async fn endpoints_that_are_not_models_fail_in_one_line() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    // A web server at the endpoint: one line naming the URL, status and content type.
+    let server = ScriptedServer::start().await?;
+    server.push(ScriptStep::html_page(501, "Error response"));
+    let started = std::time::Instant::now();
+    let out = run_with(dir.path(), &server.base_url(), &[], "hi", &[]).await?;
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("hame: invalid response: http://127.0.0.1:")
+            && last.contains("/v1/chat/completions answered HTTP 501 (text/html, ")
+            && last.ends_with(
+                "title \"Error response\"), not a model API's JSON; check OPENAI_BASE_URL"
+            ),
+        "{err}"
+    );
+    assert_eq!(server.request_count(), 1);
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // A server that accepts and never answers: the first-byte timeout of hame.toml.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let base = format!("http://{}/v1", silent.local_addr()?);
+    std::fs::create_dir_all(dir.path().join("ws"))?;
+    std::fs::write(dir.path().join("ws/hame.toml"), "model_timeout = 1.5\n")?;
+    let started = std::time::Instant::now();
+    let out = run_with(dir.path(), &base, &["--workspace", "ws"], "hi", &[]).await?;
+    let elapsed = started.elapsed();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(
+            "within 1.5 s; check OPENAI_BASE_URL, or for a slow model raise the first-byte timeout"
+        ),
+        "{}",
+        stderr(&out)
+    );
+    assert!(elapsed < Duration::from_secs(10), "{elapsed:?}");
+    // The flag beats the file; `hame config` says where each comes from.
+    let out = output(hame(
+        &[
+            "config",
+            "--workspace",
+            "ws",
+            "--model-connect-timeout",
+            "2",
+            "--json",
+        ],
+        &[],
+        dir.path(),
+    ))
+    .await?;
+    let config: serde_json::Value = serde_json::from_str(&stdout(&out))?;
+    assert_eq!(config["settings"]["model_timeout"]["value"], 1.5);
+    assert!(
+        config["settings"]["model_timeout"]["source"]
+            .as_str()
+            .unwrap_or_default()
+            .ends_with("hame.toml"),
+        "{config}"
+    );
+    assert_eq!(config["settings"]["model_connect_timeout"]["value"], 2.0);
+    assert_eq!(
+        config["settings"]["model_connect_timeout"]["source"],
+        "flag --model-connect-timeout"
+    );
+    drop(silent);
+    // No key, no endpoint: the missing variable is named, nothing is sent.
+    let out = output(hame(
+        &[
+            "run",
+            "--workspace",
+            "ws",
+            "--model",
+            "openai:gpt-4o-mini",
+            "hi",
+        ],
+        &[],
+        dir.path(),
+    ))
+    .await?;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).starts_with("hame: configuration error: OPENAI_API_KEY is not set: "),
+        "{}",
+        stderr(&out)
+    );
+    // A command that does not call the model works without one.
+    let out = output(hame(
+        &[
+            "sessions",
+            "--workspace",
+            "ws",
+            "--model",
+            "openai:gpt-4o-mini",
+        ],
+        &[(
+            "HAME_STATE_HOME",
+            &dir.path().join("state").to_string_lossy(),
+        )],
+        dir.path(),
+    ))
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    Ok(())
+}

@@ -4,7 +4,6 @@
 //! provider's default endpoint names the key's variable before any request.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use hame_core::{Model, ModelError};
@@ -12,38 +11,9 @@ use hame_model::{
     AnthropicConfig, AnthropicModel, DEFAULT_CONNECT_TIMEOUT, DEFAULT_FIRST_BYTE_TIMEOUT,
     OpenAiConfig, OpenAiModel, RetryConfig, open,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use hame_test_support::{ScriptStep, ScriptedServer};
 
 use super::*;
-
-/// A web server on 127.0.0.1 that answers every request with `status` and an HTML page of
-/// 60 lines; returns its root URL and the number of requests it answered.
-async fn web_server(status: &'static str) -> std::io::Result<(String, Arc<AtomicUsize>)> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}", listener.local_addr()?);
-    let count = Arc::new(AtomicUsize::new(0));
-    let seen = count.clone();
-    tokio::spawn(async move {
-        while let Ok((mut sock, _)) = listener.accept().await {
-            seen.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 65536];
-                let _ = sock.read(&mut buf).await;
-                let lines: String = (0..60).map(|i| format!("<p>line {i}</p>\n")).collect();
-                let body = format!(
-                    "<!DOCTYPE html>\n<html><head><title>Directory\n listing</title></head><body>\n{lines}</body></html>\n"
-                );
-                let head = format!(
-                    "HTTP/1.1 {status}\r\ncontent-type: text/html; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                    body.len()
-                );
-                let _ = sock.write_all(head.as_bytes()).await;
-                let _ = sock.write_all(body.as_bytes()).await;
-            });
-        }
-    });
-    Ok((url, count))
-}
 
 fn both(base: &str, retry: RetryConfig) -> Result<Vec<Arc<dyn Model>>, ModelError> {
     Ok(vec![
@@ -64,28 +34,41 @@ fn both(base: &str, retry: RetryConfig) -> Result<Vec<Arc<dyn Model>>, ModelErro
 
 #[tokio::test]
 async fn a_web_page_is_one_line_and_never_retried() -> TestResult {
-    for status in ["501 Not Implemented", "200 OK", "404 Not Found", "503 Service Unavailable"] {
-        let (base, count) = web_server(status).await?;
+    for status in [501, 200, 404, 503] {
+        let server = ScriptedServer::start().await?;
+        let base = server.url();
         // The default retry policy: a 5xx model error would be retried four times.
-        for (i, m) in both(&base, RetryConfig::default())?.into_iter().enumerate() {
-            let started = Instant::now();
-            let err = m.complete(request("x")).await.err().ok_or("no error")?;
-            assert!(started.elapsed() < Duration::from_secs(2), "{status}: {err}");
-            assert!(!err.is_retryable(), "{err:?}");
-            let text = err.to_string();
-            assert!(!text.contains('\n'), "{text}");
-            let code = &status[..3];
-            assert!(
-                text.contains(&format!("{base}/v1/")) && text.contains(&format!("answered HTTP {code} (text/html, ")),
-                "{text}"
-            );
-            assert!(text.contains("title \"Directory listing\""), "{text}");
-            assert!(text.ends_with("not a model API's JSON; check OPENAI_BASE_URL") || text.ends_with("check ANTHROPIC_BASE_URL"), "{text}");
-            assert_eq!(count.load(Ordering::SeqCst), i + 1, "{status}: retried");
-            // Streaming says the same.
-            let err = m.stream(request("x")).await.err().ok_or("no error")?;
-            assert!(err.to_string().contains(&format!("answered HTTP {code}")), "{err}");
-            count.store(i + 1, Ordering::SeqCst);
+        for m in both(&base, RetryConfig::default())? {
+            for streaming in [false, true] {
+                server.push(ScriptStep::html_page(status, "Directory\n listing"));
+                let before = server.request_count();
+                let started = Instant::now();
+                let err = if streaming {
+                    m.stream(request("x")).await.err()
+                } else {
+                    m.complete(request("x")).await.err()
+                }
+                .ok_or("no error")?;
+                assert!(
+                    started.elapsed() < Duration::from_secs(2),
+                    "{status}: {err}"
+                );
+                assert!(!err.is_retryable(), "{err:?}");
+                assert_eq!(server.request_count(), before + 1, "{status}: retried");
+                let text = err.to_string();
+                assert!(!text.contains('\n'), "{text}");
+                assert!(text.contains(&format!("{base}/v1/")), "{text}");
+                assert!(
+                    text.contains(&format!("answered HTTP {status} (text/html, ")),
+                    "{text}"
+                );
+                assert!(text.contains("title \"Directory listing\""), "{text}");
+                assert!(
+                    text.ends_with("not a model API's JSON; check OPENAI_BASE_URL")
+                        || text.ends_with("not a model API's JSON; check ANTHROPIC_BASE_URL"),
+                    "{text}"
+                );
+            }
         }
     }
     Ok(())
@@ -93,9 +76,12 @@ async fn a_web_page_is_one_line_and_never_retried() -> TestResult {
 
 #[tokio::test]
 async fn a_server_that_never_answers_fails_after_the_first_byte_timeout() -> TestResult {
-    assert_eq!(DEFAULT_FIRST_BYTE_TIMEOUT, Duration::from_secs(30));
+    assert_eq!(DEFAULT_FIRST_BYTE_TIMEOUT, Duration::from_secs(25));
     assert!(DEFAULT_CONNECT_TIMEOUT <= DEFAULT_FIRST_BYTE_TIMEOUT);
-    assert_eq!(OpenAiConfig::new("m").first_byte_timeout, DEFAULT_FIRST_BYTE_TIMEOUT);
+    assert_eq!(
+        OpenAiConfig::new("m").first_byte_timeout,
+        DEFAULT_FIRST_BYTE_TIMEOUT
+    );
     // Accepts connections (the kernel's backlog) and never answers.
     let silent = std::net::TcpListener::bind("127.0.0.1:0")?;
     let base = format!("http://{}", silent.local_addr()?);
@@ -112,7 +98,10 @@ async fn a_server_that_never_answers_fails_after_the_first_byte_timeout() -> Tes
     assert!(elapsed >= Duration::from_millis(600), "{elapsed:?}");
     assert!(elapsed < Duration::from_secs(3), "{elapsed:?}");
     let text = err.to_string();
-    assert!(text.contains("no response from http://127.0.0.1:"), "{text}");
+    assert!(
+        text.contains("no response from http://127.0.0.1:"),
+        "{text}"
+    );
     assert!(text.contains("within 600 ms; check OPENAI_BASE_URL, or for a slow model raise the first-byte timeout (model_timeout in hame.toml, --model-timeout)"), "{text}");
     // A timeout that is not one is a configuration error naming the variable.
     let bad = |k: &str| match k {
@@ -141,13 +130,18 @@ fn no_key_for_a_default_endpoint_names_the_key_not_the_url() {
         let Some(ModelError::Config(message)) = &err else {
             panic!("{spec}: {err:?}");
         };
-        assert!(message.starts_with(&format!("{var} is not set: the ")), "{message}");
+        assert!(
+            message.starts_with(&format!("{var} is not set: the ")),
+            "{message}"
+        );
         assert!(!message.contains("BASE_URL is"), "{message}");
     }
     // A local server needs no key; neither does an endpoint that was set.
     assert!(open("ollama:llama3.1", &nothing).is_ok());
     let local = |k: &str| (k == "OPENAI_BASE_URL").then(|| "http://127.0.0.1:8000/v1".to_owned());
     assert!(open("openai:m", &local).is_ok());
-    assert!(hame_model::is_default_endpoint("https://api.openai.com/v1/"));
+    assert!(hame_model::is_default_endpoint(
+        "https://api.openai.com/v1/"
+    ));
     assert!(!hame_model::is_default_endpoint("http://127.0.0.1:8000/v1"));
 }
