@@ -1,9 +1,10 @@
 //! `cargo xtask bench-peers`: hame beside the peer harnesses, in one run.
 //!
-//! Builds `bench-peer` (crate `hame-bench`) in release, installs the peers' virtualenvs
+//! Builds `bench-peer` (crate `hame-bench`) with the `dist` profile (fat LTO, like every
+//! published figure since ADR 0019), installs the peers' virtualenvs
 //! (`setup.sh` of the peer benchmark, idempotent; `--no-setup` skips it), runs the peer
 //! benchmark's `bench.py` with hame added through `--extra`, and prints the ratio table:
-//! hame against the best peer of each cell. Not part of CI (release build, ~35 minutes for
+//! hame against the best peer of each cell. Not part of CI (a `dist` build, ~35 minutes for
 //! the full matrix); `docs/benchmarks.md` holds a run.
 
 use std::path::{Path, PathBuf};
@@ -73,13 +74,15 @@ pub fn run(root: &Path, options: &BenchOptions) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     proc::run(Command::new(&cargo).current_dir(root).args([
         "build",
-        "--release",
+        "--profile",
+        "dist",
         "-p",
         "hame-bench",
         "--bin",
         "bench-peer",
     ]))?;
-    let driver = root.join("target/release/bench-peer");
+    // The published figures are fat-LTO builds (ADR 0019): `dist`, not `release` (ADR 0026).
+    let driver = root.join("target/dist/bench-peer");
     if !options.no_setup {
         proc::run(Command::new("bash").arg(dir.join("setup.sh")))?;
     }

@@ -366,13 +366,13 @@ impl Ctx {
                 result
             }
             Step::Readme => {
-                // The binaries the blocks run, with the features the nextest step built
-                // (so this is a no-op after it).
+                // The binaries the blocks run: what the nextest step built (the same
+                // command, so a no-op after it).
                 proc::run(self.cargo(None).args([
-                    "build",
+                    "test",
+                    "--no-run",
                     "--workspace",
                     "--all-features",
-                    "--bins",
                 ]))?;
                 crate::readme::run(
                     &self.root,

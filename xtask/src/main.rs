@@ -27,7 +27,9 @@ commands:
   ci          run every CI step (what `bash .ci/run` runs)
   services    install (if missing) and start Redis, PostgreSQL, MariaDB, moto S3 and Docker
   env         print `export` lines that point the tests at the local services
-  bench-peers build hame's benchmark driver (release) and run it beside the peer
+  readme      run the README's runnable blocks against the binaries in target/debug
+              (what the ci step `readme` runs after building them)
+  bench-peers build hame's benchmark driver (profile dist) and run it beside the peer
               harnesses of ../shared/bench/peers; prints the ratio table
               ([--peers-dir DIR] [--no-setup] [bench.py options, e.g. --quick])
   help        print this text
@@ -68,6 +70,14 @@ fn run(args: Vec<String>) -> Result<ExitCode> {
             for (key, value) in env.vars() {
                 println!("export {key}={value}");
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        "readme" => {
+            no_extra_args(rest)?;
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map_or_else(|| root.join("target"), PathBuf::from);
+            readme::run(&root, &target.join("debug"), &readme::scratch_dir(&target))?;
+            println!("every runnable README block passed");
             Ok(ExitCode::SUCCESS)
         }
         "env" => {

@@ -9,7 +9,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../../.." && pwd)"
 PEERS="${PEERS_DIR:-$ROOT/../shared/bench/peers}"
 V="${PEERS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/hame-bench-peers/venvs}"
-BENCH_PEER="${1:-$ROOT/target/release/bench-peer}"
+BENCH_PEER="${1:-$ROOT/target/dist/bench-peer}"
 OUT="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$OUT"' EXIT
 for h in hame deepagents agentscope hermes; do

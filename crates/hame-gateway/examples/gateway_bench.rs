@@ -5,7 +5,7 @@
 //! off), the agent (local mode, JSON state, memory off) and the gateway.
 //!
 //! ```sh
-//! cargo run --release -p hame-gateway --example gateway_bench
+//! cargo run --profile dist -p hame-gateway --example gateway_bench
 //! ```
 //! Figures are recorded in docs/gateway.md. Options: `--seconds N` per concurrency level
 //! (default 5), `--idle N` idle sessions (default 10000), `--tmpfs` workspace and state on
