@@ -297,29 +297,6 @@ fn main() -> ExitCode {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::{COMMAND_GROUPS, command};
-
-    /// Every command is in exactly one group of `hame --help`.
-    #[test]
-    fn every_command_has_one_group() {
-        let cmd = command();
-        let mut names: Vec<&str> = cmd
-            .get_subcommands()
-            .map(clap::Command::get_name)
-            .filter(|n| *n != "help")
-            .collect();
-        names.sort_unstable();
-        let mut grouped: Vec<&str> = COMMAND_GROUPS
-            .iter()
-            .flat_map(|(_, n)| n.iter().copied())
-            .collect();
-        grouped.sort_unstable();
-        assert_eq!(names, grouped);
-    }
-}
-
 /// An error as one line: its chain, without the parts an earlier part already says
 /// ("connection refused" after "… (connection refused); check …"); below a model error
 /// (which says what to check) only the root cause, not the HTTP client's layers.
@@ -360,4 +337,27 @@ fn one_line(e: &anyhow::Error) -> String {
         text.push_str(&p);
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{COMMAND_GROUPS, command};
+
+    /// Every command is in exactly one group of `hame --help`.
+    #[test]
+    fn every_command_has_one_group() {
+        let cmd = command();
+        let mut names: Vec<&str> = cmd
+            .get_subcommands()
+            .map(clap::Command::get_name)
+            .filter(|n| *n != "help")
+            .collect();
+        names.sort_unstable();
+        let mut grouped: Vec<&str> = COMMAND_GROUPS
+            .iter()
+            .flat_map(|(_, n)| n.iter().copied())
+            .collect();
+        grouped.sort_unstable();
+        assert_eq!(names, grouped);
+    }
 }
