@@ -284,6 +284,9 @@ pub(crate) struct Client {
     /// Whether the base URL is a provider's default endpoint (its variable was likely never
     /// set): what to check is then the network, not the variable.
     default_endpoint: bool,
+    /// Why no request can succeed (no key for an endpoint that needs one), said before any
+    /// request is sent.
+    missing_key: Option<String>,
     key_name: String,
     key_sent: bool,
     headers: HeaderMap,
@@ -353,6 +356,18 @@ impl Client {
             url: endpoint,
             base_url_name: common.base_url_name.to_owned(),
             default_endpoint: crate::is_default_endpoint(common.base_url),
+            missing_key: (common.api_key.is_none() && crate::needs_key(common.base_url)).then(
+                || {
+                    format!(
+                        "{} is not set: {} needs a key (export {}=...; for another compatible \
+                         server, set {} instead)",
+                        common.api_key_name,
+                        redact(base),
+                        common.api_key_name,
+                        common.base_url_name
+                    )
+                },
+            ),
             key_name: common.api_key_name.to_owned(),
             key_sent: common.api_key.is_some(),
             headers: map,
@@ -407,6 +422,9 @@ impl Client {
         &self,
         body: &(impl serde::Serialize + Sync),
     ) -> Result<reqwest::Response, ModelError> {
+        if let Some(why) = &self.missing_key {
+            return Err(ModelError::Config(why.clone()));
+        }
         let bytes = serde_json::to_vec(body)
             .map_err(|e| ModelError::InvalidResponse(format!("cannot encode request: {e}")))?;
         let r = &self.retry;

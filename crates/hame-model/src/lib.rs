@@ -137,8 +137,19 @@ pub const PROVIDERS: &[Provider] = &[
 /// Whether `base_url` is the default endpoint of a provider [`open`] knows (its variable was
 /// likely never set, so a failure to reach it is the network's, not the variable's).
 pub fn is_default_endpoint(base_url: &str) -> bool {
+    default_provider_of(base_url).is_some()
+}
+
+/// The provider whose default endpoint `base_url` is.
+fn default_provider_of(base_url: &str) -> Option<&'static Provider> {
     let url = base_url.trim().trim_end_matches('/');
-    PROVIDERS.iter().any(|p| p.default_base_url == url)
+    PROVIDERS.iter().find(|p| p.default_base_url == url)
+}
+
+/// Whether `base_url` is a provider's default endpoint that needs a key (a request to it
+/// without one is refused before it is sent, naming the key's variable).
+pub fn needs_key(base_url: &str) -> bool {
+    default_provider_of(base_url).is_some_and(|p| p.key_required)
 }
 
 /// Opens a model from a `provider:model` spec, reading base URLs and keys through `env`
@@ -153,9 +164,10 @@ pub fn is_default_endpoint(base_url: &str) -> bool {
 ///
 /// # Errors
 /// [`ModelError::Config`] for a malformed spec, an unknown provider (the message lists
-/// the known ones), a provider whose cargo feature is off (the message names it), no key
-/// for a provider's default endpoint that needs one (the message names the variable), or
-/// a timeout that is not a positive number of seconds.
+/// the known ones), a provider whose cargo feature is off (the message names it), or a
+/// timeout that is not a positive number of seconds. Without a key, a provider's default
+/// endpoint that needs one fails at the first request, before anything is sent, with a
+/// [`ModelError::Config`] naming the key's variable.
 pub fn open(spec: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Arc<dyn Model>> {
     let Some((name, model)) = spec.split_once(':') else {
         return Err(ModelError::Config(format!(
@@ -203,15 +215,6 @@ fn open_provider(
 ) -> Result<Arc<dyn Model>> {
     let first_byte = timeout_env(env, MODEL_TIMEOUT_ENV)?;
     let connect = timeout_env(env, MODEL_CONNECT_TIMEOUT_ENV)?;
-    let base_set = env(p.base_url_var).is_some_and(|v| !v.trim().is_empty());
-    let key_set = env(p.api_key_var).is_some_and(|v| !v.trim().is_empty());
-    if p.key_required && !base_set && !key_set {
-        return Err(ModelError::Config(format!(
-            "{} is not set: the {} endpoint {} needs a key (export {}=...; for another \
-             compatible server, set {} instead)",
-            p.api_key_var, p.name, p.default_base_url, p.api_key_var, p.base_url_var
-        )));
-    }
     #[allow(unused_macros)]
     macro_rules! with_timeouts {
         ($config:expr) => {{
