@@ -371,27 +371,29 @@ pub(crate) fn resolve(common: &Common) -> anyhow::Result<Effective> {
         ],
         PermissionMode::Default,
     );
-    let model_timeout = pick(
-        (flags.model_timeout.map(Some), "--model-timeout"),
-        env_seconds(hame::model::MODEL_TIMEOUT_ENV)?,
-        &[
-            (w.model_timeout.map(Some), ws_path.as_path()),
-            (u.model_timeout.map(Some), up.as_path()),
-        ],
-        None,
-    );
-    let model_connect_timeout = pick(
-        (
-            flags.model_connect_timeout.map(Some),
-            "--model-connect-timeout",
-        ),
-        env_seconds(hame::model::MODEL_CONNECT_TIMEOUT_ENV)?,
-        &[
-            (w.model_connect_timeout.map(Some), ws_path.as_path()),
-            (u.model_connect_timeout.map(Some), up.as_path()),
-        ],
-        None,
-    );
+    // Seconds from the flag, the variable `hame::model::open` reads, or a file.
+    let seconds = |flag: (Option<f64>, &'static str), var: &str, key: fn(&File) -> Option<f64>| {
+        let files = [
+            (key(w).map(Some), ws_path.as_path()),
+            (key(u).map(Some), up.as_path()),
+        ];
+        Ok::<_, anyhow::Error>(pick(
+            (flag.0.map(Some), flag.1),
+            env_seconds(var)?,
+            &files,
+            None,
+        ))
+    };
+    let model_timeout = seconds(
+        (flags.model_timeout, "--model-timeout"),
+        hame::model::MODEL_TIMEOUT_ENV,
+        |f| f.model_timeout,
+    )?;
+    let model_connect_timeout = seconds(
+        (flags.model_connect_timeout, "--model-connect-timeout"),
+        hame::model::MODEL_CONNECT_TIMEOUT_ENV,
+        |f| f.model_connect_timeout,
+    )?;
     for (name, setting) in [
         ("model_timeout", &model_timeout),
         ("model_connect_timeout", &model_connect_timeout),

@@ -50,24 +50,21 @@ pub(crate) async fn apply(
         Some(u) => format!("agent {}, user {u}", agent.name()),
         None => format!("agent {}", agent.name()),
     };
+    let none = |what: &str, hint: &str| -> anyhow::Error {
+        ConfigError(format!(
+            "no session {what} in workspace {} ({whose}){hint}",
+            agent.workspace().display()
+        ))
+        .into()
+    };
     let chosen = match pick.resume.as_deref() {
         None => match sessions.first() {
             Some(s) => s.id.clone(),
-            None => {
-                return Err(ConfigError(format!(
-                    "no session to continue in workspace {} ({whose}); start one without --continue",
-                    agent.workspace().display()
-                ))
-                .into());
-            }
+            None => return Err(none("to continue", "; start one without --continue")),
         },
         Some("") => {
             if sessions.is_empty() {
-                return Err(ConfigError(format!(
-                    "no session to resume in workspace {} ({whose})",
-                    agent.workspace().display()
-                ))
-                .into());
+                return Err(none("to resume", ""));
             }
             if !(std::io::stdin().is_terminal() && std::io::stderr().is_terminal()) {
                 return Err(ConfigError(
@@ -95,13 +92,7 @@ pub(crate) async fn apply(
         }
         Some(id) => match sessions.iter().find(|s| s.id == id) {
             Some(s) => s.id.clone(),
-            None => {
-                return Err(ConfigError(format!(
-                    "no session {id:?} in workspace {} ({whose}); `hame sessions` lists them",
-                    agent.workspace().display()
-                ))
-                .into());
-            }
+            None => return Err(none(&format!("{id:?}"), "; `hame sessions` lists them")),
         },
     };
     if let Some(s) = sessions.iter().find(|s| s.id == chosen) {
