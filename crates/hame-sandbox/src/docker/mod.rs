@@ -189,6 +189,8 @@ pub(crate) struct Shared {
     closed: AtomicBool,
     /// Idle command servers per container id.
     servers: Mutex<HashMap<String, Vec<server::Server>>>,
+    /// The controller per container id ([`scripts::CONTROLLER`]).
+    controllers: Mutex<HashMap<String, server::ControlSlot>>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -365,6 +367,7 @@ impl DockerSandboxes {
             counter: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             servers: Mutex::new(HashMap::new()),
+            controllers: Mutex::new(HashMap::new()),
         });
         let this = Self { shared };
         this.reap_orphans().await;

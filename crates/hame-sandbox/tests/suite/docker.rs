@@ -489,3 +489,79 @@ async fn a_same_second_same_size_rewrite_is_snapshotted() {
     assert_eq!(sh(sb.as_ref(), "cat f.txt").await.output, "4\n");
     sbs.shutdown().await;
 }
+
+/// A fork bomb cannot take the command server down (issue #30, item 10): whether the bomb's
+/// main process returns at once (`:(){ :|:& };:`) or stays (a bomb, then `sleep`, killed
+/// at its timeout), its whole process group is killed, and the next command of the same
+/// call, through the same warm container, works — every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fork_bomb_leaves_the_command_server_working() {
+    if !docker_enabled() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sbs = sandboxes(dir.path(), DockerOptions::default()).await;
+    let sb = sbs.scope(&key("fork-bomb"));
+    sb.begin(Vec::new()).await.unwrap();
+    let container = sbs.running().await;
+    let bombs = [
+        "f(){ f|f& }; f",
+        "b(){ b|b& }; b; sleep 100",
+        "while :; do sh -c 'sleep 100' & done",
+    ];
+    let mut exhausted = 0;
+    for i in 0..10 {
+        let bomb = bombs[i % bombs.len()];
+        let started = Instant::now();
+        let out = sb
+            .execute(ExecRequest {
+                command: bomb.into(),
+                timeout: Some(Duration::from_secs(2)),
+            })
+            .await;
+        let took = started.elapsed();
+        let out = out.unwrap_or_else(|e| panic!("run {i} ({bomb:?}): {e}"));
+        eprintln!(
+            "run {i}: {bomb:?} -> exit {:?}, timed out {}, in {took:?}",
+            out.exit_code, out.timed_out
+        );
+        if out.output.contains("can't fork") {
+            exhausted += 1;
+        }
+        assert!(took < Duration::from_secs(10), "run {i}: {took:?}");
+        let next = sb
+            .execute(ExecRequest {
+                command: "echo alive; ps -o pid= | wc -l".into(),
+                timeout: Some(Duration::from_secs(10)),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("run {i} ({bomb:?}): the next command failed: {e}"));
+        let mut lines = next.output.lines();
+        assert_eq!(
+            lines.next(),
+            Some("alive"),
+            "run {i} ({bomb:?}): {}",
+            next.output
+        );
+        let procs: usize = lines
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .unwrap_or(999);
+        assert!(
+            procs < 40,
+            "run {i} ({bomb:?}): {procs} processes left: {}",
+            next.output
+        );
+    }
+    assert!(
+        exhausted >= 5,
+        "the bombs reached the pids limit in {exhausted} runs of 10"
+    );
+    assert_eq!(
+        sbs.running().await,
+        container,
+        "the same container all along"
+    );
+    sb.end().await.unwrap();
+    sbs.shutdown().await;
+}
