@@ -397,3 +397,120 @@ async fn plan_mode_runs_read_only_mcp_tools_and_denies_the_others() -> TestResul
     );
     Ok(())
 }
+
+/// A result over the 16 MiB limit of one MCP message (issue #30, item 9) fails its call at
+/// once, saying so, instead of waiting for the call's timeout and saying `timeout`; the
+/// connection stays usable.
+#[tokio::test]
+async fn a_result_over_16_mib_fails_at_once_and_says_why() -> TestResult {
+    let Some(py) = python() else { return Ok(()) };
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    fs::write(
+        ws.join("tools.json"),
+        json!({"mcpServers": {"py": {
+            "transport": "stdio",
+            "command": py,
+            "args": [server_py()],
+            "timeout": 60
+        }}})
+        .to_string(),
+    )?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call("c1", "mcp__py__big", json!({"mib": 17})),
+        ScriptStep::tool_call("c2", "mcp__py__big", json!({"mib": 0.001})),
+        ScriptStep::tool_call("c3", "mcp__py__echo", json!({"text": "still here"})),
+        ScriptStep::text("done"),
+    ]);
+    let started = Instant::now();
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "get the big one",
+        &[],
+    )
+    .await?;
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "done\n");
+    let results = tool_results(&server);
+    let refused = &results[0];
+    assert!(
+        refused.starts_with("Error [tool_failed]")
+            && refused.contains("over the 16 MiB limit of one message (16777216 bytes)"),
+        "{refused}"
+    );
+    let bytes: u64 = refused
+        .split("result of tools/call big is ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .ok_or("no size in the error")?
+        .parse()?;
+    // The size of the whole message: the Python SDK sends the text twice, as `content`
+    // and as `structuredContent`.
+    assert!(
+        (2 * (17 << 20)..2 * (17 << 20) + 4096).contains(&bytes),
+        "{bytes}"
+    );
+    assert_eq!(results[1], "x".repeat(1048));
+    assert_eq!(results[2], "STILL HERE");
+    assert!(
+        took < Duration::from_secs(20),
+        "at once, not after the 60 s timeout: {took:?}"
+    );
+    eprintln!("17 MiB result refused; the run took {took:?}");
+    Ok(())
+}
+
+/// The same over streamable HTTP: the SDK's HTTP client refuses an SSE event (or a body)
+/// over 16 MiB and closes the connection, so the call fails at once (saying the transport
+/// closed; the log names the limit) instead of waiting for its timeout, and the next call
+/// connects again.
+#[tokio::test]
+async fn an_http_result_over_16_mib_fails_at_once() -> TestResult {
+    let Some(py) = python() else { return Ok(()) };
+    let http = http_server(&py)?;
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    fs::write(
+        ws.join("tools.json"),
+        json!({"mcpServers": {"web": {
+            "transport": "http",
+            "url": format!("http://127.0.0.1:{}/mcp", http.1),
+            "timeout": 60
+        }}})
+        .to_string(),
+    )?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call("c1", "mcp__web__big", json!({"mib": 17})),
+        ScriptStep::tool_call("c2", "mcp__web__echo", json!({"text": "still here"})),
+        ScriptStep::text("done"),
+    ]);
+    let started = Instant::now();
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "get the big one",
+        &[],
+    )
+    .await?;
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let results = tool_results(&server);
+    assert!(
+        results[0].starts_with("Error [tool_failed]") && results[0].contains("Transport closed"),
+        "{}",
+        results[0]
+    );
+    assert_eq!(results[1], "STILL HERE");
+    assert!(took < Duration::from_secs(20), "{took:?}");
+    Ok(())
+}
