@@ -216,6 +216,7 @@ impl Shared {
         timeout: Duration,
     ) -> Result<hame_fs::ExecOutput> {
         let cap = self.options.max_output_bytes;
+        self.ensure_controller(container).await;
         let answer = self.serve(container, command, &[], cap, timeout).await?;
         let Raw {
             stdout,

@@ -758,10 +758,12 @@ impl DockerScope {
             *guard = None;
         }
         if let Some(live) = self.adopt().await {
+            self.start_controller(&live.id);
             *guard = Some(live.clone());
             return Ok((live, Got::Adopted));
         }
         let id = self.shared.start(&self.slot).await?;
+        self.start_controller(&id);
         let live = Arc::new(Live::new(id, Manifest::default(), String::new()));
         let restored = match state::restore(&self.shared, &self.slot.key, &live).await {
             Ok(n) => n,
@@ -778,6 +780,15 @@ impl DockerScope {
                 refreshed,
             },
         ))
+    }
+
+    /// Starts the controller of a container started or adopted now, in the background (see
+    /// [`Shared::ensure_controller`]).
+    fn start_controller(&self, container: &str) {
+        let (shared, container) = (self.shared.clone(), container.to_owned());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { shared.ensure_controller(&container).await });
+        }
     }
 
     /// Takes over a running container of this scope left by a process that is gone, if

@@ -238,10 +238,9 @@ impl Shared {
         }
     }
 
-    /// Starts one server and the controller of `container` ahead of its first command.
+    /// Starts one server for `container` ahead of its first command.
     pub(crate) async fn warm(&self, container: &str) {
-        let (server, ()) = tokio::join!(self.server(container), self.ensure_controller(container));
-        match server {
+        match self.server(container).await {
             Ok(s) => self.park(container, s),
             Err(e) => tracing::debug!(error = %e, "warming the sandbox command server failed"),
         }
@@ -267,9 +266,11 @@ impl Shared {
         controllers.entry(container.to_owned()).or_default().clone()
     }
 
-    /// Starts the controller of `container` unless it runs (or is busy killing a command).
-    /// It has to exist before a command starts: once a fork bomb runs, nothing new starts
-    /// in the container.
+    /// Starts the controller of `container` unless it runs (or is being started, or is busy
+    /// killing a command). It has to exist before a user command starts: once a fork bomb
+    /// runs, nothing new starts in the container. (Started in the background when the
+    /// container is started or adopted, so neither the restore nor the first command waits
+    /// for it; started here again after it died.)
     pub(crate) async fn ensure_controller(&self, container: &str) {
         let slot = self.control_slot(container);
         let Ok(mut controller) = slot.try_lock() else {
@@ -308,7 +309,6 @@ impl Shared {
         timeout: Duration,
     ) -> Result<Answer> {
         let token = self.token();
-        self.ensure_controller(container).await;
         let mut server = self.server(container).await?;
         let mut guard = self.kill_guard(container, &token);
         let deadline = tokio::time::Instant::now() + timeout;
