@@ -149,7 +149,8 @@ impl<R> BoundedLines<R> {
             );
             return;
         };
-        tracing::warn!(bytes = len, limit = self.limit, %id, "an MCP server's result is over the size limit; the request fails");
+        // The caller gets the error (and the model its text): no warning of its own.
+        tracing::info!(bytes = len, limit = self.limit, %id, "an MCP server's result is over the size limit; the request fails");
         let error = serde_json::json!({
             "jsonrpc": "2.0",
             "id": id,
