@@ -14,6 +14,9 @@
 //!   first call that needs a server starts it), one per distinct server configuration; a
 //!   server that failed to start is retried after [`RETRY_AFTER`].
 //! - [`render_result`]: a `tools/call` result as the text the model sees (pure).
+//! - One message from a stdio server may be at most [`MAX_MESSAGE_BYTES`] (16 MiB): a
+//!   larger answer fails its request at once with [`Error::TooLarge`] instead of being
+//!   dropped by the SDK (which left the call waiting for its timeout).
 //!
 //! | feature | what it adds |
 //! |---|---|
