@@ -258,7 +258,7 @@ pub(crate) async fn collect(store: &dyn Filesystem) -> Result<GcReport> {
                         continue;
                     }
                     // Uploaded again meanwhile: this copy is not needed.
-                    Err(e) if matches!(e, hame_fs::Error::AlreadyExists { .. }) => {}
+                    Err(hame_fs::Error::AlreadyExists { .. }) => {}
                     Err(e) => return Err(e.into()),
                 }
             }
