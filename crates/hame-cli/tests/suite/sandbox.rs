@@ -567,18 +567,13 @@ async fn a_tools_json_written_in_the_sandbox_is_not_obeyed() -> TestResult {
     Ok(())
 }
 
-/// Bytes of the regular files under `dir` (recursively).
-fn disk_usage(dir: &Path) -> u64 {
-    fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => disk_usage(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map(|m| m.len()).unwrap_or(0),
-            _ => 0,
-        })
-        .sum()
+/// Bytes of the files under `dir`.
+async fn disk_usage(dir: &std::path::Path) -> u64 {
+    let Ok(fs) = hame::fs::LocalFs::new(dir) else {
+        return 0;
+    };
+    let files = hame::fs::generic::walk_files(&fs, &hame::fs::FsPath::root()).await;
+    files.map_or(0, |f| f.iter().map(|i| i.size).sum())
 }
 
 /// Issue #30, item 8, as a user meets it: `hame run`s that each replace an 8 MB file leave
@@ -620,7 +615,7 @@ async fn snapshots_keep_the_last_ones_and_hame_sandbox_gc_sweeps() -> TestResult
         let out = run_with(dir.path(), &server.base_url(), &args, "go", &[]).await?;
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
         assert_eq!(last_exec(&server), format!("{MB8}\n"));
-        let used = disk_usage(&blobs);
+        let used = disk_usage(&blobs).await;
         let kept = (call + 1).min(2);
         assert!(
             (kept * MB8..kept * MB8 + 4096).contains(&used),

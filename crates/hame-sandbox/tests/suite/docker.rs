@@ -566,19 +566,13 @@ async fn a_fork_bomb_leaves_the_command_server_working() {
     sbs.shutdown().await;
 }
 
-/// Bytes of the regular files under `dir` (recursively).
-fn disk_usage(dir: &std::path::Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
+/// Bytes of the files under `dir`.
+async fn disk_usage(dir: &std::path::Path) -> u64 {
+    let Ok(fs) = hame_fs::LocalFs::new(dir) else {
         return 0;
     };
-    entries
-        .flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => disk_usage(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map(|m| m.len()).unwrap_or(0),
-            _ => 0,
-        })
-        .sum()
+    let files = hame_fs::generic::walk_files(&fs, &hame_fs::FsPath::root()).await;
+    files.map_or(0, |f| f.iter().map(|i| i.size).sum())
 }
 
 /// Snapshots do not grow without bound (issue #30, item 8): calls of one scope in
@@ -604,7 +598,7 @@ async fn snapshot_blobs_are_collected_keeping_the_last_snapshots() {
         assert_eq!(out.output, "ok\n");
         sb.end().await.unwrap();
         sbs.shutdown().await;
-        let used = disk_usage(&dir.path().join("blobs"));
+        let used = disk_usage(&dir.path().join("blobs")).await;
         let kept = (call + 1).min(3);
         eprintln!("after call {call}: {used} bytes of blobs");
         assert!(
@@ -735,6 +729,6 @@ async fn sweeps_never_take_a_blob_from_a_concurrent_restore() {
         report.blobs <= 2 && report.deleted == 0 && report.referenced == report.blobs,
         "{report:?}"
     );
-    assert!(disk_usage(&dir.path().join("blobs")) <= 2 << 20);
-    assert!(disk_usage(&dir.path().join("trash")) == 0);
+    assert!(disk_usage(&dir.path().join("blobs")).await <= 2 << 20);
+    assert!(disk_usage(&dir.path().join("trash")).await == 0);
 }
