@@ -107,6 +107,8 @@ pub struct McpClient {
     service: RunningService<RoleClient, Handler>,
     stale: Arc<AtomicBool>,
     tools: Mutex<Option<Vec<McpTool>>>,
+    /// Reached over streamable HTTP.
+    http: bool,
 }
 
 impl std::fmt::Debug for McpClient {
@@ -163,6 +165,7 @@ impl McpClient {
             service,
             stale,
             tools: Mutex::new(None),
+            http: matches!(server.transport, Transport::Http { .. }),
         })
     }
 
@@ -277,6 +280,15 @@ impl McpClient {
                 what: what.to_owned(),
                 bytes: extra.get("bytes").and_then(|b| b.as_u64()).unwrap_or(0),
             };
+        }
+        if self.http && matches!(e, rmcp::ServiceError::TransportClosed) {
+            // The SDK's HTTP client closes the connection on an answer over its limits
+            // (16 MiB per SSE event or body) without saying so to the request.
+            return self.request(format!(
+                "{what} failed: the connection closed before the result arrived (the SDK \
+                 closes it on a result over the 16 MiB limit of one message, among other \
+                 causes; its log line says which)"
+            ));
         }
         self.request(format!("{what} failed: {e}"))
     }

@@ -474,9 +474,9 @@ async fn a_result_over_16_mib_fails_at_once_and_says_why() -> TestResult {
 }
 
 /// The same over streamable HTTP: the SDK's HTTP client refuses an SSE event (or a body)
-/// over 16 MiB and closes the connection, so the call fails at once (saying the transport
-/// closed; the log names the limit) instead of waiting for its timeout, and the next call
-/// connects again.
+/// over 16 MiB and closes the connection, so the call fails at once (saying the connection
+/// closed, naming the limit as a cause; the SDK's log line says which) instead of waiting
+/// for its timeout, and the next call connects again.
 #[tokio::test]
 async fn an_http_result_over_16_mib_fails_at_once() -> TestResult {
     let Some(py) = python() else { return Ok(()) };
@@ -484,7 +484,9 @@ async fn an_http_result_over_16_mib_fails_at_once() -> TestResult {
     let url = format!("http://127.0.0.1:{}/mcp", http.1);
     let (results, _) = run_big_result(json!({"transport": "http", "url": url})).await?;
     assert!(
-        results[0].starts_with("Error [tool_failed]") && results[0].contains("Transport closed"),
+        results[0].starts_with("Error [tool_failed]")
+            && results[0].contains("the connection closed before the result arrived")
+            && results[0].contains("16 MiB"),
         "{}",
         results[0]
     );
