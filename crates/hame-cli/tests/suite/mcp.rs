@@ -398,7 +398,7 @@ async fn plan_mode_runs_read_only_mcp_tools_and_denies_the_others() -> TestResul
     Ok(())
 }
 
-/// `hame run` with `tools.json` naming `server` (a 60 s call timeout) as `web`: calls
+/// `hame run` with `tools.json` naming `server` (a 200 s call timeout) as `web`: calls
 /// `mcp__web__big` for 17 MiB, then `mcp__web__big` for 1 KiB and `mcp__web__echo`. The tool
 /// results and how long the run took.
 async fn run_big_result(
@@ -408,7 +408,7 @@ async fn run_big_result(
     let ws = dir.path().join("ws");
     fs::create_dir_all(&ws)?;
     let mut server = server;
-    server["timeout"] = json!(60);
+    server["timeout"] = json!(200);
     fs::write(
         ws.join("tools.json"),
         json!({"mcpServers": {"web": server}}).to_string(),
@@ -436,9 +436,10 @@ async fn run_big_result(
     let results = tool_results(&model);
     // The connection is usable afterwards (over HTTP: again).
     assert_eq!(results[1..], ["x".repeat(1048), "STILL HERE".to_owned()]);
+    // ~1–4 s here; 10 s at a load of 12.
     assert!(
-        took < Duration::from_secs(20),
-        "at once, not after the 60 s timeout: {took:?}"
+        took < Duration::from_secs(60),
+        "at once, not after the 200 s timeout: {took:?}"
     );
     Ok((results, took))
 }
