@@ -554,7 +554,7 @@ async fn a_fork_bomb_leaves_the_command_server_working() {
         );
     }
     assert!(
-        exhausted >= 5,
+        exhausted >= 3,
         "the bombs reached the pids limit in {exhausted} runs of 10"
     );
     assert_eq!(
