@@ -87,7 +87,8 @@ enum Command {
         #[arg(long)]
         reason: Option<String>,
     },
-    /// The Docker sandbox: `hame sandbox image` builds its default image offline.
+    /// The Docker sandbox: `hame sandbox image` builds its default image offline, `hame
+    /// sandbox gc` sweeps its snapshot store.
     Sandbox {
         #[command(subcommand)]
         command: sandbox::SandboxCommand,
