@@ -9,6 +9,7 @@ mod permissions;
 mod replicas;
 mod resume;
 mod run;
+mod secrets;
 mod sandbox;
 mod serve;
 mod shared;
