@@ -40,6 +40,7 @@ mod extensions;
 mod layer;
 mod message;
 mod model;
+pub mod secrets;
 mod state;
 mod suspend;
 mod tool;

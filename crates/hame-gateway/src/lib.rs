@@ -144,6 +144,11 @@ impl Shared {
         data: String,
         terminal: bool,
     ) -> Arc<events::Event> {
+        // What callers read back: without secrets or model endpoints (ADR 0023).
+        let data = match hame::secrets::redact_for_callers(&data) {
+            std::borrow::Cow::Borrowed(_) => data,
+            std::borrow::Cow::Owned(clean) => clean,
+        };
         #[cfg(feature = "redis")]
         if let Some(shared) = &self.options.shared_events {
             match shared

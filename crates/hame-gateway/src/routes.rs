@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::Shared;
-use crate::error::ApiError;
+use crate::error::{ApiError, for_callers};
 use crate::events::Event;
 use crate::turn::{self, Outcome, Turn};
 
@@ -212,11 +212,11 @@ async fn get_messages(
     let ctx = context(&shared, user, &session);
     let log = session_log(&shared, &ctx)?;
     match log.read_page(&session, 0, usize::MAX).await {
-        Ok(page) => Ok(Json(json!({
+        Ok(page) => Ok(Json(for_callers(json!({
             "session": session,
             "user": ctx.user_id,
             "messages": page.records,
-        }))),
+        })))),
         Err(hame::session::Error::SessionNotFound { .. }) => {
             Err(ApiError::not_found(format!("no session {session}")))
         }
@@ -246,7 +246,9 @@ async fn list_sessions(
         .list_sessions()
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?;
-    Ok(Json(json!({"user": ctx.user_id, "sessions": sessions})))
+    Ok(Json(for_callers(
+        json!({"user": ctx.user_id, "sessions": sessions}),
+    )))
 }
 
 async fn get_tasks(
@@ -261,7 +263,7 @@ async fn get_tasks(
         .tasks(&ctx)
         .await
         .map_err(|e| ApiError::from_harness(&e))?;
-    Ok(Json(json!({"session": session, "tasks": tasks})))
+    Ok(Json(for_callers(json!({"session": session, "tasks": tasks}))))
 }
 
 async fn get_approvals(
@@ -290,7 +292,9 @@ async fn get_approvals(
             })
         })
         .collect();
-    Ok(Json(json!({"session": session, "approvals": approvals})))
+    Ok(Json(for_callers(
+        json!({"session": session, "approvals": approvals}),
+    )))
 }
 
 #[derive(Debug, Deserialize)]
@@ -520,5 +524,5 @@ async fn get_memory(
             Err(e) => return Err(ApiError::internal(e.to_string())),
         }
     }
-    Ok(Json(json!({"user": ctx.user_id, "files": files})))
+    Ok(Json(for_callers(json!({"user": ctx.user_id, "files": files}))))
 }

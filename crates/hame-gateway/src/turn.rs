@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::Shared;
-use crate::error::ApiError;
+use crate::error::{ApiError, for_callers};
 use crate::events::Event;
 
 /// How a turn ended.
@@ -166,13 +166,13 @@ async fn run(
     drop(sink);
     let outcome = match result {
         Ok(out) => {
-            let body = json!({
+            let body = for_callers(json!({
                 "reply": out.reply.text_content(),
                 "session": ctx.session_id,
                 "user": ctx.user_id,
                 "usage": out.usage,
                 "iterations": out.iterations,
-            });
+            }));
             emit("finished", body.clone(), true).await;
             Outcome::Finished(body)
         }
@@ -198,12 +198,12 @@ async fn run(
                 }
                 emit("approval_needed", data, i + 1 == n).await;
             }
-            Outcome::Suspended(json!({
+            Outcome::Suspended(for_callers(json!({
                 "status": "approval_needed",
                 "session": ctx.session_id,
                 "user": ctx.user_id,
                 "approvals": approvals,
-            }))
+            })))
         }
         Err(e) => {
             let err = ApiError::from_harness(&e);

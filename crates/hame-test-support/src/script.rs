@@ -106,7 +106,8 @@ pub enum Reply {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         stop: Option<ScriptStop>,
     },
-    /// An HTTP error. In `message` and `body`, `{api_key}` is replaced by the key the
+    /// An HTTP error. In `message` and `body` (and in a [`StreamFault`]'s `error`),
+    /// `{api_key}` is replaced by the key the
     /// request carried (the `Authorization: Bearer` token, else `x-api-key`) and
     /// `{authorization}` by the whole `Authorization` header, as providers that echo a
     /// refused key do (`Incorrect API key provided: sk-…`).

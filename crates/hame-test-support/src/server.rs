@@ -428,6 +428,7 @@ fn render(
                     if let Some(fault) = &step.fault {
                         frames.truncate(fault.after_chunks);
                         if let Some(err) = &fault.error {
+                            let err = echo_credentials(&err.to_string(), req);
                             frames.push(format!("data: {err}\n\n"));
                         }
                     }
@@ -441,6 +442,7 @@ fn render(
                     if let Some(fault) = &step.fault {
                         frames.truncate(fault.after_chunks);
                         if let Some(err) = &fault.error {
+                            let err = echo_credentials(&err.to_string(), req);
                             frames.push(format!("event: error\ndata: {err}\n\n"));
                         }
                     }

@@ -105,7 +105,7 @@ async fn run_keeps_base_url_credentials_and_their_basic_auth_form_out() -> TestR
         "the URL's credentials are sent as basic auth"
     );
     let e = stderr(&out);
-    assert!(e.contains("Authorization: [REDACTED]"), "{e}");
+    assert!(e.contains("Authorization: Basic [REDACTED]"), "{e}");
     for secret in [password, basic] {
         assert!(!e.contains(secret) && !stdout(&out).contains(secret), "{e}");
         assert_eq!(files_containing(dir.path(), secret), Vec::<PathBuf>::new());
