@@ -319,6 +319,24 @@ impl Redactor {
         message
     }
 
+    /// Adds every secret and endpoint of `other`. Returns whether the set changed.
+    pub fn extend(&mut self, other: &Redactor) -> bool {
+        let mut changed = false;
+        for s in &other.secrets {
+            changed |= insert_longest_first(&mut self.secrets, s);
+        }
+        for e in &other.endpoints {
+            changed |= insert_longest_first(&mut self.endpoints, e);
+        }
+        changed
+    }
+
+    /// Whether every secret and endpoint of `other` is in this set.
+    pub fn includes(&self, other: &Redactor) -> bool {
+        other.secrets.iter().all(|s| self.secrets.contains(s))
+            && other.endpoints.iter().all(|e| self.endpoints.contains(e))
+    }
+
     fn contains_secret(&self, text: &str) -> bool {
         self.secrets.iter().any(|s| text.contains(s.as_str()))
     }
@@ -383,6 +401,12 @@ pub fn add_url(url: &str) -> bool {
 /// Registers an endpoint ([`Redactor::add_endpoint`]).
 pub fn add_endpoint(url: &str) -> bool {
     update(|r| r.add_endpoint(url))
+}
+
+/// Registers every secret and endpoint of `other` (a set built where values were
+/// configured, e.g. by the `${VAR}` substitution of `tools.json`).
+pub fn add_all(other: &Redactor) -> bool {
+    !registry().includes(other) && update(|r| r.extend(other))
 }
 
 /// `text` without the process's secrets ([`Redactor::redact`]).
