@@ -145,9 +145,30 @@ impl ApiError {
     }
 }
 
+/// Whether retrying the same request may get another answer: the request was refused
+/// before its turn ran (`queue_full`, `session_busy`, `shutting_down`) or the server failed
+/// (`internal`). Everything else — a bad request, a turn that ran and failed — would get
+/// the same answer (a retry of a request is answered from its first attempt: `replay`).
+pub(crate) fn retry_may_help(code: &str) -> bool {
+    matches!(
+        code,
+        "queue_full" | "session_busy" | "shutting_down" | "internal"
+    )
+}
+
+/// Adds `x-should-retry: false` (honoured by the OpenAI SDKs) to an error answer a retry
+/// cannot change ([`retry_may_help`]).
+pub(crate) fn mark_retry(resp: &mut Response, code: &str) {
+    if !retry_may_help(code) {
+        resp.headers_mut()
+            .insert("x-should-retry", HeaderValue::from_static("false"));
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut resp = (self.status, axum::Json(self.body())).into_response();
+        mark_retry(&mut resp, self.code);
         if let Some(secs) = self.retry_after {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));

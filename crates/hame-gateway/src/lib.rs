@@ -50,6 +50,7 @@ mod events;
 mod gate;
 mod metrics;
 mod openai;
+mod replay;
 mod routes;
 #[cfg(feature = "redis")]
 mod shared_events;
@@ -83,6 +84,12 @@ pub struct GatewayOptions {
     /// After the shutdown signal, how long in-flight turns may take before they are
     /// cancelled (default 30 s).
     pub drain_timeout: Duration,
+    /// How long after its turn ended a request's retries are answered from it instead of
+    /// starting another turn (default 300 s; see the `Idempotency-Key` and
+    /// `x-stainless-retry-count` rules in `docs/gateway.md`).
+    pub replay_window: Duration,
+    /// Requests remembered for their retries at most (default 10,000; the oldest go first).
+    pub replay_entries: usize,
     /// Where events are shared between replicas (feature `redis`); `None` (the default):
     /// in this process only.
     #[cfg(feature = "redis")]
@@ -100,6 +107,8 @@ impl Default for GatewayOptions {
             ring_size: 1000,
             keep_alive: Duration::from_secs(15),
             drain_timeout: Duration::from_secs(30),
+            replay_window: Duration::from_secs(300),
+            replay_entries: 10_000,
             #[cfg(feature = "redis")]
             shared_events: None,
         }
@@ -195,6 +204,8 @@ pub(crate) struct Shared {
     pub(crate) options: GatewayOptions,
     pub(crate) gates: gate::Gates,
     pub(crate) hub: events::Hub,
+    /// Requests whose retries are answered from their first attempt.
+    pub(crate) replays: replay::Replays,
     pub(crate) metrics: metrics::Metrics,
     /// The turns' tasks, waited for when draining.
     pub(crate) turns: TaskTracker,
@@ -219,6 +230,7 @@ impl Gateway {
             base,
             gates: gate::Gates::new(options.queue_bound),
             hub: events::Hub::new(options.ring_size),
+            replays: replay::Replays::new(options.replay_window, options.replay_entries),
             metrics: metrics::Metrics::default(),
             turns: TaskTracker::new(),
             draining: CancellationToken::new(),

@@ -163,15 +163,20 @@ async fn post_message(
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     valid_session(&session)?;
+    let key =
+        shared
+            .replays
+            .key_of(&headers, user.as_deref(), &format!("messages/{session}"), &body)?;
     let body: MessageBody = parse(&body)?;
     if body.message.trim().is_empty() {
         return Err(ApiError::bad_request("`message` is empty"));
     }
-    let turn = turn::start(
+    let turn = turn::start_once(
         &shared,
         user,
         session,
         CallInput::Message(Message::user(body.message)),
+        key,
     )?;
     Ok(answer(&shared, turn, wants_sse(&headers)).await)
 }
@@ -339,11 +344,13 @@ async fn post_approval(
             id.chars().take(40).collect::<String>()
         )));
     }
-    let turn = turn::start(
+    let turn = turn::start_once(
         &shared,
         user,
         session,
         CallInput::Resume(vec![Resolution::new(id, value)]),
+        // A decision runs once by itself: a repeated one finds nothing pending (404).
+        None,
     )?;
     Ok(answer(&shared, turn, wants_sse(&headers)).await)
 }

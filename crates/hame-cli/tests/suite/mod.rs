@@ -12,6 +12,7 @@ mod run;
 mod secrets;
 mod sandbox;
 mod serve;
+mod serve_retries;
 mod shared;
 mod signals;
 mod skills;
