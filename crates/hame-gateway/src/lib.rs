@@ -52,6 +52,7 @@ mod metrics;
 mod openai;
 mod replay;
 mod routes;
+mod server;
 #[cfg(feature = "redis")]
 mod shared_events;
 mod turn;
@@ -77,6 +78,15 @@ pub struct GatewayOptions {
     /// How long a request may take until its response starts (default 600 s; a turn
     /// answered as JSON waits for its reply within it; an SSE response starts at once).
     pub request_timeout: Duration,
+    /// How long a connection may take to send a request's headers, counted from when the
+    /// server waits for them (default 10 s); past it the connection is closed.
+    pub header_timeout: Duration,
+    /// How long a request's body may take to arrive whole after its headers (default
+    /// 30 s); past it the answer is 408 `body_timeout` and the connection is closed.
+    pub body_timeout: Duration,
+    /// Connections open at once (default 1,024); past it new connections wait to be
+    /// accepted until one closes.
+    pub max_connections: usize,
     /// Events kept per session for replay (default 1,000).
     pub ring_size: usize,
     /// SSE keep-alive comment interval (default 15 s).
@@ -104,6 +114,9 @@ impl Default for GatewayOptions {
             retry_after_secs: 1,
             body_limit: 1024 * 1024,
             request_timeout: Duration::from_secs(600),
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 1024,
             ring_size: 1000,
             keep_alive: Duration::from_secs(15),
             drain_timeout: Duration::from_secs(30),
@@ -131,6 +144,24 @@ impl GatewayOptions {
     /// With a drain timeout.
     pub fn with_drain_timeout(mut self, d: Duration) -> Self {
         self.drain_timeout = d;
+        self
+    }
+
+    /// With a header timeout ([`GatewayOptions::header_timeout`]).
+    pub fn with_header_timeout(mut self, d: Duration) -> Self {
+        self.header_timeout = d;
+        self
+    }
+
+    /// With a body timeout ([`GatewayOptions::body_timeout`]).
+    pub fn with_body_timeout(mut self, d: Duration) -> Self {
+        self.body_timeout = d;
+        self
+    }
+
+    /// With a connection limit ([`GatewayOptions::max_connections`]).
+    pub fn with_max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n;
         self
     }
 
@@ -242,7 +273,8 @@ impl Gateway {
         }
     }
 
-    /// The routes, with the timeout, body-limit and trace layers (no CORS).
+    /// The routes, with the body-timeout, body-limit, timeout and trace layers (no CORS).
+    /// The header timeout and the connection limit are the server's ([`Gateway::serve`]).
     pub fn router(&self) -> Router {
         use tower_http::limit::RequestBodyLimitLayer;
         use tower_http::timeout::TimeoutLayer;
@@ -250,6 +282,10 @@ impl Gateway {
         let o = &self.shared.options;
         routes::router(self.shared.clone())
             .layer(axum::extract::DefaultBodyLimit::disable())
+            .layer(axum::middleware::from_fn_with_state(
+                o.body_timeout,
+                server::read_body_within,
+            ))
             .layer(RequestBodyLimitLayer::new(o.body_limit))
             .layer(TimeoutLayer::with_status_code(
                 StatusCode::REQUEST_TIMEOUT,
@@ -258,9 +294,10 @@ impl Gateway {
             .layer(TraceLayer::new_for_http())
     }
 
-    /// Serves on `listener` until `shutdown` completes; then stops accepting, lets
-    /// in-flight turns finish (up to [`GatewayOptions::drain_timeout`], then cancels them:
-    /// what joined their conversations is saved) and returns.
+    /// Serves on `listener` (HTTP/1.1, with the header timeout and the connection limit of
+    /// the options) until `shutdown` completes; then stops accepting, lets in-flight turns
+    /// finish (up to [`GatewayOptions::drain_timeout`], then cancels them: what joined
+    /// their conversations is saved) and returns.
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
@@ -269,20 +306,28 @@ impl Gateway {
         let shared = self.shared.clone();
         let app = self.router();
         let draining = shared.draining.clone();
-        let graceful = {
+        {
             let draining = draining.clone();
-            async move {
+            tokio::spawn(async move {
                 shutdown.await;
                 tracing::info!("shutting down: no new connections, draining turns");
                 draining.cancel();
-            }
+            });
+        }
+        let limits = server::Limits {
+            header_timeout: shared.options.header_timeout,
+            max_connections: shared.options.max_connections,
         };
-        let server = axum::serve(listener, app).with_graceful_shutdown(graceful);
-        let server = async move {
-            server.await.map_err(|source| Error::Io {
-                context: "serving HTTP".into(),
-                source,
-            })
+        let server = {
+            let stop = draining.clone();
+            async move {
+                server::serve(listener, app, limits, stop)
+                    .await
+                    .map_err(|source| Error::Io {
+                        context: "serving HTTP".into(),
+                        source,
+                    })
+            }
         };
         tokio::pin!(server);
         // Until the signal, the server runs alone; after it, for at most the drain time.

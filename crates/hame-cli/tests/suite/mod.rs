@@ -13,6 +13,7 @@ mod secrets;
 mod sandbox;
 mod serve;
 mod serve_retries;
+mod serve_slow_clients;
 mod shared;
 mod signals;
 mod skills;
