@@ -182,7 +182,9 @@ impl AgentLoop {
     ///   returns [`Error::Suspended`]; save the state and resume later, in any process, with
     ///   [`CallInput::Resume`].
     /// - A call that fails closes its turn ([`decide::close_failed_turn`]): every tool call
-    ///   has a result and an assistant note records the failure the caller saw.
+    ///   has a result and an assistant note records the failure the caller saw, without
+    ///   the process's secrets or model endpoints ([`crate::secrets`]).
+    /// - Every message joining the conversation is redacted of the process's secrets.
     pub async fn run_env(
         &self,
         state: &mut AgentState,

@@ -20,8 +20,9 @@
 //!   the error it prints.
 //!
 //! A secret value is replaced by [`REDACTED`] wherever it appears, as written and
-//! percent-encoded. Values shorter than [`MIN_SECRET_LEN`] bytes are not registered: they
-//! would shred ordinary text and are no secret worth the name.
+//! percent-encoded. Values shorter than [`MIN_SECRET_LEN`] bytes, and values of letters only
+//! shorter than [`MIN_WORD_SECRET_LEN`] ([`is_secret_value`]), are not registered: they
+//! would shred ordinary text (`8080`, `scripted`) and are no secret worth the name.
 //!
 //! **Endpoints** (the base URLs of the model providers) are no secret for the operator —
 //! the CLI names them in its errors — but API callers and the conversation do not see
@@ -48,6 +49,19 @@ pub const ENDPOINT: &str = "[model endpoint]";
 
 /// Values shorter than this (in bytes, after trimming) are not registered as secrets.
 pub const MIN_SECRET_LEN: usize = 8;
+
+/// Values of ASCII letters only shorter than this are not registered either: they read
+/// like words (`scripted`, `password`), and cutting a word out of every text shreds it.
+pub const MIN_WORD_SECRET_LEN: usize = 16;
+
+/// Whether `value` (trimmed) is worth hiding: at least [`MIN_SECRET_LEN`] bytes, and at
+/// least [`MIN_WORD_SECRET_LEN`] when it is only ASCII letters. Real keys and tokens have
+/// digits or punctuation; a value that could be a word is left alone.
+pub fn is_secret_value(value: &str) -> bool {
+    let v = value.trim();
+    v.len() >= MIN_SECRET_LEN
+        && (v.len() >= MIN_WORD_SECRET_LEN || !v.bytes().all(|b| b.is_ascii_alphabetic()))
+}
 
 /// Name fragments (upper case) of environment variables whose values are secret.
 const SECRET_NAME_PARTS: &[&str] = &[
@@ -222,12 +236,12 @@ impl Redactor {
         self.secrets.is_empty() && self.endpoints.is_empty()
     }
 
-    /// Registers a secret value, as written and percent-encoded. A value shorter than
-    /// [`MIN_SECRET_LEN`] bytes (after trimming) is ignored. Returns whether the set
-    /// changed.
+    /// Registers a secret value, as written and percent-encoded. A value that is not
+    /// worth hiding ([`is_secret_value`]: too short, or a short word) is ignored. Returns
+    /// whether the set changed.
     pub fn add_secret(&mut self, value: &str) -> bool {
         let value = value.trim();
-        if value.len() < MIN_SECRET_LEN {
+        if !is_secret_value(value) {
             return false;
         }
         let mut changed = insert_longest_first(&mut self.secrets, value);
@@ -385,7 +399,7 @@ fn update(change: impl FnOnce(&mut Redactor) -> bool) -> bool {
 
 /// Registers a secret value in the process's registry ([`Redactor::add_secret`]).
 pub fn add_secret(value: &str) -> bool {
-    value.trim().len() >= MIN_SECRET_LEN && update(|r| r.add_secret(value))
+    is_secret_value(value) && update(|r| r.add_secret(value))
 }
 
 /// Registers an `Authorization`-style value ([`Redactor::add_authorization`]).
