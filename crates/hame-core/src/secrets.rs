@@ -64,14 +64,7 @@ pub fn is_secret_value(value: &str) -> bool {
 }
 
 /// Name fragments (upper case) of environment variables whose values are secret.
-const SECRET_NAME_PARTS: &[&str] = &[
-    "KEY",
-    "TOKEN",
-    "SECRET",
-    "PASSWORD",
-    "PASSWD",
-    "CREDENTIAL",
-];
+const SECRET_NAME_PARTS: &[&str] = &["KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL"];
 
 /// More fragments (upper case) that mark a URL query parameter as secret (`sig=`, `auth=`).
 const SECRET_PARAM_PARTS: &[&str] = &["SIG", "AUTH"];
@@ -163,8 +156,7 @@ fn percent_encode(s: &str) -> String {
 
 /// Standard Base64 with padding (what `Authorization: Basic` carries).
 fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] =
-        b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
         let b = [

@@ -21,11 +21,20 @@ fn short_values_and_words_are_not_secrets() {
     assert!(!r.add_secret("8080"));
     assert!(!r.add_secret("  short  "));
     assert!(!r.add_secret("scripted"), "a word");
-    assert!(!r.add_secret("passwordpassword"[..15].trim()), "a 15-letter word");
+    assert!(
+        !r.add_secret("passwordpassword"[..15].trim()),
+        "a 15-letter word"
+    );
     assert!(r.is_empty());
-    assert_eq!(r.redact("port 8080, the scripted model"), "port 8080, the scripted model");
+    assert_eq!(
+        r.redact("port 8080, the scripted model"),
+        "port 8080, the scripted model"
+    );
     assert!(r.add_secret("hunter22"), "8 bytes with a digit");
-    assert!(r.add_secret("correcthorsebatterystaple"), "16 letters or more");
+    assert!(
+        r.add_secret("correcthorsebatterystaple"),
+        "16 letters or more"
+    );
 }
 
 #[test]
@@ -56,7 +65,9 @@ fn url_credentials_hide_the_password_and_its_basic_auth_form() {
     // base64("hame:pw@7d3e9a1c")
     let basic = "aGFtZTpwd0A3ZDNlOWExYw==";
     assert_eq!(
-        r.redact(&format!("pw@7d3e9a1c pw%407d3e9a1c Basic {basic} qk-99887766 x=1")),
+        r.redact(&format!(
+            "pw@7d3e9a1c pw%407d3e9a1c Basic {basic} qk-99887766 x=1"
+        )),
         "[REDACTED] [REDACTED] Basic [REDACTED] [REDACTED] x=1"
     );
     assert!(!Redactor::new().add_url("http://127.0.0.1:8080/v1?x=1"));
@@ -106,7 +117,10 @@ fn messages_are_redacted_in_every_text_but_not_in_ids() {
     }]);
     let results = r.redact_message(results);
     assert_eq!(
-        results.tool_results_iter().next().map(|t| t.content.clone()),
+        results
+            .tool_results_iter()
+            .next()
+            .map(|t| t.content.clone()),
         Some("env: [REDACTED]".to_owned())
     );
     assert_eq!(results.role, Role::Tool);
@@ -124,7 +138,13 @@ fn an_unchanged_message_keeps_its_shared_blocks() {
 
 #[test]
 fn names_and_urls() {
-    for name in ["OPENAI_API_KEY", "github_token", "PGPASSWORD", "AWS_REGION", "X_SECRET"] {
+    for name in [
+        "OPENAI_API_KEY",
+        "github_token",
+        "PGPASSWORD",
+        "AWS_REGION",
+        "X_SECRET",
+    ] {
         assert!(is_secret_name(name), "{name}");
     }
     for name in ["PATH", "HOME", "HAME_MODEL", "PORT"] {

@@ -50,11 +50,9 @@ pub(crate) fn for_callers(value: serde_json::Value) -> serde_json::Value {
             std::borrow::Cow::Owned(clean) => Value::String(clean),
         },
         Value::Array(items) => Value::Array(items.into_iter().map(for_callers).collect()),
-        Value::Object(map) => Value::Object(
-            map.into_iter()
-                .map(|(k, v)| (k, for_callers(v)))
-                .collect(),
-        ),
+        Value::Object(map) => {
+            Value::Object(map.into_iter().map(|(k, v)| (k, for_callers(v))).collect())
+        }
         other => other,
     }
 }
@@ -146,13 +144,14 @@ impl ApiError {
 }
 
 /// Whether retrying the same request may get another answer: the request was refused
-/// before its turn ran (`queue_full`, `session_busy`, `shutting_down`) or the server failed
-/// (`internal`). Everything else — a bad request, a turn that ran and failed — would get
-/// the same answer (a retry of a request is answered from its first attempt: `replay`).
+/// before its turn ran (`queue_full`, `session_busy`, `shutting_down`, `body_timeout`) or
+/// the server failed (`internal`). Everything else — a bad request, a turn that ran and
+/// failed — would get the same answer (a retry of a request is answered from its first
+/// attempt: `replay`).
 pub(crate) fn retry_may_help(code: &str) -> bool {
     matches!(
         code,
-        "queue_full" | "session_busy" | "shutting_down" | "internal"
+        "queue_full" | "session_busy" | "shutting_down" | "body_timeout" | "internal"
     )
 }
 

@@ -264,6 +264,7 @@ impl Replays {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use serde_json::json;
@@ -283,28 +284,57 @@ mod tests {
     #[test]
     fn keys_come_from_idempotency_key_or_the_sdk_retry_count() {
         let r = Replays::new(Duration::from_secs(60), 10);
-        assert!(r.key_of(&headers(&[]), None, "chat", b"x").unwrap().is_none());
+        assert!(
+            r.key_of(&headers(&[]), None, "chat", b"x")
+                .unwrap()
+                .is_none()
+        );
         let a = r
-            .key_of(&headers(&[("idempotency-key", "k")]), Some("u"), "chat", b"x")
+            .key_of(
+                &headers(&[("idempotency-key", "k")]),
+                Some("u"),
+                "chat",
+                b"x",
+            )
             .unwrap()
             .unwrap();
         let b = r
-            .key_of(&headers(&[("idempotency-key", "k")]), Some("v"), "chat", b"x")
+            .key_of(
+                &headers(&[("idempotency-key", "k")]),
+                Some("v"),
+                "chat",
+                b"x",
+            )
             .unwrap()
             .unwrap();
         assert_ne!(a.key, b.key, "users never share a key");
         let first = r
-            .key_of(&headers(&[("x-stainless-retry-count", "0")]), None, "chat", b"x")
+            .key_of(
+                &headers(&[("x-stainless-retry-count", "0")]),
+                None,
+                "chat",
+                b"x",
+            )
             .unwrap()
             .unwrap();
         let retry = r
-            .key_of(&headers(&[("x-stainless-retry-count", "2")]), None, "chat", b"x")
+            .key_of(
+                &headers(&[("x-stainless-retry-count", "2")]),
+                None,
+                "chat",
+                b"x",
+            )
             .unwrap()
             .unwrap();
         assert!(first.fresh && !retry.fresh);
         assert_eq!(first.key, retry.key);
         let other = r
-            .key_of(&headers(&[("x-stainless-retry-count", "1")]), None, "chat", b"y")
+            .key_of(
+                &headers(&[("x-stainless-retry-count", "1")]),
+                None,
+                "chat",
+                b"y",
+            )
             .unwrap()
             .unwrap();
         assert_ne!(other.key, retry.key);

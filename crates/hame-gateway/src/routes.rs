@@ -163,10 +163,12 @@ async fn post_message(
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     valid_session(&session)?;
-    let key =
-        shared
-            .replays
-            .key_of(&headers, user.as_deref(), &format!("messages/{session}"), &body)?;
+    let key = shared.replays.key_of(
+        &headers,
+        user.as_deref(),
+        &format!("messages/{session}"),
+        &body,
+    )?;
     let body: MessageBody = parse(&body)?;
     if body.message.trim().is_empty() {
         return Err(ApiError::bad_request("`message` is empty"));
@@ -268,7 +270,9 @@ async fn get_tasks(
         .tasks(&ctx)
         .await
         .map_err(|e| ApiError::from_harness(&e))?;
-    Ok(Json(for_callers(json!({"session": session, "tasks": tasks}))))
+    Ok(Json(for_callers(
+        json!({"session": session, "tasks": tasks}),
+    )))
 }
 
 async fn get_approvals(
@@ -531,5 +535,7 @@ async fn get_memory(
             Err(e) => return Err(ApiError::internal(e.to_string())),
         }
     }
-    Ok(Json(for_callers(json!({"user": ctx.user_id, "files": files}))))
+    Ok(Json(for_callers(
+        json!({"user": ctx.user_id, "files": files}),
+    )))
 }

@@ -54,7 +54,10 @@ pub(crate) async fn read_body_within(
 ) -> Response {
     let (parts, body) = req.into_parts();
     match tokio::time::timeout(limit, axum::body::to_bytes(body, usize::MAX)).await {
-        Ok(Ok(bytes)) => next.run(Request::from_parts(parts, Body::from(bytes))).await,
+        Ok(Ok(bytes)) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
         Ok(Err(e)) => {
             let too_large = {
                 let inner = e.into_inner();

@@ -374,10 +374,7 @@ fn substitute_at(
     Ok(())
 }
 
-fn substitute_str(
-    s: &str,
-    env: &mut dyn FnMut(&str) -> Option<String>,
-) -> Result<String, String> {
+fn substitute_str(s: &str, env: &mut dyn FnMut(&str) -> Option<String>) -> Result<String, String> {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
     while let Some(i) = rest.find('$') {

@@ -310,7 +310,12 @@ fn header(name: &str, value: &str, what: &str) -> Result<(HeaderName, HeaderValu
 /// key header's value, the base URL's password (and its basic-auth form) and secret query
 /// values as secrets; the base URL and the endpoint, without credentials, as endpoints
 /// (named to the operator, never to API callers).
-fn register_secrets(common: &Common<'_>, auth: &Option<(&str, String)>, base: &Url, endpoint: &Url) {
+fn register_secrets(
+    common: &Common<'_>,
+    auth: &Option<(&str, String)>,
+    base: &Url,
+    endpoint: &Url,
+) {
     if let Some(key) = common.api_key {
         secrets::add_secret(key);
     }
@@ -318,7 +323,11 @@ fn register_secrets(common: &Common<'_>, auth: &Option<(&str, String)>, base: &U
         secrets::add_authorization(value);
     }
     secrets::add_url(common.base_url.trim());
-    for shown in [redact(base), redact(endpoint), redact_str(common.base_url.trim())] {
+    for shown in [
+        redact(base),
+        redact(endpoint),
+        redact_str(common.base_url.trim()),
+    ] {
         secrets::add_endpoint(&shown);
     }
 }

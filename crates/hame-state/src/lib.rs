@@ -72,10 +72,10 @@ mod tests;
 use std::sync::Arc;
 
 pub use error::{Error, Result};
+pub use hame_core::secrets::redact_url;
 pub use holder::Holder;
 pub use key::{MAX_ID_LEN, StateKey, validate_id};
 pub use memory::InMemoryStore;
-pub use hame_core::secrets::redact_url;
 pub use store::{
     DEFAULT_LEASE_TTL, DEFAULT_LEASE_WAIT, KeepAlive, LEASE_POLL_MAX, LEASE_POLL_MIN, Lease,
     LeaseGrant, LeaseHandle, LeaseOptions, Save, SessionSummary, StateStore, Stored,

@@ -24,10 +24,7 @@ async fn python(
     let path = dir.join("client.py");
     std::fs::write(&path, script)?;
     let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(py)
-            .arg(path)
-            .arg(base)
-            .output()
+        std::process::Command::new(py).arg(path).arg(base).output()
     })
     .await??;
     if !out.status.success() {
@@ -143,7 +140,10 @@ async fn an_idempotency_key_answers_a_repeated_request_from_its_first_turn() -> 
     // The same key for another request is refused, not answered with the wrong reply.
     let other = send("k-1", "something else").await?;
     assert_eq!(other.status(), 409);
-    assert_eq!(other.headers().get("x-should-retry").map(|v| v.as_bytes()), Some(&b"false"[..]));
+    assert_eq!(
+        other.headers().get("x-should-retry").map(|v| v.as_bytes()),
+        Some(&b"false"[..])
+    );
     let body: Value = other.json().await?;
     assert_eq!(body["error"]["code"], "idempotency_key_reused");
     // Another key is another turn.

@@ -32,7 +32,12 @@ fn read_until_closed(mut s: TcpStream, limit: Duration) -> (String, Option<Insta
         }
         let _ = s.set_read_timeout(Some(left));
         match s.read(&mut buf) {
-            Ok(0) => return (String::from_utf8_lossy(&got).into_owned(), Some(Instant::now())),
+            Ok(0) => {
+                return (
+                    String::from_utf8_lossy(&got).into_owned(),
+                    Some(Instant::now()),
+                );
+            }
             Ok(n) => got.extend_from_slice(&buf[..n]),
             Err(e)
                 if matches!(
@@ -42,7 +47,12 @@ fn read_until_closed(mut s: TcpStream, limit: Duration) -> (String, Option<Insta
             {
                 continue;
             }
-            Err(_) => return (String::from_utf8_lossy(&got).into_owned(), Some(Instant::now())),
+            Err(_) => {
+                return (
+                    String::from_utf8_lossy(&got).into_owned(),
+                    Some(Instant::now()),
+                );
+            }
         }
     }
 }

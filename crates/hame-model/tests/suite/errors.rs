@@ -332,7 +332,10 @@ async fn a_key_echoed_by_the_provider_is_redacted() -> TestResult {
         for e in [&auth, &bad, &in_stream] {
             let text = format!("{e} {e:?}");
             assert!(!text.contains(&key), "{kind:?}: {text}");
-            assert!(text.contains(hame_core::secrets::REDACTED), "{kind:?}: {text}");
+            assert!(
+                text.contains(hame_core::secrets::REDACTED),
+                "{kind:?}: {text}"
+            );
         }
         assert!(
             auth.to_string().contains(&server.addr().to_string()),
