@@ -646,14 +646,9 @@ impl Layer for Notes {
     fn name(&self) -> &str {
         "notes"
     }
-    async fn append(
-        &self,
-        cx: &mut CallCtx<'_>,
-        message: Message,
-        next: AppendNext<'_>,
-    ) -> Result<()> {
-        let user = message.role == Role::User;
-        next.run(cx, message).await?;
+    async fn append(&self, cx: &mut CallCtx<'_>, m: Message, next: AppendNext<'_>) -> Result<()> {
+        let user = m.role == Role::User;
+        next.run(cx, m).await?;
         if user {
             next.run(cx, Message::user(format!("note: {LOOP_SECRET}")))
                 .await?;

@@ -39,6 +39,24 @@ fn files_containing(root: &Path, needle: &str) -> Vec<PathBuf> {
     found
 }
 
+/// A new directory with a workspace `ws`, a scripted model that first answers 401 echoing
+/// the key it got, and the `--workspace`/`--session s1` arguments of `hame run`.
+async fn refused_key_setup()
+-> Result<(tempfile::TempDir, ScriptedServer, [String; 4]), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws)?;
+    let model = ScriptedServer::start().await?;
+    model.push(ScriptStep::unauthorized_echoing_key());
+    let args = [
+        "--workspace".to_owned(),
+        ws.to_string_lossy().into_owned(),
+        "--session".to_owned(),
+        "s1".to_owned(),
+    ];
+    Ok((dir, model, args))
+}
+
 /// The texts of the session log `s` of workspace `dir/ws`, joined.
 fn log_text(dir: &Path, session: &str) -> String {
     texts(&ws_log(dir, None, session)).join("\n")
@@ -46,14 +64,9 @@ fn log_text(dir: &Path, session: &str) -> String {
 
 #[tokio::test]
 async fn run_keeps_an_echoed_key_out_of_output_files_and_the_next_request() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    std::fs::create_dir_all(&ws)?;
-    let ws_arg = ws.to_string_lossy().into_owned();
-    let model = ScriptedServer::start().await?;
-    model.push(ScriptStep::unauthorized_echoing_key());
+    let (dir, model, args) = refused_key_setup().await?;
     model.push(ScriptStep::text("fine now"));
-    let args = ["--workspace", ws_arg.as_str(), "--session", "s1"];
+    let args = args.each_ref().map(String::as_str);
     let env = [("OPENAI_API_KEY", KEY)];
     let out = run_with(dir.path(), &model.base_url(), &args, "hi", &env).await?;
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
@@ -83,19 +96,14 @@ async fn run_keeps_an_echoed_key_out_of_output_files_and_the_next_request() -> T
 
 #[tokio::test]
 async fn run_keeps_base_url_credentials_and_their_basic_auth_form_out() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    std::fs::create_dir_all(&ws)?;
-    let ws_arg = ws.to_string_lossy().into_owned();
-    let model = ScriptedServer::start().await?;
-    model.push(ScriptStep::unauthorized_echoing_key());
+    let (dir, model, args) = refused_key_setup().await?;
+    let args = args.each_ref().map(String::as_str);
     let password = "pw-7d3e9a1c5b2f";
     // What `Authorization: Basic …` carries for `hame:<password>`.
     let basic = "aGFtZTpwdy03ZDNlOWExYzViMmY=";
     let base = model
         .base_url()
         .replacen("http://", &format!("http://hame:{password}@"), 1);
-    let args = ["--workspace", ws_arg.as_str(), "--session", "s1"];
     let out = run_with(dir.path(), &base, &args, "hi", &[]).await?;
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let reqs = model.requests();

@@ -57,16 +57,21 @@ fn read_until_closed(mut s: TcpStream, limit: Duration) -> (String, Option<Insta
     }
 }
 
-#[tokio::test]
-async fn slow_headers_and_slow_bodies_are_cut_off_and_others_are_served() -> TestResult {
+/// `hame serve <args>` against a model that answers every request "ok"; the temporary
+/// directory and the model server live as long as the returned values.
+async fn serve_ok(
+    args: &[&str],
+) -> Result<(tempfile::TempDir, ScriptedServer, Serve), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let model = ScriptedServer::start().await?;
     model.set_responder(|_: &hame_test_support::RecordedRequest| ScriptStep::text("ok"));
-    let serve = Serve::start(
-        dir.path(),
-        &model.base_url(),
-        &["--header-timeout", "1", "--body-timeout", "1"],
-    )?;
+    let serve = Serve::start(dir.path(), &model.base_url(), args)?;
+    Ok((dir, model, serve))
+}
+
+#[tokio::test]
+async fn slow_headers_and_slow_bodies_are_cut_off_and_others_are_served() -> TestResult {
+    let (_dir, _model, serve) = serve_ok(&["--header-timeout", "1", "--body-timeout", "1"]).await?;
     let target = addr(&serve);
     let started = Instant::now();
     // 200 connections that never finish their headers, and one that sends nothing.
@@ -125,14 +130,8 @@ async fn slow_headers_and_slow_bodies_are_cut_off_and_others_are_served() -> Tes
 
 #[tokio::test]
 async fn past_the_connection_limit_new_connections_wait_for_a_free_slot() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let model = ScriptedServer::start().await?;
-    model.set_responder(|_: &hame_test_support::RecordedRequest| ScriptStep::text("ok"));
-    let serve = Serve::start(
-        dir.path(),
-        &model.base_url(),
-        &["--header-timeout", "2", "--max-connections", "4"],
-    )?;
+    let (_dir, _model, serve) =
+        serve_ok(&["--header-timeout", "2", "--max-connections", "4"]).await?;
     let target = addr(&serve);
     // Four idle connections take every slot until the header timeout closes them.
     let idle: Vec<TcpStream> = (0..4)
