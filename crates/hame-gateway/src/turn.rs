@@ -35,8 +35,9 @@ pub(crate) struct Turn {
     pub(crate) replayed: bool,
 }
 
-/// [`start`] for a request that may be a retry ([`crate::replay`]): a retry of a request
-/// whose turn ran (or runs) gets that turn's end instead of a turn of its own.
+/// Queues a turn on `(user, session)` and starts its task ([`start_recorded`]), unless the
+/// request is a retry ([`crate::replay`]): a retry of a request whose turn ran (or runs)
+/// gets that turn's end instead of a turn of its own.
 pub(crate) fn start_once(
     shared: &Arc<Shared>,
     user: Option<String>,
@@ -86,8 +87,9 @@ pub(crate) fn key(agent: &str, user: Option<&str>, session: &str) -> String {
     format!("{agent}\u{0}{}\u{0}{session}", user.unwrap_or(""))
 }
 
-/// Queues a turn on `(user, session)` and starts its task. Refused with 429 when the
-/// session's queue is full, 503 while the gateway drains.
+/// Queues a turn on `(user, session)` and starts its task; its end goes to `recorder`
+/// (for the request's retries). Refused with 429 when the session's queue is full, 503
+/// while the gateway drains.
 fn start_recorded(
     shared: &Arc<Shared>,
     user: Option<String>,
