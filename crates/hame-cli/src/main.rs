@@ -174,6 +174,8 @@ impl std::error::Error for ConfigError {}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before anything can fail or print: the values that must never be shown.
+    secrets::register();
     let telemetry = match telemetry::init(cli.otlp_endpoint.as_deref()) {
         Ok(t) => t,
         Err(e) => {
@@ -222,18 +224,24 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<Stopped>() => {
             let code = e.downcast_ref::<Stopped>().map_or(1, |s| s.0);
-            eprintln!("hame: {e}");
+            say(&e.to_string());
             ExitCode::from(code)
         }
         Err(e) if e.is::<ConfigError>() => {
-            eprintln!("hame: {e}");
+            say(&e.to_string());
             ExitCode::from(2)
         }
         Err(e) => {
-            eprintln!("hame: {}", one_line(&e));
+            say(&one_line(&e));
             ExitCode::from(1)
         }
     }
+}
+
+/// Prints `hame: <text>` on stderr, without the process's secrets (`hame::secrets`; the
+/// operator may see the provider's URL).
+fn say(text: &str) {
+    eprintln!("hame: {}", hame::secrets::redact(text));
 }
 
 /// An error as one line: its chain, without the parts an earlier part already says

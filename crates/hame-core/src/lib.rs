@@ -3,7 +3,9 @@
 //! The contracts of the hame agent harness and its ReAct loop: [`Message`]s, the [`Model`]
 //! and [`Tool`] traits, [`Layer`]s around the call, its model requests and tool calls (with
 //! durable suspension), the [`AgentState`] resume document and the
-//! [`AgentEvent`] stream. It knows no backend: no HTTP client, no database, no filesystem.
+//! [`AgentEvent`] stream, and the process's registry of [`secrets`] that no text it stores,
+//! sends to a model or shows may carry. It knows no backend: no HTTP client, no database,
+//! no filesystem.
 //!
 //! Depend on it to write a tool, a layer or a model provider. Applications use the
 //! `hame` facade instead.
@@ -40,6 +42,7 @@ mod extensions;
 mod layer;
 mod message;
 mod model;
+pub mod secrets;
 mod state;
 mod suspend;
 mod tool;

@@ -11,6 +11,7 @@ use backon::{ExponentialBuilder, Retryable};
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use hame_core::secrets;
 use hame_core::{
     ModelError, ModelEvent, ModelInfo, ModelResponse, ModelStream, ResponseAssembler, StopReason,
 };
@@ -305,6 +306,32 @@ fn header(name: &str, value: &str, what: &str) -> Result<(HeaderName, HeaderValu
     Ok((name, value))
 }
 
+/// Registers what this client must never let through (`hame_core::secrets`): the key, the
+/// key header's value, the base URL's password (and its basic-auth form) and secret query
+/// values as secrets; the base URL and the endpoint, without credentials, as endpoints
+/// (named to the operator, never to API callers).
+fn register_secrets(
+    common: &Common<'_>,
+    auth: &Option<(&str, String)>,
+    base: &Url,
+    endpoint: &Url,
+) {
+    if let Some(key) = common.api_key {
+        secrets::add_secret(key);
+    }
+    if let Some((_, value)) = auth {
+        secrets::add_authorization(value);
+    }
+    secrets::add_url(common.base_url.trim());
+    for shown in [
+        redact(base),
+        redact(endpoint),
+        redact_str(common.base_url.trim()),
+    ] {
+        secrets::add_endpoint(&shown);
+    }
+}
+
 impl Client {
     /// Builds the client for `endpoint` (the base URL `base` plus the provider's path).
     /// `auth` is the key header (`authorization: Bearer …`, `x-api-key: …`), marked
@@ -316,6 +343,7 @@ impl Client {
         auth: Option<(&str, String)>,
         headers: &[(&str, &str)],
     ) -> Result<Self, ModelError> {
+        register_secrets(common, &auth, base, &endpoint);
         let mut map = HeaderMap::new();
         map.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         for (k, v) in headers {
@@ -381,7 +409,7 @@ impl Client {
             ModelError::InvalidResponse(format!(
                 "{} answered with non-JSON ({e}): {}",
                 self.url_shown,
-                error_message(&text)
+                error_message(&secrets::redact(&text))
             ))
         })?;
         let mut check = OutputCheck::new(max_tokens);

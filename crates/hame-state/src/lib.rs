@@ -72,10 +72,10 @@ mod tests;
 use std::sync::Arc;
 
 pub use error::{Error, Result};
+pub use hame_core::secrets::redact_url;
 pub use holder::Holder;
 pub use key::{MAX_ID_LEN, StateKey, validate_id};
 pub use memory::InMemoryStore;
-pub use redact::redact_url;
 pub use store::{
     DEFAULT_LEASE_TTL, DEFAULT_LEASE_WAIT, KeepAlive, LEASE_POLL_MAX, LEASE_POLL_MIN, Lease,
     LeaseGrant, LeaseHandle, LeaseOptions, Save, SessionSummary, StateStore, Stored,
@@ -104,6 +104,8 @@ pub use sql::{SqlDialect, SqlOptions, SqlStore};
 ///
 /// A URL whose backend is not compiled in is [`Error::FeatureDisabled`], naming the feature.
 pub async fn open(url: &str) -> Result<Arc<dyn StateStore>> {
+    // Its password is a secret of this process from now on (`hame_core::secrets`).
+    hame_core::secrets::add_url(url);
     let Some((scheme, rest)) = url.split_once("://") else {
         return open_path(url);
     };

@@ -708,7 +708,11 @@ impl Subagents {
         let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         loop {
             tokio::select! {
-                r = &mut work => return r.map_err(Outcome::Failed),
+                // The child's failure is recorded and told to the parent and to API
+                // callers: without secrets or model endpoints, as a failed turn's note.
+                r = &mut work => return r.map_err(|e| {
+                    Outcome::Failed(hame_core::secrets::redact_for_callers(&e).into_owned())
+                }),
                 _ = &mut deadline => {
                     cancel.cancel();
                     // Let the child save what it has (bounded).
