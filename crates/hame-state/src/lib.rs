@@ -81,6 +81,22 @@ pub use store::{
     LeaseGrant, LeaseHandle, LeaseOptions, Save, SessionSummary, StateStore, Stored,
 };
 
+/// The storage format this build reads and writes: the `format` field of a JSON state file,
+/// the format field `f` of a Redis document (`docs/state.md`, *Format versions*). A
+/// document in a newer format is refused ([`Error::NewerFormat`]) and never overwritten.
+pub const STATE_FORMAT: &str = "hame-state/1";
+
+/// The version number of a storage format name (`hame-state/7` → 7); `None` when the name
+/// is not of that form.
+#[allow(dead_code)] // unused when only the memory store is compiled in
+pub(crate) fn format_version(name: &str) -> Option<u64> {
+    let n = name.strip_prefix(error::FORMAT_PREFIX)?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) || n.starts_with('0') {
+        return None;
+    }
+    n.parse().ok()
+}
+
 #[cfg(feature = "json")]
 pub use json::{JSON_FORMAT, JsonStore};
 #[cfg(feature = "redis")]

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use hame_core::AgentState;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use crate::error::{Error, MAX_SCHEMA, Result};
+use crate::error::{Error, FORMAT_VERSION, MAX_SCHEMA, Result};
 use crate::key::StateKey;
 use crate::shared_lease::{self, Claim, LeaseRecord, LeaseTable};
 use crate::store::Save;
@@ -56,7 +56,8 @@ impl RedisOptions {
 ///
 /// ```text
 /// <prefix>:{<agent>:<tenant>}:doc:<session>     hash: v = version, s = state JSON, t = updated (ms),
-///                                               sv = schema version of s, w = id of the last write
+///                                               sv = schema version of s, w = id of the last write,
+///                                               f = storage format (the N of hame-state/N; absent = 1)
 /// <prefix>:{<agent>:<tenant>}:idx               sorted set: session -> updated (ms)
 /// <prefix>:{<agent>:<tenant>}:lease:<session>   hash: t = token, f = fence, h = holder, e = expiry (ms)
 /// ```
@@ -90,18 +91,20 @@ impl std::fmt::Debug for RedisStore {
 
 /// KEYS: doc, idx, lease. ARGV: expected version ('' = absent), state, now ms, session,
 /// lease token ('' = not fenced), fence, write id, schema version of the state, newest
-/// schema version this build reads. Returns {1, new version}, {0, found version}, {2, ''}
-/// (the lease is not current) or {3, stored schema version} (the document is of a newer
-/// hame: it is never overwritten). A write whose id is already stored is this call,
-/// retried after its reply was lost: it reports success again.
+/// schema version this build reads, storage format of this build. Returns {1, new
+/// version}, {0, found version}, {2, ''} (the lease is not current), {3, stored schema
+/// version} or {4, stored format} (the document is of a newer hame: it is never
+/// overwritten). A write whose id is already stored is this call, retried after its reply
+/// was lost: it reports success again.
 const SAVE: &str = r"
-local mine = redis.call('HMGET', KEYS[1], 'v', 'w', 'sv')
+local mine = redis.call('HMGET', KEYS[1], 'v', 'w', 'sv', 'f')
 if mine[1] and mine[2] == ARGV[7] then return {1, mine[1]} end
 if ARGV[5] ~= '' then
   if redis.call('TYPE', KEYS[3]).ok ~= 'hash' then return {2, ''} end
   local l = redis.call('HMGET', KEYS[3], 't', 'f')
   if l[1] ~= ARGV[5] or l[2] ~= ARGV[6] then return {2, ''} end
 end
+if mine[4] and (tonumber(mine[4]) or math.huge) > tonumber(ARGV[10]) then return {4, mine[4]} end
 local cur = redis.call('HGET', KEYS[1], 'v')
 if ARGV[1] == '' then
   if cur then return {0, cur} end
@@ -110,7 +113,8 @@ elseif cur ~= ARGV[1] then
 end
 if (tonumber(mine[3]) or 0) > tonumber(ARGV[9]) then return {3, mine[3]} end
 local nv = (tonumber(cur) or 0) + 1
-redis.call('HSET', KEYS[1], 'v', nv, 's', ARGV[2], 't', ARGV[3], 'w', ARGV[7], 'sv', ARGV[8])
+redis.call('HSET', KEYS[1], 'v', nv, 's', ARGV[2], 't', ARGV[3], 'w', ARGV[7], 'sv', ARGV[8],
+  'f', ARGV[10])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 return {1, tostring(nv)}
 ";
@@ -244,6 +248,17 @@ impl Conn {
     }
 }
 
+/// The error for a stored format `f` this build does not read: newer, or not a number.
+fn format_error(key: &StateKey, f: &str) -> Error {
+    match f.parse::<u64>() {
+        Ok(n) => Error::newer_format(key, n),
+        Err(_) => Error::Config(format!(
+            "state of {key} is in an unknown format {f:?} (this build reads {})",
+            crate::STATE_FORMAT
+        )),
+    }
+}
+
 fn ttl_ms(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
 }
@@ -347,7 +362,8 @@ impl RedisStore {
             .arg(fence)
             .arg(write_id)
             .arg(schema)
-            .arg(MAX_SCHEMA);
+            .arg(MAX_SCHEMA)
+            .arg(FORMAT_VERSION);
         let (status, v): (i64, String) = self.conn.invoke(&call).await?;
         match (status, lease) {
             (1, _) => v
@@ -358,6 +374,7 @@ impl RedisStore {
                 Err(Error::lease_lost(key))
             }
             (3, _) => Err(Error::too_new(key, v.parse().unwrap_or(u64::MAX))),
+            (4, _) => Err(format_error(key, &v)),
             _ => Err(Error::Conflict {
                 key: key.to_string(),
                 expected,
@@ -388,10 +405,22 @@ impl RedisStore {
 #[async_trait]
 impl StateStore for RedisStore {
     async fn load(&self, key: &StateKey) -> Result<Option<Stored>> {
-        let (version, json): (Option<u64>, Option<Vec<u8>>) = self
+        let (version, json, format): (Option<u64>, Option<Vec<u8>>, Option<String>) = self
             .conn
-            .query(redis::cmd("HMGET").arg(self.doc_key(key)).arg("v").arg("s"))
+            .query(
+                redis::cmd("HMGET")
+                    .arg(self.doc_key(key))
+                    .arg("v")
+                    .arg("s")
+                    .arg("f"),
+            )
             .await?;
+        // The format first: a newer one is refused before anything else is read.
+        if let Some(f) = &format
+            && !f.parse::<u64>().is_ok_and(|f| f <= FORMAT_VERSION)
+        {
+            return Err(format_error(key, f));
+        }
         let (Some(version), Some(json)) = (version, json) else {
             return Ok(None);
         };
@@ -527,6 +556,25 @@ impl LeaseHandle for RedisLease {
 impl crate::conformance::RawAccess for RedisStore {
     async fn put_raw(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
         self.put_raw_doc(key, state).await
+    }
+
+    async fn put_raw_format(
+        &self,
+        key: &StateKey,
+        format: u64,
+        state: serde_json::Value,
+    ) -> Result<bool> {
+        self.put_raw_doc(key, state).await?;
+        let _: i64 = self
+            .conn
+            .query(
+                redis::cmd("HSET")
+                    .arg(self.doc_key(key))
+                    .arg("f")
+                    .arg(format),
+            )
+            .await?;
+        Ok(true)
     }
 }
 

@@ -71,6 +71,15 @@ pub(crate) mod json_conf {
             self.store.put_raw(key, state).await
         }
 
+        async fn put_raw_format(
+            &self,
+            key: &StateKey,
+            format: u64,
+            state: serde_json::Value,
+        ) -> Result<bool> {
+            self.store.put_raw_format(key, format, state).await
+        }
+
         fn ttl_expires_live_holders(&self) -> bool {
             false
         }
