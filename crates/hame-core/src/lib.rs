@@ -13,6 +13,7 @@
 //! | feature | what it adds |
 //! |---|---|
 //! | `test-support` | [`test_support::ScriptedModel`], an in-process model double for unit tests |
+//! | `failpoints` | [`failpoint`] kills the process where `HAME_FAILPOINT` says (crash tests) |
 //!
 //! ```
 //! use std::sync::Arc;
@@ -39,6 +40,7 @@ pub mod decide;
 mod error;
 mod event;
 mod extensions;
+mod failpoint;
 mod layer;
 mod message;
 mod model;
@@ -54,10 +56,11 @@ pub use agent::{
     AgentLoop, CallEnv, CallOutput, DEFAULT_MAX_ITERATIONS, DEFAULT_MAX_MODEL_RETRIES, LoopConfig,
     reply_text,
 };
-pub use context::{RuntimeContext, ToolContext};
+pub use context::{CALL_ID_EXTRA, RuntimeContext, ToolContext};
 pub use error::{Error, Result};
 pub use event::{AgentEvent, EventSink};
 pub use extensions::Extensions;
+pub use failpoint::{FAILPOINT_ENV, failpoint};
 pub use layer::{
     AppendNext, CallCtx, CallInput, CallNext, Layer, ModelNext, Resumed, ToolCtx, ToolNext,
     ToolOutcome, prefix_hash,

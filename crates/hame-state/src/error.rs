@@ -262,6 +262,7 @@ impl Error {
 pub(crate) const FORMAT_PREFIX: &str = "hame-state/";
 
 /// The storage format version this build reads and writes ([`crate::STATE_FORMAT`]).
+#[allow(dead_code)] // unused when only the memory store is compiled in
 pub(crate) const FORMAT_VERSION: u64 = 1;
 
 /// The newest state schema this build reads and writes.

@@ -1,6 +1,7 @@
 mod common;
 mod concurrency;
 mod crash;
+mod delivery;
 mod first_hour;
 mod layout;
 mod mcp;
