@@ -27,6 +27,10 @@ pub struct RedisOptions {
     pub connect_timeout: Duration,
     /// Timeout of one command (default 10 s; a 2 MB state takes a few ms on a LAN).
     pub response_timeout: Duration,
+    /// How long a call whose connection broke (a restart, a dropped link) is sent again
+    /// on the re-established connection, pausing 50 ms doubling to 1 s
+    /// (`hame_redis::RetryPolicy`); zero sends every call once. Default 10 s.
+    pub retry_window: Duration,
 }
 
 impl Default for RedisOptions {
@@ -35,6 +39,7 @@ impl Default for RedisOptions {
             prefix: DEFAULT_REDIS_PREFIX.to_owned(),
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(10),
+            retry_window: hame_redis::DEFAULT_RETRY_WINDOW,
         }
     }
 }
@@ -67,11 +72,13 @@ impl RedisOptions {
 /// compared with the server's `TIME` in Lua; it is never deleted (a release blanks `t`), so
 /// its fence `f` only grows. Acquire, takeover, renewal and release are Lua scripts.
 ///
-/// A call that fails because the connection broke (reset, broken pipe, refused: not a
-/// timeout, not a server error) is sent once more, on the connection the manager
-/// re-establishes. Every call is idempotent, so that is safe even if the first one was
-/// applied and only its reply was lost: a `save` carries a write id and a retry that finds
-/// its own write reports it as done. If the retry fails too, the first failure is reported.
+/// A call that fails because the connection broke (reset, broken pipe, refused, `LOADING`
+/// after a restart: not a timeout, not an error of the call) is sent again on the
+/// connection the manager re-establishes, with backoff (50 ms doubling to 1 s), for up to
+/// [`RedisOptions::retry_window`] (10 s) after the first failure — the one policy of
+/// hame's Redis backends (`hame_redis`). Every call is idempotent, so that is safe even if
+/// an earlier run was applied and only its reply was lost: a `save` carries a write id and
+/// a retry that finds its own write reports it as done; lease calls carry their token.
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Conn,
@@ -192,13 +199,6 @@ fn backend(e: redis::RedisError) -> Error {
     Error::backend("redis", e)
 }
 
-/// Whether a failure means the connection broke, so the command may go again on a new one.
-/// A timeout does not count: the command may still be running, and waiting again doubles
-/// the time the caller waits.
-fn is_broken_connection(e: &redis::RedisError) -> bool {
-    (e.is_io_error() || e.is_connection_dropped()) && !e.is_timeout()
-}
-
 /// One command or script call.
 #[derive(Clone, Copy)]
 enum Call<'a> {
@@ -207,9 +207,12 @@ enum Call<'a> {
 }
 
 /// The store's connection: a [`ConnectionManager`] (which reconnects after a broken
-/// connection) and the retry of one call.
+/// connection) and the retry policy of its calls.
 #[derive(Clone)]
-struct Conn(ConnectionManager);
+struct Conn {
+    manager: ConnectionManager,
+    retry: hame_redis::RetryPolicy,
+}
 
 impl Conn {
     async fn query<T: redis::FromRedisValue + Send>(&self, cmd: &redis::Cmd) -> Result<T> {
@@ -223,28 +226,24 @@ impl Conn {
         self.run(Call::Script(script)).await
     }
 
-    /// Runs an (idempotent) call; after a broken connection once more; on a second failure
-    /// reports the first.
+    /// Runs an (idempotent) call, sent again after a broken connection within the retry
+    /// window.
     async fn run<T: redis::FromRedisValue + Send>(&self, call: Call<'_>) -> Result<T> {
-        let attempt = || async move {
-            let mut conn = self.0.clone();
-            match call {
-                Call::Cmd(cmd) => cmd.query_async(&mut conn).await,
-                Call::Script(script) => script.invoke_async(&mut conn).await,
+        let what = match call {
+            Call::Cmd(_) => "command",
+            Call::Script(_) => "script",
+        };
+        hame_redis::retry(&self.retry, what, || {
+            let mut conn = self.manager.clone();
+            async move {
+                match call {
+                    Call::Cmd(cmd) => cmd.query_async(&mut conn).await,
+                    Call::Script(script) => script.invoke_async(&mut conn).await,
+                }
             }
-        };
-        let first = match attempt().await {
-            Ok(v) => return Ok(v),
-            Err(e) => e,
-        };
-        if !is_broken_connection(&first) {
-            return Err(backend(first));
-        }
-        tracing::warn!(error = %first, "redis connection broke; sending the call once more");
-        attempt().await.map_err(|second| {
-            tracing::warn!(error = %second, "redis call failed again after reconnecting");
-            backend(first)
         })
+        .await
+        .map_err(backend)
     }
 }
 
@@ -292,7 +291,13 @@ impl RedisStore {
             .await
             .map_err(fail)?;
         Ok(Self {
-            conn: Conn(conn),
+            conn: Conn {
+                manager: conn,
+                retry: hame_redis::RetryPolicy {
+                    window: options.retry_window,
+                    ..hame_redis::RetryPolicy::default()
+                },
+            },
             prefix: options.prefix.into(),
             target: crate::redact_url(url).into(),
         })

@@ -177,3 +177,52 @@ pub(crate) async fn logged_notifications(
     }
     (found.into_values().collect(), missing)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::task::TaskStatus;
+    use crate::task::tests::record;
+
+    #[test]
+    fn a_delivery_is_remembered_per_run_and_old_bare_ids_still_count() {
+        let mut state = AgentState::default();
+        let mut first = record(TaskStatus::Completed, 0);
+        let mut seen = Delivered::of(&state);
+        assert!(!seen.has(&first));
+        seen.remember(&mut state, [first.delivery_key()]);
+        assert!(Delivered::of(&state).has(&first));
+        // The same task run again (agent_send) is another delivery.
+        first.updated_at += chrono::Duration::seconds(1);
+        assert!(!Delivered::of(&state).has(&first));
+        // A state saved by an earlier build holds bare task ids.
+        let old = record(TaskStatus::Completed, 0);
+        let mut legacy = AgentState::default();
+        legacy.extensions.insert(
+            DELIVERED_EXTENSION.into(),
+            serde_json::json!({ "delivered": [old.task_id] }),
+        );
+        assert!(Delivered::of(&legacy).has(&old));
+    }
+
+    #[test]
+    fn remembered_keys_are_bounded() {
+        let mut state = AgentState::default();
+        let mut seen = Delivered::of(&state);
+        seen.remember(
+            &mut state,
+            (0..MAX_REMEMBERED + 10).map(|i| format!("k{i}")),
+        );
+        let kept = Delivered::of(&state).delivered;
+        assert_eq!(kept.len(), MAX_REMEMBERED);
+        assert_eq!(kept.first().map(String::as_str), Some("k10"));
+    }
+
+    #[test]
+    fn a_notification_names_its_tasks() {
+        let r = record(TaskStatus::Completed, 0);
+        let text = crate::notification(std::slice::from_ref(&r), 100);
+        assert!(names_task(&text, &r.task_id));
+        assert!(!names_task(&text, "task-000000000000"));
+    }
+}

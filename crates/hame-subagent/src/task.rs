@@ -300,7 +300,7 @@ impl TaskStore {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
@@ -350,7 +350,7 @@ mod tests {
         }
     }
 
-    fn record(status: TaskStatus, heartbeat_age_s: i64) -> TaskRecord {
+    pub(crate) fn record(status: TaskStatus, heartbeat_age_s: i64) -> TaskRecord {
         let now = Utc::now();
         TaskRecord {
             task_id: new_task_id(),
@@ -389,6 +389,25 @@ mod tests {
         assert!(is_interrupted(&silent, false, false, now, lapse));
         let done = record(TaskStatus::Completed, 120);
         assert!(!is_interrupted(&done, false, true, now, lapse));
+    }
+
+    #[test]
+    fn a_resent_task_clears_its_delivery_and_gets_a_new_key() {
+        let mut r = record(TaskStatus::Running, 0);
+        let first = Utc::now();
+        r.apply(TaskEvent::Complete, first, Some("one".into()));
+        let key = r.delivery_key();
+        r.delivered_at = Some(first);
+        r.delivery_call = Some("call-1".into());
+        r.apply(TaskEvent::Resend, first, None);
+        assert_eq!((r.delivered_at, r.delivery_call.as_deref()), (None, None));
+        r.apply(
+            TaskEvent::Complete,
+            first + chrono::Duration::milliseconds(5),
+            Some("two".into()),
+        );
+        assert_ne!(r.delivery_key(), key);
+        assert!(r.delivery_key().starts_with(&r.task_id));
     }
 
     #[test]

@@ -7,6 +7,7 @@ mod layout;
 mod mcp;
 mod memory;
 mod permissions;
+mod redis_restart;
 mod replicas;
 mod resume;
 mod run;
