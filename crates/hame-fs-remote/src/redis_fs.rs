@@ -211,32 +211,25 @@ impl RedisFs {
         format!("{}{kind}:{path}", self.prefix)
     }
 
-    /// One read command, sent again after a broken connection (`RedisOptions::retry_window`).
+    /// Sends a read (a command or a pipeline) or a script call, again after a broken
+    /// connection (`RedisOptions::retry_window`).
+    async fn send<T: redis::FromRedisValue + Send>(
+        &self,
+        what: &str,
+        call: hame_redis::Call<'_>,
+    ) -> Result<T> {
+        hame_redis::send(&self.conn, &self.retry, what, call)
+            .await
+            .map_err(|e| redis_error(what, e))
+    }
+
+    /// One read command ([`send`](Self::send)).
     async fn query<T: redis::FromRedisValue + Send>(
         &self,
         what: &str,
         cmd: &redis::Cmd,
     ) -> Result<T> {
-        hame_redis::retry(&self.retry, what, || {
-            let mut conn = self.conn.clone();
-            async move { cmd.query_async(&mut conn).await }
-        })
-        .await
-        .map_err(|e| redis_error(what, e))
-    }
-
-    /// A pipeline of reads, sent again (whole) after a broken connection.
-    async fn query_pipe<T: redis::FromRedisValue + Send>(
-        &self,
-        what: &str,
-        pipe: &redis::Pipeline,
-    ) -> Result<T> {
-        hame_redis::retry(&self.retry, what, || {
-            let mut conn = self.conn.clone();
-            async move { pipe.query_async(&mut conn).await }
-        })
-        .await
-        .map_err(|e| redis_error(what, e))
+        self.send(what, hame_redis::Call::Cmd(cmd)).await
     }
 
     /// Runs one operation of the script. A mutation carries a fresh write id, so sending
@@ -259,13 +252,7 @@ impl RedisFs {
         for a in args {
             inv.arg(*a);
         }
-        let inv = &inv;
-        let mut reply: Vec<Vec<u8>> = hame_redis::retry(&self.retry, op, || {
-            let mut conn = self.conn.clone();
-            async move { inv.invoke_async(&mut conn).await }
-        })
-        .await
-        .map_err(|e| redis_error(op, e))?;
+        let mut reply: Vec<Vec<u8>> = self.send(op, hame_redis::Call::Script(&inv)).await?;
         if reply.first().map(Vec::as_slice) == Some(b"ok") {
             reply.remove(0);
             return Ok(Reply::Ok(reply));
@@ -370,7 +357,9 @@ impl RedisFs {
                 pipe.cmd("EXISTS").arg(&f).cmd("STRLEN").arg(&f);
                 pipe.cmd("HGET").arg(self.key("m", p.as_str())).arg("t");
             }
-            let values: Vec<redis::Value> = self.query_pipe("STRLEN", &pipe).await?;
+            let values: Vec<redis::Value> = self
+                .send("STRLEN", hame_redis::Call::Pipeline(&pipe))
+                .await?;
             let mut it = values.into_iter();
             for p in chunk {
                 let (Some(e), Some(s), Some(t)) = (it.next(), it.next(), it.next()) else {
@@ -439,7 +428,7 @@ impl Filesystem for RedisFs {
             .cmd("EXISTS")
             .arg(self.key("d", path.as_str()));
         let (is_file, size, t, is_dir): (bool, u64, Option<String>, bool) =
-            self.query_pipe("stat", &pipe).await?;
+            self.send("stat", hame_redis::Call::Pipeline(&pipe)).await?;
         if is_file {
             Ok(FileInfo {
                 path: path.clone(),
@@ -504,7 +493,8 @@ impl Filesystem for RedisFs {
                 pipe.cmd("HGET").arg(self.key("m", c.as_str())).arg("t");
                 pipe.cmd("EXISTS").arg(self.key("d", c.as_str()));
             }
-            let values: Vec<redis::Value> = self.query_pipe("list", &pipe).await?;
+            let values: Vec<redis::Value> =
+                self.send("list", hame_redis::Call::Pipeline(&pipe)).await?;
             let mut it = values.into_iter();
             for c in chunk {
                 let (Some(e), Some(s), Some(t), Some(d)) =
@@ -772,7 +762,9 @@ impl Filesystem for RedisFs {
                 for p in chunk {
                     pipe.cmd("STRLEN").arg(self.key("f", p.as_str()));
                 }
-                let sizes: Vec<u64> = self.query_pipe("STRLEN", &pipe).await?;
+                let sizes: Vec<u64> = self
+                    .send("STRLEN", hame_redis::Call::Pipeline(&pipe))
+                    .await?;
                 let small: Vec<&FsPath> = chunk
                     .iter()
                     .zip(sizes)
@@ -843,18 +835,7 @@ mod tests {
     use super::*;
 
     async fn fs() -> Result<Option<RedisFs>> {
-        let Some(url) = std::env::var("HAME_TEST_REDIS_URL")
-            .ok()
-            .filter(|u| !u.is_empty())
-        else {
-            assert!(
-                std::env::var("CI").map(|v| v != "true").unwrap_or(true),
-                "HAME_TEST_REDIS_URL is not set under CI=true"
-            );
-            #[allow(clippy::print_stderr)]
-            {
-                eprintln!("SKIPPED: HAME_TEST_REDIS_URL is not set");
-            }
+        let Some(url) = hame_test_env::service("HAME_TEST_REDIS_URL", "RedisFs write-id") else {
             return Ok(None);
         };
         let ns = format!("retry-{}", uuid::Uuid::new_v4().simple());

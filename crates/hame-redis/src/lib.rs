@@ -160,6 +160,50 @@ where
     Err(first)
 }
 
+/// One command, pipeline or script call: what [`send`] sends, again as a whole after a
+/// broken connection.
+#[derive(Clone, Copy)]
+pub enum Call<'a> {
+    /// A command.
+    Cmd(&'a redis::Cmd),
+    /// A pipeline (of reads: a pipeline is sent again whole).
+    Pipeline(&'a redis::Pipeline),
+    /// A Lua script (`EVALSHA`, loaded again after a restart emptied the script cache).
+    Script(&'a redis::ScriptInvocation<'a>),
+}
+
+impl std::fmt::Debug for Call<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Call::Cmd(_) => "Call::Cmd",
+            Call::Pipeline(_) => "Call::Pipeline",
+            Call::Script(_) => "Call::Script",
+        })
+    }
+}
+
+/// Sends `call` on `conn` (a [`ConnectionManager`](redis::aio::ConnectionManager), which
+/// re-establishes a broken connection by itself), again after a broken connection as
+/// `policy` says ([`retry`]).
+pub async fn send<T: redis::FromRedisValue + Send>(
+    conn: &redis::aio::ConnectionManager,
+    policy: &RetryPolicy,
+    what: &str,
+    call: Call<'_>,
+) -> RedisResult<T> {
+    retry(policy, what, || {
+        let mut conn = conn.clone();
+        async move {
+            match call {
+                Call::Cmd(cmd) => cmd.query_async(&mut conn).await,
+                Call::Pipeline(pipe) => pipe.query_async(&mut conn).await,
+                Call::Script(script) => script.invoke_async(&mut conn).await,
+            }
+        }
+    })
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

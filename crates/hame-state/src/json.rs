@@ -375,16 +375,11 @@ impl JsonStore {
     }
 
     #[cfg(any(test, feature = "conformance"))]
-    fn put_raw_blocking(
-        &self,
-        key: &StateKey,
-        format: &str,
-        state: serde_json::Value,
-    ) -> Result<()> {
+    fn put_raw_blocking(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
         let dir = self.dir(key.agent(), key.user());
         create_private_dirs(&dir).map_err(|e| Error::io(&dir, e))?;
         let doc = serde_json::json!({
-            "format": format, "version": 1, "updated_at": Utc::now(),
+            "format": JSON_FORMAT, "version": 1, "updated_at": Utc::now(),
             "agent": key.agent(), "user": key.user(), "session": key.session(), "state": state,
         });
         let bytes = serde_json::to_vec(&doc).map_err(Error::Serialize)?;
@@ -843,19 +838,21 @@ impl crate::conformance::RawAccess for JsonStore {
     async fn put_raw(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
         let store = self.clone();
         let key = key.clone();
-        Self::blocking(move || store.put_raw_blocking(&key, JSON_FORMAT, state)).await
+        Self::blocking(move || store.put_raw_blocking(&key, state)).await
     }
 
-    async fn put_raw_format(
-        &self,
-        key: &StateKey,
-        format: u64,
-        state: serde_json::Value,
-    ) -> Result<bool> {
-        let store = self.clone();
-        let key = key.clone();
-        let name = format!("{}{format}", crate::error::FORMAT_PREFIX);
-        Self::blocking(move || store.put_raw_blocking(&key, &name, state)).await?;
+    async fn set_raw_format(&self, key: &StateKey, format: u64) -> Result<bool> {
+        let path = self.doc_path(key);
+        let bytes = fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        let mut doc: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| Error::Format {
+                key: key.to_string(),
+                source: hame_core::StateFormatError::Invalid(e),
+            })?;
+        doc["format"] = format!("{}{format}", crate::error::FORMAT_PREFIX).into();
+        let bytes = serde_json::to_vec(&doc).map_err(Error::Serialize)?;
+        lock(&self.cache).remove(&path);
+        write_atomic(&self.dir(key.agent(), key.user()), key.session(), &bytes)?;
         Ok(true)
     }
 

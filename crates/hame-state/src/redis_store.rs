@@ -199,13 +199,6 @@ fn backend(e: redis::RedisError) -> Error {
     Error::backend("redis", e)
 }
 
-/// One command or script call.
-#[derive(Clone, Copy)]
-enum Call<'a> {
-    Cmd(&'a redis::Cmd),
-    Script(&'a redis::ScriptInvocation<'a>),
-}
-
 /// The store's connection: a [`ConnectionManager`] (which reconnects after a broken
 /// connection) and the retry policy of its calls.
 #[derive(Clone)]
@@ -216,34 +209,26 @@ struct Conn {
 
 impl Conn {
     async fn query<T: redis::FromRedisValue + Send>(&self, cmd: &redis::Cmd) -> Result<T> {
-        self.run(Call::Cmd(cmd)).await
+        self.send("command", hame_redis::Call::Cmd(cmd)).await
     }
 
     async fn invoke<T: redis::FromRedisValue + Send>(
         &self,
         script: &redis::ScriptInvocation<'_>,
     ) -> Result<T> {
-        self.run(Call::Script(script)).await
+        self.send("script", hame_redis::Call::Script(script)).await
     }
 
-    /// Runs an (idempotent) call, sent again after a broken connection within the retry
+    /// Sends an (idempotent) call, again after a broken connection within the retry
     /// window.
-    async fn run<T: redis::FromRedisValue + Send>(&self, call: Call<'_>) -> Result<T> {
-        let what = match call {
-            Call::Cmd(_) => "command",
-            Call::Script(_) => "script",
-        };
-        hame_redis::retry(&self.retry, what, || {
-            let mut conn = self.manager.clone();
-            async move {
-                match call {
-                    Call::Cmd(cmd) => cmd.query_async(&mut conn).await,
-                    Call::Script(script) => script.invoke_async(&mut conn).await,
-                }
-            }
-        })
-        .await
-        .map_err(backend)
+    async fn send<T: redis::FromRedisValue + Send>(
+        &self,
+        what: &str,
+        call: hame_redis::Call<'_>,
+    ) -> Result<T> {
+        hame_redis::send(&self.manager, &self.retry, what, call)
+            .await
+            .map_err(backend)
     }
 }
 
@@ -563,13 +548,7 @@ impl crate::conformance::RawAccess for RedisStore {
         self.put_raw_doc(key, state).await
     }
 
-    async fn put_raw_format(
-        &self,
-        key: &StateKey,
-        format: u64,
-        state: serde_json::Value,
-    ) -> Result<bool> {
-        self.put_raw_doc(key, state).await?;
+    async fn set_raw_format(&self, key: &StateKey, format: u64) -> Result<bool> {
         let _: i64 = self
             .conn
             .query(

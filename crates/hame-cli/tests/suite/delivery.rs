@@ -76,6 +76,36 @@ fn records(ws: &Path) -> Result<Vec<Value>, Box<dyn std::error::Error>> {
     Ok(out)
 }
 
+/// Whether `hame` was built with the `failpoints` feature; else `what` is skipped (a
+/// failure under CI, which builds with `--all-features`).
+fn failpoints_built(what: &str) -> bool {
+    if !cfg!(feature = "failpoints") {
+        hame_test_env::skip(format_args!(
+            "{what} needs `--features failpoints` (CI runs --all-features)"
+        ));
+        return false;
+    }
+    true
+}
+
+/// `result` is in exactly one message of the parent's saved state.
+async fn assert_once_in_state(dir: &Path, ws: &Path, result: &str, point: &str) -> TestResult {
+    let messages = saved_messages(dir, ws).await?;
+    let in_state = messages.iter().filter(|m| mentions(m, result)).count();
+    assert_eq!(in_state, 1, "{point}: {messages:#?}");
+    Ok(())
+}
+
+/// The parent's step that spawns the reporter.
+fn spawn_step(background: bool) -> ScriptStep {
+    ScriptStep::tool_call(
+        "c1",
+        "agent_spawn",
+        json!({"agent_id": "reporter", "task": "report", "background": background}),
+    )
+    .when_system(PARENT)
+}
+
 fn mentions(v: &Value, needle: &str) -> bool {
     v.to_string().contains(needle)
 }
@@ -117,10 +147,7 @@ fn last_parent_mentions(server: &ScriptedServer, needle: &str) -> Result<usize, 
 
 #[tokio::test]
 async fn a_subagent_result_is_delivered_exactly_once_whatever_step_a_crash_hits() -> TestResult {
-    if !cfg!(feature = "failpoints") {
-        eprintln!(
-            "SKIPPED: the delivery kill test needs `--features failpoints` (CI runs --all-features)"
-        );
+    if !failpoints_built("the delivery kill test") {
         return Ok(());
     }
     for point in POINTS {
@@ -128,12 +155,7 @@ async fn a_subagent_result_is_delivered_exactly_once_whatever_step_a_crash_hits(
         let server = ScriptedServer::start().await?;
         server.push_all([
             // Call 1: a background spawn; the child answers while `hame run` waits for it.
-            ScriptStep::tool_call(
-                "c1",
-                "agent_spawn",
-                json!({"agent_id": "reporter", "task": "report", "background": true}),
-            )
-            .when_system(PARENT),
+            spawn_step(true),
             ScriptStep::text("started").when_system(PARENT),
             ScriptStep::text(result.clone())
                 .when_system(CHILD)
@@ -187,9 +209,7 @@ async fn a_subagent_result_is_delivered_exactly_once_whatever_step_a_crash_hits(
         assert_eq!(third.status.code(), Some(0), "{point}: {}", stderr(&third));
 
         // Exactly once in the saved conversation ...
-        let messages = saved_messages(dir.path(), ws).await?;
-        let in_state = messages.iter().filter(|m| mentions(m, &result)).count();
-        assert_eq!(in_state, 1, "{point}: {messages:#?}");
+        assert_once_in_state(dir.path(), ws, &result, point).await?;
         // ... in the session log ...
         let log = log_lines(ws)?;
         let in_log: Vec<&Value> = log.iter().filter(|l| mentions(l, &result)).collect();
@@ -215,20 +235,14 @@ async fn a_subagent_result_is_delivered_exactly_once_whatever_step_a_crash_hits(
 /// result, and the next call pushes the result instead of losing it.
 #[tokio::test]
 async fn a_sync_spawn_result_is_never_lost_to_a_crash_before_the_parents_save() -> TestResult {
-    if !cfg!(feature = "failpoints") {
-        eprintln!("SKIPPED: needs `--features failpoints` (CI runs --all-features)");
+    if !failpoints_built("the sync-spawn kill test") {
         return Ok(());
     }
     for point in ["call.before-save", "call.saved", "call.delivered"] {
         let result = format!("SYNC-RESULT-{}", point.replace('.', "-"));
         let server = ScriptedServer::start().await?;
         server.push_all([
-            ScriptStep::tool_call(
-                "c1",
-                "agent_spawn",
-                json!({"agent_id": "reporter", "task": "report"}),
-            )
-            .when_system(PARENT),
+            spawn_step(false),
             ScriptStep::text(result.clone()).when_system(CHILD),
             ScriptStep::text("reply of call 1").when_system(PARENT),
             ScriptStep::text("reply of call 2").when_system(PARENT),
@@ -245,9 +259,7 @@ async fn a_sync_spawn_result_is_never_lost_to_a_crash_before_the_parents_save() 
 
         let next = run_with(dir.path(), &base, &["--workspace", &ws_s], "next", &[]).await?;
         assert_eq!(next.status.code(), Some(0), "{point}: {}", stderr(&next));
-        let messages = saved_messages(dir.path(), ws).await?;
-        let in_state = messages.iter().filter(|m| mentions(m, &result)).count();
-        assert_eq!(in_state, 1, "{point}: {messages:#?}");
+        assert_once_in_state(dir.path(), ws, &result, point).await?;
         assert_eq!(last_parent_mentions(&server, &result)?, 1, "{point}");
         let record = records(ws)?.remove(0);
         assert!(record["delivered_at"].is_string(), "{point}: {record}");

@@ -22,7 +22,7 @@ struct PrivateRedis {
 }
 
 impl PrivateRedis {
-    /// Starts one on a free port, or `None` (a loud skip; a failure under `CI=true`) when
+    /// Starts one on a free port, or `None` (a loud skip; a failure under CI) when
     /// `redis-server` is not installed.
     fn start() -> Result<Option<Self>, Box<dyn std::error::Error>> {
         if Command::new("redis-server")
@@ -31,11 +31,9 @@ impl PrivateRedis {
             .status()
             .is_err()
         {
-            assert!(
-                std::env::var("CI").map(|v| v != "true").unwrap_or(true),
-                "redis-server is not installed under CI=true"
+            hame_test_env::skip(
+                "redis-server is not installed, so the Redis restart test did not run",
             );
-            eprintln!("SKIPPED: redis-server is not installed");
             return Ok(None);
         }
         let port = std::net::TcpListener::bind("127.0.0.1:0")?

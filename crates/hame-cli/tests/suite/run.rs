@@ -346,14 +346,16 @@ async fn state_of_a_newer_hame_exits_2_and_writes_nothing() -> TestResult {
         let ws = dir.path().join("ws");
         let ws_arg = ws.to_string_lossy().into_owned();
         let args = ["--workspace", ws_arg.as_str(), "--session", "s1"];
-        let (first, _) = super::common::run_script(
-            dir.path(),
-            &args,
-            "hi",
-            vec![ScriptStep::text("first reply")],
-            &[],
-        )
-        .await?;
+        let call = |message: &'static str, reply: &'static str| {
+            super::common::run_script(
+                dir.path(),
+                &args,
+                message,
+                vec![ScriptStep::text(reply)],
+                &[],
+            )
+        };
+        let (first, _) = call("hi", "first reply").await?;
         assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
         let doc_path = super::common::state_dir(dir.path(), &ws).join("hame/anonymous/s1.json");
         let mut doc: serde_json::Value = serde_json::from_slice(&fs::read(&doc_path)?)?;
@@ -364,14 +366,7 @@ async fn state_of_a_newer_hame_exits_2_and_writes_nothing() -> TestResult {
         fs::write(&doc_path, serde_json::to_vec(&doc)?)?;
         let before = tree(dir.path())?;
 
-        let (out, server) = super::common::run_script(
-            dir.path(),
-            &args,
-            "again",
-            vec![ScriptStep::text("must not be asked")],
-            &[],
-        )
-        .await?;
+        let (out, server) = call("again", "must not be asked").await?;
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(2), "{field}: {err}");
         assert_eq!(err.lines().count(), 1, "{field}: {err}");
