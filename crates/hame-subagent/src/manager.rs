@@ -510,14 +510,40 @@ impl Subagents {
         record
     }
 
-    /// Writes a claimed record delivered.
+    /// Writes a claimed record delivered — unless the stored record is another run by now
+    /// (an `agent_send` after the delivery, in the same call), whose result is still to
+    /// deliver.
     pub(crate) async fn confirm(&self, store: &TaskStore, mut record: TaskRecord) -> TaskRecord {
         record.delivered_at.get_or_insert_with(Utc::now);
         record.delivery_call = None;
-        if let Err(e) = store.save(&record).await {
-            tracing::warn!(task = %record.task_id, error = %e, "marking a task delivered failed; the next call of the session does");
-        }
+        self.write_delivered(store, &record).await;
         record
+    }
+
+    /// Writes `record` (delivered) over the stored one if that is still the same run;
+    /// returns whether it wrote.
+    async fn write_delivered(&self, store: &TaskStore, record: &TaskRecord) -> bool {
+        let failed = |e: &Error| {
+            tracing::warn!(task = %record.task_id, error = %e, "marking a task delivered failed; the next call of the session does");
+        };
+        match store.load(&record.task_id).await {
+            Ok(Some(stored)) if stored.delivery_key() != record.delivery_key() => {
+                tracing::debug!(task = %record.task_id, "the task ran again since its delivery: not marked");
+                return false;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                failed(&e);
+                return false;
+            }
+        }
+        match store.save(record).await {
+            Ok(()) => true,
+            Err(e) => {
+                failed(&e);
+                false
+            }
+        }
     }
 
     /// A result handed to the caller (pushed, or returned by `task_output` / a sync spawn):
@@ -563,13 +589,16 @@ impl Subagents {
             }
         };
         let mut marked = 0;
-        for record in records {
+        for mut record in records {
             if !held() {
                 tracing::warn!(task = %record.task_id, "the session lease is lost: the task is marked delivered by the next call");
                 break;
             }
-            self.confirm(&store, record).await;
-            marked += 1;
+            record.delivered_at.get_or_insert_with(Utc::now);
+            record.delivery_call = None;
+            if self.write_delivered(&store, &record).await {
+                marked += 1;
+            }
         }
         marked
     }
