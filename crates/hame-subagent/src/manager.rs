@@ -92,8 +92,9 @@ pub struct ParentCall {
     /// children here, e.g. the permissions layer its plan mode and deny rules).
     pub inherit: std::collections::BTreeMap<String, serde_json::Value>,
     /// The results this call took (pushed, or returned by `task_output` / a sync spawn):
-    /// the harness marks them delivered once the call's state is saved
-    /// ([`Subagents::confirm_deliveries`]).
+    /// marked delivered once the call's state is saved ([`Subagents::confirm_deliveries`]).
+    /// Whoever puts a `ParentCall` into a call confirms them after saving its state (the
+    /// harness does); unconfirmed, they are delivered again by the session's next call.
     pub deliveries: Deliveries,
 }
 
