@@ -258,6 +258,17 @@ async fn build_agent(
     hook: Option<ModelHook>,
 ) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
     check_workspace(config)?;
+    // The store URLs given by flag or file: their passwords are secrets too.
+    for url in [
+        &config.state.value,
+        &config.store.value,
+        &config.memory_index.value,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        hame::secrets::add_url(url);
+    }
     let model_env = config.model_env();
     let model: Arc<dyn Model> = match &config.model.value {
         Some(spec) if need_model => {

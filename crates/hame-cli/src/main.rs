@@ -102,7 +102,10 @@ enum Command {
         #[arg(long)]
         reason: Option<String>,
     },
-    /// The Docker sandbox: `hame sandbox image` builds its default image offline.
+    /// The Docker sandbox: build its default image, sweep its snapshot store.
+    ///
+    /// `hame sandbox image` builds its default image offline, `hame sandbox gc` sweeps its
+    /// snapshot store.
     Sandbox {
         #[command(subcommand)]
         command: sandbox::SandboxCommand,
@@ -234,6 +237,8 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    // Before anything can fail or print: the values that must never be shown.
+    secrets::register();
     let telemetry = match telemetry::init(cli.otlp_endpoint.as_deref()) {
         Ok(t) => t,
         Err(e) => {
@@ -283,18 +288,24 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is::<Stopped>() => {
             let code = e.downcast_ref::<Stopped>().map_or(1, |s| s.0);
-            eprintln!("hame: {e}");
+            say(&e.to_string());
             ExitCode::from(code)
         }
         Err(e) if e.is::<ConfigError>() => {
-            eprintln!("hame: {e}");
+            say(&e.to_string());
             ExitCode::from(2)
         }
         Err(e) => {
-            eprintln!("hame: {}", one_line(&e));
+            say(&one_line(&e));
             ExitCode::from(1)
         }
     }
+}
+
+/// Prints `hame: <text>` on stderr, without the process's secrets (`hame::secrets`; the
+/// operator may see the provider's URL).
+fn say(text: &str) {
+    eprintln!("hame: {}", hame::secrets::redact(text));
 }
 
 /// An error as one line: its chain, without the parts an earlier part already says

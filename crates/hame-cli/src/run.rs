@@ -5,9 +5,9 @@ use std::io::Write;
 use futures::StreamExt;
 use hame::{AgentEvent, EventSink, HarnessAgent, Message};
 
-use crate::Stopped;
 use crate::common::{Common, build};
 use crate::signals::Signals;
+use crate::{ConfigError, Stopped};
 
 /// Prints the events a user of `hame run` should see on stderr: workspace files that could
 /// not be read, failed compactions, suspended tool calls.
@@ -122,7 +122,8 @@ pub(crate) fn suspended_lines(s: &hame::Suspended) -> String {
         .join("\n")
 }
 
-/// Maps a call's outcome to the exit the user sees: a signal (130/143), a suspension (3).
+/// Maps a call's outcome to the exit the user sees: a signal (130/143), a suspension (3),
+/// a session state written by a newer hame (2, one line naming its version).
 pub(crate) fn outcome<T>(
     result: Result<T, hame::harness::Error>,
     signal: Option<u8>,
@@ -131,6 +132,9 @@ pub(crate) fn outcome<T>(
         Ok(v) => Ok(v),
         Err(hame::harness::Error::Call(hame::Error::Suspended(s))) => {
             Err(Stopped(3, suspended_lines(&s)).into())
+        }
+        Err(e) if e.is_too_new() => {
+            Err(ConfigError(crate::one_line(&anyhow::Error::new(e))).into())
         }
         Err(e) => match signal {
             Some(code) => Err(Stopped(

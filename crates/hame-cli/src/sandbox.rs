@@ -1,6 +1,7 @@
 //! The sandbox flags of `run`/`chat` (`--sandbox docker[:IMAGE]`, `--sandbox-network`,
-//! `--sandbox-snapshots`, `--sandbox-ttl`, `--sandbox-keep`), the `hame sandbox image`
-//! command, and the removal of every container when hame exits.
+//! `--sandbox-snapshots`, `--sandbox-ttl`, `--sandbox-keep`, `--sandbox-keep-snapshots`),
+//! the `hame sandbox image` and `hame sandbox gc` commands, and the removal of every
+//! container when hame exits.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -45,6 +46,10 @@ pub(crate) struct SandboxArgs {
     /// every container is removed on exit).
     #[arg(long, requires = "sandbox", help_heading = "Sandbox")]
     sandbox_keep: bool,
+    /// Snapshots kept per sandbox scope (at least 1); blobs no kept snapshot references are
+    /// deleted by a sweep of the snapshot store after a call [default: 3]
+    #[arg(long, requires = "sandbox", value_name = "N")]
+    sandbox_keep_snapshots: Option<usize>,
 }
 
 /// `hame sandbox ...`
@@ -53,6 +58,14 @@ pub(crate) enum SandboxCommand {
     /// (Re)builds the default sandbox image offline from Debian's busybox-static
     /// (/bin/busybox or $HAME_SANDBOX_BUSYBOX); no registry is contacted.
     Image,
+    /// Sweeps the snapshot store now: deletes the blobs that no scope's kept snapshots
+    /// reference (safe while other hame processes run).
+    Gc {
+        /// The snapshot store: a directory, s3://bucket/prefix or redis://...
+        /// [default: <state home>/sandbox-snapshots]
+        #[arg(long, value_name = "DIR|s3://...|redis://...")]
+        sandbox_snapshots: Option<String>,
+    },
 }
 
 /// The sandboxes of this process, removed when it exits.
@@ -121,6 +134,14 @@ fn options(args: &SandboxArgs, spec: &str) -> anyhow::Result<DockerOptions> {
             )));
         }
     }
+    if let Some(keep) = args.sandbox_keep_snapshots {
+        if keep == 0 {
+            return Err(config(
+                "invalid --sandbox-keep-snapshots 0: a scope keeps at least its last snapshot",
+            ));
+        }
+        options.keep_snapshots = keep;
+    }
     if let Some(ttl) = &args.sandbox_ttl {
         options.idle_ttl = hame::sandbox::plan::parse_duration(ttl).ok_or_else(|| {
             config(format!(
@@ -163,6 +184,25 @@ pub(crate) async fn command(cmd: SandboxCommand) -> anyhow::Result<()> {
             let image = sandboxes.build_image().await.map_err(config)?;
             println!("{image}");
             debug_assert_eq!(image, DEFAULT_IMAGE);
+            Ok(())
+        }
+        SandboxCommand::Gc { sandbox_snapshots } => {
+            let options = DockerOptions {
+                gc_interval: None,
+                ..DockerOptions::default()
+            };
+            let sandboxes = connect(options, sandbox_snapshots.as_deref()).await?;
+            let r = sandboxes.collect_garbage().await?;
+            println!(
+                "{} snapshots read, {} blobs referenced of {}, {} deleted ({} bytes), {} put back, in {} ms",
+                r.manifests,
+                r.referenced,
+                r.blobs,
+                r.deleted,
+                r.bytes_deleted,
+                r.restored,
+                r.elapsed.as_millis()
+            );
             Ok(())
         }
     }

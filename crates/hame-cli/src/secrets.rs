@@ -16,23 +16,37 @@
 //! A variable is secret when its name is `AWS_*`, or contains `KEY`, `TOKEN`, `SECRET`,
 //! `PASSWORD`, `PASSWD` or `CREDENTIAL`, or its value is a URL with a password
 //! (`scheme://user:pass@host`).
+//!
+//! [`register`] puts the same values (but `AWS_*` by name alone) into the redaction
+//! registry of `hame::secrets` at start-up, so that a provider's error echoing a key
+//! reaches neither a file, a model request nor the terminal (ADR 0023).
 
 use std::io::{Read, Seek, SeekFrom, Write};
 
 /// Whether the variable `name=value` is a secret (see the module docs).
 pub(crate) fn is_secret(name: &str, value: &str) -> bool {
-    let upper = name.to_ascii_uppercase();
-    if upper.starts_with("AWS_") {
-        return true;
+    name.to_ascii_uppercase().starts_with("AWS_")
+        || hame::secrets::is_secret_name(name)
+        || hame::secrets::url_password(value).is_some()
+}
+
+/// Registers the values of this process's secret variables in the process's redaction
+/// registry (`hame::secrets`), so no text hame stores, sends to a model or prints carries
+/// them: names by [`hame::secrets::is_secret_name`] (not every `AWS_*`: a region is no
+/// secret worth cutting out of text), and the credentials of every URL with a password.
+/// Returns how many values were registered.
+pub(crate) fn register() -> usize {
+    let mut n = 0;
+    for (name, value) in std::env::vars_os() {
+        let (name, value) = (name.to_string_lossy(), value.to_string_lossy());
+        if hame::secrets::is_secret_name(&name) && hame::secrets::add_secret(&value) {
+            n += 1;
+        }
+        if hame::secrets::add_url(&value) {
+            n += 1;
+        }
     }
-    if ["KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL"]
-        .iter()
-        .any(|w| upper.contains(w))
-    {
-        return true;
-    }
-    // A URL with a password (`hame_state::redact_url` finds the same span it hides).
-    hame::state::redact_url(value) != value
+    n
 }
 
 /// What [`seal`] did, for the debug log.

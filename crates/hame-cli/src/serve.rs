@@ -31,6 +31,29 @@ pub(crate) struct ServeArgs {
     /// After SIGTERM / SIGINT, how long in-flight turns may take before they are cancelled.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     drain_timeout: u64,
+    /// How long a connection may take to send a request's headers (counted from when the
+    /// server waits for them, so idle keep-alive connections too); past it the connection
+    /// is closed.
+    #[arg(long, default_value_t = 10.0, value_name = "SECONDS", value_parser = seconds)]
+    header_timeout: f64,
+    /// How long a request's body may take to arrive whole after its headers; past it the
+    /// answer is 408 and the connection is closed.
+    #[arg(long, default_value_t = 30.0, value_name = "SECONDS", value_parser = seconds)]
+    body_timeout: f64,
+    /// Connections open at once; past it new connections wait to be accepted until one
+    /// closes (keep it under `ulimit -n`).
+    #[arg(long, default_value_t = 1024, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+}
+
+/// A timeout in seconds: a number above 0 and at most a day.
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(v),
+        _ => Err(format!(
+            "`{s}` is not a number of seconds between 0 and 86400"
+        )),
+    }
 }
 
 pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
@@ -87,6 +110,9 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_auth(auth)
         .with_queue_bound(args.max_queue)
         .with_drain_timeout(Duration::from_secs(args.drain_timeout))
+        .with_header_timeout(Duration::from_secs_f64(args.header_timeout))
+        .with_body_timeout(Duration::from_secs_f64(args.body_timeout))
+        .with_max_connections(usize::try_from(args.max_connections).unwrap_or(usize::MAX))
         .with_shared_events(shared_events);
     let gateway = hame_gateway::Gateway::new(agent.clone(), ctx, options);
     println!("listening on http://{local}");

@@ -25,6 +25,13 @@ use crate::state::AgentState;
 use crate::suspend::Resolution;
 use crate::tool::{ToolOutput, ToolRunOptions, ToolSet};
 
+/// How a failed call is told, in its note and its event: without the process's secrets
+/// and endpoints, since both reach the conversation and API callers
+/// ([`secrets::redact_for_callers`](crate::secrets::redact_for_callers)).
+fn failure_text(e: &Error) -> String {
+    crate::secrets::redact_for_callers(&e.to_string()).into_owned()
+}
+
 /// Default step limit of a call.
 pub const DEFAULT_MAX_ITERATIONS: usize = 50;
 /// Default bound on layer-driven retries of one model request (e.g. compaction after a
@@ -175,7 +182,9 @@ impl AgentLoop {
     ///   returns [`Error::Suspended`]; save the state and resume later, in any process, with
     ///   [`CallInput::Resume`].
     /// - A call that fails closes its turn ([`decide::close_failed_turn`]): every tool call
-    ///   has a result and an assistant note records the failure the caller saw.
+    ///   has a result and an assistant note records the failure the caller saw, without
+    ///   the process's secrets or model endpoints ([`crate::secrets`]).
+    /// - Every message joining the conversation is redacted of the process's secrets.
     pub async fn run_env(
         &self,
         state: &mut AgentState,
@@ -211,7 +220,7 @@ impl AgentLoop {
                 calls: s.calls.clone(),
             }),
             Err(e) => env.events.emit(AgentEvent::Failed {
-                message: e.to_string(),
+                message: failure_text(e),
             }),
         }
         outcome
@@ -239,7 +248,7 @@ impl AgentLoop {
                 Error::Suspended(_) | Error::NothingPending | Error::UnknownResolution(_)
             )
         {
-            for message in decide::close_failed_turn(&cx.state.messages, &e.to_string()) {
+            for message in decide::close_failed_turn(&cx.state.messages, &failure_text(e)) {
                 if let Err(again) = self.append(cx, message).await {
                     tracing::warn!(error = %again, "recording the failed turn failed");
                     break;
@@ -330,7 +339,8 @@ impl AgentLoop {
                 cx.state.usage.add(&u);
                 cx.events.emit(AgentEvent::Usage { usage: u });
             }
-            let message = response.message;
+            // What runs and what is returned is what is recorded.
+            let message = crate::secrets::redact_message(response.message);
             let next = decide::after_response(&message);
             self.append(cx, message.clone()).await?;
             let calls = match next {

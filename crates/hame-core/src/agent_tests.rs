@@ -615,3 +615,116 @@ async fn every_appended_message_is_reported_in_order() -> Result<()> {
     assert_eq!(seen.len(), 4);
     Ok(())
 }
+
+/// A tool whose result carries a registered secret (a `.env` file read, say).
+#[derive(Debug)]
+struct Leak;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+struct NoArgs {}
+
+#[async_trait]
+impl TypedTool for Leak {
+    type Args = NoArgs;
+    fn name(&self) -> &str {
+        "leak"
+    }
+    fn description(&self) -> String {
+        "Reads a secret".into()
+    }
+    async fn run(&self, _args: NoArgs, _ctx: &ToolContext) -> crate::tool::ToolOutput {
+        Ok(format!("OPENAI_API_KEY={LOOP_SECRET}"))
+    }
+}
+
+/// Adds a message of its own after the user's, as the subagent layer does with results.
+#[derive(Debug)]
+struct Notes;
+
+#[async_trait]
+impl Layer for Notes {
+    fn name(&self) -> &str {
+        "notes"
+    }
+    async fn append(&self, cx: &mut CallCtx<'_>, m: Message, next: AppendNext<'_>) -> Result<()> {
+        let user = m.role == Role::User;
+        next.run(cx, m).await?;
+        if user {
+            next.run(cx, Message::user(format!("note: {LOOP_SECRET}")))
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+const LOOP_SECRET: &str = "loop-secret-5e4d3c2b1a";
+const LOOP_ENDPOINT: &str = "http://loop-endpoint.test:7/v1";
+
+#[tokio::test]
+async fn registered_secrets_never_join_the_conversation_nor_the_failure() -> Result<()> {
+    crate::secrets::add_secret(LOOP_SECRET);
+    crate::secrets::add_endpoint(LOOP_ENDPOINT);
+    let model = ScriptedModel::new([
+        Reply::tools(&[call("1", "leak", "{}")]),
+        Reply::Fail(ModelError::Auth {
+            status: 401,
+            message: format!("key {LOOP_SECRET} was rejected by {LOOP_ENDPOINT} (401)"),
+        }),
+    ]);
+    let mut tools = ToolSet::new();
+    tools.register(typed(Leak));
+    let a = AgentLoop::new(Arc::new(model.clone()))
+        .with_tools(tools)
+        .with_layer(Arc::new(Notes));
+    let mut state = AgentState::default();
+    let (sink, mut events) = EventSink::channel();
+    let r = a
+        .run(
+            &mut state,
+            Message::user(format!("my key is {LOOP_SECRET}")),
+            &RuntimeContext::new("s"),
+            &sink,
+            &CancellationToken::new(),
+        )
+        .await;
+    assert!(matches!(r, Err(Error::Model(ModelError::Auth { .. }))));
+    let stored = serde_json::to_string(&state.messages).unwrap_or_default();
+    assert!(!stored.contains(LOOP_SECRET), "{stored}");
+    assert!(!stored.contains(LOOP_ENDPOINT), "{stored}");
+    // What was there is still there, redacted.
+    let texts: Vec<String> = state.messages.iter().map(Message::text_content).collect();
+    assert_eq!(
+        texts,
+        vec![
+            "my key is [REDACTED]".to_owned(),
+            "note: [REDACTED]".to_owned(),
+            String::new(),
+            String::new(),
+            "[This request did not finish: authentication failed (401): key [REDACTED] was \
+             rejected by [model endpoint] (401)]"
+                .to_owned(),
+        ]
+    );
+    assert_eq!(
+        results(&state.messages[3]),
+        vec![("OPENAI_API_KEY=[REDACTED]".to_owned(), false, None)]
+    );
+    for req in model.requests() {
+        let sent = serde_json::to_string(&req.messages).unwrap_or_default();
+        assert!(!sent.contains(LOOP_SECRET), "{sent}");
+    }
+    drop(sink);
+    let mut failed = Vec::new();
+    while let Some(ev) = events.recv().await {
+        if let AgentEvent::Failed { message } = ev {
+            failed.push(message);
+        }
+    }
+    assert_eq!(
+        failed,
+        vec![format!(
+            "authentication failed (401): key [REDACTED] was rejected by [model endpoint] (401)"
+        )]
+    );
+    Ok(())
+}

@@ -5,6 +5,10 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+/// Key in [`RuntimeContext::extras`] holding the id of the current call (set by the
+/// harness for every call; the session log records it on every line).
+pub const CALL_ID_EXTRA: &str = "hame.call_id";
+
 /// Who is calling and in which session. Reaches every layer and every tool.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RuntimeContext {
@@ -32,6 +36,11 @@ impl RuntimeContext {
     pub fn with_user(mut self, user_id: impl Into<String>) -> Self {
         self.user_id = Some(user_id.into());
         self
+    }
+
+    /// The id of the current call ([`CALL_ID_EXTRA`]), when the harness set one.
+    pub fn call_id(&self) -> Option<&str> {
+        self.extras.get(CALL_ID_EXTRA).and_then(|v| v.as_str())
     }
 
     /// Adds an extra value.

@@ -278,7 +278,12 @@ impl ToolNext<'_> {
 
 impl AppendNext<'_> {
     /// Runs the rest of the stack, then adds the message to the state.
+    ///
+    /// The message is redacted first ([`secrets::redact_message`](crate::secrets::redact_message)):
+    /// at every layer it passes, so a message a layer adds (a subagent's result) is as
+    /// clean in the log, the state and the next model request as the loop's own.
     pub async fn run(self, cx: &mut CallCtx<'_>, message: Message) -> Result<()> {
+        let message = crate::secrets::redact_message(message);
         match self.split() {
             Some((layer, next)) => layer.append(cx, message, next).await,
             None => {

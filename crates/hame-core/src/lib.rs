@@ -3,7 +3,9 @@
 //! The contracts of the hame agent harness and its ReAct loop: [`Message`]s, the [`Model`]
 //! and [`Tool`] traits, [`Layer`]s around the call, its model requests and tool calls (with
 //! durable suspension), the [`AgentState`] resume document and the
-//! [`AgentEvent`] stream. It knows no backend: no HTTP client, no database, no filesystem.
+//! [`AgentEvent`] stream, and the process's registry of [`secrets`] that no text it stores,
+//! sends to a model or shows may carry. It knows no backend: no HTTP client, no database,
+//! no filesystem.
 //!
 //! Depend on it to write a tool, a layer or a model provider. Applications use the
 //! `hame` facade instead.
@@ -11,6 +13,7 @@
 //! | feature | what it adds |
 //! |---|---|
 //! | `test-support` | [`test_support::ScriptedModel`], an in-process model double for unit tests |
+//! | `failpoints` | [`failpoint`] kills the process where `HAME_FAILPOINT` says (crash tests) |
 //!
 //! ```
 //! use std::sync::Arc;
@@ -37,9 +40,11 @@ pub mod decide;
 mod error;
 mod event;
 mod extensions;
+mod failpoint;
 mod layer;
 mod message;
 mod model;
+pub mod secrets;
 mod state;
 mod suspend;
 mod tool;
@@ -51,10 +56,11 @@ pub use agent::{
     AgentLoop, CallEnv, CallOutput, DEFAULT_MAX_ITERATIONS, DEFAULT_MAX_MODEL_RETRIES, LoopConfig,
     reply_text,
 };
-pub use context::{RuntimeContext, ToolContext};
+pub use context::{CALL_ID_EXTRA, RuntimeContext, ToolContext};
 pub use error::{Error, Result};
 pub use event::{AgentEvent, EventSink};
 pub use extensions::Extensions;
+pub use failpoint::{FAILPOINT_ENV, failpoint};
 pub use layer::{
     AppendNext, CallCtx, CallInput, CallNext, Layer, ModelNext, Resumed, ToolCtx, ToolNext,
     ToolOutcome, prefix_hash,

@@ -94,6 +94,11 @@ pub struct RedisOptions {
     pub edit_retries: usize,
     /// First part of every key: `<key_prefix>:{<namespace>}:`. Default `hame`.
     pub key_prefix: String,
+    /// How long a command whose connection broke (a restart, a dropped link) is sent
+    /// again on the re-established connection, pausing 50 ms doubling to 1 s
+    /// (`hame_redis::RetryPolicy`); zero sends every command once. Writes carry a write id,
+    /// so a retry never applies one twice. Default 10 s.
+    pub retry_window: Duration,
 }
 
 impl Default for RedisOptions {
@@ -105,6 +110,7 @@ impl Default for RedisOptions {
             scan_count: 1000,
             edit_retries: 16,
             key_prefix: "hame".into(),
+            retry_window: Duration::from_secs(10),
         }
     }
 }

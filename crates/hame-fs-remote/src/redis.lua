@@ -1,5 +1,10 @@
 -- hame-fs-remote: every mutation of one RedisFs namespace, and the atomic read.
--- ARGV[1] = operation, ARGV[2] = key prefix ("<prefix>:{<namespace>}:"), then per operation.
+-- ARGV[1] = operation, ARGV[2] = key prefix ("<prefix>:{<namespace>}:"), ARGV[3] = write id
+-- ('' for the read), then per operation (A[1], A[2], ... below).
+-- A mutation that succeeds remembers its write id for 60 s (w:<id>, holding its reply's
+-- generation): the same call sent again after its reply was lost with the connection finds
+-- it and answers as the first run did, without applying it twice. Every error reply comes
+-- before any change, so only successes are remembered.
 -- Keys: f:<path> content (string), m:<path> meta (hash: v = sha-256 version when known,
 -- g = generation, t = modified ms), d:<dir> children names (sorted set, score 0; Redis drops
 -- it when empty, so a directory exists exactly while something lies below it), idx = every
@@ -8,8 +13,30 @@
 -- Replies are arrays of strings: {'ok', ...} or {<error code>, <path or reason>}.
 local op = ARGV[1]
 local P = ARGV[2]
+local ID = ARGV[3]
+local A = {}
+for i = 4, #ARGV do A[#A + 1] = ARGV[i] end
 local IDX = P .. 'idx'
 local GEN = P .. 'gen'
+local WKEY = P .. 'w:' .. ID
+local REMEMBER_MS = 60000
+
+-- A mutation already applied under this write id: its reply again.
+if ID ~= '' then
+  local done = redis.call('GET', WKEY)
+  if done then
+    if done == '' then return {'ok'} end
+    return {'ok', done}
+  end
+end
+
+-- The reply of a successful mutation (g: the generation it handed out, or nil),
+-- remembered under the write id.
+local function ok(g)
+  if ID ~= '' then redis.call('SET', WKEY, g or '', 'PX', REMEMBER_MS) end
+  if g then return {'ok', g} end
+  return {'ok'}
+end
 local function fkey(p) return P .. 'f:' .. p end
 local function mkey(p) return P .. 'm:' .. p end
 local function dkey(p) return P .. 'd:' .. p end
@@ -64,45 +91,45 @@ local function check_target(p)
 end
 
 if op == 'write' then
-  -- 3 path, 4 mode (o overwrite | c create | v if version | g if generation), 5 expected,
-  -- 6 data, 7 version of data, 8 now (ms)
-  local p = ARGV[3]
+  -- 1 path, 2 mode (o overwrite | c create | v if version | g if generation), 3 expected,
+  -- 4 data, 5 version of data, 6 now (ms)
+  local p = A[1]
   local bad = check_target(p)
   if bad then return bad end
   local exists = redis.call('EXISTS', fkey(p)) == 1
-  local mode = ARGV[4]
+  local mode = A[2]
   if mode == 'c' and exists then return {'already_exists', p} end
   if mode == 'v' or mode == 'g' then
     if not exists then return {'conflict', 'the file no longer exists'} end
     if mode == 'v' then
       local v = redis.call('HGET', mkey(p), 'v')
       if not v then return {'unknown'} end
-      if v ~= ARGV[5] then return {'conflict', 'the content is not the expected version'} end
-    elseif redis.call('HGET', mkey(p), 'g') ~= ARGV[5] then
+      if v ~= A[3] then return {'conflict', 'the content is not the expected version'} end
+    elseif redis.call('HGET', mkey(p), 'g') ~= A[3] then
       return {'conflict', 'the content changed since it was read'}
     end
   end
-  redis.call('SET', fkey(p), ARGV[6])
+  redis.call('SET', fkey(p), A[4])
   local g = redis.call('INCR', GEN)
-  redis.call('HSET', mkey(p), 'v', ARGV[7], 'g', g, 't', ARGV[8])
+  redis.call('HSET', mkey(p), 'v', A[5], 'g', g, 't', A[6])
   redis.call('ZADD', IDX, 0, p)
   link(p)
-  return {'ok', tostring(g)}
+  return ok(tostring(g))
 elseif op == 'append' then
-  -- 3 path, 4 data, 5 now (ms)
-  local p = ARGV[3]
+  -- 1 path, 2 data, 3 now (ms)
+  local p = A[1]
   local bad = check_target(p)
   if bad then return bad end
-  redis.call('APPEND', fkey(p), ARGV[4])
+  redis.call('APPEND', fkey(p), A[2])
   local g = redis.call('INCR', GEN)
   redis.call('HDEL', mkey(p), 'v')
-  redis.call('HSET', mkey(p), 'g', g, 't', ARGV[5])
+  redis.call('HSET', mkey(p), 'g', g, 't', A[3])
   redis.call('ZADD', IDX, 0, p)
   link(p)
-  return {'ok', tostring(g)}
+  return ok(tostring(g))
 elseif op == 'read' then
-  -- 3 path; returns content and generation in one step
-  local p = ARGV[3]
+  -- 1 path; returns content and generation in one step
+  local p = A[1]
   local data = redis.call('GET', fkey(p))
   if not data then
     if redis.call('EXISTS', dkey(p)) == 1 then return {'is_directory', p} end
@@ -110,20 +137,20 @@ elseif op == 'read' then
   end
   return {'ok', data, redis.call('HGET', mkey(p), 'g') or ''}
 elseif op == 'delete' then
-  -- 3 path of a file
-  local p = ARGV[3]
+  -- 1 path of a file
+  local p = A[1]
   if redis.call('EXISTS', fkey(p)) == 0 then return {'not_found', p} end
   redis.call('DEL', fkey(p), mkey(p))
   redis.call('ZREM', IDX, p)
   unlink(p)
-  return {'ok'}
+  return ok()
 elseif op == 'rename' then
-  -- 3 from (a file), 4 to, 5 overwrite (1 | 0)
-  local from, to = ARGV[3], ARGV[4]
+  -- 1 from (a file), 2 to, 3 overwrite (1 | 0)
+  local from, to = A[1], A[2]
   if redis.call('EXISTS', fkey(from)) == 0 then return {'not_found', from} end
   local bad = check_target(to)
   if bad then return bad end
-  if ARGV[5] ~= '1' and redis.call('EXISTS', fkey(to)) == 1 then return {'already_exists', to} end
+  if A[3] ~= '1' and redis.call('EXISTS', fkey(to)) == 1 then return {'already_exists', to} end
   redis.call('RENAME', fkey(from), fkey(to))
   if redis.call('EXISTS', mkey(from)) == 1 then
     redis.call('RENAME', mkey(from), mkey(to))
@@ -134,6 +161,6 @@ elseif op == 'rename' then
   redis.call('ZADD', IDX, 0, to)
   unlink(from)
   link(to)
-  return {'ok'}
+  return ok()
 end
 return redis.error_reply('hame-fs-remote: unknown operation ' .. tostring(op))

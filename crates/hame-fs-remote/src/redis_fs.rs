@@ -61,6 +61,8 @@ const GREP_BATCH: usize = 64;
 #[derive(Clone)]
 pub struct RedisFs {
     conn: ConnectionManager,
+    /// How a command whose connection broke is sent again (`RedisOptions::retry_window`).
+    retry: hame_redis::RetryPolicy,
     prefix: String,
     namespace: String,
     options: RedisOptions,
@@ -178,8 +180,13 @@ impl RedisFs {
                     });
                 }
             };
+        let retry = hame_redis::RetryPolicy {
+            window: options.retry_window,
+            ..hame_redis::RetryPolicy::default()
+        };
         let fs = RedisFs {
             conn,
+            retry,
             prefix: format!("{}:{{{namespace}}}:", options.key_prefix),
             namespace: namespace.to_owned(),
             options,
@@ -204,17 +211,48 @@ impl RedisFs {
         format!("{}{kind}:{path}", self.prefix)
     }
 
+    /// Sends a read (a command or a pipeline) or a script call, again after a broken
+    /// connection (`RedisOptions::retry_window`).
+    async fn send<T: redis::FromRedisValue + Send>(
+        &self,
+        what: &str,
+        call: hame_redis::Call<'_>,
+    ) -> Result<T> {
+        hame_redis::send(&self.conn, &self.retry, what, call)
+            .await
+            .map_err(|e| redis_error(what, e))
+    }
+
+    /// One read command ([`send`](Self::send)).
+    async fn query<T: redis::FromRedisValue + Send>(
+        &self,
+        what: &str,
+        cmd: &redis::Cmd,
+    ) -> Result<T> {
+        self.send(what, hame_redis::Call::Cmd(cmd)).await
+    }
+
+    /// Runs one operation of the script. A mutation carries a fresh write id, so sending
+    /// it again after a broken connection (whose reply may have been lost after the server
+    /// applied it) never applies it twice: the script answers the retry as it answered
+    /// the first run.
     async fn run(&self, op: &str, args: &[&[u8]]) -> Result<Reply> {
+        let write_id = if op == "read" {
+            String::new()
+        } else {
+            uuid::Uuid::new_v4().simple().to_string()
+        };
+        self.run_as(op, &write_id, args).await
+    }
+
+    /// [`run`](Self::run) under a given write id (`""` for the read).
+    async fn run_as(&self, op: &str, write_id: &str, args: &[&[u8]]) -> Result<Reply> {
         let mut inv = self.script.prepare_invoke();
-        inv.arg(op).arg(&self.prefix);
+        inv.arg(op).arg(&self.prefix).arg(write_id);
         for a in args {
             inv.arg(*a);
         }
-        let mut conn = self.conn.clone();
-        let mut reply: Vec<Vec<u8>> = inv
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| redis_error(op, e))?;
+        let mut reply: Vec<Vec<u8>> = self.send(op, hame_redis::Call::Script(&inv)).await?;
         if reply.first().map(Vec::as_slice) == Some(b"ok") {
             reply.remove(0);
             return Ok(Reply::Ok(reply));
@@ -263,12 +301,11 @@ impl RedisFs {
         if path.is_root() {
             return Ok(true);
         }
-        let mut conn = self.conn.clone();
-        redis::cmd("EXISTS")
-            .arg(self.key("d", path.as_str()))
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| redis_error("EXISTS", e))
+        self.query(
+            "EXISTS",
+            redis::cmd("EXISTS").arg(self.key("d", path.as_str())),
+        )
+        .await
     }
 
     /// One page of file paths strictly below `base` (or everything for the root), after
@@ -283,17 +320,17 @@ impl RedisFs {
             )
         };
         let min = after.map_or(min, |a| format!("({a}"));
-        let mut conn = self.conn.clone();
-        redis::cmd("ZRANGEBYLEX")
-            .arg(format!("{}idx", self.prefix))
-            .arg(min)
-            .arg(max)
-            .arg("LIMIT")
-            .arg(0)
-            .arg(self.options.scan_count.max(1))
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| redis_error("ZRANGEBYLEX", e))
+        self.query(
+            "ZRANGEBYLEX",
+            redis::cmd("ZRANGEBYLEX")
+                .arg(format!("{}idx", self.prefix))
+                .arg(min)
+                .arg(max)
+                .arg("LIMIT")
+                .arg(0)
+                .arg(self.options.scan_count.max(1)),
+        )
+        .await
     }
 
     /// Every file path strictly below `base`, in path order.
@@ -320,11 +357,9 @@ impl RedisFs {
                 pipe.cmd("EXISTS").arg(&f).cmd("STRLEN").arg(&f);
                 pipe.cmd("HGET").arg(self.key("m", p.as_str())).arg("t");
             }
-            let mut conn = self.conn.clone();
-            let values: Vec<redis::Value> = pipe
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| redis_error("STRLEN", e))?;
+            let values: Vec<redis::Value> = self
+                .send("STRLEN", hame_redis::Call::Pipeline(&pipe))
+                .await?;
             let mut it = values.into_iter();
             for p in chunk {
                 let (Some(e), Some(s), Some(t)) = (it.next(), it.next(), it.next()) else {
@@ -382,9 +417,8 @@ impl Filesystem for RedisFs {
             return Ok(FileInfo::dir(FsPath::root()));
         }
         let f = self.key("f", path.as_str());
-        let mut conn = self.conn.clone();
-        let (is_file, size, t, is_dir): (bool, u64, Option<String>, bool) = redis::pipe()
-            .cmd("EXISTS")
+        let mut pipe = redis::pipe();
+        pipe.cmd("EXISTS")
             .arg(&f)
             .cmd("STRLEN")
             .arg(&f)
@@ -392,10 +426,9 @@ impl Filesystem for RedisFs {
             .arg(self.key("m", path.as_str()))
             .arg("t")
             .cmd("EXISTS")
-            .arg(self.key("d", path.as_str()))
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| redis_error("stat", e))?;
+            .arg(self.key("d", path.as_str()));
+        let (is_file, size, t, is_dir): (bool, u64, Option<String>, bool) =
+            self.send("stat", hame_redis::Call::Pipeline(&pipe)).await?;
         if is_file {
             Ok(FileInfo {
                 path: path.clone(),
@@ -416,16 +449,17 @@ impl Filesystem for RedisFs {
         let dkey = self.key("d", path.as_str());
         let mut names: Vec<String> = Vec::new();
         let mut cursor = 0u64;
-        let mut conn = self.conn.clone();
         loop {
-            let (next, items): (u64, Vec<Vec<u8>>) = redis::cmd("ZSCAN")
-                .arg(&dkey)
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(self.options.scan_count.max(1))
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| redis_error("ZSCAN", e))?;
+            let (next, items): (u64, Vec<Vec<u8>>) = self
+                .query(
+                    "ZSCAN",
+                    redis::cmd("ZSCAN")
+                        .arg(&dkey)
+                        .arg(cursor)
+                        .arg("COUNT")
+                        .arg(self.options.scan_count.max(1)),
+                )
+                .await?;
             // Members and scores alternate.
             names.extend(items.iter().step_by(2).map(|m| text(m)));
             cursor = next;
@@ -459,10 +493,8 @@ impl Filesystem for RedisFs {
                 pipe.cmd("HGET").arg(self.key("m", c.as_str())).arg("t");
                 pipe.cmd("EXISTS").arg(self.key("d", c.as_str()));
             }
-            let values: Vec<redis::Value> = pipe
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| redis_error("list", e))?;
+            let values: Vec<redis::Value> =
+                self.send("list", hame_redis::Call::Pipeline(&pipe)).await?;
             let mut it = values.into_iter();
             for c in chunk {
                 let (Some(e), Some(s), Some(t), Some(d)) =
@@ -635,13 +667,14 @@ impl Filesystem for RedisFs {
         if path.is_root() {
             return Ok(true);
         }
-        let mut conn = self.conn.clone();
-        let n: u64 = redis::cmd("EXISTS")
-            .arg(self.key("f", path.as_str()))
-            .arg(self.key("d", path.as_str()))
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| redis_error("EXISTS", e))?;
+        let n: u64 = self
+            .query(
+                "EXISTS",
+                redis::cmd("EXISTS")
+                    .arg(self.key("f", path.as_str()))
+                    .arg(self.key("d", path.as_str())),
+            )
+            .await?;
         Ok(n > 0)
     }
 
@@ -729,11 +762,9 @@ impl Filesystem for RedisFs {
                 for p in chunk {
                     pipe.cmd("STRLEN").arg(self.key("f", p.as_str()));
                 }
-                let mut conn = self.conn.clone();
-                let sizes: Vec<u64> = pipe
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| redis_error("STRLEN", e))?;
+                let sizes: Vec<u64> = self
+                    .send("STRLEN", hame_redis::Call::Pipeline(&pipe))
+                    .await?;
                 let small: Vec<&FsPath> = chunk
                     .iter()
                     .zip(sizes)
@@ -744,11 +775,8 @@ impl Filesystem for RedisFs {
                     continue;
                 }
                 let keys: Vec<String> = small.iter().map(|p| self.key("f", p.as_str())).collect();
-                let contents: Vec<Option<Vec<u8>>> = redis::cmd("MGET")
-                    .arg(&keys)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| redis_error("MGET", e))?;
+                let contents: Vec<Option<Vec<u8>>> =
+                    self.query("MGET", redis::cmd("MGET").arg(&keys)).await?;
                 for (p, data) in small.into_iter().zip(contents) {
                     // `None`: deleted since the index was read.
                     let content = data.ok_or_else(|| Error::NotFound {
@@ -799,5 +827,71 @@ impl Filesystem for RedisFs {
             .flatten()
             .collect();
         Ok(GlobOutput { files, truncated })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn fs() -> Result<Option<RedisFs>> {
+        let Some(url) = hame_test_env::service("HAME_TEST_REDIS_URL", "RedisFs write-id") else {
+            return Ok(None);
+        };
+        let ns = format!("retry-{}", uuid::Uuid::new_v4().simple());
+        Ok(Some(
+            RedisFs::connect(&url, &ns, RedisOptions::default()).await?,
+        ))
+    }
+
+    fn ok(reply: Reply) -> bool {
+        matches!(reply, Reply::Ok(_))
+    }
+
+    /// A mutation sent again under its write id — its first reply lost with a broken
+    /// connection after the server applied it — is answered as the first run was and
+    /// applied once; the same change under a new id is a new change.
+    #[tokio::test]
+    async fn a_mutation_sent_again_under_its_write_id_is_applied_once() -> Result<()> {
+        let Some(fs) = fs().await? else {
+            return Ok(());
+        };
+        let log = FsPath::parse("sessions/s.log.jsonl")?;
+        let append = [log.as_str().as_bytes(), b"line\n", b"0"];
+        assert!(ok(fs.run_as("append", "a1", &append).await?));
+        assert!(ok(fs.run_as("append", "a1", &append).await?));
+        assert_eq!(fs.read_bytes(&log).await?, b"line\n");
+        assert!(ok(fs.run_as("append", "a2", &append).await?));
+        assert_eq!(fs.read_bytes(&log).await?, b"line\nline\n");
+
+        // A create-only write reports success again, not `already_exists`.
+        let new = FsPath::parse("new.md")?;
+        let version = Version::of(b"x");
+        let create = [
+            new.as_str().as_bytes(),
+            b"c",
+            b"",
+            b"x",
+            version.as_str().as_bytes(),
+            b"0",
+        ];
+        assert!(ok(fs.run_as("write", "w1", &create).await?));
+        assert!(ok(fs.run_as("write", "w1", &create).await?));
+        assert!(matches!(
+            fs.run_as("write", "w2", &create).await?,
+            Reply::Err(code, _) if code == "already_exists"
+        ));
+
+        // A rename and a delete report success again, not `not_found`.
+        let moved = FsPath::parse("moved.md")?;
+        let rename = [new.as_str().as_bytes(), moved.as_str().as_bytes(), b"0"];
+        assert!(ok(fs.run_as("rename", "r1", &rename).await?));
+        assert!(ok(fs.run_as("rename", "r1", &rename).await?));
+        assert_eq!(fs.read_bytes(&moved).await?, b"x");
+        let delete = [moved.as_str().as_bytes()];
+        assert!(ok(fs.run_as("delete", "d1", &delete).await?));
+        assert!(ok(fs.run_as("delete", "d1", &delete).await?));
+        assert!(!fs.exists(&moved).await?);
+        Ok(())
     }
 }

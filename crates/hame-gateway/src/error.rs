@@ -39,8 +39,26 @@ impl Error {
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// `value` with every string redacted for API callers: no secret of the process, no model
+/// endpoint (`hame::secrets::redact_for_callers`; ADR 0023). Every body the routes build
+/// from stored or model text goes through here.
+pub(crate) fn for_callers(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => match hame::secrets::redact_for_callers(&s) {
+            std::borrow::Cow::Borrowed(_) => Value::String(s),
+            std::borrow::Cow::Owned(clean) => Value::String(clean),
+        },
+        Value::Array(items) => Value::Array(items.into_iter().map(for_callers).collect()),
+        Value::Object(map) => {
+            Value::Object(map.into_iter().map(|(k, v)| (k, for_callers(v))).collect())
+        }
+        other => other,
+    }
+}
+
 /// An error answer of a route: a status and `{"error": {"code", "message"}}`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct ApiError {
     pub(crate) status: StatusCode,
     pub(crate) code: &'static str,
@@ -49,11 +67,17 @@ pub(crate) struct ApiError {
 }
 
 impl ApiError {
+    /// An error answer; its message is redacted for API callers ([`for_callers`]).
     pub(crate) fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        let message: String = message.into();
+        let message = match hame::secrets::redact_for_callers(&message) {
+            std::borrow::Cow::Borrowed(_) => message,
+            std::borrow::Cow::Owned(clean) => clean,
+        };
         Self {
             status,
             code,
-            message: message.into(),
+            message,
             retry_after: None,
         }
     }
@@ -119,9 +143,31 @@ impl ApiError {
     }
 }
 
+/// Whether retrying the same request may get another answer: the request was refused
+/// before its turn ran (`queue_full`, `session_busy`, `shutting_down`, `body_timeout`) or
+/// the server failed (`internal`). Everything else — a bad request, a turn that ran and
+/// failed — would get the same answer (a retry of a request is answered from its first
+/// attempt: `replay`).
+pub(crate) fn retry_may_help(code: &str) -> bool {
+    matches!(
+        code,
+        "queue_full" | "session_busy" | "shutting_down" | "body_timeout" | "internal"
+    )
+}
+
+/// Adds `x-should-retry: false` (honoured by the OpenAI SDKs) to an error answer a retry
+/// cannot change ([`retry_may_help`]).
+pub(crate) fn mark_retry(resp: &mut Response, code: &str) {
+    if !retry_may_help(code) {
+        resp.headers_mut()
+            .insert("x-should-retry", HeaderValue::from_static("false"));
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut resp = (self.status, axum::Json(self.body())).into_response();
+        mark_retry(&mut resp, self.code);
         if let Some(secs) = self.retry_after {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));

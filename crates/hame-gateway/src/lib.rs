@@ -50,7 +50,9 @@ mod events;
 mod gate;
 mod metrics;
 mod openai;
+mod replay;
 mod routes;
+mod server;
 #[cfg(feature = "redis")]
 mod shared_events;
 mod turn;
@@ -76,6 +78,15 @@ pub struct GatewayOptions {
     /// How long a request may take until its response starts (default 600 s; a turn
     /// answered as JSON waits for its reply within it; an SSE response starts at once).
     pub request_timeout: Duration,
+    /// How long a connection may take to send a request's headers, counted from when the
+    /// server waits for them (default 10 s); past it the connection is closed.
+    pub header_timeout: Duration,
+    /// How long a request's body may take to arrive whole after its headers (default
+    /// 30 s); past it the answer is 408 `body_timeout` and the connection is closed.
+    pub body_timeout: Duration,
+    /// Connections open at once (default 1,024); past it new connections wait to be
+    /// accepted until one closes.
+    pub max_connections: usize,
     /// Events kept per session for replay (default 1,000).
     pub ring_size: usize,
     /// SSE keep-alive comment interval (default 15 s).
@@ -83,6 +94,12 @@ pub struct GatewayOptions {
     /// After the shutdown signal, how long in-flight turns may take before they are
     /// cancelled (default 30 s).
     pub drain_timeout: Duration,
+    /// How long after its turn ended a request's retries are answered from it instead of
+    /// starting another turn (default 300 s; see the `Idempotency-Key` and
+    /// `x-stainless-retry-count` rules in `docs/gateway.md`).
+    pub replay_window: Duration,
+    /// Requests remembered for their retries at most (default 10,000; the oldest go first).
+    pub replay_entries: usize,
     /// Where events are shared between replicas (feature `redis`); `None` (the default):
     /// in this process only.
     #[cfg(feature = "redis")]
@@ -97,9 +114,14 @@ impl Default for GatewayOptions {
             retry_after_secs: 1,
             body_limit: 1024 * 1024,
             request_timeout: Duration::from_secs(600),
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 1024,
             ring_size: 1000,
             keep_alive: Duration::from_secs(15),
             drain_timeout: Duration::from_secs(30),
+            replay_window: Duration::from_secs(300),
+            replay_entries: 10_000,
             #[cfg(feature = "redis")]
             shared_events: None,
         }
@@ -125,6 +147,24 @@ impl GatewayOptions {
         self
     }
 
+    /// With a header timeout ([`GatewayOptions::header_timeout`]).
+    pub fn with_header_timeout(mut self, d: Duration) -> Self {
+        self.header_timeout = d;
+        self
+    }
+
+    /// With a body timeout ([`GatewayOptions::body_timeout`]).
+    pub fn with_body_timeout(mut self, d: Duration) -> Self {
+        self.body_timeout = d;
+        self
+    }
+
+    /// With a connection limit ([`GatewayOptions::max_connections`]).
+    pub fn with_max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n;
+        self
+    }
+
     /// Shares the sessions' events between replicas through Redis.
     #[cfg(feature = "redis")]
     pub fn with_shared_events(mut self, events: Option<SharedEvents>) -> Self {
@@ -144,6 +184,11 @@ impl Shared {
         data: String,
         terminal: bool,
     ) -> Arc<events::Event> {
+        // What callers read back: without secrets or model endpoints (ADR 0023).
+        let data = match hame::secrets::redact_for_callers(&data) {
+            std::borrow::Cow::Borrowed(_) => data,
+            std::borrow::Cow::Owned(clean) => clean,
+        };
         #[cfg(feature = "redis")]
         if let Some(shared) = &self.options.shared_events {
             match shared
@@ -190,6 +235,8 @@ pub(crate) struct Shared {
     pub(crate) options: GatewayOptions,
     pub(crate) gates: gate::Gates,
     pub(crate) hub: events::Hub,
+    /// Requests whose retries are answered from their first attempt.
+    pub(crate) replays: replay::Replays,
     pub(crate) metrics: metrics::Metrics,
     /// The turns' tasks, waited for when draining.
     pub(crate) turns: TaskTracker,
@@ -214,6 +261,7 @@ impl Gateway {
             base,
             gates: gate::Gates::new(options.queue_bound),
             hub: events::Hub::new(options.ring_size),
+            replays: replay::Replays::new(options.replay_window, options.replay_entries),
             metrics: metrics::Metrics::default(),
             turns: TaskTracker::new(),
             draining: CancellationToken::new(),
@@ -225,7 +273,8 @@ impl Gateway {
         }
     }
 
-    /// The routes, with the timeout, body-limit and trace layers (no CORS).
+    /// The routes, with the body-timeout, body-limit, timeout and trace layers (no CORS).
+    /// The header timeout and the connection limit are the server's ([`Gateway::serve`]).
     pub fn router(&self) -> Router {
         use tower_http::limit::RequestBodyLimitLayer;
         use tower_http::timeout::TimeoutLayer;
@@ -233,6 +282,10 @@ impl Gateway {
         let o = &self.shared.options;
         routes::router(self.shared.clone())
             .layer(axum::extract::DefaultBodyLimit::disable())
+            .layer(axum::middleware::from_fn_with_state(
+                o.body_timeout,
+                server::read_body_within,
+            ))
             .layer(RequestBodyLimitLayer::new(o.body_limit))
             .layer(TimeoutLayer::with_status_code(
                 StatusCode::REQUEST_TIMEOUT,
@@ -241,9 +294,10 @@ impl Gateway {
             .layer(TraceLayer::new_for_http())
     }
 
-    /// Serves on `listener` until `shutdown` completes; then stops accepting, lets
-    /// in-flight turns finish (up to [`GatewayOptions::drain_timeout`], then cancels them:
-    /// what joined their conversations is saved) and returns.
+    /// Serves on `listener` (HTTP/1.1, with the header timeout and the connection limit of
+    /// the options) until `shutdown` completes; then stops accepting, lets in-flight turns
+    /// finish (up to [`GatewayOptions::drain_timeout`], then cancels them: what joined
+    /// their conversations is saved) and returns.
     pub async fn serve(
         self,
         listener: tokio::net::TcpListener,
@@ -252,20 +306,28 @@ impl Gateway {
         let shared = self.shared.clone();
         let app = self.router();
         let draining = shared.draining.clone();
-        let graceful = {
+        {
             let draining = draining.clone();
-            async move {
+            tokio::spawn(async move {
                 shutdown.await;
                 tracing::info!("shutting down: no new connections, draining turns");
                 draining.cancel();
-            }
+            });
+        }
+        let limits = server::Limits {
+            header_timeout: shared.options.header_timeout,
+            max_connections: shared.options.max_connections,
         };
-        let server = axum::serve(listener, app).with_graceful_shutdown(graceful);
-        let server = async move {
-            server.await.map_err(|source| Error::Io {
-                context: "serving HTTP".into(),
-                source,
-            })
+        let server = {
+            let stop = draining.clone();
+            async move {
+                server::serve(listener, app, limits, stop)
+                    .await
+                    .map_err(|source| Error::Io {
+                        context: "serving HTTP".into(),
+                        source,
+                    })
+            }
         };
         tokio::pin!(server);
         // Until the signal, the server runs alone; after it, for at most the drain time.

@@ -17,13 +17,16 @@ use crate::error::ApiError;
 use crate::routes::{AppState, Caller};
 use crate::turn::{self, Outcome};
 
-/// An error in OpenAI's shape: `{"error": {"message", "type", "code"}}`.
+/// An error in OpenAI's shape: `{"error": {"message", "type", "code"}}`, with
+/// `x-should-retry: false` unless a retry may help (`error::retry_may_help`).
 fn oai_error(status: StatusCode, kind: &str, code: &str, message: impl Into<String>) -> Response {
-    (
+    let mut resp = (
         status,
         Json(json!({"error": {"message": message.into(), "type": kind, "code": code, "param": null}})),
     )
-        .into_response()
+        .into_response();
+    crate::error::mark_retry(&mut resp, code);
+    resp
 }
 
 fn from_api(e: ApiError) -> Response {
@@ -76,6 +79,13 @@ pub(crate) async fn completions(
         Ok(c) => c,
         Err(e) => return from_api(e),
     };
+    let key = match shared
+        .replays
+        .key_of(&headers, user.as_deref(), "chat/completions", &body)
+    {
+        Ok(k) => k,
+        Err(e) => return from_api(e),
+    };
     let body: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => {
@@ -115,11 +125,12 @@ pub(crate) async fn completions(
         .map(|s| s.trim().to_owned())
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| format!("chatcmpl-{}", uuid::Uuid::new_v4().simple()));
-    let turn = match turn::start(
+    let turn = match turn::start_once(
         &shared,
         user,
         session,
         CallInput::Message(Message::user(text)),
+        key,
     ) {
         Ok(t) => t,
         Err(e) => return from_api(e),
@@ -171,6 +182,8 @@ pub(crate) async fn completions(
         }
     };
     let first = chunk(json!({"role": "assistant", "content": ""}), Value::Null);
+    // A retry answered from its first attempt has no deltas: the reply comes whole.
+    let replayed = turn.replayed;
     let deltas = {
         let chunk = chunk.clone();
         futures::stream::unfold(turn.events, |mut rx| async move {
@@ -190,6 +203,14 @@ pub(crate) async fn completions(
         let model = model.clone();
         futures::stream::once(async move {
             match outcome.await {
+                Ok(Outcome::Finished(v)) if replayed => vec![
+                    chunk(json!({"content": v["reply"]}), Value::Null),
+                    chunk(json!({}), json!("stop")),
+                    json!({
+                        "id": id, "object": "chat.completion.chunk", "created": created,
+                        "model": model, "choices": [], "usage": usage_of(&v["usage"]),
+                    }),
+                ],
                 Ok(Outcome::Finished(v)) => vec![
                     chunk(json!({}), json!("stop")),
                     json!({

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::Shared;
-use crate::error::ApiError;
+use crate::error::{ApiError, for_callers};
 use crate::events::Event;
 use crate::turn::{self, Outcome, Turn};
 
@@ -163,15 +163,22 @@ async fn post_message(
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
     valid_session(&session)?;
+    let key = shared.replays.key_of(
+        &headers,
+        user.as_deref(),
+        &format!("messages/{session}"),
+        &body,
+    )?;
     let body: MessageBody = parse(&body)?;
     if body.message.trim().is_empty() {
         return Err(ApiError::bad_request("`message` is empty"));
     }
-    let turn = turn::start(
+    let turn = turn::start_once(
         &shared,
         user,
         session,
         CallInput::Message(Message::user(body.message)),
+        key,
     )?;
     Ok(answer(&shared, turn, wants_sse(&headers)).await)
 }
@@ -212,11 +219,11 @@ async fn get_messages(
     let ctx = context(&shared, user, &session);
     let log = session_log(&shared, &ctx)?;
     match log.read_page(&session, 0, usize::MAX).await {
-        Ok(page) => Ok(Json(json!({
+        Ok(page) => Ok(Json(for_callers(json!({
             "session": session,
             "user": ctx.user_id,
             "messages": page.records,
-        }))),
+        })))),
         Err(hame::session::Error::SessionNotFound { .. }) => {
             Err(ApiError::not_found(format!("no session {session}")))
         }
@@ -246,7 +253,9 @@ async fn list_sessions(
         .list_sessions()
         .await
         .map_err(|e| ApiError::internal(e.to_string()))?;
-    Ok(Json(json!({"user": ctx.user_id, "sessions": sessions})))
+    Ok(Json(for_callers(
+        json!({"user": ctx.user_id, "sessions": sessions}),
+    )))
 }
 
 async fn get_tasks(
@@ -261,7 +270,9 @@ async fn get_tasks(
         .tasks(&ctx)
         .await
         .map_err(|e| ApiError::from_harness(&e))?;
-    Ok(Json(json!({"session": session, "tasks": tasks})))
+    Ok(Json(for_callers(
+        json!({"session": session, "tasks": tasks}),
+    )))
 }
 
 async fn get_approvals(
@@ -290,7 +301,9 @@ async fn get_approvals(
             })
         })
         .collect();
-    Ok(Json(json!({"session": session, "approvals": approvals})))
+    Ok(Json(for_callers(
+        json!({"session": session, "approvals": approvals}),
+    )))
 }
 
 #[derive(Debug, Deserialize)]
@@ -335,11 +348,13 @@ async fn post_approval(
             id.chars().take(40).collect::<String>()
         )));
     }
-    let turn = turn::start(
+    let turn = turn::start_once(
         &shared,
         user,
         session,
         CallInput::Resume(vec![Resolution::new(id, value)]),
+        // A decision runs once by itself: a repeated one finds nothing pending (404).
+        None,
     )?;
     Ok(answer(&shared, turn, wants_sse(&headers)).await)
 }
@@ -520,5 +535,7 @@ async fn get_memory(
             Err(e) => return Err(ApiError::internal(e.to_string())),
         }
     }
-    Ok(Json(json!({"user": ctx.user_id, "files": files})))
+    Ok(Json(for_callers(
+        json!({"user": ctx.user_id, "files": files}),
+    )))
 }

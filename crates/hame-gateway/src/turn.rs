@@ -10,11 +10,11 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::Shared;
-use crate::error::ApiError;
+use crate::error::{ApiError, for_callers};
 use crate::events::Event;
 
 /// How a turn ended.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Outcome {
     /// The reply: `{"reply", "session", "user", "usage", "iterations"}`.
     Finished(Value),
@@ -30,6 +30,56 @@ pub(crate) struct Turn {
     pub(crate) events: mpsc::UnboundedReceiver<Arc<Event>>,
     pub(crate) outcome: oneshot::Receiver<Outcome>,
     pub(crate) session: String,
+    /// A retry answered from its first attempt ([`crate::replay`]): its events are only
+    /// the ones that ended that turn (no text deltas).
+    pub(crate) replayed: bool,
+}
+
+/// Queues a turn on `(user, session)` and starts its task ([`start_recorded`]), unless the
+/// request is a retry ([`crate::replay`]): a retry of a request whose turn ran (or runs)
+/// gets that turn's end instead of a turn of its own.
+pub(crate) fn start_once(
+    shared: &Arc<Shared>,
+    user: Option<String>,
+    session: String,
+    input: CallInput,
+    key: Option<crate::replay::RequestKey>,
+) -> Result<Turn, ApiError> {
+    use crate::replay::Claim;
+    let Some(key) = key else {
+        return start_recorded(shared, user, session, input, None);
+    };
+    match shared.replays.claim(&key, &session)? {
+        Claim::New(recorder) => start_recorded(shared, user, session, input, Some(recorder)),
+        Claim::Replay(mut done, session) => {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let (out_tx, out_rx) = oneshot::channel();
+            tokio::spawn(async move {
+                let outcome = match done.wait_for(Option::is_some).await {
+                    Ok(d) => match d.as_ref() {
+                        Some(d) => {
+                            for ev in &d.events {
+                                let _ = tx.send(ev.clone());
+                            }
+                            d.outcome.clone()
+                        }
+                        None => Outcome::Failed(ApiError::internal("no outcome")),
+                    },
+                    Err(_) => Outcome::Failed(ApiError::internal(
+                        "the first attempt of this request ended without an answer",
+                    )),
+                };
+                drop(tx);
+                let _ = out_tx.send(outcome);
+            });
+            Ok(Turn {
+                events: rx,
+                outcome: out_rx,
+                session,
+                replayed: true,
+            })
+        }
+    }
 }
 
 /// The key of a session in the gate table and the event hub.
@@ -37,13 +87,15 @@ pub(crate) fn key(agent: &str, user: Option<&str>, session: &str) -> String {
     format!("{agent}\u{0}{}\u{0}{session}", user.unwrap_or(""))
 }
 
-/// Queues a turn on `(user, session)` and starts its task. Refused with 429 when the
-/// session's queue is full, 503 while the gateway drains.
-pub(crate) fn start(
+/// Queues a turn on `(user, session)` and starts its task; its end goes to `recorder`
+/// (for the request's retries). Refused with 429 when the session's queue is full, 503
+/// while the gateway drains.
+fn start_recorded(
     shared: &Arc<Shared>,
     user: Option<String>,
     session: String,
     input: CallInput,
+    recorder: Option<crate::replay::Recorder>,
 ) -> Result<Turn, ApiError> {
     if shared.draining.is_cancelled() {
         return Err(ApiError::draining());
@@ -76,7 +128,10 @@ pub(crate) fn start(
     let task = async move {
         ticket.ready().await;
         let started = Instant::now();
-        let outcome = run(&me, &key, &ctx, input, &tx).await;
+        let (outcome, ended) = run(&me, &key, &ctx, input, &tx).await;
+        if let Some(recorder) = recorder {
+            recorder.finish(crate::replay::Done::new(outcome.clone(), ended));
+        }
         let label = match &outcome {
             Outcome::Finished(_) => "finished",
             Outcome::Suspended(_) => "suspended",
@@ -97,6 +152,7 @@ pub(crate) fn start(
         events: rx,
         outcome: out_rx,
         session,
+        replayed: false,
     })
 }
 
@@ -126,17 +182,20 @@ fn shown(ev: &AgentEvent) -> Option<(&'static str, Value)> {
     }
 }
 
+/// Runs the turn: its outcome and the events that ended it (for its retries).
 async fn run(
     shared: &Arc<Shared>,
     key: &str,
     ctx: &RuntimeContext,
     input: CallInput,
     tx: &mpsc::UnboundedSender<Arc<Event>>,
-) -> Outcome {
+) -> (Outcome, Vec<Arc<Event>>) {
     let emit = |name: &'static str, data: Value, terminal: bool| async move {
         let ev = shared.publish(key, name, data.to_string(), terminal).await;
-        let _ = tx.send(ev);
+        let _ = tx.send(ev.clone());
+        ev
     };
+    let mut ended = Vec::new();
     let (sink, mut rx) = EventSink::channel();
     let cancel = shared.cancel.child_token();
     let on_event = |ev: AgentEvent| async move {
@@ -166,14 +225,14 @@ async fn run(
     drop(sink);
     let outcome = match result {
         Ok(out) => {
-            let body = json!({
+            let body = for_callers(json!({
                 "reply": out.reply.text_content(),
                 "session": ctx.session_id,
                 "user": ctx.user_id,
                 "usage": out.usage,
                 "iterations": out.iterations,
-            });
-            emit("finished", body.clone(), true).await;
+            }));
+            ended.push(emit("finished", body.clone(), true).await);
             Outcome::Finished(body)
         }
         Err(hame::harness::Error::Call(hame::Error::Suspended(s))) => {
@@ -196,23 +255,25 @@ async fn run(
                 if let Some(o) = data.as_object_mut() {
                     o.insert("session".into(), json!(ctx.session_id));
                 }
-                emit("approval_needed", data, i + 1 == n).await;
+                ended.push(emit("approval_needed", data, i + 1 == n).await);
             }
-            Outcome::Suspended(json!({
+            Outcome::Suspended(for_callers(json!({
                 "status": "approval_needed",
                 "session": ctx.session_id,
                 "user": ctx.user_id,
                 "approvals": approvals,
-            }))
+            })))
         }
         Err(e) => {
             let err = ApiError::from_harness(&e);
-            emit(
-                "failed",
-                json!({"code": err.code, "message": err.message, "session": ctx.session_id}),
-                true,
-            )
-            .await;
+            ended.push(
+                emit(
+                    "failed",
+                    json!({"code": err.code, "message": err.message, "session": ctx.session_id}),
+                    true,
+                )
+                .await,
+            );
             Outcome::Failed(err)
         }
     };
@@ -231,5 +292,5 @@ async fn run(
             }
         });
     }
-    outcome
+    (outcome, ended)
 }

@@ -1128,10 +1128,14 @@ impl HarnessAgent {
         extensions.insert_arc(lease.clone());
         // The subagent tools forward child progress to this call's events and cancel
         // children with it.
+        // The results this call takes from its children are marked delivered after its
+        // save, below.
+        let deliveries = hame_subagent::Deliveries::default();
         extensions.insert(hame_subagent::ParentCall {
             events: events.clone(),
             cancel: cancel.clone(),
             inherit: Default::default(),
+            deliveries: deliveries.clone(),
         });
         let outcome = {
             let env = CallEnv {
@@ -1159,10 +1163,23 @@ impl HarnessAgent {
         // already in the session log, and tool calls are always paired with results.
         // Fenced: refused if the lease was lost or taken over, so a stale holder never
         // overwrites its successor's state.
+        hame_core::failpoint("call.before-save");
         let saved = store
             .save_fenced(key, &state, version, lease)
             .await
             .map_err(|e| Error::storage("saving session state failed", e));
+        hame_core::failpoint("call.saved");
+        // Durable before acknowledged: the children's results this call took are in its
+        // log and its saved state; only now are their records marked delivered, under the
+        // lease (a call that loses it leaves them to the next holder, which finds them in
+        // the state). A failed save leaves them undelivered: the next call pushes them.
+        if saved.is_ok() && !deliveries.is_empty() {
+            self.inner
+                .subagents
+                .confirm_deliveries(ws, &deliveries, || lease.check().is_ok())
+                .await;
+        }
+        hame_core::failpoint("call.delivered");
         // What the after-call memory flush would find, read here instead of loading the
         // state again.
         let unflushed = crate::memory::unflushed(&state);

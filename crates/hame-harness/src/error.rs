@@ -44,6 +44,22 @@ impl Error {
     pub fn is_config(&self) -> bool {
         matches!(self, Error::Config(_) | Error::InvalidId(_))
     }
+
+    /// Whether the session's stored state was written by a newer hame (its storage format
+    /// or its schema version is newer than this build's, see
+    /// [`hame_state::Error::is_too_new`]): the call refused it before writing anything
+    /// (exit code 2 in the CLI).
+    pub fn is_too_new(&self) -> bool {
+        match self {
+            Error::Storage {
+                source: Some(source),
+                ..
+            } => source
+                .downcast_ref::<hame_state::Error>()
+                .is_some_and(hame_state::Error::is_too_new),
+            _ => false,
+        }
+    }
 }
 
 /// `Result` with the harness [`Error`].

@@ -11,8 +11,7 @@ use hame_fs::{AppendOptions, Durability};
 use hame_session::{IndexUpdate, SessionLog, SessionLogOptions};
 use hame_tools::Workspace;
 
-/// Key in [`RuntimeContext::extras`] holding the id of the current call.
-pub const CALL_ID_EXTRA: &str = "hame.call_id";
+pub use hame_core::CALL_ID_EXTRA;
 
 /// Cached session logs kept per tenant before the cache is cleared.
 const MAX_CACHED_LOGS: usize = 4096;
@@ -272,10 +271,5 @@ fn tenant_key(runtime: &RuntimeContext) -> String {
 }
 
 fn call_id(runtime: &RuntimeContext) -> String {
-    runtime
-        .extras
-        .get(CALL_ID_EXTRA)
-        .and_then(|v| v.as_str())
-        .unwrap_or("unknown")
-        .to_owned()
+    runtime.call_id().unwrap_or("unknown").to_owned()
 }

@@ -24,6 +24,10 @@ pub struct ToolsConfig {
     pub mcp_servers: BTreeMap<String, McpServer>,
     /// Permission rules (parsed and validated; enforced by the permissions layer).
     pub permissions: Option<Permissions>,
+    /// The values `${VAR}` put where credentials go ([`secret_position`]): registered as
+    /// secrets of the process when the file is loaded, so no text carries them
+    /// (`hame_core::secrets`, ADR 0023).
+    pub secrets: hame_core::secrets::Redactor,
 }
 
 /// One `mcpServers` entry, after `${VAR}` substitution.
@@ -166,7 +170,16 @@ pub fn parse(
     if !value.is_object() {
         return Err(format!("{file}: the document must be a JSON object"));
     }
-    substitute(&mut value, env).map_err(|e| format!("{file}: {e}"))?;
+    let mut secrets = hame_core::secrets::Redactor::new();
+    substitute_at(&mut value, env, "", &mut |var, at, text| {
+        if var.is_empty() {
+            // A whole `url` with a variable in it: its password and secret query values.
+            secrets.add_url(text);
+        } else if secret_position(var, at) {
+            secrets.add_secret(text);
+        }
+    })
+    .map_err(|e| format!("{file}: {e}"))?;
     let raw: RawDoc = serde_json::from_value(value).map_err(|e| format!("{file}: {e}"))?;
     for pattern in raw.allow.iter().flatten().chain(&raw.deny) {
         check_glob(pattern).map_err(|e| format!("{file}: {e}"))?;
@@ -182,7 +195,26 @@ pub fn parse(
         deny: raw.deny,
         mcp_servers: servers,
         permissions: raw.permissions,
+        secrets,
     })
+}
+
+/// Whether the value of `${var}` substituted at `at` (`mcpServers.web.headers.Authorization`)
+/// is a secret: the variable's name looks secret (`hame_core::secrets::is_secret_name`), or
+/// it goes into a server's `headers` (where credentials go: `Authorization`, `X-Api-Key`),
+/// or into an `env` entry whose name looks secret. Other values (a port, a path) are not:
+/// cutting them out of every text would shred it.
+pub fn secret_position(var: &str, at: &str) -> bool {
+    use hame_core::secrets::is_secret_name;
+    if is_secret_name(var) {
+        return true;
+    }
+    let mut parts = at.split('.');
+    match (parts.next(), parts.next(), parts.next(), parts.next()) {
+        (Some("mcpServers"), Some(_), Some("headers"), Some(_)) => true,
+        (Some("mcpServers"), Some(_), Some("env"), Some(name)) => is_secret_name(name),
+        _ => false,
+    }
 }
 
 fn seconds(v: Option<f64>, default: Duration, key: &str) -> Result<Duration, String> {
@@ -284,27 +316,47 @@ pub fn substitute(
     value: &mut serde_json::Value,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(), String> {
-    substitute_at(value, env, "")
+    substitute_at(value, env, "", &mut |_, _, _| {})
 }
+
+/// What [`substitute_at`] reports for each string it substituted into: the variable, the
+/// key path (`mcpServers.web.url`) and the variable's value (`var`, `at`, `value`), once
+/// per variable; for a `url`, also the whole string with an empty `var`.
+type Seen<'a> = dyn FnMut(&str, &str, &str) + 'a;
 
 fn substitute_at(
     value: &mut serde_json::Value,
     env: &dyn Fn(&str) -> Option<String>,
     at: &str,
+    seen: &mut Seen<'_>,
 ) -> Result<(), String> {
     match value {
         serde_json::Value::String(s) => {
-            *s = substitute_str(s, env).map_err(|e| {
+            let mut used = Vec::new();
+            let whole = substitute_str(s, &mut |k| {
+                let v = env(k);
+                if let Some(v) = &v {
+                    used.push((k.to_owned(), v.clone()));
+                }
+                v
+            });
+            *s = whole.map_err(|e| {
                 if at.is_empty() {
                     e
                 } else {
                     format!("{at}: {e}")
                 }
             })?;
+            for (var, v) in &used {
+                seen(var, at, v);
+            }
+            if at.ends_with(".url") && !used.is_empty() {
+                seen("", at, s);
+            }
         }
         serde_json::Value::Array(a) => {
             for (i, v) in a.iter_mut().enumerate() {
-                substitute_at(v, env, &format!("{at}[{i}]"))?;
+                substitute_at(v, env, &format!("{at}[{i}]"), seen)?;
             }
         }
         serde_json::Value::Object(o) => {
@@ -314,7 +366,7 @@ fn substitute_at(
                 } else {
                     format!("{at}.{k}")
                 };
-                substitute_at(v, env, &key)?;
+                substitute_at(v, env, &key, seen)?;
             }
         }
         _ => {}
@@ -322,7 +374,7 @@ fn substitute_at(
     Ok(())
 }
 
-fn substitute_str(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+fn substitute_str(s: &str, env: &mut dyn FnMut(&str) -> Option<String>) -> Result<String, String> {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
     while let Some(i) = rest.find('$') {
@@ -368,6 +420,7 @@ pub fn merge(shared: ToolsConfig, user: ToolsConfig) -> ToolsConfig {
         }
     }
     out.mcp_servers.extend(user.mcp_servers);
+    out.secrets.extend(&user.secrets);
     out.permissions = match (out.permissions, user.permissions) {
         (None, u) => u,
         (s, None) => s,

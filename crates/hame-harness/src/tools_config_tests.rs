@@ -156,3 +156,43 @@ proptest! {
         prop_assert_eq!(command, &format!("{v}x"));
     }
 }
+
+/// The values `${VAR}` puts where credentials go are the file's secrets; a port or a path
+/// is not (ADR 0023).
+#[test]
+fn substituted_credentials_are_secrets_and_nothing_else_is() {
+    let vars = |k: &str| -> Option<String> {
+        match k {
+            "MCP_TOKEN" => Some("tok-1a2b3c4d5e".into()),
+            "HEADER_VALUE" => Some("hdr-9f8e7d6c5b".into()),
+            "PLAIN" => Some("plain-value-in-env".into()),
+            "APP_KEY" => Some("appkey-0011223344".into()),
+            "URL_SIG" => Some("urlsig-5566778899".into()),
+            "HOME_DIR" => Some("/home/alice/project".into()),
+            "PORT" => Some("8123".into()),
+            _ => None,
+        }
+    };
+    let c = parse(
+        "tools.json",
+        r#"{"mcpServers": {
+            "local": {"command": "${HOME_DIR}/server", "args": ["--token", "${MCP_TOKEN}"],
+                      "env": {"SERVICE_API_KEY": "${APP_KEY}", "LOG_PATH": "${PLAIN}"}},
+            "web": {"url": "http://127.0.0.1:${PORT}/mcp?sig=${URL_SIG}",
+                    "headers": {"X-Custom": "${HEADER_VALUE}"}}
+        }}"#,
+        &vars,
+        Path::new("/ws"),
+    )
+    .unwrap();
+    let text = "tok-1a2b3c4d5e hdr-9f8e7d6c5b appkey-0011223344 urlsig-5566778899 \
+                plain-value-in-env /home/alice/project 8123";
+    assert_eq!(
+        c.secrets.redact(text),
+        "[REDACTED] [REDACTED] [REDACTED] [REDACTED] plain-value-in-env /home/alice/project 8123"
+    );
+    assert!(secret_position("GITHUB_TOKEN", "allow[0]"));
+    assert!(secret_position("X", "mcpServers.a.headers.Authorization"));
+    assert!(!secret_position("X", "mcpServers.a.env.LOG_LEVEL"));
+    assert!(!secret_position("X", "mcpServers.a.command"));
+}

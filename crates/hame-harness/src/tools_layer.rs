@@ -121,7 +121,16 @@ impl ToolsConfigLayer {
     /// namespace over the template), with `<userId>/tools.json` of the template merged
     /// over it ([`merge`]). No file is an empty configuration; a broken file is an error
     /// line naming it.
+    ///
+    /// The secrets its `${VAR}`s put where credentials go are registered in the process's
+    /// redaction registry (`hame_core::secrets`) before anything uses them.
     pub async fn load(&self, ws: &Workspace) -> Result<ToolsConfig, String> {
+        let config = self.read_config(ws).await?;
+        hame_core::secrets::add_all(&config.secrets);
+        Ok(config)
+    }
+
+    async fn read_config(&self, ws: &Workspace) -> Result<ToolsConfig, String> {
         let files = match (&self.host, ws.mode()) {
             (Some(host), WorkspaceMode::Sandbox) => host,
             _ => ws.files(),
@@ -159,12 +168,13 @@ impl ToolsConfigLayer {
                 Ok(tools) => out.extend(tools),
                 Err((e, fresh)) => {
                     if fresh {
-                        tracing::warn!(server = %name, error = %e, "MCP server unavailable");
+                        let error = hame_core::secrets::redact(&e.to_string()).into_owned();
+                        tracing::warn!(server = %name, %error, "MCP server unavailable");
                         events.emit(AgentEvent::Custom {
                             kind: MCP_FAILED_EVENT.into(),
                             data: serde_json::json!({
                                 "path": format!("mcpServers.{name}"),
-                                "error": format!("{e}; running without its tools"),
+                                "error": format!("{error}; running without its tools"),
                             }),
                         });
                     }

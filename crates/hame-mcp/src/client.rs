@@ -11,7 +11,9 @@ use rmcp::service::{NotificationContext, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use tokio::sync::Mutex;
 
+use crate::bounded::TOO_LARGE_MARK;
 use crate::result::{CallResult, qualified_name, render_result};
+use crate::stdio::StdioTransport;
 use crate::{DEFAULT_CALL_TIMEOUT, DEFAULT_STARTUP_TIMEOUT, Error, Result};
 
 /// A server to connect to.
@@ -105,6 +107,8 @@ pub struct McpClient {
     service: RunningService<RoleClient, Handler>,
     stale: Arc<AtomicBool>,
     tools: Mutex<Option<Vec<McpTool>>>,
+    /// Reached over streamable HTTP.
+    http: bool,
 }
 
 impl std::fmt::Debug for McpClient {
@@ -137,7 +141,7 @@ impl McpClient {
                     env,
                     cwd,
                 } => {
-                    let transport = spawn(&name, command, args, env, cwd.as_ref())
+                    let transport = StdioTransport::spawn(&name, command, args, env, cwd.as_ref())
                         .map_err(|e| start(format!("cannot run `{command}`: {e}")))?;
                     handler
                         .serve(transport)
@@ -161,6 +165,7 @@ impl McpClient {
             service,
             stale,
             tools: Mutex::new(None),
+            http: matches!(server.transport, Transport::Http { .. }),
         })
     }
 
@@ -185,7 +190,7 @@ impl McpClient {
         )
         .await
         .map_err(|_| self.timeout("tools/list", self.options.startup_timeout))?
-        .map_err(|e| self.request(format!("tools/list failed: {e}")))?;
+        .map_err(|e| self.failed("tools/list", e))?;
         let tools: Vec<McpTool> = listed
             .iter()
             .filter_map(|t| serde_json::to_value(t).ok())
@@ -237,7 +242,7 @@ impl McpClient {
         )
         .await
         .map_err(|_| self.timeout(&format!("tools/call {tool}"), self.options.call_timeout))?
-        .map_err(|e| self.request(format!("tools/call {tool} failed: {e}")))?;
+        .map_err(|e| self.failed(&format!("tools/call {tool}"), e))?;
         let value = serde_json::to_value(&result)
             .map_err(|e| self.request(format!("unreadable result: {e}")))?;
         Ok(render_result(&value))
@@ -263,44 +268,37 @@ impl McpClient {
         }
     }
 
+    /// The error of a request the SDK failed: [`Error::TooLarge`] for the error response
+    /// that replaced an oversized message (see `bounded`), else [`Error::Request`].
+    fn failed(&self, what: &str, e: rmcp::ServiceError) -> Error {
+        if let rmcp::ServiceError::McpError(data) = &e
+            && let Some(extra) = &data.data
+            && extra.get("hame").and_then(|m| m.as_str()) == Some(TOO_LARGE_MARK)
+        {
+            return Error::TooLarge {
+                server: self.name.clone(),
+                what: what.to_owned(),
+                bytes: extra.get("bytes").and_then(|b| b.as_u64()).unwrap_or(0),
+            };
+        }
+        if self.http && matches!(e, rmcp::ServiceError::TransportClosed) {
+            // The SDK's HTTP client closes the connection on an answer over its limits
+            // (16 MiB per SSE event or body) without saying so to the request.
+            return self.request(format!(
+                "{what} failed: the connection closed before the result arrived (the SDK \
+                 closes it on a result over the 16 MiB limit of one message, among other \
+                 causes; its log line says which)"
+            ));
+        }
+        self.request(format!("{what} failed: {e}"))
+    }
+
     fn request(&self, message: String) -> Error {
         Error::Request {
             server: self.name.clone(),
             message,
         }
     }
-}
-
-/// Spawns a stdio server in its own process group, killed on drop, stderr to the log.
-fn spawn(
-    server: &str,
-    command: &str,
-    args: &[String],
-    env: &BTreeMap<String, String>,
-    cwd: Option<&PathBuf>,
-) -> std::io::Result<rmcp::transport::TokioChildProcess> {
-    use process_wrap::tokio::{CommandWrap, KillOnDrop, ProcessGroup};
-    let mut cmd = tokio::process::Command::new(command);
-    cmd.args(args).envs(env);
-    if let Some(dir) = cwd {
-        cmd.current_dir(dir);
-    }
-    let mut wrap = CommandWrap::from(cmd);
-    wrap.wrap(KillOnDrop).wrap(ProcessGroup::leader());
-    let (transport, stderr) = rmcp::transport::TokioChildProcess::builder(wrap)
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
-    if let Some(stderr) = stderr {
-        let server = server.to_owned();
-        tokio::spawn(async move {
-            use tokio::io::AsyncBufReadExt;
-            let mut lines = tokio::io::BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                tracing::info!(target: "hame_mcp::stderr", server = %server, "{line}");
-            }
-        });
-    }
-    Ok(transport)
 }
 
 #[cfg(feature = "http")]

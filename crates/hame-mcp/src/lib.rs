@@ -14,6 +14,9 @@
 //!   first call that needs a server starts it), one per distinct server configuration; a
 //!   server that failed to start is retried after [`RETRY_AFTER`].
 //! - [`render_result`]: a `tools/call` result as the text the model sees (pure).
+//! - One message from a stdio server may be at most [`MAX_MESSAGE_BYTES`] (16 MiB): a
+//!   larger answer fails its request at once with [`Error::TooLarge`] instead of being
+//!   dropped by the SDK (which left the call waiting for its timeout).
 //!
 //! | feature | what it adds |
 //! |---|---|
@@ -48,10 +51,13 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod bounded;
 mod client;
 mod pool;
 mod result;
+mod stdio;
 
+pub use bounded::MAX_MESSAGE_BYTES;
 pub use client::{ClientOptions, McpClient, McpTool, ServerConfig, Transport};
 pub use pool::{McpPool, RETRY_AFTER};
 pub use result::{CallResult, qualified_name, render_result};
@@ -82,6 +88,20 @@ pub enum Error {
         what: String,
         /// The timeout.
         secs: u64,
+    },
+    /// The server's answer to a request was larger than [`MAX_MESSAGE_BYTES`] (16 MiB): the
+    /// request fails as soon as the answer has passed, instead of waiting for its timeout.
+    #[error(
+        "MCP server `{server}`: the result of {what} is {bytes} bytes, over the 16 MiB limit of one message ({limit} bytes); ask the tool for less (a narrower query, one page)",
+        limit = MAX_MESSAGE_BYTES
+    )]
+    TooLarge {
+        /// The server's name.
+        server: String,
+        /// Which request (`tools/call <tool>`).
+        what: String,
+        /// The size of the answer.
+        bytes: u64,
     },
     /// The server answered a request with an error, or the connection broke.
     #[error("MCP server `{server}`: {message}")]

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use hame_core::ModelError;
+use hame_core::{ModelError, secrets};
 use serde_json::Value;
 
 /// Message fragments (lowercase) that mean "the prompt does not fit the context window".
@@ -116,8 +116,12 @@ pub struct HttpFailure<'a> {
 /// 401/403 → [`ModelError::Auth`] naming the key; 429 → [`ModelError::RateLimited`];
 /// an overflow body (any 4xx, or 5xx for servers that misreport it) →
 /// [`ModelError::ContextOverflow`]; everything else → [`ModelError::Provider`].
+///
+/// The body is redacted first (`hame_core::secrets`): a provider that echoes the key it
+/// refused does not put it into the error.
 pub fn classify_http(f: HttpFailure<'_>) -> ModelError {
-    let message = error_message(f.body);
+    let body = secrets::redact(f.body);
+    let message = error_message(&body);
     match f.status {
         401 | 403 => ModelError::Auth {
             status: f.status,
@@ -145,16 +149,18 @@ pub fn classify_http(f: HttpFailure<'_>) -> ModelError {
                 message,
             }
         }
-        _ if is_context_overflow_body(f.body) => ModelError::ContextOverflow { message },
+        _ if is_context_overflow_body(&body) => ModelError::ContextOverflow { message },
         status => ModelError::Provider {
             status,
-            body: f.body.to_owned(),
+            body: body.into_owned(),
         },
     }
 }
 
-/// Classifies an error object sent inside a stream (after a 200 status).
+/// Classifies an error object sent inside a stream (after a 200 status); redacted as
+/// [`classify_http`] does.
 pub fn classify_stream_error(body: &str) -> ModelError {
+    let body = &*secrets::redact(body);
     if is_context_overflow_body(body) {
         return ModelError::ContextOverflow {
             message: error_message(body),

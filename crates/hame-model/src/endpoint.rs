@@ -2,19 +2,8 @@
 //! joining the provider's path, and the credential-free form named in messages and logs.
 
 use hame_core::ModelError;
+use hame_core::secrets::is_secret_param;
 use reqwest::Url;
-
-/// Query parameter names (lowercase fragments) whose values are redacted in messages.
-const SECRET_PARAMS: &[&str] = &[
-    "key",
-    "token",
-    "secret",
-    "password",
-    "passwd",
-    "sig",
-    "auth",
-    "credential",
-];
 
 /// Parses a configured base URL; `var` names where it came from (`OPENAI_BASE_URL`).
 ///
@@ -47,11 +36,6 @@ pub(crate) fn join(base: &Url, segments: &[&str]) -> Url {
     url
 }
 
-fn is_secret(name: &str) -> bool {
-    let name = name.to_ascii_lowercase();
-    SECRET_PARAMS.iter().any(|s| name.contains(s))
-}
-
 /// The URL as named in messages: user and password replaced by `***`, secret-looking query
 /// values replaced by `***`, no fragment, no trailing `/`.
 pub(crate) fn redact(url: &Url) -> String {
@@ -65,7 +49,7 @@ pub(crate) fn redact(url: &Url) -> String {
         let pairs: Vec<(String, String)> = u
             .query_pairs()
             .map(|(k, v)| {
-                let v = if is_secret(&k) {
+                let v = if is_secret_param(&k) {
                     "***".to_owned()
                 } else {
                     v.into_owned()

@@ -11,6 +11,7 @@ use backon::{ExponentialBuilder, Retryable};
 use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use hame_core::secrets;
 use hame_core::{
     ModelError, ModelEvent, ModelInfo, ModelResponse, ModelStream, ResponseAssembler, StopReason,
 };
@@ -318,6 +319,32 @@ fn header(name: &str, value: &str, what: &str) -> Result<(HeaderName, HeaderValu
     Ok((name, value))
 }
 
+/// Registers what this client must never let through (`hame_core::secrets`): the key, the
+/// key header's value, the base URL's password (and its basic-auth form) and secret query
+/// values as secrets; the base URL and the endpoint, without credentials, as endpoints
+/// (named to the operator, never to API callers).
+fn register_secrets(
+    common: &Common<'_>,
+    auth: &Option<(&str, String)>,
+    base: &Url,
+    endpoint: &Url,
+) {
+    if let Some(key) = common.api_key {
+        secrets::add_secret(key);
+    }
+    if let Some((_, value)) = auth {
+        secrets::add_authorization(value);
+    }
+    secrets::add_url(common.base_url.trim());
+    for shown in [
+        redact(base),
+        redact(endpoint),
+        redact_str(common.base_url.trim()),
+    ] {
+        secrets::add_endpoint(&shown);
+    }
+}
+
 impl Client {
     /// Builds the client for `endpoint` (the base URL `base` plus the provider's path).
     /// `auth` is the key header (`authorization: Bearer …`, `x-api-key: …`), marked
@@ -329,6 +356,7 @@ impl Client {
         auth: Option<(&str, String)>,
         headers: &[(&str, &str)],
     ) -> Result<Self, ModelError> {
+        register_secrets(common, &auth, base, &endpoint);
         let mut map = HeaderMap::new();
         map.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         for (k, v) in headers {
@@ -715,7 +743,7 @@ impl Client {
     /// text, an empty body.
     fn not_a_model(&self, status: u16, content_type: Option<&str>, text: &str) -> ModelError {
         let kind = content_type.unwrap_or("no content type");
-        let what = match html_title(text) {
+        let what = match html_title(&secrets::redact(text)) {
             Some(title) => format!("{kind}, {} bytes, title {title:?}", text.len()),
             None => format!("{kind}, {} bytes", text.len()),
         };

@@ -83,6 +83,11 @@ pub struct SnapshotReport {
     pub removed: usize,
     /// Bytes uploaded.
     pub bytes_uploaded: u64,
+    /// A new snapshot was stored (something changed since the last one).
+    pub stored: bool,
+    /// Older snapshots of the scope dropped from its history (it keeps the last few; their
+    /// blobs that no kept snapshot references are collected by the next sweep of the store).
+    pub pruned: usize,
     /// Time spent.
     pub elapsed: Duration,
 }

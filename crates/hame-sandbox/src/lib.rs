@@ -19,7 +19,8 @@
 //!
 //! Defaults (all in `docs/sandbox.md`): no network, 2 GiB memory, 1 CPU, 256 processes,
 //! read-only root filesystem with tmpfs `/workspace` (1 GiB) and `/tmp` (256 MiB), every
-//! capability dropped, `no-new-privileges`, uid 1000, no host mount, no host environment.
+//! capability dropped, `no-new-privileges`, uid 1000, no host mount, no host environment;
+//! the last 3 snapshots kept per scope, unreferenced blobs swept from the store (ADR 0025).
 //!
 //! ```no_run
 //! # #[cfg(feature = "docker")]

@@ -113,6 +113,71 @@ pub fn plan_projection(
     }
 }
 
+/// The name of a snapshot in a scope's history (`scopes/<key>/history/<name>`): the time it
+/// was taken (milliseconds since the epoch, 16 digits, so names sort by time) and the first
+/// 16 hex digits of its identity.
+pub fn history_name(millis: u64, identity: &str) -> String {
+    let short = identity.get(..16).unwrap_or(identity);
+    format!("{millis:016}-{short}.json")
+}
+
+/// Whether `name` is a history entry written by [`history_name`].
+pub fn is_history_name(name: &str) -> bool {
+    let Some(stem) = name.strip_suffix(".json") else {
+        return false;
+    };
+    let Some((millis, short)) = stem.split_once('-') else {
+        return false;
+    };
+    millis.len() == 16
+        && millis.bytes().all(|b| b.is_ascii_digit())
+        && !short.is_empty()
+        && short.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The history entries to delete so that the newest `keep` (at least one) remain, and
+/// `current` (the entry just written) in any case. Names that are not history entries are
+/// never touched.
+pub fn history_to_prune(names: &[String], keep: usize, current: &str) -> Vec<String> {
+    let mut entries: Vec<&String> = names.iter().filter(|n| is_history_name(n)).collect();
+    entries.sort();
+    entries.dedup();
+    let cut = entries.len().saturating_sub(keep.max(1));
+    entries[..cut]
+        .iter()
+        .filter(|n| n.as_str() != current)
+        .map(|n| (*n).clone())
+        .collect()
+}
+
+/// The start time (milliseconds since the epoch) in the name of a sweep's trash folder
+/// (`<16 digits>-…`).
+pub fn sweep_started(name: &str) -> Option<u64> {
+    let (millis, _) = name.split_once('-')?;
+    (millis.len() == 16).then(|| millis.parse().ok())?
+}
+
+/// What a garbage collection of the snapshot store did (see `docs/sandbox.md`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GcReport {
+    /// Snapshot manifests read (every scope's current one and its history).
+    pub manifests: usize,
+    /// Distinct blobs they reference.
+    pub referenced: usize,
+    /// Blobs in the store when the sweep looked.
+    pub blobs: usize,
+    /// Blobs no manifest referenced, moved aside.
+    pub condemned: usize,
+    /// Of those, put back because a snapshot taken meanwhile references them.
+    pub restored: usize,
+    /// Blobs deleted (condemned by this sweep, or left aside by one that did not finish).
+    pub deleted: usize,
+    /// Bytes deleted.
+    pub bytes_deleted: u64,
+    /// Time spent.
+    pub elapsed: Duration,
+}
+
 /// Parses a duration: `300` (seconds), `300s`, `500ms`, `5m`, `1h`.
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let t = text.trim();
@@ -201,6 +266,40 @@ mod tests {
                 delete: vec!["skills/old/SKILL.md".into()],
             }
         );
+    }
+
+    #[test]
+    fn history_keeps_the_newest_and_the_current_entry() {
+        let names: Vec<String> = [
+            "0000000000000003-cc.json",
+            "0000000000000001-aa.json",
+            "notes.txt",
+            "0000000000000002-bb.json",
+            "0000000000000004-dd.json",
+            "manifest.json",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        assert_eq!(
+            history_to_prune(&names, 2, "0000000000000004-dd.json"),
+            vec!["0000000000000001-aa.json", "0000000000000002-bb.json"]
+        );
+        assert_eq!(
+            history_to_prune(&names, 0, "0000000000000001-aa.json"),
+            vec!["0000000000000002-bb.json", "0000000000000003-cc.json"],
+            "at least one is kept, and the current one whatever its time"
+        );
+        assert!(history_to_prune(&names, 10, "x").is_empty());
+        assert_eq!(
+            history_name(42, "0123456789abcdef0123"),
+            "0000000000000042-0123456789abcdef.json"
+        );
+        assert!(is_history_name(&history_name(1_796_000_000_000, "ab")));
+        assert!(!is_history_name("0000000000000042-.json"));
+        assert!(!is_history_name("42-ab.json"));
+        assert_eq!(sweep_started("0000000000000042-77-1"), Some(42));
+        assert_eq!(sweep_started("x-1"), None);
     }
 
     #[test]

@@ -23,6 +23,15 @@ pub trait RawAccess: Send + Sync + Debug {
     /// replacing whatever is there.
     async fn put_raw(&self, key: &StateKey, state: serde_json::Value) -> Result<()>;
 
+    /// Marks the document [`put_raw`](Self::put_raw) stored at `key` as written in storage
+    /// format `format` (the `N` of `hame-state/N`) and returns true; false (changing
+    /// nothing) for a backend whose documents carry no storage format apart from the
+    /// state's schema version.
+    async fn set_raw_format(&self, key: &StateKey, format: u64) -> Result<bool> {
+        let _ = (key, format);
+        Ok(false)
+    }
+
     /// Whether a lease whose holder is alive but stopped renewing expires after its TTL
     /// (true for Redis/SQL/memory; false for OS file locks).
     fn ttl_expires_live_holders(&self) -> bool {
@@ -731,6 +740,30 @@ pub async fn migrates_v0<S: StateStore + RawAccess>(store: &S) -> Result<()> {
     Ok(())
 }
 
+/// An older build's saves over `k` — plain, then fenced under a lease it takes — are
+/// `refused` and leave the lease held; returns the lease.
+async fn saves_over_are_refused<S: StateStore + RawAccess>(
+    store: &S,
+    k: &StateKey,
+    what: &str,
+    refused: impl Fn(&Result<u64>) -> bool,
+) -> Result<Lease> {
+    let got = store.save(k, &sample("older build"), Some(1)).await;
+    ensure!(refused(&got), "a save over {what} gave {got:?}");
+    let lease = store
+        .acquire(
+            k,
+            LeaseOptions::new(Duration::from_secs(30), Duration::from_secs(5)),
+        )
+        .await?;
+    let got = store
+        .save_fenced(k, &sample("older build"), Some(1), &lease)
+        .await;
+    ensure!(refused(&got), "a fenced save over {what} gave {got:?}");
+    ensure!(lease.check().is_ok(), "refusing the save lost the lease");
+    Ok(lease)
+}
+
 /// A document written by a newer hame (a larger `schema_version`) is refused by `load` with a
 /// clear error and never overwritten by `save` or `save_fenced`; a state claiming a newer
 /// schema is not written either. Deleting it is allowed.
@@ -749,25 +782,7 @@ pub async fn future_schema_is_never_overwritten<S: StateStore + RawAccess>(
         ),
         other => return Err(fail(format!("loading a newer document gave {other:?}"))),
     }
-    let got = store.save(&k, &sample("older build"), Some(1)).await;
-    ensure!(
-        refused(&got),
-        "an older build's save over a newer document gave {got:?}"
-    );
-    let lease = store
-        .acquire(
-            &k,
-            LeaseOptions::new(Duration::from_secs(30), Duration::from_secs(5)),
-        )
-        .await?;
-    let got = store
-        .save_fenced(&k, &sample("older build"), Some(1), &lease)
-        .await;
-    ensure!(
-        refused(&got),
-        "a fenced save over a newer document gave {got:?}"
-    );
-    ensure!(lease.check().is_ok(), "refusing the save lost the lease");
+    let lease = saves_over_are_refused(store, &k, "a newer document", refused).await?;
     ensure!(
         store
             .save(&k, &sample("older build"), None)
@@ -804,6 +819,67 @@ pub async fn future_schema_is_never_overwritten<S: StateStore + RawAccess>(
     Ok(())
 }
 
+/// A document in a storage format newer than this build's (`hame-state/99`) is refused by
+/// `load` with [`Error::NewerFormat`] naming the format, whatever the rest of it holds, and
+/// never overwritten by `save` or `save_fenced`. Backends whose documents carry no storage
+/// format ([`RawAccess::set_raw_format`] false) pass trivially; their schema version is
+/// checked by [`future_schema_is_never_overwritten`].
+pub async fn newer_format_is_refused<S: StateStore + RawAccess>(store: &S) -> Result<()> {
+    let agent = unique_agent();
+    let k = key(&agent, Some("u1"), "newer-format")?;
+    // A state this build could read, apart from its format.
+    let state = serde_json::to_value(sample("from a newer hame")).map_err(Error::Serialize)?;
+    store.put_raw(&k, state.clone()).await?;
+    if !store.set_raw_format(&k, 99).await? {
+        return Ok(());
+    }
+    let is_newer =
+        |e: &Error| matches!(e, Error::NewerFormat { found, .. } if found == "hame-state/99");
+    match store.load(&k).await {
+        Err(e) if is_newer(&e) && e.is_too_new() => ensure!(
+            e.to_string().contains("hame-state/99") && e.to_string().contains("newer"),
+            "unclear error: {e}"
+        ),
+        other => {
+            return Err(fail(format!(
+                "loading a newer-format document gave {other:?}"
+            )));
+        }
+    }
+    let lease = saves_over_are_refused(store, &k, "a newer-format document", |r| {
+        r.as_ref().is_err_and(is_newer)
+    })
+    .await?;
+    lease.release().await?;
+    ensure!(
+        store.load(&k).await.is_err_and(|e| is_newer(&e)),
+        "the newer-format document was rewritten"
+    );
+    // A document of a newer format whose envelope this build cannot parse at all is
+    // refused by its format too, not as corrupt.
+    let odd = key(&agent, Some("u1"), "newer-layout")?;
+    store
+        .put_raw(&odd, serde_json::json!({"totally": ["new"]}))
+        .await?;
+    store.set_raw_format(&odd, 99).await?;
+    let got = store.load(&odd).await;
+    ensure!(
+        got.as_ref().is_err_and(is_newer),
+        "a newer-format document of another layout gave {got:?}"
+    );
+    // Formats up to this build's load as before.
+    let current = key(&agent, Some("u1"), "current-format")?;
+    store.put_raw(&current, state).await?;
+    store
+        .set_raw_format(&current, crate::error::FORMAT_VERSION)
+        .await?;
+    ensure_eq!(
+        store.load(&current).await?.map(|s| s.state.messages.len()),
+        Some(2)
+    );
+    Ok(())
+}
+
 /// 200 messages with large tool results survive a round trip intact.
 pub async fn large_state_round_trip<S: StateStore + RawAccess>(store: &S) -> Result<()> {
     let k = key(&unique_agent(), Some("u1"), "big")?;
@@ -828,7 +904,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@one $make, round_trip, stale_save_conflicts, create_only_conflicts,
             delete, list, tenant_isolation, lease_exclusion, lease_expiry, lease_keep_alive, migrates_v0,
             large_state_round_trip, fenced_save, lapsed_lease_is_lost,
-            future_schema_is_never_overwritten);
+            future_schema_is_never_overwritten, newer_format_is_refused);
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn concurrent_savers() -> $crate::Result<()> {
             let Some(store) = $make.await? else { return Ok(()) };

@@ -57,6 +57,21 @@ pub enum Error {
         #[source]
         source: hame_core::StateFormatError,
     },
+    /// A stored document is in a storage format newer than this build's (`format:
+    /// hame-state/99` in a JSON state file, the format field of a Redis document): it was
+    /// written by a newer hame, is refused by `load` before anything else is read from it,
+    /// and is never overwritten. [`Error::is_too_new`] is true.
+    #[error(
+        "state of {key} is in format {found}, newer than this build reads ({supported}); upgrade hame to use it"
+    )]
+    NewerFormat {
+        /// The key, as text.
+        key: String,
+        /// The format found, e.g. `hame-state/99`.
+        found: String,
+        /// The newest format this build reads ([`crate::STATE_FORMAT`]).
+        supported: &'static str,
+    },
     /// The state could not be serialised.
     #[error("state cannot be serialised: {0}")]
     Serialize(#[source] serde_json::Error),
@@ -108,14 +123,16 @@ impl Error {
         )
     }
 
-    /// Whether a state document was written by a newer hame (upgrade to use it).
+    /// Whether a state document was written by a newer hame (upgrade to use it): its
+    /// schema version ([`Error::Format`] with `StateFormatError::TooNew`) or its storage
+    /// format ([`Error::NewerFormat`]) is newer than this build's.
     pub fn is_too_new(&self) -> bool {
         matches!(
             self,
             Error::Format {
                 source: hame_core::StateFormatError::TooNew { .. },
                 ..
-            }
+            } | Error::NewerFormat { .. }
         )
     }
 
@@ -170,6 +187,17 @@ impl Error {
         let schema = Self::writable_schema(key, state)?;
         let json = serde_json::to_string(state).map_err(Error::Serialize)?;
         Ok((json, schema))
+    }
+
+    /// A stored document of storage format `found` (a version number), newer than
+    /// [`FORMAT_VERSION`].
+    #[allow(dead_code)] // unused when only the memory store is compiled in
+    pub(crate) fn newer_format(key: impl std::fmt::Display, found: u64) -> Self {
+        Error::NewerFormat {
+            key: key.to_string(),
+            found: format!("{FORMAT_PREFIX}{found}"),
+            supported: crate::STATE_FORMAT,
+        }
     }
 
     pub(crate) fn lease_lost(key: impl std::fmt::Display) -> Self {
@@ -229,6 +257,13 @@ impl Error {
         }
     }
 }
+
+/// The prefix of a storage format name: `hame-state/<version>`.
+pub(crate) const FORMAT_PREFIX: &str = "hame-state/";
+
+/// The storage format version this build reads and writes ([`crate::STATE_FORMAT`]).
+#[allow(dead_code)] // unused when only the memory store is compiled in
+pub(crate) const FORMAT_VERSION: u64 = 1;
 
 /// The newest state schema this build reads and writes.
 pub(crate) const MAX_SCHEMA: u64 = hame_core::STATE_SCHEMA_VERSION as u64;

@@ -11,15 +11,15 @@ use chrono::{DateTime, Utc};
 use hame_core::AgentState;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, MAX_SCHEMA, Result};
+use crate::error::{Error, FORMAT_VERSION, MAX_SCHEMA, Result};
 use crate::holder::Holder;
 use crate::json_journal::{Doc, DocCache, FileId, ReplayError, replay};
 use crate::key::{StateKey, validate_id};
 use crate::store::Save;
 use crate::store::{Lease, LeaseGrant, LeaseHandle, SessionSummary, StateStore, Stored};
 
-/// Value of the `format` field of every state file.
-pub const JSON_FORMAT: &str = "hame-state/1";
+/// Value of the `format` field of every state file ([`crate::STATE_FORMAT`]).
+pub const JSON_FORMAT: &str = crate::STATE_FORMAT;
 
 /// A single-machine store with one JSON document per session.
 ///
@@ -90,6 +90,8 @@ fn envelope(head: &EnvelopeHead<'_>, state_json: &[u8]) -> Result<Vec<u8>> {
 
 #[derive(Deserialize)]
 struct EnvelopeIn {
+    #[serde(default)]
+    format: Option<String>,
     version: u64,
     #[serde(default)]
     gen_id: Option<String>,
@@ -102,6 +104,8 @@ struct EnvelopeIn {
 /// What a save reads of the document it replaces.
 #[derive(Deserialize)]
 struct Header {
+    #[serde(default)]
+    format: Option<String>,
     version: u64,
     #[serde(default)]
     gen_id: Option<String>,
@@ -114,6 +118,56 @@ struct StateHeader {
     /// Absent in version-0 documents.
     #[serde(default)]
     schema_version: u64,
+}
+
+/// The `format` field alone, read when a document does not parse as this build's envelope
+/// (a newer format may have changed more than the field).
+#[derive(Deserialize)]
+struct FormatOnly {
+    #[serde(default)]
+    format: Option<String>,
+}
+
+/// Refuses a document whose `format` this build does not read: a newer `hame-state/N` is
+/// [`Error::NewerFormat`], a name not of that form is refused as unknown. A document
+/// without the field (written by hand) is read as format 1.
+fn check_format(key: &StateKey, format: Option<&str>) -> Result<()> {
+    let Some(name) = format else {
+        return Ok(());
+    };
+    match crate::format_version(name) {
+        Some(v) if v <= FORMAT_VERSION => Ok(()),
+        Some(v) => Err(Error::newer_format(key, v)),
+        None => Err(Error::Config(format!(
+            "state of {key} is in an unknown format {name:?} (this build reads {})",
+            crate::STATE_FORMAT
+        ))),
+    }
+}
+
+/// A state file parsed as `T` (the envelope, or what a save reads of it), after its
+/// `format` is checked: a document this build cannot read is refused naming its format,
+/// also when the rest of it no longer parses.
+fn parse_document<T: serde::de::DeserializeOwned>(
+    key: &StateKey,
+    bytes: &[u8],
+    format_of: impl FnOnce(&T) -> Option<&str>,
+) -> Result<T> {
+    match serde_json::from_slice::<T>(bytes) {
+        Ok(doc) => {
+            check_format(key, format_of(&doc))?;
+            Ok(doc)
+        }
+        Err(e) => {
+            if let Ok(head) = serde_json::from_slice::<FormatOnly>(bytes) {
+                check_format(key, head.format.as_deref())?;
+            }
+            Err(Error::Format {
+                key: key.to_string(),
+                source: hame_core::StateFormatError::Invalid(e),
+            })
+        }
+    }
 }
 
 /// The content of `<session>.lease`: the last holder's fence and token (empty once
@@ -404,11 +458,7 @@ fn append_line(
 /// The version and schema version of the stored document (`bytes`, its base, plus its
 /// journal).
 fn read_current(dir: &Path, key: &StateKey, bytes: &[u8]) -> Result<(u64, u64)> {
-    let invalid = |e| Error::Format {
-        key: key.to_string(),
-        source: hame_core::StateFormatError::Invalid(e),
-    };
-    let head: Header = serde_json::from_slice(bytes).map_err(invalid)?;
+    let head: Header = parse_document(key, bytes, |h: &Header| h.format.as_deref())?;
     let Some(gen_id) = head.gen_id else {
         return Ok((head.version, head.state.schema_version));
     };
@@ -550,8 +600,9 @@ impl StateStore for JsonStore {
                 key: key.to_string(),
                 source,
             };
-            let env: EnvelopeIn = serde_json::from_slice(&bytes)
-                .map_err(|e| format(hame_core::StateFormatError::Invalid(e)))?;
+            // The format first: a newer one is refused before anything else is read.
+            let env: EnvelopeIn =
+                parse_document(key, &bytes, |e: &EnvelopeIn| e.format.as_deref())?;
             if env.agent != key.agent()
                 || env.user.as_deref() != key.user()
                 || env.session != key.session()
@@ -788,6 +839,21 @@ impl crate::conformance::RawAccess for JsonStore {
         let store = self.clone();
         let key = key.clone();
         Self::blocking(move || store.put_raw_blocking(&key, state)).await
+    }
+
+    async fn set_raw_format(&self, key: &StateKey, format: u64) -> Result<bool> {
+        let path = self.doc_path(key);
+        let bytes = fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        let mut doc: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|e| Error::Format {
+                key: key.to_string(),
+                source: hame_core::StateFormatError::Invalid(e),
+            })?;
+        doc["format"] = format!("{}{format}", crate::error::FORMAT_PREFIX).into();
+        let bytes = serde_json::to_vec(&doc).map_err(Error::Serialize)?;
+        lock(&self.cache).remove(&path);
+        write_atomic(&self.dir(key.agent(), key.user()), key.session(), &bytes)?;
+        Ok(true)
     }
 
     fn ttl_expires_live_holders(&self) -> bool {

@@ -72,14 +72,30 @@ mod tests;
 use std::sync::Arc;
 
 pub use error::{Error, Result};
+pub use hame_core::secrets::redact_url;
 pub use holder::Holder;
 pub use key::{MAX_ID_LEN, StateKey, validate_id};
 pub use memory::InMemoryStore;
-pub use redact::redact_url;
 pub use store::{
     DEFAULT_LEASE_TTL, DEFAULT_LEASE_WAIT, KeepAlive, LEASE_POLL_MAX, LEASE_POLL_MIN, Lease,
     LeaseGrant, LeaseHandle, LeaseOptions, Save, SessionSummary, StateStore, Stored,
 };
+
+/// The storage format this build reads and writes: the `format` field of a JSON state file,
+/// the format field `f` of a Redis document (`docs/state.md`, *Format versions*). A
+/// document in a newer format is refused ([`Error::NewerFormat`]) and never overwritten.
+pub const STATE_FORMAT: &str = "hame-state/1";
+
+/// The version number of a storage format name (`hame-state/7` → 7); `None` when the name
+/// is not of that form.
+#[allow(dead_code)] // unused when only the memory store is compiled in
+pub(crate) fn format_version(name: &str) -> Option<u64> {
+    let n = name.strip_prefix(error::FORMAT_PREFIX)?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) || n.starts_with('0') {
+        return None;
+    }
+    n.parse().ok()
+}
 
 #[cfg(feature = "json")]
 pub use json::{JSON_FORMAT, JsonStore};
@@ -104,6 +120,8 @@ pub use sql::{SqlDialect, SqlOptions, SqlStore};
 ///
 /// A URL whose backend is not compiled in is [`Error::FeatureDisabled`], naming the feature.
 pub async fn open(url: &str) -> Result<Arc<dyn StateStore>> {
+    // Its password is a secret of this process from now on (`hame_core::secrets`).
+    hame_core::secrets::add_url(url);
     let Some((scheme, rest)) = url.split_once("://") else {
         return open_path(url);
     };

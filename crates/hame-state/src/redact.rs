@@ -1,63 +1,15 @@
-//! Keeping store credentials out of messages: [`redact_url`] for showing a store URL, and
-//! errors of connecting that are scrubbed of the URL's password before anyone sees them.
+//! Keeping store credentials out of messages: errors of connecting that are scrubbed of the
+//! URL's password before anyone sees them. Showing a store URL (`redact_url`) and finding
+//! its password are `hame_core::secrets`'s, shared with the model clients and the CLI.
 
 use std::fmt;
-use std::ops::Range;
 
-/// Where the password of `scheme://user:password@host…` stands in `url` (as written,
-/// percent-encoded or not).
-fn password_span(url: &str) -> Option<Range<usize>> {
-    let start = url.find("://")? + 3;
-    let rest = &url[start..];
-    let authority = &rest[..rest.find(['?', '#']).unwrap_or(rest.len())];
-    let at = authority.rfind('@')?;
-    let colon = authority[..at].find(':')?;
-    (colon + 1 < at).then(|| start + colon + 1..start + at)
-}
-
-fn password(url: &str) -> Option<&str> {
-    password_span(url).map(|span| &url[span])
-}
-
-/// Decodes `%XX` escapes; anything malformed stays as it is.
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| char::from(b).to_digit(16);
-        match (
-            bytes[i],
-            bytes.get(i + 1).copied(),
-            bytes.get(i + 2).copied(),
-        ) {
-            (b'%', Some(h), Some(l)) if hex(h).is_some() && hex(l).is_some() => {
-                let v = hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0);
-                out.push(u8::try_from(v).unwrap_or(b'?'));
-                i += 3;
-            }
-            (b, _, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// `url` with its password (if any) replaced by `***`, fit for logs and messages:
-/// `postgres://app:s3cret@db/x` becomes `postgres://app:***@db/x`.
-pub fn redact_url(url: &str) -> String {
-    match password_span(url) {
-        Some(span) => format!("{}***{}", &url[..span.start], &url[span.end..]),
-        None => url.to_owned(),
-    }
-}
+use hame_core::secrets::{percent_decode, url_password};
 
 /// `text` with every appearance of `url`'s password (as written and percent-decoded)
 /// replaced by `***`.
 pub(crate) fn scrub(text: &str, url: &str) -> String {
-    let Some(pw) = password(url) else {
+    let Some(pw) = url_password(url) else {
         return text.to_owned();
     };
     let decoded = percent_decode(pw);
@@ -106,6 +58,7 @@ impl std::error::Error for Scrubbed {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::redact_url;
 
     #[test]
     fn redacts_the_password_only() {

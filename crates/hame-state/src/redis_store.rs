@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use hame_core::AgentState;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use crate::error::{Error, MAX_SCHEMA, Result};
+use crate::error::{Error, FORMAT_VERSION, MAX_SCHEMA, Result};
 use crate::key::StateKey;
 use crate::shared_lease::{self, Claim, LeaseRecord, LeaseTable};
 use crate::store::Save;
@@ -27,6 +27,10 @@ pub struct RedisOptions {
     pub connect_timeout: Duration,
     /// Timeout of one command (default 10 s; a 2 MB state takes a few ms on a LAN).
     pub response_timeout: Duration,
+    /// How long a call whose connection broke (a restart, a dropped link) is sent again
+    /// on the re-established connection, pausing 50 ms doubling to 1 s
+    /// (`hame_redis::RetryPolicy`); zero sends every call once. Default 10 s.
+    pub retry_window: Duration,
 }
 
 impl Default for RedisOptions {
@@ -35,6 +39,7 @@ impl Default for RedisOptions {
             prefix: DEFAULT_REDIS_PREFIX.to_owned(),
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(10),
+            retry_window: hame_redis::DEFAULT_RETRY_WINDOW,
         }
     }
 }
@@ -56,7 +61,8 @@ impl RedisOptions {
 ///
 /// ```text
 /// <prefix>:{<agent>:<tenant>}:doc:<session>     hash: v = version, s = state JSON, t = updated (ms),
-///                                               sv = schema version of s, w = id of the last write
+///                                               sv = schema version of s, w = id of the last write,
+///                                               f = storage format (the N of hame-state/N; absent = 1)
 /// <prefix>:{<agent>:<tenant>}:idx               sorted set: session -> updated (ms)
 /// <prefix>:{<agent>:<tenant>}:lease:<session>   hash: t = token, f = fence, h = holder, e = expiry (ms)
 /// ```
@@ -66,11 +72,13 @@ impl RedisOptions {
 /// compared with the server's `TIME` in Lua; it is never deleted (a release blanks `t`), so
 /// its fence `f` only grows. Acquire, takeover, renewal and release are Lua scripts.
 ///
-/// A call that fails because the connection broke (reset, broken pipe, refused: not a
-/// timeout, not a server error) is sent once more, on the connection the manager
-/// re-establishes. Every call is idempotent, so that is safe even if the first one was
-/// applied and only its reply was lost: a `save` carries a write id and a retry that finds
-/// its own write reports it as done. If the retry fails too, the first failure is reported.
+/// A call that fails because the connection broke (reset, broken pipe, refused, `LOADING`
+/// after a restart: not a timeout, not an error of the call) is sent again on the
+/// connection the manager re-establishes, with backoff (50 ms doubling to 1 s), for up to
+/// [`RedisOptions::retry_window`] (10 s) after the first failure — the one policy of
+/// hame's Redis backends (`hame_redis`). Every call is idempotent, so that is safe even if
+/// an earlier run was applied and only its reply was lost: a `save` carries a write id and
+/// a retry that finds its own write reports it as done; lease calls carry their token.
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Conn,
@@ -90,18 +98,20 @@ impl std::fmt::Debug for RedisStore {
 
 /// KEYS: doc, idx, lease. ARGV: expected version ('' = absent), state, now ms, session,
 /// lease token ('' = not fenced), fence, write id, schema version of the state, newest
-/// schema version this build reads. Returns {1, new version}, {0, found version}, {2, ''}
-/// (the lease is not current) or {3, stored schema version} (the document is of a newer
-/// hame: it is never overwritten). A write whose id is already stored is this call,
-/// retried after its reply was lost: it reports success again.
+/// schema version this build reads, storage format of this build. Returns {1, new
+/// version}, {0, found version}, {2, ''} (the lease is not current), {3, stored schema
+/// version} or {4, stored format} (the document is of a newer hame: it is never
+/// overwritten). A write whose id is already stored is this call, retried after its reply
+/// was lost: it reports success again.
 const SAVE: &str = r"
-local mine = redis.call('HMGET', KEYS[1], 'v', 'w', 'sv')
+local mine = redis.call('HMGET', KEYS[1], 'v', 'w', 'sv', 'f')
 if mine[1] and mine[2] == ARGV[7] then return {1, mine[1]} end
 if ARGV[5] ~= '' then
   if redis.call('TYPE', KEYS[3]).ok ~= 'hash' then return {2, ''} end
   local l = redis.call('HMGET', KEYS[3], 't', 'f')
   if l[1] ~= ARGV[5] or l[2] ~= ARGV[6] then return {2, ''} end
 end
+if mine[4] and (tonumber(mine[4]) or math.huge) > tonumber(ARGV[10]) then return {4, mine[4]} end
 local cur = redis.call('HGET', KEYS[1], 'v')
 if ARGV[1] == '' then
   if cur then return {0, cur} end
@@ -110,7 +120,8 @@ elseif cur ~= ARGV[1] then
 end
 if (tonumber(mine[3]) or 0) > tonumber(ARGV[9]) then return {3, mine[3]} end
 local nv = (tonumber(cur) or 0) + 1
-redis.call('HSET', KEYS[1], 'v', nv, 's', ARGV[2], 't', ARGV[3], 'w', ARGV[7], 'sv', ARGV[8])
+redis.call('HSET', KEYS[1], 'v', nv, 's', ARGV[2], 't', ARGV[3], 'w', ARGV[7], 'sv', ARGV[8],
+  'f', ARGV[10])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 return {1, tostring(nv)}
 ";
@@ -188,59 +199,47 @@ fn backend(e: redis::RedisError) -> Error {
     Error::backend("redis", e)
 }
 
-/// Whether a failure means the connection broke, so the command may go again on a new one.
-/// A timeout does not count: the command may still be running, and waiting again doubles
-/// the time the caller waits.
-fn is_broken_connection(e: &redis::RedisError) -> bool {
-    (e.is_io_error() || e.is_connection_dropped()) && !e.is_timeout()
-}
-
-/// One command or script call.
-#[derive(Clone, Copy)]
-enum Call<'a> {
-    Cmd(&'a redis::Cmd),
-    Script(&'a redis::ScriptInvocation<'a>),
-}
-
 /// The store's connection: a [`ConnectionManager`] (which reconnects after a broken
-/// connection) and the retry of one call.
+/// connection) and the retry policy of its calls.
 #[derive(Clone)]
-struct Conn(ConnectionManager);
+struct Conn {
+    manager: ConnectionManager,
+    retry: hame_redis::RetryPolicy,
+}
 
 impl Conn {
     async fn query<T: redis::FromRedisValue + Send>(&self, cmd: &redis::Cmd) -> Result<T> {
-        self.run(Call::Cmd(cmd)).await
+        self.send("command", hame_redis::Call::Cmd(cmd)).await
     }
 
     async fn invoke<T: redis::FromRedisValue + Send>(
         &self,
         script: &redis::ScriptInvocation<'_>,
     ) -> Result<T> {
-        self.run(Call::Script(script)).await
+        self.send("script", hame_redis::Call::Script(script)).await
     }
 
-    /// Runs an (idempotent) call; after a broken connection once more; on a second failure
-    /// reports the first.
-    async fn run<T: redis::FromRedisValue + Send>(&self, call: Call<'_>) -> Result<T> {
-        let attempt = || async move {
-            let mut conn = self.0.clone();
-            match call {
-                Call::Cmd(cmd) => cmd.query_async(&mut conn).await,
-                Call::Script(script) => script.invoke_async(&mut conn).await,
-            }
-        };
-        let first = match attempt().await {
-            Ok(v) => return Ok(v),
-            Err(e) => e,
-        };
-        if !is_broken_connection(&first) {
-            return Err(backend(first));
-        }
-        tracing::warn!(error = %first, "redis connection broke; sending the call once more");
-        attempt().await.map_err(|second| {
-            tracing::warn!(error = %second, "redis call failed again after reconnecting");
-            backend(first)
-        })
+    /// Sends an (idempotent) call, again after a broken connection within the retry
+    /// window.
+    async fn send<T: redis::FromRedisValue + Send>(
+        &self,
+        what: &str,
+        call: hame_redis::Call<'_>,
+    ) -> Result<T> {
+        hame_redis::send(&self.manager, &self.retry, what, call)
+            .await
+            .map_err(backend)
+    }
+}
+
+/// The error for a stored format `f` this build does not read: newer, or not a number.
+fn format_error(key: &StateKey, f: &str) -> Error {
+    match f.parse::<u64>() {
+        Ok(n) => Error::newer_format(key, n),
+        Err(_) => Error::Config(format!(
+            "state of {key} is in an unknown format {f:?} (this build reads {})",
+            crate::STATE_FORMAT
+        )),
     }
 }
 
@@ -277,7 +276,13 @@ impl RedisStore {
             .await
             .map_err(fail)?;
         Ok(Self {
-            conn: Conn(conn),
+            conn: Conn {
+                manager: conn,
+                retry: hame_redis::RetryPolicy {
+                    window: options.retry_window,
+                    ..hame_redis::RetryPolicy::default()
+                },
+            },
             prefix: options.prefix.into(),
             target: crate::redact_url(url).into(),
         })
@@ -347,7 +352,8 @@ impl RedisStore {
             .arg(fence)
             .arg(write_id)
             .arg(schema)
-            .arg(MAX_SCHEMA);
+            .arg(MAX_SCHEMA)
+            .arg(FORMAT_VERSION);
         let (status, v): (i64, String) = self.conn.invoke(&call).await?;
         match (status, lease) {
             (1, _) => v
@@ -358,6 +364,7 @@ impl RedisStore {
                 Err(Error::lease_lost(key))
             }
             (3, _) => Err(Error::too_new(key, v.parse().unwrap_or(u64::MAX))),
+            (4, _) => Err(format_error(key, &v)),
             _ => Err(Error::Conflict {
                 key: key.to_string(),
                 expected,
@@ -388,10 +395,22 @@ impl RedisStore {
 #[async_trait]
 impl StateStore for RedisStore {
     async fn load(&self, key: &StateKey) -> Result<Option<Stored>> {
-        let (version, json): (Option<u64>, Option<Vec<u8>>) = self
+        let (version, json, format): (Option<u64>, Option<Vec<u8>>, Option<String>) = self
             .conn
-            .query(redis::cmd("HMGET").arg(self.doc_key(key)).arg("v").arg("s"))
+            .query(
+                redis::cmd("HMGET")
+                    .arg(self.doc_key(key))
+                    .arg("v")
+                    .arg("s")
+                    .arg("f"),
+            )
             .await?;
+        // The format first: a newer one is refused before anything else is read.
+        if let Some(f) = &format
+            && !f.parse::<u64>().is_ok_and(|f| f <= FORMAT_VERSION)
+        {
+            return Err(format_error(key, f));
+        }
         let (Some(version), Some(json)) = (version, json) else {
             return Ok(None);
         };
@@ -527,6 +546,19 @@ impl LeaseHandle for RedisLease {
 impl crate::conformance::RawAccess for RedisStore {
     async fn put_raw(&self, key: &StateKey, state: serde_json::Value) -> Result<()> {
         self.put_raw_doc(key, state).await
+    }
+
+    async fn set_raw_format(&self, key: &StateKey, format: u64) -> Result<bool> {
+        let _: i64 = self
+            .conn
+            .query(
+                redis::cmd("HSET")
+                    .arg(self.doc_key(key))
+                    .arg("f")
+                    .arg(format),
+            )
+            .await?;
+        Ok(true)
     }
 }
 

@@ -71,6 +71,10 @@ pub(crate) mod json_conf {
             self.store.put_raw(key, state).await
         }
 
+        async fn set_raw_format(&self, key: &StateKey, format: u64) -> Result<bool> {
+            self.store.set_raw_format(key, format).await
+        }
+
         fn ttl_expires_live_holders(&self) -> bool {
             false
         }

@@ -1,6 +1,7 @@
 //! The `subagents` layer: lists the declarations in the system prompt, marks orphaned
 //! tasks interrupted at the start of a call, and pushes finished background results into
-//! the parent's context once, before its next reasoning step.
+//! the parent's context once, before its next reasoning step (the order of a delivery and
+//! what a crash between its steps leaves: [`crate::delivery`]).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -13,20 +14,9 @@ use hame_core::{
 };
 use hame_tools::Workspace;
 
-use crate::manager::{Subagents, depth_of};
+use crate::delivery::{Delivered, logged_notifications};
+use crate::manager::{ParentCall, Subagents, depth_of};
 use crate::task::{TaskRecord, TaskStatus};
-
-/// The state extension that remembers which task results joined this conversation (so a
-/// crash between the push and the record update never delivers twice).
-pub const DELIVERED_EXTENSION: &str = "subagents";
-/// Task ids remembered in [`DELIVERED_EXTENSION`].
-const MAX_REMEMBERED: usize = 1000;
-
-#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
-struct Delivered {
-    #[serde(default)]
-    delivered: Vec<String>,
-}
 
 /// (user, session) of a caller.
 type TenantSession = (Option<String>, String);
@@ -53,6 +43,68 @@ impl SubagentLayer {
         let id = ws.identity();
         (id.user.clone(), id.session.clone())
     }
+
+    /// Sorts the session's records at the start of a call; returns the finished results
+    /// still to push. A result the saved state holds (its call stopped before marking it)
+    /// is marked delivered now; one whose call stopped before saving is taken from the
+    /// session log into the conversation when that call logged its notification.
+    async fn settle(
+        &self,
+        cx: &mut CallCtx<'_>,
+        ws: &Workspace,
+        records: Vec<TaskRecord>,
+    ) -> Vec<TaskRecord> {
+        let mut seen = Delivered::of(cx.state);
+        let (mut waiting, mut stopped) = (Vec::new(), Vec::new());
+        let Ok(store) = self.subagents.store(ws) else {
+            return records
+                .into_iter()
+                .filter(TaskRecord::undelivered)
+                .collect();
+        };
+        let store = &store;
+        for r in records.into_iter().filter(TaskRecord::undelivered) {
+            if seen.has(&r) {
+                if lease_held(cx) {
+                    self.subagents.confirm(store, r).await;
+                }
+            } else if r.delivery_call.is_some() {
+                stopped.push(r);
+            } else {
+                waiting.push(r);
+            }
+        }
+        // A step waiting for approval must get its results first: what a stopped call
+        // pushed waits for a later call.
+        if stopped.is_empty() || cx.state.pending.is_some() {
+            return waiting;
+        }
+        let (logged, missing) = logged_notifications(ws, self.subagents.agent(), stopped).await;
+        waiting.extend(missing);
+        let parent = cx.extensions.get::<ParentCall>();
+        for (message, records) in logged {
+            // In the log already (a line of the call that stopped): it joins the
+            // conversation without a second line.
+            cx.state.messages.push(message);
+            seen.remember(cx.state, records.iter().map(TaskRecord::delivery_key));
+            for r in records {
+                cx.events.emit(AgentEvent::Custom {
+                    kind: "subagent.delivered".into(),
+                    data: serde_json::json!({ "task_id": r.task_id, "from_log": true }),
+                });
+                self.subagents.hand_over(store, parent, r).await;
+            }
+        }
+        waiting
+    }
+}
+
+/// Whether the call's session lease (when it has one) is still held: records are marked
+/// only under it.
+fn lease_held(cx: &CallCtx<'_>) -> bool {
+    cx.extensions
+        .get::<hame_state::Lease>()
+        .is_none_or(|l| l.check().is_ok())
 }
 
 /// The notification pushed into the parent's context for finished tasks.
@@ -125,10 +177,7 @@ impl Layer for SubagentLayer {
             }
             match self.subagents.sweep(&ws).await {
                 Ok(records) => {
-                    let waiting: Vec<TaskRecord> = records
-                        .into_iter()
-                        .filter(TaskRecord::undelivered)
-                        .collect();
+                    let waiting = self.settle(cx, &ws, records).await;
                     if !waiting.is_empty()
                         && let Ok(mut inbox) = self.inbox.lock()
                     {
@@ -146,7 +195,15 @@ impl Layer for SubagentLayer {
                 }),
             }
         }
-        next.run(cx, input).await
+        let out = next.run(cx, input).await;
+        // What the tools of this call handed over (task_output, sync spawns) is remembered
+        // in the state saved with their results: a crash between that save and the mark
+        // never pushes them again.
+        if let Some(parent) = cx.extensions.get::<ParentCall>() {
+            let keys = parent.deliveries.keys();
+            Delivered::of(cx.state).remember(cx.state, keys);
+        }
+        out
     }
 
     async fn model(
@@ -202,28 +259,47 @@ impl Layer for SubagentLayer {
             waiting.retain(|r| !records.iter().any(|x| x.task_id == r.task_id));
             records.extend(waiting);
         }
-        let mut seen: Delivered = cx.state.extension(DELIVERED_EXTENSION).unwrap_or_default();
-        records.retain(|r| !seen.delivered.contains(&r.task_id));
+        let parent = cx.extensions.get::<ParentCall>().cloned();
+        let mut seen = Delivered::of(cx.state);
+        records.retain(|r| {
+            !seen.has(r)
+                && !parent
+                    .as_ref()
+                    .is_some_and(|p| p.deliveries.contains(&r.task_id))
+        });
         if records.is_empty() {
             return Ok(());
         }
+        let store = match self.subagents.store(&ws) {
+            Ok(store) => store,
+            Err(e) => {
+                tracing::warn!(error = %e, "the task records cannot be opened; results are pushed later");
+                return Ok(());
+            }
+        };
+        // 1. The records name this call before the push: should the call stop before its
+        //    state is saved, the next call finds the notification in the log by it.
+        if let Some(call) = cx.runtime.call_id() {
+            for r in &mut records {
+                r.delivery_call = Some(call.to_owned());
+                if let Err(e) = store.save(r).await {
+                    tracing::warn!(task = %r.task_id, error = %e, "recording the delivering call failed");
+                }
+            }
+        }
+        hame_core::failpoint("subagent.claimed");
         let text = notification(&records, self.subagents.options().max_delivered_chars);
         next.run(cx, Message::user(text)).await?;
-        seen.delivered
-            .extend(records.iter().map(|r| r.task_id.clone()));
-        let excess = seen.delivered.len().saturating_sub(MAX_REMEMBERED);
-        seen.delivered.drain(..excess);
-        if let Err(e) = cx.state.set_extension(DELIVERED_EXTENSION, &seen) {
-            tracing::warn!(error = %e, "remembering delivered tasks failed");
-        }
-        if let Ok(store) = self.subagents.store(&ws) {
-            for r in records {
-                cx.events.emit(AgentEvent::Custom {
-                    kind: "subagent.delivered".into(),
-                    data: serde_json::json!({ "task_id": r.task_id }),
-                });
-                self.subagents.mark_delivered(&store, r).await;
-            }
+        seen.remember(cx.state, records.iter().map(TaskRecord::delivery_key));
+        hame_core::failpoint("subagent.pushed");
+        // 2 and 3: the harness saves the state, then marks the records delivered
+        // (`Subagents::confirm_deliveries`); outside a harness call they are marked now.
+        for r in records {
+            cx.events.emit(AgentEvent::Custom {
+                kind: "subagent.delivered".into(),
+                data: serde_json::json!({ "task_id": r.task_id }),
+            });
+            self.subagents.hand_over(&store, parent.as_ref(), r).await;
         }
         Ok(())
     }

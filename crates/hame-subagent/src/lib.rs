@@ -61,6 +61,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod delivery;
 mod error;
 mod layer;
 mod manager;
@@ -69,8 +70,9 @@ pub mod spec;
 pub mod task;
 mod tools;
 
+pub use delivery::{DELIVERED_EXTENSION, Deliveries};
 pub use error::{Error, Result};
-pub use layer::{DELIVERED_EXTENSION, SubagentLayer, notification};
+pub use layer::{SubagentLayer, notification};
 pub use manager::{
     DEPTH_EXTRA, ParentCall, SpawnOutcome, SpawnRequest, SubagentOptions, Subagents, TASK_EXTRA,
     TOOLS_EXTRA, child_session_id, depth_of, tool_allowlist,

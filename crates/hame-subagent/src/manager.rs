@@ -13,6 +13,7 @@ use hame_state::Holder;
 use hame_tools::{Workspace, WorkspaceExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
+use crate::delivery::Deliveries;
 use crate::error::{Error, Result};
 use crate::runner::{ChildReply, ChildRun, SubagentRunner};
 use crate::spec::{Catalog, Declaration, SpecWorkspace};
@@ -90,6 +91,11 @@ pub struct ParentCall {
     /// Runtime-context extras every child of this call gets (layers put what must reach
     /// children here, e.g. the permissions layer its plan mode and deny rules).
     pub inherit: std::collections::BTreeMap<String, serde_json::Value>,
+    /// The results this call took (pushed, or returned by `task_output` / a sync spawn):
+    /// marked delivered once the call's state is saved ([`Subagents::confirm_deliveries`]).
+    /// Whoever puts a `ParentCall` into a call confirms them after saving its state (the
+    /// harness does); unconfirmed, they are delivered again by the session's next call.
+    pub deliveries: Deliveries,
 }
 
 /// A spawn or send as the tools ask for it.
@@ -355,6 +361,7 @@ impl Subagents {
             updated_at: now,
             heartbeat_at: now,
             delivered_at: None,
+            delivery_call: None,
             owner: Some(Holder::current().clone()),
         };
         let mut record = record;
@@ -424,11 +431,8 @@ impl Subagents {
         request: SpawnRequest,
         permit: Option<OwnedSemaphorePermit>,
     ) -> Result<SpawnOutcome> {
-        let parent = ctx
-            .extensions
-            .get::<ParentCall>()
-            .cloned()
-            .unwrap_or_default();
+        let parent_call = ctx.extensions.get::<ParentCall>().cloned();
+        let parent = parent_call.clone().unwrap_or_default();
         let child_ws = child_workspace(ws, &decl, &record.child_session)?;
         let sync_waiting = Arc::new(AtomicBool::new(!request.background));
         let mut rx = self.start(
@@ -451,7 +455,9 @@ impl Subagents {
             .await
             .map(|r| r.map(|r| r.clone()));
         match finished {
-            Ok(Ok(r)) => Ok(SpawnOutcome::Finished(self.mark_delivered(&store, r).await)),
+            Ok(Ok(r)) => Ok(SpawnOutcome::Finished(
+                self.hand_over(&store, parent_call.as_ref(), r).await,
+            )),
             Ok(Err(_)) => Err(Error::InvalidState(
                 "the task ended without a record".into(),
             )),
@@ -463,7 +469,9 @@ impl Subagents {
                     .await
                     .map(|r| r.clone())
                     .map_err(|_| Error::InvalidState("the task ended without a record".into()))?;
-                Ok(SpawnOutcome::Finished(self.mark_delivered(&store, r).await))
+                Ok(SpawnOutcome::Finished(
+                    self.hand_over(&store, parent_call.as_ref(), r).await,
+                ))
             }
             Err(_) => {
                 let mut r = rx.borrow().clone();
@@ -485,18 +493,120 @@ impl Subagents {
         }
     }
 
-    /// Marks a terminal record delivered (memory and store) and frees its live entry.
-    pub async fn mark_delivered(&self, store: &TaskStore, mut record: TaskRecord) -> TaskRecord {
-        if record.delivered_at.is_none() {
-            record.delivered_at = Some(Utc::now());
-            if let Err(e) = store.save(&record).await {
-                tracing::warn!(task = %record.task_id, error = %e, "marking a task delivered failed");
-            }
-        }
+    /// Marks a terminal record delivered now (memory and store) and frees its live entry.
+    /// Inside a harness call a result is only marked once the call's state is saved
+    /// ([`hand_over`](Self::hand_over), [`confirm_deliveries`](Self::confirm_deliveries)).
+    pub async fn mark_delivered(&self, store: &TaskStore, record: TaskRecord) -> TaskRecord {
+        let record = self.claim(record);
+        self.confirm(store, record).await
+    }
+
+    /// Takes a terminal result for the caller: delivered in memory (so nothing in this
+    /// process hands it over again) and its live entry freed; the store is not written.
+    pub(crate) fn claim(&self, mut record: TaskRecord) -> TaskRecord {
         if record.status.is_terminal() {
+            record.delivered_at.get_or_insert_with(Utc::now);
             self.lock().remove(&record.task_id);
         }
         record
+    }
+
+    /// Writes a claimed record delivered — unless the stored record is another run by now
+    /// (an `agent_send` after the delivery, in the same call), whose result is still to
+    /// deliver.
+    pub(crate) async fn confirm(&self, store: &TaskStore, mut record: TaskRecord) -> TaskRecord {
+        record.delivered_at.get_or_insert_with(Utc::now);
+        record.delivery_call = None;
+        self.write_delivered(store, &record).await;
+        record
+    }
+
+    /// Writes `record` (delivered) over the stored one if that is still the same run;
+    /// returns whether it wrote.
+    async fn write_delivered(&self, store: &TaskStore, record: &TaskRecord) -> bool {
+        let failed = |e: &Error| {
+            tracing::warn!(task = %record.task_id, error = %e, "marking a task delivered failed; the next call of the session does");
+        };
+        match store.load(&record.task_id).await {
+            Ok(Some(stored)) if stored.delivery_key() != record.delivery_key() => {
+                tracing::debug!(task = %record.task_id, "the task ran again since its delivery: not marked");
+                return false;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                failed(&e);
+                return false;
+            }
+        }
+        match store.save(record).await {
+            Ok(()) => true,
+            Err(e) => {
+                failed(&e);
+                false
+            }
+        }
+    }
+
+    /// A result handed to the caller (pushed, or returned by `task_output` / a sync spawn):
+    /// claimed now, marked delivered once the parent call's state is saved — or now,
+    /// outside a harness call (no [`ParentCall`]).
+    pub(crate) async fn hand_over(
+        &self,
+        store: &TaskStore,
+        parent: Option<&ParentCall>,
+        record: TaskRecord,
+    ) -> TaskRecord {
+        let record = self.claim(record);
+        if !record.status.is_terminal() {
+            return record;
+        }
+        match parent {
+            Some(p) => {
+                p.deliveries.add(record.clone());
+                record
+            }
+            None => self.confirm(store, record).await,
+        }
+    }
+
+    /// Marks the results a call took delivered, after the call's state (which holds them)
+    /// was saved; stops when `held` says the call's session lease is lost (the next holder's
+    /// call marks them, finding them in the state). Returns how many were marked.
+    pub async fn confirm_deliveries(
+        &self,
+        ws: &Workspace,
+        deliveries: &Deliveries,
+        held: impl Fn() -> bool,
+    ) -> usize {
+        let records = deliveries.take();
+        if records.is_empty() {
+            return 0;
+        }
+        let store = match self.store(ws) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "marking delivered tasks failed; the next call of the session does");
+                return 0;
+            }
+        };
+        let mut marked = 0;
+        for mut record in records {
+            if !held() {
+                tracing::warn!(task = %record.task_id, "the session lease is lost: the task is marked delivered by the next call");
+                break;
+            }
+            record.delivered_at.get_or_insert_with(Utc::now);
+            record.delivery_call = None;
+            if self.write_delivered(&store, &record).await {
+                marked += 1;
+            }
+        }
+        marked
+    }
+
+    /// The agent whose tasks these are.
+    pub fn agent(&self) -> &str {
+        &self.agent
     }
 
     /// Terminal, undelivered tasks of this process for the caller's session, marked
@@ -708,7 +818,11 @@ impl Subagents {
         let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         loop {
             tokio::select! {
-                r = &mut work => return r.map_err(Outcome::Failed),
+                // The child's failure is recorded and told to the parent and to API
+                // callers: without secrets or model endpoints, as a failed turn's note.
+                r = &mut work => return r.map_err(|e| {
+                    Outcome::Failed(hame_core::secrets::redact_for_callers(&e).into_owned())
+                }),
                 _ = &mut deadline => {
                     cancel.cancel();
                     // Let the child save what it has (bounded).
@@ -749,20 +863,22 @@ impl Subagents {
         if iterations.is_some() {
             record.iterations = iterations;
         }
-        // A sync spawn still waiting gets the result in its tool result: delivered now, in
-        // the same write.
+        // A sync spawn still waiting gets the result in its tool result: it is marked
+        // delivered once the parent's call has saved that result (written undelivered here,
+        // so a crash of the parent before its save leaves it to be pushed).
         let waited = self
             .lock()
             .get(&record.task_id)
             .is_some_and(|l| l.sync_waiting.swap(false, Ordering::SeqCst));
-        if waited && record.status.is_terminal() {
-            record.delivered_at = Some(now);
-        }
         // A failed write is retried once: a record must not stay `running`.
         if store.save(record).await.is_err()
             && let Err(e) = store.save(record).await
         {
             tracing::error!(task = %record.task_id, error = %e, "saving a finished task failed; the next call marks it interrupted");
+        }
+        if waited && record.status.is_terminal() {
+            // In memory only: nothing in this process pushes what the waiting tool returns.
+            record.delivered_at = Some(now);
         }
         tx.send_replace(record.clone());
     }
@@ -806,7 +922,8 @@ impl Subagents {
             }
         }
         if record.status.is_terminal() {
-            record = self.mark_delivered(&store, record).await;
+            let parent = ctx.extensions.get::<ParentCall>();
+            record = self.hand_over(&store, parent, record).await;
         }
         Ok(record)
     }

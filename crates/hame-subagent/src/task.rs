@@ -129,9 +129,16 @@ pub struct TaskRecord {
     pub updated_at: DateTime<Utc>,
     /// Last sign of life of the owner while running.
     pub heartbeat_at: DateTime<Utc>,
-    /// When the parent got the result (by `task_output`, the sync reply, or a push).
+    /// When the parent got the result (by `task_output`, the sync reply, or a push): set
+    /// once the parent call that took the result has saved its state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivered_at: Option<DateTime<Utc>>,
+    /// The parent call (its id, as on its session-log lines) that pushed the result into
+    /// its conversation and has not confirmed it yet: written before the push, so the next
+    /// call of a parent that crashed before saving finds the notification in the session
+    /// log instead of pushing it a second time (`docs/subagents.md`, *Delivery*).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery_call: Option<String>,
     /// The process that runs it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<Holder>,
@@ -152,6 +159,7 @@ impl TaskRecord {
                 self.result = None;
                 self.error = None;
                 self.delivered_at = None;
+                self.delivery_call = None;
                 self.cancel_requested = false;
             }
             TaskEvent::Complete => self.result = detail,
@@ -163,6 +171,13 @@ impl TaskRecord {
     /// Whether the parent still has to be told the outcome.
     pub fn undelivered(&self) -> bool {
         self.status.is_terminal() && self.delivered_at.is_none()
+    }
+
+    /// What the parent's state remembers of a delivered result: the task id and when this
+    /// run of it ended (an `agent_send` runs the task again, and its new result is another
+    /// delivery).
+    pub fn delivery_key(&self) -> String {
+        format!("{}@{}", self.task_id, self.updated_at.timestamp_millis())
     }
 }
 
@@ -285,7 +300,7 @@ impl TaskStore {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
@@ -335,7 +350,7 @@ mod tests {
         }
     }
 
-    fn record(status: TaskStatus, heartbeat_age_s: i64) -> TaskRecord {
+    pub(crate) fn record(status: TaskStatus, heartbeat_age_s: i64) -> TaskRecord {
         let now = Utc::now();
         TaskRecord {
             task_id: new_task_id(),
@@ -357,6 +372,7 @@ mod tests {
             updated_at: now,
             heartbeat_at: now - chrono::Duration::seconds(heartbeat_age_s),
             delivered_at: None,
+            delivery_call: None,
             owner: None,
         }
     }
@@ -373,6 +389,25 @@ mod tests {
         assert!(is_interrupted(&silent, false, false, now, lapse));
         let done = record(TaskStatus::Completed, 120);
         assert!(!is_interrupted(&done, false, true, now, lapse));
+    }
+
+    #[test]
+    fn a_resent_task_clears_its_delivery_and_gets_a_new_key() {
+        let mut r = record(TaskStatus::Running, 0);
+        let first = Utc::now();
+        r.apply(TaskEvent::Complete, first, Some("one".into()));
+        let key = r.delivery_key();
+        r.delivered_at = Some(first);
+        r.delivery_call = Some("call-1".into());
+        r.apply(TaskEvent::Resend, first, None);
+        assert_eq!((r.delivered_at, r.delivery_call.as_deref()), (None, None));
+        r.apply(
+            TaskEvent::Complete,
+            first + chrono::Duration::milliseconds(5),
+            Some("two".into()),
+        );
+        assert_ne!(r.delivery_key(), key);
+        assert!(r.delivery_key().starts_with(&r.task_id));
     }
 
     #[test]

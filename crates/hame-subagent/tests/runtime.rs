@@ -383,3 +383,79 @@ async fn a_cancelled_parent_cancels_its_children() -> TestResult {
     );
     Ok(())
 }
+
+/// A sync spawn's result is handed to the parent call (`ParentCall::deliveries`) and its
+/// record marked only when the call confirms it after its save; a confirmation that comes
+/// after the task ran again (`agent_send` in the same call) leaves the new run undelivered.
+#[tokio::test]
+async fn results_are_marked_delivered_only_when_the_parent_call_confirms_them() -> TestResult {
+    let (subagents, ctx, tools) = setup(Arc::new(Slow::default()), SubagentOptions::default());
+    let ws = ctx.extensions.get::<Workspace>().cloned().ok_or("ws")?;
+    let parent = ctx
+        .extensions
+        .get::<ParentCall>()
+        .cloned()
+        .ok_or("parent")?;
+    let out = tool(&tools, "agent_spawn")
+        .call(json!({"agent_id": "worker", "task": "first"}), &ctx)
+        .await?;
+    assert!(out.contains("did first"), "{out}");
+    let stored = |records: Vec<hame_subagent::TaskRecord>| {
+        records
+            .into_iter()
+            .map(|r| (r.status, r.delivered_at.is_some()))
+            .collect::<Vec<_>>()
+    };
+    // Returned to the caller, not yet marked: a crash now would leave it to be pushed.
+    assert_eq!(parent.deliveries.len(), 1);
+    assert_eq!(
+        stored(subagents.sweep(&ws).await?),
+        [(TaskStatus::Completed, false)]
+    );
+    assert_eq!(
+        subagents
+            .confirm_deliveries(&ws, &parent.deliveries, || true)
+            .await,
+        1
+    );
+    assert_eq!(
+        stored(subagents.sweep(&ws).await?),
+        [(TaskStatus::Completed, true)]
+    );
+
+    // Read again (task_output), then run again in the background before the call
+    // confirms: the confirmation is of the first run and leaves the second undelivered.
+    let id = task_id(&out);
+    tool(&tools, "task_output")
+        .call(json!({"task_id": id}), &ctx)
+        .await?;
+    tool(&tools, "agent_send")
+        .call(
+            json!({"task_id": id, "message": "second", "background": true}),
+            &ctx,
+        )
+        .await?;
+    assert_eq!(subagents.wait_idle(Duration::from_secs(5)).await, 0);
+    assert_eq!(
+        subagents
+            .confirm_deliveries(&ws, &parent.deliveries, || true)
+            .await,
+        0
+    );
+    let records = subagents.sweep(&ws).await?;
+    assert_eq!(records[0].result.as_deref(), Some("did second"));
+    assert!(records[0].undelivered(), "{:?}", records[0]);
+    // A call whose lease is lost marks nothing.
+    let out = tool(&tools, "task_output")
+        .call(json!({"task_id": id}), &ctx)
+        .await?;
+    assert!(out.contains("did second"), "{out}");
+    assert_eq!(
+        subagents
+            .confirm_deliveries(&ws, &parent.deliveries, || false)
+            .await,
+        0
+    );
+    assert!(subagents.sweep(&ws).await?[0].undelivered());
+    Ok(())
+}

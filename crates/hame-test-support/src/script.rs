@@ -106,7 +106,11 @@ pub enum Reply {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         stop: Option<ScriptStop>,
     },
-    /// An HTTP error.
+    /// An HTTP error. In `message` and `body` (and in a [`StreamFault`]'s `error`),
+    /// `{api_key}` is replaced by the key the
+    /// request carried (the `Authorization: Bearer` token, else `x-api-key`) and
+    /// `{authorization}` by the whole `Authorization` header, as providers that echo a
+    /// refused key do (`Incorrect API key provided: sk-…`).
     Error {
         /// HTTP status.
         status: u16,
@@ -274,6 +278,15 @@ impl ScriptStep {
     /// 401 invalid key.
     pub fn unauthorized() -> Self {
         Self::error(401, "Incorrect API key provided")
+    }
+
+    /// 401 whose message echoes the key the request carried, as OpenAI-compatible servers
+    /// do: `Incorrect API key provided: <key>` (and the whole `Authorization` header).
+    pub fn unauthorized_echoing_key() -> Self {
+        Self::error(
+            401,
+            "Incorrect API key provided: {api_key}. You sent `Authorization: {authorization}`.",
+        )
     }
 
     /// The body OpenAI sends when the prompt exceeds the context window (status 400).

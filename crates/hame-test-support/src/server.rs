@@ -351,9 +351,10 @@ fn render(
             headers,
         } => {
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            let message = echo_credentials(&message, req);
             let (content_type, text) = match body {
-                Some(Value::String(raw)) => ("text/plain", raw),
-                Some(v) => ("application/json", v.to_string()),
+                Some(Value::String(raw)) => ("text/plain", echo_credentials(&raw, req)),
+                Some(v) => ("application/json", echo_credentials(&v.to_string(), req)),
                 None => (
                     "application/json",
                     wire::error_body(wire, status.as_u16(), &message).to_string(),
@@ -427,6 +428,7 @@ fn render(
                     if let Some(fault) = &step.fault {
                         frames.truncate(fault.after_chunks);
                         if let Some(err) = &fault.error {
+                            let err = echo_credentials(&err.to_string(), req);
                             frames.push(format!("data: {err}\n\n"));
                         }
                     }
@@ -440,6 +442,7 @@ fn render(
                     if let Some(fault) = &step.fault {
                         frames.truncate(fault.after_chunks);
                         if let Some(err) = &fault.error {
+                            let err = echo_credentials(&err.to_string(), req);
                             frames.push(format!("event: error\ndata: {err}\n\n"));
                         }
                     }
@@ -448,6 +451,21 @@ fn render(
             }
         }
     }
+}
+
+/// `text` with `{api_key}` replaced by the key `req` carried (the bearer token, else
+/// `x-api-key`) and `{authorization}` by its whole `Authorization` header.
+fn echo_credentials(text: &str, req: &RecordedRequest) -> String {
+    if !text.contains('{') {
+        return text.to_owned();
+    }
+    let authorization = req.header("authorization").unwrap_or_default();
+    let key = authorization
+        .strip_prefix("Bearer ")
+        .or_else(|| req.header("x-api-key"))
+        .unwrap_or_default();
+    text.replace("{api_key}", key)
+        .replace("{authorization}", authorization)
 }
 
 fn sse(frames: Vec<String>, delay: Duration) -> Response {

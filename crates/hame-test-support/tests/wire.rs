@@ -212,3 +212,36 @@ async fn binary_serves_a_script_file() -> TestResult {
     std::fs::remove_dir_all(&dir)?;
     result
 }
+
+/// An error step can echo the key the request carried, as providers that refuse a key do.
+#[tokio::test]
+async fn errors_can_echo_the_key_the_request_carried() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push(ScriptStep::unauthorized_echoing_key());
+    server.push(ScriptStep::error_body(
+        401,
+        json!({"error": {"message": "bad x-api-key {api_key}"}}),
+    ));
+    let url = format!("{}/chat/completions", server.base_url());
+    let resp = reqwest::Client::new()
+        .post(&url)
+        .bearer_auth("sk-echo-me-1234")
+        .json(&json!({"model": "m"}))
+        .send()
+        .await?;
+    assert_eq!(resp.status(), 401);
+    let body: Value = resp.json().await?;
+    assert_eq!(
+        body["error"]["message"],
+        "Incorrect API key provided: sk-echo-me-1234. You sent `Authorization: Bearer sk-echo-me-1234`."
+    );
+    let resp = reqwest::Client::new()
+        .post(&url)
+        .header("x-api-key", "ant-key-5678")
+        .json(&json!({"model": "m"}))
+        .send()
+        .await?;
+    let body: Value = resp.json().await?;
+    assert_eq!(body["error"]["message"], "bad x-api-key ant-key-5678");
+    Ok(())
+}

@@ -39,6 +39,12 @@ def fail(reason: str) -> str:
     raise ToolError("refused: " + reason)
 
 
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def big(mib: float) -> str:
+    """A text of `mib` MiB of the letter x."""
+    return "x" * int(mib * (1 << 20))
+
+
 def grown() -> str:
     """A tool added at run time."""
     return "grown"

@@ -110,7 +110,10 @@ async fn stdio_server_tools_are_offered_and_called_with_env_from_vars() -> TestR
     assert_eq!(echo["function"]["parameters"]["required"], json!(["text"]));
     let results = tool_results(&server);
     assert_eq!(results[0], "HELLO");
-    assert_eq!(results[1], "secret=s3\"cr}et");
+    // The server got the value (`${HAME_TEST_SECRET}` in its env) and echoed it; the model
+    // sees it redacted: a value a secret-named variable put into tools.json is a secret of
+    // the process (ADR 0023).
+    assert_eq!(results[1], "secret=[REDACTED]");
     assert!(
         results[2].starts_with("Error [tool_failed]") && results[2].contains("refused: no"),
         "{}",
@@ -394,6 +397,102 @@ async fn plan_mode_runs_read_only_mcp_tools_and_denies_the_others() -> TestResul
     assert!(
         results[1].contains("permission_denied") && results[1].contains("plan mode"),
         "{results:?}"
+    );
+    Ok(())
+}
+
+/// `hame run` with `tools.json` naming `server` (a 200 s call timeout) as `web`: calls
+/// `mcp__web__big` for 17 MiB, then `mcp__web__big` for 1 KiB and `mcp__web__echo`. The tool
+/// results and how long the run took.
+async fn run_big_result(
+    server: serde_json::Value,
+) -> Result<(Vec<String>, Duration), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let mut server = server;
+    server["timeout"] = json!(200);
+    fs::write(
+        ws.join("tools.json"),
+        json!({"mcpServers": {"web": server}}).to_string(),
+    )?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let model = ScriptedServer::start().await?;
+    model.push_all([
+        ScriptStep::tool_call("c1", "mcp__web__big", json!({"mib": 17})),
+        ScriptStep::tool_call("c2", "mcp__web__big", json!({"mib": 0.001})),
+        ScriptStep::tool_call("c3", "mcp__web__echo", json!({"text": "still here"})),
+        ScriptStep::text("done"),
+    ]);
+    let started = Instant::now();
+    let out = run_with(
+        dir.path(),
+        &model.base_url(),
+        &["--workspace", &ws_s],
+        "get the big one",
+        &[],
+    )
+    .await?;
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "done\n");
+    let results = tool_results(&model);
+    // The connection is usable afterwards (over HTTP: again).
+    assert_eq!(results[1..], ["x".repeat(1048), "STILL HERE".to_owned()]);
+    // ~1–4 s here; 10 s at a load of 12.
+    assert!(
+        took < Duration::from_secs(60),
+        "at once, not after the 200 s timeout: {took:?}"
+    );
+    Ok((results, took))
+}
+
+/// A result over the 16 MiB limit of one MCP message (issue #30, item 9) fails its call at
+/// once, saying so, instead of waiting for the call's timeout and saying `timeout`; the
+/// connection stays usable.
+#[tokio::test]
+async fn a_result_over_16_mib_fails_at_once_and_says_why() -> TestResult {
+    let Some(py) = python() else { return Ok(()) };
+    let (results, took) =
+        run_big_result(json!({"transport": "stdio", "command": py, "args": [server_py()]})).await?;
+    let refused = &results[0];
+    assert!(
+        refused.starts_with("Error [tool_failed]")
+            && refused.contains("over the 16 MiB limit of one message (16777216 bytes)"),
+        "{refused}"
+    );
+    let bytes: u64 = refused
+        .split("result of tools/call big is ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .ok_or("no size in the error")?
+        .parse()?;
+    // The size of the whole message: the Python SDK sends the text twice, as `content`
+    // and as `structuredContent`.
+    assert!(
+        (2 * (17 << 20)..2 * (17 << 20) + 4096).contains(&bytes),
+        "{bytes}"
+    );
+    eprintln!("17 MiB result refused; the run took {took:?}");
+    Ok(())
+}
+
+/// The same over streamable HTTP: the SDK's HTTP client refuses an SSE event (or a body)
+/// over 16 MiB and closes the connection, so the call fails at once (saying the connection
+/// closed, naming the limit as a cause; the SDK's log line says which) instead of waiting
+/// for its timeout, and the next call connects again.
+#[tokio::test]
+async fn an_http_result_over_16_mib_fails_at_once() -> TestResult {
+    let Some(py) = python() else { return Ok(()) };
+    let http = http_server(&py)?;
+    let url = format!("http://127.0.0.1:{}/mcp", http.1);
+    let (results, _) = run_big_result(json!({"transport": "http", "url": url})).await?;
+    assert!(
+        results[0].starts_with("Error [tool_failed]")
+            && results[0].contains("the connection closed before the result arrived")
+            && results[0].contains("16 MiB"),
+        "{}",
+        results[0]
     );
     Ok(())
 }

@@ -316,3 +316,82 @@ async fn log_lines_carry_no_colour_codes_when_stderr_is_not_a_terminal() -> Test
     assert!(!err.contains('\u{1b}'), "{err}");
     Ok(())
 }
+
+/// Every file under `root` with its bytes, by path relative to `root`.
+fn tree(root: &std::path::Path) -> std::io::Result<std::collections::BTreeMap<String, Vec<u8>>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for entry in fs::read_dir(&d)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                let rel = path.strip_prefix(root).unwrap_or(&path);
+                out.insert(rel.to_string_lossy().into_owned(), fs::read(&path)?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A session state written by a newer hame — a newer storage format (`format:
+/// hame-state/99`) or a newer schema version — is refused before anything is written:
+/// exit 2, one line naming the version, no model request, every file byte-identical (the
+/// session's lease lock file aside, which counts the attempt).
+#[tokio::test]
+async fn state_of_a_newer_hame_exits_2_and_writes_nothing() -> TestResult {
+    for (field, found) in [("format", "hame-state/99"), ("schema_version", "99")] {
+        let dir = workspace()?;
+        let ws = dir.path().join("ws");
+        let ws_arg = ws.to_string_lossy().into_owned();
+        let args = ["--workspace", ws_arg.as_str(), "--session", "s1"];
+        let call = |message: &'static str, reply: &'static str| {
+            super::common::run_script(
+                dir.path(),
+                &args,
+                message,
+                vec![ScriptStep::text(reply)],
+                &[],
+            )
+        };
+        let (first, _) = call("hi", "first reply").await?;
+        assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
+        let doc_path = super::common::state_dir(dir.path(), &ws).join("hame/anonymous/s1.json");
+        let mut doc: serde_json::Value = serde_json::from_slice(&fs::read(&doc_path)?)?;
+        match field {
+            "format" => doc["format"] = serde_json::json!(found),
+            _ => doc["state"]["schema_version"] = serde_json::json!(99),
+        }
+        fs::write(&doc_path, serde_json::to_vec(&doc)?)?;
+        let before = tree(dir.path())?;
+
+        let (out, server) = call("again", "must not be asked").await?;
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{field}: {err}");
+        assert_eq!(err.lines().count(), 1, "{field}: {err}");
+        assert!(
+            err.starts_with("hame: ") && err.contains(found),
+            "{field}: {err}"
+        );
+        assert!(err.contains("newer"), "{field}: {err}");
+        assert_eq!(server.requests().len(), 0, "{field}: the model was asked");
+        let after = tree(dir.path())?;
+        assert_eq!(
+            before.keys().collect::<Vec<_>>(),
+            after.keys().collect::<Vec<_>>(),
+            "{field}: files were created or removed"
+        );
+        for (path, bytes) in &before {
+            if path.ends_with(".lease") {
+                // The session's lock file: taking and releasing the lease counts its fence
+                // up, as every call does; it holds no state, and it is released.
+                let lease: serde_json::Value = serde_json::from_slice(&after[path])?;
+                assert_eq!(lease["token"], "", "{field}: the lease was not released");
+                continue;
+            }
+            assert!(after.get(path) == Some(bytes), "{field}: {path} changed");
+        }
+    }
+    Ok(())
+}

@@ -566,3 +566,99 @@ async fn a_tools_json_written_in_the_sandbox_is_not_obeyed() -> TestResult {
     assert!(!marker.exists(), "no host command ran");
     Ok(())
 }
+
+/// Bytes of the files under `dir`.
+async fn disk_usage(dir: &std::path::Path) -> u64 {
+    let Ok(fs) = hame::fs::LocalFs::new(dir) else {
+        return 0;
+    };
+    let files = hame::fs::generic::walk_files(&fs, &hame::fs::FsPath::root()).await;
+    files.map_or(0, |f| f.iter().map(|i| i.size).sum())
+}
+
+/// Issue #30, item 8, as a user meets it: `hame run`s that each replace an 8 MB file leave
+/// the blobs of the last `--sandbox-keep-snapshots` snapshots on the host, not one per
+/// call; `hame sandbox gc` finds nothing more to delete.
+#[tokio::test]
+async fn snapshots_keep_the_last_ones_and_hame_sandbox_gc_sweeps() -> TestResult {
+    if service("HAME_TEST_DOCKER").is_none() {
+        return Ok(());
+    }
+    const MB8: u64 = 8 << 20;
+    let agent = unique_agent();
+    let server = ScriptedServer::start().await?;
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let args = [
+        "--workspace",
+        &ws_s,
+        "--agent",
+        &agent,
+        "--sandbox",
+        "docker",
+        "--sandbox-keep-snapshots",
+        "2",
+    ];
+    let blobs = dir.path().join("state/sandbox-snapshots/blobs");
+    for call in 0..4u64 {
+        server.push_all([
+            exec(
+                "c",
+                &format!(
+                    "head -c {MB8} /dev/urandom > big.bin; echo {call} > n.txt; wc -c < big.bin"
+                ),
+            ),
+            ScriptStep::text("ok"),
+        ]);
+        let out = run_with(dir.path(), &server.base_url(), &args, "go", &[]).await?;
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert_eq!(last_exec(&server), format!("{MB8}\n"));
+        let used = disk_usage(&blobs).await;
+        let kept = (call + 1).min(2);
+        assert!(
+            (kept * MB8..kept * MB8 + 4096).contains(&used),
+            "after call {call}: {used} bytes of blobs for {kept} kept snapshots"
+        );
+    }
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--sandbox-keep-snapshots", "0", "--sandbox", "docker"],
+        "x",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--sandbox-keep-snapshots 0"),
+        "{}",
+        stderr(&out)
+    );
+    let store = dir.path().join("state/sandbox-snapshots");
+    let out = super::common::output(super::common::hame(
+        &[
+            "sandbox",
+            "gc",
+            "--sandbox-snapshots",
+            &store.to_string_lossy(),
+        ],
+        &[],
+        dir.path(),
+    ))
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with(
+            "3 snapshots read, 4 blobs referenced of 4, 0 deleted (0 bytes), 0 put back"
+        ),
+        "{}",
+        stdout(&out)
+    );
+    server.push_all([exec("c", "cat n.txt"), ScriptStep::text("ok")]);
+    let out = run_with(dir.path(), &server.base_url(), &args, "go", &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(last_exec(&server), "3\n");
+    Ok(())
+}

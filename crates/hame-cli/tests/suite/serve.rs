@@ -17,7 +17,7 @@ use super::common::{bin, tool_names};
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// A running `hame serve`; killed when dropped.
-struct Serve {
+pub(super) struct Serve {
     child: Child,
     url: String,
     stderr: PathBuf,
@@ -33,7 +33,21 @@ impl Drop for Serve {
 impl Serve {
     /// Starts `hame serve --listen 127.0.0.1:0 --model openai:m --workspace dir/ws <args>`
     /// and waits for its `listening on http://…` line.
-    fn start(dir: &Path, model: &str, args: &[&str]) -> Result<Self, Box<dyn std::error::Error>> {
+    pub(super) fn start(
+        dir: &Path,
+        model: &str,
+        args: &[&str],
+    ) -> Result<Self, Box<dyn std::error::Error>> {
+        Self::start_env(dir, model, args, &[])
+    }
+
+    /// [`Serve::start`] with more environment variables.
+    pub(super) fn start_env(
+        dir: &Path,
+        model: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Self, Box<dyn std::error::Error>> {
         let ws = dir.join("ws");
         std::fs::create_dir_all(&ws)?;
         let stderr = dir.join(format!("serve-{}.err", std::process::id()));
@@ -54,6 +68,7 @@ impl Serve {
         .env("HOME", dir)
         .env("OPENAI_BASE_URL", model)
         .env("HAME_STATE_HOME", dir.join("state"))
+        .envs(env.iter().copied())
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -75,7 +90,7 @@ impl Serve {
         Ok(Self { child, url, stderr })
     }
 
-    fn at(&self, path: &str) -> String {
+    pub(super) fn at(&self, path: &str) -> String {
         format!("{}{path}", self.url)
     }
 
@@ -83,20 +98,20 @@ impl Serve {
         self.child.id()
     }
 
-    fn stderr(&self) -> String {
+    pub(super) fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()
     }
 }
 
 /// One parsed SSE event.
 #[derive(Debug, Clone)]
-struct Sse {
-    id: Option<u64>,
-    event: String,
-    data: Value,
+pub(super) struct Sse {
+    pub(super) id: Option<u64>,
+    pub(super) event: String,
+    pub(super) data: Value,
 }
 
-fn parse_sse(text: &str) -> Vec<Sse> {
+pub(super) fn parse_sse(text: &str) -> Vec<Sse> {
     text.split("\n\n")
         .filter_map(|block| {
             let mut id = None;
@@ -125,7 +140,7 @@ fn parse_sse(text: &str) -> Vec<Sse> {
 }
 
 /// Waits (bounded) until `cond` holds.
-async fn until(what: &str, mut cond: impl FnMut() -> bool) -> TestResult {
+pub(super) async fn until(what: &str, mut cond: impl FnMut() -> bool) -> TestResult {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !cond() {
         if Instant::now() > deadline {
@@ -153,7 +168,7 @@ async fn metric(serve: &Serve, series: &str) -> Result<f64, Box<dyn std::error::
         .unwrap_or(0.0))
 }
 
-fn client() -> reqwest::Client {
+pub(super) fn client() -> reqwest::Client {
     reqwest::Client::new()
 }
 
@@ -172,7 +187,7 @@ fn names(events: &[Sse]) -> Vec<String> {
     events.iter().map(|e| e.event.clone()).collect()
 }
 
-fn ws_log(dir: &Path, user: Option<&str>, session: &str) -> Vec<Value> {
+pub(super) fn ws_log(dir: &Path, user: Option<&str>, session: &str) -> Vec<Value> {
     let mut p = dir.join("ws");
     if let Some(u) = user {
         p = p.join(u);
@@ -185,7 +200,7 @@ fn ws_log(dir: &Path, user: Option<&str>, session: &str) -> Vec<Value> {
         .collect()
 }
 
-fn texts(log: &[Value]) -> Vec<String> {
+pub(super) fn texts(log: &[Value]) -> Vec<String> {
     log.iter()
         .map(|r| {
             let text: Vec<&str> = r["message"]["content"]
@@ -769,7 +784,7 @@ async fn serve_speaks_openai_chat_completions() -> TestResult {
 
 /// A Python with the `openai` SDK: a venv under the target directory, created once (under
 /// a lock). `None` (with a loud SKIPPED line) when impossible; under CI a failure.
-fn openai_python() -> Option<PathBuf> {
+pub(super) fn openai_python() -> Option<PathBuf> {
     super::common::python_venv("openai-venv", OPENAI_SDK, "openai")
 }
 

@@ -291,3 +291,56 @@ async fn in_stream_errors_are_classified() -> TestResult {
     assert_eq!(server.request_count(), 2);
     Ok(())
 }
+
+/// A provider that echoes the key it refused (or any error body that repeats it) does not
+/// put the key into the error: the client registered it (`hame_core::secrets`) and the body
+/// is redacted as soon as it is read. The operator still sees the URL.
+#[tokio::test]
+async fn a_key_echoed_by_the_provider_is_redacted() -> TestResult {
+    for kind in BOTH {
+        let key = format!("sk-echoed-{kind:?}-7f6e5d4c3b2a");
+        let server = ScriptedServer::start().await?;
+        server.push(ScriptStep::unauthorized_echoing_key());
+        server.push(ScriptStep::error(400, "bad request from key {api_key}"));
+        server.push(ScriptStep::text("partial").error_after(
+            3,
+            serde_json::json!({"type": "error", "error": {"type": "api_error", "message": "stream refused {api_key}"}}),
+        ));
+        let model: Arc<dyn hame_core::Model> = match kind {
+            Kind::OpenAi => Arc::new(hame_model::OpenAiModel::new(hame_model::OpenAiConfig {
+                api_key: Some(key.clone()),
+                ..openai_config(&server)
+            })?),
+            Kind::Anthropic => Arc::new(hame_model::AnthropicModel::new(
+                hame_model::AnthropicConfig {
+                    api_key: Some(key.clone()),
+                    ..anthropic_config(&server)
+                },
+            )?),
+        };
+        let auth = model.complete(request("x")).await.err().ok_or("no error")?;
+        let bad = model.complete(request("x")).await.err().ok_or("no error")?;
+        let mut stream = model.stream(request("x")).await?;
+        let mut in_stream = None;
+        while let Some(ev) = stream.next().await {
+            if let Err(e) = ev {
+                in_stream.get_or_insert(e);
+            }
+        }
+        let in_stream = in_stream.ok_or("no stream error")?;
+        assert!(matches!(auth, ModelError::Auth { .. }), "{auth:?}");
+        for e in [&auth, &bad, &in_stream] {
+            let text = format!("{e} {e:?}");
+            assert!(!text.contains(&key), "{kind:?}: {text}");
+            assert!(
+                text.contains(hame_core::secrets::REDACTED),
+                "{kind:?}: {text}"
+            );
+        }
+        assert!(
+            auth.to_string().contains(&server.addr().to_string()),
+            "{auth}"
+        );
+    }
+    Ok(())
+}

@@ -216,6 +216,7 @@ impl Shared {
         timeout: Duration,
     ) -> Result<hame_fs::ExecOutput> {
         let cap = self.options.max_output_bytes;
+        self.ensure_controller(container).await;
         let answer = self.serve(container, command, &[], cap, timeout).await?;
         let Raw {
             stdout,
@@ -234,77 +235,106 @@ impl Shared {
     /// A guard that kills the process group of the command `token` when dropped armed.
     pub(crate) fn kill_guard(&self, container: &str, token: &str) -> KillOnDrop {
         KillOnDrop {
-            docker: self.docker.clone(),
-            container: container.to_owned(),
-            token: token.to_owned(),
-            grace: self.options.kill_grace,
-            armed: true,
+            killer: Some(self.killer(container, token)),
         }
     }
 
+    /// Kills the process group of the command `token`: `SIGTERM`, then `SIGKILL` after the
+    /// kill grace.
     pub(crate) async fn kill_group(&self, container: &str, token: &str) {
-        let grace = self.options.kill_grace.as_micros().to_string();
+        self.killer(container, token).kill().await;
+    }
+
+    fn killer(&self, container: &str, token: &str) -> GroupKiller {
+        GroupKiller {
+            docker: self.docker.clone(),
+            controller: self.control_slot(container),
+            container: container.to_owned(),
+            token: token.to_owned(),
+            grace: self.options.kill_grace,
+        }
+    }
+}
+
+/// What it takes to kill one command's process group, detached from [`Shared`] so a guard
+/// can do it from a task of its own.
+pub(crate) struct GroupKiller {
+    docker: bollard::Docker,
+    controller: super::server::ControlSlot,
+    container: String,
+    token: String,
+    grace: Duration,
+}
+
+impl GroupKiller {
+    /// Through the container's controller (no new process: works while a fork bomb holds
+    /// every pid); without one, as its own `docker exec` of [`scripts::KILL_GROUP`].
+    async fn kill(self) {
+        use super::server::signal_via;
+        match signal_via(&self.controller, "TERM", &self.token)
+            .await
+            .as_deref()
+        {
+            Some("sent") => {
+                tokio::time::sleep(self.grace).await;
+                if signal_via(&self.controller, "KILL", &self.token)
+                    .await
+                    .is_some()
+                {
+                    return;
+                }
+            }
+            Some(_) => return,
+            None => {}
+        }
         let cmd = vec![
             "sh".to_owned(),
             "-c".to_owned(),
             scripts::KILL_GROUP.to_owned(),
-            token.to_owned(),
-            grace,
+            self.token,
+            self.grace.as_micros().to_string(),
         ];
-        let _ = self.run(container, cmd, None, 4096).await;
+        let options = CreateExecOptions {
+            cmd: Some(cmd),
+            user: Some(SANDBOX_USER.to_owned()),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            ..Default::default()
+        };
+        match self.docker.create_exec(&self.container, options).await {
+            Ok(exec) => {
+                if let Ok(StartExecResults::Attached { mut output, .. }) =
+                    self.docker.start_exec(&exec.id, None).await
+                {
+                    while output.next().await.is_some() {}
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "killing a sandbox command failed"),
+        }
     }
 }
 
 /// Kills a command's process group when its future is dropped before it ended.
 pub(crate) struct KillOnDrop {
-    docker: bollard::Docker,
-    container: String,
-    token: String,
-    grace: Duration,
-    armed: bool,
+    killer: Option<GroupKiller>,
 }
 
 impl KillOnDrop {
     /// The command ended (or was killed): nothing to do on drop.
     pub(crate) fn disarm(&mut self) {
-        self.armed = false;
+        self.killer = None;
     }
 }
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        if !self.armed {
+        let Some(killer) = self.killer.take() else {
             return;
-        }
+        };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (docker, container, token, grace) = (
-            self.docker.clone(),
-            std::mem::take(&mut self.container),
-            std::mem::take(&mut self.token),
-            self.grace.as_micros().to_string(),
-        );
-        runtime.spawn(async move {
-            let cmd = vec![
-                "sh".to_owned(),
-                "-c".to_owned(),
-                scripts::KILL_GROUP.to_owned(),
-                token,
-                grace,
-            ];
-            let options = CreateExecOptions {
-                cmd: Some(cmd),
-                user: Some(SANDBOX_USER.to_owned()),
-                ..Default::default()
-            };
-            if let Ok(exec) = docker.create_exec(&container, options).await
-                && let Ok(StartExecResults::Attached { mut output, .. }) =
-                    docker.start_exec(&exec.id, None).await
-            {
-                while output.next().await.is_some() {}
-            }
-        });
+        runtime.spawn(killer.kill());
     }
 }
 

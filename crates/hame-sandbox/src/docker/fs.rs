@@ -251,6 +251,9 @@ impl ScopeSandbox for DockerScope {
             }
         }
         .await;
+        if result.as_ref().is_ok_and(|r| r.stored) {
+            self.shared.sweep_if_due();
+        }
         let _ = self
             .slot
             .active

@@ -2,6 +2,7 @@
 
 mod exec;
 mod fs;
+mod gc;
 mod image;
 mod scripts;
 mod server;
@@ -25,7 +26,7 @@ pub use image::{BUSYBOX_CANDIDATES, DEFAULT_IMAGE, find_busybox};
 
 use crate::api::{Sandboxes, ScopeSandbox};
 use crate::error::{Error, Result};
-use crate::plan::Manifest;
+use crate::plan::{GcReport, Manifest};
 
 /// Label on every container hame starts.
 pub const LABEL: &str = "hame.sandbox";
@@ -73,6 +74,14 @@ pub struct DockerOptions {
     pub max_output_bytes: usize,
     /// Between `SIGTERM` and `SIGKILL` of a command's process group. Default 500 ms.
     pub kill_grace: Duration,
+    /// Snapshots kept per scope (at least 1): the blobs of older ones that no kept snapshot
+    /// of any scope references are deleted by the store's sweeps. Default 3.
+    pub keep_snapshots: usize,
+    /// How often at most this value sweeps the snapshot store for unreferenced blobs: in
+    /// the background after a call that stored a snapshot, the first time at once, then
+    /// when this long has passed since the last sweep. `None`: never by itself (see
+    /// [`DockerSandboxes::collect_garbage`]). Default 60 s.
+    pub gc_interval: Option<Duration>,
 }
 
 impl Default for DockerOptions {
@@ -92,6 +101,8 @@ impl Default for DockerOptions {
             max_timeout: Duration::from_secs(600),
             max_output_bytes: 100_000,
             kill_grace: Duration::from_millis(500),
+            keep_snapshots: 3,
+            gc_interval: Some(Duration::from_secs(60)),
         }
     }
 }
@@ -189,6 +200,55 @@ pub(crate) struct Shared {
     closed: AtomicBool,
     /// Idle command servers per container id.
     servers: Mutex<HashMap<String, Vec<server::Server>>>,
+    /// The controller per container id ([`scripts::CONTROLLER`]).
+    controllers: Mutex<HashMap<String, server::ControlSlot>>,
+    /// When the last sweep of the snapshot store began, and the sweep running now.
+    sweeps: Mutex<Sweeps>,
+}
+
+#[derive(Debug, Default)]
+struct Sweeps {
+    last: Option<Instant>,
+    running: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// How long [`Sandboxes::shutdown`] waits for a sweep of the snapshot store that runs.
+const SWEEP_AT_EXIT: Duration = Duration::from_secs(30);
+
+impl Shared {
+    /// Starts a sweep of the snapshot store in the background when one is due (see
+    /// [`DockerOptions::gc_interval`]) and none runs.
+    pub(crate) fn sweep_if_due(self: &Arc<Self>) {
+        let Some(every) = self.options.gc_interval else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let Ok(mut sweeps) = self.sweeps.lock() else {
+            return;
+        };
+        if sweeps.running.as_ref().is_some_and(|t| !t.is_finished())
+            || sweeps.last.is_some_and(|t| t.elapsed() < every)
+        {
+            return;
+        }
+        sweeps.last = Some(Instant::now());
+        let store = self.snapshots.clone();
+        sweeps.running = Some(runtime.spawn(async move {
+            match gc::collect(store.as_ref()).await {
+                Ok(r) => tracing::debug!(
+                    blobs = r.blobs,
+                    deleted = r.deleted,
+                    bytes_deleted = r.bytes_deleted,
+                    restored = r.restored,
+                    elapsed_ms = r.elapsed.as_millis() as u64,
+                    "swept the sandbox snapshot store"
+                ),
+                Err(e) => tracing::warn!(error = %e, "sweeping the sandbox snapshot store failed"),
+            }
+        }));
+    }
 }
 
 impl std::fmt::Debug for Shared {
@@ -365,6 +425,8 @@ impl DockerSandboxes {
             counter: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             servers: Mutex::new(HashMap::new()),
+            controllers: Mutex::new(HashMap::new()),
+            sweeps: Mutex::new(Sweeps::default()),
         });
         let this = Self { shared };
         this.reap_orphans().await;
@@ -410,6 +472,12 @@ impl DockerSandboxes {
             }
         }
         ids
+    }
+
+    /// Sweeps the snapshot store now (see `docs/sandbox.md`, *Snapshots*): deletes the blobs
+    /// no scope's kept snapshots reference. Safe while other processes snapshot and restore.
+    pub async fn collect_garbage(&self) -> Result<GcReport> {
+        gc::collect(self.shared.snapshots.as_ref()).await
     }
 
     /// Removes the containers of hame processes that are gone (found by [`OWNER_LABEL`]
@@ -636,7 +704,21 @@ impl Sandboxes for DockerSandboxes {
                 }
             }
         });
-        futures::future::join_all(removals).await;
+        let sweep = self
+            .shared
+            .sweeps
+            .lock()
+            .ok()
+            .and_then(|mut s| s.running.take());
+        let (_, swept) = tokio::join!(futures::future::join_all(removals), async {
+            match sweep {
+                Some(task) => tokio::time::timeout(SWEEP_AT_EXIT, task).await.is_ok(),
+                None => true,
+            }
+        });
+        if !swept {
+            tracing::warn!("the sweep of the sandbox snapshot store did not finish before exit");
+        }
     }
 }
 
@@ -676,10 +758,12 @@ impl DockerScope {
             *guard = None;
         }
         if let Some(live) = self.adopt().await {
+            self.start_controller(&live.id);
             *guard = Some(live.clone());
             return Ok((live, Got::Adopted));
         }
         let id = self.shared.start(&self.slot).await?;
+        self.start_controller(&id);
         let live = Arc::new(Live::new(id, Manifest::default(), String::new()));
         let restored = match state::restore(&self.shared, &self.slot.key, &live).await {
             Ok(n) => n,
@@ -696,6 +780,15 @@ impl DockerScope {
                 refreshed,
             },
         ))
+    }
+
+    /// Starts the controller of a container started or adopted now, in the background (see
+    /// [`Shared::ensure_controller`]).
+    fn start_controller(&self, container: &str) {
+        let (shared, container) = (self.shared.clone(), container.to_owned());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { shared.ensure_controller(&container).await });
+        }
     }
 
     /// Takes over a running container of this scope left by a process that is gone, if

@@ -74,6 +74,25 @@ rename)
 esac
 "#;
 
+/// Polls of the command server, 1 ms apart, for the rest of a command's process group to be
+/// reaped before it forks again (see [`SERVER`]): at most ~4 s.
+pub(crate) const REAP_POLLS: u32 = 4000;
+
+/// The controller: one long-lived `sh` per container, started with its first command server,
+/// that signals a command's process group on request using shell builtins only (`read`,
+/// `kill`, `echo`: no fork), so a timed-out or dropped command is killed even while a fork
+/// bomb holds every pid of the container (a `docker exec` cannot start then). It reads
+/// `<TERM|KILL> <token>` per line, takes the group from `/tmp/.hame-pid-<token>` (written by
+/// [`SERVER`]) and answers `sent`, `gone` (no such group any more) or `none` (no command of
+/// that token runs).
+pub(crate) const CONTROLLER: &str = r#"while read -r s t; do
+  case $s in TERM|KILL) ;; *) echo bad; continue ;; esac
+  f="/tmp/.hame-pid-$t"; p=
+  [ -f "$f" ] && read -r p < "$f"
+  case $p in ''|*[!0-9]*) echo none; continue ;; esac
+  if kill -"$s" -"$p" 2>/dev/null; then echo sent; else echo gone; fi
+done"#;
+
 /// Kills the process group of the command with token `$0` (its leader's pid is in
 /// `/tmp/.hame-pid-<token>`, written by [`SERVER`]): `SIGTERM`, then `SIGKILL`
 /// after `$1` microseconds.
@@ -169,7 +188,16 @@ pub(crate) const FAST_OUTPUT_BYTES: u64 = 8 << 20;
 /// `D <exit> <stdout bytes> <stderr bytes> <sent stdout> <sent stderr>`, the first
 /// `<cap>` bytes of each stream, and `E`. One request at a time; the host keeps a pool of
 /// servers per container for concurrent calls.
-pub(crate) const SERVER: &str = r#"while IFS=' ' read -r t n c b; do
+///
+/// A fork bomb must not take the server with it: busybox `sh` exits when a fork fails, and
+/// a bomb holds every pid of the container until its processes are killed and reaped. So
+/// between the command's end and the server's next fork only shell builtins run: the
+/// group is killed (`kill` is a builtin) and the server waits, polling with `kill -0`
+/// and sleeping with `read -t` on a FIFO (no process either), until init has reaped the
+/// whole group (at most `$1` polls of 1 ms: [`REAP_POLLS`]).
+pub(crate) const SERVER: &str = r#"q=/tmp/.hame-tick
+[ -p $q ] || mkfifo $q 2>/dev/null
+while IFS=' ' read -r t n c b; do
   [ -n "$b" ] || exit 2
   i=/dev/null
   if [ "$n" -gt 0 ]; then i="/tmp/.hame-i-$t"; dd of="$i" bs="$n" count=1 iflag=fullblock 2>/dev/null || exit 3; fi
@@ -181,6 +209,7 @@ pub(crate) const SERVER: &str = r#"while IFS=' ' read -r t n c b; do
   echo "P $p"
   wait "$p"; x=$?
   kill -KILL -"$p" 2>/dev/null
+  k=0; while kill -0 -"$p" 2>/dev/null && [ $k -lt "$1" ]; do k=$((k+1)); read -t 0.001 z <> $q; done
   so=$(stat -c %s "$o"); se=$(stat -c %s "$e")
   ko=$so; [ "$ko" -gt "$c" ] && ko=$c
   ke=$se; [ "$ke" -gt "$c" ] && ke=$c

@@ -19,6 +19,13 @@ use crate::error::{Error, Result};
 /// Most idle servers kept per container.
 const POOL_PER_CONTAINER: usize = 8;
 
+/// How long the controller may take to answer one request before it counts as gone.
+const CONTROLLER_ANSWER: Duration = Duration::from_secs(2);
+
+/// The controller of a container ([`scripts::CONTROLLER`]), when it runs: one request at a
+/// time.
+pub(crate) type ControlSlot = std::sync::Arc<tokio::sync::Mutex<Option<Server>>>;
+
 /// One server process and its open stream.
 pub(crate) struct Server {
     input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
@@ -131,6 +138,20 @@ impl Server {
             .map_err(|e| Error::backend("writing to the sandbox command server failed", e))
     }
 
+    /// One request to a controller: `signal` (`TERM` or `KILL`) to the process group of the
+    /// command `token`; returns its answer (`sent`, `gone`, `none`).
+    async fn signal(&mut self, signal: &str, token: &str) -> Result<String> {
+        self.input
+            .write_all(format!("{signal} {token}\n").as_bytes())
+            .await
+            .map_err(|e| Error::backend("writing to the sandbox controller failed", e))?;
+        self.input
+            .flush()
+            .await
+            .map_err(|e| Error::backend("writing to the sandbox controller failed", e))?;
+        self.line().await
+    }
+
     /// Reads `P <pid>`.
     async fn started(&mut self) -> Result<()> {
         let line = self.line().await?;
@@ -193,7 +214,13 @@ impl Shared {
         {
             return Ok(s);
         }
-        let cmd = vec!["sh".to_owned(), "-c".to_owned(), scripts::SERVER.to_owned()];
+        let cmd = vec![
+            "sh".to_owned(),
+            "-c".to_owned(),
+            scripts::SERVER.to_owned(),
+            "hame-server".to_owned(),
+            scripts::REAP_POLLS.to_string(),
+        ];
         let (_, output, input) = self.start_exec(container, cmd, true).await?;
         Ok(Server {
             input,
@@ -219,10 +246,53 @@ impl Shared {
         }
     }
 
-    /// Forgets the servers of a container that is being removed.
+    /// Forgets the servers and the controller of a container that is being removed (their
+    /// streams close, their shells end).
     pub(crate) fn forget_servers(&self, container: &str) {
         if let Ok(mut pool) = self.servers.lock() {
             pool.remove(container);
+        }
+        if let Ok(mut controllers) = self.controllers.lock() {
+            controllers.remove(container);
+        }
+    }
+
+    /// The controller slot of `container`.
+    pub(crate) fn control_slot(&self, container: &str) -> ControlSlot {
+        let mut controllers = match self.controllers.lock() {
+            Ok(c) => c,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        controllers.entry(container.to_owned()).or_default().clone()
+    }
+
+    /// Starts the controller of `container` unless it runs (or is being started, or is busy
+    /// killing a command). It has to exist before a user command starts: once a fork bomb
+    /// runs, nothing new starts in the container. (Started in the background when the
+    /// container is started or adopted, so neither the restore nor the first command waits
+    /// for it; started here again after it died.)
+    pub(crate) async fn ensure_controller(&self, container: &str) {
+        let slot = self.control_slot(container);
+        let Ok(mut controller) = slot.try_lock() else {
+            return;
+        };
+        if controller.is_some() {
+            return;
+        }
+        let cmd = vec![
+            "sh".to_owned(),
+            "-c".to_owned(),
+            scripts::CONTROLLER.to_owned(),
+        ];
+        match self.start_exec(container, cmd, true).await {
+            Ok((_, output, input)) => {
+                *controller = Some(Server {
+                    input,
+                    output,
+                    buf: Vec::new(),
+                });
+            }
+            Err(e) => tracing::debug!(error = %e, "starting the sandbox controller failed"),
         }
     }
 
@@ -269,10 +339,12 @@ impl Shared {
                 self.kill_group(container, &token).await;
                 guard.disarm();
                 // Once the group is dead the server answers with what the command printed;
-                // a server that does not (or whose answer was half read) is dropped.
+                // a server that does not (or whose answer was half read) is dropped. A
+                // command that had not started at the first kill is killed once it has.
                 let rest = async {
                     if phase == 1 {
                         server.started().await?;
+                        self.kill_group(container, &token).await;
                     }
                     server.finished().await
                 };
@@ -293,6 +365,30 @@ impl Shared {
                     timed_out: true,
                 })
             }
+        }
+    }
+}
+
+/// Sends `signal` to the group of the command `token` through the controller in `slot`:
+/// its answer, or `None` when there is no controller or it did not answer (it is dropped
+/// then, and started again before the next command).
+pub(crate) async fn signal_via(slot: &ControlSlot, signal: &str, token: &str) -> Option<String> {
+    let mut controller = slot.lock().await;
+    let answer = match controller.as_mut() {
+        Some(c) => tokio::time::timeout(CONTROLLER_ANSWER, c.signal(signal, token)).await,
+        None => return None,
+    };
+    match answer {
+        Ok(Ok(answer)) => Some(answer),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "the sandbox controller is gone");
+            *controller = None;
+            None
+        }
+        Err(_) => {
+            tracing::debug!("the sandbox controller did not answer");
+            *controller = None;
+            None
         }
     }
 }

@@ -12,6 +12,7 @@ use futures::StreamExt;
 use hame_fs::{Filesystem, FilesystemExt, FsPath, WriteOptions};
 use sha2::Digest;
 
+use super::gc::{self, blob_path};
 use super::{Live, Shared, scripts};
 use crate::api::{Asset, SnapshotReport, is_projected};
 use crate::error::{Error, Result};
@@ -40,11 +41,6 @@ fn snapshot_error(message: impl Into<String>) -> Error {
 pub(crate) fn manifest_path(key: &str) -> Result<FsPath> {
     FsPath::parse(&format!("scopes/{key}/manifest.json"))
         .map_err(|e| Error::Config(format!("invalid sandbox scope key {key:?}: {e}")))
-}
-
-fn blob_path(sha: &str) -> Result<FsPath> {
-    let prefix = sha.get(..2).unwrap_or("00");
-    Ok(FsPath::parse(&format!("blobs/{prefix}/{sha}"))?)
 }
 
 /// The identity of a stored manifest: the SHA-256 of its bytes (empty: no snapshot yet).
@@ -209,6 +205,13 @@ async fn restore_archive(
     let blobs = shared.snapshots.download(&paths).await;
     let mut tar = tar::Builder::new(Vec::new());
     for ((path, entry), blob) in manifest.files.iter().zip(blobs) {
+        let blob = match blob {
+            // Moved aside by a sweep of the store at this moment (see `gc`).
+            Err(e) if e.is_not_found() => {
+                gc::read_blob(shared.snapshots.as_ref(), &entry.sha256).await
+            }
+            other => other.map_err(Error::from),
+        };
         let bytes = blob.map_err(|e| {
             snapshot_error(format!(
                 "the snapshot of {key} misses the content of {path}: {e}"
@@ -404,6 +407,12 @@ async fn snapshot_files(shared: &Shared, key: &str, live: &Live) -> Result<Snaps
             },
         );
     }
+    let json = serde_json::to_vec(&next)
+        .map_err(|e| snapshot_error(format!("cannot encode the manifest: {e}")))?;
+    let identity = identity_of(&json);
+    // The new snapshot enters the scope's history before its blobs are looked for or
+    // uploaded, so a sweep of the store running meanwhile sees what it references.
+    let entry = gc::write_intent(shared.snapshots.as_ref(), key, &json, &identity).await?;
     let store = shared.snapshots.clone();
     let results: Vec<Result<u64>> = futures::stream::iter(uploads.into_iter().map(|(sha, p)| {
         let store = store.clone();
@@ -428,15 +437,20 @@ async fn snapshot_files(shared: &Shared, key: &str, live: &Live) -> Result<Snaps
             report.bytes_uploaded += n;
         }
     }
-    let json = serde_json::to_vec(&next)
-        .map_err(|e| snapshot_error(format!("cannot encode the manifest: {e}")))?;
-    let identity = identity_of(&json);
     shared
         .snapshots
         .write(&manifest_path(key)?, json, WriteOptions::default())
         .await?;
     *manifest = next;
     live.set_identity(identity);
+    let keep = shared.options.keep_snapshots;
+    match gc::prune_history(shared.snapshots.as_ref(), key, keep, &entry).await {
+        Ok(n) => report.pruned = n,
+        Err(e) => {
+            tracing::warn!(scope = key, error = %e, "pruning the sandbox's snapshot history failed")
+        }
+    }
+    report.stored = true;
     report.elapsed = started.elapsed();
     Ok(report)
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hame_fs::{ExecRequest, Execute, FsPath, LocalFs};
+use hame_fs::{ExecRequest, Execute, Filesystem, FsPath, LocalFs};
 use hame_sandbox::{Asset, DockerOptions, DockerSandboxes, Sandboxes, ScopeSandbox};
 use pretty_assertions::assert_eq;
 
@@ -308,7 +308,7 @@ async fn command_server_concurrency_cancellation_and_large_files() {
     if !docker_enabled() {
         return;
     }
-    use hame_fs::{Filesystem, WriteOptions};
+    use hame_fs::WriteOptions;
     let dir = tempfile::tempdir().unwrap();
     let sbs = sandboxes(dir.path(), DockerOptions::default()).await;
     let sb = sbs.scope(&key("server"));
@@ -459,4 +459,247 @@ async fn a_same_second_same_size_rewrite_is_snapshotted() {
     sb.begin(Vec::new()).await.unwrap();
     assert_eq!(sh(sb.as_ref(), "cat f.txt").await.output, "4\n");
     sbs.shutdown().await;
+}
+
+/// A fork bomb cannot take the command server down (issue #30, item 10): whether the bomb's
+/// main process returns at once (`:(){ :|:& };:`) or stays (a bomb, then `sleep`, killed
+/// at its timeout), its whole process group is killed, and the next command of the same
+/// call, through the same warm container, works — every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fork_bomb_leaves_the_command_server_working() {
+    if !docker_enabled() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sbs = sandboxes(dir.path(), DockerOptions::default()).await;
+    let sb = sbs.scope(&key("fork-bomb"));
+    sb.begin(Vec::new()).await.unwrap();
+    let container = sbs.running().await;
+    let bombs = [
+        "f(){ f|f& }; f",
+        "b(){ b|b& }; b; sleep 100",
+        "while :; do sh -c 'sleep 100' & done",
+    ];
+    let mut exhausted = 0;
+    for i in 0..10 {
+        let bomb = bombs[i % bombs.len()];
+        let started = Instant::now();
+        let out = sb
+            .execute(ExecRequest {
+                command: bomb.into(),
+                timeout: Some(Duration::from_secs(2)),
+            })
+            .await;
+        let took = started.elapsed();
+        let out = out.unwrap_or_else(|e| panic!("run {i} ({bomb:?}): {e}"));
+        eprintln!(
+            "run {i}: {bomb:?} -> exit {:?}, timed out {}, in {took:?}",
+            out.exit_code, out.timed_out
+        );
+        if out.output.contains("can't fork") {
+            exhausted += 1;
+        }
+        assert!(took < Duration::from_secs(10), "run {i}: {took:?}");
+        let next = sb
+            .execute(ExecRequest {
+                command: "echo alive; ps -o pid= | wc -l".into(),
+                timeout: Some(Duration::from_secs(10)),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("run {i} ({bomb:?}): the next command failed: {e}"));
+        let mut lines = next.output.lines();
+        assert_eq!(
+            lines.next(),
+            Some("alive"),
+            "run {i} ({bomb:?}): {}",
+            next.output
+        );
+        let procs: usize = lines
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .unwrap_or(999);
+        assert!(
+            procs < 40,
+            "run {i} ({bomb:?}): {procs} processes left: {}",
+            next.output
+        );
+    }
+    assert!(
+        exhausted >= 3,
+        "the bombs reached the pids limit in {exhausted} runs of 10"
+    );
+    assert_eq!(
+        sbs.running().await,
+        container,
+        "the same container all along"
+    );
+    sb.end().await.unwrap();
+    sbs.shutdown().await;
+}
+
+/// Bytes of the files under `dir`.
+async fn disk_usage(dir: &std::path::Path) -> u64 {
+    let Ok(fs) = hame_fs::LocalFs::new(dir) else {
+        return 0;
+    };
+    let files = hame_fs::generic::walk_files(&fs, &hame_fs::FsPath::root()).await;
+    files.map_or(0, |f| f.iter().map(|i| i.size).sum())
+}
+
+/// Snapshots do not grow without bound (issue #30, item 8): calls of one scope in
+/// successive processes, each replacing an 8 MB file, leave the blobs of the last 3
+/// snapshots (the default) on the store, not one blob per call; the newest still restores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn snapshot_blobs_are_collected_keeping_the_last_snapshots() {
+    if !docker_enabled() {
+        return;
+    }
+    const MB8: u64 = 8 << 20;
+    let dir = tempfile::tempdir().unwrap();
+    let k = key("gc");
+    for call in 0..5u64 {
+        let sbs = sandboxes(dir.path(), DockerOptions::default()).await;
+        let sb = sbs.scope(&k);
+        sb.begin(Vec::new()).await.unwrap();
+        let out = sh(
+            sb.as_ref(),
+            &format!("head -c {MB8} /dev/urandom > big.bin && echo {call} > n.txt && echo ok"),
+        )
+        .await;
+        assert_eq!(out.output, "ok\n");
+        sb.end().await.unwrap();
+        sbs.shutdown().await;
+        let used = disk_usage(&dir.path().join("blobs")).await;
+        let kept = (call + 1).min(3);
+        eprintln!("after call {call}: {used} bytes of blobs");
+        assert!(
+            used >= kept * MB8 && used <= kept * MB8 + (1 << 20),
+            "after call {call}: {used} bytes of blobs, expected the {kept} last snapshots' {} bytes",
+            kept * MB8
+        );
+    }
+    let sbs = sandboxes(dir.path(), DockerOptions::default()).await;
+    let sb = sbs.scope(&k);
+    let r = sb.begin(Vec::new()).await.unwrap();
+    assert_eq!(r.restored_files, 2);
+    assert_eq!(
+        sh(sb.as_ref(), "cat n.txt; wc -c < big.bin").await.output,
+        format!("4\n{MB8}\n")
+    );
+    sbs.shutdown().await;
+}
+
+/// A snapshot store whose listings of blobs and moves take 20 ms each (a slow object
+/// store): a sweep then spends a while between its first mark and its moves, the window
+/// another process's snapshot can fall into.
+#[derive(Debug)]
+struct SlowSweeps(LocalFs);
+
+hame_fs::forward_filesystem! {
+    impl Filesystem for SlowSweeps {
+        inner = |s| &s.0;
+        forward = [
+            stat, read_bytes, write, delete, exists, read_range, append, edit, grep, glob,
+        ];
+        async fn list(&self, path: &FsPath) -> hame_fs::Result<Vec<hame_fs::FileInfo>> {
+            if path.as_str().starts_with("blobs") {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            self.0.list(path).await
+        }
+        async fn rename(
+            &self,
+            from: &FsPath,
+            to: &FsPath,
+            options: hame_fs::RenameOptions,
+        ) -> hame_fs::Result<()> {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            self.0.rename(from, to, options).await
+        }
+    }
+}
+
+/// Sweeps of the snapshot store are safe against other processes (issue #30, item 8): one
+/// "process" snapshots scope A over and over (keeping 1 snapshot), a second one restores scope B into a new container each time and snapshots it
+/// with contents A keeps dropping (so B reuses blobs that are garbage for A), and a third
+/// sweeps the store in a loop, slowly (its listings of blobs and its moves take 20 ms). Every restore of B finds
+/// every blob.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sweeps_never_take_a_blob_from_a_concurrent_restore() {
+    if !docker_enabled() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Only the third process sweeps (slowly), so garbage waits for it.
+    let options = DockerOptions {
+        keep_snapshots: 1,
+        gc_interval: None,
+        ..DockerOptions::default()
+    };
+    let (one, two, three) = (
+        sandboxes(dir.path(), options.clone()).await,
+        sandboxes(dir.path(), options).await,
+        on_store(
+            Arc::new(SlowSweeps(LocalFs::new(dir.path()).unwrap())),
+            DockerOptions::default(),
+        )
+        .await,
+    );
+    let (a, b) = (one.scope(&key("gc-a")), two.scope(&key("gc-b")));
+    let payload = |n: usize| format!("yes {} | head -c 1048576 > f && echo ok", n % 3);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let writer = async {
+        for i in 0..14 {
+            a.begin(Vec::new()).await.unwrap();
+            assert_eq!(sh(a.as_ref(), &payload(i)).await.output, "ok\n");
+            a.end().await.unwrap();
+        }
+    };
+    let restorer = async {
+        b.begin(Vec::new()).await.unwrap();
+        assert_eq!(sh(b.as_ref(), &payload(0)).await.output, "ok\n");
+        b.end().await.unwrap();
+        b.discard().await;
+        for j in 0..12 {
+            let r = b
+                .begin(Vec::new())
+                .await
+                .unwrap_or_else(|e| panic!("restore {j}: {e}"));
+            assert_eq!((r.started, r.restored_files), (true, 1), "restore {j}");
+            assert_eq!(
+                sh(b.as_ref(), "head -c 1 f; wc -c < f").await.output,
+                format!("{}1048576\n", j % 3),
+                "restore {j}"
+            );
+            assert_eq!(sh(b.as_ref(), &payload(j + 1)).await.output, "ok\n");
+            b.end().await.unwrap();
+            b.discard().await;
+        }
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+    };
+    let sweeper = async {
+        let mut sweeps = 0;
+        let mut restored = 0;
+        while !done.load(std::sync::atomic::Ordering::SeqCst) {
+            let r = three.collect_garbage().await.unwrap();
+            sweeps += 1;
+            restored += r.restored;
+        }
+        (sweeps, restored)
+    };
+    let ((), (), (sweeps, restored)) = tokio::join!(writer, restorer, sweeper);
+    eprintln!("{sweeps} sweeps of the third process alongside; {restored} blobs put back");
+    assert!(sweeps > 5, "{sweeps}");
+    for s in [&one, &two, &three] {
+        s.shutdown().await;
+    }
+    // A last sweep leaves only what the kept snapshots reference: A's last and B's last.
+    three.collect_garbage().await.unwrap();
+    let report = three.collect_garbage().await.unwrap();
+    assert!(
+        report.blobs <= 2 && report.deleted == 0 && report.referenced == report.blobs,
+        "{report:?}"
+    );
+    assert!(disk_usage(&dir.path().join("blobs")).await <= 2 << 20);
+    assert!(disk_usage(&dir.path().join("trash")).await == 0);
 }
