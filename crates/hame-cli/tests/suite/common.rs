@@ -169,11 +169,16 @@ pub fn tool_results(server: &hame_test_support::ScriptedServer) -> Vec<String> {
     let Some(last) = reqs.last() else {
         return Vec::new();
     };
-    last.body["messages"]
+    texts_of_role(&last.body, "tool")
+}
+
+/// The text contents of the messages with `role` of a recorded OpenAI-style request.
+pub fn texts_of_role(body: &serde_json::Value, role: &str) -> Vec<String> {
+    body["messages"]
         .as_array()
         .map(|m| {
             m.iter()
-                .filter(|m| m["role"] == "tool")
+                .filter(|m| m["role"] == role)
                 .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
                 .collect()
         })

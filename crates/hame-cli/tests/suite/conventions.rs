@@ -6,7 +6,7 @@ use std::time::Duration;
 use hame_test_support::{ScriptStep, ScriptUsage, ScriptedServer};
 use pretty_assertions::assert_eq;
 
-use super::common::{chat, hame, on_a_terminal, output, run_with, stderr, stdout};
+use super::common::{chat, hame, on_a_terminal, output, run_with, stderr, stdout, texts_of_role};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -31,19 +31,6 @@ async fn server(
 
 fn pairs(env: &[(String, String)]) -> Vec<(&str, &str)> {
     env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
-}
-
-/// The user messages of a recorded request.
-fn user_texts(body: &serde_json::Value) -> Vec<String> {
-    body["messages"]
-        .as_array()
-        .map(|m| {
-            m.iter()
-                .filter(|m| m["role"] == "user")
-                .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 #[tokio::test]
@@ -183,12 +170,12 @@ async fn continue_and_resume_pick_a_session() -> TestResult {
         stderr(&out)
     );
     let last = server.requests().pop().map(|r| r.body).unwrap_or_default();
-    assert_eq!(user_texts(&last), vec!["first of b", "more"]);
+    assert_eq!(texts_of_role(&last, "user"), vec!["first of b", "more"]);
     // `run --resume a` goes back to a.
     let out = run_with(dir.path(), &base, &["--resume", "a"], "again", &env).await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let last = server.requests().pop().map(|r| r.body).unwrap_or_default();
-    assert_eq!(user_texts(&last), vec!["first of a", "again"]);
+    assert_eq!(texts_of_role(&last, "user"), vec!["first of a", "again"]);
     // An unknown id, and no id without a terminal: exit 2, one line each, no model call.
     let before = server.requests().len();
     let out = run_with(dir.path(), &base, &["--resume", "zz"], "x", &env).await?;
