@@ -1,4 +1,5 @@
-//! The agent flags shared by `run`, `chat` (and later `serve`), and the agent they build.
+//! The agent flags shared by `run`, `chat`, `serve` and the commands that inspect or decide,
+//! and the agent they build.
 
 use std::path::PathBuf;
 use std::sync::Arc;
