@@ -40,6 +40,9 @@ pub(crate) fn router(shared: AppState) -> Router {
         .route("/v1/sessions/{session}/approvals/{id}", post(post_approval))
         .route("/v1/memory", get(get_memory))
         .route("/v1/chat/completions", post(crate::openai::completions))
+        .route("/v1/responses", post(crate::responses::create))
+        .route("/v1/models", get(crate::openai::list_models))
+        .route("/v1/models/{id}", get(crate::openai::get_model))
         .fallback(|| async { ApiError::not_found("no such route") })
         .with_state(shared)
 }
@@ -179,6 +182,7 @@ async fn post_message(
         session,
         CallInput::Message(Message::user(body.message)),
         key,
+        None,
     )?;
     Ok(answer(&shared, turn, wants_sse(&headers)).await)
 }
@@ -354,6 +358,7 @@ async fn post_approval(
         session,
         CallInput::Resume(vec![Resolution::new(id, value)]),
         // A decision runs once by itself: a repeated one finds nothing pending (404).
+        None,
         None,
     )?;
     Ok(answer(&shared, turn, wants_sse(&headers)).await)

@@ -7,6 +7,7 @@ mod first_hour;
 mod layout;
 mod mcp;
 mod memory;
+mod openai_compat;
 mod permissions;
 mod redis_restart;
 mod replicas;
