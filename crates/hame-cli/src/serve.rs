@@ -44,6 +44,23 @@ pub(crate) struct ServeArgs {
     /// closes (keep it under `ulimit -n`).
     #[arg(long, default_value_t = 1024, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
+    /// Another agent served by this process (repeatable): its id and its own workspace
+    /// (with that workspace's hame.toml); the OpenAI routes' `model` picks it, the other
+    /// flags are shared. The session routes serve the --agent one.
+    #[arg(long = "serve-agent", value_name = "NAME=DIR", value_parser = named_dir)]
+    serve_agent: Vec<(String, PathBuf)>,
+}
+
+/// `NAME=DIR` of `--serve-agent`.
+fn named_dir(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, dir)) if !name.trim().is_empty() && !dir.trim().is_empty() => {
+            Ok((name.trim().to_owned(), PathBuf::from(dir.trim())))
+        }
+        _ => Err(format!(
+            "`{s}` is not NAME=DIR (an agent id and its workspace)"
+        )),
+    }
 }
 
 /// A timeout in seconds: a number above 0 and at most a day.
@@ -114,7 +131,13 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_body_timeout(Duration::from_secs_f64(args.body_timeout))
         .with_max_connections(usize::try_from(args.max_connections).unwrap_or(usize::MAX))
         .with_shared_events(shared_events);
-    let gateway = hame_gateway::Gateway::new(agent.clone(), ctx, options);
+    let mut others = Vec::new();
+    for (name, dir) in &args.serve_agent {
+        others.push(crate::common::build_named(&args.common, name, dir).await?);
+    }
+    let gateway = hame_gateway::Gateway::new(agent.clone(), ctx, options)
+        .with_agents(others)
+        .map_err(|e| ConfigError(e.to_string()))?;
     println!("listening on http://{local}");
     std::io::stdout().flush()?;
     gateway.serve(listener, shutdown_signal()).await?;

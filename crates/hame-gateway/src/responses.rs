@@ -439,14 +439,21 @@ pub(crate) async fn create(
         .replays
         .key_of(&headers, user.as_deref(), "responses", &body)?;
     let body = json_body(&body)?;
-    let req = parse(&body, &agent_tools(&shared)).map_err(crate::openai::refused)?;
-    served(&shared, &req.parsed.model)?;
+    let model = body["model"].as_str().unwrap_or_default();
+    let agent = served(&shared, model).or_else(|e| match model {
+        "" => parse(&body, &[])
+            .map(|_| shared.agent.clone())
+            .map_err(crate::openai::refused),
+        _ => Err(e),
+    })?;
+    let req = parse(&body, &agent_tools(&agent)).map_err(crate::openai::refused)?;
     let named = named_session(&headers).or_else(|| req.parsed.previous_response.clone());
     let previous = body["previous_response_id"].as_str().map(str::to_owned);
-    let planned = plan(&shared, &user, named, &req.parsed, "resp-").await?;
+    let planned = plan(&shared, &agent, &user, named, &req.parsed, "resp-").await?;
     let stream = req.parsed.stream;
     let turn = turn::start_once(
         &shared,
+        &agent,
         user,
         planned.session,
         planned.input,

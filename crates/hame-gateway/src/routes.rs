@@ -178,6 +178,7 @@ async fn post_message(
     }
     let turn = turn::start_once(
         &shared,
+        &shared.agent,
         user,
         session,
         CallInput::Message(Message::user(body.message)),
@@ -354,6 +355,7 @@ async fn post_approval(
     }
     let turn = turn::start_once(
         &shared,
+        &shared.agent,
         user,
         session,
         CallInput::Resume(vec![Resolution::new(id, value)]),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use hame::harness::caller::CallerRequest;
-use hame::{AgentEvent, CallInput, EventSink, RuntimeContext};
+use hame::{AgentEvent, CallInput, EventSink, HarnessAgent, RuntimeContext};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
@@ -43,6 +43,7 @@ pub(crate) struct Turn {
 /// `caller`: what an OpenAI-compatible request adds to the call (`hame::harness::caller`).
 pub(crate) fn start_once(
     shared: &Arc<Shared>,
+    agent: &HarnessAgent,
     user: Option<String>,
     session: String,
     input: CallInput,
@@ -51,11 +52,11 @@ pub(crate) fn start_once(
 ) -> Result<Turn, ApiError> {
     use crate::replay::Claim;
     let Some(key) = key else {
-        return start_recorded(shared, user, session, input, None, caller);
+        return start_recorded(shared, agent, user, session, input, None, caller);
     };
     match shared.replays.claim(&key, &session)? {
         Claim::New(recorder) => {
-            start_recorded(shared, user, session, input, Some(recorder), caller)
+            start_recorded(shared, agent, user, session, input, Some(recorder), caller)
         }
         Claim::Replay(mut done, session) => {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -98,6 +99,7 @@ pub(crate) fn key(agent: &str, user: Option<&str>, session: &str) -> String {
 /// while the gateway drains.
 fn start_recorded(
     shared: &Arc<Shared>,
+    agent: &HarnessAgent,
     user: Option<String>,
     session: String,
     input: CallInput,
@@ -114,7 +116,7 @@ fn start_recorded(
             e.to_string(),
         )
     })?;
-    let key = key(shared.agent.name(), user.as_deref(), &session);
+    let key = key(agent.name(), user.as_deref(), &session);
     let Some(mut ticket) = shared.gates.enter(&key) else {
         shared.metrics.refused("queue_full");
         return Err(ApiError::busy(shared.options.retry_after_secs));
@@ -128,17 +130,18 @@ fn start_recorded(
         ctx = caller.into_context(ctx);
     }
     let me = shared.clone();
+    let agent = agent.clone();
     shared.hub.active(&key, 1);
     let span = tracing::info_span!(
         "hame.turn",
-        agent = %shared.agent.name(),
+        agent = %agent.name(),
         session = %ctx.session_id,
         user = ctx.user_id.as_deref().unwrap_or("")
     );
     let task = async move {
         ticket.ready().await;
         let started = Instant::now();
-        let (outcome, ended) = run(&me, &key, &ctx, input, &tx).await;
+        let (outcome, ended) = run(&me, &agent, &key, &ctx, input, &tx).await;
         if let Some(recorder) = recorder {
             recorder.finish(crate::replay::Done::new(outcome.clone(), ended));
         }
@@ -195,6 +198,7 @@ fn shown(ev: &AgentEvent) -> Option<(&'static str, Value)> {
 /// Runs the turn: its outcome and the events that ended it (for its retries).
 async fn run(
     shared: &Arc<Shared>,
+    agent: &HarnessAgent,
     key: &str,
     ctx: &RuntimeContext,
     input: CallInput,
@@ -217,8 +221,8 @@ async fn run(
     let result = {
         let call = async {
             match input {
-                CallInput::Message(m) => shared.agent.call_with(m, ctx, &sink, &cancel).await,
-                CallInput::Resume(r) => shared.agent.resume(r, ctx, &sink, &cancel).await,
+                CallInput::Message(m) => agent.call_with(m, ctx, &sink, &cancel).await,
+                CallInput::Resume(r) => agent.resume(r, ctx, &sink, &cancel).await,
             }
         };
         tokio::pin!(call);

@@ -753,3 +753,87 @@ async fn the_agents_sdk_runs_a_function_tool_and_a_second_turn() -> TestResult {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn one_process_serves_two_agents_each_with_its_own_workspace_and_persona() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    // Each reply is given only to the agent whose prompt carries its persona.
+    model.push_all([
+        ScriptStep::text("Arr, a pirate answers.").when_system("You are a pirate."),
+        ScriptStep::text("A poet answers, in verse.").when_system("You are a poet."),
+    ]);
+    let pirate = dir.path().join("ws");
+    std::fs::create_dir_all(&pirate)?;
+    std::fs::write(pirate.join("AGENTS.md"), "You are a pirate.\n")?;
+    let poet = dir.path().join("poet-ws");
+    std::fs::create_dir_all(&poet)?;
+    std::fs::write(poet.join("AGENTS.md"), "You are a poet.\n")?;
+    let spec = format!("poet={}", poet.display());
+    let serve = Serve::start(dir.path(), &model.base_url(), &["--serve-agent", &spec])?;
+    let body: Value = client()
+        .get(serve.at("/v1/models"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let ids: Vec<&str> = body["data"]
+        .as_array()
+        .map(|d| d.iter().filter_map(|m| m["id"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(ids, vec!["hame", "poet"]);
+    let url = serve.at("/v1/chat/completions");
+    let (status, body) = post(
+        &url,
+        json!({"model": "poet", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        "A poet answers, in verse."
+    );
+    assert_eq!(body["model"], "poet");
+    let (status, body) = post(
+        &url,
+        json!({"model": "hame", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        "Arr, a pirate answers."
+    );
+    // Each agent's sessions live in its own workspace.
+    let count = |ws: &std::path::Path, agent: &str| {
+        std::fs::read_dir(ws.join(format!("agents/{agent}/sessions")))
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".log.jsonl"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        (
+            count(&poet, "poet"),
+            count(&pirate, "hame"),
+            count(&pirate, "poet")
+        ),
+        (1, 1, 0)
+    );
+    let (status, body) = post(
+        &url,
+        json!({"model": "sailor", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await?;
+    assert_eq!(status, 404);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("`poet`"),
+        "{body}"
+    );
+    Ok(())
+}
