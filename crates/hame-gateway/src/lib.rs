@@ -55,6 +55,7 @@ mod gate;
 mod metrics;
 mod oai_request;
 mod openai;
+mod openapi;
 mod replay;
 mod responses;
 mod routes;

@@ -837,3 +837,49 @@ async fn one_process_serves_two_agents_each_with_its_own_workspace_and_persona()
     );
     Ok(())
 }
+
+const VALIDATE_OPENAPI_PY: &str = r#"
+import json, sys, urllib.request
+from openapi_spec_validator import validate
+doc = json.load(urllib.request.urlopen(sys.argv[1] + "/openapi.json"))
+validate(doc)
+print(json.dumps({"openapi": doc["openapi"], "paths": sorted(doc["paths"])}))
+"#;
+
+#[tokio::test]
+async fn the_openapi_document_lists_every_route_and_validates() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
+    let r = client().get(serve.at("/openapi.json")).send().await?;
+    assert_eq!(r.status(), 200);
+    let doc: Value = r.json().await?;
+    assert_eq!(doc["openapi"], "3.1.0");
+    let post = &doc["paths"]["/v1/chat/completions"]["post"];
+    assert!(
+        post["responses"]["400"]["content"]["application/json"]["schema"]["$ref"]
+            .as_str()
+            .is_some_and(|r| r.ends_with("/ErrorBody")),
+        "{post}"
+    );
+    let Some(py) = python(
+        "openapi-venv",
+        "openapi-spec-validator>=0.7,<1",
+        "openapi_spec_validator",
+    ) else {
+        return Ok(());
+    };
+    let base = serve.at("");
+    let got = run_py(py, dir.path(), VALIDATE_OPENAPI_PY, base).await?;
+    assert_eq!(got["openapi"], "3.1.0");
+    let paths: Vec<&str> = got["paths"]
+        .as_array()
+        .map(|p| p.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    assert_eq!(paths.len(), 15, "{paths:?}");
+    assert!(
+        paths.contains(&"/v1/responses") && paths.contains(&"/v1/models/{id}"),
+        "{paths:?}"
+    );
+    Ok(())
+}
