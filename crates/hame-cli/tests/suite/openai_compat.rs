@@ -693,6 +693,7 @@ const AGENTS_PY: &str = r#"
 import asyncio, json, sys
 from openai import AsyncOpenAI
 from agents import Agent, Runner, function_tool, OpenAIResponsesModel, set_tracing_disabled
+from pydantic import BaseModel
 set_tracing_disabled(True)
 client = AsyncOpenAI(base_url=sys.argv[1], api_key="unused")
 calls = []
@@ -712,12 +713,19 @@ async def main():
     async for _ in streamed.stream_events():
         pass
     out["streamed"] = streamed.final_output
+    class City(BaseModel):
+        name: str
+        population: int
+    typed = Agent(name="typed", instructions="Answer with data.", output_type=City,
+                  model=OpenAIResponsesModel(model="hame", openai_client=client))
+    city = await Runner.run(typed, "Oslo?")
+    out["city"] = city.final_output.model_dump()
     print(json.dumps(out))
 asyncio.run(main())
 "#;
 
 #[tokio::test]
-async fn the_agents_sdk_runs_a_function_tool_and_a_second_turn() -> TestResult {
+async fn the_agents_sdk_runs_a_function_tool_a_second_turn_and_structured_output() -> TestResult {
     let Some(py) = python("agents-venv", "openai-agents>=0.2,<1", "agents") else {
         return Ok(());
     };
@@ -728,6 +736,7 @@ async fn the_agents_sdk_runs_a_function_tool_and_a_second_turn() -> TestResult {
         ScriptStep::text("Oslo."),
         ScriptStep::text("About 700,000."),
         ScriptStep::text("Hi!"),
+        ScriptStep::text("{\"name\": \"Oslo\", \"population\": 700000}"),
     ]);
     let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
     let got = run_py(py, dir.path(), AGENTS_PY, serve.at("/v1")).await?;
@@ -735,6 +744,7 @@ async fn the_agents_sdk_runs_a_function_tool_and_a_second_turn() -> TestResult {
     assert_eq!(got["first"], "Oslo.");
     assert_eq!(got["second"], "About 700,000.");
     assert_eq!(got["streamed"], "Hi!");
+    assert_eq!(got["city"], json!({"name": "Oslo", "population": 700000}));
     let reqs = model.requests();
     assert!(reqs[0].system_text().contains("Answer briefly."));
     assert_eq!(
@@ -750,6 +760,10 @@ async fn the_agents_sdk_runs_a_function_tool_and_a_second_turn() -> TestResult {
     assert_eq!(
         second.last().map(String::as_str),
         Some("user: And its population?")
+    );
+    assert!(
+        reqs[4].system_text().contains("\"population\""),
+        "the output type's schema reached the model"
     );
     Ok(())
 }
