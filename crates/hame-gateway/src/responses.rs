@@ -583,6 +583,7 @@ pub(crate) async fn create(
                             out.push(ev("response.output_text.done", json!({"output_index": i, "item_id": id, "content_index": 0, "text": text, "logprobs": []})));
                             out.push(ev("response.content_part.done", json!({"output_index": i, "item_id": id, "content_index": 0, "part": item["content"][0]})));
                         } else {
+                            out.push(ev("response.function_call_arguments.delta", json!({"output_index": i, "item_id": item["id"], "delta": item["arguments"]})));
                             out.push(ev("response.function_call_arguments.done", json!({"output_index": i, "item_id": item["id"], "name": item["name"], "arguments": item["arguments"]})));
                         }
                         out.push(ev("response.output_item.done", json!({"output_index": i, "item": item})));

@@ -523,6 +523,36 @@ async fn responses_run_function_tools_and_continue_from_a_previous_response() ->
         "streamed"
     );
     assert_eq!(done.data["response"]["status"], "completed");
+    // A streamed function call: its item, its arguments, then the response.
+    model.push(ScriptStep::tool_call(
+        "call_s",
+        "add",
+        json!({"a": 1, "b": 1}),
+    ));
+    let r = client()
+        .post(&url)
+        .json(&json!({"model": "hame", "input": "1+1?", "stream": true, "tools": tools}))
+        .send()
+        .await?;
+    let events = parse_sse(&r.text().await?);
+    let names: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
+    assert_eq!(
+        names,
+        vec![
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+    );
+    assert_eq!(events[4].data["arguments"], "{\"a\":1,\"b\":1}");
+    assert_eq!(
+        events[6].data["response"]["output"][0]["type"],
+        "function_call"
+    );
     Ok(())
 }
 
@@ -894,6 +924,68 @@ async fn the_openapi_document_lists_every_route_and_validates() -> TestResult {
     assert!(
         paths.contains(&"/v1/responses") && paths.contains(&"/v1/models/{id}"),
         "{paths:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_forged_or_foreign_tool_call_id_reaches_no_other_session() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    model.push(ScriptStep::tool_call(
+        "call_1",
+        "get_weather",
+        json!({"city": "Oslo"}),
+    ));
+    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
+    let url = serve.at("/v1/chat/completions");
+    let r = client()
+        .post(&url)
+        .header("x-hame-user", "alice")
+        .json(&json!({"model": "hame", "tools": [weather_tool()], "messages": [{"role": "user", "content": "Weather?"}]}))
+        .send()
+        .await?;
+    let body: Value = r.json().await?;
+    let call_id = body["choices"][0]["message"]["tool_calls"][0]["id"]
+        .as_str()
+        .ok_or("no call")?
+        .to_owned();
+    let result = |id: &str| json!({"model": "hame", "messages": [{"role": "tool", "tool_call_id": id, "content": "5 C"}]});
+    // Another user with alice's call id: the id names a session of *bob*, which waits for nothing.
+    let r = client()
+        .post(&url)
+        .header("x-hame-user", "bob")
+        .json(&result(&call_id))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 409);
+    let body: Value = r.json().await?;
+    assert_eq!(body["error"]["code"], "not_pending");
+    // A forged id whose session is a path: refused as an id, nothing touched.
+    let hex: String = "../alice".bytes().map(|b| format!("{b:02x}")).collect();
+    let r = client()
+        .post(&url)
+        .header("x-hame-user", "bob")
+        .json(&result(&format!("hs_{hex}_call_1")))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await?;
+    assert_eq!(body["error"]["code"], "invalid_id");
+    // Alice's call still waits, and her result resumes it.
+    model.push(ScriptStep::text("5 C in Oslo."));
+    let r = client()
+        .post(&url)
+        .header("x-hame-user", "alice")
+        .json(&result(&call_id))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await?;
+    assert_eq!(body["choices"][0]["message"]["content"], "5 C in Oslo.");
+    assert!(
+        !dir.path().join("ws/bob/agents/hame/sessions").exists()
+            || std::fs::read_dir(dir.path().join("ws/bob/agents/hame/sessions"))?.count() == 0
     );
     Ok(())
 }
