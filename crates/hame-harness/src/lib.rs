@@ -10,7 +10,8 @@
 //! ([`tools_config`]: allow/deny and MCP servers through `hame-mcp`, applied per call by
 //! the innermost [`ToolsConfigLayer`]); see `docs/skills.md` and `docs/tools-and-mcp.md`.
 //! Every tool call passes the [`permissions`] layer (allow / ask / deny rules with durable
-//! human approval, plan mode, the todo list; `docs/permissions.md`).
+//! human approval, plan mode, the todo list; `docs/permissions.md`). What an API caller adds
+//! to one call — instructions, client tools, a reply format, history — is [`caller`].
 //!
 //! Applications depend on the `hame` facade, which re-exports this crate.
 //!
