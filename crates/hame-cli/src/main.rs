@@ -28,6 +28,7 @@ mod skills;
 mod status;
 mod tasks;
 mod telemetry;
+mod usage;
 
 use common::Common;
 
@@ -136,6 +137,14 @@ enum Command {
         #[command(flatten)]
         args: inspect::SessionsArgs,
     },
+    /// What the caller's sessions spent, by session and model (tokens, cache, USD).
+    ///
+    /// Read from the spend saved with each session's state (docs/cost.md); --user picks
+    /// the user, --since the first UTC day counted.
+    Usage {
+        #[command(flatten)]
+        args: usage::UsageArgs,
+    },
     /// The caller's memory: `show` (default: MEMORY.md and the daily logs), `search QUERY`.
     Memory {
         #[command(flatten)]
@@ -201,7 +210,7 @@ const COMMAND_GROUPS: &[(&str, &[&str])] = &[
     ("Run an agent", &["run", "chat", "serve"]),
     (
         "Inspect",
-        &["sessions", "memory", "tasks", "replay", "config"],
+        &["sessions", "usage", "memory", "tasks", "replay", "config"],
     ),
     ("Workspace", &["init", "skills"]),
     ("Admin", &["approve", "deny", "sandbox"]),
@@ -273,6 +282,7 @@ fn main() -> ExitCode {
             Command::Init { args } => init::init(args),
             Command::Sessions { args } => inspect::sessions(args).await,
             Command::Memory { args } => inspect::memory(args).await,
+            Command::Usage { args } => usage::usage(args).await,
             Command::Replay { args } => replay::replay(args).await,
             Command::Config { args } => config::show(args),
             Command::Serve { args } => serve::serve(args).await,

@@ -91,6 +91,8 @@ pub struct HarnessAgentBuilder {
     model_resolver: Option<ModelResolver>,
     permission_rules: crate::tools_config::Permissions,
     permission_mode: crate::permissions::Mode,
+    budgets: crate::cost::Budgets,
+    prices: Option<crate::cost::Prices>,
 }
 
 /// Opens a model from a `provider:model` spec (a subagent spec's `model` key); the CLI
@@ -187,6 +189,19 @@ impl HarnessAgentBuilder {
     /// Adds a tool (it replaces a built-in tool of the same name).
     pub fn tool(mut self, tool: Arc<dyn Tool>) -> Self {
         self.tools.push(tool);
+        self
+    }
+
+    /// Spending limits per run, session and user day (default: none). Spend is recorded
+    /// either way (`docs/cost.md`).
+    pub fn budgets(mut self, budgets: crate::cost::Budgets) -> Self {
+        self.budgets = budgets;
+        self
+    }
+
+    /// The price table (default [`crate::cost::DEFAULT_PRICES`]).
+    pub fn prices(mut self, prices: crate::cost::Prices) -> Self {
+        self.prices = Some(prices);
         self
     }
 
@@ -626,7 +641,15 @@ impl HarnessAgentBuilder {
         if let Some(layer) = &capabilities.tools_layer {
             agent_loop = agent_loop.with_layer(layer.clone());
         }
+        // Innermost of all: spend recorded and budgets checked on each request as sent
+        // (compaction's retries included).
+        let budgets = self.budgets;
+        agent_loop = agent_loop.with_layer(Arc::new(crate::cost::BudgetLayer::new(
+            budgets,
+            self.prices.unwrap_or_default(),
+        )));
         let inner = Arc::new(Inner {
+            budgets,
             name,
             workspace,
             agent_loop,
@@ -779,6 +802,7 @@ fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
 
 #[derive(Debug)]
 pub(crate) struct Inner {
+    budgets: crate::cost::Budgets,
     pub(crate) name: String,
     pub(crate) workspace: PathBuf,
     pub(crate) agent_loop: AgentLoop,
@@ -875,6 +899,27 @@ impl HarnessAgent {
             .state(ctx)
             .await?
             .and_then(|s| s.pending.map(|p| p.to_suspended())))
+    }
+
+    /// What the sessions of `user` (`None`: the anonymous tenant) spent, by session and
+    /// model, on UTC days from `since` (`YYYY-MM-DD`; `None`: all), as saved with their
+    /// state (`hame usage`).
+    pub async fn usage(
+        &self,
+        user: Option<&str>,
+        since: Option<&str>,
+    ) -> Result<Vec<crate::cost::SessionSpend>> {
+        if let Some(u) = user {
+            validate_id("user id", u)?;
+        }
+        crate::cost::spend_by_session(
+            self.inner.state_store.as_ref(),
+            &self.inner.name,
+            user,
+            since,
+        )
+        .await
+        .map_err(|e| Error::storage("reading the sessions' spend failed", e))
     }
 
     /// The session state of a caller, if the session exists.
@@ -1123,6 +1168,22 @@ impl HarnessAgent {
         );
         let mut extensions = Extensions::new();
         extensions.insert(ws.clone());
+        extensions.insert(crate::cost::prompt_cache_key(key));
+        // A user-day budget counts what the user's other sessions saved today.
+        let others_today = if self.inner.budgets.user_day.is_unlimited() {
+            crate::cost::Spend::default()
+        } else {
+            match crate::cost::others_on(store.as_ref(), key, &crate::cost::today()).await {
+                Ok(s) => s,
+                Err(e) => {
+                    return (
+                        Err(Error::storage("reading the user's spend today failed", e)),
+                        0,
+                    );
+                }
+            }
+        };
+        extensions.insert(crate::cost::CallSpend::new(others_today));
         // The session-log layer checks it before every durable write: a call whose lease was
         // lost (a renewal failed past its TTL, another replica took over) stops writing.
         extensions.insert_arc(lease.clone());

@@ -38,6 +38,7 @@ mod agent;
 mod capabilities;
 pub mod catalog;
 mod context;
+pub mod cost;
 mod error;
 mod guard;
 mod ids;

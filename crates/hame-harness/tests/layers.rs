@@ -117,7 +117,8 @@ fn built_ins_sit_between_outer_and_inner_user_layers() -> TestResult {
             "inner-2",
             "permissions",
             "catalog",
-            "tools-config"
+            "tools-config",
+            "budget"
         ]
     );
     assert_eq!(
@@ -131,7 +132,8 @@ fn built_ins_sit_between_outer_and_inner_user_layers() -> TestResult {
             "inner-2",
             "permissions",
             "catalog",
-            "tools-config"
+            "tools-config",
+            "budget"
         ]
     );
     Ok(())

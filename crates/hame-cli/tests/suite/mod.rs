@@ -1,6 +1,7 @@
 mod common;
 mod concurrency;
 mod conventions;
+mod cost;
 mod crash;
 mod delivery;
 mod first_hour;
