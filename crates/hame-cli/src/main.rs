@@ -17,6 +17,7 @@ mod common;
 mod config;
 mod init;
 mod inspect;
+mod mcp;
 mod replay;
 mod resume;
 mod run;
@@ -168,6 +169,13 @@ enum Command {
         #[command(flatten)]
         args: serve::ServeArgs,
     },
+    /// Serve the agent to MCP clients: `hame mcp serve` (stdio, or --listen for HTTP).
+    ///
+    /// One tool, `ask` {message, session?}, runs a turn of the agent (docs/mcp-server.md).
+    Mcp {
+        #[command(subcommand)]
+        command: mcp::McpCommand,
+    },
     /// The subagent task records of a session, oldest first.
     ///
     /// From `agents/<agent>/tasks/`. Records left running by a process that is gone are
@@ -207,7 +215,7 @@ impl std::error::Error for ConfigError {}
 
 /// The commands of `hame --help`, by group, in the order shown.
 const COMMAND_GROUPS: &[(&str, &[&str])] = &[
-    ("Run an agent", &["run", "chat", "serve"]),
+    ("Run an agent", &["run", "chat", "serve", "mcp"]),
     (
         "Inspect",
         &["sessions", "usage", "memory", "tasks", "replay", "config"],
@@ -286,6 +294,7 @@ fn main() -> ExitCode {
             Command::Replay { args } => replay::replay(args).await,
             Command::Config { args } => config::show(args),
             Command::Serve { args } => serve::serve(args).await,
+            Command::Mcp { command } => mcp::run(command).await,
         };
         // Nothing hame started outlives it.
         sandbox::shutdown().await;

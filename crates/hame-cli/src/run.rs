@@ -15,6 +15,7 @@ pub(crate) fn warn_on(ev: &AgentEvent) {
     match ev {
         AgentEvent::Custom { kind, data }
             if kind.starts_with("workspace.")
+                || kind.starts_with("mcp.tool_")
                 || kind.ends_with("_failed")
                 || kind.ends_with(".failed") =>
         {

@@ -45,7 +45,7 @@ pub(crate) fn router(shared: AppState) -> Router {
 }
 
 /// The caller: its user id (the token's with auth, else `X-Hame-User` or the default).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Caller(pub(crate) Option<String>);
 
 impl FromRequestParts<AppState> for Caller {

@@ -47,10 +47,10 @@ pub(crate) fn start_once(
 ) -> Result<Turn, ApiError> {
     use crate::replay::Claim;
     let Some(key) = key else {
-        return start_recorded(shared, user, session, input, None);
+        return start_recorded(shared, user, session, input, None, None);
     };
     match shared.replays.claim(&key, &session)? {
-        Claim::New(recorder) => start_recorded(shared, user, session, input, Some(recorder)),
+        Claim::New(recorder) => start_recorded(shared, user, session, input, Some(recorder), None),
         Claim::Replay(mut done, session) => {
             let (tx, rx) = mpsc::unbounded_channel();
             let (out_tx, out_rx) = oneshot::channel();
@@ -82,6 +82,19 @@ pub(crate) fn start_once(
     }
 }
 
+/// Queues a turn on `(user, session)` and starts its task, which `cancel` stops (it
+/// should be a child of the gateway's token, so the drain timeout stops it too). No
+/// retries are recognised (the MCP server's `ask`).
+pub(crate) fn start_cancellable(
+    shared: &Arc<Shared>,
+    user: Option<String>,
+    session: String,
+    input: CallInput,
+    cancel: hame::CancellationToken,
+) -> Result<Turn, ApiError> {
+    start_recorded(shared, user, session, input, None, Some(cancel))
+}
+
 /// The key of a session in the gate table and the event hub.
 pub(crate) fn key(agent: &str, user: Option<&str>, session: &str) -> String {
     format!("{agent}\u{0}{}\u{0}{session}", user.unwrap_or(""))
@@ -96,6 +109,7 @@ fn start_recorded(
     session: String,
     input: CallInput,
     recorder: Option<crate::replay::Recorder>,
+    cancel: Option<hame::CancellationToken>,
 ) -> Result<Turn, ApiError> {
     if shared.draining.is_cancelled() {
         return Err(ApiError::draining());
@@ -128,7 +142,8 @@ fn start_recorded(
     let task = async move {
         ticket.ready().await;
         let started = Instant::now();
-        let (outcome, ended) = run(&me, &key, &ctx, input, &tx).await;
+        let cancel = cancel.unwrap_or_else(|| me.cancel.child_token());
+        let (outcome, ended) = run(&me, &key, &ctx, input, &tx, &cancel).await;
         if let Some(recorder) = recorder {
             recorder.finish(crate::replay::Done::new(outcome.clone(), ended));
         }
@@ -189,6 +204,7 @@ async fn run(
     ctx: &RuntimeContext,
     input: CallInput,
     tx: &mpsc::UnboundedSender<Arc<Event>>,
+    cancel: &hame::CancellationToken,
 ) -> (Outcome, Vec<Arc<Event>>) {
     let emit = |name: &'static str, data: Value, terminal: bool| async move {
         let ev = shared.publish(key, name, data.to_string(), terminal).await;
@@ -197,7 +213,6 @@ async fn run(
     };
     let mut ended = Vec::new();
     let (sink, mut rx) = EventSink::channel();
-    let cancel = shared.cancel.child_token();
     let on_event = |ev: AgentEvent| async move {
         shared.metrics.event(&ev);
         if let Some((name, data)) = shown(&ev) {
@@ -207,8 +222,8 @@ async fn run(
     let result = {
         let call = async {
             match input {
-                CallInput::Message(m) => shared.agent.call_with(m, ctx, &sink, &cancel).await,
-                CallInput::Resume(r) => shared.agent.resume(r, ctx, &sink, &cancel).await,
+                CallInput::Message(m) => shared.agent.call_with(m, ctx, &sink, cancel).await,
+                CallInput::Resume(r) => shared.agent.resume(r, ctx, &sink, cancel).await,
             }
         };
         tokio::pin!(call);

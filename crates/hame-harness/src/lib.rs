@@ -78,6 +78,8 @@ pub use memory::{FlushPolicy, MemoryOptions};
 pub use recorder::{CALL_ID_EXTRA, SessionRecorder};
 pub use template::{RUNTIME_ROOTS, TemplateFs};
 pub use tenancy::{FilesystemMode, Tenancy};
-pub use tools_layer::{MCP_FAILED_EVENT, ToolsConfigError, ToolsConfigLayer};
+pub use tools_layer::{
+    MCP_DROPPED_EVENT, MCP_FAILED_EVENT, MCP_RENAMED_EVENT, ToolsConfigError, ToolsConfigLayer,
+};
 pub use users::UserRegistry;
 pub use workspace::{DEFAULT_WORKSPACE, WORKSPACE_ENV, resolve_workspace};

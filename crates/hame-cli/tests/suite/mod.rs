@@ -7,6 +7,7 @@ mod delivery;
 mod first_hour;
 mod layout;
 mod mcp;
+mod mcp_server;
 mod memory;
 mod permissions;
 mod redis_restart;
