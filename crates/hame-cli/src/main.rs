@@ -20,6 +20,7 @@ mod inspect;
 mod replay;
 mod resume;
 mod run;
+mod runs;
 mod sandbox;
 mod secrets;
 mod serve;
@@ -159,6 +160,20 @@ enum Command {
         #[command(flatten)]
         args: serve::ServeArgs,
     },
+    /// Drain the run queue: execute runs that `hame serve` replicas accepted.
+    ///
+    /// Same flags as `hame serve` for the workspace, model, --state, --store and sandbox;
+    /// runs of the agent are claimed from the queue in the state store, heartbeated, and
+    /// taken over by another worker when this one dies (docs/runs.md). SIGTERM drains.
+    Worker {
+        #[command(flatten)]
+        args: runs::WorkerCommand,
+    },
+    /// Runs in the state store: `list [SESSION]`, `show ID`, `cancel ID` (no server needed).
+    Runs {
+        #[command(subcommand)]
+        command: runs::RunsCommand,
+    },
     /// The subagent task records of a session, oldest first.
     ///
     /// From `agents/<agent>/tasks/`. Records left running by a process that is gone are
@@ -198,10 +213,10 @@ impl std::error::Error for ConfigError {}
 
 /// The commands of `hame --help`, by group, in the order shown.
 const COMMAND_GROUPS: &[(&str, &[&str])] = &[
-    ("Run an agent", &["run", "chat", "serve"]),
+    ("Run an agent", &["run", "chat", "serve", "worker"]),
     (
         "Inspect",
-        &["sessions", "memory", "tasks", "replay", "config"],
+        &["sessions", "memory", "tasks", "runs", "replay", "config"],
     ),
     ("Workspace", &["init", "skills"]),
     ("Admin", &["approve", "deny", "sandbox"]),
@@ -276,6 +291,8 @@ fn main() -> ExitCode {
             Command::Replay { args } => replay::replay(args).await,
             Command::Config { args } => config::show(args),
             Command::Serve { args } => serve::serve(args).await,
+            Command::Worker { args } => runs::worker(args).await,
+            Command::Runs { command } => runs::runs(command).await,
         };
         // Nothing hame started outlives it.
         sandbox::shutdown().await;

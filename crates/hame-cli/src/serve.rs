@@ -44,6 +44,12 @@ pub(crate) struct ServeArgs {
     /// closes (keep it under `ulimit -n`).
     #[arg(long, default_value_t = 1024, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
+    /// Accept runs (POST /v1/sessions/{session}/runs) but leave them to `hame worker`
+    /// processes instead of executing them here.
+    #[arg(long, help_heading = "Runs")]
+    no_worker: bool,
+    #[command(flatten)]
+    worker: crate::runs::WorkerArgs,
 }
 
 /// A timeout in seconds: a number above 0 and at most a day.
@@ -102,6 +108,8 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
     let (agent, ctx) = build_resolved(&args.common, &config).await?;
+    let runs = crate::runs::queue_if_available(&agent, &config).await?;
+    let worker = (!args.no_worker).then(|| args.worker.options());
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| ConfigError(format!("cannot listen on {addr}: {e} (check --listen)")))?;
@@ -113,7 +121,8 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_header_timeout(Duration::from_secs_f64(args.header_timeout))
         .with_body_timeout(Duration::from_secs_f64(args.body_timeout))
         .with_max_connections(usize::try_from(args.max_connections).unwrap_or(usize::MAX))
-        .with_shared_events(shared_events);
+        .with_shared_events(shared_events)
+        .with_runs(runs, worker);
     let gateway = hame_gateway::Gateway::new(agent.clone(), ctx, options);
     println!("listening on http://{local}");
     std::io::stdout().flush()?;
@@ -122,7 +131,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// The first SIGTERM or SIGINT starts the drain; a second one exits at once.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
