@@ -21,6 +21,7 @@ mod mcp;
 mod replay;
 mod resume;
 mod run;
+mod runs;
 mod sandbox;
 mod secrets;
 mod serve;
@@ -176,6 +177,20 @@ enum Command {
         #[command(subcommand)]
         command: mcp::McpCommand,
     },
+    /// Drain the run queue: execute runs that `hame serve` replicas accepted.
+    ///
+    /// Same flags as `hame serve` for the workspace, model, --state, --store and sandbox;
+    /// runs of the agent are claimed from the queue in the state store, heartbeated, and
+    /// taken over by another worker when this one dies (docs/runs.md). SIGTERM drains.
+    Worker {
+        #[command(flatten)]
+        args: runs::WorkerCommand,
+    },
+    /// Runs in the state store: `list [SESSION]`, `show ID`, `cancel ID` (no server needed).
+    Runs {
+        #[command(subcommand)]
+        command: runs::RunsCommand,
+    },
     /// The subagent task records of a session, oldest first.
     ///
     /// From `agents/<agent>/tasks/`. Records left running by a process that is gone are
@@ -215,10 +230,10 @@ impl std::error::Error for ConfigError {}
 
 /// The commands of `hame --help`, by group, in the order shown.
 const COMMAND_GROUPS: &[(&str, &[&str])] = &[
-    ("Run an agent", &["run", "chat", "serve", "mcp"]),
+    ("Run an agent", &["run", "chat", "serve", "worker", "mcp"]),
     (
         "Inspect",
-        &["sessions", "usage", "memory", "tasks", "replay", "config"],
+        &["sessions", "usage", "memory", "tasks", "runs", "replay", "config"],
     ),
     ("Workspace", &["init", "skills"]),
     ("Admin", &["approve", "deny", "sandbox"]),
@@ -295,6 +310,9 @@ fn main() -> ExitCode {
             Command::Config { args } => config::show(args),
             Command::Serve { args } => serve::serve(args).await,
             Command::Mcp { command } => mcp::run(command).await,
+    },
+            Command::Worker { args } => runs::worker(args).await,
+            Command::Runs { command } => runs::runs(command).await,
         };
         // Nothing hame started outlives it.
         sandbox::shutdown().await;

@@ -58,6 +58,8 @@ async fn serve(args: McpServeArgs) -> anyhow::Result<()> {
             body_timeout: 30.0,
             max_connections: 1024,
             mcp: true,
+            // As `hame serve`: runs accepted on this server are drained here too.
+            worker: Some(hame_gateway::WorkerOptions::default()),
         };
         return crate::serve::serve_http(&args.common, http).await;
     }

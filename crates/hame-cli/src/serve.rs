@@ -44,6 +44,12 @@ pub(crate) struct ServeArgs {
     /// closes (keep it under `ulimit -n`).
     #[arg(long, default_value_t = 1024, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
+    /// Accept runs (POST /v1/sessions/{session}/runs) but leave them to `hame worker`
+    /// processes instead of executing them here.
+    #[arg(long, help_heading = "Runs")]
+    no_worker: bool,
+    #[command(flatten)]
+    worker: crate::runs::WorkerArgs,
 }
 
 /// A timeout in seconds: a number above 0 and at most a day.
@@ -66,6 +72,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         body_timeout: args.body_timeout,
         max_connections: args.max_connections,
         mcp: false,
+        worker: (!args.no_worker).then(|| args.worker.options()),
     };
     serve_http(&args.common, http).await
 }
@@ -81,6 +88,9 @@ pub(crate) struct Http {
     pub(crate) max_connections: u32,
     /// Also serve MCP at `/mcp`.
     pub(crate) mcp: bool,
+    /// Drain the run queue in this process with these settings (`None`: leave the runs to
+    /// `hame worker` processes).
+    pub(crate) worker: Option<hame_gateway::WorkerOptions>,
 }
 
 /// Builds the agent of `common` and serves it over HTTP until SIGTERM / SIGINT.
@@ -130,6 +140,7 @@ pub(crate) async fn serve_http(common: &Common, args: Http) -> anyhow::Result<()
         None => None,
     };
     let (agent, ctx) = build_resolved(common, &config).await?;
+    let runs = crate::runs::queue_if_available(&agent, &config).await?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| ConfigError(format!("cannot listen on {addr}: {e} (check --listen)")))?;
@@ -142,7 +153,8 @@ pub(crate) async fn serve_http(common: &Common, args: Http) -> anyhow::Result<()
         .with_body_timeout(Duration::from_secs_f64(args.body_timeout))
         .with_max_connections(usize::try_from(args.max_connections).unwrap_or(usize::MAX))
         .with_shared_events(shared_events)
-        .with_mcp(args.mcp);
+        .with_mcp(args.mcp)
+        .with_runs(runs, args.worker);
     let gateway = hame_gateway::Gateway::new(agent.clone(), ctx, options);
     if args.mcp {
         println!("listening on http://{local} (MCP at http://{local}/mcp)");
@@ -155,7 +167,7 @@ pub(crate) async fn serve_http(common: &Common, args: Http) -> anyhow::Result<()
 }
 
 /// The first SIGTERM or SIGINT starts the drain; a second one exits at once.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

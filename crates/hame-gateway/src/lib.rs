@@ -53,16 +53,19 @@ mod metrics;
 mod openai;
 mod replay;
 mod routes;
+mod runs;
 mod server;
 #[cfg(feature = "redis")]
 mod shared_events;
 mod turn;
+mod worker;
 
 pub use auth::Auth;
 pub use error::{Error, Result};
 pub use mcp::{ASK_TOOL, MAX_ASK_BYTES};
 #[cfg(feature = "redis")]
 pub use shared_events::SharedEvents;
+pub use worker::{Worker, WorkerOptions};
 
 /// Settings of a [`Gateway`]; `Default` gives the documented defaults.
 #[derive(Debug, Clone)]
@@ -109,6 +112,12 @@ pub struct GatewayOptions {
     /// in this process only.
     #[cfg(feature = "redis")]
     pub shared_events: Option<SharedEvents>,
+    /// The run queue of the `/v1/…/runs` routes; `None` (the default): those routes answer
+    /// 501 `runs_unavailable`.
+    pub runs: Option<Arc<dyn hame::state::runs::RunQueue>>,
+    /// A worker that drains [`runs`](Self::runs) in this process (`hame serve` without
+    /// `--no-worker`); `None` (the default): runs wait for a `hame worker`.
+    pub worker: Option<WorkerOptions>,
 }
 
 impl Default for GatewayOptions {
@@ -130,6 +139,8 @@ impl Default for GatewayOptions {
             mcp: false,
             #[cfg(feature = "redis")]
             shared_events: None,
+            runs: None,
+            worker: None,
         }
     }
 }
@@ -174,6 +185,18 @@ impl GatewayOptions {
     /// Also serves MCP at `/mcp` ([`GatewayOptions::mcp`]).
     pub fn with_mcp(mut self, on: bool) -> Self {
         self.mcp = on;
+        self
+    }
+
+    /// With a run queue, and a worker draining it in this process unless `worker` is
+    /// `None`.
+    pub fn with_runs(
+        mut self,
+        queue: Option<Arc<dyn hame::state::runs::RunQueue>>,
+        worker: Option<WorkerOptions>,
+    ) -> Self {
+        self.runs = queue;
+        self.worker = worker;
         self
     }
 
@@ -367,6 +390,19 @@ impl Gateway {
             header_timeout: shared.options.header_timeout,
             max_connections: shared.options.max_connections,
         };
+        let worker = match (&shared.options.runs, &shared.options.worker) {
+            (Some(queue), Some(options)) => {
+                let w = Worker::new(
+                    shared.agent.clone(),
+                    shared.base.clone(),
+                    queue.clone(),
+                    options.clone(),
+                );
+                let (stop, abort) = (draining.clone(), shared.cancel.clone());
+                Some(tokio::spawn(async move { w.run(stop, abort).await }))
+            }
+            _ => None,
+        };
         let server = {
             let stop = draining.clone();
             async move {
@@ -391,6 +427,9 @@ impl Gateway {
                 shared.turns.close();
                 let drained = tokio::time::timeout(limit, async {
                     shared.turns.wait().await;
+                    if let Some(w) = worker {
+                        let _ = w.await;
+                    }
                     (&mut server).await
                 })
                 .await;

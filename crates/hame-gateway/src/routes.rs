@@ -38,6 +38,13 @@ pub(crate) fn router(shared: AppState) -> Router {
         .route("/v1/sessions/{session}/tasks", get(get_tasks))
         .route("/v1/sessions/{session}/approvals", get(get_approvals))
         .route("/v1/sessions/{session}/approvals/{id}", post(post_approval))
+        .route(
+            "/v1/sessions/{session}/runs",
+            post(crate::runs::submit).get(crate::runs::list),
+        )
+        .route("/v1/runs/{run_id}", get(crate::runs::get))
+        .route("/v1/runs/{run_id}/cancel", post(crate::runs::cancel))
+        .route("/v1/runs/{run_id}/events", get(crate::runs::events))
         .route("/v1/memory", get(get_memory))
         .route("/v1/chat/completions", post(crate::openai::completions))
         .fallback(|| async { ApiError::not_found("no such route") })

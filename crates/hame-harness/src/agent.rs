@@ -438,11 +438,11 @@ impl HarnessAgentBuilder {
         );
 
         let mode = self.filesystem.unwrap_or_default();
-        let (state_store, state_dir) = match self.state_store {
-            Some(s) => (s, None),
+        let (state_store, state_dir, state_root) = match self.state_store {
+            Some(s) => (s, None, None),
             None => {
-                let (store, dir) = default_state_store(&env, &workspace)?;
-                (store, Some(dir))
+                let (store, dir, root) = default_state_store(&env, &workspace)?;
+                (store, Some(dir), Some(root))
             }
         };
         if mode.is_shared() && !state_store.is_shared() && !self.allow_local_state {
@@ -655,6 +655,7 @@ impl HarnessAgentBuilder {
             agent_loop,
             tenancy,
             state_store,
+            state_root,
             lease: self.lease.unwrap_or_default(),
             local_locks: Mutex::new(HashMap::new()),
             memory,
@@ -728,11 +729,11 @@ pub fn workspace_identity(workspace: &std::path::Path) -> String {
 }
 
 /// The default JSON state store: `<HAME_STATE_HOME or ~/.hame/state>/<workspace identity>/`
-/// (created `0700`), and the state home (its parent).
+/// (created `0700`), the state home (its parent) and its own directory.
 fn default_state_store(
     env: &EnvLookup,
     workspace: &std::path::Path,
-) -> Result<(Arc<dyn StateStore>, PathBuf)> {
+) -> Result<(Arc<dyn StateStore>, PathBuf, PathBuf)> {
     let base = match env.get(STATE_HOME_ENV) {
         Some(dir) => PathBuf::from(dir),
         None => {
@@ -761,7 +762,7 @@ fn default_state_store(
     })?;
     // The whole state home is hidden from the file tools when it is inside the workspace
     // (it holds other workspaces' state too).
-    Ok((Arc::new(store), base))
+    Ok((Arc::new(store), base, dir))
 }
 
 /// Where sandbox mode keeps a workspace's runtime data on the host:
@@ -808,6 +809,8 @@ pub(crate) struct Inner {
     pub(crate) agent_loop: AgentLoop,
     pub(crate) tenancy: Arc<Tenancy>,
     pub(crate) state_store: Arc<dyn StateStore>,
+    /// The directory of the default JSON state store, when the harness opened it.
+    pub(crate) state_root: Option<PathBuf>,
     pub(crate) lease: LeaseOptions,
     local_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     pub(crate) memory: Option<Arc<MemoryLayer>>,
@@ -856,6 +859,13 @@ impl HarnessAgent {
     /// The state store.
     pub fn state_store(&self) -> &Arc<dyn StateStore> {
         &self.inner.state_store
+    }
+
+    /// The directory of the JSON state store the harness opened itself (no
+    /// [`state_store`](HarnessAgentBuilder::state_store) given): where the run queue of such a
+    /// deployment lives too. `None` when a store was given.
+    pub fn default_state_root(&self) -> Option<&std::path::Path> {
+        self.inner.state_root.as_deref()
     }
 
     /// The skills capability, when on (`hame skills list|promote` use it with

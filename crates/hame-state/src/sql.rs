@@ -177,6 +177,11 @@ macro_rules! migrations {
                 "schema version column",
                 include_str!(concat!("../migrations/", $db, "/0003_schema_version.sql")),
             ),
+            (
+                4,
+                "run queue",
+                include_str!(concat!("../migrations/", $db, "/0004_runs.sql")),
+            ),
         ]
     };
 }

@@ -14,6 +14,7 @@ mod redis_restart;
 mod replicas;
 mod resume;
 mod run;
+mod runs;
 mod sandbox;
 mod secrets;
 mod serve;
