@@ -57,7 +57,9 @@ pub(crate) fn for_callers(value: serde_json::Value) -> serde_json::Value {
     }
 }
 
-/// An error answer of a route: a status and `{"error": {"code", "message"}}`.
+/// An error answer of a route: a status and, in OpenAI's error shape,
+/// `{"error": {"message", "type", "param", "code"}}` (the session API's `code` and
+/// `message` are the same fields).
 #[derive(Debug, Clone)]
 pub(crate) struct ApiError {
     pub(crate) status: StatusCode,
@@ -66,6 +68,8 @@ pub(crate) struct ApiError {
     pub(crate) retry_after: Option<u64>,
     /// `budget_exceeded`: the limit reached and what was spent under it, as `error.budget`.
     pub(crate) budget: Option<serde_json::Value>,
+    /// The request field at fault, when there is one.
+    pub(crate) param: Option<String>,
 }
 
 impl ApiError {
@@ -82,7 +86,14 @@ impl ApiError {
             message,
             retry_after: None,
             budget: None,
+            param: None,
         }
+    }
+
+    /// The same error naming the request field at fault.
+    pub(crate) fn with_param(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into());
+        self
     }
 
     pub(crate) fn unauthorized() -> Self {
@@ -151,13 +162,88 @@ impl ApiError {
         }
     }
 
+    /// `{"error": {"message", "type", "param", "code"}}`.
     pub(crate) fn body(&self) -> serde_json::Value {
-        let mut body = serde_json::json!({"error": {"code": self.code, "message": self.message}});
+        let mut body = serde_json::json!({"error": {
+            "message": self.message,
+            "type": error_type(self.status),
+            "param": self.param,
+            "code": self.code,
+        }});
         if let Some(b) = &self.budget {
             body["error"]["budget"] = b.clone();
         }
         body
     }
+}
+
+/// OpenAI's error `type` for a status.
+pub(crate) fn error_type(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        409 => "conflict_error",
+        429 => "rate_limit_error",
+        400..=499 => "invalid_request_error",
+        _ => "server_error",
+    }
+}
+
+/// Every error answer in the one JSON shape: an answer of status 400 or above that is not
+/// JSON (axum's plain-text rejections of a bad query string or path, the empty 405 of a
+/// wrong method, the empty 408 of the request timeout) is replaced by an [`ApiError`] with
+/// the same status, whose message is the original text (at most 300 characters).
+pub(crate) async fn json_errors(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    if status.as_u16() < 400 {
+        return resp;
+    }
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json {
+        return resp;
+    }
+    let allow = resp.headers().get(header::ALLOW).cloned();
+    let text = match axum::body::to_bytes(resp.into_body(), 64 * 1024).await {
+        Ok(b) => String::from_utf8_lossy(&b)
+            .trim()
+            .chars()
+            .take(300)
+            .collect::<String>(),
+        Err(_) => String::new(),
+    };
+    let (code, fallback) = match status.as_u16() {
+        405 => ("method_not_allowed", "this route does not take that method"),
+        408 => (
+            "request_timeout",
+            "the request took longer than the server allows",
+        ),
+        413 => (
+            "body_too_large",
+            "the request body is larger than the server accepts",
+        ),
+        404 => ("not_found", "no such route"),
+        400..=499 => ("bad_request", "the request is not valid"),
+        _ => ("internal", "the server failed"),
+    };
+    let message = if text.is_empty() {
+        fallback.to_owned()
+    } else {
+        text
+    };
+    let mut out = ApiError::new(status, code, message).into_response();
+    if let Some(allow) = allow {
+        out.headers_mut().insert(header::ALLOW, allow);
+    }
+    out
 }
 
 /// Whether retrying the same request may get another answer: the request was refused

@@ -12,14 +12,17 @@
 //!   replica replays any replica's events);
 //! - `GET /v1/sessions`, `GET /v1/sessions/{session}/messages`, `…/tasks`,
 //!   `POST …/approvals/{id}` `{"decision": "approve"|"deny"}`, `GET /v1/memory`;
-//! - `POST /v1/chat/completions` (OpenAI-compatible; `model` is the agent id);
+//! - `POST /v1/chat/completions`, `POST /v1/responses`, `GET /v1/models` (OpenAI-compatible;
+//!   `model` is the agent id; every field honoured or refused with 400 naming it; client
+//!   tools, history, system messages and structured output: `docs/openai-compat.md`);
 //! - `GET /healthz`, `GET /metrics` (Prometheus text), and a web console at `/`.
 //!
 //! Turns of one (agent, user, session) run one at a time in arrival order behind a gate
 //! with a bounded queue (429 + `Retry-After` past it); different sessions run in parallel.
 //! With [`Auth`] every request but `/healthz` needs `Authorization: Bearer <token>` and the
 //! token decides the user; without it the user comes from an optional `X-Hame-User` header.
-//! Every default and limit is in `docs/gateway.md`.
+//! Every error, on every route, is in OpenAI's shape `{"error": {"message", "type", "param",
+//! "code"}}`. Every default and limit is in `docs/gateway.md`.
 //!
 //! Who should depend on it: a binary that serves an agent over HTTP (the `hame` CLI).
 //! Feature `redis`: [`SharedEvents`], the sessions' events shared between replicas.
@@ -50,8 +53,10 @@ mod events;
 mod gate;
 mod mcp;
 mod metrics;
+mod oai_request;
 mod openai;
 mod replay;
+mod responses;
 mod routes;
 mod runs;
 mod server;
@@ -279,6 +284,8 @@ pub(crate) struct Shared {
     pub(crate) draining: CancellationToken,
     /// Parent of every turn's token: cancelled when the drain times out.
     pub(crate) cancel: CancellationToken,
+    /// When the gateway was made (Unix seconds): the `created` of `GET /v1/models`.
+    pub(crate) started: i64,
 }
 
 /// The HTTP gateway of one agent.
@@ -301,6 +308,7 @@ impl Gateway {
             turns: TaskTracker::new(),
             draining: CancellationToken::new(),
             cancel: CancellationToken::new(),
+            started: chrono::Utc::now().timestamp(),
             options,
         };
         Self {
@@ -329,6 +337,7 @@ impl Gateway {
                 StatusCode::REQUEST_TIMEOUT,
                 o.request_timeout,
             ))
+            .layer(axum::middleware::from_fn(error::json_errors))
             .layer(TraceLayer::new_for_http())
     }
 

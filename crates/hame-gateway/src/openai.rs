@@ -1,72 +1,281 @@
-//! `POST /v1/chat/completions`, OpenAI-compatible: `model` is the agent id, the session is
-//! the `X-Hame-Session` header (else a new one per request), the last user message is the
-//! input; the rest of the conversation is the session's own.
+//! The OpenAI-compatible routes: `POST /v1/chat/completions`, `GET /v1/models`,
+//! `GET /v1/models/{id}`; what they share with `POST /v1/responses` (`crate::responses`):
+//! the session a request continues ([`plan`]) and the answer's pieces. Every field is
+//! honoured or refused (`crate::oai_request`); `docs/openai-compat.md` lists them.
 
 use std::convert::Infallible;
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
-use hame::{CallInput, Message};
+use hame::harness::caller::{
+    CLIENT_TOOLS_LAYER, CallerRequest, ReplyFormat, strip_fence, user_texts,
+};
+use hame::{CallInput, Message, Resolution};
 use serde_json::{Value, json};
 
+use crate::Shared;
 use crate::error::ApiError;
+use crate::oai_request::{Parsed, Refusal, Tail, client_call_id, parse_call_id, parse_chat};
 use crate::routes::{AppState, Caller};
 use crate::turn::{self, Outcome};
 
-/// An error in OpenAI's shape: `{"error": {"message", "type", "code"}}`, with
-/// `x-should-retry: false` unless a retry may help (`error::retry_may_help`).
-fn oai_error(status: StatusCode, kind: &str, code: &str, message: impl Into<String>) -> Response {
-    let mut resp = (
-        status,
-        Json(json!({"error": {"message": message.into(), "type": kind, "code": code, "param": null}})),
+/// A refused field as an answer: 400 naming it.
+pub(crate) fn refused(r: Refusal) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, r.code, r.message).with_param(r.param)
+}
+
+/// 404 `model_not_found` unless `model` is the served agent.
+pub(crate) fn served(shared: &Shared, model: &str) -> Result<(), ApiError> {
+    if model == shared.agent.name() {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::NOT_FOUND,
+        "model_not_found",
+        format!(
+            "the model `{}` does not exist; this server serves the agent `{}` (GET /v1/models lists it)",
+            model.chars().take(64).collect::<String>(),
+            shared.agent.name()
+        ),
     )
-        .into_response();
-    crate::error::mark_retry(&mut resp, code);
-    resp
+    .with_param("model"))
 }
 
-fn from_api(e: ApiError) -> Response {
-    let kind = match e.status.as_u16() {
-        400 => "invalid_request_error",
-        401 => "authentication_error",
-        404 => "not_found_error",
-        429 => "rate_limit_error",
-        _ => "api_error",
+/// The tool names of the agent itself (a client tool may not take one).
+pub(crate) fn agent_tools(shared: &Shared) -> Vec<String> {
+    shared.agent.agent_loop().tools().names()
+}
+
+/// The body as JSON, else 400 `invalid_json`.
+pub(crate) fn json_body(body: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("bad JSON body: {e}"),
+        )
+    })
+}
+
+/// The `X-Hame-Session` header, when it names one.
+pub(crate) fn named_session(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get("x-hame-session")
+        .and_then(|v| v.to_str().ok())
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+/// A turn ready to start: its session, its input and what the caller adds.
+#[derive(Debug)]
+pub(crate) struct Planned {
+    pub(crate) session: String,
+    pub(crate) input: CallInput,
+    pub(crate) caller: CallerRequest,
+}
+
+/// The session a request continues and what its turn adds (see `docs/openai-compat.md`,
+/// *Sessions and history*):
+///
+/// - the session is `named` (the `X-Hame-Session` header or a `previous_response_id`),
+///   else the one a returned tool call id names (results of client tools), else a new one
+///   (`prefix` and 32 hex digits);
+/// - a session with messages is the record: the request's earlier user messages, when it
+///   sends any, must be the session's (else 409 `history_mismatch`); only the new message
+///   or the tool results join it;
+/// - a new session starts from the request's earlier messages.
+pub(crate) async fn plan(
+    shared: &Shared,
+    user: &Option<String>,
+    named: Option<String>,
+    req: &Parsed,
+    prefix: &str,
+) -> Result<Planned, ApiError> {
+    let from_calls = match &req.tail {
+        Tail::ToolResults(results) => results
+            .first()
+            .and_then(|(id, _)| parse_call_id(id))
+            .map(|(s, _)| s),
+        Tail::User(_) => None,
     };
-    let mut resp = oai_error(e.status, kind, e.code, e.message.clone());
-    if let Some(secs) = e.retry_after {
-        resp.headers_mut()
-            .insert(axum::http::header::RETRY_AFTER, secs.into());
-    }
-    resp
-}
-
-/// The text of the last `user` message (a string, or text parts).
-fn last_user_text(body: &Value) -> Option<String> {
-    let messages = body.get("messages")?.as_array()?;
-    let last = messages.iter().rev().find(|m| m["role"] == "user")?;
-    match &last["content"] {
-        Value::String(s) => Some(s.clone()),
-        Value::Array(parts) => {
-            let text: Vec<&str> = parts
+    let session = named
+        .or(from_calls)
+        .unwrap_or_else(|| format!("{prefix}{}", uuid::Uuid::new_v4().simple()));
+    hame::harness::validate_id("session id", &session)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", e.to_string()))?;
+    let ctx = crate::routes::context(shared, user.clone(), &session);
+    let state = shared
+        .agent
+        .state(&ctx)
+        .await
+        .map_err(|e| ApiError::from_harness(&e))?
+        .filter(|s| !s.messages.is_empty());
+    let mut caller = CallerRequest::default()
+        .with_instructions(req.instructions.clone())
+        .with_tools(
+            req.tools.iter().map(|t| t.spec.clone()).collect(),
+            req.tools
                 .iter()
-                .filter(|p| p["type"] == "text")
-                .filter_map(|p| p["text"].as_str())
-                .collect();
-            Some(text.join("\n"))
+                .filter(|t| t.strict)
+                .map(|t| t.spec.name.clone())
+                .collect(),
+        )
+        .with_no_tools(req.no_tools)
+        .with_params(req.temperature, req.max_tokens)
+        .with_reply_format(req.reply_format.clone());
+    if let Some(state) = &state {
+        let sent = user_texts(&req.history);
+        if !sent.is_empty() {
+            let known = user_texts(&state.messages);
+            if sent != known {
+                let at = sent
+                    .iter()
+                    .zip(known.iter())
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(sent.len().min(known.len()));
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "history_mismatch",
+                    format!(
+                        "the request's earlier user messages do not match session {session}: they differ at user message {} ({} sent, {} in the session); send only the new message, or omit X-Hame-Session and previous_response_id to start a new session from these messages",
+                        at + 1,
+                        sent.len(),
+                        known.len()
+                    ),
+                ));
+            }
         }
-        _ => None,
+    }
+    let input = match &req.tail {
+        Tail::User(text) => {
+            if state.is_none() {
+                caller = caller.with_history(req.history.clone());
+            }
+            CallInput::Message(Message::user(text.clone()))
+        }
+        Tail::ToolResults(results) => {
+            let pending = state
+                .as_ref()
+                .and_then(|s| s.pending.as_ref())
+                .map(|p| p.to_suspended())
+                .ok_or_else(|| {
+                    ApiError::new(
+                        StatusCode::CONFLICT,
+                        "not_pending",
+                        format!("no tool call of session {session} waits for a result"),
+                    )
+                })?;
+            let mut resolutions = Vec::new();
+            for (id, output) in results {
+                let raw = parse_call_id(id)
+                    .map(|(_, c)| c)
+                    .unwrap_or_else(|| id.clone());
+                let waiting = pending
+                    .calls
+                    .iter()
+                    .find(|c| c.suspension.layer == CLIENT_TOOLS_LAYER && c.call.id == raw)
+                    .ok_or_else(|| {
+                        ApiError::new(
+                            StatusCode::CONFLICT,
+                            "unknown_tool_call",
+                            format!(
+                                "the tool call {} does not wait for a result in session {session}",
+                                id.chars().take(80).collect::<String>()
+                            ),
+                        )
+                        .with_param("tool_call_id")
+                    })?;
+                resolutions.push(Resolution::new(
+                    waiting.suspension.id.clone(),
+                    json!({"output": output}),
+                ));
+            }
+            CallInput::Resume(resolutions)
+        }
+    };
+    Ok(Planned {
+        session,
+        input,
+        caller,
+    })
+}
+
+/// The calls of a suspended outcome: `(client tool calls, other approvals)`.
+pub(crate) fn split_suspended(v: &Value) -> (Vec<Value>, Vec<Value>) {
+    v["approvals"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .cloned()
+                .partition(|c| c["layer"] == CLIENT_TOOLS_LAYER)
+        })
+        .unwrap_or_default()
+}
+
+/// The final text of a finished turn, checked against the reply format: the JSON body of
+/// a formatted reply, or 502 `reply_format_mismatch` (after the one repair request).
+pub(crate) fn final_text(format: Option<&ReplyFormat>, reply: &str) -> Result<String, ApiError> {
+    match format {
+        None => Ok(reply.to_owned()),
+        Some(f) => match f.check(reply) {
+            Ok(_) => Ok(strip_fence(reply).to_owned()),
+            Err(problem) => Err(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "reply_format_mismatch",
+                format!(
+                    "the model's reply does not have the requested format, after one repair request: {problem}"
+                ),
+            )),
+        },
     }
 }
 
-fn usage_of(v: &Value) -> Value {
+/// OpenAI's `usage` of a chat completion from hame's usage.
+fn chat_usage(v: &Value) -> Value {
     let input = v["input_tokens"].as_u64().unwrap_or(0);
     let output = v["output_tokens"].as_u64().unwrap_or(0);
-    json!({"prompt_tokens": input, "completion_tokens": output, "total_tokens": input + output})
+    let cached = v["cached_input_tokens"].as_u64().unwrap_or(0);
+    json!({
+        "prompt_tokens": input,
+        "completion_tokens": output,
+        "total_tokens": input + output,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
+}
+
+/// The `tool_calls` of an assistant message for the client tool calls of a suspension.
+fn tool_calls(session: &str, calls: &[Value], with_index: bool) -> Value {
+    Value::Array(
+        calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut call = json!({
+                    "id": client_call_id(session, c["call_id"].as_str().unwrap_or_default()),
+                    "type": "function",
+                    "function": {
+                        "name": c["tool"],
+                        "arguments": c["arguments"].as_str().unwrap_or("{}"),
+                    },
+                });
+                if with_index && let Some(o) = call.as_object_mut() {
+                    o.insert("index".into(), json!(i));
+                }
+                call
+            })
+            .collect(),
+    )
+}
+
+fn with_session(mut resp: Response, session: &str) -> Response {
+    if let Ok(v) = session.parse() {
+        resp.headers_mut().insert("x-hame-session", v);
+    }
+    resp
 }
 
 pub(crate) async fn completions(
@@ -74,99 +283,78 @@ pub(crate) async fn completions(
     caller: Result<Caller, ApiError>,
     headers: HeaderMap,
     body: axum::body::Bytes,
-) -> Response {
-    let Caller(user) = match caller {
-        Ok(c) => c,
-        Err(e) => return from_api(e),
-    };
-    let key = match shared
+) -> Result<Response, ApiError> {
+    let Caller(user) = caller?;
+    let key = shared
         .replays
-        .key_of(&headers, user.as_deref(), "chat/completions", &body)
-    {
-        Ok(k) => k,
-        Err(e) => return from_api(e),
-    };
-    let body: Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => {
-            return oai_error(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                "invalid_json",
-                format!("bad JSON body: {e}"),
-            );
-        }
-    };
-    let model = body["model"].as_str().unwrap_or_default().to_owned();
-    if model != shared.agent.name() {
-        return oai_error(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            "model_not_found",
-            format!(
-                "the model `{}` does not exist; this server serves the agent `{}`",
-                model.chars().take(64).collect::<String>(),
-                shared.agent.name()
-            ),
-        );
-    }
-    let Some(text) = last_user_text(&body).filter(|t| !t.trim().is_empty()) else {
-        return oai_error(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "no_user_message",
-            "`messages` needs a user message with text",
-        );
-    };
-    let stream = body["stream"].as_bool().unwrap_or(false);
-    let session = headers
-        .get("x-hame-session")
-        .and_then(|v| v.to_str().ok())
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| format!("chatcmpl-{}", uuid::Uuid::new_v4().simple()));
-    let turn = match turn::start_once(
+        .key_of(&headers, user.as_deref(), "chat/completions", &body)?;
+    let body = json_body(&body)?;
+    let req = parse_chat(&body, &agent_tools(&shared)).map_err(refused)?;
+    served(&shared, &req.model)?;
+    let planned = plan(&shared, &user, named_session(&headers), &req, "chatcmpl-").await?;
+    let turn = turn::start_once(
         &shared,
         user,
-        session,
-        CallInput::Message(Message::user(text)),
+        planned.session,
+        planned.input,
         key,
-    ) {
-        Ok(t) => t,
-        Err(e) => return from_api(e),
-    };
+        Some(planned.caller),
+    )?;
     let id = format!("chatcmpl-{}", uuid::Uuid::new_v4().simple());
     let created = chrono::Utc::now().timestamp();
     let session = turn.session.clone();
-    if !stream {
-        let outcome = turn.outcome.await;
-        let (content, usage) = match outcome {
-            Ok(Outcome::Finished(v)) => (
-                v["reply"].as_str().unwrap_or_default().to_owned(),
-                usage_of(&v["usage"]),
-            ),
-            Ok(Outcome::Suspended(v)) => (suspended_text(&v), usage_of(&Value::Null)),
-            Ok(Outcome::Failed(e)) => return from_api(e),
-            Err(_) => return from_api(ApiError::internal("the turn ended without an outcome")),
+    let model = req.model.clone();
+    let format = req.reply_format.clone();
+    if !req.stream {
+        let (message, finish, usage) = match turn.outcome.await {
+            Ok(Outcome::Finished(v)) => {
+                let text = final_text(format.as_ref(), v["reply"].as_str().unwrap_or_default())?;
+                (
+                    json!({"role": "assistant", "content": text, "refusal": null}),
+                    "stop",
+                    chat_usage(&v["usage"]),
+                )
+            }
+            Ok(Outcome::Suspended(v)) => {
+                let (client, approvals) = split_suspended(&v);
+                let text = approval_text(&session, &approvals);
+                if client.is_empty() {
+                    (
+                        json!({"role": "assistant", "content": text, "refusal": null}),
+                        "stop",
+                        chat_usage(&Value::Null),
+                    )
+                } else {
+                    (
+                        json!({
+                            "role": "assistant",
+                            "content": (!text.is_empty()).then_some(text),
+                            "refusal": null,
+                            "tool_calls": tool_calls(&session, &client, false),
+                        }),
+                        "tool_calls",
+                        chat_usage(&Value::Null),
+                    )
+                }
+            }
+            Ok(Outcome::Failed(e)) => return Err(e),
+            Err(_) => return Err(ApiError::internal("the turn ended without an outcome")),
         };
-        let mut resp = Json(json!({
+        let resp = Json(json!({
             "id": id,
             "object": "chat.completion",
             "created": created,
             "model": model,
             "choices": [{
                 "index": 0,
-                "message": {"role": "assistant", "content": content},
-                "finish_reason": "stop",
+                "message": message,
+                "finish_reason": finish,
                 "logprobs": null,
             }],
             "usage": usage,
         }))
         .into_response();
-        if let Ok(v) = session.parse() {
-            resp.headers_mut().insert("x-hame-session", v);
-        }
-        return resp;
+        return Ok(with_session(resp, &session));
     }
     let chunk = {
         let id = id.clone();
@@ -181,50 +369,77 @@ pub(crate) async fn completions(
             })
         }
     };
-    let first = chunk(json!({"role": "assistant", "content": ""}), Value::Null);
-    // A retry answered from its first attempt has no deltas: the reply comes whole.
-    let replayed = turn.replayed;
+    let first = chunk(
+        json!({"role": "assistant", "content": "", "refusal": null}),
+        Value::Null,
+    );
+    // A retry answered from its first attempt has no deltas: the reply comes whole; so
+    // does a formatted reply (checked before it is sent).
+    let whole = turn.replayed || format.is_some();
     let deltas = {
         let chunk = chunk.clone();
         futures::stream::unfold(turn.events, |mut rx| async move {
             rx.recv().await.map(|ev| (ev, rx))
         })
         .filter_map(move |ev| {
-            let out = (ev.name == "text_delta")
+            let out = (!whole && ev.name == "text_delta")
                 .then(|| serde_json::from_str::<Value>(&ev.data).ok())
                 .flatten()
                 .map(|d| chunk(json!({"content": d["text"]}), Value::Null));
             async move { out }
         })
     };
+    let include_usage = req.include_usage;
     let tail = {
         let outcome = turn.outcome;
-        let id = id.clone();
-        let model = model.clone();
+        let session = session.clone();
         futures::stream::once(async move {
-            match outcome.await {
-                Ok(Outcome::Finished(v)) if replayed => vec![
-                    chunk(json!({"content": v["reply"]}), Value::Null),
-                    chunk(json!({}), json!("stop")),
-                    json!({
-                        "id": id, "object": "chat.completion.chunk", "created": created,
-                        "model": model, "choices": [], "usage": usage_of(&v["usage"]),
-                    }),
-                ],
-                Ok(Outcome::Finished(v)) => vec![
-                    chunk(json!({}), json!("stop")),
-                    json!({
-                        "id": id, "object": "chat.completion.chunk", "created": created,
-                        "model": model, "choices": [], "usage": usage_of(&v["usage"]),
-                    }),
-                ],
-                Ok(Outcome::Suspended(v)) => vec![
-                    chunk(json!({"content": suspended_text(&v)}), Value::Null),
-                    chunk(json!({}), json!("stop")),
-                ],
-                Ok(Outcome::Failed(e)) => vec![e.body()],
-                Err(_) => vec![ApiError::internal("the turn ended without an outcome").body()],
+            let usage_chunk = |usage: Value| {
+                json!({
+                    "id": id, "object": "chat.completion.chunk", "created": created,
+                    "model": model, "choices": [], "usage": usage,
+                })
+            };
+            let mut out = Vec::new();
+            let usage = match outcome.await {
+                Ok(Outcome::Finished(v)) => {
+                    match final_text(format.as_ref(), v["reply"].as_str().unwrap_or_default()) {
+                        Ok(text) => {
+                            if whole {
+                                out.push(chunk(json!({"content": text}), Value::Null));
+                            }
+                            out.push(chunk(json!({}), json!("stop")));
+                        }
+                        Err(e) => return vec![e.body()],
+                    }
+                    chat_usage(&v["usage"])
+                }
+                Ok(Outcome::Suspended(v)) => {
+                    let (client, approvals) = split_suspended(&v);
+                    let text = approval_text(&session, &approvals);
+                    if !text.is_empty() {
+                        out.push(chunk(json!({"content": text}), Value::Null));
+                    }
+                    if client.is_empty() {
+                        out.push(chunk(json!({}), json!("stop")));
+                    } else {
+                        out.push(chunk(
+                            json!({"tool_calls": tool_calls(&session, &client, true)}),
+                            Value::Null,
+                        ));
+                        out.push(chunk(json!({}), json!("tool_calls")));
+                    }
+                    chat_usage(&Value::Null)
+                }
+                Ok(Outcome::Failed(e)) => return vec![e.body()],
+                Err(_) => {
+                    return vec![ApiError::internal("the turn ended without an outcome").body()];
+                }
+            };
+            if include_usage {
+                out.push(usage_chunk(usage));
             }
+            out
         })
         .flat_map(futures::stream::iter)
     };
@@ -235,32 +450,50 @@ pub(crate) async fn completions(
         .chain(futures::stream::once(async {
             Ok::<_, Infallible>(SseEvent::default().data("[DONE]"))
         }));
-    let mut resp = Sse::new(all)
+    let resp = Sse::new(all)
         .keep_alive(KeepAlive::new().interval(shared.options.keep_alive))
         .into_response();
-    if let Ok(v) = session.parse() {
-        resp.headers_mut().insert("x-hame-session", v);
-    }
-    resp
+    Ok(with_session(resp, &session))
 }
 
-/// What a chat-completions client sees when tool calls wait for a decision.
-fn suspended_text(v: &Value) -> String {
-    let session = v["session"].as_str().unwrap_or_default();
-    let lines: Vec<String> = v["approvals"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|c| {
-                    format!(
-                        "approval needed: {} {} (POST /v1/sessions/{session}/approvals/{})",
-                        c["id"].as_str().unwrap_or_default(),
-                        c["tool"].as_str().unwrap_or_default(),
-                        c["id"].as_str().unwrap_or_default(),
-                    )
-                })
-                .collect()
+/// What a client sees of tool calls that wait for a human decision: their ids and the
+/// route to decide them.
+pub(crate) fn approval_text(session: &str, approvals: &[Value]) -> String {
+    approvals
+        .iter()
+        .map(|c| {
+            format!(
+                "approval needed: {} {} (POST /v1/sessions/{session}/approvals/{})",
+                c["id"].as_str().unwrap_or_default(),
+                c["tool"].as_str().unwrap_or_default(),
+                c["id"].as_str().unwrap_or_default(),
+            )
         })
-        .unwrap_or_default();
-    lines.join("\n")
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The model object of the served agent.
+fn model_object(shared: &Shared) -> Value {
+    json!({
+        "id": shared.agent.name(),
+        "object": "model",
+        "created": shared.started,
+        "owned_by": "hame",
+    })
+}
+
+/// `GET /v1/models`: the served agent.
+pub(crate) async fn list_models(State(shared): State<AppState>, Caller(_): Caller) -> Json<Value> {
+    Json(json!({"object": "list", "data": [model_object(&shared)]}))
+}
+
+/// `GET /v1/models/{id}`.
+pub(crate) async fn get_model(
+    State(shared): State<AppState>,
+    Caller(_): Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    served(&shared, &id)?;
+    Ok(Json(model_object(&shared)))
 }

@@ -47,6 +47,9 @@ pub(crate) fn router(shared: AppState) -> Router {
         .route("/v1/runs/{run_id}/events", get(crate::runs::events))
         .route("/v1/memory", get(get_memory))
         .route("/v1/chat/completions", post(crate::openai::completions))
+        .route("/v1/responses", post(crate::responses::create))
+        .route("/v1/models", get(crate::openai::list_models))
+        .route("/v1/models/{id}", get(crate::openai::get_model))
         .fallback(|| async { ApiError::not_found("no such route") })
         .with_state(shared)
 }
@@ -186,6 +189,7 @@ async fn post_message(
         session,
         CallInput::Message(Message::user(body.message)),
         key,
+        None,
     )?;
     Ok(answer(&shared, turn, wants_sse(&headers)).await)
 }
@@ -361,6 +365,7 @@ async fn post_approval(
         session,
         CallInput::Resume(vec![Resolution::new(id, value)]),
         // A decision runs once by itself: a repeated one finds nothing pending (404).
+        None,
         None,
     )?;
     Ok(answer(&shared, turn, wants_sse(&headers)).await)

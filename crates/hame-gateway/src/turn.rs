@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use hame::harness::caller::CallerRequest;
 use hame::{AgentEvent, CallInput, EventSink, RuntimeContext};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
@@ -38,19 +39,24 @@ pub(crate) struct Turn {
 /// Queues a turn on `(user, session)` and starts its task ([`start_recorded`]), unless the
 /// request is a retry ([`crate::replay`]): a retry of a request whose turn ran (or runs)
 /// gets that turn's end instead of a turn of its own.
+///
+/// `caller`: what an OpenAI-compatible request adds to the call (`hame::harness::caller`).
 pub(crate) fn start_once(
     shared: &Arc<Shared>,
     user: Option<String>,
     session: String,
     input: CallInput,
     key: Option<crate::replay::RequestKey>,
+    caller: Option<CallerRequest>,
 ) -> Result<Turn, ApiError> {
     use crate::replay::Claim;
     let Some(key) = key else {
-        return start_recorded(shared, user, session, input, None, None);
+        return start_recorded(shared, user, session, input, None, None, caller);
     };
     match shared.replays.claim(&key, &session)? {
-        Claim::New(recorder) => start_recorded(shared, user, session, input, Some(recorder), None),
+        Claim::New(recorder) => {
+            start_recorded(shared, user, session, input, Some(recorder), None, caller)
+        }
         Claim::Replay(mut done, session) => {
             let (tx, rx) = mpsc::unbounded_channel();
             let (out_tx, out_rx) = oneshot::channel();
@@ -92,7 +98,7 @@ pub(crate) fn start_cancellable(
     input: CallInput,
     cancel: hame::CancellationToken,
 ) -> Result<Turn, ApiError> {
-    start_recorded(shared, user, session, input, None, Some(cancel))
+    start_recorded(shared, user, session, input, None, Some(cancel), None)
 }
 
 /// The key of a session in the gate table and the event hub.
@@ -110,6 +116,7 @@ fn start_recorded(
     input: CallInput,
     recorder: Option<crate::replay::Recorder>,
     cancel: Option<hame::CancellationToken>,
+    caller: Option<CallerRequest>,
 ) -> Result<Turn, ApiError> {
     if shared.draining.is_cancelled() {
         return Err(ApiError::draining());
@@ -131,6 +138,9 @@ fn start_recorded(
     let mut ctx = shared.base.clone();
     ctx.session_id = session.clone();
     ctx.user_id = user;
+    if let Some(caller) = caller {
+        ctx = caller.into_context(ctx);
+    }
     let me = shared.clone();
     shared.hub.active(&key, 1);
     let span = tracing::info_span!(
@@ -261,6 +271,7 @@ async fn run(
                         "call_id": c.call.id,
                         "arguments": c.call.arguments,
                         "reason": c.suspension.reason,
+                        "layer": c.suspension.layer,
                     })
                 })
                 .collect();

@@ -614,6 +614,8 @@ impl HarnessAgentBuilder {
         outer.push(Arc::new(hame_subagent::SubagentLayer::new(
             subagents.clone(),
         )));
+        // An API caller's earlier messages: outside the log, so they are recorded.
+        outer.push(Arc::new(crate::caller::HistoryLayer));
         for layer in builtin_stack(
             outer,
             recorder,
@@ -673,7 +675,8 @@ impl HarnessAgentBuilder {
 ///
 /// 1. the caller's outer layers, then `subagents` (the subagents section of the prompt,
 ///    finished background results pushed before a step: outside the log, so they are
-///    logged);
+///    logged), then `caller-history` (an API caller's earlier messages start a new
+///    session: outside the log, so they are logged);
 /// 2. `session-log`: records each message before it joins the state, the index once per
 ///    call;
 /// 3. `workspace-context`: rebuilds the system prompt from the caller's workspace;
@@ -681,7 +684,9 @@ impl HarnessAgentBuilder {
 ///    policy, compact and retry after a context overflow;
 /// 5. `offload` (memory on): large tool results to files before they join the state (the
 ///    log, outside, has them whole);
-/// 6. the caller's inner layers, next to the model and the tools.
+/// 6. `caller`: an API caller's instructions, client tools and reply format
+///    ([`crate::caller`]);
+/// 7. the caller's inner layers, next to the model and the tools.
 fn builtin_stack(
     outer: Vec<Arc<dyn Layer>>,
     recorder: Arc<SessionRecorder>,
@@ -699,6 +704,10 @@ fn builtin_stack(
         stack.push(Arc::new(compaction));
         stack.push(Arc::new(OffloadLayer::new(layer.clone())));
     }
+    // An API caller's instructions, tools and reply format: inside workspace-context (it
+    // sees the final prompt), outside the user's inner layers and permissions (a client
+    // tool call never reaches hame's tools or rules) — ADR 0033.
+    stack.push(Arc::new(crate::caller::CallerLayer));
     stack.extend(inner);
     stack
 }

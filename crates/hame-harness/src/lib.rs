@@ -35,6 +35,8 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod agent;
+pub mod caller;
+mod caller_schema;
 mod capabilities;
 pub mod catalog;
 mod context;

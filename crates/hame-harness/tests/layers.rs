@@ -109,10 +109,12 @@ fn built_ins_sit_between_outer_and_inner_user_layers() -> TestResult {
         [
             "outer-1",
             "subagents",
+            "caller-history",
             "session-log",
             "workspace-context",
             "compaction",
             "offload",
+            "caller",
             "inner-1",
             "inner-2",
             "permissions",
@@ -126,8 +128,10 @@ fn built_ins_sit_between_outer_and_inner_user_layers() -> TestResult {
         [
             "outer-1",
             "subagents",
+            "caller-history",
             "session-log",
             "workspace-context",
+            "caller",
             "inner-1",
             "inner-2",
             "permissions",

@@ -9,6 +9,7 @@ mod layout;
 mod mcp;
 mod mcp_server;
 mod memory;
+mod openai_compat;
 mod permissions;
 mod redis_restart;
 mod replicas;

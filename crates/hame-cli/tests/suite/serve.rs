@@ -730,7 +730,7 @@ async fn serve_speaks_openai_chat_completions() -> TestResult {
         .post(&url)
         .header("x-hame-session", "oa")
         .json(&json!({"model": "hame", "messages": [
-            {"role": "system", "content": "ignored"},
+            {"role": "system", "content": "caller instructions"},
             {"role": "user", "content": "hello"}
         ]}))
         .send()
@@ -745,7 +745,7 @@ async fn serve_speaks_openai_chat_completions() -> TestResult {
     let r = c
         .post(&url)
         .header("x-hame-session", "oa")
-        .json(&json!({"model": "hame", "stream": true, "messages": [
+        .json(&json!({"model": "hame", "stream": true, "stream_options": {"include_usage": true}, "messages": [
             {"role": "user", "content": [{"type": "text", "text": "again"}]}
         ]}))
         .send()

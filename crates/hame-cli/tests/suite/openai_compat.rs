@@ -1,0 +1,755 @@
+//! The OpenAI-compatible routes of `hame serve`, black-box: every field a client sends is
+//! honoured (what reaches the scripted model is asserted) or refused with 400 naming it;
+//! client tools suspend and resume the turn; `response_format` is checked with one repair;
+//! errors keep OpenAI's shape everywhere. Then the real clients from PyPI: the `openai`
+//! SDK, LangChain's `ChatOpenAI` and the OpenAI Agents SDK.
+
+use std::path::PathBuf;
+
+use hame_test_support::{ScriptStep, ScriptedServer};
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+
+use super::serve::{Serve, client, parse_sse, texts, ws_log};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+async fn post(url: &str, body: Value) -> Result<(u16, Value), Box<dyn std::error::Error>> {
+    let r = client().post(url).json(&body).send().await?;
+    let status = r.status().as_u16();
+    Ok((status, r.json().await?))
+}
+
+fn weather_tool() -> Value {
+    json!({"type": "function", "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": false},
+        "strict": true
+    }})
+}
+
+/// The model's request messages as `role: text` lines (tool calls and results named).
+fn seen(req: &hame_test_support::RecordedRequest) -> Vec<String> {
+    req.body["messages"]
+        .as_array()
+        .map(|ms| {
+            ms.iter()
+                .filter(|m| m["role"] != "system")
+                .map(|m| {
+                    let mut line = format!(
+                        "{}: {}",
+                        m["role"].as_str().unwrap_or(""),
+                        m["content"].as_str().unwrap_or("")
+                    );
+                    for c in m["tool_calls"].as_array().into_iter().flatten() {
+                        line.push_str(&format!(
+                            "[call {} {}]",
+                            c["function"]["name"].as_str().unwrap_or(""),
+                            c["function"]["arguments"].as_str().unwrap_or("")
+                        ));
+                    }
+                    line
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn tool_names(req: &hame_test_support::RecordedRequest) -> Vec<String> {
+    req.body["tools"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn chat_completions_honour_system_history_and_client_tools() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    model.push_all([
+        ScriptStep::tool_call("call_w1", "get_weather", json!({"city": "Oslo"})),
+        ScriptStep::text("It is 5 C in Oslo."),
+    ]);
+    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
+    let url = serve.at("/v1/chat/completions");
+    // A new session from the client's history, its system message and a client tool.
+    let (status, body) = post(
+        &url,
+        json!({
+            "model": "hame",
+            "messages": [
+                {"role": "system", "content": "Answer in one sentence."},
+                {"role": "user", "content": "I live in Oslo."},
+                {"role": "assistant", "content": "Noted."},
+                {"role": "user", "content": "Weather?"}
+            ],
+            "tools": [weather_tool()]
+        }),
+    )
+    .await?;
+    assert_eq!(status, 200, "{body}");
+    let choice = &body["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls");
+    assert_eq!(choice["message"]["refusal"], Value::Null);
+    assert_eq!(choice["message"]["content"], Value::Null);
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "get_weather");
+    assert_eq!(call["function"]["arguments"], "{\"city\":\"Oslo\"}");
+    let call_id = call["id"].as_str().ok_or("no call id")?.to_owned();
+    let first = &model.requests()[0];
+    assert!(
+        first
+            .system_text()
+            .contains("## Caller instructions\n\nAnswer in one sentence."),
+        "{}",
+        first.system_text()
+    );
+    assert_eq!(
+        seen(first),
+        vec![
+            "user: I live in Oslo.",
+            "assistant: Noted.",
+            "user: Weather?"
+        ]
+    );
+    assert!(tool_names(first).contains(&"get_weather".to_owned()));
+    assert!(
+        tool_names(first).contains(&"read_file".to_owned()),
+        "hame's tools stay"
+    );
+    // The client runs the tool and resends everything: the turn resumes, no header needed.
+    let (status, body) = post(
+        &url,
+        json!({
+            "model": "hame",
+            "messages": [
+                {"role": "system", "content": "Answer in one sentence."},
+                {"role": "user", "content": "I live in Oslo."},
+                {"role": "assistant", "content": "Noted."},
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": null, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": call_id, "content": "5 C, cloudy"}
+            ],
+            "tools": [weather_tool()]
+        }),
+    )
+    .await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        "It is 5 C in Oslo."
+    );
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    let second = &model.requests()[1];
+    let lines = seen(second);
+    assert_eq!(lines.last().map(String::as_str), Some("tool: 5 C, cloudy"));
+    assert_eq!(model.requests().len(), 2);
+    // The session's log has the whole conversation, recorded once.
+    let sessions: Vec<_> = std::fs::read_dir(dir.path().join("ws/agents/hame/sessions"))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".log.jsonl"))
+        .collect();
+    assert_eq!(sessions.len(), 1, "{sessions:?}");
+    let session = sessions[0].trim_end_matches(".log.jsonl");
+    assert_eq!(
+        texts(&ws_log(dir.path(), None, session)),
+        vec![
+            "user: I live in Oslo.",
+            "assistant: Noted.",
+            "user: Weather?",
+            "assistant: ",
+            "tool: ",
+            "assistant: It is 5 C in Oslo."
+        ]
+    );
+    // A result for a call nobody made is a conflict, not a new turn.
+    let (status, body) = post(&url, json!({
+        "model": "hame",
+        "messages": [{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": call_id, "content": "again"}]
+    })).await?;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["type"], "conflict_error");
+    Ok(())
+}
+
+#[tokio::test]
+async fn chat_completions_keep_a_named_session_and_refuse_a_contradicting_history() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    model.push_all([
+        ScriptStep::text("one"),
+        ScriptStep::text("two"),
+        ScriptStep::text("three"),
+    ]);
+    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
+    let url = serve.at("/v1/chat/completions");
+    let c = client();
+    let send = |body: Value| {
+        c.post(&url)
+            .header("x-hame-session", "named")
+            .json(&body)
+            .send()
+    };
+    let r = send(json!({"model": "hame", "messages": [{"role": "user", "content": "a"}]})).await?;
+    assert_eq!(r.status(), 200);
+    // The whole history again: only the new message joins.
+    let r = send(json!({"model": "hame", "messages": [
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "one"}, {"role": "user", "content": "b"}
+    ]})).await?;
+    assert_eq!(r.status(), 200);
+    // Only the new message: fine too.
+    let r = send(json!({"model": "hame", "messages": [{"role": "user", "content": "c"}]})).await?;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        texts(&ws_log(dir.path(), None, "named")),
+        vec![
+            "user: a",
+            "assistant: one",
+            "user: b",
+            "assistant: two",
+            "user: c",
+            "assistant: three"
+        ]
+    );
+    // A history that says something else is refused; nothing joins the session.
+    let r = send(json!({"model": "hame", "messages": [
+        {"role": "user", "content": "not a"}, {"role": "assistant", "content": "one"}, {"role": "user", "content": "d"}
+    ]})).await?;
+    assert_eq!(r.status(), 409);
+    let body: Value = r.json().await?;
+    assert_eq!(body["error"]["code"], "history_mismatch");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("user message 1"),
+        "{body}"
+    );
+    assert_eq!(model.requests().len(), 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn chat_completions_check_the_reply_format_with_one_repair() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    model.push_all([
+        ScriptStep::text("Sure! The answer is 4."),
+        ScriptStep::text("{\"answer\": 4}"),
+        ScriptStep::text("nope"),
+        ScriptStep::text("still nope"),
+    ]);
+    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
+    let url = serve.at("/v1/chat/completions");
+    let format = json!({"type": "json_schema", "json_schema": {"name": "answer", "strict": true, "schema": {
+        "type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"], "additionalProperties": false
+    }}});
+    let (status, body) = post(&url, json!({
+        "model": "hame", "response_format": format, "messages": [{"role": "user", "content": "2+2?"}]
+    })).await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["message"]["content"], "{\"answer\": 4}");
+    let reqs = model.requests();
+    assert!(
+        reqs[0].system_text().contains("## Reply format"),
+        "{}",
+        reqs[0].system_text()
+    );
+    assert!(reqs[0].system_text().contains("\"answer\""));
+    // The repair request shows the model its bad reply and what is wrong.
+    let repair = seen(&reqs[1]);
+    assert_eq!(repair[1], "assistant: Sure! The answer is 4.");
+    assert!(
+        repair[2].starts_with("user: Your reply does not have the required format"),
+        "{repair:?}"
+    );
+    // Twice wrong: an error in OpenAI's shape, streamed too.
+    let r = client().post(&url).json(&json!({
+        "model": "hame", "stream": true, "response_format": format, "messages": [{"role": "user", "content": "2+2?"}]
+    })).send().await?;
+    assert_eq!(r.status(), 200);
+    let events = parse_sse(&r.text().await?);
+    let err = events
+        .iter()
+        .find(|e| e.data.get("error").is_some())
+        .ok_or("no error event")?;
+    assert_eq!(err.data["error"]["code"], "reply_format_mismatch");
+    assert_eq!(err.data["error"]["type"], "server_error");
+    assert!(
+        events
+            .iter()
+            .all(|e| e.data["choices"][0]["delta"]["content"] != "nope"),
+        "a bad reply is never streamed"
+    );
+    // A schema keyword hame does not check is refused up front.
+    let (status, body) = post(&url, json!({
+        "model": "hame", "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object", "patternProperties": {}}}}
+    })).await?;
+    assert_eq!(status, 400);
+    assert_eq!(body["error"]["param"], "response_format.json_schema.schema");
+    Ok(())
+}
+
+#[tokio::test]
+async fn chat_completions_refuse_what_they_cannot_honour_in_openai_error_shape() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    model.push_all([ScriptStep::text("plain"), ScriptStep::text("usage")]);
+    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
+    let url = serve.at("/v1/chat/completions");
+    let msg = json!([{"role": "user", "content": "hi"}]);
+    for (body, param, code) in [
+        (
+            json!({"model": "hame", "messages": msg, "stream": "true"}),
+            "stream",
+            "invalid_value",
+        ),
+        (
+            json!({"model": "hame", "messages": msg, "n": 3}),
+            "n",
+            "unsupported_parameter",
+        ),
+        (
+            json!({"model": "hame", "messages": msg, "seed": 7}),
+            "seed",
+            "unsupported_parameter",
+        ),
+        (
+            json!({"model": "hame", "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "what is this?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+            ]}]}),
+            "messages[0].content[1]",
+            "unsupported_parameter",
+        ),
+        (
+            json!({"model": "hame", "messages": msg, "tools": [{"type": "function", "function": {"name": "read_file"}}]}),
+            "tools[0].function.name",
+            "invalid_value",
+        ),
+    ] {
+        let (status, got) = post(&url, body.clone()).await?;
+        assert_eq!(status, 400, "{body}");
+        let keys: Vec<&String> = got["error"]
+            .as_object()
+            .map(|o| o.keys().collect())
+            .unwrap_or_default();
+        assert_eq!(keys, vec!["code", "message", "param", "type"], "{got}");
+        assert_eq!(
+            (
+                got["error"]["param"].as_str(),
+                got["error"]["code"].as_str()
+            ),
+            (Some(param), Some(code)),
+            "{got}"
+        );
+        assert_eq!(got["error"]["type"], "invalid_request_error");
+    }
+    assert_eq!(
+        model.requests().len(),
+        0,
+        "nothing refused reached the model"
+    );
+    // Usage is streamed only when asked for; `refusal` is always there.
+    let r = client()
+        .post(&url)
+        .json(&json!({"model": "hame", "messages": msg, "stream": true}))
+        .send()
+        .await?;
+    let chunks = parse_sse(&r.text().await?);
+    assert!(
+        chunks.iter().all(|c| c.data.get("usage").is_none()),
+        "usage without include_usage"
+    );
+    assert_eq!(
+        chunks[0].data["choices"][0]["delta"]["refusal"],
+        Value::Null
+    );
+    let r = client().post(&url).json(&json!({"model": "hame", "messages": msg, "stream": true, "stream_options": {"include_usage": true}})).send().await?;
+    let chunks = parse_sse(&r.text().await?);
+    let usage: Vec<&Value> = chunks.iter().filter_map(|c| c.data.get("usage")).collect();
+    assert_eq!(usage.len(), 1);
+    assert!(usage[0]["total_tokens"].as_u64().unwrap_or(0) > 0);
+    // 405, 413, a bad query string, an unknown route: the same shape.
+    let r = client().get(&url).send().await?;
+    assert_eq!(r.status(), 405);
+    let body: Value = r.json().await?;
+    assert_eq!(body["error"]["code"], "method_not_allowed");
+    let big = "x".repeat(2 * 1024 * 1024);
+    let r = client()
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(big)
+        .send()
+        .await?;
+    assert_eq!(r.status(), 413);
+    let body: Value = r.json().await?;
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    let r = client()
+        .get(serve.at("/v1/sessions/s/events?after=notanumber"))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await?;
+    assert_eq!(body["error"]["code"], "bad_request");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("after"),
+        "{body}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn models_list_the_agent() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
+    let body: Value = client()
+        .get(serve.at("/v1/models"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(body["object"], "list");
+    assert_eq!(body["data"][0]["id"], "hame");
+    assert_eq!(body["data"][0]["object"], "model");
+    assert_eq!(body["data"][0]["owned_by"], "hame");
+    let r = client().get(serve.at("/v1/models/hame")).send().await?;
+    assert_eq!(r.status(), 200);
+    let r = client().get(serve.at("/v1/models/gpt-4o")).send().await?;
+    assert_eq!(r.status(), 404);
+    let body: Value = r.json().await?;
+    assert_eq!(body["error"]["code"], "model_not_found");
+    Ok(())
+}
+
+#[tokio::test]
+async fn responses_run_function_tools_and_continue_from_a_previous_response() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    model.push_all([
+        ScriptStep::tool_call("call_a", "add", json!({"a": 2, "b": 3})),
+        ScriptStep::text("The sum is 5."),
+        ScriptStep::text("Twice that is 10."),
+        ScriptStep::text("streamed"),
+    ]);
+    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
+    let url = serve.at("/v1/responses");
+    let tools = json!([{"type": "function", "name": "add", "description": "adds", "strict": true,
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"], "additionalProperties": false}}]);
+    let (status, body) = post(
+        &url,
+        json!({"model": "hame", "instructions": "Use the tools.", "input": "2+3?", "tools": tools}),
+    )
+    .await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "response");
+    assert_eq!(body["status"], "completed");
+    let call = body["output"][0].clone();
+    assert_eq!(call["type"], "function_call");
+    assert_eq!(call["name"], "add");
+    let (status, body) = post(
+        &url,
+        json!({"model": "hame", "tools": tools, "input": [
+            {"role": "user", "content": "2+3?"},
+            call,
+            {"type": "function_call_output", "call_id": call["call_id"], "output": "5"}
+        ]}),
+    )
+    .await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"][0]["content"][0]["text"], "The sum is 5.");
+    assert!(body["usage"]["total_tokens"].as_u64().unwrap_or(0) > 0);
+    assert!(model.requests()[0].system_text().contains("Use the tools."));
+    // previous_response_id: the same session, only the new input.
+    let (status, body) = post(
+        &url,
+        json!({"model": "hame", "input": "Double it.", "previous_response_id": body["id"]}),
+    )
+    .await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["output"][0]["content"][0]["text"], "Twice that is 10.");
+    let lines = seen(&model.requests()[2]);
+    assert_eq!(lines.first().map(String::as_str), Some("user: 2+3?"));
+    assert_eq!(lines.last().map(String::as_str), Some("user: Double it."));
+    // Streamed: the events the Responses API names, in order.
+    let r = client()
+        .post(&url)
+        .json(&json!({"model": "hame", "input": "go", "stream": true}))
+        .send()
+        .await?;
+    let events = parse_sse(&r.text().await?);
+    let mut names: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
+    names.dedup();
+    assert_eq!(
+        names,
+        vec![
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+    );
+    let seqs: Vec<u64> = events
+        .iter()
+        .filter_map(|e| e.data["sequence_number"].as_u64())
+        .collect();
+    assert_eq!(seqs, (0..events.len() as u64).collect::<Vec<u64>>());
+    let deltas: String = events
+        .iter()
+        .filter(|e| e.event == "response.output_text.delta")
+        .filter_map(|e| e.data["delta"].as_str())
+        .collect();
+    assert_eq!(deltas, "streamed");
+    let done = events.last().ok_or("no events")?;
+    assert_eq!(
+        done.data["response"]["output"][0]["content"][0]["text"],
+        "streamed"
+    );
+    assert_eq!(done.data["response"]["status"], "completed");
+    Ok(())
+}
+
+/// A Python venv with `requirement` (from PyPI), or `None` (loud SKIPPED; under CI a failure).
+fn python(name: &str, requirement: &str, module: &str) -> Option<PathBuf> {
+    super::common::python_venv(name, requirement, module)
+}
+
+/// Runs `script` with `py`, the server's `/v1` base URL as its argument; its stdout as JSON.
+async fn run_py(
+    py: PathBuf,
+    dir: &std::path::Path,
+    script: &str,
+    base: String,
+) -> Result<Value, Box<dyn std::error::Error>> {
+    let path = dir.join(format!("client-{}.py", uuid_like()));
+    std::fs::write(&path, script)?;
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(py).arg(path).arg(base).output()
+    })
+    .await??;
+    if !out.status.success() {
+        return Err(format!(
+            "python failed: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        )
+        .into());
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+fn uuid_like() -> String {
+    format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    )
+}
+
+const OPENAI_SDK_PY: &str = r#"
+import json, sys
+from openai import OpenAI
+from pydantic import BaseModel
+client = OpenAI(base_url=sys.argv[1], api_key="unused")
+out = {"models": [m.id for m in client.models.list()]}
+tools = [{"type": "function", "function": {"name": "get_weather", "description": "weather",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Oslo?"}]
+r = client.chat.completions.create(model="hame", messages=messages, tools=tools)
+msg = r.choices[0].message
+out["finish"] = r.choices[0].finish_reason
+out["refusal"] = msg.refusal
+call = msg.tool_calls[0]
+out["call"] = [call.function.name, json.loads(call.function.arguments)]
+messages.append(msg.model_dump(exclude_none=True))
+messages.append({"role": "tool", "tool_call_id": call.id, "content": "5 C"})
+r = client.chat.completions.create(model="hame", messages=messages, tools=tools)
+out["after_tool"] = r.choices[0].message.content
+parts = []
+for chunk in client.chat.completions.create(model="hame", messages=[{"role": "user", "content": "stream"}], stream=True):
+    out.setdefault("chunk_usage", chunk.usage)
+    for c in chunk.choices:
+        if c.delta.content:
+            parts.append(c.delta.content)
+out["streamed"] = "".join(parts)
+class Answer(BaseModel):
+    answer: int
+    unit: str
+parsed = client.chat.completions.parse(model="hame", messages=[{"role": "user", "content": "2+2?"}], response_format=Answer)
+out["parsed"] = parsed.choices[0].message.parsed.model_dump()
+print(json.dumps(out))
+"#;
+
+#[tokio::test]
+async fn the_openai_sdk_runs_tools_streams_and_parses_structured_output() -> TestResult {
+    let Some(py) = python("openai-venv", "openai>=1.50,<3", "openai") else {
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    model.push_all([
+        ScriptStep::tool_call("call_1", "get_weather", json!({"city": "Oslo"})),
+        ScriptStep::text("5 C in Oslo."),
+        ScriptStep::text("streamed text"),
+        ScriptStep::text("{\"answer\": 4, \"unit\": \"none\"}"),
+    ]);
+    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
+    let got = run_py(py, dir.path(), OPENAI_SDK_PY, serve.at("/v1")).await?;
+    assert_eq!(got["models"], json!(["hame"]));
+    assert_eq!(got["finish"], "tool_calls");
+    assert_eq!(got["refusal"], Value::Null);
+    assert_eq!(got["call"], json!(["get_weather", {"city": "Oslo"}]));
+    assert_eq!(got["after_tool"], "5 C in Oslo.");
+    assert_eq!(got["streamed"], "streamed text");
+    assert_eq!(got["chunk_usage"], Value::Null);
+    assert_eq!(got["parsed"], json!({"answer": 4, "unit": "none"}));
+    let reqs = model.requests();
+    assert!(reqs[0].system_text().contains("Be brief."));
+    assert_eq!(seen(&reqs[1]).last().map(String::as_str), Some("tool: 5 C"));
+    assert!(
+        reqs[3].system_text().contains("\"unit\""),
+        "the schema reached the model"
+    );
+    Ok(())
+}
+
+const LANGCHAIN_PY: &str = r#"
+import json, sys
+from langchain_openai import ChatOpenAI
+from langchain_core.messages import HumanMessage, ToolMessage
+from langchain_core.tools import tool
+from pydantic import BaseModel
+llm = ChatOpenAI(model="hame", base_url=sys.argv[1], api_key="unused", max_retries=0)
+@tool
+def multiply(a: int, b: int) -> int:
+    """Multiply two integers."""
+    return a * b
+bound = llm.bind_tools([multiply])
+messages = [HumanMessage("What is 6 times 7?")]
+ai = bound.invoke(messages)
+out = {"calls": [[c["name"], c["args"]] for c in ai.tool_calls]}
+messages.append(ai)
+for c in ai.tool_calls:
+    messages.append(ToolMessage(str(multiply.invoke(c["args"])), tool_call_id=c["id"]))
+out["final"] = bound.invoke(messages).content
+class Person(BaseModel):
+    name: str
+    age: int
+person = llm.with_structured_output(Person).invoke("Ann is 31.")
+out["person"] = person.model_dump()
+print(json.dumps(out))
+"#;
+
+#[tokio::test]
+async fn langchain_binds_tools_and_gets_structured_output() -> TestResult {
+    let Some(py) = python(
+        "langchain-venv",
+        "langchain-openai>=0.3,<2",
+        "langchain_openai",
+    ) else {
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    model.push_all([
+        ScriptStep::tool_call("call_m", "multiply", json!({"a": 6, "b": 7})),
+        ScriptStep::text("6 times 7 is 42."),
+        ScriptStep::text("{\"name\": \"Ann\", \"age\": 31}"),
+    ]);
+    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
+    let got = run_py(py, dir.path(), LANGCHAIN_PY, serve.at("/v1")).await?;
+    assert_eq!(got["calls"], json!([["multiply", {"a": 6, "b": 7}]]));
+    assert_eq!(got["final"], "6 times 7 is 42.");
+    assert_eq!(got["person"], json!({"name": "Ann", "age": 31}));
+    let reqs = model.requests();
+    assert_eq!(seen(&reqs[1]).last().map(String::as_str), Some("tool: 42"));
+    assert!(
+        reqs[2].system_text().contains("\"age\""),
+        "the schema reached the model"
+    );
+    Ok(())
+}
+
+const AGENTS_PY: &str = r#"
+import asyncio, json, sys
+from openai import AsyncOpenAI
+from agents import Agent, Runner, function_tool, OpenAIResponsesModel, set_tracing_disabled
+set_tracing_disabled(True)
+client = AsyncOpenAI(base_url=sys.argv[1], api_key="unused")
+calls = []
+@function_tool
+def lookup_capital(country: str) -> str:
+    """The capital of a country."""
+    calls.append(country)
+    return {"Norway": "Oslo"}.get(country, "unknown")
+agent = Agent(name="helper", instructions="Answer briefly.", tools=[lookup_capital],
+              model=OpenAIResponsesModel(model="hame", openai_client=client))
+async def main():
+    first = await Runner.run(agent, "Capital of Norway?")
+    out = {"first": first.final_output, "calls": calls}
+    second = await Runner.run(agent, first.to_input_list() + [{"role": "user", "content": "And its population?"}])
+    out["second"] = second.final_output
+    streamed = Runner.run_streamed(agent, "Say hi.")
+    async for _ in streamed.stream_events():
+        pass
+    out["streamed"] = streamed.final_output
+    print(json.dumps(out))
+asyncio.run(main())
+"#;
+
+#[tokio::test]
+async fn the_agents_sdk_runs_a_function_tool_and_a_second_turn() -> TestResult {
+    let Some(py) = python("agents-venv", "openai-agents>=0.2,<1", "agents") else {
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    model.push_all([
+        ScriptStep::tool_call("call_c", "lookup_capital", json!({"country": "Norway"})),
+        ScriptStep::text("Oslo."),
+        ScriptStep::text("About 700,000."),
+        ScriptStep::text("Hi!"),
+    ]);
+    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
+    let got = run_py(py, dir.path(), AGENTS_PY, serve.at("/v1")).await?;
+    assert_eq!(got["calls"], json!(["Norway"]));
+    assert_eq!(got["first"], "Oslo.");
+    assert_eq!(got["second"], "About 700,000.");
+    assert_eq!(got["streamed"], "Hi!");
+    let reqs = model.requests();
+    assert!(reqs[0].system_text().contains("Answer briefly."));
+    assert_eq!(
+        seen(&reqs[1]).last().map(String::as_str),
+        Some("tool: Oslo")
+    );
+    // The second turn carries the first one's conversation.
+    let second = seen(&reqs[2]);
+    assert_eq!(
+        second.first().map(String::as_str),
+        Some("user: Capital of Norway?")
+    );
+    assert_eq!(
+        second.last().map(String::as_str),
+        Some("user: And its population?")
+    );
+    Ok(())
+}
