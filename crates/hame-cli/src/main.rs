@@ -310,7 +310,6 @@ fn main() -> ExitCode {
             Command::Config { args } => config::show(args),
             Command::Serve { args } => serve::serve(args).await,
             Command::Mcp { command } => mcp::run(command).await,
-    },
             Command::Worker { args } => runs::worker(args).await,
             Command::Runs { command } => runs::runs(command).await,
         };
