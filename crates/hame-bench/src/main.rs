@@ -226,6 +226,7 @@ impl Model for Scripted {
             input_tokens: (chars / 4) as u64,
             output_tokens: 20,
             cached_input_tokens: 0,
+            cache_write_input_tokens: 0,
         }));
         events.push(ModelEvent::Stop(stop));
         Ok(Box::pin(futures::stream::iter(events.into_iter().map(Ok))))

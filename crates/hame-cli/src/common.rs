@@ -54,6 +54,12 @@ pub(crate) struct Common {
     /// known window (128,000 for unknown models)]
     #[arg(long, value_name = "TOKENS", help_heading = "Model and limits")]
     context_window: Option<u64>,
+    /// A spending limit, SCOPE.LIMIT=N, repeatable: SCOPE run, session or user_day (UTC),
+    /// LIMIT usd, tokens, input_tokens or output_tokens; a bare number is run.usd. Over a
+    /// limit the call stops before its next model request (exit 6) [default: [budget] of
+    /// hame.toml, else none; docs/cost.md]
+    #[arg(long, value_name = "SCOPE.LIMIT=N", value_parser = budget_spec, help_heading = "Model and limits")]
+    budget: Vec<String>,
     /// Shared-store mode: tenant files live in this store (redis://..., s3://bucket/prefix)
     /// over the read-only workspace template; no shell tool; see docs/backends.md [default:
     /// $HAME_STORE, else `store` of hame.toml]
@@ -162,6 +168,7 @@ pub(crate) struct Flags {
     pub(crate) memory_index: Option<String>,
     pub(crate) max_iterations: Option<usize>,
     pub(crate) context_window: Option<u64>,
+    pub(crate) budget: Vec<String>,
     pub(crate) subagent_depth: Option<usize>,
     pub(crate) task_wait: Option<u64>,
 }
@@ -190,6 +197,7 @@ impl Common {
             memory_index: self.memory_index.clone(),
             max_iterations: self.max_iterations,
             context_window: self.context_window,
+            budget: self.budget.clone(),
             subagent_depth: self.subagents.subagent_depth,
             task_wait: self.subagents.task_wait,
         }
@@ -325,6 +333,9 @@ async fn build_agent_as(
     builder = builder.users(config.users.value.clone());
     builder = builder.isolation_scope(config.isolation.value.into());
     builder = builder.permission_mode(config.permission_mode.value.harness_mode());
+    builder = builder
+        .budgets(config.budgets)
+        .prices(config.prices.clone());
     let memory = if !config.memory.value {
         hame::harness::MemoryOptions::disabled()
     } else {
@@ -490,4 +501,10 @@ fn at_least_one(s: &str) -> Result<usize, String> {
         Ok(n) => Ok(n),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// One `--budget SCOPE.LIMIT=N` (checked when the flags are parsed: exit 2).
+fn budget_spec(s: &str) -> Result<String, String> {
+    hame::harness::cost::Budgets::default().set(s)?;
+    Ok(s.to_owned())
 }

@@ -16,6 +16,7 @@
 //! permission_mode = "ask"
 //! model_timeout = 25
 //! model_connect_timeout = 10
+//! prompt_cache = "auto"
 //! users = ["alice", "bob"]
 //! [memory]
 //! enabled = true
@@ -25,6 +26,13 @@
 //! context_window = 64000
 //! subagent_depth = 1
 //! task_wait = 600
+//! [budget.run]
+//! usd = 0.50
+//! [budget.user_day]
+//! tokens = 2000000
+//! [prices."openai:my-finetune"]
+//! input = 0.3
+//! output = 1.2
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -66,6 +74,11 @@ struct File {
     memory: MemorySection,
     #[serde(default)]
     limits: Limits,
+    /// `auto`, `on` or `off` (docs/cost.md).
+    prompt_cache: Option<String>,
+    budget: Option<hame::harness::cost::Budgets>,
+    /// USD per million tokens by model prefix, over the built-in table.
+    prices: Option<std::collections::BTreeMap<String, hame::harness::cost::Price>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -133,6 +146,12 @@ pub(crate) struct Effective {
     pub(crate) task_wait: Setting<u64>,
     /// Declared user ids (their `<userId>/` folders are private from the start).
     pub(crate) users: Setting<Vec<String>>,
+    /// `auto`, `on` or `off`; passed to the model as `HAME_PROMPT_CACHE`.
+    pub(crate) prompt_cache: Setting<Option<String>>,
+    /// The user file's `[budget]`, under the workspace file's, under `--budget`.
+    pub(crate) budgets: hame::harness::cost::Budgets,
+    /// The built-in prices, under the user file's, under the workspace file's.
+    pub(crate) prices: hame::harness::cost::Prices,
     /// The configuration files that exist and were read, highest precedence first.
     pub(crate) files: Vec<PathBuf>,
 }
@@ -162,9 +181,10 @@ impl Effective {
         }
     }
 
-    /// The model timeouts as the variables `hame::model::open` reads (those configured).
+    /// The model timeouts and prompt caching as the variables `hame::model::open` reads
+    /// (those configured).
     pub(crate) fn model_timeouts(&self) -> Vec<(&'static str, String)> {
-        [
+        let mut vars: Vec<(&'static str, String)> = [
             (hame::model::MODEL_TIMEOUT_ENV, self.model_timeout.value),
             (
                 hame::model::MODEL_CONNECT_TIMEOUT_ENV,
@@ -173,7 +193,11 @@ impl Effective {
         ]
         .into_iter()
         .filter_map(|(k, v)| Some((k, v?.to_string())))
-        .collect()
+        .collect();
+        if let Some(v) = &self.prompt_cache.value {
+            vars.push((hame::model::PROMPT_CACHE_ENV, v.clone()));
+        }
+        vars
     }
 }
 
@@ -476,6 +500,63 @@ pub(crate) fn resolve_flags(flags: crate::common::Flags) -> anyhow::Result<Effec
         ],
         Vec::new(),
     );
+    let prompt_cache = pick(
+        (None, "--"),
+        env_str(hame::model::PROMPT_CACHE_ENV).map(|(v, n)| (Some(v), n)),
+        &wrap(layers(|f| f.prompt_cache.clone())),
+        None,
+    );
+    if let Some(v) = &prompt_cache.value
+        && !matches!(v.trim(), "auto" | "on" | "off")
+    {
+        return Err(ConfigError(format!(
+            "prompt_cache {v:?} (from {}) is not auto, on or off",
+            prompt_cache.source
+        ))
+        .into());
+    }
+    let mut budgets = hame::harness::cost::Budgets::default();
+    for f in [u, w] {
+        if let Some(b) = &f.budget {
+            budgets = budgets.overlay(b);
+        }
+    }
+    for (file, path) in [(w, ws_path.as_path()), (u, up.as_path())] {
+        let limits = file
+            .budget
+            .iter()
+            .flat_map(|b| [b.run, b.session, b.user_day]);
+        for l in limits {
+            if l.usd.is_some_and(|v| !v.is_finite() || v < 0.0) {
+                return Err(ConfigError(format!(
+                    "a [budget] usd in {} is not a number at least 0",
+                    path.display()
+                ))
+                .into());
+            }
+        }
+    }
+    let mut flag_budgets = hame::harness::cost::Budgets::default();
+    for spec in &flags.budget {
+        flag_budgets
+            .set(spec)
+            .map_err(|e| ConfigError(format!("--budget: {e}")))?;
+    }
+    let budgets = budgets.overlay(&flag_budgets);
+    let mut prices = hame::harness::cost::Prices::default();
+    for (file, path) in [(u, up.as_path()), (w, ws_path.as_path())] {
+        for (prefix, price) in file.prices.iter().flatten() {
+            if !price.is_valid() || prefix.trim().is_empty() {
+                return Err(ConfigError(format!(
+                    "[prices.{prefix:?}] in {} needs rates that are numbers at least 0 \
+                     (USD per million tokens)",
+                    path.display()
+                ))
+                .into());
+            }
+            prices = prices.with(prefix.clone(), *price);
+        }
+    }
     if isolated.value && store.value.is_some() {
         return Err(ConfigError(format!(
             "isolated ({}) and store ({}) exclude each other: pick one mode",
@@ -504,6 +585,9 @@ pub(crate) fn resolve_flags(flags: crate::common::Flags) -> anyhow::Result<Effec
         subagent_depth,
         task_wait,
         users,
+        prompt_cache,
+        budgets,
+        prices,
         files,
     })
 }
@@ -644,6 +728,11 @@ pub(crate) fn show(args: ConfigArgs) -> anyhow::Result<()> {
             "limits.task_wait",
             serde_json::json!(e.task_wait.value),
             &e.task_wait.source,
+        ),
+        (
+            "prompt_cache",
+            serde_json::json!(e.prompt_cache.value.as_deref().unwrap_or("auto")),
+            &e.prompt_cache.source,
         ),
     ];
     // The API key of the model's provider: whether it is set, never its value.

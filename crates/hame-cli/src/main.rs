@@ -17,9 +17,11 @@ mod common;
 mod config;
 mod init;
 mod inspect;
+mod mcp;
 mod replay;
 mod resume;
 mod run;
+mod runs;
 mod sandbox;
 mod secrets;
 mod serve;
@@ -28,6 +30,7 @@ mod skills;
 mod status;
 mod tasks;
 mod telemetry;
+mod usage;
 
 use common::Common;
 
@@ -136,6 +139,14 @@ enum Command {
         #[command(flatten)]
         args: inspect::SessionsArgs,
     },
+    /// What the caller's sessions spent, by session and model (tokens, cache, USD).
+    ///
+    /// Read from the spend saved with each session's state (docs/cost.md); --user picks
+    /// the user, --since the first UTC day counted.
+    Usage {
+        #[command(flatten)]
+        args: usage::UsageArgs,
+    },
     /// The caller's memory: `show` (default: MEMORY.md and the daily logs), `search QUERY`.
     Memory {
         #[command(flatten)]
@@ -158,6 +169,27 @@ enum Command {
     Serve {
         #[command(flatten)]
         args: serve::ServeArgs,
+    },
+    /// Serve the agent to MCP clients: `hame mcp serve` (stdio, or --listen for HTTP).
+    ///
+    /// One tool, `ask` {message, session?}, runs a turn of the agent (docs/mcp-server.md).
+    Mcp {
+        #[command(subcommand)]
+        command: mcp::McpCommand,
+    },
+    /// Drain the run queue: execute runs that `hame serve` replicas accepted.
+    ///
+    /// Same flags as `hame serve` for the workspace, model, --state, --store and sandbox;
+    /// runs of the agent are claimed from the queue in the state store, heartbeated, and
+    /// taken over by another worker when this one dies (docs/runs.md). SIGTERM drains.
+    Worker {
+        #[command(flatten)]
+        args: runs::WorkerCommand,
+    },
+    /// Runs in the state store: `list [SESSION]`, `show ID`, `cancel ID` (no server needed).
+    Runs {
+        #[command(subcommand)]
+        command: runs::RunsCommand,
     },
     /// The subagent task records of a session, oldest first.
     ///
@@ -198,10 +230,12 @@ impl std::error::Error for ConfigError {}
 
 /// The commands of `hame --help`, by group, in the order shown.
 const COMMAND_GROUPS: &[(&str, &[&str])] = &[
-    ("Run an agent", &["run", "chat", "serve"]),
+    ("Run an agent", &["run", "chat", "serve", "worker", "mcp"]),
     (
         "Inspect",
-        &["sessions", "memory", "tasks", "replay", "config"],
+        &[
+            "sessions", "usage", "memory", "tasks", "runs", "replay", "config",
+        ],
     ),
     ("Workspace", &["init", "skills"]),
     ("Admin", &["approve", "deny", "sandbox"]),
@@ -273,9 +307,13 @@ fn main() -> ExitCode {
             Command::Init { args } => init::init(args),
             Command::Sessions { args } => inspect::sessions(args).await,
             Command::Memory { args } => inspect::memory(args).await,
+            Command::Usage { args } => usage::usage(args).await,
             Command::Replay { args } => replay::replay(args).await,
             Command::Config { args } => config::show(args),
             Command::Serve { args } => serve::serve(args).await,
+            Command::Mcp { command } => mcp::run(command).await,
+            Command::Worker { args } => runs::worker(args).await,
+            Command::Runs { command } => runs::runs(command).await,
         };
         // Nothing hame started outlives it.
         sandbox::shutdown().await;

@@ -15,6 +15,7 @@ pub(crate) fn warn_on(ev: &AgentEvent) {
     match ev {
         AgentEvent::Custom { kind, data }
             if kind.starts_with("workspace.")
+                || kind.starts_with("mcp.tool_")
                 || kind.ends_with("_failed")
                 || kind.ends_with(".failed") =>
         {
@@ -122,8 +123,12 @@ pub(crate) fn suspended_lines(s: &hame::Suspended) -> String {
         .join("\n")
 }
 
+/// Exit code of a call that a budget stopped (`budget_exceeded`).
+pub(crate) const EXIT_BUDGET_EXCEEDED: u8 = 6;
+
 /// Maps a call's outcome to the exit the user sees: a signal (130/143), a suspension (3),
-/// a session state written by a newer hame (2, one line naming its version).
+/// a budget reached (6, one line saying what was spent), a session state written by a
+/// newer hame (2, one line naming its version).
 pub(crate) fn outcome<T>(
     result: Result<T, hame::harness::Error>,
     signal: Option<u8>,
@@ -132,6 +137,9 @@ pub(crate) fn outcome<T>(
         Ok(v) => Ok(v),
         Err(hame::harness::Error::Call(hame::Error::Suspended(s))) => {
             Err(Stopped(3, suspended_lines(&s)).into())
+        }
+        Err(hame::harness::Error::Call(hame::Error::BudgetExceeded(b))) => {
+            Err(Stopped(EXIT_BUDGET_EXCEEDED, b.to_string()).into())
         }
         Err(e) if e.is_too_new() => {
             Err(ConfigError(crate::one_line(&anyhow::Error::new(e))).into())

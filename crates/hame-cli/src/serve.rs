@@ -44,6 +44,12 @@ pub(crate) struct ServeArgs {
     /// closes (keep it under `ulimit -n`).
     #[arg(long, default_value_t = 1024, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
+    /// Accept runs (POST /v1/sessions/{session}/runs) but leave them to `hame worker`
+    /// processes instead of executing them here.
+    #[arg(long, help_heading = "Runs")]
+    no_worker: bool,
+    #[command(flatten)]
+    worker: crate::runs::WorkerArgs,
     /// Another agent served by this process (repeatable): its id and its own workspace
     /// (with that workspace's hame.toml); the OpenAI routes' `model` picks it, the other
     /// flags are shared. The session routes serve the --agent one.
@@ -74,6 +80,41 @@ fn seconds(s: &str) -> Result<f64, String> {
 }
 
 pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let http = Http {
+        listen: args.listen,
+        auth: args.auth,
+        max_queue: args.max_queue,
+        drain_timeout: args.drain_timeout,
+        header_timeout: args.header_timeout,
+        body_timeout: args.body_timeout,
+        max_connections: args.max_connections,
+        mcp: false,
+        worker: (!args.no_worker).then(|| args.worker.options()),
+        serve_agent: args.serve_agent,
+    };
+    serve_http(&args.common, http).await
+}
+
+/// What `hame serve` listens with (`hame mcp serve --listen` too).
+pub(crate) struct Http {
+    pub(crate) listen: String,
+    pub(crate) auth: Option<PathBuf>,
+    pub(crate) max_queue: usize,
+    pub(crate) drain_timeout: u64,
+    pub(crate) header_timeout: f64,
+    pub(crate) body_timeout: f64,
+    pub(crate) max_connections: u32,
+    /// Also serve MCP at `/mcp`.
+    pub(crate) mcp: bool,
+    /// Drain the run queue in this process with these settings (`None`: leave the runs to
+    /// `hame worker` processes).
+    pub(crate) worker: Option<hame_gateway::WorkerOptions>,
+    /// More agents (`--serve-agent NAME=DIR`): id and workspace.
+    pub(crate) serve_agent: Vec<(String, PathBuf)>,
+}
+
+/// Builds the agent of `common` and serves it over HTTP until SIGTERM / SIGINT.
+pub(crate) async fn serve_http(common: &Common, args: Http) -> anyhow::Result<()> {
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host(args.listen.as_str())
         .await
         .map_err(|e| {
@@ -98,13 +139,13 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ))
         .into());
     }
-    if auth.is_some() && args.common.is_local_mode() {
+    if auth.is_some() && common.is_local_mode() {
         eprintln!(
             "hame: warning: local mode: every caller's tools (the shell included) work on the workspace with your rights; for tenants you do not trust use --isolated or --store"
         );
     }
     // Replicas: the events go where the shared state or files are, when that is Redis.
-    let config = crate::config::resolve(&args.common)?;
+    let config = crate::config::resolve(common)?;
     let redis = [&config.state.value, &config.store.value]
         .into_iter()
         .flatten()
@@ -118,7 +159,8 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let (agent, ctx) = build_resolved(&args.common, &config).await?;
+    let (agent, ctx) = build_resolved(common, &config).await?;
+    let runs = crate::runs::queue_if_available(&agent, &config).await?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| ConfigError(format!("cannot listen on {addr}: {e} (check --listen)")))?;
@@ -130,22 +172,28 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_header_timeout(Duration::from_secs_f64(args.header_timeout))
         .with_body_timeout(Duration::from_secs_f64(args.body_timeout))
         .with_max_connections(usize::try_from(args.max_connections).unwrap_or(usize::MAX))
-        .with_shared_events(shared_events);
+        .with_shared_events(shared_events)
+        .with_mcp(args.mcp)
+        .with_runs(runs, args.worker);
     let mut others = Vec::new();
     for (name, dir) in &args.serve_agent {
-        others.push(crate::common::build_named(&args.common, name, dir).await?);
+        others.push(crate::common::build_named(common, name, dir).await?);
     }
     let gateway = hame_gateway::Gateway::new(agent.clone(), ctx, options)
         .with_agents(others)
         .map_err(|e| ConfigError(e.to_string()))?;
-    println!("listening on http://{local}");
+    if args.mcp {
+        println!("listening on http://{local} (MCP at http://{local}/mcp)");
+    } else {
+        println!("listening on http://{local}");
+    }
     std::io::stdout().flush()?;
     gateway.serve(listener, shutdown_signal()).await?;
     crate::run::finish(&agent).await
 }
 
 /// The first SIGTERM or SIGINT starts the drain; a second one exits at once.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

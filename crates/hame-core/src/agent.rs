@@ -326,6 +326,10 @@ impl AgentLoop {
                 messages: cx.state.messages.clone(),
                 tools: self.tools.specs(),
                 params: self.config.params.clone(),
+                cache_key: cx
+                    .extensions
+                    .get::<crate::PromptCacheKey>()
+                    .map(|k| k.0.clone()),
             };
             let response = ModelNext {
                 layers: &self.layers,

@@ -33,6 +33,10 @@ pub enum Error {
     /// for decisions ([`CallInput::Resume`](crate::CallInput::Resume)).
     #[error("{0}")]
     Suspended(crate::Suspended),
+    /// A spending limit is reached: no further model request is made. What joined the
+    /// conversation is kept; the session takes calls again once the limit allows.
+    #[error("{0}")]
+    BudgetExceeded(BudgetExceeded),
     /// A resume was asked for, but no step is suspended.
     #[error("nothing is pending in this session")]
     NothingPending,
@@ -70,6 +74,52 @@ impl Error {
             message: message.into(),
             source: None,
         }
+    }
+}
+
+/// The limit a call reached ([`Error::BudgetExceeded`]) and what was spent under it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BudgetExceeded {
+    /// Whose spending: `run` (this call), `session` or `user_day` (the caller's user, this
+    /// UTC day).
+    pub scope: String,
+    /// What is limited: `usd`, `tokens`, `input_tokens` or `output_tokens`.
+    pub limit: String,
+    /// The limit.
+    pub max: f64,
+    /// What the scope has spent of it.
+    pub spent: f64,
+    /// The tokens the scope spent.
+    pub usage: crate::Usage,
+    /// What the scope spent, in US dollars (from the price table).
+    pub usd: f64,
+}
+
+impl std::fmt::Display for BudgetExceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let then = match self.scope.as_str() {
+            "run" => "",
+            "session" => ", or start a new session",
+            _ => ", or wait for the next UTC day",
+        };
+        let amount = |v: f64| {
+            if self.limit == "usd" {
+                format!("${v:.4}")
+            } else {
+                format!("{v:.0}")
+            }
+        };
+        write!(
+            f,
+            "budget exceeded: {} {} spent {} of {} (the conversation so far is saved; \
+             raise it with --budget {}.{}=N{then})",
+            self.scope,
+            self.limit,
+            amount(self.spent),
+            amount(self.max),
+            self.scope,
+            self.limit
+        )
     }
 }
 

@@ -232,6 +232,11 @@ impl CallNext<'_> {
 }
 
 impl ModelNext<'_> {
+    /// The model the stack ends at (its provider and name: what a request is priced by).
+    pub fn model_info(&self) -> crate::ModelInfo {
+        self.core.model().info()
+    }
+
     /// Runs the rest of the stack, then the model.
     pub async fn run(self, cx: &mut CallCtx<'_>, request: ModelRequest) -> Result<ModelResponse> {
         match self.split() {

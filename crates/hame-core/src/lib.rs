@@ -57,7 +57,7 @@ pub use agent::{
     reply_text,
 };
 pub use context::{CALL_ID_EXTRA, RuntimeContext, ToolContext};
-pub use error::{Error, Result};
+pub use error::{BudgetExceeded, Error, Result};
 pub use event::{AgentEvent, EventSink};
 pub use extensions::Extensions;
 pub use failpoint::{FAILPOINT_ENV, failpoint};
@@ -68,7 +68,7 @@ pub use layer::{
 pub use message::{ContentBlock, Message, Role, ToolCall, ToolResult, Usage};
 pub use model::{
     Model, ModelError, ModelEvent, ModelInfo, ModelParams, ModelRequest, ModelResponse,
-    ModelStream, ResponseAssembler, StopReason,
+    ModelStream, PromptCacheKey, ResponseAssembler, StopReason,
 };
 pub use state::{AgentState, STATE_SCHEMA_VERSION, StateFormatError};
 pub use suspend::{PendingCall, PendingStep, Resolution, Suspended, SuspendedCall, Suspension};

@@ -90,9 +90,16 @@ pub struct Usage {
     pub input_tokens: u64,
     /// Completion tokens.
     pub output_tokens: u64,
-    /// Prompt tokens served from the provider's cache, when reported.
+    /// Prompt tokens served from the provider's cache, when reported (Anthropic
+    /// `cache_read_input_tokens`, OpenAI `prompt_tokens_details.cached_tokens`); part of
+    /// `input_tokens`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub cached_input_tokens: u64,
+    /// Prompt tokens written to the provider's cache by this request, when reported
+    /// (Anthropic `cache_creation_input_tokens`, billed above the input price); part of
+    /// `input_tokens`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_write_input_tokens: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -110,6 +117,7 @@ impl Usage {
         self.input_tokens += other.input_tokens;
         self.output_tokens += other.output_tokens;
         self.cached_input_tokens += other.cached_input_tokens;
+        self.cache_write_input_tokens += other.cache_write_input_tokens;
     }
 }
 
@@ -270,6 +278,7 @@ mod tests {
                     input_tokens: 10,
                     output_tokens: 3,
                     cached_input_tokens: 0,
+                    cache_write_input_tokens: 0,
                 }),
             },
             Message::tool_results(vec![ToolResult {

@@ -34,7 +34,17 @@ pub struct ModelRequest {
     pub tools: Vec<ToolSpec>,
     /// Parameters.
     pub params: ModelParams,
+    /// A stable key of the prompt's prefix: the harness sets one per (agent, user,
+    /// session), a hash that names none of them. Providers that route prompt caching by
+    /// key receive it (OpenAI `prompt_cache_key`); `None` sends no key.
+    pub cache_key: Option<String>,
 }
+
+/// The prompt cache key of a call, in its [`Extensions`](crate::Extensions): the loop
+/// copies it into every request's [`ModelRequest::cache_key`]. The harness derives it from
+/// the agent, user and session ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptCacheKey(pub String);
 
 /// Why the model stopped.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -282,6 +292,9 @@ impl ResponseAssembler {
                 total.input_tokens = total.input_tokens.max(u.input_tokens);
                 total.output_tokens = total.output_tokens.max(u.output_tokens);
                 total.cached_input_tokens = total.cached_input_tokens.max(u.cached_input_tokens);
+                total.cache_write_input_tokens = total
+                    .cache_write_input_tokens
+                    .max(u.cache_write_input_tokens);
             }
             ModelEvent::Stop(r) => self.stop = Some(r.clone()),
         }
@@ -355,11 +368,13 @@ mod tests {
                 input_tokens: 7,
                 output_tokens: 0,
                 cached_input_tokens: 0,
+                cache_write_input_tokens: 0,
             }),
             ModelEvent::Usage(Usage {
                 input_tokens: 7,
                 output_tokens: 4,
                 cached_input_tokens: 0,
+                cache_write_input_tokens: 0,
             }),
             ModelEvent::Stop(StopReason::ToolUse),
         ] {
@@ -388,7 +403,8 @@ mod tests {
             Some(Usage {
                 input_tokens: 7,
                 output_tokens: 4,
-                cached_input_tokens: 0
+                cached_input_tokens: 0,
+                cache_write_input_tokens: 0,
             })
         );
         assert_eq!(r.stop_reason, Some(StopReason::ToolUse));

@@ -31,6 +31,7 @@ impl Reply {
                 input_tokens: 10,
                 output_tokens: 5,
                 cached_input_tokens: 0,
+                cache_write_input_tokens: 0,
             }),
             ModelEvent::Stop(StopReason::EndTurn),
         ])

@@ -48,6 +48,7 @@ pub mod generic;
 mod local;
 mod memory;
 mod namespace;
+mod output;
 mod path;
 #[cfg(feature = "local")]
 mod shell;
@@ -70,6 +71,7 @@ pub use fs::{
 pub use local::{INLINE_READ_MAX, LocalFs, LocalFsOptions};
 pub use memory::InMemoryFs;
 pub use namespace::{Isolation, MAX_ID_BYTES, Namespace, Scope, tenant_fs, validate_id};
+pub use output::{CappedOutput, render_output};
 pub use path::{FsPath, MAX_DEPTH, MAX_PATH_BYTES, MAX_SEGMENT_BYTES, NameCase, pattern_key};
 #[cfg(feature = "local")]
 pub use shell::{LocalShell, ShellOptions};

@@ -12,6 +12,7 @@ use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout};
 
 use crate::error::{Error, Result};
 use crate::fs::{ExecOutput, ExecRequest, Execute};
+use crate::output::{CappedOutput, render_output};
 
 /// Options of [`LocalShell`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -204,28 +205,15 @@ impl Drop for Group {
     }
 }
 
-/// Output kept from one pipe, up to a cap.
-#[derive(Debug, Default)]
-struct Capped {
-    kept: Vec<u8>,
-    truncated: bool,
-}
-
 /// Reads `r` to its end into `buf` (at most `cap` bytes kept). Cancel-safe: what was read
 /// before the future is dropped stays in `buf`.
-async fn drain(r: Option<&mut (impl AsyncRead + Unpin)>, buf: &mut Capped, cap: usize) {
+async fn drain(r: Option<&mut (impl AsyncRead + Unpin)>, buf: &mut CappedOutput, cap: usize) {
     let Some(r) = r else { return };
     let mut chunk = [0u8; 8192];
     loop {
         match r.read(&mut chunk).await {
             Ok(0) | Err(_) => break,
-            Ok(n) => {
-                let room = cap.saturating_sub(buf.kept.len());
-                if n > room {
-                    buf.truncated = true;
-                }
-                buf.kept.extend_from_slice(&chunk[..n.min(room)]);
-            }
+            Ok(n) => buf.push(&chunk[..n], cap),
         }
     }
 }
@@ -233,39 +221,13 @@ async fn drain(r: Option<&mut (impl AsyncRead + Unpin)>, buf: &mut Capped, cap: 
 /// Drains both pipes (see [`drain`]).
 async fn drain_both(
     pipes: &mut (Option<ChildStdout>, Option<ChildStderr>),
-    (out, err): (&mut Capped, &mut Capped),
+    (out, err): (&mut CappedOutput, &mut CappedOutput),
     cap: usize,
 ) {
     tokio::join!(
         drain(pipes.0.as_mut(), out, cap),
         drain(pipes.1.as_mut(), err, cap)
     );
-}
-
-/// stdout, then the stderr lines prefixed `[stderr] `, cut at `cap` bytes.
-fn render(stdout: Capped, stderr: Capped, cap: usize) -> (String, bool) {
-    let mut text = String::from_utf8_lossy(&stdout.kept).into_owned();
-    for line in String::from_utf8_lossy(&stderr.kept).lines() {
-        if !text.is_empty() && !text.ends_with('\n') {
-            text.push('\n');
-        }
-        text.push_str("[stderr] ");
-        text.push_str(line);
-        text.push('\n');
-    }
-    let mut truncated = stdout.truncated || stderr.truncated;
-    if text.len() > cap {
-        let mut cut = cap;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
-        truncated = true;
-    }
-    if truncated {
-        text.push_str(&format!("\n[output truncated at {cap} bytes]"));
-    }
-    (text, truncated)
 }
 
 #[async_trait]
@@ -282,7 +244,7 @@ impl Execute for LocalShell {
         let mut pipes = (child.stdout.take(), child.stderr.take());
         let mut group = Group::new(child, self.options.kill_grace);
         let cap = self.options.max_output_bytes;
-        let (mut out, mut err) = (Capped::default(), Capped::default());
+        let (mut out, mut err) = (CappedOutput::default(), CappedOutput::default());
         let run = async {
             drain_both(&mut pipes, (&mut out, &mut err), cap).await;
             // Reaped only once nothing holds the pipes: until then `-pgid` stays ours.
@@ -302,7 +264,7 @@ impl Execute for LocalShell {
                 (None, true)
             }
         };
-        let (output, truncated) = render(out, err, cap);
+        let (output, truncated) = render_output(out, err, cap);
         Ok(ExecOutput {
             output,
             exit_code: status.and_then(|s| s.code()),

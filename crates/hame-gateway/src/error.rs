@@ -66,6 +66,8 @@ pub(crate) struct ApiError {
     pub(crate) code: &'static str,
     pub(crate) message: String,
     pub(crate) retry_after: Option<u64>,
+    /// `budget_exceeded`: the limit reached and what was spent under it, as `error.budget`.
+    pub(crate) budget: Option<serde_json::Value>,
     /// The request field at fault, when there is one.
     pub(crate) param: Option<String>,
 }
@@ -83,6 +85,7 @@ impl ApiError {
             code,
             message,
             retry_after: None,
+            budget: None,
             param: None,
         }
     }
@@ -144,6 +147,16 @@ impl ApiError {
             H::Call(hame::Error::NothingPending | hame::Error::UnknownResolution(_)) => {
                 Self::new(StatusCode::CONFLICT, "not_pending", e.to_string())
             }
+            // 429: the caller's spending, not the server, stops the turn; it takes calls
+            // again when the limit allows (a new run, session or UTC day).
+            H::Call(hame::Error::BudgetExceeded(b)) => Self {
+                budget: serde_json::to_value(b).ok(),
+                ..Self::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "budget_exceeded",
+                    e.to_string(),
+                )
+            },
             H::Call(_) => Self::new(StatusCode::BAD_GATEWAY, "call_failed", e.to_string()),
             _ => Self::internal(e.to_string()),
         }
@@ -151,12 +164,16 @@ impl ApiError {
 
     /// `{"error": {"message", "type", "param", "code"}}`.
     pub(crate) fn body(&self) -> serde_json::Value {
-        serde_json::json!({"error": {
+        let mut body = serde_json::json!({"error": {
             "message": self.message,
             "type": error_type(self.status),
             "param": self.param,
             "code": self.code,
-        }})
+        }});
+        if let Some(b) = &self.budget {
+            body["error"]["budget"] = b.clone();
+        }
+        body
     }
 }
 

@@ -52,6 +52,7 @@ mod console;
 mod error;
 mod events;
 mod gate;
+mod mcp;
 mod metrics;
 mod oai_request;
 mod openai;
@@ -59,15 +60,19 @@ mod openapi;
 mod replay;
 mod responses;
 mod routes;
+mod runs;
 mod server;
 #[cfg(feature = "redis")]
 mod shared_events;
 mod turn;
+mod worker;
 
 pub use auth::Auth;
 pub use error::{Error, Result};
+pub use mcp::{ASK_TOOL, MAX_ASK_BYTES};
 #[cfg(feature = "redis")]
 pub use shared_events::SharedEvents;
+pub use worker::{Worker, WorkerOptions};
 
 /// Settings of a [`Gateway`]; `Default` gives the documented defaults.
 #[derive(Debug, Clone)]
@@ -107,10 +112,19 @@ pub struct GatewayOptions {
     pub replay_window: Duration,
     /// Requests remembered for their retries at most (default 10,000; the oldest go first).
     pub replay_entries: usize,
+    /// Also serve the agent as an MCP server over streamable HTTP at `/mcp` (ADR 0029;
+    /// default false).
+    pub mcp: bool,
     /// Where events are shared between replicas (feature `redis`); `None` (the default):
     /// in this process only.
     #[cfg(feature = "redis")]
     pub shared_events: Option<SharedEvents>,
+    /// The run queue of the `/v1/…/runs` routes; `None` (the default): those routes answer
+    /// 501 `runs_unavailable`.
+    pub runs: Option<Arc<dyn hame::state::runs::RunQueue>>,
+    /// A worker that drains [`runs`](Self::runs) in this process (`hame serve` without
+    /// `--no-worker`); `None` (the default): runs wait for a `hame worker`.
+    pub worker: Option<WorkerOptions>,
 }
 
 impl Default for GatewayOptions {
@@ -129,8 +143,11 @@ impl Default for GatewayOptions {
             drain_timeout: Duration::from_secs(30),
             replay_window: Duration::from_secs(300),
             replay_entries: 10_000,
+            mcp: false,
             #[cfg(feature = "redis")]
             shared_events: None,
+            runs: None,
+            worker: None,
         }
     }
 }
@@ -169,6 +186,24 @@ impl GatewayOptions {
     /// With a connection limit ([`GatewayOptions::max_connections`]).
     pub fn with_max_connections(mut self, n: usize) -> Self {
         self.max_connections = n;
+        self
+    }
+
+    /// Also serves MCP at `/mcp` ([`GatewayOptions::mcp`]).
+    pub fn with_mcp(mut self, on: bool) -> Self {
+        self.mcp = on;
+        self
+    }
+
+    /// With a run queue, and a worker draining it in this process unless `worker` is
+    /// `None`.
+    pub fn with_runs(
+        mut self,
+        queue: Option<Arc<dyn hame::state::runs::RunQueue>>,
+        worker: Option<WorkerOptions>,
+    ) -> Self {
+        self.runs = queue;
+        self.worker = worker;
         self
     }
 
@@ -321,8 +356,11 @@ impl Gateway {
         use tower_http::timeout::TimeoutLayer;
         use tower_http::trace::TraceLayer;
         let o = &self.shared.options;
-        routes::router(self.shared.clone())
-            .layer(axum::extract::DefaultBodyLimit::disable())
+        let mut app = routes::router(self.shared.clone());
+        if o.mcp {
+            app = app.merge(mcp::router(self.shared.clone()));
+        }
+        app.layer(axum::extract::DefaultBodyLimit::disable())
             .layer(axum::middleware::from_fn_with_state(
                 o.body_timeout,
                 server::read_body_within,
@@ -334,6 +372,40 @@ impl Gateway {
             ))
             .layer(axum::middleware::from_fn(error::json_errors))
             .layer(TraceLayer::new_for_http())
+    }
+
+    /// Serves the agent as an MCP server on this process's stdin and stdout until the
+    /// client closes them (ADR 0029): one tool, `ask`, whose turns run as `user`. Turns
+    /// still running then are cancelled after [`GatewayOptions::drain_timeout`].
+    pub async fn serve_mcp_stdio(self, user: Option<String>) -> Result<()> {
+        use rmcp::ServiceExt;
+        let server = mcp::McpServer {
+            shared: self.shared.clone(),
+            user,
+        };
+        let io = |e: std::io::Error| Error::Io {
+            context: "serving MCP on stdio".into(),
+            source: e,
+        };
+        let running = server
+            .serve(rmcp::transport::stdio())
+            .await
+            .map_err(|e| io(std::io::Error::other(e.to_string())))?;
+        let ended = running.waiting().await;
+        if let Err(e) = ended {
+            tracing::warn!(error = %e, "the MCP stdio session ended with an error");
+        }
+        let shared = &self.shared;
+        shared.draining.cancel();
+        shared.turns.close();
+        if tokio::time::timeout(shared.options.drain_timeout, shared.turns.wait())
+            .await
+            .is_err()
+        {
+            shared.cancel.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(5), shared.turns.wait()).await;
+        }
+        Ok(())
     }
 
     /// Serves on `listener` (HTTP/1.1, with the header timeout and the connection limit of
@@ -360,6 +432,19 @@ impl Gateway {
             header_timeout: shared.options.header_timeout,
             max_connections: shared.options.max_connections,
         };
+        let worker = match (&shared.options.runs, &shared.options.worker) {
+            (Some(queue), Some(options)) => {
+                let w = Worker::new(
+                    shared.agent.clone(),
+                    shared.base.clone(),
+                    queue.clone(),
+                    options.clone(),
+                );
+                let (stop, abort) = (draining.clone(), shared.cancel.clone());
+                Some(tokio::spawn(async move { w.run(stop, abort).await }))
+            }
+            _ => None,
+        };
         let server = {
             let stop = draining.clone();
             async move {
@@ -384,6 +469,9 @@ impl Gateway {
                 shared.turns.close();
                 let drained = tokio::time::timeout(limit, async {
                     shared.turns.wait().await;
+                    if let Some(w) = worker {
+                        let _ = w.await;
+                    }
                     (&mut server).await
                 })
                 .await;

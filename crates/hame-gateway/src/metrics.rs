@@ -21,6 +21,10 @@ pub(crate) struct Metrics {
     tools: Mutex<BTreeMap<(String, &'static str), u64>>,
     input_tokens: AtomicU64,
     output_tokens: AtomicU64,
+    /// Input tokens read from the provider's prompt cache (part of `input_tokens`).
+    cached_input_tokens: AtomicU64,
+    /// Input tokens written to the provider's prompt cache (part of `input_tokens`).
+    cache_write_input_tokens: AtomicU64,
     /// Model request latency: counts per bucket of [`MODEL_BUCKETS`] (cumulative when
     /// rendered), the sum in milliseconds and the count.
     model_buckets: [AtomicU64; MODEL_BUCKETS.len()],
@@ -71,6 +75,10 @@ impl Metrics {
                     .fetch_add(usage.input_tokens, Ordering::Relaxed);
                 self.output_tokens
                     .fetch_add(usage.output_tokens, Ordering::Relaxed);
+                self.cached_input_tokens
+                    .fetch_add(usage.cached_input_tokens, Ordering::Relaxed);
+                self.cache_write_input_tokens
+                    .fetch_add(usage.cache_write_input_tokens, Ordering::Relaxed);
             }
             _ => {}
         }
@@ -148,7 +156,11 @@ impl Metrics {
             load(&self.model_millis) as f64 / 1e3,
         );
         x.sample("hame_model_request_seconds_count", &[], count);
-        x.family("hame_tokens_total", "counter", "Model tokens by kind.");
+        x.family(
+            "hame_tokens_total",
+            "counter",
+            "Model tokens by kind (cached and cache_write are parts of input).",
+        );
         x.sample(
             "hame_tokens_total",
             &[("kind", "input")],
@@ -158,6 +170,16 @@ impl Metrics {
             "hame_tokens_total",
             &[("kind", "output")],
             load(&self.output_tokens),
+        );
+        x.sample(
+            "hame_tokens_total",
+            &[("kind", "cached")],
+            load(&self.cached_input_tokens),
+        );
+        x.sample(
+            "hame_tokens_total",
+            &[("kind", "cache_write")],
+            load(&self.cache_write_input_tokens),
         );
         x.family(
             "hame_requests_refused_total",

@@ -38,6 +38,10 @@ pub(crate) const ROUTES: &[&str] = &[
     "/v1/sessions/{session}/approvals",
     "/v1/sessions/{session}/approvals/{id}",
     "/v1/memory",
+    "/v1/sessions/{session}/runs",
+    "/v1/runs/{run_id}",
+    "/v1/runs/{run_id}/cancel",
+    "/v1/runs/{run_id}/events",
     "/v1/chat/completions",
     "/v1/responses",
     "/v1/models",
@@ -60,6 +64,13 @@ pub(crate) fn router(shared: AppState) -> Router {
         .route("/v1/sessions/{session}/tasks", get(get_tasks))
         .route("/v1/sessions/{session}/approvals", get(get_approvals))
         .route("/v1/sessions/{session}/approvals/{id}", post(post_approval))
+        .route(
+            "/v1/sessions/{session}/runs",
+            post(crate::runs::submit).get(crate::runs::list),
+        )
+        .route("/v1/runs/{run_id}", get(crate::runs::get))
+        .route("/v1/runs/{run_id}/cancel", post(crate::runs::cancel))
+        .route("/v1/runs/{run_id}/events", get(crate::runs::events))
         .route("/v1/memory", get(get_memory))
         .route("/v1/chat/completions", post(crate::openai::completions))
         .route("/v1/responses", post(crate::responses::create))
@@ -70,7 +81,7 @@ pub(crate) fn router(shared: AppState) -> Router {
 }
 
 /// The caller: its user id (the token's with auth, else `X-Hame-User` or the default).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Caller(pub(crate) Option<String>);
 
 impl FromRequestParts<AppState> for Caller {

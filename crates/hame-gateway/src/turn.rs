@@ -52,12 +52,19 @@ pub(crate) fn start_once(
 ) -> Result<Turn, ApiError> {
     use crate::replay::Claim;
     let Some(key) = key else {
-        return start_recorded(shared, agent, user, session, input, None, caller);
+        return start_recorded(shared, agent, user, session, input, None, None, caller);
     };
     match shared.replays.claim(&key, &session)? {
-        Claim::New(recorder) => {
-            start_recorded(shared, agent, user, session, input, Some(recorder), caller)
-        }
+        Claim::New(recorder) => start_recorded(
+            shared,
+            agent,
+            user,
+            session,
+            input,
+            Some(recorder),
+            None,
+            caller,
+        ),
         Claim::Replay(mut done, session) => {
             let (tx, rx) = mpsc::unbounded_channel();
             let (out_tx, out_rx) = oneshot::channel();
@@ -89,6 +96,28 @@ pub(crate) fn start_once(
     }
 }
 
+/// Queues a turn on `(user, session)` and starts its task, which `cancel` stops (it
+/// should be a child of the gateway's token, so the drain timeout stops it too). No
+/// retries are recognised (the MCP server's `ask`).
+pub(crate) fn start_cancellable(
+    shared: &Arc<Shared>,
+    user: Option<String>,
+    session: String,
+    input: CallInput,
+    cancel: hame::CancellationToken,
+) -> Result<Turn, ApiError> {
+    start_recorded(
+        shared,
+        &shared.agent,
+        user,
+        session,
+        input,
+        None,
+        Some(cancel),
+        None,
+    )
+}
+
 /// The key of a session in the gate table and the event hub.
 pub(crate) fn key(agent: &str, user: Option<&str>, session: &str) -> String {
     format!("{agent}\u{0}{}\u{0}{session}", user.unwrap_or(""))
@@ -97,6 +126,8 @@ pub(crate) fn key(agent: &str, user: Option<&str>, session: &str) -> String {
 /// Queues a turn on `(user, session)` and starts its task; its end goes to `recorder`
 /// (for the request's retries). Refused with 429 when the session's queue is full, 503
 /// while the gateway drains.
+// The agent, the request and what the turn is answered from: one value each.
+#[allow(clippy::too_many_arguments)]
 fn start_recorded(
     shared: &Arc<Shared>,
     agent: &HarnessAgent,
@@ -104,6 +135,7 @@ fn start_recorded(
     session: String,
     input: CallInput,
     recorder: Option<crate::replay::Recorder>,
+    cancel: Option<hame::CancellationToken>,
     caller: Option<CallerRequest>,
 ) -> Result<Turn, ApiError> {
     if shared.draining.is_cancelled() {
@@ -141,7 +173,8 @@ fn start_recorded(
     let task = async move {
         ticket.ready().await;
         let started = Instant::now();
-        let (outcome, ended) = run(&me, &agent, &key, &ctx, input, &tx).await;
+        let cancel = cancel.unwrap_or_else(|| me.cancel.child_token());
+        let (outcome, ended) = run(&me, &agent, &key, &ctx, input, &tx, &cancel).await;
         if let Some(recorder) = recorder {
             recorder.finish(crate::replay::Done::new(outcome.clone(), ended));
         }
@@ -196,6 +229,7 @@ fn shown(ev: &AgentEvent) -> Option<(&'static str, Value)> {
 }
 
 /// Runs the turn: its outcome and the events that ended it (for its retries).
+#[allow(clippy::too_many_arguments)]
 async fn run(
     shared: &Arc<Shared>,
     agent: &HarnessAgent,
@@ -203,6 +237,7 @@ async fn run(
     ctx: &RuntimeContext,
     input: CallInput,
     tx: &mpsc::UnboundedSender<Arc<Event>>,
+    cancel: &hame::CancellationToken,
 ) -> (Outcome, Vec<Arc<Event>>) {
     let emit = |name: &'static str, data: Value, terminal: bool| async move {
         let ev = shared.publish(key, name, data.to_string(), terminal).await;
@@ -211,7 +246,6 @@ async fn run(
     };
     let mut ended = Vec::new();
     let (sink, mut rx) = EventSink::channel();
-    let cancel = shared.cancel.child_token();
     let on_event = |ev: AgentEvent| async move {
         shared.metrics.event(&ev);
         if let Some((name, data)) = shown(&ev) {
@@ -221,8 +255,8 @@ async fn run(
     let result = {
         let call = async {
             match input {
-                CallInput::Message(m) => agent.call_with(m, ctx, &sink, &cancel).await,
-                CallInput::Resume(r) => agent.resume(r, ctx, &sink, &cancel).await,
+                CallInput::Message(m) => agent.call_with(m, ctx, &sink, cancel).await,
+                CallInput::Resume(r) => agent.resume(r, ctx, &sink, cancel).await,
             }
         };
         tokio::pin!(call);

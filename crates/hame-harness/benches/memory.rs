@@ -37,6 +37,7 @@ fn events(text: String) -> ModelStream {
                 input_tokens: 10,
                 output_tokens: 5,
                 cached_input_tokens: 0,
+                cache_write_input_tokens: 0,
             }),
             ModelEvent::Stop(StopReason::EndTurn),
         ]

@@ -91,6 +91,8 @@ pub struct HarnessAgentBuilder {
     model_resolver: Option<ModelResolver>,
     permission_rules: crate::tools_config::Permissions,
     permission_mode: crate::permissions::Mode,
+    budgets: crate::cost::Budgets,
+    prices: Option<crate::cost::Prices>,
 }
 
 /// Opens a model from a `provider:model` spec (a subagent spec's `model` key); the CLI
@@ -187,6 +189,19 @@ impl HarnessAgentBuilder {
     /// Adds a tool (it replaces a built-in tool of the same name).
     pub fn tool(mut self, tool: Arc<dyn Tool>) -> Self {
         self.tools.push(tool);
+        self
+    }
+
+    /// Spending limits per run, session and user day (default: none). Spend is recorded
+    /// either way (`docs/cost.md`).
+    pub fn budgets(mut self, budgets: crate::cost::Budgets) -> Self {
+        self.budgets = budgets;
+        self
+    }
+
+    /// The price table (default [`crate::cost::DEFAULT_PRICES`]).
+    pub fn prices(mut self, prices: crate::cost::Prices) -> Self {
+        self.prices = Some(prices);
         self
     }
 
@@ -423,11 +438,11 @@ impl HarnessAgentBuilder {
         );
 
         let mode = self.filesystem.unwrap_or_default();
-        let (state_store, state_dir) = match self.state_store {
-            Some(s) => (s, None),
+        let (state_store, state_dir, state_root) = match self.state_store {
+            Some(s) => (s, None, None),
             None => {
-                let (store, dir) = default_state_store(&env, &workspace)?;
-                (store, Some(dir))
+                let (store, dir, root) = default_state_store(&env, &workspace)?;
+                (store, Some(dir), Some(root))
             }
         };
         if mode.is_shared() && !state_store.is_shared() && !self.allow_local_state {
@@ -628,12 +643,21 @@ impl HarnessAgentBuilder {
         if let Some(layer) = &capabilities.tools_layer {
             agent_loop = agent_loop.with_layer(layer.clone());
         }
+        // Innermost of all: spend recorded and budgets checked on each request as sent
+        // (compaction's retries included).
+        let budgets = self.budgets;
+        agent_loop = agent_loop.with_layer(Arc::new(crate::cost::BudgetLayer::new(
+            budgets,
+            self.prices.unwrap_or_default(),
+        )));
         let inner = Arc::new(Inner {
+            budgets,
             name,
             workspace,
             agent_loop,
             tenancy,
             state_store,
+            state_root,
             lease: self.lease.unwrap_or_default(),
             local_locks: Mutex::new(HashMap::new()),
             memory,
@@ -714,11 +738,11 @@ pub fn workspace_identity(workspace: &std::path::Path) -> String {
 }
 
 /// The default JSON state store: `<HAME_STATE_HOME or ~/.hame/state>/<workspace identity>/`
-/// (created `0700`), and the state home (its parent).
+/// (created `0700`), the state home (its parent) and its own directory.
 fn default_state_store(
     env: &EnvLookup,
     workspace: &std::path::Path,
-) -> Result<(Arc<dyn StateStore>, PathBuf)> {
+) -> Result<(Arc<dyn StateStore>, PathBuf, PathBuf)> {
     let base = match env.get(STATE_HOME_ENV) {
         Some(dir) => PathBuf::from(dir),
         None => {
@@ -747,7 +771,7 @@ fn default_state_store(
     })?;
     // The whole state home is hidden from the file tools when it is inside the workspace
     // (it holds other workspaces' state too).
-    Ok((Arc::new(store), base))
+    Ok((Arc::new(store), base, dir))
 }
 
 /// Where sandbox mode keeps a workspace's runtime data on the host:
@@ -788,11 +812,14 @@ fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
 
 #[derive(Debug)]
 pub(crate) struct Inner {
+    budgets: crate::cost::Budgets,
     pub(crate) name: String,
     pub(crate) workspace: PathBuf,
     pub(crate) agent_loop: AgentLoop,
     pub(crate) tenancy: Arc<Tenancy>,
     pub(crate) state_store: Arc<dyn StateStore>,
+    /// The directory of the default JSON state store, when the harness opened it.
+    pub(crate) state_root: Option<PathBuf>,
     pub(crate) lease: LeaseOptions,
     local_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     pub(crate) memory: Option<Arc<MemoryLayer>>,
@@ -843,6 +870,13 @@ impl HarnessAgent {
         &self.inner.state_store
     }
 
+    /// The directory of the JSON state store the harness opened itself (no
+    /// [`state_store`](HarnessAgentBuilder::state_store) given): where the run queue of such a
+    /// deployment lives too. `None` when a store was given.
+    pub fn default_state_root(&self) -> Option<&std::path::Path> {
+        self.inner.state_root.as_deref()
+    }
+
     /// The skills capability, when on (`hame skills list|promote` use it with
     /// [`workspace_for`](Self::workspace_for)).
     pub fn skills(&self) -> Option<&Arc<hame_skills::Skills>> {
@@ -884,6 +918,27 @@ impl HarnessAgent {
             .state(ctx)
             .await?
             .and_then(|s| s.pending.map(|p| p.to_suspended())))
+    }
+
+    /// What the sessions of `user` (`None`: the anonymous tenant) spent, by session and
+    /// model, on UTC days from `since` (`YYYY-MM-DD`; `None`: all), as saved with their
+    /// state (`hame usage`).
+    pub async fn usage(
+        &self,
+        user: Option<&str>,
+        since: Option<&str>,
+    ) -> Result<Vec<crate::cost::SessionSpend>> {
+        if let Some(u) = user {
+            validate_id("user id", u)?;
+        }
+        crate::cost::spend_by_session(
+            self.inner.state_store.as_ref(),
+            &self.inner.name,
+            user,
+            since,
+        )
+        .await
+        .map_err(|e| Error::storage("reading the sessions' spend failed", e))
     }
 
     /// The session state of a caller, if the session exists.
@@ -1132,6 +1187,22 @@ impl HarnessAgent {
         );
         let mut extensions = Extensions::new();
         extensions.insert(ws.clone());
+        extensions.insert(crate::cost::prompt_cache_key(key));
+        // A user-day budget counts what the user's other sessions saved today.
+        let others_today = if self.inner.budgets.user_day.is_unlimited() {
+            crate::cost::Spend::default()
+        } else {
+            match crate::cost::others_on(store.as_ref(), key, &crate::cost::today()).await {
+                Ok(s) => s,
+                Err(e) => {
+                    return (
+                        Err(Error::storage("reading the user's spend today failed", e)),
+                        0,
+                    );
+                }
+            }
+        };
+        extensions.insert(crate::cost::CallSpend::new(others_today));
         // The session-log layer checks it before every durable write: a call whose lease was
         // lost (a renewal failed past its TTL, another replica took over) stops writing.
         extensions.insert_arc(lease.clone());

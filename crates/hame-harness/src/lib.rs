@@ -41,6 +41,7 @@ mod caller_schema;
 mod capabilities;
 pub mod catalog;
 mod context;
+pub mod cost;
 mod error;
 mod guard;
 mod ids;
@@ -80,6 +81,8 @@ pub use memory::{FlushPolicy, MemoryOptions};
 pub use recorder::{CALL_ID_EXTRA, SessionRecorder};
 pub use template::{RUNTIME_ROOTS, TemplateFs};
 pub use tenancy::{FilesystemMode, Tenancy};
-pub use tools_layer::{MCP_FAILED_EVENT, ToolsConfigError, ToolsConfigLayer};
+pub use tools_layer::{
+    MCP_DROPPED_EVENT, MCP_FAILED_EVENT, MCP_RENAMED_EVENT, ToolsConfigError, ToolsConfigLayer,
+};
 pub use users::UserRegistry;
 pub use workspace::{DEFAULT_WORKSPACE, WORKSPACE_ENV, resolve_workspace};

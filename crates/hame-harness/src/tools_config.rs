@@ -228,13 +228,7 @@ fn seconds(v: Option<f64>, default: Duration, key: &str) -> Result<Duration, Str
 }
 
 fn server(name: &str, s: RawServer, workspace: &Path) -> Result<McpServer, String> {
-    if name.is_empty()
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    {
-        return Err("a server name uses only letters, digits, `-` and `_`".into());
-    }
+    hame_mcp::names::check_server_name(name)?;
     let options = hame_mcp::ClientOptions {
         startup_timeout: seconds(
             s.startup_timeout,

@@ -21,6 +21,15 @@ use crate::tools_config::{
 
 /// Event kind of an MCP server that could not be started (printed by `hame run`).
 pub const MCP_FAILED_EVENT: &str = "mcp.server_failed";
+/// Event kind of an MCP tool offered under a name other than `mcp__<server>__<tool>`
+/// (a hash suffix was added; printed by `hame run`, once per tool and process).
+pub const MCP_RENAMED_EVENT: &str = "mcp.tool_renamed";
+/// Event kind of an MCP tool left out because another took its name (printed by `hame
+/// run`, once per tool and process).
+pub const MCP_DROPPED_EVENT: &str = "mcp.tool_dropped";
+
+/// Name notes remembered to warn once each; past this many the set starts over.
+const MAX_NOTED: usize = 4096;
 
 /// Reads `tools.json` for each call as the caller sees it, filters the tools offered and
 /// run by `allow`/`deny`, and offers and runs the tools of its MCP servers as
@@ -38,6 +47,8 @@ pub struct ToolsConfigLayer {
     host: Option<Arc<dyn hame_fs::Filesystem>>,
     /// Parsed files and compiled filters, by content (see [`Memo`]).
     memo: Memo,
+    /// Renamed and dropped MCP tools already reported ([`hame_mcp::names::NameNote::key`]).
+    noted: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// Entries a [`Memo`] keeps of each kind; past this many it starts over.
@@ -78,6 +89,7 @@ impl ToolsConfigLayer {
             deferred: std::sync::OnceLock::new(),
             host: None,
             memo: Memo::default(),
+            noted: Default::default(),
         }
     }
 
@@ -152,8 +164,10 @@ impl ToolsConfigLayer {
     }
 
     /// The MCP tools `config` offers (servers started as needed; each failed start is
-    /// reported on `events` as [`MCP_FAILED_EVENT`] and its tools are left out). Each
-    /// tool keeps its `readOnlyHint`.
+    /// reported on `events` as [`MCP_FAILED_EVENT`] and its tools are left out), one per
+    /// name ([`hame_mcp::names::dedupe`]: a tool offered under a changed name is reported
+    /// once as [`MCP_RENAMED_EVENT`], one left out as [`MCP_DROPPED_EVENT`]). Each tool
+    /// keeps its `readOnlyHint`.
     pub async fn mcp_tools(&self, config: &ToolsConfig, events: &EventSink) -> Vec<McpTool> {
         let lists = futures::future::join_all(config.mcp_servers.values().map(|s| async move {
             match self.pool.get(&s.server, &s.options).await {
@@ -181,7 +195,40 @@ impl ToolsConfigLayer {
                 }
             }
         }
+        let (out, notes) = hame_mcp::names::dedupe(out);
+        for note in notes {
+            self.note(&note, events);
+        }
         out
+    }
+
+    /// Reports `note` once per process (log and event).
+    fn note(&self, note: &hame_mcp::names::NameNote, events: &EventSink) {
+        use hame_mcp::names::NameNote;
+        {
+            let Ok(mut noted) = self.noted.lock() else {
+                return;
+            };
+            if noted.len() >= MAX_NOTED {
+                noted.clear();
+            }
+            if !noted.insert(note.key()) {
+                return;
+            }
+        }
+        let kind = match note {
+            NameNote::Renamed { .. } => MCP_RENAMED_EVENT,
+            _ => MCP_DROPPED_EVENT,
+        };
+        let message = note.to_string();
+        tracing::warn!(server = %note.server(), tool = %note.tool(), "{message}");
+        events.emit(AgentEvent::Custom {
+            kind: kind.into(),
+            data: serde_json::json!({
+                "path": format!("mcpServers.{}", note.server()),
+                "error": message,
+            }),
+        });
     }
 }
 

@@ -156,3 +156,119 @@ async fn a_knowledge_tree_over_the_limit_is_cut_with_a_note() -> TestResult {
     );
     Ok(())
 }
+
+/// A tool that touches no file.
+#[derive(Debug)]
+struct Noop;
+
+#[async_trait::async_trait]
+impl hame_core::Tool for Noop {
+    fn spec(&self) -> hame_core::ToolSpec {
+        hame_core::ToolSpec {
+            name: "noop".into(),
+            description: "does nothing".into(),
+            parameters: serde_json::json!({"type": "object", "properties": {}}).into(),
+        }
+    }
+    async fn call(
+        &self,
+        _args: serde_json::Value,
+        _ctx: &hame_core::ToolContext,
+    ) -> hame_core::ToolOutput {
+        Ok("ok".into())
+    }
+}
+
+/// Issue #34's measure: operations on the shared store per step (each one a Redis or S3
+/// round trip in store mode), with 20 skills, 10 subagent specs, a knowledge folder and a
+/// `tools.json` in the workspace, nothing changing between steps. Counted by a
+/// `CountingFs` around the store, as the difference between a call of 11 steps and a call
+/// of 1 step (so what a call does once — state, lease, log flush — cancels out).
+#[tokio::test]
+#[allow(clippy::print_stderr)]
+async fn store_operations_per_unchanged_step() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(ws.join("knowledge/faq"))?;
+    std::fs::write(ws.join("AGENTS.md"), "You are careful.\n")?;
+    std::fs::write(ws.join("knowledge/KNOWLEDGE.md"), "Catalogue.\n")?;
+    for i in 0..5 {
+        std::fs::write(ws.join(format!("knowledge/faq/q{i}.md")), "answer")?;
+    }
+    for i in 0..20 {
+        std::fs::create_dir_all(ws.join(format!("skills/skill-{i}")))?;
+        std::fs::write(
+            ws.join(format!("skills/skill-{i}/SKILL.md")),
+            format!(
+                "---\ndescription: Skill number {i}. Use when asked for {i}.\n---\n# Skill {i}\nSteps.\n"
+            ),
+        )?;
+    }
+    std::fs::create_dir_all(ws.join("subagents"))?;
+    for i in 0..10 {
+        std::fs::write(
+            ws.join(format!("subagents/agent-{i}.md")),
+            format!("---\ndescription: Reviewer number {i}\nmax_iterations: 4\n---\nYou review.\n"),
+        )?;
+    }
+    std::fs::write(
+        ws.join("tools.json"),
+        r#"{"permissions": {"allow": ["noop", "read_file"], "deny": ["execute"]}}"#,
+    )?;
+    let store = hame_fs::CountingFs::new(Arc::new(hame_fs::InMemoryFs::new()));
+    let ops = |steps: usize, session: &'static str| {
+        let ws = ws.clone();
+        let store = store.clone();
+        async move {
+            let mut replies = vec![Reply::text("warm")];
+            replies.extend((0..steps.saturating_sub(1)).map(|i| {
+                Reply::tools(&[hame_core::ToolCall {
+                    id: format!("c{i}"),
+                    name: "noop".into(),
+                    arguments: "{}".into(),
+                }])
+            }));
+            replies.push(Reply::text("done"));
+            let agent = HarnessAgent::builder()
+                .model(Arc::new(ScriptedModel::new(replies)))
+                .workspace(ws)
+                .tool(Arc::new(Noop))
+                .filesystem(hame_harness::FilesystemMode::SharedStore {
+                    store: Arc::new(store.clone()),
+                })
+                .state_store(Arc::new(hame_state::InMemoryStore::new()))
+                .allow_local_state_with_shared_filesystem(true)
+                .memory(hame_harness::memory::MemoryOptions::disabled())
+                .build()?;
+            let ctx = RuntimeContext::new(session).with_user("ada");
+            // A first call warms what a session does once (its index, its folders).
+            agent
+                .call(
+                    Message::user("warm"),
+                    &RuntimeContext::new("warm").with_user("ada"),
+                )
+                .await?;
+            store.reset();
+            let out = agent.call(Message::user("go"), &ctx).await?;
+            assert_eq!(out.iterations, steps);
+            Ok::<_, Box<dyn std::error::Error>>(store.counts())
+        }
+    };
+    let one = ops(1, "s1").await?;
+    let eleven = ops(11, "s11").await?;
+    let per_step = (eleven.total() as f64 - one.total() as f64) / 10.0;
+    let mut by_op: Vec<String> = eleven
+        .ops
+        .iter()
+        .map(|(k, v)| format!("{k}={:.1}", (*v as f64 - one.of(k) as f64) / 10.0))
+        .collect();
+    by_op.sort();
+    eprintln!(
+        "store operations per unchanged step: {per_step:.1} ({}); a 1-step call: {}",
+        by_op.join(", "),
+        one.total()
+    );
+    // A guard against regressions until one snapshot per step lands (issue #34 target: 4).
+    assert!(per_step <= 60.0, "{per_step} store operations per step");
+    Ok(())
+}

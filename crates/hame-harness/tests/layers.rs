@@ -119,7 +119,8 @@ fn built_ins_sit_between_outer_and_inner_user_layers() -> TestResult {
             "inner-2",
             "permissions",
             "catalog",
-            "tools-config"
+            "tools-config",
+            "budget"
         ]
     );
     assert_eq!(
@@ -135,7 +136,8 @@ fn built_ins_sit_between_outer_and_inner_user_layers() -> TestResult {
             "inner-2",
             "permissions",
             "catalog",
-            "tools-config"
+            "tools-config",
+            "budget"
         ]
     );
     Ok(())

@@ -12,7 +12,8 @@ use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use tokio::sync::Mutex;
 
 use crate::bounded::TOO_LARGE_MARK;
-use crate::result::{CallResult, qualified_name, render_result};
+use crate::names::{Named, qualified_name};
+use crate::result::{CallResult, render_result};
 use crate::stdio::StdioTransport;
 use crate::{DEFAULT_CALL_TIMEOUT, DEFAULT_STARTUP_TIMEOUT, Error, Result};
 
@@ -77,7 +78,8 @@ pub struct McpTool {
     pub server: String,
     /// The tool's name on the server.
     pub name: String,
-    /// `mcp__<server>__<tool>` ([`qualified_name`]).
+    /// The name it is offered under: `mcp__<server>__<tool>`, with a hash suffix when
+    /// that had to change ([`qualified_name`]).
     pub qualified: String,
     /// The server's description.
     pub description: String,
@@ -86,6 +88,18 @@ pub struct McpTool {
     /// The server's `readOnlyHint` annotation (false when absent): plan mode may run
     /// read-only tools.
     pub read_only: bool,
+}
+
+impl Named for McpTool {
+    fn server(&self) -> &str {
+        &self.server
+    }
+    fn tool(&self) -> &str {
+        &self.name
+    }
+    fn qualified(&self) -> &str {
+        &self.qualified
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -175,7 +189,9 @@ impl McpClient {
     }
 
     /// The server's tools: listed once per connection, and again after the server said
-    /// its list changed.
+    /// its list changed. Their [`McpTool::qualified`] names are distinct unless the server
+    /// lists a tool twice or a tool's real name is another's hashed form: pass the tools of
+    /// every server through [`crate::names::dedupe`] before offering them.
     pub async fn tools(&self) -> Result<Vec<McpTool>> {
         let mut cached = self.tools.lock().await;
         if let Some(tools) = cached.as_ref()

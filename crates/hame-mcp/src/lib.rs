@@ -14,6 +14,10 @@
 //!   first call that needs a server starts it), one per distinct server configuration; a
 //!   server that failed to start is retried after [`RETRY_AFTER`].
 //! - [`render_result`]: a `tools/call` result as the text the model sees (pure).
+//! - [`names`]: the names tools are offered under, `mcp__<server>__<tool>`, one-to-one
+//!   (a short stable hash suffix when a name had to change; [`names::dedupe`] for what
+//!   is left; [`names::check_server_name`] refuses server names that would be
+//!   ambiguous).
 //! - One message from a stdio server may be at most [`MAX_MESSAGE_BYTES`] (16 MiB): a
 //!   larger answer fails its request at once with [`Error::TooLarge`] instead of being
 //!   dropped by the SDK (which left the call waiting for its timeout).
@@ -53,14 +57,16 @@
 
 mod bounded;
 mod client;
+pub mod names;
 mod pool;
 mod result;
 mod stdio;
 
 pub use bounded::MAX_MESSAGE_BYTES;
 pub use client::{ClientOptions, McpClient, McpTool, ServerConfig, Transport};
+pub use names::qualified_name;
 pub use pool::{McpPool, RETRY_AFTER};
-pub use result::{CallResult, qualified_name, render_result};
+pub use result::{CallResult, render_result};
 
 /// Default time a server has to answer `initialize`.
 pub const DEFAULT_STARTUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

@@ -1,4 +1,4 @@
-//! Pure conversions: tool names and call results.
+//! Pure conversion of call results.
 
 /// What a `tools/call` returned, as the model sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -8,23 +8,6 @@ pub struct CallResult {
     pub text: String,
     /// The server flagged the result as an error (`isError`).
     pub is_error: bool,
-}
-
-/// The name under which a server's tool is offered: `mcp__<server>__<tool>`, with every
-/// character outside `[A-Za-z0-9_-]` replaced by `_` and cut to 64 characters (what
-/// providers accept).
-pub fn qualified_name(server: &str, tool: &str) -> String {
-    let raw = format!("mcp__{server}__{tool}");
-    raw.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(64)
-        .collect()
 }
 
 /// Renders a `tools/call` result (its JSON form: `content`, `structuredContent`,
@@ -85,13 +68,6 @@ mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
     use serde_json::json;
-
-    #[test]
-    fn names_are_qualified_and_safe() {
-        assert_eq!(qualified_name("files", "read"), "mcp__files__read");
-        assert_eq!(qualified_name("a.b", "c d"), "mcp__a_b__c_d");
-        assert_eq!(qualified_name("s", &"x".repeat(100)).len(), 64);
-    }
 
     #[test]
     fn several_blocks_images_and_structured_content() {

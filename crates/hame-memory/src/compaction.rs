@@ -1185,6 +1185,7 @@ impl Compactor {
                 temperature: None,
                 max_tokens: Some(max_tokens),
             },
+            cache_key: None,
         };
         let response = model
             .complete(request)
@@ -1444,6 +1445,7 @@ impl Frame {
             messages,
             tools: self.tools.clone(),
             params: self.params.clone(),
+            cache_key: None,
         }
     }
 }

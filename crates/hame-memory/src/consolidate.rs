@@ -280,6 +280,7 @@ impl Consolidator {
                 temperature: None,
                 max_tokens: Some(u32::try_from(budget + budget / 2).unwrap_or(u32::MAX)),
             },
+            cache_key: None,
         };
         let response = self
             .model

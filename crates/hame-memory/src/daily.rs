@@ -447,6 +447,7 @@ pub fn build_flush_request(
             temperature: None,
             max_tokens: Some(options.max_tokens),
         },
+        cache_key: None,
     }
 }
 

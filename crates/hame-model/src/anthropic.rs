@@ -59,7 +59,16 @@ pub struct AnthropicConfig {
     pub first_byte_timeout: Duration,
     /// Retry policy.
     pub retry: RetryConfig,
+    /// Prompt caching: `cache_control` breakpoints (at most
+    /// [`ANTHROPIC_MAX_CACHE_BREAKPOINTS`]) on the last tool schema, the system prompt and
+    /// the last two user turns, so each step reads the previous step's prefix from the
+    /// cache. Default on; `false` sends the system prompt as a plain string and no
+    /// breakpoints.
+    pub prompt_cache: bool,
 }
+
+/// The most `cache_control` breakpoints the Messages API takes in one request.
+pub const ANTHROPIC_MAX_CACHE_BREAKPOINTS: usize = 4;
 
 impl std::fmt::Debug for AnthropicConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -67,6 +76,7 @@ impl std::fmt::Debug for AnthropicConfig {
         self.common().debug_fields(&mut d);
         d.field("max_tokens", &self.max_tokens)
             .field("thinking_budget", &self.thinking_budget)
+            .field("prompt_cache", &self.prompt_cache)
             .finish()
     }
 }
@@ -88,6 +98,7 @@ impl AnthropicConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             first_byte_timeout: DEFAULT_FIRST_BYTE_TIMEOUT,
             retry: RetryConfig::default(),
+            prompt_cache: true,
         }
     }
 
@@ -181,8 +192,8 @@ impl Model for AnthropicModel {
 pub(crate) struct RequestBody<'a> {
     model: &'a str,
     max_tokens: u32,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    system: Cow<'a, str>,
+    #[serde(skip_serializing_if = "System::is_empty")]
+    system: System<'a>,
     messages: Vec<Value>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tools: Vec<WireTool<'a>>,
@@ -198,6 +209,54 @@ struct WireTool<'a> {
     name: &'a str,
     description: &'a str,
     input_schema: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: Option<Value>,
+}
+
+/// The system prompt: a string, or (with prompt caching) one text block carrying a
+/// breakpoint.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum System<'a> {
+    Text(Cow<'a, str>),
+    Blocks([SystemBlock<'a>; 1]),
+}
+
+impl System<'_> {
+    fn is_empty(&self) -> bool {
+        match self {
+            System::Text(t) => t.is_empty(),
+            System::Blocks([b]) => b.text.is_empty(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct SystemBlock<'a> {
+    r#type: &'static str,
+    text: Cow<'a, str>,
+    cache_control: Value,
+}
+
+/// The breakpoint every cached prefix ends with (the default five-minute lifetime).
+fn ephemeral() -> Value {
+    json!({"type": "ephemeral"})
+}
+
+/// Puts a breakpoint on the last block of the last `n` user turns.
+fn mark_user_turns(messages: &mut [Value], n: usize) {
+    let turns = messages
+        .iter_mut()
+        .rev()
+        .filter(|m| m["role"] == "user")
+        .take(n);
+    for m in turns {
+        if let Some(last) = m["content"].as_array_mut().and_then(|a| a.last_mut())
+            && let Some(block) = last.as_object_mut()
+        {
+            block.insert("cache_control".to_owned(), ephemeral());
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -237,15 +296,40 @@ pub(crate) fn request_body<'a>(
             _ => messages.push(json!({"role": role, "content": blocks})),
         }
     }
-    let tools = req
+    let cache = config.prompt_cache;
+    let mut tools: Vec<WireTool<'a>> = req
         .tools
         .iter()
         .map(|t| WireTool {
             name: &t.name,
             description: &t.description,
             input_schema: &t.parameters,
+            cache_control: None,
         })
         .collect();
+    let system = if cache && !system.is_empty() {
+        System::Blocks([SystemBlock {
+            r#type: "text",
+            text: system,
+            cache_control: ephemeral(),
+        }])
+    } else {
+        System::Text(system)
+    };
+    if cache {
+        // Tools, then the system prompt, then the conversation: each breakpoint caches
+        // everything before it. The last two user turns: this step's end, and the previous
+        // step's end, which this request reads from the cache.
+        let mut used = 0;
+        if let Some(last) = tools.last_mut() {
+            last.cache_control = Some(ephemeral());
+            used += 1;
+        }
+        if matches!(system, System::Blocks(_)) {
+            used += 1;
+        }
+        mark_user_turns(&mut messages, ANTHROPIC_MAX_CACHE_BREAKPOINTS - used);
+    }
     let thinking = config.thinking_budget.map(|budget| Thinking {
         r#type: "enabled",
         budget_tokens: budget,
@@ -317,14 +401,18 @@ fn stop_reason(s: &str) -> StopReason {
     }
 }
 
-/// Input tokens including cache reads and writes, and the cache reads alone.
-fn input_usage(u: &Value) -> (u64, u64) {
+/// The usage of a `usage` object: input tokens including cache reads and writes, with the
+/// reads and writes also on their own.
+fn usage_of(u: &Value) -> Usage {
     let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
     let cached = n("cache_read_input_tokens");
-    (
-        n("input_tokens") + cached + n("cache_creation_input_tokens"),
-        cached,
-    )
+    let written = n("cache_creation_input_tokens");
+    Usage {
+        input_tokens: n("input_tokens") + cached + written,
+        output_tokens: n("output_tokens"),
+        cached_input_tokens: cached,
+        cache_write_input_tokens: written,
+    }
 }
 
 fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
@@ -374,12 +462,7 @@ pub(crate) fn parse_response(v: &Value) -> Result<Vec<ModelEvent>, ModelError> {
         }
     }
     if let Some(u) = v.get("usage") {
-        let (input_tokens, cached_input_tokens) = input_usage(u);
-        events.push(ModelEvent::Usage(Usage {
-            input_tokens,
-            output_tokens: u.get("output_tokens").and_then(Value::as_u64).unwrap_or(0),
-            cached_input_tokens,
-        }));
+        events.push(ModelEvent::Usage(usage_of(u)));
     }
     let stop = v
         .get("stop_reason")
@@ -392,8 +475,8 @@ pub(crate) fn parse_response(v: &Value) -> Result<Vec<ModelEvent>, ModelError> {
 /// Parses Messages SSE events.
 #[derive(Debug, Default)]
 pub(crate) struct StreamParser {
-    input_tokens: u64,
-    cached_input_tokens: u64,
+    /// The usage of `message_start` (input figures; later events report output).
+    start: Usage,
     /// Tool blocks whose `content_block_start` carried a non-empty input.
     prefilled: BTreeSet<u64>,
     stop: Option<StopReason>,
@@ -420,12 +503,8 @@ impl SseParser for StreamParser {
         match str_of(&v, "type") {
             "message_start" => {
                 if let Some(u) = v.pointer("/message/usage") {
-                    (self.input_tokens, self.cached_input_tokens) = input_usage(u);
-                    events.push(ModelEvent::Usage(Usage {
-                        input_tokens: self.input_tokens,
-                        output_tokens: u.get("output_tokens").and_then(Value::as_u64).unwrap_or(0),
-                        cached_input_tokens: self.cached_input_tokens,
-                    }));
+                    self.start = usage_of(u);
+                    events.push(ModelEvent::Usage(self.start));
                 }
             }
             "content_block_start" => {
@@ -494,11 +573,18 @@ impl SseParser for StreamParser {
                     self.stop = Some(stop_reason(r));
                 }
                 if let Some(u) = v.get("usage") {
-                    let (input, cached) = input_usage(u);
+                    let u = usage_of(u);
                     events.push(ModelEvent::Usage(Usage {
-                        input_tokens: self.input_tokens.max(input),
-                        output_tokens: u.get("output_tokens").and_then(Value::as_u64).unwrap_or(0),
-                        cached_input_tokens: self.cached_input_tokens.max(cached),
+                        input_tokens: self.start.input_tokens.max(u.input_tokens),
+                        output_tokens: u.output_tokens,
+                        cached_input_tokens: self
+                            .start
+                            .cached_input_tokens
+                            .max(u.cached_input_tokens),
+                        cache_write_input_tokens: self
+                            .start
+                            .cache_write_input_tokens
+                            .max(u.cache_write_input_tokens),
                     }));
                 }
             }

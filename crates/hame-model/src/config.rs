@@ -15,6 +15,10 @@ pub const DEFAULT_FIRST_BYTE_TIMEOUT: Duration = Duration::from_secs(25);
 pub const MODEL_TIMEOUT_ENV: &str = "HAME_MODEL_TIMEOUT";
 /// The variable (read through `open`'s lookup) that sets the connect timeout in seconds.
 pub const MODEL_CONNECT_TIMEOUT_ENV: &str = "HAME_MODEL_CONNECT_TIMEOUT";
+/// The variable (read through `open`'s lookup) that sets prompt caching: `auto` (the
+/// default: Anthropic breakpoints, `prompt_cache_key` to api.openai.com only), `on` (also
+/// `prompt_cache_key` to every OpenAI-compatible server) or `off` (neither).
+pub const PROMPT_CACHE_ENV: &str = "HAME_PROMPT_CACHE";
 /// Most retries after a failure to connect (refused, unknown host, TLS handshake), however
 /// large [`RetryConfig::max_retries`] is: a dead or mistyped URL should fail in well under a
 /// second, not after the whole backoff. A connect *timeout* is not retried at all (it has

@@ -94,6 +94,7 @@ fn a_reply_cut_off_before_any_content_is_an_error() {
             input_tokens: 10,
             output_tokens: 64,
             cached_input_tokens: 0,
+            cache_write_input_tokens: 0,
         }),
     ] {
         assert!(empty.see(&ev).is_ok());

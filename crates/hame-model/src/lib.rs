@@ -64,14 +64,15 @@ use std::sync::Arc;
 pub use config::{
     CONNECT_RETRY_DELAY, DEFAULT_CONNECT_TIMEOUT, DEFAULT_CONTEXT_WINDOW,
     DEFAULT_FIRST_BYTE_TIMEOUT, DEFAULT_TIMEOUT, KNOWN_CONTEXT_WINDOWS, MAX_CONNECT_RETRIES,
-    MODEL_CONNECT_TIMEOUT_ENV, MODEL_TIMEOUT_ENV, RetryConfig, context_window_for, process_env,
+    MODEL_CONNECT_TIMEOUT_ENV, MODEL_TIMEOUT_ENV, PROMPT_CACHE_ENV, RetryConfig,
+    context_window_for, process_env,
 };
 pub use hame_core::{Model, ModelError};
 
 #[cfg(feature = "anthropic")]
 pub use anthropic::{
-    ANTHROPIC_DEFAULT_BASE_URL, ANTHROPIC_DEFAULT_MAX_TOKENS, ANTHROPIC_VERSION, AnthropicConfig,
-    AnthropicModel,
+    ANTHROPIC_DEFAULT_BASE_URL, ANTHROPIC_DEFAULT_MAX_TOKENS, ANTHROPIC_MAX_CACHE_BREAKPOINTS,
+    ANTHROPIC_VERSION, AnthropicConfig, AnthropicModel,
 };
 #[cfg(feature = "openai")]
 pub use openai::{OPENAI_DEFAULT_BASE_URL, OpenAiConfig, OpenAiModel};
@@ -160,7 +161,8 @@ pub fn needs_key(base_url: &str) -> bool {
 /// `DASHSCOPE_API_KEY`, OpenAI-compatible mode) and `ollama` (`OLLAMA_BASE_URL`, no key
 /// needed). The model name may itself contain `:` (`ollama:llama3.1:8b`).
 /// [`MODEL_TIMEOUT_ENV`] and [`MODEL_CONNECT_TIMEOUT_ENV`] (seconds, e.g. `30` or `2.5`)
-/// set the first-byte and connect timeouts.
+/// set the first-byte and connect timeouts; [`PROMPT_CACHE_ENV`] (`auto`, `on`, `off`)
+/// prompt caching.
 ///
 /// # Errors
 /// [`ModelError::Config`] for a malformed spec, an unknown provider (the message lists
@@ -207,6 +209,22 @@ fn timeout_env(
     }
 }
 
+/// Prompt caching as [`PROMPT_CACHE_ENV`] sets it: `None` for `auto` (or unset),
+/// `Some(on)` otherwise.
+fn prompt_cache_env(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<bool>> {
+    let Some(raw) = env(PROMPT_CACHE_ENV).filter(|v| !v.trim().is_empty()) else {
+        return Ok(None);
+    };
+    match raw.trim() {
+        "auto" => Ok(None),
+        "on" => Ok(Some(true)),
+        "off" => Ok(Some(false)),
+        _ => Err(ModelError::Config(format!(
+            "{PROMPT_CACHE_ENV}={raw:?} is not a prompt cache setting: give auto, on or off"
+        ))),
+    }
+}
+
 #[allow(unused_variables)]
 fn open_provider(
     p: &Provider,
@@ -215,6 +233,7 @@ fn open_provider(
 ) -> Result<Arc<dyn Model>> {
     let first_byte = timeout_env(env, MODEL_TIMEOUT_ENV)?;
     let connect = timeout_env(env, MODEL_CONNECT_TIMEOUT_ENV)?;
+    let cache = prompt_cache_env(env)?;
     #[allow(unused_macros)]
     macro_rules! with_timeouts {
         ($config:expr) => {{
@@ -239,12 +258,15 @@ fn open_provider(
                 p.default_base_url,
             );
             p.name.clone_into(&mut config.provider);
+            config.prompt_cache_key = cache;
             Ok(Arc::new(OpenAiModel::new(with_timeouts!(config))?))
         }
         #[cfg(feature = "anthropic")]
-        "anthropic" => Ok(Arc::new(AnthropicModel::new(with_timeouts!(
-            AnthropicConfig::from_env(model, env)
-        ))?)),
+        "anthropic" => {
+            let mut config = AnthropicConfig::from_env(model, env);
+            config.prompt_cache = cache != Some(false);
+            Ok(Arc::new(AnthropicModel::new(with_timeouts!(config))?))
+        }
         feature => Err(ModelError::Config(format!(
             "provider {:?} needs hame-model's cargo feature `{feature}`, which this build lacks",
             p.name

@@ -53,6 +53,10 @@ pub struct OpenAiConfig {
     pub first_byte_timeout: Duration,
     /// Retry policy.
     pub retry: RetryConfig,
+    /// Whether to send the request's [`ModelRequest::cache_key`] as `prompt_cache_key`
+    /// (which routes requests with one prefix to one cache). `None`, the default: only to
+    /// api.openai.com, since compatible servers may refuse fields they do not know.
+    pub prompt_cache_key: Option<bool>,
 }
 
 impl std::fmt::Debug for OpenAiConfig {
@@ -79,6 +83,7 @@ impl OpenAiConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             first_byte_timeout: DEFAULT_FIRST_BYTE_TIMEOUT,
             retry: RetryConfig::default(),
+            prompt_cache_key: None,
         }
     }
 
@@ -114,6 +119,17 @@ impl OpenAiConfig {
     fn common(&self) -> Common<'_> {
         common_of!(self, &self.provider)
     }
+
+    /// Whether `prompt_cache_key` is sent (see [`OpenAiConfig::prompt_cache_key`]).
+    pub fn sends_prompt_cache_key(&self) -> bool {
+        self.prompt_cache_key
+            .unwrap_or_else(|| is_official(&self.base_url))
+    }
+}
+
+/// Whether a base URL is api.openai.com's.
+fn is_official(base_url: &str) -> bool {
+    base_url.contains("api.openai.com")
 }
 
 /// A chat model behind an OpenAI-compatible `/chat/completions` endpoint.
@@ -157,7 +173,7 @@ impl Model for OpenAiModel {
     }
 
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
-        let body = request_body(&self.config.model, &self.config.base_url, &request, true);
+        let body = request_body(&self.config, &request, true);
         let limit = request.params.max_tokens;
         self.client
             .stream(&body, StreamParser::default(), limit)
@@ -165,7 +181,7 @@ impl Model for OpenAiModel {
     }
 
     async fn complete(&self, request: ModelRequest) -> Result<ModelResponse, ModelError> {
-        let body = request_body(&self.config.model, &self.config.base_url, &request, false);
+        let body = request_body(&self.config, &request, false);
         let limit = request.params.max_tokens;
         self.client.complete(&body, parse_response, limit).await
     }
@@ -191,6 +207,8 @@ pub(crate) struct RequestBody<'a> {
     stream: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     stream_options: Option<StreamOptions>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_cache_key: Option<&'a str>,
 }
 
 #[derive(Debug, Serialize)]
@@ -249,8 +267,7 @@ struct WireCallFunction<'a> {
 
 /// Builds the JSON body of a Chat Completions request.
 pub(crate) fn request_body<'a>(
-    model: &'a str,
-    base_url: &str,
+    config: &'a OpenAiConfig,
     req: &'a ModelRequest,
     stream: bool,
 ) -> RequestBody<'a> {
@@ -273,10 +290,15 @@ pub(crate) fn request_body<'a>(
             },
         })
         .collect();
-    let official = base_url.contains("api.openai.com");
+    let official = is_official(&config.base_url);
     let max = req.params.max_tokens;
+    let prompt_cache_key = req
+        .cache_key
+        .as_deref()
+        .filter(|_| config.sends_prompt_cache_key());
     RequestBody {
-        model,
+        model: &config.model,
+        prompt_cache_key,
         messages,
         tools,
         temperature: req.params.temperature,
@@ -368,6 +390,7 @@ fn usage(v: &Value) -> Option<Usage> {
         input_tokens: n("/prompt_tokens"),
         output_tokens: n("/completion_tokens"),
         cached_input_tokens: n("/prompt_tokens_details/cached_tokens"),
+        cache_write_input_tokens: 0,
     })
 }
 

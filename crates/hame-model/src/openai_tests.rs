@@ -58,18 +58,18 @@ fn conversation() -> ModelRequest {
             temperature: Some(0.5),
             max_tokens: Some(100),
         },
+        cache_key: Some("hame-0123456789abcdef".into()),
     }
 }
 
 #[test]
 fn request_mapping() -> Result<(), serde_json::Error> {
     let conversation = conversation();
-    let body = serde_json::to_value(request_body(
-        "m",
-        "http://localhost:8000/v1",
-        &conversation,
-        true,
-    ))?;
+    let local = OpenAiConfig {
+        base_url: "http://localhost:8000/v1".into(),
+        ..OpenAiConfig::new("m")
+    };
+    let body = serde_json::to_value(request_body(&local, &conversation, true))?;
     assert_eq!(
         body,
         json!({
@@ -92,16 +92,57 @@ fn request_mapping() -> Result<(), serde_json::Error> {
             "stream_options": {"include_usage": true}
         })
     );
-    let official = serde_json::to_value(request_body(
-        "m",
-        "https://api.openai.com/v1",
-        &conversation,
-        false,
-    ))?;
+    let official =
+        serde_json::to_value(request_body(&OpenAiConfig::new("m"), &conversation, false))?;
     assert_eq!(official["max_completion_tokens"], json!(100));
     assert_eq!(official.get("max_tokens"), None);
     assert_eq!(official.get("stream_options"), None);
     assert_eq!(official["stream"], json!(false));
+    // The prompt cache key goes to api.openai.com by default, elsewhere when asked.
+    assert_eq!(official["prompt_cache_key"], json!("hame-0123456789abcdef"));
+    assert_eq!(body.get("prompt_cache_key"), None);
+    let asked = OpenAiConfig {
+        prompt_cache_key: Some(true),
+        ..local.clone()
+    };
+    let asked = serde_json::to_value(request_body(&asked, &conversation, true))?;
+    assert_eq!(asked["prompt_cache_key"], json!("hame-0123456789abcdef"));
+    let refused = OpenAiConfig {
+        prompt_cache_key: Some(false),
+        ..OpenAiConfig::new("m")
+    };
+    let refused = serde_json::to_value(request_body(&refused, &conversation, false))?;
+    assert_eq!(refused.get("prompt_cache_key"), None);
+    Ok(())
+}
+
+/// A usage block as api.openai.com returns it on a cache hit (recorded), whole and as the
+/// last chunk of a stream.
+#[test]
+fn recorded_cached_usage_is_read_back() -> Result<(), ModelError> {
+    let usage = json!({"prompt_tokens": 2_006, "completion_tokens": 300, "total_tokens": 2_306,
+        "prompt_tokens_details": {"cached_tokens": 1_920, "audio_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
+            "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}});
+    let expected = Usage {
+        input_tokens: 2_006,
+        output_tokens: 300,
+        cached_input_tokens: 1_920,
+        cache_write_input_tokens: 0,
+    };
+    let whole = json!({"id": "chatcmpl-1", "object": "chat.completion", "model": "gpt-4o-2024-08-06",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Done."},
+                     "finish_reason": "stop"}],
+        "usage": usage});
+    let mut asm = ResponseAssembler::default();
+    parse_response(&whole)?.iter().for_each(|e| asm.push(e));
+    assert_eq!(asm.finish().usage, Some(expected));
+    let chunk = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [],
+                       "usage": usage})
+    .to_string();
+    let mut p = StreamParser::default();
+    let events = run(&mut p, &[chunk.as_str(), "[DONE]"])?;
+    assert!(events.contains(&ModelEvent::Usage(expected)), "{events:?}");
     Ok(())
 }
 
@@ -160,7 +201,8 @@ fn stream_assembles_split_arguments() -> Result<(), ModelError> {
         Some(Usage {
             input_tokens: 9,
             output_tokens: 4,
-            cached_input_tokens: 2
+            cached_input_tokens: 2,
+            cache_write_input_tokens: 0,
         })
     );
     Ok(())
@@ -210,7 +252,8 @@ fn non_streamed_response() -> Result<(), ModelError> {
             ModelEvent::Usage(Usage {
                 input_tokens: 3,
                 output_tokens: 2,
-                cached_input_tokens: 0
+                cached_input_tokens: 0,
+                cache_write_input_tokens: 0,
             }),
             ModelEvent::Stop(StopReason::MaxTokens),
         ]

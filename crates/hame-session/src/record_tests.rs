@@ -94,7 +94,7 @@ proptest! {
         let time = Utc.timestamp_millis_opt(millis).unwrap();
         let mut message = if with_usage { Message::assistant(&text) } else { Message::user(&text) };
         if with_usage {
-            message.usage = Some(hame_core::Usage { input_tokens: 3, output_tokens: 4, cached_input_tokens: 1 });
+            message.usage = Some(hame_core::Usage { input_tokens: 3, output_tokens: 4, cached_input_tokens: 1, cache_write_input_tokens: 2 });
         }
         let owned = serde_json::to_vec(&LogRecord::new(seq, time, &call, message.clone())).unwrap();
         let borrowed = serde_json::to_vec(&LogRecordRef::new(seq, time, &call, &message)).unwrap();

@@ -21,6 +21,10 @@
 //! | `mysql` | `MySqlStore` (`SqlStore<MySql>`): LONGTEXT rows, lease rows (MySQL, MariaDB) | `mysql://`, `mariadb://` | yes |
 //! | `conformance` | `conformance`: the suite every backend runs | | |
 //!
+//! [`runs`] is the durable run queue on the same backends ([`runs::open_queue`] takes the
+//! same URL): runs of agent work that any replica claims, heartbeats and, when its owner
+//! dies, reclaims.
+//!
 //! ```
 //! # async fn demo() -> hame_state::Result<()> {
 //! use hame_state::{LeaseOptions, StateKey, open};
@@ -49,6 +53,7 @@ mod holder;
 mod key;
 mod memory;
 mod redact;
+pub mod runs;
 mod store;
 
 #[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]

@@ -177,6 +177,11 @@ macro_rules! migrations {
                 "schema version column",
                 include_str!(concat!("../migrations/", $db, "/0003_schema_version.sql")),
             ),
+            (
+                4,
+                "run queue",
+                include_str!(concat!("../migrations/", $db, "/0004_runs.sql")),
+            ),
         ]
     };
 }
@@ -467,8 +472,8 @@ impl<D: SqlDialect> SqlStore<D> {
                     &format!(
                         "cannot connect to {} at {}: {}",
                         d.name,
-                        host_of(&url),
-                        connect_cause(&e, options.acquire_timeout)
+                        hame_sql::host_of(&url),
+                        hame_sql::connect_cause(&e, options.acquire_timeout)
                     ),
                     &url,
                 ),
@@ -815,32 +820,5 @@ impl<D: SqlDialect> LeaseHandle for SqlLease<D> {
             .await
             .map_err(backend::<D>)?;
         Ok(())
-    }
-}
-
-/// Where a database URL points: `host:port` (no user, no password, no path).
-fn host_of(url: &str) -> String {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let authority = rest.split(['/', '?']).next().unwrap_or(rest);
-    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    if host.is_empty() {
-        "localhost".to_owned()
-    } else {
-        host.to_owned()
-    }
-}
-
-/// The cause of a failed connection in a few words: "connection refused", the server's
-/// own message ("password authentication failed for user …"), "no connection within …".
-fn connect_cause(e: &sqlx::Error, timeout: std::time::Duration) -> String {
-    match e {
-        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
-            "connection refused".to_owned()
-        }
-        sqlx::Error::Io(io) => io.to_string(),
-        sqlx::Error::Database(db) => db.message().to_owned(),
-        sqlx::Error::PoolTimedOut => format!("no connection within {} s", timeout.as_secs()),
-        sqlx::Error::Tls(t) => format!("TLS: {t}"),
-        other => other.to_string(),
     }
 }

@@ -252,3 +252,119 @@ mod cas_model {
         }
     }
 }
+
+/// Every run queue runs the whole run-queue conformance suite.
+mod run_queue_memory {
+    use std::sync::Arc;
+
+    use crate::Result;
+    use crate::runs::InMemoryRunQueue;
+
+    async fn make() -> Result<Option<Arc<InMemoryRunQueue>>> {
+        Ok(Some(Arc::new(InMemoryRunQueue::new())))
+    }
+
+    crate::run_queue_tests!(make());
+}
+
+#[cfg(feature = "json")]
+mod run_queue_json {
+    use std::sync::Arc;
+
+    use async_trait::async_trait;
+
+    use crate::runs::{
+        Beat, CancelOutcome, Claim, ClaimOptions, JsonRunQueue, NewRun, Run, RunEnd, RunQueue,
+        Submitted,
+    };
+    use crate::{Error, Result};
+
+    /// A JSON queue in a temp dir; every call opens a second handle on the same directory
+    /// half of the time, as another process would.
+    #[derive(Debug)]
+    struct TempQueue {
+        a: JsonRunQueue,
+        b: JsonRunQueue,
+        turn: std::sync::atomic::AtomicBool,
+        _dir: tempfile::TempDir,
+    }
+
+    impl TempQueue {
+        fn pick(&self) -> &JsonRunQueue {
+            if self
+                .turn
+                .fetch_xor(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                &self.a
+            } else {
+                &self.b
+            }
+        }
+    }
+
+    #[async_trait]
+    impl RunQueue for TempQueue {
+        async fn submit(&self, new: NewRun) -> Result<Submitted> {
+            self.pick().submit(new).await
+        }
+        async fn get(&self, id: &str) -> Result<Option<Run>> {
+            self.pick().get(id).await
+        }
+        async fn list(
+            &self,
+            agent: &str,
+            user: Option<&str>,
+            session: Option<&str>,
+            limit: usize,
+        ) -> Result<Vec<Run>> {
+            self.pick().list(agent, user, session, limit).await
+        }
+        async fn claim(&self, options: &ClaimOptions) -> Result<Option<Claim>> {
+            self.pick().claim(options).await
+        }
+        async fn heartbeat(&self, claim: &Claim) -> Result<Beat> {
+            self.pick().heartbeat(claim).await
+        }
+        async fn finish(&self, claim: &Claim, end: &RunEnd) -> Result<Run> {
+            self.pick().finish(claim, end).await
+        }
+        async fn cancel(&self, id: &str) -> Result<CancelOutcome> {
+            self.pick().cancel(id).await
+        }
+        fn is_shared(&self) -> bool {
+            false
+        }
+    }
+
+    async fn make() -> Result<Option<Arc<TempQueue>>> {
+        let dir = tempfile::tempdir().map_err(|e| Error::io("tempdir", e))?;
+        Ok(Some(Arc::new(TempQueue {
+            a: JsonRunQueue::open(dir.path())?,
+            b: JsonRunQueue::open(dir.path())?,
+            turn: std::sync::atomic::AtomicBool::new(false),
+            _dir: dir,
+        })))
+    }
+
+    crate::run_queue_tests!(make());
+}
+
+#[cfg(feature = "postgres")]
+mod run_queue_postgres {
+    use std::sync::Arc;
+
+    use crate::conformance::service_url;
+    use crate::runs::PgRunQueue;
+    use crate::{Result, SqlOptions};
+
+    async fn make() -> Result<Option<Arc<PgRunQueue>>> {
+        let Some(url) = service_url("HAME_TEST_POSTGRES_URL")? else {
+            return Ok(None);
+        };
+        Ok(Some(Arc::new(
+            PgRunQueue::connect(&url, SqlOptions::default()).await?,
+        )))
+    }
+
+    crate::run_queue_tests!(make());
+}

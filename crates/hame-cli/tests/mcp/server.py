@@ -58,6 +58,21 @@ async def grow(ctx: Context) -> str:
     return "added"
 
 
+if os.environ.get("HAME_TEST_MCP_COLLIDE"):
+    # Names that providers do not accept as they are, and that collided before hame
+    # gave changed names a hash suffix: each tool says which one it is.
+    LONG = "a_tool_name_that_goes_on_and_on_past_the_limit_of_64_characters_"
+
+    def named(name):
+        def tool() -> str:
+            return "I am " + name
+
+        server.add_tool(tool, name=name, description="Says its name.")
+
+    for n in ["dot.name", "dot_name", LONG + "one", LONG + "two"]:
+        named(n)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "stdio"
     print("hame-test MCP server starting", file=sys.stderr, flush=True)

@@ -496,3 +496,72 @@ async fn an_http_result_over_16_mib_fails_at_once() -> TestResult {
     );
     Ok(())
 }
+
+/// Issue 35, item 4: `dot.name` and `dot_name`, and two names that differ only after 64
+/// characters, are four tools under four names, each called on its own; each renamed
+/// tool is one warning line for the whole run.
+#[tokio::test]
+async fn colliding_tool_names_stay_distinct_tools() -> TestResult {
+    let Some(py) = python() else { return Ok(()) };
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    fs::write(
+        ws.join("tools.json"),
+        json!({"mcpServers": {"rc": {
+            "command": py, "args": [server_py()], "env": {"HAME_TEST_MCP_COLLIDE": "1"}
+        }}})
+        .to_string(),
+    )?;
+    let long = "a_tool_name_that_goes_on_and_on_past_the_limit_of_64_characters_";
+    let tools = [
+        "dot.name",
+        "dot_name",
+        &format!("{long}one"),
+        &format!("{long}two"),
+    ];
+    let names: Vec<String> = tools
+        .iter()
+        .map(|t| hame::mcp::qualified_name("rc", t))
+        .collect();
+    let distinct: std::collections::BTreeSet<&String> = names.iter().collect();
+    assert_eq!(distinct.len(), 4, "{names:?}");
+    let server = ScriptedServer::start().await?;
+    let mut steps: Vec<ScriptStep> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| ScriptStep::tool_call(format!("c{i}"), n, json!({})))
+        .collect();
+    steps.push(ScriptStep::text("done"));
+    server.push_all(steps);
+    let ws_s = ws.to_string_lossy().into_owned();
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s],
+        "call them all",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let offered = tool_names(&server.requests()[0].body);
+    for n in &names {
+        assert!(offered.contains(n), "{n}: {offered:?}");
+    }
+    let expected: Vec<String> = tools.iter().map(|t| format!("I am {t}")).collect();
+    assert_eq!(tool_results(&server), expected);
+    // Three renamed (the dot, the two long ones), each warned once over five steps.
+    let renamed: Vec<String> = warnings(&out)
+        .into_iter()
+        .filter(|w| w.contains("mcp.tool_renamed"))
+        .collect();
+    assert_eq!(renamed.len(), 3, "{renamed:?}");
+    assert!(
+        renamed[0].starts_with(&format!(
+            "hame: warning: mcp.tool_renamed mcpServers.rc: tool `dot.name` is offered as `{}`",
+            names[0]
+        )),
+        "{renamed:?}"
+    );
+    Ok(())
+}

@@ -152,7 +152,7 @@ pub(super) async fn until(what: &str, mut cond: impl FnMut() -> bool) -> TestRes
 }
 
 /// The value of a metric line `name{labels} value` of `/metrics`.
-async fn metric(serve: &Serve, series: &str) -> Result<f64, Box<dyn std::error::Error>> {
+pub(super) async fn metric(serve: &Serve, series: &str) -> Result<f64, Box<dyn std::error::Error>> {
     let text = client()
         .get(serve.at("/metrics"))
         .send()

@@ -105,7 +105,7 @@ async fn per_user_tools_json_merges_over_the_shared_one() -> TestResult {
 
 #[tokio::test]
 async fn a_broken_tools_json_is_exit_2_with_one_line_naming_it() -> TestResult {
-    let cases: [(&str, &str, &str); 5] = [
+    let cases: [(&str, &str, &str); 6] = [
         ("tools.json", "{\"allow\": [", "tools.json: not valid JSON"),
         (
             "tools.json",
@@ -121,6 +121,11 @@ async fn a_broken_tools_json_is_exit_2_with_one_line_naming_it() -> TestResult {
             "tools.json",
             r#"{"permissions": {"default": "sometimes"}}"#,
             "tools.json: unknown variant `sometimes`",
+        ),
+        (
+            "tools.json",
+            r#"{"mcpServers": {"a__b": {"command": "true"}}}"#,
+            "tools.json: mcpServers.a__b: server name `a__b` is ambiguous in tool names `mcp__<server>__<tool>`: rename it without `__` and without `_` at either end (for example `a_b`)",
         ),
         (
             "alice/tools.json",

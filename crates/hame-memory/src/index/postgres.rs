@@ -350,8 +350,8 @@ impl PgIndex {
         let unreachable = |e: sqlx::Error| Error::Index {
             message: format!(
                 "cannot connect to PostgreSQL at {}: {}",
-                host_of(url),
-                connect_cause(&e, options.acquire_timeout)
+                hame_sql::host_of(url),
+                hame_sql::connect_cause(&e, options.acquire_timeout)
             ),
             source: None,
         };
@@ -765,30 +765,3 @@ impl RowBatch {
 #[cfg(test)]
 #[path = "postgres_tests.rs"]
 mod tests;
-
-/// Where a database URL points: `host:port` (no user, no password, no path).
-fn host_of(url: &str) -> String {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let authority = rest.split(['/', '?']).next().unwrap_or(rest);
-    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    if host.is_empty() {
-        "localhost".to_owned()
-    } else {
-        host.to_owned()
-    }
-}
-
-/// The cause of a failed connection in a few words: "connection refused", the server's
-/// own message ("password authentication failed for user …"), "no connection within …".
-fn connect_cause(e: &sqlx::Error, timeout: std::time::Duration) -> String {
-    match e {
-        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused => {
-            "connection refused".to_owned()
-        }
-        sqlx::Error::Io(io) => io.to_string(),
-        sqlx::Error::Database(db) => db.message().to_owned(),
-        sqlx::Error::PoolTimedOut => format!("no connection within {} s", timeout.as_secs()),
-        sqlx::Error::Tls(t) => format!("TLS: {t}"),
-        other => other.to_string(),
-    }
-}

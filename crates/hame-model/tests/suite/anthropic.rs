@@ -32,7 +32,8 @@ async fn text_reply_streamed_and_whole() -> TestResult {
         Some(Usage {
             input_tokens: 30,
             output_tokens: 6,
-            cached_input_tokens: 10
+            cached_input_tokens: 10,
+            cache_write_input_tokens: 0,
         })
     );
     let whole = model.complete(request("again")).await?;
@@ -150,5 +151,41 @@ async fn malformed_tool_arguments_pass_through_as_text() -> TestResult {
     let call = r.message.tool_calls().next().cloned().ok_or("no call")?;
     assert_eq!(call.arguments, r#"{"path": "a.txt",,"#);
     assert!(call.parse_arguments().is_err());
+    Ok(())
+}
+
+/// Prompt caching over the wire: every request of a tool loop carries the breakpoints,
+/// and the cached figures of the response come back in the usage.
+#[tokio::test]
+async fn prompt_caching_marks_the_prefix_and_reads_cached_usage() -> TestResult {
+    let server = ScriptedServer::start().await?;
+    server.push(ScriptStep::text("cached").with_cached_usage(ScriptUsage {
+        input_tokens: 3_000,
+        output_tokens: 5,
+        cached_input_tokens: 2_800,
+    }));
+    let model = AnthropicModel::new(AnthropicConfig {
+        prompt_cache: true,
+        ..anthropic_config(&server)
+    })?;
+    let mut req = request("hi");
+    req.cache_key = Some("hame-00".into());
+    let r = assemble(&stream_events(&model, req).await?);
+    assert_eq!(
+        r.usage.map(|u| (u.input_tokens, u.cached_input_tokens)),
+        Some((3_000, 2_800))
+    );
+    let body = &server.requests()[0].body;
+    let eph = json!({"type": "ephemeral"});
+    assert_eq!(
+        body["system"],
+        json!([{"type": "text", "text": "You are terse.", "cache_control": eph}])
+    );
+    assert_eq!(body["tools"][0]["cache_control"], eph);
+    assert_eq!(
+        body["messages"],
+        json!([{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": eph}]}])
+    );
+    assert_eq!(body.get("prompt_cache_key"), None);
     Ok(())
 }

@@ -54,6 +54,8 @@ pub fn anthropic_config(server: &ScriptedServer) -> AnthropicConfig {
         base_url: server.url(),
         api_key: Some("sk-ant-test".into()),
         retry: fast_retry(3),
+        // The wire shape without breakpoints; `anthropic::prompt_caching_*` turns them on.
+        prompt_cache: false,
         ..AnthropicConfig::new("claude-sonnet-4-5")
     }
 }
@@ -97,6 +99,7 @@ pub fn request(text: &str) -> ModelRequest {
         messages: vec![Message::user(text)],
         tools: vec![ls_tool()],
         params: Default::default(),
+        cache_key: None,
     }
 }
 

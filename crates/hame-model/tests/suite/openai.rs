@@ -31,7 +31,8 @@ async fn text_reply_streamed_and_whole() -> TestResult {
         Some(Usage {
             input_tokens: 12,
             output_tokens: 5,
-            cached_input_tokens: 0
+            cached_input_tokens: 0,
+            cache_write_input_tokens: 0,
         })
     );
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecResults};
 use futures::{Stream, StreamExt};
+use hame_fs::{CappedOutput, render_output};
 use tokio::io::AsyncWriteExt;
 
 use super::{SANDBOX_USER, Shared, scripts};
@@ -22,28 +23,11 @@ pub(crate) fn base_env() -> Vec<String> {
     ]
 }
 
-/// Output of one pipe, up to a cap.
-#[derive(Debug, Default)]
-pub(crate) struct Capped {
-    pub(crate) kept: Vec<u8>,
-    pub(crate) truncated: bool,
-}
-
-impl Capped {
-    fn push(&mut self, bytes: &[u8], cap: usize) {
-        let room = cap.saturating_sub(self.kept.len());
-        if bytes.len() > room {
-            self.truncated = true;
-        }
-        self.kept.extend_from_slice(&bytes[..bytes.len().min(room)]);
-    }
-}
-
 /// What a process printed and how it ended.
 #[derive(Debug, Default)]
 pub(crate) struct Raw {
-    pub(crate) stdout: Capped,
-    pub(crate) stderr: Capped,
+    pub(crate) stdout: CappedOutput,
+    pub(crate) stderr: CappedOutput,
     pub(crate) exit: Option<i64>,
 }
 
@@ -51,7 +35,12 @@ pub(crate) type Output =
     Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
 
 /// Reads `output` to its end into the buffers (cancel-safe: what was read stays).
-async fn drain(output: &mut Output, out: &mut Capped, err: &mut Capped, cap: usize) -> Result<()> {
+async fn drain(
+    output: &mut Output,
+    out: &mut CappedOutput,
+    err: &mut CappedOutput,
+    cap: usize,
+) -> Result<()> {
     while let Some(item) = output.next().await {
         match item
             .map_err(|e| Error::backend("reading the output of a sandbox process failed", e))?
@@ -223,7 +212,7 @@ impl Shared {
             stderr,
             exit,
         } = answer.raw;
-        let (text, truncated) = render(stdout, stderr, cap);
+        let (text, truncated) = render_output(stdout, stderr, cap);
         Ok(hame_fs::ExecOutput {
             output: text,
             exit_code: exit.and_then(|c| i32::try_from(c).ok()),
@@ -336,31 +325,4 @@ impl Drop for KillOnDrop {
         };
         runtime.spawn(killer.kill());
     }
-}
-
-/// stdout, then the stderr lines prefixed `[stderr] `, cut at `cap` bytes (as the local
-/// shell renders it).
-pub(crate) fn render(stdout: Capped, stderr: Capped, cap: usize) -> (String, bool) {
-    let mut text = String::from_utf8_lossy(&stdout.kept).into_owned();
-    for line in String::from_utf8_lossy(&stderr.kept).lines() {
-        if !text.is_empty() && !text.ends_with('\n') {
-            text.push('\n');
-        }
-        text.push_str("[stderr] ");
-        text.push_str(line);
-        text.push('\n');
-    }
-    let mut truncated = stdout.truncated || stderr.truncated;
-    if text.len() > cap {
-        let mut cut = cap;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
-        truncated = true;
-    }
-    if truncated {
-        text.push_str(&format!("\n[output truncated at {cap} bytes]"));
-    }
-    (text, truncated)
 }

@@ -12,9 +12,10 @@ use std::time::Duration;
 use base64::Engine as _;
 use tokio::io::AsyncWriteExt;
 
-use super::exec::{Capped, Output, Raw};
+use super::exec::{Output, Raw};
 use super::{Shared, scripts};
 use crate::error::{Error, Result};
+use hame_fs::CappedOutput;
 
 /// Most idle servers kept per container.
 const POOL_PER_CONTAINER: usize = 8;
@@ -190,11 +191,11 @@ impl Server {
             return Err(protocol(format!("unexpected end {end:?}")));
         }
         Ok(Raw {
-            stdout: Capped {
+            stdout: CappedOutput {
                 kept: stdout,
                 truncated: so > ko,
             },
-            stderr: Capped {
+            stderr: CappedOutput {
                 kept: stderr,
                 truncated: se > ke,
             },

@@ -45,6 +45,7 @@ pub fn exchange(question: &str, arguments: &str, result: &str) -> Vec<Message> {
                 input_tokens: 120,
                 output_tokens: 30,
                 cached_input_tokens: 0,
+                cache_write_input_tokens: 0,
             }),
         },
         Message::tool_results(vec![ToolResult {

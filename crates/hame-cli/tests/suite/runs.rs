@@ -1,0 +1,517 @@
+//! Durable runs, black-box: `hame serve` accepts runs (`POST /v1/sessions/{s}/runs`),
+//! workers (`hame serve` itself or `hame worker` processes) drain them from the state
+//! store, a SIGKILLed worker's run is taken over by another, a cancel sent to the server
+//! stops a run executing in a worker process, and `hame runs` reads and cancels them
+//! without a server. On the default JSON state and on real PostgreSQL.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use hame_test_support::{RecordedRequest, ScriptStep, ScriptedServer};
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+
+use super::common::{bin, hame, output, service, stderr, stdout, unique_agent};
+use super::serve::Serve;
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// A running `hame worker`; killed when dropped.
+struct WorkerProcess {
+    child: Child,
+    stderr: PathBuf,
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl WorkerProcess {
+    /// Starts `hame worker` on `dir/ws` (the same environment as [`Serve::start`]) and
+    /// waits for its first line.
+    fn start(
+        dir: &Path,
+        model: &str,
+        args: &[&str],
+        name: &str,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
+        let ws = dir.join("ws");
+        std::fs::create_dir_all(&ws)?;
+        let stderr = dir.join(format!("worker-{name}.err"));
+        let mut child = std::process::Command::new(bin())
+            .args(["worker", "--model", "openai:m", "--no-memory"])
+            .arg("--workspace")
+            .arg(&ws)
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", dir)
+            .env("OPENAI_BASE_URL", model)
+            .env("HAME_STATE_HOME", dir.join("state"))
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&stderr)?)
+            .spawn()?;
+        let out = child.stdout.take().ok_or("no stdout")?;
+        let mut line = String::new();
+        BufReader::new(out).read_line(&mut line)?;
+        if !line.starts_with("worker ") {
+            return Err(format!(
+                "unexpected first line {line:?}; stderr: {}",
+                std::fs::read_to_string(&stderr).unwrap_or_default()
+            )
+            .into());
+        }
+        Ok(Self { child, stderr })
+    }
+
+    /// SIGKILL, as a crash would.
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+}
+
+/// The scripted model answers every request with `done: <last user text>`.
+fn echo(request: &RecordedRequest) -> ScriptStep {
+    ScriptStep::text(format!(
+        "done: {}",
+        request.last_user_text().unwrap_or_default()
+    ))
+}
+
+async fn submit(
+    http: &reqwest::Client,
+    s: &Serve,
+    user: &str,
+    session: &str,
+    message: &str,
+    key: Option<&str>,
+) -> Result<(u16, Value), Box<dyn std::error::Error>> {
+    let mut req = http
+        .post(s.at(&format!("/v1/sessions/{session}/runs")))
+        .header("x-hame-user", user)
+        .json(&json!({"message": message}));
+    if let Some(k) = key {
+        req = req.header("idempotency-key", k);
+    }
+    let resp = req.send().await?;
+    Ok((resp.status().as_u16(), resp.json().await?))
+}
+
+async fn get_run(
+    http: &reqwest::Client,
+    s: &Serve,
+    user: &str,
+    id: &str,
+) -> Result<(u16, Value), Box<dyn std::error::Error>> {
+    let resp = http
+        .get(s.at(&format!("/v1/runs/{id}")))
+        .header("x-hame-user", user)
+        .send()
+        .await?;
+    Ok((resp.status().as_u16(), resp.json().await?))
+}
+
+/// Polls a run until `done(status)` or `limit`; the last view.
+async fn wait_run(
+    http: &reqwest::Client,
+    s: &Serve,
+    user: &str,
+    id: &str,
+    limit: Duration,
+    done: impl Fn(&str) -> bool,
+) -> Result<Value, Box<dyn std::error::Error>> {
+    let start = Instant::now();
+    loop {
+        let (code, run) = get_run(http, s, user, id).await?;
+        assert_eq!(code, 200, "{run}");
+        if done(run["status"].as_str().unwrap_or("")) || start.elapsed() > limit {
+            return Ok(run);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn finished(s: &str) -> bool {
+    matches!(s, "completed" | "failed" | "cancelled" | "waiting_approval")
+}
+
+/// The whole surface on the default JSON state, with the worker inside `hame serve`.
+#[tokio::test]
+async fn runs_are_accepted_executed_listed_and_isolated() -> TestResult {
+    let model = ScriptedServer::start().await?;
+    model.set_responder(echo);
+    let dir = tempfile::tempdir()?;
+    let s = Serve::start(dir.path(), &model.base_url(), &[])?;
+    let http = reqwest::Client::new();
+
+    let (code, first) = submit(&http, &s, "ada", "s1", "hello", Some("K-1")).await?;
+    assert_eq!(code, 202, "{first}");
+    assert_eq!(first["status"], "queued");
+    assert_eq!(first["session"], "s1");
+    let id = first["run_id"].as_str().ok_or("no run_id")?.to_owned();
+    // The same key from the same user: the same run, 200.
+    let (code, again) = submit(&http, &s, "ada", "s1", "hello", Some("K-1")).await?;
+    assert_eq!((code, again["run_id"].as_str()), (200, Some(id.as_str())));
+    // The same key from another user: a run of theirs.
+    let (code, theirs) = submit(&http, &s, "bob", "s1", "hi", Some("K-1")).await?;
+    assert_eq!(code, 202);
+    assert_ne!(theirs["run_id"], first["run_id"]);
+
+    let run = wait_run(&http, &s, "ada", &id, Duration::from_secs(30), finished).await?;
+    assert_eq!(run["status"], "completed", "{run}; stderr: {}", s.stderr());
+    assert_eq!(run["reply"], "done: hello");
+    assert!(run["usage"].is_object(), "{run}");
+    assert!(
+        run["created"].is_string() && run["updated"].is_string(),
+        "{run}"
+    );
+
+    // Another user's run is 404, and so is a hostile id.
+    let (code, _) = get_run(&http, &s, "bob", &id).await?;
+    assert_eq!(code, 404);
+    for hostile in [
+        "..%2F..%2Fetc%2Fpasswd",
+        "run-x",
+        "%00",
+        "run-0123456789abcdef0123456789abcdef",
+    ] {
+        let resp = http
+            .get(s.at(&format!("/v1/runs/{hostile}")))
+            .header("x-hame-user", "ada")
+            .send()
+            .await?;
+        assert_eq!(resp.status().as_u16(), 404, "{hostile}");
+    }
+    // A finished run cannot be cancelled: 409.
+    let resp = http
+        .post(s.at(&format!("/v1/runs/{id}/cancel")))
+        .header("x-hame-user", "ada")
+        .send()
+        .await?;
+    assert_eq!(resp.status().as_u16(), 409);
+    // Bodies are checked: an unknown field is refused, not ignored.
+    let resp = http
+        .post(s.at("/v1/sessions/s1/runs"))
+        .header("x-hame-user", "ada")
+        .json(&json!({"message": "x", "priority": 9}))
+        .send()
+        .await?;
+    assert_eq!(resp.status().as_u16(), 400);
+
+    // The session's runs, newest first.
+    let (_, second) = submit(&http, &s, "ada", "s1", "again", None).await?;
+    let second_id = second["run_id"].as_str().ok_or("no run_id")?.to_owned();
+    wait_run(
+        &http,
+        &s,
+        "ada",
+        &second_id,
+        Duration::from_secs(30),
+        finished,
+    )
+    .await?;
+    let list: Value = http
+        .get(s.at("/v1/sessions/s1/runs"))
+        .header("x-hame-user", "ada")
+        .send()
+        .await?
+        .json()
+        .await?;
+    let ids: Vec<&str> = list["runs"]
+        .as_array()
+        .ok_or("no runs")?
+        .iter()
+        .filter_map(|r| r["run_id"].as_str())
+        .collect();
+    assert_eq!(ids, vec![second_id.as_str(), id.as_str()]);
+
+    // The events of a finished run replay from the store: queued, running, completed.
+    let text = http
+        .get(s.at(&format!("/v1/runs/{id}/events")))
+        .header("x-hame-user", "ada")
+        .send()
+        .await?
+        .text()
+        .await?;
+    let names: Vec<String> = super::serve::parse_sse(&text)
+        .into_iter()
+        .map(|e| e.event)
+        .collect();
+    assert_eq!(
+        names,
+        vec!["completed"],
+        "a finished run's stream is its end: {text}"
+    );
+
+    // The model saw each message once, in order, in one conversation.
+    let users: Vec<String> = model
+        .requests()
+        .iter()
+        .filter_map(|r| r.last_user_text())
+        .collect();
+    assert_eq!(users.iter().filter(|u| *u == "hello").count(), 1);
+
+    // `hame runs` reads the same store without a server.
+    let ws = dir.path().join("ws");
+    let ws_arg = ws.to_string_lossy().into_owned();
+    let state_home = dir.path().join("state").to_string_lossy().into_owned();
+    let env = [("HAME_STATE_HOME", state_home.as_str())];
+    let out = output(hame(
+        &[
+            "runs",
+            "list",
+            "--workspace",
+            &ws_arg,
+            "--user",
+            "ada",
+            "--json",
+        ],
+        &env,
+        dir.path(),
+    ))
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let listed: Value = serde_json::from_str(&stdout(&out))?;
+    assert_eq!(listed.as_array().map(Vec::len), Some(2), "{listed}");
+    let out = output(hame(
+        &["runs", "show", &id, "--workspace", &ws_arg, "--user", "ada"],
+        &env,
+        dir.path(),
+    ))
+    .await?;
+    assert!(
+        stdout(&out).contains("completed") && stdout(&out).contains("done: hello"),
+        "{}",
+        stdout(&out)
+    );
+    // Another user's run is not theirs to see: exit 2, one line.
+    let out = output(hame(
+        &["runs", "show", &id, "--workspace", &ws_arg, "--user", "bob"],
+        &env,
+        dir.path(),
+    ))
+    .await?;
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    Ok(())
+}
+
+/// `hame serve --no-worker` only accepts; `hame worker` processes execute. Runs of one
+/// session run one at a time in order; a worker SIGKILLed in the middle of a run loses it
+/// to another worker after `--run-lapse`, which completes it; a cancel sent to the server
+/// stops a run executing in a worker.
+async fn workers_drain_take_over_and_cancel(state: &str) -> TestResult {
+    let model = ScriptedServer::start().await?;
+    // `slow …` messages take 60 s to answer: the worker executing one is killed or the
+    // run cancelled meanwhile.
+    model.set_responder(|r: &RecordedRequest| {
+        let text = r.last_user_text().unwrap_or_default();
+        let step = ScriptStep::text(format!("done: {text}"));
+        if text.starts_with("slow") {
+            step.with_delay(Duration::from_secs(60))
+        } else {
+            step
+        }
+    });
+    let dir = tempfile::tempdir()?;
+    let agent = unique_agent();
+    let common = ["--agent", agent.as_str(), "--state", state];
+    let mut serve_args = common.to_vec();
+    serve_args.push("--no-worker");
+    let s = Serve::start(dir.path(), &model.base_url(), &serve_args)?;
+    let http = reqwest::Client::new();
+
+    // Accepted, not executed.
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        for session in ["a", "b"] {
+            let (code, v) = submit(&http, &s, "u", session, &format!("{session}{i}"), None).await?;
+            assert_eq!(code, 202, "{v}");
+            ids.push(v["run_id"].as_str().ok_or("no id")?.to_owned());
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, v) = get_run(&http, &s, "u", &ids[0]).await?;
+    assert_eq!(v["status"], "queued", "--no-worker executes nothing");
+
+    let mut worker_args = common.to_vec();
+    worker_args.extend(["--run-lapse", "2"]);
+    let w1 = WorkerProcess::start(dir.path(), &model.base_url(), &worker_args, "1")?;
+    for id in &ids {
+        let v = wait_run(&http, &s, "u", id, Duration::from_secs(60), finished).await?;
+        assert_eq!(v["status"], "completed", "{v}; worker: {}", w1.stderr());
+    }
+    // One at a time, in order, per session: the model saw a0, a1, a2 in this order and
+    // each request of a session carried the earlier exchanges.
+    let reqs = model.requests();
+    for session in ["a", "b"] {
+        let seen: Vec<String> = reqs
+            .iter()
+            .filter_map(|r| r.last_user_text())
+            .filter(|t| t.starts_with(session))
+            .collect();
+        assert_eq!(
+            seen,
+            vec![
+                format!("{session}0"),
+                format!("{session}1"),
+                format!("{session}2")
+            ]
+        );
+    }
+    drop(w1);
+
+    // Kill a worker mid-run: another one takes the run over and completes it.
+    let mut w2 = WorkerProcess::start(dir.path(), &model.base_url(), &worker_args, "2")?;
+    let (_, v) = submit(&http, &s, "u", "k", "slow one", None).await?;
+    let slow = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let running = wait_run(&http, &s, "u", &slow, Duration::from_secs(30), |s| {
+        s != "queued"
+    })
+    .await?;
+    assert_eq!(running["status"], "running");
+    w2.kill();
+    let killed = Instant::now();
+    // The retry is answered at once.
+    model.set_responder(echo);
+    let w3 = WorkerProcess::start(dir.path(), &model.base_url(), &worker_args, "3")?;
+    let v = wait_run(&http, &s, "u", &slow, Duration::from_secs(60), finished).await?;
+    assert_eq!(v["status"], "completed", "{v}; worker: {}", w3.stderr());
+    assert_eq!(v["reply"], "done: slow one");
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(15), "taken over after {took:?}");
+    let out = output(hame(
+        &[
+            "runs",
+            "show",
+            &slow,
+            "--json",
+            "--workspace",
+            &dir.path().join("ws").to_string_lossy(),
+            "--user",
+            "u",
+            "--agent",
+            &agent,
+            "--state",
+            state,
+        ],
+        &[],
+        dir.path(),
+    ))
+    .await?;
+    let shown: Value =
+        serde_json::from_str(&stdout(&out)).map_err(|e| format!("{e}: {}", stderr(&out)))?;
+    assert_eq!(shown["attempts"], 2, "claimed twice: {shown}");
+
+    // Cancel through the server a run that a worker process executes.
+    model.set_responder(|r: &RecordedRequest| {
+        ScriptStep::text("late").with_delay(
+            if r.last_user_text().unwrap_or_default().starts_with("slow") {
+                Duration::from_secs(60)
+            } else {
+                Duration::ZERO
+            },
+        )
+    });
+    let (_, v) = submit(&http, &s, "u", "c", "slow to cancel", None).await?;
+    let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    wait_run(&http, &s, "u", &id, Duration::from_secs(30), |s| {
+        s != "queued"
+    })
+    .await?;
+    let asked = Instant::now();
+    let resp = http
+        .post(s.at(&format!("/v1/runs/{id}/cancel")))
+        .header("x-hame-user", "u")
+        .send()
+        .await?;
+    assert_eq!(resp.status().as_u16(), 202);
+    let v = wait_run(&http, &s, "u", &id, Duration::from_secs(10), finished).await?;
+    assert_eq!(v["status"], "cancelled", "{v}; worker: {}", w3.stderr());
+    let took = asked.elapsed();
+    assert!(took < Duration::from_secs(2), "cancelled after {took:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn workers_drain_take_over_and_cancel_on_json_state() -> TestResult {
+    let shared = tempfile::tempdir()?;
+    workers_drain_take_over_and_cancel(&shared.path().to_string_lossy()).await
+}
+
+#[tokio::test]
+async fn workers_drain_take_over_and_cancel_on_postgres() -> TestResult {
+    let Some(url) = service("HAME_TEST_POSTGRES_URL") else {
+        return Ok(());
+    };
+    workers_drain_take_over_and_cancel(&url).await
+}
+
+/// `Idempotency-Key` retried 20 times concurrently against two replicas on one store
+/// yields one run.
+#[tokio::test]
+async fn one_run_per_idempotency_key_across_replicas_on_postgres() -> TestResult {
+    let Some(url) = service("HAME_TEST_POSTGRES_URL") else {
+        return Ok(());
+    };
+    let model = ScriptedServer::start().await?;
+    model.set_responder(echo);
+    let agent = unique_agent();
+    let (da, db) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let args = [
+        "--agent",
+        agent.as_str(),
+        "--state",
+        url.as_str(),
+        "--no-worker",
+    ];
+    let a = Serve::start(da.path(), &model.base_url(), &args)?;
+    let b = Serve::start(db.path(), &model.base_url(), &args)?;
+    let http = reqwest::Client::new();
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let (http, at) = (http.clone(), if i % 2 == 0 { a.at("") } else { b.at("") });
+        tasks.push(tokio::spawn(async move {
+            let resp = http
+                .post(format!("{at}/v1/sessions/s/runs"))
+                .header("x-hame-user", "u")
+                .header("idempotency-key", "same-key")
+                .json(&json!({"message": "once"}))
+                .send()
+                .await?;
+            let code = resp.status().as_u16();
+            let v: Value = resp.json().await?;
+            Ok::<_, reqwest::Error>((code, v["run_id"].as_str().unwrap_or_default().to_owned()))
+        }));
+    }
+    let mut ids = std::collections::HashSet::new();
+    let mut created = 0;
+    for t in tasks {
+        let (code, id) = t.await??;
+        created += usize::from(code == 202);
+        assert!(code == 202 || code == 200, "{code}");
+        ids.insert(id);
+    }
+    assert_eq!((ids.len(), created), (1, 1), "{ids:?}");
+    let list: Value = http
+        .get(b.at("/v1/sessions/s/runs"))
+        .header("x-hame-user", "u")
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(list["runs"].as_array().map(Vec::len), Some(1));
+    Ok(())
+}

@@ -1,0 +1,302 @@
+//! The run routes: submit a run to the queue, read it, list a session's runs, cancel one,
+//! follow its status changes as SSE (`docs/runs.md`).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use hame::state::runs::{CancelOutcome, NewRun, Run, RunQueue, RunStatus};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::error::{ApiError, for_callers};
+use crate::openapi::ErrorBody;
+use crate::routes::{AppState, Caller};
+
+/// How often a follower of `GET /v1/runs/{id}/events` reads the run (250 ms).
+pub(crate) const RUN_POLL: Duration = Duration::from_millis(250);
+/// Runs a list returns by default (50) and at most (500).
+const LIST_DEFAULT: usize = 50;
+const LIST_MAX: usize = 500;
+
+fn queue(shared: &AppState) -> Result<&Arc<dyn RunQueue>, ApiError> {
+    shared.options.runs.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "runs_unavailable",
+            "this server has no run queue",
+        )
+    })
+}
+
+fn store_error(e: &hame::state::Error) -> ApiError {
+    tracing::warn!(error = %e, "run queue failed");
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable",
+        "the run queue cannot be reached; retry later",
+    )
+}
+
+/// A run as callers see it: `{"run_id", "session", "status", "reply"?, "usage"?,
+/// "error"?, "approvals"?, "created", "updated"}`.
+pub(crate) fn view(run: &Run) -> Value {
+    let mut v = json!({
+        "run_id": run.id,
+        "session": run.session,
+        "status": run.status,
+        "created": run.created,
+        "updated": run.updated,
+    });
+    if let Some(o) = v.as_object_mut() {
+        if let Some(r) = &run.reply {
+            o.insert("reply".into(), json!(r));
+        }
+        if let Some(u) = &run.usage {
+            o.insert("usage".into(), u.clone());
+        }
+        if let Some(e) = &run.error {
+            o.insert(
+                "error".into(),
+                json!({"code": e.code, "message": e.message}),
+            );
+        }
+        if let Some(a) = &run.approvals {
+            o.insert("approvals".into(), a.clone());
+        }
+    }
+    for_callers(v)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunBody {
+    message: String,
+}
+
+/// `POST /v1/sessions/{session}/runs` `{"message"}` (header `Idempotency-Key` optional):
+/// 202 with the new run, 200 with the run an earlier request with the same key made.
+#[utoipa::path(post, path = "/v1/sessions/{session}/runs", tag = "runs",
+    params(("session" = String, Path, description = "The session id"), ("Idempotency-Key" = Option<String>, Header, description = "The same key answers with the run it made")),
+    request_body(content = serde_json::Value, description = "`{\"message\": \"...\"}` (docs/runs.md)"),
+    responses((status = 202, description = "The new run", body = serde_json::Value),
+        (status = 200, description = "The run an earlier request with the same key made", body = serde_json::Value),
+        (status = 400, description = "A bad request", body = ErrorBody),
+        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
+        (status = 404, description = "No such run or session", body = ErrorBody),
+        (status = 409, description = "A conflict (the run has ended, ...)", body = ErrorBody),
+        (status = 501, description = "The server has no run queue", body = ErrorBody),))]
+pub(crate) async fn submit(
+    State(shared): State<AppState>,
+    Caller(user): Caller,
+    Path(session): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let q = queue(&shared)?;
+    if shared.draining.is_cancelled() {
+        return Err(ApiError::draining());
+    }
+    hame::harness::validate_id("session id", &session)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", e.to_string()))?;
+    let idem = match headers.get("idempotency-key") {
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| ApiError::bad_request("Idempotency-Key is not visible ASCII"))?
+                .to_owned(),
+        ),
+        None => None,
+    };
+    let body: RunBody = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("bad JSON body: {e}")))?;
+    if body.message.trim().is_empty() {
+        return Err(ApiError::bad_request("`message` is empty"));
+    }
+    let key = hame::state::StateKey::new(shared.agent.name(), user.as_deref(), &session)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", e.to_string()))?;
+    let new = NewRun::message(key, body.message, idem)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let s = q.submit(new).await.map_err(|e| store_error(&e))?;
+    let status = if s.created {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    let body = json!({"run_id": s.run.id, "session": s.run.session, "status": s.run.status});
+    Ok((status, Json(body)).into_response())
+}
+
+/// The run `id` of the caller, or 404 (another user's run is 404 too).
+async fn owned(shared: &AppState, user: Option<&str>, id: &str) -> Result<Run, ApiError> {
+    let q = queue(shared)?;
+    match q.get(id).await.map_err(|e| store_error(&e))? {
+        Some(run) if run.is_owned_by(shared.agent.name(), user) => Ok(run),
+        _ => Err(ApiError::not_found("no such run")),
+    }
+}
+
+/// `GET /v1/runs/{id}`.
+#[utoipa::path(get, path = "/v1/runs/{run_id}", tag = "runs", params(("run_id" = String, Path, description = "The run id")),
+    responses((status = 200, description = "The run", body = serde_json::Value),
+        (status = 400, description = "A bad request", body = ErrorBody),
+        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
+        (status = 404, description = "No such run or session", body = ErrorBody),
+        (status = 409, description = "A conflict (the run has ended, ...)", body = ErrorBody),
+        (status = 501, description = "The server has no run queue", body = ErrorBody),))]
+pub(crate) async fn get(
+    State(shared): State<AppState>,
+    Caller(user): Caller,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let run = owned(&shared, user.as_deref(), &id).await?;
+    Ok(Json(view(&run)).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct ListQuery {
+    limit: Option<usize>,
+}
+
+/// `GET /v1/sessions/{session}/runs?limit=N`: newest first.
+#[utoipa::path(get, path = "/v1/sessions/{session}/runs", tag = "runs",
+    params(("session" = String, Path, description = "The session id"), ("limit" = Option<usize>, Query, description = "At most this many runs (default 50, at most 500)")),
+    responses((status = 200, description = "The session's runs, newest first", body = serde_json::Value),
+        (status = 400, description = "A bad request", body = ErrorBody),
+        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
+        (status = 404, description = "No such run or session", body = ErrorBody),
+        (status = 409, description = "A conflict (the run has ended, ...)", body = ErrorBody),
+        (status = 501, description = "The server has no run queue", body = ErrorBody),))]
+pub(crate) async fn list(
+    State(shared): State<AppState>,
+    Caller(user): Caller,
+    Path(session): Path<String>,
+    Query(lq): Query<ListQuery>,
+) -> Result<Response, ApiError> {
+    let q = queue(&shared)?;
+    hame::harness::validate_id("session id", &session)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", e.to_string()))?;
+    let limit = lq.limit.unwrap_or(LIST_DEFAULT);
+    if limit == 0 || limit > LIST_MAX {
+        return Err(ApiError::bad_request(format!("limit is 1 to {LIST_MAX}")));
+    }
+    let runs = q
+        .list(shared.agent.name(), user.as_deref(), Some(&session), limit)
+        .await
+        .map_err(|e| store_error(&e))?;
+    let runs: Vec<Value> = runs.iter().map(view).collect();
+    Ok(Json(json!({"session": session, "runs": runs})).into_response())
+}
+
+/// `POST /v1/runs/{id}/cancel`: 202 (cancelled, or asked of the worker that runs it);
+/// 409 for a run that has ended.
+#[utoipa::path(post, path = "/v1/runs/{run_id}/cancel", tag = "runs", params(("run_id" = String, Path, description = "The run id")),
+    responses((status = 202, description = "Cancelled, or asked of the worker that runs it", body = serde_json::Value),
+        (status = 400, description = "A bad request", body = ErrorBody),
+        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
+        (status = 404, description = "No such run or session", body = ErrorBody),
+        (status = 409, description = "A conflict (the run has ended, ...)", body = ErrorBody),
+        (status = 501, description = "The server has no run queue", body = ErrorBody),))]
+pub(crate) async fn cancel(
+    State(shared): State<AppState>,
+    Caller(user): Caller,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let run = owned(&shared, user.as_deref(), &id).await?;
+    let q = queue(&shared)?;
+    match q.cancel(&run.id).await.map_err(|e| store_error(&e))? {
+        CancelOutcome::Cancelled(r) | CancelOutcome::Requested(r) => {
+            Ok((StatusCode::ACCEPTED, Json(view(&r))).into_response())
+        }
+        CancelOutcome::Finished(r) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "run_finished",
+            format!("run {} has already ended ({})", r.id, r.status),
+        )),
+        CancelOutcome::NotFound => Err(ApiError::not_found("no such run")),
+    }
+}
+
+/// The event id of a status: 1 queued, 2 running, 3 an end.
+fn status_id(s: RunStatus) -> u64 {
+    match s {
+        RunStatus::Queued => 1,
+        RunStatus::Running => 2,
+        _ => 3,
+    }
+}
+
+/// `GET /v1/runs/{id}/events`: SSE of the run's status changes (`queued`, `running`, then
+/// its end: `completed`, `waiting_approval`, `failed` or `cancelled`), each with the run
+/// as data and an id (1, 2, 3); read from the store, so any replica serves it and
+/// `Last-Event-ID` replays from there. The stream ends after the run's end.
+#[utoipa::path(get, path = "/v1/runs/{run_id}/events", tag = "runs", params(("run_id" = String, Path, description = "The run id")),
+    responses((status = 200, description = "SSE of the run's status changes (`queued`, `running`, then its end), with ids", content_type = "text/event-stream", body = String),
+        (status = 400, description = "A bad request", body = ErrorBody),
+        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
+        (status = 404, description = "No such run or session", body = ErrorBody),
+        (status = 409, description = "A conflict (the run has ended, ...)", body = ErrorBody),
+        (status = 501, description = "The server has no run queue", body = ErrorBody),))]
+pub(crate) async fn events(
+    State(shared): State<AppState>,
+    Caller(user): Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let first = owned(&shared, user.as_deref(), &id).await?;
+    let q = queue(&shared)?.clone();
+    let after = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    let stop = shared.draining.clone();
+    let stream = futures::stream::unfold(
+        (first.id.clone(), Some(first), after, false),
+        move |(id, next, sent, done)| {
+            let (q, stop) = (q.clone(), stop.clone());
+            async move {
+                if done {
+                    return None;
+                }
+                let mut run = next;
+                loop {
+                    if let Some(r) = &run {
+                        let n = status_id(r.status);
+                        if n > sent {
+                            let ev = SseEvent::default()
+                                .event(r.status.as_str())
+                                .id(n.to_string())
+                                .data(view(r).to_string());
+                            return Some((ev, (id, None, n, r.status.is_finished())));
+                        }
+                        if r.status.is_finished() {
+                            return None;
+                        }
+                    }
+                    tokio::select! {
+                        () = tokio::time::sleep(RUN_POLL) => {}
+                        () = stop.cancelled() => return None,
+                    }
+                    run = match q.get(&id).await {
+                        Ok(Some(r)) => Some(r),
+                        Ok(None) => return None,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "run events: reading the run failed");
+                            run
+                        }
+                    };
+                }
+            }
+        },
+    )
+    .map(Ok::<_, Infallible>);
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(shared.options.keep_alive))
+        .into_response())
+}

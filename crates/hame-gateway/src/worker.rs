@@ -1,0 +1,251 @@
+//! The worker: claims runs from the queue ([`hame::state::runs::RunQueue`]) and executes
+//! them with the harness, heartbeating each one; what `hame worker` runs and what
+//! `hame serve` runs beside its routes (unless `--no-worker`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hame::state::runs::{Claim, ClaimOptions, RunEnd, RunError, RunInput, RunQueue};
+use hame::{CancellationToken, EventSink, HarnessAgent, Message, RuntimeContext};
+use serde_json::json;
+use tokio_util::task::TaskTracker;
+
+use crate::error::{ApiError, for_callers};
+
+/// Settings of a [`Worker`]; `Default` gives the documented defaults.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct WorkerOptions {
+    /// Runs executed at once by this process (default 4).
+    pub concurrency: usize,
+    /// How long a claim lasts without a heartbeat before another worker reclaims the run
+    /// (default [`hame::state::runs::DEFAULT_RUN_LAPSE`], 15 s).
+    pub lapse: Duration,
+    /// How often a running run is heartbeated and its cancel flag read (default
+    /// [`hame::state::runs::HEARTBEAT_EVERY`], 1 s; at most a third of the lapse).
+    pub heartbeat: Duration,
+    /// The name written into claimed runs (default `<host>:<pid>`).
+    pub name: String,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "host".into());
+        Self {
+            concurrency: 4,
+            lapse: hame::state::runs::DEFAULT_RUN_LAPSE,
+            heartbeat: hame::state::runs::HEARTBEAT_EVERY,
+            name: format!("{host}:{}", std::process::id()),
+        }
+    }
+}
+
+impl WorkerOptions {
+    /// With this many runs at once (at least 1).
+    pub fn with_concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+
+    /// With this claim lapse (the heartbeat becomes at most a third of it).
+    pub fn with_lapse(mut self, lapse: Duration) -> Self {
+        self.lapse = lapse.max(Duration::from_millis(300));
+        self.heartbeat = self.heartbeat.min(self.lapse / 3);
+        self
+    }
+}
+
+/// Drains a run queue with one agent.
+#[derive(Debug, Clone)]
+pub struct Worker {
+    agent: HarnessAgent,
+    base: RuntimeContext,
+    queue: Arc<dyn RunQueue>,
+    options: WorkerOptions,
+}
+
+impl Worker {
+    /// A worker executing the runs of `agent` from `queue`; each run's context is `base`
+    /// with the run's session and user.
+    pub fn new(
+        agent: HarnessAgent,
+        base: RuntimeContext,
+        queue: Arc<dyn RunQueue>,
+        options: WorkerOptions,
+    ) -> Self {
+        Self {
+            agent,
+            base,
+            queue,
+            options,
+        }
+    }
+
+    /// Claims and executes runs until `stop` is cancelled, then waits for the runs in
+    /// flight (they are cancelled when `abort` is).
+    pub async fn run(self, stop: CancellationToken, abort: CancellationToken) {
+        let slots = Arc::new(tokio::sync::Semaphore::new(self.options.concurrency));
+        let tasks = TaskTracker::new();
+        let claim = ClaimOptions::new(
+            self.agent.name(),
+            self.options.name.clone(),
+            self.options.lapse,
+        );
+        tracing::info!(worker = %self.options.name, concurrency = self.options.concurrency, "worker started");
+        'outer: loop {
+            let permit = tokio::select! {
+                p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+                () = stop.cancelled() => break,
+            };
+            loop {
+                if stop.is_cancelled() {
+                    break 'outer;
+                }
+                match self.queue.claim(&claim).await {
+                    Ok(Some(c)) => {
+                        let me = self.clone();
+                        let abort = abort.clone();
+                        let span = tracing::info_span!("hame.run", run = %c.run.id, session = %c.run.session, attempt = c.attempt);
+                        tasks.spawn(tracing::Instrument::instrument(
+                            async move {
+                                me.execute(c, abort).await;
+                                drop(permit);
+                            },
+                            span,
+                        ));
+                        break;
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(error = %e, "run queue: claim failed; retrying"),
+                }
+                tokio::select! {
+                    r = self.queue.wait_for_work(Duration::from_secs(1)) => {
+                        if let Err(e) = r {
+                            tracing::warn!(error = %e, "run queue: waiting for work failed");
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                        }
+                    }
+                    () = stop.cancelled() => break 'outer,
+                }
+            }
+        }
+        tasks.close();
+        tasks.wait().await;
+        tracing::info!(worker = %self.options.name, "worker stopped");
+    }
+
+    /// Executes one claimed run: heartbeats it, runs the turn, writes its end under the
+    /// claim.
+    async fn execute(&self, claim: Claim, abort: CancellationToken) {
+        let run = &claim.run;
+        if run.cancel_requested {
+            self.finish(&claim, &RunEnd::Cancelled).await;
+            return;
+        }
+        let RunInput::Message { message } = &run.input else {
+            let end = RunEnd::Failed(RunError {
+                code: "unsupported".into(),
+                message: "this worker cannot execute this kind of run; upgrade it".into(),
+            });
+            self.finish(&claim, &end).await;
+            return;
+        };
+        let mut ctx = self.base.clone();
+        ctx.session_id = run.session.clone();
+        ctx.user_id = run.user.clone();
+        let cancel = abort.child_token();
+        let cancelled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let beats = {
+            let (queue, claim, cancel) = (self.queue.clone(), claim.clone(), cancel.clone());
+            let (cancelled, lost) = (cancelled.clone(), lost.clone());
+            let every = self.options.heartbeat;
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    match queue.heartbeat(&claim).await {
+                        Ok(beat) if beat.cancel_requested => {
+                            cancelled.store(true, std::sync::atomic::Ordering::Release);
+                            cancel.cancel();
+                        }
+                        Ok(_) => {}
+                        Err(hame::state::Error::LeaseLost { .. }) => {
+                            tracing::warn!(run = %claim.run.id, "run was reclaimed by another worker; stopping it");
+                            lost.store(true, std::sync::atomic::Ordering::Release);
+                            cancel.cancel();
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::warn!(run = %claim.run.id, error = %e, "heartbeat failed; retrying")
+                        }
+                    }
+                }
+            })
+        };
+        let (sink, mut events) = EventSink::channel();
+        let drain = tokio::spawn(async move { while events.recv().await.is_some() {} });
+        let result = self
+            .agent
+            .call_with(Message::user(message.clone()), &ctx, &sink, &cancel)
+            .await;
+        beats.abort();
+        drop(sink);
+        drain.abort();
+        if lost.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        if abort.is_cancelled() && !cancelled.load(std::sync::atomic::Ordering::Acquire) {
+            // Shut down mid-run: another worker reclaims it after its lapse.
+            tracing::warn!(run = %claim.run.id, "worker stopped mid-run; the run is left for another worker");
+            return;
+        }
+        let end = match result {
+            Ok(out) => {
+                let body = for_callers(json!({
+                    "reply": out.reply.text_content(),
+                    "usage": out.usage,
+                }));
+                RunEnd::Completed {
+                    reply: body["reply"].as_str().unwrap_or_default().to_owned(),
+                    usage: body["usage"].clone(),
+                }
+            }
+            Err(hame::harness::Error::Call(hame::Error::Suspended(s))) => {
+                let approvals: Vec<serde_json::Value> = s
+                    .calls
+                    .iter()
+                    .map(|c| {
+                        json!({
+                            "id": c.suspension.id,
+                            "tool": c.call.name,
+                            "call_id": c.call.id,
+                            "arguments": c.call.arguments,
+                            "reason": c.suspension.reason,
+                        })
+                    })
+                    .collect();
+                RunEnd::WaitingApproval(for_callers(json!(approvals)))
+            }
+            Err(_) if cancelled.load(std::sync::atomic::Ordering::Acquire) => RunEnd::Cancelled,
+            Err(e) => {
+                let err = ApiError::from_harness(&e);
+                RunEnd::Failed(RunError {
+                    code: err.code.to_owned(),
+                    message: err.message,
+                })
+            }
+        };
+        self.finish(&claim, &end).await;
+    }
+
+    async fn finish(&self, claim: &Claim, end: &RunEnd) {
+        match self.queue.finish(claim, end).await {
+            Ok(run) => tracing::info!(run = %run.id, status = %run.status, "run finished"),
+            Err(e) => {
+                tracing::warn!(run = %claim.run.id, error = %e, "run could not be finished; another worker reclaims it")
+            }
+        }
+    }
+}

@@ -1,0 +1,577 @@
+//! Durable runs: a queue of agent work that any replica can claim ([`RunQueue`]).
+//!
+//! A [`Run`] is one unit of agent work for a session (today: a user message), with an id, a
+//! [`RunStatus`], its reply, usage and error. Runs live in the state backend the
+//! deployment already uses ([`open_queue`] takes the same URL as [`crate::open`]):
+//!
+//! | backend | claim | wake-up of idle workers |
+//! |---|---|---|
+//! | [`InMemoryRunQueue`] (`memory://`) | under a mutex | in-process notify |
+//! | `JsonRunQueue` (a path) | under an OS lock of `<root>/.runs/queue.lock` | polling every [`LOCAL_POLL`] |
+//! | `PgRunQueue` (`postgres://`) | `SELECT … FOR UPDATE SKIP LOCKED` | `LISTEN/NOTIFY` (polling every [`SQL_POLL`] as a fallback) |
+//!
+//! A claim is fenced: each claim of a run gets a new token and a larger
+//! [`Claim::attempt`]; heartbeats and the final write carry them, so an owner whose run was
+//! reclaimed (it stopped heartbeating for longer than its lapse) can no longer write. The
+//! turn itself runs under the session's fenced lease ([`crate::Lease`]), taken by the
+//! harness, which lapses ([`crate::DEFAULT_LEASE_TTL`], 10 s) before a run is reclaimed
+//! ([`DEFAULT_RUN_LAPSE`], 15 s).
+#![allow(clippy::module_name_repetitions)]
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::key::{StateKey, validate_id};
+
+mod decide;
+mod local;
+#[cfg(feature = "postgres")]
+mod sql;
+
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+
+pub use decide::pick;
+#[cfg(feature = "json")]
+pub use local::JsonRunQueue;
+pub use local::{InMemoryRunQueue, LOCAL_POLL};
+#[cfg(feature = "postgres")]
+pub use sql::{PgRunQueue, SQL_POLL};
+
+/// How long a running run may go without a heartbeat before another worker reclaims it
+/// (15 s). Workers heartbeat every [`HEARTBEAT_EVERY`].
+pub const DEFAULT_RUN_LAPSE: Duration = Duration::from_secs(15);
+/// How often a worker heartbeats a run it executes (1 s): the heartbeat also reads the
+/// run's cancel flag, so a cancel sent to any replica stops the run within about this long.
+pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+/// Largest accepted `Idempotency-Key`, in bytes.
+pub const MAX_IDEMPOTENCY_KEY: usize = 200;
+/// Largest run message, in bytes (1 MiB).
+pub const MAX_RUN_INPUT: usize = 1024 * 1024;
+
+/// Where a run is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// Waiting for a worker.
+    Queued,
+    /// A worker executes it (and heartbeats it).
+    Running,
+    /// It ended with tool calls that wait for a decision.
+    WaitingApproval,
+    /// It ended with a reply.
+    Completed,
+    /// It ended with an error.
+    Failed,
+    /// It was cancelled.
+    Cancelled,
+}
+
+impl RunStatus {
+    /// The status as text (`queued`, `running`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::WaitingApproval => "waiting_approval",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses [`as_str`](Self::as_str).
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "queued" => Self::Queued,
+            "running" => Self::Running,
+            "waiting_approval" => Self::WaitingApproval,
+            "completed" => Self::Completed,
+            "failed" => Self::Failed,
+            "cancelled" => Self::Cancelled,
+            _ => return None,
+        })
+    }
+
+    /// Whether the run has ended (nothing will change it any more).
+    pub fn is_finished(self) -> bool {
+        !matches!(self, Self::Queued | Self::Running)
+    }
+}
+
+impl fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a run asks the agent to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum RunInput {
+    /// A user message for the session.
+    Message {
+        /// The text.
+        message: String,
+    },
+}
+
+/// Why a run failed: a stable code and one line for the caller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunError {
+    /// Stable code (`model_error`, `cancelled`, `lease_lost`, …).
+    pub code: String,
+    /// One line.
+    pub message: String,
+}
+
+impl RunError {
+    /// The error of a cancelled run.
+    pub fn cancelled() -> Self {
+        Self {
+            code: "cancelled".into(),
+            message: "the run was cancelled".into(),
+        }
+    }
+}
+
+/// How a run ended: what the worker writes with [`RunQueue::finish`].
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum RunEnd {
+    /// A reply.
+    Completed {
+        /// The reply text.
+        reply: String,
+        /// Token usage, as JSON.
+        usage: serde_json::Value,
+    },
+    /// Tool calls wait for decisions (the approvals, as JSON).
+    WaitingApproval(serde_json::Value),
+    /// An error.
+    Failed(RunError),
+    /// Stopped by a cancel.
+    Cancelled,
+}
+
+impl RunEnd {
+    /// The status a run gets with this end.
+    pub fn status(&self) -> RunStatus {
+        match self {
+            Self::Completed { .. } => RunStatus::Completed,
+            Self::WaitingApproval(_) => RunStatus::WaitingApproval,
+            Self::Failed(_) => RunStatus::Failed,
+            Self::Cancelled => RunStatus::Cancelled,
+        }
+    }
+
+    /// Writes this end into `run` (status, reply, usage, approvals, error).
+    pub fn apply(&self, run: &mut Run) {
+        run.status = self.status();
+        match self {
+            Self::Completed { reply, usage } => {
+                run.reply = Some(reply.clone());
+                run.usage = Some(usage.clone());
+            }
+            Self::WaitingApproval(a) => run.approvals = Some(a.clone()),
+            Self::Failed(e) => run.error = Some(e.clone()),
+            Self::Cancelled => run.error = Some(RunError::cancelled()),
+        }
+    }
+}
+
+/// One run, as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Run {
+    /// `run-` and 32 hex digits.
+    pub id: String,
+    /// Agent id.
+    pub agent: String,
+    /// User id; `None`: the anonymous tenant.
+    pub user: Option<String>,
+    /// Session id.
+    pub session: String,
+    /// Order of submission across the queue (larger is later).
+    pub seq: u64,
+    /// Where it is.
+    pub status: RunStatus,
+    /// What to do.
+    pub input: RunInput,
+    /// The `Idempotency-Key` it was submitted with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// The reply of a completed run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply: Option<String>,
+    /// Token usage of a completed run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<serde_json::Value>,
+    /// The error of a failed or cancelled run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<RunError>,
+    /// The tool calls a `waiting_approval` run waits on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approvals: Option<serde_json::Value>,
+    /// How many times it was claimed (the fence of its current claim).
+    pub attempts: u64,
+    /// The worker of its current (or last) claim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
+    /// A cancel was asked for while it ran.
+    #[serde(default)]
+    pub cancel_requested: bool,
+    /// When it was submitted.
+    pub created: DateTime<Utc>,
+    /// When it last changed.
+    pub updated: DateTime<Utc>,
+    /// A running run's claim lapses then unless heartbeated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<DateTime<Utc>>,
+    /// The token of the current claim (never shown to callers).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub(crate) token: String,
+}
+
+impl Run {
+    /// The session this run belongs to.
+    pub fn key(&self) -> Result<StateKey> {
+        StateKey::new(&self.agent, self.user.as_deref(), &self.session)
+    }
+
+    /// Whether `(agent, user)` owns it.
+    pub fn is_owned_by(&self, agent: &str, user: Option<&str>) -> bool {
+        self.agent == agent && self.user.as_deref() == user
+    }
+
+    /// A new queued run (backends fill in `seq`).
+    pub(crate) fn new(new: &NewRun, now: DateTime<Utc>) -> Self {
+        Self {
+            id: new_run_id(),
+            agent: new.key.agent().to_owned(),
+            user: new.key.user().map(str::to_owned),
+            session: new.key.session().to_owned(),
+            seq: 0,
+            status: RunStatus::Queued,
+            input: new.input.clone(),
+            idempotency_key: new.idempotency_key.clone(),
+            reply: None,
+            usage: None,
+            error: None,
+            approvals: None,
+            attempts: 0,
+            worker: None,
+            cancel_requested: false,
+            created: now,
+            updated: now,
+            expires: None,
+            token: String::new(),
+        }
+    }
+}
+
+/// A run to submit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NewRun {
+    /// The session.
+    pub key: StateKey,
+    /// What to do.
+    pub input: RunInput,
+    /// Submitting again with the same key for the same agent and user returns the first
+    /// run instead of a new one.
+    pub idempotency_key: Option<String>,
+}
+
+impl NewRun {
+    /// A message run, checked: the message at most [`MAX_RUN_INPUT`] bytes, the
+    /// idempotency key 1 to [`MAX_IDEMPOTENCY_KEY`] visible ASCII characters.
+    pub fn message(
+        key: StateKey,
+        message: impl Into<String>,
+        idempotency_key: Option<String>,
+    ) -> Result<Self> {
+        let message = message.into();
+        if message.len() > MAX_RUN_INPUT {
+            return Err(Error::Config(format!(
+                "a run message is at most {MAX_RUN_INPUT} bytes; this one has {}",
+                message.len()
+            )));
+        }
+        if let Some(k) = &idempotency_key {
+            validate_idempotency_key(k)?;
+        }
+        Ok(Self {
+            key,
+            input: RunInput::Message { message },
+            idempotency_key,
+        })
+    }
+}
+
+/// Checks an `Idempotency-Key`: 1 to [`MAX_IDEMPOTENCY_KEY`] bytes of visible ASCII.
+pub fn validate_idempotency_key(k: &str) -> Result<()> {
+    if k.is_empty() || k.len() > MAX_IDEMPOTENCY_KEY || !k.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Error::Config(format!(
+            "an Idempotency-Key is 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a run id: `run-` and 32 lowercase hex digits. Anything else names no run.
+pub fn validate_run_id(id: &str) -> Result<()> {
+    let ok = id.strip_prefix("run-").is_some_and(|h| {
+        h.len() == 32 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    });
+    if ok {
+        return validate_id("run", id);
+    }
+    Err(Error::InvalidId {
+        field: "run",
+        value: id.chars().take(64).collect(),
+        reason: "a run id is `run-` and 32 lowercase hex digits",
+    })
+}
+
+fn new_run_id() -> String {
+    format!("run-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// What [`RunQueue::submit`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Submitted {
+    /// The run (the earlier one for a repeated idempotency key).
+    pub run: Run,
+    /// False when the idempotency key named an existing run.
+    pub created: bool,
+}
+
+/// A claimed run: its fence and the token its heartbeats and final write carry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    /// The run, as claimed (status `running`).
+    pub run: Run,
+    /// The claim's token.
+    pub token: String,
+    /// The fence: larger than every earlier claim of the run.
+    pub attempt: u64,
+    /// How long the claim lasts without a heartbeat.
+    pub lapse: Duration,
+}
+
+/// What a heartbeat learnt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Beat {
+    /// A cancel was asked for: stop the run and finish it [`RunEnd::Cancelled`].
+    pub cancel_requested: bool,
+}
+
+/// What [`RunQueue::cancel`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CancelOutcome {
+    /// The run was queued and is now cancelled; no worker will run it.
+    Cancelled(Run),
+    /// The run is running; its worker sees the request at its next heartbeat.
+    Requested(Run),
+    /// The run had already ended; nothing changed.
+    Finished(Run),
+    /// No such run.
+    NotFound,
+}
+
+/// How to claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClaimOptions {
+    /// Whose runs: a worker claims only the runs of the agent it serves.
+    pub agent: String,
+    /// Who claims (shown in the run as `worker`): host and pid by default.
+    pub worker: String,
+    /// How long the claim lasts without a heartbeat.
+    pub lapse: Duration,
+}
+
+impl ClaimOptions {
+    /// Options for `worker`, serving `agent`, with a lapse.
+    pub fn new(agent: impl Into<String>, worker: impl Into<String>, lapse: Duration) -> Self {
+        Self {
+            agent: agent.into(),
+            worker: worker.into(),
+            lapse,
+        }
+    }
+}
+
+/// A durable queue of runs, shared by every replica that uses the same store.
+///
+/// # Contract
+///
+/// - **Submit.** [`submit`](Self::submit) stores a `queued` run. With an idempotency key,
+///   at most one run exists per `(agent, user, key)`, even under concurrent submits from
+///   several processes; a repeat returns it with `created: false`.
+/// - **One at a time per session, in order.** [`claim`](Self::claim) hands out the oldest
+///   claimable run of [`ClaimOptions::agent`], and a run only when no earlier run of its session is
+///   queued or running: runs of one session never overlap and start in submission order.
+///   Runs of different sessions are claimed in parallel.
+/// - **Exactly one owner.** A run is claimed by one worker at a time. A claim lasts
+///   [`ClaimOptions::lapse`] from the last heartbeat; after it, another claim may take the
+///   run over with a new token and a larger [`Claim::attempt`]. The old claim's
+///   [`heartbeat`](Self::heartbeat) and [`finish`](Self::finish) then fail with
+///   [`Error::LeaseLost`] and change nothing.
+/// - **Finish once.** [`finish`](Self::finish) ends a running run under its current claim;
+///   a finished run never changes again.
+/// - **Cancel from anywhere.** [`cancel`](Self::cancel) ends a queued run at once and
+///   flags a running one; the flag comes back in the next [`Beat`].
+/// - **Isolation.** [`list`](Self::list) returns only the runs of the given agent and user;
+///   [`get`](Self::get) returns any run by id, and callers check [`Run::is_owned_by`].
+#[async_trait]
+pub trait RunQueue: Send + Sync + fmt::Debug + 'static {
+    /// Stores a new queued run, or returns the run of a repeated idempotency key.
+    async fn submit(&self, new: NewRun) -> Result<Submitted>;
+
+    /// A run by id; `None` when there is none (an invalid id names none).
+    async fn get(&self, id: &str) -> Result<Option<Run>>;
+
+    /// The runs of an agent and user, of one session or all, newest first, at most `limit`.
+    async fn list(
+        &self,
+        agent: &str,
+        user: Option<&str>,
+        session: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Run>>;
+
+    /// Claims the next claimable run (see the contract); `None` when there is none.
+    async fn claim(&self, options: &ClaimOptions) -> Result<Option<Claim>>;
+
+    /// Extends a claim by its lapse and reads the cancel flag; [`Error::LeaseLost`] when
+    /// the run was reclaimed or finished.
+    async fn heartbeat(&self, claim: &Claim) -> Result<Beat>;
+
+    /// Ends a run under its claim; [`Error::LeaseLost`] when the claim is no longer the
+    /// run's current one. Returns the run as stored.
+    async fn finish(&self, claim: &Claim, end: &RunEnd) -> Result<Run>;
+
+    /// Cancels a run (see [`CancelOutcome`]).
+    async fn cancel(&self, id: &str) -> Result<CancelOutcome>;
+
+    /// Waits until new work may be there (a submit, a cancel) or `max` has passed.
+    async fn wait_for_work(&self, max: Duration) -> Result<()> {
+        tokio::time::sleep(max).await;
+        Ok(())
+    }
+
+    /// Whether several machines may share this queue.
+    fn is_shared(&self) -> bool;
+}
+
+macro_rules! forward_queue {
+    ($ty:ty) => {
+        #[async_trait]
+        impl<T: RunQueue + ?Sized> RunQueue for $ty {
+            async fn submit(&self, new: NewRun) -> Result<Submitted> {
+                (**self).submit(new).await
+            }
+            async fn get(&self, id: &str) -> Result<Option<Run>> {
+                (**self).get(id).await
+            }
+            async fn list(
+                &self,
+                agent: &str,
+                user: Option<&str>,
+                session: Option<&str>,
+                limit: usize,
+            ) -> Result<Vec<Run>> {
+                (**self).list(agent, user, session, limit).await
+            }
+            async fn claim(&self, options: &ClaimOptions) -> Result<Option<Claim>> {
+                (**self).claim(options).await
+            }
+            async fn heartbeat(&self, claim: &Claim) -> Result<Beat> {
+                (**self).heartbeat(claim).await
+            }
+            async fn finish(&self, claim: &Claim, end: &RunEnd) -> Result<Run> {
+                (**self).finish(claim, end).await
+            }
+            async fn cancel(&self, id: &str) -> Result<CancelOutcome> {
+                (**self).cancel(id).await
+            }
+            async fn wait_for_work(&self, max: Duration) -> Result<()> {
+                (**self).wait_for_work(max).await
+            }
+            fn is_shared(&self) -> bool {
+                (**self).is_shared()
+            }
+        }
+    };
+}
+
+forward_queue!(Arc<T>);
+forward_queue!(Box<T>);
+
+/// The error of a claim that is no longer a run's current one.
+pub(crate) fn claim_lost(id: &str) -> Error {
+    Error::LeaseLost {
+        key: format!("run {id}"),
+    }
+}
+
+/// Opens the run queue of the store at `url` (the same URL [`crate::open`] takes).
+///
+/// | input | queue |
+/// |---|---|
+/// | `memory://` | a new [`InMemoryRunQueue`] |
+/// | a path, `file:///path` | `JsonRunQueue` under `<path>/.runs/` (feature `json`) |
+/// | `postgres://`, `postgresql://` | `PgRunQueue` (feature `postgres`), migrations applied |
+///
+/// Redis and MySQL queues are not built yet: their URLs are [`Error::Config`] naming the
+/// backends that are.
+pub async fn open_queue(url: &str) -> Result<Arc<dyn RunQueue>> {
+    hame_core::secrets::add_url(url);
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return open_local(url);
+    };
+    match scheme.to_ascii_lowercase().as_str() {
+        "memory" => Ok(Arc::new(InMemoryRunQueue::new())),
+        "file" => open_local(rest),
+        "postgres" | "postgresql" => {
+            #[cfg(feature = "postgres")]
+            {
+                Ok(Arc::new(
+                    PgRunQueue::connect(url, crate::SqlOptions::default()).await?,
+                ))
+            }
+            #[cfg(not(feature = "postgres"))]
+            Err(Error::FeatureDisabled {
+                scheme: scheme.to_owned(),
+                feature: "postgres",
+            })
+        }
+        other => Err(Error::Config(format!(
+            "runs are not available on a `{other}` state store yet: use --state with a path (one machine) or a postgres:// URL"
+        ))),
+    }
+}
+
+fn open_local(path: &str) -> Result<Arc<dyn RunQueue>> {
+    if path.is_empty() {
+        return Err(Error::Config("empty state store path".into()));
+    }
+    #[cfg(feature = "json")]
+    {
+        Ok(Arc::new(JsonRunQueue::open(path)?))
+    }
+    #[cfg(not(feature = "json"))]
+    Err(Error::FeatureDisabled {
+        scheme: "file".into(),
+        feature: "json",
+    })
+}

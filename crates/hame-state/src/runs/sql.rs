@@ -1,0 +1,401 @@
+//! [`PgRunQueue`]: the run queue on PostgreSQL. Claims are one statement, `SELECT … FOR
+//! UPDATE SKIP LOCKED` inside an `UPDATE … RETURNING`; `NOTIFY hame_runs` wakes idle
+//! workers after a submit or a finish (the next run of a session may now be free).
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions, PgRow};
+
+use super::{
+    Beat, CancelOutcome, Claim, ClaimOptions, NewRun, Run, RunEnd, RunError, RunInput, RunQueue,
+    RunStatus, Submitted, claim_lost, validate_run_id,
+};
+use crate::error::{Error, Result};
+use crate::sql::{PostgresStore, SqlOptions};
+
+/// How often an idle worker looks for work when no `NOTIFY` arrives (1 s): claims that
+/// lapsed are found this way, and so is work if the listening connection is down.
+pub const SQL_POLL: Duration = Duration::from_secs(1);
+
+const CHANNEL: &str = "hame_runs";
+
+const COLS: &str = "seq, id, agent, user_key, session, idempotency_key, status, input, reply, \
+    usage, error, approvals, attempts, token, worker, cancel_requested, created_at, updated_at, \
+    expires_at";
+
+/// The statements, rendered once (`COLS` filled in).
+struct Statements {
+    by_id: String,
+    submit: String,
+    by_key: String,
+    list: String,
+    claim: String,
+    finish: String,
+    cancel: String,
+}
+
+static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
+    by_id: format!("SELECT {COLS} FROM hame_runs WHERE id = $1"),
+    submit: format!(
+        "INSERT INTO hame_runs (id, agent, user_key, session, idempotency_key, status, input,
+                created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, 'queued', $6, clock_timestamp(), clock_timestamp())
+             ON CONFLICT (agent, user_key, idempotency_key) DO NOTHING
+             RETURNING {COLS}"
+    ),
+    by_key: format!(
+        "SELECT {COLS} FROM hame_runs
+             WHERE agent = $1 AND user_key = $2 AND idempotency_key = $3"
+    ),
+    list: format!(
+        "SELECT {COLS} FROM hame_runs
+             WHERE agent = $1 AND user_key = $2 AND ($3::text IS NULL OR session = $3)
+             ORDER BY seq DESC LIMIT $4"
+    ),
+    claim: format!(
+        "WITH next AS (
+                SELECT r.seq FROM hame_runs r
+                WHERE r.agent = $4 AND (r.status = 'queued'
+                       OR (r.status = 'running' AND r.expires_at <= clock_timestamp()))
+                  AND NOT EXISTS (
+                      SELECT 1 FROM hame_runs o
+                      WHERE o.agent = r.agent AND o.user_key = r.user_key
+                        AND o.session = r.session AND o.seq <> r.seq
+                        AND ((o.status = 'running' AND o.expires_at > clock_timestamp())
+                             OR (o.status IN ('queued', 'running') AND o.seq < r.seq)))
+                ORDER BY r.seq LIMIT 1
+                FOR UPDATE OF r SKIP LOCKED)
+             UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = $1,
+                 worker = $2, updated_at = clock_timestamp(),
+                 expires_at = clock_timestamp() + $3 * interval '1 microsecond'
+             FROM next WHERE hame_runs.seq = next.seq
+             RETURNING {}",
+        COLS.split(", ")
+            .map(|c| format!("hame_runs.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ),
+    finish: format!(
+        "UPDATE hame_runs SET status = $3, reply = $4, usage = $5, error = $6,
+                 approvals = $7, token = '', expires_at = NULL, updated_at = clock_timestamp()
+             WHERE id = $1 AND token = $2 AND status = 'running'
+             RETURNING {COLS}"
+    ),
+    cancel: format!(
+        "UPDATE hame_runs SET
+                 cancel_requested = (status = 'running'),
+                 error = CASE WHEN status = 'queued' THEN $2 ELSE error END,
+                 status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,
+                 updated_at = clock_timestamp()
+             WHERE id = $1 AND status IN ('queued', 'running')
+             RETURNING {COLS}"
+    ),
+});
+
+/// The run queue on PostgreSQL: table `hame_runs` (migration 4 of hame-state, applied on
+/// connect). See `docs/runs.md`.
+pub struct PgRunQueue {
+    pool: PgPool,
+    url: String,
+    listener: tokio::sync::Mutex<Option<PgListener>>,
+}
+
+impl std::fmt::Debug for PgRunQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgRunQueue")
+            .field("target", &crate::redact_url(&self.url))
+            .finish_non_exhaustive()
+    }
+}
+
+fn backend(e: sqlx::Error) -> Error {
+    Error::backend("postgres", e)
+}
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX).max(1000)
+}
+
+fn json_col(row: &PgRow, col: &str) -> Result<Option<serde_json::Value>> {
+    let text: Option<String> = row.try_get(col).map_err(backend)?;
+    text.map(|t| serde_json::from_str(&t).map_err(|e| Error::backend("postgres", e)))
+        .transpose()
+}
+
+fn to_run(row: &PgRow) -> Result<Run> {
+    let g = |e: sqlx::Error| backend(e);
+    let status: String = row.try_get("status").map_err(g)?;
+    let input: String = row.try_get("input").map_err(g)?;
+    let user: String = row.try_get("user_key").map_err(g)?;
+    let error = json_col(row, "error")?
+        .map(serde_json::from_value::<RunError>)
+        .transpose()
+        .map_err(|e| Error::backend("postgres", e))?;
+    Ok(Run {
+        id: row.try_get("id").map_err(g)?,
+        agent: row.try_get("agent").map_err(g)?,
+        user: (!user.is_empty()).then_some(user),
+        session: row.try_get("session").map_err(g)?,
+        seq: row
+            .try_get::<i64, _>("seq")
+            .map_err(g)?
+            .max(0)
+            .cast_unsigned(),
+        status: RunStatus::parse(&status)
+            .ok_or_else(|| Error::backend("postgres", format!("unknown run status {status:?}")))?,
+        input: serde_json::from_str::<RunInput>(&input)
+            .map_err(|e| Error::backend("postgres", e))?,
+        idempotency_key: row.try_get("idempotency_key").map_err(g)?,
+        reply: row.try_get("reply").map_err(g)?,
+        usage: json_col(row, "usage")?,
+        error,
+        approvals: json_col(row, "approvals")?,
+        attempts: row
+            .try_get::<i64, _>("attempts")
+            .map_err(g)?
+            .max(0)
+            .cast_unsigned(),
+        worker: row.try_get("worker").map_err(g)?,
+        cancel_requested: row.try_get("cancel_requested").map_err(g)?,
+        created: row.try_get::<DateTime<Utc>, _>("created_at").map_err(g)?,
+        updated: row.try_get::<DateTime<Utc>, _>("updated_at").map_err(g)?,
+        expires: row.try_get("expires_at").map_err(g)?,
+        token: row.try_get("token").map_err(g)?,
+    })
+}
+
+impl PgRunQueue {
+    /// Connects to `url` (`postgres://` or `postgresql://`) and applies hame-state's
+    /// migrations (unless `options.migrate` is off).
+    pub async fn connect(url: &str, options: SqlOptions) -> Result<Self> {
+        // The state store's connect checks the URL, reports an unreachable server in one
+        // line and applies the migrations (the runs table is migration 4).
+        drop(PostgresStore::connect(url, options.clone()).await?);
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .connect(url)
+            .await
+            .map_err(backend)?;
+        Ok(Self {
+            pool,
+            url: url.to_owned(),
+            listener: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    async fn notify(&self) {
+        if let Err(e) = sqlx::query("SELECT pg_notify($1, '')")
+            .bind(CHANNEL)
+            .execute(&self.pool)
+            .await
+        {
+            tracing::debug!(error = %e, "run queue: NOTIFY failed; idle workers poll");
+        }
+    }
+
+    async fn by_id(&self, id: &str) -> Result<Option<Run>> {
+        let row = sqlx::query(SQL.by_id.as_str())
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)?;
+        row.as_ref().map(to_run).transpose()
+    }
+}
+
+#[async_trait]
+impl RunQueue for PgRunQueue {
+    async fn submit(&self, new: NewRun) -> Result<Submitted> {
+        let run = Run::new(&new, Utc::now());
+        let input = serde_json::to_string(&run.input).map_err(Error::Serialize)?;
+        let user = new.key.user().unwrap_or("").to_owned();
+        let row = sqlx::query(SQL.submit.as_str())
+            .bind(&run.id)
+            .bind(&run.agent)
+            .bind(&user)
+            .bind(&run.session)
+            .bind(&run.idempotency_key)
+            .bind(input)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)?;
+        if let Some(row) = row {
+            let run = to_run(&row)?;
+            self.notify().await;
+            return Ok(Submitted { run, created: true });
+        }
+        let row = sqlx::query(SQL.by_key.as_str())
+            .bind(&run.agent)
+            .bind(&user)
+            .bind(&run.idempotency_key)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(Submitted {
+            run: to_run(&row)?,
+            created: false,
+        })
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<Run>> {
+        if validate_run_id(id).is_err() {
+            return Ok(None);
+        }
+        self.by_id(id).await
+    }
+
+    async fn list(
+        &self,
+        agent: &str,
+        user: Option<&str>,
+        session: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Run>> {
+        let rows = sqlx::query(SQL.list.as_str())
+            .bind(agent)
+            .bind(user.unwrap_or(""))
+            .bind(session)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(backend)?;
+        rows.iter().map(to_run).collect()
+    }
+
+    async fn claim(&self, options: &ClaimOptions) -> Result<Option<Claim>> {
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        // The same rule as `runs::pick`: the earliest queued (or lapsed) run of a session
+        // with nothing earlier active and nothing live.
+        let row = sqlx::query(SQL.claim.as_str())
+            .bind(&token)
+            .bind(&options.worker)
+            .bind(micros(options.lapse))
+            .bind(&options.agent)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)?;
+        let Some(row) = row else { return Ok(None) };
+        let run = to_run(&row)?;
+        Ok(Some(Claim {
+            attempt: run.attempts,
+            token,
+            lapse: options.lapse,
+            run,
+        }))
+    }
+
+    async fn heartbeat(&self, claim: &Claim) -> Result<Beat> {
+        let row = sqlx::query(
+            "UPDATE hame_runs SET expires_at = clock_timestamp() + $3 * interval '1 microsecond'
+             WHERE id = $1 AND token = $2 AND status = 'running'
+             RETURNING cancel_requested",
+        )
+        .bind(&claim.run.id)
+        .bind(&claim.token)
+        .bind(micros(claim.lapse))
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(backend)?;
+        let Some(row) = row else {
+            return Err(claim_lost(&claim.run.id));
+        };
+        Ok(Beat {
+            cancel_requested: row.try_get(0).map_err(backend)?,
+        })
+    }
+
+    async fn finish(&self, claim: &Claim, end: &RunEnd) -> Result<Run> {
+        let mut done = claim.run.clone();
+        end.apply(&mut done);
+        let text = |v: &Option<serde_json::Value>| v.as_ref().map(ToString::to_string);
+        let error = done
+            .error
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(Error::Serialize)?;
+        let row = sqlx::query(SQL.finish.as_str())
+            .bind(&claim.run.id)
+            .bind(&claim.token)
+            .bind(done.status.as_str())
+            .bind(&done.reply)
+            .bind(text(&done.usage))
+            .bind(error)
+            .bind(text(&done.approvals))
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)?;
+        let Some(row) = row else {
+            return Err(claim_lost(&claim.run.id));
+        };
+        let run = to_run(&row)?;
+        self.notify().await;
+        Ok(run)
+    }
+
+    async fn cancel(&self, id: &str) -> Result<CancelOutcome> {
+        if validate_run_id(id).is_err() {
+            return Ok(CancelOutcome::NotFound);
+        }
+        let error = serde_json::to_string(&RunError::cancelled()).map_err(Error::Serialize)?;
+        let row = sqlx::query(SQL.cancel.as_str())
+            .bind(id)
+            .bind(error)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(match row {
+            Some(row) => {
+                let run = to_run(&row)?;
+                if run.status == RunStatus::Cancelled {
+                    CancelOutcome::Cancelled(run)
+                } else {
+                    CancelOutcome::Requested(run)
+                }
+            }
+            None => match self.by_id(id).await? {
+                Some(run) => CancelOutcome::Finished(run),
+                None => CancelOutcome::NotFound,
+            },
+        })
+    }
+
+    async fn wait_for_work(&self, max: Duration) -> Result<()> {
+        let max = max.min(SQL_POLL);
+        let mut guard = self.listener.lock().await;
+        if guard.is_none() {
+            match PgListener::connect_with(&self.pool).await {
+                Ok(mut l) => match l.listen(CHANNEL).await {
+                    Ok(()) => *guard = Some(l),
+                    Err(e) => tracing::debug!(error = %e, "run queue: LISTEN failed; polling"),
+                },
+                Err(e) => tracing::debug!(error = %e, "run queue: LISTEN failed; polling"),
+            }
+        }
+        match guard.as_mut() {
+            Some(l) => match tokio::time::timeout(max, l.try_recv()).await {
+                Ok(Ok(Some(_)) | Ok(None)) | Err(_) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "run queue: listening connection lost; polling");
+                    *guard = None;
+                    drop(guard);
+                    tokio::time::sleep(max).await;
+                }
+            },
+            None => {
+                drop(guard);
+                tokio::time::sleep(max).await;
+            }
+        }
+        Ok(())
+    }
+
+    fn is_shared(&self) -> bool {
+        true
+    }
+}
