@@ -45,12 +45,29 @@ pub(crate) fn start_once(
     input: CallInput,
     key: Option<crate::replay::RequestKey>,
 ) -> Result<Turn, ApiError> {
+    start_once_with(shared, user, session, input, key, Extras::new())
+}
+
+/// Values a request adds to its turn's runtime context (a caller's own budget).
+pub(crate) type Extras = std::collections::BTreeMap<String, Value>;
+
+/// [`start_once`] with `extras` in the turn's runtime context.
+pub(crate) fn start_once_with(
+    shared: &Arc<Shared>,
+    user: Option<String>,
+    session: String,
+    input: CallInput,
+    key: Option<crate::replay::RequestKey>,
+    extras: Extras,
+) -> Result<Turn, ApiError> {
     use crate::replay::Claim;
     let Some(key) = key else {
-        return start_recorded(shared, user, session, input, None);
+        return start_recorded(shared, user, session, input, None, extras);
     };
     match shared.replays.claim(&key, &session)? {
-        Claim::New(recorder) => start_recorded(shared, user, session, input, Some(recorder)),
+        Claim::New(recorder) => {
+            start_recorded(shared, user, session, input, Some(recorder), extras)
+        }
         Claim::Replay(mut done, session) => {
             let (tx, rx) = mpsc::unbounded_channel();
             let (out_tx, out_rx) = oneshot::channel();
@@ -96,6 +113,7 @@ fn start_recorded(
     session: String,
     input: CallInput,
     recorder: Option<crate::replay::Recorder>,
+    extras: Extras,
 ) -> Result<Turn, ApiError> {
     if shared.draining.is_cancelled() {
         return Err(ApiError::draining());
@@ -117,6 +135,7 @@ fn start_recorded(
     let mut ctx = shared.base.clone();
     ctx.session_id = session.clone();
     ctx.user_id = user;
+    ctx.extras.extend(extras);
     let me = shared.clone();
     shared.hub.active(&key, 1);
     let span = tracing::info_span!(
