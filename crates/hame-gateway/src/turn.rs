@@ -49,13 +49,42 @@ pub(crate) fn start_once(
     key: Option<crate::replay::RequestKey>,
     caller: Option<CallerRequest>,
 ) -> Result<Turn, ApiError> {
+    let with = With {
+        caller,
+        ..With::default()
+    };
+    start_once_with(shared, user, session, input, key, with)
+}
+
+/// Values a request adds to its turn's runtime context (a caller's own budget).
+pub(crate) type Extras = std::collections::BTreeMap<String, Value>;
+
+/// What a request adds to its turn beyond its input.
+#[derive(Default)]
+pub(crate) struct With {
+    /// What an OpenAI-compatible request adds to the call (`hame::harness::caller`).
+    pub(crate) caller: Option<CallerRequest>,
+    /// Stops the turn (a child of the gateway's token, so the drain timeout stops it too).
+    pub(crate) cancel: Option<hame::CancellationToken>,
+    /// Values for the turn's runtime context (a caller's own budget).
+    pub(crate) extras: Extras,
+}
+
+/// [`start_once`] with everything a request may add ([`With`]).
+pub(crate) fn start_once_with(
+    shared: &Arc<Shared>,
+    user: Option<String>,
+    session: String,
+    input: CallInput,
+    key: Option<crate::replay::RequestKey>,
+    with: With,
+) -> Result<Turn, ApiError> {
     use crate::replay::Claim;
     let Some(key) = key else {
-        return start_recorded(shared, user, session, input, None, None, caller);
+        return start_recorded(shared, user, session, input, None, with);
     };
     match shared.replays.claim(&key, &session)? {
-        Claim::New(recorder) => {
-            start_recorded(shared, user, session, input, Some(recorder), None, caller)
+        Claim::New(recorder) => start_recorded(shared, user, session, input, Some(recorder), with),
         }
         Claim::Replay(mut done, session) => {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -98,7 +127,11 @@ pub(crate) fn start_cancellable(
     input: CallInput,
     cancel: hame::CancellationToken,
 ) -> Result<Turn, ApiError> {
-    start_recorded(shared, user, session, input, None, Some(cancel), None)
+    let with = With {
+        cancel: Some(cancel),
+        ..With::default()
+    };
+    start_recorded(shared, user, session, input, None, with)
 }
 
 /// The key of a session in the gate table and the event hub.
@@ -115,8 +148,7 @@ fn start_recorded(
     session: String,
     input: CallInput,
     recorder: Option<crate::replay::Recorder>,
-    cancel: Option<hame::CancellationToken>,
-    caller: Option<CallerRequest>,
+    with: With,
 ) -> Result<Turn, ApiError> {
     if shared.draining.is_cancelled() {
         return Err(ApiError::draining());
@@ -138,9 +170,15 @@ fn start_recorded(
     let mut ctx = shared.base.clone();
     ctx.session_id = session.clone();
     ctx.user_id = user;
+    let With {
+        caller,
+        cancel: with_cancel,
+        extras,
+    } = with;
     if let Some(caller) = caller {
         ctx = caller.into_context(ctx);
     }
+    ctx.extras.extend(extras);
     let me = shared.clone();
     shared.hub.active(&key, 1);
     let span = tracing::info_span!(
@@ -152,7 +190,7 @@ fn start_recorded(
     let task = async move {
         ticket.ready().await;
         let started = Instant::now();
-        let cancel = cancel.unwrap_or_else(|| me.cancel.child_token());
+        let cancel = with_cancel.unwrap_or_else(|| me.cancel.child_token());
         let (outcome, ended) = run(&me, &key, &ctx, input, &tx, &cancel).await;
         if let Some(recorder) = recorder {
             recorder.finish(crate::replay::Done::new(outcome.clone(), ended));

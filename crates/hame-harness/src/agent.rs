@@ -1188,8 +1188,13 @@ impl HarnessAgent {
         let mut extensions = Extensions::new();
         extensions.insert(ws.clone());
         extensions.insert(crate::cost::prompt_cache_key(key));
+        // The agent's budgets, tightened by the caller's own (`BUDGET_EXTRA`).
+        let budgets = match self.inner.budgets.for_call(&ctx.extras) {
+            Ok(b) => b,
+            Err(e) => return (Err(Error::Config(e)), 0),
+        };
         // A user-day budget counts what the user's other sessions saved today.
-        let others_today = if self.inner.budgets.user_day.is_unlimited() {
+        let others_today = if budgets.user_day.is_unlimited() {
             crate::cost::Spend::default()
         } else {
             match crate::cost::others_on(store.as_ref(), key, &crate::cost::today()).await {
@@ -1202,7 +1207,7 @@ impl HarnessAgent {
                 }
             }
         };
-        extensions.insert(crate::cost::CallSpend::new(others_today));
+        extensions.insert(crate::cost::CallSpend::new(others_today, budgets));
         // The session-log layer checks it before every durable write: a call whose lease was
         // lost (a renewal failed past its TTL, another replica took over) stops writing.
         extensions.insert_arc(lease.clone());

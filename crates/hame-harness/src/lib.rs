@@ -10,7 +10,10 @@
 //! ([`tools_config`]: allow/deny and MCP servers through `hame-mcp`, applied per call by
 //! the innermost [`ToolsConfigLayer`]); see `docs/skills.md` and `docs/tools-and-mcp.md`.
 //! Every tool call passes the [`permissions`] layer (allow / ask / deny rules with durable
-//! human approval, plan mode, the todo list; `docs/permissions.md`).
+//! human approval, plan mode, the todo list; `docs/permissions.md`). Every model request
+//! passes the innermost [`cost::BudgetLayer`]: spend recorded in the session state,
+//! budgets per run, session and user-day checked before the request, and the call's prompt
+//! cache key ([`cost::prompt_cache_key`]); `docs/cost.md`.
 //!
 //! Applications depend on the `hame` facade, which re-exports this crate.
 //!
