@@ -491,7 +491,10 @@ async fn a_skills_dir_that_is_not_a_directory_is_exit_2_and_list_prints_lines() 
     assert_eq!(server.request_count(), 0);
     let list = skills_cmd(dir.path(), &["list", "--workspace", &ws_s]).await?;
     assert_eq!(list.status.code(), Some(0), "{}", stderr(&list));
-    assert_eq!(stdout(&list), "review\tworkspace\tactive\tReviews.\n");
+    assert_eq!(
+        stdout(&list),
+        "review\tworkspace\tactive\tworkspace\t-\tReviews.\n"
+    );
     assert!(
         stderr(&list).contains("skills/broken/SKILL.md skipped"),
         "{}",
