@@ -34,8 +34,8 @@ pub struct Snapshot {
 /// - Errors are one line saying what to check; they never carry a password.
 #[async_trait]
 pub trait SkillRepository: Send + Sync + std::fmt::Debug + 'static {
-    /// What `hame skills list` and the log show as the source: `git <url>@<ref>`, `sql
-    /// <table>` (no password).
+    /// What `hame skills list` and the log show as the source: `git <url>@<ref>`,
+    /// `sql <url> table <table>` (no password).
     fn label(&self) -> String;
 
     /// The current skills and their version.
