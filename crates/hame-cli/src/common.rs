@@ -302,7 +302,7 @@ async fn build_agent(
         .name(common.agent.clone())
         .model(model);
     builder = crate::tasks::configure(&common.subagents, config, builder);
-    builder = crate::skills::configure(builder, &common.capabilities);
+    builder = crate::skills::configure(builder, &common.capabilities, config)?;
     builder = builder.workspace(config.workspace.value.clone());
     builder = builder.max_iterations(config.max_iterations.value);
     builder = builder.users(config.users.value.clone());
