@@ -396,6 +396,15 @@ impl Scratch {
         })
     }
 
+    /// [`Scratch::new`] with the model answering `steps`.
+    pub async fn scripted(
+        steps: impl IntoIterator<Item = hame_test_support::ScriptStep>,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
+        let s = Self::new().await?;
+        s.server.push_all(steps);
+        Ok(s)
+    }
+
     /// The temporary directory.
     pub fn path(&self) -> &Path {
         self.dir.path()
@@ -445,6 +454,26 @@ impl Scratch {
             .into());
         }
         Ok(out)
+    }
+
+    /// `hame run --workspace <ws> <args> <message>` that must exit 0.
+    pub async fn run_ws(
+        &self,
+        args: &[&str],
+        message: &str,
+    ) -> Result<Output, Box<dyn std::error::Error>> {
+        self.run_code(0, &self.ws_args(args), message, &[]).await
+    }
+
+    /// `hame <args>` (any subcommand) with the scratch's model and state variables.
+    pub async fn hame(&self, args: &[&str]) -> std::io::Result<Output> {
+        let state = self.path().join("state").to_string_lossy().into_owned();
+        let base = self.server.base_url();
+        let env = [
+            ("OPENAI_BASE_URL", base.as_str()),
+            ("HAME_STATE_HOME", state.as_str()),
+        ];
+        output(hame(args, &env, self.path())).await
     }
 
     /// The tool results of the last recorded request, in order.
