@@ -467,13 +467,23 @@ impl Scratch {
 
     /// `hame <args>` (any subcommand) with the scratch's model and state variables.
     pub async fn hame(&self, args: &[&str]) -> std::io::Result<Output> {
-        let state = self.path().join("state").to_string_lossy().into_owned();
-        let base = self.server.base_url();
-        let env = [
+        self.hame_env(args, &[]).await
+    }
+
+    /// [`Scratch::hame`] with `extra` variables added.
+    pub async fn hame_env(&self, args: &[&str], extra: &[(&str, &str)]) -> std::io::Result<Output> {
+        let (base, state) = (self.server.base_url(), self.state());
+        let mut env = vec![
             ("OPENAI_BASE_URL", base.as_str()),
             ("HAME_STATE_HOME", state.as_str()),
         ];
+        env.extend_from_slice(extra);
         output(hame(args, &env, self.path())).await
+    }
+
+    /// The state home of the runs, `<dir>/state`.
+    pub fn state(&self) -> String {
+        self.path().join("state").to_string_lossy().into_owned()
     }
 
     /// The tool results of the last recorded request, in order.
