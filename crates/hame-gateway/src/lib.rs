@@ -13,6 +13,10 @@
 //! - `GET /v1/sessions`, `GET /v1/sessions/{session}/messages`, `…/tasks`,
 //!   `POST …/approvals/{id}` `{"decision": "approve"|"deny"}`, `GET /v1/memory`;
 //! - `POST /v1/chat/completions` (OpenAI-compatible; `model` is the agent id);
+//! - durable runs ([`GatewayOptions::runs`]): `POST /v1/sessions/{session}/runs`,
+//!   `GET /v1/runs/{run_id}`, `POST /v1/runs/{run_id}/cancel`, `GET /v1/runs/{run_id}/events`,
+//!   `GET /v1/sessions/{session}/runs`, executed by a [`Worker`] in this or any other
+//!   process on the same state store (`docs/replicas.md`);
 //! - `GET /healthz`, `GET /metrics` (Prometheus text), and a web console at `/`.
 //!
 //! Turns of one (agent, user, session) run one at a time in arrival order behind a gate
