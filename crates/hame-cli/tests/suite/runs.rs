@@ -459,6 +459,14 @@ async fn workers_drain_take_over_and_cancel_on_postgres() -> TestResult {
     workers_drain_take_over_and_cancel(&url).await
 }
 
+#[tokio::test]
+async fn workers_drain_take_over_and_cancel_on_mysql() -> TestResult {
+    let Some(url) = service("HAME_TEST_MYSQL_URL") else {
+        return Ok(());
+    };
+    workers_drain_take_over_and_cancel(&url).await
+}
+
 /// `Idempotency-Key` retried 20 times concurrently against two replicas on one store
 /// yields one run.
 #[tokio::test]
