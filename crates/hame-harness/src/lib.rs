@@ -68,7 +68,7 @@ mod workspace;
 
 pub use agent::{
     DEFAULT_AGENT_NAME, EnvFn, EnvLookup, HarnessAgent, HarnessAgentBuilder, ModelResolver,
-    ResolveFn, STATE_HOME_ENV, workspace_identity,
+    RUN_ID_EXTRA, RUNS_EXTENSION, ResolveFn, STATE_HOME_ENV, workspace_identity,
 };
 pub use context::{
     ContextOptions, DEFAULT_MEMORY_BUDGET_TOKENS, MAX_CONTEXT_FILE_BYTES, MAX_LISTED_FILES,
