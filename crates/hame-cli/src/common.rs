@@ -240,6 +240,20 @@ pub(crate) async fn build_resolved(
     build_agent(common, config, true, None).await
 }
 
+/// The agent `name` of `hame serve --agent NAME=DIR`: the common flags with the workspace
+/// `dir` (and that workspace's `hame.toml`).
+pub(crate) async fn build_named(
+    common: &Common,
+    name: &str,
+    dir: &std::path::Path,
+) -> anyhow::Result<HarnessAgent> {
+    let mut flags = common.flags();
+    flags.workspace = Some(dir.to_path_buf());
+    let config = crate::config::resolve_flags(flags)?;
+    let (agent, _) = build_agent_as(common, &config, true, None, Some(name)).await?;
+    Ok(agent)
+}
+
 /// Wraps the configured model before the agent is built (`hame chat`'s switchable model).
 pub(crate) type ModelHook = Box<dyn FnOnce(Arc<dyn Model>) -> Arc<dyn Model> + Send>;
 
@@ -265,6 +279,17 @@ async fn build_agent(
     config: &crate::config::Effective,
     need_model: bool,
     hook: Option<ModelHook>,
+) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
+    build_agent_as(common, config, need_model, hook, None).await
+}
+
+/// [`build_agent`], named `name` instead of `--agent`.
+async fn build_agent_as(
+    common: &Common,
+    config: &crate::config::Effective,
+    need_model: bool,
+    hook: Option<ModelHook>,
+    name: Option<&str>,
 ) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
     check_workspace(config)?;
     // The store URLs given by flag or file: their passwords are secrets too.
@@ -299,7 +324,7 @@ async fn build_agent(
         None => model,
     };
     let mut builder = HarnessAgent::builder()
-        .name(common.agent.clone())
+        .name(name.map_or_else(|| common.agent.clone(), str::to_owned))
         .model(model);
     builder = crate::tasks::configure(&common.subagents, config, builder);
     builder = crate::skills::configure(builder, &common.capabilities, config)?;

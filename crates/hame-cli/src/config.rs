@@ -336,7 +336,12 @@ where
 
 /// The effective configuration of `common`'s flags.
 pub(crate) fn resolve(common: &Common) -> anyhow::Result<Effective> {
-    let flags = common.flags();
+    resolve_flags(common.flags())
+}
+
+/// The effective configuration of these flags (`hame serve --agent NAME=DIR`: the common
+/// flags with another workspace, whose `hame.toml` then applies).
+pub(crate) fn resolve_flags(flags: crate::common::Flags) -> anyhow::Result<Effective> {
     let (workspace, ws_source) = match (flags.workspace, env(hame::harness::WORKSPACE_ENV)) {
         (Some(p), _) => (p, Source::Flag("--workspace")),
         (None, Some(v)) => (

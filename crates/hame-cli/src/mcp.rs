@@ -60,6 +60,7 @@ async fn serve(args: McpServeArgs) -> anyhow::Result<()> {
             mcp: true,
             // As `hame serve`: runs accepted on this server are drained here too.
             worker: Some(hame_gateway::WorkerOptions::default()),
+            serve_agent: Vec::new(),
         };
         return crate::serve::serve_http(&args.common, http).await;
     }

@@ -50,6 +50,23 @@ pub(crate) struct ServeArgs {
     no_worker: bool,
     #[command(flatten)]
     worker: crate::runs::WorkerArgs,
+    /// Another agent served by this process (repeatable): its id and its own workspace
+    /// (with that workspace's hame.toml); the OpenAI routes' `model` picks it, the other
+    /// flags are shared. The session routes serve the --agent one.
+    #[arg(long = "serve-agent", value_name = "NAME=DIR", value_parser = named_dir)]
+    serve_agent: Vec<(String, PathBuf)>,
+}
+
+/// `NAME=DIR` of `--serve-agent`.
+fn named_dir(s: &str) -> Result<(String, PathBuf), String> {
+    match s.split_once('=') {
+        Some((name, dir)) if !name.trim().is_empty() && !dir.trim().is_empty() => {
+            Ok((name.trim().to_owned(), PathBuf::from(dir.trim())))
+        }
+        _ => Err(format!(
+            "`{s}` is not NAME=DIR (an agent id and its workspace)"
+        )),
+    }
 }
 
 /// A timeout in seconds: a number above 0 and at most a day.
@@ -73,6 +90,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_connections: args.max_connections,
         mcp: false,
         worker: (!args.no_worker).then(|| args.worker.options()),
+        serve_agent: args.serve_agent,
     };
     serve_http(&args.common, http).await
 }
@@ -91,6 +109,8 @@ pub(crate) struct Http {
     /// Drain the run queue in this process with these settings (`None`: leave the runs to
     /// `hame worker` processes).
     pub(crate) worker: Option<hame_gateway::WorkerOptions>,
+    /// Other agents served by this process (`--serve-agent NAME=DIR`).
+    pub(crate) serve_agent: Vec<(String, PathBuf)>,
 }
 
 /// Builds the agent of `common` and serves it over HTTP until SIGTERM / SIGINT.
@@ -155,7 +175,13 @@ pub(crate) async fn serve_http(common: &Common, args: Http) -> anyhow::Result<()
         .with_shared_events(shared_events)
         .with_mcp(args.mcp)
         .with_runs(runs, args.worker);
-    let gateway = hame_gateway::Gateway::new(agent.clone(), ctx, options);
+    let mut others = Vec::new();
+    for (name, dir) in &args.serve_agent {
+        others.push(crate::common::build_named(common, name, dir).await?);
+    }
+    let gateway = hame_gateway::Gateway::new(agent.clone(), ctx, options)
+        .with_agents(others)
+        .map_err(|e| ConfigError(e.to_string()))?;
     if args.mcp {
         println!("listening on http://{local} (MCP at http://{local}/mcp)");
     } else {

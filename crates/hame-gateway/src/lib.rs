@@ -1,6 +1,7 @@
 //! The HTTP gateway of hame: what `hame serve` runs.
 //!
-//! It serves one [`HarnessAgent`] — the only engine: state backends, store mode, subagents,
+//! It serves a [`HarnessAgent`] (and, through the OpenAI routes, more:
+//! [`Gateway::with_agents`]) — the only engine: state backends, store mode, subagents,
 //! approvals and the sandbox work as they do for `hame run` — to many users and sessions:
 //!
 //! - `POST /v1/sessions/{session}/messages` `{"message"}`: a turn, answered as JSON
@@ -59,6 +60,7 @@ mod mcp;
 mod metrics;
 mod oai_request;
 mod openai;
+mod openapi;
 mod replay;
 mod responses;
 mod routes;
@@ -218,6 +220,11 @@ impl GatewayOptions {
 }
 
 impl Shared {
+    /// Every served agent, the default first.
+    pub(crate) fn agents(&self) -> impl Iterator<Item = &HarnessAgent> {
+        std::iter::once(&self.agent).chain(&self.others)
+    }
+
     /// Publishes an event: in the shared store first when there is one (it gives the id;
     /// if it cannot be reached, the event gets a local id and a warning), then in this
     /// process's ring.
@@ -272,7 +279,10 @@ impl Shared {
 /// What the routes share.
 #[derive(Debug)]
 pub(crate) struct Shared {
+    /// The default agent: the session routes' and the one `GET /metrics` names.
     pub(crate) agent: HarnessAgent,
+    /// The other agents of the OpenAI routes (`model` picks one), by id.
+    pub(crate) others: Vec<HarnessAgent>,
     /// The context every turn starts from (its extras, e.g. plan mode); session and user
     /// are the request's.
     pub(crate) base: RuntimeContext,
@@ -304,6 +314,7 @@ impl Gateway {
     pub fn new(agent: HarnessAgent, base: RuntimeContext, options: GatewayOptions) -> Self {
         let shared = Shared {
             agent,
+            others: Vec::new(),
             base,
             gates: gate::Gates::new(options.queue_bound),
             hub: events::Hub::new(options.ring_size),
@@ -318,6 +329,28 @@ impl Gateway {
         Self {
             shared: Arc::new(shared),
         }
+    }
+
+    /// Serves `others` too: the OpenAI-compatible routes pick an agent by `model`
+    /// (`GET /v1/models` lists them all); the session routes serve the default one. Refused
+    /// when two agents share an id, or once the gateway is shared (cloned or serving).
+    pub fn with_agents(mut self, others: Vec<HarnessAgent>) -> Result<Self> {
+        let Some(shared) = Arc::get_mut(&mut self.shared) else {
+            return Err(Error::Config(
+                "agents are added before the gateway is cloned or served".into(),
+            ));
+        };
+        for a in others {
+            if a.name() == shared.agent.name() || shared.others.iter().any(|o| o.name() == a.name())
+            {
+                return Err(Error::Config(format!(
+                    "two agents are named `{}`: give each served agent its own id",
+                    a.name()
+                )));
+            }
+            shared.others.push(a);
+        }
+        Ok(self)
     }
 
     /// The routes, with the body-timeout, body-limit, timeout and trace layers (no CORS).
@@ -461,12 +494,13 @@ impl Gateway {
                 }
             }
         };
-        if !shared
-            .agent
-            .wait_background(hame::harness::memory::DEFAULT_BACKGROUND_WAIT)
-            .await
-        {
-            tracing::warn!("background memory work did not finish; the next call redoes it");
+        for agent in std::iter::once(&shared.agent).chain(&shared.others) {
+            if !agent
+                .wait_background(hame::harness::memory::DEFAULT_BACKGROUND_WAIT)
+                .await
+            {
+                tracing::warn!(agent = %agent.name(), "background memory work did not finish; the next call redoes it");
+            }
         }
         result
     }

@@ -14,12 +14,13 @@ use futures::StreamExt;
 use hame::harness::caller::{
     CLIENT_TOOLS_LAYER, CallerRequest, ReplyFormat, strip_fence, user_texts,
 };
-use hame::{CallInput, Message, Resolution};
+use hame::{CallInput, HarnessAgent, Message, Resolution};
 use serde_json::{Value, json};
 
 use crate::Shared;
 use crate::error::ApiError;
 use crate::oai_request::{Parsed, Refusal, Tail, client_call_id, parse_call_id, parse_chat};
+use crate::openapi::ErrorBody;
 use crate::routes::{AppState, Caller};
 use crate::turn::{self, Outcome};
 
@@ -28,26 +29,27 @@ pub(crate) fn refused(r: Refusal) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, r.code, r.message).with_param(r.param)
 }
 
-/// 404 `model_not_found` unless `model` is the served agent.
-pub(crate) fn served(shared: &Shared, model: &str) -> Result<(), ApiError> {
-    if model == shared.agent.name() {
-        return Ok(());
+/// The served agent `model` names, else 404 `model_not_found`.
+pub(crate) fn served(shared: &Shared, model: &str) -> Result<HarnessAgent, ApiError> {
+    if let Some(a) = shared.agents().find(|a| a.name() == model) {
+        return Ok(a.clone());
     }
+    let names: Vec<&str> = shared.agents().map(HarnessAgent::name).collect();
     Err(ApiError::new(
         StatusCode::NOT_FOUND,
         "model_not_found",
         format!(
-            "the model `{}` does not exist; this server serves the agent `{}` (GET /v1/models lists it)",
+            "the model `{}` does not exist; this server serves the agent(s) {} (GET /v1/models lists them)",
             model.chars().take(64).collect::<String>(),
-            shared.agent.name()
+            names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
         ),
     )
     .with_param("model"))
 }
 
-/// The tool names of the agent itself (a client tool may not take one).
-pub(crate) fn agent_tools(shared: &Shared) -> Vec<String> {
-    shared.agent.agent_loop().tools().names()
+/// The tool names of an agent itself (a client tool may not take one).
+pub(crate) fn agent_tools(agent: &HarnessAgent) -> Vec<String> {
+    agent.agent_loop().tools().names()
 }
 
 /// The body as JSON, else 400 `invalid_json`.
@@ -90,6 +92,7 @@ pub(crate) struct Planned {
 /// - a new session starts from the request's earlier messages.
 pub(crate) async fn plan(
     shared: &Shared,
+    agent: &HarnessAgent,
     user: &Option<String>,
     named: Option<String>,
     req: &Parsed,
@@ -108,8 +111,7 @@ pub(crate) async fn plan(
     hame::harness::validate_id("session id", &session)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", e.to_string()))?;
     let ctx = crate::routes::context(shared, user.clone(), &session);
-    let state = shared
-        .agent
+    let state = agent
         .state(&ctx)
         .await
         .map_err(|e| ApiError::from_harness(&e))?
@@ -278,6 +280,20 @@ fn with_session(mut resp: Response, session: &str) -> Response {
     resp
 }
 
+#[utoipa::path(post, path = "/v1/chat/completions", tag = "openai",
+    params(("X-Hame-Session" = Option<String>, Header, description = "The session to continue (docs/openai-compat.md)")),
+    request_body(content = serde_json::Value, description = "An OpenAI chat completion request; every field honoured or refused (docs/openai-compat.md)"),
+    responses((status = 200, description = "A `chat.completion`, or with `stream: true` SSE `chat.completion.chunk`s then `[DONE]`", body = serde_json::Value),
+        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
+        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
+        (status = 404, description = "No such session, model or route", body = ErrorBody),
+        (status = 405, description = "A method the route does not take", body = ErrorBody),
+        (status = 408, description = "The body or the request took too long", body = ErrorBody),
+        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
+        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
+        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
+        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
+        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
 pub(crate) async fn completions(
     State(shared): State<AppState>,
     caller: Result<Caller, ApiError>,
@@ -289,11 +305,27 @@ pub(crate) async fn completions(
         .replays
         .key_of(&headers, user.as_deref(), "chat/completions", &body)?;
     let body = json_body(&body)?;
-    let req = parse_chat(&body, &agent_tools(&shared)).map_err(refused)?;
-    served(&shared, &req.model)?;
-    let planned = plan(&shared, &user, named_session(&headers), &req, "chatcmpl-").await?;
+    let model = body["model"].as_str().unwrap_or_default();
+    let agent = served(&shared, model).or_else(|e| match model {
+        // A bad `model` field: the field's own error first.
+        "" => parse_chat(&body, &[])
+            .map(|_| shared.agent.clone())
+            .map_err(refused),
+        _ => Err(e),
+    })?;
+    let req = parse_chat(&body, &agent_tools(&agent)).map_err(refused)?;
+    let planned = plan(
+        &shared,
+        &agent,
+        &user,
+        named_session(&headers),
+        &req,
+        "chatcmpl-",
+    )
+    .await?;
     let turn = turn::start_once(
         &shared,
+        &agent,
         user,
         planned.session,
         planned.input,
@@ -473,27 +505,53 @@ pub(crate) fn approval_text(session: &str, approvals: &[Value]) -> String {
         .join("\n")
 }
 
-/// The model object of the served agent.
-fn model_object(shared: &Shared) -> Value {
+/// The model object of a served agent.
+fn model_object(shared: &Shared, agent: &HarnessAgent) -> Value {
     json!({
-        "id": shared.agent.name(),
+        "id": agent.name(),
         "object": "model",
         "created": shared.started,
         "owned_by": "hame",
     })
 }
 
-/// `GET /v1/models`: the served agent.
+/// `GET /v1/models`: the served agents, the default first.
+#[utoipa::path(get, path = "/v1/models", tag = "openai",
+    responses((status = 200, description = "`{object: \"list\", data: [{id, object: \"model\", created, owned_by}]}`", body = serde_json::Value),
+        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
+        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
+        (status = 404, description = "No such session, model or route", body = ErrorBody),
+        (status = 405, description = "A method the route does not take", body = ErrorBody),
+        (status = 408, description = "The body or the request took too long", body = ErrorBody),
+        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
+        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
+        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
+        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
+        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
 pub(crate) async fn list_models(State(shared): State<AppState>, Caller(_): Caller) -> Json<Value> {
-    Json(json!({"object": "list", "data": [model_object(&shared)]}))
+    let data: Vec<Value> = shared.agents().map(|a| model_object(&shared, a)).collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 /// `GET /v1/models/{id}`.
+#[utoipa::path(get, path = "/v1/models/{id}", tag = "openai",
+    params(("id" = String, Path, description = "An agent id")),
+    responses((status = 200, description = "The model object", body = serde_json::Value),
+        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
+        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
+        (status = 404, description = "No such session, model or route", body = ErrorBody),
+        (status = 405, description = "A method the route does not take", body = ErrorBody),
+        (status = 408, description = "The body or the request took too long", body = ErrorBody),
+        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
+        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
+        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
+        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
+        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
 pub(crate) async fn get_model(
     State(shared): State<AppState>,
     Caller(_): Caller,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    served(&shared, &id)?;
-    Ok(Json(model_object(&shared)))
+    let agent = served(&shared, &id)?;
+    Ok(Json(model_object(&shared, &agent)))
 }

@@ -24,6 +24,7 @@ use crate::oai_request::{
 use crate::openai::{
     agent_tools, approval_text, final_text, json_body, named_session, plan, served, split_suspended,
 };
+use crate::openapi::ErrorBody;
 use crate::routes::{AppState, Caller};
 use crate::turn::{self, Outcome};
 
@@ -428,6 +429,20 @@ fn outcome_output(
     }
 }
 
+#[utoipa::path(post, path = "/v1/responses", tag = "openai",
+    params(("X-Hame-Session" = Option<String>, Header, description = "The session to continue (docs/openai-compat.md)")),
+    request_body(content = serde_json::Value, description = "An OpenAI Responses request; every field honoured or refused (docs/openai-compat.md)"),
+    responses((status = 200, description = "A `response`, or with `stream: true` SSE events `response.created` ... `response.completed` / `response.failed`", body = serde_json::Value),
+        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
+        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
+        (status = 404, description = "No such session, model or route", body = ErrorBody),
+        (status = 405, description = "A method the route does not take", body = ErrorBody),
+        (status = 408, description = "The body or the request took too long", body = ErrorBody),
+        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
+        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
+        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
+        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
+        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
 pub(crate) async fn create(
     State(shared): State<AppState>,
     caller: Result<Caller, ApiError>,
@@ -439,14 +454,21 @@ pub(crate) async fn create(
         .replays
         .key_of(&headers, user.as_deref(), "responses", &body)?;
     let body = json_body(&body)?;
-    let req = parse(&body, &agent_tools(&shared)).map_err(crate::openai::refused)?;
-    served(&shared, &req.parsed.model)?;
+    let model = body["model"].as_str().unwrap_or_default();
+    let agent = served(&shared, model).or_else(|e| match model {
+        "" => parse(&body, &[])
+            .map(|_| shared.agent.clone())
+            .map_err(crate::openai::refused),
+        _ => Err(e),
+    })?;
+    let req = parse(&body, &agent_tools(&agent)).map_err(crate::openai::refused)?;
     let named = named_session(&headers).or_else(|| req.parsed.previous_response.clone());
     let previous = body["previous_response_id"].as_str().map(str::to_owned);
-    let planned = plan(&shared, &user, named, &req.parsed, "resp-").await?;
+    let planned = plan(&shared, &agent, &user, named, &req.parsed, "resp-").await?;
     let stream = req.parsed.stream;
     let turn = turn::start_once(
         &shared,
+        &agent,
         user,
         planned.session,
         planned.input,
@@ -561,6 +583,7 @@ pub(crate) async fn create(
                             out.push(ev("response.output_text.done", json!({"output_index": i, "item_id": id, "content_index": 0, "text": text, "logprobs": []})));
                             out.push(ev("response.content_part.done", json!({"output_index": i, "item_id": id, "content_index": 0, "part": item["content"][0]})));
                         } else {
+                            out.push(ev("response.function_call_arguments.delta", json!({"output_index": i, "item_id": item["id"], "delta": item["arguments"]})));
                             out.push(ev("response.function_call_arguments.done", json!({"output_index": i, "item_id": item["id"], "name": item["name"], "arguments": item["arguments"]})));
                         }
                         out.push(ev("response.output_item.done", json!({"output_index": i, "item": item})));

@@ -20,13 +20,35 @@ use serde_json::{Value, json};
 use crate::Shared;
 use crate::error::{ApiError, for_callers};
 use crate::events::Event;
+use crate::openapi::ErrorBody;
 use crate::turn::{self, Outcome, Turn};
 
 pub(crate) type AppState = Arc<Shared>;
 
+/// Every path of [`router`] (the OpenAPI document must list exactly these).
+#[cfg(test)]
+pub(crate) const ROUTES: &[&str] = &[
+    "/healthz",
+    "/metrics",
+    "/",
+    "/v1/sessions",
+    "/v1/sessions/{session}/messages",
+    "/v1/sessions/{session}/events",
+    "/v1/sessions/{session}/tasks",
+    "/v1/sessions/{session}/approvals",
+    "/v1/sessions/{session}/approvals/{id}",
+    "/v1/memory",
+    "/v1/chat/completions",
+    "/v1/responses",
+    "/v1/models",
+    "/v1/models/{id}",
+    "/openapi.json",
+];
+
 pub(crate) fn router(shared: AppState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/openapi.json", get(crate::openapi::openapi_json))
         .route("/metrics", get(metrics))
         .route("/", get(crate::console::page))
         .route("/v1/sessions", get(list_sessions))
@@ -131,11 +153,25 @@ fn valid_session(session: &str) -> Result<(), ApiError> {
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", e.to_string()))
 }
 
-async fn healthz() -> &'static str {
+#[utoipa::path(get, path = "/healthz", tag = "server",
+    responses((status = 200, description = "`ok`", content_type = "text/plain", body = String)))]
+pub(crate) async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn metrics(State(shared): State<AppState>, _caller: Caller) -> Response {
+#[utoipa::path(get, path = "/metrics", tag = "server",
+    responses((status = 200, description = "Prometheus text (docs/gateway.md)", content_type = "text/plain", body = String),
+        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
+        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
+        (status = 404, description = "No such session, model or route", body = ErrorBody),
+        (status = 405, description = "A method the route does not take", body = ErrorBody),
+        (status = 408, description = "The body or the request took too long", body = ErrorBody),
+        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
+        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
+        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
+        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
+        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+pub(crate) async fn metrics(State(shared): State<AppState>, _caller: Caller) -> Response {
     let gauges = crate::metrics::Gauges {
         queue_depth: shared.gates.waiting(),
         sessions: shared.hub.len().max(shared.gates.len()),
@@ -169,7 +205,23 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("bad JSON body: {e}")))
 }
 
-async fn post_message(
+#[utoipa::path(post, path = "/v1/sessions/{session}/messages", tag = "sessions",
+    params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`")),
+    request_body(content = serde_json::Value, description = "`{\"message\": \"...\"}`"),
+    responses(
+        (status = 200, description = "The reply `{reply, session, user, usage, iterations}`; with `Accept: text/event-stream` SSE events `text_delta`, `tool_started`, `tool_finished`, `approval_needed`, `finished`, `failed`", body = serde_json::Value),
+        (status = 202, description = "Tool calls wait for a decision `{status, session, user, approvals}`", body = serde_json::Value),
+        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
+        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
+        (status = 404, description = "No such session, model or route", body = ErrorBody),
+        (status = 405, description = "A method the route does not take", body = ErrorBody),
+        (status = 408, description = "The body or the request took too long", body = ErrorBody),
+        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
+        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
+        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
+        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
+        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+pub(crate) async fn post_message(
     State(shared): State<AppState>,
     Caller(user): Caller,
     Path(session): Path<String>,
@@ -201,6 +253,7 @@ async fn post_message(
     }
     let turn = turn::start_once_with(
         &shared,
+        &shared.agent,
         user,
         session,
         CallInput::Message(Message::user(body.message)),
@@ -240,7 +293,20 @@ pub(crate) fn sse_event(ev: &Event) -> SseEvent {
         .data(ev.data.as_str())
 }
 
-async fn get_messages(
+#[utoipa::path(get, path = "/v1/sessions/{session}/messages", tag = "sessions",
+    params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`")),
+    responses((status = 200, description = "The session log `{session, user, messages}`", body = serde_json::Value),
+        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
+        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
+        (status = 404, description = "No such session, model or route", body = ErrorBody),
+        (status = 405, description = "A method the route does not take", body = ErrorBody),
+        (status = 408, description = "The body or the request took too long", body = ErrorBody),
+        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
+        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
+        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
+        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
+        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+pub(crate) async fn get_messages(
     State(shared): State<AppState>,
     Caller(user): Caller,
     Path(session): Path<String>,
@@ -273,7 +339,19 @@ fn session_log(
         .map_err(|e| ApiError::internal(e.to_string()))
 }
 
-async fn list_sessions(
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions",
+    responses((status = 200, description = "`{user, sessions: [{id, title, created, updated, message_count}]}`", body = serde_json::Value),
+        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
+        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
+        (status = 404, description = "No such session, model or route", body = ErrorBody),
+        (status = 405, description = "A method the route does not take", body = ErrorBody),
+        (status = 408, description = "The body or the request took too long", body = ErrorBody),
+        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
+        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
+        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
+        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
+        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+pub(crate) async fn list_sessions(
     State(shared): State<AppState>,
     Caller(user): Caller,
 ) -> Result<Json<Value>, ApiError> {
@@ -288,7 +366,20 @@ async fn list_sessions(
     )))
 }
 
-async fn get_tasks(
+#[utoipa::path(get, path = "/v1/sessions/{session}/tasks", tag = "sessions",
+    params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`")),
+    responses((status = 200, description = "`{session, tasks}`", body = serde_json::Value),
+        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
+        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
+        (status = 404, description = "No such session, model or route", body = ErrorBody),
+        (status = 405, description = "A method the route does not take", body = ErrorBody),
+        (status = 408, description = "The body or the request took too long", body = ErrorBody),
+        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
+        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
+        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
+        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
+        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+pub(crate) async fn get_tasks(
     State(shared): State<AppState>,
     Caller(user): Caller,
     Path(session): Path<String>,
@@ -305,7 +396,20 @@ async fn get_tasks(
     )))
 }
 
-async fn get_approvals(
+#[utoipa::path(get, path = "/v1/sessions/{session}/approvals", tag = "sessions",
+    params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`")),
+    responses((status = 200, description = "`{session, approvals}`: the calls waiting for a decision", body = serde_json::Value),
+        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
+        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
+        (status = 404, description = "No such session, model or route", body = ErrorBody),
+        (status = 405, description = "A method the route does not take", body = ErrorBody),
+        (status = 408, description = "The body or the request took too long", body = ErrorBody),
+        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
+        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
+        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
+        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
+        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+pub(crate) async fn get_approvals(
     State(shared): State<AppState>,
     Caller(user): Caller,
     Path(session): Path<String>,
@@ -343,7 +447,22 @@ struct DecisionBody {
     reason: Option<String>,
 }
 
-async fn post_approval(
+#[utoipa::path(post, path = "/v1/sessions/{session}/approvals/{id}", tag = "sessions",
+    params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`"), ("id" = String, Path, description = "The approval id")),
+    request_body(content = serde_json::Value, description = "`{\"decision\": \"approve\"|\"deny\", \"reason\"?}`"),
+    responses((status = 200, description = "Answered like a message (JSON or SSE)", body = serde_json::Value),
+        (status = 202, description = "More calls wait for a decision", body = serde_json::Value),
+        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
+        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
+        (status = 404, description = "No such session, model or route", body = ErrorBody),
+        (status = 405, description = "A method the route does not take", body = ErrorBody),
+        (status = 408, description = "The body or the request took too long", body = ErrorBody),
+        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
+        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
+        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
+        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
+        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+pub(crate) async fn post_approval(
     State(shared): State<AppState>,
     Caller(user): Caller,
     Path((session, id)): Path<(String, String)>,
@@ -380,6 +499,7 @@ async fn post_approval(
     }
     let turn = turn::start_once(
         &shared,
+        &shared.agent,
         user,
         session,
         CallInput::Resume(vec![Resolution::new(id, value)]),
@@ -391,7 +511,7 @@ async fn post_approval(
 }
 
 #[derive(Debug, Deserialize)]
-struct EventsQuery {
+pub(crate) struct EventsQuery {
     after: Option<u64>,
     #[serde(default)]
     follow: bool,
@@ -400,7 +520,22 @@ struct EventsQuery {
 /// Replays the session's events after `after` (or `Last-Event-ID`); then, while a turn
 /// runs, its live events until it ends (`follow=true`: until the client or the server
 /// goes away).
-async fn get_events(
+#[utoipa::path(get, path = "/v1/sessions/{session}/events", tag = "sessions",
+    params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`"),
+        ("after" = Option<u64>, Query, description = "Replay the events after this id (else `Last-Event-ID`, else all in the ring)"),
+        ("follow" = Option<bool>, Query, description = "Keep following until the client or the server goes away")),
+    responses((status = 200, description = "SSE: the session's events with ids (the names of POST messages, and `subagent`)", content_type = "text/event-stream", body = String),
+        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
+        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
+        (status = 404, description = "No such session, model or route", body = ErrorBody),
+        (status = 405, description = "A method the route does not take", body = ErrorBody),
+        (status = 408, description = "The body or the request took too long", body = ErrorBody),
+        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
+        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
+        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
+        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
+        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+pub(crate) async fn get_events(
     State(shared): State<AppState>,
     Caller(user): Caller,
     Path(session): Path<String>,
@@ -529,7 +664,19 @@ fn poll_store(
 }
 
 /// The caller's memory files, read-only: `MEMORY.md` and `memory/*.md` of its home.
-async fn get_memory(
+#[utoipa::path(get, path = "/v1/memory", tag = "sessions",
+    responses((status = 200, description = "`{user, files: [{path, content}]}`", body = serde_json::Value),
+        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
+        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
+        (status = 404, description = "No such session, model or route", body = ErrorBody),
+        (status = 405, description = "A method the route does not take", body = ErrorBody),
+        (status = 408, description = "The body or the request took too long", body = ErrorBody),
+        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
+        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
+        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
+        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
+        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+pub(crate) async fn get_memory(
     State(shared): State<AppState>,
     Caller(user): Caller,
 ) -> Result<Json<Value>, ApiError> {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use hame::harness::caller::CallerRequest;
-use hame::{AgentEvent, CallInput, EventSink, RuntimeContext};
+use hame::{AgentEvent, CallInput, EventSink, HarnessAgent, RuntimeContext};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
@@ -43,6 +43,7 @@ pub(crate) struct Turn {
 /// `caller`: what an OpenAI-compatible request adds to the call (`hame::harness::caller`).
 pub(crate) fn start_once(
     shared: &Arc<Shared>,
+    agent: &HarnessAgent,
     user: Option<String>,
     session: String,
     input: CallInput,
@@ -53,7 +54,7 @@ pub(crate) fn start_once(
         caller,
         ..With::default()
     };
-    start_once_with(shared, user, session, input, key, with)
+    start_once_with(shared, agent, user, session, input, key, with)
 }
 
 /// Values a request adds to its turn's runtime context (a caller's own budget).
@@ -73,6 +74,7 @@ pub(crate) struct With {
 /// [`start_once`] with everything a request may add ([`With`]).
 pub(crate) fn start_once_with(
     shared: &Arc<Shared>,
+    agent: &HarnessAgent,
     user: Option<String>,
     session: String,
     input: CallInput,
@@ -81,10 +83,11 @@ pub(crate) fn start_once_with(
 ) -> Result<Turn, ApiError> {
     use crate::replay::Claim;
     let Some(key) = key else {
-        return start_recorded(shared, user, session, input, None, with);
+        return start_recorded(shared, agent, user, session, input, None, with);
     };
     match shared.replays.claim(&key, &session)? {
-        Claim::New(recorder) => start_recorded(shared, user, session, input, Some(recorder), with),
+        Claim::New(recorder) => {
+            start_recorded(shared, agent, user, session, input, Some(recorder), with)
         }
         Claim::Replay(mut done, session) => {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -131,7 +134,7 @@ pub(crate) fn start_cancellable(
         cancel: Some(cancel),
         ..With::default()
     };
-    start_recorded(shared, user, session, input, None, with)
+    start_recorded(shared, &shared.agent, user, session, input, None, with)
 }
 
 /// The key of a session in the gate table and the event hub.
@@ -144,6 +147,7 @@ pub(crate) fn key(agent: &str, user: Option<&str>, session: &str) -> String {
 /// while the gateway drains.
 fn start_recorded(
     shared: &Arc<Shared>,
+    agent: &HarnessAgent,
     user: Option<String>,
     session: String,
     input: CallInput,
@@ -160,7 +164,7 @@ fn start_recorded(
             e.to_string(),
         )
     })?;
-    let key = key(shared.agent.name(), user.as_deref(), &session);
+    let key = key(agent.name(), user.as_deref(), &session);
     let Some(mut ticket) = shared.gates.enter(&key) else {
         shared.metrics.refused("queue_full");
         return Err(ApiError::busy(shared.options.retry_after_secs));
@@ -180,10 +184,11 @@ fn start_recorded(
     }
     ctx.extras.extend(extras);
     let me = shared.clone();
+    let agent = agent.clone();
     shared.hub.active(&key, 1);
     let span = tracing::info_span!(
         "hame.turn",
-        agent = %shared.agent.name(),
+        agent = %agent.name(),
         session = %ctx.session_id,
         user = ctx.user_id.as_deref().unwrap_or("")
     );
@@ -191,7 +196,7 @@ fn start_recorded(
         ticket.ready().await;
         let started = Instant::now();
         let cancel = with_cancel.unwrap_or_else(|| me.cancel.child_token());
-        let (outcome, ended) = run(&me, &key, &ctx, input, &tx, &cancel).await;
+        let (outcome, ended) = run(&me, &agent, &key, &ctx, input, &tx, &cancel).await;
         if let Some(recorder) = recorder {
             recorder.finish(crate::replay::Done::new(outcome.clone(), ended));
         }
@@ -248,6 +253,7 @@ fn shown(ev: &AgentEvent) -> Option<(&'static str, Value)> {
 /// Runs the turn: its outcome and the events that ended it (for its retries).
 async fn run(
     shared: &Arc<Shared>,
+    agent: &HarnessAgent,
     key: &str,
     ctx: &RuntimeContext,
     input: CallInput,
@@ -270,8 +276,8 @@ async fn run(
     let result = {
         let call = async {
             match input {
-                CallInput::Message(m) => shared.agent.call_with(m, ctx, &sink, cancel).await,
-                CallInput::Resume(r) => shared.agent.resume(r, ctx, &sink, cancel).await,
+                CallInput::Message(m) => agent.call_with(m, ctx, &sink, cancel).await,
+                CallInput::Resume(r) => agent.resume(r, ctx, &sink, cancel).await,
             }
         };
         tokio::pin!(call);

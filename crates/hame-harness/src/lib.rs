@@ -13,7 +13,8 @@
 //! human approval, plan mode, the todo list; `docs/permissions.md`). Every model request
 //! passes the innermost [`cost::BudgetLayer`]: spend recorded in the session state,
 //! budgets per run, session and user-day checked before the request, and the call's prompt
-//! cache key ([`cost::prompt_cache_key`]); `docs/cost.md`.
+//! cache key ([`cost::prompt_cache_key`]); `docs/cost.md`. What an API caller adds
+//! to one call — instructions, client tools, a reply format, history — is [`caller`].
 //!
 //! Applications depend on the `hame` facade, which re-exports this crate.
 //!

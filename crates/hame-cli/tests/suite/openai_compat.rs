@@ -523,6 +523,36 @@ async fn responses_run_function_tools_and_continue_from_a_previous_response() ->
         "streamed"
     );
     assert_eq!(done.data["response"]["status"], "completed");
+    // A streamed function call: its item, its arguments, then the response.
+    model.push(ScriptStep::tool_call(
+        "call_s",
+        "add",
+        json!({"a": 1, "b": 1}),
+    ));
+    let r = client()
+        .post(&url)
+        .json(&json!({"model": "hame", "input": "1+1?", "stream": true, "tools": tools}))
+        .send()
+        .await?;
+    let events = parse_sse(&r.text().await?);
+    let names: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
+    assert_eq!(
+        names,
+        vec![
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.done",
+            "response.output_item.done",
+            "response.completed",
+        ]
+    );
+    assert_eq!(events[4].data["arguments"], "{\"a\":1,\"b\":1}");
+    assert_eq!(
+        events[6].data["response"]["output"][0]["type"],
+        "function_call"
+    );
     Ok(())
 }
 
@@ -693,6 +723,7 @@ const AGENTS_PY: &str = r#"
 import asyncio, json, sys
 from openai import AsyncOpenAI
 from agents import Agent, Runner, function_tool, OpenAIResponsesModel, set_tracing_disabled
+from pydantic import BaseModel
 set_tracing_disabled(True)
 client = AsyncOpenAI(base_url=sys.argv[1], api_key="unused")
 calls = []
@@ -712,12 +743,19 @@ async def main():
     async for _ in streamed.stream_events():
         pass
     out["streamed"] = streamed.final_output
+    class City(BaseModel):
+        name: str
+        population: int
+    typed = Agent(name="typed", instructions="Answer with data.", output_type=City,
+                  model=OpenAIResponsesModel(model="hame", openai_client=client))
+    city = await Runner.run(typed, "Oslo?")
+    out["city"] = city.final_output.model_dump()
     print(json.dumps(out))
 asyncio.run(main())
 "#;
 
 #[tokio::test]
-async fn the_agents_sdk_runs_a_function_tool_and_a_second_turn() -> TestResult {
+async fn the_agents_sdk_runs_a_function_tool_a_second_turn_and_structured_output() -> TestResult {
     let Some(py) = python("agents-venv", "openai-agents>=0.2,<1", "agents") else {
         return Ok(());
     };
@@ -728,6 +766,7 @@ async fn the_agents_sdk_runs_a_function_tool_and_a_second_turn() -> TestResult {
         ScriptStep::text("Oslo."),
         ScriptStep::text("About 700,000."),
         ScriptStep::text("Hi!"),
+        ScriptStep::text("{\"name\": \"Oslo\", \"population\": 700000}"),
     ]);
     let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
     let got = run_py(py, dir.path(), AGENTS_PY, serve.at("/v1")).await?;
@@ -735,6 +774,7 @@ async fn the_agents_sdk_runs_a_function_tool_and_a_second_turn() -> TestResult {
     assert_eq!(got["first"], "Oslo.");
     assert_eq!(got["second"], "About 700,000.");
     assert_eq!(got["streamed"], "Hi!");
+    assert_eq!(got["city"], json!({"name": "Oslo", "population": 700000}));
     let reqs = model.requests();
     assert!(reqs[0].system_text().contains("Answer briefly."));
     assert_eq!(
@@ -750,6 +790,202 @@ async fn the_agents_sdk_runs_a_function_tool_and_a_second_turn() -> TestResult {
     assert_eq!(
         second.last().map(String::as_str),
         Some("user: And its population?")
+    );
+    assert!(
+        reqs[4].system_text().contains("\"population\""),
+        "the output type's schema reached the model"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn one_process_serves_two_agents_each_with_its_own_workspace_and_persona() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    // Each reply is given only to the agent whose prompt carries its persona.
+    model.push_all([
+        ScriptStep::text("Arr, a pirate answers.").when_system("You are a pirate."),
+        ScriptStep::text("A poet answers, in verse.").when_system("You are a poet."),
+    ]);
+    let pirate = dir.path().join("ws");
+    std::fs::create_dir_all(&pirate)?;
+    std::fs::write(pirate.join("AGENTS.md"), "You are a pirate.\n")?;
+    let poet = dir.path().join("poet-ws");
+    std::fs::create_dir_all(&poet)?;
+    std::fs::write(poet.join("AGENTS.md"), "You are a poet.\n")?;
+    let spec = format!("poet={}", poet.display());
+    let serve = Serve::start(dir.path(), &model.base_url(), &["--serve-agent", &spec])?;
+    let body: Value = client()
+        .get(serve.at("/v1/models"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let ids: Vec<&str> = body["data"]
+        .as_array()
+        .map(|d| d.iter().filter_map(|m| m["id"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(ids, vec!["hame", "poet"]);
+    let url = serve.at("/v1/chat/completions");
+    let (status, body) = post(
+        &url,
+        json!({"model": "poet", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        "A poet answers, in verse."
+    );
+    assert_eq!(body["model"], "poet");
+    let (status, body) = post(
+        &url,
+        json!({"model": "hame", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["choices"][0]["message"]["content"],
+        "Arr, a pirate answers."
+    );
+    // Each agent's sessions live in its own workspace.
+    let count = |ws: &std::path::Path, agent: &str| {
+        std::fs::read_dir(ws.join(format!("agents/{agent}/sessions")))
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".log.jsonl"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        (
+            count(&poet, "poet"),
+            count(&pirate, "hame"),
+            count(&pirate, "poet")
+        ),
+        (1, 1, 0)
+    );
+    let (status, body) = post(
+        &url,
+        json!({"model": "sailor", "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await?;
+    assert_eq!(status, 404);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("`poet`"),
+        "{body}"
+    );
+    Ok(())
+}
+
+const VALIDATE_OPENAPI_PY: &str = r#"
+import json, sys, urllib.request
+from openapi_spec_validator import validate
+doc = json.load(urllib.request.urlopen(sys.argv[1] + "/openapi.json"))
+validate(doc)
+print(json.dumps({"openapi": doc["openapi"], "paths": sorted(doc["paths"])}))
+"#;
+
+#[tokio::test]
+async fn the_openapi_document_lists_every_route_and_validates() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
+    let r = client().get(serve.at("/openapi.json")).send().await?;
+    assert_eq!(r.status(), 200);
+    let doc: Value = r.json().await?;
+    assert_eq!(doc["openapi"], "3.1.0");
+    let post = &doc["paths"]["/v1/chat/completions"]["post"];
+    assert!(
+        post["responses"]["400"]["content"]["application/json"]["schema"]["$ref"]
+            .as_str()
+            .is_some_and(|r| r.ends_with("/ErrorBody")),
+        "{post}"
+    );
+    let Some(py) = python(
+        "openapi-venv",
+        "openapi-spec-validator>=0.7,<1",
+        "openapi_spec_validator",
+    ) else {
+        return Ok(());
+    };
+    let base = serve.at("");
+    let got = run_py(py, dir.path(), VALIDATE_OPENAPI_PY, base).await?;
+    assert_eq!(got["openapi"], "3.1.0");
+    let paths: Vec<&str> = got["paths"]
+        .as_array()
+        .map(|p| p.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    assert_eq!(paths.len(), 15, "{paths:?}");
+    assert!(
+        paths.contains(&"/v1/responses") && paths.contains(&"/v1/models/{id}"),
+        "{paths:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_forged_or_foreign_tool_call_id_reaches_no_other_session() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    model.push(ScriptStep::tool_call(
+        "call_1",
+        "get_weather",
+        json!({"city": "Oslo"}),
+    ));
+    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
+    let url = serve.at("/v1/chat/completions");
+    let r = client()
+        .post(&url)
+        .header("x-hame-user", "alice")
+        .json(&json!({"model": "hame", "tools": [weather_tool()], "messages": [{"role": "user", "content": "Weather?"}]}))
+        .send()
+        .await?;
+    let body: Value = r.json().await?;
+    let call_id = body["choices"][0]["message"]["tool_calls"][0]["id"]
+        .as_str()
+        .ok_or("no call")?
+        .to_owned();
+    let result = |id: &str| json!({"model": "hame", "messages": [{"role": "tool", "tool_call_id": id, "content": "5 C"}]});
+    // Another user with alice's call id: the id names a session of *bob*, which waits for nothing.
+    let r = client()
+        .post(&url)
+        .header("x-hame-user", "bob")
+        .json(&result(&call_id))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 409);
+    let body: Value = r.json().await?;
+    assert_eq!(body["error"]["code"], "not_pending");
+    // A forged id whose session is a path: refused as an id, nothing touched.
+    let hex: String = "../alice".bytes().map(|b| format!("{b:02x}")).collect();
+    let r = client()
+        .post(&url)
+        .header("x-hame-user", "bob")
+        .json(&result(&format!("hs_{hex}_call_1")))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await?;
+    assert_eq!(body["error"]["code"], "invalid_id");
+    // Alice's call still waits, and her result resumes it.
+    model.push(ScriptStep::text("5 C in Oslo."));
+    let r = client()
+        .post(&url)
+        .header("x-hame-user", "alice")
+        .json(&result(&call_id))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await?;
+    assert_eq!(body["choices"][0]["message"]["content"], "5 C in Oslo.");
+    assert!(
+        !dir.path().join("ws/bob/agents/hame/sessions").exists()
+            || std::fs::read_dir(dir.path().join("ws/bob/agents/hame/sessions"))?.count() == 0
     );
     Ok(())
 }
