@@ -233,7 +233,9 @@ const COMMAND_GROUPS: &[(&str, &[&str])] = &[
     ("Run an agent", &["run", "chat", "serve", "worker", "mcp"]),
     (
         "Inspect",
-        &["sessions", "usage", "memory", "tasks", "runs", "replay", "config"],
+        &[
+            "sessions", "usage", "memory", "tasks", "runs", "replay", "config",
+        ],
     ),
     ("Workspace", &["init", "skills"]),
     ("Admin", &["approve", "deny", "sandbox"]),
