@@ -327,7 +327,7 @@ async fn build_agent_as(
         .name(name.map_or_else(|| common.agent.clone(), str::to_owned))
         .model(model);
     builder = crate::tasks::configure(&common.subagents, config, builder);
-    builder = crate::skills::configure(builder, &common.capabilities);
+    builder = crate::skills::configure(builder, &common.capabilities, config)?;
     builder = builder.workspace(config.workspace.value.clone());
     builder = builder.max_iterations(config.max_iterations.value);
     builder = builder.users(config.users.value.clone());

@@ -33,6 +33,15 @@
 //! [prices."openai:my-finetune"]
 //! input = 0.3
 //! output = 1.2
+//! [skills]
+//! refresh = 300
+//! [[skills.repository]]
+//! git = "https://github.com/org/skills.git"
+//! ref = "main"
+//! path = "skills"
+//! [[skills.repository]]
+//! sql = "postgres://user@host/db"
+//! table = "hame_skills"
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -79,7 +88,37 @@ struct File {
     budget: Option<hame::harness::cost::Budgets>,
     /// USD per million tokens by model prefix, over the built-in table.
     prices: Option<std::collections::BTreeMap<String, hame::harness::cost::Price>>,
+    #[serde(default)]
+    skills: SkillsSection,
 }
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SkillsSection {
+    /// Seconds a repository's snapshot is used before it is fetched again.
+    refresh: Option<u64>,
+    /// The repositories, in precedence order.
+    repository: Option<Vec<Repository>>,
+}
+
+/// One `[[skills.repository]]`: `git` (with `ref`, `path`) or `sql` (with `table`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Repository {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) git: Option<String>,
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub(crate) reference: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) sql: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) table: Option<String>,
+}
+
+/// Default seconds a skill repository's snapshot is used.
+pub(crate) const DEFAULT_SKILLS_REFRESH: u64 = 300;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -152,6 +191,10 @@ pub(crate) struct Effective {
     pub(crate) budgets: hame::harness::cost::Budgets,
     /// The built-in prices, under the user file's, under the workspace file's.
     pub(crate) prices: hame::harness::cost::Prices,
+    /// Seconds a skill repository's snapshot is used (`[skills] refresh`).
+    pub(crate) skills_refresh: Setting<u64>,
+    /// `[[skills.repository]]` of the first file that has any, in order.
+    pub(crate) skill_repositories: Setting<Vec<Repository>>,
     /// The configuration files that exist and were read, highest precedence first.
     pub(crate) files: Vec<PathBuf>,
 }
@@ -557,6 +600,49 @@ pub(crate) fn resolve_flags(flags: crate::common::Flags) -> anyhow::Result<Effec
             prices = prices.with(prefix.clone(), *price);
         }
     }
+    let skills_refresh = pick(
+        (None, "--"),
+        None,
+        &[
+            (w.skills.refresh, ws_path.as_path()),
+            (u.skills.refresh, up.as_path()),
+        ],
+        DEFAULT_SKILLS_REFRESH,
+    );
+    if skills_refresh.value > 86_400 {
+        return Err(ConfigError(format!(
+            "skills.refresh must be at most 86400 seconds (from {})",
+            skills_refresh.source
+        ))
+        .into());
+    }
+    let skill_repositories = pick(
+        (None, "--"),
+        None,
+        &[
+            (w.skills.repository.clone(), ws_path.as_path()),
+            (u.skills.repository.clone(), up.as_path()),
+        ],
+        Vec::new(),
+    );
+    for r in &skill_repositories.value {
+        if r.git.is_some() == r.sql.is_some() {
+            return Err(ConfigError(format!(
+                "each [[skills.repository]] needs exactly one of `git` and `sql` (in {})",
+                skill_repositories.source
+            ))
+            .into());
+        }
+        if r.git.is_some() && r.table.is_some()
+            || r.sql.is_some() && (r.reference.is_some() || r.path.is_some())
+        {
+            return Err(ConfigError(format!(
+                "[[skills.repository]]: `ref` and `path` go with `git`, `table` with `sql` (in {})",
+                skill_repositories.source
+            ))
+            .into());
+        }
+    }
     if isolated.value && store.value.is_some() {
         return Err(ConfigError(format!(
             "isolated ({}) and store ({}) exclude each other: pick one mode",
@@ -588,6 +674,8 @@ pub(crate) fn resolve_flags(flags: crate::common::Flags) -> anyhow::Result<Effec
         prompt_cache,
         budgets,
         prices,
+        skills_refresh,
+        skill_repositories,
         files,
     })
 }
@@ -733,6 +821,27 @@ pub(crate) fn show(args: ConfigArgs) -> anyhow::Result<()> {
             "prompt_cache",
             serde_json::json!(e.prompt_cache.value.as_deref().unwrap_or("auto")),
             &e.prompt_cache.source,
+        ),
+        (
+            "skills.refresh",
+            serde_json::json!(e.skills_refresh.value),
+            &e.skills_refresh.source,
+        ),
+        (
+            "skills.repository",
+            serde_json::json!(
+                e.skill_repositories
+                    .value
+                    .iter()
+                    .map(|r| {
+                        let mut r = r.clone();
+                        r.git = shown(&r.git);
+                        r.sql = shown(&r.sql);
+                        r
+                    })
+                    .collect::<Vec<_>>()
+            ),
+            &e.skill_repositories.source,
         ),
     ];
     // The API key of the model's provider: whether it is set, never its value.

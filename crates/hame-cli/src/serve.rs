@@ -109,7 +109,7 @@ pub(crate) struct Http {
     /// Drain the run queue in this process with these settings (`None`: leave the runs to
     /// `hame worker` processes).
     pub(crate) worker: Option<hame_gateway::WorkerOptions>,
-    /// More agents (`--serve-agent NAME=DIR`): id and workspace.
+    /// Other agents served by this process (`--serve-agent NAME=DIR`).
     pub(crate) serve_agent: Vec<(String, PathBuf)>,
 }
 

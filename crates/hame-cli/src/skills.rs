@@ -24,22 +24,58 @@ pub(crate) struct CapabilityArgs {
     all_tools: bool,
 }
 
-/// Applies the flags to the builder.
+/// Applies the flags and the `[skills]` section to the builder.
 pub(crate) fn configure(
     builder: HarnessAgentBuilder,
     args: &CapabilityArgs,
-) -> HarnessAgentBuilder {
+    config: &crate::config::Effective,
+) -> anyhow::Result<HarnessAgentBuilder> {
     let builder = if args.all_tools {
         builder.defer_tools(Vec::<String>::new())
     } else {
         builder
     };
-    match &args.skills_dir {
-        Some(dir) => builder.skills(Some(hame::skills::SkillsOptions {
-            global_dir: Some(dir.clone()),
-        })),
-        None => builder,
+    if args.skills_dir.is_none() && config.skill_repositories.value.is_empty() {
+        return Ok(builder);
     }
+    let mut options = hame::skills::SkillsOptions::default()
+        .with_global_dir(args.skills_dir.clone())
+        .with_refresh(std::time::Duration::from_secs(config.skills_refresh.value));
+    let bad = |e: hame::skills::Error| {
+        ConfigError(format!(
+            "{e} (in [[skills.repository]] of {})",
+            config.skill_repositories.source
+        ))
+    };
+    for r in &config.skill_repositories.value {
+        let repo: std::sync::Arc<dyn hame::skills::SkillRepository> = match (&r.git, &r.sql) {
+            (Some(url), _) => std::sync::Arc::new(
+                hame::skills::GitRepository::new(
+                    url,
+                    r.reference.as_deref(),
+                    r.path.as_deref(),
+                    &cache_dir(),
+                )
+                .map_err(bad)?,
+            ),
+            (None, Some(url)) => std::sync::Arc::new(
+                hame::skills::SqlRepository::new(url, r.table.as_deref()).map_err(bad)?,
+            ),
+            (None, None) => continue,
+        };
+        options = options.with_repository(repo);
+    }
+    Ok(builder.skills(Some(options)))
+}
+
+/// Where Git skill repositories are cloned: `$XDG_CACHE_HOME/hame/skills`, else
+/// `~/.cache/hame/skills`.
+fn cache_dir() -> PathBuf {
+    let base = crate::common::env("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| crate::common::env("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("hame").join("skills")
 }
 
 /// Checks the caller's `tools.json` before the call: a broken file is exit 2 with one
@@ -63,7 +99,8 @@ pub(crate) enum SkillsCommand {
     List {
         #[command(flatten)]
         common: Common,
-        /// One JSON object {"skills": [{name, description, layer, state, dir}], "invalid": [...]}.
+        /// One JSON object {"skills": [{name, description, layer, state, dir, source,
+        /// version}], "invalid": [...], "shadowed": [...], "repository_errors": [...]}.
         #[arg(long)]
         json: bool,
     },
@@ -116,6 +153,8 @@ pub(crate) async fn run(command: SkillsCommand) -> anyhow::Result<()> {
                     "layer": s.layer.as_str(),
                     "state": s.state.as_str(),
                     "dir": s.dir,
+                    "source": s.source,
+                    "version": s.version,
                 })
             })
             .collect();
@@ -124,22 +163,48 @@ pub(crate) async fn run(command: SkillsCommand) -> anyhow::Result<()> {
             .iter()
             .map(|i| serde_json::json!({"path": i.path, "error": i.error}))
             .collect();
+        let shadowed: Vec<_> = catalog
+            .shadowed
+            .iter()
+            .map(|s| serde_json::json!({"name": s.name, "used": s.used, "hidden": s.hidden}))
+            .collect();
+        let failed: Vec<_> = catalog
+            .repository_errors
+            .iter()
+            .map(|e| serde_json::json!({"repository": e.repository, "error": e.error}))
+            .collect();
         println!(
             "{}",
-            serde_json::json!({"skills": skills, "invalid": invalid})
+            serde_json::json!({"skills": skills, "invalid": invalid, "shadowed": shadowed, "repository_errors": failed})
         );
     } else {
         for s in &catalog.skills {
             println!(
-                "{}\t{}\t{}\t{}",
+                "{}\t{}\t{}\t{}\t{}\t{}",
                 s.name,
                 s.layer.as_str(),
                 s.state.as_str(),
+                s.source,
+                s.version.as_deref().unwrap_or("-"),
                 s.description
             );
         }
         for i in &catalog.invalid {
             eprintln!("hame: warning: {} skipped: {}", i.path, i.error);
+        }
+        for e in &catalog.repository_errors {
+            eprintln!(
+                "hame: warning: skills repository {}: {}",
+                e.repository, e.error
+            );
+        }
+        for s in &catalog.shadowed {
+            eprintln!(
+                "hame: note: skill {} of {} hides the one of {}",
+                s.name,
+                s.used,
+                s.hidden.join(", ")
+            );
         }
     }
     Ok(())

@@ -529,6 +529,50 @@ impl Filesystem for RedisFs {
         self.read_with_generation(path).await.map(|(data, _)| data)
     }
 
+    /// One round trip: `EXISTS` and `GETRANGE` of the content key (and `EXISTS` of the
+    /// directory key, to name a directory), so a window of a large file moves only its
+    /// bytes.
+    async fn read_range(&self, path: &FsPath, offset: u64, len: u64) -> Result<Vec<u8>> {
+        if path.is_root() {
+            return Err(Error::IsDirectory {
+                path: path.to_string(),
+            });
+        }
+        let f = self.key("f", path.as_str());
+        // GETRANGE takes signed 64-bit inclusive bounds; past the end it returns what
+        // there is, and an offset past the end gives nothing.
+        let start = i64::try_from(offset).unwrap_or(i64::MAX);
+        let end = i64::try_from(offset.saturating_add(len).saturating_sub(1)).unwrap_or(i64::MAX);
+        let mut pipe = redis::pipe();
+        pipe.cmd("EXISTS")
+            .arg(&f)
+            .cmd("EXISTS")
+            .arg(self.key("d", path.as_str()));
+        if len > 0 {
+            pipe.cmd("GETRANGE").arg(&f).arg(start).arg(end);
+        } else {
+            pipe.cmd("STRLEN").arg(&f);
+        }
+        let (is_file, is_dir, data): (bool, bool, redis::Value) = self
+            .send("read_range", hame_redis::Call::Pipeline(&pipe))
+            .await?;
+        if !is_file {
+            return Err(if is_dir {
+                Error::IsDirectory {
+                    path: path.to_string(),
+                }
+            } else {
+                Error::NotFound {
+                    path: path.to_string(),
+                }
+            });
+        }
+        Ok(match data {
+            redis::Value::BulkString(bytes) if len > 0 => bytes,
+            _ => Vec::new(),
+        })
+    }
+
     async fn write(&self, path: &FsPath, data: Vec<u8>, options: WriteOptions) -> Result<Version> {
         if path.is_root() {
             return Err(Error::IsDirectory {

@@ -16,6 +16,10 @@
 //! - `POST /v1/chat/completions`, `POST /v1/responses`, `GET /v1/models` (OpenAI-compatible;
 //!   `model` is the agent id; every field honoured or refused with 400 naming it; client
 //!   tools, history, system messages and structured output: `docs/openai-compat.md`);
+//! - durable runs ([`GatewayOptions::runs`]): `POST /v1/sessions/{session}/runs`,
+//!   `GET /v1/runs/{run_id}`, `POST /v1/runs/{run_id}/cancel`, `GET /v1/runs/{run_id}/events`,
+//!   `GET /v1/sessions/{session}/runs`, executed by a [`Worker`] in this or any other
+//!   process on the same state store (`docs/replicas.md`);
 //! - `GET /healthz`, `GET /metrics` (Prometheus text), and a web console at `/`.
 //!
 //! Turns of one (agent, user, session) run one at a time in arrival order behind a gate

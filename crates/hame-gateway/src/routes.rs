@@ -199,6 +199,10 @@ pub(crate) fn wants_sse(headers: &HeaderMap) -> bool {
 #[derive(Debug, Deserialize)]
 struct MessageBody {
     message: String,
+    /// The caller's own limits for this turn; they only tighten the server's
+    /// (`docs/cost.md`).
+    #[serde(default)]
+    budget: Option<serde_json::Value>,
 }
 
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
@@ -239,14 +243,29 @@ pub(crate) async fn post_message(
     if body.message.trim().is_empty() {
         return Err(ApiError::bad_request("`message` is empty"));
     }
-    let turn = turn::start_once(
+    let mut extras = turn::Extras::new();
+    if let Some(v) = body.budget {
+        // Checked here, so a bad one is a 400 naming the field and no turn runs.
+        hame::harness::cost::Budgets::default()
+            .for_call(&[(hame::harness::cost::BUDGET_EXTRA.to_owned(), v.clone())].into())
+            .map_err(|e| {
+                ApiError::bad_request(format!(
+                    "`budget`: {e} (e.g. {{\"run\": {{\"usd\": 0.5}}, \"user_day\": {{\"tokens\": 200000}}}})"
+                ))
+            })?;
+        extras.insert(hame::harness::cost::BUDGET_EXTRA.to_owned(), v);
+    }
+    let turn = turn::start_once_with(
         &shared,
         &shared.agent,
         user,
         session,
         CallInput::Message(Message::user(body.message)),
         key,
-        None,
+        turn::With {
+            extras,
+            ..turn::With::default()
+        },
     )?;
     Ok(answer(&shared, turn, wants_sse(&headers)).await)
 }

@@ -50,21 +50,45 @@ pub(crate) fn start_once(
     key: Option<crate::replay::RequestKey>,
     caller: Option<CallerRequest>,
 ) -> Result<Turn, ApiError> {
+    let with = With {
+        caller,
+        ..With::default()
+    };
+    start_once_with(shared, agent, user, session, input, key, with)
+}
+
+/// Values a request adds to its turn's runtime context (a caller's own budget).
+pub(crate) type Extras = std::collections::BTreeMap<String, Value>;
+
+/// What a request adds to its turn beyond its input.
+#[derive(Default)]
+pub(crate) struct With {
+    /// What an OpenAI-compatible request adds to the call (`hame::harness::caller`).
+    pub(crate) caller: Option<CallerRequest>,
+    /// Stops the turn (a child of the gateway's token, so the drain timeout stops it too).
+    pub(crate) cancel: Option<hame::CancellationToken>,
+    /// Values for the turn's runtime context (a caller's own budget).
+    pub(crate) extras: Extras,
+}
+
+/// [`start_once`] with everything a request may add ([`With`]).
+pub(crate) fn start_once_with(
+    shared: &Arc<Shared>,
+    agent: &HarnessAgent,
+    user: Option<String>,
+    session: String,
+    input: CallInput,
+    key: Option<crate::replay::RequestKey>,
+    with: With,
+) -> Result<Turn, ApiError> {
     use crate::replay::Claim;
     let Some(key) = key else {
-        return start_recorded(shared, agent, user, session, input, None, None, caller);
+        return start_recorded(shared, agent, user, session, input, None, with);
     };
     match shared.replays.claim(&key, &session)? {
-        Claim::New(recorder) => start_recorded(
-            shared,
-            agent,
-            user,
-            session,
-            input,
-            Some(recorder),
-            None,
-            caller,
-        ),
+        Claim::New(recorder) => {
+            start_recorded(shared, agent, user, session, input, Some(recorder), with)
+        }
         Claim::Replay(mut done, session) => {
             let (tx, rx) = mpsc::unbounded_channel();
             let (out_tx, out_rx) = oneshot::channel();
@@ -106,16 +130,11 @@ pub(crate) fn start_cancellable(
     input: CallInput,
     cancel: hame::CancellationToken,
 ) -> Result<Turn, ApiError> {
-    start_recorded(
-        shared,
-        &shared.agent,
-        user,
-        session,
-        input,
-        None,
-        Some(cancel),
-        None,
-    )
+    let with = With {
+        cancel: Some(cancel),
+        ..With::default()
+    };
+    start_recorded(shared, &shared.agent, user, session, input, None, with)
 }
 
 /// The key of a session in the gate table and the event hub.
@@ -126,8 +145,6 @@ pub(crate) fn key(agent: &str, user: Option<&str>, session: &str) -> String {
 /// Queues a turn on `(user, session)` and starts its task; its end goes to `recorder`
 /// (for the request's retries). Refused with 429 when the session's queue is full, 503
 /// while the gateway drains.
-// The agent, the request and what the turn is answered from: one value each.
-#[allow(clippy::too_many_arguments)]
 fn start_recorded(
     shared: &Arc<Shared>,
     agent: &HarnessAgent,
@@ -135,8 +152,7 @@ fn start_recorded(
     session: String,
     input: CallInput,
     recorder: Option<crate::replay::Recorder>,
-    cancel: Option<hame::CancellationToken>,
-    caller: Option<CallerRequest>,
+    with: With,
 ) -> Result<Turn, ApiError> {
     if shared.draining.is_cancelled() {
         return Err(ApiError::draining());
@@ -158,9 +174,15 @@ fn start_recorded(
     let mut ctx = shared.base.clone();
     ctx.session_id = session.clone();
     ctx.user_id = user;
+    let With {
+        caller,
+        cancel: with_cancel,
+        extras,
+    } = with;
     if let Some(caller) = caller {
         ctx = caller.into_context(ctx);
     }
+    ctx.extras.extend(extras);
     let me = shared.clone();
     let agent = agent.clone();
     shared.hub.active(&key, 1);
@@ -173,7 +195,7 @@ fn start_recorded(
     let task = async move {
         ticket.ready().await;
         let started = Instant::now();
-        let cancel = cancel.unwrap_or_else(|| me.cancel.child_token());
+        let cancel = with_cancel.unwrap_or_else(|| me.cancel.child_token());
         let (outcome, ended) = run(&me, &agent, &key, &ctx, input, &tx, &cancel).await;
         if let Some(recorder) = recorder {
             recorder.finish(crate::replay::Done::new(outcome.clone(), ended));
@@ -229,7 +251,6 @@ fn shown(ev: &AgentEvent) -> Option<(&'static str, Value)> {
 }
 
 /// Runs the turn: its outcome and the events that ended it (for its retries).
-#[allow(clippy::too_many_arguments)]
 async fn run(
     shared: &Arc<Shared>,
     agent: &HarnessAgent,

@@ -155,6 +155,18 @@ impl Worker {
         let mut ctx = self.base.clone();
         ctx.session_id = run.session.clone();
         ctx.user_id = run.user.clone();
+        ctx.extras.insert(
+            hame::harness::RUN_ID_EXTRA.to_owned(),
+            serde_json::Value::String(run.id.clone()),
+        );
+        // Taken over from a worker that died: if its turn was saved, it is not run again.
+        if claim.attempt > 1
+            && let Some(end) = self.already_ran(&ctx, &run.id).await
+        {
+            tracing::info!(run = %run.id, "the run's turn was saved by its previous worker; not running it again");
+            self.finish(&claim, &end).await;
+            return;
+        }
         let cancel = abort.child_token();
         let cancelled = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -238,6 +250,49 @@ impl Worker {
             }
         };
         self.finish(&claim, &end).await;
+    }
+
+    /// The end of run `id` when the session's saved state says its turn already ran (the
+    /// harness records the run id with the turn's fenced save): its last reply, or, when
+    /// the state does not end on one, a failure saying so. `None` when it did not run, or
+    /// when the state cannot be read (then the run is executed).
+    async fn already_ran(&self, ctx: &RuntimeContext, id: &str) -> Option<RunEnd> {
+        let state = match self.agent.state(ctx).await {
+            Ok(Some(s)) => s,
+            Ok(None) => return None,
+            Err(e) => {
+                tracing::warn!(run = %id, error = %e, "reading the session state failed; running the run");
+                return None;
+            }
+        };
+        let last = state
+            .extensions
+            .get(hame::harness::RUNS_EXTENSION)
+            .and_then(|v| v.get("last"))
+            .and_then(|v| v.as_str());
+        if last != Some(id) {
+            return None;
+        }
+        let reply = state
+            .messages
+            .last()
+            .filter(|m| m.role == hame::Role::Assistant && state.pending.is_none())
+            .map(hame::Message::text_content);
+        Some(match reply {
+            Some(text) => RunEnd::Completed {
+                reply: for_callers(json!(text))
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                usage: json!({}),
+            },
+            None => RunEnd::Failed(RunError {
+                code: "interrupted".into(),
+                message:
+                    "the worker running this turn died after saving it; see the session's messages"
+                        .into(),
+            }),
+        })
     }
 
     async fn finish(&self, claim: &Claim, end: &RunEnd) {

@@ -1188,8 +1188,13 @@ impl HarnessAgent {
         let mut extensions = Extensions::new();
         extensions.insert(ws.clone());
         extensions.insert(crate::cost::prompt_cache_key(key));
+        // The agent's budgets, tightened by the caller's own (`BUDGET_EXTRA`).
+        let budgets = match self.inner.budgets.for_call(&ctx.extras) {
+            Ok(b) => b,
+            Err(e) => return (Err(Error::Config(e)), 0),
+        };
         // A user-day budget counts what the user's other sessions saved today.
-        let others_today = if self.inner.budgets.user_day.is_unlimited() {
+        let others_today = if budgets.user_day.is_unlimited() {
             crate::cost::Spend::default()
         } else {
             match crate::cost::others_on(store.as_ref(), key, &crate::cost::today()).await {
@@ -1202,7 +1207,7 @@ impl HarnessAgent {
                 }
             }
         };
-        extensions.insert(crate::cost::CallSpend::new(others_today));
+        extensions.insert(crate::cost::CallSpend::new(others_today, budgets));
         // The session-log layer checks it before every durable write: a call whose lease was
         // lost (a renewal failed past its TTL, another replica took over) stops writing.
         extensions.insert_arc(lease.clone());
@@ -1243,6 +1248,15 @@ impl HarnessAgent {
         // already in the session log, and tool calls are always paired with results.
         // Fenced: refused if the lease was lost or taken over, so a stale holder never
         // overwrites its successor's state.
+        // A durable run's id goes into the state it ran in, with the same fenced save, so a
+        // worker that takes the run over after a crash sees that its turn already happened
+        // (docs/replicas.md).
+        if let Some(run) = ctx.extras.get(RUN_ID_EXTRA).and_then(|v| v.as_str()) {
+            state.extensions.insert(
+                RUNS_EXTENSION.to_owned(),
+                serde_json::json!({ "last": run }),
+            );
+        }
         hame_core::failpoint("call.before-save");
         let saved = store
             .save_fenced(key, &state, version, lease)
@@ -1277,6 +1291,12 @@ impl HarnessAgent {
         (result, unflushed)
     }
 }
+
+/// The [`RuntimeContext::extras`] key of the durable run a call executes (a string, the
+/// run id); the harness writes it into the saved state's [`RUNS_EXTENSION`].
+pub const RUN_ID_EXTRA: &str = "hame.run_id";
+/// The state extension `{"last": "<run id>"}`: the last durable run whose turn was saved.
+pub const RUNS_EXTENSION: &str = "runs";
 
 /// The declared user ids, each checked by the one id rule (a bad one is a configuration
 /// error naming it).

@@ -31,6 +31,11 @@ use sha2::{Digest, Sha256};
 /// The key of the spend record in [`AgentState::extensions`].
 pub const SPEND_EXTENSION: &str = "budget";
 
+/// The [`RuntimeContext`](hame_core::RuntimeContext) extra holding a caller's own
+/// [`Budgets`] (JSON) for one call: it can only tighten the agent's limits
+/// ([`Budgets::tighten`]). `hame serve` sets it from a message's `budget` field.
+pub const BUDGET_EXTRA: &str = "hame.budget";
+
 /// The prompt cache key of a session: `hame-` and 16 hex digits of the SHA-256 of its
 /// agent, user and session ids.
 pub fn prompt_cache_key(key: &StateKey) -> PromptCacheKey {
@@ -274,6 +279,57 @@ impl Budgets {
         Ok(())
     }
 
+    /// The stricter of this limit and `other`'s, limit by limit (a limit only one of them
+    /// sets is kept): what a caller's own budget can do to the agent's.
+    pub fn tighten(mut self, other: &Budgets) -> Budgets {
+        fn min<T: PartialOrd + Copy>(a: Option<T>, b: Option<T>) -> Option<T> {
+            match (a, b) {
+                (Some(a), Some(b)) => Some(if b < a { b } else { a }),
+                (a, b) => a.or(b),
+            }
+        }
+        for (mine, theirs) in [
+            (&mut self.run, &other.run),
+            (&mut self.session, &other.session),
+            (&mut self.user_day, &other.user_day),
+        ] {
+            mine.usd = min(mine.usd, theirs.usd);
+            mine.tokens = min(mine.tokens, theirs.tokens);
+            mine.input_tokens = min(mine.input_tokens, theirs.input_tokens);
+            mine.output_tokens = min(mine.output_tokens, theirs.output_tokens);
+        }
+        self
+    }
+
+    /// Whether every dollar limit is a number at least 0 (token limits are whole numbers
+    /// by their type).
+    pub fn is_valid(&self) -> bool {
+        [self.run, self.session, self.user_day]
+            .iter()
+            .filter_map(|l| l.usd)
+            .all(|v| v.is_finite() && v >= 0.0)
+    }
+
+    /// The budgets of a call: these, tightened by the caller's own in `extras`
+    /// ([`BUDGET_EXTRA`]).
+    ///
+    /// # Errors
+    /// One line when the extra is not a valid budget.
+    pub fn for_call(
+        &self,
+        extras: &std::collections::BTreeMap<String, serde_json::Value>,
+    ) -> Result<Budgets, String> {
+        let Some(v) = extras.get(BUDGET_EXTRA) else {
+            return Ok(*self);
+        };
+        let theirs: Budgets =
+            serde_json::from_value(v.clone()).map_err(|e| format!("invalid budget: {e}"))?;
+        if !theirs.is_valid() {
+            return Err("invalid budget: dollars must be a number at least 0".into());
+        }
+        Ok(self.tighten(&theirs))
+    }
+
     /// `other`'s limits where it sets one, else this one's.
     pub fn overlay(mut self, other: &Budgets) -> Budgets {
         for (mine, theirs) in [
@@ -436,13 +492,16 @@ pub fn check(
 pub(crate) struct CallSpend {
     run: Mutex<Spend>,
     others_today: Spend,
+    /// The call's budgets: the agent's, tightened by the caller's own.
+    budgets: Budgets,
 }
 
 impl CallSpend {
-    pub(crate) fn new(others_today: Spend) -> Self {
+    pub(crate) fn new(others_today: Spend, budgets: Budgets) -> Self {
         Self {
             run: Mutex::new(Spend::default()),
             others_today,
+            budgets,
         }
     }
 }
@@ -551,7 +610,9 @@ impl Layer for BudgetLayer {
         let info = next.model_info();
         let model = format!("{}:{}", info.provider, info.model);
         let price = self.prices.get(&info.provider, &info.model).copied();
-        if price.is_none() && self.budgets.limits_usd() {
+        let call = cx.extensions.get::<CallSpend>();
+        let budgets = call.map_or(&self.budgets, |c| &c.budgets);
+        if price.is_none() && budgets.limits_usd() {
             return Err(hame_core::Error::layer(
                 "budget",
                 format!(
@@ -562,8 +623,7 @@ impl Layer for BudgetLayer {
             ));
         }
         let day = today();
-        let call = cx.extensions.get::<CallSpend>();
-        if !self.budgets.is_unlimited() {
+        if !budgets.is_unlimited() {
             let run = call
                 .and_then(|c| c.run.lock().ok().map(|r| *r))
                 .unwrap_or_default();
@@ -572,7 +632,7 @@ impl Layer for BudgetLayer {
             if let Some(c) = call {
                 user_day.add(&c.others_today);
             }
-            if let Some(over) = check(&self.budgets, &run, &record.total(), &user_day) {
+            if let Some(over) = check(budgets, &run, &record.total(), &user_day) {
                 tracing::info!(scope = %over.scope, limit = %over.limit, spent = over.spent,
                     max = over.max, "budget exceeded; no further model request");
                 return Err(hame_core::Error::BudgetExceeded(over));

@@ -270,3 +270,47 @@ fn the_spend_record_lives_in_the_state_by_day_and_model() -> Result<(), serde_js
     assert_eq!(SpendRecord::of(&state), SpendRecord::default());
     Ok(())
 }
+
+#[test]
+fn a_callers_budget_only_tightens_the_agents() {
+    let agent = Budgets {
+        run: Limit {
+            usd: Some(1.0),
+            tokens: Some(1_000),
+            ..Limit::default()
+        },
+        ..Budgets::default()
+    };
+    let caller = Budgets {
+        run: Limit {
+            usd: Some(5.0),
+            tokens: Some(10),
+            ..Limit::default()
+        },
+        user_day: Limit {
+            output_tokens: Some(7),
+            ..Limit::default()
+        },
+        ..Budgets::default()
+    };
+    let call = agent.tighten(&caller);
+    assert_eq!(call.run.usd, Some(1.0), "a caller cannot raise a limit");
+    assert_eq!(call.run.tokens, Some(10));
+    assert_eq!(call.user_day.output_tokens, Some(7));
+    let mut extras = std::collections::BTreeMap::new();
+    assert_eq!(agent.for_call(&extras), Ok(agent));
+    extras.insert(
+        BUDGET_EXTRA.to_owned(),
+        serde_json::to_value(caller).unwrap_or_default(),
+    );
+    assert_eq!(agent.for_call(&extras), Ok(call));
+    for bad in [
+        serde_json::json!({"week": {"usd": 1}}),
+        serde_json::json!({"run": {"tokens": -1}}),
+        serde_json::json!({"run": {"usd": -0.5}}),
+        serde_json::json!("run.usd=1"),
+    ] {
+        extras.insert(BUDGET_EXTRA.to_owned(), bad.clone());
+        assert!(agent.for_call(&extras).is_err(), "{bad} was accepted");
+    }
+}

@@ -10,7 +10,10 @@
 //! ([`tools_config`]: allow/deny and MCP servers through `hame-mcp`, applied per call by
 //! the innermost [`ToolsConfigLayer`]); see `docs/skills.md` and `docs/tools-and-mcp.md`.
 //! Every tool call passes the [`permissions`] layer (allow / ask / deny rules with durable
-//! human approval, plan mode, the todo list; `docs/permissions.md`). What an API caller adds
+//! human approval, plan mode, the todo list; `docs/permissions.md`). Every model request
+//! passes the innermost [`cost::BudgetLayer`]: spend recorded in the session state,
+//! budgets per run, session and user-day checked before the request, and the call's prompt
+//! cache key ([`cost::prompt_cache_key`]); `docs/cost.md`. What an API caller adds
 //! to one call — instructions, client tools, a reply format, history — is [`caller`].
 //!
 //! Applications depend on the `hame` facade, which re-exports this crate.
@@ -66,7 +69,7 @@ mod workspace;
 
 pub use agent::{
     DEFAULT_AGENT_NAME, EnvFn, EnvLookup, HarnessAgent, HarnessAgentBuilder, ModelResolver,
-    ResolveFn, STATE_HOME_ENV, workspace_identity,
+    RUN_ID_EXTRA, RUNS_EXTENSION, ResolveFn, STATE_HOME_ENV, workspace_identity,
 };
 pub use context::{
     ContextOptions, DEFAULT_MEMORY_BUDGET_TOKENS, MAX_CONTEXT_FILE_BYTES, MAX_LISTED_FILES,

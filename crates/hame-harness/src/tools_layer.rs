@@ -49,7 +49,14 @@ pub struct ToolsConfigLayer {
     memo: Memo,
     /// Renamed and dropped MCP tools already reported ([`hame_mcp::names::NameNote::key`]).
     noted: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The configuration of each running step, by (call id, step): `tools.json` is read
+    /// once per step, by the model request, and its tool calls and the permission layer
+    /// use that reading (issue #34: one read per step, an edit shows at the next step).
+    steps: std::sync::Mutex<std::collections::HashMap<(String, usize), Arc<ToolsConfig>>>,
 }
+
+/// Steps whose configuration [`ToolsConfigLayer`] keeps at most; past this it starts over.
+const STEP_ENTRIES: usize = 1_024;
 
 /// Entries a [`Memo`] keeps of each kind; past this many it starts over.
 const MEMO_ENTRIES: usize = 32;
@@ -59,7 +66,7 @@ const MEMO_ENTRIES: usize = 32;
 const MEMO_MAX_TEXT: usize = 64 * 1024;
 
 /// What `tools.json` parses to, by its name and text, and the filters its `allow`/`deny`
-/// lists compile to. The file is still read at every step and tool call (an edit applies
+/// lists compile to. The file is still read once per step (`load_step`; an edit applies
 /// at the next one); only parsing and compiling an unchanged text again is saved (~10 µs
 /// each, measured in release). A text with `${VAR}` is parsed every time (the variables'
 /// values may change), and so is a text over [`MEMO_MAX_TEXT`].
@@ -90,6 +97,7 @@ impl ToolsConfigLayer {
             host: None,
             memo: Memo::default(),
             noted: Default::default(),
+            steps: std::sync::Mutex::default(),
         }
     }
 
@@ -139,6 +147,34 @@ impl ToolsConfigLayer {
     pub async fn load(&self, ws: &Workspace) -> Result<ToolsConfig, String> {
         let config = self.read_config(ws).await?;
         hame_core::secrets::add_all(&config.secrets);
+        Ok(config)
+    }
+
+    /// [`load`](Self::load) once per step of a call: the first caller of a step reads the
+    /// file, the others of that step get its reading. Without a call id (outside a call)
+    /// it reads.
+    pub(crate) async fn load_step(
+        &self,
+        ws: &Workspace,
+        call: Option<&str>,
+        step: usize,
+    ) -> Result<Arc<ToolsConfig>, String> {
+        let Some(call) = call else {
+            return self.load(ws).await.map(Arc::new);
+        };
+        let key = (call.to_owned(), step);
+        if let Some(c) = self.steps.lock().ok().and_then(|m| m.get(&key).cloned()) {
+            return Ok(c);
+        }
+        let config = Arc::new(self.load(ws).await?);
+        if let Ok(mut m) = self.steps.lock() {
+            // This call's earlier steps are over.
+            m.retain(|(c, s), _| c != call || *s >= step);
+            if m.len() >= STEP_ENTRIES {
+                m.clear();
+            }
+            m.insert(key, config.clone());
+        }
         Ok(config)
     }
 
@@ -267,7 +303,7 @@ impl Layer for ToolsConfigLayer {
             return next.run(cx, request).await;
         };
         let config = self
-            .load(ws)
+            .load_step(ws, cx.runtime.call_id(), cx.iteration)
             .await
             .map_err(|e| hame_core::Error::layer(self.name(), ToolsConfigError(e)))?;
         let filter = self
@@ -310,7 +346,10 @@ impl Layer for ToolsConfigLayer {
             return next.run(cx, call).await;
         };
         let done = |r: Result<String, ToolError>| ToolOutcome::Done(r);
-        let config = match self.load(ws).await {
+        let config = match self
+            .load_step(ws, cx.tool.runtime.call_id(), cx.iteration)
+            .await
+        {
             Ok(c) => c,
             Err(e) => return done(Err(ToolError::new(codes::FAILED, e))),
         };

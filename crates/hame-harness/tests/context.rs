@@ -272,3 +272,56 @@ async fn store_operations_per_unchanged_step() -> TestResult {
     assert!(per_step <= 60.0, "{per_step} store operations per step");
     Ok(())
 }
+
+/// `tools.json` is read once per step, and an edit made by a tool shows at the next step
+/// of the same call: the next request no longer offers the denied tool, and a call of it
+/// is refused.
+#[tokio::test]
+async fn a_tools_json_edit_applies_at_the_next_step() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws)?;
+    let call = |id: &str, name: &str, args: serde_json::Value| hame_core::ToolCall {
+        id: id.into(),
+        name: name.into(),
+        arguments: args.to_string(),
+    };
+    let model = ScriptedModel::new([
+        Reply::tools(&[call("c0", "noop", serde_json::json!({}))]),
+        Reply::tools(&[call(
+            "c1",
+            "write_file",
+            serde_json::json!({"file_path": "tools.json",
+                               "content": "{\"deny\": [\"noop\"]}"}),
+        )]),
+        Reply::tools(&[call("c2", "noop", serde_json::json!({}))]),
+        Reply::text("done"),
+    ]);
+    let agent = HarnessAgent::builder()
+        .model(Arc::new(model.clone()))
+        .workspace(&ws)
+        .tool(Arc::new(Noop))
+        .state_store(Arc::new(hame_state::InMemoryStore::new()))
+        .memory(hame_harness::memory::MemoryOptions::disabled())
+        .build()?;
+    let events = turn(&agent, Message::user("go"), &RuntimeContext::new("s1")).await;
+    let results: Vec<(String, bool)> = events
+        .iter()
+        .filter_map(|e| match e {
+            AgentEvent::ToolFinished { name, is_error, .. } => Some((name.clone(), *is_error)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        results,
+        vec![
+            ("noop".to_owned(), false),
+            ("write_file".to_owned(), false),
+            ("noop".to_owned(), true),
+        ],
+        "{events:?}"
+    );
+    let offered = |i: usize| model.requests()[i].tools.iter().any(|t| t.name == "noop");
+    assert!(offered(0) && offered(1) && !offered(2) && !offered(3));
+    Ok(())
+}

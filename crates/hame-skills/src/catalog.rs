@@ -3,12 +3,14 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use chrono::Utc;
 use hame_core::{AgentEvent, EventSink};
 use hame_fs::{DeleteOptions, Filesystem, FsPath, WriteOptions};
 use hame_tools::Workspace;
 
+use crate::repository::{Cached, DEFAULT_REFRESH, SkillRepository};
 use crate::skill::{
     SkillDoc, SkillLayer, SkillState, Usage, curate, merge, parse_skill, render_skill, valid_name,
 };
@@ -26,13 +28,54 @@ pub const MAX_RESOURCES: usize = 200;
 pub const MAX_SKILL_BYTES: usize = 256 * 1024;
 /// Event kind of a skill skipped for invalid front matter (printed by `hame run`).
 pub const INVALID_EVENT: &str = "workspace.skill_invalid";
+/// Event kind of a skill repository that could not be fetched (printed by `hame run`).
+pub const REPOSITORY_FAILED_EVENT: &str = "skills.repository_failed";
+/// Event kind of a skill name held by more than one layer (reported once per process).
+pub const SHADOWED_EVENT: &str = "skills.shadowed";
 
 /// Settings of the skills capability.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct SkillsOptions {
-    /// The project/global skills directory on the host (`<dir>/<name>/SKILL.md`), the
-    /// lowest layer.
+    /// The project/global skills directory on the host (`<dir>/<name>/SKILL.md`), above
+    /// the repositories.
     pub global_dir: Option<PathBuf>,
+    /// Skill repositories, the lowest layers, in precedence order (the first wins a name
+    /// among them).
+    pub repositories: Vec<Arc<dyn SkillRepository>>,
+    /// How long a repository's snapshot is used before it is fetched again (default
+    /// [`DEFAULT_REFRESH`], 300 s).
+    pub refresh: Duration,
+}
+
+impl Default for SkillsOptions {
+    fn default() -> Self {
+        Self {
+            global_dir: None,
+            repositories: Vec::new(),
+            refresh: DEFAULT_REFRESH,
+        }
+    }
+}
+
+impl SkillsOptions {
+    /// With the global directory.
+    pub fn with_global_dir(mut self, dir: Option<PathBuf>) -> Self {
+        self.global_dir = dir;
+        self
+    }
+
+    /// With a repository after those already given (lower precedence).
+    pub fn with_repository(mut self, repo: Arc<dyn SkillRepository>) -> Self {
+        self.repositories.push(repo);
+        self
+    }
+
+    /// With the refresh interval of the repositories.
+    pub fn with_refresh(mut self, every: Duration) -> Self {
+        self.refresh = every;
+        self
+    }
 }
 
 /// One skill as the caller sees it.
@@ -51,6 +94,12 @@ pub struct Skill {
     pub dir: String,
     /// Whether `read_file` and `execute` reach [`dir`](Self::dir).
     pub in_workspace: bool,
+    /// Where it comes from: `workspace`, `user`, `global <dir>`, or the repository's
+    /// label (`git <url>@<ref>`, `sql <url> table <t>`).
+    pub source: String,
+    /// The repository's version it was read at (a commit id, a digest); `None` outside
+    /// repositories.
+    pub version: Option<String>,
 }
 
 /// A `SKILL.md` that was skipped.
@@ -62,6 +111,26 @@ pub struct Invalid {
     pub error: String,
 }
 
+/// A skill name held by more than one layer: the highest one wins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shadowed {
+    /// The name.
+    pub name: String,
+    /// The source whose skill is used ([`Skill::source`]).
+    pub used: String,
+    /// The sources whose skill of that name is hidden, highest first.
+    pub hidden: Vec<String>,
+}
+
+/// A repository that could not be fetched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepositoryError {
+    /// The repository's label.
+    pub repository: String,
+    /// Why (the last snapshot, if any, is still used).
+    pub error: String,
+}
+
 /// Every skill of a caller, in every state, and the skipped ones.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Catalog {
@@ -69,6 +138,10 @@ pub struct Catalog {
     pub skills: Vec<Skill>,
     /// Files skipped for invalid front matter.
     pub invalid: Vec<Invalid>,
+    /// Names held by more than one layer, sorted by name.
+    pub shadowed: Vec<Shadowed>,
+    /// Repositories whose fetch failed now.
+    pub repository_errors: Vec<RepositoryError>,
 }
 
 impl Catalog {
@@ -88,13 +161,17 @@ struct Source {
     base: FsPath,
     shown: String,
     in_workspace: bool,
+    label: String,
+    version: Option<String>,
 }
 
-/// The skills capability of an agent: the global directory and the warnings already
-/// given. One per agent; it holds no caller's data.
+/// The skills capability of an agent: the global directory, the repositories with their
+/// last snapshots, and the warnings already given. One per agent; it holds no caller's
+/// data.
 #[derive(Debug)]
 pub struct Skills {
     global: Option<(PathBuf, Arc<dyn Filesystem>)>,
+    repositories: Vec<Cached>,
     warned: Mutex<HashSet<u64>>,
 }
 
@@ -124,14 +201,43 @@ impl Skills {
             }
             None => None,
         };
+        let repositories = options
+            .repositories
+            .into_iter()
+            .map(|r| Cached::new(r, options.refresh))
+            .collect();
         Ok(Self {
             global,
+            repositories,
             warned: Mutex::new(HashSet::new()),
         })
     }
 
-    fn sources(&self, ws: &Workspace) -> Vec<Source> {
+    /// The sources, lowest first (the repositories in declared order, so the first wins
+    /// a name among them), and the repositories that failed now.
+    async fn sources(&self, ws: &Workspace) -> (Vec<Source>, Vec<RepositoryError>) {
         let mut out = Vec::new();
+        let mut errors = Vec::new();
+        let fetched = futures_join_all(self.repositories.iter().map(|r| r.current())).await;
+        for (repo, current) in self.repositories.iter().zip(fetched) {
+            if let Some(error) = current.error {
+                errors.push(RepositoryError {
+                    repository: repo.label.clone(),
+                    error,
+                });
+            }
+            if let Some(snap) = current.snapshot {
+                out.push(Source {
+                    layer: SkillLayer::Repository,
+                    fs: snap.files,
+                    base: FsPath::root(),
+                    shown: repo.label.clone(),
+                    in_workspace: false,
+                    label: repo.label.clone(),
+                    version: Some(snap.version),
+                });
+            }
+        }
         if let Some((dir, fs)) = &self.global {
             out.push(Source {
                 layer: SkillLayer::Global,
@@ -139,6 +245,8 @@ impl Skills {
                 base: FsPath::root(),
                 shown: dir.display().to_string(),
                 in_workspace: false,
+                label: format!("global {}", dir.display()),
+                version: None,
             });
         }
         let skills = FsPath::parse("skills").unwrap_or_else(|_| FsPath::root());
@@ -148,6 +256,8 @@ impl Skills {
             base: skills.clone(),
             shown: "skills".into(),
             in_workspace: true,
+            label: "workspace".into(),
+            version: None,
         });
         if let (Some(o), Some(user)) = (ws.overrides(), ws.identity().user.as_deref()) {
             out.push(Source {
@@ -156,9 +266,11 @@ impl Skills {
                 base: skills,
                 shown: format!("{user}/skills"),
                 in_workspace: true,
+                label: "user".into(),
+                version: None,
             });
         }
-        out
+        (out, errors)
     }
 
     fn drafts(ws: &Workspace) -> Source {
@@ -178,6 +290,8 @@ impl Skills {
             base: FsPath::parse(&format!("skills/{DRAFTS_DIR}")).unwrap_or_else(|_| FsPath::root()),
             shown: format!("{prefix}skills/{DRAFTS_DIR}"),
             in_workspace: true,
+            label: "draft".into(),
+            version: None,
         }
     }
 
@@ -185,7 +299,7 @@ impl Skills {
     /// skipped file is reported once per process and content as a
     /// [`INVALID_EVENT`] custom event (and a `tracing` warning).
     pub async fn catalog(&self, ws: &Workspace, events: Option<&EventSink>) -> Catalog {
-        let sources = self.sources(ws);
+        let (sources, repository_errors) = self.sources(ws).await;
         let draft_source = Self::drafts(ws);
         let reads = sources.iter().map(read_layer);
         let (layers, drafts, usage) = tokio::join!(
@@ -201,6 +315,7 @@ impl Skills {
                 found.push((source.layer, doc.name.clone(), (source.clone(), dir, doc)));
             }
         }
+        let shadowed = shadowed(&found);
         let now = Utc::now();
         let mut skills: Vec<Skill> = merge(found)
             .into_iter()
@@ -211,6 +326,8 @@ impl Skills {
                 layer,
                 dir: format!("{}/{dir}", source.shown),
                 in_workspace: source.in_workspace,
+                source: source.label.clone(),
+                version: source.version.clone(),
             })
             .collect();
         let (draft_docs, bad) = drafts;
@@ -223,26 +340,69 @@ impl Skills {
                 state: SkillState::Draft,
                 dir: format!("{}/{dir}", draft_source.shown),
                 in_workspace: true,
+                source: draft_source.label.clone(),
+                version: None,
             });
         }
         if let Some(events) = events {
             self.warn(ws, &invalid, events);
+            self.report(&shadowed, &repository_errors, events);
         }
-        Catalog { skills, invalid }
+        Catalog {
+            skills,
+            invalid,
+            shadowed,
+            repository_errors,
+        }
     }
 
-    fn warn(&self, ws: &Workspace, invalid: &[Invalid], events: &EventSink) {
-        use std::hash::{Hash, Hasher};
+    /// Whether `key` is new to this process (the warned set is bounded).
+    fn first_time(&self, key: impl std::hash::Hash) -> bool {
+        use std::hash::Hasher;
         let Ok(mut warned) = self.warned.lock() else {
-            return;
+            return false;
         };
         if warned.len() > MAX_WARNED {
             warned.clear();
         }
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        key.hash(&mut h);
+        warned.insert(h.finish())
+    }
+
+    /// Reports each shadowed name and each failed repository once per process and
+    /// content.
+    fn report(&self, shadowed: &[Shadowed], errors: &[RepositoryError], events: &EventSink) {
+        for s in shadowed {
+            if self.first_time(("shadowed", &s.name, &s.used, &s.hidden)) {
+                tracing::info!(skill = %s.name, used = %s.used, hidden = ?s.hidden, "skill name held by more than one layer");
+                events.emit(AgentEvent::Custom {
+                    kind: SHADOWED_EVENT.into(),
+                    data: serde_json::json!({
+                        "name": s.name,
+                        "used": s.used,
+                        "hidden": s.hidden,
+                    }),
+                });
+            }
+        }
+        for e in errors {
+            if self.first_time(("repository", &e.repository, &e.error)) {
+                tracing::warn!(repository = %e.repository, error = %e.error, "skill repository not fetched");
+                events.emit(AgentEvent::Custom {
+                    kind: REPOSITORY_FAILED_EVENT.into(),
+                    data: serde_json::json!({
+                        "path": e.repository,
+                        "error": format!("{}; using its last fetched skills, if any", e.error),
+                    }),
+                });
+            }
+        }
+    }
+
+    fn warn(&self, ws: &Workspace, invalid: &[Invalid], events: &EventSink) {
         for bad in invalid {
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            (&ws.identity().user, &bad.path, &bad.error).hash(&mut h);
-            if warned.insert(h.finish()) {
+            if self.first_time((&ws.identity().user, &bad.path, &bad.error)) {
                 tracing::warn!(path = %bad.path, error = %bad.error, "skill skipped");
                 events.emit(AgentEvent::Custom {
                     kind: INVALID_EVENT.into(),
@@ -273,8 +433,10 @@ impl Skills {
         };
         let source = self
             .sources(ws)
+            .await
+            .0
             .into_iter()
-            .find(|s| s.layer == skill.layer)
+            .find(|s| s.layer == skill.layer && s.label == skill.source)
             .ok_or_else(|| Error::NotFound(format!("skill `{name}` vanished")))?;
         let dir_name = skill.dir.rsplit('/').next().unwrap_or(name).to_owned();
         let dir = source
@@ -439,8 +601,14 @@ pub fn prompt_block(skills: &[&Skill]) -> Option<String> {
 }
 
 fn render_loaded(skill: &Skill, doc: &SkillDoc, resources: &[String], shell: bool) -> String {
+    // A repository's skill names its source and version, so the session log pins the
+    // run to the exact text it used (a commit id for Git).
+    let origin = match &skill.version {
+        Some(v) => format!(" source=\"{}\" version=\"{v}\"", skill.source),
+        None => String::new(),
+    };
     let mut out = format!(
-        "<skill name=\"{}\" layer=\"{}\" dir=\"{}\">\n{}\n</skill>\n",
+        "<skill name=\"{}\" layer=\"{}\"{origin} dir=\"{}\">\n{}\n</skill>\n",
         skill.name,
         skill.layer.as_str(),
         skill.dir,
@@ -477,6 +645,32 @@ fn render_loaded(skill: &Skill, doc: &SkillDoc, resources: &[String], shell: boo
         } else {
             out.push_str("\nThis mode has no shell: the scripts cannot be run here; read them for reference.\n");
         }
+    }
+    out
+}
+
+/// The names held by more than one source (`found` lists sources lowest first), with
+/// the source that wins and those it hides.
+fn shadowed(found: &[(SkillLayer, String, (Source, String, SkillDoc))]) -> Vec<Shadowed> {
+    let mut by_name: BTreeMap<&str, Vec<(SkillLayer, usize, &str)>> = BTreeMap::new();
+    for (i, (layer, name, (source, _, _))) in found.iter().enumerate() {
+        by_name
+            .entry(name.as_str())
+            .or_default()
+            .push((*layer, i, source.label.as_str()));
+    }
+    let mut out = Vec::new();
+    for (name, mut holders) in by_name {
+        if holders.len() < 2 {
+            continue;
+        }
+        // Highest layer first; within a layer, the first found (declared first).
+        holders.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        out.push(Shadowed {
+            name: name.to_owned(),
+            used: holders[0].2.to_owned(),
+            hidden: holders[1..].iter().map(|h| h.2.to_owned()).collect(),
+        });
     }
     out
 }

@@ -17,9 +17,21 @@
 //! - [`curate`]: agent-created skills unused for 30 days are stale, for 90 days archived
 //!   (never deleted); a plain function over [`Usage`].
 //!
+//! - [`SkillRepository`]: skills from outside the workspace (ADR 0030), the lowest layers
+//!   in declared order (user > workspace > global directory > repositories), each fetched
+//!   at most once per [`SkillsOptions::refresh`] (default 300 s; a failed fetch keeps the
+//!   last snapshot and is reported once as [`REPOSITORY_FAILED_EVENT`]); `load_skill`
+//!   names a repository skill's source and version (its commit) in its result, so the
+//!   session log pins the run to it. Names held by several layers are in
+//!   [`Catalog::shadowed`] and reported once ([`SHADOWED_EVENT`]).
+//!
 //! The harness wires it (the prompt block in the workspace-context layer, the tools in
-//! the tool set); depend on it directly to list or promote skills outside an agent. No
-//! features.
+//! the tool set); depend on it directly to list or promote skills outside an agent.
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `git` | `GitRepository`: a Git URL and ref, cloned with `gix` into a cache |
+//! | `sql` | `SqlRepository`: a PostgreSQL or MySQL/MariaDB table, through sqlx |
 //!
 //! ```
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -47,17 +59,28 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod catalog;
+#[cfg(feature = "git")]
+mod git;
+mod repository;
 mod skill;
+#[cfg(feature = "sql")]
+mod sql;
 mod tools;
 
 pub use catalog::{
     Catalog, DRAFTS_DIR, INVALID_EVENT, Invalid, MAX_RESOURCES, MAX_SKILL_BYTES,
-    MAX_SKILLS_PER_LAYER, Skill, Skills, SkillsOptions, USAGE_FILE, prompt_block,
+    MAX_SKILLS_PER_LAYER, REPOSITORY_FAILED_EVENT, RepositoryError, SHADOWED_EVENT, Shadowed,
+    Skill, Skills, SkillsOptions, USAGE_FILE, prompt_block,
 };
+#[cfg(feature = "git")]
+pub use git::GitRepository;
+pub use repository::{DEFAULT_REFRESH, SkillRepository, Snapshot};
 pub use skill::{
     ARCHIVE_AFTER_DAYS, FrontMatter, MAX_DESCRIPTION_CHARS, MAX_NAME_LEN, STALE_AFTER_DAYS,
     SkillDoc, SkillLayer, SkillState, Usage, curate, merge, parse_skill, render_skill, valid_name,
 };
+#[cfg(feature = "sql")]
+pub use sql::{DEFAULT_TABLE, SqlRepository};
 pub use tools::skill_tools;
 
 /// Why a skills operation failed.

@@ -18,6 +18,9 @@ pub const ARCHIVE_AFTER_DAYS: i64 = 90;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SkillLayer {
+    /// A skill repository ([`crate::SkillRepository`]: Git, SQL), the lowest layer; among
+    /// repositories the one declared first wins a name.
+    Repository,
     /// The project/global skills directory (`--skills-dir`).
     Global,
     /// The workspace's `skills/` (in the isolated modes: the tenant's namespace over the
@@ -31,6 +34,7 @@ impl SkillLayer {
     /// Its name in listings.
     pub fn as_str(self) -> &'static str {
         match self {
+            SkillLayer::Repository => "repository",
             SkillLayer::Global => "global",
             SkillLayer::Workspace => "workspace",
             SkillLayer::User => "user",
@@ -152,8 +156,8 @@ pub fn render_skill(name: &str, description: &str, body: &str) -> Result<String,
     Ok(format!("---\n{}---\n\n{}\n", yaml, body.trim_end()))
 }
 
-/// Merges the skills of the layers: for each name the highest layer wins; the result is
-/// sorted by name.
+/// Merges the skills of the layers: for each name the highest layer wins (within one
+/// layer, the first in `found`); the result is sorted by name.
 pub fn merge<T: Clone>(mut found: Vec<(SkillLayer, String, T)>) -> Vec<(SkillLayer, String, T)> {
     found.sort_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)));
     found.dedup_by(|later, first| later.1 == first.1);

@@ -625,7 +625,8 @@ pub async fn lapsed_lease_is_lost<S: StateStore + RawAccess>(store: &S) -> Resul
         return Ok(());
     }
     let k = key(&unique_agent(), Some("u1"), "lapsed")?;
-    let ttl = Duration::from_millis(300);
+    // Long enough that acquiring it on a loaded machine leaves some of it (300 ms did not).
+    let ttl = Duration::from_millis(1000);
     let lease = store
         .acquire(&k, LeaseOptions::new(ttl, Duration::ZERO))
         .await?;
@@ -636,7 +637,7 @@ pub async fn lapsed_lease_is_lost<S: StateStore + RawAccess>(store: &S) -> Resul
         "remaining {:?}",
         lease.remaining()
     );
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
     ensure!(
         matches!(lease.check(), Err(Error::LeaseLost { .. })),
         "a lapsed lease passed its check"

@@ -368,3 +368,23 @@ mod run_queue_postgres {
 
     crate::run_queue_tests!(make());
 }
+
+#[cfg(feature = "mysql")]
+mod run_queue_mysql {
+    use std::sync::Arc;
+
+    use crate::conformance::service_url;
+    use crate::runs::MySqlRunQueue;
+    use crate::{Result, SqlOptions};
+
+    async fn make() -> Result<Option<Arc<MySqlRunQueue>>> {
+        let Some(url) = service_url("HAME_TEST_MYSQL_URL")? else {
+            return Ok(None);
+        };
+        Ok(Some(Arc::new(
+            MySqlRunQueue::connect(&url, SqlOptions::default()).await?,
+        )))
+    }
+
+    crate::run_queue_tests!(make());
+}

@@ -80,6 +80,46 @@ fn tool<'a>(tools: &'a [Arc<dyn Tool>], name: &str) -> &'a Arc<dyn Tool> {
         .unwrap_or_else(|| panic!("no tool {name}"))
 }
 
+/// Calls tool `name` of `tools` with `args` in `ctx`.
+async fn call(
+    tools: &[Arc<dyn Tool>],
+    name: &str,
+    args: serde_json::Value,
+    ctx: &ToolContext,
+) -> hame_core::ToolOutput {
+    tool(tools, name).call(args, ctx).await
+}
+
+/// `agent_spawn` of `worker` with `task`, waiting for it.
+async fn spawn(tools: &[Arc<dyn Tool>], task: &str, ctx: &ToolContext) -> hame_core::ToolOutput {
+    let args = json!({"agent_id": "worker", "task": task});
+    call(tools, "agent_spawn", args, ctx).await
+}
+
+/// [`setup`] with a runner that answers at once and the default options.
+fn setup_default() -> (Arc<Subagents>, ToolContext, Vec<Arc<dyn Tool>>) {
+    setup(Arc::new(Slow::default()), SubagentOptions::default())
+}
+
+/// `agent_spawn` of `worker` with task `t` in the background.
+async fn spawn_in_background(tools: &[Arc<dyn Tool>], ctx: &ToolContext) -> hame_core::ToolOutput {
+    let args = json!({"agent_id": "worker", "task": "t", "background": true});
+    call(tools, "agent_spawn", args, ctx).await
+}
+
+/// A runner that answers after `delay`.
+fn slow(delay: Duration) -> Arc<Slow> {
+    Arc::new(Slow {
+        delay,
+        ..Slow::default()
+    })
+}
+
+/// The workspace of `ctx`.
+fn ws_of(ctx: &ToolContext) -> Result<Workspace, &'static str> {
+    ctx.extensions.get::<Workspace>().cloned().ok_or("ws")
+}
+
 fn task_id(text: &str) -> String {
     let at = text.find("task-").unwrap_or(0);
     text[at..at + 17].to_owned()
@@ -87,10 +127,7 @@ fn task_id(text: &str) -> String {
 
 #[tokio::test]
 async fn a_hundred_background_children_run_under_the_bound_and_leave_nothing() -> TestResult {
-    let runner = Arc::new(Slow {
-        delay: Duration::from_millis(20),
-        ..Slow::default()
-    });
+    let runner = slow(Duration::from_millis(20));
     let options = SubagentOptions {
         max_concurrency: 4,
         ..SubagentOptions::default()
@@ -116,7 +153,7 @@ async fn a_hundred_background_children_run_under_the_bound_and_leave_nothing() -
         "peak {}",
         runner.peak.load(Ordering::SeqCst)
     );
-    let ws = ctx.extensions.get::<Workspace>().cloned().ok_or("ws")?;
+    let ws = ws_of(&ctx)?;
     let records = subagents.sweep(&ws).await?;
     assert_eq!(records.len(), 100);
     assert!(records.iter().all(|r| r.status == TaskStatus::Completed));
@@ -130,7 +167,7 @@ async fn a_hundred_background_children_run_under_the_bound_and_leave_nothing() -
 
 #[tokio::test]
 async fn a_child_past_its_time_limit_is_failed() -> TestResult {
-    let (_, ctx, _) = setup(Arc::new(Slow::default()), SubagentOptions::default());
+    let (_, ctx, _) = setup_default();
     let subagents = Arc::new(Subagents::new(
         "hame",
         SubagentOptions::default(),
@@ -140,10 +177,7 @@ async fn a_child_past_its_time_limit_is_failed() -> TestResult {
                 .into(),
         ],
     ));
-    subagents.set_runner(Arc::new(Slow {
-        delay: Duration::from_secs(30),
-        ..Slow::default()
-    }));
+    subagents.set_runner(slow(Duration::from_secs(30)));
     let spawn = hame_subagent::subagent_tools(&subagents).remove(0);
     let started = std::time::Instant::now();
     let out = spawn
@@ -169,8 +203,7 @@ async fn a_failing_child_is_an_error_result_and_a_failed_record() -> TestResult 
         ..Slow::default()
     });
     let (subagents, ctx, tools) = setup(runner, SubagentOptions::default());
-    let err = tool(&tools, "agent_spawn")
-        .call(json!({"agent_id": "worker", "task": "t"}), &ctx)
+    let err = spawn(&tools, "t", &ctx)
         .await
         .err()
         .ok_or("expected an error")?;
@@ -179,7 +212,7 @@ async fn a_failing_child_is_an_error_result_and_a_failed_record() -> TestResult 
         "{}",
         err.message
     );
-    let ws = ctx.extensions.get::<Workspace>().cloned().ok_or("ws")?;
+    let ws = ws_of(&ctx)?;
     let records = subagents.sweep(&ws).await?;
     assert_eq!(records[0].status, TaskStatus::Failed);
     Ok(())
@@ -187,35 +220,22 @@ async fn a_failing_child_is_an_error_result_and_a_failed_record() -> TestResult 
 
 #[tokio::test]
 async fn cancel_stops_a_running_child_and_its_record_says_so() -> TestResult {
-    let runner = Arc::new(Slow {
-        delay: Duration::from_secs(30),
-        ..Slow::default()
-    });
+    let runner = slow(Duration::from_secs(30));
     let (_subagents, ctx, tools) = setup(runner, SubagentOptions::default());
-    let out = tool(&tools, "agent_spawn")
-        .call(
-            json!({"agent_id": "worker", "task": "t", "background": true}),
-            &ctx,
-        )
-        .await?;
+    let out = spawn_in_background(&tools, &ctx).await?;
     let id = task_id(&out);
     tokio::time::sleep(Duration::from_millis(50)).await;
     let started = std::time::Instant::now();
-    let out = tool(&tools, "task_cancel")
-        .call(json!({"task_id": id}), &ctx)
-        .await?;
+    let out = call(&tools, "task_cancel", json!({"task_id": id}), &ctx).await?;
     assert!(started.elapsed() < Duration::from_secs(2));
     assert!(out.contains("status: cancelled"), "{out}");
     // A second cancel is refused; task_output reports the outcome.
     assert!(
-        tool(&tools, "task_cancel")
-            .call(json!({"task_id": id}), &ctx)
+        call(&tools, "task_cancel", json!({"task_id": id}), &ctx)
             .await
             .is_err()
     );
-    let out = tool(&tools, "task_output")
-        .call(json!({"task_id": id}), &ctx)
-        .await?;
+    let out = call(&tools, "task_output", json!({"task_id": id}), &ctx).await?;
     assert!(
         out.contains("status: cancelled") && out.contains("task_cancel"),
         "{out}"
@@ -225,10 +245,7 @@ async fn cancel_stops_a_running_child_and_its_record_says_so() -> TestResult {
 
 #[tokio::test]
 async fn a_sync_spawn_past_its_wait_keeps_running_in_the_background() -> TestResult {
-    let runner = Arc::new(Slow {
-        delay: Duration::from_millis(1500),
-        ..Slow::default()
-    });
+    let runner = slow(Duration::from_millis(1500));
     let (_subagents, ctx, tools) = setup(runner, SubagentOptions::default());
     let out = tool(&tools, "agent_spawn")
         .call(
@@ -238,9 +255,13 @@ async fn a_sync_spawn_past_its_wait_keeps_running_in_the_background() -> TestRes
         .await?;
     assert!(out.contains("keeps running as background task"), "{out}");
     let id = task_id(&out);
-    let out = tool(&tools, "task_output")
-        .call(json!({"task_id": id, "wait_seconds": 10}), &ctx)
-        .await?;
+    let out = call(
+        &tools,
+        "task_output",
+        json!({"task_id": id, "wait_seconds": 10}),
+        &ctx,
+    )
+    .await?;
     assert!(
         out.contains("status: completed") && out.contains("did t"),
         "{out}"
@@ -250,20 +271,23 @@ async fn a_sync_spawn_past_its_wait_keeps_running_in_the_background() -> TestRes
 
 #[tokio::test]
 async fn hostile_ids_are_refused() -> TestResult {
-    let (_subagents, ctx, tools) = setup(Arc::new(Slow::default()), SubagentOptions::default());
+    let (_subagents, ctx, tools) = setup_default();
     for id in ["../../etc/passwd", "task-../x", "task-zzzzzzzzzzzz"] {
-        let err = tool(&tools, "task_output")
-            .call(json!({"task_id": id}), &ctx)
+        let err = call(&tools, "task_output", json!({"task_id": id}), &ctx)
             .await
             .err()
             .ok_or("accepted")?;
         assert_eq!(err.code, "unknown_task", "{id}");
     }
-    let err = tool(&tools, "agent_spawn")
-        .call(json!({"agent_id": "../x", "task": "t"}), &ctx)
-        .await
-        .err()
-        .ok_or("accepted")?;
+    let err = call(
+        &tools,
+        "agent_spawn",
+        json!({"agent_id": "../x", "task": "t"}),
+        &ctx,
+    )
+    .await
+    .err()
+    .ok_or("accepted")?;
     assert_eq!(err.code, "unknown_subagent");
     assert!(err.message.contains("available: worker"), "{}", err.message);
     Ok(())
@@ -271,24 +295,21 @@ async fn hostile_ids_are_refused() -> TestResult {
 
 #[tokio::test]
 async fn another_sessions_task_is_not_visible() -> TestResult {
-    let (subagents, ctx, tools) = setup(Arc::new(Slow::default()), SubagentOptions::default());
-    let out = tool(&tools, "agent_spawn")
-        .call(json!({"agent_id": "worker", "task": "t"}), &ctx)
-        .await?;
+    let (subagents, ctx, tools) = setup_default();
+    let out = spawn(&tools, "t", &ctx).await?;
     let id = task_id(&out);
-    let ws = ctx.extensions.get::<Workspace>().cloned().ok_or("ws")?;
+    let ws = ws_of(&ctx)?;
     let mut other_ext = Extensions::new();
     other_ext.insert(ws.for_session("s2"));
     let other =
         ToolContext::new(RuntimeContext::new("s2").with_user("u1"), "c").with_extensions(other_ext);
-    let err = tool(&tools, "task_output")
-        .call(json!({"task_id": id}), &other)
+    let err = call(&tools, "task_output", json!({"task_id": id}), &other)
         .await
         .err()
         .ok_or("another session read the task")?;
     assert_eq!(err.code, "unknown_task");
     assert_eq!(
-        tool(&tools, "task_list").call(json!({}), &other).await?,
+        call(&tools, "task_list", json!({}), &other).await?,
         "no tasks in this session"
     );
     let _ = subagents;
@@ -297,13 +318,12 @@ async fn another_sessions_task_is_not_visible() -> TestResult {
 
 #[tokio::test]
 async fn depth_is_enforced_at_every_level() -> TestResult {
-    let (_s, ctx, tools) = setup(Arc::new(Slow::default()), SubagentOptions::default());
+    let (_s, ctx, tools) = setup_default();
     let mut deep = ctx.clone();
     deep.runtime = deep
         .runtime
         .with_extra(hame_subagent::DEPTH_EXTRA, json!(1));
-    let err = tool(&tools, "agent_spawn")
-        .call(json!({"agent_id": "worker", "task": "t"}), &deep)
+    let err = spawn(&tools, "t", &deep)
         .await
         .err()
         .ok_or("a leaf spawned")?;
@@ -313,17 +333,19 @@ async fn depth_is_enforced_at_every_level() -> TestResult {
 
 #[tokio::test]
 async fn agent_send_continues_the_same_child_session() -> TestResult {
-    let (subagents, ctx, tools) = setup(Arc::new(Slow::default()), SubagentOptions::default());
-    let out = tool(&tools, "agent_spawn")
-        .call(json!({"agent_id": "worker", "task": "first"}), &ctx)
-        .await?;
+    let (subagents, ctx, tools) = setup_default();
+    let out = spawn(&tools, "first", &ctx).await?;
     assert!(out.contains("did first"), "{out}");
     let id = task_id(&out);
-    let out = tool(&tools, "agent_send")
-        .call(json!({"task_id": id, "message": "second"}), &ctx)
-        .await?;
+    let out = call(
+        &tools,
+        "agent_send",
+        json!({"task_id": id, "message": "second"}),
+        &ctx,
+    )
+    .await?;
     assert!(out.contains("did second") && out.contains(&id), "{out}");
-    let ws = ctx.extensions.get::<Workspace>().cloned().ok_or("ws")?;
+    let ws = ws_of(&ctx)?;
     let records = subagents.sweep(&ws).await?;
     assert_eq!(records.len(), 1, "one task, continued");
     assert_eq!(records[0].task, "second");
@@ -334,49 +356,35 @@ async fn agent_send_continues_the_same_child_session() -> TestResult {
 
 #[tokio::test]
 async fn agent_send_to_a_running_task_is_refused() -> TestResult {
-    let runner = Arc::new(Slow {
-        delay: Duration::from_secs(30),
-        ..Slow::default()
-    });
+    let runner = slow(Duration::from_secs(30));
     let (_s, ctx, tools) = setup(runner, SubagentOptions::default());
-    let out = tool(&tools, "agent_spawn")
-        .call(
-            json!({"agent_id": "worker", "task": "t", "background": true}),
-            &ctx,
-        )
-        .await?;
-    let err = tool(&tools, "agent_send")
-        .call(json!({"task_id": task_id(&out), "message": "more"}), &ctx)
-        .await
-        .err()
-        .ok_or("sent to a running task")?;
+    let out = spawn_in_background(&tools, &ctx).await?;
+    let err = call(
+        &tools,
+        "agent_send",
+        json!({"task_id": task_id(&out), "message": "more"}),
+        &ctx,
+    )
+    .await
+    .err()
+    .ok_or("sent to a running task")?;
     assert_eq!(err.code, "invalid_state");
     Ok(())
 }
 
 #[tokio::test]
 async fn a_cancelled_parent_cancels_its_children() -> TestResult {
-    let runner = Arc::new(Slow {
-        delay: Duration::from_secs(30),
-        ..Slow::default()
-    });
+    let runner = slow(Duration::from_secs(30));
     let (subagents, mut ctx, tools) = setup(runner, SubagentOptions::default());
     let parent = ParentCall::default();
     let mut ext = ctx.extensions.clone();
     ext.insert(parent.clone());
     ctx = ctx.with_extensions(ext);
-    let out = tool(&tools, "agent_spawn")
-        .call(
-            json!({"agent_id": "worker", "task": "t", "background": true}),
-            &ctx,
-        )
-        .await?;
+    let out = spawn_in_background(&tools, &ctx).await?;
     let id = task_id(&out);
     parent.cancel.cancel();
     assert_eq!(subagents.wait_idle(Duration::from_secs(5)).await, 0);
-    let out = tool(&tools, "task_output")
-        .call(json!({"task_id": id}), &ctx)
-        .await?;
+    let out = call(&tools, "task_output", json!({"task_id": id}), &ctx).await?;
     assert!(
         out.contains("status: cancelled") && out.contains("parent call was cancelled"),
         "{out}"
@@ -389,16 +397,14 @@ async fn a_cancelled_parent_cancels_its_children() -> TestResult {
 /// after the task ran again (`agent_send` in the same call) leaves the new run undelivered.
 #[tokio::test]
 async fn results_are_marked_delivered_only_when_the_parent_call_confirms_them() -> TestResult {
-    let (subagents, ctx, tools) = setup(Arc::new(Slow::default()), SubagentOptions::default());
-    let ws = ctx.extensions.get::<Workspace>().cloned().ok_or("ws")?;
+    let (subagents, ctx, tools) = setup_default();
+    let ws = ws_of(&ctx)?;
     let parent = ctx
         .extensions
         .get::<ParentCall>()
         .cloned()
         .ok_or("parent")?;
-    let out = tool(&tools, "agent_spawn")
-        .call(json!({"agent_id": "worker", "task": "first"}), &ctx)
-        .await?;
+    let out = spawn(&tools, "first", &ctx).await?;
     assert!(out.contains("did first"), "{out}");
     let stored = |records: Vec<hame_subagent::TaskRecord>| {
         records
@@ -426,9 +432,7 @@ async fn results_are_marked_delivered_only_when_the_parent_call_confirms_them() 
     // Read again (task_output), then run again in the background before the call
     // confirms: the confirmation is of the first run and leaves the second undelivered.
     let id = task_id(&out);
-    tool(&tools, "task_output")
-        .call(json!({"task_id": id}), &ctx)
-        .await?;
+    call(&tools, "task_output", json!({"task_id": id}), &ctx).await?;
     tool(&tools, "agent_send")
         .call(
             json!({"task_id": id, "message": "second", "background": true}),
@@ -446,9 +450,7 @@ async fn results_are_marked_delivered_only_when_the_parent_call_confirms_them() 
     assert_eq!(records[0].result.as_deref(), Some("did second"));
     assert!(records[0].undelivered(), "{:?}", records[0]);
     // A call whose lease is lost marks nothing.
-    let out = tool(&tools, "task_output")
-        .call(json!({"task_id": id}), &ctx)
-        .await?;
+    let out = call(&tools, "task_output", json!({"task_id": id}), &ctx).await?;
     assert!(out.contains("did second"), "{out}");
     assert_eq!(
         subagents

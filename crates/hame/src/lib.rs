@@ -18,6 +18,8 @@
 //! | `s3` | object storage (S3 and S3-compatible) as the shared-store filesystem |
 //! | `sandbox` | the Docker sandbox ([`sandbox::DockerSandboxes`], bollard) |
 //! | `mcp-http` | MCP servers over streamable HTTP (stdio servers need no feature) |
+//! | `skills-git` | skill repositories in Git (`skills::GitRepository`, through gix) |
+//! | `skills-sql` | skill repositories in a PostgreSQL or MySQL/MariaDB table (`skills::SqlRepository`) |
 //! | `full` | all of the above |
 //! | `test-support` | an in-process model double for unit tests |
 //!

@@ -365,3 +365,129 @@ pub fn on_a_terminal(cmd: &Command, stdin_file: &Path) -> Option<Command> {
     }
     Some(term)
 }
+
+/// One CLI test's scratch set-up: a temporary directory, a workspace `ws` in it and a
+/// started scripted model server. Its runs are `hame run --model openai:m` against that
+/// server, with state under `<dir>/state` (as [`run_with`]).
+pub struct Scratch {
+    /// The temporary directory (removed on drop): the runs' cwd and HOME.
+    pub dir: tempfile::TempDir,
+    /// The workspace, `<dir>/ws`.
+    pub ws: std::path::PathBuf,
+    /// The workspace as a string, for `--workspace`.
+    pub ws_s: String,
+    /// The scripted model server.
+    pub server: hame_test_support::ScriptedServer,
+}
+
+impl Scratch {
+    /// A new scratch with an empty workspace and a server with no script yet.
+    pub async fn new() -> Result<Self, Box<dyn std::error::Error>> {
+        let server = hame_test_support::ScriptedServer::start().await?;
+        let dir = tempfile::tempdir()?;
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(&ws)?;
+        let ws_s = ws.to_string_lossy().into_owned();
+        Ok(Self {
+            dir,
+            ws,
+            ws_s,
+            server,
+        })
+    }
+
+    /// [`Scratch::new`] with the model answering `steps`.
+    pub async fn scripted(
+        steps: impl IntoIterator<Item = hame_test_support::ScriptStep>,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
+        let s = Self::new().await?;
+        s.server.push_all(steps);
+        Ok(s)
+    }
+
+    /// The temporary directory.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Writes `content` to `rel` in the workspace, creating its folders.
+    pub fn write(&self, rel: &str, content: &str) -> std::io::Result<()> {
+        let path = self.ws.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(path, content)
+    }
+
+    /// `--workspace <ws>` followed by `extra`.
+    pub fn ws_args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut all = vec!["--workspace", self.ws_s.as_str()];
+        all.extend_from_slice(extra);
+        all
+    }
+
+    /// `hame run <args> <message>` with `env` added (as [`run_with`]).
+    pub async fn run(
+        &self,
+        args: &[&str],
+        message: &str,
+        env: &[(&str, &str)],
+    ) -> std::io::Result<Output> {
+        run_with(self.path(), &self.server.base_url(), args, message, env).await
+    }
+
+    /// [`Scratch::run`] that must exit `code` (else the error carries stderr).
+    pub async fn run_code(
+        &self,
+        code: i32,
+        args: &[&str],
+        message: &str,
+        env: &[(&str, &str)],
+    ) -> Result<Output, Box<dyn std::error::Error>> {
+        let out = self.run(args, message, env).await?;
+        if out.status.code() != Some(code) {
+            return Err(format!(
+                "hame run exited {:?}, not {code}: {}",
+                out.status,
+                stderr(&out)
+            )
+            .into());
+        }
+        Ok(out)
+    }
+
+    /// `hame run --workspace <ws> <args> <message>` that must exit 0.
+    pub async fn run_ws(
+        &self,
+        args: &[&str],
+        message: &str,
+    ) -> Result<Output, Box<dyn std::error::Error>> {
+        self.run_code(0, &self.ws_args(args), message, &[]).await
+    }
+
+    /// `hame <args>` (any subcommand) with the scratch's model and state variables.
+    pub async fn hame(&self, args: &[&str]) -> std::io::Result<Output> {
+        self.hame_env(args, &[]).await
+    }
+
+    /// [`Scratch::hame`] with `extra` variables added.
+    pub async fn hame_env(&self, args: &[&str], extra: &[(&str, &str)]) -> std::io::Result<Output> {
+        let (base, state) = (self.server.base_url(), self.state());
+        let mut env = vec![
+            ("OPENAI_BASE_URL", base.as_str()),
+            ("HAME_STATE_HOME", state.as_str()),
+        ];
+        env.extend_from_slice(extra);
+        output(hame(args, &env, self.path())).await
+    }
+
+    /// The state home of the runs, `<dir>/state`.
+    pub fn state(&self) -> String {
+        self.path().join("state").to_string_lossy().into_owned()
+    }
+
+    /// The tool results of the last recorded request, in order.
+    pub fn results(&self) -> Vec<String> {
+        tool_results(&self.server)
+    }
+}

@@ -7,18 +7,61 @@ use std::time::Duration;
 
 use hame::Role;
 use hame::state::StateKey;
-use hame_test_support::{RecordedRequest, ScriptStep, ScriptedServer};
+use hame_test_support::{RecordedRequest, Responder, ScriptStep};
 use pretty_assertions::assert_eq;
 
-use super::common::{last_role, run_with, service, stderr, stdout, unique_agent};
+use super::common::{Scratch, last_role, run_with, service, stderr, stdout, unique_agent};
 use super::replicas::dialogue;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-fn workspace(dir: &Path) -> std::io::Result<String> {
-    fs::create_dir_all(dir.join("ws"))?;
-    fs::write(dir.join("ws/AGENTS.md"), "You are concurrent.\n")?;
-    Ok(dir.join("ws").to_string_lossy().into_owned())
+/// A scratch whose workspace's `AGENTS.md` says who it is, and a new agent id.
+async fn concurrent_scratch() -> Result<(Scratch, String), Box<dyn std::error::Error>> {
+    let s = Scratch::new().await?;
+    s.write("AGENTS.md", "You are concurrent.\n")?;
+    Ok((s, unique_agent()))
+}
+
+/// Two `hame run`s at once (user `ada`, state `state`), each a session and a message,
+/// the model answering with `responder`: both must exit 0 and print `re: <message>`.
+/// Returns the scratch (its server recorded the requests) and the agent.
+async fn two_at_once(
+    state: &str,
+    responder: impl Responder,
+    calls: [(&str, &str); 2],
+) -> Result<(Scratch, String), Box<dyn std::error::Error>> {
+    let (s, agent) = concurrent_scratch().await?;
+    s.server.set_responder(responder);
+    let base = s.server.base_url();
+    let runs = calls.map(|(session, message)| {
+        let a = args(&s.ws_s, &agent, session, state);
+        spawn_run(s.path(), &base, a, message)
+    });
+    for (run, (_, message)) in runs.into_iter().zip(calls) {
+        let out = run.await??;
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert_eq!(stdout(&out), format!("re: {message}\n"));
+    }
+    Ok((s, agent))
+}
+
+/// The messages of session `session` of `agent` (user `ada`) saved in `state`.
+async fn saved_messages(
+    state: &str,
+    agent: &str,
+    session: &str,
+) -> Result<Vec<(Role, String)>, Box<dyn std::error::Error>> {
+    let store = hame::state::open(state).await?;
+    let saved = store
+        .load(&StateKey::new(agent, Some("ada"), session)?)
+        .await?
+        .ok_or("no state saved")?;
+    Ok(saved
+        .state
+        .messages
+        .iter()
+        .map(|m| (m.role, m.text_content()))
+        .collect())
 }
 
 fn args(ws: &str, agent: &str, session: &str, state: &str) -> Vec<String> {
@@ -58,30 +101,15 @@ fn spawn_run(
 /// the saved conversation holds both exchanges, each user message directly followed by its
 /// own reply.
 async fn same_session_calls_queue(state: &str) -> TestResult {
-    let server = ScriptedServer::start().await?;
-    server.set_responder(|req: &RecordedRequest| {
+    let responder = |req: &RecordedRequest| {
         let asked = req.last_user_text().unwrap_or_default();
         ScriptStep::text(format!("re: {asked}")).with_delay(Duration::from_secs(1))
-    });
-    let base = server.base_url();
-    let agent = unique_agent();
-    let dir = tempfile::tempdir()?;
-    let ws = workspace(dir.path())?;
-    let one = spawn_run(dir.path(), &base, args(&ws, &agent, "busy", state), "first");
-    let two = spawn_run(
-        dir.path(),
-        &base,
-        args(&ws, &agent, "busy", state),
-        "second",
-    );
-    let (one, two) = (one.await??, two.await??);
-    assert_eq!(one.status.code(), Some(0), "{}", stderr(&one));
-    assert_eq!(two.status.code(), Some(0), "{}", stderr(&two));
-    assert_eq!(stdout(&one), "re: first\n");
-    assert_eq!(stdout(&two), "re: second\n");
+    };
+    let calls = [("busy", "first"), ("busy", "second")];
+    let (s, agent) = two_at_once(state, responder, calls).await?;
 
     // Whoever got the lease second saw the first exchange complete.
-    let reqs = server.requests();
+    let reqs = s.server.requests();
     assert_eq!(reqs.len(), 2);
     let first = dialogue(&reqs[0].body);
     assert_eq!(first.len(), 1, "{first:?}");
@@ -99,19 +127,8 @@ async fn same_session_calls_queue(state: &str) -> TestResult {
         ]
     );
 
-    let store = hame::state::open(state).await?;
-    let saved = store
-        .load(&StateKey::new(&agent, Some("ada"), "busy")?)
-        .await?
-        .ok_or("no state saved")?;
-    let messages: Vec<(Role, String)> = saved
-        .state
-        .messages
-        .iter()
-        .map(|m| (m.role, m.text_content()))
-        .collect();
     assert_eq!(
-        messages,
+        saved_messages(state, &agent, "busy").await?,
         vec![
             (Role::User, first[0].clone()),
             (Role::Assistant, format!("re: {}", first[0])),
@@ -158,8 +175,7 @@ async fn same_session_calls_queue_on_mysql() -> TestResult {
 /// either second request, both processes were alive at the same time. Serialised sessions
 /// would give the order first, second, first, second.
 async fn different_sessions_run_in_parallel(state: &str) -> TestResult {
-    let server = ScriptedServer::start().await?;
-    server.set_responder(|req: &RecordedRequest| {
+    let responder = |req: &RecordedRequest| {
         let asked = req.last_user_text().unwrap_or_default();
         if last_role(req) == "user" {
             ScriptStep::tool_call(
@@ -171,29 +187,11 @@ async fn different_sessions_run_in_parallel(state: &str) -> TestResult {
         } else {
             ScriptStep::text(format!("re: {asked}"))
         }
-    });
-    let base = server.base_url();
-    let agent = unique_agent();
-    let dir = tempfile::tempdir()?;
-    let ws = workspace(dir.path())?;
-    let a = spawn_run(
-        dir.path(),
-        &base,
-        args(&ws, &agent, "left", state),
-        "to left",
-    );
-    let b = spawn_run(
-        dir.path(),
-        &base,
-        args(&ws, &agent, "right", state),
-        "to right",
-    );
-    let (a, b) = (a.await??, b.await??);
-    assert_eq!(a.status.code(), Some(0), "{}", stderr(&a));
-    assert_eq!(b.status.code(), Some(0), "{}", stderr(&b));
-    assert_eq!(stdout(&a), "re: to left\n");
-    assert_eq!(stdout(&b), "re: to right\n");
-    let order: Vec<(String, bool)> = server
+    };
+    let calls = [("left", "to left"), ("right", "to right")];
+    let (s, agent) = two_at_once(state, responder, calls).await?;
+    let order: Vec<(String, bool)> = s
+        .server
         .requests()
         .iter()
         .map(|r| {
@@ -211,20 +209,9 @@ async fn different_sessions_run_in_parallel(state: &str) -> TestResult {
         "one session's call waited for the other's: {order:?}"
     );
     // Each session holds its own exchange only.
-    let store = hame::state::open(state).await?;
-    for (session, text) in [("left", "to left"), ("right", "to right")] {
-        let saved = store
-            .load(&StateKey::new(&agent, Some("ada"), session)?)
-            .await?
-            .ok_or("no state saved")?;
-        let messages: Vec<(Role, String)> = saved
-            .state
-            .messages
-            .iter()
-            .map(|m| (m.role, m.text_content()))
-            .collect();
+    for (session, text) in calls {
         assert_eq!(
-            messages,
+            saved_messages(state, &agent, session).await?,
             vec![
                 (Role::User, text.to_owned()),
                 (Role::Assistant, String::new()),
@@ -271,18 +258,16 @@ async fn different_sessions_run_in_parallel_on_mysql() -> TestResult {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forty_processes_never_lose_a_session_index_entry() -> TestResult {
     const N: usize = 40;
-    let dir = tempfile::tempdir()?;
-    let ws = workspace(dir.path())?;
-    let state = dir.path().join("state").to_string_lossy().into_owned();
-    let server = ScriptedServer::start().await?;
-    server.push_all((0..N).map(|i| ScriptStep::text(format!("answer {i}"))));
-    let base = server.base_url();
-    let agent = unique_agent();
+    let (s, agent) = concurrent_scratch().await?;
+    let state = s.path().join("state").to_string_lossy().into_owned();
+    s.server
+        .push_all((0..N).map(|i| ScriptStep::text(format!("answer {i}"))));
+    let base = s.server.base_url();
     let runs: Vec<_> = (0..N)
         .map(|i| {
-            let mut a = args(&ws, &agent, &format!("s{i}"), &state);
+            let mut a = args(&s.ws_s, &agent, &format!("s{i}"), &state);
             a.push("--no-memory".into());
-            spawn_run(dir.path(), &base, a, &format!("question {i}"))
+            spawn_run(s.path(), &base, a, &format!("question {i}"))
         })
         .collect();
     for r in runs {
@@ -292,7 +277,7 @@ async fn forty_processes_never_lose_a_session_index_entry() -> TestResult {
     // Read the index files themselves (listing sessions would also repair them): one
     // per session, each naming its session.
     let mut found = Vec::new();
-    for entry in walk(&dir.path().join("ws"))? {
+    for entry in walk(&s.ws)? {
         if entry
             .parent()
             .is_some_and(|p| p.ends_with("sessions/index"))

@@ -456,3 +456,62 @@ async fn serve_answers_429_budget_exceeded_with_what_was_spent() -> TestResult {
     assert_eq!(other.status(), 200);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_message_may_carry_its_own_budget_which_only_tightens_the_servers() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    // Only what is sent is scripted: a stopped run sends no more.
+    model.push(ScriptStep::tool_call("c1", "ls", json!({"path": "/"})).with_usage(300, 10));
+    let serve = Serve::start(
+        dir.path(),
+        &model.base_url(),
+        &["--budget", "run.tokens=500"],
+    )?;
+    let post = |session: &'static str, body: Value| {
+        let url = serve.at(&format!("/v1/sessions/{session}/messages"));
+        async move { client().post(url).json(&body).send().await }
+    };
+    // The caller's 100 tokens: the run stops after its first request.
+    let r = post(
+        "s1",
+        json!({"message": "go", "budget": {"run": {"tokens": 100}}}),
+    )
+    .await?;
+    assert_eq!(r.status(), 429);
+    let body: Value = r.json().await?;
+    assert_eq!(body["error"]["budget"]["max"], json!(100.0));
+    assert_eq!(model.request_count(), 1);
+    // Asking for more than the server allows gets the server's limit.
+    // Only what is sent is scripted: a stopped run sends no more.
+    model.push(ScriptStep::tool_call("c2", "ls", json!({"path": "/"})).with_usage(600, 10));
+    let r = post(
+        "s2",
+        json!({"message": "go", "budget": {"run": {"tokens": 1000000}}}),
+    )
+    .await?;
+    assert_eq!(r.status(), 429);
+    let body: Value = r.json().await?;
+    assert_eq!(body["error"]["budget"]["max"], json!(500.0));
+    // A budget that is not one is a 400 naming it; no turn runs.
+    let before = model.request_count();
+    for bad in [
+        json!({"run": {"usd": -1}}),
+        json!({"week": {"usd": 1}}),
+        json!({"run": {"tokens": "lots"}}),
+        json!("run.usd=1"),
+    ] {
+        let r = post("s3", json!({"message": "go", "budget": bad})).await?;
+        assert_eq!(r.status(), 400, "{bad}");
+        let body: Value = r.json().await?;
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("budget"),
+            "{body}"
+        );
+    }
+    assert_eq!(model.request_count(), before);
+    Ok(())
+}

@@ -7,7 +7,7 @@ use std::path::Path;
 use hame_test_support::{ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 
-use super::common::{chat, hame, output, stderr, stdout};
+use super::common::{Scratch, chat, hame, output, stderr, stdout};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -365,47 +365,24 @@ async fn an_invalid_config_file_is_exit_2_naming_file_line_and_key() -> TestResu
 
 #[tokio::test]
 async fn sessions_and_memory_from_the_command_line() -> TestResult {
-    let server = ScriptedServer::start().await?;
-    server.push_all([
+    let sc = Scratch::scripted([
         ScriptStep::text("Paris it is."),
         ScriptStep::tool_call("c1", "list_files", serde_json::json!({})),
         ScriptStep::text("Listed."),
-    ]);
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(ws.join("memory"))?;
-    fs::write(ws.join("MEMORY.md"), "- The user lives in Lyon\n")?;
-    fs::write(ws.join("memory/2026-03-14.md"), "- Prefers green tea\n")?;
-    let wsa = s(&ws);
-    let state = s(&dir.path().join("state"));
-    let env = [
-        ("OPENAI_BASE_URL", server.base_url()),
-        ("HAME_STATE_HOME", state.clone()),
-    ];
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    ])
+    .await?;
+    sc.write("MEMORY.md", "- The user lives in Lyon\n")?;
+    sc.write("memory/2026-03-14.md", "- Prefers green tea\n")?;
     for (session, msg) in [("trip", "a capital of France?"), ("work", "list files")] {
-        let out = output(hame(
-            &[
-                "run",
-                "--workspace",
-                &wsa,
-                "--model",
-                "openai:m",
-                "--session",
-                session,
-                msg,
-            ],
-            &env,
-            dir.path(),
-        ))
-        .await?;
-        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        sc.run_ws(&["--session", session], msg).await?;
     }
-    let run = |args: Vec<&str>| {
-        let mut all = args;
-        all.extend_from_slice(&["--workspace", &wsa]);
-        let cmd = hame(&all, &[("HAME_STATE_HOME", &state)], dir.path());
-        output(cmd)
+    let run = |args: Vec<&'static str>| {
+        let (sc, state) = (&sc, sc.state());
+        async move {
+            let mut all: Vec<&str> = args;
+            all.extend_from_slice(&["--workspace", &sc.ws_s]);
+            output(hame(&all, &[("HAME_STATE_HOME", &state)], sc.path())).await
+        }
     };
     // list: most recent first; the default subcommand.
     let out = run(vec!["sessions"]).await?;
@@ -479,12 +456,13 @@ async fn sessions_and_memory_from_the_command_line() -> TestResult {
 
 #[tokio::test]
 async fn chat_commands_are_never_sent_to_the_model() -> TestResult {
-    let server = ScriptedServer::start().await?;
-    server.push_all([
+    let sc = Scratch::scripted([
         ScriptStep::text("one"),
         ScriptStep::text("two"),
         ScriptStep::text("three"),
-    ]);
+    ])
+    .await?;
+    let (server, ws) = (&sc.server, &sc.ws);
     // After /compact: the summary (asked for the facts too; this answer has no facts
     // section, so the memory flush follows it), requests without tools, then the message.
     server.set_responder(|r: &hame_test_support::RecordedRequest| {
@@ -494,14 +472,10 @@ async fn chat_commands_are_never_sent_to_the_model() -> TestResult {
             ScriptStep::text("- a summary")
         }
     });
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
-    let state = s(&dir.path().join("state"));
-    let base = server.base_url();
+    let (state, base) = (sc.state(), server.base_url());
     let out = chat(
-        dir.path(),
-        &["--workspace", &s(&ws), "--model", "openai:first", "--session", "c1"],
+        sc.path(),
+        &["--workspace", &sc.ws_s, "--model", "openai:first", "--session", "c1"],
         &[("OPENAI_BASE_URL", &base), ("HAME_STATE_HOME", &state)],
         "/help\nhello \\\nsecond line\n/model\n/model openai:second\nafter switch\n/sessions\n/new c2\nin c2\n/compact\n/etc/hosts is a path\n/bogus\n/quit\nnever sent\n",
     )
@@ -515,7 +489,7 @@ async fn chat_commands_are_never_sent_to_the_model() -> TestResult {
         first,
         format!(
             "hame chat · agent hame · workspace {} · model openai:first · session c1",
-            s(&ws)
+            s(ws)
         )
     );
     assert!(err.contains("/exit, /quit"), "{err}");
@@ -841,44 +815,25 @@ async fn the_readme_tour_works_offline() -> TestResult {
 /// trigger follows the declared window, not the model's (128,000 for an unknown model).
 #[tokio::test]
 async fn a_declared_context_window_drives_compaction() -> TestResult {
-    let server = ScriptedServer::start().await?;
-    server.push_all([
-        ScriptStep::text("NO_REPLY").when_system("You extract durable facts"),
-        ScriptStep::text(
-            "## Intent\nTest.\n## Progress\nNone\n## Artifacts\nNone\n## Next steps\nNone",
-        )
-        .when_system("You write the working summary"),
-        ScriptStep::text(
-            "## Intent\nTest.\n## Progress\nNone\n## Artifacts\nNone\n## Next steps\nNone",
-        )
-        .when_system("You write the working summary"),
-        ScriptStep::text(
-            "## Intent\nTest.\n## Progress\nNone\n## Artifacts\nNone\n## Next steps\nNone",
-        )
-        .when_system("You write the working summary"),
-        ScriptStep::text(
-            "## Intent\nTest.\n## Progress\nNone\n## Artifacts\nNone\n## Next steps\nNone",
-        )
-        .when_system("You write the working summary"),
-        ScriptStep::text("one"),
-        ScriptStep::text("two"),
-    ]);
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
-    let (wsa, state) = (s(&ws), s(&dir.path().join("state")));
-    let base = server.base_url();
+    let summary = ScriptStep::text(
+        "## Intent\nTest.\n## Progress\nNone\n## Artifacts\nNone\n## Next steps\nNone",
+    )
+    .when_system("You write the working summary");
+    let facts = ScriptStep::text("NO_REPLY").when_system("You extract durable facts");
+    let replies = [ScriptStep::text("one"), ScriptStep::text("two")];
+    let steps = std::iter::once(facts)
+        .chain(std::iter::repeat_n(summary, 4))
+        .chain(replies);
+    let sc = Scratch::scripted(steps).await?;
+    let (state, base) = (sc.state(), sc.server.base_url());
+    let key = [("OPENAI_API_KEY", "scripted")];
     let env = [
         ("HAME_STATE_HOME", state.as_str()),
         ("OPENAI_BASE_URL", base.as_str()),
-        ("OPENAI_API_KEY", "scripted"),
+        key[0],
     ];
-    let v = config_json(
-        dir.path(),
-        &["--workspace", &wsa, "--context-window", "12000"],
-        &env,
-    )
-    .await?;
+    let window = |size: &'static str| sc.ws_args(&["--context-window", size]);
+    let v = config_json(sc.path(), &window("12000"), &env).await?;
     assert_eq!(
         setting(&v, "limits.context_window"),
         (12000.into(), "flag --context-window".into())
@@ -887,25 +842,12 @@ async fn a_declared_context_window_drives_compaction() -> TestResult {
     // the model's own 128,000), the first is not.
     let long = "plenty of words here ".repeat(950);
     for (i, reply) in ["one", "two"].iter().enumerate() {
-        let out = output(hame(
-            &[
-                "run",
-                "--model",
-                "openai:m",
-                "--workspace",
-                &wsa,
-                "--context-window",
-                "12000",
-                &format!("{i}: {long}"),
-            ],
-            &env,
-            dir.path(),
-        ))
-        .await?;
-        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let message = format!("{i}: {long}");
+        let out = sc.run_code(0, &window("12000"), &message, &key).await?;
         assert_eq!(stdout(&out).trim(), *reply);
     }
-    let summaries = server
+    let summaries = sc
+        .server
         .requests()
         .iter()
         .filter(|r| r.system_text().contains("You write the working summary"))
@@ -914,22 +856,7 @@ async fn a_declared_context_window_drives_compaction() -> TestResult {
     // declared window) split the transcript into parts and a merge.
     assert!(summaries >= 2, "{summaries} summary requests");
     // A window too small to hold anything is refused before anything runs.
-    let out = output(hame(
-        &[
-            "run",
-            "--model",
-            "openai:m",
-            "--workspace",
-            &wsa,
-            "--context-window",
-            "10",
-            "hi",
-        ],
-        &env,
-        dir.path(),
-    ))
-    .await?;
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    sc.run_code(2, &window("10"), "hi", &key).await?;
     Ok(())
 }
 
@@ -937,29 +864,12 @@ async fn a_declared_context_window_drives_compaction() -> TestResult {
 /// `tool_search` (a call loads them for the session), `--all-tools` offers everything.
 #[tokio::test]
 async fn rarely_used_tools_are_offered_on_demand() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
-    let ws_s = s(&ws);
-    let default = super::common::tools_offered(dir.path(), &["--workspace", &ws_s]).await?;
-    assert_eq!(
-        default,
-        [
-            "agent_spawn",
-            "edit_file",
-            "execute",
-            "glob_files",
-            "grep_files",
-            "list_files",
-            "memory_search",
-            "read_file",
-            "todo_write",
-            "tool_search",
-            "write_file"
-        ]
-    );
-    let all =
-        super::common::tools_offered(dir.path(), &["--workspace", &ws_s, "--all-tools"]).await?;
+    let sc = Scratch::new().await?;
+    let default = super::common::tools_offered(sc.path(), &sc.ws_args(&[])).await?;
+    let offered = "agent_spawn edit_file execute glob_files grep_files list_files \
+                   memory_search read_file todo_write tool_search write_file";
+    assert_eq!(default, offered.split_whitespace().collect::<Vec<_>>());
+    let all = super::common::tools_offered(sc.path(), &sc.ws_args(&["--all-tools"])).await?;
     for t in [
         "session_history",
         "task_output",
@@ -971,7 +881,7 @@ async fn rarely_used_tools_are_offered_on_demand() -> TestResult {
     assert!(!all.contains(&"tool_search".to_owned()), "{all:?}");
 
     // tool_search loads a group; the session keeps it for the next `hame run`.
-    let server = ScriptedServer::start().await?;
+    let server = &sc.server;
     server.push_all([
         ScriptStep::tool_call(
             "c1",
@@ -986,25 +896,10 @@ async fn rarely_used_tools_are_offered_on_demand() -> TestResult {
         ScriptStep::text("Noted."),
         ScriptStep::text("Still here."),
     ]);
-    let run = |msg: &'static str| {
-        let dir = dir.path().to_path_buf();
-        let url = server.base_url();
-        let ws_s = ws_s.clone();
-        async move {
-            super::common::run_with(
-                &dir,
-                &url,
-                &["--workspace", &ws_s, "--session", "t"],
-                msg,
-                &[],
-            )
-            .await
-        }
-    };
-    let out = run("remember that I prefer tea").await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let session = ["--session", "t"];
+    let out = sc.run_ws(&session, "remember that I prefer tea").await?;
     assert_eq!(stdout(&out), "Noted.\n");
-    let out = run("hi").await?;
+    let out = sc.run_ws(&session, "hi").await?;
     assert_eq!(stdout(&out), "Still here.\n");
     let reqs = server.requests();
     let names = |i: usize| super::common::tool_names(&reqs[i].body);
@@ -1021,7 +916,7 @@ async fn rarely_used_tools_are_offered_on_demand() -> TestResult {
             names(i)
         );
     }
-    let results = super::common::tool_results(&server);
+    let results = sc.results();
     assert!(results[0].contains("memory_save"), "{}", results[0]);
     assert!(!results[1].contains("unknown_tool"), "{}", results[1]);
     Ok(())

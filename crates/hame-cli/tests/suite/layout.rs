@@ -6,11 +6,11 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use hame_test_support::{ScriptStep, ScriptToolCall, ScriptedServer};
+use hame_test_support::{ScriptStep, ScriptToolCall};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use super::common::{run_with, stderr, stdout, tool_results};
+use super::common::{Scratch, stdout};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -20,13 +20,7 @@ fn mode(p: &Path) -> std::io::Result<u32> {
 
 #[tokio::test]
 async fn file_tools_and_shell_share_the_workspace() -> TestResult {
-    let server = ScriptedServer::start().await?;
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
-    fs::write(ws.join("mine.txt"), "colour: red\n")?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    server.push_all([
+    let s = Scratch::scripted([
         ScriptStep::tool_call(
             "c1",
             "write_file",
@@ -45,17 +39,12 @@ async fn file_tools_and_shell_share_the_workspace() -> TestResult {
             json!({"file_path": "mine.txt", "old_string": "red", "new_string": "blue"}),
         ),
         ScriptStep::text("done"),
-    ]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "go",
-        &[],
-    )
+    ])
     .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let results = tool_results(&server);
+    let ws = &s.ws;
+    s.write("mine.txt", "colour: red\n")?;
+    s.run_ws(&[], "go").await?;
+    let results = s.results();
     assert!(results[1].contains("from-write-file"), "{}", results[1]);
     assert!(results[2].contains("from-shell"), "{}", results[2]);
     assert_eq!(
@@ -80,21 +69,10 @@ async fn file_tools_and_shell_share_the_workspace() -> TestResult {
 
 #[tokio::test]
 async fn a_user_s_runtime_data_sits_under_its_folder() -> TestResult {
-    let server = ScriptedServer::start().await?;
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    server.push_all([ScriptStep::text("hi")]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s, "--user", "alice", "--session", "s1"],
-        "hello",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let s = Scratch::scripted([ScriptStep::text("hi")]).await?;
+    let ws = &s.ws;
+    s.run_ws(&["--user", "alice", "--session", "s1"], "hello")
+        .await?;
     assert!(ws.join("alice/agents/hame/sessions/s1.log.jsonl").is_file());
     assert!(
         ws.join("alice/agents/hame/sessions/index/s1.json")
@@ -107,28 +85,15 @@ async fn a_user_s_runtime_data_sits_under_its_folder() -> TestResult {
 
 #[tokio::test]
 async fn session_logs_are_not_writable_and_walks_skip_them() -> TestResult {
-    let server = ScriptedServer::start().await?;
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
-    fs::write(ws.join("notes.md"), "needle-1\n")?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    let args = ["--workspace", ws_s.as_str()];
     // A first call puts "needle" in the log.
-    server.push_all([ScriptStep::text("noted")]);
-    run_with(
-        dir.path(),
-        &server.base_url(),
-        &args,
-        "remember needle",
-        &[],
-    )
-    .await?;
-    let log = ws.join("agents/hame/sessions/default.log.jsonl");
+    let s = Scratch::scripted([ScriptStep::text("noted")]).await?;
+    s.write("notes.md", "needle-1\n")?;
+    s.run(&s.ws_args(&[]), "remember needle", &[]).await?;
+    let log = s.ws.join("agents/hame/sessions/default.log.jsonl");
     let before = fs::read_to_string(&log)?;
     let call = ScriptToolCall::new;
     let path = "agents/hame/sessions/default.log.jsonl";
-    server.push_all([
+    s.server.push_all([
         // Read first, so write_file's read-before-overwrite rule is not what refuses.
         ScriptStep::tool_calls(vec![
             call("e7", "read_file", &json!({"file_path": path})),
@@ -160,9 +125,8 @@ async fn session_logs_are_not_writable_and_walks_skip_them() -> TestResult {
         ]),
         ScriptStep::text("done"),
     ]);
-    let out = run_with(dir.path(), &server.base_url(), &args, "try", &[]).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let all = tool_results(&server);
+    s.run_ws(&[], "try").await?;
+    let all = s.results();
     // Named, the log is readable.
     assert!(all[0].contains("remember needle"), "{}", all[0]);
     let r = &all[2..];
@@ -183,25 +147,14 @@ async fn session_logs_are_not_writable_and_walks_skip_them() -> TestResult {
 
 #[tokio::test]
 async fn two_workspaces_never_share_a_conversation() -> TestResult {
-    let server = ScriptedServer::start().await?;
-    let dir = tempfile::tempdir()?;
-    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
-    fs::create_dir_all(&one)?;
+    let s = Scratch::scripted([ScriptStep::text("a"), ScriptStep::text("b")]).await?;
+    let two = s.path().join("two");
     fs::create_dir_all(&two)?;
-    server.push_all([ScriptStep::text("a"), ScriptStep::text("b")]);
-    for (ws, msg) in [(&one, "first-workspace-secret"), (&two, "hello")] {
-        let ws_s = ws.to_string_lossy().into_owned();
-        let out = run_with(
-            dir.path(),
-            &server.base_url(),
-            &["--workspace", &ws_s],
-            msg,
-            &[],
-        )
-        .await?;
-        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let two_s = two.to_string_lossy().into_owned();
+    for (ws, msg) in [(&s.ws_s, "first-workspace-secret"), (&two_s, "hello")] {
+        s.run_code(0, &["--workspace", ws], msg, &[]).await?;
     }
-    let reqs = server.requests();
+    let reqs = s.server.requests();
     let second = serde_json::to_string(&reqs[1].body["messages"])?;
     assert!(!second.contains("first-workspace-secret"), "{second}");
     Ok(())
@@ -209,24 +162,13 @@ async fn two_workspaces_never_share_a_conversation() -> TestResult {
 
 #[tokio::test]
 async fn a_state_home_inside_the_workspace_is_hidden() -> TestResult {
-    let server = ScriptedServer::start().await?;
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    let state = ws.join(".hame/state");
+    let s = Scratch::scripted([ScriptStep::text("first-call-marker")]).await?;
+    let state = s.ws.join(".hame/state");
     let state_s = state.to_string_lossy().into_owned();
-    server.push_all([ScriptStep::text("first-call-marker")]);
-    run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "hi",
-        &[("HAME_STATE_HOME", &state_s)],
-    )
-    .await?;
+    let env = [("HAME_STATE_HOME", state_s.as_str())];
+    s.run(&s.ws_args(&[]), "hi", &env).await?;
     let call = ScriptToolCall::new;
-    server.push_all([
+    s.server.push_all([
         ScriptStep::tool_calls(vec![
             call("g1", "grep_files", &json!({"pattern": "first-call-marker"})),
             call("g2", "glob_files", &json!({"pattern": "**/*.json"})),
@@ -234,22 +176,14 @@ async fn a_state_home_inside_the_workspace_is_hidden() -> TestResult {
         ]),
         ScriptStep::text("done"),
     ]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "look",
-        &[("HAME_STATE_HOME", &state_s)],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let r = tool_results(&server);
+    s.run_code(0, &s.ws_args(&[]), "look", &env).await?;
+    let r = s.results();
     assert!(!r[0].contains(".hame/state"), "{}", r[0]);
     assert!(!r[1].contains(".hame/state"), "{}", r[1]);
     assert!(!r[2].contains("ws-"), "{}", r[2]);
     // The state home is private.
     assert_eq!(
-        mode(&state.join(hame::harness::workspace_identity(&ws)))?,
+        mode(&state.join(hame::harness::workspace_identity(&s.ws)))?,
         0o700
     );
     Ok(())
@@ -257,35 +191,30 @@ async fn a_state_home_inside_the_workspace_is_hidden() -> TestResult {
 
 #[tokio::test]
 async fn no_secret_is_reachable_from_the_shell() -> TestResult {
-    let server = ScriptedServer::start().await?;
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    server.push_all([
+    let s = Scratch::scripted([
         ScriptStep::tool_call(
             "x1",
             "execute",
             json!({"command": "cat /proc/self/environ; echo; cat /proc/$PPID/environ; echo; ps eww -u root 2>&1; env"}),
         ),
         ScriptStep::text("done"),
-    ]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "leak",
-        &[
-            ("OPENAI_API_KEY", "sk-topsecret-123"),
-            ("AWS_SECRET_ACCESS_KEY", "aws-topsecret-456"),
-            ("HAME_DB_PASSWORD", "pw-topsecret-789"),
-            ("HAME_STATE_URL_X", "redis://u:url-topsecret@127.0.0.1:1/0"),
-        ],
-    )
+    ])
     .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = s
+        .run_code(
+            0,
+            &s.ws_args(&[]),
+            "leak",
+            &[
+                ("OPENAI_API_KEY", "sk-topsecret-123"),
+                ("AWS_SECRET_ACCESS_KEY", "aws-topsecret-456"),
+                ("HAME_DB_PASSWORD", "pw-topsecret-789"),
+                ("HAME_STATE_URL_X", "redis://u:url-topsecret@127.0.0.1:1/0"),
+            ],
+        )
+        .await?;
     assert_eq!(stdout(&out), "done\n");
-    let r = tool_results(&server);
+    let r = s.results();
     assert!(r[0].len() > 20, "the commands ran: {}", r[0]);
     for secret in [
         "sk-topsecret",

@@ -4,27 +4,24 @@
 use std::fs;
 use std::path::Path;
 
-use hame_test_support::{ScriptStep, ScriptedServer};
+use hame_test_support::ScriptStep;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::common::{
-    chat_ok, hame, output, run_with, state_dir, stderr, stdout, system_of, tool_results,
-};
+use super::common::{Scratch, chat_ok, state_dir, stderr, stdout, system_of};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
-fn workspace(
-    dir: &Path,
-    tools_json: Option<Value>,
-) -> std::io::Result<(std::path::PathBuf, String)> {
-    let ws = dir.join("ws");
-    fs::create_dir_all(&ws)?;
-    if let Some(t) = tools_json {
-        fs::write(ws.join("tools.json"), t.to_string())?;
+/// A scratch whose model answers `steps`, with `tools.json` `tj` when given.
+async fn scratch(
+    steps: impl IntoIterator<Item = ScriptStep>,
+    tj: Option<Value>,
+) -> Result<Scratch, Box<dyn std::error::Error>> {
+    let s = Scratch::scripted(steps).await?;
+    if let Some(t) = tj {
+        s.write("tools.json", &t.to_string())?;
     }
-    let s = ws.to_string_lossy().into_owned();
-    Ok((ws, s))
+    Ok(s)
 }
 
 /// One `hame run "go"` in a fresh workspace whose `tools.json` is `tj` (after `setup` on
@@ -33,40 +30,18 @@ async fn run_once(
     steps: Vec<ScriptStep>,
     tj: Value,
     setup: impl FnOnce(&Path) -> std::io::Result<()>,
-) -> Result<
-    (
-        tempfile::TempDir,
-        std::path::PathBuf,
-        std::process::Output,
-        ScriptedServer,
-    ),
-    Box<dyn std::error::Error>,
-> {
-    let server = ScriptedServer::start().await?;
-    server.push_all(steps);
-    let dir = tempfile::tempdir()?;
-    let (ws, ws_s) = workspace(dir.path(), Some(tj))?;
-    setup(&ws)?;
-    let (base, args) = (server.base_url(), ["--workspace", ws_s.as_str()]);
-    let out = run_with(dir.path(), &base, &args, "go", &[]).await?;
-    Ok((dir, ws, out, server))
+) -> Result<(Scratch, std::process::Output), Box<dyn std::error::Error>> {
+    let s = scratch(steps, Some(tj)).await?;
+    setup(&s.ws)?;
+    let out = s.run(&s.ws_args(&[]), "go", &[]).await?;
+    Ok((s, out))
 }
 
-/// `hame approve|deny <args>` against `base`, state under `dir/state`.
-async fn decide(
-    dir: &Path,
-    base: &str,
-    verb: &str,
-    args: &[&str],
-) -> std::io::Result<std::process::Output> {
-    let state = dir.join("state").to_string_lossy().into_owned();
+/// `hame approve|deny --workspace <ws> <args>` in the scratch.
+async fn decide(s: &Scratch, verb: &str, args: &[&str]) -> std::io::Result<std::process::Output> {
     let mut all = vec![verb, "--model", "openai:m"];
-    all.extend_from_slice(args);
-    let env = [
-        ("OPENAI_BASE_URL", base),
-        ("HAME_STATE_HOME", state.as_str()),
-    ];
-    output(hame(&all, &env, dir)).await
+    all.extend(s.ws_args(args));
+    s.hame(&all).await
 }
 
 /// The approval id of the first `approval needed:` line.
@@ -79,12 +54,8 @@ fn approval_id(stderr: &str) -> Option<String> {
 }
 
 /// The `permissions` state extension of session `session` (agent `hame`, no user).
-async fn permission_state(
-    dir: &Path,
-    ws: &Path,
-    session: &str,
-) -> Result<Value, Box<dyn std::error::Error>> {
-    let root = state_dir(dir, ws).join("hame");
+async fn permission_state(s: &Scratch, session: &str) -> Result<Value, Box<dyn std::error::Error>> {
+    let root = state_dir(s.path(), &s.ws).join("hame");
     let mut found = None;
     for entry in walk(&root)? {
         if entry.to_string_lossy().contains(session)
@@ -102,7 +73,7 @@ async fn permission_state(
         v["user"].as_str(),
         v["session"].as_str().unwrap_or_default(),
     )?;
-    let stored = hame::state::JsonStore::open(state_dir(dir, ws))?
+    let stored = hame::state::JsonStore::open(state_dir(s.path(), &s.ws))?
         .load(&key)
         .await?
         .ok_or("no state")?;
@@ -129,8 +100,8 @@ fn walk(dir: &Path) -> std::io::Result<Vec<std::path::PathBuf>> {
 
 #[tokio::test]
 async fn a_deny_rule_with_a_glob_refuses_the_call_and_names_the_policy() -> TestResult {
-    let server = ScriptedServer::start().await?;
-    server.push_all([
+    let tj = json!({"permissions": {"deny": ["write_file(secret/*)"]}});
+    let steps = [
         ScriptStep::tool_calls(vec![
             hame_test_support::ScriptToolCall::new(
                 "c1",
@@ -144,22 +115,13 @@ async fn a_deny_rule_with_a_glob_refuses_the_call_and_names_the_policy() -> Test
             ),
         ]),
         ScriptStep::text("done"),
-    ]);
-    let dir = tempfile::tempdir()?;
-    let tj = json!({"permissions": {"deny": ["write_file(secret/*)"]}});
-    let (ws, ws_s) = workspace(dir.path(), Some(tj))?;
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "go",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    ];
+    let s = scratch(steps, Some(tj)).await?;
+    let ws = &s.ws;
+    s.run_ws(&[], "go").await?;
     assert!(!ws.join("secret/key.txt").exists());
     assert_eq!(fs::read_to_string(ws.join("notes.txt"))?, "ok");
-    let results = tool_results(&server);
+    let results = s.results();
     assert!(
         results[0].contains("permission_denied")
             && results[0].contains("denied by policy (rule `deny write_file(secret/*)`)"),
@@ -167,7 +129,7 @@ async fn a_deny_rule_with_a_glob_refuses_the_call_and_names_the_policy() -> Test
     );
     assert!(results[1].contains("Wrote"), "{results:?}");
     // Both decisions are recorded in the session state.
-    let st = permission_state(dir.path(), &ws, "default").await?;
+    let st = permission_state(&s, "default").await?;
     let outcomes: Vec<&str> = st["decisions"]
         .as_array()
         .ok_or("no decisions")?
@@ -181,22 +143,19 @@ async fn a_deny_rule_with_a_glob_refuses_the_call_and_names_the_policy() -> Test
 
 #[tokio::test]
 async fn ask_exits_3_then_approve_in_a_new_process_runs_the_tool() -> TestResult {
-    let server = ScriptedServer::start().await?;
-    server.push_all([
+    let steps = [
         ScriptStep::tool_call(
             "c1",
             "write_file",
             json!({"file_path": "out/a.txt", "content": "hello"}),
         ),
         ScriptStep::text("written"),
-    ]);
-    let dir = tempfile::tempdir()?;
+    ];
     let tj = json!({"permissions": {"ask": ["write_file(out/*)"]}});
-    let (ws, ws_s) = workspace(dir.path(), Some(tj))?;
-    let base = server.base_url();
-    let args = ["--workspace", ws_s.as_str(), "--session", "s1"];
-    let out = run_with(dir.path(), &base, &args, "write it", &[]).await?;
-    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let s = scratch(steps, Some(tj)).await?;
+    let (ws, server) = (&s.ws, &s.server);
+    let args = s.ws_args(&["--session", "s1"]);
+    let out = s.run_code(3, &args, "write it", &[]).await?;
     let err = stderr(&out);
     let id = approval_id(&err).ok_or(err.clone())?;
     assert!(id.starts_with("ap-"), "{err}");
@@ -208,31 +167,18 @@ async fn ask_exits_3_then_approve_in_a_new_process_runs_the_tool() -> TestResult
     assert_eq!(server.requests().len(), 1);
 
     // A new run while it is pending exits 3 again with the same id, without a model call.
-    let again = run_with(dir.path(), &base, &args, "anything", &[]).await?;
-    assert_eq!(again.status.code(), Some(3), "{}", stderr(&again));
+    let again = s.run_code(3, &args, "anything", &[]).await?;
     assert_eq!(approval_id(&stderr(&again)), Some(id.clone()));
     assert_eq!(server.requests().len(), 1);
 
-    let ok = decide(
-        dir.path(),
-        &base,
-        "approve",
-        &["--workspace", &ws_s, "--session", "s1", &id],
-    )
-    .await?;
+    let ok = decide(&s, "approve", &["--session", "s1", &id]).await?;
     assert_eq!(ok.status.code(), Some(0), "{}", stderr(&ok));
     assert_eq!(stdout(&ok), "written\n");
     assert_eq!(fs::read_to_string(ws.join("out/a.txt"))?, "hello");
-    assert!(tool_results(&server)[0].contains("Wrote"));
+    assert!(s.results()[0].contains("Wrote"));
 
     // A second decision for the same id is refused: exit 2, one line.
-    let twice = decide(
-        dir.path(),
-        &base,
-        "deny",
-        &["--workspace", &ws_s, "--session", "s1", &id],
-    )
-    .await?;
+    let twice = decide(&s, "deny", &["--session", "s1", &id]).await?;
     assert_eq!(twice.status.code(), Some(2));
     assert_eq!(stderr(&twice).lines().count(), 1, "{}", stderr(&twice));
     assert!(
@@ -241,7 +187,7 @@ async fn ask_exits_3_then_approve_in_a_new_process_runs_the_tool() -> TestResult
         stderr(&twice)
     );
 
-    let st = permission_state(dir.path(), &ws, "s1").await?;
+    let st = permission_state(&s, "s1").await?;
     let by: Vec<(String, String)> = st["decisions"]
         .as_array()
         .ok_or("no decisions")?
@@ -265,19 +211,15 @@ async fn ask_exits_3_then_approve_in_a_new_process_runs_the_tool() -> TestResult
 
 #[tokio::test]
 async fn ask_then_deny_gives_the_model_a_denied_result() -> TestResult {
-    let server = ScriptedServer::start().await?;
-    server.push_all([
+    let steps = [
         ScriptStep::tool_call("c1", "execute", json!({"command": "rm -rf data"})),
         ScriptStep::text("ok, I will not"),
-    ]);
-    let dir = tempfile::tempdir()?;
+    ];
     let tj = json!({"permissions": {"ask": ["execute(rm *)"]}});
-    let (ws, ws_s) = workspace(dir.path(), Some(tj))?;
+    let s = scratch(steps, Some(tj)).await?;
+    let ws = &s.ws;
     fs::create_dir_all(ws.join("data"))?;
-    let base = server.base_url();
-    let args = ["--workspace", ws_s.as_str()];
-    let out = run_with(dir.path(), &base, &args, "clean up", &[]).await?;
-    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let out = s.run_code(3, &s.ws_args(&[]), "clean up", &[]).await?;
     assert!(
         stderr(&out).contains("execute rm -rf data"),
         "{}",
@@ -285,13 +227,7 @@ async fn ask_then_deny_gives_the_model_a_denied_result() -> TestResult {
     );
 
     // An unknown id: exit 2, one line; nothing changes.
-    let bad = decide(
-        dir.path(),
-        &base,
-        "approve",
-        &["--workspace", &ws_s, "ap-000000000000"],
-    )
-    .await?;
+    let bad = decide(&s, "approve", &["ap-000000000000"]).await?;
     assert_eq!(bad.status.code(), Some(2));
     assert_eq!(stderr(&bad).lines().count(), 1, "{}", stderr(&bad));
     assert!(
@@ -302,24 +238,18 @@ async fn ask_then_deny_gives_the_model_a_denied_result() -> TestResult {
     assert!(ws.join("data").is_dir());
 
     // Without an id, the only pending call is decided.
-    let no = decide(
-        dir.path(),
-        &base,
-        "deny",
-        &["--workspace", &ws_s, "--reason", "keep the data"],
-    )
-    .await?;
+    let no = decide(&s, "deny", &["--reason", "keep the data"]).await?;
     assert_eq!(no.status.code(), Some(0), "{}", stderr(&no));
     assert_eq!(stdout(&no), "ok, I will not\n");
     assert!(ws.join("data").is_dir());
-    let r = &tool_results(&server)[0];
+    let r = &s.results()[0];
     assert!(
         r.contains("permission_denied") && r.contains("denied by the user: keep the data"),
         "{r}"
     );
 
     // Nothing pending now: a clear message, exit 2.
-    let none = decide(dir.path(), &base, "approve", &["--workspace", &ws_s]).await?;
+    let none = decide(&s, "approve", &[]).await?;
     assert_eq!(none.status.code(), Some(2));
     assert!(
         stderr(&none).contains("nothing is pending in session default"),
@@ -331,62 +261,56 @@ async fn ask_then_deny_gives_the_model_a_denied_result() -> TestResult {
 
 #[tokio::test]
 async fn plan_mode_blocks_writes_and_the_shell_until_the_plan_is_approved() -> TestResult {
-    let server = ScriptedServer::start().await?;
-    server.push_all([
-        ScriptStep::tool_calls(vec![
-            hame_test_support::ScriptToolCall::new(
-                "c1",
+    let s = scratch(
+        [
+            ScriptStep::tool_calls(vec![
+                hame_test_support::ScriptToolCall::new(
+                    "c1",
+                    "write_file",
+                    &json!({"file_path": "a.txt", "content": "x"}),
+                ),
+                hame_test_support::ScriptToolCall::new(
+                    "c2",
+                    "execute",
+                    &json!({"command": "touch b.txt"}),
+                ),
+                hame_test_support::ScriptToolCall::new(
+                    "c3",
+                    "read_file",
+                    &json!({"file_path": "notes.md"}),
+                ),
+            ]),
+            ScriptStep::tool_call(
+                "c4",
+                "plan_write",
+                json!({"content": "# Plan\n1. write a.txt\n"}),
+            ),
+            ScriptStep::tool_call("c5", "plan_exit", json!({"summary": "write a.txt"})),
+            ScriptStep::tool_call(
+                "c6",
                 "write_file",
-                &json!({"file_path": "a.txt", "content": "x"}),
+                json!({"file_path": "a.txt", "content": "x"}),
             ),
-            hame_test_support::ScriptToolCall::new(
-                "c2",
-                "execute",
-                &json!({"command": "touch b.txt"}),
-            ),
-            hame_test_support::ScriptToolCall::new(
-                "c3",
-                "read_file",
-                &json!({"file_path": "notes.md"}),
-            ),
-        ]),
-        ScriptStep::tool_call(
-            "c4",
-            "plan_write",
-            json!({"content": "# Plan\n1. write a.txt\n"}),
-        ),
-        ScriptStep::tool_call("c5", "plan_exit", json!({"summary": "write a.txt"})),
-        ScriptStep::tool_call(
-            "c6",
-            "write_file",
-            json!({"file_path": "a.txt", "content": "x"}),
-        ),
-        ScriptStep::text("built"),
-    ]);
-    let dir = tempfile::tempdir()?;
-    let (ws, ws_s) = workspace(dir.path(), None)?;
-    fs::write(ws.join("notes.md"), "the notes")?;
-    let base = server.base_url();
-    let out = run_with(
-        dir.path(),
-        &base,
-        &["--workspace", &ws_s, "--plan"],
-        "plan then build",
-        &[],
+            ScriptStep::text("built"),
+        ],
+        None,
     )
     .await?;
-    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let ws = &s.ws;
+    s.write("notes.md", "the notes")?;
+    let plan = s.ws_args(&["--plan"]);
+    let out = s.run_code(3, &plan, "plan then build", &[]).await?;
     let err = stderr(&out);
     assert!(err.contains("plan_exit"), "{err}");
     let id = approval_id(&err).ok_or(err.clone())?;
-    let reqs = server.requests();
+    let reqs = s.server.requests();
     // Plan mode is in the prompt; the plan tools are offered.
     assert!(system_of(&reqs[0].body).contains("# Plan mode"));
     let names = super::common::tool_names(&reqs[0].body);
     for t in ["plan_enter", "plan_write", "plan_exit", "todo_write"] {
         assert!(names.contains(&t.to_owned()), "{names:?}");
     }
-    let results = super::common::tool_results(&server);
+    let results = s.results();
     assert!(
         results[0].contains("plan mode") && results[0].contains("permission_denied"),
         "{results:?}"
@@ -399,18 +323,18 @@ async fn plan_mode_blocks_writes_and_the_shell_until_the_plan_is_approved() -> T
         "# Plan\n1. write a.txt\n"
     );
     assert_eq!(
-        permission_state(dir.path(), &ws, "default").await?["plan_mode"],
+        permission_state(&s, "default").await?["plan_mode"],
         json!(true)
     );
 
-    let ok = decide(dir.path(), &base, "approve", &["--workspace", &ws_s, &id]).await?;
+    let ok = decide(&s, "approve", &[&id]).await?;
     assert_eq!(ok.status.code(), Some(0), "{}", stderr(&ok));
     assert_eq!(stdout(&ok), "built\n");
     assert_eq!(fs::read_to_string(ws.join("a.txt"))?, "x");
-    let reqs = server.requests();
+    let reqs = s.server.requests();
     assert!(!system_of(&reqs[reqs.len() - 1].body).contains("# Plan mode"));
     assert_eq!(
-        permission_state(dir.path(), &ws, "default").await?["plan_mode"],
+        permission_state(&s, "default").await?["plan_mode"],
         json!(false)
     );
     Ok(())
@@ -420,36 +344,30 @@ async fn plan_mode_blocks_writes_and_the_shell_until_the_plan_is_approved() -> T
 async fn plan_mode_reaches_subagents() -> TestResult {
     const PARENT: &str = "Available subagents:";
     const CHILD: &str = "## Subagent context";
-    let server = ScriptedServer::start().await?;
-    server.push_all([
-        ScriptStep::tool_call(
-            "c1",
-            "agent_spawn",
-            json!({"agent_id": "general-purpose", "task": "write a.txt"}),
-        )
-        .when_system(PARENT),
-        ScriptStep::tool_call(
-            "k1",
-            "write_file",
-            json!({"file_path": "a.txt", "content": "x"}),
-        )
-        .when_system(CHILD),
-        ScriptStep::text("I could not write").when_system(CHILD),
-        ScriptStep::text("the child could not write").when_system(PARENT),
-    ]);
-    let dir = tempfile::tempdir()?;
-    let (ws, ws_s) = workspace(dir.path(), None)?;
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s, "--plan"],
-        "go",
-        &[],
+    let s = scratch(
+        [
+            ScriptStep::tool_call(
+                "c1",
+                "agent_spawn",
+                json!({"agent_id": "general-purpose", "task": "write a.txt"}),
+            )
+            .when_system(PARENT),
+            ScriptStep::tool_call(
+                "k1",
+                "write_file",
+                json!({"file_path": "a.txt", "content": "x"}),
+            )
+            .when_system(CHILD),
+            ScriptStep::text("I could not write").when_system(CHILD),
+            ScriptStep::text("the child could not write").when_system(PARENT),
+        ],
+        None,
     )
     .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(!ws.join("a.txt").exists());
-    let child_result = server
+    s.run_ws(&["--plan"], "go").await?;
+    assert!(!s.ws.join("a.txt").exists());
+    let child_result = s
+        .server
         .requests()
         .iter()
         .filter(|r| system_of(&r.body).contains(CHILD))
@@ -462,8 +380,8 @@ async fn plan_mode_reaches_subagents() -> TestResult {
 
 #[tokio::test]
 async fn the_todo_list_persists_and_is_shown_every_step() -> TestResult {
-    let server = ScriptedServer::start().await?;
-    server.push_all([
+    let s = scratch(
+        [
         ScriptStep::tool_call(
             "c1",
             "todo_write",
@@ -476,15 +394,13 @@ async fn the_todo_list_persists_and_is_shown_every_step() -> TestResult {
             json!({"todos": [{"content": "a", "status": "in_progress"}, {"content": "b", "status": "in_progress"}]}),
         ),
         ScriptStep::text("second"),
-    ]);
-    let dir = tempfile::tempdir()?;
-    let (ws, ws_s) = workspace(dir.path(), None)?;
-    let base = server.base_url();
-    let out = run_with(dir.path(), &base, &["--workspace", &ws_s], "plan it", &[]).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let out = run_with(dir.path(), &base, &["--workspace", &ws_s], "next", &[]).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let reqs = server.requests();
+        ],
+        None,
+    )
+    .await?;
+    s.run_ws(&[], "plan it").await?;
+    s.run_ws(&[], "next").await?;
+    let reqs = s.server.requests();
     // Shown in the step after the write, and in the next process's first request.
     for i in [1, 2, 3] {
         let sys = system_of(&reqs[i].body);
@@ -497,11 +413,11 @@ async fn the_todo_list_persists_and_is_shown_every_step() -> TestResult {
     }
     // Two in_progress items are refused; the list is unchanged.
     assert!(
-        tool_results(&server)
+        s.results()
             .last()
             .is_some_and(|r| r.contains("at most one item may be in_progress"))
     );
-    let st = permission_state(dir.path(), &ws, "default").await?;
+    let st = permission_state(&s, "default").await?;
     assert_eq!(
         st["todos"][1],
         json!({"content": "write the summary", "status": "in_progress"})
@@ -511,8 +427,7 @@ async fn the_todo_list_persists_and_is_shown_every_step() -> TestResult {
 
 #[tokio::test]
 async fn chat_asks_inline_and_runs_the_call_on_yes() -> TestResult {
-    let server = ScriptedServer::start().await?;
-    server.push_all([
+    let steps = [
         ScriptStep::tool_call(
             "c1",
             "write_file",
@@ -525,12 +440,12 @@ async fn chat_asks_inline_and_runs_the_call_on_yes() -> TestResult {
             json!({"file_path": "b.txt", "content": "no"}),
         ),
         ScriptStep::text("did not"),
-    ]);
-    let dir = tempfile::tempdir()?;
+    ];
     let tj = json!({"permissions": {"ask": ["write_file"]}});
-    let (ws, ws_s) = workspace(dir.path(), Some(tj))?;
+    let s = scratch(steps, Some(tj)).await?;
+    let ws = &s.ws;
     let input = b"write a\ny\nwrite b\nn\n";
-    let out = chat_ok(dir.path(), &server.base_url(), &ws_s, input).await?;
+    let out = chat_ok(s.path(), &s.server.base_url(), &s.ws_s, input).await?;
     let err = stderr(&out);
     assert!(err.contains("allow write_file a.txt? [y/N"), "{err}");
     assert_eq!(fs::read_to_string(ws.join("a.txt"))?, "yes");
@@ -538,7 +453,7 @@ async fn chat_asks_inline_and_runs_the_call_on_yes() -> TestResult {
     let o = stdout(&out);
     assert!(o.contains("wrote it") && o.contains("did not"), "{o}");
     assert!(
-        tool_results(&server)
+        s.results()
             .last()
             .is_some_and(|r| r.contains("denied by the user"))
     );
@@ -566,15 +481,16 @@ async fn hostile_spellings_of_a_denied_path_are_denied_and_nothing_is_written() 
         ScriptStep::text("done"),
     ];
     let tj = json!({"permissions": {"deny": ["edit_file(config/prod.yaml)", "write_file(*.env)"]}});
-    let (_dir, ws, out, server) = run_once(steps, tj, |ws| {
+    let (s, out) = run_once(steps, tj, |ws| {
         fs::create_dir_all(ws.join("config"))?;
         fs::write(ws.join("config/prod.yaml"), "original")
     })
     .await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let ws = &s.ws;
     assert_eq!(fs::read_to_string(ws.join("config/prod.yaml"))?, "original");
     assert!(!ws.join("a.env").exists() && !ws.join("dir/b.env").exists());
-    let results = tool_results(&server);
+    let results = s.results();
     assert_eq!(results.len(), 7, "{results:?}");
     for (i, r) in results.iter().enumerate() {
         let expected = if i == 4 {
@@ -606,14 +522,14 @@ async fn hostile_spellings_of_an_asked_path_are_suspended() -> TestResult {
             ScriptStep::text("written"),
         ];
         let tj = json!({"permissions": {"ask": ["write_file(out/*)"]}});
-        let (_dir, ws, out, _server) = run_once(steps, tj, |_| Ok(())).await?;
+        let (s, out) = run_once(steps, tj, |_| Ok(())).await?;
         assert_eq!(out.status.code(), Some(3), "{spelling}: {}", stderr(&out));
         assert!(
             stderr(&out).contains("write_file out/a.txt (rule `ask write_file(out/*)`)"),
             "{spelling}: {}",
             stderr(&out)
         );
-        assert!(!ws.join("out/a.txt").exists(), "{spelling}");
+        assert!(!s.ws.join("out/a.txt").exists(), "{spelling}");
     }
     Ok(())
 }
@@ -622,23 +538,22 @@ async fn hostile_spellings_of_an_asked_path_are_suspended() -> TestResult {
 /// (same tool, same file, however spelled) runs without asking.
 #[tokio::test]
 async fn chat_always_under_an_ask_rule_does_not_ask_again() -> TestResult {
-    let server = ScriptedServer::start().await?;
     let edit = |p: &str, old: &str, new: &str| json!({"file_path": p, "old_string": old, "new_string": new});
-    server.push_all([
+    let steps = [
         ScriptStep::tool_call("c1", "edit_file", edit("notes.md", "v1", "v2")),
         ScriptStep::text("first"),
         ScriptStep::tool_call("c2", "edit_file", edit("notes.md", "v2", "v3")),
         ScriptStep::text("second"),
         ScriptStep::tool_call("c3", "edit_file", edit("./notes.md", "v3", "v4")),
         ScriptStep::text("third"),
-    ]);
-    let dir = tempfile::tempdir()?;
+    ];
     let tj = json!({"permissions": {"ask": ["edit_file(notes.md)"]}});
-    let (ws, ws_s) = workspace(dir.path(), Some(tj))?;
-    fs::write(ws.join("notes.md"), "v1")?;
+    let s = scratch(steps, Some(tj)).await?;
+    let ws = &s.ws;
+    s.write("notes.md", "v1")?;
     // One answer only: a second question would read "edit again" as a no.
     let input = b"edit once\na\nedit again\nand again\n";
-    let out = chat_ok(dir.path(), &server.base_url(), &ws_s, input).await?;
+    let out = chat_ok(s.path(), &s.server.base_url(), &s.ws_s, input).await?;
     let err = stderr(&out);
     assert_eq!(err.matches("allow edit_file notes.md?").count(), 1, "{err}");
     assert_eq!(fs::read_to_string(ws.join("notes.md"))?, "v4");

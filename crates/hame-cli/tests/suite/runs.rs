@@ -40,6 +40,17 @@ impl WorkerProcess {
         args: &[&str],
         name: &str,
     ) -> Result<Self, Box<dyn std::error::Error>> {
+        Self::start_env(dir, model, args, name, &[])
+    }
+
+    /// [`WorkerProcess::start`] with more environment variables.
+    fn start_env(
+        dir: &Path,
+        model: &str,
+        args: &[&str],
+        name: &str,
+        env: &[(&str, &str)],
+    ) -> Result<Self, Box<dyn std::error::Error>> {
         let ws = dir.join("ws");
         std::fs::create_dir_all(&ws)?;
         let stderr = dir.join(format!("worker-{name}.err"));
@@ -53,6 +64,7 @@ impl WorkerProcess {
             .env("HOME", dir)
             .env("OPENAI_BASE_URL", model)
             .env("HAME_STATE_HOME", dir.join("state"))
+            .envs(env.iter().copied())
             .current_dir(dir)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -459,6 +471,14 @@ async fn workers_drain_take_over_and_cancel_on_postgres() -> TestResult {
     workers_drain_take_over_and_cancel(&url).await
 }
 
+#[tokio::test]
+async fn workers_drain_take_over_and_cancel_on_mysql() -> TestResult {
+    let Some(url) = service("HAME_TEST_MYSQL_URL") else {
+        return Ok(());
+    };
+    workers_drain_take_over_and_cancel(&url).await
+}
+
 /// `Idempotency-Key` retried 20 times concurrently against two replicas on one store
 /// yields one run.
 #[tokio::test]
@@ -513,5 +533,70 @@ async fn one_run_per_idempotency_key_across_replicas_on_postgres() -> TestResult
         .json()
         .await?;
     assert_eq!(list["runs"].as_array().map(Vec::len), Some(1));
+    Ok(())
+}
+
+/// A worker SIGKILLed right after the run's turn was saved, before the run was marked
+/// completed (failpoint `call.saved`): the worker that takes the run over finds the run id
+/// in the saved state and completes it with the saved reply, without asking the model
+/// again — the message is in the conversation once.
+#[tokio::test]
+async fn a_run_saved_by_a_dead_worker_is_not_run_again() -> TestResult {
+    if !cfg!(feature = "failpoints") {
+        hame_test_env::skip(
+            "the run takeover kill test needs `--features failpoints` (CI runs --all-features)",
+        );
+        return Ok(());
+    }
+    let model = ScriptedServer::start().await?;
+    model.set_responder(echo);
+    let dir = tempfile::tempdir()?;
+    let state = tempfile::tempdir()?;
+    let state = state.path().to_string_lossy().into_owned();
+    let agent = unique_agent();
+    let common = ["--agent", agent.as_str(), "--state", state.as_str()];
+    let mut serve_args = common.to_vec();
+    serve_args.push("--no-worker");
+    let s = Serve::start(dir.path(), &model.base_url(), &serve_args)?;
+    let http = reqwest::Client::new();
+    let (_, v) = submit(&http, &s, "u", "once", "only once", None).await?;
+    let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let mut worker_args = common.to_vec();
+    worker_args.extend(["--run-lapse", "2"]);
+    let mut dying = WorkerProcess::start_env(
+        dir.path(),
+        &model.base_url(),
+        &worker_args,
+        "dying",
+        &[("HAME_FAILPOINT", "call.saved")],
+    )?;
+    let start = Instant::now();
+    while dying.child.try_wait()?.is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the worker did not reach call.saved"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    dying.kill();
+    let (_, v) = get_run(&http, &s, "u", &id).await?;
+    assert_eq!(
+        v["status"], "running",
+        "killed before the run was marked: {v}"
+    );
+    let w = WorkerProcess::start(dir.path(), &model.base_url(), &worker_args, "next")?;
+    let v = wait_run(&http, &s, "u", &id, Duration::from_secs(30), finished).await?;
+    assert_eq!(v["status"], "completed", "{v}; worker: {}", w.stderr());
+    assert_eq!(v["reply"], "done: only once");
+    let asked: Vec<String> = model
+        .requests()
+        .iter()
+        .filter_map(|r| r.last_user_text())
+        .collect();
+    assert_eq!(
+        asked,
+        vec!["only once".to_owned()],
+        "the model was asked once"
+    );
     Ok(())
 }

@@ -11,7 +11,7 @@ use hame_test_support::{ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use super::common::{run_with, service, stderr, stdout, system_of, tool_results, unique_agent};
+use super::common::{Scratch, service, stderr, stdout, system_of, tool_results, unique_agent};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -67,32 +67,32 @@ fn exec(id: &str, command: &str) -> ScriptStep {
     ScriptStep::tool_call(id, "execute", json!({ "command": command }))
 }
 
+/// `--workspace <ws> --agent <agent> <extra...> --sandbox docker`.
+fn docker<'a>(s: &'a Scratch, agent: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut all = s.ws_args(&["--agent", agent]);
+    all.extend_from_slice(extra);
+    all.extend(["--sandbox", "docker"]);
+    all
+}
+
+/// A scratch for `agent` when Docker is there (else `None`, the test skipped).
+async fn docker_scratch() -> Result<Option<(Scratch, String)>, Box<dyn std::error::Error>> {
+    if service("HAME_TEST_DOCKER").is_none() {
+        return Ok(None);
+    }
+    Ok(Some((Scratch::new().await?, unique_agent())))
+}
+
 #[tokio::test]
 async fn files_stay_in_the_sandbox_and_come_back_in_a_new_process() -> TestResult {
-    if service("HAME_TEST_DOCKER").is_none() {
+    let Some((s, agent)) = docker_scratch().await? else {
         return Ok(());
-    }
-    let agent = unique_agent();
-    let server = ScriptedServer::start().await?;
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(ws.join("skills/old"))?;
-    fs::write(ws.join("AGENTS.md"), "persona v1\n")?;
-    fs::write(ws.join("skills/old/SKILL.md"), "old skill\n")?;
-    let ws_s = ws.to_string_lossy().into_owned();
+    };
+    let (server, ws) = (&s.server, &s.ws);
+    s.write("AGENTS.md", "persona v1\n")?;
+    s.write("skills/old/SKILL.md", "old skill\n")?;
     let secret = [("OPENAI_API_KEY", "sk-test-secret-123")];
-    let args = [
-        "--workspace",
-        &ws_s,
-        "--agent",
-        &agent,
-        "--user",
-        "alice",
-        "--session",
-        "s1",
-        "--sandbox",
-        "docker",
-    ];
+    let args = docker(&s, &agent, &["--user", "alice", "--session", "s1"]);
 
     // Call 1: a file tool and the shell, both in the container.
     server.push_all([
@@ -100,11 +100,10 @@ async fn files_stay_in_the_sandbox_and_come_back_in_a_new_process() -> TestResul
         exec("c2", "cat notes.md; pwd; id -u; env | grep -c sk-test || true; ls /sys/class/net; cat AGENTS.md; ls skills"),
         ScriptStep::text("done"),
     ]);
-    let out = run_with(dir.path(), &server.base_url(), &args, "go", &secret).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = s.run_code(0, &args, "go", &secret).await?;
     assert_eq!(stdout(&out), "done\n");
     assert_eq!(
-        last_exec(&server),
+        last_exec(server),
         "kept\n/workspace\n1000\n0\nlo\npersona v1\nold\n"
     );
     let system = system_of(&server.requests()[0].body);
@@ -113,11 +112,11 @@ async fn files_stay_in_the_sandbox_and_come_back_in_a_new_process() -> TestResul
         "{system}"
     );
     assert!(
-        !system.contains(&ws_s),
+        !system.contains(&s.ws_s),
         "the prompt never names the host path"
     );
     assert_eq!(
-        host_files(&ws),
+        host_files(ws),
         vec!["AGENTS.md", "skills/old/SKILL.md"],
         "nothing written into the host workspace"
     );
@@ -128,73 +127,46 @@ async fn files_stay_in_the_sandbox_and_come_back_in_a_new_process() -> TestResul
 
     // The host edits AGENTS.md and deletes a skill; call 2 in a new process sees the
     // restored notes and the new projection.
-    fs::write(ws.join("AGENTS.md"), "persona v2\n")?;
+    s.write("AGENTS.md", "persona v2\n")?;
     fs::remove_dir_all(ws.join("skills/old"))?;
-    fs::create_dir_all(ws.join("skills/new"))?;
-    fs::write(ws.join("skills/new/SKILL.md"), "new skill\n")?;
+    s.write("skills/new/SKILL.md", "new skill\n")?;
     server.push_all([
         exec("c3", "cat notes.md AGENTS.md; ls skills"),
         ScriptStep::text("again"),
     ]);
-    let out = run_with(dir.path(), &server.base_url(), &args, "again", &secret).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(last_exec(&server), "kept\npersona v2\nnew\n");
+    s.run_code(0, &args, "again", &secret).await?;
+    assert_eq!(last_exec(server), "kept\npersona v2\nnew\n");
 
     // User scope (the default): another session of alice shares the sandbox state ...
-    let other_session = [
-        "--workspace",
-        &ws_s,
-        "--agent",
-        &agent,
-        "--user",
-        "alice",
-        "--session",
-        "s2",
-        "--sandbox",
-        "docker",
-    ];
+    let other_session = docker(&s, &agent, &["--user", "alice", "--session", "s2"]);
     server.push_all([exec("c4", "cat notes.md"), ScriptStep::text("shared")]);
-    let out = run_with(dir.path(), &server.base_url(), &other_session, "x", &[]).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(last_exec(&server), "kept\n");
+    s.run_code(0, &other_session, "x", &[]).await?;
+    assert_eq!(last_exec(server), "kept\n");
     // ... session scope does not, and neither does another user.
-    let session_scope = [
-        "--workspace",
-        &ws_s,
-        "--agent",
+    let session_scope = docker(
+        &s,
         &agent,
-        "--user",
-        "alice",
-        "--session",
-        "s3",
-        "--isolation",
-        "session",
-        "--sandbox",
-        "docker",
-    ];
+        &[
+            "--user",
+            "alice",
+            "--session",
+            "s3",
+            "--isolation",
+            "session",
+        ],
+    );
     server.push_all([exec("c5", "ls"), ScriptStep::text("fresh")]);
-    let out = run_with(dir.path(), &server.base_url(), &session_scope, "x", &[]).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(last_exec(&server), "AGENTS.md\nskills\n");
-    let bob = [
-        "--workspace",
-        &ws_s,
-        "--agent",
-        &agent,
-        "--user",
-        "bob",
-        "--sandbox",
-        "docker",
-    ];
+    s.run_code(0, &session_scope, "x", &[]).await?;
+    assert_eq!(last_exec(server), "AGENTS.md\nskills\n");
     server.push_all([
         exec("c6", "cat notes.md 2>&1 | grep -c 'No such'"),
         ScriptStep::text("bob"),
     ]);
-    let out = run_with(dir.path(), &server.base_url(), &bob, "x", &[]).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(last_exec(&server), "1\n");
+    s.run_code(0, &docker(&s, &agent, &["--user", "bob"]), "x", &[])
+        .await?;
+    assert_eq!(last_exec(server), "1\n");
 
-    assert_eq!(host_files(&ws), vec!["AGENTS.md", "skills/new/SKILL.md"]);
+    assert_eq!(host_files(ws), vec!["AGENTS.md", "skills/new/SKILL.md"]);
     assert!(
         containers_of(&agent).is_empty(),
         "no container outlives hame"
@@ -204,33 +176,17 @@ async fn files_stay_in_the_sandbox_and_come_back_in_a_new_process() -> TestResul
 
 #[tokio::test]
 async fn docker_down_is_a_one_line_configuration_error() -> TestResult {
-    let server = ScriptedServer::start().await?;
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s, "--sandbox", "docker"],
-        "hi",
-        &[("DOCKER_HOST", "unix:///nonexistent/docker.sock")],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let s = Scratch::new().await?;
+    let down = [("DOCKER_HOST", "unix:///nonexistent/docker.sock")];
+    let out = s
+        .run_code(2, &s.ws_args(&["--sandbox", "docker"]), "hi", &down)
+        .await?;
     let err = stderr(&out);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("Docker engine is not reachable"), "{err}");
-    assert!(server.requests().is_empty(), "no model call");
-    let bad = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s, "--sandbox", "podman"],
-        "hi",
-        &[],
-    )
-    .await?;
-    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    assert!(s.server.requests().is_empty(), "no model call");
+    s.run_code(2, &s.ws_args(&["--sandbox", "podman"]), "hi", &[])
+        .await?;
     Ok(())
 }
 
@@ -238,36 +194,22 @@ async fn docker_down_is_a_one_line_configuration_error() -> TestResult {
 /// SIGKILL the container is left, and the next hame run removes it (its owner is dead).
 #[tokio::test]
 async fn no_container_outlives_a_signal_and_orphans_are_reaped() -> TestResult {
-    if service("HAME_TEST_DOCKER").is_none() {
+    let Some((s, agent)) = docker_scratch().await? else {
         return Ok(());
-    }
+    };
     use std::time::{Duration, Instant};
-    let agent = unique_agent();
-    let server = ScriptedServer::start().await?;
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    let state = dir.path().join("state").to_string_lossy().into_owned();
+    let server = &s.server;
+    let state = s.path().join("state").to_string_lossy().into_owned();
     let base = server.base_url();
     for (round, signal) in ["-TERM", "-KILL"].into_iter().enumerate() {
         server.push(exec("s1", "sleep 600"));
+        let mut args = vec!["run", "--model", "openai:m"];
+        args.extend(docker(&s, &agent, &["--no-memory"]));
+        args.push("go");
         let child = super::common::hame(
-            &[
-                "run",
-                "--model",
-                "openai:m",
-                "--workspace",
-                &ws_s,
-                "--agent",
-                &agent,
-                "--sandbox",
-                "docker",
-                "--no-memory",
-                "go",
-            ],
+            &args,
             &[("OPENAI_BASE_URL", &base), ("HAME_STATE_HOME", &state)],
-            dir.path(),
+            s.path(),
         )
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -302,25 +244,8 @@ async fn no_container_outlives_a_signal_and_orphans_are_reaped() -> TestResult {
     // The next run (another session: the killed one still holds its session lease)
     // removes the orphan of the killed process.
     server.push(ScriptStep::text("ok"));
-    let out = run_with(
-        dir.path(),
-        &base,
-        &[
-            "--workspace",
-            &ws_s,
-            "--agent",
-            &agent,
-            "--session",
-            "after",
-            "--sandbox",
-            "docker",
-            "--no-memory",
-        ],
-        "x",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let after = docker(&s, &agent, &["--session", "after", "--no-memory"]);
+    s.run_code(0, &after, "x", &[]).await?;
     assert!(containers_of(&agent).is_empty(), "orphan reaped");
     Ok(())
 }
@@ -329,16 +254,10 @@ async fn no_container_outlives_a_signal_and_orphans_are_reaped() -> TestResult {
 /// its tree is left in the container (the next command of the call sees none).
 #[tokio::test]
 async fn a_command_past_its_timeout_is_killed_with_its_tree() -> TestResult {
-    if service("HAME_TEST_DOCKER").is_none() {
+    let Some((s, agent)) = docker_scratch().await? else {
         return Ok(());
-    }
-    let agent = unique_agent();
-    let server = ScriptedServer::start().await?;
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    server.push_all([
+    };
+    s.server.push_all([
         ScriptStep::tool_call(
             "t1",
             "execute",
@@ -347,23 +266,18 @@ async fn a_command_past_its_timeout_is_killed_with_its_tree() -> TestResult {
         exec("t2", "ps -o args | grep -c '^sleep 30[012]' || true"),
         ScriptStep::text("done"),
     ]);
-    let args = [
-        "--workspace",
-        &ws_s,
-        "--agent",
-        &agent,
-        "--sandbox",
-        "docker",
-        "--no-memory",
-    ];
-    let out = run_with(dir.path(), &server.base_url(), &args, "go", &[]).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let results = tool_results(&server);
+    let args = docker(&s, &agent, &["--no-memory"]);
+    s.run_code(0, &args, "go", &[]).await?;
+    let results = s.results();
     assert!(
         results[0].starts_with("started\n") && results[0].contains("[timed out"),
         "{results:?}"
     );
-    assert_eq!(last_exec(&server), "0\n", "no process of the tree is left");
+    assert_eq!(
+        last_exec(&s.server),
+        "0\n",
+        "no process of the tree is left"
+    );
     assert!(containers_of(&agent).is_empty());
     Ok(())
 }
@@ -375,68 +289,43 @@ async fn a_command_past_its_timeout_is_killed_with_its_tree() -> TestResult {
 /// process runs any more.
 #[tokio::test]
 async fn kept_containers_are_adopted_by_the_next_process_and_expire_alone() -> TestResult {
-    if service("HAME_TEST_DOCKER").is_none() {
+    let Some((s, agent)) = docker_scratch().await? else {
         return Ok(());
-    }
+    };
     use std::time::{Duration, Instant};
-    let agent = unique_agent();
-    let server = ScriptedServer::start().await?;
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    let args = |user: &'static str, keep: bool| {
-        let mut a = vec![
-            "--workspace".to_owned(),
-            ws_s.clone(),
-            "--agent".to_owned(),
-            agent.clone(),
-            "--user".to_owned(),
-            user.to_owned(),
-            "--isolation".to_owned(),
-            "agent".to_owned(),
-            "--sandbox".to_owned(),
-            "docker".to_owned(),
-            "--no-memory".to_owned(),
-        ];
-        if keep {
-            a.push("--sandbox-keep".to_owned());
-        }
-        a
-    };
-    let run = |a: Vec<String>| {
-        let server_url = server.base_url();
-        let dir = dir.path().to_path_buf();
+    let server = &s.server;
+    let run = |user: &'static str, more: &'static [&'static str]| {
+        let s = &s;
+        let agent = agent.as_str();
         async move {
-            let refs: Vec<&str> = a.iter().map(String::as_str).collect();
-            run_with(&dir, &server_url, &refs, "go", &[]).await
+            let mut extra = vec!["--user", user, "--isolation", "agent", "--no-memory"];
+            extra.extend_from_slice(more);
+            s.run_code(0, &docker(s, agent, &extra), "go", &[]).await
         }
     };
+    const KEEP: &[&str] = &["--sandbox-keep"];
 
     server.push_all([
         exec("k1", "echo from-alice > a.txt; hostname"),
         ScriptStep::text("1"),
     ]);
-    let out = run(args("alice", true)).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let host = last_exec(&server);
+    run("alice", KEEP).await?;
+    let host = last_exec(server);
     assert_eq!(containers_of(&agent).len(), 1, "kept after exit");
 
     server.push_all([exec("k2", "cat a.txt; hostname"), ScriptStep::text("2")]);
     let started = Instant::now();
-    let out = run(args("bob", true)).await?;
+    run("bob", KEEP).await?;
     let second = started.elapsed();
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(
-        last_exec(&server),
+        last_exec(server),
         format!("from-alice\n{host}"),
         "the same container"
     );
 
     server.push_all([exec("k3", "cat a.txt; hostname"), ScriptStep::text("3")]);
-    let out = run(args("carol", false)).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(last_exec(&server), format!("from-alice\n{host}"));
+    run("carol", &[]).await?;
+    assert_eq!(last_exec(server), format!("from-alice\n{host}"));
     assert!(
         containers_of(&agent).is_empty(),
         "removed without --sandbox-keep"
@@ -444,13 +333,10 @@ async fn kept_containers_are_adopted_by_the_next_process_and_expire_alone() -> T
     eprintln!("second run with an adopted container: {second:?}");
 
     // A kept container with a 2 s TTL ends by itself (no hame process is running).
-    let mut short = args("alice", true);
-    short.extend(["--sandbox-ttl".to_owned(), "2s".to_owned()]);
     server.push_all([exec("k4", "cat a.txt"), ScriptStep::text("4")]);
-    let out = run(short).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    run("alice", &["--sandbox-keep", "--sandbox-ttl", "2s"]).await?;
     assert_eq!(
-        last_exec(&server),
+        last_exec(server),
         "from-alice\n",
         "restored after the removal"
     );
@@ -472,16 +358,10 @@ async fn kept_containers_are_adopted_by_the_next_process_and_expire_alone() -> T
 /// and it is not written into the host workspace.
 #[tokio::test]
 async fn offloaded_results_land_in_the_sandbox() -> TestResult {
-    if service("HAME_TEST_DOCKER").is_none() {
+    let Some((s, agent)) = docker_scratch().await? else {
         return Ok(());
-    }
-    let agent = unique_agent();
-    let server = ScriptedServer::start().await?;
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    server.push_all([
+    };
+    s.server.push_all([
         exec("o1", "seq 1 20000"),
         exec(
             "o2",
@@ -489,24 +369,14 @@ async fn offloaded_results_land_in_the_sandbox() -> TestResult {
         ),
         ScriptStep::text("done"),
     ]);
-    let args = [
-        "--workspace",
-        &ws_s,
-        "--agent",
-        &agent,
-        "--sandbox",
-        "docker",
-    ];
-    let out = run_with(dir.path(), &server.base_url(), &args, "go", &[]).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let results = tool_results(&server);
-    let preview = results.first().cloned().unwrap_or_default();
+    s.run_code(0, &docker(&s, &agent, &[]), "go", &[]).await?;
+    let preview = s.results().first().cloned().unwrap_or_default();
     assert!(
         preview.contains("/large_tool_results/"),
         "offloaded: {preview}"
     );
-    assert_eq!(last_exec(&server), "1\n1\n2\n");
-    assert!(host_files(&ws).is_empty(), "{:?}", host_files(&ws));
+    assert_eq!(last_exec(&s.server), "1\n1\n2\n");
+    assert!(host_files(&s.ws).is_empty(), "{:?}", host_files(&s.ws));
     Ok(())
 }
 
@@ -515,24 +385,18 @@ async fn offloaded_results_land_in_the_sandbox() -> TestResult {
 /// host's copy (ADR 0006); the next call's projection restores the sandbox's copy too.
 #[tokio::test]
 async fn a_tools_json_written_in_the_sandbox_is_not_obeyed() -> TestResult {
-    if service("HAME_TEST_DOCKER").is_none() {
+    let Some((s, agent)) = docker_scratch().await? else {
         return Ok(());
-    }
-    let agent = unique_agent();
-    let server = ScriptedServer::start().await?;
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
-    fs::write(ws.join("tools.json"), "{\"deny\": [\"list_files\"]}\n")?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    let marker = dir.path().join("escaped");
+    };
+    s.write("tools.json", "{\"deny\": [\"list_files\"]}\n")?;
+    let marker = s.path().join("escaped");
     let forged = json!({
         "deny": ["read_file"],
         "mcpServers": {"x": {"transport": "stdio", "command": "sh",
                               "args": ["-c", format!("touch {}", marker.display())]}}
     })
     .to_string();
-    server.push_all([
+    s.server.push_all([
         exec(
             "t1",
             &format!("printf '%s' '{forged}' > tools.json; echo hi > n.txt"),
@@ -541,18 +405,9 @@ async fn a_tools_json_written_in_the_sandbox_is_not_obeyed() -> TestResult {
         ScriptStep::tool_call("t3", "list_files", json!({})),
         ScriptStep::text("done"),
     ]);
-    let args = [
-        "--workspace",
-        &ws_s,
-        "--agent",
-        &agent,
-        "--sandbox",
-        "docker",
-        "--no-memory",
-    ];
-    let out = run_with(dir.path(), &server.base_url(), &args, "go", &[]).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let results = tool_results(&server);
+    s.run_code(0, &docker(&s, &agent, &["--no-memory"]), "go", &[])
+        .await?;
+    let results = s.results();
     assert!(
         results.get(1).is_some_and(|r| r.contains("hi")),
         "read_file is not denied by the forged file: {results:?}"
@@ -581,27 +436,13 @@ async fn disk_usage(dir: &std::path::Path) -> u64 {
 /// call; `hame sandbox gc` finds nothing more to delete.
 #[tokio::test]
 async fn snapshots_keep_the_last_ones_and_hame_sandbox_gc_sweeps() -> TestResult {
-    if service("HAME_TEST_DOCKER").is_none() {
+    let Some((s, agent)) = docker_scratch().await? else {
         return Ok(());
-    }
+    };
     const MB8: u64 = 8 << 20;
-    let agent = unique_agent();
-    let server = ScriptedServer::start().await?;
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    let args = [
-        "--workspace",
-        &ws_s,
-        "--agent",
-        &agent,
-        "--sandbox",
-        "docker",
-        "--sandbox-keep-snapshots",
-        "2",
-    ];
-    let blobs = dir.path().join("state/sandbox-snapshots/blobs");
+    let server = &s.server;
+    let args = docker(&s, &agent, &["--sandbox-keep-snapshots", "2"]);
+    let blobs = s.path().join("state/sandbox-snapshots/blobs");
     for call in 0..4u64 {
         server.push_all([
             exec(
@@ -612,9 +453,8 @@ async fn snapshots_keep_the_last_ones_and_hame_sandbox_gc_sweeps() -> TestResult
             ),
             ScriptStep::text("ok"),
         ]);
-        let out = run_with(dir.path(), &server.base_url(), &args, "go", &[]).await?;
-        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-        assert_eq!(last_exec(&server), format!("{MB8}\n"));
+        s.run_code(0, &args, "go", &[]).await?;
+        assert_eq!(last_exec(server), format!("{MB8}\n"));
         let used = disk_usage(&blobs).await;
         let kept = (call + 1).min(2);
         assert!(
@@ -622,21 +462,14 @@ async fn snapshots_keep_the_last_ones_and_hame_sandbox_gc_sweeps() -> TestResult
             "after call {call}: {used} bytes of blobs for {kept} kept snapshots"
         );
     }
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--sandbox-keep-snapshots", "0", "--sandbox", "docker"],
-        "x",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let zero = ["--sandbox-keep-snapshots", "0", "--sandbox", "docker"];
+    let out = s.run_code(2, &zero, "x", &[]).await?;
     assert!(
         stderr(&out).contains("--sandbox-keep-snapshots 0"),
         "{}",
         stderr(&out)
     );
-    let store = dir.path().join("state/sandbox-snapshots");
+    let store = s.path().join("state/sandbox-snapshots");
     let out = super::common::output(super::common::hame(
         &[
             "sandbox",
@@ -645,7 +478,7 @@ async fn snapshots_keep_the_last_ones_and_hame_sandbox_gc_sweeps() -> TestResult
             &store.to_string_lossy(),
         ],
         &[],
-        dir.path(),
+        s.path(),
     ))
     .await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -657,8 +490,7 @@ async fn snapshots_keep_the_last_ones_and_hame_sandbox_gc_sweeps() -> TestResult
         stdout(&out)
     );
     server.push_all([exec("c", "cat n.txt"), ScriptStep::text("ok")]);
-    let out = run_with(dir.path(), &server.base_url(), &args, "go", &[]).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(last_exec(&server), "3\n");
+    s.run_code(0, &args, "go", &[]).await?;
+    assert_eq!(last_exec(server), "3\n");
     Ok(())
 }

@@ -491,11 +491,165 @@ async fn a_skills_dir_that_is_not_a_directory_is_exit_2_and_list_prints_lines() 
     assert_eq!(server.request_count(), 0);
     let list = skills_cmd(dir.path(), &["list", "--workspace", &ws_s]).await?;
     assert_eq!(list.status.code(), Some(0), "{}", stderr(&list));
-    assert_eq!(stdout(&list), "review\tworkspace\tactive\tReviews.\n");
+    assert_eq!(
+        stdout(&list),
+        "review\tworkspace\tactive\tworkspace\t-\tReviews.\n"
+    );
     assert!(
         stderr(&list).contains("skills/broken/SKILL.md skipped"),
         "{}",
         stderr(&list)
+    );
+    Ok(())
+}
+
+/// Runs `git` in `dir` with a fixed identity; its trimmed stdout.
+fn git(dir: &Path, args: &[&str]) -> Result<String, Box<dyn std::error::Error>> {
+    let out = std::process::Command::new("git")
+        .current_dir(dir)
+        .args(args)
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@example.com")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@example.com")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()?;
+    if !out.status.success() {
+        return Err(format!("git {args:?}: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// Issue 35, item 3, as a user: a skill pushed to a Git repository (`file://`) shows in
+/// the next `hame run`, its `load_skill` result (in the session log) names the commit,
+/// `hame skills list` shows source and version, and a user's own skill of that name
+/// shadows it.
+#[tokio::test]
+async fn a_git_repository_skill_shows_in_the_next_run_pinned_to_its_commit() -> TestResult {
+    if std::process::Command::new("git")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        hame_test_env::skip("no git program");
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let origin = dir.path().join("origin.git");
+    let work = dir.path().join("work");
+    git(
+        dir.path(),
+        &[
+            "init",
+            "-q",
+            "--bare",
+            "-b",
+            "main",
+            &origin.to_string_lossy(),
+        ],
+    )?;
+    git(
+        dir.path(),
+        &["init", "-q", "-b", "main", &work.to_string_lossy()],
+    )?;
+    git(
+        &work,
+        &["remote", "add", "origin", &origin.to_string_lossy()],
+    )?;
+    let push = |body: &str| -> Result<String, Box<dyn std::error::Error>> {
+        fs::create_dir_all(work.join("skills/deploy"))?;
+        fs::write(
+            work.join("skills/deploy/SKILL.md"),
+            format!("---\ndescription: Deploys the service.\n---\n{body}\n"),
+        )?;
+        git(&work, &["add", "-A"])?;
+        git(&work, &["commit", "-q", "-m", body])?;
+        git(&work, &["push", "-q", "origin", "main"])?;
+        git(&work, &["rev-parse", "HEAD"])
+    };
+    let ws = dir.path().join("ws");
+    fs::create_dir_all(&ws)?;
+    fs::write(
+        ws.join("hame.toml"),
+        format!(
+            "[skills]\nrefresh = 1\n[[skills.repository]]\ngit = \"file://{}\"\nref = \"main\"\npath = \"skills\"\n",
+            origin.display()
+        ),
+    )?;
+    let ws_s = ws.to_string_lossy().into_owned();
+    let run = |extra: &'static [&'static str]| {
+        let dir = dir.path().to_path_buf();
+        let ws_s = ws_s.clone();
+        async move {
+            let server = ScriptedServer::start().await?;
+            server.push_all([
+                ScriptStep::tool_call("c1", "load_skill", json!({"name": "deploy"})),
+                ScriptStep::text("done"),
+            ]);
+            let mut args = vec!["--workspace", ws_s.as_str(), "--all-tools"];
+            args.extend_from_slice(extra);
+            let out = run_with(&dir, &server.base_url(), &args, "deploy it", &[]).await?;
+            assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+            let reqs = server.requests();
+            let system = system_of(&reqs[0].body);
+            let result = super::common::last_tool_result(&reqs[1].body);
+            Ok::<_, Box<dyn std::error::Error>>((system, result))
+        }
+    };
+    let first = push("FIRST-BODY")?;
+    let (system, result) = run(&[]).await?;
+    assert!(system.contains("deploy: Deploys the service."), "{system}");
+    assert!(result.contains("FIRST-BODY"), "{result}");
+    assert!(
+        result.contains(&format!(
+            "layer=\"repository\" source=\"git file://{}@main:skills\" version=\"{first}\"",
+            origin.display()
+        )),
+        "{result}"
+    );
+    // The session log (as `hame sessions show` prints it) names the commit.
+    let state = dir.path().join("state").to_string_lossy().into_owned();
+    let shown = output(hame(
+        &["sessions", "show", "default", "--workspace", &ws_s],
+        &[("HAME_STATE_HOME", &state)],
+        dir.path(),
+    ))
+    .await?;
+    assert!(
+        stdout(&shown).contains(&format!("version=\\\"{first}\\\""))
+            || stdout(&shown).contains(&format!("version=\"{first}\"")),
+        "the session log names the commit: {}{}",
+        stdout(&shown),
+        stderr(&shown)
+    );
+
+    let second = push("SECOND-BODY")?;
+    let (_, result) = run(&[]).await?;
+    assert!(
+        result.contains("SECOND-BODY") && result.contains(&second),
+        "{result}"
+    );
+
+    let list = skills_cmd(dir.path(), &["list", "--workspace", &ws_s]).await?;
+    assert_eq!(list.status.code(), Some(0), "{}", stderr(&list));
+    assert_eq!(
+        stdout(&list),
+        format!(
+            "deploy\trepository\tactive\tgit file://{}@main:skills\t{second}\tDeploys the service.\n",
+            origin.display()
+        )
+    );
+
+    // A user's own `deploy` shadows the repository's.
+    skill(
+        &ws.join("alice/skills"),
+        "deploy",
+        "---\ndescription: Deploys (alice).\n---\nALICE-BODY\n",
+    )?;
+    let (_, result) = run(&["--user", "alice"]).await?;
+    assert!(
+        result.contains("ALICE-BODY") && !result.contains("version="),
+        "{result}"
     );
     Ok(())
 }

@@ -6,7 +6,7 @@ use hame_test_support::{ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use super::common::{run_ok, run_with, stderr, system_of, tool_results};
+use super::common::{Scratch, run_ok, run_with, stderr, system_of, tool_results};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -115,32 +115,13 @@ async fn users_cannot_see_each_other_isolated() -> TestResult {
 
 #[tokio::test]
 async fn per_user_agents_md_overrides_the_shared_one() -> TestResult {
-    let server = ScriptedServer::start().await?;
-    server.push_all([ScriptStep::text("a"), ScriptStep::text("b")]);
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(ws.join("alice"))?;
-    fs::write(ws.join("AGENTS.md"), "shared persona")?;
-    fs::write(ws.join("alice/AGENTS.md"), "alice's persona")?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    let base = server.base_url();
-    run_with(
-        dir.path(),
-        &base,
-        &["--workspace", &ws_s, "--user", "alice"],
-        "hi",
-        &[],
-    )
-    .await?;
-    run_with(
-        dir.path(),
-        &base,
-        &["--workspace", &ws_s, "--user", "bob"],
-        "hi",
-        &[],
-    )
-    .await?;
-    let reqs = server.requests();
+    let sc = Scratch::scripted([ScriptStep::text("a"), ScriptStep::text("b")]).await?;
+    sc.write("AGENTS.md", "shared persona")?;
+    sc.write("alice/AGENTS.md", "alice's persona")?;
+    for user in ["alice", "bob"] {
+        sc.run(&sc.ws_args(&["--user", user]), "hi", &[]).await?;
+    }
+    let reqs = sc.server.requests();
     assert_eq!(reqs.len(), 2);
     let alice = system_of(&reqs[0].body);
     let bob = system_of(&reqs[1].body);

@@ -2,18 +2,17 @@
 
 use std::fs;
 
-use hame_test_support::{ScriptStep, ScriptedServer};
+use hame_test_support::ScriptStep;
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use super::common::{last_tool_result, run_with, stderr, stdout, system_of, tool_results};
+use super::common::{Scratch, last_tool_result, stdout, system_of};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 #[tokio::test]
 async fn write_then_read_a_file_through_the_tools() -> TestResult {
-    let server = ScriptedServer::start().await?;
-    server.push_all([
+    let s = Scratch::scripted([
         ScriptStep::tool_call(
             "c1",
             "write_file",
@@ -21,22 +20,12 @@ async fn write_then_read_a_file_through_the_tools() -> TestResult {
         ),
         ScriptStep::tool_call("c2", "read_file", json!({"file_path": "notes/todo.md"})),
         ScriptStep::text("Your list has milk."),
-    ]);
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s, "--user", "alice"],
-        "todo?",
-        &[],
-    )
+    ])
     .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let ws = &s.ws;
+    let out = s.run_ws(&["--user", "alice"], "todo?").await?;
     assert_eq!(stdout(&out), "Your list has milk.\n");
-    let reqs = server.requests();
+    let reqs = s.server.requests();
     assert_eq!(reqs.len(), 3);
     assert!(
         last_tool_result(&reqs[2].body).contains("buy milk"),
@@ -64,8 +53,7 @@ async fn write_then_read_a_file_through_the_tools() -> TestResult {
 
 #[tokio::test]
 async fn hostile_paths_are_refused_with_codes() -> TestResult {
-    let server = ScriptedServer::start().await?;
-    server.push_all([
+    let s = Scratch::scripted([
         ScriptStep::tool_calls(vec![
             hame_test_support::ScriptToolCall::new(
                 "a",
@@ -84,57 +72,34 @@ async fn hostile_paths_are_refused_with_codes() -> TestResult {
             ),
         ]),
         ScriptStep::text("done"),
-    ]);
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "go",
-        &[],
-    )
+    ])
     .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert_eq!(server.requests().len(), 2);
-    let results = tool_results(&server);
+    s.run_ws(&[], "go").await?;
+    assert_eq!(s.server.requests().len(), 2);
+    let results = s.results();
     assert_eq!(results.len(), 3);
     for r in &results {
         assert!(r.starts_with("Error ["), "{r}");
         assert!(!r.contains("root:"), "leaked /etc/passwd: {r}");
     }
-    assert!(!dir.path().join("escape.txt").exists());
+    assert!(!s.path().join("escape.txt").exists());
     Ok(())
 }
 
 #[tokio::test]
 async fn live_edit_of_agents_md_reaches_the_next_step() -> TestResult {
-    let server = ScriptedServer::start().await?;
-    server.push_all([
+    let s = Scratch::scripted([
         ScriptStep::tool_call(
             "c1",
             "execute",
             json!({"command": "printf 'You are Version Two.' > AGENTS.md"}),
         ),
         ScriptStep::text("edited"),
-    ]);
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
-    fs::write(ws.join("AGENTS.md"), "You are Version One.")?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "edit yourself",
-        &[],
-    )
+    ])
     .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let reqs = server.requests();
+    s.write("AGENTS.md", "You are Version One.")?;
+    s.run_ws(&[], "edit yourself").await?;
+    let reqs = s.server.requests();
     assert_eq!(reqs.len(), 2);
     assert!(system_of(&reqs[0].body).contains("You are Version One."));
     let second = system_of(&reqs[1].body);

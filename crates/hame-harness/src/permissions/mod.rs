@@ -219,7 +219,9 @@ impl PermissionLayer {
         let mut mcp_read_only = None;
         if let (Some(layer), Some(ws)) = (&self.tools_config, cx.tool.extensions.get::<Workspace>())
         {
-            let config = layer.load(ws).await?;
+            let config = layer
+                .load_step(ws, cx.tool.runtime.call_id(), cx.iteration)
+                .await?;
             if let Some(p) = &config.permissions {
                 rules.allow.extend(p.allow.iter().cloned());
                 rules.ask.extend(p.ask.iter().cloned());

@@ -10,13 +10,54 @@ use pretty_assertions::assert_eq;
 
 use super::*;
 
+/// A scripted server that answers `steps`, in order.
+async fn answering(
+    steps: impl IntoIterator<Item = ScriptStep>,
+) -> Result<ScriptedServer, Box<dyn std::error::Error>> {
+    let server = ScriptedServer::start().await?;
+    server.push_all(steps);
+    Ok(server)
+}
+
+/// A stream's `failure` is a transport error, after one request to `server` (no retry).
+fn failed_in_transport_without_retry(
+    kind: Kind,
+    failure: Option<ModelError>,
+    server: &ScriptedServer,
+) -> TestResult {
+    let err = failure.ok_or("stream did not fail")?;
+    assert!(
+        matches!(err, ModelError::Transport { .. }),
+        "{kind:?}: {err:?}"
+    );
+    assert_eq!(server.request_count(), 1, "{kind:?}");
+    Ok(())
+}
+
+/// The events of one streamed call of `m` up to its first error, and that error.
+async fn until_error(
+    m: &dyn hame_core::Model,
+) -> Result<(Vec<hame_core::ModelEvent>, Option<ModelError>), ModelError> {
+    let mut stream = m.stream(request("x")).await?;
+    let mut seen = Vec::new();
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Ok(ev) => seen.push(ev),
+            Err(e) => return Ok((seen, Some(e))),
+        }
+    }
+    Ok((seen, None))
+}
+
 #[tokio::test]
 async fn retry_on_429_honours_retry_after() -> TestResult {
     for kind in BOTH {
-        let server = ScriptedServer::start().await?;
-        server.push(ScriptStep::rate_limited(0));
-        server.push(ScriptStep::rate_limited(0));
-        server.push(ScriptStep::text("finally"));
+        let server = answering([
+            ScriptStep::rate_limited(0),
+            ScriptStep::rate_limited(0),
+            ScriptStep::text("finally"),
+        ])
+        .await?;
         // A base delay of an hour: only the honoured `Retry-After: 0` lets this finish.
         let retry = RetryConfig {
             initial_delay: Duration::from_secs(3600),
@@ -35,9 +76,7 @@ async fn retry_on_429_honours_retry_after() -> TestResult {
 #[tokio::test]
 async fn retry_after_longer_than_the_limit_is_returned_at_once() -> TestResult {
     for kind in BOTH {
-        let server = ScriptedServer::start().await?;
-        server.push(ScriptStep::rate_limited(120));
-        server.push(ScriptStep::text("never"));
+        let server = answering([ScriptStep::rate_limited(120), ScriptStep::text("never")]).await?;
         let model = default_model(kind, &server)?;
         let err = model.complete(request("x")).await.err().ok_or("no error")?;
         assert!(
@@ -52,10 +91,12 @@ async fn retry_after_longer_than_the_limit_is_returned_at_once() -> TestResult {
 #[tokio::test]
 async fn retry_on_5xx_then_give_up() -> TestResult {
     for kind in BOTH {
-        let server = ScriptedServer::start().await?;
-        server.push(ScriptStep::error(500, "boom"));
-        server.push(ScriptStep::error(503, "busy"));
-        server.push(ScriptStep::text("ok"));
+        let server = answering([
+            ScriptStep::error(500, "boom"),
+            ScriptStep::error(503, "busy"),
+            ScriptStep::text("ok"),
+        ])
+        .await?;
         let model = default_model(kind, &server)?;
         let events = stream_events(model.as_ref(), request("x")).await?;
         assert_eq!(assemble(&events).message.text_content(), "ok");
@@ -82,9 +123,7 @@ async fn no_retry_on_401_and_the_message_names_the_key() -> TestResult {
         (Kind::OpenAi, "OPENAI_API_KEY"),
         (Kind::Anthropic, "ANTHROPIC_API_KEY"),
     ] {
-        let server = ScriptedServer::start().await?;
-        server.push(ScriptStep::unauthorized());
-        server.push(ScriptStep::text("unreached"));
+        let server = answering([ScriptStep::unauthorized(), ScriptStep::text("unreached")]).await?;
         let model = default_model(kind, &server)?;
         let err = model.stream(request("x")).await.err().ok_or("no error")?;
         let ModelError::Auth { status, message } = &err else {
@@ -115,8 +154,7 @@ async fn context_overflow_bodies_of_every_provider() -> TestResult {
             ScriptStep::dashscope_context_overflow(),
             ScriptStep::dashscope_native_context_overflow(),
         ] {
-            let server = ScriptedServer::start().await?;
-            server.push(step.clone());
+            let server = answering([step.clone()]).await?;
             let model = default_model(kind, &server)?;
             let err = model.complete(request("x")).await.err().ok_or("no error")?;
             assert!(err.is_context_overflow(), "{kind:?} {step:?}: {err:?}");
@@ -130,8 +168,8 @@ async fn context_overflow_bodies_of_every_provider() -> TestResult {
 #[tokio::test]
 async fn slow_headers_time_out_as_transport_and_are_retried() -> TestResult {
     for kind in BOTH {
-        let server = ScriptedServer::start().await?;
-        server.push(ScriptStep::text("too late").with_delay(Duration::from_secs(5)));
+        let server =
+            answering([ScriptStep::text("too late").with_delay(Duration::from_secs(5))]).await?;
         let m = model(
             kind,
             &server,
@@ -160,24 +198,14 @@ async fn slow_headers_time_out_as_transport_and_are_retried() -> TestResult {
 #[tokio::test]
 async fn stalled_stream_fails_without_retry() -> TestResult {
     for kind in BOTH {
-        let server = ScriptedServer::start().await?;
-        server.push(ScriptStep::text("slow chunks").with_chunk_delay(Duration::from_secs(5)));
-        server.push(ScriptStep::text("a retry would get this"));
+        let server = answering([
+            ScriptStep::text("slow chunks").with_chunk_delay(Duration::from_secs(5)),
+            ScriptStep::text("a retry would get this"),
+        ])
+        .await?;
         let m = model(kind, &server, fast_retry(3), Duration::from_millis(300))?;
-        let mut s = m.stream(request("x")).await?;
-        let mut got_error = None;
-        while let Some(ev) = s.next().await {
-            if let Err(e) = ev {
-                got_error = Some(e);
-                break;
-            }
-        }
-        let err = got_error.ok_or("stream did not fail")?;
-        assert!(
-            matches!(err, ModelError::Transport { .. }),
-            "{kind:?}: {err:?}"
-        );
-        assert_eq!(server.request_count(), 1, "{kind:?}");
+        let (_, got_error) = until_error(m.as_ref()).await?;
+        failed_in_transport_without_retry(kind, got_error, &server)?;
     }
     Ok(())
 }
@@ -235,44 +263,32 @@ async fn responder_drives_a_long_session() -> TestResult {
 async fn broken_streams_fail_after_events_without_retry() -> TestResult {
     for kind in BOTH {
         // Closed part-way: the events so far arrive, then a transport error.
-        let server = ScriptedServer::start().await?;
-        server.push(ScriptStep::text("a fairly long answer").cut_after(4));
-        server.push(ScriptStep::text("a retry would get this"));
+        let server = answering([
+            ScriptStep::text("a fairly long answer").cut_after(4),
+            ScriptStep::text("a retry would get this"),
+        ])
+        .await?;
         let m = default_model(kind, &server)?;
-        let mut s = m.stream(request("x")).await?;
-        let mut seen = Vec::new();
-        let mut failure = None;
-        while let Some(ev) = s.next().await {
-            match ev {
-                Ok(ev) => seen.push(ev),
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            }
-        }
+        let (seen, failure) = until_error(m.as_ref()).await?;
         assert!(!seen.is_empty(), "{kind:?}: events before the cut");
-        let err = failure.ok_or("no error")?;
-        assert!(
-            matches!(err, ModelError::Transport { .. }),
-            "{kind:?}: {err:?}"
-        );
-        assert_eq!(server.request_count(), 1, "{kind:?}");
+        failed_in_transport_without_retry(kind, failure, &server)?;
     }
     Ok(())
 }
 
 #[tokio::test]
 async fn in_stream_errors_are_classified() -> TestResult {
-    let server = ScriptedServer::start().await?;
-    server.push(ScriptStep::text("partial answer").error_after(
-        2,
-        serde_json::json!({"error": {"code": "context_length_exceeded", "message": "too long"}}),
-    ));
-    server.push(ScriptStep::text("partial answer").error_after(
-        3,
-        serde_json::json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
-    ));
+    let server = answering([
+        ScriptStep::text("partial answer").error_after(
+            2,
+            serde_json::json!({"error": {"code": "context_length_exceeded", "message": "too long"}}),
+        ),
+        ScriptStep::text("partial answer").error_after(
+            3,
+            serde_json::json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+        ),
+    ])
+    .await?;
     let openai = default_model(Kind::OpenAi, &server)?;
     let err = stream_events(openai.as_ref(), request("x"))
         .await
@@ -299,13 +315,15 @@ async fn in_stream_errors_are_classified() -> TestResult {
 async fn a_key_echoed_by_the_provider_is_redacted() -> TestResult {
     for kind in BOTH {
         let key = format!("sk-echoed-{kind:?}-7f6e5d4c3b2a");
-        let server = ScriptedServer::start().await?;
-        server.push(ScriptStep::unauthorized_echoing_key());
-        server.push(ScriptStep::error(400, "bad request from key {api_key}"));
-        server.push(ScriptStep::text("partial").error_after(
-            3,
-            serde_json::json!({"type": "error", "error": {"type": "api_error", "message": "stream refused {api_key}"}}),
-        ));
+        let server = answering([
+            ScriptStep::unauthorized_echoing_key(),
+            ScriptStep::error(400, "bad request from key {api_key}"),
+            ScriptStep::text("partial").error_after(
+                3,
+                serde_json::json!({"type": "error", "error": {"type": "api_error", "message": "stream refused {api_key}"}}),
+            ),
+        ])
+        .await?;
         let model: Arc<dyn hame_core::Model> = match kind {
             Kind::OpenAi => Arc::new(hame_model::OpenAiModel::new(hame_model::OpenAiConfig {
                 api_key: Some(key.clone()),
@@ -320,13 +338,7 @@ async fn a_key_echoed_by_the_provider_is_redacted() -> TestResult {
         };
         let auth = model.complete(request("x")).await.err().ok_or("no error")?;
         let bad = model.complete(request("x")).await.err().ok_or("no error")?;
-        let mut stream = model.stream(request("x")).await?;
-        let mut in_stream = None;
-        while let Some(ev) = stream.next().await {
-            if let Err(e) = ev {
-                in_stream.get_or_insert(e);
-            }
-        }
+        let (_, in_stream) = until_error(model.as_ref()).await?;
         let in_stream = in_stream.ok_or("no stream error")?;
         assert!(matches!(auth, ModelError::Auth { .. }), "{auth:?}");
         for e in [&auth, &bad, &in_stream] {

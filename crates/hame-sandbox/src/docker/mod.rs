@@ -491,31 +491,43 @@ impl DockerSandboxes {
 }
 
 impl Shared {
-    async fn reap_orphans(&self) -> usize {
-        let filters = HashMap::from([("label".to_owned(), vec![LABEL.to_owned()])]);
+    /// The containers `filters` lists (stopped ones too when `all`) that are neither this
+    /// process's nor of another live process (by [`OWNER_LABEL`]; no need to look inside
+    /// those): each one's id, owner label and whether it runs.
+    async fn others_containers(
+        &self,
+        filters: HashMap<String, Vec<String>>,
+        all: bool,
+    ) -> Result<Vec<(String, String, bool)>, bollard::errors::Error> {
         let list = self
             .docker
             .list_containers(Some(ListContainersOptions {
-                all: true,
+                all,
                 filters: Some(filters),
                 ..Default::default()
             }))
-            .await
-            .unwrap_or_default();
+            .await?;
+        Ok(list
+            .into_iter()
+            .filter_map(|c| {
+                let running = c.state == Some(ContainerSummaryStateEnum::RUNNING);
+                let owner = c
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(OWNER_LABEL))
+                    .cloned()
+                    .unwrap_or_default();
+                let theirs = owner == self.owner || owner_alive(&owner);
+                Some((c.id?, owner, running)).filter(|_| !theirs)
+            })
+            .collect())
+    }
+
+    async fn reap_orphans(&self) -> usize {
+        let filters = HashMap::from([("label".to_owned(), vec![LABEL.to_owned()])]);
+        let list = self.others_containers(filters, true).await;
         let mut removed = 0;
-        for c in list {
-            let Some(id) = c.id else { continue };
-            let label_owner = c
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(OWNER_LABEL))
-                .cloned()
-                .unwrap_or_default();
-            // Ours, or of a live process (it was never adopted then): no need to look inside.
-            if label_owner == self.owner || owner_alive(&label_owner) {
-                continue;
-            }
-            let running = c.state == Some(ContainerSummaryStateEnum::RUNNING);
+        for (id, label_owner, running) in list.unwrap_or_default() {
             let state = if running {
                 state::read_state(self, &id, false).await
             } else {
@@ -801,29 +813,10 @@ impl DockerScope {
             ("label".to_owned(), vec![format!("{SCOPE_LABEL}={key}")]),
             ("status".to_owned(), vec!["running".to_owned()]),
         ]);
-        let list = self
-            .shared
-            .docker
-            .list_containers(Some(ListContainersOptions {
-                all: false,
-                filters: Some(filters),
-                ..Default::default()
-            }))
-            .await
-            .ok()?;
+        // Leaves out one this process started (being removed) or one of a live process.
+        let list = self.shared.others_containers(filters, false).await.ok()?;
         let mut stored: Option<(Manifest, String)> = None;
-        for c in list {
-            let Some(id) = c.id else { continue };
-            let label_owner = c
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(OWNER_LABEL))
-                .cloned()
-                .unwrap_or_default();
-            // One this process started (being removed) or one of a live process.
-            if label_owner == self.shared.owner || owner_alive(&label_owner) {
-                continue;
-            }
+        for (id, label_owner, _) in list {
             // Through a pooled command server (the calls that follow in an adopted container
             // need one anyway), while the stored manifest is read.
             let (state, stored_now) =
@@ -933,41 +926,32 @@ mod tests {
         let judge = |label: &str, s: Option<ContainerState>| {
             judge_orphan(label, s.as_ref(), "me:1", &alive, ttl)
         };
-        assert_eq!(judge("live:1", None), Orphan::Theirs, "its process lives");
-        assert_eq!(
-            judge("dead:1", Some(st(true, "live:1", 5))),
-            Orphan::Theirs,
-            "adopted by a live process"
-        );
-        assert_eq!(
-            judge("dead:1", Some(st(false, "me:1", 5))),
-            Orphan::Theirs,
-            "adopted by this one"
-        );
-        assert_eq!(
-            judge("dead:1", Some(st(true, "dead:1", 5))),
-            Orphan::Adoptable
-        );
-        assert_eq!(
-            judge("dead:1", Some(st(true, "", 300))),
-            Orphan::Adoptable,
-            "the label names the owner"
-        );
-        assert_eq!(
-            judge("dead:1", Some(st(true, "dead:1", 301))),
-            Orphan::Remove,
-            "idle past the TTL"
-        );
-        assert_eq!(
-            judge("dead:1", Some(st(false, "dead:1", 1))),
-            Orphan::Remove,
-            "killed mid-call"
-        );
-        assert_eq!(
-            judge("dead:1", None),
-            Orphan::Remove,
-            "never finished a call"
-        );
+        use Orphan::{Adoptable, Remove, Theirs};
+        let d = "dead:1";
+        // (label, state, expected, why)
+        let cases = [
+            ("live:1", None, Theirs, "its process lives"),
+            (
+                d,
+                Some(st(true, "live:1", 5)),
+                Theirs,
+                "a live owner adopted it",
+            ),
+            (d, Some(st(false, "me:1", 5)), Theirs, "adopted by this one"),
+            (d, Some(st(true, d, 5)), Adoptable, "idle, its owner dead"),
+            (
+                d,
+                Some(st(true, "", 300)),
+                Adoptable,
+                "owner from its label",
+            ),
+            (d, Some(st(true, d, 301)), Remove, "idle past the TTL"),
+            (d, Some(st(false, d, 1)), Remove, "killed mid-call"),
+            (d, None, Remove, "never finished a call"),
+        ];
+        for (label, state, expected, why) in cases {
+            assert_eq!(judge(label, state), expected, "{why}");
+        }
     }
 
     #[test]

@@ -239,11 +239,12 @@ pub async fn session_order<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
 pub async fn lapse_and_reclaim<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
     let agent = unique_agent();
     let run = q.submit(msg(&agent, Some("u"), "s", "m")?).await?.run;
-    let short = opts(&agent, Duration::from_millis(600));
+    // Long enough that a heartbeat's write (an fsync on a loaded disk) never outlasts it.
+    let short = opts(&agent, Duration::from_secs(2));
     let old = q.claim(&short).await?.ok_or_else(|| fail("not claimed"))?;
     // Heartbeats keep it.
     for _ in 0..4 {
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_millis(600)).await;
         let beat = q.heartbeat(&old).await?;
         ensure!(!beat.cancel_requested, "no cancel asked");
         ensure!(
@@ -251,7 +252,7 @@ pub async fn lapse_and_reclaim<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
             "a heartbeated claim is not reclaimed"
         );
     }
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     let new = q
         .claim(&short)
         .await?

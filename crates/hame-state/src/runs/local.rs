@@ -240,46 +240,99 @@ mod json {
     use super::*;
     use crate::error::Error;
 
-    /// A run queue for the processes of one machine: one JSON file per run under
-    /// `<root>/.runs/` (`.runs` is never an agent id), every change made under an exclusive
-    /// OS lock of `<root>/.runs/queue.lock` and written with a temp file, `fsync` and
-    /// rename, so a crash leaves the old or the new record. Wall-clock time (one host, one
-    /// clock) decides when a claim lapses.
+    /// A run queue for the processes of one machine, under `<root>/.runs/` (`.runs` is
+    /// never an agent id):
     ///
-    /// Every claim reads every run record: fine for thousands of runs; beyond, use
-    /// PostgreSQL.
+    /// ```text
+    /// .runs/queue.lock          every change is made under an exclusive OS lock of it
+    /// .runs/seq                 the last submission number
+    /// .runs/active/<id>.json    queued and running runs
+    /// .runs/done/<id>.json      finished runs
+    /// .runs/idem/<hash>         "<agent>\t<user>\t<key>\t<run id>" lines: idempotency keys
+    /// ```
+    ///
+    /// Every file is written with a temp file, `fsync` and rename (and the directory
+    /// `fsync`ed), so a crash leaves the old or the new record. A claim reads the active
+    /// runs only; a heartbeat, finish or cancel reads its own run. Wall-clock time (one
+    /// host, one clock) decides when a claim lapses.
     #[derive(Debug, Clone)]
     pub struct JsonRunQueue {
         dir: PathBuf,
+    }
+
+    /// FNV-1a over the parts, as 16 hex digits: the idempotency index file of a key.
+    fn idem_file(agent: &str, user: Option<&str>, key: &str) -> String {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for part in [agent, user.unwrap_or(""), key] {
+            for b in part.bytes().chain([0]) {
+                hash ^= u64::from(b);
+                hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+        format!("{hash:016x}")
+    }
+
+    fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+        let path = dir.join(name);
+        let tmp = dir.join(format!(".{name}.{}.tmp", uuid::Uuid::new_v4().simple()));
+        let write = || -> std::io::Result<()> {
+            let mut f = File::create(&tmp)?;
+            f.write_all(bytes)?;
+            f.sync_data()?;
+            fs::rename(&tmp, &path)?;
+            File::open(dir)?.sync_all()
+        };
+        write().map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            Error::io(&path, e)
+        })
+    }
+
+    fn read_run(path: &Path) -> Result<Option<Run>> {
+        match fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| Error::io(path, std::io::Error::other(e))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(Error::io(path, e)),
+        }
     }
 
     impl JsonRunQueue {
         /// The queue of the JSON store rooted at `root` (created if missing).
         pub fn open(root: impl AsRef<Path>) -> Result<Self> {
             let dir = root.as_ref().join(".runs");
-            fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+            for sub in ["active", "done", "idem"] {
+                let d = dir.join(sub);
+                fs::create_dir_all(&d).map_err(|e| Error::io(&d, e))?;
+            }
             Ok(Self { dir })
         }
 
-        fn path(&self, id: &str) -> PathBuf {
-            self.dir.join(format!("{id}.json"))
+        fn active(&self) -> PathBuf {
+            self.dir.join("active")
         }
 
-        fn read(&self, path: &Path) -> Result<Option<Run>> {
-            match fs::read(path) {
-                Ok(bytes) => serde_json::from_slice(&bytes)
-                    .map(Some)
-                    .map_err(|e| Error::io(path, std::io::Error::other(e))),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => Err(Error::io(path, e)),
+        fn done(&self) -> PathBuf {
+            self.dir.join("done")
+        }
+
+        /// A run by id: its finished record first (a crash between writing it and
+        /// removing the active one leaves both).
+        fn read(&self, id: &str) -> Result<Option<Run>> {
+            let name = format!("{id}.json");
+            match read_run(&self.done().join(&name))? {
+                Some(run) => Ok(Some(run)),
+                None => read_run(&self.active().join(&name)),
             }
         }
 
-        fn read_all(&self) -> Result<Vec<Run>> {
+        /// Every run of one of the directories.
+        fn read_dir(&self, dir: &Path) -> Result<Vec<Run>> {
             let mut runs = Vec::new();
-            let entries = fs::read_dir(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
+            let entries = fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
             for entry in entries {
-                let entry = entry.map_err(|e| Error::io(&self.dir, e))?;
+                let entry = entry.map_err(|e| Error::io(dir, e))?;
                 let name = entry.file_name();
                 let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
                     continue;
@@ -287,36 +340,34 @@ mod json {
                 if validate_run_id(id).is_err() {
                     continue;
                 }
-                if let Some(run) = self.read(&entry.path())? {
+                if let Some(run) = read_run(&entry.path())? {
                     runs.push(run);
                 }
             }
             Ok(runs)
         }
 
+        /// Writes a run where its status puts it (a finished run moves to `done/`).
         fn write(&self, run: &Run) -> Result<()> {
-            let path = self.path(&run.id);
-            let tmp = self
-                .dir
-                .join(format!(".{}.{}.tmp", run.id, uuid::Uuid::new_v4().simple()));
             let bytes = serde_json::to_vec(run).map_err(Error::Serialize)?;
-            let write = || -> std::io::Result<()> {
-                let mut f = File::create(&tmp)?;
-                f.write_all(&bytes)?;
-                f.sync_data()?;
-                fs::rename(&tmp, &path)?;
-                File::open(&self.dir)?.sync_all()
-            };
-            write().map_err(|e| {
-                let _ = fs::remove_file(&tmp);
-                Error::io(&path, e)
-            })
+            let name = format!("{}.json", run.id);
+            if run.status.is_finished() {
+                write_atomic(&self.done(), &name, &bytes)?;
+                let active = self.active().join(&name);
+                match fs::remove_file(&active) {
+                    Ok(()) => Ok(()),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                    Err(e) => Err(Error::io(&active, e)),
+                }
+            } else {
+                write_atomic(&self.active(), &name, &bytes)
+            }
         }
 
-        /// Runs `f` over every run under the queue's lock and writes the run it changed.
-        async fn transact<T: Send + 'static>(
+        /// Runs `f` under the queue's lock.
+        async fn locked<T: Send + 'static>(
             &self,
-            f: impl FnOnce(&mut Vec<Run>, DateTime<Utc>) -> Result<(T, Option<usize>)> + Send + 'static,
+            f: impl FnOnce(&Self, DateTime<Utc>) -> Result<T> + Send + 'static,
         ) -> Result<T> {
             let me = self.clone();
             tokio::task::spawn_blocking(move || {
@@ -328,33 +379,103 @@ mod json {
                     .open(&lock_path)
                     .map_err(|e| Error::io(&lock_path, e))?;
                 lock.lock().map_err(|e| Error::io(&lock_path, e))?;
-                let mut runs = me.read_all()?;
-                let (out, changed) = f(&mut runs, Utc::now())?;
-                if let Some(i) = changed {
-                    me.write(&runs[i])?;
-                }
+                let out = f(&me, Utc::now());
                 drop(lock);
-                Ok(out)
+                out
             })
             .await
             .map_err(|e| Error::io(&self.dir, std::io::Error::other(e)))?
+        }
+
+        /// Applies `op` to the active run `id` under the lock and writes what it changed;
+        /// `missing` answers when there is no such active run.
+        async fn on_run<T: Send + 'static>(
+            &self,
+            id: String,
+            op: impl FnOnce(&mut [Run], DateTime<Utc>) -> Result<(T, Option<usize>)> + Send + 'static,
+            missing: impl FnOnce(Option<Run>) -> Result<T> + Send + 'static,
+        ) -> Result<T> {
+            self.locked(move |me, now| {
+                let name = format!("{id}.json");
+                let finished = read_run(&me.done().join(&name))?;
+                let active = match finished {
+                    Some(_) => None,
+                    None => read_run(&me.active().join(&name))?,
+                };
+                let Some(run) = active else {
+                    return missing(finished);
+                };
+                let mut one = [run];
+                let (out, changed) = op(&mut one, now)?;
+                if changed.is_some() {
+                    me.write(&one[0])?;
+                }
+                Ok(out)
+            })
+            .await
         }
     }
 
     #[async_trait]
     impl RunQueue for JsonRunQueue {
         async fn submit(&self, new: NewRun) -> Result<Submitted> {
-            self.transact(move |runs, now| Ok(ops::submit(runs, &new, now)))
-                .await
+            self.locked(move |me, now| {
+                let (agent, user) = (new.key.agent(), new.key.user());
+                let idem = new
+                    .idempotency_key
+                    .as_deref()
+                    .map(|k| (me.dir.join("idem"), idem_file(agent, user, k), k));
+                let mut index = String::new();
+                if let Some((dir, file, key)) = &idem {
+                    match fs::read_to_string(dir.join(file)) {
+                        Ok(text) => index = text,
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) => return Err(Error::io(dir.join(file), e)),
+                    }
+                    let user = user.unwrap_or("");
+                    let hit = index.lines().find_map(|l| {
+                        let mut f = l.split('\t');
+                        let ok = f.next() == Some(agent)
+                            && f.next() == Some(user)
+                            && f.next() == Some(*key);
+                        ok.then(|| f.next()).flatten()
+                    });
+                    if let Some(run) = hit.map(|id| me.read(id)).transpose()?.flatten() {
+                        return Ok(Submitted {
+                            run,
+                            created: false,
+                        });
+                    }
+                }
+                let seq_path = me.dir.join("seq");
+                let last = match fs::read_to_string(&seq_path) {
+                    Ok(t) => t.trim().parse::<u64>().unwrap_or(0),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+                    Err(e) => return Err(Error::io(&seq_path, e)),
+                };
+                let mut run = Run::new(&new, now);
+                run.seq = last + 1;
+                write_atomic(&me.dir, "seq", run.seq.to_string().as_bytes())?;
+                me.write(&run)?;
+                if let Some((dir, file, key)) = &idem {
+                    index.push_str(&format!(
+                        "{agent}\t{}\t{key}\t{}\n",
+                        user.unwrap_or(""),
+                        run.id
+                    ));
+                    write_atomic(dir, file, index.as_bytes())?;
+                }
+                Ok(Submitted { run, created: true })
+            })
+            .await
         }
 
         async fn get(&self, id: &str) -> Result<Option<Run>> {
             if validate_run_id(id).is_err() {
                 return Ok(None);
             }
-            let me = self.clone();
-            let path = self.path(id);
-            tokio::task::spawn_blocking(move || me.read(&path))
+            let (me, id) = (self.clone(), id.to_owned());
+            tokio::task::spawn_blocking(move || me.read(&id))
                 .await
                 .map_err(|e| Error::io(&self.dir, std::io::Error::other(e)))?
         }
@@ -367,37 +488,78 @@ mod json {
             limit: usize,
         ) -> Result<Vec<Run>> {
             let me = self.clone();
-            let runs = tokio::task::spawn_blocking(move || me.read_all())
-                .await
-                .map_err(|e| Error::io(&self.dir, std::io::Error::other(e)))??;
+            let runs = tokio::task::spawn_blocking(move || {
+                let mut runs = me.read_dir(&me.done())?;
+                let seen: std::collections::HashSet<String> =
+                    runs.iter().map(|r| r.id.clone()).collect();
+                runs.extend(
+                    me.read_dir(&me.active())?
+                        .into_iter()
+                        .filter(|r| !seen.contains(&r.id)),
+                );
+                Ok::<_, Error>(runs)
+            })
+            .await
+            .map_err(|e| Error::io(&self.dir, std::io::Error::other(e)))??;
             Ok(ops::list(&runs, agent, user, session, limit))
         }
 
         async fn claim(&self, options: &ClaimOptions) -> Result<Option<Claim>> {
             let options = options.clone();
-            self.transact(move |runs, now| Ok(ops::claim(runs, &options, now)))
-                .await
+            self.locked(move |me, now| {
+                let mut runs = me.read_dir(&me.active())?;
+                // A crash between writing a finished run to `done/` and removing its
+                // active record leaves both: the finished one counts.
+                runs.retain(|r| {
+                    let name = format!("{}.json", r.id);
+                    let finished = me.done().join(&name).exists();
+                    if finished {
+                        let _ = fs::remove_file(me.active().join(&name));
+                    }
+                    !finished
+                });
+                let (claim, changed) = ops::claim(&mut runs, &options, now);
+                if let Some(i) = changed {
+                    me.write(&runs[i])?;
+                }
+                Ok(claim)
+            })
+            .await
         }
 
         async fn heartbeat(&self, claim: &Claim) -> Result<Beat> {
-            let claim = claim.clone();
-            self.transact(move |runs, now| ops::heartbeat(runs, &claim, now))
-                .await
+            let c = claim.clone();
+            let id = claim.run.id.clone();
+            self.on_run(
+                claim.run.id.clone(),
+                move |runs, now| ops::heartbeat(runs, &c, now),
+                move |_| Err(claim_lost(&id)),
+            )
+            .await
         }
 
         async fn finish(&self, claim: &Claim, end: &RunEnd) -> Result<Run> {
-            let (claim, end) = (claim.clone(), end.clone());
-            self.transact(move |runs, now| ops::finish(runs, &claim, &end, now))
-                .await
+            let (c, end) = (claim.clone(), end.clone());
+            let id = claim.run.id.clone();
+            self.on_run(
+                claim.run.id.clone(),
+                move |runs, now| ops::finish(runs, &c, &end, now),
+                move |_| Err(claim_lost(&id)),
+            )
+            .await
         }
 
         async fn cancel(&self, id: &str) -> Result<CancelOutcome> {
             if validate_run_id(id).is_err() {
                 return Ok(CancelOutcome::NotFound);
             }
-            let id = id.to_owned();
-            self.transact(move |runs, now| Ok(ops::cancel(runs, &id, now)))
-                .await
+            let id2 = id.to_owned();
+            self.on_run(
+                id.to_owned(),
+                move |runs, now| Ok(ops::cancel(runs, &id2, now)),
+                |finished| Ok(finished.map_or(CancelOutcome::NotFound, CancelOutcome::Finished)),
+            )
+            .await
         }
 
         async fn wait_for_work(&self, max: Duration) -> Result<()> {

@@ -9,6 +9,7 @@
 //! | [`InMemoryRunQueue`] (`memory://`) | under a mutex | in-process notify |
 //! | `JsonRunQueue` (a path) | under an OS lock of `<root>/.runs/queue.lock` | polling every [`LOCAL_POLL`] |
 //! | `PgRunQueue` (`postgres://`) | `SELECT … FOR UPDATE SKIP LOCKED` | `LISTEN/NOTIFY` (polling every [`SQL_POLL`] as a fallback) |
+//! | `MySqlRunQueue` (`mysql://`) | `SELECT … FOR UPDATE SKIP LOCKED`, then `UPDATE` | polling every `MYSQL_POLL` (250 ms) |
 //!
 //! A claim is fenced: each claim of a run gets a new token and a larger
 //! [`Claim::attempt`]; heartbeats and the final write carry them, so an owner whose run was
@@ -31,6 +32,8 @@ use crate::key::{StateKey, validate_id};
 
 mod decide;
 mod local;
+#[cfg(feature = "mysql")]
+mod mysql;
 #[cfg(feature = "postgres")]
 mod sql;
 
@@ -41,6 +44,8 @@ pub use decide::pick;
 #[cfg(feature = "json")]
 pub use local::JsonRunQueue;
 pub use local::{InMemoryRunQueue, LOCAL_POLL};
+#[cfg(feature = "mysql")]
+pub use mysql::{MYSQL_POLL, MySqlRunQueue};
 #[cfg(feature = "postgres")]
 pub use sql::{PgRunQueue, SQL_POLL};
 
@@ -531,9 +536,10 @@ pub(crate) fn claim_lost(id: &str) -> Error {
 /// | `memory://` | a new [`InMemoryRunQueue`] |
 /// | a path, `file:///path` | `JsonRunQueue` under `<path>/.runs/` (feature `json`) |
 /// | `postgres://`, `postgresql://` | `PgRunQueue` (feature `postgres`), migrations applied |
+/// | `mysql://`, `mariadb://` | `MySqlRunQueue` (feature `mysql`), migrations applied |
 ///
-/// Redis and MySQL queues are not built yet: their URLs are [`Error::Config`] naming the
-/// backends that are.
+/// The Redis queue is not built yet: its URLs are [`Error::Config`] naming the backends
+/// that are.
 pub async fn open_queue(url: &str) -> Result<Arc<dyn RunQueue>> {
     hame_core::secrets::add_url(url);
     let Some((scheme, rest)) = url.split_once("://") else {
@@ -555,8 +561,21 @@ pub async fn open_queue(url: &str) -> Result<Arc<dyn RunQueue>> {
                 feature: "postgres",
             })
         }
+        "mysql" | "mariadb" => {
+            #[cfg(feature = "mysql")]
+            {
+                Ok(Arc::new(
+                    MySqlRunQueue::connect(url, crate::SqlOptions::default()).await?,
+                ))
+            }
+            #[cfg(not(feature = "mysql"))]
+            Err(Error::FeatureDisabled {
+                scheme: scheme.to_owned(),
+                feature: "mysql",
+            })
+        }
         other => Err(Error::Config(format!(
-            "runs are not available on a `{other}` state store yet: use --state with a path (one machine) or a postgres:// URL"
+            "runs are not available on a `{other}` state store yet: use --state with a path (one machine), a postgres:// or a mysql:// URL"
         ))),
     }
 }

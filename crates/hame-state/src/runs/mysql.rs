@@ -1,0 +1,390 @@
+//! [`MySqlRunQueue`]: the run queue on MySQL 8 / MariaDB 10.6+. A claim is one transaction:
+//! `SELECT … FOR UPDATE SKIP LOCKED`, then the `UPDATE` of the row it locked. Idle workers
+//! poll every [`MYSQL_POLL`] (MySQL has no `LISTEN`).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, NaiveDateTime, Utc};
+use sqlx::Row;
+use sqlx::mysql::{MySqlPool, MySqlPoolOptions, MySqlRow};
+
+use super::{
+    Beat, CancelOutcome, Claim, ClaimOptions, NewRun, Run, RunEnd, RunError, RunInput, RunQueue,
+    RunStatus, Submitted, claim_lost, validate_run_id,
+};
+use crate::error::{Error, Result};
+use crate::sql::{MySqlStore, SqlOptions};
+
+/// How often an idle worker of a MySQL queue looks for work (250 ms).
+pub const MYSQL_POLL: Duration = Duration::from_millis(250);
+
+macro_rules! cols {
+    () => {
+        "seq, id, agent, user_key, session, idempotency_key, status, input, reply, `usage`, \
+         error, approvals, attempts, token, worker, cancel_requested, created_at, updated_at, \
+         expires_at"
+    };
+}
+
+/// The run queue on MySQL / MariaDB: table `hame_runs` (migration 4 of hame-state, applied
+/// on connect). See `docs/replicas.md`.
+pub struct MySqlRunQueue {
+    pool: MySqlPool,
+    target: String,
+}
+
+impl std::fmt::Debug for MySqlRunQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MySqlRunQueue")
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+fn backend(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
+    Error::backend("mysql", e)
+}
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX).max(1000)
+}
+
+fn json_col(row: &MySqlRow, col: &str) -> Result<Option<serde_json::Value>> {
+    let text: Option<String> = row.try_get(col).map_err(backend)?;
+    text.map(|t| serde_json::from_str(&t).map_err(backend))
+        .transpose()
+}
+
+fn utc(t: NaiveDateTime) -> DateTime<Utc> {
+    t.and_utc()
+}
+
+fn to_run(row: &MySqlRow) -> Result<Run> {
+    let status: String = row.try_get("status").map_err(backend)?;
+    let input: String = row.try_get("input").map_err(backend)?;
+    let user: String = row.try_get("user_key").map_err(backend)?;
+    let error = json_col(row, "error")?
+        .map(serde_json::from_value::<RunError>)
+        .transpose()
+        .map_err(backend)?;
+    let expires: Option<NaiveDateTime> = row.try_get("expires_at").map_err(backend)?;
+    Ok(Run {
+        id: row.try_get("id").map_err(backend)?,
+        agent: row.try_get("agent").map_err(backend)?,
+        user: (!user.is_empty()).then_some(user),
+        session: row.try_get("session").map_err(backend)?,
+        seq: row.try_get::<u64, _>("seq").map_err(backend)?,
+        status: RunStatus::parse(&status)
+            .ok_or_else(|| backend(format!("unknown run status {status:?}")))?,
+        input: serde_json::from_str::<RunInput>(&input).map_err(backend)?,
+        idempotency_key: row.try_get("idempotency_key").map_err(backend)?,
+        reply: row.try_get("reply").map_err(backend)?,
+        usage: json_col(row, "usage")?,
+        error,
+        approvals: json_col(row, "approvals")?,
+        attempts: row.try_get::<u64, _>("attempts").map_err(backend)?,
+        worker: row.try_get("worker").map_err(backend)?,
+        cancel_requested: row.try_get("cancel_requested").map_err(backend)?,
+        created: utc(row.try_get("created_at").map_err(backend)?),
+        updated: utc(row.try_get("updated_at").map_err(backend)?),
+        expires: expires.map(utc),
+        token: row.try_get("token").map_err(backend)?,
+    })
+}
+
+impl MySqlRunQueue {
+    /// Connects to `url` (`mysql://` or `mariadb://`) and applies hame-state's migrations
+    /// (unless `options.migrate` is off).
+    pub async fn connect(url: &str, options: SqlOptions) -> Result<Self> {
+        drop(MySqlStore::connect(url, options.clone()).await?);
+        let url = match url.split_once("://") {
+            Some((_, rest)) => format!("mysql://{rest}"),
+            None => url.to_owned(),
+        };
+        let pool = MySqlPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    // Times are UTC on the server side too (`UTC_TIMESTAMP(6)`).
+                    sqlx::query("SET time_zone = '+00:00'")
+                        .execute(conn)
+                        .await
+                        .map(|_| ())
+                })
+            })
+            .connect(&url)
+            .await
+            .map_err(backend)?;
+        Ok(Self {
+            pool,
+            target: crate::redact_url(&url),
+        })
+    }
+
+    async fn by_id(&self, id: &str) -> Result<Option<Run>> {
+        let row = sqlx::query(concat!("SELECT ", cols!(), " FROM hame_runs WHERE id = ?"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(backend)?;
+        row.as_ref().map(to_run).transpose()
+    }
+}
+
+fn is_duplicate(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
+}
+
+#[async_trait]
+impl RunQueue for MySqlRunQueue {
+    async fn submit(&self, new: NewRun) -> Result<Submitted> {
+        let run = Run::new(&new, Utc::now());
+        let input = serde_json::to_string(&run.input).map_err(Error::Serialize)?;
+        let user = new.key.user().unwrap_or("").to_owned();
+        let inserted = sqlx::query(
+            "INSERT INTO hame_runs (id, agent, user_key, session, idempotency_key, status, input,
+                created_at, updated_at)
+             VALUES (?, ?, ?, ?, ?, 'queued', ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+        )
+        .bind(&run.id)
+        .bind(&run.agent)
+        .bind(&user)
+        .bind(&run.session)
+        .bind(&run.idempotency_key)
+        .bind(input)
+        .execute(&self.pool)
+        .await;
+        match inserted {
+            Ok(_) => {
+                let run = self
+                    .by_id(&run.id)
+                    .await?
+                    .ok_or_else(|| backend("a submitted run vanished"))?;
+                Ok(Submitted { run, created: true })
+            }
+            Err(e) if is_duplicate(&e) => {
+                let row = sqlx::query(concat!(
+                    "SELECT ",
+                    cols!(),
+                    " FROM hame_runs WHERE agent = ? AND user_key = ? AND idempotency_key = ?"
+                ))
+                .bind(&run.agent)
+                .bind(&user)
+                .bind(&run.idempotency_key)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(backend)?;
+                Ok(Submitted {
+                    run: to_run(&row)?,
+                    created: false,
+                })
+            }
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<Run>> {
+        if validate_run_id(id).is_err() {
+            return Ok(None);
+        }
+        self.by_id(id).await
+    }
+
+    async fn list(
+        &self,
+        agent: &str,
+        user: Option<&str>,
+        session: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Run>> {
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            cols!(),
+            " FROM hame_runs WHERE agent = ? AND user_key = ? AND (? IS NULL OR session = ?)
+              ORDER BY seq DESC LIMIT ?"
+        ))
+        .bind(agent)
+        .bind(user.unwrap_or(""))
+        .bind(session)
+        .bind(session)
+        .bind(u64::try_from(limit).unwrap_or(u64::MAX))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(backend)?;
+        rows.iter().map(to_run).collect()
+    }
+
+    async fn claim(&self, options: &ClaimOptions) -> Result<Option<Claim>> {
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        // The same rule as `runs::pick`.
+        let seq: Option<u64> = sqlx::query_scalar(
+            "SELECT r.seq FROM hame_runs r
+             WHERE r.agent = ? AND (r.status = 'queued'
+                   OR (r.status = 'running' AND r.expires_at <= UTC_TIMESTAMP(6)))
+               AND NOT EXISTS (
+                   SELECT 1 FROM hame_runs o
+                   WHERE o.agent = r.agent AND o.user_key = r.user_key
+                     AND o.session = r.session AND o.seq <> r.seq
+                     AND ((o.status = 'running' AND o.expires_at > UTC_TIMESTAMP(6))
+                          OR (o.status IN ('queued', 'running') AND o.seq < r.seq)))
+             ORDER BY r.seq LIMIT 1
+             FOR UPDATE SKIP LOCKED",
+        )
+        .bind(&options.agent)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(backend)?;
+        let Some(seq) = seq else {
+            tx.rollback().await.map_err(backend)?;
+            return Ok(None);
+        };
+        sqlx::query(
+            "UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = ?,
+                 worker = ?, updated_at = UTC_TIMESTAMP(6),
+                 expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+             WHERE seq = ?",
+        )
+        .bind(&token)
+        .bind(&options.worker)
+        .bind(micros(options.lapse))
+        .bind(seq)
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
+        let row = sqlx::query(concat!("SELECT ", cols!(), " FROM hame_runs WHERE seq = ?"))
+            .bind(seq)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        let run = to_run(&row)?;
+        Ok(Some(Claim {
+            attempt: run.attempts,
+            token,
+            lapse: options.lapse,
+            run,
+        }))
+    }
+
+    async fn heartbeat(&self, claim: &Claim) -> Result<Beat> {
+        sqlx::query(
+            "UPDATE hame_runs SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+             WHERE id = ? AND token = ? AND status = 'running'",
+        )
+        .bind(micros(claim.lapse))
+        .bind(&claim.run.id)
+        .bind(&claim.token)
+        .execute(&self.pool)
+        .await
+        .map_err(backend)?;
+        // MySQL counts changed rows: an unchanged expiry (same microsecond) is 0, so read.
+        let row = sqlx::query(
+            "SELECT cancel_requested FROM hame_runs
+             WHERE id = ? AND token = ? AND status = 'running'",
+        )
+        .bind(&claim.run.id)
+        .bind(&claim.token)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(backend)?;
+        match row {
+            Some(row) => Ok(Beat {
+                cancel_requested: row.try_get(0).map_err(backend)?,
+            }),
+            None => Err(claim_lost(&claim.run.id)),
+        }
+    }
+
+    async fn finish(&self, claim: &Claim, end: &RunEnd) -> Result<Run> {
+        let mut done = claim.run.clone();
+        end.apply(&mut done);
+        let text = |v: &Option<serde_json::Value>| v.as_ref().map(ToString::to_string);
+        let error = done
+            .error
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(Error::Serialize)?;
+        let n = sqlx::query(
+            "UPDATE hame_runs SET status = ?, reply = ?, `usage` = ?, error = ?, approvals = ?,
+                 token = '', expires_at = NULL, updated_at = UTC_TIMESTAMP(6)
+             WHERE id = ? AND token = ? AND status = 'running'",
+        )
+        .bind(done.status.as_str())
+        .bind(&done.reply)
+        .bind(text(&done.usage))
+        .bind(error)
+        .bind(text(&done.approvals))
+        .bind(&claim.run.id)
+        .bind(&claim.token)
+        .execute(&self.pool)
+        .await
+        .map_err(backend)?
+        .rows_affected();
+        if n != 1 {
+            return Err(claim_lost(&claim.run.id));
+        }
+        self.by_id(&claim.run.id)
+            .await?
+            .ok_or_else(|| claim_lost(&claim.run.id))
+    }
+
+    async fn cancel(&self, id: &str) -> Result<CancelOutcome> {
+        if validate_run_id(id).is_err() {
+            return Ok(CancelOutcome::NotFound);
+        }
+        let error = serde_json::to_string(&RunError::cancelled()).map_err(Error::Serialize)?;
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        let status: Option<String> =
+            sqlx::query_scalar("SELECT status FROM hame_runs WHERE id = ? FOR UPDATE")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(backend)?;
+        match status.as_deref() {
+            Some("queued") => {
+                sqlx::query(
+                    "UPDATE hame_runs SET status = 'cancelled', error = ?,
+                         updated_at = UTC_TIMESTAMP(6) WHERE id = ?",
+                )
+                .bind(error)
+                .bind(id)
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
+            }
+            Some("running") => {
+                sqlx::query(
+                    "UPDATE hame_runs SET cancel_requested = TRUE,
+                         updated_at = UTC_TIMESTAMP(6) WHERE id = ?",
+                )
+                .bind(id)
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
+            }
+            _ => {}
+        }
+        tx.commit().await.map_err(backend)?;
+        let Some(run) = self.by_id(id).await? else {
+            return Ok(CancelOutcome::NotFound);
+        };
+        Ok(match status.as_deref() {
+            Some("queued") => CancelOutcome::Cancelled(run),
+            Some("running") => CancelOutcome::Requested(run),
+            _ => CancelOutcome::Finished(run),
+        })
+    }
+
+    async fn wait_for_work(&self, max: Duration) -> Result<()> {
+        tokio::time::sleep(max.min(MYSQL_POLL)).await;
+        Ok(())
+    }
+
+    fn is_shared(&self) -> bool {
+        true
+    }
+}
