@@ -240,7 +240,12 @@ pub(crate) async fn runs(command: RunsCommand) -> anyhow::Result<()> {
             let (q, agent, user) = open(&common).await?;
             let limit = usize::try_from(limit).unwrap_or(50);
             let runs = q
-                .list(&agent, user.as_deref(), only.as_deref(), limit)
+                .list(hame::state::runs::RunFilter::new(
+                    &agent,
+                    user.as_deref(),
+                    only.as_deref(),
+                    limit,
+                ))
                 .await?;
             if json {
                 let all: Vec<_> = runs.iter().map(shown).collect();

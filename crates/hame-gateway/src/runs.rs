@@ -186,7 +186,12 @@ pub(crate) async fn list(
         return Err(ApiError::bad_request(format!("limit is 1 to {LIST_MAX}")));
     }
     let runs = q
-        .list(shared.agent.name(), user.as_deref(), Some(&session), limit)
+        .list(hame::state::runs::RunFilter::new(
+            shared.agent.name(),
+            user.as_deref(),
+            Some(&session),
+            limit,
+        ))
         .await
         .map_err(|e| store_error(&e))?;
     let runs: Vec<Value> = runs.iter().map(view).collect();

@@ -274,8 +274,8 @@ mod run_queue_json {
     use async_trait::async_trait;
 
     use crate::runs::{
-        Beat, CancelOutcome, Claim, ClaimOptions, JsonRunQueue, NewRun, Run, RunEnd, RunQueue,
-        Submitted,
+        Beat, CancelOutcome, Claim, ClaimOptions, JsonRunQueue, NewRun, Run, RunEnd, RunFilter,
+        RunQueue, Submitted,
     };
     use crate::{Error, Result};
 
@@ -310,14 +310,8 @@ mod run_queue_json {
         async fn get(&self, id: &str) -> Result<Option<Run>> {
             self.pick().get(id).await
         }
-        async fn list(
-            &self,
-            agent: &str,
-            user: Option<&str>,
-            session: Option<&str>,
-            limit: usize,
-        ) -> Result<Vec<Run>> {
-            self.pick().list(agent, user, session, limit).await
+        async fn list(&self, filter: RunFilter<'_>) -> Result<Vec<Run>> {
+            self.pick().list(filter).await
         }
         async fn claim(&self, options: &ClaimOptions) -> Result<Option<Claim>> {
             self.pick().claim(options).await

@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{CancelOutcome, ClaimOptions, NewRun, RunEnd, RunQueue, RunStatus};
+use super::{CancelOutcome, ClaimOptions, NewRun, RunEnd, RunFilter, RunQueue, RunStatus};
 use crate::conformance::unique_agent;
 use crate::error::{Error, Result};
 use crate::key::StateKey;
@@ -54,25 +54,28 @@ pub async fn submit_get_list<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
     );
     let ids = |runs: Vec<super::Run>| runs.into_iter().map(|r| r.id).collect::<Vec<_>>();
     ensure!(
-        ids(q.list(&agent, Some("u1"), Some("s1"), 10).await?)
+        ids(q
+            .list(RunFilter::new(&agent, Some("u1"), Some("s1"), 10))
+            .await?)
             == vec![b.run.id.clone(), a.run.id.clone()],
         "the runs of a session, newest first"
     );
     ensure!(
-        ids(q.list(&agent, Some("u1"), None, 10).await?)
+        ids(q.list(RunFilter::new(&agent, Some("u1"), None, 10)).await?)
             == vec![c.run.id.clone(), b.run.id.clone(), a.run.id.clone()],
         "the runs of a user, newest first"
     );
     ensure!(
-        ids(q.list(&agent, Some("u1"), None, 1).await?) == vec![c.run.id.clone()],
+        ids(q.list(RunFilter::new(&agent, Some("u1"), None, 1)).await?) == vec![c.run.id.clone()],
         "the limit holds"
     );
     ensure!(
-        ids(q.list(&agent, Some("u2"), None, 10).await?) == vec![other.run.id.clone()],
+        ids(q.list(RunFilter::new(&agent, Some("u2"), None, 10)).await?)
+            == vec![other.run.id.clone()],
         "another user's runs are theirs only"
     );
     ensure!(
-        ids(q.list(&agent, None, None, 10).await?) == vec![anon.run.id.clone()],
+        ids(q.list(RunFilter::new(&agent, None, None, 10)).await?) == vec![anon.run.id.clone()],
         "the anonymous tenant is a tenant of its own"
     );
     for hostile in [
@@ -145,7 +148,10 @@ pub async fn idempotency<Q: RunQueue + ?Sized>(q: Arc<Q>) -> Result<()> {
         "another user's key is another run"
     );
     ensure!(
-        q.list(&agent, Some("u1"), None, 100).await?.len() == 1,
+        q.list(RunFilter::new(&agent, Some("u1"), None, 100))
+            .await?
+            .len()
+            == 1,
         "one run stored for the key"
     );
     Ok(())
@@ -416,7 +422,9 @@ pub async fn racing_workers<Q: RunQueue + ?Sized>(q: Arc<Q>) -> Result<()> {
         let mut want = ids.clone();
         want.sort();
         ensure!(claimed == want, "session {session}: every run claimed once");
-        let runs = q.list(&agent, Some("u"), Some(session), 10).await?;
+        let runs = q
+            .list(RunFilter::new(&agent, Some("u"), Some(session), 10))
+            .await?;
         ensure!(
             runs.iter()
                 .all(|r| r.status == RunStatus::Completed && r.attempts == 1),

@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, TimeDelta, Utc};
 
 use super::{
-    Beat, CancelOutcome, Claim, ClaimOptions, NewRun, Run, RunEnd, RunQueue, RunStatus, Submitted,
-    claim_lost, validate_run_id,
+    Beat, CancelOutcome, Claim, ClaimOptions, NewRun, Run, RunEnd, RunFilter, RunQueue, RunStatus,
+    Submitted, claim_lost, validate_run_id,
 };
 use crate::error::Result;
 
@@ -135,13 +135,13 @@ pub(crate) mod ops {
         }
     }
 
-    pub(crate) fn list(
-        runs: &[Run],
-        agent: &str,
-        user: Option<&str>,
-        session: Option<&str>,
-        limit: usize,
-    ) -> Vec<Run> {
+    pub(crate) fn list(runs: &[Run], filter: RunFilter<'_>) -> Vec<Run> {
+        let RunFilter {
+            agent,
+            user,
+            session,
+            limit,
+        } = filter;
         let mut out: Vec<Run> = runs
             .iter()
             .filter(|r| r.is_owned_by(agent, user) && session.is_none_or(|s| r.session == s))
@@ -190,14 +190,8 @@ impl RunQueue for InMemoryRunQueue {
         Ok(self.with(|runs| runs.iter().find(|r| r.id == id).cloned()))
     }
 
-    async fn list(
-        &self,
-        agent: &str,
-        user: Option<&str>,
-        session: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<Run>> {
-        Ok(self.with(|runs| ops::list(runs, agent, user, session, limit)))
+    async fn list(&self, filter: RunFilter<'_>) -> Result<Vec<Run>> {
+        Ok(self.with(|runs| ops::list(runs, filter)))
     }
 
     async fn claim(&self, options: &ClaimOptions) -> Result<Option<Claim>> {
@@ -480,13 +474,7 @@ mod json {
                 .map_err(|e| Error::io(&self.dir, std::io::Error::other(e)))?
         }
 
-        async fn list(
-            &self,
-            agent: &str,
-            user: Option<&str>,
-            session: Option<&str>,
-            limit: usize,
-        ) -> Result<Vec<Run>> {
+        async fn list(&self, filter: RunFilter<'_>) -> Result<Vec<Run>> {
             let me = self.clone();
             let runs = tokio::task::spawn_blocking(move || {
                 let mut runs = me.read_dir(&me.done())?;
@@ -501,7 +489,7 @@ mod json {
             })
             .await
             .map_err(|e| Error::io(&self.dir, std::io::Error::other(e)))??;
-            Ok(ops::list(&runs, agent, user, session, limit))
+            Ok(ops::list(&runs, filter))
         }
 
         async fn claim(&self, options: &ClaimOptions) -> Result<Option<Claim>> {

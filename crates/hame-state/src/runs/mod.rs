@@ -392,6 +392,37 @@ pub enum CancelOutcome {
     NotFound,
 }
 
+/// Which runs [`RunQueue::list`] returns: those of an agent and user (`None`: runs without
+/// a user), of one session or of all, at most `limit` of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunFilter<'a> {
+    /// The agent whose runs are listed.
+    pub agent: &'a str,
+    /// The user whose runs are listed (`None`: the runs submitted without a user).
+    pub user: Option<&'a str>,
+    /// Only this session's runs (`None`: every session's).
+    pub session: Option<&'a str>,
+    /// At most this many runs, the newest.
+    pub limit: usize,
+}
+
+impl<'a> RunFilter<'a> {
+    /// The newest `limit` runs of `agent` and `user`, of `session` or of every session.
+    pub fn new(
+        agent: &'a str,
+        user: Option<&'a str>,
+        session: Option<&'a str>,
+        limit: usize,
+    ) -> Self {
+        Self {
+            agent,
+            user,
+            session,
+            limit,
+        }
+    }
+}
+
 /// How to claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -445,14 +476,8 @@ pub trait RunQueue: Send + Sync + fmt::Debug + 'static {
     /// A run by id; `None` when there is none (an invalid id names none).
     async fn get(&self, id: &str) -> Result<Option<Run>>;
 
-    /// The runs of an agent and user, of one session or all, newest first, at most `limit`.
-    async fn list(
-        &self,
-        agent: &str,
-        user: Option<&str>,
-        session: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<Run>>;
+    /// The runs `filter` selects, newest first.
+    async fn list(&self, filter: RunFilter<'_>) -> Result<Vec<Run>>;
 
     /// Claims the next claimable run (see the contract); `None` when there is none.
     async fn claim(&self, options: &ClaimOptions) -> Result<Option<Claim>>;
@@ -488,14 +513,8 @@ macro_rules! forward_queue {
             async fn get(&self, id: &str) -> Result<Option<Run>> {
                 (**self).get(id).await
             }
-            async fn list(
-                &self,
-                agent: &str,
-                user: Option<&str>,
-                session: Option<&str>,
-                limit: usize,
-            ) -> Result<Vec<Run>> {
-                (**self).list(agent, user, session, limit).await
+            async fn list(&self, filter: RunFilter<'_>) -> Result<Vec<Run>> {
+                (**self).list(filter).await
             }
             async fn claim(&self, options: &ClaimOptions) -> Result<Option<Claim>> {
                 (**self).claim(options).await

@@ -10,8 +10,8 @@ use sqlx::Row;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions, MySqlRow};
 
 use super::{
-    Beat, CancelOutcome, Claim, ClaimOptions, NewRun, Run, RunEnd, RunError, RunInput, RunQueue,
-    RunStatus, Submitted, claim_lost, validate_run_id,
+    Beat, CancelOutcome, Claim, ClaimOptions, NewRun, Run, RunEnd, RunError, RunFilter, RunInput,
+    RunQueue, RunStatus, Submitted, claim_lost, validate_run_id,
 };
 use crate::error::{Error, Result};
 use crate::sql::{MySqlStore, SqlOptions};
@@ -192,13 +192,13 @@ impl RunQueue for MySqlRunQueue {
         self.by_id(id).await
     }
 
-    async fn list(
-        &self,
-        agent: &str,
-        user: Option<&str>,
-        session: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<Run>> {
+    async fn list(&self, filter: RunFilter<'_>) -> Result<Vec<Run>> {
+        let RunFilter {
+            agent,
+            user,
+            session,
+            limit,
+        } = filter;
         let rows = sqlx::query(concat!(
             "SELECT ",
             cols!(),

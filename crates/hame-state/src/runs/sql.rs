@@ -11,8 +11,8 @@ use sqlx::Row;
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions, PgRow};
 
 use super::{
-    Beat, CancelOutcome, Claim, ClaimOptions, NewRun, Run, RunEnd, RunError, RunInput, RunQueue,
-    RunStatus, Submitted, claim_lost, validate_run_id,
+    Beat, CancelOutcome, Claim, ClaimOptions, NewRun, Run, RunEnd, RunError, RunFilter, RunInput,
+    RunQueue, RunStatus, Submitted, claim_lost, validate_run_id,
 };
 use crate::error::{Error, Result};
 use crate::sql::{PostgresStore, SqlOptions};
@@ -249,13 +249,13 @@ impl RunQueue for PgRunQueue {
         self.by_id(id).await
     }
 
-    async fn list(
-        &self,
-        agent: &str,
-        user: Option<&str>,
-        session: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<Run>> {
+    async fn list(&self, filter: RunFilter<'_>) -> Result<Vec<Run>> {
+        let RunFilter {
+            agent,
+            user,
+            session,
+            limit,
+        } = filter;
         let rows = sqlx::query(SQL.list.as_str())
             .bind(agent)
             .bind(user.unwrap_or(""))
