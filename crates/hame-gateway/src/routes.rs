@@ -427,18 +427,7 @@ pub(crate) async fn get_approvals(
         .map_err(|e| ApiError::from_harness(&e))?
         .map(|s| s.calls)
         .unwrap_or_default();
-    let approvals: Vec<Value> = pending
-        .iter()
-        .map(|c| {
-            json!({
-                "id": c.suspension.id,
-                "tool": c.call.name,
-                "call_id": c.call.id,
-                "arguments": c.call.arguments,
-                "reason": c.suspension.reason,
-            })
-        })
-        .collect();
+    let approvals: Vec<Value> = pending.iter().map(crate::turn::approval).collect();
     Ok(Json(for_callers(
         json!({"session": session, "approvals": approvals}),
     )))

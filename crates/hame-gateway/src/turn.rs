@@ -137,6 +137,18 @@ pub(crate) fn start_cancellable(
     start_recorded(shared, &shared.agent, user, session, input, None, with)
 }
 
+/// A waiting tool call as the API shows it (the approvals route, a run's `approvals`, the
+/// `approval_required` event): its approval id, tool, call id, arguments and reason.
+pub(crate) fn approval(c: &hame::SuspendedCall) -> Value {
+    json!({
+        "id": c.suspension.id,
+        "tool": c.call.name,
+        "call_id": c.call.id,
+        "arguments": c.call.arguments,
+        "reason": c.suspension.reason,
+    })
+}
+
 /// The key of a session in the gate table and the event hub.
 pub(crate) fn key(agent: &str, user: Option<&str>, session: &str) -> String {
     format!("{agent}\u{0}{}\u{0}{session}", user.unwrap_or(""))
@@ -309,14 +321,9 @@ async fn run(
                 .calls
                 .iter()
                 .map(|c| {
-                    json!({
-                        "id": c.suspension.id,
-                        "tool": c.call.name,
-                        "call_id": c.call.id,
-                        "arguments": c.call.arguments,
-                        "reason": c.suspension.reason,
-                        "layer": c.suspension.layer,
-                    })
+                    let mut a = approval(c);
+                    a["layer"] = json!(c.suspension.layer);
+                    a
                 })
                 .collect();
             let n = approvals.len();

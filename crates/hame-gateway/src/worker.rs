@@ -225,19 +225,8 @@ impl Worker {
                 }
             }
             Err(hame::harness::Error::Call(hame::Error::Suspended(s))) => {
-                let approvals: Vec<serde_json::Value> = s
-                    .calls
-                    .iter()
-                    .map(|c| {
-                        json!({
-                            "id": c.suspension.id,
-                            "tool": c.call.name,
-                            "call_id": c.call.id,
-                            "arguments": c.call.arguments,
-                            "reason": c.suspension.reason,
-                        })
-                    })
-                    .collect();
+                let approvals: Vec<serde_json::Value> =
+                    s.calls.iter().map(crate::turn::approval).collect();
                 RunEnd::WaitingApproval(for_callers(json!(approvals)))
             }
             Err(_) if cancelled.load(std::sync::atomic::Ordering::Acquire) => RunEnd::Cancelled,
