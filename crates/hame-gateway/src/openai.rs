@@ -20,7 +20,6 @@ use serde_json::{Value, json};
 use crate::Shared;
 use crate::error::ApiError;
 use crate::oai_request::{Parsed, Refusal, Tail, client_call_id, parse_call_id, parse_chat};
-use crate::openapi::ErrorBody;
 use crate::routes::{AppState, Caller};
 use crate::turn::{self, Outcome};
 
@@ -283,17 +282,7 @@ fn with_session(mut resp: Response, session: &str) -> Response {
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "openai",
     params(("X-Hame-Session" = Option<String>, Header, description = "The session to continue (docs/openai-compat.md)")),
     request_body(content = serde_json::Value, description = "An OpenAI chat completion request; every field honoured or refused (docs/openai-compat.md)"),
-    responses((status = 200, description = "A `chat.completion`, or with `stream: true` SSE `chat.completion.chunk`s then `[DONE]`", body = serde_json::Value),
-        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
-        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
-        (status = 404, description = "No such session, model or route", body = ErrorBody),
-        (status = 405, description = "A method the route does not take", body = ErrorBody),
-        (status = 408, description = "The body or the request took too long", body = ErrorBody),
-        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
-        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
-        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
-        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
-        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+    responses((status = 200, description = "A `chat.completion`, or with `stream: true` SSE `chat.completion.chunk`s then `[DONE]`", body = serde_json::Value),))]
 pub(crate) async fn completions(
     State(shared): State<AppState>,
     caller: Result<Caller, ApiError>,
@@ -517,17 +506,7 @@ fn model_object(shared: &Shared, agent: &HarnessAgent) -> Value {
 
 /// `GET /v1/models`: the served agents, the default first.
 #[utoipa::path(get, path = "/v1/models", tag = "openai",
-    responses((status = 200, description = "`{object: \"list\", data: [{id, object: \"model\", created, owned_by}]}`", body = serde_json::Value),
-        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
-        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
-        (status = 404, description = "No such session, model or route", body = ErrorBody),
-        (status = 405, description = "A method the route does not take", body = ErrorBody),
-        (status = 408, description = "The body or the request took too long", body = ErrorBody),
-        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
-        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
-        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
-        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
-        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+    responses((status = 200, description = "`{object: \"list\", data: [{id, object: \"model\", created, owned_by}]}`", body = serde_json::Value),))]
 pub(crate) async fn list_models(State(shared): State<AppState>, Caller(_): Caller) -> Json<Value> {
     let data: Vec<Value> = shared.agents().map(|a| model_object(&shared, a)).collect();
     Json(json!({"object": "list", "data": data}))
@@ -536,17 +515,7 @@ pub(crate) async fn list_models(State(shared): State<AppState>, Caller(_): Calle
 /// `GET /v1/models/{id}`.
 #[utoipa::path(get, path = "/v1/models/{id}", tag = "openai",
     params(("id" = String, Path, description = "An agent id")),
-    responses((status = 200, description = "The model object", body = serde_json::Value),
-        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
-        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
-        (status = 404, description = "No such session, model or route", body = ErrorBody),
-        (status = 405, description = "A method the route does not take", body = ErrorBody),
-        (status = 408, description = "The body or the request took too long", body = ErrorBody),
-        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
-        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
-        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
-        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
-        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+    responses((status = 200, description = "The model object", body = serde_json::Value),))]
 pub(crate) async fn get_model(
     State(shared): State<AppState>,
     Caller(_): Caller,

@@ -59,7 +59,7 @@ pub(crate) struct ErrorDetail {
         openapi_json,
     ),
     components(schemas(ErrorBody, ErrorDetail)),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &CommonErrors),
     security(("bearer" = []))
 )]
 pub(crate) struct ApiDoc;
@@ -83,6 +83,64 @@ impl utoipa::Modify for BearerAuth {
     responses((status = 200, description = "The OpenAPI 3.1 document of these routes", body = serde_json::Value)))]
 pub(crate) async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())
+}
+
+/// The error answers any route may give — the gateway turns every failure, its own or
+/// axum's, into an [`ErrorBody`] (`error::json_errors`) — by status.
+const COMMON_ERRORS: &[(&str, &str)] = &[
+    ("400", "A bad request: the field at fault is `error.param`"),
+    ("401", "No valid bearer token (with `--auth`)"),
+    ("404", "No such session, model or route"),
+    ("405", "A method the route does not take"),
+    ("408", "The body or the request took too long"),
+    (
+        "409",
+        "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)",
+    ),
+    ("413", "The body is larger than the server accepts"),
+    ("429", "Too many turns wait for the session (`Retry-After`)"),
+    (
+        "502",
+        "The turn failed (`call_failed`, `reply_format_mismatch`)",
+    ),
+    ("503", "The server is shutting down"),
+];
+
+/// Adds [`COMMON_ERRORS`] to every operation, except a status the route describes itself:
+/// the handlers' attributes list only their own answers.
+struct CommonErrors;
+
+impl utoipa::Modify for CommonErrors {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            for op in operations.into_iter().flatten() {
+                for (status, description) in COMMON_ERRORS {
+                    op.responses
+                        .responses
+                        .entry((*status).to_owned())
+                        .or_insert_with(|| {
+                            let body = ContentBuilder::new()
+                                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                                .build();
+                            RefOr::T(
+                                ResponseBuilder::new()
+                                    .description(*description)
+                                    .content("application/json", body)
+                                    .build(),
+                            )
+                        });
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

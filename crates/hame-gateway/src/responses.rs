@@ -24,7 +24,6 @@ use crate::oai_request::{
 use crate::openai::{
     agent_tools, approval_text, final_text, json_body, named_session, plan, served, split_suspended,
 };
-use crate::openapi::ErrorBody;
 use crate::routes::{AppState, Caller};
 use crate::turn::{self, Outcome};
 
@@ -432,17 +431,7 @@ fn outcome_output(
 #[utoipa::path(post, path = "/v1/responses", tag = "openai",
     params(("X-Hame-Session" = Option<String>, Header, description = "The session to continue (docs/openai-compat.md)")),
     request_body(content = serde_json::Value, description = "An OpenAI Responses request; every field honoured or refused (docs/openai-compat.md)"),
-    responses((status = 200, description = "A `response`, or with `stream: true` SSE events `response.created` ... `response.completed` / `response.failed`", body = serde_json::Value),
-        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
-        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
-        (status = 404, description = "No such session, model or route", body = ErrorBody),
-        (status = 405, description = "A method the route does not take", body = ErrorBody),
-        (status = 408, description = "The body or the request took too long", body = ErrorBody),
-        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
-        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
-        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
-        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
-        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+    responses((status = 200, description = "A `response`, or with `stream: true` SSE events `response.created` ... `response.completed` / `response.failed`", body = serde_json::Value),))]
 pub(crate) async fn create(
     State(shared): State<AppState>,
     caller: Result<Caller, ApiError>,

@@ -20,7 +20,6 @@ use serde_json::{Value, json};
 use crate::Shared;
 use crate::error::{ApiError, for_callers};
 use crate::events::Event;
-use crate::openapi::ErrorBody;
 use crate::turn::{self, Outcome, Turn};
 
 pub(crate) type AppState = Arc<Shared>;
@@ -164,17 +163,7 @@ pub(crate) async fn healthz() -> &'static str {
 }
 
 #[utoipa::path(get, path = "/metrics", tag = "server",
-    responses((status = 200, description = "Prometheus text (docs/gateway.md)", content_type = "text/plain", body = String),
-        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
-        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
-        (status = 404, description = "No such session, model or route", body = ErrorBody),
-        (status = 405, description = "A method the route does not take", body = ErrorBody),
-        (status = 408, description = "The body or the request took too long", body = ErrorBody),
-        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
-        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
-        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
-        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
-        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+    responses((status = 200, description = "Prometheus text (docs/gateway.md)", content_type = "text/plain", body = String),))]
 pub(crate) async fn metrics(State(shared): State<AppState>, _caller: Caller) -> Response {
     let gauges = crate::metrics::Gauges {
         queue_depth: shared.gates.waiting(),
@@ -214,17 +203,7 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     request_body(content = serde_json::Value, description = "`{\"message\": \"...\"}`"),
     responses(
         (status = 200, description = "The reply `{reply, session, user, usage, iterations}`; with `Accept: text/event-stream` SSE events `text_delta`, `tool_started`, `tool_finished`, `approval_needed`, `finished`, `failed`", body = serde_json::Value),
-        (status = 202, description = "Tool calls wait for a decision `{status, session, user, approvals}`", body = serde_json::Value),
-        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
-        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
-        (status = 404, description = "No such session, model or route", body = ErrorBody),
-        (status = 405, description = "A method the route does not take", body = ErrorBody),
-        (status = 408, description = "The body or the request took too long", body = ErrorBody),
-        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
-        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
-        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
-        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
-        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+        (status = 202, description = "Tool calls wait for a decision `{status, session, user, approvals}`", body = serde_json::Value),))]
 pub(crate) async fn post_message(
     State(shared): State<AppState>,
     Caller(user): Caller,
@@ -299,17 +278,7 @@ pub(crate) fn sse_event(ev: &Event) -> SseEvent {
 
 #[utoipa::path(get, path = "/v1/sessions/{session}/messages", tag = "sessions",
     params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`")),
-    responses((status = 200, description = "The session log `{session, user, messages}`", body = serde_json::Value),
-        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
-        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
-        (status = 404, description = "No such session, model or route", body = ErrorBody),
-        (status = 405, description = "A method the route does not take", body = ErrorBody),
-        (status = 408, description = "The body or the request took too long", body = ErrorBody),
-        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
-        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
-        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
-        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
-        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+    responses((status = 200, description = "The session log `{session, user, messages}`", body = serde_json::Value),))]
 pub(crate) async fn get_messages(
     State(shared): State<AppState>,
     Caller(user): Caller,
@@ -344,17 +313,7 @@ fn session_log(
 }
 
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions",
-    responses((status = 200, description = "`{user, sessions: [{id, title, created, updated, message_count}]}`", body = serde_json::Value),
-        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
-        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
-        (status = 404, description = "No such session, model or route", body = ErrorBody),
-        (status = 405, description = "A method the route does not take", body = ErrorBody),
-        (status = 408, description = "The body or the request took too long", body = ErrorBody),
-        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
-        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
-        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
-        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
-        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+    responses((status = 200, description = "`{user, sessions: [{id, title, created, updated, message_count}]}`", body = serde_json::Value),))]
 pub(crate) async fn list_sessions(
     State(shared): State<AppState>,
     Caller(user): Caller,
@@ -372,17 +331,7 @@ pub(crate) async fn list_sessions(
 
 #[utoipa::path(get, path = "/v1/sessions/{session}/tasks", tag = "sessions",
     params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`")),
-    responses((status = 200, description = "`{session, tasks}`", body = serde_json::Value),
-        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
-        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
-        (status = 404, description = "No such session, model or route", body = ErrorBody),
-        (status = 405, description = "A method the route does not take", body = ErrorBody),
-        (status = 408, description = "The body or the request took too long", body = ErrorBody),
-        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
-        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
-        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
-        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
-        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+    responses((status = 200, description = "`{session, tasks}`", body = serde_json::Value),))]
 pub(crate) async fn get_tasks(
     State(shared): State<AppState>,
     Caller(user): Caller,
@@ -402,17 +351,7 @@ pub(crate) async fn get_tasks(
 
 #[utoipa::path(get, path = "/v1/sessions/{session}/approvals", tag = "sessions",
     params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`")),
-    responses((status = 200, description = "`{session, approvals}`: the calls waiting for a decision", body = serde_json::Value),
-        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
-        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
-        (status = 404, description = "No such session, model or route", body = ErrorBody),
-        (status = 405, description = "A method the route does not take", body = ErrorBody),
-        (status = 408, description = "The body or the request took too long", body = ErrorBody),
-        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
-        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
-        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
-        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
-        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+    responses((status = 200, description = "`{session, approvals}`: the calls waiting for a decision", body = serde_json::Value),))]
 pub(crate) async fn get_approvals(
     State(shared): State<AppState>,
     Caller(user): Caller,
@@ -444,17 +383,7 @@ struct DecisionBody {
     params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`"), ("id" = String, Path, description = "The approval id")),
     request_body(content = serde_json::Value, description = "`{\"decision\": \"approve\"|\"deny\", \"reason\"?}`"),
     responses((status = 200, description = "Answered like a message (JSON or SSE)", body = serde_json::Value),
-        (status = 202, description = "More calls wait for a decision", body = serde_json::Value),
-        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
-        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
-        (status = 404, description = "No such session, model or route", body = ErrorBody),
-        (status = 405, description = "A method the route does not take", body = ErrorBody),
-        (status = 408, description = "The body or the request took too long", body = ErrorBody),
-        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
-        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
-        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
-        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
-        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+        (status = 202, description = "More calls wait for a decision", body = serde_json::Value),))]
 pub(crate) async fn post_approval(
     State(shared): State<AppState>,
     Caller(user): Caller,
@@ -517,17 +446,7 @@ pub(crate) struct EventsQuery {
     params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`"),
         ("after" = Option<u64>, Query, description = "Replay the events after this id (else `Last-Event-ID`, else all in the ring)"),
         ("follow" = Option<bool>, Query, description = "Keep following until the client or the server goes away")),
-    responses((status = 200, description = "SSE: the session's events with ids (the names of POST messages, and `subagent`)", content_type = "text/event-stream", body = String),
-        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
-        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
-        (status = 404, description = "No such session, model or route", body = ErrorBody),
-        (status = 405, description = "A method the route does not take", body = ErrorBody),
-        (status = 408, description = "The body or the request took too long", body = ErrorBody),
-        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
-        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
-        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
-        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
-        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+    responses((status = 200, description = "SSE: the session's events with ids (the names of POST messages, and `subagent`)", content_type = "text/event-stream", body = String),))]
 pub(crate) async fn get_events(
     State(shared): State<AppState>,
     Caller(user): Caller,
@@ -658,17 +577,7 @@ fn poll_store(
 
 /// The caller's memory files, read-only: `MEMORY.md` and `memory/*.md` of its home.
 #[utoipa::path(get, path = "/v1/memory", tag = "sessions",
-    responses((status = 200, description = "`{user, files: [{path, content}]}`", body = serde_json::Value),
-        (status = 400, description = "A bad request: the field at fault is `error.param`", body = ErrorBody),
-        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
-        (status = 404, description = "No such session, model or route", body = ErrorBody),
-        (status = 405, description = "A method the route does not take", body = ErrorBody),
-        (status = 408, description = "The body or the request took too long", body = ErrorBody),
-        (status = 409, description = "A conflict (`history_mismatch`, `not_pending`, `session_busy`, ...)", body = ErrorBody),
-        (status = 413, description = "The body is larger than the server accepts", body = ErrorBody),
-        (status = 429, description = "Too many turns wait for the session (`Retry-After`)", body = ErrorBody),
-        (status = 502, description = "The turn failed (`call_failed`, `reply_format_mismatch`)", body = ErrorBody),
-        (status = 503, description = "The server is shutting down", body = ErrorBody),))]
+    responses((status = 200, description = "`{user, files: [{path, content}]}`", body = serde_json::Value),))]
 pub(crate) async fn get_memory(
     State(shared): State<AppState>,
     Caller(user): Caller,
