@@ -46,6 +46,21 @@ fn backend(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
     Error::backend("mysql", e)
 }
 
+/// Claims tried again after InnoDB chose them as a deadlock victim.
+const DEADLOCK_RETRIES: u32 = 5;
+
+/// Whether `e` is InnoDB's deadlock (SQLSTATE 40001): the transaction was rolled back.
+fn is_deadlock(e: &Error) -> bool {
+    match e {
+        Error::Backend { source, .. } => source
+            .downcast_ref::<sqlx::Error>()
+            .and_then(|e| e.as_database_error())
+            .and_then(|d| d.code())
+            .is_some_and(|c| c == "40001"),
+        _ => false,
+    }
+}
+
 fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX).max(1000)
 }
@@ -94,6 +109,60 @@ fn to_run(row: &MySqlRow) -> Result<Run> {
 }
 
 impl MySqlRunQueue {
+    /// One claim transaction ([`RunQueue::claim`] tries it again after a deadlock).
+    async fn claim_once(&self, options: &ClaimOptions) -> Result<Option<Claim>> {
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        // The same rule as `runs::pick`.
+        let seq: Option<u64> = sqlx::query_scalar(
+            "SELECT r.seq FROM hame_runs r
+             WHERE r.agent = ? AND (r.status = 'queued'
+                   OR (r.status = 'running' AND r.expires_at <= UTC_TIMESTAMP(6)))
+               AND NOT EXISTS (
+                   SELECT 1 FROM hame_runs o
+                   WHERE o.agent = r.agent AND o.user_key = r.user_key
+                     AND o.session = r.session AND o.seq <> r.seq
+                     AND ((o.status = 'running' AND o.expires_at > UTC_TIMESTAMP(6))
+                          OR (o.status IN ('queued', 'running') AND o.seq < r.seq)))
+             ORDER BY r.seq LIMIT 1
+             FOR UPDATE SKIP LOCKED",
+        )
+        .bind(&options.agent)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(backend)?;
+        let Some(seq) = seq else {
+            tx.rollback().await.map_err(backend)?;
+            return Ok(None);
+        };
+        sqlx::query(
+            "UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = ?,
+                 worker = ?, updated_at = UTC_TIMESTAMP(6),
+                 expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+             WHERE seq = ?",
+        )
+        .bind(&token)
+        .bind(&options.worker)
+        .bind(micros(options.lapse))
+        .bind(seq)
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
+        let row = sqlx::query(concat!("SELECT ", cols!(), " FROM hame_runs WHERE seq = ?"))
+            .bind(seq)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        let run = to_run(&row)?;
+        Ok(Some(Claim {
+            attempt: run.attempts,
+            token,
+            lapse: options.lapse,
+            run,
+        }))
+    }
+
     /// Connects to `url` (`mysql://` or `mariadb://`) and applies hame-state's migrations
     /// (unless `options.migrate` is off).
     pub async fn connect(url: &str, options: SqlOptions) -> Result<Self> {
@@ -217,56 +286,19 @@ impl RunQueue for MySqlRunQueue {
     }
 
     async fn claim(&self, options: &ClaimOptions) -> Result<Option<Claim>> {
-        let token = uuid::Uuid::new_v4().simple().to_string();
-        let mut tx = self.pool.begin().await.map_err(backend)?;
-        // The same rule as `runs::pick`.
-        let seq: Option<u64> = sqlx::query_scalar(
-            "SELECT r.seq FROM hame_runs r
-             WHERE r.agent = ? AND (r.status = 'queued'
-                   OR (r.status = 'running' AND r.expires_at <= UTC_TIMESTAMP(6)))
-               AND NOT EXISTS (
-                   SELECT 1 FROM hame_runs o
-                   WHERE o.agent = r.agent AND o.user_key = r.user_key
-                     AND o.session = r.session AND o.seq <> r.seq
-                     AND ((o.status = 'running' AND o.expires_at > UTC_TIMESTAMP(6))
-                          OR (o.status IN ('queued', 'running') AND o.seq < r.seq)))
-             ORDER BY r.seq LIMIT 1
-             FOR UPDATE SKIP LOCKED",
-        )
-        .bind(&options.agent)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(backend)?;
-        let Some(seq) = seq else {
-            tx.rollback().await.map_err(backend)?;
-            return Ok(None);
-        };
-        sqlx::query(
-            "UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = ?,
-                 worker = ?, updated_at = UTC_TIMESTAMP(6),
-                 expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
-             WHERE seq = ?",
-        )
-        .bind(&token)
-        .bind(&options.worker)
-        .bind(micros(options.lapse))
-        .bind(seq)
-        .execute(&mut *tx)
-        .await
-        .map_err(backend)?;
-        let row = sqlx::query(concat!("SELECT ", cols!(), " FROM hame_runs WHERE seq = ?"))
-            .bind(seq)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(backend)?;
-        tx.commit().await.map_err(backend)?;
-        let run = to_run(&row)?;
-        Ok(Some(Claim {
-            attempt: run.attempts,
-            token,
-            lapse: options.lapse,
-            run,
-        }))
+        // Racing claims can make InnoDB pick one as a deadlock victim (1213, SQLSTATE
+        // 40001) even with SKIP LOCKED; its transaction was rolled back whole, so it is
+        // simply tried again, a few times, after a short pause.
+        let mut tries = 0;
+        loop {
+            match self.claim_once(options).await {
+                Err(e) if tries < DEADLOCK_RETRIES && is_deadlock(&e) => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(5 * u64::from(tries))).await;
+                }
+                other => return other,
+            }
+        }
     }
 
     async fn heartbeat(&self, claim: &Claim) -> Result<Beat> {
