@@ -160,7 +160,7 @@ pub(crate) async fn serve_http(common: &Common, args: Http) -> anyhow::Result<()
         None => None,
     };
     let (agent, ctx) = build_resolved(common, &config).await?;
-    let runs = crate::runs::queue_if_available(&agent, &config).await?;
+    let runs = Some(crate::runs::queue(&agent, &config).await?);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| ConfigError(format!("cannot listen on {addr}: {e} (check --listen)")))?;

@@ -176,7 +176,12 @@ impl Worker {
             let every = self.options.heartbeat;
             tokio::spawn(async move {
                 loop {
-                    tokio::time::sleep(every).await;
+                    // A cancel wake-up (`NOTIFY`, pub/sub) ends the wait early; the
+                    // heartbeat then reads the flag.
+                    if let Err(e) = queue.wait_for_cancel(&claim.run.id, every).await {
+                        tracing::debug!(run = %claim.run.id, error = %e, "waiting for a cancel failed");
+                        tokio::time::sleep(every).await;
+                    }
                     match queue.heartbeat(&claim).await {
                         Ok(beat) if beat.cancel_requested => {
                             cancelled.store(true, std::sync::atomic::Ordering::Release);

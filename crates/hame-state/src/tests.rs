@@ -382,3 +382,24 @@ mod run_queue_mysql {
 
     crate::run_queue_tests!(make());
 }
+
+#[cfg(feature = "redis")]
+mod run_queue_redis {
+    use std::sync::Arc;
+
+    use crate::conformance::service_url;
+    use crate::runs::RedisRunQueue;
+    use crate::{RedisOptions, Result};
+
+    async fn make() -> Result<Option<Arc<RedisRunQueue>>> {
+        let Some(url) = service_url("HAME_TEST_REDIS_URL")? else {
+            return Ok(None);
+        };
+        let prefix = format!("hame-test:{}", uuid::Uuid::new_v4().simple());
+        Ok(Some(Arc::new(
+            RedisRunQueue::connect(&url, RedisOptions::with_prefix(prefix)).await?,
+        )))
+    }
+
+    crate::run_queue_tests!(make());
+}
