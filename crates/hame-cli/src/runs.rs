@@ -78,7 +78,10 @@ pub(crate) async fn worker(args: WorkerCommand) -> anyhow::Result<()> {
     let config = crate::config::resolve(&args.common)?;
     let (agent, ctx) = build_resolved(&args.common, &config).await?;
     let queue = queue(&agent, &config).await?;
-    let options = args.worker.options();
+    let options = args
+        .worker
+        .options()
+        .with_keep_finished(config.keep_finished.value);
     let name = options.name.clone();
     let worker = hame_gateway::Worker::new(agent.clone(), ctx, queue, options);
     let stop = hame::CancellationToken::new();

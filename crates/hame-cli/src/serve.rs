@@ -174,7 +174,11 @@ pub(crate) async fn serve_http(common: &Common, args: Http) -> anyhow::Result<()
         .with_max_connections(usize::try_from(args.max_connections).unwrap_or(usize::MAX))
         .with_shared_events(shared_events)
         .with_mcp(args.mcp)
-        .with_runs(runs, args.worker);
+        .with_runs(
+            runs,
+            args.worker
+                .map(|w| w.with_keep_finished(config.keep_finished.value)),
+        );
     let mut others = Vec::new();
     for (name, dir) in &args.serve_agent {
         others.push(crate::common::build_named(common, name, dir).await?);

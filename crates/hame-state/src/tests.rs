@@ -325,6 +325,14 @@ mod run_queue_json {
         async fn cancel(&self, id: &str) -> Result<CancelOutcome> {
             self.pick().cancel(id).await
         }
+        async fn purge_finished(
+            &self,
+            agent: &str,
+            before: chrono::DateTime<chrono::Utc>,
+            limit: usize,
+        ) -> Result<usize> {
+            self.pick().purge_finished(agent, before, limit).await
+        }
         fn is_shared(&self) -> bool {
             false
         }

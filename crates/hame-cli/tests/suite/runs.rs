@@ -666,7 +666,14 @@ async fn cancel_on_b_stops_an_execute_on_a(state: &str) -> TestResult {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let proc_dir = PathBuf::from(format!("/proc/{pid}"));
-    assert!(proc_dir.exists(), "the sleep runs");
+    // Running, not a zombie waiting to be reaped.
+    let alive = || {
+        std::fs::read_to_string(proc_dir.join("stat")).is_ok_and(|s| {
+            s.rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+        })
+    };
+    assert!(alive(), "the sleep runs");
     let (_, running) = get_run(&http, &b, "u", &id).await?;
     assert_eq!(running["status"], "running", "{running}");
     let asked = Instant::now();
@@ -679,12 +686,12 @@ async fn cancel_on_b_stops_an_execute_on_a(state: &str) -> TestResult {
     let v = wait_run(&http, &b, "u", &id, Duration::from_secs(10), finished).await?;
     let took = asked.elapsed();
     assert_eq!(v["status"], "cancelled", "{v}; A: {}", a.stderr());
-    // The sleep is gone (a zombie is reaped by its parent shortly after the kill).
-    while proc_dir.exists() && asked.elapsed() < Duration::from_secs(2) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    // The sleep is dead (a zombie counts: it runs no more and its parent reaps it).
+    while alive() && asked.elapsed() < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let gone = asked.elapsed();
-    assert!(!proc_dir.exists(), "the command still runs after {gone:?}");
+    assert!(!alive(), "the command still runs after {gone:?}");
     assert!(took < Duration::from_secs(2), "cancelled after {took:?}");
     eprintln!("cancel on B → run cancelled on A after {took:?}, child gone after {gone:?}");
     Ok(())
@@ -793,16 +800,25 @@ async fn two_replicas_one_killed(state: &str) -> TestResult {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let asked_before = model.requests().len();
     a.kill();
     let killed = Instant::now();
-    let mut attempts = 0;
+    let killed_at = chrono::Utc::now();
+    let mut last = killed_at;
     for (_, message, id) in &runs {
         let v = wait_run(&http, &b, "u", id, Duration::from_secs(40), finished).await?;
         assert_eq!(v["status"], "completed", "{v}; B: {}", b.stderr());
         assert_eq!(v["reply"], format!("done: {message}"), "{v}");
-        attempts += usize::from(v["attempts"].as_u64().unwrap_or(1) > 1);
+        if let Some(t) = v["updated"]
+            .as_str()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        {
+            last = last.max(t.with_timezone(&chrono::Utc));
+        }
     }
     let failover = killed.elapsed();
+    // Every run's model call was answered once, except those A had in flight: asked again.
+    let again = model.requests().len() - runs.len();
     // The logs: each message once, one reply per run, in order.
     for s in 0..SESSIONS {
         let path = dir
@@ -823,8 +839,9 @@ async fn two_replicas_one_killed(state: &str) -> TestResult {
         assert_eq!(texts, want, "session s{s}");
     }
     eprintln!(
-        "{} runs, {attempts} taken over from the killed replica; all done {failover:?} after the kill",
-        runs.len()
+        "{} runs; {again} model calls in flight on A asked again on B ({asked_before} asked before the kill); the last run ended {} ms after the kill (seen after {failover:?})",
+        runs.len(),
+        (last - killed_at).num_milliseconds()
     );
     Ok(())
 }
@@ -843,4 +860,84 @@ async fn two_replicas_one_killed_on_redis() -> TestResult {
         return Ok(());
     };
     two_replicas_one_killed(&url).await
+}
+
+/// `[runs] keep_finished` in hame.toml: a worker deletes the finished runs past it when it
+/// starts (and every 10 minutes); a newer run stays. A value that is not a retention is
+/// exit 2 naming the setting.
+#[tokio::test]
+async fn finished_runs_are_deleted_after_keep_finished() -> TestResult {
+    let model = ScriptedServer::start().await?;
+    model.set_responder(echo);
+    let dir = tempfile::tempdir()?;
+    let state = tempfile::tempdir()?;
+    let state = state.path().to_string_lossy().into_owned();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws)?;
+    std::fs::write(ws.join("hame.toml"), "[runs]\nkeep_finished = \"1s\"\n")?;
+    let agent = unique_agent();
+    let common = ["--agent", agent.as_str(), "--state", state.as_str()];
+    let mut serve_args = common.to_vec();
+    serve_args.push("--no-worker");
+    let s = Serve::start(dir.path(), &model.base_url(), &serve_args)?;
+    let http = reqwest::Client::new();
+    let (_, v) = submit(&http, &s, "u", "s", "old", None).await?;
+    let old = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let w1 = WorkerProcess::start(dir.path(), &model.base_url(), &common, "1")?;
+    let v = wait_run(&http, &s, "u", &old, Duration::from_secs(30), finished).await?;
+    assert_eq!(v["status"], "completed", "{v}");
+    drop(w1);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (_, v) = submit(&http, &s, "u", "s", "new", None).await?;
+    let new = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let w2 = WorkerProcess::start(dir.path(), &model.base_url(), &common, "2")?;
+    let v = wait_run(&http, &s, "u", &new, Duration::from_secs(30), finished).await?;
+    assert_eq!(v["status"], "completed", "{v}");
+    let start = Instant::now();
+    loop {
+        let resp = http
+            .get(s.at(&format!("/v1/runs/{old}")))
+            .header("x-hame-user", "u")
+            .send()
+            .await?;
+        if resp.status().as_u16() == 404 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the old run is still there: {}",
+            w2.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (code, v) = get_run(&http, &s, "u", &new).await?;
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (200, Some("completed")),
+        "{v}"
+    );
+    drop(w2);
+    std::fs::write(ws.join("hame.toml"), "[runs]\nkeep_finished = \"soon\"\n")?;
+    let out = output(hame(
+        &[
+            "runs",
+            "list",
+            "--workspace",
+            &ws.to_string_lossy(),
+            "--agent",
+            &agent,
+            "--state",
+            &state,
+        ],
+        &[],
+        dir.path(),
+    ))
+    .await?;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("runs.keep_finished"),
+        "{}",
+        stderr(&out)
+    );
+    Ok(())
 }

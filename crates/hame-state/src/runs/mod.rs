@@ -62,6 +62,9 @@ pub const DEFAULT_RUN_LAPSE: Duration = Duration::from_secs(15);
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 /// Largest accepted `Idempotency-Key`, in bytes.
 pub const MAX_IDEMPOTENCY_KEY: usize = 200;
+/// How long finished runs are kept by default before a worker deletes them (7 days;
+/// `[runs] keep_finished` in hame.toml).
+pub const DEFAULT_KEEP_FINISHED: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Largest run message, in bytes (1 MiB).
 pub const MAX_RUN_INPUT: usize = 1024 * 1024;
 
@@ -471,6 +474,8 @@ impl ClaimOptions {
 ///   a finished run never changes again.
 /// - **Cancel from anywhere.** [`cancel`](Self::cancel) ends a queued run at once and
 ///   flags a running one; the flag comes back in the next [`Beat`].
+/// - **Retention.** [`purge_finished`](Self::purge_finished) deletes finished runs older
+///   than a time, never a queued or running one.
 /// - **Isolation.** [`list`](Self::list) returns only the runs of the given agent and user;
 ///   [`get`](Self::get) returns any run by id, and callers check [`Run::is_owned_by`].
 #[async_trait]
@@ -497,6 +502,17 @@ pub trait RunQueue: Send + Sync + fmt::Debug + 'static {
 
     /// Cancels a run (see [`CancelOutcome`]).
     async fn cancel(&self, id: &str) -> Result<CancelOutcome>;
+
+    /// Deletes at most `limit` finished runs of `agent` last changed before `before`,
+    /// oldest first, and returns how many it deleted. A deleted run is gone for
+    /// [`get`](Self::get) and [`list`](Self::list), and its idempotency key with it (the key
+    /// makes a new run again). Queued and running runs are never deleted.
+    async fn purge_finished(
+        &self,
+        agent: &str,
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<usize>;
 
     /// Waits until new work may be there (a submit, a cancel) or `max` has passed.
     async fn wait_for_work(&self, max: Duration) -> Result<()> {
@@ -602,6 +618,14 @@ macro_rules! forward_queue {
             }
             async fn cancel(&self, id: &str) -> Result<CancelOutcome> {
                 (**self).cancel(id).await
+            }
+            async fn purge_finished(
+                &self,
+                agent: &str,
+                before: DateTime<Utc>,
+                limit: usize,
+            ) -> Result<usize> {
+                (**self).purge_finished(agent, before, limit).await
             }
             async fn wait_for_work(&self, max: Duration) -> Result<()> {
                 (**self).wait_for_work(max).await

@@ -18,6 +18,7 @@
 //! <prefix>:{runs}:idem:<agent>:<tenant>:<key>     string: the run of an Idempotency-Key
 //! <prefix>:{runs}:lt:<agent>:<tenant>             sorted set: the tenant's runs by seq
 //! <prefix>:{runs}:ls:<agent>:<tenant>:<session>   sorted set: the session's runs by seq
+//! <prefix>:{runs}:done:<agent>                    sorted set: finished runs by end time (ms)
 //! <prefix>:{runs}:wake                            stream (capped at about 1,000): one entry
 //!                                                 per submit, finish and cancel
 //! ```
@@ -73,6 +74,10 @@ local function offer(id, ag)
   local e = redis.call('XADD', s, '*', 'run', id)
   redis.call('HSET', rk(id), 'e', e)
 end
+-- The run ended at `t`: it joins the agent's finished runs, by time, for purging.
+local function ended(id, t, ag)
+  redis.call('ZADD', B .. ':done:' .. ag, t, id)
+end
 -- The run's stream entry is done with.
 local function drop_entry(id, ag)
   local e = redis.call('HGET', rk(id), 'e')
@@ -117,7 +122,8 @@ end
 local seq = redis.call('INCR', B .. ':seq')
 local t = now()
 redis.call('HSET', rk(id), 'b', ARGV[5], 'seq', seq, 'st', 'queued', 'tk', '', 'at', 0,
-  'w', '', 'c', 0, 'cr', t, 'up', t, 'ex', '', 'e', '', 'ag', ag, 'sk', sk)
+  'w', '', 'c', 0, 'cr', t, 'up', t, 'ex', '', 'e', '', 'ag', ag, 'sk', sk, 'tn', ARGV[7],
+  'ik', ARGV[6])
 redis.call('ZADD', B .. ':lt:' .. ARGV[7], seq, id)
 redis.call('ZADD', B .. ':ls:' .. sk, seq, id)
 local busy = B .. ':busy:' .. sk
@@ -148,9 +154,14 @@ local function done_with(e)
   redis.call('XACK', s, G, e)
   redis.call('XDEL', s, e)
 end
--- Entries nobody heartbeated for our lapse: taken over when the run's claim lapsed.
-local ac = redis.call('XAUTOCLAIM', s, G, me, lapse, '0-0', 'COUNT', 100)
-for _, ent in ipairs(ac[2]) do
+-- Entries nobody heartbeated for our lapse: taken over when the run's claim lapsed. One
+-- entry per XAUTOCLAIM (an entry it returns is ours and its idle time starts again, so
+-- taking many at once would hide the others from the next claimer for a whole lapse).
+local cursor = '0-0'
+for _ = 1, 100 do
+  local ac = redis.call('XAUTOCLAIM', s, G, me, lapse, cursor, 'COUNT', 1)
+  cursor = ac[1]
+  local ent = ac[2][1]
   if type(ent) == 'table' and type(ent[2]) == 'table' then
     local e, id = ent[1], ent[2][2]
     local h = redis.call('HMGET', rk(id), 'st', 'ex')
@@ -161,6 +172,7 @@ for _, ent in ipairs(ac[2]) do
     end
     -- A live claim with a longer lapse than ours: its next heartbeat takes the entry back.
   end
+  if cursor == '0-0' then break end
 end
 -- New entries: each is the head of its session, claimable unless it was cancelled.
 for _ = 1, 100 do
@@ -200,7 +212,9 @@ if h[1] ~= 'running' or h[2] ~= ARGV[3] then
   if h[5] == ARGV[3] and h[1] == ARGV[4] then return redis.call('HGETALL', k) end
   return {}
 end
-redis.call('HSET', k, 'st', ARGV[4], 'tk', '', 'ft', ARGV[3], 'ex', '', 'up', now())
+local t = now()
+redis.call('HSET', k, 'st', ARGV[4], 'tk', '', 'ft', ARGV[3], 'ex', '', 'up', t)
+ended(id, t, h[4])
 local fields = {'reply', 'usage', 'error', 'approvals'}
 for i, f in ipairs(fields) do
   local v = ARGV[4 + i]
@@ -220,7 +234,9 @@ local k = rk(id)
 local h = redis.call('HMGET', k, 'st', 'sk', 'ag')
 if not h[1] then return {0, {}} end
 if h[1] == 'queued' then
-  redis.call('HSET', k, 'st', 'cancelled', 'error', ARGV[3], 'up', now())
+  local t = now()
+  redis.call('HSET', k, 'st', 'cancelled', 'error', ARGV[3], 'up', t)
+  ended(id, t, h[3])
   drop_entry(id, h[3])
   if redis.call('GET', B .. ':busy:' .. h[2]) == id then
     advance(h[2], id, h[3])
@@ -238,6 +254,28 @@ end
 return {3, redis.call('HGETALL', k)}
 ";
 
+/// ARGV: base, agent, before (ms), limit. Deletes the agent's finished runs that ended
+/// before `before`, oldest first; returns how many.
+const PURGE: &str = r"
+local done = B .. ':done:' .. ARGV[2]
+local old = redis.call('ZRANGEBYSCORE', done, '-inf', '(' .. ARGV[3], 'LIMIT', 0,
+  tonumber(ARGV[4]))
+for _, id in ipairs(old) do
+  local h = redis.call('HMGET', rk(id), 'sk', 'tn', 'ik')
+  if h[1] and h[2] then
+    redis.call('ZREM', B .. ':ls:' .. h[1], id)
+    redis.call('ZREM', B .. ':lt:' .. h[2], id)
+    if h[3] and h[3] ~= '' then
+      local ik = B .. ':idem:' .. h[2] .. ':' .. h[3]
+      if redis.call('GET', ik) == id then redis.call('DEL', ik) end
+    end
+    redis.call('DEL', rk(id))
+  end
+  redis.call('ZREM', done, id)
+end
+return #old
+";
+
 fn script(body: &str) -> redis::Script {
     redis::Script::new(&format!("{NOW}{LIB}{body}"))
 }
@@ -247,6 +285,7 @@ static CLAIM_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| script(CLAIM));
 static HEARTBEAT_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| script(HEARTBEAT));
 static FINISH_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| script(FINISH));
 static CANCEL_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| script(CANCEL));
+static PURGE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| script(PURGE));
 
 fn backend(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
     Error::backend("redis", e)
@@ -534,6 +573,24 @@ impl RunQueue for RedisRunQueue {
             2 => CancelOutcome::Requested(run),
             _ => CancelOutcome::Finished(run),
         })
+    }
+
+    async fn purge_finished(
+        &self,
+        agent: &str,
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<usize> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        let mut call = PURGE_SCRIPT.prepare_invoke();
+        call.arg(&*self.base)
+            .arg(agent)
+            .arg(before.timestamp_millis())
+            .arg(limit);
+        let n: u64 = self.conn.invoke(&call).await?;
+        Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 
     async fn wait_for_work(&self, max: Duration) -> Result<()> {

@@ -378,6 +378,28 @@ impl RunQueue for PgRunQueue {
         })
     }
 
+    async fn purge_finished(
+        &self,
+        agent: &str,
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<usize> {
+        let done = sqlx::query(
+            "DELETE FROM hame_runs WHERE seq IN (
+                 SELECT seq FROM hame_runs
+                 WHERE status IN ('completed', 'waiting_approval', 'failed', 'cancelled')
+                   AND updated_at < $1 AND agent = $3
+                 ORDER BY updated_at, seq LIMIT $2)",
+        )
+        .bind(before)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .bind(agent)
+        .execute(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+    }
+
     async fn wait_for_work(&self, max: Duration) -> Result<()> {
         let max = max.min(SQL_POLL);
         let mut guard = self.listener.lock().await;
