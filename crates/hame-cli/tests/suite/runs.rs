@@ -494,17 +494,23 @@ async fn one_run_per_idempotency_key_across_replicas_on_postgres() -> TestResult
     let Some(url) = service("HAME_TEST_POSTGRES_URL") else {
         return Ok(());
     };
+    one_run_per_idempotency_key_across_replicas(&url).await
+}
+
+#[tokio::test]
+async fn one_run_per_idempotency_key_across_replicas_on_redis() -> TestResult {
+    let Some(url) = service("HAME_TEST_REDIS_URL") else {
+        return Ok(());
+    };
+    one_run_per_idempotency_key_across_replicas(&url).await
+}
+
+async fn one_run_per_idempotency_key_across_replicas(url: &str) -> TestResult {
     let model = ScriptedServer::start().await?;
     model.set_responder(echo);
     let agent = unique_agent();
     let (da, db) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let args = [
-        "--agent",
-        agent.as_str(),
-        "--state",
-        url.as_str(),
-        "--no-worker",
-    ];
+    let args = ["--agent", agent.as_str(), "--state", url, "--no-worker"];
     let a = Serve::start(da.path(), &model.base_url(), &args)?;
     let b = Serve::start(db.path(), &model.base_url(), &args)?;
     let http = reqwest::Client::new();
