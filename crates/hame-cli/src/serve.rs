@@ -199,13 +199,14 @@ pub(crate) async fn serve_http(common: &Common, args: Http) -> anyhow::Result<()
         .map_err(|e| ConfigError(e.to_string()))?;
     if args.mcp {
         println!("listening on http://{local} (MCP at http://{local}/mcp)");
-    } else if args.a2a {
-        println!(
-            "listening on http://{local} (A2A card at http://{local}{})",
-            hame_gateway::A2A_CARD_PATH
-        );
     } else {
         println!("listening on http://{local}");
+    }
+    if args.a2a {
+        eprintln!(
+            "hame: A2A card at http://{local}{} (JSON-RPC at http://{local}/a2a)",
+            hame_gateway::A2A_CARD_PATH
+        );
     }
     std::io::stdout().flush()?;
     gateway.serve(listener, shutdown_signal()).await?;

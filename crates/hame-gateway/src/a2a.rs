@@ -620,6 +620,19 @@ impl Cx {
                         continue;
                     }
                     let mut out = Vec::new();
+                    // Ended between two reads after a worker took it: it was working.
+                    if seen.status == RunStatus::Queued
+                        && now.status.is_finished()
+                        && now.attempts > 0
+                    {
+                        out.push(json!({
+                            "kind": "status-update",
+                            "taskId": now.id,
+                            "contextId": now.session,
+                            "status": {"state": "working", "timestamp": now.updated.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)},
+                            "final": false,
+                        }));
+                    }
                     if now.status == RunStatus::Completed {
                         out.push(json!({
                             "kind": "artifact-update",
