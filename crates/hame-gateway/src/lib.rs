@@ -20,6 +20,10 @@
 //!   `GET /v1/runs/{run_id}`, `POST /v1/runs/{run_id}/cancel`, `GET /v1/runs/{run_id}/events`,
 //!   `GET /v1/sessions/{session}/runs`, executed by a [`Worker`] in this or any other
 //!   process on the same state store (`docs/replicas.md`);
+//! - with [`GatewayOptions::a2a`]: every agent as an A2A 0.3 agent (cards at
+//!   `/.well-known/agent-card.json` and `/a2a/{agent}/.well-known/agent-card.json`,
+//!   JSON-RPC `message/send`, `message/stream`, `tasks/get`, `tasks/cancel` at `/a2a` and
+//!   `/a2a/{agent}`; tasks are runs; `docs/a2a.md`);
 //! - `GET /healthz`, `GET /metrics` (Prometheus text), and a web console at `/`.
 //!
 //! Turns of one (agent, user, session) run one at a time in arrival order behind a gate
