@@ -10,6 +10,10 @@ use async_trait::async_trait;
 
 use crate::runner::{ChildReply, ChildRun, SubagentRunner};
 
+/// The prefix every `a2a_auth_env` variable must have (`A2A_`): a spec is a workspace file
+/// the agent itself can write, so it may name only variables meant for remote agents —
+/// never the model's key or another secret of the process.
+pub const AUTH_ENV_PREFIX: &str = "A2A_";
 /// The A2A protocol version this client speaks.
 pub const PROTOCOL_VERSION: &str = "0.3.0";
 /// Where a remote agent's card is read under a base URL.

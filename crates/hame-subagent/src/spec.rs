@@ -252,12 +252,15 @@ fn check_remote(fm: &FrontMatter) -> Result<(), String> {
     };
     crate::a2a::check_url(url)?;
     if let Some(name) = &fm.a2a_auth_env {
-        let valid = !name.is_empty()
-            && !name.starts_with(|c: char| c.is_ascii_digit())
+        let valid = name.len() > crate::a2a::AUTH_ENV_PREFIX.len()
+            && name.starts_with(crate::a2a::AUTH_ENV_PREFIX)
             && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !valid {
+            // A spec is a workspace file the agent's own tools can write: were any variable
+            // allowed, a prompt could send the model's API key to a host of its choice.
             return Err(format!(
-                "`a2a_auth_env` must be an environment variable name (letters, digits, `_`), not `{name}`"
+                "`a2a_auth_env` must name an environment variable `{}<NAME>` (letters, digits, `_`), not `{name}`",
+                crate::a2a::AUTH_ENV_PREFIX
             ));
         }
     }
@@ -548,14 +551,14 @@ mod tests {
 
     #[test]
     fn remote_specs() -> Result<(), String> {
-        let text = "---\ndescription: Remote reviewer\na2a: https://agents.example.com/a2a/reviewer\na2a_auth_env: REVIEWER_AUTH\ntimeout_seconds: 60\n---\nNotes for people.\n";
+        let text = "---\ndescription: Remote reviewer\na2a: https://agents.example.com/a2a/reviewer\na2a_auth_env: A2A_REVIEWER_AUTH\ntimeout_seconds: 60\n---\nNotes for people.\n";
         let (spec, unknown) = parse_spec("remote", "subagents/remote.md", text)?;
         assert_eq!(unknown, Vec::<String>::new());
         assert_eq!(
             spec.a2a.as_deref(),
             Some("https://agents.example.com/a2a/reviewer")
         );
-        assert_eq!(spec.a2a_auth_env.as_deref(), Some("REVIEWER_AUTH"));
+        assert_eq!(spec.a2a_auth_env.as_deref(), Some("A2A_REVIEWER_AUTH"));
         assert_eq!(spec.timeout_seconds, Some(60));
         let decl = Declaration::from(spec);
         assert!(decl.runner.is_some(), "a remote spec brings its runner");

@@ -402,7 +402,7 @@ fn remote_spec(s: &Scratch, port: u16) -> std::io::Result<()> {
     s.write(
         "subagents/remote.md",
         &format!(
-            "---\ndescription: A remote echo agent\na2a: http://127.0.0.1:{port}/\na2a_auth_env: REMOTE_AUTH\ntimeout_seconds: 60\n---\nRuns elsewhere.\n"
+            "---\ndescription: A remote echo agent\na2a: http://127.0.0.1:{port}/\na2a_auth_env: A2A_REMOTE_AUTH\ntimeout_seconds: 60\n---\nRuns elsewhere.\n"
         ),
     )
 }
@@ -430,7 +430,7 @@ async fn a_remote_subagent_runs_on_the_sdk_server_sync_with_progress() -> TestRe
         &[
             ("OPENAI_BASE_URL", &s.server.base_url()),
             ("HAME_STATE_HOME", &s.path().join("state").to_string_lossy()),
-            ("REMOTE_AUTH", SECRET),
+            ("A2A_REMOTE_AUTH", SECRET),
         ],
         "spawn it\n",
     )
@@ -486,7 +486,7 @@ async fn a_background_remote_result_reaches_the_parent_exactly_once() -> TestRes
     // This one does not stream: hame sends message/send and reads the task.
     let remote = SdkServer::start(&py, s.path(), "remote-secret-9c1", false)?;
     remote_spec(&s, remote.port)?;
-    let env = [("REMOTE_AUTH", SECRET)];
+    let env = [("A2A_REMOTE_AUTH", SECRET)];
     let args = s.ws_args(&[]);
     let out = run_with(s.path(), &s.server.base_url(), &args, "start", &env).await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -536,7 +536,7 @@ async fn cancelling_a_remote_task_cancels_it_on_the_remote() -> TestResult {
         &s.server.base_url(),
         &args,
         "start",
-        &[("REMOTE_AUTH", SECRET)],
+        &[("A2A_REMOTE_AUTH", SECRET)],
     )
     .await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
