@@ -556,3 +556,42 @@ async fn cancelling_a_remote_task_cancels_it_on_the_remote() -> TestResult {
     );
     Ok(())
 }
+
+/// A card read at one origin that sends requests to another does not get the header.
+#[tokio::test]
+async fn the_auth_header_goes_only_to_the_cards_origin() -> TestResult {
+    let Some(py) = python() else { return Ok(()) };
+    let s = Scratch::scripted([
+        ScriptStep::tool_call(
+            "c1",
+            "agent_spawn",
+            json!({"agent_id": "remote", "task": "elsewhere"}),
+        ),
+        ScriptStep::text("parent done"),
+    ])
+    .await?;
+    let remote = SdkServer::start(&py, s.path(), "remote-secret-9c1", true)?;
+    // The card is read at localhost; its `url` is http://127.0.0.1:PORT/.
+    s.write(
+        "subagents/remote.md",
+        &format!(
+            "---\ndescription: d\na2a: http://localhost:{}/\na2a_auth_env: A2A_REMOTE_AUTH\n---\n",
+            remote.port
+        ),
+    )?;
+    let args = s.ws_args(&[]);
+    let out = run_with(
+        s.path(),
+        &s.server.base_url(),
+        &args,
+        "go",
+        &[("A2A_REMOTE_AUTH", SECRET)],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let reqs = s.server.requests();
+    let result = super::common::last_tool_result(&reqs[1].body);
+    assert!(result.contains("another origin"), "{result}");
+    assert!(remote.received().is_empty(), "{:?}", remote.received());
+    Ok(())
+}
