@@ -168,13 +168,7 @@ pub(crate) async fn serve_http(common: &Common, args: Http) -> anyhow::Result<()
         None => None,
     };
     let (agent, ctx) = build_resolved(common, &config).await?;
-    let runs = crate::runs::queue_if_available(&agent, &config).await?;
-    if args.a2a && runs.is_none() {
-        return Err(ConfigError(
-            "--a2a needs a run queue (A2A tasks are runs): use --state with a path, a postgres:// or a mysql:// URL".into(),
-        )
-        .into());
-    }
+    let runs = Some(crate::runs::queue(&agent, &config).await?);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| ConfigError(format!("cannot listen on {addr}: {e} (check --listen)")))?;
@@ -189,7 +183,11 @@ pub(crate) async fn serve_http(common: &Common, args: Http) -> anyhow::Result<()
         .with_shared_events(shared_events)
         .with_mcp(args.mcp)
         .with_a2a(args.a2a)
-        .with_runs(runs, args.worker);
+        .with_runs(
+            runs,
+            args.worker
+                .map(|w| w.with_keep_finished(config.keep_finished.value)),
+        );
     let mut others = Vec::new();
     for (name, dir) in &args.serve_agent {
         others.push(crate::common::build_named(common, name, dir).await?);
