@@ -611,6 +611,11 @@ impl HarnessAgentBuilder {
             .with_config(config);
         let mut outer = self.outer_layers;
         outer.extend(sandbox_layer);
+        // One snapshot of the workspace configuration per step, read by every layer inside
+        // it and the step's tools (ADR 0028).
+        outer.push(Arc::new(
+            crate::snapshot::SnapshotLayer::new(Arc::default()),
+        ));
         outer.push(Arc::new(hame_subagent::SubagentLayer::new(
             subagents.clone(),
         )));
@@ -1187,6 +1192,7 @@ impl HarnessAgent {
         );
         let mut extensions = Extensions::new();
         extensions.insert(ws.clone());
+        extensions.insert(Arc::new(crate::snapshot::StepSnapshot::new()));
         extensions.insert(crate::cost::prompt_cache_key(key));
         // The agent's budgets, tightened by the caller's own (`BUDGET_EXTRA`).
         let budgets = match self.inner.budgets.for_call(&ctx.extras) {

@@ -108,6 +108,7 @@ fn built_ins_sit_between_outer_and_inner_user_layers() -> TestResult {
         names(&build(true)?),
         [
             "outer-1",
+            "workspace-snapshot",
             "subagents",
             "caller-history",
             "session-log",
@@ -127,6 +128,7 @@ fn built_ins_sit_between_outer_and_inner_user_layers() -> TestResult {
         names(&build(false)?),
         [
             "outer-1",
+            "workspace-snapshot",
             "subagents",
             "caller-history",
             "session-log",

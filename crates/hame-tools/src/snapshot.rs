@@ -553,13 +553,29 @@ impl StepSnapshot {
 /// The workspace a reader of step `step` reads its configuration through: the step's
 /// snapshot view when the call has one, else the caller's handle itself.
 pub fn config_view(extensions: &hame_core::Extensions, step: usize) -> Option<Workspace> {
-    if let Some(s) = extensions
-        .get::<Arc<StepSnapshot>>()
-        .and_then(|slot| slot.get(step))
-    {
-        return Some(s.workspace().clone());
+    view_of(extensions, |slot| slot.get(step))
+}
+
+/// [`config_view`] for a reader that does not know its step (a tool): the call's latest
+/// snapshot.
+pub fn latest_view(extensions: &hame_core::Extensions) -> Option<Workspace> {
+    view_of(extensions, StepSnapshot::latest)
+}
+
+fn view_of(
+    extensions: &hame_core::Extensions,
+    pick: impl FnOnce(&StepSnapshot) -> Option<Arc<WorkspaceSnapshot>>,
+) -> Option<Workspace> {
+    let ws = extensions.get::<Workspace>()?;
+    match extensions.get::<Arc<StepSnapshot>>().and_then(|s| pick(s)) {
+        // Only a snapshot of this caller's handle (a child call never reads its parent's).
+        Some(s)
+            if s.workspace().identity() == ws.identity() && s.workspace().mode() == ws.mode() =>
+        {
+            Some(s.workspace().clone())
+        }
+        _ => Some(ws.clone()),
     }
-    extensions.get::<Workspace>().cloned()
 }
 
 /// The read view of one root (see [`WorkspaceSnapshot::workspace`]).
