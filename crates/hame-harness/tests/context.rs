@@ -353,3 +353,81 @@ async fn a_tools_json_edit_applies_at_the_next_step() -> TestResult {
     assert!(offered(0) && offered(1) && !offered(2) && !offered(3));
     Ok(())
 }
+
+/// Issue #34: the prompt comes from one snapshot per step, and an edit a tool makes shows
+/// at the next step — `AGENTS.md` overridden in the tenant's store namespace and a new
+/// skill — while the unchanged template files are not read again.
+#[tokio::test]
+async fn an_edit_shows_at_the_next_step_through_the_snapshot() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(ws.join("skills/old"))?;
+    std::fs::write(ws.join("AGENTS.md"), "You are careful.\n")?;
+    std::fs::write(
+        ws.join("skills/old/SKILL.md"),
+        "---\ndescription: The old skill.\n---\nSteps.\n",
+    )?;
+    backdate(&ws, std::time::Duration::from_secs(60))?;
+    let call = |id: &str, name: &str, args: serde_json::Value| hame_core::ToolCall {
+        id: id.into(),
+        name: name.into(),
+        arguments: args.to_string(),
+    };
+    let model = ScriptedModel::new([
+        Reply::tools(&[call(
+            "c0",
+            "read_file",
+            serde_json::json!({"file_path": "AGENTS.md"}),
+        )]),
+        Reply::tools(&[
+            call(
+                "c1",
+                "write_file",
+                serde_json::json!({"file_path": "AGENTS.md", "content": "You are bold.\n"}),
+            ),
+            call(
+                "c2",
+                "write_file",
+                serde_json::json!({"file_path": "skills/fresh/SKILL.md",
+                                   "content": "---\ndescription: The fresh skill.\n---\nGo.\n"}),
+            ),
+        ]),
+        Reply::tools(&[call("c3", "noop", serde_json::json!({}))]),
+        Reply::text("done"),
+    ]);
+    let store = hame_fs::CountingFs::new(Arc::new(hame_fs::InMemoryFs::new()));
+    let agent = HarnessAgent::builder()
+        .model(Arc::new(model.clone()))
+        .workspace(&ws)
+        .tool(Arc::new(Noop))
+        .filesystem(hame_harness::FilesystemMode::SharedStore {
+            store: Arc::new(store.clone()),
+        })
+        .state_store(Arc::new(hame_state::InMemoryStore::new()))
+        .allow_local_state_with_shared_filesystem(true)
+        .memory(hame_harness::memory::MemoryOptions::disabled())
+        .build()?;
+    let events = turn(
+        &agent,
+        Message::user("go"),
+        &RuntimeContext::new("s1").with_user("ada"),
+    )
+    .await;
+    let failed: Vec<_> = events
+        .iter()
+        .filter(|e| matches!(e, AgentEvent::ToolFinished { is_error: true, .. }))
+        .collect();
+    assert!(failed.is_empty(), "{failed:?}");
+    let system = |i: usize| model.requests()[i].system.clone();
+    for i in 0..2 {
+        assert!(system(i).contains("You are careful."), "{}", system(i));
+        assert!(!system(i).contains("fresh"), "{}", system(i));
+    }
+    for i in 2..4 {
+        assert!(system(i).contains("You are bold."), "{}", system(i));
+        assert!(!system(i).contains("You are careful."), "{}", system(i));
+        assert!(system(i).contains("The fresh skill."), "{}", system(i));
+        assert!(system(i).contains("The old skill."), "{}", system(i));
+    }
+    Ok(())
+}
