@@ -56,6 +56,7 @@ mod console;
 mod error;
 mod events;
 mod gate;
+mod http_trace;
 mod mcp;
 mod metrics;
 mod oai_request;
@@ -358,7 +359,6 @@ impl Gateway {
     pub fn router(&self) -> Router {
         use tower_http::limit::RequestBodyLimitLayer;
         use tower_http::timeout::TimeoutLayer;
-        use tower_http::trace::TraceLayer;
         let o = &self.shared.options;
         let mut app = routes::router(self.shared.clone());
         if o.mcp {
@@ -375,7 +375,7 @@ impl Gateway {
                 o.request_timeout,
             ))
             .layer(axum::middleware::from_fn(error::json_errors))
-            .layer(TraceLayer::new_for_http())
+            .layer(http_trace::layer())
     }
 
     /// Serves the agent as an MCP server on this process's stdin and stdout until the

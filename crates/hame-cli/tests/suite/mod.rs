@@ -1,5 +1,6 @@
 mod common;
 mod concurrency;
+mod console;
 mod conventions;
 mod cost;
 mod crash;
