@@ -343,3 +343,50 @@ async fn serve_exports_genai_spans_in_the_callers_trace_and_sends_traceparent_on
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn an_mcp_tool_call_carries_the_execute_tool_span_as_its_trace_parent() -> TestResult {
+    let Some(py) = super::mcp::python() else {
+        return Ok(());
+    };
+    let http = super::mcp::http_server(&py)?;
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws)?;
+    std::fs::write(
+        ws.join("tools.json"),
+        serde_json::json!({"mcpServers": {"web": {
+            "transport": "http",
+            "url": format!("http://127.0.0.1:{}/mcp", http.1),
+        }}})
+        .to_string(),
+    )?;
+    let (otlp, got) = collector().await?;
+    let server = ScriptedServer::start().await?;
+    server.push_all([
+        ScriptStep::tool_call("c1", "mcp__web__trace", serde_json::json!({})),
+        ScriptStep::text("done"),
+    ]);
+    let ws_s = ws.to_string_lossy().into_owned();
+    let out = run_with(
+        dir.path(),
+        &server.base_url(),
+        &["--workspace", &ws_s, "--otlp-endpoint", &otlp],
+        "trace it",
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let results = super::common::tool_results(&server);
+    let posts = got.lock().map(|g| g.clone()).unwrap_or_default();
+    let all = spans(&posts)?;
+    let tool = all
+        .iter()
+        .find(|s| s.name == "execute_tool mcp__web__trace")
+        .ok_or("no execute_tool span")?;
+    assert_eq!(
+        results,
+        [format!("traceparent=00-{}-{}-01", tool.trace, tool.id)]
+    );
+    Ok(())
+}
