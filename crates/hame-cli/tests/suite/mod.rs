@@ -1,3 +1,4 @@
+mod a2a;
 mod common;
 mod concurrency;
 mod console;

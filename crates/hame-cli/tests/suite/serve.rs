@@ -48,9 +48,21 @@ impl Serve {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Result<Self, Box<dyn std::error::Error>> {
+        Self::start_named(dir, &std::process::id().to_string(), model, args, env)
+    }
+
+    /// [`Serve::start_env`] with its stderr in `dir/serve-<name>.err`, so that several
+    /// replicas can share one directory (one workspace, one state home).
+    pub(super) fn start_named(
+        dir: &Path,
+        name: &str,
+        model: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Self, Box<dyn std::error::Error>> {
         let ws = dir.join("ws");
         std::fs::create_dir_all(&ws)?;
-        let stderr = dir.join(format!("serve-{}.err", std::process::id()));
+        let stderr = dir.join(format!("serve-{name}.err"));
         let mut cmd = std::process::Command::new(bin());
         cmd.args([
             "serve",
@@ -96,6 +108,12 @@ impl Serve {
 
     fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// SIGKILL, as a crash would.
+    pub(super) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     pub(super) fn stderr(&self) -> String {

@@ -217,10 +217,12 @@ impl PermissionLayer {
             rules.deny.push(PermissionRule::parse(d)?);
         }
         let mut mcp_read_only = None;
-        if let (Some(layer), Some(ws)) = (&self.tools_config, cx.tool.extensions.get::<Workspace>())
-        {
+        if let (Some(layer), Some(ws)) = (
+            &self.tools_config,
+            hame_tools::snapshot::config_view(&cx.tool.extensions, cx.iteration),
+        ) {
             let config = layer
-                .load_step(ws, cx.tool.runtime.call_id(), cx.iteration)
+                .load_step(&ws, cx.tool.runtime.call_id(), cx.iteration)
                 .await?;
             if let Some(p) = &config.permissions {
                 rules.allow.extend(p.allow.iter().cloned());
