@@ -62,6 +62,7 @@ mod error;
 mod events;
 mod files;
 mod gate;
+mod http_trace;
 mod mcp;
 mod metrics;
 mod oai_request;
@@ -399,7 +400,6 @@ impl Gateway {
     /// The header timeout and the connection limit are the server's ([`Gateway::serve`]).
     pub fn router(&self) -> Router {
         use tower_http::timeout::TimeoutLayer;
-        use tower_http::trace::TraceLayer;
         let o = &self.shared.options;
         let mut app = routes::router(self.shared.clone());
         if o.mcp {
@@ -425,7 +425,7 @@ impl Gateway {
                 o.request_timeout,
             ))
             .layer(axum::middleware::from_fn(error::json_errors))
-            .layer(TraceLayer::new_for_http())
+            .layer(http_trace::layer())
     }
 
     /// Serves the agent as an MCP server on this process's stdin and stdout until the

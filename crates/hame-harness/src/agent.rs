@@ -1222,6 +1222,8 @@ impl HarnessAgent {
         extensions.insert(ws.clone());
         extensions.insert(Arc::new(crate::snapshot::StepSnapshot::new()));
         extensions.insert(crate::cost::prompt_cache_key(key));
+        // `gen_ai.agent.name` of the call's `invoke_agent` span.
+        extensions.insert(hame_core::telemetry::AgentName(self.inner.name.clone()));
         // The agent's budgets, tightened by the caller's own (`BUDGET_EXTRA`).
         let budgets = match self.inner.budgets.for_call(&ctx.extras) {
             Ok(b) => b,
