@@ -27,6 +27,10 @@ use serde::{Deserialize, Serialize};
 use crate::permissions::Effect;
 use crate::permissions::decide::effect_of;
 
+/// An intents file holding only resolved records is deleted at the session's next call
+/// once it is larger than this (64 KiB, about 400 tool calls).
+pub const MAX_RESOLVED_BYTES: usize = 64 * 1024;
+
 /// The stable code of a tool result whose call's outcome is unknown.
 pub const OUTCOME_UNKNOWN: &str = "outcome_unknown";
 
@@ -149,21 +153,23 @@ impl IntentLayer {
             .await
     }
 
+    /// The records and the file's size.
     async fn read(
         &self,
         ws: &Workspace,
         session: &str,
-    ) -> std::result::Result<Vec<IntentRecord>, hame_fs::Error> {
+    ) -> std::result::Result<(Vec<IntentRecord>, usize), hame_fs::Error> {
         let bytes = match ws.records().read_bytes(&self.path(session)?).await {
             Ok(b) => b,
-            Err(e) if e.is_not_found() => return Ok(Vec::new()),
+            Err(e) if e.is_not_found() => return Ok((Vec::new(), 0)),
             Err(e) => return Err(e),
         };
         // A line cut by a crash mid-append is skipped.
-        Ok(bytes
+        let records = bytes
             .split(|b| *b == b'\n')
             .filter_map(|l| serde_json::from_slice(l).ok())
-            .collect())
+            .collect();
+        Ok((records, bytes.len()))
     }
 }
 
@@ -185,7 +191,23 @@ impl Layer for IntentLayer {
         };
         let session = cx.runtime.session_id.clone();
         let unknown = match self.read(&ws, &session).await {
-            Ok(records) => unresolved(&records),
+            Ok((records, size)) => {
+                let open = unresolved(&records);
+                // Everything in it is resolved: a file past its bound is dropped (the
+                // session lease keeps this call alone in the session, so no tool call of
+                // it is writing).
+                if open.is_empty()
+                    && size > MAX_RESOLVED_BYTES
+                    && let Ok(path) = self.path(&session)
+                    && let Err(e) = ws
+                        .records()
+                        .delete(&path, hame_fs::DeleteOptions::default())
+                        .await
+                {
+                    tracing::debug!(session = %session, error = %e, "dropping resolved intents failed");
+                }
+                open
+            }
             Err(e) => {
                 tracing::warn!(session = %session, error = %e, "reading the tool call intents failed");
                 Vec::new()

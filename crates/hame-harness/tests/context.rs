@@ -297,7 +297,11 @@ async fn store_operations_per_unchanged_step() -> TestResult {
         "nothing read: {by_op:?}"
     );
     assert!(of("list") + of("glob") <= 4.0, "{by_op:?}");
-    assert!(per_step <= 6.0, "{per_step} store operations per step");
+    // Issue #31: a tool call that may change something (this `noop` is not a built-in
+    // read-only tool) adds its intent's two appends (`hame_harness::intent`: flushed before
+    // the call, unflushed after).
+    assert!(of("append") <= 3.0, "{by_op:?}");
+    assert!(per_step <= 8.0, "{per_step} store operations per step");
     Ok(())
 }
 
