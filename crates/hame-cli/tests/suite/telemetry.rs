@@ -218,6 +218,14 @@ async fn serve_exports_genai_spans_in_the_callers_trace_and_sends_traceparent_on
         .send()
         .await?;
     assert_eq!(r.status(), 200);
+    // "Not sampled" does not hide a request: its span is exported, in the caller's trace.
+    let unsampled = "0af7651916cd43dd8448eb211c80319c";
+    let r = http
+        .get(serve.at("/v1/sessions"))
+        .header("traceparent", format!("00-{unsampled}-b7ad6b7169203331-00"))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 200);
     let metrics = http.get(serve.at("/metrics")).send().await?.text().await?;
     assert!(
         metrics.contains(r#"hame_tool_calls_total{agent="hame",tool="other",outcome="error"} 1"#),
@@ -277,6 +285,9 @@ async fn serve_exports_genai_spans_in_the_callers_trace_and_sends_traceparent_on
         health.trace.len() == 32 && health.trace != trace,
         "{health:?}"
     );
+    let listed = one("GET /v1/sessions")?;
+    assert_eq!(listed.trace, unsampled);
+    assert_eq!(listed.parent, "b7ad6b7169203331");
     // invoke_agent: one per turn, INTERNAL, the failed one an error.
     let agents = named("invoke_agent hame");
     assert_eq!(agents.len(), 2);
