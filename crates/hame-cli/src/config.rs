@@ -42,6 +42,12 @@
 //! [[skills.repository]]
 //! sql = "postgres://user@host/db"
 //! table = "hame_skills"
+//! # hame serve: more agents (workspace file only; docs/gateway.md)
+//! [agents.support]
+//! workspace = "agents/support"
+//! model = "openai:gpt-4o-mini"
+//! permission_mode = "ask"
+//! max_iterations = 20
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -92,6 +98,50 @@ struct File {
     skills: SkillsSection,
     #[serde(default)]
     runs: RunsSection,
+    /// More agents `hame serve` serves (the workspace file's only).
+    agents: Option<std::collections::BTreeMap<String, AgentSection>>,
+}
+
+/// One `[agents.NAME]` of the workspace's `hame.toml`: another agent `hame serve` serves,
+/// with its own workspace (whose `hame.toml` applies to it) and settings that are that
+/// agent's flags (over every file, under nothing).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AgentSection {
+    /// Its workspace; a relative path is from the folder of the `hame.toml` naming it.
+    pub(crate) workspace: PathBuf,
+    pub(crate) model: Option<String>,
+    pub(crate) base_url: Option<String>,
+    pub(crate) permission_mode: Option<PermissionMode>,
+    pub(crate) max_iterations: Option<usize>,
+    pub(crate) context_window: Option<u64>,
+    pub(crate) model_timeout: Option<f64>,
+}
+
+impl AgentSection {
+    /// `flags` with this agent's workspace and settings.
+    pub(crate) fn apply(&self, mut flags: crate::common::Flags) -> crate::common::Flags {
+        flags.workspace = Some(self.workspace.clone());
+        if let Some(m) = &self.model {
+            flags.model = Some(m.clone());
+        }
+        if let Some(u) = &self.base_url {
+            flags.base_url = Some(u.clone());
+        }
+        if let Some(p) = self.permission_mode {
+            flags.permission_mode = Some(p);
+        }
+        if let Some(n) = self.max_iterations {
+            flags.max_iterations = Some(n);
+        }
+        if let Some(n) = self.context_window {
+            flags.context_window = Some(n);
+        }
+        if let Some(t) = self.model_timeout {
+            flags.model_timeout = Some(t);
+        }
+        flags
+    }
 }
 
 /// `[runs]`: durable runs (docs/replicas.md).
@@ -235,6 +285,8 @@ pub(crate) struct Effective {
     pub(crate) keep_finished: Setting<Option<std::time::Duration>>,
     /// The configuration files that exist and were read, highest precedence first.
     pub(crate) files: Vec<PathBuf>,
+    /// `[agents.NAME]` of the workspace file, by name (workspaces made absolute).
+    pub(crate) agents: Vec<(String, AgentSection)>,
 }
 
 impl Effective {
@@ -695,6 +747,31 @@ pub(crate) fn resolve_flags(flags: crate::common::Flags) -> anyhow::Result<Effec
             .map_err(|e| ConfigError(format!("runs.keep_finished ({}): {e}", keep_text.source)))?,
         source: keep_text.source,
     };
+    if u.agents.is_some() {
+        return Err(ConfigError(format!(
+            "[agents.*] in {} is read from a workspace's hame.toml only (the agents a server serves belong to its workspace)",
+            up.display()
+        ))
+        .into());
+    }
+    let mut agents = Vec::new();
+    for (name, section) in w.agents.iter().flatten() {
+        hame::harness::validate_id("agent id", name)
+            .map_err(|e| ConfigError(format!("[agents.{name}] in {}: {e}", ws_path.display())))?;
+        let mut section = section.clone();
+        if section.workspace.is_relative() {
+            section.workspace = workspace.join(&section.workspace);
+        }
+        if !section.workspace.is_dir() {
+            return Err(ConfigError(format!(
+                "[agents.{name}] in {}: the workspace {} is not a folder",
+                ws_path.display(),
+                section.workspace.display()
+            ))
+            .into());
+        }
+        agents.push((name.clone(), section));
+    }
     if isolated.value && store.value.is_some() {
         return Err(ConfigError(format!(
             "isolated ({}) and store ({}) exclude each other: pick one mode",
@@ -730,6 +807,7 @@ pub(crate) fn resolve_flags(flags: crate::common::Flags) -> anyhow::Result<Effec
         skill_repositories,
         keep_finished,
         files,
+        agents,
     })
 }
 

@@ -7,6 +7,7 @@ mod cost;
 mod crash;
 mod delivery;
 mod first_hour;
+mod gateway_agents;
 mod layout;
 mod mcp;
 mod mcp_server;
