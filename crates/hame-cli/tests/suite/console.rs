@@ -200,6 +200,7 @@ async fn serve_console_in_headless_chromium() -> TestResult {
     assert_eq!(got["stopped"]["sendEnabled"], true, "{got}");
     let secs = got["stopped"]["seconds"].as_f64().unwrap_or(99.0);
     assert!(secs < 10.0, "stopping took {secs} s");
+    eprintln!("console: stop to idle in {secs} s");
     let runs: Value = client()
         .get(serve.at("/v1/sessions/web/runs"))
         .send()
