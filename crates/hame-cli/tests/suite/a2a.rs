@@ -595,3 +595,67 @@ async fn the_auth_header_goes_only_to_the_cards_origin() -> TestResult {
     assert!(remote.received().is_empty(), "{:?}", remote.received());
     Ok(())
 }
+
+/// hame to hame: a remote subagent of one hame is another `hame serve --a2a`, as the
+/// token's user; the served side records the task as a run of that user.
+#[tokio::test]
+async fn one_hame_delegates_to_another_over_a2a() -> TestResult {
+    let inner = Scratch::new().await?;
+    inner.server.set_responder(served_model);
+    let auth = inner.path().join("auth.json");
+    std::fs::write(&auth, r#"{"tokens": {"tok-outer": {"user": "outer"}}}"#)?;
+    let auth_s = auth.to_string_lossy().into_owned();
+    let serve = Serve::start(
+        inner.path(),
+        &inner.server.base_url(),
+        &["--a2a", "--auth", &auth_s],
+    )?;
+    let outer = Scratch::scripted([
+        ScriptStep::tool_call(
+            "c1",
+            "agent_spawn",
+            json!({"agent_id": "peer", "task": "hello peer"}),
+        ),
+        ScriptStep::text("outer done"),
+    ])
+    .await?;
+    outer.write(
+        "subagents/peer.md",
+        &format!(
+            "---\ndescription: Another hame\na2a: {}\na2a_auth_env: A2A_PEER\n---\n",
+            serve.at("/.well-known/agent-card.json")
+        ),
+    )?;
+    let args = outer.ws_args(&[]);
+    let started = Instant::now();
+    let out = run_with(
+        outer.path(),
+        &outer.server.base_url(),
+        &args,
+        "go",
+        &[("A2A_PEER", "Bearer tok-outer")],
+    )
+    .await?;
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "outer done\n");
+    let reqs = outer.server.requests();
+    let result = super::common::last_tool_result(&reqs[1].body);
+    assert!(result.contains("reply: hello peer"), "{result}");
+    // The served side ran it as a run of the token's user.
+    let runs = std::process::Command::new(super::common::bin())
+        .args(["runs", "list", "--json", "--user", "outer", "--workspace"])
+        .arg(&inner.ws)
+        .env("HOME", inner.path())
+        .env("HAME_STATE_HOME", inner.path().join("state"))
+        .current_dir(inner.path())
+        .output()?;
+    let listed: Value = serde_json::from_slice(&runs.stdout)
+        .map_err(|e| format!("{e}: {}", String::from_utf8_lossy(&runs.stderr)))?;
+    let listed = listed.as_array().cloned().unwrap_or_default();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["status"], "completed", "{listed:?}");
+    assert_eq!(listed[0]["reply"], "reply: hello peer", "{listed:?}");
+    eprintln!("hame → hame over A2A, one sync spawn: {took:?}");
+    Ok(())
+}
