@@ -136,8 +136,12 @@ pub(crate) fn router(shared: AppState) -> Router {
         .with_state(shared)
 }
 
-fn agent_named<'a>(shared: &'a AppState, name: &str) -> Option<&'a HarnessAgent> {
-    shared.agents().find(|a| a.name() == name)
+/// The served agent `name`, if the caller's token may use it (an agent-scoped token sees
+/// no other agent, as on the session routes).
+fn agent_named<'a>(shared: &'a AppState, name: &str, caller: &Caller) -> Option<&'a HarnessAgent> {
+    shared
+        .agents()
+        .find(|a| a.name() == name && caller.may_use(name))
 }
 
 /// Where the caller reached us: `http(s)://<Host>` (`X-Forwarded-Proto: https` gives
@@ -163,9 +167,12 @@ async fn card_default(
     State(shared): State<AppState>,
     caller: Caller,
     headers: HeaderMap,
-) -> Response {
+) -> Result<Response, ApiError> {
+    if !caller.may_use(shared.agent.name()) {
+        return Err(ApiError::not_found("no such agent"));
+    }
     let agent = shared.agent.clone();
-    card(&shared, &agent, caller, &headers, RPC_PATH).await
+    Ok(card(&shared, &agent, caller, &headers, RPC_PATH).await)
 }
 
 async fn card_named(
@@ -174,7 +181,7 @@ async fn card_named(
     Path(name): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let agent = agent_named(&shared, &name)
+    let agent = agent_named(&shared, &name, &caller)
         .cloned()
         .ok_or_else(|| ApiError::not_found("no such agent"))?;
     let path = format!("/a2a/{}", agent.name());
@@ -185,7 +192,7 @@ async fn card_named(
 async fn card(
     shared: &AppState,
     agent: &HarnessAgent,
-    Caller(user): Caller,
+    Caller { user, .. }: Caller,
     headers: &HeaderMap,
     rpc: &str,
 ) -> Response {
@@ -248,7 +255,8 @@ async fn rpc_named(
     Path(name): Path<String>,
     body: axum::body::Body,
 ) -> Response {
-    let Some(agent) = agent_named(&shared, &name).cloned() else {
+    // `rpc` checks that the caller may use it.
+    let Some(agent) = shared.agents().find(|a| a.name() == name).cloned() else {
         return respond(
             StatusCode::NOT_FOUND,
             error_body(
@@ -268,7 +276,16 @@ async fn rpc(
     body: axum::body::Body,
 ) -> Response {
     let user = match caller {
-        Ok(Caller(user)) => user,
+        Ok(caller) if caller.may_use(agent.name()) => caller.user,
+        Ok(_) => {
+            return respond(
+                StatusCode::NOT_FOUND,
+                error_body(
+                    &Value::Null,
+                    &RpcError::new(code::INVALID_REQUEST, "no such agent"),
+                ),
+            );
+        }
         Err(e) => {
             return respond(
                 e.status,

@@ -60,7 +60,9 @@ mod auth;
 mod console;
 mod error;
 mod events;
+mod files;
 mod gate;
+mod http_trace;
 mod mcp;
 mod metrics;
 mod oai_request;
@@ -70,6 +72,7 @@ mod replay;
 mod responses;
 mod routes;
 mod runs;
+mod schemas;
 mod server;
 #[cfg(feature = "redis")]
 mod shared_events;
@@ -77,12 +80,12 @@ mod turn;
 mod worker;
 
 pub use a2a::{CARD_PATH as A2A_CARD_PATH, PROTOCOL_VERSION as A2A_PROTOCOL_VERSION};
-pub use auth::Auth;
+pub use auth::{Auth, Grant};
 pub use error::{Error, Result};
 pub use mcp::{ASK_TOOL, MAX_ASK_BYTES};
 #[cfg(feature = "redis")]
 pub use shared_events::SharedEvents;
-pub use worker::{Worker, WorkerOptions};
+pub use worker::{PURGE_BATCH, PURGE_EVERY, Worker, WorkerOptions};
 
 /// Settings of a [`Gateway`]; `Default` gives the documented defaults.
 #[derive(Debug, Clone)]
@@ -95,8 +98,11 @@ pub struct GatewayOptions {
     pub queue_bound: usize,
     /// The `Retry-After` of a 429, in seconds (default 1).
     pub retry_after_secs: u64,
-    /// Largest request body in bytes (default 1 MiB).
+    /// Largest request body in bytes (default 1 MiB), but for uploads.
     pub body_limit: usize,
+    /// Largest file `PUT /v1/sessions/{session}/files/{path}` takes, in bytes (default
+    /// 32 MiB; one more byte is 413). The body is held in memory until it is written.
+    pub upload_limit: usize,
     /// How long a request may take until its response starts (default 600 s; a turn
     /// answered as JSON waits for its reply within it; an SSE response starts at once).
     pub request_timeout: Duration,
@@ -150,6 +156,7 @@ impl Default for GatewayOptions {
             queue_bound: 16,
             retry_after_secs: 1,
             body_limit: 1024 * 1024,
+            upload_limit: 32 * 1024 * 1024,
             request_timeout: Duration::from_secs(600),
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
@@ -179,6 +186,12 @@ impl GatewayOptions {
     /// With a queue bound per session.
     pub fn with_queue_bound(mut self, n: usize) -> Self {
         self.queue_bound = n;
+        self
+    }
+
+    /// With an upload limit ([`GatewayOptions::upload_limit`]).
+    pub fn with_upload_limit(mut self, bytes: usize) -> Self {
+        self.upload_limit = bytes;
         self
     }
 
@@ -351,8 +364,10 @@ impl Gateway {
     }
 
     /// Serves `others` too: the OpenAI-compatible routes pick an agent by `model`
-    /// (`GET /v1/models` lists them all); the session routes serve the default one. Refused
-    /// when two agents share an id, or once the gateway is shared (cloned or serving).
+    /// (`GET /v1/models` lists them all), the routes under `/v1/agents/{agent}/` by their
+    /// path; the routes without it serve the default one. Refused when two agents share an
+    /// id, when a token of [`GatewayOptions::auth`] is limited to an agent not served, or
+    /// once the gateway is shared (cloned or serving).
     pub fn with_agents(mut self, others: Vec<HarnessAgent>) -> Result<Self> {
         let Some(shared) = Arc::get_mut(&mut self.shared) else {
             return Err(Error::Config(
@@ -369,15 +384,22 @@ impl Gateway {
             }
             shared.others.push(a);
         }
+        if let Some(auth) = &shared.options.auth
+            && let Some(unknown) = auth
+                .agent_ids()
+                .find(|id| !shared.agents().any(|a| a.name() == *id))
+        {
+            return Err(Error::Config(format!(
+                "a token of the auth file is limited to the agent `{unknown}`, which this server does not serve"
+            )));
+        }
         Ok(self)
     }
 
     /// The routes, with the body-timeout, body-limit, timeout and trace layers (no CORS).
     /// The header timeout and the connection limit are the server's ([`Gateway::serve`]).
     pub fn router(&self) -> Router {
-        use tower_http::limit::RequestBodyLimitLayer;
         use tower_http::timeout::TimeoutLayer;
-        use tower_http::trace::TraceLayer;
         let o = &self.shared.options;
         let mut app = routes::router(self.shared.clone());
         if o.mcp {
@@ -391,13 +413,19 @@ impl Gateway {
                 o.body_timeout,
                 server::read_body_within,
             ))
-            .layer(RequestBodyLimitLayer::new(o.body_limit))
+            .layer(axum::middleware::from_fn_with_state(
+                server::BodyLimits {
+                    body: o.body_limit,
+                    upload: o.upload_limit,
+                },
+                server::limit_body,
+            ))
             .layer(TimeoutLayer::with_status_code(
                 StatusCode::REQUEST_TIMEOUT,
                 o.request_timeout,
             ))
             .layer(axum::middleware::from_fn(error::json_errors))
-            .layer(TraceLayer::new_for_http())
+            .layer(http_trace::layer())
     }
 
     /// Serves the agent as an MCP server on this process's stdin and stdout until the
@@ -458,15 +486,10 @@ impl Gateway {
             header_timeout: shared.options.header_timeout,
             max_connections: shared.options.max_connections,
         };
-        // The default agent's runs; with A2A every served agent's (its tasks are runs).
+        // A worker per served agent: a run is claimed by its agent's worker.
         let mut workers = Vec::new();
         if let (Some(queue), Some(options)) = (&shared.options.runs, &shared.options.worker) {
-            let agents: Vec<&HarnessAgent> = if shared.options.a2a {
-                shared.agents().collect()
-            } else {
-                vec![&shared.agent]
-            };
-            for agent in agents {
+            for agent in shared.agents() {
                 let w = Worker::new(
                     agent.clone(),
                     shared.base.clone(),

@@ -141,7 +141,7 @@ impl McpServer {
             .extensions
             .get::<axum::http::request::Parts>()
             .and_then(|p| p.extensions.get::<Caller>())
-            .map(|c| c.0.clone())
+            .map(|c| c.user.clone())
             .unwrap_or_else(|| self.user.clone())
     }
 
@@ -351,12 +351,23 @@ pub(crate) fn router(shared: Arc<Shared>) -> axum::Router {
 }
 
 /// Puts the request's [`Caller`] into its extensions (the tool reads it from there), or
-/// answers 401 / 400 as the other routes do.
+/// answers 401 / 400 as the other routes do; a token limited to agents other than the
+/// served one is 404 `agent_not_found`, as on the session routes.
 async fn with_caller(
+    axum::extract::State(shared): axum::extract::State<Arc<crate::Shared>>,
     caller: Caller,
     mut request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if !caller.may_use(shared.agent.name()) {
+        return crate::error::ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            "agent_not_found",
+            "this token may not use the agent served at /mcp",
+        )
+        .into_response();
+    }
     request.extensions_mut().insert(caller);
     next.run(request).await
 }
