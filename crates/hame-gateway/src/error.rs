@@ -209,25 +209,8 @@ pub(crate) async fn json_errors(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/json"));
-    if is_json && !rpc {
-        return resp;
-    }
     if is_json {
-        // An A2A endpoint: its own answers are JSON-RPC already; a layer's OpenAI-shaped
-        // error (the body limit's 413) becomes one with the same status and message.
-        let (parts, body) = resp.into_parts();
-        let Ok(bytes) = axum::body::to_bytes(body, 64 * 1024).await else {
-            return crate::a2a::http_error(status, "the request failed");
-        };
-        let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
-        if value.get("jsonrpc").is_some() {
-            return Response::from_parts(parts, axum::body::Body::from(bytes));
-        }
-        let message = value
-            .pointer("/error/message")
-            .and_then(serde_json::Value::as_str)
-            .unwrap_or("the request failed");
-        return crate::a2a::http_error(status, message);
+        return resp;
     }
     let allow = resp.headers().get(header::ALLOW).cloned();
     let text = match axum::body::to_bytes(resp.into_body(), 64 * 1024).await {
