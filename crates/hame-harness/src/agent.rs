@@ -628,6 +628,9 @@ impl HarnessAgentBuilder {
         )));
         // An API caller's earlier messages: outside the log, so they are recorded.
         outer.push(Arc::new(crate::caller::HistoryLayer));
+        // Tool call intents: outside the log too, so an `outcome_unknown` it adds is
+        // recorded (issue #31).
+        outer.push(Arc::new(crate::intent::IntentLayer::new(name.clone())));
         for layer in builtin_stack(
             outer,
             recorder,
