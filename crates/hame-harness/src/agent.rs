@@ -640,11 +640,12 @@ impl HarnessAgentBuilder {
         }
         // Permissions, plan mode, todo list: outside tools-config, so it sees MCP calls before
         // they are dispatched; every tool call passes it (ADR 0011).
-        agent_loop = agent_loop.with_layer(Arc::new(crate::permissions::PermissionLayer::new(
+        let permissions = Arc::new(crate::permissions::PermissionLayer::new(
             capabilities.tools_layer.clone(),
             self.permission_rules,
             self.permission_mode,
-        )));
+        ));
+        agent_loop = agent_loop.with_layer(permissions.clone());
         // Deferred tools: inside permissions (it sees plan mode), outside tools-config (whose
         // allow/deny also filters what it offers).
         if let Some(catalog) = catalog {
@@ -676,6 +677,7 @@ impl HarnessAgentBuilder {
             subagents: subagents.clone(),
             model_resolver: self.model_resolver,
             child_models: Mutex::new(HashMap::new()),
+            permissions,
         });
         subagents.set_runner(Arc::new(crate::subagents::HarnessRunner::new(&inner)));
         Ok(HarnessAgent { inner })
@@ -838,6 +840,8 @@ pub(crate) struct Inner {
     pub(crate) subagents: Arc<hame_subagent::Subagents>,
     pub(crate) model_resolver: Option<ModelResolver>,
     pub(crate) child_models: Mutex<HashMap<String, Arc<dyn Model>>>,
+    /// The permission layer of the stack (also asked by [`HarnessAgent::file_verdict`]).
+    permissions: Arc<crate::permissions::PermissionLayer>,
 }
 
 /// An agent that keeps working across calls: a ReAct loop plus workspace context, state and
@@ -916,6 +920,25 @@ impl HarnessAgent {
             .tenancy
             .workspace(ctx)
             .map_err(|e| Error::InvalidId(e.to_string()))
+    }
+
+    /// What the permission rules say of the caller itself using file tool `tool`
+    /// (`read_file`, `write_file`, `list_files`) on `path`: the agent's rules with the
+    /// caller's `tools.json` ones and the permission mode, decided by the function that
+    /// decides the agent's own calls (the gateway's file routes ask it). `Ok(Err(reason))`:
+    /// a path the file tools refuse; [`Error::Config`]: a broken `tools.json`.
+    pub async fn file_verdict(
+        &self,
+        ctx: &RuntimeContext,
+        tool: &str,
+        path: &str,
+    ) -> Result<std::result::Result<crate::permissions::Verdict, String>> {
+        let ws = self.workspace_for(ctx)?;
+        self.inner
+            .permissions
+            .verdict_for(&ws, tool, path)
+            .await
+            .map_err(Error::Config)
     }
 
     /// The files a caller sees (those of its [`workspace_for`](Self::workspace_for)).
@@ -1200,6 +1223,8 @@ impl HarnessAgent {
         extensions.insert(ws.clone());
         extensions.insert(Arc::new(crate::snapshot::StepSnapshot::new()));
         extensions.insert(crate::cost::prompt_cache_key(key));
+        // `gen_ai.agent.name` of the call's `invoke_agent` span.
+        extensions.insert(hame_core::telemetry::AgentName(self.inner.name.clone()));
         // The agent's budgets, tightened by the caller's own (`BUDGET_EXTRA`).
         let budgets = match self.inner.budgets.for_call(&ctx.extras) {
             Ok(b) => b,

@@ -1,10 +1,13 @@
+mod a2a;
 mod common;
 mod concurrency;
+mod console;
 mod conventions;
 mod cost;
 mod crash;
 mod delivery;
 mod first_hour;
+mod gateway_agents;
 mod layout;
 mod mcp;
 mod mcp_server;
