@@ -333,8 +333,10 @@ fn with_session(mut resp: Response, session: &str) -> Response {
 
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "openai",
     params(("X-Hame-Session" = Option<String>, Header, description = "The session to continue (docs/openai-compat.md)")),
-    request_body(content = serde_json::Value, description = "An OpenAI chat completion request; every field honoured or refused (docs/openai-compat.md)"),
-    responses((status = 200, description = "A `chat.completion`, or with `stream: true` SSE `chat.completion.chunk`s then `[DONE]`", body = serde_json::Value),))]
+    request_body(content = crate::schemas::ChatCompletionRequest, description = "An OpenAI chat completion request; every field honoured or refused (docs/openai-compat.md)"),
+    responses((status = 200, description = "A `chat.completion`, or with `stream: true` SSE `chat.completion.chunk`s then `[DONE]`", content(
+        (crate::schemas::ChatCompletion = "application/json"),
+        (crate::schemas::ChatCompletionChunk = "text/event-stream"))),))]
 pub(crate) async fn completions(
     State(shared): State<AppState>,
     caller: Result<Caller, ApiError>,
@@ -558,7 +560,7 @@ fn model_object(shared: &Shared, agent: &HarnessAgent) -> Value {
 
 /// `GET /v1/models`: the served agents, the default first.
 #[utoipa::path(get, path = "/v1/models", tag = "openai",
-    responses((status = 200, description = "`{object: \"list\", data: [{id, object: \"model\", created, owned_by}]}`", body = serde_json::Value),))]
+    responses((status = 200, description = "The agents the caller may use", body = crate::schemas::ModelList),))]
 pub(crate) async fn list_models(State(shared): State<AppState>, caller: Caller) -> Json<Value> {
     let data: Vec<Value> = shared
         .agents()
@@ -571,7 +573,7 @@ pub(crate) async fn list_models(State(shared): State<AppState>, caller: Caller) 
 /// `GET /v1/models/{id}`.
 #[utoipa::path(get, path = "/v1/models/{id}", tag = "openai",
     params(("id" = String, Path, description = "An agent id")),
-    responses((status = 200, description = "The model object", body = serde_json::Value),))]
+    responses((status = 200, description = "The model object", body = crate::schemas::ModelObject),))]
 pub(crate) async fn get_model(
     State(shared): State<AppState>,
     caller: Caller,

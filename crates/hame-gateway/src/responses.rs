@@ -430,8 +430,10 @@ fn outcome_output(
 
 #[utoipa::path(post, path = "/v1/responses", tag = "openai",
     params(("X-Hame-Session" = Option<String>, Header, description = "The session to continue (docs/openai-compat.md)")),
-    request_body(content = serde_json::Value, description = "An OpenAI Responses request; every field honoured or refused (docs/openai-compat.md)"),
-    responses((status = 200, description = "A `response`, or with `stream: true` SSE events `response.created` ... `response.completed` / `response.failed`", body = serde_json::Value),))]
+    request_body(content = crate::schemas::ResponseRequest, description = "An OpenAI Responses request; every field honoured or refused (docs/openai-compat.md)"),
+    responses((status = 200, description = "A `response`, or with `stream: true` SSE events `response.created` ... `response.completed` / `response.failed`", content(
+        (crate::schemas::ResponseObject = "application/json"),
+        (crate::schemas::ResponseStreamEvent = "text/event-stream"))),))]
 pub(crate) async fn create(
     State(shared): State<AppState>,
     caller: Result<Caller, ApiError>,

@@ -308,10 +308,12 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 
 #[utoipa::path(post, path = "/v1/sessions/{session}/messages", tag = "sessions",
     params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`")),
-    request_body(content = serde_json::Value, description = "`{\"message\": \"...\"}`"),
+    request_body(content = crate::schemas::MessageRequest, description = "A turn"),
     responses(
-        (status = 200, description = "The reply `{reply, session, user, usage, iterations}`; with `Accept: text/event-stream` SSE events `text_delta`, `tool_started`, `tool_finished`, `approval_needed`, `finished`, `failed`", body = serde_json::Value),
-        (status = 202, description = "Tool calls wait for a decision `{status, session, user, approvals}`", body = serde_json::Value),))]
+        (status = 200, description = "The reply; with `Accept: text/event-stream` SSE events `text_delta`, `tool_started`, `tool_finished`, `approval_needed`, `finished`, `failed` (each `data:` is the event's [`SessionEvent`] variant)", content(
+            (crate::schemas::TurnReply = "application/json"),
+            (crate::schemas::SessionEvent = "text/event-stream"))),
+        (status = 202, description = "Tool calls wait for a decision", body = crate::schemas::TurnSuspended),))]
 pub(crate) async fn post_message(
     State(shared): State<AppState>,
     Served { user, agent }: Served,
@@ -386,7 +388,7 @@ pub(crate) fn sse_event(ev: &Event) -> SseEvent {
 
 #[utoipa::path(get, path = "/v1/sessions/{session}/messages", tag = "sessions",
     params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`")),
-    responses((status = 200, description = "The session log `{session, user, messages}`", body = serde_json::Value),))]
+    responses((status = 200, description = "The session log", body = crate::schemas::SessionLog),))]
 pub(crate) async fn get_messages(
     State(shared): State<AppState>,
     Served { user, agent }: Served,
@@ -420,7 +422,7 @@ fn session_log(
 }
 
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions",
-    responses((status = 200, description = "`{user, sessions: [{id, title, created, updated, message_count}]}`", body = serde_json::Value),))]
+    responses((status = 200, description = "The caller's sessions, newest first", body = crate::schemas::SessionList),))]
 pub(crate) async fn list_sessions(
     State(shared): State<AppState>,
     Served { user, agent }: Served,
@@ -438,7 +440,7 @@ pub(crate) async fn list_sessions(
 
 #[utoipa::path(get, path = "/v1/sessions/{session}/tasks", tag = "sessions",
     params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`")),
-    responses((status = 200, description = "`{session, tasks}`", body = serde_json::Value),))]
+    responses((status = 200, description = "The session's background tasks", body = crate::schemas::TaskList),))]
 pub(crate) async fn get_tasks(
     State(shared): State<AppState>,
     Served { user, agent }: Served,
@@ -457,7 +459,7 @@ pub(crate) async fn get_tasks(
 
 #[utoipa::path(get, path = "/v1/sessions/{session}/approvals", tag = "sessions",
     params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`")),
-    responses((status = 200, description = "`{session, approvals}`: the calls waiting for a decision", body = serde_json::Value),))]
+    responses((status = 200, description = "The calls waiting for a decision", body = crate::schemas::ApprovalList),))]
 pub(crate) async fn get_approvals(
     State(shared): State<AppState>,
     Served { user, agent }: Served,
@@ -486,9 +488,11 @@ struct DecisionBody {
 
 #[utoipa::path(post, path = "/v1/sessions/{session}/approvals/{id}", tag = "sessions",
     params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`"), ("id" = String, Path, description = "The approval id")),
-    request_body(content = serde_json::Value, description = "`{\"decision\": \"approve\"|\"deny\", \"reason\"?}`"),
-    responses((status = 200, description = "Answered like a message (JSON or SSE)", body = serde_json::Value),
-        (status = 202, description = "More calls wait for a decision", body = serde_json::Value),))]
+    request_body(content = crate::schemas::DecisionRequest, description = "The decision"),
+    responses((status = 200, description = "Answered like a message (JSON, or SSE with `Accept: text/event-stream`)", content(
+            (crate::schemas::TurnReply = "application/json"),
+            (crate::schemas::SessionEvent = "text/event-stream"))),
+        (status = 202, description = "More calls wait for a decision", body = crate::schemas::TurnSuspended),))]
 pub(crate) async fn post_approval(
     State(shared): State<AppState>,
     Served { user, agent }: Served,
@@ -550,7 +554,7 @@ pub(crate) struct EventsQuery {
     params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`"),
         ("after" = Option<u64>, Query, description = "Replay the events after this id (else `Last-Event-ID`, else all in the ring)"),
         ("follow" = Option<bool>, Query, description = "Keep following until the client or the server goes away")),
-    responses((status = 200, description = "SSE: the session's events with ids (the names of POST messages, and `subagent`)", content_type = "text/event-stream", body = String),))]
+    responses((status = 200, description = "SSE: the session's events with ids (the names of POST messages, and `subagent`)", content_type = "text/event-stream", body = crate::schemas::SessionEvent),))]
 pub(crate) async fn get_events(
     State(shared): State<AppState>,
     Served { user, agent }: Served,
@@ -681,7 +685,7 @@ fn poll_store(
 
 /// The caller's memory files, read-only: `MEMORY.md` and `memory/*.md` of its home.
 #[utoipa::path(get, path = "/v1/memory", tag = "sessions",
-    responses((status = 200, description = "`{user, files: [{path, content}]}`", body = serde_json::Value),))]
+    responses((status = 200, description = "The caller's memory files (read-only)", body = crate::schemas::MemoryFiles),))]
 pub(crate) async fn get_memory(
     State(shared): State<AppState>,
     Served { user, agent }: Served,

@@ -90,9 +90,9 @@ struct RunBody {
 /// 202 with the new run, 200 with the run an earlier request with the same key made.
 #[utoipa::path(post, path = "/v1/sessions/{session}/runs", tag = "runs",
     params(("session" = String, Path, description = "The session id"), ("Idempotency-Key" = Option<String>, Header, description = "The same key answers with the run it made")),
-    request_body(content = serde_json::Value, description = "`{\"message\": \"...\"}` (docs/runs.md)"),
-    responses((status = 202, description = "The new run", body = serde_json::Value),
-        (status = 200, description = "The run an earlier request with the same key made", body = serde_json::Value),
+    request_body(content = crate::schemas::RunRequest, description = "A run of one message (docs/runs.md)"),
+    responses((status = 202, description = "The new run", body = crate::schemas::RunCreated),
+        (status = 200, description = "The run an earlier request with the same key made", body = crate::schemas::RunCreated),
         (status = 400, description = "A bad request", body = ErrorBody),
         (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
         (status = 404, description = "No such run or session", body = ErrorBody),
@@ -154,7 +154,7 @@ async fn owned(
 
 /// `GET /v1/runs/{id}`.
 #[utoipa::path(get, path = "/v1/runs/{run_id}", tag = "runs", params(("run_id" = String, Path, description = "The run id")),
-    responses((status = 200, description = "The run", body = serde_json::Value),
+    responses((status = 200, description = "The run", body = crate::schemas::RunView),
         (status = 400, description = "A bad request", body = ErrorBody),
         (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
         (status = 404, description = "No such run or session", body = ErrorBody),
@@ -177,7 +177,7 @@ pub(crate) struct ListQuery {
 /// `GET /v1/sessions/{session}/runs?limit=N`: newest first.
 #[utoipa::path(get, path = "/v1/sessions/{session}/runs", tag = "runs",
     params(("session" = String, Path, description = "The session id"), ("limit" = Option<usize>, Query, description = "At most this many runs (default 50, at most 500)")),
-    responses((status = 200, description = "The session's runs, newest first", body = serde_json::Value),
+    responses((status = 200, description = "The session's runs, newest first", body = crate::schemas::RunList),
         (status = 400, description = "A bad request", body = ErrorBody),
         (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
         (status = 404, description = "No such run or session", body = ErrorBody),
@@ -212,7 +212,7 @@ pub(crate) async fn list(
 /// `POST /v1/runs/{id}/cancel`: 202 (cancelled, or asked of the worker that runs it);
 /// 409 for a run that has ended.
 #[utoipa::path(post, path = "/v1/runs/{run_id}/cancel", tag = "runs", params(("run_id" = String, Path, description = "The run id")),
-    responses((status = 202, description = "Cancelled, or asked of the worker that runs it", body = serde_json::Value),
+    responses((status = 202, description = "Cancelled, or asked of the worker that runs it", body = crate::schemas::RunView),
         (status = 400, description = "A bad request", body = ErrorBody),
         (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
         (status = 404, description = "No such run or session", body = ErrorBody),
@@ -252,7 +252,7 @@ fn status_id(s: RunStatus) -> u64 {
 /// as data and an id (1, 2, 3); read from the store, so any replica serves it and
 /// `Last-Event-ID` replays from there. The stream ends after the run's end.
 #[utoipa::path(get, path = "/v1/runs/{run_id}/events", tag = "runs", params(("run_id" = String, Path, description = "The run id")),
-    responses((status = 200, description = "SSE of the run's status changes (`queued`, `running`, then its end), with ids", content_type = "text/event-stream", body = String),
+    responses((status = 200, description = "SSE of the run's status changes (`queued`, `running`, then its end), with ids", content_type = "text/event-stream", body = crate::schemas::RunView),
         (status = 400, description = "A bad request", body = ErrorBody),
         (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
         (status = 404, description = "No such run or session", body = ErrorBody),
