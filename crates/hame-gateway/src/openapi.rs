@@ -141,6 +141,21 @@ fn sse_events(data: serde_json::Value) -> serde_json::Value {
     })
 }
 
+/// The operations of a path (the methods the gateway serves).
+fn operations(
+    item: &mut utoipa::openapi::PathItem,
+) -> impl Iterator<Item = &mut utoipa::openapi::path::Operation> {
+    [
+        &mut item.get,
+        &mut item.put,
+        &mut item.post,
+        &mut item.delete,
+        &mut item.patch,
+    ]
+    .into_iter()
+    .flatten()
+}
+
 /// The routes of each served agent: every route of the default agent (`/v1/…` of
 /// `crate::routes::AGENT_ROUTES`) again under `/v1/agents/{agent}/…`, with the `agent`
 /// parameter — one router serves both (`crate::routes::router`).
@@ -168,14 +183,7 @@ impl utoipa::Modify for AgentRoutes {
                 continue;
             }
             let mut item = item.clone();
-            let operations = [
-                &mut item.get,
-                &mut item.put,
-                &mut item.post,
-                &mut item.delete,
-                &mut item.patch,
-            ];
-            for op in operations.into_iter().flatten() {
+            for op in operations(&mut item) {
                 op.parameters
                     .get_or_insert_with(Vec::new)
                     .insert(0, agent.clone());
@@ -220,14 +228,7 @@ impl utoipa::Modify for CommonErrors {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
         for item in openapi.paths.paths.values_mut() {
-            let operations = [
-                &mut item.get,
-                &mut item.put,
-                &mut item.post,
-                &mut item.delete,
-                &mut item.patch,
-            ];
-            for op in operations.into_iter().flatten() {
+            for op in operations(item) {
                 for (status, description) in COMMON_ERRORS {
                     op.responses
                         .responses
