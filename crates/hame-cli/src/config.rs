@@ -96,6 +96,8 @@ struct File {
     prices: Option<std::collections::BTreeMap<String, hame::harness::cost::Price>>,
     #[serde(default)]
     skills: SkillsSection,
+    #[serde(default)]
+    runs: RunsSection,
     /// More agents `hame serve` serves (the workspace file's only).
     agents: Option<std::collections::BTreeMap<String, AgentSection>>,
 }
@@ -140,6 +142,40 @@ impl AgentSection {
         }
         flags
     }
+}
+
+/// `[runs]`: durable runs (docs/replicas.md).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunsSection {
+    /// How long finished runs are kept: `7d`, `12h`, `30m`, `90s`, or `forever`.
+    keep_finished: Option<String>,
+}
+
+/// Parses `[runs] keep_finished`: a whole number and a unit (`d`, `h`, `m`, `s`), 1 s to
+/// 100 years; `forever` keeps every run (`None`).
+pub(crate) fn keep_finished(text: &str) -> Result<Option<std::time::Duration>, String> {
+    let text = text.trim();
+    if text == "forever" {
+        return Ok(None);
+    }
+    let bad = || {
+        format!(
+            "`{text}` is not a retention: a whole number and d, h, m or s (at least 1s), or `forever`"
+        )
+    };
+    let (n, unit) = text.split_at(text.len().saturating_sub(1));
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    let seconds = match unit {
+        "d" => n.checked_mul(86_400),
+        "h" => n.checked_mul(3_600),
+        "m" => n.checked_mul(60),
+        "s" => Some(n),
+        _ => None,
+    }
+    .filter(|s| (1..=100 * 365 * 86_400).contains(s))
+    .ok_or_else(bad)?;
+    Ok(Some(std::time::Duration::from_secs(seconds)))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -245,6 +281,8 @@ pub(crate) struct Effective {
     pub(crate) skills_refresh: Setting<u64>,
     /// `[[skills.repository]]` of the first file that has any, in order.
     pub(crate) skill_repositories: Setting<Vec<Repository>>,
+    /// How long finished runs are kept (`[runs] keep_finished`); `None`: for good.
+    pub(crate) keep_finished: Setting<Option<std::time::Duration>>,
     /// The configuration files that exist and were read, highest precedence first.
     pub(crate) files: Vec<PathBuf>,
     /// `[agents.NAME]` of the workspace file, by name (workspaces made absolute).
@@ -695,6 +733,20 @@ pub(crate) fn resolve_flags(flags: crate::common::Flags) -> anyhow::Result<Effec
             .into());
         }
     }
+    let keep_text = pick(
+        (None, "--"),
+        None,
+        &[
+            (w.runs.keep_finished.clone(), ws_path.as_path()),
+            (u.runs.keep_finished.clone(), up.as_path()),
+        ],
+        "7d".to_owned(),
+    );
+    let keep_finished = Setting {
+        value: keep_finished(&keep_text.value)
+            .map_err(|e| ConfigError(format!("runs.keep_finished ({}): {e}", keep_text.source)))?,
+        source: keep_text.source,
+    };
     if u.agents.is_some() {
         return Err(ConfigError(format!(
             "[agents.*] in {} is read from a workspace's hame.toml only (the agents a server serves belong to its workspace)",
@@ -753,6 +805,7 @@ pub(crate) fn resolve_flags(flags: crate::common::Flags) -> anyhow::Result<Effec
         prices,
         skills_refresh,
         skill_repositories,
+        keep_finished,
         files,
         agents,
     })
@@ -904,6 +957,15 @@ pub(crate) fn show(args: ConfigArgs) -> anyhow::Result<()> {
             "skills.refresh",
             serde_json::json!(e.skills_refresh.value),
             &e.skills_refresh.source,
+        ),
+        (
+            "runs.keep_finished",
+            serde_json::json!(
+                e.keep_finished
+                    .value
+                    .map_or_else(|| "forever".to_owned(), |d| format!("{}s", d.as_secs()))
+            ),
+            &e.keep_finished.source,
         ),
         (
             "skills.repository",

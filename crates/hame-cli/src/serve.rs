@@ -61,6 +61,11 @@ pub(crate) struct ServeArgs {
     /// are shared. The /v1/sessions/… routes serve the --agent one.
     #[arg(long = "serve-agent", value_name = "NAME=DIR", value_parser = named_dir)]
     serve_agent: Vec<(String, PathBuf)>,
+    /// Also publish every served agent as an A2A agent (docs/a2a.md): the card at
+    /// /.well-known/agent-card.json (each agent's at /a2a/NAME/.well-known/agent-card.json),
+    /// JSON-RPC at /a2a (and /a2a/NAME); each task is a run of the run queue.
+    #[arg(long)]
+    a2a: bool,
 }
 
 /// `NAME=DIR` of `--serve-agent`.
@@ -96,6 +101,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_connections: args.max_connections,
         max_upload: args.max_upload,
         mcp: false,
+        a2a: args.a2a,
         worker: (!args.no_worker).then(|| args.worker.options()),
         serve_agent: args.serve_agent,
     };
@@ -115,6 +121,8 @@ pub(crate) struct Http {
     pub(crate) max_upload: u64,
     /// Also serve MCP at `/mcp`.
     pub(crate) mcp: bool,
+    /// Also serve A2A (`--a2a`).
+    pub(crate) a2a: bool,
     /// Drain the run queue in this process with these settings (`None`: leave the runs to
     /// `hame worker` processes).
     pub(crate) worker: Option<hame_gateway::WorkerOptions>,
@@ -169,7 +177,7 @@ pub(crate) async fn serve_http(common: &Common, args: Http) -> anyhow::Result<()
         None => None,
     };
     let (agent, ctx) = build_resolved(common, &config).await?;
-    let runs = crate::runs::queue_if_available(&agent, &config).await?;
+    let runs = Some(crate::runs::queue(&agent, &config).await?);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| ConfigError(format!("cannot listen on {addr}: {e} (check --listen)")))?;
@@ -184,7 +192,12 @@ pub(crate) async fn serve_http(common: &Common, args: Http) -> anyhow::Result<()
         .with_upload_limit(usize::try_from(args.max_upload).unwrap_or(usize::MAX))
         .with_shared_events(shared_events)
         .with_mcp(args.mcp)
-        .with_runs(runs, args.worker);
+        .with_a2a(args.a2a)
+        .with_runs(
+            runs,
+            args.worker
+                .map(|w| w.with_keep_finished(config.keep_finished.value)),
+        );
     // More agents: the workspace file's `[agents.NAME]`, then `--serve-agent NAME=DIR`.
     let mut others = Vec::new();
     for (name, section) in &config.agents {
@@ -202,6 +215,12 @@ pub(crate) async fn serve_http(common: &Common, args: Http) -> anyhow::Result<()
         println!("listening on http://{local} (MCP at http://{local}/mcp)");
     } else {
         println!("listening on http://{local}");
+    }
+    if args.a2a {
+        eprintln!(
+            "hame: A2A card at http://{local}{} (JSON-RPC at http://{local}/a2a)",
+            hame_gateway::A2A_CARD_PATH
+        );
     }
     std::io::stdout().flush()?;
     gateway.serve(listener, shutdown_signal()).await?;

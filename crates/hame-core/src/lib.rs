@@ -47,6 +47,7 @@ mod model;
 pub mod secrets;
 mod state;
 mod suspend;
+pub mod telemetry;
 mod tool;
 
 #[cfg(any(test, feature = "test-support"))]

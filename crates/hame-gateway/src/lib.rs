@@ -20,6 +20,10 @@
 //!   `GET /v1/runs/{run_id}`, `POST /v1/runs/{run_id}/cancel`, `GET /v1/runs/{run_id}/events`,
 //!   `GET /v1/sessions/{session}/runs`, executed by a [`Worker`] in this or any other
 //!   process on the same state store (`docs/replicas.md`);
+//! - with [`GatewayOptions::a2a`]: every agent as an A2A 0.3 agent (cards at
+//!   `/.well-known/agent-card.json` and `/a2a/{agent}/.well-known/agent-card.json`,
+//!   JSON-RPC `message/send`, `message/stream`, `tasks/get`, `tasks/cancel` at `/a2a` and
+//!   `/a2a/{agent}`; tasks are runs; `docs/a2a.md`);
 //! - `GET /healthz`, `GET /metrics` (Prometheus text), and a web console at `/`.
 //!
 //! Turns of one (agent, user, session) run one at a time in arrival order behind a gate
@@ -51,12 +55,14 @@ use axum::http::StatusCode;
 use hame::{CancellationToken, HarnessAgent, RuntimeContext};
 use tokio_util::task::TaskTracker;
 
+mod a2a;
 mod auth;
 mod console;
 mod error;
 mod events;
 mod files;
 mod gate;
+mod http_trace;
 mod mcp;
 mod metrics;
 mod oai_request;
@@ -73,12 +79,13 @@ mod shared_events;
 mod turn;
 mod worker;
 
+pub use a2a::{CARD_PATH as A2A_CARD_PATH, PROTOCOL_VERSION as A2A_PROTOCOL_VERSION};
 pub use auth::{Auth, Grant};
 pub use error::{Error, Result};
 pub use mcp::{ASK_TOOL, MAX_ASK_BYTES};
 #[cfg(feature = "redis")]
 pub use shared_events::SharedEvents;
-pub use worker::{Worker, WorkerOptions};
+pub use worker::{PURGE_BATCH, PURGE_EVERY, Worker, WorkerOptions};
 
 /// Settings of a [`Gateway`]; `Default` gives the documented defaults.
 #[derive(Debug, Clone)]
@@ -124,6 +131,12 @@ pub struct GatewayOptions {
     /// Also serve the agent as an MCP server over streamable HTTP at `/mcp` (ADR 0029;
     /// default false).
     pub mcp: bool,
+    /// Also serve every agent as an A2A agent (ADR 0034, `docs/a2a.md`): the cards at
+    /// `/.well-known/agent-card.json` and `/a2a/{agent}/.well-known/agent-card.json`, the
+    /// JSON-RPC endpoints `/a2a` and `/a2a/{agent}`; tasks are runs of
+    /// [`runs`](Self::runs), and the in-process [`worker`](Self::worker) drains every served
+    /// agent's (default false).
+    pub a2a: bool,
     /// Where events are shared between replicas (feature `redis`); `None` (the default):
     /// in this process only.
     #[cfg(feature = "redis")]
@@ -154,6 +167,7 @@ impl Default for GatewayOptions {
             replay_window: Duration::from_secs(300),
             replay_entries: 10_000,
             mcp: false,
+            a2a: false,
             #[cfg(feature = "redis")]
             shared_events: None,
             runs: None,
@@ -208,6 +222,12 @@ impl GatewayOptions {
     /// Also serves MCP at `/mcp` ([`GatewayOptions::mcp`]).
     pub fn with_mcp(mut self, on: bool) -> Self {
         self.mcp = on;
+        self
+    }
+
+    /// Also serves A2A ([`GatewayOptions::a2a`]).
+    pub fn with_a2a(mut self, on: bool) -> Self {
+        self.a2a = on;
         self
     }
 
@@ -380,11 +400,13 @@ impl Gateway {
     /// The header timeout and the connection limit are the server's ([`Gateway::serve`]).
     pub fn router(&self) -> Router {
         use tower_http::timeout::TimeoutLayer;
-        use tower_http::trace::TraceLayer;
         let o = &self.shared.options;
         let mut app = routes::router(self.shared.clone());
         if o.mcp {
             app = app.merge(mcp::router(self.shared.clone()));
+        }
+        if o.a2a {
+            app = app.merge(a2a::router(self.shared.clone()));
         }
         app.layer(axum::extract::DefaultBodyLimit::disable())
             .layer(axum::middleware::from_fn_with_state(
@@ -403,7 +425,7 @@ impl Gateway {
                 o.request_timeout,
             ))
             .layer(axum::middleware::from_fn(error::json_errors))
-            .layer(TraceLayer::new_for_http())
+            .layer(http_trace::layer())
     }
 
     /// Serves the agent as an MCP server on this process's stdin and stdout until the

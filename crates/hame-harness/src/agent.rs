@@ -516,12 +516,19 @@ impl HarnessAgentBuilder {
         // One token counter for every budget (tiktoken for OpenAI families, else the
         // calibrated estimate of hame-memory).
         let counter = hame_memory::counter_for_model(&model.info().model);
+        let prices = self.prices.clone().unwrap_or_default();
+        // The requests beside the loop's (compaction, memory flush) count in the call's
+        // spend (docs/cost.md).
+        let side_model: Arc<dyn Model> = Arc::new(crate::cost::MeteredModel::new(
+            model.clone(),
+            prices.clone(),
+        ));
         let memory = memory_options.enabled.then(|| {
             Arc::new(MemoryLayer::new(
                 memory_options,
                 self.scope,
                 &name,
-                model.clone(),
+                side_model.clone(),
                 counter.clone(),
                 runtime_dir.as_deref().unwrap_or(&workspace),
             ))
@@ -611,6 +618,11 @@ impl HarnessAgentBuilder {
             .with_config(config);
         let mut outer = self.outer_layers;
         outer.extend(sandbox_layer);
+        // One snapshot of the workspace configuration per step, read by every layer inside
+        // it and the step's tools (ADR 0028).
+        outer.push(Arc::new(
+            crate::snapshot::SnapshotLayer::new(Arc::default()),
+        ));
         outer.push(Arc::new(hame_subagent::SubagentLayer::new(
             subagents.clone(),
         )));
@@ -620,7 +632,7 @@ impl HarnessAgentBuilder {
             outer,
             recorder,
             Arc::new(context),
-            memory.as_ref().map(|m| (m, &model)),
+            memory.as_ref().map(|m| (m, &side_model)),
             self.inner_layers,
         ) {
             agent_loop = agent_loop.with_layer(layer);
@@ -647,10 +659,8 @@ impl HarnessAgentBuilder {
         // Innermost of all: spend recorded and budgets checked on each request as sent
         // (compaction's retries included).
         let budgets = self.budgets;
-        agent_loop = agent_loop.with_layer(Arc::new(crate::cost::BudgetLayer::new(
-            budgets,
-            self.prices.unwrap_or_default(),
-        )));
+        agent_loop =
+            agent_loop.with_layer(Arc::new(crate::cost::BudgetLayer::new(budgets, prices)));
         let inner = Arc::new(Inner {
             budgets,
             name,
@@ -1210,7 +1220,10 @@ impl HarnessAgent {
         );
         let mut extensions = Extensions::new();
         extensions.insert(ws.clone());
+        extensions.insert(Arc::new(crate::snapshot::StepSnapshot::new()));
         extensions.insert(crate::cost::prompt_cache_key(key));
+        // `gen_ai.agent.name` of the call's `invoke_agent` span.
+        extensions.insert(hame_core::telemetry::AgentName(self.inner.name.clone()));
         // The agent's budgets, tightened by the caller's own (`BUDGET_EXTRA`).
         let budgets = match self.inner.budgets.for_call(&ctx.extras) {
             Ok(b) => b,
@@ -1230,7 +1243,8 @@ impl HarnessAgent {
                 }
             }
         };
-        extensions.insert(crate::cost::CallSpend::new(others_today, budgets));
+        let spend = Arc::new(crate::cost::CallSpend::new(others_today, budgets));
+        extensions.insert_arc(spend.clone());
         // The session-log layer checks it before every durable write: a call whose lease was
         // lost (a renewal failed past its TTL, another replica took over) stops writing.
         extensions.insert_arc(lease.clone());
@@ -1252,7 +1266,8 @@ impl HarnessAgent {
                 cancel,
                 extensions: &extensions,
             };
-            let run = agent_loop.run_env(&mut state, input, env);
+            let run =
+                crate::cost::metering(spend.clone(), agent_loop.run_env(&mut state, input, env));
             tokio::pin!(run);
             let period = (lease.ttl() / 3).max(Duration::from_millis(100));
             let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
@@ -1267,6 +1282,7 @@ impl HarnessAgent {
                 }
             }
         };
+        spend.save_side(&mut state);
         // The state is saved whether the call succeeded or not: the messages it holds are
         // already in the session log, and tool calls are always paired with results.
         // Fenced: refused if the lease was lost or taken over, so a stale holder never

@@ -1,5 +1,7 @@
+mod a2a;
 mod common;
 mod concurrency;
+mod console;
 mod conventions;
 mod cost;
 mod crash;

@@ -229,10 +229,12 @@ impl PermissionLayer {
             rules.deny.push(PermissionRule::parse(d)?);
         }
         let mut mcp_read_only = None;
-        if let (Some(layer), Some(ws)) = (&self.tools_config, cx.tool.extensions.get::<Workspace>())
-        {
+        if let (Some(layer), Some(ws)) = (
+            &self.tools_config,
+            hame_tools::snapshot::config_view(&cx.tool.extensions, cx.iteration),
+        ) {
             let config = layer
-                .load_step(ws, cx.tool.runtime.call_id(), cx.iteration)
+                .load_step(&ws, cx.tool.runtime.call_id(), cx.iteration)
                 .await?;
             add_rules(&mut rules, config.permissions.as_ref());
             if call.name.starts_with("mcp__") {
