@@ -16,16 +16,15 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use hame::HarnessAgent;
 use hame::fs::{FileKind, Filesystem, FsPath, WriteOptions};
 use hame::harness::permissions::Outcome as Permission;
 use serde::Deserialize;
 
 use crate::error::ApiError;
-use crate::routes::{AppState, Served, SessionPath, context, valid_session};
+use crate::routes::{InSession, SessionPath};
 
 /// The route of one file under an agent's prefix (axum's spelling; the OpenAPI
 /// document's is `{path}`).
@@ -35,9 +34,13 @@ pub(crate) const FILE_ROUTE: &str = "/sessions/{session}/files/{*path}";
 const CHUNK: u64 = 1024 * 1024;
 
 /// The `{session}` and `{path}` of a file's route.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
 pub(crate) struct FilePath {
+    /// The session id: `[A-Za-z0-9._@-]{1,128}`.
+    #[allow(dead_code)] // read by `InSession`; here for the document's parameters
     session: String,
+    /// The file, from the root of the caller's files.
     path: String,
 }
 
@@ -50,17 +53,12 @@ pub(crate) struct ListQuery {
 /// The caller's files and the path as the file tools take it, once the rules allow `tool`
 /// on it.
 async fn open(
-    shared: &AppState,
-    agent: &HarnessAgent,
-    user: Option<String>,
-    session: &str,
+    InSession { agent, ctx }: &InSession,
     tool: &str,
     raw: &str,
 ) -> Result<(Arc<dyn Filesystem>, FsPath), ApiError> {
-    valid_session(session)?;
-    let ctx = context(shared, user, session);
     let verdict = agent
-        .file_verdict(&ctx, tool, raw)
+        .file_verdict(ctx, tool, raw)
         .await
         .map_err(|e| ApiError::from_harness(&e))?
         .map_err(|reason| invalid_path(raw, &reason))?;
@@ -73,7 +71,7 @@ async fn open(
     }
     let path = FsPath::parse(raw).map_err(|e| invalid_path(raw, &e.to_string()))?;
     let fs = agent
-        .filesystem_for(&ctx)
+        .filesystem_for(ctx)
         .map_err(|e| ApiError::from_harness(&e))?;
     Ok((fs, path))
 }
@@ -119,18 +117,16 @@ fn fs_error(e: &hame::fs::Error) -> ApiError {
 /// `GET /v1/sessions/{session}/files?path=DIR`: the entries of a folder (default: the
 /// root of the caller's files), as the `list_files` tool sees them.
 #[utoipa::path(get, path = "/v1/sessions/{session}/files", tag = "files", operation_id = "list_files",
-    params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`"),
+    params(SessionPath,
         ("path" = Option<String>, Query, description = "The folder (default `/`)")),
     responses((status = 200, description = "The folder's entries", body = crate::schemas::FileList),
         (status = 403, description = "A permission rule denies `list_files` on the folder", body = crate::openapi::ErrorBody),))]
 pub(crate) async fn list(
-    State(shared): State<AppState>,
-    Served { user, agent }: Served,
-    Path(SessionPath { session }): Path<SessionPath>,
+    on: InSession,
     Query(q): Query<ListQuery>,
 ) -> Result<Json<crate::schemas::FileList>, ApiError> {
     let raw = q.path.unwrap_or_else(|| "/".to_owned());
-    let (fs, dir) = open(&shared, &agent, user, &session, "list_files", &raw).await?;
+    let (fs, dir) = open(&on, "list_files", &raw).await?;
     let mut entries: Vec<crate::schemas::FileEntry> = fs
         .list(&dir)
         .await
@@ -149,7 +145,7 @@ pub(crate) async fn list(
         .collect();
     entries.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(Json(crate::schemas::FileList {
-        session,
+        session: on.ctx.session_id,
         path: format!("/{}", dir.as_str()),
         entries,
     }))
@@ -228,20 +224,19 @@ fn content_type(path: &FsPath) -> &'static str {
 /// `Accept-Ranges: bytes`; `Range: bytes=A-B` (one range) answers 206 with that part.
 /// Sent in 1 MiB pieces as they are read.
 #[utoipa::path(get, path = "/v1/sessions/{session}/files/{path}", tag = "files", operation_id = "download_file",
-    params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`"),
-        ("path" = String, Path, description = "The file, relative to the caller's files"),
+    params(FilePath,
         ("Range" = Option<String>, Header, description = "One byte range, `bytes=A-B`, `bytes=A-` or `bytes=-N`")),
     responses((status = 200, description = "The file", content_type = "application/octet-stream", body = Vec<u8>),
         (status = 206, description = "The requested range (`Content-Range`)", content_type = "application/octet-stream", body = Vec<u8>),
         (status = 403, description = "A permission rule denies `read_file` on the path", body = crate::openapi::ErrorBody),
         (status = 416, description = "The range is past the end of the file", body = crate::openapi::ErrorBody),))]
 pub(crate) async fn download(
-    State(shared): State<AppState>,
-    Served { user, agent }: Served,
-    Path(FilePath { session, path }): Path<FilePath>,
+    on: InSession,
+    Path(FilePath { path, .. }): Path<FilePath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let (fs, path) = open(&shared, &agent, user, &session, "read_file", &path).await?;
+    let (fs, path) = open(&on, "read_file", &path).await?;
+    let session = &on.ctx.session_id;
     let info = fs.stat(&path).await.map_err(|e| fs_error(&e))?;
     if info.kind == FileKind::Dir {
         return Err(ApiError::new(
@@ -321,19 +316,17 @@ pub(crate) async fn download(
 /// folders are made as needed): 201 for a new file, 200 for a replaced one. Bodies over
 /// [`GatewayOptions::upload_limit`](crate::GatewayOptions::upload_limit) are 413.
 #[utoipa::path(put, path = "/v1/sessions/{session}/files/{path}", tag = "files", operation_id = "upload_file",
-    params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`"),
-        ("path" = String, Path, description = "The file, relative to the caller's files")),
+    params(FilePath),
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file's bytes"),
     responses((status = 201, description = "A new file", body = crate::schemas::FileWritten),
         (status = 200, description = "A replaced file", body = crate::schemas::FileWritten),
         (status = 403, description = "A permission rule denies `write_file` on the path, or it is hame's own data", body = crate::openapi::ErrorBody),))]
 pub(crate) async fn upload(
-    State(shared): State<AppState>,
-    Served { user, agent }: Served,
-    Path(FilePath { session, path }): Path<FilePath>,
+    on: InSession,
+    Path(FilePath { path, .. }): Path<FilePath>,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let (fs, path) = open(&shared, &agent, user, &session, "write_file", &path).await?;
+    let (fs, path) = open(&on, "write_file", &path).await?;
     let existed = match fs.stat(&path).await {
         Ok(info) if info.kind == FileKind::Dir => {
             return Err(ApiError::new(
@@ -358,7 +351,7 @@ pub(crate) async fn upload(
     Ok((
         status,
         Json(crate::schemas::FileWritten {
-            session,
+            session: on.ctx.session_id,
             path: format!("/{}", path.as_str()),
             size,
         }),

@@ -55,47 +55,71 @@ pub(crate) fn served(
     .with_param("model"))
 }
 
-/// What both OpenAI handlers start with: the caller, the retry key of `route`, the JSON
-/// body, the agent `model` picks and the request parsed for it (`parse`, with the agent's
-/// own tool names, which a client tool may not take).
+/// What both OpenAI handlers start with, as their extractor: the caller, the retry key of
+/// the route, the JSON body, the agent `model` picks and the request parsed for it (with
+/// the agent's own tool names, which a client tool may not take), and the headers.
 pub(crate) struct Prologue<T> {
     pub(crate) user: Option<String>,
     pub(crate) key: Option<crate::replay::RequestKey>,
     pub(crate) body: Value,
     pub(crate) agent: HarnessAgent,
     pub(crate) req: T,
+    pub(crate) headers: HeaderMap,
 }
 
-/// See [`Prologue`]. A body without `model` is refused for its own fields first (a bad
-/// request says what is wrong with it rather than that `model` is missing).
-pub(crate) fn prologue<T>(
-    shared: &Shared,
-    caller: Result<Caller, ApiError>,
-    headers: &HeaderMap,
-    body: &[u8],
-    route: &str,
-    parse: impl Fn(&Value, &[String]) -> Result<T, Refusal>,
-) -> Result<Prologue<T>, ApiError> {
-    let caller = caller?;
-    let key = shared
-        .replays
-        .key_of(headers, caller.user.as_deref(), route, body)?;
-    let body = json_body(body)?;
-    let model = body["model"].as_str().unwrap_or_default();
-    let agent = served(shared, &caller, model).or_else(|e| match model {
-        "" => parse(&body, &[])
-            .map(|_| shared.agent.clone())
-            .map_err(refused),
-        _ => Err(e),
-    })?;
-    let req = parse(&body, &agent_tools(&agent)).map_err(refused)?;
-    Ok(Prologue {
-        user: caller.user,
-        key,
-        body,
-        agent,
-        req,
-    })
+/// A request of an OpenAI route: its retry-key route and its parser.
+pub(crate) trait OaiRequest: Sized {
+    /// The route's name in retry keys.
+    const ROUTE: &'static str;
+    /// Reads the body; `taken`: the agent's tool names.
+    fn parse(body: &Value, taken: &[String]) -> Result<Self, Refusal>;
+}
+
+impl OaiRequest for Parsed {
+    const ROUTE: &'static str = "chat/completions";
+    fn parse(body: &Value, taken: &[String]) -> Result<Self, Refusal> {
+        parse_chat(body, taken)
+    }
+}
+
+impl<T: OaiRequest + Send> axum::extract::FromRequest<AppState> for Prologue<T> {
+    type Rejection = ApiError;
+
+    /// A body without `model` is refused for its own fields first (a bad request says what
+    /// is wrong with it rather than that `model` is missing).
+    async fn from_request(
+        req: axum::extract::Request,
+        shared: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        use axum::extract::FromRequestParts;
+        let (mut parts, body) = req.into_parts();
+        let caller = Caller::from_request_parts(&mut parts, shared).await?;
+        // Read whole already (`server::read_body_within`), within the body limit.
+        let bytes = axum::body::to_bytes(body, usize::MAX)
+            .await
+            .map_err(|_| ApiError::bad_request("the request body could not be read"))?;
+        let key =
+            shared
+                .replays
+                .key_of(&parts.headers, caller.user.as_deref(), T::ROUTE, &bytes)?;
+        let body = json_body(&bytes)?;
+        let model = body["model"].as_str().unwrap_or_default();
+        let agent = served(shared, &caller, model).or_else(|e| match model {
+            "" => T::parse(&body, &[])
+                .map(|_| shared.agent.clone())
+                .map_err(refused),
+            _ => Err(e),
+        })?;
+        let req = T::parse(&body, &agent_tools(&agent)).map_err(refused)?;
+        Ok(Prologue {
+            user: caller.user,
+            key,
+            body,
+            agent,
+            req,
+            headers: parts.headers,
+        })
+    }
 }
 
 /// The tool names of an agent itself (a client tool may not take one).
@@ -112,6 +136,16 @@ pub(crate) fn json_body(body: &[u8]) -> Result<Value, ApiError> {
             format!("bad JSON body: {e}"),
         )
     })
+}
+
+/// The `X-Hame-Session` header of the OpenAI routes (for the OpenAPI document).
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Header)]
+#[allow(dead_code)]
+pub(crate) struct SessionHeader {
+    /// The session to continue (docs/openai-compat.md).
+    #[param(rename = "X-Hame-Session")]
+    x_hame_session: Option<String>,
 }
 
 /// The `X-Hame-Session` header, when it names one.
@@ -332,29 +366,22 @@ fn with_session(mut resp: Response, session: &str) -> Response {
 }
 
 #[utoipa::path(post, path = "/v1/chat/completions", tag = "openai",
-    params(("X-Hame-Session" = Option<String>, Header, description = "The session to continue (docs/openai-compat.md)")),
-    request_body(content = serde_json::Value, description = "An OpenAI chat completion request; every field honoured or refused (docs/openai-compat.md)"),
-    responses((status = 200, description = "A `chat.completion`, or with `stream: true` SSE `chat.completion.chunk`s then `[DONE]`", body = serde_json::Value),))]
+    params(crate::openai::SessionHeader),
+    request_body(content = crate::schemas::ChatCompletionRequest, description = "An OpenAI chat completion request; every field honoured or refused (docs/openai-compat.md)"),
+    responses((status = 200, description = "A `chat.completion`, or with `stream: true` SSE `chat.completion.chunk`s then `[DONE]`", content(
+        (crate::schemas::ChatCompletion = "application/json"),
+        (crate::schemas::ChatCompletionChunk = "text/event-stream"))),))]
 pub(crate) async fn completions(
     State(shared): State<AppState>,
-    caller: Result<Caller, ApiError>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Result<Response, ApiError> {
-    let Prologue {
+    Prologue {
         user,
         key,
         agent,
         req,
+        headers,
         ..
-    } = prologue(
-        &shared,
-        caller,
-        &headers,
-        &body,
-        "chat/completions",
-        parse_chat,
-    )?;
+    }: Prologue<Parsed>,
+) -> Result<Response, ApiError> {
     let planned = plan(
         &shared,
         &agent,
@@ -558,7 +585,7 @@ fn model_object(shared: &Shared, agent: &HarnessAgent) -> Value {
 
 /// `GET /v1/models`: the served agents, the default first.
 #[utoipa::path(get, path = "/v1/models", tag = "openai",
-    responses((status = 200, description = "`{object: \"list\", data: [{id, object: \"model\", created, owned_by}]}`", body = serde_json::Value),))]
+    responses((status = 200, description = "The agents the caller may use", body = crate::schemas::ModelList),))]
 pub(crate) async fn list_models(State(shared): State<AppState>, caller: Caller) -> Json<Value> {
     let data: Vec<Value> = shared
         .agents()
@@ -571,7 +598,7 @@ pub(crate) async fn list_models(State(shared): State<AppState>, caller: Caller) 
 /// `GET /v1/models/{id}`.
 #[utoipa::path(get, path = "/v1/models/{id}", tag = "openai",
     params(("id" = String, Path, description = "An agent id")),
-    responses((status = 200, description = "The model object", body = serde_json::Value),))]
+    responses((status = 200, description = "The model object", body = crate::schemas::ModelObject),))]
 pub(crate) async fn get_model(
     State(shared): State<AppState>,
     caller: Caller,

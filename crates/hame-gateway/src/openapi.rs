@@ -83,9 +83,77 @@ impl utoipa::Modify for BearerAuth {
 
 /// `GET /openapi.json`: this document (no authentication, like `/healthz`).
 #[utoipa::path(get, path = "/openapi.json", tag = "server", security(()),
-    responses((status = 200, description = "The OpenAPI 3.1 document of these routes", body = serde_json::Value)))]
-pub(crate) async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
-    Json(ApiDoc::openapi())
+    responses((status = 200, description = "The OpenAPI 3.1 document of these routes", body = crate::schemas::Object)))]
+pub(crate) async fn openapi_json() -> Json<serde_json::Value> {
+    Json(document())
+}
+
+/// The document as served: [`ApiDoc`] with each `text/event-stream` answer described as
+/// its events — an object with `event`, `id` and `data`, the JSON text of the schema the
+/// handler names (`contentMediaType`, `contentSchema`) — which is how OpenAPI 3.1 tools
+/// (schemathesis) read an event stream.
+pub(crate) fn document() -> serde_json::Value {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
+    // An event's data is told apart by the event's name, not by its shape (a `subagent`
+    // event is any object): one or more of the variants match.
+    if let Some(union) = doc.pointer_mut("/components/schemas/SessionEvent")
+        && let Some(o) = union.as_object_mut()
+        && let Some(variants) = o.remove("oneOf")
+    {
+        o.insert("anyOf".into(), variants);
+    }
+    if let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) {
+        for item in paths.values_mut().filter_map(|i| i.as_object_mut()) {
+            for op in item.values_mut() {
+                let Some(responses) = op.get_mut("responses").and_then(|r| r.as_object_mut())
+                else {
+                    continue;
+                };
+                for resp in responses.values_mut() {
+                    if let Some(sse) = resp.pointer_mut("/content/text~1event-stream")
+                        && let Some(data) = sse.get("schema").cloned()
+                    {
+                        sse["schema"] = sse_events(data);
+                    }
+                }
+            }
+        }
+    }
+    doc
+}
+
+/// The schema of an SSE stream whose events carry `data` as JSON text of `data`.
+fn sse_events(data: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            "event": {"type": "string", "description": "The event's name"},
+            "id": {"type": "string", "description": "The event's id (replay with `Last-Event-ID`)"},
+            "retry": {"type": "integer"},
+            "data": {
+                "type": "string",
+                "description": "JSON text (`[DONE]` ends a chat completion stream)",
+                "contentMediaType": "application/json",
+                "contentSchema": data,
+            },
+        },
+    })
+}
+
+/// The operations of a path (the methods the gateway serves).
+fn operations(
+    item: &mut utoipa::openapi::PathItem,
+) -> impl Iterator<Item = &mut utoipa::openapi::path::Operation> {
+    [
+        &mut item.get,
+        &mut item.put,
+        &mut item.post,
+        &mut item.delete,
+        &mut item.patch,
+    ]
+    .into_iter()
+    .flatten()
 }
 
 /// The routes of each served agent: every route of the default agent (`/v1/…` of
@@ -115,14 +183,7 @@ impl utoipa::Modify for AgentRoutes {
                 continue;
             }
             let mut item = item.clone();
-            let operations = [
-                &mut item.get,
-                &mut item.put,
-                &mut item.post,
-                &mut item.delete,
-                &mut item.patch,
-            ];
-            for op in operations.into_iter().flatten() {
+            for op in operations(&mut item) {
                 op.parameters
                     .get_or_insert_with(Vec::new)
                     .insert(0, agent.clone());
@@ -167,14 +228,7 @@ impl utoipa::Modify for CommonErrors {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
         for item in openapi.paths.paths.values_mut() {
-            let operations = [
-                &mut item.get,
-                &mut item.put,
-                &mut item.post,
-                &mut item.delete,
-                &mut item.patch,
-            ];
-            for op in operations.into_iter().flatten() {
+            for op in operations(item) {
                 for (status, description) in COMMON_ERRORS {
                     op.responses
                         .responses
@@ -217,8 +271,15 @@ mod tests {
             .collect();
         routes.sort();
         assert_eq!(paths, routes);
-        let json = serde_json::to_value(&doc).unwrap_or_default();
+        let json = document();
         assert_eq!(json["openapi"], "3.1.0");
+        let events = &json["paths"]["/v1/agents/{agent}/sessions/{session}/events"]["get"]["responses"]
+            ["200"]["content"]["text/event-stream"]["schema"];
+        assert_eq!(
+            events["properties"]["data"]["contentSchema"]["$ref"],
+            "#/components/schemas/SessionEvent",
+            "{events}"
+        );
         // Operation ids are unique (openapi-spec-validator refuses the document otherwise).
         let mut ids: Vec<&str> = json["paths"]
             .as_object()

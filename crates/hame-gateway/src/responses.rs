@@ -9,7 +9,6 @@ use std::convert::Infallible;
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
@@ -22,12 +21,19 @@ use crate::oai_request::{
     only_keys, push_result, split_tail, text_of, tool_choice,
 };
 use crate::openai::{
-    Prologue, approval_text, final_text, named_session, plan, prologue, split_suspended,
+    OaiRequest, Prologue, approval_text, final_text, named_session, plan, split_suspended,
 };
-use crate::routes::{AppState, Caller};
+use crate::routes::AppState;
 use crate::turn::{self, Outcome};
 
 type R<T> = Result<T, Refusal>;
+
+impl OaiRequest for Request {
+    const ROUTE: &'static str = "responses";
+    fn parse(body: &Value, taken: &[String]) -> R<Self> {
+        parse(body, taken)
+    }
+}
 
 /// A response id: `resp_<hex of the session>_<32 hex digits>`; `previous_response_id`
 /// names the session again.
@@ -47,7 +53,7 @@ fn session_of(id: &str) -> Option<String> {
 
 /// The request, read, and what the response object echoes back.
 #[derive(Debug)]
-struct Request {
+pub(crate) struct Request {
     parsed: Parsed,
     /// The request's tools in the Responses shape (echoed).
     tools: Value,
@@ -429,22 +435,22 @@ fn outcome_output(
 }
 
 #[utoipa::path(post, path = "/v1/responses", tag = "openai",
-    params(("X-Hame-Session" = Option<String>, Header, description = "The session to continue (docs/openai-compat.md)")),
-    request_body(content = serde_json::Value, description = "An OpenAI Responses request; every field honoured or refused (docs/openai-compat.md)"),
-    responses((status = 200, description = "A `response`, or with `stream: true` SSE events `response.created` ... `response.completed` / `response.failed`", body = serde_json::Value),))]
+    params(crate::openai::SessionHeader),
+    request_body(content = crate::schemas::ResponseRequest, description = "An OpenAI Responses request; every field honoured or refused (docs/openai-compat.md)"),
+    responses((status = 200, description = "A `response`, or with `stream: true` SSE events `response.created` ... `response.completed` / `response.failed`", content(
+        (crate::schemas::ResponseObject = "application/json"),
+        (crate::schemas::ResponseStreamEvent = "text/event-stream"))),))]
 pub(crate) async fn create(
     State(shared): State<AppState>,
-    caller: Result<Caller, ApiError>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Result<Response, ApiError> {
-    let Prologue {
+    Prologue {
         user,
         key,
         body,
         agent,
         req,
-    } = prologue(&shared, caller, &headers, &body, "responses", parse)?;
+        headers,
+    }: Prologue<Request>,
+) -> Result<Response, ApiError> {
     let named = named_session(&headers).or_else(|| req.parsed.previous_response.clone());
     let previous = body["previous_response_id"].as_str().map(str::to_owned);
     let planned = plan(&shared, &agent, &user, named, &req.parsed, "resp-").await?;

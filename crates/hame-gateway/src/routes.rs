@@ -246,16 +246,47 @@ pub(crate) fn context(shared: &Shared, user: Option<String>, session: &str) -> R
     ctx
 }
 
+/// The caller's context on the path's session (its id checked), and the path's agent
+/// ([`Served`]): what the routes of one session start from.
+pub(crate) struct InSession {
+    pub(crate) agent: HarnessAgent,
+    pub(crate) ctx: RuntimeContext,
+}
+
+impl FromRequestParts<AppState> for InSession {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        shared: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let Served { user, agent } = Served::from_request_parts(parts, shared).await?;
+        let Path(SessionPath { session }) = Path::<SessionPath>::from_request_parts(parts, shared)
+            .await
+            .map_err(|e| ApiError::bad_request(e.body_text()))?;
+        valid_session(&session)?;
+        Ok(InSession {
+            ctx: context(shared, user, &session),
+            agent,
+        })
+    }
+}
+
 /// The `{session}` of a path (under `/v1/agents/{agent}` too).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
 pub(crate) struct SessionPath {
+    /// The session id: `[A-Za-z0-9._@-]{1,128}`.
     pub(crate) session: String,
 }
 
 /// The `{session}` and `{id}` of an approval's path.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
 pub(crate) struct ApprovalPath {
+    /// The session id: `[A-Za-z0-9._@-]{1,128}`.
     session: String,
+    /// The approval id.
     id: String,
 }
 
@@ -307,11 +338,13 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{session}/messages", tag = "sessions",
-    params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`")),
-    request_body(content = serde_json::Value, description = "`{\"message\": \"...\"}`"),
+    params(SessionPath),
+    request_body(content = crate::schemas::MessageRequest, description = "A turn"),
     responses(
-        (status = 200, description = "The reply `{reply, session, user, usage, iterations}`; with `Accept: text/event-stream` SSE events `text_delta`, `tool_started`, `tool_finished`, `approval_needed`, `finished`, `failed`", body = serde_json::Value),
-        (status = 202, description = "Tool calls wait for a decision `{status, session, user, approvals}`", body = serde_json::Value),))]
+        (status = 200, description = "The reply; with `Accept: text/event-stream` SSE events `text_delta`, `tool_started`, `tool_finished`, `approval_needed`, `finished`, `failed` (each `data:` is the event's [`SessionEvent`] variant)", content(
+            (crate::schemas::TurnReply = "application/json"),
+            (crate::schemas::SessionEvent = "text/event-stream"))),
+        (status = 202, description = "Tool calls wait for a decision", body = crate::schemas::TurnSuspended),))]
 pub(crate) async fn post_message(
     State(shared): State<AppState>,
     Served { user, agent }: Served,
@@ -385,15 +418,12 @@ pub(crate) fn sse_event(ev: &Event) -> SseEvent {
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{session}/messages", tag = "sessions",
-    params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`")),
-    responses((status = 200, description = "The session log `{session, user, messages}`", body = serde_json::Value),))]
+    params(SessionPath),
+    responses((status = 200, description = "The session log", body = crate::schemas::SessionLog),))]
 pub(crate) async fn get_messages(
-    State(shared): State<AppState>,
-    Served { user, agent }: Served,
-    Path(SessionPath { session }): Path<SessionPath>,
+    InSession { agent, ctx }: InSession,
 ) -> Result<Json<Value>, ApiError> {
-    valid_session(&session)?;
-    let ctx = context(&shared, user, &session);
+    let session = ctx.session_id.clone();
     let log = session_log(&agent, &ctx)?;
     match log.read_page(&session, 0, usize::MAX).await {
         Ok(page) => Ok(Json(for_callers(json!({
@@ -420,7 +450,7 @@ fn session_log(
 }
 
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions",
-    responses((status = 200, description = "`{user, sessions: [{id, title, created, updated, message_count}]}`", body = serde_json::Value),))]
+    responses((status = 200, description = "The caller's sessions, newest first", body = crate::schemas::SessionList),))]
 pub(crate) async fn list_sessions(
     State(shared): State<AppState>,
     Served { user, agent }: Served,
@@ -437,34 +467,26 @@ pub(crate) async fn list_sessions(
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{session}/tasks", tag = "sessions",
-    params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`")),
-    responses((status = 200, description = "`{session, tasks}`", body = serde_json::Value),))]
+    params(SessionPath),
+    responses((status = 200, description = "The session's background tasks", body = crate::schemas::TaskList),))]
 pub(crate) async fn get_tasks(
-    State(shared): State<AppState>,
-    Served { user, agent }: Served,
-    Path(SessionPath { session }): Path<SessionPath>,
+    InSession { agent, ctx }: InSession,
 ) -> Result<Json<Value>, ApiError> {
-    valid_session(&session)?;
-    let ctx = context(&shared, user, &session);
     let tasks = agent
         .tasks(&ctx)
         .await
         .map_err(|e| ApiError::from_harness(&e))?;
     Ok(Json(for_callers(
-        json!({"session": session, "tasks": tasks}),
+        json!({"session": ctx.session_id, "tasks": tasks}),
     )))
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{session}/approvals", tag = "sessions",
-    params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`")),
-    responses((status = 200, description = "`{session, approvals}`: the calls waiting for a decision", body = serde_json::Value),))]
+    params(SessionPath),
+    responses((status = 200, description = "The calls waiting for a decision", body = crate::schemas::ApprovalList),))]
 pub(crate) async fn get_approvals(
-    State(shared): State<AppState>,
-    Served { user, agent }: Served,
-    Path(SessionPath { session }): Path<SessionPath>,
+    InSession { agent, ctx }: InSession,
 ) -> Result<Json<Value>, ApiError> {
-    valid_session(&session)?;
-    let ctx = context(&shared, user, &session);
     let pending = agent
         .pending(&ctx)
         .await
@@ -473,7 +495,7 @@ pub(crate) async fn get_approvals(
         .unwrap_or_default();
     let approvals: Vec<Value> = pending.iter().map(crate::turn::approval).collect();
     Ok(Json(for_callers(
-        json!({"session": session, "approvals": approvals}),
+        json!({"session": ctx.session_id, "approvals": approvals}),
     )))
 }
 
@@ -485,10 +507,12 @@ struct DecisionBody {
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{session}/approvals/{id}", tag = "sessions",
-    params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`"), ("id" = String, Path, description = "The approval id")),
-    request_body(content = serde_json::Value, description = "`{\"decision\": \"approve\"|\"deny\", \"reason\"?}`"),
-    responses((status = 200, description = "Answered like a message (JSON or SSE)", body = serde_json::Value),
-        (status = 202, description = "More calls wait for a decision", body = serde_json::Value),))]
+    params(ApprovalPath),
+    request_body(content = crate::schemas::DecisionRequest, description = "The decision"),
+    responses((status = 200, description = "Answered like a message (JSON, or SSE with `Accept: text/event-stream`)", content(
+            (crate::schemas::TurnReply = "application/json"),
+            (crate::schemas::SessionEvent = "text/event-stream"))),
+        (status = 202, description = "More calls wait for a decision", body = crate::schemas::TurnSuspended),))]
 pub(crate) async fn post_approval(
     State(shared): State<AppState>,
     Served { user, agent }: Served,
@@ -547,10 +571,10 @@ pub(crate) struct EventsQuery {
 /// runs, its live events until it ends (`follow=true`: until the client or the server
 /// goes away).
 #[utoipa::path(get, path = "/v1/sessions/{session}/events", tag = "sessions",
-    params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`"),
+    params(SessionPath,
         ("after" = Option<u64>, Query, description = "Replay the events after this id (else `Last-Event-ID`, else all in the ring)"),
         ("follow" = Option<bool>, Query, description = "Keep following until the client or the server goes away")),
-    responses((status = 200, description = "SSE: the session's events with ids (the names of POST messages, and `subagent`)", content_type = "text/event-stream", body = String),))]
+    responses((status = 200, description = "SSE: the session's events with ids (the names of POST messages, and `subagent`)", content_type = "text/event-stream", body = crate::schemas::SessionEvent),))]
 pub(crate) async fn get_events(
     State(shared): State<AppState>,
     Served { user, agent }: Served,
@@ -681,7 +705,7 @@ fn poll_store(
 
 /// The caller's memory files, read-only: `MEMORY.md` and `memory/*.md` of its home.
 #[utoipa::path(get, path = "/v1/memory", tag = "sessions",
-    responses((status = 200, description = "`{user, files: [{path, content}]}`", body = serde_json::Value),))]
+    responses((status = 200, description = "The caller's memory files (read-only)", body = crate::schemas::MemoryFiles),))]
 pub(crate) async fn get_memory(
     State(shared): State<AppState>,
     Served { user, agent }: Served,

@@ -17,11 +17,13 @@ use serde_json::{Value, json};
 
 use crate::error::{ApiError, for_callers};
 use crate::openapi::ErrorBody;
-use crate::routes::{AppState, Served, SessionPath};
+use crate::routes::{AppState, InSession, Served, SessionPath};
 
 /// The `{run_id}` of a path (under `/v1/agents/{agent}` too).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
 pub(crate) struct RunPath {
+    /// The run id.
     run_id: String,
 }
 
@@ -89,19 +91,14 @@ struct RunBody {
 /// `POST /v1/sessions/{session}/runs` `{"message"}` (header `Idempotency-Key` optional):
 /// 202 with the new run, 200 with the run an earlier request with the same key made.
 #[utoipa::path(post, path = "/v1/sessions/{session}/runs", tag = "runs",
-    params(("session" = String, Path, description = "The session id"), ("Idempotency-Key" = Option<String>, Header, description = "The same key answers with the run it made")),
-    request_body(content = serde_json::Value, description = "`{\"message\": \"...\"}` (docs/runs.md)"),
-    responses((status = 202, description = "The new run", body = serde_json::Value),
-        (status = 200, description = "The run an earlier request with the same key made", body = serde_json::Value),
-        (status = 400, description = "A bad request", body = ErrorBody),
-        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
-        (status = 404, description = "No such run or session", body = ErrorBody),
-        (status = 409, description = "A conflict (the run has ended, ...)", body = ErrorBody),
+    params(SessionPath, ("Idempotency-Key" = Option<String>, Header, description = "The same key answers with the run it made")),
+    request_body(content = crate::schemas::RunRequest, description = "A run of one message (docs/runs.md)"),
+    responses((status = 202, description = "The new run", body = crate::schemas::RunCreated),
+        (status = 200, description = "The run an earlier request with the same key made", body = crate::schemas::RunCreated),
         (status = 501, description = "The server has no run queue", body = ErrorBody),))]
 pub(crate) async fn submit(
     State(shared): State<AppState>,
-    Served { user, agent }: Served,
-    Path(SessionPath { session }): Path<SessionPath>,
+    InSession { agent, ctx }: InSession,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
@@ -109,8 +106,6 @@ pub(crate) async fn submit(
     if shared.draining.is_cancelled() {
         return Err(ApiError::draining());
     }
-    hame::harness::validate_id("session id", &session)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", e.to_string()))?;
     let idem = match headers.get("idempotency-key") {
         Some(v) => Some(
             v.to_str()
@@ -124,7 +119,7 @@ pub(crate) async fn submit(
     if body.message.trim().is_empty() {
         return Err(ApiError::bad_request("`message` is empty"));
     }
-    let key = hame::state::StateKey::new(agent.name(), user.as_deref(), &session)
+    let key = hame::state::StateKey::new(agent.name(), ctx.user_id.as_deref(), &ctx.session_id)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", e.to_string()))?;
     let new = NewRun::message(key, body.message, idem)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -153,12 +148,8 @@ async fn owned(
 }
 
 /// `GET /v1/runs/{id}`.
-#[utoipa::path(get, path = "/v1/runs/{run_id}", tag = "runs", params(("run_id" = String, Path, description = "The run id")),
-    responses((status = 200, description = "The run", body = serde_json::Value),
-        (status = 400, description = "A bad request", body = ErrorBody),
-        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
-        (status = 404, description = "No such run or session", body = ErrorBody),
-        (status = 409, description = "A conflict (the run has ended, ...)", body = ErrorBody),
+#[utoipa::path(get, path = "/v1/runs/{run_id}", tag = "runs", params(RunPath),
+    responses((status = 200, description = "The run", body = crate::schemas::RunView),
         (status = 501, description = "The server has no run queue", body = ErrorBody),))]
 pub(crate) async fn get(
     State(shared): State<AppState>,
@@ -176,22 +167,15 @@ pub(crate) struct ListQuery {
 
 /// `GET /v1/sessions/{session}/runs?limit=N`: newest first.
 #[utoipa::path(get, path = "/v1/sessions/{session}/runs", tag = "runs",
-    params(("session" = String, Path, description = "The session id"), ("limit" = Option<usize>, Query, description = "At most this many runs (default 50, at most 500)")),
-    responses((status = 200, description = "The session's runs, newest first", body = serde_json::Value),
-        (status = 400, description = "A bad request", body = ErrorBody),
-        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
-        (status = 404, description = "No such run or session", body = ErrorBody),
-        (status = 409, description = "A conflict (the run has ended, ...)", body = ErrorBody),
+    params(SessionPath, ("limit" = Option<usize>, Query, description = "At most this many runs (default 50, at most 500)")),
+    responses((status = 200, description = "The session's runs, newest first", body = crate::schemas::RunList),
         (status = 501, description = "The server has no run queue", body = ErrorBody),))]
 pub(crate) async fn list(
     State(shared): State<AppState>,
-    Served { user, agent }: Served,
-    Path(SessionPath { session }): Path<SessionPath>,
+    InSession { agent, ctx }: InSession,
     Query(lq): Query<ListQuery>,
 ) -> Result<Response, ApiError> {
     let q = queue(&shared)?;
-    hame::harness::validate_id("session id", &session)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", e.to_string()))?;
     let limit = lq.limit.unwrap_or(LIST_DEFAULT);
     if limit == 0 || limit > LIST_MAX {
         return Err(ApiError::bad_request(format!("limit is 1 to {LIST_MAX}")));
@@ -199,24 +183,20 @@ pub(crate) async fn list(
     let runs = q
         .list(hame::state::runs::RunFilter::new(
             agent.name(),
-            user.as_deref(),
-            Some(&session),
+            ctx.user_id.as_deref(),
+            Some(&ctx.session_id),
             limit,
         ))
         .await
         .map_err(|e| store_error(&e))?;
     let runs: Vec<Value> = runs.iter().map(view).collect();
-    Ok(Json(json!({"session": session, "runs": runs})).into_response())
+    Ok(Json(json!({"session": ctx.session_id, "runs": runs})).into_response())
 }
 
 /// `POST /v1/runs/{id}/cancel`: 202 (cancelled, or asked of the worker that runs it);
 /// 409 for a run that has ended.
-#[utoipa::path(post, path = "/v1/runs/{run_id}/cancel", tag = "runs", params(("run_id" = String, Path, description = "The run id")),
-    responses((status = 202, description = "Cancelled, or asked of the worker that runs it", body = serde_json::Value),
-        (status = 400, description = "A bad request", body = ErrorBody),
-        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
-        (status = 404, description = "No such run or session", body = ErrorBody),
-        (status = 409, description = "A conflict (the run has ended, ...)", body = ErrorBody),
+#[utoipa::path(post, path = "/v1/runs/{run_id}/cancel", tag = "runs", params(RunPath),
+    responses((status = 202, description = "Cancelled, or asked of the worker that runs it", body = crate::schemas::RunView),
         (status = 501, description = "The server has no run queue", body = ErrorBody),))]
 pub(crate) async fn cancel(
     State(shared): State<AppState>,
@@ -251,12 +231,8 @@ fn status_id(s: RunStatus) -> u64 {
 /// its end: `completed`, `waiting_approval`, `failed` or `cancelled`), each with the run
 /// as data and an id (1, 2, 3); read from the store, so any replica serves it and
 /// `Last-Event-ID` replays from there. The stream ends after the run's end.
-#[utoipa::path(get, path = "/v1/runs/{run_id}/events", tag = "runs", params(("run_id" = String, Path, description = "The run id")),
-    responses((status = 200, description = "SSE of the run's status changes (`queued`, `running`, then its end), with ids", content_type = "text/event-stream", body = String),
-        (status = 400, description = "A bad request", body = ErrorBody),
-        (status = 401, description = "No valid bearer token (with `--auth`)", body = ErrorBody),
-        (status = 404, description = "No such run or session", body = ErrorBody),
-        (status = 409, description = "A conflict (the run has ended, ...)", body = ErrorBody),
+#[utoipa::path(get, path = "/v1/runs/{run_id}/events", tag = "runs", params(RunPath),
+    responses((status = 200, description = "SSE of the run's status changes (`queued`, `running`, then its end), with ids", content_type = "text/event-stream", body = crate::schemas::RunView),
         (status = 501, description = "The server has no run queue", body = ErrorBody),))]
 pub(crate) async fn events(
     State(shared): State<AppState>,

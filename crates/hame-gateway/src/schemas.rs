@@ -38,3 +38,722 @@ pub(crate) struct FileWritten {
     /// Its size in bytes.
     pub(crate) size: u64,
 }
+
+/// A JSON object whose keys are the named record's (described in words where it is used).
+pub(crate) type Object = serde_json::Map<String, serde_json::Value>;
+
+// ---- the session API ----
+
+/// `POST …/messages`: a turn.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct MessageRequest {
+    /// The user's message (not empty).
+    message: String,
+    /// The caller's own limits for this turn, e.g. `{"run": {"usd": 0.5}, "user_day":
+    /// {"tokens": 200000}}`; they only tighten the server's (`docs/cost.md`).
+    #[schema(value_type = Option<Object>)]
+    budget: Option<Object>,
+}
+
+/// Tokens a turn used (hame's names).
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct Usage {
+    /// Prompt tokens.
+    input_tokens: u64,
+    /// Completion tokens.
+    output_tokens: u64,
+    /// Prompt tokens served from the provider's cache (part of `input_tokens`; absent: 0).
+    cached_input_tokens: Option<u64>,
+    /// Prompt tokens written to the provider's cache (part of `input_tokens`; absent: 0).
+    cache_write_input_tokens: Option<u64>,
+}
+
+/// A finished turn (also the `finished` event's data).
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct TurnReply {
+    /// The final reply.
+    reply: String,
+    /// The session.
+    session: String,
+    /// The user (`null`: the anonymous owner of local mode).
+    user: Option<String>,
+    /// Tokens of the whole turn.
+    usage: Usage,
+    /// Model requests the turn made.
+    iterations: u64,
+}
+
+/// A tool call that waits for a decision (or, with layer `client-tools`, for a client's
+/// result).
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct Approval {
+    /// The id to decide it with (`POST …/approvals/{id}`).
+    id: String,
+    /// The tool.
+    tool: String,
+    /// The model's call id.
+    call_id: String,
+    /// The call's arguments as the model wrote them (JSON text).
+    arguments: String,
+    /// Why it waits.
+    reason: String,
+    /// The layer that suspended it (`permissions`, `client-tools`, …; in turn answers).
+    layer: Option<String>,
+    /// The session (in the `approval_needed` event).
+    session: Option<String>,
+}
+
+/// A turn whose tool calls wait for decisions (202).
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct TurnSuspended {
+    /// `approval_needed`.
+    status: String,
+    /// The session.
+    session: String,
+    /// The user.
+    user: Option<String>,
+    /// The waiting calls.
+    approvals: Vec<Approval>,
+}
+
+/// `POST …/approvals/{id}`: a decision.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct DecisionRequest {
+    /// `approve` or `deny`.
+    #[schema(pattern = "^(approve|deny)$")]
+    decision: String,
+    /// Why (given to the model with a denial).
+    reason: Option<String>,
+}
+
+/// `GET …/messages`: the session's log.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct SessionLog {
+    /// The session.
+    session: String,
+    /// The user.
+    user: Option<String>,
+    /// Every record of the log (`docs/sessions.md`).
+    messages: Vec<Object>,
+}
+
+/// One session of a list.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct SessionEntry {
+    /// Its id.
+    id: String,
+    /// Its title (the first user message, cut).
+    title: String,
+    /// When it started (RFC 3339).
+    created: String,
+    /// When it last changed (RFC 3339).
+    updated: String,
+    /// Messages in its log.
+    message_count: u64,
+}
+
+/// `GET /v1/sessions`: the caller's sessions, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct SessionList {
+    /// The user.
+    user: Option<String>,
+    /// The sessions.
+    sessions: Vec<SessionEntry>,
+}
+
+/// `GET …/tasks`: the session's background tasks (records as `hame tasks --json`).
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct TaskList {
+    /// The session.
+    session: String,
+    /// The task records.
+    tasks: Vec<Object>,
+}
+
+/// `GET …/approvals`: the calls waiting for a decision.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ApprovalList {
+    /// The session.
+    session: String,
+    /// The waiting calls.
+    approvals: Vec<Approval>,
+}
+
+/// One memory file.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct MemoryFile {
+    /// Its path in the caller's home (`/MEMORY.md`, `/memory/x.md`).
+    path: String,
+    /// Its text.
+    content: String,
+}
+
+/// `GET /v1/memory`: the caller's memory files.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct MemoryFiles {
+    /// The user.
+    user: Option<String>,
+    /// `MEMORY.md` and `memory/*.md`.
+    files: Vec<MemoryFile>,
+}
+
+// ---- session events (SSE `data:`) ----
+
+/// `text_delta`: a piece of the reply.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct TextDeltaEvent {
+    /// The text.
+    text: String,
+}
+
+/// `tool_started`: a tool call starts.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ToolStartedEvent {
+    /// The call id.
+    id: String,
+    /// The tool.
+    name: String,
+    /// Its arguments (JSON text).
+    arguments: String,
+}
+
+/// `tool_finished`: a tool call ended.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ToolFinishedEvent {
+    /// The call id.
+    id: String,
+    /// The tool.
+    name: String,
+    /// How long it took.
+    duration_ms: u64,
+    /// Whether it failed.
+    is_error: bool,
+    /// The error's stable code, when it failed.
+    code: Option<String>,
+}
+
+/// `failed`: the turn failed.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct FailedEvent {
+    /// The error's code (as in an error answer).
+    code: String,
+    /// What went wrong.
+    message: String,
+    /// The session.
+    session: String,
+}
+
+/// The data of a session's SSE events, by event name: `text_delta`, `tool_started`,
+/// `tool_finished`, `approval_needed` ([`Approval`]), `finished` ([`TurnReply`]),
+/// `failed`, and `subagent` (a subagent's or a layer's event, as the loop emits it).
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub(crate) enum SessionEvent {
+    /// `text_delta`.
+    TextDelta(TextDeltaEvent),
+    /// `tool_started`.
+    ToolStarted(ToolStartedEvent),
+    /// `tool_finished`.
+    ToolFinished(ToolFinishedEvent),
+    /// `approval_needed`.
+    ApprovalNeeded(Approval),
+    /// `finished`.
+    Finished(TurnReply),
+    /// `failed`.
+    Failed(FailedEvent),
+    /// `subagent`.
+    Subagent(Object),
+}
+
+// ---- runs ----
+
+/// `POST …/runs`: a run of one message.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct RunRequest {
+    /// The user's message (not empty).
+    message: String,
+}
+
+/// `POST …/runs`: the run made (202) or found by its `Idempotency-Key` (200).
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct RunCreated {
+    /// The run's id.
+    run_id: String,
+    /// The session.
+    session: String,
+    /// `queued`, `running`, `waiting_approval`, `completed`, `failed` or `cancelled`.
+    status: String,
+}
+
+/// Why a run failed.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct RunError {
+    /// A stable code.
+    code: String,
+    /// What went wrong.
+    message: String,
+}
+
+/// A run (also the data of its SSE events, named by its status).
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct RunView {
+    /// The run's id.
+    run_id: String,
+    /// The session.
+    session: String,
+    /// `queued`, `running`, `waiting_approval`, `completed`, `failed` or `cancelled`.
+    status: String,
+    /// When it was submitted (RFC 3339).
+    created: String,
+    /// When it last changed (RFC 3339).
+    updated: String,
+    /// The reply, once completed.
+    reply: Option<String>,
+    /// Tokens, once ended.
+    usage: Option<Usage>,
+    /// Why it failed.
+    error: Option<RunError>,
+    /// The calls that wait for a decision.
+    approvals: Option<Vec<Approval>>,
+}
+
+/// `GET …/runs`: the session's runs, newest first.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct RunList {
+    /// The session.
+    session: String,
+    /// The runs.
+    runs: Vec<RunView>,
+}
+
+// ---- OpenAI-compatible ----
+
+/// A model object: a served agent.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ModelObject {
+    /// The agent's id.
+    id: String,
+    /// `model`.
+    object: String,
+    /// When the server started (Unix seconds).
+    created: i64,
+    /// `hame`.
+    owned_by: String,
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ModelList {
+    /// `list`.
+    object: String,
+    /// The agents the caller may use, the default first.
+    data: Vec<ModelObject>,
+}
+
+/// One message of a chat completion request.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ChatMessage {
+    /// `system`, `developer`, `user`, `assistant` or `tool`.
+    #[schema(pattern = "^(system|developer|user|assistant|tool)$")]
+    role: String,
+    /// Text, or an array of `{"type": "text", "text"}` parts (images are refused).
+    #[schema(value_type = Object)]
+    content: Option<serde_json::Value>,
+    /// An assistant message's tool calls.
+    tool_calls: Option<Vec<Object>>,
+    /// A tool message's call id.
+    tool_call_id: Option<String>,
+    /// An assistant message's refusal.
+    refusal: Option<String>,
+}
+
+/// `stream_options`.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct StreamOptions {
+    /// Send a last chunk with the usage.
+    include_usage: Option<bool>,
+}
+
+/// `POST /v1/chat/completions`: the fields hame honours (any other is 400
+/// `unsupported_parameter` naming it; `docs/openai-compat.md`).
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ChatCompletionRequest {
+    /// The agent.
+    model: String,
+    /// The conversation: system/developer messages, the history, the new user message or
+    /// the results of client tool calls.
+    messages: Vec<ChatMessage>,
+    /// Stream `chat.completion.chunk`s.
+    stream: Option<bool>,
+    /// With `stream`.
+    stream_options: Option<StreamOptions>,
+    /// Client tools (`{"type": "function", "function": {name, description, parameters,
+    /// strict}}`).
+    tools: Option<Vec<Object>>,
+    /// `auto`, `none`, `required` or a named function.
+    #[schema(value_type = Option<Object>)]
+    tool_choice: Option<serde_json::Value>,
+    /// `true` only.
+    parallel_tool_calls: Option<bool>,
+    /// `{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema",
+    /// "json_schema": {name, schema, strict}}`.
+    response_format: Option<Object>,
+    /// 0 to 2.
+    temperature: Option<f64>,
+    /// Output token limit.
+    max_tokens: Option<u64>,
+    /// Output token limit.
+    max_completion_tokens: Option<u64>,
+    /// 1 only.
+    n: Option<u64>,
+    /// 1 only.
+    top_p: Option<f64>,
+    /// 0 only.
+    frequency_penalty: Option<f64>,
+    /// 0 only.
+    presence_penalty: Option<f64>,
+    /// `false` only.
+    logprobs: Option<bool>,
+    /// Accepted as the session store is always on.
+    store: Option<bool>,
+    /// Must equal the caller's user when given.
+    user: Option<String>,
+}
+
+/// A tool call of a reply (a client tool).
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ChatToolCall {
+    /// Its id (`hs_…`: it names the session; send it back as the tool message's
+    /// `tool_call_id`).
+    id: String,
+    /// `function`.
+    #[serde(rename = "type")]
+    kind: String,
+    /// The function.
+    function: ChatFunctionCall,
+    /// Its position (in stream chunks).
+    index: Option<u64>,
+}
+
+/// The function of a tool call.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ChatFunctionCall {
+    /// The client tool's name.
+    name: String,
+    /// Its arguments (JSON text).
+    arguments: String,
+}
+
+/// The assistant message of a chat completion.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ChatReplyMessage {
+    /// `assistant`.
+    role: String,
+    /// The reply (`null` with only tool calls).
+    content: Option<String>,
+    /// Always `null`.
+    refusal: Option<String>,
+    /// Client tool calls (`finish_reason: "tool_calls"`).
+    tool_calls: Option<Vec<ChatToolCall>>,
+}
+
+/// A choice of a chat completion.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ChatChoice {
+    /// 0.
+    index: u64,
+    /// The message.
+    message: ChatReplyMessage,
+    /// `stop` or `tool_calls`.
+    finish_reason: String,
+    /// Always `null`.
+    #[schema(value_type = Option<Object>)]
+    logprobs: Option<serde_json::Value>,
+}
+
+/// `prompt_tokens_details`.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct PromptTokensDetails {
+    /// Prompt tokens served from the provider's cache.
+    cached_tokens: u64,
+}
+
+/// OpenAI's usage of a chat completion.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ChatUsage {
+    /// Prompt tokens of the whole turn.
+    prompt_tokens: u64,
+    /// Completion tokens of the whole turn.
+    completion_tokens: u64,
+    /// Their sum.
+    total_tokens: u64,
+    /// Of the prompt tokens, those read from the cache.
+    prompt_tokens_details: PromptTokensDetails,
+}
+
+/// `chat.completion`.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ChatCompletion {
+    /// `chatcmpl-…`.
+    id: String,
+    /// `chat.completion`.
+    object: String,
+    /// Unix seconds.
+    created: i64,
+    /// The agent.
+    model: String,
+    /// One choice.
+    choices: Vec<ChatChoice>,
+    /// Tokens.
+    usage: ChatUsage,
+}
+
+/// A choice of a chunk.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ChatChunkChoice {
+    /// 0.
+    index: u64,
+    /// What is new: `role`, `content`, `refusal`, `tool_calls`.
+    delta: Object,
+    /// `stop` or `tool_calls` in the last chunk, else `null`.
+    finish_reason: Option<String>,
+    /// Always `null`.
+    #[schema(value_type = Option<Object>)]
+    logprobs: Option<serde_json::Value>,
+}
+
+/// `chat.completion.chunk` (the SSE `data:` of a streamed completion; then `[DONE]`; an
+/// error inside the stream is an [`ErrorBody`](crate::openapi::ErrorBody)).
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ChatCompletionChunk {
+    /// The completion's id.
+    id: String,
+    /// `chat.completion.chunk`.
+    object: String,
+    /// Unix seconds.
+    created: i64,
+    /// The agent.
+    model: String,
+    /// One choice (none in the usage chunk).
+    choices: Vec<ChatChunkChoice>,
+    /// In the last chunk with `stream_options.include_usage`.
+    usage: Option<ChatUsage>,
+}
+
+/// `POST /v1/responses`: the fields hame honours (any other is 400 naming it).
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ResponseRequest {
+    /// The agent.
+    model: String,
+    /// Text, or items: messages, `function_call` and `function_call_output`.
+    #[schema(value_type = Object)]
+    input: serde_json::Value,
+    /// A caller-instructions section for this turn.
+    instructions: Option<String>,
+    /// Stream the events.
+    stream: Option<bool>,
+    /// Client function tools.
+    tools: Option<Vec<Object>>,
+    /// `auto`, `none`, `required` or a named function.
+    #[schema(value_type = Option<Object>)]
+    tool_choice: Option<serde_json::Value>,
+    /// `true` only.
+    parallel_tool_calls: Option<bool>,
+    /// The response this one continues (its session).
+    previous_response_id: Option<String>,
+    /// `{"format": {"type": "text"|"json_schema", …}}`.
+    text: Option<Object>,
+    /// 0 to 2.
+    temperature: Option<f64>,
+    /// Output token limit.
+    max_output_tokens: Option<u64>,
+    /// 1 only.
+    top_p: Option<f64>,
+    /// Empty only.
+    include: Option<Vec<String>>,
+    /// `disabled` only.
+    truncation: Option<String>,
+    /// Accepted (the session store is always on).
+    store: Option<bool>,
+    /// `false` only.
+    background: Option<bool>,
+    /// Echoed back.
+    metadata: Option<Object>,
+}
+
+/// `input_tokens_details`.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct InputTokensDetails {
+    /// Read from the cache.
+    cached_tokens: u64,
+}
+
+/// `output_tokens_details`.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct OutputTokensDetails {
+    /// 0.
+    reasoning_tokens: u64,
+}
+
+/// The usage of a response.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ResponseUsage {
+    /// Prompt tokens.
+    input_tokens: u64,
+    /// Of those, cached.
+    input_tokens_details: InputTokensDetails,
+    /// Output tokens.
+    output_tokens: u64,
+    /// Of those, reasoning.
+    output_tokens_details: OutputTokensDetails,
+    /// Their sum.
+    total_tokens: u64,
+}
+
+/// An output item: a `message` (with `output_text` content) or a `function_call`.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ResponseItem {
+    /// `message` or `function_call`.
+    #[serde(rename = "type")]
+    kind: String,
+    /// Its id.
+    id: String,
+    /// `completed` or `in_progress`.
+    status: String,
+    /// A message's `assistant`.
+    role: Option<String>,
+    /// A message's parts `[{"type": "output_text", "text", "annotations", "logprobs"}]`.
+    content: Option<Vec<Object>>,
+    /// A function call's id (send it back in a `function_call_output`).
+    call_id: Option<String>,
+    /// A function call's name.
+    name: Option<String>,
+    /// A function call's arguments (JSON text).
+    arguments: Option<String>,
+}
+
+/// A `response` object.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ResponseObject {
+    /// `resp-…` (it names the session).
+    id: String,
+    /// `response`.
+    object: String,
+    /// Unix seconds.
+    created_at: i64,
+    /// `completed`, `in_progress` or `failed`.
+    status: String,
+    /// The error of a failed response.
+    error: Option<Object>,
+    /// Always `null`.
+    incomplete_details: Option<Object>,
+    /// As requested.
+    instructions: Option<String>,
+    /// As requested.
+    max_output_tokens: Option<u64>,
+    /// The agent.
+    model: String,
+    /// The output items.
+    output: Vec<ResponseItem>,
+    /// `true`.
+    parallel_tool_calls: bool,
+    /// As requested.
+    previous_response_id: Option<String>,
+    /// `null`.
+    reasoning: Option<Object>,
+    /// `true`.
+    store: bool,
+    /// As requested.
+    temperature: Option<f64>,
+    /// As requested (`{"format": …}`).
+    text: Object,
+    /// As requested.
+    #[schema(value_type = Object)]
+    tool_choice: serde_json::Value,
+    /// As requested.
+    tools: Vec<Object>,
+    /// `null`.
+    top_p: Option<f64>,
+    /// `disabled`.
+    truncation: String,
+    /// `null` until completed.
+    usage: Option<ResponseUsage>,
+    /// `null`.
+    user: Option<String>,
+    /// As requested.
+    metadata: Option<Object>,
+}
+
+/// One streamed event of `POST /v1/responses` (`event:` is its `type`):
+/// `response.created`, `response.in_progress`, `response.output_item.added`,
+/// `response.content_part.added`, `response.output_text.delta`, `response.output_text.done`,
+/// `response.content_part.done`, `response.output_item.done`, `response.completed`,
+/// `response.failed`, `error`.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ResponseStreamEvent {
+    /// The event's name.
+    #[serde(rename = "type")]
+    kind: String,
+    /// Its position in the stream.
+    sequence_number: u64,
+    /// The response (`response.*` of the whole response).
+    response: Option<ResponseObject>,
+    /// The item (`response.output_item.*`).
+    item: Option<ResponseItem>,
+    /// The item's position.
+    output_index: Option<u64>,
+    /// The item's id.
+    item_id: Option<String>,
+    /// The part's position.
+    content_index: Option<u64>,
+    /// The part (`response.content_part.*`).
+    part: Option<Object>,
+    /// A piece of text (`response.output_text.delta`).
+    delta: Option<String>,
+    /// The whole text (`response.output_text.done`).
+    text: Option<String>,
+}

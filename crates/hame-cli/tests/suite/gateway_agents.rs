@@ -4,11 +4,11 @@
 
 use std::io::{Read, Write};
 
-use hame_test_support::{ScriptStep, ScriptedServer};
+use hame_test_support::ScriptStep;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::common::tool_results;
+use super::common::{Scratch, tool_results};
 use super::serve::{Serve, client};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -51,31 +51,23 @@ fn ids(body: &Value) -> Vec<String> {
 
 #[tokio::test]
 async fn agents_of_hame_toml_have_their_own_routes_and_tokens_limited_to_them() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let model = ScriptedServer::start().await?;
-    let ws = dir.path().join("ws");
-    std::fs::create_dir_all(&ws)?;
-    std::fs::write(ws.join("AGENTS.md"), "You are a pirate.\n")?;
-    std::fs::write(
-        ws.join("hame.toml"),
+    let s = Scratch::new().await?;
+    let (dir, model) = (&s.dir, &s.server);
+    s.write("AGENTS.md", "You are a pirate.\n")?;
+    s.write(
+        "hame.toml",
         "[agents.poet]\nworkspace = \"../poet-ws\"\nmax_iterations = 5\n",
     )?;
     let poet = dir.path().join("poet-ws");
     std::fs::create_dir_all(&poet)?;
     std::fs::write(poet.join("AGENTS.md"), "You are a poet.\n")?;
-    let auth = dir.path().join("auth.json");
-    std::fs::write(
-        &auth,
-        json!({"tokens": {
-            "t-all": {"user": "alice"},
-            "t-poet": {"user": "bob", "agents": ["poet"]},
-        }})
-        .to_string(),
-    )?;
-    let serve = Serve::start(
+    let serve = Serve::start_with_tokens(
         dir.path(),
         &model.base_url(),
-        &["--auth", auth.to_str().ok_or("path")?],
+        json!({
+            "t-all": {"user": "alice"},
+            "t-poet": {"user": "bob", "agents": ["poet"]},
+        }),
     )?;
     let get = |path: &str, token: &str| client().get(serve.at(path)).bearer_auth(token).send();
     let models: Value = get("/v1/models", "t-all").await?.json().await?;
@@ -149,10 +141,10 @@ async fn agents_of_hame_toml_have_their_own_routes_and_tokens_limited_to_them() 
 
 #[tokio::test]
 async fn a_file_uploaded_by_a_user_is_read_by_their_agent_and_no_one_else() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let model = ScriptedServer::start().await?;
+    let s = Scratch::new().await?;
+    let model = &s.server;
     let serve = Serve::start(
-        dir.path(),
+        s.path(),
         &model.base_url(),
         &["--isolated", "--max-upload", "65536"],
     )?;
@@ -202,7 +194,7 @@ async fn a_file_uploaded_by_a_user_is_read_by_their_agent_and_no_one_else() -> T
         .send()
         .await?;
     assert_eq!(r.status(), 200);
-    let results = tool_results(&model);
+    let results = tool_results(model);
     assert!(
         results
             .iter()
@@ -229,12 +221,14 @@ async fn a_file_uploaded_by_a_user_is_read_by_their_agent_and_no_one_else() -> T
         Some("text/plain; charset=utf-8")
     );
     assert_eq!(r.text().await?, text);
-    let r = client()
-        .get(serve.at("/v1/sessions/s1/files/inbox/report.txt"))
-        .header("x-hame-user", "alice")
-        .header("range", "bytes=10-16")
-        .send()
-        .await?;
+    let ranged = |range: &'static str| {
+        client()
+            .get(serve.at("/v1/sessions/s1/files/inbox/report.txt"))
+            .header("x-hame-user", "alice")
+            .header("range", range)
+            .send()
+    };
+    let r = ranged("bytes=10-16").await?;
     assert_eq!(r.status(), 206);
     assert_eq!(
         r.headers()
@@ -243,13 +237,7 @@ async fn a_file_uploaded_by_a_user_is_read_by_their_agent_and_no_one_else() -> T
         Some(format!("bytes 10-16/{}", text.len()).as_str())
     );
     assert_eq!(r.text().await?, "numbers");
-    let r = client()
-        .get(serve.at("/v1/sessions/s1/files/inbox/report.txt"))
-        .header("x-hame-user", "alice")
-        .header("range", "bytes=999-")
-        .send()
-        .await?;
-    assert_eq!(r.status(), 416);
+    assert_eq!(ranged("bytes=999-").await?.status(), 416);
 
     // Another user: 404 for the file and an empty folder, however it is named.
     for path in [
@@ -307,15 +295,13 @@ async fn a_file_uploaded_by_a_user_is_read_by_their_agent_and_no_one_else() -> T
 
 #[tokio::test]
 async fn file_routes_follow_the_permission_rules_and_no_link_leads_out() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let model = ScriptedServer::start().await?;
-    let ws = dir.path().join("ws");
-    std::fs::create_dir_all(ws.join("secret"))?;
-    std::fs::write(ws.join("secret/key.txt"), "k")?;
-    std::fs::write(ws.join("open.txt"), "hello")?;
-    std::fs::write(
-        ws.join("tools.json"),
-        json!({"permissions": {"deny": ["read_file(secret/*)", "write_file(docs/**)"]}})
+    let s = Scratch::new().await?;
+    let (dir, model, ws) = (&s.dir, &s.server, &s.ws);
+    s.write("secret/key.txt", "k")?;
+    s.write("open.txt", "hello")?;
+    s.write(
+        "tools.json",
+        &json!({"permissions": {"deny": ["read_file(secret/*)", "write_file(docs/**)"]}})
             .to_string(),
     )?;
     let outside = dir.path().join("outside");

@@ -928,6 +928,99 @@ async fn the_openapi_document_lists_every_route_and_validates() -> TestResult {
     Ok(())
 }
 
+/// Checks of the fuzz run: no 5xx, and every status, content type and body (JSON, and each
+/// SSE event's data) as the document says.
+const FUZZ_CHECKS: &str = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance";
+
+#[tokio::test]
+async fn a_bounded_schemathesis_run_finds_no_5xx_and_no_answer_outside_the_document() -> TestResult
+{
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    // Every model request is answered (text, or a tool call when a message asks for one).
+    model.set_responder(hame_test_support::demo_reply);
+    let other = dir.path().join("other-ws");
+    std::fs::create_dir_all(&other)?;
+    let spec = format!("other={}", other.display());
+    let serve = Serve::start(dir.path(), &model.base_url(), &["--serve-agent", &spec])?;
+    let Some(py) = python("schemathesis-venv", "schemathesis>=4.3,<5", "schemathesis") else {
+        return Ok(());
+    };
+    let st = py.with_file_name("schemathesis");
+    // The agent routes get a served agent (random ids would all be 404); an event stream
+    // with `follow=true` stays open until the client goes away (each would wait for the
+    // request timeout).
+    let config = dir.path().join("schemathesis.toml");
+    std::fs::write(
+        &config,
+        "[parameters]\n\"path.agent\" = \"other\"\n\"query.follow\" = false\n",
+    )?;
+    let started = std::time::Instant::now();
+    let mut cmd = tokio::process::Command::new(st);
+    cmd.arg("--config-file")
+        .arg(&config)
+        .args(["run", &serve.at("/openapi.json")])
+        .args(["--checks", FUZZ_CHECKS])
+        .args(["--phases", "coverage,fuzzing"])
+        .args([
+            "--max-examples",
+            "10",
+            "--max-time",
+            "60",
+            "--request-timeout",
+            "20",
+        ])
+        .args([
+            "--seed",
+            "32",
+            "--workers",
+            "2",
+            "--no-color",
+            "--output-truncate",
+            "false",
+        ])
+        .args(["-H", "X-Hame-User: fuzzer"])
+        .current_dir(dir.path())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(std::time::Duration::from_secs(90), cmd.output())
+        .await
+        .map_err(|_| "schemathesis ran past 90 s")??;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "schemathesis found problems (exit {:?}):\n{text}\n{}\nserver: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr),
+        serve.stderr()
+    );
+    // Not a vacuous run: every operation tested, many cases, all passed.
+    let tested = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Tested: "))
+        .and_then(|n| n.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    assert_eq!(tested, 39, "{text}");
+    // "N generated, N passed" (or ", M skipped"): every generated case passed.
+    let counts: Vec<usize> = text
+        .lines()
+        .find(|l| l.contains(" generated, "))
+        .map(|l| {
+            l.split(|c: char| !c.is_ascii_digit())
+                .filter_map(|n| n.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let cases = counts.first().copied().unwrap_or(0);
+    assert!(cases >= 200, "only {cases} cases: {text}");
+    assert_eq!(counts.get(1), Some(&cases), "{text}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(90));
+    eprintln!(
+        "schemathesis: {cases} cases over {tested} operations in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_forged_or_foreign_tool_call_id_reaches_no_other_session() -> TestResult {
     let dir = tempfile::tempdir()?;

@@ -102,6 +102,18 @@ impl Serve {
         Ok(Self { child, url, stderr })
     }
 
+    /// [`Serve::start`] with `--auth` and an auth file of these `tokens`
+    /// (`{"<token>": {"user", "agents"?}}`).
+    pub(super) fn start_with_tokens(
+        dir: &Path,
+        model: &str,
+        tokens: Value,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
+        let auth = dir.join("auth.json");
+        std::fs::write(&auth, json!({ "tokens": tokens }).to_string())?;
+        Self::start(dir, model, &["--auth", auth.to_str().ok_or("path")?])
+    }
+
     pub(super) fn at(&self, path: &str) -> String {
         format!("{}{path}", self.url)
     }
@@ -378,15 +390,10 @@ async fn serve_with_auth_needs_a_bearer_token_and_the_token_decides_the_user() -
     let dir = tempfile::tempdir()?;
     let model = ScriptedServer::start().await?;
     model.set_responder(|_: &hame_test_support::RecordedRequest| ScriptStep::text("hi there"));
-    let auth = dir.path().join("auth.json");
-    std::fs::write(
-        &auth,
-        json!({"tokens": {"tok-alice": {"user": "alice"}, "tok-bob": {"user": "bob"}}}).to_string(),
-    )?;
-    let serve = Serve::start(
+    let serve = Serve::start_with_tokens(
         dir.path(),
         &model.base_url(),
-        &["--auth", auth.to_str().ok_or("path")?],
+        json!({"tok-alice": {"user": "alice"}, "tok-bob": {"user": "bob"}}),
     )?;
     let c = client();
     assert_eq!(c.get(serve.at("/healthz")).send().await?.status(), 200);
