@@ -4,6 +4,7 @@ mod conventions;
 mod cost;
 mod crash;
 mod delivery;
+mod evidence;
 mod first_hour;
 mod layout;
 mod mcp;
