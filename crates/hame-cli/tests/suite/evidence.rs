@@ -507,3 +507,74 @@ async fn the_context_manifest_lists_each_section_and_says_summarised_after_compa
     );
     Ok(())
 }
+
+/// Over HTTP: a turn with `verify` whose check still fails answers `status: unverified`
+/// with the evidence; the evidence, observations and task routes read the session; a
+/// candidate requirement is confirmed over HTTP.
+#[tokio::test]
+async fn serve_answers_unverified_with_the_evidence_and_confirms_requirements() -> TestResult {
+    use super::serve::{Serve, client};
+    let s = Scratch::scripted([
+        ScriptStep::tool_call(
+            "c1",
+            "requirement_propose",
+            json!({"text": "never deploy on fridays"}),
+        ),
+        ScriptStep::text("done"),
+        ScriptStep::text("done, again"),
+    ])
+    .await?;
+    s.write("hame.toml", TOML)?;
+    s.write("ok.txt", "broken\n")?;
+    let serve = Serve::start(s.path(), &s.server.base_url(), &[])?;
+    let r = client()
+        .post(serve.at("/v1/sessions/h1/messages"))
+        .json(&json!({"message": "fix it", "verify": ["tests"], "goal": "green tests"}))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await?;
+    assert_eq!(body["status"], "unverified");
+    assert_eq!(body["reply"], "done, again");
+    assert_eq!(body["verification"]["extra_steps"], 1);
+    assert_eq!(body["verification"]["evidence"][0]["check"], "tests");
+    assert_eq!(body["verification"]["evidence"][0]["outcome"], "failed");
+    // An unknown check is a 400 naming the field; no turn runs.
+    let before = s.server.requests().len();
+    let r = client()
+        .post(serve.at("/v1/sessions/h1/messages"))
+        .json(&json!({"message": "again", "verify": ["nope"]}))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 400);
+    assert_eq!(s.server.requests().len(), before);
+    let get = |path: &str| {
+        let url = serve.at(path);
+        async move { client().get(url).send().await?.json::<Value>().await }
+    };
+    let ev = get("/v1/sessions/h1/evidence").await?;
+    assert_eq!(ev["evidence"][0]["check"], "tests");
+    assert_eq!(ev["evidence"][0]["stale"], false);
+    let obs = get("/v1/sessions/h1/observations").await?;
+    let tools: Vec<&str> = obs["observations"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|o| o["tool"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(tools, ["requirement_propose", "verify"]);
+    let task = get("/v1/sessions/h1/task").await?;
+    assert_eq!(task["goal"], "green tests");
+    assert_eq!(task["requirements"][0]["status"], "candidate");
+    let r = client()
+        .post(serve.at("/v1/sessions/h1/requirements/rq-1/confirm"))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 200);
+    let task = get("/v1/sessions/h1/task").await?;
+    assert_eq!(task["requirements"][0]["status"], "confirmed");
+    let r = client()
+        .post(serve.at("/v1/sessions/h1/requirements/rq-7/confirm"))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 404);
+    Ok(())
+}
