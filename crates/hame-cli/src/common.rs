@@ -245,10 +245,8 @@ pub(crate) async fn build_resolved(
 pub(crate) async fn build_named(
     common: &Common,
     name: &str,
-    dir: &std::path::Path,
+    flags: Flags,
 ) -> anyhow::Result<HarnessAgent> {
-    let mut flags = common.flags();
-    flags.workspace = Some(dir.to_path_buf());
     let config = crate::config::resolve_flags(flags)?;
     let (agent, _) = build_agent_as(common, &config, true, None, Some(name)).await?;
     Ok(agent)

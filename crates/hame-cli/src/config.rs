@@ -46,6 +46,12 @@
 //! [[skills.repository]]
 //! sql = "postgres://user@host/db"
 //! table = "hame_skills"
+//! # hame serve: more agents (workspace file only; docs/gateway.md)
+//! [agents.support]
+//! workspace = "agents/support"
+//! model = "openai:gpt-4o-mini"
+//! permission_mode = "ask"
+//! max_iterations = 20
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -96,6 +102,86 @@ struct File {
     skills: SkillsSection,
     /// `[[verify]]`: declared checks (docs/evidence.md).
     verify: Option<Vec<hame::harness::evidence::VerifierSpec>>,
+    #[serde(default)]
+    runs: RunsSection,
+    /// More agents `hame serve` serves (the workspace file's only).
+    agents: Option<std::collections::BTreeMap<String, AgentSection>>,
+}
+
+/// One `[agents.NAME]` of the workspace's `hame.toml`: another agent `hame serve` serves,
+/// with its own workspace (whose `hame.toml` applies to it) and settings that are that
+/// agent's flags (over every file, under nothing).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AgentSection {
+    /// Its workspace; a relative path is from the folder of the `hame.toml` naming it.
+    pub(crate) workspace: PathBuf,
+    pub(crate) model: Option<String>,
+    pub(crate) base_url: Option<String>,
+    pub(crate) permission_mode: Option<PermissionMode>,
+    pub(crate) max_iterations: Option<usize>,
+    pub(crate) context_window: Option<u64>,
+    pub(crate) model_timeout: Option<f64>,
+}
+
+impl AgentSection {
+    /// `flags` with this agent's workspace and settings.
+    pub(crate) fn apply(&self, mut flags: crate::common::Flags) -> crate::common::Flags {
+        flags.workspace = Some(self.workspace.clone());
+        if let Some(m) = &self.model {
+            flags.model = Some(m.clone());
+        }
+        if let Some(u) = &self.base_url {
+            flags.base_url = Some(u.clone());
+        }
+        if let Some(p) = self.permission_mode {
+            flags.permission_mode = Some(p);
+        }
+        if let Some(n) = self.max_iterations {
+            flags.max_iterations = Some(n);
+        }
+        if let Some(n) = self.context_window {
+            flags.context_window = Some(n);
+        }
+        if let Some(t) = self.model_timeout {
+            flags.model_timeout = Some(t);
+        }
+        flags
+    }
+}
+
+/// `[runs]`: durable runs (docs/replicas.md).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunsSection {
+    /// How long finished runs are kept: `7d`, `12h`, `30m`, `90s`, or `forever`.
+    keep_finished: Option<String>,
+}
+
+/// Parses `[runs] keep_finished`: a whole number and a unit (`d`, `h`, `m`, `s`), 1 s to
+/// 100 years; `forever` keeps every run (`None`).
+pub(crate) fn keep_finished(text: &str) -> Result<Option<std::time::Duration>, String> {
+    let text = text.trim();
+    if text == "forever" {
+        return Ok(None);
+    }
+    let bad = || {
+        format!(
+            "`{text}` is not a retention: a whole number and d, h, m or s (at least 1s), or `forever`"
+        )
+    };
+    let (n, unit) = text.split_at(text.len().saturating_sub(1));
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    let seconds = match unit {
+        "d" => n.checked_mul(86_400),
+        "h" => n.checked_mul(3_600),
+        "m" => n.checked_mul(60),
+        "s" => Some(n),
+        _ => None,
+    }
+    .filter(|s| (1..=100 * 365 * 86_400).contains(s))
+    .ok_or_else(bad)?;
+    Ok(Some(std::time::Duration::from_secs(seconds)))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -204,8 +290,12 @@ pub(crate) struct Effective {
     pub(crate) skills_refresh: Setting<u64>,
     /// `[[skills.repository]]` of the first file that has any, in order.
     pub(crate) skill_repositories: Setting<Vec<Repository>>,
+    /// How long finished runs are kept (`[runs] keep_finished`); `None`: for good.
+    pub(crate) keep_finished: Setting<Option<std::time::Duration>>,
     /// The configuration files that exist and were read, highest precedence first.
     pub(crate) files: Vec<PathBuf>,
+    /// `[agents.NAME]` of the workspace file, by name (workspaces made absolute).
+    pub(crate) agents: Vec<(String, AgentSection)>,
 }
 
 impl Effective {
@@ -660,6 +750,45 @@ pub(crate) fn resolve_flags(flags: crate::common::Flags) -> anyhow::Result<Effec
             .into());
         }
     }
+    let keep_text = pick(
+        (None, "--"),
+        None,
+        &[
+            (w.runs.keep_finished.clone(), ws_path.as_path()),
+            (u.runs.keep_finished.clone(), up.as_path()),
+        ],
+        "7d".to_owned(),
+    );
+    let keep_finished = Setting {
+        value: keep_finished(&keep_text.value)
+            .map_err(|e| ConfigError(format!("runs.keep_finished ({}): {e}", keep_text.source)))?,
+        source: keep_text.source,
+    };
+    if u.agents.is_some() {
+        return Err(ConfigError(format!(
+            "[agents.*] in {} is read from a workspace's hame.toml only (the agents a server serves belong to its workspace)",
+            up.display()
+        ))
+        .into());
+    }
+    let mut agents = Vec::new();
+    for (name, section) in w.agents.iter().flatten() {
+        hame::harness::validate_id("agent id", name)
+            .map_err(|e| ConfigError(format!("[agents.{name}] in {}: {e}", ws_path.display())))?;
+        let mut section = section.clone();
+        if section.workspace.is_relative() {
+            section.workspace = workspace.join(&section.workspace);
+        }
+        if !section.workspace.is_dir() {
+            return Err(ConfigError(format!(
+                "[agents.{name}] in {}: the workspace {} is not a folder",
+                ws_path.display(),
+                section.workspace.display()
+            ))
+            .into());
+        }
+        agents.push((name.clone(), section));
+    }
     if isolated.value && store.value.is_some() {
         return Err(ConfigError(format!(
             "isolated ({}) and store ({}) exclude each other: pick one mode",
@@ -694,7 +823,9 @@ pub(crate) fn resolve_flags(flags: crate::common::Flags) -> anyhow::Result<Effec
         prices,
         skills_refresh,
         skill_repositories,
+        keep_finished,
         files,
+        agents,
     })
 }
 
@@ -844,6 +975,15 @@ pub(crate) fn show(args: ConfigArgs) -> anyhow::Result<()> {
             "skills.refresh",
             serde_json::json!(e.skills_refresh.value),
             &e.skills_refresh.source,
+        ),
+        (
+            "runs.keep_finished",
+            serde_json::json!(
+                e.keep_finished
+                    .value
+                    .map_or_else(|| "forever".to_owned(), |d| format!("{}s", d.as_secs()))
+            ),
+            &e.keep_finished.source,
         ),
         (
             "skills.repository",

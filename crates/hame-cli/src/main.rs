@@ -37,9 +37,10 @@ use common::Common;
 #[derive(Debug, Parser)]
 #[command(name = "hame", version, about = "Run a hame agent against a workspace")]
 struct Cli {
-    /// Send OpenTelemetry traces (spans hame.call, hame.step, hame.model, hame.tool and
-    /// the gateway's hame.turn) to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318
-    /// (`/v1/traces` is added to a base URL) [default: $HAME_OTLP_ENDPOINT; none]
+    /// Send OpenTelemetry traces (GenAI conventions: invoke_agent, chat and execute_tool
+    /// spans; `hame serve`'s HTTP requests, continuing an incoming traceparent) to this
+    /// OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (`/v1/traces` is added to a base
+    /// URL) [default: $HAME_OTLP_ENDPOINT; none]
     #[arg(
         long,
         global = true,

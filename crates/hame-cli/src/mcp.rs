@@ -57,7 +57,9 @@ async fn serve(args: McpServeArgs) -> anyhow::Result<()> {
             header_timeout: 10.0,
             body_timeout: 30.0,
             max_connections: 1024,
+            max_upload: 32 * 1024 * 1024,
             mcp: true,
+            a2a: false,
             // As `hame serve`: runs accepted on this server are drained here too.
             worker: Some(hame_gateway::WorkerOptions::default()),
             serve_agent: Vec::new(),

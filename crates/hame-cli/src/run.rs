@@ -474,6 +474,14 @@ fn child_line(task_id: &str, agent_id: &str, event: &AgentEvent) {
                 None => eprintln!("{who} {status}"),
             }
         }
+        // A remote (A2A) child's task: its state changes and what it said.
+        AgentEvent::Custom { kind, data } if kind == "a2a.status" => {
+            let state = data.get("state").and_then(|s| s.as_str()).unwrap_or("");
+            match data.get("message").and_then(|m| m.as_str()) {
+                Some(m) => eprintln!("{who} remote {state}: {}", clip(m)),
+                None => eprintln!("{who} remote {state}"),
+            }
+        }
         AgentEvent::Subagent {
             task_id,
             agent_id,

@@ -60,25 +60,6 @@ pub(crate) async fn queue(
     opened.map_err(|e| ConfigError(format!("cannot open the run queue: {e}")).into())
 }
 
-/// [`queue`] for `hame serve`: on a state store without a run queue yet (Redis)
-/// the server runs without one (its run routes answer 501) after a warning.
-pub(crate) async fn queue_if_available(
-    agent: &HarnessAgent,
-    config: &crate::config::Effective,
-) -> anyhow::Result<Option<Arc<dyn RunQueue>>> {
-    let without = config.state.value.as_deref().is_some_and(|url| {
-        let scheme = url.split_once("://").map_or("", |(s, _)| s);
-        ["redis", "rediss"].contains(&scheme.to_ascii_lowercase().as_str())
-    });
-    if without {
-        eprintln!(
-            "hame: warning: runs (POST /v1/sessions/{{session}}/runs) need --state with a path, a postgres:// or a mysql:// URL; this server answers them 501"
-        );
-        return Ok(None);
-    }
-    queue(agent, config).await.map(Some)
-}
-
 /// Flags of `hame worker`.
 #[derive(Debug, Args)]
 pub(crate) struct WorkerCommand {
@@ -97,7 +78,10 @@ pub(crate) async fn worker(args: WorkerCommand) -> anyhow::Result<()> {
     let config = crate::config::resolve(&args.common)?;
     let (agent, ctx) = build_resolved(&args.common, &config).await?;
     let queue = queue(&agent, &config).await?;
-    let options = args.worker.options();
+    let options = args
+        .worker
+        .options()
+        .with_keep_finished(config.keep_finished.value);
     let name = options.name.clone();
     let worker = hame_gateway::Worker::new(agent.clone(), ctx, queue, options);
     let stop = hame::CancellationToken::new();

@@ -19,9 +19,10 @@ pub(crate) struct ServeArgs {
     /// only a loopback address is accepted.
     #[arg(long)]
     listen: String,
-    /// Bearer tokens: a JSON file {"tokens": {"<token>": {"user": "<userId>"}}}. Then every
-    /// request but /healthz needs `Authorization: Bearer <token>` and the token decides
-    /// the user; without it the user is the `X-Hame-User` header (else --user).
+    /// Bearer tokens: a JSON file {"tokens": {"<token>": {"user": "<userId>", "agents":
+    /// ["<agentId>"]}}} (`agents` optional: the agents the token may use, else all). Then
+    /// every request but /healthz needs `Authorization: Bearer <token>` and the token
+    /// decides the user; without it the user is the `X-Hame-User` header (else --user).
     #[arg(long, value_name = "FILE")]
     auth: Option<PathBuf>,
     /// Messages that may wait behind the running turn of one session; one more is
@@ -44,17 +45,27 @@ pub(crate) struct ServeArgs {
     /// closes (keep it under `ulimit -n`).
     #[arg(long, default_value_t = 1024, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
+    /// Largest file PUT /v1/sessions/{session}/files/{path} takes, in bytes; one more is
+    /// answered 413 (the body is held in memory until written).
+    #[arg(long, default_value_t = 32 * 1024 * 1024, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+    max_upload: u64,
     /// Accept runs (POST /v1/sessions/{session}/runs) but leave them to `hame worker`
     /// processes instead of executing them here.
     #[arg(long, help_heading = "Runs")]
     no_worker: bool,
     #[command(flatten)]
     worker: crate::runs::WorkerArgs,
-    /// Another agent served by this process (repeatable): its id and its own workspace
-    /// (with that workspace's hame.toml); the OpenAI routes' `model` picks it, the other
-    /// flags are shared. The session routes serve the --agent one.
+    /// Another agent served by this process (repeatable; also `[agents.NAME]` in
+    /// hame.toml): its id and its own workspace (with that workspace's hame.toml); the
+    /// OpenAI routes' `model` picks it, its routes are /v1/agents/NAME/…, the other flags
+    /// are shared. The /v1/sessions/… routes serve the --agent one.
     #[arg(long = "serve-agent", value_name = "NAME=DIR", value_parser = named_dir)]
     serve_agent: Vec<(String, PathBuf)>,
+    /// Also publish every served agent as an A2A agent (docs/a2a.md): the card at
+    /// /.well-known/agent-card.json (each agent's at /a2a/NAME/.well-known/agent-card.json),
+    /// JSON-RPC at /a2a (and /a2a/NAME); each task is a run of the run queue.
+    #[arg(long)]
+    a2a: bool,
 }
 
 /// `NAME=DIR` of `--serve-agent`.
@@ -88,7 +99,9 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         header_timeout: args.header_timeout,
         body_timeout: args.body_timeout,
         max_connections: args.max_connections,
+        max_upload: args.max_upload,
         mcp: false,
+        a2a: args.a2a,
         worker: (!args.no_worker).then(|| args.worker.options()),
         serve_agent: args.serve_agent,
     };
@@ -104,8 +117,12 @@ pub(crate) struct Http {
     pub(crate) header_timeout: f64,
     pub(crate) body_timeout: f64,
     pub(crate) max_connections: u32,
+    /// Largest upload in bytes (`--max-upload`).
+    pub(crate) max_upload: u64,
     /// Also serve MCP at `/mcp`.
     pub(crate) mcp: bool,
+    /// Also serve A2A (`--a2a`).
+    pub(crate) a2a: bool,
     /// Drain the run queue in this process with these settings (`None`: leave the runs to
     /// `hame worker` processes).
     pub(crate) worker: Option<hame_gateway::WorkerOptions>,
@@ -160,7 +177,7 @@ pub(crate) async fn serve_http(common: &Common, args: Http) -> anyhow::Result<()
         None => None,
     };
     let (agent, ctx) = build_resolved(common, &config).await?;
-    let runs = crate::runs::queue_if_available(&agent, &config).await?;
+    let runs = Some(crate::runs::queue(&agent, &config).await?);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|e| ConfigError(format!("cannot listen on {addr}: {e} (check --listen)")))?;
@@ -172,12 +189,24 @@ pub(crate) async fn serve_http(common: &Common, args: Http) -> anyhow::Result<()
         .with_header_timeout(Duration::from_secs_f64(args.header_timeout))
         .with_body_timeout(Duration::from_secs_f64(args.body_timeout))
         .with_max_connections(usize::try_from(args.max_connections).unwrap_or(usize::MAX))
+        .with_upload_limit(usize::try_from(args.max_upload).unwrap_or(usize::MAX))
         .with_shared_events(shared_events)
         .with_mcp(args.mcp)
-        .with_runs(runs, args.worker);
+        .with_a2a(args.a2a)
+        .with_runs(
+            runs,
+            args.worker
+                .map(|w| w.with_keep_finished(config.keep_finished.value)),
+        );
+    // More agents: the workspace file's `[agents.NAME]`, then `--serve-agent NAME=DIR`.
     let mut others = Vec::new();
+    for (name, section) in &config.agents {
+        others.push(crate::common::build_named(common, name, section.apply(common.flags())).await?);
+    }
     for (name, dir) in &args.serve_agent {
-        others.push(crate::common::build_named(common, name, dir).await?);
+        let mut flags = common.flags();
+        flags.workspace = Some(dir.clone());
+        others.push(crate::common::build_named(common, name, flags).await?);
     }
     let gateway = hame_gateway::Gateway::new(agent.clone(), ctx, options)
         .with_agents(others)
@@ -186,6 +215,12 @@ pub(crate) async fn serve_http(common: &Common, args: Http) -> anyhow::Result<()
         println!("listening on http://{local} (MCP at http://{local}/mcp)");
     } else {
         println!("listening on http://{local}");
+    }
+    if args.a2a {
+        eprintln!(
+            "hame: A2A card at http://{local}{} (JSON-RPC at http://{local}/a2a)",
+            hame_gateway::A2A_CARD_PATH
+        );
     }
     std::io::stdout().flush()?;
     gateway.serve(listener, shutdown_signal()).await?;

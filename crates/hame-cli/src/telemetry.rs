@@ -102,7 +102,13 @@ pub(crate) fn init(otlp: Option<&str>) -> Result<Telemetry, String> {
             )
             .build();
         let tracer = provider.tracer("hame");
-        // hame's own spans (hame.call, hame.step, hame.model, hame.tool, hame.turn).
+        // W3C trace context: `hame serve` continues an incoming `traceparent`; model
+        // providers and HTTP MCP servers are sent the current span's.
+        opentelemetry::global::set_text_map_propagator(
+            opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+        );
+        // hame's own spans (hame.http, hame.turn, hame.call, hame.step, hame.model,
+        // hame.tool), exported with the GenAI names (ADR 0037).
         let spans =
             tracing_subscriber::filter::Targets::new().with_target("hame", tracing::Level::INFO);
         registry

@@ -20,6 +20,7 @@ use crate::layer::{
 use crate::message::{ContentBlock, Message, ToolCall, Usage};
 use crate::model::{
     Model, ModelError, ModelEvent, ModelParams, ModelRequest, ModelResponse, ResponseAssembler,
+    StopReason,
 };
 use crate::state::AgentState;
 use crate::suspend::Resolution;
@@ -30,6 +31,34 @@ use crate::tool::{ToolOutput, ToolRunOptions, ToolSet};
 /// ([`secrets::redact_for_callers`](crate::secrets::redact_for_callers)).
 fn failure_text(e: &Error) -> String {
     crate::secrets::redact_for_callers(&e.to_string()).into_owned()
+}
+
+/// The `error.type` of a failed call or model request on its span: a stable code.
+fn error_type(e: &Error) -> &'static str {
+    match e {
+        Error::Model(m) => model_error_type(m),
+        Error::MaxIterations { .. } => "max_iterations",
+        Error::Cancelled => "cancelled",
+        Error::Layer { .. } => "layer_failed",
+        Error::Suspended(_) => "suspended",
+        Error::BudgetExceeded(_) => "budget_exceeded",
+        Error::NothingPending => "nothing_pending",
+        Error::UnknownResolution(_) => "unknown_resolution",
+        Error::Other { .. } => "error",
+    }
+}
+
+/// The `error.type` of a failed model request.
+fn model_error_type(e: &ModelError) -> &'static str {
+    match e {
+        ModelError::ContextOverflow { .. } => "context_overflow",
+        ModelError::RateLimited { .. } => "rate_limited",
+        ModelError::Auth { .. } => "auth",
+        ModelError::Provider { .. } => "provider",
+        ModelError::Transport { .. } => "transport",
+        ModelError::InvalidResponse(_) => "invalid_response",
+        ModelError::Config(_) => "config",
+    }
 }
 
 /// Default step limit of a call.
@@ -202,8 +231,20 @@ impl AgentLoop {
             cancel: env.cancel,
             iteration: 0,
         };
+        let agent = env
+            .extensions
+            .get::<crate::telemetry::AgentName>()
+            .map_or("hame", |a| a.0.as_str());
         let span = tracing::info_span!(
             "hame.call",
+            otel.name = %format!("invoke_agent {agent}"),
+            otel.kind = "internal",
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+            gen_ai.operation.name = "invoke_agent",
+            gen_ai.agent.name = agent,
+            gen_ai.conversation.id = %env.runtime.session_id,
+            error.type = tracing::field::Empty,
             session = %env.runtime.session_id,
             user = env.runtime.user_id.as_deref().unwrap_or(""),
         );
@@ -212,8 +253,13 @@ impl AgentLoop {
             core: self,
         }
         .run(&mut cx, input)
-        .instrument(span)
+        .instrument(span.clone())
         .await;
+        if let Err(e) = &outcome
+            && !matches!(e, Error::Suspended(_))
+        {
+            crate::telemetry::fail(&span, error_type(e), &failure_text(e));
+        }
         match &outcome {
             Ok(out) => env.events.emit(AgentEvent::Finished {
                 reply: out.reply.clone(),
@@ -427,13 +473,53 @@ impl AgentLoop {
             }
             Ok::<_, ModelError>(asm.finish())
         };
-        let span = tracing::info_span!("hame.model", model = %self.model.info().model);
+        let info = self.model.info();
+        let span = tracing::info_span!(
+            "hame.model",
+            otel.name = %format!("chat {}", info.model),
+            otel.kind = "client",
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+            gen_ai.operation.name = "chat",
+            gen_ai.provider.name = %info.provider,
+            gen_ai.system = %info.provider,
+            gen_ai.request.model = %info.model,
+            gen_ai.response.model = tracing::field::Empty,
+            gen_ai.response.id = tracing::field::Empty,
+            gen_ai.usage.input_tokens = tracing::field::Empty,
+            gen_ai.usage.output_tokens = tracing::field::Empty,
+            gen_ai.response.finish_reasons = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+            model = %info.model,
+        );
         let started = Instant::now();
         let response = tokio::select! {
             biased;
-            _ = cancel.cancelled() => return Err(Error::Cancelled),
-            r = work.instrument(span) => r?,
+            _ = cancel.cancelled() => {
+                crate::telemetry::fail(&span, "cancelled", "the call was cancelled");
+                return Err(Error::Cancelled);
+            }
+            r = work.instrument(span.clone()) => match r {
+                Ok(r) => r,
+                Err(e) => {
+                    crate::telemetry::fail(&span, model_error_type(&e), &e.to_string());
+                    return Err(e.into());
+                }
+            },
         };
+        if let Some(u) = &response.usage {
+            span.record("gen_ai.usage.input_tokens", u.input_tokens);
+            span.record("gen_ai.usage.output_tokens", u.output_tokens);
+        }
+        if let Some(reason) = &response.stop_reason {
+            let reason = match reason {
+                StopReason::EndTurn => "stop",
+                StopReason::ToolUse => "tool_calls",
+                StopReason::MaxTokens => "length",
+                StopReason::Other(o) => o.as_str(),
+            };
+            span.record("gen_ai.response.finish_reasons", reason);
+        }
         events.emit(AgentEvent::ModelResponded {
             duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         });
@@ -475,7 +561,21 @@ impl AgentLoop {
             };
             let call = call.clone();
             let resume = resume.clone();
-            let span = tracing::info_span!("hame.tool", tool = %call.name, call_id = %call.id);
+            let span = tracing::info_span!(
+                "hame.tool",
+                otel.name = %format!("execute_tool {}", call.name),
+                otel.kind = "internal",
+                otel.status_code = tracing::field::Empty,
+                otel.status_description = tracing::field::Empty,
+                gen_ai.operation.name = "execute_tool",
+                gen_ai.tool.name = %call.name,
+                gen_ai.tool.call.id = %call.id,
+                gen_ai.tool.type = "function",
+                error.type = tracing::field::Empty,
+                tool = %call.name,
+                call_id = %call.id,
+            );
+            let marked = span.clone();
             runs.push(
                 async move {
                     let tcx = ToolCtx {
@@ -491,6 +591,9 @@ impl AgentLoop {
                         .await;
                     let duration_ms =
                         u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                    if let ToolOutcome::Done(Err(e)) = &outcome {
+                        crate::telemetry::fail(&marked, &e.code, &e.message);
+                    }
                     if let ToolOutcome::Done(out) = &outcome {
                         events.emit(AgentEvent::ToolFinished {
                             id: call.id.clone(),

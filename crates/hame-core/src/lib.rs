@@ -48,6 +48,7 @@ mod observation;
 pub mod secrets;
 mod state;
 mod suspend;
+pub mod telemetry;
 mod tool;
 
 #[cfg(any(test, feature = "test-support"))]

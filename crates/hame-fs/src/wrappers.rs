@@ -655,7 +655,44 @@ crate::forward_filesystem! {
             generic::grep_via_walk(self, request).await
         }
         async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
-            generic::glob_via_walk(self, request).await
+            // Each side's own search, merged with `upper` winning: one search of each
+            // (a Redis range read, not one listing per folder) — the per-step probe of the
+            // workspace snapshot is this call (ADR 0028).
+            generic::compile_glob(&request.pattern)?;
+            let up = or_not_found(self.upper.glob(request).await)?;
+            let low = match self.lower.glob(request).await {
+                Ok(v) => Some(v),
+                Err(Error::NotFound { .. }) => None,
+                Err(Error::NotADirectory { .. }) if up.is_some() => None,
+                Err(e) => return Err(e),
+            };
+            let (up, low) = match (up, low) {
+                (None, None) => {
+                    return Err(Error::NotFound {
+                        path: request.path.to_string(),
+                    });
+                }
+                (up, low) => (up.unwrap_or_default(), low.unwrap_or_default()),
+            };
+            let mut truncated = up.truncated || low.truncated;
+            let upper_files: std::collections::BTreeSet<FsPath> =
+                up.files.iter().map(|f| f.path.clone()).collect();
+            let mut files = up.files;
+            for f in low.files {
+                // Shadowed by the upper copy, or below a path that is a file in `upper`.
+                let shadowed = upper_files.contains(&f.path)
+                    || std::iter::successors(f.path.parent(), FsPath::parent)
+                        .any(|a| upper_files.contains(&a));
+                if !shadowed {
+                    files.push(f);
+                }
+            }
+            files.sort_by(|a, b| a.path.cmp(&b.path));
+            if files.len() > request.max_results {
+                files.truncate(request.max_results);
+                truncated = true;
+            }
+            Ok(GlobOutput { files, truncated })
         }
     }
 }

@@ -198,6 +198,7 @@ pub(crate) async fn json_errors(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
+    let rpc = crate::a2a::is_rpc_path(req.uri().path());
     let resp = next.run(req).await;
     let status = resp.status();
     if status.as_u16() < 400 {
@@ -239,6 +240,11 @@ pub(crate) async fn json_errors(
     } else {
         text
     };
+    if rpc {
+        // An A2A JSON-RPC endpoint answers JSON-RPC error objects, even for what the
+        // layers refused (a body over the limit, a timeout).
+        return crate::a2a::http_error(status, &message);
+    }
     let mut out = ApiError::new(status, code, message).into_response();
     if let Some(allow) = allow {
         out.headers_mut().insert(header::ALLOW, allow);

@@ -20,6 +20,10 @@
 //!   `GET /v1/runs/{run_id}`, `POST /v1/runs/{run_id}/cancel`, `GET /v1/runs/{run_id}/events`,
 //!   `GET /v1/sessions/{session}/runs`, executed by a [`Worker`] in this or any other
 //!   process on the same state store (`docs/replicas.md`);
+//! - with [`GatewayOptions::a2a`]: every agent as an A2A 0.3 agent (cards at
+//!   `/.well-known/agent-card.json` and `/a2a/{agent}/.well-known/agent-card.json`,
+//!   JSON-RPC `message/send`, `message/stream`, `tasks/get`, `tasks/cancel` at `/a2a` and
+//!   `/a2a/{agent}`; tasks are runs; `docs/a2a.md`);
 //! - `GET /healthz`, `GET /metrics` (Prometheus text), and a web console at `/`.
 //!
 //! Turns of one (agent, user, session) run one at a time in arrival order behind a gate
@@ -51,11 +55,14 @@ use axum::http::StatusCode;
 use hame::{CancellationToken, HarnessAgent, RuntimeContext};
 use tokio_util::task::TaskTracker;
 
+mod a2a;
 mod auth;
 mod console;
 mod error;
 mod events;
+mod files;
 mod gate;
+mod http_trace;
 mod mcp;
 mod metrics;
 mod oai_request;
@@ -65,18 +72,20 @@ mod replay;
 mod responses;
 mod routes;
 mod runs;
+mod schemas;
 mod server;
 #[cfg(feature = "redis")]
 mod shared_events;
 mod turn;
 mod worker;
 
-pub use auth::Auth;
+pub use a2a::{CARD_PATH as A2A_CARD_PATH, PROTOCOL_VERSION as A2A_PROTOCOL_VERSION};
+pub use auth::{Auth, Grant};
 pub use error::{Error, Result};
 pub use mcp::{ASK_TOOL, MAX_ASK_BYTES};
 #[cfg(feature = "redis")]
 pub use shared_events::SharedEvents;
-pub use worker::{Worker, WorkerOptions};
+pub use worker::{PURGE_BATCH, PURGE_EVERY, Worker, WorkerOptions};
 
 /// Settings of a [`Gateway`]; `Default` gives the documented defaults.
 #[derive(Debug, Clone)]
@@ -89,8 +98,11 @@ pub struct GatewayOptions {
     pub queue_bound: usize,
     /// The `Retry-After` of a 429, in seconds (default 1).
     pub retry_after_secs: u64,
-    /// Largest request body in bytes (default 1 MiB).
+    /// Largest request body in bytes (default 1 MiB), but for uploads.
     pub body_limit: usize,
+    /// Largest file `PUT /v1/sessions/{session}/files/{path}` takes, in bytes (default
+    /// 32 MiB; one more byte is 413). The body is held in memory until it is written.
+    pub upload_limit: usize,
     /// How long a request may take until its response starts (default 600 s; a turn
     /// answered as JSON waits for its reply within it; an SSE response starts at once).
     pub request_timeout: Duration,
@@ -119,6 +131,12 @@ pub struct GatewayOptions {
     /// Also serve the agent as an MCP server over streamable HTTP at `/mcp` (ADR 0029;
     /// default false).
     pub mcp: bool,
+    /// Also serve every agent as an A2A agent (ADR 0034, `docs/a2a.md`): the cards at
+    /// `/.well-known/agent-card.json` and `/a2a/{agent}/.well-known/agent-card.json`, the
+    /// JSON-RPC endpoints `/a2a` and `/a2a/{agent}`; tasks are runs of
+    /// [`runs`](Self::runs), and the in-process [`worker`](Self::worker) drains every served
+    /// agent's (default false).
+    pub a2a: bool,
     /// Where events are shared between replicas (feature `redis`); `None` (the default):
     /// in this process only.
     #[cfg(feature = "redis")]
@@ -138,6 +156,7 @@ impl Default for GatewayOptions {
             queue_bound: 16,
             retry_after_secs: 1,
             body_limit: 1024 * 1024,
+            upload_limit: 32 * 1024 * 1024,
             request_timeout: Duration::from_secs(600),
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
@@ -148,6 +167,7 @@ impl Default for GatewayOptions {
             replay_window: Duration::from_secs(300),
             replay_entries: 10_000,
             mcp: false,
+            a2a: false,
             #[cfg(feature = "redis")]
             shared_events: None,
             runs: None,
@@ -166,6 +186,12 @@ impl GatewayOptions {
     /// With a queue bound per session.
     pub fn with_queue_bound(mut self, n: usize) -> Self {
         self.queue_bound = n;
+        self
+    }
+
+    /// With an upload limit ([`GatewayOptions::upload_limit`]).
+    pub fn with_upload_limit(mut self, bytes: usize) -> Self {
+        self.upload_limit = bytes;
         self
     }
 
@@ -196,6 +222,12 @@ impl GatewayOptions {
     /// Also serves MCP at `/mcp` ([`GatewayOptions::mcp`]).
     pub fn with_mcp(mut self, on: bool) -> Self {
         self.mcp = on;
+        self
+    }
+
+    /// Also serves A2A ([`GatewayOptions::a2a`]).
+    pub fn with_a2a(mut self, on: bool) -> Self {
+        self.a2a = on;
         self
     }
 
@@ -332,8 +364,10 @@ impl Gateway {
     }
 
     /// Serves `others` too: the OpenAI-compatible routes pick an agent by `model`
-    /// (`GET /v1/models` lists them all); the session routes serve the default one. Refused
-    /// when two agents share an id, or once the gateway is shared (cloned or serving).
+    /// (`GET /v1/models` lists them all), the routes under `/v1/agents/{agent}/` by their
+    /// path; the routes without it serve the default one. Refused when two agents share an
+    /// id, when a token of [`GatewayOptions::auth`] is limited to an agent not served, or
+    /// once the gateway is shared (cloned or serving).
     pub fn with_agents(mut self, others: Vec<HarnessAgent>) -> Result<Self> {
         let Some(shared) = Arc::get_mut(&mut self.shared) else {
             return Err(Error::Config(
@@ -350,32 +384,48 @@ impl Gateway {
             }
             shared.others.push(a);
         }
+        if let Some(auth) = &shared.options.auth
+            && let Some(unknown) = auth
+                .agent_ids()
+                .find(|id| !shared.agents().any(|a| a.name() == *id))
+        {
+            return Err(Error::Config(format!(
+                "a token of the auth file is limited to the agent `{unknown}`, which this server does not serve"
+            )));
+        }
         Ok(self)
     }
 
     /// The routes, with the body-timeout, body-limit, timeout and trace layers (no CORS).
     /// The header timeout and the connection limit are the server's ([`Gateway::serve`]).
     pub fn router(&self) -> Router {
-        use tower_http::limit::RequestBodyLimitLayer;
         use tower_http::timeout::TimeoutLayer;
-        use tower_http::trace::TraceLayer;
         let o = &self.shared.options;
         let mut app = routes::router(self.shared.clone());
         if o.mcp {
             app = app.merge(mcp::router(self.shared.clone()));
+        }
+        if o.a2a {
+            app = app.merge(a2a::router(self.shared.clone()));
         }
         app.layer(axum::extract::DefaultBodyLimit::disable())
             .layer(axum::middleware::from_fn_with_state(
                 o.body_timeout,
                 server::read_body_within,
             ))
-            .layer(RequestBodyLimitLayer::new(o.body_limit))
+            .layer(axum::middleware::from_fn_with_state(
+                server::BodyLimits {
+                    body: o.body_limit,
+                    upload: o.upload_limit,
+                },
+                server::limit_body,
+            ))
             .layer(TimeoutLayer::with_status_code(
                 StatusCode::REQUEST_TIMEOUT,
                 o.request_timeout,
             ))
             .layer(axum::middleware::from_fn(error::json_errors))
-            .layer(TraceLayer::new_for_http())
+            .layer(http_trace::layer())
     }
 
     /// Serves the agent as an MCP server on this process's stdin and stdout until the
@@ -436,19 +486,20 @@ impl Gateway {
             header_timeout: shared.options.header_timeout,
             max_connections: shared.options.max_connections,
         };
-        let worker = match (&shared.options.runs, &shared.options.worker) {
-            (Some(queue), Some(options)) => {
+        // A worker per served agent: a run is claimed by its agent's worker.
+        let mut workers = Vec::new();
+        if let (Some(queue), Some(options)) = (&shared.options.runs, &shared.options.worker) {
+            for agent in shared.agents() {
                 let w = Worker::new(
-                    shared.agent.clone(),
+                    agent.clone(),
                     shared.base.clone(),
                     queue.clone(),
                     options.clone(),
                 );
                 let (stop, abort) = (draining.clone(), shared.cancel.clone());
-                Some(tokio::spawn(async move { w.run(stop, abort).await }))
+                workers.push(tokio::spawn(async move { w.run(stop, abort).await }));
             }
-            _ => None,
-        };
+        }
         let server = {
             let stop = draining.clone();
             async move {
@@ -473,7 +524,7 @@ impl Gateway {
                 shared.turns.close();
                 let drained = tokio::time::timeout(limit, async {
                     shared.turns.wait().await;
-                    if let Some(w) = worker {
+                    for w in workers {
                         let _ = w.await;
                     }
                     (&mut server).await

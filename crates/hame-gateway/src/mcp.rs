@@ -3,6 +3,10 @@
 //! [`GatewayOptions::mcp`](crate::GatewayOptions::mcp)), through the official Rust SDK's
 //! server side.
 //!
+//! The workspace's skills are its prompts (`prompts/list`, `prompts/get`): each skill the
+//! caller's model would see, by name and description, its prompt the text `load_skill`
+//! gives (the `SKILL.md` body and its resource list).
+//!
 //! An `ask` is a turn like `POST /v1/sessions/{session}/messages`: the same session gate
 //! (turns of one session run one at a time, 429-like refusal past the queue bound), the
 //! same harness call, the same redaction of what goes back.
@@ -11,8 +15,9 @@ use std::sync::Arc;
 
 use hame::{CallInput, CancellationToken, Message};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, GetPromptRequestParams,
+    GetPromptResponse, GetPromptResult, Implementation, ListPromptsResult, ListToolsResult,
+    PaginatedRequestParams, Prompt, PromptMessage, Role, ServerCapabilities, ServerConfig, Tool,
     ToolAnnotations,
 };
 use rmcp::service::RequestContext;
@@ -112,6 +117,23 @@ fn error_result(text: impl Into<String>) -> CallToolResult {
 }
 
 impl McpServer {
+    /// The skills and the caller's workspace handle, when skills are on.
+    fn skills_of(
+        &self,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Option<(Arc<hame::skills::Skills>, hame::tools::Workspace)>, ErrorData> {
+        let Some(skills) = self.shared.agent.skills().cloned() else {
+            return Ok(None);
+        };
+        let ctx = crate::routes::context(&self.shared, self.caller(context), "mcp-prompts");
+        let ws = self
+            .shared
+            .agent
+            .workspace_for(&ctx)
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        Ok(Some((skills, ws)))
+    }
+
     /// The caller of a request: the HTTP layer's [`Caller`] when there is one, else the
     /// server's user.
     fn caller(&self, context: &RequestContext<RoleServer>) -> Option<String> {
@@ -119,7 +141,7 @@ impl McpServer {
             .extensions
             .get::<axum::http::request::Parts>()
             .and_then(|p| p.extensions.get::<Caller>())
-            .map(|c| c.0.clone())
+            .map(|c| c.user.clone())
             .unwrap_or_else(|| self.user.clone())
     }
 
@@ -205,13 +227,18 @@ async fn wait(
 
 impl ServerHandler for McpServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("hame", env!("CARGO_PKG_VERSION")))
-            .with_instructions(format!(
-                "The hame agent `{}`. Call `ask` with a message; give the `session` a result \
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_prompts()
+                .build(),
+        )
+        .with_server_info(Implementation::new("hame", env!("CARGO_PKG_VERSION")))
+        .with_instructions(format!(
+            "The hame agent `{}`. Call `ask` with a message; give the `session` a result \
                  names to continue that conversation.",
-                self.shared.agent.name()
-            ))
+            self.shared.agent.name()
+        ))
     }
 
     async fn list_tools(
@@ -222,6 +249,56 @@ impl ServerHandler for McpServer {
         Ok(ListToolsResult::with_all_items(vec![ask_tool(
             self.shared.agent.name(),
         )]))
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        let Some((skills, ws)) = self.skills_of(&context)? else {
+            return Ok(ListPromptsResult::with_all_items(Vec::new()));
+        };
+        let catalog = skills.catalog(&ws, None).await;
+        let prompts = catalog
+            .visible()
+            .into_iter()
+            .map(|s| {
+                let description = crate::error::for_callers(json!(s.description));
+                Prompt::new(s.name.clone(), description.as_str(), None)
+            })
+            .collect();
+        Ok(ListPromptsResult::with_all_items(prompts))
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        if request.arguments.as_ref().is_some_and(|a| !a.is_empty()) {
+            return Err(ErrorData::invalid_params(
+                "a skill's prompt takes no arguments",
+                None,
+            ));
+        }
+        let Some((skills, ws)) = self.skills_of(&context)? else {
+            return Err(ErrorData::invalid_params(
+                "skills are switched off: this server has no prompts",
+                None,
+            ));
+        };
+        let text = skills
+            .load(&ws, &request.name, None)
+            .await
+            .map_err(|e| ErrorData::invalid_params(e.to_string(), None))?;
+        let text = crate::error::for_callers(json!(text));
+        let result = GetPromptResult::new(vec![PromptMessage::new_text(
+            Role::User,
+            text.as_str().unwrap_or_default(),
+        )])
+        .with_description(format!("The skill `{}`", request.name));
+        Ok(result.into())
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
@@ -274,12 +351,23 @@ pub(crate) fn router(shared: Arc<Shared>) -> axum::Router {
 }
 
 /// Puts the request's [`Caller`] into its extensions (the tool reads it from there), or
-/// answers 401 / 400 as the other routes do.
+/// answers 401 / 400 as the other routes do; a token limited to agents other than the
+/// served one is 404 `agent_not_found`, as on the session routes.
 async fn with_caller(
+    axum::extract::State(shared): axum::extract::State<Arc<crate::Shared>>,
     caller: Caller,
     mut request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if !caller.may_use(shared.agent.name()) {
+        return crate::error::ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            "agent_not_found",
+            "this token may not use the agent served at /mcp",
+        )
+        .into_response();
+    }
     request.extensions_mut().insert(caller);
     next.run(request).await
 }

@@ -56,10 +56,16 @@ impl Metrics {
             hame::AgentEvent::StepStarted { .. } => {
                 self.steps.fetch_add(1, Ordering::Relaxed);
             }
-            hame::AgentEvent::ToolFinished { name, is_error, .. } => {
+            hame::AgentEvent::ToolFinished {
+                name,
+                is_error,
+                code,
+                ..
+            } => {
                 if let Ok(mut t) = self.tools.lock() {
                     let outcome = if *is_error { "error" } else { "ok" };
-                    *t.entry((name.clone(), outcome)).or_default() += 1;
+                    *t.entry((tool_label(name, code.as_deref()), outcome))
+                        .or_default() += 1;
                 }
             }
             hame::AgentEvent::ModelResponded { duration_ms } => {
@@ -119,7 +125,7 @@ impl Metrics {
         x.family(
             "hame_tool_calls_total",
             "counter",
-            "Tool calls by name and outcome.",
+            "Tool calls by name (`other` for a name no catalog has) and outcome.",
         );
         if let Ok(t) = self.tools.lock() {
             for ((name, outcome), n) in t.iter() {
@@ -209,6 +215,20 @@ impl Metrics {
     }
 }
 
+/// The `tool` label of a finished call: its name, or [`OTHER_TOOL`] for a name that is in
+/// no catalog (the call failed with `unknown_tool`), so that names a model invents do not
+/// each become a series.
+fn tool_label(name: &str, code: Option<&str>) -> String {
+    if code == Some(hame::codes::UNKNOWN_TOOL) {
+        OTHER_TOOL.to_owned()
+    } else {
+        name.to_owned()
+    }
+}
+
+/// The `tool` label of calls to tools that do not exist.
+pub(crate) const OTHER_TOOL: &str = "other";
+
 /// The Prometheus text format, one family at a time; every sample is labelled with the
 /// agent, label values escaped.
 struct Exposition {
@@ -242,4 +262,46 @@ fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finished(name: &str, code: Option<&str>) -> hame::AgentEvent {
+        hame::AgentEvent::ToolFinished {
+            id: "c".into(),
+            name: name.into(),
+            duration_ms: 1,
+            is_error: code.is_some(),
+            code: code.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn invented_tool_names_share_one_series() {
+        let m = Metrics::default();
+        m.event(&finished("read_file", None));
+        m.event(&finished("made_up_1", Some(hame::codes::UNKNOWN_TOOL)));
+        m.event(&finished("made_up_2", Some(hame::codes::UNKNOWN_TOOL)));
+        m.event(&finished("read_file", Some("file_not_found")));
+        let g = Gauges {
+            queue_depth: 0,
+            sessions: 0,
+            in_flight: 0,
+        };
+        let text = m.render("a", &g);
+        let tools: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("hame_tool_calls_total{"))
+            .collect();
+        pretty_assertions::assert_eq!(
+            tools,
+            vec![
+                r#"hame_tool_calls_total{agent="a",tool="other",outcome="error"} 2"#,
+                r#"hame_tool_calls_total{agent="a",tool="read_file",outcome="error"} 1"#,
+                r#"hame_tool_calls_total{agent="a",tool="read_file",outcome="ok"} 1"#,
+            ]
+        );
+    }
 }

@@ -28,22 +28,74 @@ pub(crate) fn refused(r: Refusal) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, r.code, r.message).with_param(r.param)
 }
 
-/// The served agent `model` names, else 404 `model_not_found`.
-pub(crate) fn served(shared: &Shared, model: &str) -> Result<HarnessAgent, ApiError> {
-    if let Some(a) = shared.agents().find(|a| a.name() == model) {
-        return Ok(a.clone());
+/// The served agent `model` names that `caller` may use, else 404 `model_not_found` (an
+/// agent the caller's token may not use is not told apart from one that is not served).
+pub(crate) fn served(
+    shared: &Shared,
+    caller: &Caller,
+    model: &str,
+) -> Result<HarnessAgent, ApiError> {
+    let usable: Vec<&HarnessAgent> = shared
+        .agents()
+        .filter(|a| caller.may_use(a.name()))
+        .collect();
+    if let Some(a) = usable.iter().find(|a| a.name() == model) {
+        return Ok((*a).clone());
     }
-    let names: Vec<&str> = shared.agents().map(HarnessAgent::name).collect();
+    let names: Vec<String> = usable.iter().map(|a| format!("`{}`", a.name())).collect();
     Err(ApiError::new(
         StatusCode::NOT_FOUND,
         "model_not_found",
         format!(
-            "the model `{}` does not exist; this server serves the agent(s) {} (GET /v1/models lists them)",
+            "the model `{}` does not exist; this server serves you the agent(s) {} (GET /v1/models lists them)",
             model.chars().take(64).collect::<String>(),
-            names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+            names.join(", ")
         ),
     )
     .with_param("model"))
+}
+
+/// What both OpenAI handlers start with: the caller, the retry key of `route`, the JSON
+/// body, the agent `model` picks and the request parsed for it (`parse`, with the agent's
+/// own tool names, which a client tool may not take).
+pub(crate) struct Prologue<T> {
+    pub(crate) user: Option<String>,
+    pub(crate) key: Option<crate::replay::RequestKey>,
+    pub(crate) body: Value,
+    pub(crate) agent: HarnessAgent,
+    pub(crate) req: T,
+}
+
+/// See [`Prologue`]. A body without `model` is refused for its own fields first (a bad
+/// request says what is wrong with it rather than that `model` is missing).
+pub(crate) fn prologue<T>(
+    shared: &Shared,
+    caller: Result<Caller, ApiError>,
+    headers: &HeaderMap,
+    body: &[u8],
+    route: &str,
+    parse: impl Fn(&Value, &[String]) -> Result<T, Refusal>,
+) -> Result<Prologue<T>, ApiError> {
+    let caller = caller?;
+    let key = shared
+        .replays
+        .key_of(headers, caller.user.as_deref(), route, body)?;
+    let body = json_body(body)?;
+    let model = body["model"].as_str().unwrap_or_default();
+    let agent = served(shared, &caller, model).or_else(|e| match model {
+        "" => parse(&body, &[])
+            .map(|_| shared.agent.clone())
+            .map_err(refused),
+        _ => Err(e),
+    })?;
+    let req = parse(&body, &agent_tools(&agent)).map_err(refused)?;
+    Ok(Prologue {
+        user: caller.user,
+        key,
+        body,
+        agent,
+        req,
+    })
 }
 
 /// The tool names of an agent itself (a client tool may not take one).
@@ -289,20 +341,20 @@ pub(crate) async fn completions(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let Caller(user) = caller?;
-    let key = shared
-        .replays
-        .key_of(&headers, user.as_deref(), "chat/completions", &body)?;
-    let body = json_body(&body)?;
-    let model = body["model"].as_str().unwrap_or_default();
-    let agent = served(&shared, model).or_else(|e| match model {
-        // A bad `model` field: the field's own error first.
-        "" => parse_chat(&body, &[])
-            .map(|_| shared.agent.clone())
-            .map_err(refused),
-        _ => Err(e),
-    })?;
-    let req = parse_chat(&body, &agent_tools(&agent)).map_err(refused)?;
+    let Prologue {
+        user,
+        key,
+        agent,
+        req,
+        ..
+    } = prologue(
+        &shared,
+        caller,
+        &headers,
+        &body,
+        "chat/completions",
+        parse_chat,
+    )?;
     let planned = plan(
         &shared,
         &agent,
@@ -507,8 +559,12 @@ fn model_object(shared: &Shared, agent: &HarnessAgent) -> Value {
 /// `GET /v1/models`: the served agents, the default first.
 #[utoipa::path(get, path = "/v1/models", tag = "openai",
     responses((status = 200, description = "`{object: \"list\", data: [{id, object: \"model\", created, owned_by}]}`", body = serde_json::Value),))]
-pub(crate) async fn list_models(State(shared): State<AppState>, Caller(_): Caller) -> Json<Value> {
-    let data: Vec<Value> = shared.agents().map(|a| model_object(&shared, a)).collect();
+pub(crate) async fn list_models(State(shared): State<AppState>, caller: Caller) -> Json<Value> {
+    let data: Vec<Value> = shared
+        .agents()
+        .filter(|a| caller.may_use(a.name()))
+        .map(|a| model_object(&shared, a))
+        .collect();
     Json(json!({"object": "list", "data": data}))
 }
 
@@ -518,9 +574,9 @@ pub(crate) async fn list_models(State(shared): State<AppState>, Caller(_): Calle
     responses((status = 200, description = "The model object", body = serde_json::Value),))]
 pub(crate) async fn get_model(
     State(shared): State<AppState>,
-    Caller(_): Caller,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let agent = served(&shared, &id)?;
+    let agent = served(&shared, &caller, &id)?;
     Ok(Json(model_object(&shared, &agent)))
 }

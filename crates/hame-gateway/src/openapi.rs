@@ -51,6 +51,9 @@ pub(crate) struct ErrorDetail {
         crate::routes::get_approvals,
         crate::routes::post_approval,
         crate::routes::get_memory,
+        crate::files::list,
+        crate::files::download,
+        crate::files::upload,
         crate::runs::submit,
         crate::runs::list,
         crate::runs::get,
@@ -63,7 +66,7 @@ pub(crate) struct ErrorDetail {
         openapi_json,
     ),
     components(schemas(ErrorBody, ErrorDetail)),
-    modifiers(&BearerAuth, &CommonErrors),
+    modifiers(&BearerAuth, &AgentRoutes, &CommonErrors),
     security(("bearer" = []))
 )]
 pub(crate) struct ApiDoc;
@@ -87,6 +90,56 @@ impl utoipa::Modify for BearerAuth {
     responses((status = 200, description = "The OpenAPI 3.1 document of these routes", body = serde_json::Value)))]
 pub(crate) async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
     Json(ApiDoc::openapi())
+}
+
+/// The routes of each served agent: every route of the default agent (`/v1/…` of
+/// `crate::routes::AGENT_ROUTES`) again under `/v1/agents/{agent}/…`, with the `agent`
+/// parameter — one router serves both (`crate::routes::router`).
+struct AgentRoutes;
+
+impl utoipa::Modify for AgentRoutes {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+        use utoipa::openapi::{Object, Required, Type};
+        let agent = ParameterBuilder::new()
+            .name("agent")
+            .parameter_in(ParameterIn::Path)
+            .required(Required::True)
+            .description(Some(
+                "A served agent's id (`GET /v1/models` lists the ones the caller may use)",
+            ))
+            .schema(Some(Object::with_type(Type::String)))
+            .build();
+        let mut copies = Vec::new();
+        for (path, item) in &openapi.paths.paths {
+            let Some(rest) = path.strip_prefix(crate::routes::DEFAULT_PREFIX) else {
+                continue;
+            };
+            if !crate::routes::AGENT_ROUTES.contains(&rest) {
+                continue;
+            }
+            let mut item = item.clone();
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            for op in operations.into_iter().flatten() {
+                op.parameters
+                    .get_or_insert_with(Vec::new)
+                    .insert(0, agent.clone());
+                if let Some(id) = &mut op.operation_id {
+                    id.push_str("_of_agent");
+                }
+            }
+            copies.push((format!("{}{rest}", crate::routes::AGENT_PREFIX), item));
+        }
+        for (path, item) in copies {
+            openapi.paths.paths.insert(path, item);
+        }
+    }
 }
 
 /// The error answers any route may give — the gateway turns every failure, its own or
@@ -161,11 +214,28 @@ mod tests {
         let mut routes: Vec<String> = crate::routes::ROUTES
             .iter()
             .map(|s| (*s).to_owned())
+            .chain(crate::routes::AGENT_ROUTES.iter().flat_map(|r| {
+                [crate::routes::DEFAULT_PREFIX, crate::routes::AGENT_PREFIX]
+                    .map(|p| format!("{p}{r}"))
+            }))
             .collect();
         routes.sort();
         assert_eq!(paths, routes);
         let json = serde_json::to_value(&doc).unwrap_or_default();
         assert_eq!(json["openapi"], "3.1.0");
+        // Operation ids are unique (openapi-spec-validator refuses the document otherwise).
+        let mut ids: Vec<&str> = json["paths"]
+            .as_object()
+            .into_iter()
+            .flat_map(|p| p.values())
+            .filter_map(|item| item.as_object())
+            .flat_map(|ops| ops.values())
+            .filter_map(|op| op["operationId"].as_str())
+            .collect();
+        let n = ids.len();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), n, "{ids:?}");
         assert!(
             json["components"]["schemas"]["ErrorDetail"]["properties"]["type"].is_object(),
             "{json}"

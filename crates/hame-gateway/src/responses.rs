@@ -22,7 +22,7 @@ use crate::oai_request::{
     only_keys, push_result, split_tail, text_of, tool_choice,
 };
 use crate::openai::{
-    agent_tools, approval_text, final_text, json_body, named_session, plan, served, split_suspended,
+    Prologue, approval_text, final_text, named_session, plan, prologue, split_suspended,
 };
 use crate::routes::{AppState, Caller};
 use crate::turn::{self, Outcome};
@@ -438,19 +438,13 @@ pub(crate) async fn create(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let Caller(user) = caller?;
-    let key = shared
-        .replays
-        .key_of(&headers, user.as_deref(), "responses", &body)?;
-    let body = json_body(&body)?;
-    let model = body["model"].as_str().unwrap_or_default();
-    let agent = served(&shared, model).or_else(|e| match model {
-        "" => parse(&body, &[])
-            .map(|_| shared.agent.clone())
-            .map_err(crate::openai::refused),
-        _ => Err(e),
-    })?;
-    let req = parse(&body, &agent_tools(&agent)).map_err(crate::openai::refused)?;
+    let Prologue {
+        user,
+        key,
+        body,
+        agent,
+        req,
+    } = prologue(&shared, caller, &headers, &body, "responses", parse)?;
     let named = named_session(&headers).or_else(|| req.parsed.previous_response.clone());
     let previous = body["previous_response_id"].as_str().map(str::to_owned);
     let planned = plan(&shared, &agent, &user, named, &req.parsed, "resp-").await?;

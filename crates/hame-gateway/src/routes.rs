@@ -4,7 +4,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query, RawPathParams, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -13,7 +13,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use hame::{CallInput, Message, Resolution, RuntimeContext};
+use hame::{CallInput, HarnessAgent, Message, Resolution, RuntimeContext};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -30,21 +30,6 @@ pub(crate) const ROUTES: &[&str] = &[
     "/healthz",
     "/metrics",
     "/",
-    "/v1/sessions",
-    "/v1/sessions/{session}/messages",
-    "/v1/sessions/{session}/events",
-    "/v1/sessions/{session}/tasks",
-    "/v1/sessions/{session}/observations",
-    "/v1/sessions/{session}/evidence",
-    "/v1/sessions/{session}/task",
-    "/v1/sessions/{session}/requirements/{id}/confirm",
-    "/v1/sessions/{session}/approvals",
-    "/v1/sessions/{session}/approvals/{id}",
-    "/v1/memory",
-    "/v1/sessions/{session}/runs",
-    "/v1/runs/{run_id}",
-    "/v1/runs/{run_id}/cancel",
-    "/v1/runs/{run_id}/events",
     "/v1/chat/completions",
     "/v1/responses",
     "/v1/models",
@@ -52,47 +37,106 @@ pub(crate) const ROUTES: &[&str] = &[
     "/openapi.json",
 ];
 
+/// The paths of [`agent_routes`]: served under `/v1` for the default agent and under
+/// [`AGENT_PREFIX`] for each served agent (the OpenAPI document lists both).
+pub(crate) const AGENT_ROUTES: &[&str] = &[
+    "/sessions",
+    "/sessions/{session}/messages",
+    "/sessions/{session}/events",
+    "/sessions/{session}/tasks",
+    "/sessions/{session}/observations",
+    "/sessions/{session}/evidence",
+    "/sessions/{session}/task",
+    "/sessions/{session}/requirements/{id}/confirm",
+    "/sessions/{session}/approvals",
+    "/sessions/{session}/approvals/{id}",
+    "/sessions/{session}/files",
+    "/sessions/{session}/files/{path}",
+    "/memory",
+    "/sessions/{session}/runs",
+    "/runs/{run_id}",
+    "/runs/{run_id}/cancel",
+    "/runs/{run_id}/events",
+];
+
+/// Where the default agent's routes are ([`agent_routes`] under it).
+pub(crate) const DEFAULT_PREFIX: &str = "/v1";
+/// Where an agent's routes are ([`agent_routes`] under it).
+pub(crate) const AGENT_PREFIX: &str = "/v1/agents/{agent}";
+
 pub(crate) fn router(shared: AppState) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/openapi.json", get(crate::openapi::openapi_json))
         .route("/metrics", get(metrics))
         .route("/", get(crate::console::page))
-        .route("/v1/sessions", get(list_sessions))
-        .route(
-            "/v1/sessions/{session}/messages",
-            post(post_message).get(get_messages),
-        )
-        .route("/v1/sessions/{session}/events", get(get_events))
-        .route("/v1/sessions/{session}/tasks", get(get_tasks))
-        .route("/v1/sessions/{session}/observations", get(get_observations))
-        .route("/v1/sessions/{session}/evidence", get(get_evidence))
-        .route("/v1/sessions/{session}/task", get(get_task))
-        .route(
-            "/v1/sessions/{session}/requirements/{id}/confirm",
-            post(confirm_requirement),
-        )
-        .route("/v1/sessions/{session}/approvals", get(get_approvals))
-        .route("/v1/sessions/{session}/approvals/{id}", post(post_approval))
-        .route(
-            "/v1/sessions/{session}/runs",
-            post(crate::runs::submit).get(crate::runs::list),
-        )
-        .route("/v1/runs/{run_id}", get(crate::runs::get))
-        .route("/v1/runs/{run_id}/cancel", post(crate::runs::cancel))
-        .route("/v1/runs/{run_id}/events", get(crate::runs::events))
-        .route("/v1/memory", get(get_memory))
         .route("/v1/chat/completions", post(crate::openai::completions))
         .route("/v1/responses", post(crate::responses::create))
         .route("/v1/models", get(crate::openai::list_models))
         .route("/v1/models/{id}", get(crate::openai::get_model))
+        // One set of routes for every agent: the handlers take the agent from the path
+        // ([`Served`]); without `{agent}` it is the default one.
+        .nest(DEFAULT_PREFIX, agent_routes())
+        .nest(AGENT_PREFIX, agent_routes())
         .fallback(|| async { ApiError::not_found("no such route") })
         .with_state(shared)
 }
 
-/// The caller: its user id (the token's with auth, else `X-Hame-User` or the default).
+/// The routes of one agent's sessions, runs, files and memory.
+fn agent_routes() -> Router<AppState> {
+    Router::new()
+        .route("/sessions", get(list_sessions))
+        .route(
+            "/sessions/{session}/messages",
+            post(post_message).get(get_messages),
+        )
+        .route("/sessions/{session}/events", get(get_events))
+        .route("/sessions/{session}/tasks", get(get_tasks))
+        .route("/sessions/{session}/observations", get(get_observations))
+        .route("/sessions/{session}/evidence", get(get_evidence))
+        .route("/sessions/{session}/task", get(get_task))
+        .route(
+            "/sessions/{session}/requirements/{id}/confirm",
+            post(confirm_requirement),
+        )
+        .route("/sessions/{session}/approvals", get(get_approvals))
+        .route("/sessions/{session}/approvals/{id}", post(post_approval))
+        .route("/sessions/{session}/files", get(crate::files::list))
+        .route(
+            crate::files::FILE_ROUTE,
+            get(crate::files::download).put(crate::files::upload),
+        )
+        .route(
+            "/sessions/{session}/runs",
+            post(crate::runs::submit).get(crate::runs::list),
+        )
+        .route("/runs/{run_id}", get(crate::runs::get))
+        .route("/runs/{run_id}/cancel", post(crate::runs::cancel))
+        .route("/runs/{run_id}/events", get(crate::runs::events))
+        .route("/memory", get(get_memory))
+}
+
+/// The caller: its user id (the token's with auth, else `X-Hame-User` or the default), and
+/// the agents its token may use.
 #[derive(Debug, Clone)]
-pub(crate) struct Caller(pub(crate) Option<String>);
+pub(crate) struct Caller {
+    pub(crate) user: Option<String>,
+    /// The agent ids the token is limited to (`None`: every served agent).
+    pub(crate) agents: Option<Vec<String>>,
+}
+
+impl Caller {
+    fn anyone(user: Option<String>) -> Self {
+        Self { user, agents: None }
+    }
+
+    /// Whether the caller may use the agent `name`.
+    pub(crate) fn may_use(&self, name: &str) -> bool {
+        self.agents
+            .as_ref()
+            .is_none_or(|a| a.iter().any(|n| n == name))
+    }
+}
 
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
@@ -118,8 +162,11 @@ impl FromRequestParts<AppState> for Caller {
                         .then(|| query_param(parts.uri.query().unwrap_or(""), "token"))
                         .flatten()
                 });
-                match token.as_deref().and_then(|t| auth.user_of(t)) {
-                    Some(user) => Ok(Caller(Some(user.to_owned()))),
+                match token.as_deref().and_then(|t| auth.grant_of(t)) {
+                    Some(grant) => Ok(Caller {
+                        user: Some(grant.user.clone()),
+                        agents: grant.agents.clone(),
+                    }),
                     None => {
                         shared.metrics.refused("unauthorized");
                         Err(ApiError::unauthorized())
@@ -134,15 +181,63 @@ impl FromRequestParts<AppState> for Caller {
                         .trim()
                         .to_owned();
                     if user.is_empty() {
-                        return Ok(Caller(shared.base.user_id.clone()));
+                        return Ok(Caller::anyone(shared.base.user_id.clone()));
                     }
                     hame::harness::validate_id("user id", &user).map_err(|e| {
                         ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", e.to_string())
                     })?;
-                    Ok(Caller(Some(user)))
+                    Ok(Caller::anyone(Some(user)))
                 }
-                None => Ok(Caller(shared.base.user_id.clone())),
+                None => Ok(Caller::anyone(shared.base.user_id.clone())),
             },
+        }
+    }
+}
+
+/// The caller and the agent a request is for: the path's `{agent}` (under
+/// `/v1/agents/{agent}/…`), else the default agent. An agent that is not served, or that
+/// the caller's token may not use, is 404 `agent_not_found` (a limited token cannot tell
+/// the agents it may not use from ones that do not exist).
+#[derive(Debug, Clone)]
+pub(crate) struct Served {
+    pub(crate) user: Option<String>,
+    pub(crate) agent: HarnessAgent,
+}
+
+impl FromRequestParts<AppState> for Served {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        shared: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let caller = Caller::from_request_parts(parts, shared).await?;
+        let params = RawPathParams::from_request_parts(parts, shared)
+            .await
+            .map_err(|e| ApiError::bad_request(e.body_text()))?;
+        let named = params.iter().find(|(k, _)| *k == "agent").map(|(_, v)| v);
+        let agent = match named {
+            None => Some(&shared.agent).filter(|a| caller.may_use(a.name())),
+            Some(name) => shared
+                .agents()
+                .find(|a| a.name() == name && caller.may_use(name)),
+        };
+        match agent {
+            Some(a) => Ok(Served {
+                user: caller.user,
+                agent: a.clone(),
+            }),
+            None => Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "agent_not_found",
+                format!(
+                    "no agent {} here (GET /v1/models lists the agents you may use)",
+                    named.map_or_else(
+                        || "by default".to_owned(),
+                        |n| format!("`{}`", n.chars().take(64).collect::<String>())
+                    )
+                ),
+            )),
         }
     }
 }
@@ -162,7 +257,20 @@ pub(crate) fn context(shared: &Shared, user: Option<String>, session: &str) -> R
     ctx
 }
 
-fn valid_session(session: &str) -> Result<(), ApiError> {
+/// The `{session}` of a path (under `/v1/agents/{agent}` too).
+#[derive(Debug, Deserialize)]
+pub(crate) struct SessionPath {
+    pub(crate) session: String,
+}
+
+/// The `{session}` and `{id}` of an approval's path.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ApprovalPath {
+    session: String,
+    id: String,
+}
+
+pub(crate) fn valid_session(session: &str) -> Result<(), ApiError> {
     hame::harness::validate_id("session id", session)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", e.to_string()))
 }
@@ -226,8 +334,8 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
         (status = 202, description = "Tool calls wait for a decision `{status, session, user, approvals}`", body = serde_json::Value),))]
 pub(crate) async fn post_message(
     State(shared): State<AppState>,
-    Caller(user): Caller,
-    Path(session): Path<String>,
+    Served { user, agent }: Served,
+    Path(SessionPath { session }): Path<SessionPath>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
@@ -235,7 +343,7 @@ pub(crate) async fn post_message(
     let key = shared.replays.key_of(
         &headers,
         user.as_deref(),
-        &format!("messages/{session}"),
+        &format!("{}/messages/{session}", agent.name()),
         &body,
     )?;
     let body: MessageBody = parse(&body)?;
@@ -255,7 +363,7 @@ pub(crate) async fn post_message(
         extras.insert(hame::harness::cost::BUDGET_EXTRA.to_owned(), v);
     }
     if let Some(names) = body.verify.filter(|n| !n.is_empty()) {
-        let declared = shared.agent.verifier_names();
+        let declared = agent.verifier_names();
         if let Some(unknown) = names.iter().find(|n| !declared.contains(n)) {
             return Err(ApiError::bad_request(format!(
                 "`verify`: no check is named {unknown:?} (declared: {})",
@@ -291,7 +399,7 @@ pub(crate) async fn post_message(
     }
     let turn = turn::start_once_with(
         &shared,
-        &shared.agent,
+        &agent,
         user,
         session,
         CallInput::Message(Message::user(body.message)),
@@ -336,12 +444,12 @@ pub(crate) fn sse_event(ev: &Event) -> SseEvent {
     responses((status = 200, description = "The session log `{session, user, messages}`", body = serde_json::Value),))]
 pub(crate) async fn get_messages(
     State(shared): State<AppState>,
-    Caller(user): Caller,
-    Path(session): Path<String>,
+    Served { user, agent }: Served,
+    Path(SessionPath { session }): Path<SessionPath>,
 ) -> Result<Json<Value>, ApiError> {
     valid_session(&session)?;
     let ctx = context(&shared, user, &session);
-    let log = session_log(&shared, &ctx)?;
+    let log = session_log(&agent, &ctx)?;
     match log.read_page(&session, 0, usize::MAX).await {
         Ok(page) => Ok(Json(for_callers(json!({
             "session": session,
@@ -356,14 +464,13 @@ pub(crate) async fn get_messages(
 }
 
 fn session_log(
-    shared: &Shared,
+    agent: &HarnessAgent,
     ctx: &RuntimeContext,
 ) -> Result<hame::session::SessionLog, ApiError> {
-    let ws = shared
-        .agent
+    let ws = agent
         .workspace_for(ctx)
         .map_err(|e| ApiError::from_harness(&e))?;
-    hame::session::SessionLog::new(ws.records().clone(), shared.agent.name())
+    hame::session::SessionLog::new(ws.records().clone(), agent.name())
         .map_err(|e| ApiError::internal(e.to_string()))
 }
 
@@ -371,10 +478,10 @@ fn session_log(
     responses((status = 200, description = "`{user, sessions: [{id, title, created, updated, message_count}]}`", body = serde_json::Value),))]
 pub(crate) async fn list_sessions(
     State(shared): State<AppState>,
-    Caller(user): Caller,
+    Served { user, agent }: Served,
 ) -> Result<Json<Value>, ApiError> {
     let ctx = context(&shared, user, &shared.base.session_id);
-    let log = session_log(&shared, &ctx)?;
+    let log = session_log(&agent, &ctx)?;
     let sessions = log
         .list_sessions()
         .await
@@ -389,13 +496,12 @@ pub(crate) async fn list_sessions(
     responses((status = 200, description = "`{session, tasks}`", body = serde_json::Value),))]
 pub(crate) async fn get_tasks(
     State(shared): State<AppState>,
-    Caller(user): Caller,
-    Path(session): Path<String>,
+    Served { user, agent }: Served,
+    Path(SessionPath { session }): Path<SessionPath>,
 ) -> Result<Json<Value>, ApiError> {
     valid_session(&session)?;
     let ctx = context(&shared, user, &session);
-    let tasks = shared
-        .agent
+    let tasks = agent
         .tasks(&ctx)
         .await
         .map_err(|e| ApiError::from_harness(&e))?;
@@ -409,13 +515,12 @@ pub(crate) async fn get_tasks(
     responses((status = 200, description = "`{session, observations}`: one record per tool call and check run, oldest first (docs/evidence.md)", body = serde_json::Value),))]
 pub(crate) async fn get_observations(
     State(shared): State<AppState>,
-    Caller(user): Caller,
-    Path(session): Path<String>,
+    Served { user, agent }: Served,
+    Path(SessionPath { session }): Path<SessionPath>,
 ) -> Result<Json<Value>, ApiError> {
     valid_session(&session)?;
     let ctx = context(&shared, user, &session);
-    let observations = shared
-        .agent
+    let observations = agent
         .session_observations(&ctx, &session)
         .await
         .map_err(|e| ApiError::from_harness(&e))?;
@@ -429,13 +534,12 @@ pub(crate) async fn get_observations(
     responses((status = 200, description = "`{session, evidence}`: the newest evidence of each check, `stale` when a covered file changed since (docs/evidence.md)", body = serde_json::Value),))]
 pub(crate) async fn get_evidence(
     State(shared): State<AppState>,
-    Caller(user): Caller,
-    Path(session): Path<String>,
+    Served { user, agent }: Served,
+    Path(SessionPath { session }): Path<SessionPath>,
 ) -> Result<Json<Value>, ApiError> {
     valid_session(&session)?;
     let ctx = context(&shared, user, &session);
-    let evidence = shared
-        .agent
+    let evidence = agent
         .session_evidence(&ctx, &session)
         .await
         .map_err(|e| ApiError::from_harness(&e))?;
@@ -449,18 +553,16 @@ pub(crate) async fn get_evidence(
     responses((status = 200, description = "`{session, goal, requirements, evidence}`: the task state (docs/evidence.md)", body = serde_json::Value),))]
 pub(crate) async fn get_task(
     State(shared): State<AppState>,
-    Caller(user): Caller,
-    Path(session): Path<String>,
+    Served { user, agent }: Served,
+    Path(SessionPath { session }): Path<SessionPath>,
 ) -> Result<Json<Value>, ApiError> {
     valid_session(&session)?;
     let ctx = context(&shared, user, &session);
-    let task = shared
-        .agent
+    let task = agent
         .task_state(&ctx)
         .await
         .map_err(|e| ApiError::from_harness(&e))?;
-    let evidence = shared
-        .agent
+    let evidence = agent
         .session_evidence(&ctx, &session)
         .await
         .map_err(|e| ApiError::from_harness(&e))?;
@@ -478,13 +580,12 @@ pub(crate) async fn get_task(
     responses((status = 200, description = "`{session, requirement}`: the confirmed requirement", body = serde_json::Value),))]
 pub(crate) async fn confirm_requirement(
     State(shared): State<AppState>,
-    Caller(user): Caller,
-    Path((session, id)): Path<(String, String)>,
+    Served { user, agent }: Served,
+    Path(ApprovalPath { session, id }): Path<ApprovalPath>,
 ) -> Result<Json<Value>, ApiError> {
     valid_session(&session)?;
     let ctx = context(&shared, user, &session);
-    let requirement = shared
-        .agent
+    let requirement = agent
         .confirm_requirement(&ctx, &id)
         .await
         .map_err(|e| match e {
@@ -502,13 +603,12 @@ pub(crate) async fn confirm_requirement(
     responses((status = 200, description = "`{session, approvals}`: the calls waiting for a decision", body = serde_json::Value),))]
 pub(crate) async fn get_approvals(
     State(shared): State<AppState>,
-    Caller(user): Caller,
-    Path(session): Path<String>,
+    Served { user, agent }: Served,
+    Path(SessionPath { session }): Path<SessionPath>,
 ) -> Result<Json<Value>, ApiError> {
     valid_session(&session)?;
     let ctx = context(&shared, user, &session);
-    let pending = shared
-        .agent
+    let pending = agent
         .pending(&ctx)
         .await
         .map_err(|e| ApiError::from_harness(&e))?
@@ -534,8 +634,8 @@ struct DecisionBody {
         (status = 202, description = "More calls wait for a decision", body = serde_json::Value),))]
 pub(crate) async fn post_approval(
     State(shared): State<AppState>,
-    Caller(user): Caller,
-    Path((session, id)): Path<(String, String)>,
+    Served { user, agent }: Served,
+    Path(ApprovalPath { session, id }): Path<ApprovalPath>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
@@ -553,8 +653,7 @@ pub(crate) async fn post_approval(
         }
     };
     let ctx = context(&shared, user.clone(), &session);
-    let pending = shared
-        .agent
+    let pending = agent
         .pending(&ctx)
         .await
         .map_err(|e| ApiError::from_harness(&e))?;
@@ -569,7 +668,7 @@ pub(crate) async fn post_approval(
     }
     let turn = turn::start_once(
         &shared,
-        &shared.agent,
+        &agent,
         user,
         session,
         CallInput::Resume(vec![Resolution::new(id, value)]),
@@ -597,8 +696,8 @@ pub(crate) struct EventsQuery {
     responses((status = 200, description = "SSE: the session's events with ids (the names of POST messages, and `subagent`)", content_type = "text/event-stream", body = String),))]
 pub(crate) async fn get_events(
     State(shared): State<AppState>,
-    Caller(user): Caller,
-    Path(session): Path<String>,
+    Served { user, agent }: Served,
+    Path(SessionPath { session }): Path<SessionPath>,
     Query(q): Query<EventsQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
@@ -608,7 +707,7 @@ pub(crate) async fn get_events(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     let after = q.after.or(last).unwrap_or(0);
-    let key = turn::key(shared.agent.name(), user.as_deref(), &session);
+    let key = turn::key(agent.name(), user.as_deref(), &session);
     let (local, active, rx) = shared.hub.replay(&key, after, true);
     let follow = q.follow;
     // Replicas: the shared store has every replica's events; a turn that runs elsewhere
@@ -728,12 +827,11 @@ fn poll_store(
     responses((status = 200, description = "`{user, files: [{path, content}]}`", body = serde_json::Value),))]
 pub(crate) async fn get_memory(
     State(shared): State<AppState>,
-    Caller(user): Caller,
+    Served { user, agent }: Served,
 ) -> Result<Json<Value>, ApiError> {
     use hame::fs::{FileKind, FsPath};
     let ctx = context(&shared, user, &shared.base.session_id);
-    let ws = shared
-        .agent
+    let ws = agent
         .workspace_for(&ctx)
         .map_err(|e| ApiError::from_harness(&e))?;
     let home = ws.home().clone();

@@ -17,7 +17,13 @@ use serde_json::{Value, json};
 
 use crate::error::{ApiError, for_callers};
 use crate::openapi::ErrorBody;
-use crate::routes::{AppState, Caller};
+use crate::routes::{AppState, Served, SessionPath};
+
+/// The `{run_id}` of a path (under `/v1/agents/{agent}` too).
+#[derive(Debug, Deserialize)]
+pub(crate) struct RunPath {
+    run_id: String,
+}
 
 /// How often a follower of `GET /v1/runs/{id}/events` reads the run (250 ms).
 pub(crate) const RUN_POLL: Duration = Duration::from_millis(250);
@@ -94,8 +100,8 @@ struct RunBody {
         (status = 501, description = "The server has no run queue", body = ErrorBody),))]
 pub(crate) async fn submit(
     State(shared): State<AppState>,
-    Caller(user): Caller,
-    Path(session): Path<String>,
+    Served { user, agent }: Served,
+    Path(SessionPath { session }): Path<SessionPath>,
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
@@ -118,7 +124,7 @@ pub(crate) async fn submit(
     if body.message.trim().is_empty() {
         return Err(ApiError::bad_request("`message` is empty"));
     }
-    let key = hame::state::StateKey::new(shared.agent.name(), user.as_deref(), &session)
+    let key = hame::state::StateKey::new(agent.name(), user.as_deref(), &session)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", e.to_string()))?;
     let new = NewRun::message(key, body.message, idem)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -133,10 +139,15 @@ pub(crate) async fn submit(
 }
 
 /// The run `id` of the caller, or 404 (another user's run is 404 too).
-async fn owned(shared: &AppState, user: Option<&str>, id: &str) -> Result<Run, ApiError> {
+async fn owned(
+    shared: &AppState,
+    agent: &hame::HarnessAgent,
+    user: Option<&str>,
+    id: &str,
+) -> Result<Run, ApiError> {
     let q = queue(shared)?;
     match q.get(id).await.map_err(|e| store_error(&e))? {
-        Some(run) if run.is_owned_by(shared.agent.name(), user) => Ok(run),
+        Some(run) if run.is_owned_by(agent.name(), user) => Ok(run),
         _ => Err(ApiError::not_found("no such run")),
     }
 }
@@ -151,10 +162,10 @@ async fn owned(shared: &AppState, user: Option<&str>, id: &str) -> Result<Run, A
         (status = 501, description = "The server has no run queue", body = ErrorBody),))]
 pub(crate) async fn get(
     State(shared): State<AppState>,
-    Caller(user): Caller,
-    Path(id): Path<String>,
+    Served { user, agent }: Served,
+    Path(RunPath { run_id: id }): Path<RunPath>,
 ) -> Result<Response, ApiError> {
-    let run = owned(&shared, user.as_deref(), &id).await?;
+    let run = owned(&shared, &agent, user.as_deref(), &id).await?;
     Ok(Json(view(&run)).into_response())
 }
 
@@ -174,8 +185,8 @@ pub(crate) struct ListQuery {
         (status = 501, description = "The server has no run queue", body = ErrorBody),))]
 pub(crate) async fn list(
     State(shared): State<AppState>,
-    Caller(user): Caller,
-    Path(session): Path<String>,
+    Served { user, agent }: Served,
+    Path(SessionPath { session }): Path<SessionPath>,
     Query(lq): Query<ListQuery>,
 ) -> Result<Response, ApiError> {
     let q = queue(&shared)?;
@@ -187,7 +198,7 @@ pub(crate) async fn list(
     }
     let runs = q
         .list(hame::state::runs::RunFilter::new(
-            shared.agent.name(),
+            agent.name(),
             user.as_deref(),
             Some(&session),
             limit,
@@ -209,10 +220,10 @@ pub(crate) async fn list(
         (status = 501, description = "The server has no run queue", body = ErrorBody),))]
 pub(crate) async fn cancel(
     State(shared): State<AppState>,
-    Caller(user): Caller,
-    Path(id): Path<String>,
+    Served { user, agent }: Served,
+    Path(RunPath { run_id: id }): Path<RunPath>,
 ) -> Result<Response, ApiError> {
-    let run = owned(&shared, user.as_deref(), &id).await?;
+    let run = owned(&shared, &agent, user.as_deref(), &id).await?;
     let q = queue(&shared)?;
     match q.cancel(&run.id).await.map_err(|e| store_error(&e))? {
         CancelOutcome::Cancelled(r) | CancelOutcome::Requested(r) => {
@@ -249,11 +260,11 @@ fn status_id(s: RunStatus) -> u64 {
         (status = 501, description = "The server has no run queue", body = ErrorBody),))]
 pub(crate) async fn events(
     State(shared): State<AppState>,
-    Caller(user): Caller,
-    Path(id): Path<String>,
+    Served { user, agent }: Served,
+    Path(RunPath { run_id: id }): Path<RunPath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let first = owned(&shared, user.as_deref(), &id).await?;
+    let first = owned(&shared, &agent, user.as_deref(), &id).await?;
     let q = queue(&shared)?.clone();
     let after = headers
         .get("last-event-id")

@@ -44,6 +44,50 @@ pub(crate) struct Limits {
     pub(crate) max_connections: usize,
 }
 
+/// The body limits of [`limit_body`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BodyLimits {
+    /// Every route's but an upload's.
+    pub(crate) body: usize,
+    /// `PUT` of a file (`crate::files::FILE_ROUTE`).
+    pub(crate) upload: usize,
+}
+
+/// Limits the request body to the route's limit: 413 at once for a `Content-Length` over
+/// it, else the body is cut there and [`read_body_within`] answers 413.
+pub(crate) async fn limit_body(
+    State(limits): State<BodyLimits>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let upload = req.method() == axum::http::Method::PUT
+        && req
+            .extensions()
+            .get::<axum::extract::MatchedPath>()
+            .is_some_and(|p| p.as_str().ends_with(crate::files::FILE_ROUTE));
+    let limit = if upload { limits.upload } else { limits.body };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return too_large(limit);
+    }
+    let (parts, body) = req.into_parts();
+    let body = Body::new(http_body_util::Limited::new(body, limit));
+    next.run(Request::from_parts(parts, body)).await
+}
+
+fn too_large(limit: usize) -> Response {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        format!("the body is larger than this route takes ({limit} bytes)"),
+    )
+    .into_response()
+}
+
 /// Reads the whole request body within `limit` (the routes take bodies of at most
 /// `body_limit` bytes whole anyway); past it, 408 `body_timeout` with `Connection: close`.
 /// A body over the size limit is 413, one that cannot be read 400.

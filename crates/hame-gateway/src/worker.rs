@@ -26,7 +26,17 @@ pub struct WorkerOptions {
     pub heartbeat: Duration,
     /// The name written into claimed runs (default `<host>:<pid>`).
     pub name: String,
+    /// Finished runs older than this are deleted by the worker, every
+    /// [`PURGE_EVERY`] (default [`hame::state::runs::DEFAULT_KEEP_FINISHED`], 7 days;
+    /// `None` keeps them for good).
+    pub keep_finished: Option<Duration>,
 }
+
+/// How often a worker deletes the finished runs past [`WorkerOptions::keep_finished`]
+/// (10 min; also once when it starts), at most [`PURGE_BATCH`] per statement.
+pub const PURGE_EVERY: Duration = Duration::from_secs(600);
+/// Finished runs deleted per statement (1,000); a purge repeats while a batch is full.
+pub const PURGE_BATCH: usize = 1000;
 
 impl Default for WorkerOptions {
     fn default() -> Self {
@@ -38,6 +48,7 @@ impl Default for WorkerOptions {
             lapse: hame::state::runs::DEFAULT_RUN_LAPSE,
             heartbeat: hame::state::runs::HEARTBEAT_EVERY,
             name: format!("{host}:{}", std::process::id()),
+            keep_finished: Some(hame::state::runs::DEFAULT_KEEP_FINISHED),
         }
     }
 }
@@ -49,11 +60,45 @@ impl WorkerOptions {
         self
     }
 
+    /// Keeping finished runs this long (`None`: for good).
+    pub fn with_keep_finished(mut self, keep: Option<Duration>) -> Self {
+        self.keep_finished = keep;
+        self
+    }
+
     /// With this claim lapse (the heartbeat becomes at most a third of it).
     pub fn with_lapse(mut self, lapse: Duration) -> Self {
         self.lapse = lapse.max(Duration::from_millis(300));
         self.heartbeat = self.heartbeat.min(self.lapse / 3);
         self
+    }
+}
+
+/// Deletes `agent`'s finished runs older than `keep`, a batch at a time.
+async fn purge(queue: &dyn RunQueue, agent: &str, keep: Duration) {
+    let Some(before) = chrono::TimeDelta::from_std(keep)
+        .ok()
+        .and_then(|k| chrono::Utc::now().checked_sub_signed(k))
+    else {
+        return;
+    };
+    let mut total = 0;
+    loop {
+        match queue.purge_finished(agent, before, PURGE_BATCH).await {
+            Ok(n) => {
+                total += n;
+                if n < PURGE_BATCH {
+                    break;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "deleting finished runs failed; trying again later");
+                break;
+            }
+        }
+    }
+    if total > 0 {
+        tracing::info!(runs = total, "deleted finished runs past their retention");
     }
 }
 
@@ -94,6 +139,22 @@ impl Worker {
             self.options.lapse,
         );
         tracing::info!(worker = %self.options.name, concurrency = self.options.concurrency, "worker started");
+        let purger = self.options.keep_finished.map(|keep| {
+            let (queue, agent, stop) = (
+                self.queue.clone(),
+                self.agent.name().to_owned(),
+                stop.clone(),
+            );
+            tokio::spawn(async move {
+                loop {
+                    purge(queue.as_ref(), &agent, keep).await;
+                    tokio::select! {
+                        () = tokio::time::sleep(PURGE_EVERY) => {}
+                        () = stop.cancelled() => return,
+                    }
+                }
+            })
+        });
         'outer: loop {
             let permit = tokio::select! {
                 p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
@@ -130,6 +191,9 @@ impl Worker {
                     () = stop.cancelled() => break 'outer,
                 }
             }
+        }
+        if let Some(p) = purger {
+            p.abort();
         }
         tasks.close();
         tasks.wait().await;
@@ -176,7 +240,12 @@ impl Worker {
             let every = self.options.heartbeat;
             tokio::spawn(async move {
                 loop {
-                    tokio::time::sleep(every).await;
+                    // A cancel wake-up (`NOTIFY`, pub/sub) ends the wait early; the
+                    // heartbeat then reads the flag.
+                    if let Err(e) = queue.wait_for_cancel(&claim.run.id, every).await {
+                        tracing::debug!(run = %claim.run.id, error = %e, "waiting for a cancel failed");
+                        tokio::time::sleep(every).await;
+                    }
                     match queue.heartbeat(&claim).await {
                         Ok(beat) if beat.cancel_requested => {
                             cancelled.store(true, std::sync::atomic::Ordering::Release);

@@ -527,12 +527,19 @@ impl HarnessAgentBuilder {
         // calibrated estimate of hame-memory).
         let counter = hame_memory::counter_for_model(&model.info().model);
         let manifest_counter = counter.clone();
+        let prices = self.prices.clone().unwrap_or_default();
+        // The requests beside the loop's (compaction, memory flush) count in the call's
+        // spend (docs/cost.md).
+        let side_model: Arc<dyn Model> = Arc::new(crate::cost::MeteredModel::new(
+            model.clone(),
+            prices.clone(),
+        ));
         let memory = memory_options.enabled.then(|| {
             Arc::new(MemoryLayer::new(
                 memory_options,
                 self.scope,
                 &name,
-                model.clone(),
+                side_model.clone(),
                 counter.clone(),
                 runtime_dir.as_deref().unwrap_or(&workspace),
             ))
@@ -631,6 +638,11 @@ impl HarnessAgentBuilder {
             .with_config(config);
         let mut outer = self.outer_layers;
         outer.extend(sandbox_layer);
+        // One snapshot of the workspace configuration per step, read by every layer inside
+        // it and the step's tools (ADR 0028).
+        outer.push(Arc::new(
+            crate::snapshot::SnapshotLayer::new(Arc::default()),
+        ));
         outer.push(Arc::new(hame_subagent::SubagentLayer::new(
             subagents.clone(),
         )));
@@ -641,18 +653,19 @@ impl HarnessAgentBuilder {
             recorder,
             &evidence,
             Arc::new(context),
-            memory.as_ref().map(|m| (m, &model)),
+            memory.as_ref().map(|m| (m, &side_model)),
             self.inner_layers,
         ) {
             agent_loop = agent_loop.with_layer(layer);
         }
         // Permissions, plan mode, todo list: outside tools-config, so it sees MCP calls before
         // they are dispatched; every tool call passes it (ADR 0011).
-        agent_loop = agent_loop.with_layer(Arc::new(crate::permissions::PermissionLayer::new(
+        let permissions = Arc::new(crate::permissions::PermissionLayer::new(
             capabilities.tools_layer.clone(),
             self.permission_rules,
             self.permission_mode,
-        )));
+        ));
+        agent_loop = agent_loop.with_layer(permissions.clone());
         // Deferred tools: inside permissions (it sees plan mode), outside tools-config (whose
         // allow/deny also filters what it offers).
         if let Some(catalog) = catalog {
@@ -667,10 +680,8 @@ impl HarnessAgentBuilder {
         // Innermost of all: spend recorded and budgets checked on each request as sent
         // (compaction's retries included).
         let budgets = self.budgets;
-        agent_loop = agent_loop.with_layer(Arc::new(crate::cost::BudgetLayer::new(
-            budgets,
-            self.prices.unwrap_or_default(),
-        )));
+        agent_loop =
+            agent_loop.with_layer(Arc::new(crate::cost::BudgetLayer::new(budgets, prices)));
         // Innermost: the manifest of each request as sent (ADR 0035).
         agent_loop = agent_loop.with_layer(manifest_layer);
         let inner = Arc::new(Inner {
@@ -689,6 +700,7 @@ impl HarnessAgentBuilder {
             model_resolver: self.model_resolver,
             child_models: Mutex::new(HashMap::new()),
             evidence,
+            permissions,
         });
         subagents.set_runner(Arc::new(crate::subagents::HarnessRunner::new(&inner)));
         Ok(HarnessAgent { inner })
@@ -863,6 +875,8 @@ pub(crate) struct Inner {
     pub(crate) model_resolver: Option<ModelResolver>,
     pub(crate) child_models: Mutex<HashMap<String, Arc<dyn Model>>>,
     pub(crate) evidence: crate::evidence::EvidenceStore,
+    /// The permission layer of the stack (also asked by [`HarnessAgent::file_verdict`]).
+    permissions: Arc<crate::permissions::PermissionLayer>,
 }
 
 /// An agent that keeps working across calls: a ReAct loop plus workspace context, state and
@@ -941,6 +955,25 @@ impl HarnessAgent {
             .tenancy
             .workspace(ctx)
             .map_err(|e| Error::InvalidId(e.to_string()))
+    }
+
+    /// What the permission rules say of the caller itself using file tool `tool`
+    /// (`read_file`, `write_file`, `list_files`) on `path`: the agent's rules with the
+    /// caller's `tools.json` ones and the permission mode, decided by the function that
+    /// decides the agent's own calls (the gateway's file routes ask it). `Ok(Err(reason))`:
+    /// a path the file tools refuse; [`Error::Config`]: a broken `tools.json`.
+    pub async fn file_verdict(
+        &self,
+        ctx: &RuntimeContext,
+        tool: &str,
+        path: &str,
+    ) -> Result<std::result::Result<crate::permissions::Verdict, String>> {
+        let ws = self.workspace_for(ctx)?;
+        self.inner
+            .permissions
+            .verdict_for(&ws, tool, path)
+            .await
+            .map_err(Error::Config)
     }
 
     /// The files a caller sees (those of its [`workspace_for`](Self::workspace_for)).
@@ -1288,7 +1321,10 @@ impl HarnessAgent {
         );
         let mut extensions = Extensions::new();
         extensions.insert(ws.clone());
+        extensions.insert(Arc::new(crate::snapshot::StepSnapshot::new()));
         extensions.insert(crate::cost::prompt_cache_key(key));
+        // `gen_ai.agent.name` of the call's `invoke_agent` span.
+        extensions.insert(hame_core::telemetry::AgentName(self.inner.name.clone()));
         // The agent's budgets, tightened by the caller's own (`BUDGET_EXTRA`).
         let budgets = match self.inner.budgets.for_call(&ctx.extras) {
             Ok(b) => b,
@@ -1308,7 +1344,8 @@ impl HarnessAgent {
                 }
             }
         };
-        extensions.insert(crate::cost::CallSpend::new(others_today, budgets));
+        let spend = Arc::new(crate::cost::CallSpend::new(others_today, budgets));
+        extensions.insert_arc(spend.clone());
         // The session-log layer checks it before every durable write: a call whose lease was
         // lost (a renewal failed past its TTL, another replica took over) stops writing.
         extensions.insert_arc(lease.clone());
@@ -1330,7 +1367,8 @@ impl HarnessAgent {
                 cancel,
                 extensions: &extensions,
             };
-            let run = agent_loop.run_env(&mut state, input, env);
+            let run =
+                crate::cost::metering(spend.clone(), agent_loop.run_env(&mut state, input, env));
             tokio::pin!(run);
             let period = (lease.ttl() / 3).max(Duration::from_millis(100));
             let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
@@ -1345,6 +1383,7 @@ impl HarnessAgent {
                 }
             }
         };
+        spend.save_side(&mut state);
         // The state is saved whether the call succeeded or not: the messages it holds are
         // already in the session log, and tool calls are always paired with results.
         // Fenced: refused if the lease was lost or taken over, so a stale holder never

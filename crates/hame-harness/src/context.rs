@@ -279,8 +279,9 @@ impl Layer for WorkspaceContext {
         mut request: ModelRequest,
         next: ModelNext<'_>,
     ) -> Result<ModelResponse, hame_core::Error> {
-        if let Some(ws) = cx.extensions.get::<Workspace>() {
-            let parts = self.parts(&request.system, ws, cx.events).await;
+        // The step's snapshot (ADR 0028): no store read when nothing changed.
+        if let Some(ws) = hame_tools::snapshot::config_view(cx.extensions, cx.iteration) {
+            let parts = self.parts(&request.system, &ws, cx.events).await;
             request.system = render(&parts);
         } else {
             tracing::debug!("no workspace handle in this call; system prompt left as is");

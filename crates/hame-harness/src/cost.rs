@@ -491,6 +491,9 @@ pub fn check(
 #[derive(Debug, Default)]
 pub(crate) struct CallSpend {
     run: Mutex<Spend>,
+    /// The requests made beside the loop's (compaction summaries, the memory flush), by
+    /// day and model: saved with the call's state ([`CallSpend::save_side`]).
+    side: Mutex<Vec<(String, String, Spend)>>,
     others_today: Spend,
     /// The call's budgets: the agent's, tightened by the caller's own.
     budgets: Budgets,
@@ -500,9 +503,104 @@ impl CallSpend {
     pub(crate) fn new(others_today: Spend, budgets: Budgets) -> Self {
         Self {
             run: Mutex::new(Spend::default()),
+            side: Mutex::new(Vec::new()),
             others_today,
             budgets,
         }
+    }
+
+    /// Adds what the side requests of the call spent to `state`'s record (before the
+    /// state is saved).
+    pub(crate) fn save_side(&self, state: &mut AgentState) {
+        let side = match self.side.lock() {
+            Ok(mut s) => std::mem::take(&mut *s),
+            Err(_) => return,
+        };
+        if side.is_empty() {
+            return;
+        }
+        let mut record = SpendRecord::of(state);
+        for (day, model, spend) in &side {
+            record.add(day, model, spend);
+        }
+        record.store(state);
+    }
+}
+
+tokio::task_local! {
+    /// The spend of the call this task runs (set by the harness around the loop).
+    static CALL_SPEND: std::sync::Arc<CallSpend>;
+}
+
+/// Runs `fut` (a call's loop) with `spend` as the call whose side requests
+/// [`MeteredModel`] counts.
+pub(crate) async fn metering<F: std::future::Future>(
+    spend: std::sync::Arc<CallSpend>,
+    fut: F,
+) -> F::Output {
+    CALL_SPEND.scope(spend, fut).await
+}
+
+/// The model of the requests made beside the loop's — compaction's summaries, the memory
+/// flush before compaction, the daily log and `MEMORY.md` consolidation — which do not go
+/// through the layer stack: each one's tokens and price are added to the running call's
+/// spend (its run budget, and the session's record saved with its state). A request made
+/// outside a call (the consolidation that runs after one returned) is priced in the log
+/// only (`tracing`, target `hame_harness::cost`).
+#[derive(Debug)]
+pub struct MeteredModel {
+    inner: std::sync::Arc<dyn hame_core::Model>,
+    prices: Prices,
+}
+
+impl MeteredModel {
+    /// Meters `inner` with `prices`.
+    pub fn new(inner: std::sync::Arc<dyn hame_core::Model>, prices: Prices) -> Self {
+        Self { inner, prices }
+    }
+}
+
+#[async_trait]
+impl hame_core::Model for MeteredModel {
+    fn info(&self) -> hame_core::ModelInfo {
+        self.inner.info()
+    }
+
+    async fn stream(
+        &self,
+        request: ModelRequest,
+    ) -> Result<hame_core::ModelStream, hame_core::ModelError> {
+        self.inner.stream(request).await
+    }
+
+    async fn complete(
+        &self,
+        request: ModelRequest,
+    ) -> Result<ModelResponse, hame_core::ModelError> {
+        let response = self.inner.complete(request).await?;
+        let info = self.inner.info();
+        let model = format!("{}:{}", info.provider, info.model);
+        let price = self.prices.get(&info.provider, &info.model).copied();
+        let usage = response.usage.unwrap_or_default();
+        let spend = Spend {
+            requests: 1,
+            usage,
+            usd: price.map_or(0.0, |p| p.cost(&usage)),
+            unpriced: u64::from(price.is_none()),
+        };
+        let counted = CALL_SPEND.try_with(|c| {
+            if let Ok(mut run) = c.run.lock() {
+                run.add(&spend);
+            }
+            if let Ok(mut side) = c.side.lock() {
+                side.push((today(), model.clone(), spend));
+            }
+        });
+        if counted.is_err() {
+            tracing::info!(model = %model, usd = spend.usd, input = usage.input_tokens,
+                output = usage.output_tokens, "model request outside a call");
+        }
+        Ok(response)
     }
 }
 

@@ -765,9 +765,28 @@ impl ObservationLayer {
     }
 }
 
-/// Whether this call wrote observations (flushed once at its end).
+/// The observations of the running call, written in one append when it ends (so a step
+/// costs no store operation for them; ADR 0035).
 #[derive(Debug, Default)]
-struct Written(std::sync::atomic::AtomicBool);
+struct Pending(std::sync::Mutex<Vec<Observation>>);
+
+impl Pending {
+    fn push(&self, o: Observation) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(o);
+    }
+
+    fn take(&self) -> Vec<Observation> {
+        std::mem::take(
+            &mut *self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+}
 
 #[async_trait]
 impl Layer for ObservationLayer {
@@ -781,23 +800,28 @@ impl Layer for ObservationLayer {
         input: CallInput,
         next: CallNext<'_>,
     ) -> Result<CallOutput, hame_core::Error> {
-        let written: Arc<Written> = Arc::default();
+        let pending: Arc<Pending> = Arc::default();
         let mut extensions = cx.extensions.clone();
-        extensions.insert_arc(written.clone());
+        extensions.insert_arc(pending.clone());
         let out = next.run_with(cx, &extensions, input).await;
-        if written.0.load(std::sync::atomic::Ordering::Relaxed)
+        let observations = pending.take();
+        if !observations.is_empty()
             && let Some(ws) = cx.extensions.get::<Workspace>()
         {
-            // One flush per call, before the state is saved (like the session log).
-            let synced = match self.store.log(cx.runtime, ws) {
+            // One synced append per call, before the state is saved (like the session log).
+            let written = match self.store.log(cx.runtime, ws) {
                 Ok(log) => log
-                    .sync_side(&cx.runtime.session_id, OBSERVATIONS_SUFFIX)
+                    .append_observations(
+                        &cx.runtime.session_id,
+                        &observations,
+                        AppendOptions::default(),
+                    )
                     .await
                     .map_err(|e| hame_core::Error::layer("observations", e)),
                 Err(e) => Err(e),
             };
-            if let Err(e) = synced {
-                tracing::warn!(error = %e, "the observations of the call could not be flushed");
+            if let Err(e) = written {
+                tracing::warn!(error = %e, "the observations of the call could not be written");
             }
         }
         out
@@ -828,16 +852,21 @@ impl Layer for ObservationLayer {
             code,
             facts: cx.tool.facts().snapshot(),
         };
-        let runtime = &cx.tool.runtime;
-        if let Err(e) = self.store.write_observation(runtime, ws, &obs).await {
-            tracing::warn!(error = %e, tool = %call.name, "the observation of a tool call could not be written");
-            return outcome;
-        }
-        if let Some(w) = cx.tool.extensions.get::<Written>() {
-            w.0.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
         if call.name == "execute" && !self.store.verifiers.is_empty() {
             self.evidence_from_execute(cx, ws, &call, &obs).await;
+        }
+        match cx.tool.extensions.get::<Pending>() {
+            Some(p) => p.push(obs),
+            // Outside this layer's call (not done by the harness): written at once.
+            None => {
+                if let Err(e) = self
+                    .store
+                    .write_observation(&cx.tool.runtime, ws, &obs)
+                    .await
+                {
+                    tracing::warn!(error = %e, tool = %call.name, "the observation of a tool call could not be written");
+                }
+            }
         }
         outcome
     }

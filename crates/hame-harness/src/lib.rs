@@ -56,6 +56,7 @@ pub mod permissions;
 pub mod prompt;
 mod recorder;
 mod sandbox;
+pub mod snapshot;
 pub use sandbox::{
     DEFAULT_SANDBOX_LEASE_WAIT, SANDBOX_KEY_EXTRA, SANDBOX_LEASE_SESSION, default_sandbox_lease,
     sandbox_lease_key,

@@ -312,9 +312,9 @@ impl ManifestLayer {
     }
 }
 
-/// Whether this call wrote manifests (flushed once at its end).
+/// The manifests of the running call, written in one append when it ends.
 #[derive(Debug, Default)]
-struct Wrote(std::sync::atomic::AtomicBool);
+struct Pending(std::sync::Mutex<Vec<Manifest>>);
 
 #[async_trait]
 impl Layer for ManifestLayer {
@@ -328,16 +328,34 @@ impl Layer for ManifestLayer {
         input: CallInput,
         next: CallNext<'_>,
     ) -> Result<CallOutput, hame_core::Error> {
-        let wrote: Arc<Wrote> = Arc::default();
+        let pending: Arc<Pending> = Arc::default();
         let mut extensions = cx.extensions.clone();
-        extensions.insert_arc(wrote.clone());
+        extensions.insert_arc(pending.clone());
         let out = next.run_with(cx, &extensions, input).await;
-        if wrote.0.load(std::sync::atomic::Ordering::Relaxed)
+        let manifests = std::mem::take(
+            &mut *pending
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        if !manifests.is_empty()
             && let Some(ws) = cx.extensions.get::<Workspace>()
-            && let Ok(log) = self.recorder.log_for(cx.runtime, ws)
-            && let Err(e) = log.sync_side(&cx.runtime.session_id, CONTEXT_SUFFIX).await
         {
-            tracing::warn!(error = %e, "the context manifests of the call could not be flushed");
+            let written = match self.recorder.log_for(cx.runtime, ws) {
+                Ok(log) => log
+                    .append_side(
+                        &cx.runtime.session_id,
+                        CONTEXT_SUFFIX,
+                        &manifests,
+                        AppendOptions::default(),
+                    )
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            if let Err(e) = written {
+                tracing::warn!(error = %e, "the context manifests of the call could not be written");
+            }
         }
         out
     }
@@ -375,27 +393,10 @@ impl Layer for ManifestLayer {
             kind: MANIFEST_EVENT.into(),
             data: serde_json::to_value(&manifest).unwrap_or_default(),
         });
-        if let Some(ws) = cx.extensions.get::<Workspace>() {
-            let written = match self.recorder.log_for(cx.runtime, ws) {
-                Ok(log) => log
-                    .append_side(
-                        &cx.runtime.session_id,
-                        CONTEXT_SUFFIX,
-                        std::slice::from_ref(&manifest),
-                        AppendOptions::atomic(),
-                    )
-                    .await
-                    .map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
-            };
-            match written {
-                Ok(()) => {
-                    if let Some(w) = cx.extensions.get::<Wrote>() {
-                        w.0.store(true, std::sync::atomic::Ordering::Relaxed);
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "the context manifest could not be written"),
-            }
+        if let Some(p) = cx.extensions.get::<Pending>() {
+            p.0.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(manifest);
         }
         Ok(response)
     }

@@ -299,11 +299,11 @@ impl Layer for ToolsConfigLayer {
         mut request: ModelRequest,
         next: ModelNext<'_>,
     ) -> Result<ModelResponse, hame_core::Error> {
-        let Some(ws) = cx.extensions.get::<Workspace>() else {
+        let Some(ws) = hame_tools::snapshot::config_view(cx.extensions, cx.iteration) else {
             return next.run(cx, request).await;
         };
         let config = self
-            .load_step(ws, cx.runtime.call_id(), cx.iteration)
+            .load_step(&ws, cx.runtime.call_id(), cx.iteration)
             .await
             .map_err(|e| hame_core::Error::layer(self.name(), ToolsConfigError(e)))?;
         let filter = self
@@ -342,12 +342,12 @@ impl Layer for ToolsConfigLayer {
     }
 
     async fn tool(&self, cx: &ToolCtx<'_>, call: ToolCall, next: ToolNext<'_>) -> ToolOutcome {
-        let Some(ws) = cx.tool.extensions.get::<Workspace>() else {
+        let Some(ws) = hame_tools::snapshot::config_view(&cx.tool.extensions, cx.iteration) else {
             return next.run(cx, call).await;
         };
         let done = |r: Result<String, ToolError>| ToolOutcome::Done(r);
         let config = match self
-            .load_step(ws, cx.tool.runtime.call_id(), cx.iteration)
+            .load_step(&ws, cx.tool.runtime.call_id(), cx.iteration)
             .await
         {
             Ok(c) => c,

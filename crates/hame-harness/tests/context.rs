@@ -179,6 +179,22 @@ impl hame_core::Tool for Noop {
     }
 }
 
+/// Sets the modification time of every file below `dir` to `age` ago.
+fn backdate(dir: &std::path::Path, age: std::time::Duration) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            backdate(&path, age)?;
+        } else {
+            std::fs::File::options()
+                .write(true)
+                .open(&path)?
+                .set_modified(std::time::SystemTime::now() - age)?;
+        }
+    }
+    Ok(())
+}
+
 /// Issue #34's measure: operations on the shared store per step (each one a Redis or S3
 /// round trip in store mode), with 20 skills, 10 subagent specs, a knowledge folder and a
 /// `tools.json` in the workspace, nothing changing between steps. Counted by a
@@ -215,6 +231,9 @@ async fn store_operations_per_unchanged_step() -> TestResult {
         ws.join("tools.json"),
         r#"{"permissions": {"allow": ["noop", "read_file"], "deny": ["execute"]}}"#,
     )?;
+    // Files unchanged for a while (a snapshot reads a file modified within the last
+    // `RACY_WINDOW` again at the next step).
+    backdate(&ws, std::time::Duration::from_secs(60))?;
     let store = hame_fs::CountingFs::new(Arc::new(hame_fs::InMemoryFs::new()));
     let ops = |steps: usize, session: &'static str| {
         let ws = ws.clone();
@@ -268,8 +287,22 @@ async fn store_operations_per_unchanged_step() -> TestResult {
         by_op.join(", "),
         one.total()
     );
-    // A guard against regressions until one snapshot per step lands (issue #34 target: 4).
-    assert!(per_step <= 60.0, "{per_step} store operations per step");
+    // Issue #34: the workspace costs its snapshot's probes only (one `list` of the root and
+    // one `glob` of each of knowledge/, skills/ and subagents/), whatever the number of
+    // skills and specs; the session log adds its `stat` (the tail check) and `append`.
+    let of = |k: &str| (eleven.of(k) as f64 - one.of(k) as f64) / 10.0;
+    assert_eq!(
+        of("read_bytes") + of("exists"),
+        0.0,
+        "nothing read: {by_op:?}"
+    );
+    assert!(of("list") + of("glob") <= 4.0, "{by_op:?}");
+    // + 0.1: the one append of a call's observations (ADR 0035), which the 1-step call (no
+    // tool call) does not make; it is per call, not per step.
+    assert!(
+        per_step <= 6.1 + 1e-9,
+        "{per_step} store operations per step"
+    );
     Ok(())
 }
 
@@ -323,5 +356,83 @@ async fn a_tools_json_edit_applies_at_the_next_step() -> TestResult {
     );
     let offered = |i: usize| model.requests()[i].tools.iter().any(|t| t.name == "noop");
     assert!(offered(0) && offered(1) && !offered(2) && !offered(3));
+    Ok(())
+}
+
+/// Issue #34: the prompt comes from one snapshot per step, and an edit a tool makes shows
+/// at the next step — `AGENTS.md` overridden in the tenant's store namespace and a new
+/// skill — while the unchanged template files are not read again.
+#[tokio::test]
+async fn an_edit_shows_at_the_next_step_through_the_snapshot() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(ws.join("skills/old"))?;
+    std::fs::write(ws.join("AGENTS.md"), "You are careful.\n")?;
+    std::fs::write(
+        ws.join("skills/old/SKILL.md"),
+        "---\ndescription: The old skill.\n---\nSteps.\n",
+    )?;
+    backdate(&ws, std::time::Duration::from_secs(60))?;
+    let call = |id: &str, name: &str, args: serde_json::Value| hame_core::ToolCall {
+        id: id.into(),
+        name: name.into(),
+        arguments: args.to_string(),
+    };
+    let model = ScriptedModel::new([
+        Reply::tools(&[call(
+            "c0",
+            "read_file",
+            serde_json::json!({"file_path": "AGENTS.md"}),
+        )]),
+        Reply::tools(&[
+            call(
+                "c1",
+                "write_file",
+                serde_json::json!({"file_path": "AGENTS.md", "content": "You are bold.\n"}),
+            ),
+            call(
+                "c2",
+                "write_file",
+                serde_json::json!({"file_path": "skills/fresh/SKILL.md",
+                                   "content": "---\ndescription: The fresh skill.\n---\nGo.\n"}),
+            ),
+        ]),
+        Reply::tools(&[call("c3", "noop", serde_json::json!({}))]),
+        Reply::text("done"),
+    ]);
+    let store = hame_fs::CountingFs::new(Arc::new(hame_fs::InMemoryFs::new()));
+    let agent = HarnessAgent::builder()
+        .model(Arc::new(model.clone()))
+        .workspace(&ws)
+        .tool(Arc::new(Noop))
+        .filesystem(hame_harness::FilesystemMode::SharedStore {
+            store: Arc::new(store.clone()),
+        })
+        .state_store(Arc::new(hame_state::InMemoryStore::new()))
+        .allow_local_state_with_shared_filesystem(true)
+        .memory(hame_harness::memory::MemoryOptions::disabled())
+        .build()?;
+    let events = turn(
+        &agent,
+        Message::user("go"),
+        &RuntimeContext::new("s1").with_user("ada"),
+    )
+    .await;
+    let failed: Vec<_> = events
+        .iter()
+        .filter(|e| matches!(e, AgentEvent::ToolFinished { is_error: true, .. }))
+        .collect();
+    assert!(failed.is_empty(), "{failed:?}");
+    let system = |i: usize| model.requests()[i].system.clone();
+    for i in 0..2 {
+        assert!(system(i).contains("You are careful."), "{}", system(i));
+        assert!(!system(i).contains("fresh"), "{}", system(i));
+    }
+    for i in 2..4 {
+        assert!(system(i).contains("You are bold."), "{}", system(i));
+        assert!(!system(i).contains("You are careful."), "{}", system(i));
+        assert!(system(i).contains("The fresh skill."), "{}", system(i));
+        assert!(system(i).contains("The old skill."), "{}", system(i));
+    }
     Ok(())
 }

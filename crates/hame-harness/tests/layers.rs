@@ -108,6 +108,7 @@ fn built_ins_sit_between_outer_and_inner_user_layers() -> TestResult {
         names(&build(true)?),
         [
             "outer-1",
+            "workspace-snapshot",
             "subagents",
             "caller-history",
             "session-log",
@@ -131,6 +132,7 @@ fn built_ins_sit_between_outer_and_inner_user_layers() -> TestResult {
         names(&build(false)?),
         [
             "outer-1",
+            "workspace-snapshot",
             "subagents",
             "caller-history",
             "session-log",
@@ -280,5 +282,42 @@ async fn later_calls_leave_the_index_file_and_the_listing_follows_the_log() -> T
     assert_eq!(listed[0].message_count, 6);
     assert_eq!(listed[0].updated, last);
     assert_eq!(log.session("s1").await?, Some(listed[0].clone()));
+    Ok(())
+}
+
+/// Issue #34: compaction's summary request does not go through the layer stack, and its
+/// spend is still counted: the session's spend record holds every request the model got,
+/// the summary included.
+#[tokio::test]
+async fn a_compaction_summary_counts_in_the_sessions_spend() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut memory = hame_harness::memory::MemoryOptions::default();
+    memory.compaction.max_messages = 4;
+    memory.compaction.keep_recent_messages = 2;
+    // No flush after calls (it runs outside a call, in the background).
+    memory.flush_policy.after_call = false;
+    // Every reply: a text answer of 10 input and 5 output tokens (the summary as well).
+    let model = ScriptedModel::new((0..12).map(|i| Reply::text(&format!("answer {i}"))));
+    let agent = HarnessAgent::builder()
+        .model(Arc::new(model.clone()))
+        .workspace(dir.path().join("ws"))
+        .state_store(Arc::new(hame_state::InMemoryStore::new()))
+        .memory(memory)
+        .build()?;
+    let ctx = RuntimeContext::new("s1");
+    for i in 0..4 {
+        agent.call(Message::user(format!("turn {i}")), &ctx).await?;
+    }
+    let requests = model.requests();
+    let summaries = requests.iter().filter(|r| r.tools.is_empty()).count();
+    assert!(
+        summaries >= 1,
+        "a compaction ran: {} requests",
+        requests.len()
+    );
+    let state = agent.state(&ctx).await?.ok_or("saved")?;
+    let spent = hame_harness::cost::SpendRecord::of(&state).total();
+    assert_eq!(spent.requests, requests.len() as u64);
+    assert_eq!(spent.usage.input_tokens, 10 * requests.len() as u64);
     Ok(())
 }

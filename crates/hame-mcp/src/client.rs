@@ -252,6 +252,7 @@ impl McpClient {
                 return Err(self.request(format!("arguments must be a JSON object, not {other}")));
             }
         }
+        params.meta = trace_meta();
         let result = tokio::time::timeout(
             self.options.call_timeout,
             self.service.peer().call_tool(params),
@@ -315,6 +316,24 @@ impl McpClient {
             message,
         }
     }
+}
+
+/// The current span's W3C trace context (`traceparent`, `tracestate`) as a request's
+/// `_meta` (MCP SEP-414), through the global propagator; `None` without one (the default)
+/// or outside a traced span.
+fn trace_meta() -> Option<rmcp::model::RequestMetaObject> {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let cx = tracing::Span::current().context();
+    let mut carrier = std::collections::HashMap::<String, String>::new();
+    opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&cx, &mut carrier));
+    if carrier.is_empty() {
+        return None;
+    }
+    let mut meta = rmcp::model::RequestMetaObject::new();
+    for (k, v) in carrier {
+        meta.0.0.insert(k, serde_json::Value::String(v));
+    }
+    Some(meta)
 }
 
 #[cfg(feature = "http")]

@@ -436,6 +436,7 @@ pub(crate) fn parse_response(v: &Value) -> Result<Vec<ModelEvent>, ModelError> {
         .get("content")
         .and_then(Value::as_array)
         .ok_or_else(|| ModelError::InvalidResponse(format!("no content in response: {v}")))?;
+    hame_core::telemetry::record_response(Some(str_of(v, "model")), Some(str_of(v, "id")));
     let mut events = Vec::new();
     for (index, b) in content.iter().enumerate() {
         match str_of(b, "type") {
@@ -502,6 +503,11 @@ impl SseParser for StreamParser {
         let mut events = Vec::new();
         match str_of(&v, "type") {
             "message_start" => {
+                let message = v.get("message").unwrap_or(&Value::Null);
+                hame_core::telemetry::record_response(
+                    Some(str_of(message, "model")),
+                    Some(str_of(message, "id")),
+                );
                 if let Some(u) = v.pointer("/message/usage") {
                     self.start = usage_of(u);
                     events.push(ModelEvent::Usage(self.start));

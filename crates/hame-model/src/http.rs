@@ -533,11 +533,9 @@ impl Client {
         body: Vec<u8>,
         deadline: Instant,
     ) -> Result<reqwest::Response, Failure> {
-        let req = self
-            .http
-            .post(self.url.clone())
-            .headers(self.headers.clone())
-            .body(body);
+        let mut headers = self.headers.clone();
+        trace_context(&mut headers);
+        let req = self.http.post(self.url.clone()).headers(headers).body(body);
         // The wait for the response to begin (connecting included): the idle timeout, cut
         // at the first-byte deadline.
         let remaining = deadline.saturating_duration_since(Instant::now());
@@ -713,6 +711,17 @@ impl Client {
 }
 
 /// The `content-type` of a response, without parameters (`text/html`), if any.
+/// Adds the current span's W3C trace context (`traceparent`, `tracestate`) through the
+/// global propagator: the provider's spans join the caller's trace. Without an
+/// OpenTelemetry subscriber and propagator (the default) it adds nothing.
+fn trace_context(headers: &mut HeaderMap) {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let cx = tracing::Span::current().context();
+    opentelemetry::global::get_text_map_propagator(|p| {
+        p.inject_context(&cx, &mut opentelemetry_http::HeaderInjector(headers));
+    });
+}
+
 fn content_type(headers: &HeaderMap) -> Option<String> {
     let value = headers.get(CONTENT_TYPE)?.to_str().ok()?;
     let bare = value.split(';').next().unwrap_or(value).trim();

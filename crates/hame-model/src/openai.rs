@@ -407,6 +407,7 @@ pub(crate) fn parse_response(v: &Value) -> Result<Vec<ModelEvent>, ModelError> {
         .pointer("/choices/0")
         .ok_or_else(|| ModelError::InvalidResponse(format!("no choices in response: {v}")))?;
     let msg = choice.get("message").unwrap_or(&Value::Null);
+    hame_core::telemetry::record_response(str_of(v, "model"), str_of(v, "id"));
     let mut events = Vec::new();
     if let Some(r) = str_of(msg, "reasoning_content")
         .or_else(|| str_of(msg, "reasoning"))
@@ -460,6 +461,8 @@ fn raw_arguments(v: Option<&Value>) -> String {
 pub(crate) struct StreamParser {
     stop: Option<StopReason>,
     done: bool,
+    /// The answering model and response id were recorded on the span.
+    recorded: bool,
 }
 
 impl SseParser for StreamParser {
@@ -477,6 +480,10 @@ impl SseParser for StreamParser {
         })?;
         if v.get("error").is_some_and(|e| !e.is_null()) {
             return Err(classify_stream_error(data));
+        }
+        if !self.recorded {
+            self.recorded = true;
+            hame_core::telemetry::record_response(str_of(&v, "model"), str_of(&v, "id"));
         }
         let mut events = Vec::new();
         for choice in v

@@ -3,15 +3,17 @@
 //! workers, each worker with its own connection pool (its own `JsonRunQueue` handle), as
 //! separate worker processes would have.
 //!
-//! `cargo run --release -p hame-state --all-features --example run_queue_bench -- [postgres-url]`
-//! (the JSON queue unless `--no-json` follows the URL; PostgreSQL when a URL is given).
+//! `cargo run --release -p hame-state --all-features --example run_queue_bench -- [URL…] [--no-json]`
+//! (the JSON queue unless `--no-json`; then each `postgres://` or `redis://` URL given).
 #![allow(clippy::print_stdout)]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hame_state::runs::{ClaimOptions, JsonRunQueue, NewRun, PgRunQueue, RunEnd, RunQueue};
-use hame_state::{SqlOptions, StateKey};
+use hame_state::runs::{
+    ClaimOptions, JsonRunQueue, NewRun, PgRunQueue, RedisRunQueue, RunEnd, RunQueue,
+};
+use hame_state::{RedisOptions, SqlOptions, StateKey};
 
 type R<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -103,10 +105,20 @@ async fn throughput(queues: Vec<Arc<dyn RunQueue>>, n: usize) -> R<f64> {
     Ok(n as f64 / start.elapsed().as_secs_f64())
 }
 
+/// A queue for `url`, with its own connections (as a separate worker process has).
+async fn open(url: &str) -> R<Arc<dyn RunQueue>> {
+    Ok(if url.starts_with("redis") {
+        Arc::new(RedisRunQueue::connect(url, RedisOptions::default()).await?)
+    } else {
+        Arc::new(PgRunQueue::connect(url, SqlOptions::default()).await?)
+    })
+}
+
 #[tokio::main]
 async fn main() -> R<()> {
-    let pg = std::env::args().nth(1);
-    let json = std::env::args().nth(2).as_deref() != Some("--no-json");
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let json = !args.iter().any(|a| a == "--no-json");
+    let urls: Vec<&String> = args.iter().filter(|a| a.contains("://")).collect();
     let dir = tempfile::tempdir()?;
     // The JSON queue reads every record per claim: 200 runs keep its run short.
     if json {
@@ -124,19 +136,18 @@ async fn main() -> R<()> {
             );
         }
     }
-    if let Some(url) = pg {
-        println!("PostgreSQL queue, 1,000 runs:");
-        latency(
-            &PgRunQueue::connect(&url, SqlOptions::default()).await?,
-            1000,
-        )
-        .await?;
+    for url in urls {
+        let name = if url.starts_with("redis") {
+            "Redis"
+        } else {
+            "PostgreSQL"
+        };
+        println!("{name} queue, 1,000 runs:");
+        latency(&*open(url).await?, 1000).await?;
         for workers in 1..=3 {
             let mut qs: Vec<Arc<dyn RunQueue>> = Vec::new();
             for _ in 0..workers {
-                qs.push(Arc::new(
-                    PgRunQueue::connect(&url, SqlOptions::default()).await?,
-                ));
+                qs.push(open(url).await?);
             }
             println!(
                 "  {workers} worker(s): {:.0} runs/s",

@@ -133,7 +133,7 @@ return n
 ";
 
 /// The server's clock in ms, for lease expiry.
-const NOW: &str = r"
+pub(crate) const NOW: &str = r"
 local function now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -202,17 +202,61 @@ fn backend(e: redis::RedisError) -> Error {
 /// The store's connection: a [`ConnectionManager`] (which reconnects after a broken
 /// connection) and the retry policy of its calls.
 #[derive(Clone)]
-struct Conn {
+pub(crate) struct Conn {
     manager: ConnectionManager,
     retry: hame_redis::RetryPolicy,
 }
 
 impl Conn {
-    async fn query<T: redis::FromRedisValue + Send>(&self, cmd: &redis::Cmd) -> Result<T> {
+    /// Checks `options`, connects to `url` once (so that a wrong URL, password or port
+    /// fails at once instead of after the manager's reconnection backoff, about 6 s) and
+    /// returns the client and a managed connection. A failure never names the password.
+    pub(crate) async fn connect(
+        url: &str,
+        options: &RedisOptions,
+    ) -> Result<(redis::Client, Self)> {
+        if options.prefix.contains(['{', '}']) || options.prefix.is_empty() {
+            return Err(Error::Config(
+                "redis key prefix must be non-empty and contain no `{` or `}`".into(),
+            ));
+        }
+        let fail = |e: redis::RedisError| Error::backend_at("redis", &e, url);
+        let client = redis::Client::open(url).map_err(fail)?;
+        let probe = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.response_timeout));
+        drop(
+            client
+                .get_multiplexed_async_connection_with_config(&probe)
+                .await
+                .map_err(fail)?,
+        );
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.connect_timeout))
+            .set_response_timeout(Some(options.response_timeout));
+        let manager = ConnectionManager::new_with_config(client.clone(), config)
+            .await
+            .map_err(fail)?;
+        Ok((
+            client,
+            Self {
+                manager,
+                retry: hame_redis::RetryPolicy {
+                    window: options.retry_window,
+                    ..hame_redis::RetryPolicy::default()
+                },
+            },
+        ))
+    }
+
+    pub(crate) async fn query<T: redis::FromRedisValue + Send>(
+        &self,
+        cmd: &redis::Cmd,
+    ) -> Result<T> {
         self.send("command", hame_redis::Call::Cmd(cmd)).await
     }
 
-    async fn invoke<T: redis::FromRedisValue + Send>(
+    pub(crate) async fn invoke<T: redis::FromRedisValue + Send>(
         &self,
         script: &redis::ScriptInvocation<'_>,
     ) -> Result<T> {
@@ -251,38 +295,9 @@ impl RedisStore {
     /// Connects to `url` (`redis://`, `rediss://`, with optional credentials and db). A
     /// failure names the cause but never the URL's password.
     pub async fn connect(url: &str, options: RedisOptions) -> Result<Self> {
-        if options.prefix.contains(['{', '}']) || options.prefix.is_empty() {
-            return Err(Error::Config(
-                "redis key prefix must be non-empty and contain no `{` or `}`".into(),
-            ));
-        }
-        let fail = |e: redis::RedisError| Error::backend_at("redis", &e, url);
-        let client = redis::Client::open(url).map_err(fail)?;
-        // One plain attempt first, so that a wrong URL, password or port fails at once
-        // instead of after the manager's reconnection backoff (about 6 s).
-        let probe = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(options.connect_timeout))
-            .set_response_timeout(Some(options.response_timeout));
-        drop(
-            client
-                .get_multiplexed_async_connection_with_config(&probe)
-                .await
-                .map_err(fail)?,
-        );
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(options.connect_timeout))
-            .set_response_timeout(Some(options.response_timeout));
-        let conn = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(fail)?;
+        let (_, conn) = Conn::connect(url, &options).await?;
         Ok(Self {
-            conn: Conn {
-                manager: conn,
-                retry: hame_redis::RetryPolicy {
-                    window: options.retry_window,
-                    ..hame_redis::RetryPolicy::default()
-                },
-            },
+            conn,
             prefix: options.prefix.into(),
             target: crate::redact_url(url).into(),
         })

@@ -325,6 +325,14 @@ mod run_queue_json {
         async fn cancel(&self, id: &str) -> Result<CancelOutcome> {
             self.pick().cancel(id).await
         }
+        async fn purge_finished(
+            &self,
+            agent: &str,
+            before: chrono::DateTime<chrono::Utc>,
+            limit: usize,
+        ) -> Result<usize> {
+            self.pick().purge_finished(agent, before, limit).await
+        }
         fn is_shared(&self) -> bool {
             false
         }
@@ -377,6 +385,27 @@ mod run_queue_mysql {
         };
         Ok(Some(Arc::new(
             MySqlRunQueue::connect(&url, SqlOptions::default()).await?,
+        )))
+    }
+
+    crate::run_queue_tests!(make());
+}
+
+#[cfg(feature = "redis")]
+mod run_queue_redis {
+    use std::sync::Arc;
+
+    use crate::conformance::service_url;
+    use crate::runs::RedisRunQueue;
+    use crate::{RedisOptions, Result};
+
+    async fn make() -> Result<Option<Arc<RedisRunQueue>>> {
+        let Some(url) = service_url("HAME_TEST_REDIS_URL")? else {
+            return Ok(None);
+        };
+        let prefix = format!("hame-test:{}", uuid::Uuid::new_v4().simple());
+        Ok(Some(Arc::new(
+            RedisRunQueue::connect(&url, RedisOptions::with_prefix(prefix)).await?,
         )))
     }
 

@@ -213,9 +213,9 @@ impl Layer for SubagentLayer {
         next: ModelNext<'_>,
     ) -> hame_core::Result<ModelResponse> {
         if depth_of(cx.runtime) < self.subagents.options().max_depth
-            && let Some(ws) = cx.extensions.get::<Workspace>()
+            && let Some(ws) = hame_tools::snapshot::config_view(cx.extensions, cx.iteration)
         {
-            let catalog = self.subagents.catalog(ws).await;
+            let catalog = self.subagents.catalog(&ws).await;
             if !catalog.specs.is_empty() {
                 let mut s = String::from(
                     "\n\n# Subagents\nagent_spawn hands a self-contained task to a subagent, which does not see this conversation; with background=true it runs while you continue and its result is delivered when it ends. Available subagents:\n",

@@ -21,8 +21,14 @@
 //! - [`SubagentLayer`]: the subagents section of the system prompt and the push of
 //!   finished background results into the parent's context.
 //!
-//! No features: the crate has no backend of its own (records go through the caller's
-//! filesystem, the shared store in store mode).
+//! - [`a2a`]: remote subagents over A2A ([`A2aRunner`], the runner of a spec with
+//!   front-matter `a2a: <url>`; `docs/a2a.md`).
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `a2a` | the A2A client of remote subagents (reqwest); without it a remote spec's task fails naming the feature |
+//!
+//! Records go through the caller's filesystem (the shared store in store mode).
 //!
 //! # Example
 //! A runner that answers without a model, driven through the `agent_spawn` tool:
@@ -61,6 +67,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod a2a;
 mod delivery;
 mod error;
 mod layer;
@@ -70,6 +77,7 @@ pub mod spec;
 pub mod task;
 mod tools;
 
+pub use a2a::A2aRunner;
 pub use delivery::{DELIVERED_EXTENSION, Deliveries};
 pub use error::{Error, Result};
 pub use layer::{SubagentLayer, notification};

@@ -91,6 +91,16 @@ pub struct SubagentSpec {
     /// In sandbox mode: the parent's sandbox or its own.
     #[serde(default)]
     pub sandbox: SpecSandbox,
+    /// A remote agent that runs this subagent over A2A (front-matter `a2a`): the URL of its
+    /// agent card, or the base URL the card is read under (`/.well-known/agent-card.json`
+    /// appended); `docs/a2a.md`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub a2a: Option<String>,
+    /// The environment variable holding the `Authorization` header value sent to the
+    /// remote agent (front-matter `a2a_auth_env`); the value is never logged, stored or
+    /// shown to the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub a2a_auth_env: Option<String>,
     /// Where it came from.
     pub source: SpecSource,
 }
@@ -112,8 +122,19 @@ impl SubagentSpec {
             timeout_seconds: None,
             workspace: SpecWorkspace::Shared,
             sandbox: SpecSandbox::Shared,
+            a2a: None,
+            a2a_auth_env: None,
             source: SpecSource::Code,
         }
+    }
+
+    /// Makes it a remote subagent: `url` is the remote agent's card (or the base URL
+    /// its card is read under), `auth_env` the environment variable holding the
+    /// `Authorization` header value, if any.
+    pub fn with_a2a(mut self, url: impl Into<String>, auth_env: Option<String>) -> Self {
+        self.a2a = Some(url.into());
+        self.a2a_auth_env = auth_env;
+        self
     }
 
     /// Sets the tool allowlist.
@@ -157,8 +178,14 @@ pub struct Declaration {
 }
 
 impl From<SubagentSpec> for Declaration {
+    /// A remote spec (with [`SubagentSpec::a2a`]) brings its runner: the A2A client
+    /// ([`crate::a2a::A2aRunner`]).
     fn from(spec: SubagentSpec) -> Self {
-        Self { spec, runner: None }
+        let runner = spec
+            .a2a
+            .is_some()
+            .then(|| Arc::new(crate::a2a::A2aRunner) as Arc<dyn SubagentRunner>);
+        Self { spec, runner }
     }
 }
 
@@ -193,12 +220,14 @@ struct FrontMatter {
     timeout_seconds: Option<u64>,
     workspace: Option<WorkspaceField>,
     sandbox: Option<SpecSandbox>,
+    a2a: Option<String>,
+    a2a_auth_env: Option<String>,
     #[serde(flatten)]
     unknown: BTreeMap<String, yaml_serde::Value>,
 }
 
 /// The keys a spec's front matter may have.
-pub const SPEC_KEYS: [&str; 7] = [
+pub const SPEC_KEYS: [&str; 9] = [
     "description",
     "model",
     "tools",
@@ -206,7 +235,49 @@ pub const SPEC_KEYS: [&str; 7] = [
     "timeout_seconds",
     "workspace",
     "sandbox",
+    "a2a",
+    "a2a_auth_env",
 ];
+
+/// Checks the remote keys of a spec: `a2a` an `http(s)://` URL, `a2a_auth_env` an
+/// environment variable name and only with `a2a`, and none of the keys that shape a local
+/// child (`model`, `tools`, `max_iterations`, `workspace`, `sandbox`) beside `a2a`: a
+/// remote agent has its own.
+fn check_remote(fm: &FrontMatter) -> Result<(), String> {
+    let Some(url) = &fm.a2a else {
+        if fm.a2a_auth_env.is_some() {
+            return Err("`a2a_auth_env` needs `a2a` (the remote agent's URL)".into());
+        }
+        return Ok(());
+    };
+    crate::a2a::check_url(url)?;
+    if let Some(name) = &fm.a2a_auth_env {
+        let valid = name.len() > crate::a2a::AUTH_ENV_PREFIX.len()
+            && name.starts_with(crate::a2a::AUTH_ENV_PREFIX)
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            // A spec is a workspace file the agent's own tools can write: were any variable
+            // allowed, a prompt could send the model's API key to a host of its choice.
+            return Err(format!(
+                "`a2a_auth_env` must name an environment variable `{}<NAME>` (letters, digits, `_`), not `{name}`",
+                crate::a2a::AUTH_ENV_PREFIX
+            ));
+        }
+    }
+    let local = [
+        ("model", fm.model.is_some()),
+        ("tools", fm.tools.is_some()),
+        ("max_iterations", fm.max_iterations.is_some()),
+        ("workspace", fm.workspace.is_some()),
+        ("sandbox", fm.sandbox.is_some()),
+    ];
+    if let Some((key, _)) = local.iter().find(|(_, set)| *set) {
+        return Err(format!(
+            "`{key}` does not apply to a remote subagent (`a2a`): the remote agent has its own"
+        ));
+    }
+    Ok(())
+}
 
 /// Parses a workspace spec: `id` is its file name without `.md`. Returns the spec and the
 /// unknown keys it has (they are ignored; the caller warns about them).
@@ -220,6 +291,7 @@ pub fn parse_spec(id: &str, path: &str, text: &str) -> Result<(SubagentSpec, Vec
     } else {
         yaml_serde::from_str(yaml).map_err(|e| format!("invalid front matter: {e}"))?
     };
+    check_remote(&fm)?;
     let description = fm
         .description
         .map(|d| d.trim().to_owned())
@@ -262,6 +334,8 @@ pub fn parse_spec(id: &str, path: &str, text: &str) -> Result<(SubagentSpec, Vec
             timeout_seconds: fm.timeout_seconds,
             workspace: fm.workspace.map(|w| w.mode).unwrap_or_default(),
             sandbox: fm.sandbox.unwrap_or_default(),
+            a2a: fm.a2a,
+            a2a_auth_env: fm.a2a_auth_env,
             source: SpecSource::File {
                 path: path.to_owned(),
             },
@@ -402,6 +476,8 @@ mod tests {
                 timeout_seconds: Some(30),
                 workspace: SpecWorkspace::Isolated,
                 sandbox: SpecSandbox::Own,
+                a2a: None,
+                a2a_auth_env: None,
                 source: SpecSource::File {
                     path: "subagents/reviewer.md".into()
                 },
@@ -471,6 +547,43 @@ mod tests {
             }
         }
         assert!(parse_spec("../x", "p", "---\ndescription: x\n---\n").is_err());
+    }
+
+    #[test]
+    fn remote_specs() -> Result<(), String> {
+        let text = "---\ndescription: Remote reviewer\na2a: https://agents.example.com/a2a/reviewer\na2a_auth_env: A2A_REVIEWER_AUTH\ntimeout_seconds: 60\n---\nNotes for people.\n";
+        let (spec, unknown) = parse_spec("remote", "subagents/remote.md", text)?;
+        assert_eq!(unknown, Vec::<String>::new());
+        assert_eq!(
+            spec.a2a.as_deref(),
+            Some("https://agents.example.com/a2a/reviewer")
+        );
+        assert_eq!(spec.a2a_auth_env.as_deref(), Some("A2A_REVIEWER_AUTH"));
+        assert_eq!(spec.timeout_seconds, Some(60));
+        let decl = Declaration::from(spec);
+        assert!(decl.runner.is_some(), "a remote spec brings its runner");
+        let cases = [
+            ("a2a: ftp://x/y", "http"),
+            ("a2a: https://", "host"),
+            ("a2a_auth_env: X", "needs `a2a`"),
+            (
+                "a2a: http://h/\na2a_auth_env: 'A B'",
+                "environment variable",
+            ),
+            ("a2a: http://h/\nmodel: a:b", "`model` does not apply"),
+            (
+                "a2a: http://h/\ntools: [read_file]",
+                "`tools` does not apply",
+            ),
+        ];
+        for (yaml, want) in cases {
+            let text = format!("---\ndescription: d\n{yaml}\n---\n");
+            match parse_spec("r", "subagents/r.md", &text) {
+                Ok(_) => return Err(format!("{yaml}: accepted")),
+                Err(e) => assert!(e.contains(want), "{yaml}: {e}"),
+            }
+        }
+        Ok(())
     }
 
     #[test]

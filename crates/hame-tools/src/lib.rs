@@ -46,6 +46,7 @@
 mod error;
 pub mod front_matter;
 pub mod memo;
+pub mod snapshot;
 mod tools;
 mod workspace;
 

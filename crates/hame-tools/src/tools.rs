@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use hame_core::{Tool, ToolContext, ToolError, ToolOutput, TypedTool, typed};
 use hame_fs::{
-    EditRequest, ExecRequest, Execute, Filesystem, FilesystemExt, FsPath, GlobRequest, GrepRequest,
-    ReadWindow, Version, WriteOptions, codes,
+    EditRequest, ExecRequest, Execute, Filesystem, FsPath, GlobRequest, GrepRequest, ReadWindow,
+    Version, WriteOptions, codes,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -75,8 +75,22 @@ impl Default for FsToolOptions {
 #[derive(Debug, Default)]
 struct ReadTracker {
     tick: u64,
-    sessions: HashMap<String, (u64, HashMap<FsPath, Version>)>,
+    sessions: HashMap<String, (u64, HashMap<FsPath, Seen>)>,
 }
+
+/// What a session saw of a file it read: its content version, or — when `read_file` read
+/// only a window of a large file — its size and modification time.
+#[derive(Debug, Clone, PartialEq)]
+enum Seen {
+    Version(Version),
+    Stamp(u64, Option<chrono::DateTime<chrono::Utc>>),
+}
+
+/// Files up to this size are read whole by `read_file` (one read: its version and line
+/// count come with it); a larger file is read in ranges only up to the window it returns.
+pub const READ_WHOLE_MAX_BYTES: u64 = 256 * 1024;
+/// The size of each range a windowed `read_file` reads.
+const READ_CHUNK_BYTES: u64 = 256 * 1024;
 
 #[derive(Debug)]
 struct Shared {
@@ -111,6 +125,10 @@ impl Shared {
     }
 
     fn record(&self, ctx: &ToolContext, path: &FsPath, version: Version) {
+        self.record_seen(ctx, path, Seen::Version(version));
+    }
+
+    fn record_seen(&self, ctx: &ToolContext, path: &FsPath, version: Seen) {
         let key = Self::session_key(ctx);
         let mut t = self.tracker();
         t.tick += 1;
@@ -136,7 +154,7 @@ impl Shared {
         entry.1.insert(path.clone(), version);
     }
 
-    fn read_version(&self, ctx: &ToolContext, path: &FsPath) -> Option<Version> {
+    fn read_version(&self, ctx: &ToolContext, path: &FsPath) -> Option<Seen> {
         let t = self.tracker();
         t.sessions
             .get(&Self::session_key(ctx))
@@ -153,7 +171,7 @@ impl Shared {
         fs: &Arc<dyn Filesystem>,
         path: &FsPath,
     ) -> Option<Version> {
-        if let Some(v) = self.read_version(ctx, path) {
+        if let Some(Seen::Version(v)) = self.read_version(ctx, path) {
             return Some(v);
         }
         fs.read_bytes(path).await.ok().map(|b| Version::of(&b))
@@ -262,25 +280,68 @@ impl TypedTool for ReadFile {
         let path = parse_path(&args.file_path)?;
         let start = args.offset.unwrap_or(1).max(1);
         let limit = args.limit.unwrap_or(self.0.opts.read_default_lines).max(1);
-        let w = fs
-            .read(
+        // The first range: the whole file when it is small (its version and line count
+        // come with it), else the start of the window scan.
+        let head = fs
+            .read_range(&path, 0, READ_WHOLE_MAX_BYTES + 1)
+            .await
+            .or_tool()?;
+        let w = if head.len() as u64 <= READ_WHOLE_MAX_BYTES {
+            let w = hame_fs::generic::text_window(
                 &path,
+                &head,
                 ReadWindow {
                     offset: start - 1,
                     limit: Some(limit),
                 },
             )
+            .or_tool()?;
+            self.0.record(ctx, &path, w.version.clone());
+            Window {
+                text: w.text,
+                lines: w.lines,
+                total_lines: Some(w.total_lines),
+                size: w.size,
+            }
+        } else {
+            let info = fs.stat(&path).await.or_tool()?;
+            // As a whole read would say (its test looks at the start of the file).
+            // (A character cut at the end of the range is not an encoding error.)
+            let whole = match std::str::from_utf8(&head) {
+                Err(e) if e.error_len().is_none() => e.valid_up_to(),
+                _ => head.len(),
+            };
+            if hame_fs::generic::is_binary(&head[..whole]) {
+                return Err(hame_fs::Error::Binary {
+                    path: path.to_string(),
+                    size: info.size,
+                })
+                .or_tool();
+            }
+            let w = scan_window(
+                fs.as_ref(),
+                &path,
+                head,
+                (start - 1, limit),
+                self.0.opts.max_read_chars,
+            )
             .await
             .or_tool()?;
-        self.0.record(ctx, &path, w.version.clone());
-        if w.total_lines == 0 {
+            self.0
+                .record_seen(ctx, &path, Seen::Stamp(info.size, info.modified));
+            Window {
+                size: info.size,
+                ..w
+            }
+        };
+        if w.total_lines == Some(0) {
             return Ok(format!("{path} is empty."));
         }
         if w.lines == 0 {
-            return Ok(format!(
-                "{path} has {} lines; offset {start} is past the end.",
-                w.total_lines
-            ));
+            return Ok(match w.total_lines {
+                Some(n) => format!("{path} has {n} lines; offset {start} is past the end."),
+                None => format!("{path}: offset {start} is past the end."),
+            });
         }
         let mut out = String::new();
         let mut shown = 0;
@@ -298,15 +359,94 @@ impl TypedTool for ReadFile {
             shown += 1;
         }
         let last = start + shown - 1;
-        if last < w.total_lines {
-            let _ = write!(
-                out,
-                "[showing lines {start}-{last} of {}; call read_file with offset={} to continue]",
-                w.total_lines,
-                last + 1
-            );
+        match w.total_lines {
+            Some(total) if last < total => {
+                let _ = write!(
+                    out,
+                    "[showing lines {start}-{last} of {total}; call read_file with offset={} to continue]",
+                    last + 1
+                );
+            }
+            Some(_) => {}
+            None => {
+                let _ = write!(
+                    out,
+                    "[showing lines {start}-{last} of a {} byte file; call read_file with offset={} to continue]",
+                    w.size,
+                    last + 1
+                );
+            }
         }
         Ok(out)
+    }
+}
+
+/// The lines a `read_file` returns.
+#[derive(Debug)]
+struct Window {
+    text: String,
+    lines: usize,
+    /// Known when the read reached the end of the file.
+    total_lines: Option<usize>,
+    size: u64,
+}
+
+/// Reads the lines `[first, first + limit)` of a large file in ranges of
+/// [`READ_CHUNK_BYTES`], starting with `head` (its first bytes), and stops once it has
+/// them, or more than `max_chars` of them (the tool shows no more), or at the end of the
+/// file. A line longer than `max_chars` is kept only up to that many bytes.
+async fn scan_window(
+    fs: &dyn Filesystem,
+    path: &FsPath,
+    head: Vec<u8>,
+    (first, limit): (usize, usize),
+    max_chars: usize,
+) -> hame_fs::Result<Window> {
+    let mut text: Vec<u8> = Vec::new();
+    let mut line = 0usize;
+    let mut lines = 0usize;
+    let mut pos = head.len() as u64;
+    let mut chunk = head;
+    let end = first.saturating_add(limit);
+    let mut line_bytes = 0usize;
+    loop {
+        let eof = chunk.is_empty();
+        for &b in &chunk {
+            if line >= first && line < end && line_bytes < max_chars.saturating_add(4) {
+                text.push(b);
+            }
+            line_bytes += 1;
+            if b == b'\n' {
+                if line >= first && line < end {
+                    lines += 1;
+                }
+                line += 1;
+                line_bytes = 0;
+                if line >= end || text.len() > max_chars {
+                    return Ok(Window {
+                        text: String::from_utf8_lossy(&text).into_owned(),
+                        lines,
+                        total_lines: None,
+                        size: 0,
+                    });
+                }
+            }
+        }
+        if eof {
+            // A last line without a newline counts.
+            let total = if line_bytes > 0 { line + 1 } else { line };
+            if line_bytes > 0 && line >= first && line < end {
+                lines += 1;
+            }
+            return Ok(Window {
+                text: String::from_utf8_lossy(&text).into_owned(),
+                lines,
+                total_lines: Some(total),
+                size: 0,
+            });
+        }
+        chunk = fs.read_range(path, pos, READ_CHUNK_BYTES).await?;
+        pos += chunk.len() as u64;
     }
 }
 
@@ -341,7 +481,20 @@ impl TypedTool for WriteFile {
             WriteOptions::default()
         } else if fs.exists(&path).await.or_tool()? {
             match self.0.read_version(ctx, &path) {
-                Some(v) => WriteOptions::if_match(v),
+                Some(Seen::Version(v)) => WriteOptions::if_match(v),
+                // Read in a window: unchanged since when its size and time are; then the
+                // write is compared against the content as it is now.
+                Some(Seen::Stamp(size, modified)) => {
+                    let now = fs.stat(&path).await.or_tool()?;
+                    if now.size != size || now.modified != modified || modified.is_none() {
+                        return Err(ToolError::new(
+                            codes::CONFLICT,
+                            format!("{path} changed since it was read; read it again first"),
+                        ));
+                    }
+                    let current = fs.read_bytes(&path).await.or_tool()?;
+                    WriteOptions::if_match(Version::of(&current))
+                }
                 None => {
                     return Err(ToolError::new(
                         codes::CONFLICT,

@@ -399,3 +399,92 @@ mod shell {
         );
     }
 }
+
+/// Issue #34: `read_file` of a large file reads only up to the window it returns (in
+/// ranges), says how big the file is instead of counting its lines, and a later
+/// `write_file` still refuses a file that changed since.
+#[tokio::test]
+async fn read_of_a_large_file_reads_only_its_window() {
+    // 4 MiB of numbered lines.
+    let body: String = (1..=200_000).map(|i| format!("line {i:014}\n")).collect();
+    let size = body.len();
+    let mem: Arc<dyn Filesystem> =
+        Arc::new(InMemoryFs::with_files([("big.log", body.as_bytes())]).unwrap());
+    let counting = hame_fs::CountingFs::new(mem);
+    let fs: Arc<dyn Filesystem> = Arc::new(counting.clone());
+    let tools = fs_tools(fs.clone(), FsToolOptions::default());
+    let c = ctx("u", "s");
+    let first = run(&tools, "read_file", json!({"file_path": "big.log"}), &c).await;
+    assert!(
+        first.starts_with("     1\tline 00000000000001\n"),
+        "{first}"
+    );
+    assert!(
+        first.ends_with(&format!(
+            "[showing lines 1-2000 of a {size} byte file; call read_file with offset=2001 to continue]"
+        )),
+        "{}",
+        &first[first.len() - 200..]
+    );
+    let counts = counting.counts();
+    assert_eq!(counts.of("read_bytes"), 0);
+    assert!(counts.bytes_read <= 2 * READ_WHOLE_MAX_BYTES, "{counts:?}");
+    // A window further in: read up to it, not past it.
+    counting.reset();
+    let mid = run(
+        &tools,
+        "read_file",
+        json!({"file_path": "big.log", "offset": 50_000, "limit": 3}),
+        &c,
+    )
+    .await;
+    assert_eq!(
+        mid.lines().take(3).collect::<Vec<_>>(),
+        [
+            " 50000\tline 00000000050000",
+            " 50001\tline 00000000050001",
+            " 50002\tline 00000000050002"
+        ]
+    );
+    assert!(counting.counts().bytes_read < (size / 2) as u64);
+    // The end: the count is known there.
+    let end = run(
+        &tools,
+        "read_file",
+        json!({"file_path": "big.log", "offset": 199_999}),
+        &c,
+    )
+    .await;
+    assert_eq!(
+        end,
+        "199999\tline 00000000199999\n200000\tline 00000000200000\n"
+    );
+    // Read in a window, then overwritten: allowed while unchanged...
+    write(&tools, "big.log", "short", &c).await;
+    assert_eq!(stored(&fs, "big.log").await, b"short");
+    // ...refused once another writer changed it after the read.
+    let big2: String = "y\n".repeat(300_000);
+    fs.write(
+        &FsPath::parse("big2.log").unwrap(),
+        big2.clone().into_bytes(),
+        WriteOptions::default(),
+    )
+    .await
+    .unwrap();
+    run(&tools, "read_file", json!({"file_path": "big2.log"}), &c).await;
+    fs.write(
+        &FsPath::parse("big2.log").unwrap(),
+        (big2 + "z").into_bytes(),
+        WriteOptions::default(),
+    )
+    .await
+    .unwrap();
+    let e = fails(
+        &tools,
+        "write_file",
+        json!({"file_path": "big2.log", "content": "x"}),
+        &c,
+    )
+    .await;
+    assert_eq!(e, "conflict");
+}

@@ -96,6 +96,24 @@ impl Workspace {
         }
     }
 
+    /// The same handle with its [`files`](Self::files), [`home`](Self::home) and
+    /// [`overrides`](Self::overrides) replaced (read views over them, such as a step's
+    /// [`WorkspaceSnapshot`](crate::snapshot::WorkspaceSnapshot)); identity, records,
+    /// shell and the rest are kept.
+    pub fn with_views(
+        &self,
+        files: Arc<dyn Filesystem>,
+        home: Arc<dyn Filesystem>,
+        overrides: Option<Arc<dyn Filesystem>>,
+    ) -> Self {
+        Self {
+            files,
+            home,
+            overrides,
+            ..self.clone()
+        }
+    }
+
     /// Says whether the backend of [`files`](Self::files) folds case (default
     /// [`NameCase::Sensitive`]); policy checks compare paths accordingly
     /// ([`FsPath::match_key`]).

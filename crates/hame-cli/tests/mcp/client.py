@@ -3,7 +3,7 @@
     python client.py stdio COMMAND [ARG...]     # starts `hame mcp serve ...` itself
     python client.py http URL [TOKEN]
 
-It lists the tools, asks `first` without a session, `second` in the session the first
+It lists the tools and the prompts (gets the first, and an unknown one), asks `first` without a session, `second` in the session the first
 answer named, sends two bad calls, and prints one JSON object with what it saw.
 """
 
@@ -36,6 +36,18 @@ async def exercise(read, write):
             {"name": t.name, "schema": t.input_schema, "description": t.description}
             for t in tools.tools
         ]
+        prompts = await session.list_prompts()
+        out["prompts"] = [
+            {"name": p.name, "description": p.description} for p in prompts.prompts
+        ]
+        if prompts.prompts:
+            got = await session.get_prompt(prompts.prompts[0].name)
+            out["prompt"] = [m.content.text for m in got.messages]
+        try:
+            await session.get_prompt("no-such-skill")
+            out["unknown_prompt"] = "no error"
+        except Exception as e:  # the SDK raises McpError for a JSON-RPC error
+            out["unknown_prompt"] = str(e)
         first = await session.call_tool("ask", {"message": "first"})
         out["first"] = dump(first)
         sid = (first.structured_content or {}).get("session")

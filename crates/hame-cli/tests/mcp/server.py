@@ -34,6 +34,19 @@ def header(ctx: Context) -> str:
 
 
 @server.tool()
+def trace(ctx: Context) -> str:
+    """The W3C trace context the request carried in `_meta` (MCP SEP-414)."""
+    meta = ctx.request_context.meta
+    if meta is None:
+        parent = None
+    elif isinstance(meta, dict):
+        parent = meta.get("traceparent")
+    else:
+        parent = getattr(meta, "traceparent", None) or (getattr(meta, "model_extra", None) or {}).get("traceparent")
+    return "traceparent=" + str(parent)
+
+
+@server.tool()
 def fail(reason: str) -> str:
     """Always fails."""
     raise ToolError("refused: " + reason)

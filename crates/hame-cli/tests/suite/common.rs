@@ -251,7 +251,8 @@ pub async fn tools_offered(
 }
 
 /// A Python that imports `module`: a venv `<target tmp>/<name>` created once (under a
-/// lock) with `python3 -m venv` and `pip install <requirement>`. `None` (with a loud
+/// lock) with `python3 -m venv` and `pip install <requirement>` (several requirements
+/// separated by spaces). `None` (with a loud
 /// SKIPPED line) when that is impossible; under CI a failure.
 pub fn python_venv(name: &str, requirement: &str, module: &str) -> Option<std::path::PathBuf> {
     let root = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
@@ -283,12 +284,9 @@ pub fn python_venv(name: &str, requirement: &str, module: &str) -> Option<std::p
         run(std::process::Command::new("python3")
             .args(["-m", "venv", "--clear"])
             .arg(&venv))?;
-        run(std::process::Command::new(venv.join("bin/pip")).args([
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            requirement,
-        ]))?;
+        run(std::process::Command::new(venv.join("bin/pip"))
+            .args(["install", "-q", "--disable-pip-version-check"])
+            .args(requirement.split_whitespace()))?;
         if ok(&python) {
             Ok(())
         } else {

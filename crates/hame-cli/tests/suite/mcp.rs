@@ -24,7 +24,7 @@ fn server_py() -> PathBuf {
 /// A Python with the `mcp` SDK: `HAME_TEST_MCP_PYTHON`, else a venv under the target
 /// directory, created once (under a lock) with `python3 -m venv` and `pip install`.
 /// `None` (with a loud SKIPPED line) when that is impossible; under CI a failure.
-fn python() -> Option<PathBuf> {
+pub(super) fn python() -> Option<PathBuf> {
     if let Ok(p) = std::env::var("HAME_TEST_MCP_PYTHON")
         && !p.trim().is_empty()
     {
@@ -143,7 +143,7 @@ async fn stdio_server_tools_are_offered_and_called_with_env_from_vars() -> TestR
 }
 
 /// A Python streamable-HTTP server on a free port, killed on drop.
-struct HttpServer(std::process::Child, u16);
+pub(super) struct HttpServer(std::process::Child, pub(super) u16);
 
 impl Drop for HttpServer {
     fn drop(&mut self) {
@@ -152,7 +152,7 @@ impl Drop for HttpServer {
     }
 }
 
-fn http_server(py: &Path) -> Result<HttpServer, Box<dyn std::error::Error>> {
+pub(super) fn http_server(py: &Path) -> Result<HttpServer, Box<dyn std::error::Error>> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();

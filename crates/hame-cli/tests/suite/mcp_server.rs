@@ -55,7 +55,16 @@ fn script(server: &ScriptedServer) {
     server.push_all([ScriptStep::text("reply one"), ScriptStep::text("reply two")]);
 }
 
-/// What both transports must show: one `ask` tool, two turns in one session, clear
+/// A skill in the workspace `ws`: the server's one prompt.
+fn skill(ws: &Path) -> std::io::Result<()> {
+    fs::create_dir_all(ws.join("skills/release-notes"))?;
+    fs::write(
+        ws.join("skills/release-notes/SKILL.md"),
+        "---\ndescription: Writes release notes.\n---\nRELEASE-NOTES-BODY: list the changes.\n",
+    )
+}
+
+/// What both transports must show: the workspace's skill as the one prompt; one `ask` tool, two turns in one session, clear
 /// errors for hostile or unknown arguments and tools.
 fn check_exchange(out: &Value, server: &ScriptedServer, user: Option<&str>) {
     assert_eq!(out["server"], "hame");
@@ -63,6 +72,20 @@ fn check_exchange(out: &Value, server: &ScriptedServer, user: Option<&str>) {
     assert_eq!(tools.len(), 1, "{tools:?}");
     assert_eq!(tools[0]["name"], "ask");
     assert_eq!(tools[0]["schema"]["required"], json!(["message"]));
+    assert_eq!(
+        out["prompts"],
+        json!([{"name": "release-notes", "description": "Writes release notes."}])
+    );
+    let prompt = out["prompt"][0].as_str().unwrap_or_default();
+    assert!(prompt.contains("RELEASE-NOTES-BODY"), "{prompt}");
+    assert!(
+        out["unknown_prompt"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("no skill named `no-such-skill`"),
+        "{}",
+        out["unknown_prompt"]
+    );
     let first = &out["first"];
     assert_eq!(first["is_error"], false, "{first}");
     assert_eq!(first["texts"][0], "reply one");
@@ -116,6 +139,7 @@ async fn the_python_client_asks_over_stdio() -> TestResult {
     let dir = tempfile::tempdir()?;
     let ws = dir.path().join("ws");
     fs::create_dir_all(&ws)?;
+    skill(&ws)?;
     let server = ScriptedServer::start().await?;
     script(&server);
     let started = Instant::now();
@@ -168,6 +192,7 @@ fn listen(
 ) -> Result<Listening, Box<dyn std::error::Error>> {
     let ws = dir.join("ws");
     fs::create_dir_all(&ws)?;
+    skill(&ws)?;
     let mut child = std::process::Command::new(bin())
         .args([
             "mcp",

@@ -1,11 +1,14 @@
+mod a2a;
 mod common;
 mod concurrency;
+mod console;
 mod conventions;
 mod cost;
 mod crash;
 mod delivery;
 mod evidence;
 mod first_hour;
+mod gateway_agents;
 mod layout;
 mod mcp;
 mod mcp_server;

@@ -2,7 +2,7 @@
 //! workers (`hame serve` itself or `hame worker` processes) drain them from the state
 //! store, a SIGKILLed worker's run is taken over by another, a cancel sent to the server
 //! stops a run executing in a worker process, and `hame runs` reads and cancels them
-//! without a server. On the default JSON state and on real PostgreSQL.
+//! without a server. On the default JSON state and on real PostgreSQL, MySQL and Redis.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -472,6 +472,14 @@ async fn workers_drain_take_over_and_cancel_on_postgres() -> TestResult {
 }
 
 #[tokio::test]
+async fn workers_drain_take_over_and_cancel_on_redis() -> TestResult {
+    let Some(url) = service("HAME_TEST_REDIS_URL") else {
+        return Ok(());
+    };
+    workers_drain_take_over_and_cancel(&url).await
+}
+
+#[tokio::test]
 async fn workers_drain_take_over_and_cancel_on_mysql() -> TestResult {
     let Some(url) = service("HAME_TEST_MYSQL_URL") else {
         return Ok(());
@@ -486,17 +494,23 @@ async fn one_run_per_idempotency_key_across_replicas_on_postgres() -> TestResult
     let Some(url) = service("HAME_TEST_POSTGRES_URL") else {
         return Ok(());
     };
+    one_run_per_idempotency_key_across_replicas(&url).await
+}
+
+#[tokio::test]
+async fn one_run_per_idempotency_key_across_replicas_on_redis() -> TestResult {
+    let Some(url) = service("HAME_TEST_REDIS_URL") else {
+        return Ok(());
+    };
+    one_run_per_idempotency_key_across_replicas(&url).await
+}
+
+async fn one_run_per_idempotency_key_across_replicas(url: &str) -> TestResult {
     let model = ScriptedServer::start().await?;
     model.set_responder(echo);
     let agent = unique_agent();
     let (da, db) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let args = [
-        "--agent",
-        agent.as_str(),
-        "--state",
-        url.as_str(),
-        "--no-worker",
-    ];
+    let args = ["--agent", agent.as_str(), "--state", url, "--no-worker"];
     let a = Serve::start(da.path(), &model.base_url(), &args)?;
     let b = Serve::start(db.path(), &model.base_url(), &args)?;
     let http = reqwest::Client::new();
@@ -597,6 +611,339 @@ async fn a_run_saved_by_a_dead_worker_is_not_run_again() -> TestResult {
         asked,
         vec!["only once".to_owned()],
         "the model was asked once"
+    );
+    Ok(())
+}
+
+/// A cancel sent to replica B stops a long `execute` running on replica A within 2 s: B
+/// writes the flag and wakes A (`NOTIFY` / pub-sub), A cancels the turn and kills the
+/// command's process group.
+async fn cancel_on_b_stops_an_execute_on_a(state: &str) -> TestResult {
+    let model = ScriptedServer::start().await?;
+    // The first request runs a shell that records its pid and sleeps; anything after the
+    // tool result is a plain answer.
+    model.set_responder(|r: &RecordedRequest| {
+        let after_tool = r.body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .is_some_and(|m| m["role"] == "tool");
+        if !after_tool {
+            ScriptStep::tool_call(
+                "c1",
+                "execute",
+                json!({"command": "echo $$ > pid.txt; exec sleep 300"}),
+            )
+        } else {
+            ScriptStep::text("woke up")
+        }
+    });
+    let agent = unique_agent();
+    let (da, db) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let common = [
+        "--agent",
+        agent.as_str(),
+        "--state",
+        state,
+        "--permission-mode",
+        "bypass",
+    ];
+    let a = Serve::start(da.path(), &model.base_url(), &common)?;
+    let mut b_args = common.to_vec();
+    b_args.push("--no-worker");
+    let b = Serve::start(db.path(), &model.base_url(), &b_args)?;
+    let http = reqwest::Client::new();
+    let (code, v) = submit(&http, &b, "u", "s", "sleep", None).await?;
+    assert_eq!(code, 202, "{v}");
+    let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    // Wait for the command to run on A.
+    let pid_file = da.path().join("ws").join("pid.txt");
+    let start = Instant::now();
+    let pid = loop {
+        if let Ok(text) = std::fs::read_to_string(&pid_file)
+            && let Ok(pid) = text.trim().parse::<u32>()
+        {
+            break pid;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the command never ran on A: {}",
+            a.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    // Running, not a zombie waiting to be reaped.
+    let alive = || {
+        std::fs::read_to_string(proc_dir.join("stat")).is_ok_and(|s| {
+            s.rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+        })
+    };
+    assert!(alive(), "the sleep runs");
+    let (_, running) = get_run(&http, &b, "u", &id).await?;
+    assert_eq!(running["status"], "running", "{running}");
+    let asked = Instant::now();
+    let resp = http
+        .post(b.at(&format!("/v1/runs/{id}/cancel")))
+        .header("x-hame-user", "u")
+        .send()
+        .await?;
+    assert_eq!(resp.status().as_u16(), 202);
+    let v = wait_run(&http, &b, "u", &id, Duration::from_secs(10), finished).await?;
+    let took = asked.elapsed();
+    assert_eq!(v["status"], "cancelled", "{v}; A: {}", a.stderr());
+    // The sleep is dead (a zombie counts: it runs no more and its parent reaps it).
+    while alive() && asked.elapsed() < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let gone = asked.elapsed();
+    assert!(!alive(), "the command still runs after {gone:?}");
+    assert!(took < Duration::from_secs(2), "cancelled after {took:?}");
+    eprintln!("cancel on B → run cancelled on A after {took:?}, child gone after {gone:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_cancel_sent_to_replica_b_stops_an_execute_on_a_on_postgres() -> TestResult {
+    let Some(url) = service("HAME_TEST_POSTGRES_URL") else {
+        return Ok(());
+    };
+    cancel_on_b_stops_an_execute_on_a(&url).await
+}
+
+#[tokio::test]
+async fn a_cancel_sent_to_replica_b_stops_an_execute_on_a_on_redis() -> TestResult {
+    let Some(url) = service("HAME_TEST_REDIS_URL") else {
+        return Ok(());
+    };
+    cancel_on_b_stops_an_execute_on_a(&url).await
+}
+
+/// The user and assistant texts of a session log, in order.
+fn log_texts(path: &Path) -> Result<Vec<(String, String)>, Box<dyn std::error::Error>> {
+    let text = std::fs::read_to_string(path)?;
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let record: Value = serde_json::from_str(line)?;
+        let role = record["role"].as_str().unwrap_or_default().to_owned();
+        let content = &record["message"]["content"];
+        let text = match content {
+            Value::String(s) => s.clone(),
+            Value::Array(blocks) => blocks
+                .iter()
+                .filter_map(|b| b["text"].as_str())
+                .collect::<Vec<_>>()
+                .join(""),
+            _ => String::new(),
+        };
+        out.push((role, text));
+    }
+    Ok(out)
+}
+
+/// Done-when #1 of issue #31: two `hame serve` replicas on one store; 50 runs over 10
+/// sessions submitted to replica A; A is SIGKILLed in the middle; B completes every run.
+/// Every session log holds each user message exactly once and exactly one reply per run,
+/// in submission order (one run of a session at a time), and no run ended twice.
+async fn two_replicas_one_killed(state: &str) -> TestResult {
+    const SESSIONS: usize = 10;
+    const PER_SESSION: usize = 5;
+    let model = ScriptedServer::start().await?;
+    // Each answer takes 200 ms, so that A dies with runs in flight.
+    model.set_responder(|r: &RecordedRequest| {
+        ScriptStep::text(format!("done: {}", r.last_user_text().unwrap_or_default()))
+            .with_delay(Duration::from_millis(200))
+    });
+    let dir = tempfile::tempdir()?;
+    let agent = unique_agent();
+    let args = [
+        "--agent",
+        agent.as_str(),
+        "--state",
+        state,
+        "--run-lapse",
+        "2",
+        "--worker-concurrency",
+        "4",
+    ];
+    // One workspace (the session logs) and one state home for both replicas, as a shared
+    // volume would give them.
+    let mut a = Serve::start_named(dir.path(), "a", &model.base_url(), &args, &[])?;
+    let b = Serve::start_named(dir.path(), "b", &model.base_url(), &args, &[])?;
+    let http = reqwest::Client::new();
+    let mut runs = Vec::new();
+    for i in 0..PER_SESSION {
+        for s in 0..SESSIONS {
+            let message = format!("s{s} m{i}");
+            let (code, v) = submit(&http, &a, "u", &format!("s{s}"), &message, None).await?;
+            assert_eq!(code, 202, "{v}");
+            runs.push((s, message, v["run_id"].as_str().ok_or("no id")?.to_owned()));
+        }
+    }
+    // Kill A once a fifth of the runs completed.
+    let start = Instant::now();
+    loop {
+        let mut done = 0;
+        for s in 0..SESSIONS {
+            let list: Value = http
+                .get(b.at(&format!("/v1/sessions/s{s}/runs")))
+                .header("x-hame-user", "u")
+                .send()
+                .await?
+                .json()
+                .await?;
+            done += list["runs"].as_array().map_or(0, |r| {
+                r.iter().filter(|r| r["status"] == "completed").count()
+            });
+        }
+        if done >= SESSIONS * PER_SESSION / 5 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "runs do not complete: A: {}",
+            a.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let asked_before = model.requests().len();
+    a.kill();
+    let killed = Instant::now();
+    let killed_at = chrono::Utc::now();
+    let mut last = killed_at;
+    for (_, message, id) in &runs {
+        let v = wait_run(&http, &b, "u", id, Duration::from_secs(40), finished).await?;
+        assert_eq!(v["status"], "completed", "{v}; B: {}", b.stderr());
+        assert_eq!(v["reply"], format!("done: {message}"), "{v}");
+        if let Some(t) = v["updated"]
+            .as_str()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        {
+            last = last.max(t.with_timezone(&chrono::Utc));
+        }
+    }
+    let failover = killed.elapsed();
+    // Every run's model call was answered once, except those A had in flight: asked again.
+    let again = model.requests().len() - runs.len();
+    // The logs: each message once, one reply per run, in order.
+    for s in 0..SESSIONS {
+        let path = dir
+            .path()
+            .join("ws/u/agents")
+            .join(&agent)
+            .join(format!("sessions/s{s}.log.jsonl"));
+        let texts = log_texts(&path)?;
+        let want: Vec<(String, String)> = (0..PER_SESSION)
+            .flat_map(|i| {
+                let m = format!("s{s} m{i}");
+                [
+                    ("user".to_owned(), m.clone()),
+                    ("assistant".to_owned(), format!("done: {m}")),
+                ]
+            })
+            .collect();
+        assert_eq!(texts, want, "session s{s}");
+    }
+    eprintln!(
+        "{} runs; {again} model calls in flight on A asked again on B ({asked_before} asked before the kill); the last run ended {} ms after the kill (seen after {failover:?})",
+        runs.len(),
+        (last - killed_at).num_milliseconds()
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn two_replicas_one_killed_on_postgres() -> TestResult {
+    let Some(url) = service("HAME_TEST_POSTGRES_URL") else {
+        return Ok(());
+    };
+    two_replicas_one_killed(&url).await
+}
+
+#[tokio::test]
+async fn two_replicas_one_killed_on_redis() -> TestResult {
+    let Some(url) = service("HAME_TEST_REDIS_URL") else {
+        return Ok(());
+    };
+    two_replicas_one_killed(&url).await
+}
+
+/// `[runs] keep_finished` in hame.toml: a worker deletes the finished runs past it when it
+/// starts (and every 10 minutes); a newer run stays. A value that is not a retention is
+/// exit 2 naming the setting.
+#[tokio::test]
+async fn finished_runs_are_deleted_after_keep_finished() -> TestResult {
+    let model = ScriptedServer::start().await?;
+    model.set_responder(echo);
+    let dir = tempfile::tempdir()?;
+    let state = tempfile::tempdir()?;
+    let state = state.path().to_string_lossy().into_owned();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws)?;
+    std::fs::write(ws.join("hame.toml"), "[runs]\nkeep_finished = \"1s\"\n")?;
+    let agent = unique_agent();
+    let common = ["--agent", agent.as_str(), "--state", state.as_str()];
+    let mut serve_args = common.to_vec();
+    serve_args.push("--no-worker");
+    let s = Serve::start(dir.path(), &model.base_url(), &serve_args)?;
+    let http = reqwest::Client::new();
+    let (_, v) = submit(&http, &s, "u", "s", "old", None).await?;
+    let old = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let w1 = WorkerProcess::start(dir.path(), &model.base_url(), &common, "1")?;
+    let v = wait_run(&http, &s, "u", &old, Duration::from_secs(30), finished).await?;
+    assert_eq!(v["status"], "completed", "{v}");
+    drop(w1);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (_, v) = submit(&http, &s, "u", "s", "new", None).await?;
+    let new = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let w2 = WorkerProcess::start(dir.path(), &model.base_url(), &common, "2")?;
+    let v = wait_run(&http, &s, "u", &new, Duration::from_secs(30), finished).await?;
+    assert_eq!(v["status"], "completed", "{v}");
+    let start = Instant::now();
+    loop {
+        let resp = http
+            .get(s.at(&format!("/v1/runs/{old}")))
+            .header("x-hame-user", "u")
+            .send()
+            .await?;
+        if resp.status().as_u16() == 404 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the old run is still there: {}",
+            w2.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (code, v) = get_run(&http, &s, "u", &new).await?;
+    assert_eq!(
+        (code, v["status"].as_str()),
+        (200, Some("completed")),
+        "{v}"
+    );
+    drop(w2);
+    std::fs::write(ws.join("hame.toml"), "[runs]\nkeep_finished = \"soon\"\n")?;
+    let out = output(hame(
+        &[
+            "runs",
+            "list",
+            "--workspace",
+            &ws.to_string_lossy(),
+            "--agent",
+            &agent,
+            "--state",
+            &state,
+        ],
+        &[],
+        dir.path(),
+    ))
+    .await?;
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("runs.keep_finished"),
+        "{}",
+        stderr(&out)
     );
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! `hame serve`, black-box: the binary on 127.0.0.1 against the scripted model server,
 //! driven with reqwest (JSON, SSE with ids and replay, bearer auth, the turn gate, 429,
-//! SIGTERM drain, approvals, chat completions), the official `openai` Python SDK (a venv
-//! from PyPI) and the console in headless Chromium.
+//! SIGTERM drain, approvals, chat completions) and the official `openai` Python SDK (a venv
+//! from PyPI); the console in headless Chromium is `console.rs`.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -48,9 +48,21 @@ impl Serve {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Result<Self, Box<dyn std::error::Error>> {
+        Self::start_named(dir, &std::process::id().to_string(), model, args, env)
+    }
+
+    /// [`Serve::start_env`] with its stderr in `dir/serve-<name>.err`, so that several
+    /// replicas can share one directory (one workspace, one state home).
+    pub(super) fn start_named(
+        dir: &Path,
+        name: &str,
+        model: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Self, Box<dyn std::error::Error>> {
         let ws = dir.join("ws");
         std::fs::create_dir_all(&ws)?;
-        let stderr = dir.join(format!("serve-{}.err", std::process::id()));
+        let stderr = dir.join(format!("serve-{name}.err"));
         let mut cmd = std::process::Command::new(bin());
         cmd.args([
             "serve",
@@ -98,8 +110,32 @@ impl Serve {
         self.child.id()
     }
 
+    /// SIGKILL, as a crash would.
+    pub(super) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub(super) fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// SIGTERM, then waits (up to 20 s) for the exit: the process's exit code.
+    pub(super) async fn stop(mut self) -> Result<Option<i32>, Box<dyn std::error::Error>> {
+        let killed = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()?;
+        assert!(killed.success());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = self.child.try_wait()? {
+                return Ok(s.code());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("hame serve did not exit; stderr: {}", self.stderr()).into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
 
@@ -858,159 +894,6 @@ async fn serve_works_with_the_official_openai_python_sdk() -> TestResult {
             "user: stream",
             "assistant: sdk stream"
         ]
-    );
-    Ok(())
-}
-
-/// Debian's `chromium`, or `None` (loud SKIPPED; under CI a failure).
-fn chromium() -> Option<PathBuf> {
-    for name in ["chromium", "chromium-browser"] {
-        for dir in std::env::var("PATH").unwrap_or_default().split(':') {
-            let p = Path::new(dir).join(name);
-            if p.is_file() {
-                return Some(p);
-            }
-        }
-    }
-    hame_test_env::skip("chromium is not installed; `cargo xtask services` installs it");
-    None
-}
-
-#[tokio::test]
-async fn serve_console_chats_in_headless_chromium() -> TestResult {
-    let Some(chromium) = chromium() else {
-        return Ok(());
-    };
-    let dir = tempfile::tempdir()?;
-    let model = ScriptedServer::start().await?;
-    model.push_all([
-        ScriptStep::tool_call("c1", "list_files", json!({"path": "/"})),
-        ScriptStep::text("Console reply from the agent."),
-    ]);
-    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
-    let page = serve.at("/?session=web&message=hello%20console");
-    let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console.png");
-    let run = |extra: Vec<String>| {
-        let chromium = chromium.clone();
-        let page = page.clone();
-        let home = dir.path().to_owned();
-        async move {
-            tokio::task::spawn_blocking(move || {
-                std::process::Command::new(chromium)
-                    .args([
-                        "--headless",
-                        "--no-sandbox",
-                        "--disable-gpu",
-                        "--disable-dev-shm-usage",
-                        "--no-first-run",
-                        "--virtual-time-budget=8000",
-                        "--window-size=1200,800",
-                    ])
-                    .args(extra)
-                    .arg(page)
-                    .env("HOME", home)
-                    .stdin(Stdio::null())
-                    .output()
-            })
-            .await
-        }
-    };
-    // The page sends the message on load and streams the turn. Headless Chromium's virtual
-    // time does not wait for the network, so the dump may come before the reply: the turn
-    // goes on in the server either way.
-    let out = run(vec!["--dump-dom".into()]).await??;
-    let live = String::from_utf8_lossy(&out.stdout).into_owned();
-    until("the console's turn in the log", || {
-        texts(&ws_log(dir.path(), None, "web"))
-            .last()
-            .map(String::as_str)
-            == Some("assistant: Console reply from the agent.")
-    })
-    .await?;
-    assert_eq!(
-        texts(&ws_log(dir.path(), None, "web"))
-            .first()
-            .map(String::as_str),
-        Some("user: hello console"),
-        "the console sent the message once"
-    );
-    // The page with the conversation: the reply and the tool call are shown (a few tries,
-    // for a loaded machine).
-    let mut dom = live;
-    for _ in 0..5 {
-        if dom.contains("Console reply from the agent.") && dom.contains("list_files") {
-            break;
-        }
-        let out = tokio::task::spawn_blocking({
-            let chromium = chromium.clone();
-            let page = serve.at("/?session=web");
-            let home = dir.path().to_owned();
-            move || {
-                std::process::Command::new(chromium)
-                    .args([
-                        "--headless",
-                        "--no-sandbox",
-                        "--disable-gpu",
-                        "--disable-dev-shm-usage",
-                        "--no-first-run",
-                        "--virtual-time-budget=5000",
-                        "--dump-dom",
-                    ])
-                    .arg(page)
-                    .env("HOME", home)
-                    .stdin(Stdio::null())
-                    .output()
-            }
-        })
-        .await??;
-        dom = String::from_utf8_lossy(&out.stdout).into_owned();
-    }
-    assert!(
-        dom.contains("Console reply from the agent."),
-        "the reply is not on the page: {dom}"
-    );
-    assert!(
-        dom.contains("list_files"),
-        "the tool call is not shown: {dom}"
-    );
-    assert_eq!(
-        texts(&ws_log(dir.path(), None, "web"))
-            .iter()
-            .filter(|t| t.starts_with("user:"))
-            .count(),
-        1,
-        "loading the page again sends nothing"
-    );
-    // A screenshot of the page with the conversation loaded (kept for a look).
-    let page_again = serve.at("/?session=web");
-    let out = tokio::task::spawn_blocking({
-        let chromium = chromium.clone();
-        let shot = shot.clone();
-        let home = dir.path().to_owned();
-        move || {
-            std::process::Command::new(chromium)
-                .args([
-                    "--headless",
-                    "--no-sandbox",
-                    "--disable-gpu",
-                    "--disable-dev-shm-usage",
-                    "--no-first-run",
-                    "--virtual-time-budget=5000",
-                    "--window-size=1200,800",
-                    "--hide-scrollbars",
-                ])
-                .arg(format!("--screenshot={}", shot.display()))
-                .arg(page_again)
-                .env("HOME", home)
-                .stdin(Stdio::null())
-                .output()
-        }
-    })
-    .await??;
-    assert!(
-        shot.is_file(),
-        "no screenshot: {}",
-        String::from_utf8_lossy(&out.stderr)
     );
     Ok(())
 }

@@ -189,6 +189,18 @@ pub struct PermissionLayer {
     mode: Mode,
 }
 
+/// Adds a caller's `tools.json` permissions to `rules` (its `default` replaces theirs).
+fn add_rules(rules: &mut Permissions, more: Option<&Permissions>) {
+    if let Some(p) = more {
+        rules.allow.extend(p.allow.iter().cloned());
+        rules.ask.extend(p.ask.iter().cloned());
+        rules.deny.extend(p.deny.iter().cloned());
+        if p.default.is_some() {
+            rules.default = p.default;
+        }
+    }
+}
+
 impl PermissionLayer {
     /// A layer with the builder's `rules` and `mode`; the caller's `tools.json`
     /// `permissions` (read through `tools_config`) is added to them per call.
@@ -217,19 +229,14 @@ impl PermissionLayer {
             rules.deny.push(PermissionRule::parse(d)?);
         }
         let mut mcp_read_only = None;
-        if let (Some(layer), Some(ws)) = (&self.tools_config, cx.tool.extensions.get::<Workspace>())
-        {
+        if let (Some(layer), Some(ws)) = (
+            &self.tools_config,
+            hame_tools::snapshot::config_view(&cx.tool.extensions, cx.iteration),
+        ) {
             let config = layer
-                .load_step(ws, cx.tool.runtime.call_id(), cx.iteration)
+                .load_step(&ws, cx.tool.runtime.call_id(), cx.iteration)
                 .await?;
-            if let Some(p) = &config.permissions {
-                rules.allow.extend(p.allow.iter().cloned());
-                rules.ask.extend(p.ask.iter().cloned());
-                rules.deny.extend(p.deny.iter().cloned());
-                if p.default.is_some() {
-                    rules.default = p.default;
-                }
-            }
+            add_rules(&mut rules, config.permissions.as_ref());
             if call.name.starts_with("mcp__") {
                 let tools = layer.mcp_tools(&config, cx.events).await;
                 mcp_read_only = Some(
@@ -243,6 +250,38 @@ impl PermissionLayer {
             mcp_read_only = Some(false);
         }
         Ok((rules, mcp_read_only))
+    }
+
+    /// The verdict of the rules on a request the caller makes itself, outside a call (the
+    /// gateway's file routes: `read_file`, `write_file`, `list_files` on `path`): the
+    /// builder's rules with the caller's `tools.json` ones, the mode, no plan mode and no
+    /// session answers. The outer `Err`: a broken `tools.json`; the inner one: a path the
+    /// file tools refuse (the filesystem's reason).
+    pub async fn verdict_for(
+        &self,
+        ws: &Workspace,
+        tool: &str,
+        path: &str,
+    ) -> Result<Result<Verdict, String>, String> {
+        let case = ws.name_case();
+        let argument = match decide::call_argument(tool, &serde_json::json!({"path": path}), case) {
+            Ok(a) => a,
+            Err(reason) => return Ok(Err(reason)),
+        };
+        let mut rules = self.rules.clone();
+        if let Some(layer) = &self.tools_config {
+            let config = layer.load(ws).await?;
+            add_rules(&mut rules, config.permissions.as_ref());
+        }
+        let question = decide::Question {
+            tool,
+            argument,
+            effect: decide::effect_of(tool, None),
+            plan_mode: false,
+            mode: self.mode,
+            case,
+        };
+        Ok(Ok(decide::decide(&question, &rules, &[])))
     }
 
     fn record(&self, cx: &ToolCtx<'_>, cell: Option<&PermissionCell>, d: Decision) {

@@ -299,6 +299,34 @@ pub async fn lapse_and_reclaim<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
     Ok(())
 }
 
+/// A dead worker's several claims are all taken over once they lapsed, one claim after the
+/// other, not one lapse each.
+pub async fn lapsed_claims_reclaimed_together<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
+    let agent = unique_agent();
+    let lapse = Duration::from_secs(1);
+    let dead = ClaimOptions::new(&agent, "dead", lapse);
+    let mut ids = HashSet::new();
+    for s in ["s1", "s2", "s3"] {
+        ids.insert(q.submit(msg(&agent, Some("u"), s, "m")?).await?.run.id);
+        q.claim(&dead).await?.ok_or_else(|| fail("not claimed"))?;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let alive = ClaimOptions::new(&agent, "alive", lapse);
+    let mut taken = HashSet::new();
+    for _ in 0..3 {
+        let c = q.claim(&alive).await?.ok_or_else(|| {
+            fail(format!(
+                "only {} of 3 lapsed claims taken over",
+                taken.len()
+            ))
+        })?;
+        ensure!(c.attempt == 2, "a takeover: {c:?}");
+        taken.insert(c.run.id);
+    }
+    ensure!(taken == ids, "the three runs were taken over");
+    Ok(())
+}
+
 /// Cancel: a queued run ends at once and is never claimed; a running one is flagged, the
 /// flag comes back in the next heartbeat; a finished one does not change.
 pub async fn cancel<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
@@ -347,6 +375,88 @@ pub async fn cancel<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
         matches!(q.cancel(&running.id).await?, CancelOutcome::Finished(_)),
         "a finished run is not cancelled again"
     );
+    Ok(())
+}
+
+/// Retention: finished runs older than a time are deleted (with their idempotency keys),
+/// at most the limit, oldest first; queued and running runs and other agents' runs stay.
+pub async fn purge_finished<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
+    let agent = unique_agent();
+    let other = unique_agent();
+    let key = || StateKey::new(&agent, Some("u"), "s1");
+    let done = q
+        .submit(NewRun::message(key()?, "done", Some("K-done".into()))?)
+        .await?
+        .run;
+    let o = opts(&agent, LONG);
+    let c = q.claim(&o).await?.ok_or_else(|| fail("not claimed"))?;
+    ensure!(c.run.id == done.id, "the first run is claimed");
+    q.finish(
+        &c,
+        &RunEnd::Completed {
+            reply: "r".into(),
+            usage: serde_json::json!({}),
+        },
+    )
+    .await?;
+    let cancelled = q
+        .submit(msg(&agent, Some("u"), "s2", "cancelled")?)
+        .await?
+        .run;
+    q.cancel(&cancelled.id).await?;
+    let running = q
+        .submit(msg(&agent, Some("u"), "s3", "running")?)
+        .await?
+        .run;
+    let held = q.claim(&o).await?.ok_or_else(|| fail("not claimed"))?;
+    ensure!(held.run.id == running.id, "the running one is claimed");
+    let queued = q.submit(msg(&agent, Some("u"), "s3", "queued")?).await?.run;
+    let theirs = q.submit(msg(&other, Some("u"), "s1", "theirs")?).await?.run;
+    let c = q
+        .claim(&opts(&other, LONG))
+        .await?
+        .ok_or_else(|| fail("not claimed"))?;
+    q.finish(&c, &RunEnd::Cancelled).await?;
+    // Nothing ended before an hour ago.
+    let past = chrono::Utc::now() - chrono::TimeDelta::hours(1);
+    ensure!(
+        q.purge_finished(&agent, past, 100).await? == 0,
+        "nothing is old enough"
+    );
+    // Everything that ended is older than a minute from now (clocks may differ a little).
+    let future = chrono::Utc::now() + chrono::TimeDelta::minutes(1);
+    ensure!(
+        q.purge_finished(&agent, future, 1).await? == 1,
+        "the limit holds"
+    );
+    ensure!(
+        q.purge_finished(&agent, future, 100).await? == 1,
+        "the other finished run goes next"
+    );
+    for gone in [&done.id, &cancelled.id] {
+        ensure!(q.get(gone).await?.is_none(), "a purged run is gone");
+    }
+    for kept in [&running.id, &queued.id, &theirs.id] {
+        ensure!(q.get(kept).await?.is_some(), "{kept} is kept");
+    }
+    let listed: Vec<String> = q
+        .list(RunFilter::new(&agent, Some("u"), None, 10))
+        .await?
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    ensure!(
+        listed == vec![queued.id.clone(), running.id.clone()],
+        "only the live runs are listed: {listed:?}"
+    );
+    let again = q
+        .submit(NewRun::message(key()?, "again", Some("K-done".into()))?)
+        .await?;
+    ensure!(
+        again.created && again.run.id != done.id,
+        "a purged run's idempotency key makes a new run"
+    );
+    q.heartbeat(&held).await?;
     Ok(())
 }
 
@@ -439,7 +549,7 @@ pub async fn racing_workers<Q: RunQueue + ?Sized>(q: Arc<Q>) -> Result<()> {
 #[macro_export]
 macro_rules! run_queue_tests {
     ($make:expr) => {
-        $crate::run_queue_tests!(@ref $make, submit_get_list, session_order, lapse_and_reclaim, cancel);
+        $crate::run_queue_tests!(@ref $make, submit_get_list, session_order, lapse_and_reclaim, lapsed_claims_reclaimed_together, cancel, purge_finished);
         $crate::run_queue_tests!(@arc $make, idempotency, racing_workers);
     };
     (@ref $make:expr, $($name:ident),+) => {

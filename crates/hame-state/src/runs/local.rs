@@ -135,6 +135,25 @@ pub(crate) mod ops {
         }
     }
 
+    /// The indexes of the finished runs of `agent` changed before `before`, oldest first,
+    /// at most `limit`.
+    pub(crate) fn purgeable(
+        runs: &[Run],
+        agent: &str,
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> Vec<usize> {
+        let mut old: Vec<usize> = (0..runs.len())
+            .filter(|&i| {
+                let r = &runs[i];
+                r.agent == agent && r.status.is_finished() && r.updated < before
+            })
+            .collect();
+        old.sort_by_key(|&i| (runs[i].updated, runs[i].seq));
+        old.truncate(limit);
+        old
+    }
+
     pub(crate) fn list(runs: &[Run], filter: RunFilter<'_>) -> Vec<Run> {
         let RunFilter {
             agent,
@@ -210,6 +229,23 @@ impl RunQueue for InMemoryRunQueue {
 
     async fn cancel(&self, id: &str) -> Result<CancelOutcome> {
         Ok(self.with(|runs| ops::cancel(runs, id, Utc::now()).0))
+    }
+
+    async fn purge_finished(
+        &self,
+        agent: &str,
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<usize> {
+        Ok(self.with(|runs| {
+            let gone: std::collections::HashSet<String> =
+                ops::purgeable(runs, agent, before, limit)
+                    .into_iter()
+                    .map(|i| runs[i].id.clone())
+                    .collect();
+            runs.retain(|r| !gone.contains(&r.id));
+            gone.len()
+        }))
     }
 
     async fn wait_for_work(&self, max: Duration) -> Result<()> {
@@ -547,6 +583,53 @@ mod json {
                 move |runs, now| Ok(ops::cancel(runs, &id2, now)),
                 |finished| Ok(finished.map_or(CancelOutcome::NotFound, CancelOutcome::Finished)),
             )
+            .await
+        }
+
+        async fn purge_finished(
+            &self,
+            agent: &str,
+            before: DateTime<Utc>,
+            limit: usize,
+        ) -> Result<usize> {
+            let agent = agent.to_owned();
+            self.locked(move |me, _| {
+                let runs = me.read_dir(&me.done())?;
+                let mut n = 0;
+                for i in ops::purgeable(&runs, &agent, before, limit) {
+                    let run = &runs[i];
+                    // The idempotency key first: a crash after it leaves a finished run
+                    // without its key, never a key naming no run.
+                    if let Some(key) = &run.idempotency_key {
+                        let dir = me.dir.join("idem");
+                        let file = idem_file(&run.agent, run.user.as_deref(), key);
+                        match fs::read_to_string(dir.join(&file)) {
+                            Ok(text) => {
+                                let kept: String = text
+                                    .lines()
+                                    .filter(|l| l.rsplit('\t').next() != Some(run.id.as_str()))
+                                    .map(|l| format!("{l}\n"))
+                                    .collect();
+                                if kept.is_empty() {
+                                    let path = dir.join(&file);
+                                    fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+                                } else {
+                                    write_atomic(&dir, &file, kept.as_bytes())?;
+                                }
+                            }
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                            Err(e) => return Err(Error::io(dir.join(&file), e)),
+                        }
+                    }
+                    let path = me.done().join(format!("{}.json", run.id));
+                    match fs::remove_file(&path) {
+                        Ok(()) => n += 1,
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                        Err(e) => return Err(Error::io(&path, e)),
+                    }
+                }
+                Ok(n)
+            })
             .await
         }
 

@@ -10,6 +10,7 @@
 //! | `JsonRunQueue` (a path) | under an OS lock of `<root>/.runs/queue.lock` | polling every [`LOCAL_POLL`] |
 //! | `PgRunQueue` (`postgres://`) | `SELECT … FOR UPDATE SKIP LOCKED` | `LISTEN/NOTIFY` (polling every [`SQL_POLL`] as a fallback) |
 //! | `MySqlRunQueue` (`mysql://`) | `SELECT … FOR UPDATE SKIP LOCKED`, then `UPDATE` | polling every `MYSQL_POLL` (250 ms) |
+//! | `RedisRunQueue` (`redis://`) | `XREADGROUP` in a consumer group (`XAUTOCLAIM` after a lapse), one Lua script | `XREAD BLOCK` on a wake-up stream (at most `REDIS_POLL`, 1 s) |
 //!
 //! A claim is fenced: each claim of a run gets a new token and a larger
 //! [`Claim::attempt`]; heartbeats and the final write carry them, so an owner whose run was
@@ -34,6 +35,8 @@ mod decide;
 mod local;
 #[cfg(feature = "mysql")]
 mod mysql;
+#[cfg(feature = "redis")]
+mod redis;
 #[cfg(feature = "postgres")]
 mod sql;
 
@@ -46,6 +49,8 @@ pub use local::JsonRunQueue;
 pub use local::{InMemoryRunQueue, LOCAL_POLL};
 #[cfg(feature = "mysql")]
 pub use mysql::{MYSQL_POLL, MySqlRunQueue};
+#[cfg(feature = "redis")]
+pub use redis::{REDIS_POLL, RedisRunQueue};
 #[cfg(feature = "postgres")]
 pub use sql::{PgRunQueue, SQL_POLL};
 
@@ -57,6 +62,9 @@ pub const DEFAULT_RUN_LAPSE: Duration = Duration::from_secs(15);
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 /// Largest accepted `Idempotency-Key`, in bytes.
 pub const MAX_IDEMPOTENCY_KEY: usize = 200;
+/// How long finished runs are kept by default before a worker deletes them (7 days;
+/// `[runs] keep_finished` in hame.toml).
+pub const DEFAULT_KEEP_FINISHED: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Largest run message, in bytes (1 MiB).
 pub const MAX_RUN_INPUT: usize = 1024 * 1024;
 
@@ -466,6 +474,8 @@ impl ClaimOptions {
 ///   a finished run never changes again.
 /// - **Cancel from anywhere.** [`cancel`](Self::cancel) ends a queued run at once and
 ///   flags a running one; the flag comes back in the next [`Beat`].
+/// - **Retention.** [`purge_finished`](Self::purge_finished) deletes finished runs older
+///   than a time, never a queued or running one.
 /// - **Isolation.** [`list`](Self::list) returns only the runs of the given agent and user;
 ///   [`get`](Self::get) returns any run by id, and callers check [`Run::is_owned_by`].
 #[async_trait]
@@ -493,14 +503,95 @@ pub trait RunQueue: Send + Sync + fmt::Debug + 'static {
     /// Cancels a run (see [`CancelOutcome`]).
     async fn cancel(&self, id: &str) -> Result<CancelOutcome>;
 
+    /// Deletes at most `limit` finished runs of `agent` last changed before `before`,
+    /// oldest first, and returns how many it deleted. A deleted run is gone for
+    /// [`get`](Self::get) and [`list`](Self::list), and its idempotency key with it (the key
+    /// makes a new run again). Queued and running runs are never deleted.
+    async fn purge_finished(
+        &self,
+        agent: &str,
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<usize>;
+
     /// Waits until new work may be there (a submit, a cancel) or `max` has passed.
     async fn wait_for_work(&self, max: Duration) -> Result<()> {
         tokio::time::sleep(max).await;
         Ok(())
     }
 
+    /// Waits until a cancel of run `id` may have been asked for or `max` has passed; the
+    /// worker then heartbeats at once and reads the flag. PostgreSQL wakes it with
+    /// `NOTIFY hame_runs_cancel`, Redis with a pub/sub message, so a cancel sent to any
+    /// replica reaches the run's worker in milliseconds; the default (JSON, MySQL, memory)
+    /// sleeps `max`, and the next heartbeat finds the flag. A spurious early return is
+    /// allowed (the heartbeat then reads no flag).
+    async fn wait_for_cancel(&self, id: &str, max: Duration) -> Result<()> {
+        let _ = id;
+        tokio::time::sleep(max).await;
+        Ok(())
+    }
+
     /// Whether several machines may share this queue.
     fn is_shared(&self) -> bool;
+}
+
+/// Cancel wake-ups fanned out to the runs of one process: a backend's listener task sends
+/// the id of every run whose cancel was asked for; [`CancelWatch::wait`] waits for one id.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+#[derive(Debug)]
+pub(crate) struct CancelWatch {
+    tx: tokio::sync::broadcast::Sender<String>,
+    task: std::sync::OnceLock<tokio::task::AbortHandle>,
+}
+
+#[cfg(any(feature = "postgres", feature = "redis"))]
+impl CancelWatch {
+    pub(crate) fn new() -> Self {
+        Self {
+            tx: tokio::sync::broadcast::channel(256).0,
+            task: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Starts the listener once (`start` gets the sender to feed).
+    pub(crate) fn start_once<F>(
+        &self,
+        start: impl FnOnce(tokio::sync::broadcast::Sender<String>) -> F,
+    ) where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.task
+            .get_or_init(|| tokio::spawn(start(self.tx.clone())).abort_handle());
+    }
+
+    /// Waits for a wake-up naming `id` (or a lag: then the caller heartbeats to be sure),
+    /// at most `max`.
+    pub(crate) async fn wait(&self, id: &str, max: Duration) {
+        let mut rx = self.tx.subscribe();
+        let _ = tokio::time::timeout(max, async {
+            loop {
+                match rx.recv().await {
+                    Ok(got) if got == id => return,
+                    Ok(_) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        })
+        .await;
+    }
+}
+
+#[cfg(any(feature = "postgres", feature = "redis"))]
+impl Drop for CancelWatch {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.get() {
+            task.abort();
+        }
+    }
 }
 
 macro_rules! forward_queue {
@@ -528,8 +619,19 @@ macro_rules! forward_queue {
             async fn cancel(&self, id: &str) -> Result<CancelOutcome> {
                 (**self).cancel(id).await
             }
+            async fn purge_finished(
+                &self,
+                agent: &str,
+                before: DateTime<Utc>,
+                limit: usize,
+            ) -> Result<usize> {
+                (**self).purge_finished(agent, before, limit).await
+            }
             async fn wait_for_work(&self, max: Duration) -> Result<()> {
                 (**self).wait_for_work(max).await
+            }
+            async fn wait_for_cancel(&self, id: &str, max: Duration) -> Result<()> {
+                (**self).wait_for_cancel(id, max).await
             }
             fn is_shared(&self) -> bool {
                 (**self).is_shared()
@@ -556,9 +658,7 @@ pub(crate) fn claim_lost(id: &str) -> Error {
 /// | a path, `file:///path` | `JsonRunQueue` under `<path>/.runs/` (feature `json`) |
 /// | `postgres://`, `postgresql://` | `PgRunQueue` (feature `postgres`), migrations applied |
 /// | `mysql://`, `mariadb://` | `MySqlRunQueue` (feature `mysql`), migrations applied |
-///
-/// The Redis queue is not built yet: its URLs are [`Error::Config`] naming the backends
-/// that are.
+/// | `redis://`, `rediss://` | `RedisRunQueue` (feature `redis`), keys under `hame:state:{runs}` |
 pub async fn open_queue(url: &str) -> Result<Arc<dyn RunQueue>> {
     hame_core::secrets::add_url(url);
     let Some((scheme, rest)) = url.split_once("://") else {
@@ -593,8 +693,21 @@ pub async fn open_queue(url: &str) -> Result<Arc<dyn RunQueue>> {
                 feature: "mysql",
             })
         }
+        "redis" | "rediss" => {
+            #[cfg(feature = "redis")]
+            {
+                Ok(Arc::new(
+                    RedisRunQueue::connect(url, crate::RedisOptions::default()).await?,
+                ))
+            }
+            #[cfg(not(feature = "redis"))]
+            Err(Error::FeatureDisabled {
+                scheme: scheme.to_owned(),
+                feature: "redis",
+            })
+        }
         other => Err(Error::Config(format!(
-            "runs are not available on a `{other}` state store yet: use --state with a path (one machine), a postgres:// or a mysql:// URL"
+            "unknown state store URL scheme `{other}` for runs (expected memory, file, redis, rediss, postgres, postgresql, mysql or mariadb)"
         ))),
     }
 }

@@ -411,6 +411,27 @@ impl RunQueue for MySqlRunQueue {
         })
     }
 
+    async fn purge_finished(
+        &self,
+        agent: &str,
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<usize> {
+        let done = sqlx::query(
+            "DELETE FROM hame_runs
+             WHERE status IN ('completed', 'waiting_approval', 'failed', 'cancelled')
+               AND updated_at < ? AND agent = ?
+             ORDER BY updated_at, seq LIMIT ?",
+        )
+        .bind(before.naive_utc())
+        .bind(agent)
+        .bind(u64::try_from(limit).unwrap_or(u64::MAX))
+        .execute(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
+    }
+
     async fn wait_for_work(&self, max: Duration) -> Result<()> {
         tokio::time::sleep(max.min(MYSQL_POLL)).await;
         Ok(())

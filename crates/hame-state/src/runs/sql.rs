@@ -22,6 +22,8 @@ use crate::sql::{PostgresStore, SqlOptions};
 pub const SQL_POLL: Duration = Duration::from_secs(1);
 
 const CHANNEL: &str = "hame_runs";
+/// The channel of cancel wake-ups; the payload is the run id.
+const CANCEL_CHANNEL: &str = "hame_runs_cancel";
 
 const COLS: &str = "seq, id, agent, user_key, session, idempotency_key, status, input, reply, \
     usage, error, approvals, attempts, token, worker, cancel_requested, created_at, updated_at, \
@@ -102,6 +104,7 @@ pub struct PgRunQueue {
     pool: PgPool,
     url: String,
     listener: tokio::sync::Mutex<Option<PgListener>>,
+    cancels: super::CancelWatch,
 }
 
 impl std::fmt::Debug for PgRunQueue {
@@ -185,6 +188,7 @@ impl PgRunQueue {
             pool,
             url: url.to_owned(),
             listener: tokio::sync::Mutex::new(None),
+            cancels: super::CancelWatch::new(),
         })
     }
 
@@ -355,6 +359,15 @@ impl RunQueue for PgRunQueue {
                 if run.status == RunStatus::Cancelled {
                     CancelOutcome::Cancelled(run)
                 } else {
+                    // Wakes the run's worker now; its heartbeat would find the flag anyway.
+                    if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)")
+                        .bind(CANCEL_CHANNEL)
+                        .bind(&run.id)
+                        .execute(&self.pool)
+                        .await
+                    {
+                        tracing::debug!(error = %e, "run queue: cancel NOTIFY failed; the heartbeat carries it");
+                    }
                     CancelOutcome::Requested(run)
                 }
             }
@@ -363,6 +376,28 @@ impl RunQueue for PgRunQueue {
                 None => CancelOutcome::NotFound,
             },
         })
+    }
+
+    async fn purge_finished(
+        &self,
+        agent: &str,
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<usize> {
+        let done = sqlx::query(
+            "DELETE FROM hame_runs WHERE seq IN (
+                 SELECT seq FROM hame_runs
+                 WHERE status IN ('completed', 'waiting_approval', 'failed', 'cancelled')
+                   AND updated_at < $1 AND agent = $3
+                 ORDER BY updated_at, seq LIMIT $2)",
+        )
+        .bind(before)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .bind(agent)
+        .execute(&self.pool)
+        .await
+        .map_err(backend)?;
+        Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
     }
 
     async fn wait_for_work(&self, max: Duration) -> Result<()> {
@@ -395,7 +430,41 @@ impl RunQueue for PgRunQueue {
         Ok(())
     }
 
+    async fn wait_for_cancel(&self, id: &str, max: Duration) -> Result<()> {
+        let pool = self.pool.clone();
+        self.cancels.start_once(|tx| listen_cancels(pool, tx));
+        self.cancels.wait(id, max).await;
+        Ok(())
+    }
+
     fn is_shared(&self) -> bool {
         true
+    }
+}
+
+/// `LISTEN hame_runs_cancel` on a connection of its own, forwarding each run id to `tx`;
+/// reconnects after a second when the connection breaks.
+async fn listen_cancels(pool: PgPool, tx: tokio::sync::broadcast::Sender<String>) {
+    loop {
+        let listener = match PgListener::connect_with(&pool).await {
+            Ok(mut l) => l.listen(CANCEL_CHANNEL).await.map(|()| l),
+            Err(e) => Err(e),
+        };
+        match listener {
+            Ok(mut l) => loop {
+                match l.try_recv().await {
+                    Ok(Some(n)) => {
+                        let _ = tx.send(n.payload().to_owned());
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::debug!(error = %e, "run queue: cancel listener lost; reconnecting");
+                        break;
+                    }
+                }
+            },
+            Err(e) => tracing::debug!(error = %e, "run queue: LISTEN for cancels failed; retrying"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }

@@ -1,0 +1,48 @@
+//! The spans of a call, named and attributed as the OpenTelemetry GenAI semantic
+//! conventions give them (ADR 0037; every attribute in `docs/gateway.md`, "Traces").
+//!
+//! The spans are plain `tracing` spans (target `hame_core::agent`): a subscriber without
+//! OpenTelemetry sees `hame.call`, `hame.step`, `hame.model` and `hame.tool`; the
+//! `tracing-opentelemetry` bridge reads the `otel.*` fields for the exported name, kind and
+//! status:
+//!
+//! | span | exported name | kind | attributes |
+//! |---|---|---|---|
+//! | `hame.call` | `invoke_agent {agent}` | INTERNAL | `gen_ai.operation.name` = `invoke_agent`, `gen_ai.agent.name`, `gen_ai.conversation.id`, `error.type` |
+//! | `hame.step` | `hame.step` | INTERNAL | `iteration` |
+//! | `hame.model` | `chat {model}` | CLIENT | `gen_ai.operation.name` = `chat`, `gen_ai.provider.name`, `gen_ai.system`, `gen_ai.request.model`, `gen_ai.response.model`, `gen_ai.response.id`, `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`, `gen_ai.response.finish_reasons`, `error.type` |
+//! | `hame.tool` | `execute_tool {tool}` | INTERNAL | `gen_ai.operation.name` = `execute_tool`, `gen_ai.tool.name`, `gen_ai.tool.call.id`, `gen_ai.tool.type` = `function`, `error.type` |
+//!
+//! A failed model request, a tool result that is an error and a failed call (not a
+//! suspension) get the ERROR status with the error text as its description and the
+//! stable code as `error.type`. A model client fills `gen_ai.response.model` and
+//! `gen_ai.response.id` of the current span from the provider's answer
+//! ([`record_response`]).
+
+/// The agent's name on the `invoke_agent` span (`gen_ai.agent.name`); put it in the call's
+/// [`Extensions`](crate::Extensions). Absent: `hame`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentName(pub String);
+
+/// Records what the provider says about its answer (the model that answered, the
+/// response id) on the current `hame.model` span; elsewhere it does nothing.
+pub fn record_response(model: Option<&str>, id: Option<&str>) {
+    let span = tracing::Span::current();
+    if let Some(m) = model.filter(|m| !m.is_empty()) {
+        span.record("gen_ai.response.model", m);
+    }
+    if let Some(i) = id.filter(|i| !i.is_empty()) {
+        span.record("gen_ai.response.id", i);
+    }
+}
+
+/// Marks `span` failed: ERROR status, `description` (without the process's secrets and
+/// endpoints) as the status text, `code` as `error.type`.
+pub(crate) fn fail(span: &tracing::Span, code: &str, description: &str) {
+    span.record("error.type", code);
+    span.record("otel.status_code", "error");
+    // The bridge makes the description the error status's message (a non-empty one).
+    let text = crate::secrets::redact_for_callers(description);
+    let text = if text.is_empty() { code } else { &text };
+    span.record("otel.status_description", text);
+}

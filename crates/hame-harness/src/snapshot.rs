@@ -1,0 +1,63 @@
+//! The `workspace-snapshot` layer: one immutable snapshot of the caller's workspace
+//! configuration per step (issue #34, ADR 0028; the snapshot itself is
+//! [`hame_tools::snapshot`]).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use hame_core::{CallCtx, Layer, ModelNext, ModelRequest, ModelResponse};
+use hame_tools::Workspace;
+
+pub use hame_tools::snapshot::{
+    DEFAULT_CACHE_BYTES, FileStamp, MAX_SNAPSHOT_FILE_BYTES, MAX_SNAPSHOT_FOLDER_FILES,
+    RACY_WINDOW, SNAPSHOT_FOLDERS, SNAPSHOT_TOP_FILES, SnapshotCache, SnapshotFile, SnapshotRoot,
+    StepSnapshot, WorkspaceSnapshot, config_view,
+};
+
+/// Takes the caller's [`WorkspaceSnapshot`] before each model request and puts it in the
+/// call's [`StepSnapshot`] (an extension of every call): the layers inside it (subagents,
+/// workspace context, permissions, tools-config) and the tools of the step read the
+/// workspace's `AGENTS.md`, `MEMORY.md`, `knowledge/`, skills, subagent specs and
+/// `tools.json` from it. Outermost of the built-ins, so every layer's request of a step
+/// sees one snapshot.
+#[derive(Debug, Default)]
+pub struct SnapshotLayer {
+    cache: Arc<SnapshotCache>,
+}
+
+impl SnapshotLayer {
+    /// A layer whose snapshots share `cache` (one per agent).
+    pub fn new(cache: Arc<SnapshotCache>) -> Self {
+        Self { cache }
+    }
+}
+
+#[async_trait]
+impl Layer for SnapshotLayer {
+    fn name(&self) -> &str {
+        "workspace-snapshot"
+    }
+
+    async fn model(
+        &self,
+        cx: &mut CallCtx<'_>,
+        request: ModelRequest,
+        next: ModelNext<'_>,
+    ) -> Result<ModelResponse, hame_core::Error> {
+        if let (Some(ws), Some(slot)) = (
+            cx.extensions.get::<Workspace>(),
+            cx.extensions.get::<Arc<StepSnapshot>>(),
+        ) && slot.get(cx.iteration).is_none()
+        {
+            let snap = WorkspaceSnapshot::take(ws, &self.cache, cx.iteration).await;
+            tracing::trace!(
+                step = cx.iteration,
+                probes = snap.probes(),
+                reads = snap.reads(),
+                "workspace snapshot"
+            );
+            slot.set(Arc::new(snap));
+        }
+        next.run(cx, request).await
+    }
+}
