@@ -334,6 +334,9 @@ async fn build_agent_as(
     builder = builder
         .budgets(config.budgets)
         .prices(config.prices.clone());
+    for v in &config.verifiers {
+        builder = builder.verifier(v.clone());
+    }
     let memory = if !config.memory.value {
         hame::harness::MemoryOptions::disabled()
     } else {

@@ -33,6 +33,10 @@
 //! [prices."openai:my-finetune"]
 //! input = 0.3
 //! output = 1.2
+//! [[verify]]
+//! name = "tests"
+//! command = "cargo test -q"
+//! expect = { exit_code = 0 }
 //! [skills]
 //! refresh = 300
 //! [[skills.repository]]
@@ -96,6 +100,8 @@ struct File {
     prices: Option<std::collections::BTreeMap<String, hame::harness::cost::Price>>,
     #[serde(default)]
     skills: SkillsSection,
+    /// `[[verify]]`: declared checks (docs/evidence.md).
+    verify: Option<Vec<hame::harness::evidence::VerifierSpec>>,
     #[serde(default)]
     runs: RunsSection,
     /// More agents `hame serve` serves (the workspace file's only).
@@ -275,6 +281,9 @@ pub(crate) struct Effective {
     pub(crate) prompt_cache: Setting<Option<String>>,
     /// The user file's `[budget]`, under the workspace file's, under `--budget`.
     pub(crate) budgets: hame::harness::cost::Budgets,
+    /// `[[verify]]` of the user file, then the workspace file's (a name declared in both:
+    /// the workspace's).
+    pub(crate) verifiers: Vec<hame::harness::evidence::Verifier>,
     /// The built-in prices, under the user file's, under the workspace file's.
     pub(crate) prices: hame::harness::cost::Prices,
     /// Seconds a skill repository's snapshot is used (`[skills] refresh`).
@@ -676,6 +685,14 @@ pub(crate) fn resolve_flags(flags: crate::common::Flags) -> anyhow::Result<Effec
             .map_err(|e| ConfigError(format!("--budget: {e}")))?;
     }
     let budgets = budgets.overlay(&flag_budgets);
+    let mut verifiers = Vec::new();
+    for (file, path) in [(u, up.as_path()), (w, ws_path.as_path())] {
+        for spec in file.verify.iter().flatten() {
+            let v = hame::harness::evidence::Verifier::try_from(spec.clone())
+                .map_err(|e| ConfigError(format!("{e} (in {})", path.display())))?;
+            verifiers.push(v);
+        }
+    }
     let mut prices = hame::harness::cost::Prices::default();
     for (file, path) in [(u, up.as_path()), (w, ws_path.as_path())] {
         for (prefix, price) in file.prices.iter().flatten() {
@@ -802,6 +819,7 @@ pub(crate) fn resolve_flags(flags: crate::common::Flags) -> anyhow::Result<Effec
         users,
         prompt_cache,
         budgets,
+        verifiers,
         prices,
         skills_refresh,
         skill_repositories,

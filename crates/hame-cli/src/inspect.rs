@@ -53,6 +53,79 @@ enum SessionsCommand {
         /// Words to find.
         query: String,
     },
+    /// One line per tool call of the session: when, tool, outcome, duration and the tool's
+    /// facts (JSON: the observation records of `<session>.observations.jsonl`).
+    Observations {
+        #[command(flatten)]
+        args: InspectArgs,
+        /// The session id.
+        id: String,
+    },
+    /// The session's task state: goal, progress (the todo list), requirements (candidate
+    /// or confirmed) and evidence (JSON: `{goal, todos, requirements, evidence}`).
+    Task {
+        #[command(flatten)]
+        args: InspectArgs,
+        /// The session id.
+        id: String,
+    },
+    /// What the model saw in each request of the session: every section (system prompt
+    /// parts, message ranges, the compaction summary, tool schemas) with its hash, tokens
+    /// and transform (JSON: the manifests of `<session>.context.jsonl`).
+    Context {
+        #[command(flatten)]
+        args: InspectArgs,
+        /// Only the Nth model request of the session (1-based, in order).
+        #[arg(long)]
+        step: Option<usize>,
+        /// The session id.
+        id: String,
+    },
+    /// The current evidence of each check of the session (`stale` when a covered file
+    /// changed since; JSON: the evidence records).
+    Evidence {
+        #[command(flatten)]
+        args: InspectArgs,
+        /// The session id.
+        id: String,
+    },
+}
+
+/// `hame requirements`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum RequirementsCommand {
+    /// Confirm requirement ID of session S (prints it; exit 2 when there is none).
+    Confirm {
+        #[command(flatten)]
+        common: Common,
+        /// The session id.
+        #[arg(value_name = "S")]
+        session_id: String,
+        /// The requirement id (`rq-1`).
+        id: String,
+    },
+}
+
+/// `hame requirements`.
+pub(crate) async fn requirements(command: RequirementsCommand) -> anyhow::Result<()> {
+    match command {
+        RequirementsCommand::Confirm {
+            common,
+            session_id: session,
+            id,
+        } => {
+            let (agent, mut ctx) = build_without_model(&common).await?;
+            hame::harness::validate_id("session id", &session)
+                .map_err(|e| ConfigError(e.to_string()))?;
+            ctx.session_id = session;
+            let r = agent
+                .confirm_requirement(&ctx, &id)
+                .await
+                .map_err(config_err)?;
+            println!("{} confirmed: {}", r.id, r.text);
+            Ok(())
+        }
+    }
 }
 
 /// `hame memory`.
@@ -124,6 +197,187 @@ pub(crate) async fn sessions(args: SessionsArgs) -> anyhow::Result<()> {
     match args.command {
         None => list(args.list).await,
         Some(SessionsCommand::List { args }) => list(args).await,
+        Some(SessionsCommand::Observations { args, id }) => {
+            let (agent, ctx) = build_without_model(&args.common).await?;
+            let observations = agent
+                .session_observations(&ctx, &id)
+                .await
+                .map_err(config_err)?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&observations)?);
+            } else if observations.is_empty() {
+                eprintln!("no observations in session {id}");
+            } else {
+                for o in &observations {
+                    let facts = serde_json::Value::Object(o.facts.clone());
+                    println!(
+                        "{} {} {} #{} {} {}ms {}{}",
+                        o.started.format("%Y-%m-%d %H:%M:%S"),
+                        o.id,
+                        o.tool,
+                        o.attempt,
+                        o.outcome.as_str(),
+                        o.duration_ms,
+                        o.code
+                            .as_deref()
+                            .map(|c| format!("[{c}] "))
+                            .unwrap_or_default(),
+                        if o.facts.is_empty() {
+                            String::new()
+                        } else {
+                            facts.to_string()
+                        }
+                    );
+                }
+            }
+            Ok(())
+        }
+        Some(SessionsCommand::Task { args, id }) => {
+            let (agent, mut ctx) = build_without_model(&args.common).await?;
+            hame::harness::validate_id("session id", &id)
+                .map_err(|e| ConfigError(e.to_string()))?;
+            ctx.session_id = id.clone();
+            let state = agent.state(&ctx).await.map_err(config_err)?;
+            let task = state
+                .as_ref()
+                .map(hame::harness::task::TaskState::of)
+                .unwrap_or_default();
+            let todos = state
+                .as_ref()
+                .and_then(|s| s.extensions.get(hame::harness::permissions::STATE_KEY))
+                .and_then(|p| p.get("todos"))
+                .cloned()
+                .unwrap_or_else(|| serde_json::json!([]));
+            let evidence = agent
+                .session_evidence(&ctx, &id)
+                .await
+                .map_err(config_err)?;
+            if args.json {
+                let obj = serde_json::json!({
+                    "session": id,
+                    "goal": task.goal,
+                    "todos": todos,
+                    "requirements": task.requirements,
+                    "evidence": evidence,
+                });
+                println!("{}", serde_json::to_string_pretty(&obj)?);
+            } else {
+                println!("goal: {}", task.goal.as_deref().unwrap_or("(none)"));
+                let items = todos.as_array().cloned().unwrap_or_default();
+                let done = items.iter().filter(|t| t["status"] == "completed").count();
+                println!("progress: {done} of {} todo items completed", items.len());
+                for t in &items {
+                    println!(
+                        "  [{}] {}",
+                        t["status"].as_str().unwrap_or("?"),
+                        t["content"].as_str().unwrap_or_default()
+                    );
+                }
+                println!("requirements:");
+                for r in &task.requirements {
+                    let status = match r.status {
+                        hame::harness::task::RequirementStatus::Candidate => "candidate",
+                        hame::harness::task::RequirementStatus::Confirmed => "confirmed",
+                    };
+                    println!(
+                        "  {} {status}: {}{}",
+                        r.id,
+                        r.text,
+                        r.check
+                            .as_deref()
+                            .map(|c| format!(" (check {c})"))
+                            .unwrap_or_default()
+                    );
+                }
+                println!("evidence:");
+                for line in crate::run::evidence_lines(&evidence).lines() {
+                    println!("  {line}");
+                }
+            }
+            Ok(())
+        }
+        Some(SessionsCommand::Context { args, step, id }) => {
+            let (agent, ctx) = build_without_model(&args.common).await?;
+            let manifests = agent
+                .session_manifests(&ctx, &id)
+                .await
+                .map_err(config_err)?;
+            let picked: Vec<(usize, &hame::harness::manifest::Manifest)> = manifests
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (i + 1, m))
+                .filter(|(n, _)| step.is_none_or(|s| s == *n))
+                .collect();
+            if let Some(s) = step
+                && picked.is_empty()
+            {
+                return Err(ConfigError(format!(
+                    "session {id} has {} model requests; --step {s} is not one of them",
+                    manifests.len()
+                ))
+                .into());
+            }
+            if args.json {
+                let v: Vec<serde_json::Value> = picked
+                    .iter()
+                    .map(|(n, m)| {
+                        let mut v = serde_json::to_value(m).unwrap_or_default();
+                        v["request"] = serde_json::json!(n);
+                        v
+                    })
+                    .collect();
+                let out = if step.is_some() {
+                    v.into_iter().next().unwrap_or_default()
+                } else {
+                    serde_json::Value::Array(v)
+                };
+                println!("{}", serde_json::to_string_pretty(&out)?);
+            } else {
+                for (n, m) in picked {
+                    println!(
+                        "request {n} (step {} of call {}): {} tokens{}",
+                        m.step,
+                        m.call_id,
+                        m.tokens,
+                        m.provider_prompt_tokens
+                            .map(|p| format!(", provider {p}"))
+                            .unwrap_or_default()
+                    );
+                    for s in &m.sections {
+                        println!(
+                            "  {:>7}  {:<10}  {}  {}{}",
+                            s.tokens,
+                            serde_json::to_value(s.transform)
+                                .ok()
+                                .and_then(|v| v.as_str().map(str::to_owned))
+                                .unwrap_or_default(),
+                            s.hash,
+                            s.source,
+                            s.why
+                                .as_deref()
+                                .map(|w| format!(" ({w})"))
+                                .unwrap_or_default()
+                        );
+                    }
+                }
+            }
+            Ok(())
+        }
+        Some(SessionsCommand::Evidence { args, id }) => {
+            let (agent, ctx) = build_without_model(&args.common).await?;
+            let evidence = agent
+                .session_evidence(&ctx, &id)
+                .await
+                .map_err(config_err)?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&evidence)?);
+            } else if evidence.is_empty() {
+                eprintln!("no evidence in session {id}");
+            } else {
+                print!("{}", crate::run::evidence_lines(&evidence));
+            }
+            Ok(())
+        }
         Some(SessionsCommand::Show { args, id }) => {
             let (agent, ctx) = build_without_model(&args.common).await?;
             let records = agent

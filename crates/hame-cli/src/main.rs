@@ -73,6 +73,8 @@ enum Command {
         /// Print one JSON object {"reply", "session", "usage", ...} instead of the text.
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        verify: run::VerifyArgs,
         /// The message to send.
         message: String,
     },
@@ -139,6 +141,15 @@ enum Command {
     Sessions {
         #[command(flatten)]
         args: inspect::SessionsArgs,
+    },
+    /// A session's requirements: `confirm S ID` makes a model's candidate binding.
+    ///
+    /// A requirement the model proposed (`requirement_propose`) is a candidate until it is
+    /// confirmed; confirmed, it is in every later request's task section, and the check it
+    /// names is required for every later run of the session (docs/evidence.md).
+    Requirements {
+        #[command(subcommand)]
+        command: inspect::RequirementsCommand,
     },
     /// What the caller's sessions spent, by session and model (tokens, cache, USD).
     ///
@@ -239,7 +250,7 @@ const COMMAND_GROUPS: &[(&str, &[&str])] = &[
         ],
     ),
     ("Workspace", &["init", "skills"]),
-    ("Admin", &["approve", "deny", "sandbox"]),
+    ("Admin", &["approve", "deny", "requirements", "sandbox"]),
 ];
 
 /// The command line with `hame --help` listing the commands by group, each with the first
@@ -297,8 +308,9 @@ fn main() -> ExitCode {
                 common,
                 pick,
                 json,
+                verify,
                 message,
-            } => run::run(common, pick, json, message).await,
+            } => run::run(common, pick, json, verify, message).await,
             Command::Chat { common, pick } => chat::chat(common, pick).await,
             Command::Approve { args } => approve::decide(args, true, None).await,
             Command::Deny { args, reason } => approve::decide(args, false, reason).await,
@@ -307,6 +319,7 @@ fn main() -> ExitCode {
             Command::Tasks { common, json } => tasks::tasks(common, json).await,
             Command::Init { args } => init::init(args),
             Command::Sessions { args } => inspect::sessions(args).await,
+            Command::Requirements { command } => inspect::requirements(command).await,
             Command::Memory { args } => inspect::memory(args).await,
             Command::Usage { args } => usage::usage(args).await,
             Command::Replay { args } => replay::replay(args).await,

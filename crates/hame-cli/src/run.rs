@@ -1,5 +1,6 @@
 //! `hame run`, and the event display of `hame chat`.
 
+use std::fmt::Write as _;
 use std::io::Write;
 
 use futures::StreamExt;
@@ -158,14 +159,142 @@ pub(crate) fn outcome<T>(
     }
 }
 
+/// Exit code of a run whose required checks still fail (`unverified`).
+pub(crate) const EXIT_UNVERIFIED: u8 = 5;
+
+/// The completion gate of `hame run` (docs/evidence.md).
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct VerifyArgs {
+    /// Required checks (names of `[[verify]]` in hame.toml, comma-separated): after the
+    /// final answer the checks whose evidence is missing or stale run; still failing after
+    /// --verify-attempts rounds, the run exits 5 (`unverified`).
+    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+    pub(crate) verify: Vec<String>,
+    /// Check rounds of the gate: after a failure the model gets one more step with the
+    /// failing evidence, until this many rounds ran (1..=10).
+    #[arg(long, default_value_t = hame::harness::evidence::DEFAULT_VERIFY_ATTEMPTS,
+          value_parser = clap::value_parser!(u32).range(1..=10))]
+    pub(crate) verify_attempts: u32,
+    /// The session's goal (kept in its task state, shown in every request; docs/evidence.md).
+    #[arg(long, value_name = "TEXT")]
+    pub(crate) goal: Option<String>,
+}
+
+impl VerifyArgs {
+    /// The context with the required checks, after checking that each is declared.
+    pub(crate) fn apply(
+        &self,
+        agent: &HarnessAgent,
+        ctx: hame::RuntimeContext,
+    ) -> anyhow::Result<hame::RuntimeContext> {
+        let ctx = match self.goal.as_deref().map(str::trim) {
+            Some(g) if !g.is_empty() => hame::harness::task::with_goal(ctx, g),
+            Some(_) => return Err(crate::ConfigError("--goal is empty".into()).into()),
+            None => ctx,
+        };
+        let names: Vec<String> = self
+            .verify
+            .iter()
+            .map(|n| n.trim().to_owned())
+            .filter(|n| !n.is_empty())
+            .collect();
+        if names.is_empty() {
+            return Ok(ctx);
+        }
+        let declared = agent.verifier_names();
+        if let Some(unknown) = names.iter().find(|n| !declared.contains(n)) {
+            return Err(crate::ConfigError(format!(
+                "--verify {unknown:?}: no such check (declared in hame.toml [[verify]]: {})",
+                if declared.is_empty() {
+                    "none".to_owned()
+                } else {
+                    declared.join(", ")
+                }
+            ))
+            .into());
+        }
+        Ok(hame::harness::evidence::require_checks(
+            ctx,
+            &names,
+            Some(self.verify_attempts),
+        ))
+    }
+}
+
+/// One line per evidence: `check outcome (evidence id, version, files)` and the detail of a
+/// failure.
+pub(crate) fn evidence_lines(evidence: &[hame::Evidence]) -> String {
+    let mut s = String::new();
+    for e in evidence {
+        let outcome = match e.outcome {
+            hame::CheckOutcome::Passed => "passed",
+            hame::CheckOutcome::Failed => "failed",
+            hame::CheckOutcome::Error => "error",
+        };
+        let _ = write!(
+            s,
+            "{} {outcome}{} (evidence {}, version {}, {} files, exit code {})",
+            e.check,
+            if e.stale { ", stale" } else { "" },
+            e.id,
+            &e.version[..e.version.len().min(12)],
+            e.files,
+            e.exit_code
+                .map_or_else(|| "-".to_owned(), |c| c.to_string()),
+        );
+        s.push('\n');
+        for line in e.detail.lines() {
+            s.push_str("    ");
+            s.push_str(line);
+            s.push('\n');
+        }
+    }
+    s
+}
+
+/// After the reply is printed: exit 5 with the failing evidence when the gate says
+/// `unverified`; otherwise name the evidence that backed it (stderr).
+pub(crate) fn verdict(out: &hame::CallOutput) -> anyhow::Result<()> {
+    let Some(v) = &out.verification else {
+        return Ok(());
+    };
+    match v.status {
+        hame::VerificationStatus::Verified => {
+            crate::status::clear();
+            eprint!("hame: verified by\n{}", evidence_lines(&v.evidence));
+            Ok(())
+        }
+        hame::VerificationStatus::Unverified => {
+            let failing: Vec<hame::Evidence> = v
+                .evidence
+                .iter()
+                .filter(|e| e.outcome != hame::CheckOutcome::Passed)
+                .cloned()
+                .collect();
+            Err(Stopped(
+                EXIT_UNVERIFIED,
+                format!(
+                    "unverified: required checks failed after {} extra step{}\n{}",
+                    v.extra_steps,
+                    if v.extra_steps == 1 { "" } else { "s" },
+                    evidence_lines(&failing).trim_end()
+                ),
+            )
+            .into())
+        }
+    }
+}
+
 pub(crate) async fn run(
     common: Common,
     pick: crate::resume::SessionPick,
     json: bool,
+    verify: VerifyArgs,
     message: String,
 ) -> anyhow::Result<()> {
     let signals = Signals::watch();
-    let (agent, mut ctx) = build(&common).await?;
+    let (agent, ctx) = build(&common).await?;
+    let mut ctx = verify.apply(&agent, ctx)?;
     crate::resume::apply(&pick, &agent, &mut ctx).await?;
     let (sink, mut rx) = EventSink::channel();
     let cancel = signals.begin();
@@ -181,7 +310,8 @@ pub(crate) async fn run(
     // The reply is printed and durable; let background memory work (flush,
     // consolidation) finish before the process exits, within a bound. Unfinished work is
     // redone by the session's next call.
-    finish(&agent).await
+    finish(&agent).await?;
+    verdict(&out)
 }
 
 /// Awaits `call`, printing the warnings among its events as they come (and those left
@@ -219,6 +349,7 @@ pub(crate) fn print_reply(
             "user": ctx.user_id,
             "usage": out.usage,
             "iterations": out.iterations,
+            "verification": out.verification,
         });
         println!("{obj}");
     } else {

@@ -100,6 +100,9 @@ pub struct CallOutput {
     pub usage: Usage,
     /// Reasoning steps taken.
     pub iterations: usize,
+    /// The completion gate's verdict, when the call had required checks (set by the
+    /// harness's verify layer; `None` otherwise).
+    pub verification: Option<crate::Verification>,
 }
 
 /// A model, tools and a stack of [`Layer`]s: runs calls against an [`AgentState`].
@@ -399,6 +402,7 @@ impl AgentLoop {
                         reply: message,
                         usage,
                         iterations: iteration,
+                        verification: None,
                     });
                 }
                 decide::AfterResponse::RunTools(calls) => calls,
@@ -553,6 +557,7 @@ impl AgentLoop {
                 call_id: call.id.clone(),
                 cancel: cx.cancel.child_token(),
                 extensions: cx.extensions.clone(),
+                facts: crate::ToolFacts::default(),
             };
             let call = call.clone();
             let resume = resume.clone();

@@ -62,6 +62,11 @@ pub struct ToolContext {
     /// Typed values of the call: in the harness, the caller's tenant workspace handle
     /// (its files, state and identity).
     pub extensions: crate::Extensions,
+    /// Structured facts about this call for its observation (see [`ToolFacts`]); the
+    /// model-facing text is the tool's output, unchanged.
+    ///
+    /// [`ToolFacts`]: crate::ToolFacts
+    pub facts: crate::ToolFacts,
 }
 
 impl ToolContext {
@@ -72,7 +77,13 @@ impl ToolContext {
             call_id: call_id.into(),
             cancel: CancellationToken::new(),
             extensions: crate::Extensions::new(),
+            facts: crate::ToolFacts::default(),
         }
+    }
+
+    /// The structured facts of this call (shared by every clone of the context).
+    pub fn facts(&self) -> &crate::ToolFacts {
+        &self.facts
     }
 
     /// Sets the extensions.

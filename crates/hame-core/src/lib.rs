@@ -44,6 +44,7 @@ mod failpoint;
 mod layer;
 mod message;
 mod model;
+mod observation;
 pub mod secrets;
 mod state;
 mod suspend;
@@ -70,6 +71,10 @@ pub use message::{ContentBlock, Message, Role, ToolCall, ToolResult, Usage};
 pub use model::{
     Model, ModelError, ModelEvent, ModelInfo, ModelParams, ModelRequest, ModelResponse,
     ModelStream, PromptCacheKey, ResponseAssembler, StopReason,
+};
+pub use observation::{
+    CheckOutcome, Evidence, Observation, ObservationOutcome, ToolFacts, Verification,
+    VerificationStatus,
 };
 pub use state::{AgentState, STATE_SCHEMA_VERSION, StateFormatError};
 pub use suspend::{PendingCall, PendingStep, Resolution, Suspended, SuspendedCall, Suspension};

@@ -560,6 +560,17 @@ pub struct ExecOutput {
     pub truncated: bool,
     /// Whether the command was killed because it ran past its timeout.
     pub timed_out: bool,
+    /// The signal that ended the command, when one did (`None` on a sandbox whose command
+    /// server does not report it).
+    pub signal: Option<i32>,
+    /// Bytes the command printed on stdout (kept or dropped).
+    pub stdout_bytes: u64,
+    /// Bytes the command printed on stderr (kept or dropped).
+    pub stderr_bytes: u64,
+    /// stdout was cut at the cap.
+    pub stdout_truncated: bool,
+    /// stderr was cut at the cap.
+    pub stderr_truncated: bool,
 }
 
 /// The ability to run commands next to a filesystem. A filesystem that can execute

@@ -11,11 +11,14 @@ pub struct CappedOutput {
     pub kept: Vec<u8>,
     /// More than `cap` bytes were printed; the rest was dropped.
     pub truncated: bool,
+    /// Every byte the pipe printed, kept or dropped.
+    pub total: u64,
 }
 
 impl CappedOutput {
     /// Keeps what of `bytes` fits under `cap` bytes in all and marks the rest as dropped.
     pub fn push(&mut self, bytes: &[u8], cap: usize) {
+        self.total += bytes.len() as u64;
         let room = cap.saturating_sub(self.kept.len());
         if bytes.len() > room {
             self.truncated = true;
@@ -83,7 +86,8 @@ mod tests {
             out,
             CappedOutput {
                 kept: b"abcd".to_vec(),
-                truncated: true
+                truncated: true,
+                total: 6,
             }
         );
     }

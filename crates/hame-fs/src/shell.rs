@@ -264,12 +264,19 @@ impl Execute for LocalShell {
                 (None, true)
             }
         };
+        let (stdout_bytes, stderr_bytes) = (out.total, err.total);
+        let (stdout_truncated, stderr_truncated) = (out.truncated, err.truncated);
         let (output, truncated) = render_output(out, err, cap);
         Ok(ExecOutput {
             output,
             exit_code: status.and_then(|s| s.code()),
             truncated,
             timed_out,
+            signal: status.and_then(|s| std::os::unix::process::ExitStatusExt::signal(&s)),
+            stdout_bytes,
+            stderr_bytes,
+            stdout_truncated,
+            stderr_truncated,
         })
     }
 }

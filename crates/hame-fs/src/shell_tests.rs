@@ -114,6 +114,11 @@ async fn a_finished_command_reports_its_output_and_exit_code() -> TestResult {
             exit_code: Some(7),
             truncated: false,
             timed_out: false,
+            signal: None,
+            stdout_bytes: 4,
+            stderr_bytes: 4,
+            stdout_truncated: false,
+            stderr_truncated: false,
         }
     );
     Ok(())
@@ -139,6 +144,11 @@ async fn a_timeout_kills_the_whole_group_and_returns_the_output_so_far() -> Test
             exit_code: None,
             truncated: false,
             timed_out: true,
+            signal: out.signal,
+            stdout_bytes: 8,
+            stderr_bytes: 8,
+            stdout_truncated: false,
+            stderr_truncated: false,
         }
     );
     // Timeout (1 s), then at most the grace (0.5 s) and the drain (0.25 s).

@@ -44,6 +44,10 @@ pub(crate) const AGENT_ROUTES: &[&str] = &[
     "/sessions/{session}/messages",
     "/sessions/{session}/events",
     "/sessions/{session}/tasks",
+    "/sessions/{session}/observations",
+    "/sessions/{session}/evidence",
+    "/sessions/{session}/task",
+    "/sessions/{session}/requirements/{id}/confirm",
     "/sessions/{session}/approvals",
     "/sessions/{session}/approvals/{id}",
     "/sessions/{session}/files",
@@ -88,6 +92,13 @@ fn agent_routes() -> Router<AppState> {
         )
         .route("/sessions/{session}/events", get(get_events))
         .route("/sessions/{session}/tasks", get(get_tasks))
+        .route("/sessions/{session}/observations", get(get_observations))
+        .route("/sessions/{session}/evidence", get(get_evidence))
+        .route("/sessions/{session}/task", get(get_task))
+        .route(
+            "/sessions/{session}/requirements/{id}/confirm",
+            post(confirm_requirement),
+        )
         .route("/sessions/{session}/approvals", get(get_approvals))
         .route("/sessions/{session}/approvals/{id}", post(post_approval))
         .route("/sessions/{session}/files", get(crate::files::list))
@@ -331,6 +342,15 @@ struct MessageBody {
     /// (`docs/cost.md`).
     #[serde(default)]
     budget: Option<serde_json::Value>,
+    /// Required checks of this turn (names of the server's `[[verify]]`), docs/evidence.md.
+    #[serde(default)]
+    verify: Option<Vec<String>>,
+    /// Check rounds of the gate (1..=10, default 2).
+    #[serde(default)]
+    verify_attempts: Option<u32>,
+    /// The session's goal (its task state).
+    #[serde(default)]
+    goal: Option<String>,
 }
 
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
@@ -374,6 +394,41 @@ pub(crate) async fn post_message(
                 ))
             })?;
         extras.insert(hame::harness::cost::BUDGET_EXTRA.to_owned(), v);
+    }
+    if let Some(names) = body.verify.filter(|n| !n.is_empty()) {
+        let declared = agent.verifier_names();
+        if let Some(unknown) = names.iter().find(|n| !declared.contains(n)) {
+            return Err(ApiError::bad_request(format!(
+                "`verify`: no check is named {unknown:?} (declared: {})",
+                declared.join(", ")
+            )));
+        }
+        let attempts = body
+            .verify_attempts
+            .unwrap_or(hame::harness::evidence::DEFAULT_VERIFY_ATTEMPTS);
+        if !(1..=hame::harness::evidence::MAX_VERIFY_ATTEMPTS).contains(&attempts) {
+            return Err(ApiError::bad_request(
+                "`verify_attempts`: a number from 1 to 10",
+            ));
+        }
+        extras.insert(
+            hame::harness::evidence::VERIFY_EXTRA.to_owned(),
+            json!(names),
+        );
+        extras.insert(
+            hame::harness::evidence::VERIFY_ATTEMPTS_EXTRA.to_owned(),
+            json!(attempts),
+        );
+    } else if body.verify_attempts.is_some() {
+        return Err(ApiError::bad_request(
+            "`verify_attempts` needs `verify` (the checks to run)",
+        ));
+    }
+    if let Some(goal) = body.goal {
+        if goal.trim().is_empty() {
+            return Err(ApiError::bad_request("`goal` is empty"));
+        }
+        extras.insert(hame::harness::task::GOAL_EXTRA.to_owned(), json!(goal));
     }
     let turn = turn::start_once_with(
         &shared,
@@ -478,6 +533,94 @@ pub(crate) async fn get_tasks(
         .map_err(|e| ApiError::from_harness(&e))?;
     Ok(Json(for_callers(
         json!({"session": ctx.session_id, "tasks": tasks}),
+    )))
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{session}/observations", tag = "sessions",
+    params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`")),
+    responses((status = 200, description = "`{session, observations}`: one record per tool call and check run, oldest first (docs/evidence.md)", body = serde_json::Value),))]
+pub(crate) async fn get_observations(
+    State(shared): State<AppState>,
+    Served { user, agent }: Served,
+    Path(SessionPath { session }): Path<SessionPath>,
+) -> Result<Json<Value>, ApiError> {
+    valid_session(&session)?;
+    let ctx = context(&shared, user, &session);
+    let observations = agent
+        .session_observations(&ctx, &session)
+        .await
+        .map_err(|e| ApiError::from_harness(&e))?;
+    Ok(Json(for_callers(
+        json!({"session": session, "observations": observations}),
+    )))
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{session}/evidence", tag = "sessions",
+    params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`")),
+    responses((status = 200, description = "`{session, evidence}`: the newest evidence of each check, `stale` when a covered file changed since (docs/evidence.md)", body = serde_json::Value),))]
+pub(crate) async fn get_evidence(
+    State(shared): State<AppState>,
+    Served { user, agent }: Served,
+    Path(SessionPath { session }): Path<SessionPath>,
+) -> Result<Json<Value>, ApiError> {
+    valid_session(&session)?;
+    let ctx = context(&shared, user, &session);
+    let evidence = agent
+        .session_evidence(&ctx, &session)
+        .await
+        .map_err(|e| ApiError::from_harness(&e))?;
+    Ok(Json(for_callers(
+        json!({"session": session, "evidence": evidence}),
+    )))
+}
+
+#[utoipa::path(get, path = "/v1/sessions/{session}/task", tag = "sessions",
+    params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`")),
+    responses((status = 200, description = "`{session, goal, requirements, evidence}`: the task state (docs/evidence.md)", body = serde_json::Value),))]
+pub(crate) async fn get_task(
+    State(shared): State<AppState>,
+    Served { user, agent }: Served,
+    Path(SessionPath { session }): Path<SessionPath>,
+) -> Result<Json<Value>, ApiError> {
+    valid_session(&session)?;
+    let ctx = context(&shared, user, &session);
+    let task = agent
+        .task_state(&ctx)
+        .await
+        .map_err(|e| ApiError::from_harness(&e))?;
+    let evidence = agent
+        .session_evidence(&ctx, &session)
+        .await
+        .map_err(|e| ApiError::from_harness(&e))?;
+    Ok(Json(for_callers(json!({
+        "session": session,
+        "goal": task.goal,
+        "requirements": task.requirements,
+        "evidence": evidence,
+    }))))
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{session}/requirements/{id}/confirm", tag = "sessions",
+    params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`"),
+           ("id" = String, Path, description = "The requirement id (`rq-1`)")),
+    responses((status = 200, description = "`{session, requirement}`: the confirmed requirement", body = serde_json::Value),))]
+pub(crate) async fn confirm_requirement(
+    State(shared): State<AppState>,
+    Served { user, agent }: Served,
+    Path(ApprovalPath { session, id }): Path<ApprovalPath>,
+) -> Result<Json<Value>, ApiError> {
+    valid_session(&session)?;
+    let ctx = context(&shared, user, &session);
+    let requirement = agent
+        .confirm_requirement(&ctx, &id)
+        .await
+        .map_err(|e| match e {
+            // No such session or requirement.
+            hame::harness::Error::Config(m) => ApiError::not_found(m),
+            e => ApiError::from_harness(&e),
+        })?;
+    Ok(Json(for_callers(
+        json!({"session": session, "requirement": requirement}),
     )))
 }
 

@@ -306,13 +306,24 @@ async fn run(
     drop(sink);
     let outcome = match result {
         Ok(out) => {
-            let body = for_callers(json!({
+            let mut body = json!({
                 "reply": out.reply.text_content(),
                 "session": ctx.session_id,
                 "user": ctx.user_id,
                 "usage": out.usage,
                 "iterations": out.iterations,
-            }));
+            });
+            // A turn with required checks says whether its evidence backs it
+            // (docs/evidence.md): `status` is `completed` or `unverified`.
+            if let (Some(v), Some(o)) = (&out.verification, body.as_object_mut()) {
+                let status = match v.status {
+                    hame::VerificationStatus::Verified => "completed",
+                    hame::VerificationStatus::Unverified => "unverified",
+                };
+                o.insert("status".into(), json!(status));
+                o.insert("verification".into(), json!(v));
+            }
+            let body = for_callers(body);
             ended.push(emit("finished", body.clone(), true).await);
             Outcome::Finished(body)
         }

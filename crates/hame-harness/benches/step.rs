@@ -140,7 +140,7 @@ async fn measure(
     make_model: &dyn Fn() -> Arc<dyn Model>,
     spent: Arc<Mutex<Duration>>,
     storage: Storage,
-) {
+) -> f64 {
     let ws = workspace_with(matches!(storage, Storage::Redis(_)));
     let mut counting = None;
     let state = tempfile::tempdir().unwrap();
@@ -220,6 +220,7 @@ async fn measure(
             ops.join(", ")
         );
     }
+    harness.as_secs_f64() * 1e3 / steps
 }
 
 fn script() -> Vec<Reply> {
@@ -233,8 +234,9 @@ fn script() -> Vec<Reply> {
     replies
 }
 
-/// The parts of a step measured alone: prompt assembly and one session-log append.
-async fn components() {
+/// The parts of a step measured alone: prompt assembly and one session-log append; returns
+/// what the action observation and the context manifest of one step cost (ms).
+async fn components() -> f64 {
     let ws = workspace();
     let state = tempfile::tempdir().unwrap();
     let agent = HarnessAgent::builder()
@@ -308,6 +310,71 @@ async fn components() {
     }
     let per = started.elapsed().as_secs_f64() * 1e3 / n as f64;
     println!("session-log append of one message (fdatasync)                {per:.3} ms");
+
+    // Issue #33: what a step adds — one observation appended (unflushed; one flush per
+    // call) and the manifest of the step's request (sections, hashes, tokens).
+    let obs = hame_core::Observation {
+        id: "ob-0123456789abcdef".into(),
+        call_id: "c1".into(),
+        attempt: 1,
+        tool: "list_files".into(),
+        args_hash: hame_harness::evidence::args_hash(r#"{"path":"knowledge"}"#),
+        step: 3,
+        started: chrono::Utc::now(),
+        ended: chrono::Utc::now(),
+        duration_ms: 1,
+        outcome: hame_core::ObservationOutcome::Ok,
+        code: None,
+        facts: serde_json::Map::new(),
+    };
+    let started = Instant::now();
+    for _ in 0..n {
+        log.append_observations(
+            "parts",
+            std::slice::from_ref(&obs),
+            hame_fs::AppendOptions::atomic(),
+        )
+        .await
+        .unwrap();
+    }
+    let observation = started.elapsed().as_secs_f64() * 1e3 / n as f64;
+    println!("observation append (unflushed)                                {observation:.3} ms");
+    let parts = context.parts("base", &handle, &events).await;
+    let mut messages = vec![Message::user("go")];
+    for i in 0..STEPS - 1 {
+        messages.push(Message {
+            role: hame_core::Role::Assistant,
+            content: vec![hame_core::ContentBlock::ToolCall(tool_step(i))].into(),
+            usage: None,
+        });
+        messages.push(Message::tool_results(vec![hame_core::ToolResult {
+            id: format!("c{i}"),
+            content: "faq/\nKNOWLEDGE.md\n".into(),
+            is_error: false,
+            code: None,
+        }]));
+    }
+    let request = hame_core::ModelRequest {
+        system: hame_harness::prompt::render(&parts),
+        messages,
+        tools: agent.agent_loop().tools().specs(),
+        params: Default::default(),
+        cache_key: None,
+    };
+    let counter = hame_memory::counter_for_model("bench");
+    let started = Instant::now();
+    let mut sections = 0;
+    for _ in 0..n {
+        let mut m = hame_harness::manifest::manifest_of(&request, counter.as_ref());
+        hame_harness::manifest::attribute(&mut m, 5000);
+        sections = m.len();
+    }
+    let manifest = started.elapsed().as_secs_f64() * 1e3 / n as f64;
+    println!(
+        "context manifest of a {}-message request ({sections} sections)    {manifest:.3} ms",
+        request.messages.len()
+    );
+    observation + manifest
 }
 
 fn main() {
@@ -316,10 +383,11 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async {
-        components().await;
+        let added = components().await;
         println!(
             "hame-harness step benchmark: {CALLS} calls x {STEPS} steps (19 tool calls + answer)"
         );
+        let mut per_step = Vec::new();
         let mut cases = vec![
             ("instant model, local disk", Storage::Durable),
             ("instant model, storage in RAM", Storage::Ram),
@@ -332,7 +400,7 @@ fn main() {
             let spent = Arc::new(Mutex::new(Duration::ZERO));
             let s = spent.clone();
             let model = ScriptedModel::new(script());
-            measure(
+            let harness = measure(
                 label,
                 &move || {
                     Arc::new(Timed {
@@ -344,6 +412,13 @@ fn main() {
                 storage,
             )
             .await;
+            per_step.push((label, harness));
+        }
+        for (label, harness) in per_step {
+            println!(
+                "observations + manifest per step: {added:.3} ms = {:.1} % of harness/step ({label})",
+                added / harness * 100.0
+            );
         }
 
         let server = hame_test_support::ScriptedServer::start().await.unwrap();

@@ -93,6 +93,7 @@ pub struct HarnessAgentBuilder {
     permission_mode: crate::permissions::Mode,
     budgets: crate::cost::Budgets,
     prices: Option<crate::cost::Prices>,
+    verifiers: crate::evidence::Verifiers,
 }
 
 /// Opens a model from a `provider:model` spec (a subagent spec's `model` key); the CLI
@@ -140,6 +141,15 @@ impl HarnessAgentBuilder {
     /// policy checks usually go here. See `docs/ARCHITECTURE.md` for the stack.
     pub fn layer(mut self, layer: Arc<dyn Layer>) -> Self {
         self.inner_layers.push(layer);
+        self
+    }
+
+    /// Declares a check (`[[verify]]` of `hame.toml`): a call that names it as required
+    /// ([`require_checks`](crate::evidence::require_checks), `hame run --verify NAME`) is
+    /// gated on its evidence. A later check of the same name replaces the earlier one.
+    /// See `docs/evidence.md`.
+    pub fn verifier(mut self, verifier: crate::evidence::Verifier) -> Self {
+        self.verifiers.add(verifier);
         self
     }
 
@@ -516,6 +526,7 @@ impl HarnessAgentBuilder {
         // One token counter for every budget (tiktoken for OpenAI families, else the
         // calibrated estimate of hame-memory).
         let counter = hame_memory::counter_for_model(&model.info().model);
+        let manifest_counter = counter.clone();
         let prices = self.prices.clone().unwrap_or_default();
         // The requests beside the loop's (compaction, memory flush) count in the call's
         // spend (docs/cost.md).
@@ -556,6 +567,12 @@ impl HarnessAgentBuilder {
             None => context,
         };
         let recorder = Arc::new(SessionRecorder::new(name.clone()));
+        let manifest_layer = Arc::new(crate::manifest::ManifestLayer::new(
+            recorder.clone(),
+            manifest_counter,
+        ));
+        let evidence =
+            crate::evidence::EvidenceStore::new(recorder.clone(), Arc::new(self.verifiers));
 
         let mut tools = ToolSet::new();
         let has_shell = exec.is_some() || sandbox_layer.is_some();
@@ -571,6 +588,9 @@ impl HarnessAgentBuilder {
             tools.register(t);
         }
         for t in crate::permissions::plan_tools() {
+            tools.register(t);
+        }
+        for t in crate::task::tools(evidence.verifier_names()) {
             tools.register(t);
         }
         // Subagents: the built-in general-purpose one mirrors this agent's prompt and tools.
@@ -635,6 +655,7 @@ impl HarnessAgentBuilder {
         for layer in builtin_stack(
             outer,
             recorder,
+            &evidence,
             Arc::new(context),
             memory.as_ref().map(|m| (m, &side_model)),
             self.inner_layers,
@@ -665,6 +686,8 @@ impl HarnessAgentBuilder {
         let budgets = self.budgets;
         agent_loop =
             agent_loop.with_layer(Arc::new(crate::cost::BudgetLayer::new(budgets, prices)));
+        // Innermost: the manifest of each request as sent (ADR 0035).
+        agent_loop = agent_loop.with_layer(manifest_layer);
         let inner = Arc::new(Inner {
             budgets,
             name,
@@ -680,6 +703,7 @@ impl HarnessAgentBuilder {
             subagents: subagents.clone(),
             model_resolver: self.model_resolver,
             child_models: Mutex::new(HashMap::new()),
+            evidence,
             permissions,
         });
         subagents.set_runner(Arc::new(crate::subagents::HarnessRunner::new(&inner)));
@@ -694,7 +718,8 @@ impl HarnessAgentBuilder {
 ///    logged), then `caller-history` (an API caller's earlier messages start a new
 ///    session: outside the log, so they are logged);
 /// 2. `session-log`: records each message before it joins the state, the index once per
-///    call;
+///    call; then `verify` (the completion gate: required checks after the final answer,
+///    an extra step on failure) and `observations` (one record per tool call) — ADR 0035;
 /// 3. `workspace-context`: rebuilds the system prompt from the caller's workspace;
 /// 4. `compaction` (memory on): flush, then compact before a request that triggers the
 ///    policy, compact and retry after a context overflow;
@@ -706,12 +731,19 @@ impl HarnessAgentBuilder {
 fn builtin_stack(
     outer: Vec<Arc<dyn Layer>>,
     recorder: Arc<SessionRecorder>,
+    evidence: &crate::evidence::EvidenceStore,
     context: Arc<WorkspaceContext>,
     memory: Option<(&Arc<MemoryLayer>, &Arc<dyn Model>)>,
     inner: Vec<Arc<dyn Layer>>,
 ) -> Vec<Arc<dyn Layer>> {
     let mut stack = outer;
     stack.push(recorder);
+    stack.push(Arc::new(crate::evidence::VerifyLayer::new(
+        evidence.clone(),
+    )));
+    stack.push(Arc::new(crate::evidence::ObservationLayer::new(
+        evidence.clone(),
+    )));
     stack.push(context);
     if let Some((layer, model)) = memory {
         let compaction = CompactionLayer::new(layer.compactor.clone(), model.clone())
@@ -723,6 +755,9 @@ fn builtin_stack(
     // An API caller's instructions, tools and reply format: inside workspace-context (it
     // sees the final prompt), outside the user's inner layers and permissions (a client
     // tool call never reaches hame's tools or rules) — ADR 0033.
+    // The task state's section: inside workspace-context (which rebuilds the prompt), so
+    // it is in every request, after compaction too.
+    stack.push(Arc::new(crate::task::TaskLayer::new(evidence.clone())));
     stack.push(Arc::new(crate::caller::CallerLayer));
     stack.extend(inner);
     stack
@@ -843,6 +878,7 @@ pub(crate) struct Inner {
     pub(crate) subagents: Arc<hame_subagent::Subagents>,
     pub(crate) model_resolver: Option<ModelResolver>,
     pub(crate) child_models: Mutex<HashMap<String, Arc<dyn Model>>>,
+    pub(crate) evidence: crate::evidence::EvidenceStore,
     /// The permission layer of the stack (also asked by [`HarnessAgent::file_verdict`]).
     permissions: Arc<crate::permissions::PermissionLayer>,
 }
@@ -988,6 +1024,71 @@ impl HarnessAgent {
             .await
             .map_err(|e| Error::storage("loading session state failed", e))?;
         Ok(stored.map(|s| s.state))
+    }
+
+    /// The task state of the caller's session (goal, requirements; docs/evidence.md).
+    pub async fn task_state(&self, ctx: &RuntimeContext) -> Result<crate::task::TaskState> {
+        Ok(self
+            .state(ctx)
+            .await?
+            .map(|s| crate::task::TaskState::of(&s))
+            .unwrap_or_default())
+    }
+
+    /// Confirms the requirement `id` of the caller's session (`hame requirements confirm S
+    /// ID`): it binds from the next request on, and the check it names becomes required
+    /// for every later call. Under the session's lease, saved by compare-and-set; a
+    /// configuration error when the session has no such requirement.
+    pub async fn confirm_requirement(
+        &self,
+        ctx: &RuntimeContext,
+        id: &str,
+    ) -> Result<crate::task::Requirement> {
+        let key = self.key(ctx)?;
+        let store = &self.inner.state_store;
+        let lease = match store.acquire(&key, self.inner.lease).await {
+            Ok(l) => l,
+            Err(hame_state::Error::SessionBusy { .. }) => {
+                return Err(Error::SessionBusy(ctx.session_id.clone()));
+            }
+            Err(e) => return Err(Error::storage("acquiring the session lease failed", e)),
+        };
+        let result = async {
+            let stored = store
+                .load(&key)
+                .await
+                .map_err(|e| Error::storage("loading session state failed", e))?
+                .ok_or_else(|| Error::Config(format!("session {} has no state", ctx.session_id)))?;
+            let mut state = stored.state;
+            let mut task = crate::task::TaskState::of(&state);
+            if !task.confirm(id) {
+                return Err(Error::Config(format!(
+                    "session {} has no requirement {id:?} (it has: {})",
+                    ctx.session_id,
+                    task.requirements
+                        .iter()
+                        .map(|r| r.id.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            state
+                .set_extension(crate::task::STATE_KEY, &task)
+                .map_err(|e| Error::storage("encoding the task state failed", e))?;
+            store
+                .save_fenced(&key, &state, Some(stored.version), &lease)
+                .await
+                .map_err(|e| Error::storage("saving session state failed", e))?;
+            task.requirements
+                .into_iter()
+                .find(|r| r.id == id)
+                .ok_or_else(|| Error::Config(format!("no requirement {id:?}")))
+        }
+        .await;
+        if let Err(e) = lease.release().await {
+            tracing::warn!(error = %e, "releasing the session lease failed; it expires by itself");
+        }
+        result
     }
 
     /// Runs one call and returns the final reply.

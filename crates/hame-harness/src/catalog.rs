@@ -34,6 +34,7 @@ pub const DEFAULT_DEFERRED_TOOLS: &[&str] = &[
     "plan_exit",
     "plan_write",
     "propose_skill",
+    "requirement_propose",
     "session_history",
     "session_list",
     "session_search",
@@ -63,6 +64,7 @@ const GROUPS: &[(&str, &[&str])] = &[
     ),
     ("plan mode", &["plan_enter", "plan_write", "plan_exit"]),
     ("skills", &["load_skill", "propose_skill"]),
+    ("task requirements", &["requirement_propose"]),
 ];
 
 /// The plan tools, offered while plan mode is on.

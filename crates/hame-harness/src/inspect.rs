@@ -56,6 +56,43 @@ impl HarnessAgent {
         }
     }
 
+    /// The observations of the caller's session `session_id` (one per tool call and per
+    /// check run), in the order they were written; empty when there are none.
+    pub async fn session_observations(
+        &self,
+        ctx: &RuntimeContext,
+        session_id: &str,
+    ) -> Result<Vec<hame_core::Observation>> {
+        crate::validate_id("session id", session_id)?;
+        self.session_log(ctx)?
+            .read_observations(session_id)
+            .await
+            .map_err(|e| Error::storage("cannot read the observations", e))
+    }
+
+    /// The current evidence of each check of the caller's session `session_id` (the newest
+    /// of each check), `stale` when a covered file changed since.
+    pub async fn session_evidence(
+        &self,
+        ctx: &RuntimeContext,
+        session_id: &str,
+    ) -> Result<Vec<hame_core::Evidence>> {
+        crate::validate_id("session id", session_id)?;
+        let mut ctx = ctx.clone();
+        ctx.session_id = session_id.to_owned();
+        let ws = self.workspace_for(&ctx)?;
+        self.inner
+            .evidence
+            .current(&ctx, &ws)
+            .await
+            .map_err(Error::Call)
+    }
+
+    /// The names of the declared checks.
+    pub fn verifier_names(&self) -> Vec<String> {
+        self.inner.evidence.verifier_names()
+    }
+
     /// Searches the caller's memory (`MEMORY.md`, `memory/*.md`) like `memory_search`;
     /// at most `limit` hits (1..=[`MAX_HITS`](crate::memory::MAX_HITS)). A configuration
     /// error when memory is off.

@@ -46,10 +46,12 @@ pub mod catalog;
 mod context;
 pub mod cost;
 mod error;
+pub mod evidence;
 mod guard;
 mod ids;
 mod inspect;
 pub mod intent;
+pub mod manifest;
 pub mod memory;
 pub mod permissions;
 pub mod prompt;
@@ -61,6 +63,7 @@ pub use sandbox::{
     sandbox_lease_key,
 };
 mod subagents;
+pub mod task;
 mod template;
 mod tenancy;
 mod tools;

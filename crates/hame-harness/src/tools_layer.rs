@@ -408,6 +408,13 @@ impl Layer for ToolsConfigLayer {
                 return done(Err(ToolError::new(codes::CANCELLED, "the call was cancelled")));
             }
         };
+        // The observation's facts (ADR 0035): which server and tool, and the server's flag.
+        let facts = cx.tool.facts();
+        facts.set("server", tool.server.clone());
+        facts.set("mcp_tool", tool.name.clone());
+        if let Ok(r) = &result {
+            facts.set("is_error", r.is_error);
+        }
         match result {
             Ok(r) if r.is_error => done(Err(ToolError::new(codes::FAILED, r.text))),
             Ok(r) => done(Ok(r.text)),

@@ -299,9 +299,13 @@ async fn store_operations_per_unchanged_step() -> TestResult {
     assert!(of("list") + of("glob") <= 4.0, "{by_op:?}");
     // Issue #31: a tool call that may change something (this `noop` is not a built-in
     // read-only tool) adds its intent's two appends (`hame_harness::intent`: flushed before
-    // the call, unflushed after).
-    assert!(of("append") <= 3.0, "{by_op:?}");
-    assert!(per_step <= 8.0, "{per_step} store operations per step");
+    // the call, unflushed after); + 0.1: the one append of a call's observations (ADR 0035),
+    // which the 1-step call (no tool call) does not make; it is per call, not per step.
+    assert!(of("append") <= 3.1 + 1e-9, "{by_op:?}");
+    assert!(
+        per_step <= 8.1 + 1e-9,
+        "{per_step} store operations per step"
+    );
     Ok(())
 }
 

@@ -113,16 +113,20 @@ fn built_ins_sit_between_outer_and_inner_user_layers() -> TestResult {
             "caller-history",
             "intents",
             "session-log",
+            "verify",
+            "observations",
             "workspace-context",
             "compaction",
             "offload",
+            "task",
             "caller",
             "inner-1",
             "inner-2",
             "permissions",
             "catalog",
             "tools-config",
-            "budget"
+            "budget",
+            "context-manifest"
         ]
     );
     assert_eq!(
@@ -134,14 +138,18 @@ fn built_ins_sit_between_outer_and_inner_user_layers() -> TestResult {
             "caller-history",
             "intents",
             "session-log",
+            "verify",
+            "observations",
             "workspace-context",
+            "task",
             "caller",
             "inner-1",
             "inner-2",
             "permissions",
             "catalog",
             "tools-config",
-            "budget"
+            "budget",
+            "context-manifest"
         ]
     );
     Ok(())

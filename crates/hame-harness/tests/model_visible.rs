@@ -49,6 +49,7 @@ fn memory_off_registers_no_memory_tools() -> Result<(), Box<dyn std::error::Erro
             "plan_write",
             "propose_skill",
             "read_file",
+            "requirement_propose",
             "session_history",
             "session_list",
             "task_cancel",

@@ -44,6 +44,7 @@ mod id;
 mod index;
 mod log;
 mod record;
+mod side;
 mod tools;
 
 pub use error::{Error, Result, codes};
@@ -57,6 +58,7 @@ pub use log::{
     SessionLogOptions,
 };
 pub use record::{LogRecord, RECORD_FORMAT_VERSION};
+pub use side::{CONTEXT_SUFFIX, EVIDENCE_SUFFIX, OBSERVATIONS_SUFFIX};
 pub use tools::{
     DEFAULT_HISTORY_LIMIT, DEFAULT_LIST_LIMIT, DEFAULT_RECORD_CHARS, MAX_HISTORY_LIMIT,
     MAX_LIST_LIMIT, MAX_RECORD_CHARS, SessionHistoryArgs, SessionHistoryTool, SessionListArgs,

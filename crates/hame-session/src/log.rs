@@ -176,6 +176,11 @@ impl SessionLog {
         })
     }
 
+    /// The filesystem the logs are on.
+    pub(crate) fn fs(&self) -> &std::sync::Arc<dyn Filesystem> {
+        &self.fs
+    }
+
     /// The agent id.
     pub fn agent_id(&self) -> &str {
         &self.agent_id

@@ -162,6 +162,30 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// The version of `path` before a change, for the call's facts: the version this session
+    /// read, else the file's own (`None`: no such file, or it cannot be read).
+    async fn version_before(
+        &self,
+        ctx: &ToolContext,
+        fs: &Arc<dyn Filesystem>,
+        path: &FsPath,
+    ) -> Option<Version> {
+        if let Some(Seen::Version(v)) = self.read_version(ctx, path) {
+            return Some(v);
+        }
+        fs.read_bytes(path).await.ok().map(|b| Version::of(&b))
+    }
+}
+
+/// The facts of a change to one file: its path and its content hash before and after.
+fn file_facts(ctx: &ToolContext, path: &FsPath, before: Option<Version>, after: &Version) {
+    let facts = ctx.facts();
+    facts.set("path", path.as_str().to_owned());
+    facts.set("hash_before", before.map(|v| v.as_str().to_owned()));
+    facts.set("hash_after", after.as_str().to_owned());
+}
+
 fn parse_path(s: &str) -> Result<FsPath, ToolError> {
     FsPath::parse(s).or_tool()
 }
@@ -483,7 +507,9 @@ impl TypedTool for WriteFile {
         } else {
             WriteOptions::create_new()
         };
+        let before = self.0.version_before(ctx, &fs, &path).await;
         let version = fs.write(&path, bytes, opts).await.or_tool()?;
+        file_facts(ctx, &path, before, &version);
         self.0.record(ctx, &path, version);
         Ok(format!("Wrote {len} bytes to {path}."))
     }
@@ -519,6 +545,7 @@ impl TypedTool for EditFile {
     async fn run(&self, args: EditFileArgs, ctx: &ToolContext) -> ToolOutput {
         let fs = self.0.fs(ctx)?;
         let path = parse_path(&args.file_path)?;
+        let before = self.0.version_before(ctx, &fs, &path).await;
         let out = fs
             .edit(
                 &path,
@@ -530,6 +557,7 @@ impl TypedTool for EditFile {
             )
             .await
             .or_tool()?;
+        file_facts(ctx, &path, before, &out.version);
         self.0.record(ctx, &path, out.version);
         Ok(format!(
             "Edited {path}: {} replacement{}.",
@@ -754,6 +782,14 @@ impl TypedTool for ExecuteTool {
             r = exec.execute(req) => r.or_tool()?,
             _ = ctx.cancel.cancelled() => return Err(ToolError::new(hame_core::codes::CANCELLED, "the command was cancelled")),
         };
+        let facts = ctx.facts();
+        facts.set("exit_code", out.exit_code);
+        facts.set("signal", out.signal);
+        facts.set("timed_out", out.timed_out);
+        facts.set("stdout_truncated", out.stdout_truncated);
+        facts.set("stderr_truncated", out.stderr_truncated);
+        facts.set("stdout_bytes", out.stdout_bytes);
+        facts.set("stderr_bytes", out.stderr_bytes);
         let mut s = if out.output.is_empty() {
             "<no output>".to_owned()
         } else {

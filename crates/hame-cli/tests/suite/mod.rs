@@ -6,6 +6,7 @@ mod conventions;
 mod cost;
 mod crash;
 mod delivery;
+mod evidence;
 mod first_hour;
 mod gateway_agents;
 mod layout;

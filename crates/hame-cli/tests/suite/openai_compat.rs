@@ -920,7 +920,7 @@ async fn the_openapi_document_lists_every_route_and_validates() -> TestResult {
         .as_array()
         .map(|p| p.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
-    assert_eq!(paths.len(), 34, "{paths:?}");
+    assert_eq!(paths.len(), 42, "{paths:?}");
     assert!(
         paths.contains(&"/v1/responses") && paths.contains(&"/v1/models/{id}"),
         "{paths:?}"

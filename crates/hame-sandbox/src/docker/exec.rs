@@ -212,12 +212,19 @@ impl Shared {
             stderr,
             exit,
         } = answer.raw;
+        let (stdout_bytes, stderr_bytes) = (stdout.total, stderr.total);
+        let (stdout_truncated, stderr_truncated) = (stdout.truncated, stderr.truncated);
         let (text, truncated) = render_output(stdout, stderr, cap);
         Ok(hame_fs::ExecOutput {
             output: text,
             exit_code: exit.and_then(|c| i32::try_from(c).ok()),
             truncated,
             timed_out: answer.timed_out,
+            signal: None,
+            stdout_bytes,
+            stderr_bytes,
+            stdout_truncated,
+            stderr_truncated,
         })
     }
 

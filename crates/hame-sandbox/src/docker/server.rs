@@ -194,10 +194,12 @@ impl Server {
             stdout: CappedOutput {
                 kept: stdout,
                 truncated: so > ko,
+                total: so,
             },
             stderr: CappedOutput {
                 kept: stderr,
                 truncated: se > ke,
+                total: se,
             },
             exit: i64::try_from(exit).ok(),
         })

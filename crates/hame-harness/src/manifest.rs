@@ -1,0 +1,421 @@
+//! The context manifest (issue #33, `docs/context-manifest.md`): for every model request,
+//! each section of what the model saw — the parts of the system prompt, each kept range of
+//! messages, the compaction summary, each tool schema — with its source id, content hash,
+//! tokens and the transform applied (`verbatim | truncated | summarised | offloaded |
+//! omitted`, with why). No copy of the text.
+//!
+//! [`manifest_of`] is a plain function over the request; the `context-manifest` layer
+//! (innermost: it sees the request as sent) emits it as an event, appends it to
+//! `<session>.context.jsonl` after the response (with the provider's prompt tokens) and
+//! records it on the request's span.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use hame_core::{
+    CallCtx, CallInput, CallNext, CallOutput, Layer, Message, ModelNext, ModelRequest,
+    ModelResponse, Role,
+};
+use hame_fs::AppendOptions;
+use hame_memory::TokenCounter;
+use hame_session::CONTEXT_SUFFIX;
+use hame_tools::Workspace;
+use serde::{Deserialize, Serialize};
+use sha2::Digest;
+
+/// Event kind (`AgentEvent::Custom`) of a manifest.
+pub const MANIFEST_EVENT: &str = "context_manifest";
+
+/// What was done to a section's source on its way into the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Transform {
+    /// As the source has it.
+    Verbatim,
+    /// Cut to a budget.
+    Truncated,
+    /// Replaced by a summary (compaction).
+    Summarised,
+    /// Moved to a file; the request has a pointer.
+    Offloaded,
+    /// Left out.
+    Omitted,
+}
+
+/// One section of a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Section {
+    /// The source: `system:builder`, `system:workspace`, `system:agents_md`,
+    /// `system:knowledge`, `system:context:<path>`, `system:available_skills`,
+    /// `system:memory_md`, `system:session`, `system:task`, `system:todo_list`, …;
+    /// `messages:<from>..<to>` (indices of the request's messages, end exclusive),
+    /// `summary:<from>..<to>` (the log's sequence numbers it replaced), `tool:<name>`.
+    pub source: String,
+    /// First 16 hex digits of the SHA-256 of the section's text.
+    pub hash: String,
+    /// Tokens: the counter's, scaled so that the sections add up to the provider's prompt
+    /// tokens when the provider reported them (see [`Section::counted`]).
+    pub tokens: u64,
+    /// Tokens as the agent's counter counts the section.
+    pub counted: u64,
+    /// The transform.
+    pub transform: Transform,
+    /// Why, when not `verbatim`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
+/// The manifest of one model request (one line of `<session>.context.jsonl`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// The call (`hame.call_id`).
+    pub call_id: String,
+    /// The step of the call (1-based).
+    pub step: usize,
+    /// When the request was sent.
+    pub at: DateTime<Utc>,
+    /// The sections, in request order (system prompt, messages, tools).
+    pub sections: Vec<Section>,
+    /// Sum of the sections' tokens.
+    pub tokens: u64,
+    /// Sum of the sections' counted tokens (the agent's counter).
+    pub counted: u64,
+    /// The prompt tokens the provider reported for the request, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_prompt_tokens: Option<u64>,
+}
+
+fn short_hash(text: &[u8]) -> String {
+    sha2::Sha256::digest(text)
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn section(
+    source: String,
+    text: &str,
+    counter: &dyn TokenCounter,
+    transform: Transform,
+    why: Option<String>,
+) -> Section {
+    let counted = counter.count(text);
+    Section {
+        source,
+        hash: short_hash(text.as_bytes()),
+        tokens: counted,
+        counted,
+        transform,
+        why,
+    }
+}
+
+/// The name of a top-level part of the system prompt that starts at `line`: a tag block
+/// (`<agents_md>`, `<context path="x">`) or a `# Heading`.
+fn part_start(line: &str) -> Option<(String, Option<String>)> {
+    if let Some(rest) = line.strip_prefix('<') {
+        let rest = rest.strip_suffix('>')?;
+        let (tag, attrs) = rest.split_once(' ').unwrap_or((rest, ""));
+        if tag.is_empty() || !tag.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+            return None;
+        }
+        let path = attrs
+            .strip_prefix("path=\"")
+            .and_then(|p| p.strip_suffix('"'))
+            .map(|p| format!(":{p}"))
+            .unwrap_or_default();
+        return Some((format!("{tag}{path}"), Some(format!("</{tag}>"))));
+    }
+    let heading = line.strip_prefix("# ")?;
+    let slug: String = heading
+        .trim()
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    (!slug.is_empty()).then_some((slug, None))
+}
+
+/// The system prompt cut into its parts (name, text), in order. Text before the first part
+/// is `builder` (the builder's prompt); a tag block runs to its closing tag (headings inside
+/// it, e.g. AGENTS.md's own, stay in it).
+pub fn system_parts(system: &str) -> Vec<(String, &str)> {
+    let mut parts = Vec::new();
+    let mut name = "builder".to_owned();
+    let mut start = 0;
+    let mut pos = 0;
+    let mut closing: Option<String> = None;
+    for line in system.split_inclusive('\n') {
+        let bare = line.trim_end_matches(['\n', '\r']);
+        match &closing {
+            Some(end) => {
+                if bare == end {
+                    closing = None;
+                }
+            }
+            None => {
+                if let Some((next, end)) = part_start(bare) {
+                    if pos > start && !system[start..pos].trim().is_empty() {
+                        parts.push((name.clone(), &system[start..pos]));
+                    }
+                    name = next;
+                    start = pos;
+                    closing = end;
+                }
+            }
+        }
+        pos += line.len();
+    }
+    if start < system.len() && !system[start..].trim().is_empty() {
+        parts.push((name, &system[start..]));
+    }
+    parts
+}
+
+/// How a message entered the request: a compaction summary, an offloaded tool result, or
+/// verbatim.
+fn message_kind(m: &Message) -> (Transform, Option<String>) {
+    if let Some(span) = hame_memory::compaction::summary_span(m) {
+        return (
+            Transform::Summarised,
+            Some(format!(
+                "compaction replaced log records #{}..#{} with this summary",
+                span.from, span.to
+            )),
+        );
+    }
+    if m.role == Role::Tool
+        && m.tool_results_iter().any(|r| {
+            r.content
+                .contains(hame_memory::offload::DEFAULT_OFFLOAD_DIR)
+                && r.content.contains("saved to")
+        })
+    {
+        return (
+            Transform::Offloaded,
+            Some(
+                "a large tool result was saved to a file; the request has its head and the path"
+                    .into(),
+            ),
+        );
+    }
+    (Transform::Verbatim, None)
+}
+
+/// The manifest's sections of `request`, counted with `counter`. Messages are counted as
+/// their JSON (what a provider is sent is close to it); consecutive verbatim messages make
+/// one range.
+pub fn manifest_of(request: &ModelRequest, counter: &dyn TokenCounter) -> Vec<Section> {
+    let mut out = Vec::new();
+    for (name, text) in system_parts(&request.system) {
+        let (transform, why) =
+            if name == "memory_md" && text.contains("were left out to fit the budget") {
+                (
+                    Transform::Truncated,
+                    Some("MEMORY.md cut to its token budget, newest lines kept".to_owned()),
+                )
+            } else {
+                (Transform::Verbatim, None)
+            };
+        out.push(section(
+            format!("system:{name}"),
+            text,
+            counter,
+            transform,
+            why,
+        ));
+    }
+    let mut run: Option<(usize, String)> = None;
+    let flush = |run: &mut Option<(usize, String)>, end: usize, out: &mut Vec<Section>| {
+        if let Some((from, text)) = run.take() {
+            out.push(section(
+                format!("messages:{from}..{end}"),
+                &text,
+                counter,
+                Transform::Verbatim,
+                None,
+            ));
+        }
+    };
+    for (i, m) in request.messages.iter().enumerate() {
+        let json = serde_json::to_string(m).unwrap_or_default();
+        match message_kind(m) {
+            (Transform::Verbatim, _) => match &mut run {
+                Some((_, text)) => text.push_str(&json),
+                None => run = Some((i, json)),
+            },
+            (transform, why) => {
+                flush(&mut run, i, &mut out);
+                let source = match hame_memory::compaction::summary_span(m) {
+                    Some(span) => format!("summary:{}..{}", span.from, span.to),
+                    None => format!("messages:{i}..{}", i + 1),
+                };
+                out.push(section(source, &json, counter, transform, why));
+            }
+        }
+    }
+    flush(&mut run, request.messages.len(), &mut out);
+    for spec in &request.tools {
+        let json = serde_json::to_string(spec).unwrap_or_default();
+        out.push(section(
+            format!("tool:{}", spec.name),
+            &json,
+            counter,
+            Transform::Verbatim,
+            None,
+        ));
+    }
+    out
+}
+
+/// Spreads the provider's `total` over the sections in proportion to their counted tokens
+/// (largest remainder, so they add up to `total` exactly): the provider's count is the
+/// truth for the whole request, the counter's is the best guess of the shares.
+pub fn attribute(sections: &mut [Section], total: u64) {
+    let counted: u64 = sections.iter().map(|s| s.counted).sum();
+    if counted == 0 || sections.is_empty() {
+        return;
+    }
+    let mut rest: Vec<(usize, u128)> = Vec::with_capacity(sections.len());
+    let mut given = 0u64;
+    for (i, s) in sections.iter_mut().enumerate() {
+        let exact = u128::from(s.counted) * u128::from(total);
+        let share = exact / u128::from(counted);
+        s.tokens = u64::try_from(share).unwrap_or(u64::MAX);
+        given = given.saturating_add(s.tokens);
+        rest.push((i, exact % u128::from(counted)));
+    }
+    rest.sort_by_key(|r| std::cmp::Reverse(r.1));
+    for (i, _) in rest
+        .iter()
+        .take(usize::try_from(total.saturating_sub(given)).unwrap_or(0))
+    {
+        sections[*i].tokens += 1;
+    }
+}
+
+/// The `context-manifest` layer. See the [module docs](self).
+#[derive(Debug)]
+pub struct ManifestLayer {
+    recorder: Arc<crate::recorder::SessionRecorder>,
+    counter: Arc<dyn TokenCounter>,
+}
+
+impl ManifestLayer {
+    pub(crate) fn new(
+        recorder: Arc<crate::recorder::SessionRecorder>,
+        counter: Arc<dyn TokenCounter>,
+    ) -> Self {
+        Self { recorder, counter }
+    }
+}
+
+/// The manifests of the running call, written in one append when it ends.
+#[derive(Debug, Default)]
+struct Pending(std::sync::Mutex<Vec<Manifest>>);
+
+#[async_trait]
+impl Layer for ManifestLayer {
+    fn name(&self) -> &str {
+        "context-manifest"
+    }
+
+    async fn call(
+        &self,
+        cx: &mut CallCtx<'_>,
+        input: CallInput,
+        next: CallNext<'_>,
+    ) -> Result<CallOutput, hame_core::Error> {
+        let pending: Arc<Pending> = Arc::default();
+        let mut extensions = cx.extensions.clone();
+        extensions.insert_arc(pending.clone());
+        let out = next.run_with(cx, &extensions, input).await;
+        let manifests = std::mem::take(
+            &mut *pending
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        if !manifests.is_empty()
+            && let Some(ws) = cx.extensions.get::<Workspace>()
+        {
+            let written = match self.recorder.log_for(cx.runtime, ws) {
+                Ok(log) => log
+                    .append_side(
+                        &cx.runtime.session_id,
+                        CONTEXT_SUFFIX,
+                        &manifests,
+                        AppendOptions::default(),
+                    )
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            if let Err(e) = written {
+                tracing::warn!(error = %e, "the context manifests of the call could not be written");
+            }
+        }
+        out
+    }
+
+    async fn model(
+        &self,
+        cx: &mut CallCtx<'_>,
+        request: ModelRequest,
+        next: ModelNext<'_>,
+    ) -> Result<ModelResponse, hame_core::Error> {
+        let mut sections = manifest_of(&request, self.counter.as_ref());
+        let counted: u64 = sections.iter().map(|s| s.counted).sum();
+        let at = Utc::now();
+        let response = next.run(cx, request).await?;
+        let provider = response.usage.map(|u| u.input_tokens).filter(|t| *t > 0);
+        if let Some(p) = provider {
+            attribute(&mut sections, p);
+        }
+        let tokens = sections.iter().map(|s| s.tokens).sum();
+        let manifest = Manifest {
+            call_id: cx.runtime.call_id().unwrap_or("unknown").to_owned(),
+            step: cx.iteration,
+            at,
+            sections,
+            tokens,
+            counted,
+            provider_prompt_tokens: provider,
+        };
+        tracing::debug!(
+            sections = manifest.sections.len(),
+            tokens,
+            "context manifest"
+        );
+        cx.events.emit(hame_core::AgentEvent::Custom {
+            kind: MANIFEST_EVENT.into(),
+            data: serde_json::to_value(&manifest).unwrap_or_default(),
+        });
+        if let Some(p) = cx.extensions.get::<Pending>() {
+            p.0.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(manifest);
+        }
+        Ok(response)
+    }
+}
+
+impl crate::HarnessAgent {
+    /// The context manifests of the caller's session `session_id`, one per model request,
+    /// oldest first.
+    pub async fn session_manifests(
+        &self,
+        ctx: &hame_core::RuntimeContext,
+        session_id: &str,
+    ) -> crate::Result<Vec<Manifest>> {
+        crate::validate_id("session id", session_id)?;
+        let ws = self.workspace_for(ctx)?;
+        hame_session::SessionLog::new(ws.records().clone(), self.name())
+            .map_err(|e| crate::Error::storage("cannot open the session log", e))?
+            .read_side(session_id, CONTEXT_SUFFIX)
+            .await
+            .map_err(|e| crate::Error::storage("cannot read the context manifests", e))
+    }
+}
