@@ -79,13 +79,14 @@ pub(crate) async fn limit_body(
     next.run(Request::from_parts(parts, body)).await
 }
 
+/// A plain 413: `error::json_errors` gives it the route's error shape (OpenAI's, or
+/// JSON-RPC's on an A2A endpoint), as for every refusal of the layers.
 fn too_large(limit: usize) -> Response {
-    ApiError::new(
+    (
         StatusCode::PAYLOAD_TOO_LARGE,
-        "body_too_large",
         format!("the body is larger than this route takes ({limit} bytes)"),
     )
-    .into_response()
+        .into_response()
 }
 
 /// Reads the whole request body within `limit` (the routes take bodies of at most
