@@ -95,6 +95,9 @@ pub(crate) fn init(otlp: Option<&str>) -> Result<Telemetry, String> {
             .map_err(|e| format!("--otlp-endpoint {url}: {e}"))?;
         let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
             .with_batch_exporter(exporter)
+            // Every span is exported: a caller's "not sampled" `traceparent` does not hide
+            // its requests from the traces (the trace id is still the caller's).
+            .with_sampler(opentelemetry_sdk::trace::Sampler::AlwaysOn)
             .with_resource(
                 opentelemetry_sdk::Resource::builder()
                     .with_service_name("hame")

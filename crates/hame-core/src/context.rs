@@ -80,4 +80,34 @@ impl ToolContext {
         self.extensions = extensions;
         self
     }
+
+    /// A key naming this tool call for the outside world: the same for the same user,
+    /// session and call id, whichever process runs the call and however often (a retry,
+    /// a resumption after a crash), different for any other call. A tool that changes
+    /// something elsewhere passes it to that system (an `Idempotency-Key` header, a
+    /// unique column) so that a second run of the same call is recognised there.
+    /// `hame-` and 32 hex digits (two FNV-1a 64 hashes).
+    pub fn idempotency_key(&self) -> String {
+        let user = self.runtime.user_id.as_deref().unwrap_or("");
+        let parts = [
+            user,
+            self.runtime.session_id.as_str(),
+            self.call_id.as_str(),
+        ];
+        let hash = |seed: u64| {
+            let mut h = seed;
+            for part in parts {
+                for b in part.bytes().chain([0xff]) {
+                    h ^= u64::from(b);
+                    h = h.wrapping_mul(0x0000_0100_0000_01b3);
+                }
+            }
+            h
+        };
+        format!(
+            "hame-{:016x}{:016x}",
+            hash(0xcbf2_9ce4_8422_2325),
+            hash(0x6c62_272e_07bb_0142)
+        )
+    }
 }

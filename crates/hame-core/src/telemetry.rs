@@ -14,10 +14,10 @@
 //! | `hame.tool` | `execute_tool {tool}` | INTERNAL | `gen_ai.operation.name` = `execute_tool`, `gen_ai.tool.name`, `gen_ai.tool.call.id`, `gen_ai.tool.type` = `function`, `error.type` |
 //!
 //! A failed model request, a tool result that is an error and a failed call (not a
-//! suspension) get the ERROR status with the error text as its description and the
-//! stable code as `error.type`. A model client fills `gen_ai.response.model` and
-//! `gen_ai.response.id` of the current span from the provider's answer
-//! ([`record_response`]).
+//! suspension) get the ERROR status with the error text (at most [`MAX_DESCRIPTION`]
+//! bytes) as its description and the stable code as `error.type`. A model client fills
+//! `gen_ai.response.model` and `gen_ai.response.id` of the current span from the
+//! provider's answer ([`record_response`]).
 
 /// The agent's name on the `invoke_agent` span (`gen_ai.agent.name`); put it in the call's
 /// [`Extensions`](crate::Extensions). Absent: `hame`.
@@ -44,5 +44,33 @@ pub(crate) fn fail(span: &tracing::Span, code: &str, description: &str) {
     // The bridge makes the description the error status's message (a non-empty one).
     let text = crate::secrets::redact_for_callers(description);
     let text = if text.is_empty() { code } else { &text };
-    span.record("otel.status_description", text);
+    span.record("otel.status_description", clip(text, MAX_DESCRIPTION));
+}
+
+/// The longest error text put on a span (bytes, cut at a character boundary): a tool's
+/// error can carry a whole command output.
+pub const MAX_DESCRIPTION: usize = 1024;
+
+fn clip(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn descriptions_are_cut_at_a_character_boundary() {
+        assert_eq!(super::clip("short", 1024), "short");
+        let long = "é".repeat(600);
+        let cut = super::clip(&long, super::MAX_DESCRIPTION);
+        assert_eq!(cut.len(), 1024);
+        assert!(long.starts_with(cut));
+        assert_eq!(super::clip("aé", 2), "a");
+    }
 }

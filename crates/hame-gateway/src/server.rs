@@ -79,8 +79,8 @@ pub(crate) async fn limit_body(
     next.run(Request::from_parts(parts, body)).await
 }
 
-/// A plain 413: `error::json_errors` gives it the route's error shape (OpenAI's, or
-/// JSON-RPC's on an A2A endpoint), as for every refusal of the layers.
+/// A plain-text 413: [`crate::error::json_errors`] gives it the route's error shape
+/// (OpenAI's `body_too_large`, or a JSON-RPC error on an A2A endpoint).
 fn too_large(limit: usize) -> Response {
     (
         StatusCode::PAYLOAD_TOO_LARGE,
@@ -118,12 +118,11 @@ pub(crate) async fn read_body_within(
                 found
             };
             if too_large {
-                ApiError::new(
+                (
                     StatusCode::PAYLOAD_TOO_LARGE,
-                    "body_too_large",
                     "the request body is larger than the server accepts",
                 )
-                .into_response()
+                    .into_response()
             } else {
                 ApiError::bad_request("the request body could not be read").into_response()
             }

@@ -50,6 +50,58 @@ impl<M: Model> Model for Timed<M> {
     }
 }
 
+/// Where the agent's files are kept.
+#[derive(Debug, Clone)]
+enum Storage {
+    /// Local disk: session log appends and state saves are fsynced.
+    Durable,
+    /// Storage in memory: what is left is the harness's own CPU time.
+    Ram,
+    /// Store mode on a real Redis (`HAME_TEST_REDIS_URL`), with 20 skills and 10 subagent
+    /// specs in the workspace (issue #34).
+    Redis(String),
+}
+
+/// Sets the modification time of every file below `dir` to a minute ago (files that did
+/// not change lately, as a workspace's mostly are).
+fn backdate(dir: &std::path::Path) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            backdate(&path);
+        } else {
+            let f = std::fs::File::options().write(true).open(&path).unwrap();
+            f.set_modified(std::time::SystemTime::now() - Duration::from_secs(60))
+                .unwrap();
+        }
+    }
+}
+
+fn workspace_with(skills: bool) -> tempfile::TempDir {
+    let dir = workspace();
+    let ws = dir.path();
+    if skills {
+        for i in 0..20 {
+            std::fs::create_dir_all(ws.join(format!("skills/skill-{i}"))).unwrap();
+            std::fs::write(
+                ws.join(format!("skills/skill-{i}/SKILL.md")),
+                format!("---\ndescription: Skill {i}. Use when asked for {i}.\n---\n# Skill {i}\nSteps.\n"),
+            )
+            .unwrap();
+        }
+        std::fs::create_dir_all(ws.join("subagents")).unwrap();
+        for i in 0..10 {
+            std::fs::write(
+                ws.join(format!("subagents/agent-{i}.md")),
+                format!("---\ndescription: Reviewer {i}\nmax_iterations: 4\n---\nYou review.\n"),
+            )
+            .unwrap();
+        }
+    }
+    backdate(ws);
+    dir
+}
+
 fn workspace() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path();
@@ -87,9 +139,10 @@ async fn measure(
     label: &str,
     make_model: &dyn Fn() -> Arc<dyn Model>,
     spent: Arc<Mutex<Duration>>,
-    durable: bool,
+    storage: Storage,
 ) {
-    let ws = workspace();
+    let ws = workspace_with(matches!(storage, Storage::Redis(_)));
+    let mut counting = None;
     let state = tempfile::tempdir().unwrap();
     // Memory on (compaction checks, offloading, memory tools) but no after-call flush: the
     // flush is background work that asks the model, which would consume the script.
@@ -99,17 +152,29 @@ async fn measure(
         .model(make_model())
         .workspace(ws.path())
         .memory(memory);
-    let agent = if durable {
-        // Local disk: session log appends and state saves are fsynced.
-        builder.state_store(Arc::new(hame_state::JsonStore::open(state.path()).unwrap()))
-    } else {
-        // Storage in memory: what is left is the harness's own CPU time.
-        builder
+    let agent = match &storage {
+        Storage::Durable => {
+            builder.state_store(Arc::new(hame_state::JsonStore::open(state.path()).unwrap()))
+        }
+        Storage::Ram => builder
             .state_store(Arc::new(hame_state::InMemoryStore::new()))
             .filesystem(hame_harness::FilesystemMode::SharedStore {
                 store: Arc::new(hame_fs::InMemoryFs::new()),
             })
-            .allow_local_state_with_shared_filesystem(true)
+            .allow_local_state_with_shared_filesystem(true),
+        Storage::Redis(url) => {
+            let ns = format!("bench-{}", std::process::id());
+            let redis =
+                hame_fs_remote::RedisFs::connect(url, &ns, hame_fs_remote::RedisOptions::default())
+                    .await
+                    .unwrap();
+            let c = hame_fs::CountingFs::new(Arc::new(redis));
+            counting = Some(c.clone());
+            builder
+                .state_store(Arc::new(hame_state::InMemoryStore::new()))
+                .filesystem(hame_harness::FilesystemMode::SharedStore { store: Arc::new(c) })
+                .allow_local_state_with_shared_filesystem(true)
+        }
     }
     .build()
     .unwrap();
@@ -119,6 +184,9 @@ async fn measure(
         .await
         .unwrap();
     *spent.lock().unwrap() = Duration::ZERO;
+    if let Some(c) = &counting {
+        c.reset();
+    }
     let started = Instant::now();
     for c in 0..CALLS {
         let ctx = RuntimeContext::new(format!("s{c}")).with_user("bench");
@@ -137,6 +205,21 @@ async fn measure(
         harness.as_secs_f64() * 1e3,
         harness.as_secs_f64() * 1e3 / steps,
     );
+    if let Some(c) = counting {
+        let counts = c.counts();
+        let mut ops: Vec<String> = counts
+            .ops
+            .iter()
+            .map(|(k, v)| format!("{k}={:.1}", *v as f64 / steps))
+            .collect();
+        ops.sort();
+        println!(
+            "{:<28} store operations/step {:.1} ({})",
+            "",
+            counts.total() as f64 / steps,
+            ops.join(", ")
+        );
+    }
 }
 
 fn script() -> Vec<Reply> {
@@ -237,10 +320,15 @@ fn main() {
         println!(
             "hame-harness step benchmark: {CALLS} calls x {STEPS} steps (19 tool calls + answer)"
         );
-        for (label, durable) in [
-            ("instant model, local disk", true),
-            ("instant model, storage in RAM", false),
-        ] {
+        let mut cases = vec![
+            ("instant model, local disk", Storage::Durable),
+            ("instant model, storage in RAM", Storage::Ram),
+        ];
+        match std::env::var("HAME_TEST_REDIS_URL") {
+            Ok(url) => cases.push(("instant model, Redis store", Storage::Redis(url))),
+            Err(_) => println!("(HAME_TEST_REDIS_URL is not set: no Redis store case)"),
+        }
+        for (label, storage) in cases {
             let spent = Arc::new(Mutex::new(Duration::ZERO));
             let s = spent.clone();
             let model = ScriptedModel::new(script());
@@ -253,7 +341,7 @@ fn main() {
                     }) as Arc<dyn Model>
                 },
                 spent,
-                durable,
+                storage,
             )
             .await;
         }
@@ -283,7 +371,7 @@ fn main() {
                 }) as Arc<dyn Model>
             },
             spent,
-            true,
+            Storage::Durable,
         )
         .await;
     });

@@ -620,14 +620,18 @@ impl HarnessAgentBuilder {
         outer.extend(sandbox_layer);
         // One snapshot of the workspace configuration per step, read by every layer inside
         // it and the step's tools (ADR 0028).
-        outer.push(Arc::new(
-            crate::snapshot::SnapshotLayer::new(Arc::default()),
-        ));
+        outer.push(Arc::new(crate::snapshot::SnapshotLayer::new(
+            Arc::default(),
+            self.scope,
+        )));
         outer.push(Arc::new(hame_subagent::SubagentLayer::new(
             subagents.clone(),
         )));
         // An API caller's earlier messages: outside the log, so they are recorded.
         outer.push(Arc::new(crate::caller::HistoryLayer));
+        // Tool call intents: outside the log too, so an `outcome_unknown` it adds is
+        // recorded (issue #31).
+        outer.push(Arc::new(crate::intent::IntentLayer::new(name.clone())));
         for layer in builtin_stack(
             outer,
             recorder,

@@ -49,6 +49,7 @@ mod error;
 mod guard;
 mod ids;
 mod inspect;
+pub mod intent;
 pub mod memory;
 pub mod permissions;
 pub mod prompt;

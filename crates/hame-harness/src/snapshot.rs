@@ -20,15 +20,27 @@ pub use hame_tools::snapshot::{
 /// workspace's `AGENTS.md`, `MEMORY.md`, `knowledge/`, skills, subagent specs and
 /// `tools.json` from it. Outermost of the built-ins, so every layer's request of a step
 /// sees one snapshot.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SnapshotLayer {
     cache: Arc<SnapshotCache>,
+    scope: hame_fs::Scope,
 }
 
 impl SnapshotLayer {
-    /// A layer whose snapshots share `cache` (one per agent).
-    pub fn new(cache: Arc<SnapshotCache>) -> Self {
-        Self { cache }
+    /// A layer whose snapshots share `cache` (one per agent); `scope` is the agent's
+    /// isolation scope: callers of one namespace (and user) share what was read.
+    pub fn new(cache: Arc<SnapshotCache>, scope: hame_fs::Scope) -> Self {
+        Self { cache, scope }
+    }
+
+    /// The cache key of a caller: its namespace and user id (its override folder).
+    fn key(&self, ws: &Workspace) -> String {
+        let id = ws.identity();
+        let user = id.user.as_deref();
+        match hame_fs::Namespace::derive(&id.agent, user, &id.session, self.scope) {
+            Ok(ns) => format!("{}\n{}", ns.path().as_str(), user.unwrap_or_default()),
+            Err(_) => format!("{}\n{}\n{}", id.agent, user.unwrap_or_default(), id.session),
+        }
     }
 }
 
@@ -49,7 +61,8 @@ impl Layer for SnapshotLayer {
             cx.extensions.get::<Arc<StepSnapshot>>(),
         ) && slot.get(cx.iteration).is_none()
         {
-            let snap = WorkspaceSnapshot::take(ws, &self.cache, cx.iteration).await;
+            let key = self.key(ws);
+            let snap = WorkspaceSnapshot::take_keyed(ws, &self.cache, cx.iteration, &key).await;
             tracing::trace!(
                 step = cx.iteration,
                 probes = snap.probes(),

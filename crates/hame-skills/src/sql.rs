@@ -31,12 +31,24 @@ pub const MAX_TABLE_BYTES: usize = 64 * 1024 * 1024;
 ///
 /// hame only reads it (`SELECT skill, path, content FROM <table>`); the version is the
 /// first 12 hex digits of SHA-256 over the rows in order, so any change of a row is a new
-/// version. Its own pool: one connection, opened at the first fetch.
+/// version. It reads through the state store's pool when the state store is on the same
+/// database URL (`hame_sql::shared`: no connection of its own), else through a pool of its
+/// own: one connection, opened at the first fetch.
 #[derive(Debug)]
 pub struct SqlRepository {
     label: String,
     table: String,
+    url: Secret,
     pool: Pool,
+}
+
+/// The database URL: only the shared pool is looked up by it; never shown.
+struct Secret(String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&shown(&self.0))
+    }
 }
 
 #[derive(Debug)]
@@ -102,6 +114,7 @@ impl SqlRepository {
         Ok(Self {
             label: format!("sql {} table {table}", shown(url)),
             table,
+            url: Secret(url.to_owned()),
             pool,
         })
     }
@@ -114,6 +127,9 @@ impl SqlRepository {
                 self.table
             ))
         };
+        if let Some(shared) = hame_sql::shared(&self.url.0) {
+            return sqlx::query_as(sql()).fetch_all(&shared).await;
+        }
         match &self.pool {
             Pool::Postgres(p) => sqlx::query_as(sql()).fetch_all(p).await,
             Pool::MySql(p) => sqlx::query_as(sql()).fetch_all(p).await,

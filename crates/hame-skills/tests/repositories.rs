@@ -472,6 +472,57 @@ mod sql {
         Ok(())
     }
 
+    /// On the state store's database the repository reads through the state store's pool
+    /// (shared by URL), not a pool of its own.
+    async fn through_the_shared_pool(url: &str, table: &str) -> TestResult {
+        sqlx::any::install_default_drivers();
+        let state_pool = sqlx::any::AnyPoolOptions::new()
+            .max_connections(2)
+            .connect_lazy(url)?;
+        hame_sql::share(url, &state_pool);
+        let repo = hame_skills::SqlRepository::new(url, Some(table))?;
+        let drop_ = format!("DROP TABLE IF EXISTS {table}");
+        exec(url, &drop_).await?;
+        exec(url, &format!("CREATE TABLE {table} (skill VARCHAR(64) NOT NULL, path VARCHAR(255) NOT NULL, content TEXT NOT NULL, PRIMARY KEY (skill, path))")).await?;
+        exec(
+            url,
+            &format!(
+                "INSERT INTO {table} (skill, path, content) VALUES ('deploy', 'SKILL.md', '{}')",
+                skill_md("Deploy.", "shared body")
+            ),
+        )
+        .await?;
+        assert_eq!(state_pool.size(), 0, "nothing connected yet");
+        let snap = repo.fetch().await?;
+        let text = snap
+            .files
+            .read_bytes(&FsPath::parse("deploy/SKILL.md")?)
+            .await?;
+        assert!(String::from_utf8(text)?.contains("shared body"));
+        assert_eq!(state_pool.size(), 1, "the fetch used the shared pool");
+        state_pool.close().await;
+        // Closed: the repository falls back to a pool of its own.
+        assert!(repo.fetch().await.is_ok());
+        exec(url, &drop_).await?;
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn postgres_repository_uses_the_shared_pool() -> TestResult {
+        let Some(url) = hame_test_env::service("HAME_TEST_POSTGRES_URL", "PostgreSQL") else {
+            return Ok(());
+        };
+        through_the_shared_pool(&url, "hame_skills_shared_pg").await
+    }
+
+    #[tokio::test]
+    async fn mysql_repository_uses_the_shared_pool() -> TestResult {
+        let Some(url) = hame_test_env::service("HAME_TEST_MYSQL_URL", "MySQL") else {
+            return Ok(());
+        };
+        through_the_shared_pool(&url, "hame_skills_shared_my").await
+    }
+
     async fn exec(url: &str, sql: &str) -> TestResult {
         use sqlx::Connection;
         let sql = sqlx::AssertSqlSafe(sql.to_owned());

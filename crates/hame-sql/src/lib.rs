@@ -7,6 +7,10 @@
 //! signatures carry `sqlx` types — it is the glue of those backends, which keep `sqlx` out
 //! of their own public API — not something applications use.
 //!
+//! It also keeps the pools those backends opened, by URL ([`share`], [`shared`]): a reader
+//! of the same database (a SQL skill repository on the state store's database) uses the
+//! state store's pool instead of opening its own.
+//!
 //! No features.
 //!
 //! ```
@@ -52,9 +56,64 @@ pub fn connect_cause(e: &sqlx::Error, timeout: Duration) -> String {
     }
 }
 
+/// The pools [`share`]d, by [`pool_key`]. A pool is dropped from here once closed.
+static POOLS: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<String, sqlx::AnyPool>>,
+> = std::sync::LazyLock::new(Default::default);
+
+/// The key of a database URL in the shared pools: the scheme's canonical name
+/// (`postgresql` → `postgres`, `mariadb` → `mysql`), the rest as given.
+pub fn pool_key(url: &str) -> String {
+    let url = url.trim();
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let scheme = match scheme.to_ascii_lowercase().as_str() {
+                "postgresql" => "postgres".to_owned(),
+                "mariadb" => "mysql".to_owned(),
+                other => other.to_owned(),
+            };
+            format!("{scheme}://{rest}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// Offers `pool` (opened on `url`) to the other readers of that database in this process.
+/// The first pool shared for a URL stays until it is closed.
+pub fn share(url: &str, pool: &sqlx::AnyPool) {
+    if let Ok(mut pools) = POOLS.lock() {
+        let key = pool_key(url);
+        if pools.get(&key).is_none_or(sqlx::Pool::is_closed) {
+            pools.insert(key, pool.clone());
+        }
+    }
+}
+
+/// The open pool a backend [`share`]d for `url`, if any.
+pub fn shared(url: &str) -> Option<sqlx::AnyPool> {
+    let mut pools = POOLS.lock().ok()?;
+    let key = pool_key(url);
+    match pools.get(&key) {
+        Some(p) if !p.is_closed() => Some(p.clone()),
+        Some(_) => {
+            pools.remove(&key);
+            None
+        }
+        None => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pool_keys_name_one_database_one_way() {
+        assert_eq!(pool_key("postgresql://u@h/db"), "postgres://u@h/db");
+        assert_eq!(pool_key("MariaDB://u@h/db"), "mysql://u@h/db");
+        assert_eq!(pool_key(" mysql://u@h/db "), "mysql://u@h/db");
+        assert!(shared("postgres://nobody@nowhere/none").is_none());
+    }
 
     #[test]
     fn a_url_shows_only_its_host_and_port() {

@@ -493,6 +493,8 @@ impl<D: SqlDialect> SqlStore<D> {
             .connect(&url)
             .await
             .map_err(fail)?;
+        // A SQL skill repository on this database reads through this pool (ADR 0034).
+        hame_sql::share(&url, &pool);
         let store = Self {
             pool,
             target,

@@ -251,8 +251,10 @@ impl WorkspaceSnapshot {
 
     /// Takes the snapshot of `ws` for `step`, reading only what `cache` does not hold
     /// at the probed stamps.
+    ///
+    /// The cache is keyed by the caller's agent, user and session; [`take_keyed`]
+    /// (Self::take_keyed) shares it more widely.
     pub async fn take(ws: &Workspace, cache: &SnapshotCache, step: usize) -> Self {
-        let taken_at = Utc::now();
         let id = ws.identity();
         let key = format!(
             "{}\n{}\n{}",
@@ -260,6 +262,14 @@ impl WorkspaceSnapshot {
             id.user.as_deref().unwrap_or_default(),
             id.session
         );
+        Self::take_keyed(ws, cache, step, &key).await
+    }
+
+    /// [`take`](Self::take) with the cache keyed by `key`: callers with the same key must
+    /// see the same files at the same paths (the harness uses the caller's isolation
+    /// namespace and user id, so the sessions of one user share what they read).
+    pub async fn take_keyed(ws: &Workspace, cache: &SnapshotCache, step: usize, key: &str) -> Self {
+        let taken_at = Utc::now();
         let mut probes = 0usize;
         let mut reads = 0usize;
         let mut roots = BTreeMap::new();
@@ -271,7 +281,7 @@ impl WorkspaceSnapshot {
         ) && ws.home_in_files().is_root();
         let home = take_root(
             ws.home().as_ref(),
-            (&key, SnapshotRoot::Home),
+            (key, SnapshotRoot::Home),
             cache,
             taken_at,
         )
@@ -284,7 +294,7 @@ impl WorkspaceSnapshot {
         } else {
             let f = take_root(
                 ws.files().as_ref(),
-                (&key, SnapshotRoot::Files),
+                (key, SnapshotRoot::Files),
                 cache,
                 taken_at,
             )
@@ -296,7 +306,7 @@ impl WorkspaceSnapshot {
         let overrides = match ws.overrides() {
             Some(o) => {
                 let f =
-                    take_root(o.as_ref(), (&key, SnapshotRoot::Overrides), cache, taken_at).await;
+                    take_root(o.as_ref(), (key, SnapshotRoot::Overrides), cache, taken_at).await;
                 probes += f.1;
                 reads += f.2;
                 f.0.map(Arc::new)

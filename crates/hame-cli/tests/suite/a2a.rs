@@ -12,7 +12,7 @@ use hame_test_support::{RecordedRequest, ScriptStep};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::common::{Scratch, chat, run_with, stderr, stdout};
+use super::common::{Scratch, chat, run_with, service, stderr, stdout, unique_agent};
 use super::serve::Serve;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -57,6 +57,28 @@ fn gone(pid: u32) -> bool {
 
 #[tokio::test]
 async fn the_sdk_client_sends_streams_gets_and_cancels() -> TestResult {
+    sdk_client_round_trip(None).await
+}
+
+#[tokio::test]
+async fn the_sdk_client_round_trip_on_postgres() -> TestResult {
+    let Some(url) = service("HAME_TEST_POSTGRES_URL") else {
+        return Ok(());
+    };
+    sdk_client_round_trip(Some(&url)).await
+}
+
+#[tokio::test]
+async fn the_sdk_client_round_trip_on_mysql() -> TestResult {
+    let Some(url) = service("HAME_TEST_MYSQL_URL") else {
+        return Ok(());
+    };
+    sdk_client_round_trip(Some(&url)).await
+}
+
+/// The SDK's client against `hame serve --a2a` on the default JSON state, or on `state`
+/// (a database URL: the run queue and the sessions there).
+async fn sdk_client_round_trip(state: Option<&str>) -> TestResult {
     let Some(py) = python() else { return Ok(()) };
     let s = Scratch::new().await?;
     s.server.set_responder(served_model);
@@ -70,11 +92,15 @@ async fn the_sdk_client_sends_streams_gets_and_cancels() -> TestResult {
         r#"{"tokens": {"tok-alice": {"user": "alice"}, "tok-bob": {"user": "bob"}}}"#,
     )?;
     let auth_s = auth.to_string_lossy().into_owned();
-    let serve = Serve::start(
-        s.path(),
-        &s.server.base_url(),
-        &["--a2a", "--auth", &auth_s],
-    )?;
+    let agent = match state {
+        Some(_) => unique_agent(),
+        None => "hame".to_owned(),
+    };
+    let mut args = vec!["--a2a", "--auth", &auth_s, "--agent", &agent];
+    if let Some(url) = state {
+        args.extend(["--state", url]);
+    }
+    let serve = Serve::start(s.path(), &s.server.base_url(), &args)?;
     let base = serve.at("");
     let py2 = py.clone();
     let base2 = base.clone();
@@ -95,7 +121,7 @@ async fn the_sdk_client_sends_streams_gets_and_cancels() -> TestResult {
     let v: Value = serde_json::from_slice(&out.stdout)?;
 
     // The card: its skills are the workspace's, its url the JSON-RPC endpoint.
-    assert_eq!(v["card"]["name"], "hame");
+    assert_eq!(v["card"]["name"], agent.as_str());
     assert_eq!(v["card"]["url"], format!("{base}/a2a"));
     assert_eq!(v["card"]["streaming"], true);
     assert_eq!(v["card"]["skills"], json!(["release-notes"]));
@@ -321,6 +347,24 @@ async fn hostile_requests_are_clean_json_rpc_errors() -> TestResult {
     .json()
     .await?;
     assert_eq!(v["error"]["code"], -32001, "{v}");
+    // tasks/resubscribe of an ended task: its Task, then the stream ends.
+    let text = post(
+        "/a2a/helper",
+        rpc("tasks/resubscribe", json!({"id": id})),
+        "alice",
+    )
+    .await?
+    .text()
+    .await?;
+    let events: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str(d).ok())
+        .collect();
+    assert_eq!(events.len(), 1, "{text}");
+    assert_eq!(events[0]["id"], 7);
+    assert_eq!(events[0]["result"]["kind"], "task");
+    assert_eq!(events[0]["result"]["status"]["state"], "completed");
     let v: Value = post("/a2a", rpc("tasks/get", json!({"id": id})), "alice")
         .await?
         .json()
@@ -593,5 +637,69 @@ async fn the_auth_header_goes_only_to_the_cards_origin() -> TestResult {
     let result = super::common::last_tool_result(&reqs[1].body);
     assert!(result.contains("another origin"), "{result}");
     assert!(remote.received().is_empty(), "{:?}", remote.received());
+    Ok(())
+}
+
+/// hame to hame: a remote subagent of one hame is another `hame serve --a2a`, as the
+/// token's user; the served side records the task as a run of that user.
+#[tokio::test]
+async fn one_hame_delegates_to_another_over_a2a() -> TestResult {
+    let inner = Scratch::new().await?;
+    inner.server.set_responder(served_model);
+    let auth = inner.path().join("auth.json");
+    std::fs::write(&auth, r#"{"tokens": {"tok-outer": {"user": "outer"}}}"#)?;
+    let auth_s = auth.to_string_lossy().into_owned();
+    let serve = Serve::start(
+        inner.path(),
+        &inner.server.base_url(),
+        &["--a2a", "--auth", &auth_s],
+    )?;
+    let outer = Scratch::scripted([
+        ScriptStep::tool_call(
+            "c1",
+            "agent_spawn",
+            json!({"agent_id": "peer", "task": "hello peer"}),
+        ),
+        ScriptStep::text("outer done"),
+    ])
+    .await?;
+    outer.write(
+        "subagents/peer.md",
+        &format!(
+            "---\ndescription: Another hame\na2a: {}\na2a_auth_env: A2A_PEER\n---\n",
+            serve.at("/.well-known/agent-card.json")
+        ),
+    )?;
+    let args = outer.ws_args(&[]);
+    let started = Instant::now();
+    let out = run_with(
+        outer.path(),
+        &outer.server.base_url(),
+        &args,
+        "go",
+        &[("A2A_PEER", "Bearer tok-outer")],
+    )
+    .await?;
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "outer done\n");
+    let reqs = outer.server.requests();
+    let result = super::common::last_tool_result(&reqs[1].body);
+    assert!(result.contains("reply: hello peer"), "{result}");
+    // The served side ran it as a run of the token's user.
+    let runs = std::process::Command::new(super::common::bin())
+        .args(["runs", "list", "--json", "--user", "outer", "--workspace"])
+        .arg(&inner.ws)
+        .env("HOME", inner.path())
+        .env("HAME_STATE_HOME", inner.path().join("state"))
+        .current_dir(inner.path())
+        .output()?;
+    let listed: Value = serde_json::from_slice(&runs.stdout)
+        .map_err(|e| format!("{e}: {}", String::from_utf8_lossy(&runs.stderr)))?;
+    let listed = listed.as_array().cloned().unwrap_or_default();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["status"], "completed", "{listed:?}");
+    assert_eq!(listed[0]["reply"], "reply: hello peer", "{listed:?}");
+    eprintln!("hame → hame over A2A, one sync spawn: {took:?}");
     Ok(())
 }

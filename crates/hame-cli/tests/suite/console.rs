@@ -112,7 +112,19 @@ async fn serve_console_in_headless_chromium() -> TestResult {
         ScriptStep::text("noted"),
         ScriptStep::text(reply),
         ScriptStep::tool_call("c1", "execute", json!({"command": "sleep 30"})),
+        ScriptStep::tool_call(
+            "c2",
+            "write_file",
+            json!({"file_path": "/out.txt", "content": "approved"}),
+        ),
+        ScriptStep::text("written"),
     ]);
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws)?;
+    std::fs::write(
+        ws.join("tools.json"),
+        json!({"permissions": {"ask": ["write_file"]}}).to_string(),
+    )?;
     let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
     // The long-id session exists before the page lists it.
     let r = client()
@@ -188,6 +200,7 @@ async fn serve_console_in_headless_chromium() -> TestResult {
     assert_eq!(got["stopped"]["sendEnabled"], true, "{got}");
     let secs = got["stopped"]["seconds"].as_f64().unwrap_or(99.0);
     assert!(secs < 10.0, "stopping took {secs} s");
+    eprintln!("console: stop to idle in {secs} s");
     let runs: Value = client()
         .get(serve.at("/v1/sessions/web/runs"))
         .send()
@@ -200,15 +213,33 @@ async fn serve_console_in_headless_chromium() -> TestResult {
         .flatten()
         .filter_map(|r| r["status"].as_str())
         .collect();
-    assert_eq!(statuses, vec!["cancelled", "completed"], "{runs}");
+    assert_eq!(
+        statuses,
+        vec!["waiting_approval", "cancelled", "completed"],
+        "{runs}"
+    );
     assert_eq!(model.remaining(), 0);
     assert_eq!(
         texts(&ws_log(dir.path(), None, "web"))
             .iter()
             .filter(|t| t.starts_with("user:"))
             .count(),
-        2
+        3
     );
+    // Approved in the page: the file is written and the reply shown.
+    assert_eq!(got["approval"]["note"], true, "{got}");
+    assert!(
+        got["approval"]["listed"]
+            .as_str()
+            .unwrap_or("")
+            .contains("write_file"),
+        "{got}"
+    );
+    assert!(
+        got["approved"].as_str().unwrap_or("").ends_with("written"),
+        "{got}"
+    );
+    assert_eq!(std::fs::read_to_string(ws.join("out.txt"))?, "approved");
     // A bad id: the API's message as a sentence, no JSON.
     let bad = got["bad_id"].as_str().unwrap_or("");
     assert!(bad.starts_with("Cannot open session “bad id?”: "), "{bad}");
@@ -229,6 +260,8 @@ async fn serve_console_in_headless_chromium() -> TestResult {
         "4-stopped",
         "5-bad-id",
         "6-long-id",
+        "7-approval",
+        "8-approved",
     ] {
         let png = std::fs::read(shots.join(format!("{name}.png")))?;
         assert!(png.starts_with(b"\x89PNG"), "{name}.png is not a PNG");

@@ -132,4 +132,17 @@ shot("6-long-id")
 js("[...document.querySelectorAll('li.session')].find(li => li.title === 'web').click(); true")
 until("location.hash === '#/s/web' && $('current').textContent === 'web'", "sidebar-click")
 out["sidebar_hash"] = js("location.hash")
+
+# Approvals as before: a run that needs one ends waiting; approve streams the rest.
+send("write it")
+until("!!document.querySelector('#approvals button.approve') && !$('busy').classList.contains('on')",
+      "approval-listed", timeout=20)
+out["approval"] = {"note": js(f"{LOG_TEXT}.includes('Waiting for your decision')"),
+                   "listed": js("$('approvals').innerText")}
+shot("7-approval")
+js("document.querySelector('#approvals button.approve').click(); true")
+until(f"{LOG_TEXT}.includes('written') && !document.querySelector('#approvals button.approve') "
+      "&& !$('busy').classList.contains('on')", "approved", timeout=20)
+out["approved"] = js(f"{LOG_TEXT}.slice(-200)")
+shot("8-approved")
 print(json.dumps(out))

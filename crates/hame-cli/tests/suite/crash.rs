@@ -304,29 +304,59 @@ fn read_log(path: &Path) -> Result<Vec<hame::session::LogRecord>, Box<dyn std::e
 }
 
 /// The saved conversation is whole turns only: user, assistant tool call, tool result,
-/// assistant text — returns the `(user text, reply)` of each turn.
+/// assistant text — returns the `(user text, reply)` of each turn. A tool call cut by a
+/// kill is told to the next call right after its user message, as an assistant call and an
+/// `outcome_unknown` result (issue #31, `hame_harness::intent`); the scripted model then
+/// answers with text at once, so such a turn is user, call, `outcome_unknown`, text.
 fn turns(state: &AgentState) -> Vec<(String, String)> {
-    assert_eq!(state.messages.len() % 4, 0, "a torn turn in {state:#?}");
-    state
-        .messages
-        .chunks(4)
-        .map(|t| {
-            let roles: Vec<Role> = t.iter().map(|m| m.role).collect();
-            assert_eq!(
-                roles,
-                vec![Role::User, Role::Assistant, Role::Tool, Role::Assistant]
-            );
-            let call: Vec<String> = t[1].tool_calls().map(|c| c.id.clone()).collect();
-            let result: Vec<String> = t[2].tool_results_iter().map(|r| r.id.clone()).collect();
-            assert_eq!(call, result, "a tool call without its result");
+    let msgs = &state.messages;
+    let at = |i: usize| {
+        msgs.get(i)
+            .unwrap_or_else(|| panic!("a torn turn at message {i} in {state:#?}"))
+    };
+    let pair = |call: &hame::Message, result: &hame::Message| {
+        let calls: Vec<String> = call.tool_calls().map(|c| c.id.clone()).collect();
+        let results: Vec<String> = result.tool_results_iter().map(|r| r.id.clone()).collect();
+        assert_eq!(calls, results, "a tool call without its result");
+    };
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < msgs.len() {
+        let user = at(i);
+        assert_eq!(
+            user.role,
+            Role::User,
+            "a turn starts with the user: {state:#?}"
+        );
+        i += 1;
+        let unknown = msgs.get(i + 1).is_some_and(|m| {
+            m.role == Role::Tool
+                && m.tool_results_iter()
+                    .all(|r| r.code.as_deref() == Some("outcome_unknown"))
+        });
+        if unknown {
+            pair(at(i), at(i + 1));
+            i += 2;
+        }
+        if at(i).has_tool_calls() {
+            assert_eq!(at(i + 1).role, Role::Tool, "{state:#?}");
+            pair(at(i), at(i + 1));
             assert!(
-                t[2].tool_results_iter().all(|r| !r.is_error),
+                at(i + 1).tool_results_iter().all(|r| !r.is_error),
                 "a tool failed: {:?}",
-                t[2]
+                at(i + 1)
             );
-            (t[0].text_content(), t[3].text_content())
-        })
-        .collect()
+            i += 2;
+        }
+        let reply = at(i);
+        assert!(
+            reply.role == Role::Assistant && !reply.has_tool_calls(),
+            "a turn ends with a reply: {state:#?}"
+        );
+        i += 1;
+        out.push((user.text_content(), reply.text_content()));
+    }
+    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

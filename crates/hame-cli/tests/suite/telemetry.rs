@@ -210,6 +210,22 @@ async fn serve_exports_genai_spans_in_the_callers_trace_and_sends_traceparent_on
         .send()
         .await?;
     assert!(!failed.status().is_success());
+    // A malformed traceparent is ignored (a trace of its own), not an error.
+    let junk = "00-zz-not-a-trace-01";
+    let r = http
+        .get(serve.at("/healthz"))
+        .header("traceparent", junk)
+        .send()
+        .await?;
+    assert_eq!(r.status(), 200);
+    // "Not sampled" does not hide a request: its span is exported, in the caller's trace.
+    let unsampled = "0af7651916cd43dd8448eb211c80319c";
+    let r = http
+        .get(serve.at("/v1/sessions"))
+        .header("traceparent", format!("00-{unsampled}-b7ad6b7169203331-00"))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 200);
     let metrics = http.get(serve.at("/metrics")).send().await?.text().await?;
     assert!(
         metrics.contains(r#"hame_tool_calls_total{agent="hame",tool="other",outcome="error"} 1"#),
@@ -262,6 +278,16 @@ async fn serve_exports_genai_spans_in_the_callers_trace_and_sends_traceparent_on
     assert_eq!(first.attrs["http.request.method"], "POST");
     assert_eq!(first.attrs["http.route"], "/v1/sessions/{session}/messages");
     assert_eq!(first.attrs["http.response.status_code"], "200");
+    let health = one("GET /healthz")?;
+    assert_eq!(health.kind, SpanKind::Server as i32);
+    assert_eq!(health.parent, "");
+    assert!(
+        health.trace.len() == 32 && health.trace != trace,
+        "{health:?}"
+    );
+    let listed = one("GET /v1/sessions")?;
+    assert_eq!(listed.trace, unsampled);
+    assert_eq!(listed.parent, "b7ad6b7169203331");
     // invoke_agent: one per turn, INTERNAL, the failed one an error.
     let agents = named("invoke_agent hame");
     assert_eq!(agents.len(), 2);
