@@ -163,6 +163,9 @@ pub(crate) struct Planned {
     pub(crate) session: String,
     pub(crate) input: CallInput,
     pub(crate) caller: CallerRequest,
+    /// The tokens the suspended turn this request resumes had spent (an earlier answer
+    /// reported them): a finished turn's usage minus these is this request's.
+    pub(crate) before: hame::Usage,
 }
 
 /// The session a request continues and what its turn adds (see `docs/openai-compat.md`,
@@ -237,6 +240,7 @@ pub(crate) async fn plan(
             }
         }
     }
+    let mut before = hame::Usage::default();
     let input = match &req.tail {
         Tail::User(text) => {
             if state.is_none() {
@@ -245,17 +249,15 @@ pub(crate) async fn plan(
             CallInput::Message(Message::user(text.clone()))
         }
         Tail::ToolResults(results) => {
-            let pending = state
-                .as_ref()
-                .and_then(|s| s.pending.as_ref())
-                .map(|p| p.to_suspended())
-                .ok_or_else(|| {
-                    ApiError::new(
-                        StatusCode::CONFLICT,
-                        "not_pending",
-                        format!("no tool call of session {session} waits for a result"),
-                    )
-                })?;
+            let step = state.as_ref().and_then(|s| s.pending.as_ref());
+            before = step.map(|p| p.usage).unwrap_or_default();
+            let pending = step.map(|p| p.to_suspended()).ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::CONFLICT,
+                    "not_pending",
+                    format!("no tool call of session {session} waits for a result"),
+                )
+            })?;
             let mut resolutions = Vec::new();
             for (id, output) in results {
                 let raw = parse_call_id(id)
@@ -288,6 +290,7 @@ pub(crate) async fn plan(
         session,
         input,
         caller,
+        before,
     })
 }
 
@@ -319,6 +322,17 @@ pub(crate) fn final_text(format: Option<&ReplyFormat>, reply: &str) -> Result<St
             )),
         },
     }
+}
+
+/// The tokens of one answer: hame's `usage` of the turn minus what the turn had spent
+/// `before` this request resumed it (a suspended turn's answer reports its own).
+pub(crate) fn spent_since(v: &Value, before: &hame::Usage) -> Value {
+    let less = |k: &str, b: u64| v[k].as_u64().unwrap_or(0).saturating_sub(b);
+    json!({
+        "input_tokens": less("input_tokens", before.input_tokens),
+        "output_tokens": less("output_tokens", before.output_tokens),
+        "cached_input_tokens": less("cached_input_tokens", before.cached_input_tokens),
+    })
 }
 
 /// OpenAI's `usage` of a chat completion from hame's usage.
@@ -391,6 +405,7 @@ pub(crate) async fn completions(
         "chatcmpl-",
     )
     .await?;
+    let before = planned.before;
     let turn = turn::start_once(
         &shared,
         &agent,
@@ -412,7 +427,7 @@ pub(crate) async fn completions(
                 (
                     json!({"role": "assistant", "content": text, "refusal": null}),
                     "stop",
-                    chat_usage(&v["usage"]),
+                    chat_usage(&spent_since(&v["usage"], &before)),
                 )
             }
             Ok(Outcome::Suspended(v)) => {
@@ -422,7 +437,7 @@ pub(crate) async fn completions(
                     (
                         json!({"role": "assistant", "content": text, "refusal": null}),
                         "stop",
-                        chat_usage(&Value::Null),
+                        chat_usage(&v["usage"]),
                     )
                 } else {
                     (
@@ -433,7 +448,7 @@ pub(crate) async fn completions(
                             "tool_calls": tool_calls(&session, &client, false),
                         }),
                         "tool_calls",
-                        chat_usage(&Value::Null),
+                        chat_usage(&v["usage"]),
                     )
                 }
             }
@@ -512,7 +527,7 @@ pub(crate) async fn completions(
                         }
                         Err(e) => return vec![e.body()],
                     }
-                    chat_usage(&v["usage"])
+                    chat_usage(&spent_since(&v["usage"], &before))
                 }
                 Ok(Outcome::Suspended(v)) => {
                     let (client, approvals) = split_suspended(&v);
@@ -529,7 +544,7 @@ pub(crate) async fn completions(
                         ));
                         out.push(chunk(json!({}), json!("tool_calls")));
                     }
-                    chat_usage(&Value::Null)
+                    chat_usage(&v["usage"])
                 }
                 Ok(Outcome::Failed(e)) => return vec![e.body()],
                 Err(_) => {

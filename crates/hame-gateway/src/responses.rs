@@ -21,7 +21,8 @@ use crate::oai_request::{
     only_keys, push_result, split_tail, text_of, tool_choice,
 };
 use crate::openai::{
-    OaiRequest, Prologue, approval_text, final_text, named_session, plan, split_suspended,
+    OaiRequest, Prologue, approval_text, final_text, named_session, plan, spent_since,
+    split_suspended,
 };
 use crate::routes::AppState;
 use crate::turn::{self, Outcome};
@@ -363,6 +364,8 @@ fn call_items(session: &str, calls: &[Value]) -> Vec<Value> {
 
 /// The response object.
 struct Shape {
+    /// What the resumed turn had spent before this request (`Planned::before`).
+    before: hame::Usage,
     id: String,
     created: i64,
     model: String,
@@ -416,7 +419,7 @@ fn outcome_output(
             )?;
             Ok((
                 vec![message_item(&msg_id, &text, "completed")],
-                usage(&v["usage"]),
+                usage(&spent_since(&v["usage"], &shape.before)),
             ))
         }
         Ok(Outcome::Suspended(v)) => {
@@ -427,7 +430,7 @@ fn outcome_output(
                 out.push(message_item(&msg_id, &text, "completed"));
             }
             out.extend(call_items(session, &client));
-            Ok((out, usage(&Value::Null)))
+            Ok((out, usage(&v["usage"])))
         }
         Ok(Outcome::Failed(e)) => Err(e),
         Err(_) => Err(ApiError::internal("the turn ended without an outcome")),
@@ -454,6 +457,7 @@ pub(crate) async fn create(
     let named = named_session(&headers).or_else(|| req.parsed.previous_response.clone());
     let previous = body["previous_response_id"].as_str().map(str::to_owned);
     let planned = plan(&shared, &agent, &user, named, &req.parsed, "resp-").await?;
+    let before = planned.before;
     let stream = req.parsed.stream;
     let turn = turn::start_once(
         &shared,
@@ -466,6 +470,7 @@ pub(crate) async fn create(
     )?;
     let session = turn.session.clone();
     let shape = Shape {
+        before,
         id: response_id(&session),
         created: chrono::Utc::now().timestamp(),
         model: req.parsed.model.clone(),

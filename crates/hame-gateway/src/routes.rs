@@ -230,13 +230,13 @@ impl FromRequestParts<AppState> for Served {
             None => Err(ApiError::new(
                 StatusCode::NOT_FOUND,
                 "agent_not_found",
-                format!(
-                    "no agent {} here (GET /v1/models lists the agents you may use)",
-                    named.map_or_else(
-                        || "by default".to_owned(),
-                        |n| format!("`{}`", n.chars().take(64).collect::<String>())
-                    )
-                ),
+                match named {
+                    Some(n) => format!(
+                        "no agent `{}` here (GET /v1/models lists the agents you may use)",
+                        n.chars().take(64).collect::<String>()
+                    ),
+                    None => "this token may not use the default agent: use /v1/agents/{agent}/… (GET /v1/models lists the agents you may use)".to_owned(),
+                },
             )),
         }
     }

@@ -119,6 +119,8 @@ pub(crate) struct TurnSuspended {
     user: Option<String>,
     /// The waiting calls.
     approvals: Vec<Approval>,
+    /// The tokens this request spent before the turn stopped.
+    usage: Usage,
 }
 
 /// `POST …/approvals/{id}`: a decision.

@@ -19,7 +19,8 @@ use crate::events::Event;
 pub(crate) enum Outcome {
     /// The reply: `{"reply", "session", "user", "usage", "iterations"}`.
     Finished(Value),
-    /// Tool calls wait for decisions: `{"status": "approval_needed", "approvals": [...]}`.
+    /// Tool calls wait for decisions: `{"status": "approval_needed", "approvals": [...],
+    /// "usage"}` (`usage`: the tokens this request spent before it stopped).
     Suspended(Value),
     /// The call failed.
     Failed(ApiError),
@@ -279,7 +280,15 @@ async fn run(
     };
     let mut ended = Vec::new();
     let (sink, mut rx) = EventSink::channel();
+    // The tokens of this request's model calls (a resumed turn's earlier ones are not).
+    let spent = std::sync::Mutex::new(hame::Usage::default());
+    let spent = &spent;
     let on_event = |ev: AgentEvent| async move {
+        if let AgentEvent::Usage { usage } = &ev
+            && let Ok(mut s) = spent.lock()
+        {
+            s.add(usage);
+        }
         shared.metrics.event(&ev);
         if let Some((name, data)) = shown(&ev) {
             emit(name, data, false).await;
@@ -345,11 +354,13 @@ async fn run(
                 }
                 ended.push(emit("approval_needed", data, i + 1 == n).await);
             }
+            let usage = spent.lock().map(|s| *s).unwrap_or_default();
             Outcome::Suspended(for_callers(json!({
                 "status": "approval_needed",
                 "session": ctx.session_id,
                 "user": ctx.user_id,
                 "approvals": approvals,
+                "usage": usage,
             })))
         }
         Err(e) => {

@@ -1022,6 +1022,42 @@ async fn a_bounded_schemathesis_run_finds_no_5xx_and_no_answer_outside_the_docum
 }
 
 #[tokio::test]
+async fn each_answer_of_a_client_tool_round_trip_reports_its_own_usage() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    model.push_all([
+        ScriptStep::tool_call("call_1", "get_weather", json!({"city": "Oslo"})).with_usage(100, 7),
+        ScriptStep::text("5 C in Oslo.").with_usage(130, 4),
+    ]);
+    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
+    let url = serve.at("/v1/chat/completions");
+    let (status, first) = post(
+        &url,
+        json!({"model": "hame", "tools": [weather_tool()], "messages": [{"role": "user", "content": "Weather?"}]}),
+    )
+    .await?;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!(
+        first["usage"],
+        json!({"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107, "prompt_tokens_details": {"cached_tokens": 0}})
+    );
+    let id = first["choices"][0]["message"]["tool_calls"][0]["id"].clone();
+    let (status, second) = post(
+        &url,
+        json!({"model": "hame", "messages": [{"role": "tool", "tool_call_id": id, "content": "5 C"}]}),
+    )
+    .await?;
+    assert_eq!(status, 200, "{second}");
+    // The second answer counts the second model call only: the two answers add up to the turn.
+    assert_eq!(
+        second["usage"],
+        json!({"prompt_tokens": 130, "completion_tokens": 4, "total_tokens": 134, "prompt_tokens_details": {"cached_tokens": 0}})
+    );
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_forged_or_foreign_tool_call_id_reaches_no_other_session() -> TestResult {
     let dir = tempfile::tempdir()?;
     let model = ScriptedServer::start().await?;
