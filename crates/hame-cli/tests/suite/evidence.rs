@@ -36,11 +36,12 @@ fn workspace_hash(files: &[(&str, &str)]) -> String {
     h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-async fn evidence_json(s: &Scratch) -> Result<Value, Box<dyn std::error::Error>> {
+/// `hame sessions WHAT default --json` (`evidence`, `observations`), parsed.
+async fn sessions_json(s: &Scratch, what: &str) -> Result<Value, Box<dyn std::error::Error>> {
     let out = s
         .hame(&[
             "sessions",
-            "evidence",
+            what,
             "default",
             "--json",
             "--workspace",
@@ -49,6 +50,10 @@ async fn evidence_json(s: &Scratch) -> Result<Value, Box<dyn std::error::Error>>
         .await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     Ok(serde_json::from_str(&stdout(&out))?)
+}
+
+async fn evidence_json(s: &Scratch) -> Result<Value, Box<dyn std::error::Error>> {
+    sessions_json(s, "evidence").await
 }
 
 #[tokio::test]
@@ -79,17 +84,7 @@ async fn an_answer_without_running_the_tests_exits_5_after_one_extra_step_naming
     assert_eq!(ev[0]["outcome"], "failed");
     assert_eq!(ev[0]["exit_code"], 1);
     assert_eq!(ev[0]["stale"], false);
-    let obs = s
-        .hame(&[
-            "sessions",
-            "observations",
-            "default",
-            "--json",
-            "--workspace",
-            &s.ws_s,
-        ])
-        .await?;
-    let obs: Value = serde_json::from_str(&stdout(&obs))?;
+    let obs = sessions_json(&s, "observations").await?;
     let check = obs
         .as_array()
         .and_then(|a| a.iter().find(|o| o["tool"] == "verify"))
@@ -138,17 +133,7 @@ async fn running_the_tests_then_answering_exits_0_with_the_workspace_hash_until_
     );
     assert_eq!(ev[0]["files"], 2);
     // The evidence names the observation of the model's `execute` call.
-    let obs = s
-        .hame(&[
-            "sessions",
-            "observations",
-            "default",
-            "--json",
-            "--workspace",
-            &s.ws_s,
-        ])
-        .await?;
-    let obs: Value = serde_json::from_str(&stdout(&obs))?;
+    let obs = sessions_json(&s, "observations").await?;
     let exec = obs
         .as_array()
         .and_then(|a| a.iter().find(|o| o["call_id"] == "c2"))
@@ -179,17 +164,7 @@ async fn an_execute_observation_has_exit_code_and_stdout_truncated_and_the_model
     let reqs = s.server.requests();
     // What the model sees is the tool's text as before.
     assert_eq!(last_tool_result(&reqs[1].body), "hello\n\n[exit code 3]");
-    let out = s
-        .hame(&[
-            "sessions",
-            "observations",
-            "default",
-            "--json",
-            "--workspace",
-            &s.ws_s,
-        ])
-        .await?;
-    let obs: Value = serde_json::from_str(&stdout(&out))?;
+    let obs = sessions_json(&s, "observations").await?;
     let obs = obs.as_array().cloned().unwrap_or_default();
     assert_eq!(obs.len(), 2, "{obs:?}");
     let exec = &obs[0];
@@ -257,17 +232,7 @@ async fn the_file_tools_cannot_write_the_observations() -> TestResult {
     let reqs = s.server.requests();
     let refused = last_tool_result(&reqs[2].body);
     assert!(refused.contains("permission_denied"), "{refused}");
-    let out = s
-        .hame(&[
-            "sessions",
-            "observations",
-            "default",
-            "--json",
-            "--workspace",
-            &s.ws_s,
-        ])
-        .await?;
-    let obs: Value = serde_json::from_str(&stdout(&out))?;
+    let obs = sessions_json(&s, "observations").await?;
     assert_eq!(obs[1]["outcome"], "error");
     assert_eq!(obs[1]["code"], "permission_denied");
     Ok(())
