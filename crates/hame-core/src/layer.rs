@@ -211,6 +211,31 @@ impl CallNext<'_> {
         }
     }
 
+    /// Runs the rest of the stack with a fresh `T` of this call added to the extensions (a
+    /// collector the layers and tools below fill in), and gives it back with the output.
+    pub async fn run_collecting<T: Default + Send + Sync + 'static>(
+        self,
+        cx: &mut CallCtx<'_>,
+        input: CallInput,
+    ) -> (Result<crate::CallOutput>, Arc<T>) {
+        let collector: Arc<T> = Arc::default();
+        let out = self.run_adding(cx, collector.clone(), input).await;
+        (out, collector)
+    }
+
+    /// Runs the rest of the stack with `value` added to the extensions (a value of this call
+    /// that the layers and tools below read or fill in).
+    pub async fn run_adding<T: Send + Sync + 'static>(
+        self,
+        cx: &mut CallCtx<'_>,
+        value: Arc<T>,
+        input: CallInput,
+    ) -> Result<crate::CallOutput> {
+        let mut extensions = cx.extensions.clone();
+        extensions.insert_arc(value);
+        self.run_with(cx, &extensions, input).await
+    }
+
     /// Runs the rest of the stack with other extensions (e.g. the caller's plus a value of
     /// this call that the layers and tools below read); the rest of `cx` is shared.
     pub async fn run_with(

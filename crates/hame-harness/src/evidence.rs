@@ -800,10 +800,7 @@ impl Layer for ObservationLayer {
         input: CallInput,
         next: CallNext<'_>,
     ) -> Result<CallOutput, hame_core::Error> {
-        let pending: Arc<Pending> = Arc::default();
-        let mut extensions = cx.extensions.clone();
-        extensions.insert_arc(pending.clone());
-        let out = next.run_with(cx, &extensions, input).await;
+        let (out, pending) = next.run_collecting::<Pending>(cx, input).await;
         let observations = pending.take();
         if !observations.is_empty()
             && let Some(ws) = cx.extensions.get::<Workspace>()

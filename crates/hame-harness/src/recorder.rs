@@ -196,10 +196,7 @@ impl Layer for SessionRecorder {
         next: CallNext<'_>,
     ) -> Result<CallOutput, hame_core::Error> {
         // This call's record, for the appends below and the end of the call.
-        let cell: Arc<CallCell> = Arc::default();
-        let mut extensions = cx.extensions.clone();
-        extensions.insert_arc(cell.clone());
-        let out = next.run_with(cx, &extensions, input).await;
+        let (out, cell) = next.run_collecting::<CallCell>(cx, input).await;
         let end = self.finish(cx, &cell).await;
         match (out, end) {
             (Ok(o), Ok(())) => Ok(o),

@@ -239,9 +239,7 @@ impl Layer for TaskLayer {
             evidence,
             changed: std::sync::atomic::AtomicBool::new(changed),
         });
-        let mut extensions = cx.extensions.clone();
-        extensions.insert_arc(cell.clone());
-        let out = next.run_with(cx, &extensions, input).await;
+        let out = next.run_adding(cx, cell.clone(), input).await;
         if cell.changed.load(std::sync::atomic::Ordering::Relaxed) {
             let task = cell.read(Clone::clone);
             if let Err(e) = cx.state.set_extension(STATE_KEY, &task) {

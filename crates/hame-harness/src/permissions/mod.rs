@@ -389,9 +389,7 @@ impl Layer for PermissionLayer {
             recorded: AtomicUsize::new(0),
             changed: AtomicBool::new(changed),
         });
-        let mut extensions = cx.extensions.clone();
-        extensions.insert_arc(cell.clone());
-        let out = next.run_with(cx, &extensions, input).await;
+        let out = next.run_adding(cx, cell.clone(), input).await;
         if let Err(e) = cell.store(cx.state) {
             tracing::warn!(error = %e, "saving the permission state failed");
         }
