@@ -319,6 +319,9 @@ mod client {
                     format!("the environment variable `{name}` does not hold a valid header value")
                 })?;
                 v.set_sensitive(true);
+                // A remote that echoes it (an error text, a reply) must not carry it into
+                // the parent's conversation, log or a tenant's answer: the loop redacts it.
+                hame_core::secrets::add_authorization(value.trim());
                 Some(v)
             }
             None => None,
