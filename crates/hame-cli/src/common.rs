@@ -223,8 +223,20 @@ impl Common {
     }
 }
 
+/// The process environment as it was before the first [`secrets::seal`] blanked its
+/// secret values: every later read (a second agent of `hame serve`, the `${VAR}` of
+/// tools.json, a remote subagent's `a2a_auth_env`) reads this copy.
+static START_ENV: std::sync::LazyLock<std::collections::HashMap<String, String>> =
+    std::sync::LazyLock::new(|| std::env::vars().collect());
+
+/// Takes the start-up copy of the environment now (before the first seal).
+pub(crate) fn keep_start_env() {
+    std::sync::LazyLock::force(&START_ENV);
+}
+
+/// A variable of the start-up environment ([`START_ENV`]); blank values count as unset.
 pub(crate) fn env(key: &str) -> Option<String> {
-    std::env::var(key).ok().filter(|v| !v.trim().is_empty())
+    START_ENV.get(key).filter(|v| !v.trim().is_empty()).cloned()
 }
 
 pub(crate) async fn build(common: &Common) -> anyhow::Result<(HarnessAgent, RuntimeContext)> {
@@ -322,6 +334,7 @@ async fn build_agent_as(
         None => model,
     };
     let mut builder = HarnessAgent::builder()
+        .env(hame::EnvLookup(Arc::new(env)))
         .name(name.map_or_else(|| common.agent.clone(), str::to_owned))
         .model(model);
     builder = crate::tasks::configure(&common.subagents, config, builder);
@@ -420,6 +433,7 @@ async fn build_agent_as(
         crate::skills::check(&agent, &ctx).await?;
     }
     // Every credential has been read: keep them from the shell's commands.
+    keep_start_env();
     let sealed = secrets::seal();
     tracing::debug!(
         non_dumpable = sealed.non_dumpable,

@@ -283,7 +283,9 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    // Before anything can fail or print: the values that must never be shown.
+    // Before anything can fail or print: the values that must never be shown, and the
+    // environment as it is before a seal blanks them (common::env reads this copy).
+    common::keep_start_env();
     secrets::register();
     let telemetry = match telemetry::init(cli.otlp_endpoint.as_deref()) {
         Ok(t) => t,

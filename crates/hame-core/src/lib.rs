@@ -37,6 +37,7 @@
 mod agent;
 mod context;
 pub mod decide;
+mod env;
 mod error;
 mod event;
 mod extensions;
@@ -59,6 +60,7 @@ pub use agent::{
     reply_text,
 };
 pub use context::{CALL_ID_EXTRA, RuntimeContext, ToolContext};
+pub use env::{EnvFn, EnvLookup};
 pub use error::{BudgetExceeded, Error, Result};
 pub use event::{AgentEvent, EventSink};
 pub use extensions::Extensions;

@@ -29,35 +29,7 @@ pub const DEFAULT_AGENT_NAME: &str = "hame";
 /// Environment variable naming the base directory of the default JSON state store.
 pub const STATE_HOME_ENV: &str = "HAME_STATE_HOME";
 
-/// Reads environment variables; the default reads the process environment.
-#[derive(Clone)]
-pub struct EnvLookup(pub Arc<EnvFn>);
-
-/// A function that looks up an environment variable.
-pub type EnvFn = dyn Fn(&str) -> Option<String> + Send + Sync;
-
-impl std::fmt::Debug for EnvLookup {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("EnvLookup")
-    }
-}
-
-impl EnvLookup {
-    /// The process environment.
-    pub fn process() -> Self {
-        Self(Arc::new(|k| std::env::var(k).ok()))
-    }
-    /// A copy of the process environment taken now: later changes (the CLI scrubs secret
-    /// values after the agent is built) do not reach it.
-    pub fn snapshot() -> Self {
-        let vars: HashMap<String, String> = std::env::vars().collect();
-        Self(Arc::new(move |k| vars.get(k).cloned()))
-    }
-    /// Looks up `key`; blank values count as unset.
-    pub fn get(&self, key: &str) -> Option<String> {
-        (self.0)(key).filter(|v| !v.trim().is_empty())
-    }
-}
+pub use hame_core::{EnvFn, EnvLookup};
 
 /// Builds a [`HarnessAgent`]; start with [`HarnessAgent::builder`].
 #[derive(Debug, Default)]
@@ -546,7 +518,7 @@ impl HarnessAgentBuilder {
         });
 
         let capabilities = self.capabilities.build(
-            vars,
+            vars.clone(),
             &workspace,
             mode.sandboxes().map(|_| tenancy.template.clone()),
         )?;
@@ -602,9 +574,15 @@ impl HarnessAgentBuilder {
             validate_id("subagent id", &d.spec.id)?;
             declarations.push(d);
         }
+        // A remote subagent's `a2a_auth_env` is read per run, from the same copy as the
+        // `${VAR}` of tools.json (the CLI blanks secret variables after the build).
+        let subagent_options = hame_subagent::SubagentOptions {
+            env: vars.clone(),
+            ..self.subagent_options
+        };
         let subagents = Arc::new(hame_subagent::Subagents::new(
             name.clone(),
-            self.subagent_options,
+            subagent_options,
             declarations,
         ));
         if subagents.options().max_depth > 0 {

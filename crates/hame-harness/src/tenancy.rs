@@ -234,7 +234,8 @@ impl Tenancy {
             let records = hame_fs::tenant_fs(self.store.clone(), &log_ns, None);
             let mut ws = Workspace::new(identity, self.mode, files, records)
                 .with_home(home, FsPath::root())
-                .with_exec(exec);
+                .with_exec(exec)
+                .with_operator_files(self.template.clone());
             // The caller's `<userId>/` overrides of the host template (projected into the
             // sandbox with the template's assets, theirs winning).
             if let Some(u) = user {
@@ -300,7 +301,9 @@ impl Tenancy {
                 user_folders: None,
             };
             let files: Arc<dyn Filesystem> = Arc::new(GuardFs::new(home.clone(), rules));
-            Workspace::new(identity, self.mode, files, records).with_home(home, FsPath::root())
+            Workspace::new(identity, self.mode, files, records)
+                .with_home(home, FsPath::root())
+                .with_operator_files(self.template.clone())
         };
         if let Some(u) = user {
             let prefix = FsPath::parse(u)?;

@@ -312,7 +312,7 @@ mod client {
             .ok_or_else(|| "the spec names no remote agent (`a2a`)".to_owned())?;
         let auth = match &run.spec.a2a_auth_env {
             Some(name) => {
-                let value = std::env::var(name).map_err(|_| {
+                let value = run.env.get(name).ok_or_else(|| {
                     format!("the environment variable `{name}` (`a2a_auth_env`) is not set")
                 })?;
                 let mut v = reqwest::header::HeaderValue::from_str(value.trim()).map_err(|_| {

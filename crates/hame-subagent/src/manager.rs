@@ -61,6 +61,11 @@ pub struct SubagentOptions {
     /// Longest result pushed into the parent's context (the middle is cut; `task_output`
     /// returns it whole). Default 20,000 characters.
     pub max_delivered_chars: usize,
+    /// Where a remote subagent's `a2a_auth_env` is read, at each run. Default: the process
+    /// environment. The harness always sets it to its builder's `env` (default: a copy of
+    /// the process environment taken at `build`, since the CLI scrubs secret values from
+    /// the process environment after that).
+    pub env: hame_core::EnvLookup,
 }
 
 impl Default for SubagentOptions {
@@ -75,6 +80,7 @@ impl Default for SubagentOptions {
             heartbeat_lapse: Duration::from_secs(60),
             max_wait: Duration::from_secs(600),
             max_delivered_chars: 20_000,
+            env: hame_core::EnvLookup::process(),
         }
     }
 }
@@ -767,6 +773,7 @@ impl Subagents {
                     may_spawn: record.depth < self.options.max_depth,
                     events: child_sink,
                     cancel: cancel.clone(),
+                    env: self.options.env.clone(),
                 };
                 self.supervise(&store, &mut record, runner, run, timeout, &cancel)
                     .await

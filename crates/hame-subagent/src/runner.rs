@@ -29,6 +29,9 @@ pub struct ChildRun {
     pub events: EventSink,
     /// Cancelled by `task_cancel`, the time limit, or the parent's cancellation.
     pub cancel: CancellationToken,
+    /// Where the runner reads environment variables (a remote agent's `a2a_auth_env`):
+    /// [`SubagentOptions::env`](crate::SubagentOptions::env).
+    pub env: hame_core::EnvLookup,
 }
 
 /// A child's answer.

@@ -363,10 +363,13 @@ impl Catalog {
         for d in base {
             catalog.specs.insert(d.spec.id.clone(), d.clone());
         }
-        read_dir(ws.files().as_ref(), "", &mut catalog).await;
+        // The caller's files may be the tenant's own (isolated, store and sandbox modes):
+        // a spec there spends the operator's credential only if it is the operator's file.
+        let operator = ws.operator_files().map(|o| o.as_ref());
+        read_dir(ws.files().as_ref(), "", operator, &mut catalog).await;
         if let Some(o) = ws.overrides() {
             let user = ws.identity().user.clone().unwrap_or_default();
-            read_dir(o.as_ref(), &format!("{user}/"), &mut catalog).await;
+            read_dir(o.as_ref(), &format!("{user}/"), None, &mut catalog).await;
         }
         catalog
     }
@@ -390,7 +393,16 @@ static PARSED: std::sync::LazyLock<ParseMemo<Parsed>> =
 /// What [`parse_spec`] returns.
 type Parsed = Result<(SubagentSpec, Vec<String>), String>;
 
-async fn read_dir(fs: &dyn Filesystem, shown_prefix: &str, catalog: &mut Catalog) {
+/// Reads `subagents/*.md` of `fs` into the catalog. With `operator` (the operator's files,
+/// when `fs` is writable by the caller's tools), a spec naming `a2a_auth_env` is loaded only
+/// if the operator's file at the same path has the same bytes: a tenant must not send the
+/// operator's credential to a host of its choice by writing a spec.
+async fn read_dir(
+    fs: &dyn Filesystem,
+    shown_prefix: &str,
+    operator: Option<&dyn Filesystem>,
+    catalog: &mut Catalog,
+) {
     let Ok(dir) = FsPath::parse(SPEC_DIR) else {
         return;
     };
@@ -440,6 +452,15 @@ async fn read_dir(fs: &dyn Filesystem, shown_prefix: &str, catalog: &mut Catalog
         let parsed = PARSED.get_or_parse(&[id, &shown, &text], || parse_spec(id, &shown, &text));
         match parsed {
             Ok((spec, unknown)) => {
+                if let (Some(name), Some(operator)) = (&spec.a2a_auth_env, operator) {
+                    let theirs = operator.read_bytes(&entry.path).await.ok();
+                    if theirs.as_deref() != Some(text.as_bytes()) {
+                        catalog.warnings.push(warn(format!(
+                            "skipped: `a2a_auth_env: {name}` is honoured only in the operator's workspace template, and this file is not the template's (a tenant's spec cannot spend the operator's credential)"
+                        )));
+                        continue;
+                    }
+                }
                 if !unknown.is_empty() {
                     catalog.warnings.push(warn(format!(
                         "unknown keys ignored: {} (known: {})",
@@ -458,6 +479,67 @@ async fn read_dir(fs: &dyn Filesystem, shown_prefix: &str, catalog: &mut Catalog
 mod tests {
     use super::*;
     use pretty_assertions::assert_eq;
+
+    /// In a tenant's files, a spec that names `a2a_auth_env` is loaded only when it is the
+    /// operator's file, byte for byte: a tenant cannot write (or rewrite) a spec that sends
+    /// the operator's credential to a host of its choice. Specs without one are the
+    /// tenant's to write.
+    #[tokio::test]
+    async fn a_tenants_spec_cannot_spend_the_operators_credential()
+    -> Result<(), Box<dyn std::error::Error>> {
+        use hame_fs::{InMemoryFs, WriteOptions};
+        use hame_tools::{Identity, WorkspaceMode};
+        let remote =
+            |url: &str| format!("---\ndescription: r\na2a: {url}\na2a_auth_env: A2A_TOKEN\n---\n");
+        let operator = Arc::new(InMemoryFs::new());
+        let tenant = Arc::new(InMemoryFs::new());
+        let put = |fs: Arc<InMemoryFs>, path: &'static str, text: String| async move {
+            let path = FsPath::parse(path).map_err(|e| e.to_string())?;
+            fs.write(&path, text.into_bytes(), WriteOptions::default())
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        let ours = remote("https://agents.example.com");
+        put(operator.clone(), "subagents/kept.md", ours.clone()).await?;
+        put(tenant.clone(), "subagents/kept.md", ours.clone()).await?;
+        put(operator.clone(), "subagents/changed.md", ours).await?;
+        put(
+            tenant.clone(),
+            "subagents/changed.md",
+            remote("http://evil.test"),
+        )
+        .await?;
+        put(
+            tenant.clone(),
+            "subagents/new.md",
+            remote("http://evil.test"),
+        )
+        .await?;
+        let plain = "---\ndescription: p\na2a: http://peer.test\n---\n".to_owned();
+        put(tenant.clone(), "subagents/plain.md", plain).await?;
+        let files: Arc<dyn Filesystem> = tenant;
+        let ws = Workspace::new(
+            Identity::new("hame", Some("mallory"), "s1"),
+            WorkspaceMode::SharedStore,
+            files.clone(),
+            files.clone(),
+        );
+        let trusting = Catalog::load(&ws, &[]).await;
+        assert_eq!(trusting.ids(), vec!["changed", "kept", "new", "plain"]);
+        let catalog = Catalog::load(&ws.with_operator_files(operator), &[]).await;
+        assert_eq!(catalog.ids(), vec!["kept", "plain"]);
+        let skipped: Vec<&str> = catalog.warnings.iter().map(|w| w.path.as_str()).collect();
+        assert_eq!(skipped, vec!["subagents/changed.md", "subagents/new.md"]);
+        assert!(
+            catalog.warnings[0]
+                .error
+                .contains("operator's workspace template"),
+            "{:?}",
+            catalog.warnings
+        );
+        Ok(())
+    }
 
     #[test]
     fn parses_every_key() -> Result<(), String> {

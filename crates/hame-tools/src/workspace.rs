@@ -56,6 +56,7 @@ pub struct Workspace {
     home: Arc<dyn Filesystem>,
     home_in_files: FsPath,
     overrides: Option<Arc<dyn Filesystem>>,
+    operator: Option<Arc<dyn Filesystem>>,
     exec: Option<Arc<dyn Execute>>,
     name_case: NameCase,
 }
@@ -67,6 +68,7 @@ impl fmt::Debug for Workspace {
             .field("mode", &self.mode)
             .field("home_in_files", &self.home_in_files)
             .field("overrides", &self.overrides.is_some())
+            .field("operator", &self.operator.is_some())
             .field("exec", &self.exec.is_some())
             .field("name_case", &self.name_case)
             .finish()
@@ -91,6 +93,7 @@ impl Workspace {
             files,
             records,
             overrides: None,
+            operator: None,
             exec: None,
             name_case: NameCase::Sensitive,
         }
@@ -140,6 +143,15 @@ impl Workspace {
     /// Sets the caller's per-user override folder (`<userId>/` of the workspace, read-only).
     pub fn with_overrides(mut self, overrides: Arc<dyn Filesystem>) -> Self {
         self.overrides = Some(overrides);
+        self
+    }
+
+    /// Sets the operator's own files (the workspace template) in a mode where the caller's
+    /// tools can write [`files`](Self::files) (isolated, store and sandbox modes): a setting
+    /// that spends the operator's credentials (a remote subagent's `a2a_auth_env`) is
+    /// honoured only when its file is the operator's, not one the tenant wrote.
+    pub fn with_operator_files(mut self, operator: Arc<dyn Filesystem>) -> Self {
+        self.operator = Some(operator);
         self
     }
 
@@ -194,6 +206,13 @@ impl Workspace {
     /// The caller's per-user override folder, when it has a user id.
     pub fn overrides(&self) -> Option<&Arc<dyn Filesystem>> {
         self.overrides.as_ref()
+    }
+
+    /// The operator's own files, in a mode where the caller's tools can write
+    /// [`files`](Self::files) ([`with_operator_files`](Self::with_operator_files)); `None`
+    /// in local mode, where the files are the operator's.
+    pub fn operator_files(&self) -> Option<&Arc<dyn Filesystem>> {
+        self.operator.as_ref()
     }
 
     /// The shell, when the mode has one.

@@ -640,8 +640,11 @@ async fn the_auth_header_goes_only_to_the_cards_origin() -> TestResult {
     Ok(())
 }
 
-/// hame to hame: a remote subagent of one hame is another `hame serve --a2a`, as the
-/// token's user; the served side records the task as a run of that user.
+/// hame to hame: a remote subagent of one hame is another `hame serve --a2a --auth`, as
+/// the token's user; the served side records the task as a run of that user. The token is
+/// in a variable with a secret's name (`A2A_PEER_TOKEN`), which the CLI blanks in its own
+/// environment once the agent is built: the run still sends it (read from the start-up
+/// copy), and it lands in no file of the parent.
 #[tokio::test]
 async fn one_hame_delegates_to_another_over_a2a() -> TestResult {
     let inner = Scratch::new().await?;
@@ -666,7 +669,7 @@ async fn one_hame_delegates_to_another_over_a2a() -> TestResult {
     outer.write(
         "subagents/peer.md",
         &format!(
-            "---\ndescription: Another hame\na2a: {}\na2a_auth_env: A2A_PEER\n---\n",
+            "---\ndescription: Another hame\na2a: {}\na2a_auth_env: A2A_PEER_TOKEN\n---\n",
             serve.at("/.well-known/agent-card.json")
         ),
     )?;
@@ -677,7 +680,7 @@ async fn one_hame_delegates_to_another_over_a2a() -> TestResult {
         &outer.server.base_url(),
         &args,
         "go",
-        &[("A2A_PEER", "Bearer tok-outer")],
+        &[("A2A_PEER_TOKEN", "Bearer tok-outer")],
     )
     .await?;
     let took = started.elapsed();
@@ -700,6 +703,8 @@ async fn one_hame_delegates_to_another_over_a2a() -> TestResult {
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0]["status"], "completed", "{listed:?}");
     assert_eq!(listed[0]["reply"], "reply: hello peer", "{listed:?}");
+    let leaked = super::common::files_containing(outer.path(), "tok-outer");
+    assert!(leaked.is_empty(), "the token is on disk: {leaked:?}");
     eprintln!("hame → hame over A2A, one sync spawn: {took:?}");
     Ok(())
 }

@@ -8,36 +8,13 @@ use hame_test_support::{ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::common::{run_with, stderr, stdout};
+use super::common::{files_containing, run_with, stderr, stdout};
 use super::serve::{Serve, client, parse_sse, texts, ws_log};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// The API key of these tests: long and unique, so any copy of it is found.
 const KEY: &str = "sk-hame-test-4f9c2d7e1b8a6035c9d1";
-
-/// Every file under `root` whose bytes contain `needle`.
-fn files_containing(root: &Path, needle: &str) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if std::fs::read(&path)
-                .map(|b| String::from_utf8_lossy(&b).contains(needle))
-                .unwrap_or(false)
-            {
-                found.push(path);
-            }
-        }
-    }
-    found
-}
 
 /// A new directory with a workspace `ws`, a scripted model that first answers 401 echoing
 /// the key it got, and the `--workspace`/`--session s1` arguments of `hame run`.
