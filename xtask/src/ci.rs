@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::deps::{FACADE, Graph};
+use crate::disk;
 use crate::proc;
 use crate::services::{self, ServiceEnv, ServiceOptions};
 
@@ -157,11 +158,29 @@ pub fn run(root: &Path, options: &CiOptions) -> Result<ExitCode> {
         }
     }
     for (index, step) in options.steps.iter().copied().enumerate() {
-        println!("\n==> [{}/{count}] {step}", index + 1);
+        println!(
+            "\n==> [{}/{count}] {step}  ({})",
+            index + 1,
+            disk::report(&ctx.target_dir)
+        );
+        if step == Step::Features && hame_test_env::ci() {
+            // The test executables (gigabytes) are no longer needed; the feature checks
+            // need room for their own metadata.
+            match disk::prune_test_executables(&ctx.target_dir) {
+                Ok(freed) => println!("removed the test executables: {} MiB", freed >> 20),
+                Err(e) => println!("could not remove the test executables: {e:#}"),
+            }
+        }
         let started = Instant::now();
         let result = match step {
             Step::Services => ServiceOptions::from_env(root)
-                .and_then(|o| services::start_all(&o))
+                .and_then(|o| {
+                    services::start_all(&ServiceOptions {
+                        // Built by the nextest step from its own `hame` (one CLI build).
+                        sandbox_image: !options.steps.contains(&Step::Nextest),
+                        ..o
+                    })
+                })
                 .map(|e| env = Some(e)),
             other => ctx.run_step(other, env.as_ref()),
         };
@@ -180,7 +199,11 @@ pub fn run(root: &Path, options: &CiOptions) -> Result<ExitCode> {
             break;
         }
     }
-    println!("\nxtask ci summary (total {}):", seconds(total.elapsed()));
+    println!(
+        "\nxtask ci summary (total {}; {}):",
+        seconds(total.elapsed()),
+        disk::report(&ctx.target_dir)
+    );
     for outcome in &outcomes {
         let status = if outcome.result.is_ok() {
             "ok"
@@ -319,10 +342,15 @@ impl Ctx {
         std::env::join_paths(paths).unwrap_or_else(|_| std::env::var_os("PATH").unwrap_or_default())
     }
 
-    /// `cargo <args>` in the workspace root, with the service variables set.
+    /// `cargo <args>` in the workspace root, with the service variables set. Under CI
+    /// without incremental compilation: a one-shot build gains nothing from it, and its
+    /// caches take gigabytes of the machine's disk.
     fn cargo(&self, env: Option<&ServiceEnv>) -> Command {
         let mut cmd = Command::new(&self.cargo);
         cmd.current_dir(&self.root).env("PATH", self.tools_path());
+        if hame_test_env::ci() {
+            cmd.env("CARGO_INCREMENTAL", "0");
+        }
         if let Some(env) = env {
             cmd.envs(env.vars());
         }
@@ -344,6 +372,17 @@ impl Ctx {
             ])),
             Step::Nextest => {
                 self.ensure_tool(NEXTEST)?;
+                if env.is_some() {
+                    // The test build (the command nextest runs, so nextest's own is then a
+                    // no-op), then the sandbox image from the `hame` it made.
+                    proc::run(self.cargo(env).args([
+                        "test",
+                        "--no-run",
+                        "--workspace",
+                        "--all-features",
+                    ]))?;
+                    services::build_sandbox_image_with(&self.target_dir.join("debug/hame"))?;
+                }
                 let result = proc::run(self.cargo(env).args([
                     "nextest",
                     "run",

@@ -11,6 +11,7 @@
 mod bench;
 mod ci;
 mod deps;
+mod disk;
 mod proc;
 mod readme;
 mod services;

@@ -74,6 +74,11 @@ pub struct ServiceOptions {
     pub state_dir: PathBuf,
     /// In CI every service must come up; locally a failing one is reported and skipped.
     pub require_all: bool,
+    /// Build the default sandbox image once Docker answers (`cargo run` of `hame sandbox
+    /// image`). `cargo xtask ci` leaves it to its nextest step, which runs the `hame` its
+    /// own test build made ([`build_sandbox_image_with`]) instead of building the CLI a
+    /// second time with other features.
+    pub sandbox_image: bool,
 }
 
 impl ServiceOptions {
@@ -87,6 +92,7 @@ impl ServiceOptions {
         Ok(Self {
             state_dir,
             require_all: hame_test_env::ci(),
+            sandbox_image: true,
         })
     }
 }
@@ -193,7 +199,12 @@ fn apt_install(packages: &[&str]) -> Result<()> {
             .args(packages)
             .env("DEBIAN_FRONTEND", "noninteractive"),
         APT_INSTALL_LIMIT,
-    )
+    )?;
+    // The downloaded .deb files are installed now; CI's disk can be small.
+    if let Err(e) = proc::run_bounded(command("apt-get").arg("clean"), APT_UPDATE_LIMIT) {
+        eprintln!("warning: apt-get clean: {e:#}");
+    }
+    Ok(())
 }
 
 fn is_root() -> bool {
@@ -436,6 +447,8 @@ fn install_moto(venv: &Path) -> Result<()> {
             "install",
             "--quiet",
             "--disable-pip-version-check",
+            // No second copy of every wheel in ~/.cache/pip: CI's disk can be small.
+            "--no-cache-dir",
             // Byte-compiling all of moto's services costs CPU the build needs; the few
             // modules the S3 server imports are compiled on first use instead.
             "--no-compile",
@@ -457,7 +470,19 @@ fn start_docker(options: &ServiceOptions) -> Result<()> {
     } else {
         start_dockerd(options)?;
     }
-    build_sandbox_image()
+    if options.sandbox_image {
+        build_sandbox_image()
+    } else {
+        println!("docker: the sandbox image is built later, by the test build's `hame`");
+        Ok(())
+    }
+}
+
+/// [`build_sandbox_image`] with an already built `hame` binary.
+pub fn build_sandbox_image_with(hame: &Path) -> Result<()> {
+    let mut cmd = Command::new(hame);
+    cmd.args(["sandbox", "image"]);
+    proc::run_bounded(&mut cmd, START_LIMIT * 5).context("build the sandbox image")
 }
 
 /// The default sandbox image (`hame-sandbox:busybox-1`), built offline from Debian's
