@@ -222,7 +222,7 @@ async fn http_server_with_url_and_headers_from_vars() -> TestResult {
 async fn a_broken_server_is_one_warning_and_the_run_goes_on() -> TestResult {
     let Some(py) = python() else { return Ok(()) };
     let s = Scratch::new().await?;
-    let (dir, ws) = (&s.dir, &s.ws);
+    let ws = &s.ws;
     let closed = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -236,7 +236,6 @@ async fn a_broken_server_is_one_warning_and_the_run_goes_on() -> TestResult {
         }})
         .to_string(),
     )?;
-    let ws_s = &s.ws_s;
     let server = &s.server;
     server.push_all([
         ScriptStep::tool_call("c1", "mcp__good__echo", json!({"text": "still works"})),
@@ -244,16 +243,8 @@ async fn a_broken_server_is_one_warning_and_the_run_goes_on() -> TestResult {
         ScriptStep::text("fine"),
     ]);
     let started = Instant::now();
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", ws_s],
-        "go",
-        &[],
-    )
-    .await?;
+    let out = s.run_ws(&[], "go").await?;
     let took = started.elapsed();
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out), "fine\n");
     let err = stderr(&out);
     let warnings = warnings(&out);
@@ -300,7 +291,6 @@ async fn a_subagents_tool_allowlist_covers_mcp_tools() -> TestResult {
         ws.join("subagents/reader.md"),
         "---\ndescription: Reads\ntools: [read_file]\n---\nYou are READER-11.\n",
     )?;
-    let ws_s = &s.ws_s;
     let server = &s.server;
     server.push_all([
         ScriptStep::tool_call(
@@ -314,15 +304,7 @@ async fn a_subagents_tool_allowlist_covers_mcp_tools() -> TestResult {
         ScriptStep::text("reader done").when_system("READER-11"),
         ScriptStep::text("done").when_system("Available subagents:"),
     ]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", ws_s],
-        "go",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    s.run_ws(&[], "go").await?;
     let reqs = server.requests();
     let names = |r: &hame_test_support::RecordedRequest| -> Vec<String> {
         r.body["tools"]
@@ -369,7 +351,6 @@ async fn plan_mode_runs_read_only_mcp_tools_and_denies_the_others() -> TestResul
         }}})
         .to_string(),
     )?;
-    let ws_s = &s.ws_s;
     let server = &s.server;
     server.push_all([
         ScriptStep::tool_calls(vec![
@@ -378,15 +359,7 @@ async fn plan_mode_runs_read_only_mcp_tools_and_denies_the_others() -> TestResul
         ]),
         ScriptStep::text("done"),
     ]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", ws_s, "--plan"],
-        "go",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    s.run_ws(&["--plan"], "go").await?;
     let results = super::common::tool_results(server);
     // `echo` has readOnlyHint: it runs; `secret` has none: denied, naming plan mode.
     assert_eq!(results[0], "HI");
@@ -404,14 +377,13 @@ async fn run_big_result(
     server: serde_json::Value,
 ) -> Result<(Vec<String>, Duration), Box<dyn std::error::Error>> {
     let s = Scratch::new().await?;
-    let (dir, ws) = (&s.dir, &s.ws);
+    let ws = &s.ws;
     let mut server = server;
     server["timeout"] = json!(200);
     fs::write(
         ws.join("tools.json"),
         json!({"mcpServers": {"web": server}}).to_string(),
     )?;
-    let ws_s = &s.ws_s;
     let model = &s.server;
     model.push_all([
         ScriptStep::tool_call("c1", "mcp__web__big", json!({"mib": 17})),
@@ -420,16 +392,8 @@ async fn run_big_result(
         ScriptStep::text("done"),
     ]);
     let started = Instant::now();
-    let out = run_with(
-        dir.path(),
-        &model.base_url(),
-        &["--workspace", ws_s],
-        "get the big one",
-        &[],
-    )
-    .await?;
+    let out = s.run_ws(&[], "get the big one").await?;
     let took = started.elapsed();
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out), "done\n");
     let results = tool_results(model);
     // The connection is usable afterwards (over HTTP: again).
@@ -499,7 +463,7 @@ async fn an_http_result_over_16_mib_fails_at_once() -> TestResult {
 async fn colliding_tool_names_stay_distinct_tools() -> TestResult {
     let Some(py) = python() else { return Ok(()) };
     let s = Scratch::new().await?;
-    let (dir, ws) = (&s.dir, &s.ws);
+    let ws = &s.ws;
     fs::write(
         ws.join("tools.json"),
         json!({"mcpServers": {"rc": {
@@ -528,16 +492,7 @@ async fn colliding_tool_names_stay_distinct_tools() -> TestResult {
         .collect();
     steps.push(ScriptStep::text("done"));
     server.push_all(steps);
-    let ws_s = &s.ws_s;
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", ws_s],
-        "call them all",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = s.run_ws(&[], "call them all").await?;
     let offered = tool_names(&server.requests()[0].body);
     for n in &names {
         assert!(offered.contains(n), "{n}: {offered:?}");

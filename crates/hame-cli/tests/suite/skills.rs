@@ -174,7 +174,7 @@ async fn skills_are_listed_without_bodies_and_loaded_with_their_resources() -> T
 #[tokio::test]
 async fn per_user_layer_and_live_edits_show_on_the_next_step() -> TestResult {
     let s = Scratch::new().await?;
-    let (dir, ws) = (&s.dir, &s.ws);
+    let ws = &s.ws;
     skill(
         &ws.join("skills"),
         "review",
@@ -190,7 +190,6 @@ async fn per_user_layer_and_live_edits_show_on_the_next_step() -> TestResult {
         "private",
         "---\ndescription: Only for alice.\n---\nPRIVATE\n",
     )?;
-    let ws_s = &s.ws_s;
 
     // Alice: her layer wins the name, her unique skill stacks; a skill written during the
     // call is listed on the next step.
@@ -204,15 +203,7 @@ async fn per_user_layer_and_live_edits_show_on_the_next_step() -> TestResult {
         ScriptStep::tool_call("c2", "load_skill", json!({"name": "review"})),
         ScriptStep::text("ok"),
     ]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", ws_s, "--user", "alice"],
-        "hi",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    s.run_ws(&["--user", "alice"], "hi").await?;
     let reqs = server.requests();
     let first = system_of(&reqs[0].body);
     assert!(
@@ -235,15 +226,7 @@ async fn per_user_layer_and_live_edits_show_on_the_next_step() -> TestResult {
         ScriptStep::tool_call("c1", "load_skill", json!({"name": "private"})),
         ScriptStep::text("ok"),
     ]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", ws_s, "--user", "bob"],
-        "hi",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    s.run_ws(&["--user", "bob"], "hi").await?;
     let system = system_of(&server.requests()[0].body);
     assert!(
         system.contains("- fresh: Written just now.\n- review: Shared review.\n"),
@@ -266,7 +249,7 @@ async fn per_user_layer_and_live_edits_show_on_the_next_step() -> TestResult {
 #[tokio::test]
 async fn invalid_front_matter_is_skipped_with_one_warning() -> TestResult {
     let s = Scratch::new().await?;
-    let (dir, ws) = (&s.dir, &s.ws);
+    let ws = &s.ws;
     skill(
         &ws.join("skills"),
         "good",
@@ -278,22 +261,13 @@ async fn invalid_front_matter_is_skipped_with_one_warning() -> TestResult {
         "---\ndescription: [unclosed\n---\nBAD\n",
     )?;
     skill(&ws.join("skills"), "bare", "no front matter at all\n")?;
-    let ws_s = &s.ws_s;
     let server = &s.server;
     server.push_all([
         ScriptStep::tool_call("c1", "list_files", json!({"path": "skills"})),
         ScriptStep::tool_call("c2", "list_files", json!({"path": "skills"})),
         ScriptStep::text("ok"),
     ]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", ws_s],
-        "hi",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = s.run_ws(&[], "hi").await?;
     assert_eq!(stdout(&out), "ok\n");
     let err = stderr(&out);
     let warnings = warnings(&out);
@@ -335,15 +309,7 @@ async fn drafts_are_hidden_until_promoted_and_the_curator_ages_them() -> TestRes
         ),
         ScriptStep::text("saved"),
     ]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", ws_s, "--user", "alice"],
-        "learn",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    s.run_ws(&["--user", "alice"], "learn").await?;
     let results = tool_results(server);
     assert!(
         results[0].contains("alice/skills/_drafts/summarize/SKILL.md"),

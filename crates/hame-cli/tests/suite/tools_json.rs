@@ -35,15 +35,7 @@ async fn allow_and_deny_with_globs_filter_what_the_model_sees_and_runs() -> Test
         ScriptStep::tool_call("c3", "read_file", json!({"file_path": "a.txt"})),
         ScriptStep::text("ok"),
     ]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", ws_s],
-        "go",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    s.run_ws(&[], "go").await?;
     let reqs = server.requests();
     assert_eq!(
         tool_names(&reqs[0].body),
