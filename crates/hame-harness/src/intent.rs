@@ -129,6 +129,15 @@ impl PendingEnds {
         )
     }
 
+    /// Whether the end of `call_id` is waiting here (its call returned in this call).
+    fn holds(&self, call_id: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .any(|r| r.call_id == call_id)
+    }
+
     fn push(&self, record: IntentRecord) {
         self.0
             .lock()
@@ -239,9 +248,15 @@ impl Layer for IntentLayer {
             return next.run(cx, message).await;
         };
         let session = cx.runtime.session_id.clone();
+        // A user message in the middle of the call (a subagent's result delivered between
+        // steps): the calls this call ran have returned, their ends are waiting here.
+        let pending = cx.extensions.get_arc::<PendingEnds>();
         let unknown = match self.read(&ws, &session).await {
             Ok((records, size)) => {
-                let open = unresolved(&records);
+                let mut open = unresolved(&records);
+                if let Some(p) = &pending {
+                    open.retain(|r| !p.holds(&r.call_id));
+                }
                 // Everything in it is resolved: a file past its bound is dropped (the
                 // session lease keeps this call alone in the session, so no tool call of
                 // it is writing).

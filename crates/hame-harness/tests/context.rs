@@ -407,11 +407,7 @@ async fn a_tools_json_edit_applies_at_the_next_step() -> TestResult {
     let dir = tempfile::tempdir()?;
     let ws = dir.path().join("ws");
     std::fs::create_dir_all(&ws)?;
-    let call = |id: &str, name: &str, args: serde_json::Value| hame_core::ToolCall {
-        id: id.into(),
-        name: name.into(),
-        arguments: args.to_string(),
-    };
+    let call = tool_call;
     let model = ScriptedModel::new([
         Reply::tools(&[call("c0", "noop", serde_json::json!({}))]),
         Reply::tools(&[call(
@@ -466,11 +462,7 @@ async fn an_edit_shows_at_the_next_step_through_the_snapshot() -> TestResult {
         "---\ndescription: The old skill.\n---\nSteps.\n",
     )?;
     backdate(&ws, std::time::Duration::from_secs(60))?;
-    let call = |id: &str, name: &str, args: serde_json::Value| hame_core::ToolCall {
-        id: id.into(),
-        name: name.into(),
-        arguments: args.to_string(),
-    };
+    let call = tool_call;
     let model = ScriptedModel::new([
         Reply::tools(&[call(
             "c0",
@@ -494,17 +486,7 @@ async fn an_edit_shows_at_the_next_step_through_the_snapshot() -> TestResult {
         Reply::text("done"),
     ]);
     let store = hame_fs::CountingFs::new(Arc::new(hame_fs::InMemoryFs::new()));
-    let agent = HarnessAgent::builder()
-        .model(Arc::new(model.clone()))
-        .workspace(&ws)
-        .tool(Arc::new(Noop))
-        .filesystem(hame_harness::FilesystemMode::SharedStore {
-            store: Arc::new(store.clone()),
-        })
-        .state_store(Arc::new(hame_state::InMemoryStore::new()))
-        .allow_local_state_with_shared_filesystem(true)
-        .memory(hame_harness::memory::MemoryOptions::disabled())
-        .build()?;
+    let agent = store_agent(&ws, &store, model.clone())?;
     let events = turn(
         &agent,
         Message::user("go"),
