@@ -631,10 +631,10 @@ impl HarnessAgentBuilder {
         outer.extend(sandbox_layer);
         // One snapshot of the workspace configuration per step, read by every layer inside
         // it and the step's tools (ADR 0028).
-        outer.push(Arc::new(crate::snapshot::SnapshotLayer::new(
-            Arc::default(),
-            self.scope,
-        )));
+        outer.push(Arc::new(
+            crate::snapshot::SnapshotLayer::new(Arc::default(), self.scope)
+                .with_sandbox_host(mode.sandboxes().map(|_| tenancy.template.clone())),
+        ));
         outer.push(Arc::new(hame_subagent::SubagentLayer::new(
             subagents.clone(),
         )));
