@@ -220,14 +220,15 @@ async fn per_user_layer_and_live_edits_show_on_the_next_step() -> TestResult {
         results[1]
     );
 
-    // Bob sees the shared layer only: never alice's skills.
-    let server = ScriptedServer::start().await?;
+    // Bob sees the shared layer only: never alice's skills (the scratch's server, which
+    // `run_ws` points at; Alice's requests come first).
+    let alices = server.requests().len();
     server.push_all([
         ScriptStep::tool_call("c1", "load_skill", json!({"name": "private"})),
         ScriptStep::text("ok"),
     ]);
     s.run_ws(&["--user", "bob"], "hi").await?;
-    let system = system_of(&server.requests()[0].body);
+    let system = system_of(&server.requests()[alices].body);
     assert!(
         system.contains("- fresh: Written just now.\n- review: Shared review.\n"),
         "{system}"
@@ -236,7 +237,7 @@ async fn per_user_layer_and_live_edits_show_on_the_next_step() -> TestResult {
         !system.contains("alice") && !system.contains("Only for alice"),
         "{system}"
     );
-    let results = tool_results(&server);
+    let results = tool_results(server);
     assert!(
         results[0].contains("no skill named `private`"),
         "{}",
