@@ -162,3 +162,44 @@ async fn an_edit_shows_at_the_next_snapshot() -> TestResult {
     assert_eq!(again.reads(), 1);
     Ok(())
 }
+
+/// Sandbox mode: the host template's top level joins the snapshot (one `list`, its
+/// `tools.json` read once and then served from the cache), and reads through
+/// [`WorkspaceSnapshot::host`] get the host's file, not the caller's.
+#[tokio::test]
+async fn the_sandbox_host_is_probed_once_and_read_when_changed() -> TestResult {
+    let caller = tempfile::tempdir()?;
+    let host_dir = tempfile::tempdir()?;
+    put(caller.path(), "tools.json", r#"{"allow": ["everything"]}"#)?;
+    put(host_dir.path(), "tools.json", r#"{"deny": ["execute"]}"#)?;
+    put(host_dir.path(), "skills/s0/SKILL.md", "not probed")?;
+    let (ws, _) = workspace(caller.path())?;
+    let host_count = CountingFs::new(Arc::new(LocalFs::new(host_dir.path())?));
+    let host: Arc<dyn Filesystem> = Arc::new(host_count.clone());
+    let cache = SnapshotCache::default();
+    let tools = FsPath::parse("tools.json")?;
+    for step in 1..=2 {
+        host_count.reset();
+        let snap = WorkspaceSnapshot::take(&ws, &cache, step)
+            .await
+            .with_host(&host, &cache, "k")
+            .await;
+        let view = snap.host().ok_or("no host view")?;
+        assert_eq!(
+            view.read_bytes(&tools).await?,
+            br#"{"deny": ["execute"]}"#.to_vec()
+        );
+        // One listing of the host's top level; its tools.json read at the first step only.
+        let counts = host_count.counts();
+        assert_eq!(counts.of("list"), 1, "{:?}", counts.ops);
+        assert_eq!(counts.of("glob"), 0, "{:?}", counts.ops);
+        assert_eq!(
+            counts.of("read_bytes"),
+            u64::from(step == 1),
+            "{:?}",
+            counts.ops
+        );
+        assert!(snap.file(SnapshotRoot::Host, "tools.json").is_some());
+    }
+    Ok(())
+}
