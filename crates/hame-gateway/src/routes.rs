@@ -661,6 +661,8 @@ struct DecisionBody {
     decision: String,
     #[serde(default)]
     reason: Option<String>,
+    #[serde(default)]
+    always: Option<bool>,
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{session}/approvals/{id}", tag = "sessions",
@@ -680,6 +682,7 @@ pub(crate) async fn post_approval(
     valid_session(&session)?;
     let body: DecisionBody = parse(&body)?;
     let value = match (body.decision.as_str(), body.reason) {
+        ("approve", _) if body.always == Some(true) => json!({"approve": true, "always": true}),
         ("approve", _) => json!({"approve": true}),
         ("deny", Some(r)) => json!({"approve": false, "reason": r}),
         ("deny", None) => json!({"approve": false}),

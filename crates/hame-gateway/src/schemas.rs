@@ -184,6 +184,9 @@ pub(crate) struct DecisionRequest {
     decision: String,
     /// Why (given to the model with a denial).
     reason: Option<String>,
+    /// With `approve`: allow the same call (tool and file) for the rest of the session
+    /// without asking, the file routes included (`docs/permissions.md`).
+    always: Option<bool>,
 }
 
 /// `GET …/messages`: the session's log.
