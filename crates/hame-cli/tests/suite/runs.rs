@@ -199,7 +199,10 @@ async fn an_unverified_run_shows_its_evidence(state: &str) -> TestResult {
             json!({"message": "m", "verify_attempts": 2}),
             "`verify_attempts`",
         ),
-        (json!({"message": "m", "verify": "tests"}), "verify"),
+        (
+            json!({"message": "m", "verify": "tests"}),
+            "expected a sequence",
+        ),
     ] {
         let r = post(bad.clone()).await?;
         assert_eq!(r.status().as_u16(), 400, "{bad}");
