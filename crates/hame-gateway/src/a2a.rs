@@ -508,7 +508,9 @@ impl Cx {
             .then_some(idem);
         let key = hame::state::StateKey::new(self.agent.name(), self.user.as_deref(), &session)
             .map_err(|e| RpcError::params(e.to_string()))?;
-        let new = NewRun::message(key, text, idem).map_err(|e| RpcError::params(e.to_string()))?;
+        let new = NewRun::message(key, text, idem)
+            .map_err(|e| RpcError::params(e.to_string()))?
+            .with_trace(crate::http_trace::current_carrier());
         let submitted = q.submit(new).await.map_err(|e| RpcError::store(&e))?;
         Ok(submitted.run)
     }
@@ -816,7 +818,7 @@ fn artifact(run: &Run) -> Value {
 /// `reply` and, with the request, in the history (the last `history` messages).
 fn task(run: &Run, history: Option<usize>) -> Value {
     let request = match &run.input {
-        RunInput::Message { message } => message.clone(),
+        RunInput::Message { message, .. } => message.clone(),
         #[allow(unreachable_patterns)]
         _ => String::new(),
     };

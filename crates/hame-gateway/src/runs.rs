@@ -122,7 +122,8 @@ pub(crate) async fn submit(
     let key = hame::state::StateKey::new(agent.name(), ctx.user_id.as_deref(), &ctx.session_id)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", e.to_string()))?;
     let new = NewRun::message(key, body.message, idem)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        .map_err(|e| ApiError::bad_request(e.to_string()))?
+        .with_trace(crate::http_trace::current_carrier());
     let s = q.submit(new).await.map_err(|e| store_error(&e))?;
     let status = if s.created {
         StatusCode::ACCEPTED

@@ -133,6 +133,11 @@ pub enum RunInput {
     Message {
         /// The text.
         message: String,
+        /// The submitting request's W3C trace context (`traceparent`, `tracestate`), which
+        /// the worker that executes the run continues (empty: none; stored with the input,
+        /// so every backend keeps it without a schema change).
+        #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+        trace: std::collections::BTreeMap<String, String>,
     },
 }
 
@@ -323,9 +328,25 @@ impl NewRun {
         }
         Ok(Self {
             key,
-            input: RunInput::Message { message },
+            input: RunInput::Message {
+                message,
+                trace: Default::default(),
+            },
             idempotency_key,
         })
+    }
+
+    /// With the submitting request's W3C trace context (at most 8 entries of at most 512
+    /// bytes each are kept: a carrier is two short headers).
+    pub fn with_trace(mut self, carrier: impl IntoIterator<Item = (String, String)>) -> Self {
+        let RunInput::Message { trace, .. } = &mut self.input;
+        trace.extend(
+            carrier
+                .into_iter()
+                .filter(|(k, v)| k.len() <= 512 && v.len() <= 512)
+                .take(8),
+        );
+        self
     }
 }
 
