@@ -66,6 +66,7 @@ pub struct HarnessAgentBuilder {
     budgets: crate::cost::Budgets,
     prices: Option<crate::cost::Prices>,
     verifiers: crate::evidence::Verifiers,
+    no_action_records: bool,
 }
 
 /// Opens a model from a `provider:model` spec (a subagent spec's `model` key); the CLI
@@ -122,6 +123,17 @@ impl HarnessAgentBuilder {
     /// See `docs/evidence.md`.
     pub fn verifier(mut self, verifier: crate::evidence::Verifier) -> Self {
         self.verifiers.add(verifier);
+        self
+    }
+
+    /// Whether every tool call leaves an observation and every model request a context
+    /// manifest (default: yes; docs/evidence.md, docs/context-manifest.md). Off, the
+    /// `observations` and `context-manifest` layers are left out of the stack: what the step
+    /// benchmark compares (docs/benchmarks.md). Checks and the completion gate still work;
+    /// a model's own `execute` of a check's command then records no evidence (there is no
+    /// observation to bind it to), so the gate runs the check itself.
+    pub fn action_records(mut self, on: bool) -> Self {
+        self.no_action_records = !on;
         self
     }
 
@@ -619,10 +631,10 @@ impl HarnessAgentBuilder {
         outer.extend(sandbox_layer);
         // One snapshot of the workspace configuration per step, read by every layer inside
         // it and the step's tools (ADR 0028).
-        outer.push(Arc::new(crate::snapshot::SnapshotLayer::new(
-            Arc::default(),
-            self.scope,
-        )));
+        outer.push(Arc::new(
+            crate::snapshot::SnapshotLayer::new(Arc::default(), self.scope)
+                .with_sandbox_host(mode.sandboxes().map(|_| tenancy.template.clone())),
+        ));
         outer.push(Arc::new(hame_subagent::SubagentLayer::new(
             subagents.clone(),
         )));
@@ -638,6 +650,7 @@ impl HarnessAgentBuilder {
             Arc::new(context),
             memory.as_ref().map(|m| (m, &side_model)),
             self.inner_layers,
+            !self.no_action_records,
         ) {
             agent_loop = agent_loop.with_layer(layer);
         }
@@ -666,7 +679,9 @@ impl HarnessAgentBuilder {
         agent_loop =
             agent_loop.with_layer(Arc::new(crate::cost::BudgetLayer::new(budgets, prices)));
         // Innermost: the manifest of each request as sent (ADR 0035).
-        agent_loop = agent_loop.with_layer(manifest_layer);
+        if !self.no_action_records {
+            agent_loop = agent_loop.with_layer(manifest_layer);
+        }
         let inner = Arc::new(Inner {
             budgets,
             name,
@@ -715,15 +730,18 @@ fn builtin_stack(
     context: Arc<WorkspaceContext>,
     memory: Option<(&Arc<MemoryLayer>, &Arc<dyn Model>)>,
     inner: Vec<Arc<dyn Layer>>,
+    observations: bool,
 ) -> Vec<Arc<dyn Layer>> {
     let mut stack = outer;
     stack.push(recorder);
     stack.push(Arc::new(crate::evidence::VerifyLayer::new(
         evidence.clone(),
     )));
-    stack.push(Arc::new(crate::evidence::ObservationLayer::new(
-        evidence.clone(),
-    )));
+    if observations {
+        stack.push(Arc::new(crate::evidence::ObservationLayer::new(
+            evidence.clone(),
+        )));
+    }
     stack.push(context);
     if let Some((layer, model)) = memory {
         let compaction = CompactionLayer::new(layer.compactor.clone(), model.clone())

@@ -242,7 +242,12 @@ impl PermissionLayer {
             hame_tools::snapshot::config_view(&cx.tool.extensions, cx.iteration),
         ) {
             let config = layer
-                .load_step(&ws, cx.tool.runtime.call_id(), cx.iteration)
+                .load_step(
+                    &ws,
+                    &cx.tool.extensions,
+                    cx.tool.runtime.call_id(),
+                    cx.iteration,
+                )
                 .await?;
             add_rules(&mut rules, config.permissions.as_ref());
             if call.name.starts_with("mcp__") {
