@@ -508,7 +508,9 @@ impl Cx {
             .then_some(idem);
         let key = hame::state::StateKey::new(self.agent.name(), self.user.as_deref(), &session)
             .map_err(|e| RpcError::params(e.to_string()))?;
-        let new = NewRun::message(key, text, idem).map_err(|e| RpcError::params(e.to_string()))?;
+        let new = NewRun::message(key, text, idem)
+            .map_err(|e| RpcError::params(e.to_string()))?
+            .with_trace(crate::http_trace::current_carrier());
         let submitted = q.submit(new).await.map_err(|e| RpcError::store(&e))?;
         Ok(submitted.run)
     }

@@ -60,3 +60,26 @@ fn on_response(res: &Response<Body>, _latency: Duration, span: &Span) {
         span.record("otel.status_code", "error");
     }
 }
+
+/// The current span's W3C trace context, to store with work that another process or a
+/// later task executes (a durable run): empty without a propagator (no exporter).
+pub(crate) fn current_carrier() -> std::collections::BTreeMap<String, String> {
+    let cx = Span::current().context();
+    let mut carrier = std::collections::HashMap::<String, String>::new();
+    opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&cx, &mut carrier));
+    carrier.into_iter().collect()
+}
+
+/// Makes `span` continue the trace context stored in `carrier` ([`current_carrier`]).
+pub(crate) fn continue_trace(span: &Span, carrier: &std::collections::BTreeMap<String, String>) {
+    if carrier.is_empty() {
+        return;
+    }
+    let map: std::collections::HashMap<String, String> = carrier
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&map));
+    // Refused only without an OpenTelemetry subscriber: nothing to continue then.
+    let _ = span.set_parent(parent);
+}

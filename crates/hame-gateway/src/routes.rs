@@ -554,12 +554,9 @@ pub(crate) async fn get_tasks(
     params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`")),
     responses((status = 200, description = "`{session, observations}`: one record per tool call and check run, oldest first (docs/evidence.md)", body = serde_json::Value),))]
 pub(crate) async fn get_observations(
-    State(shared): State<AppState>,
-    Served { user, agent }: Served,
-    Path(SessionPath { session }): Path<SessionPath>,
+    InSession { agent, ctx }: InSession,
 ) -> Result<Json<Value>, ApiError> {
-    valid_session(&session)?;
-    let ctx = context(&shared, user, &session);
+    let session = ctx.session_id.clone();
     let observations = agent
         .session_observations(&ctx, &session)
         .await
@@ -573,12 +570,9 @@ pub(crate) async fn get_observations(
     params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`")),
     responses((status = 200, description = "`{session, evidence}`: the newest evidence of each check, `stale` when a covered file changed since (docs/evidence.md)", body = serde_json::Value),))]
 pub(crate) async fn get_evidence(
-    State(shared): State<AppState>,
-    Served { user, agent }: Served,
-    Path(SessionPath { session }): Path<SessionPath>,
+    InSession { agent, ctx }: InSession,
 ) -> Result<Json<Value>, ApiError> {
-    valid_session(&session)?;
-    let ctx = context(&shared, user, &session);
+    let session = ctx.session_id.clone();
     let evidence = agent
         .session_evidence(&ctx, &session)
         .await
@@ -591,13 +585,8 @@ pub(crate) async fn get_evidence(
 #[utoipa::path(get, path = "/v1/sessions/{session}/task", tag = "sessions",
     params(("session" = String, Path, description = "The session id: `[A-Za-z0-9._@-]{1,128}`")),
     responses((status = 200, description = "`{session, goal, requirements, evidence}`: the task state (docs/evidence.md)", body = serde_json::Value),))]
-pub(crate) async fn get_task(
-    State(shared): State<AppState>,
-    Served { user, agent }: Served,
-    Path(SessionPath { session }): Path<SessionPath>,
-) -> Result<Json<Value>, ApiError> {
-    valid_session(&session)?;
-    let ctx = context(&shared, user, &session);
+pub(crate) async fn get_task(InSession { agent, ctx }: InSession) -> Result<Json<Value>, ApiError> {
+    let session = ctx.session_id.clone();
     let task = agent
         .task_state(&ctx)
         .await

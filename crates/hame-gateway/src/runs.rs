@@ -159,7 +159,8 @@ pub(crate) async fn submit(
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", e.to_string()))?;
     let verify = crate::routes::checked_verify(&agent, body.verify, body.verify_attempts)?;
     let mut new = NewRun::message(key, body.message, idem)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        .map_err(|e| ApiError::bad_request(e.to_string()))?
+        .with_trace(crate::http_trace::current_carrier());
     if let Some((names, attempts)) = verify {
         new = new.with_verify(names, Some(attempts));
     }

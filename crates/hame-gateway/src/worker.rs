@@ -169,6 +169,11 @@ impl Worker {
                         let me = self.clone();
                         let abort = abort.clone();
                         let span = tracing::info_span!("hame.run", run = %c.run.id, session = %c.run.session, attempt = c.attempt);
+                        // The run continues the submitting request's trace, in whichever
+                        // replica executes it.
+                        if let RunInput::Message { trace, .. } = &c.run.input {
+                            crate::http_trace::continue_trace(&span, trace);
+                        }
                         tasks.spawn(tracing::Instrument::instrument(
                             async move {
                                 me.execute(c, abort).await;
@@ -212,6 +217,7 @@ impl Worker {
             message,
             verify,
             verify_attempts,
+            ..
         } = &run.input
         else {
             let end = RunEnd::Failed(RunError {

@@ -366,11 +366,199 @@ async fn http(
             http::HeaderValue::from_str(v).map_err(|e| start(format!("header `{k}`: {e}")))?;
         custom.insert(name, value);
     }
-    let transport = StreamableHttpClientTransport::from_config(config.custom_headers(custom));
+    let transport = StreamableHttpClientTransport::with_client(
+        traced::TracedClient::new().map_err(|e| start(format!("its HTTP client: {e}")))?,
+        config.custom_headers(custom),
+    );
     handler
         .serve(transport)
         .await
         .map_err(|e| start(format!("initialize failed at {url}: {e}")))
+}
+
+/// The SDK's reqwest client with the W3C trace context of each `tools/call` (its `_meta`,
+/// [`trace_meta`]) also sent as the `traceparent` / `tracestate` HTTP headers, which HTTP
+/// servers, proxies and their tracing middleware read. The SDK sends from its transport
+/// task, outside the tool's span, so the context is taken from the message itself.
+#[cfg(feature = "http")]
+mod traced {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use futures::stream::BoxStream;
+    use http::{HeaderName, HeaderValue};
+    use rmcp::model::{ClientJsonRpcMessage, ClientRequest, JsonRpcMessage};
+    use rmcp::transport::streamable_http_client::{
+        SseError, StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
+        StreamableHttpResponseLimits,
+    };
+    use sse_stream::Sse;
+
+    /// Redirects followed per request (the SDK's own client follows as many).
+    const MAX_REDIRECTS: usize = 10;
+
+    /// See the [module docs](self).
+    #[derive(Debug, Clone)]
+    pub(super) struct TracedClient(reqwest::Client);
+
+    impl TracedClient {
+        /// The client the SDK builds for itself: no idle pooling (a 40 ms delayed-ACK stall
+        /// otherwise), only same-origin 307/308 redirects (a 301–303 would drop the body, a
+        /// cross-origin one would hand the session and headers to another host).
+        pub(super) fn new() -> Result<Self, reqwest::Error> {
+            let policy = reqwest::redirect::Policy::custom(|attempt| {
+                let same_origin = attempt.previous().first().is_some_and(|first| {
+                    first.scheme() == attempt.url().scheme()
+                        && first.host_str() == attempt.url().host_str()
+                        && first.port_or_known_default() == attempt.url().port_or_known_default()
+                });
+                let keeps_body = matches!(attempt.status().as_u16(), 307 | 308);
+                if same_origin && keeps_body && attempt.previous().len() <= MAX_REDIRECTS {
+                    attempt.follow()
+                } else {
+                    attempt.stop()
+                }
+            });
+            reqwest::Client::builder()
+                .pool_max_idle_per_host(0)
+                .redirect(policy)
+                .build()
+                .map(Self)
+        }
+    }
+
+    /// Copies the trace context of a `tools/call`'s `_meta` into `headers`.
+    pub(super) fn trace_headers(
+        message: &ClientJsonRpcMessage,
+        headers: &mut HashMap<HeaderName, HeaderValue>,
+    ) {
+        let JsonRpcMessage::Request(request) = message else {
+            return;
+        };
+        let ClientRequest::CallToolRequest(call) = &request.request else {
+            return;
+        };
+        let Some(meta) = &call.params.meta else {
+            return;
+        };
+        for key in ["traceparent", "tracestate"] {
+            if let Some(value) = meta.0.0.get(key).and_then(serde_json::Value::as_str)
+                && let Ok(value) = HeaderValue::from_str(value)
+            {
+                headers.insert(HeaderName::from_static(key), value);
+            }
+        }
+    }
+
+    impl StreamableHttpClient for TracedClient {
+        type Error = reqwest::Error;
+
+        async fn post_message(
+            &self,
+            uri: Arc<str>,
+            message: ClientJsonRpcMessage,
+            session_id: Option<Arc<str>>,
+            auth_header: Option<String>,
+            mut custom_headers: HashMap<HeaderName, HeaderValue>,
+        ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+            trace_headers(&message, &mut custom_headers);
+            self.0
+                .post_message(uri, message, session_id, auth_header, custom_headers)
+                .await
+        }
+
+        async fn post_message_with_max_sse_event_size(
+            &self,
+            uri: Arc<str>,
+            message: ClientJsonRpcMessage,
+            session_id: Option<Arc<str>>,
+            auth_header: Option<String>,
+            mut custom_headers: HashMap<HeaderName, HeaderValue>,
+            max_sse_event_size: usize,
+        ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+            trace_headers(&message, &mut custom_headers);
+            self.0
+                .post_message_with_max_sse_event_size(
+                    uri,
+                    message,
+                    session_id,
+                    auth_header,
+                    custom_headers,
+                    max_sse_event_size,
+                )
+                .await
+        }
+
+        async fn post_message_with_response_limits(
+            &self,
+            uri: Arc<str>,
+            message: ClientJsonRpcMessage,
+            session_id: Option<Arc<str>>,
+            auth_header: Option<String>,
+            mut custom_headers: HashMap<HeaderName, HeaderValue>,
+            limits: StreamableHttpResponseLimits,
+        ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+            trace_headers(&message, &mut custom_headers);
+            self.0
+                .post_message_with_response_limits(
+                    uri,
+                    message,
+                    session_id,
+                    auth_header,
+                    custom_headers,
+                    limits,
+                )
+                .await
+        }
+
+        async fn delete_session(
+            &self,
+            uri: Arc<str>,
+            session_id: Arc<str>,
+            auth_header: Option<String>,
+            custom_headers: HashMap<HeaderName, HeaderValue>,
+        ) -> Result<(), StreamableHttpError<Self::Error>> {
+            self.0
+                .delete_session(uri, session_id, auth_header, custom_headers)
+                .await
+        }
+
+        async fn get_stream(
+            &self,
+            uri: Arc<str>,
+            session_id: Option<Arc<str>>,
+            last_event_id: Option<String>,
+            auth_header: Option<String>,
+            custom_headers: HashMap<HeaderName, HeaderValue>,
+        ) -> Result<BoxStream<'static, Result<Sse, SseError>>, StreamableHttpError<Self::Error>>
+        {
+            self.0
+                .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+                .await
+        }
+
+        async fn get_stream_with_max_sse_event_size(
+            &self,
+            uri: Arc<str>,
+            session_id: Option<Arc<str>>,
+            last_event_id: Option<String>,
+            auth_header: Option<String>,
+            custom_headers: HashMap<HeaderName, HeaderValue>,
+            max_sse_event_size: usize,
+        ) -> Result<BoxStream<'static, Result<Sse, SseError>>, StreamableHttpError<Self::Error>>
+        {
+            self.0
+                .get_stream_with_max_sse_event_size(
+                    uri,
+                    session_id,
+                    last_event_id,
+                    auth_header,
+                    custom_headers,
+                    max_sse_event_size,
+                )
+                .await
+        }
+    }
 }
 
 #[cfg(not(feature = "http"))]

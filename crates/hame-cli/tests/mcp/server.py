@@ -35,7 +35,8 @@ def header(ctx: Context) -> str:
 
 @server.tool()
 def trace(ctx: Context) -> str:
-    """The W3C trace context the request carried in `_meta` (MCP SEP-414)."""
+    """The W3C trace context the request carried in `_meta` (MCP SEP-414) and, over HTTP,
+    in the `traceparent` header."""
     meta = ctx.request_context.meta
     if meta is None:
         parent = None
@@ -43,7 +44,8 @@ def trace(ctx: Context) -> str:
         parent = meta.get("traceparent")
     else:
         parent = getattr(meta, "traceparent", None) or (getattr(meta, "model_extra", None) or {}).get("traceparent")
-    return "traceparent=" + str(parent)
+    headers = ctx.headers or {}
+    return "traceparent=" + str(parent) + " header=" + str(headers.get("traceparent", "(none)"))
 
 
 @server.tool()

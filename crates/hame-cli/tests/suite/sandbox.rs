@@ -494,3 +494,80 @@ async fn snapshots_keep_the_last_ones_and_hame_sandbox_gc_sweeps() -> TestResult
     assert_eq!(last_exec(server), "3\n");
     Ok(())
 }
+
+/// `hame serve --sandbox docker`: an upload through the file routes lands in the caller's
+/// sandbox (not on the host), waits for a running turn of the scope instead of writing
+/// under its tools, and is in the snapshot a new process starts from.
+#[tokio::test]
+async fn file_routes_hold_the_sandbox_like_a_turn_and_are_snapshotted() -> TestResult {
+    use super::serve::{Serve, client};
+    let Some((s, agent)) = docker_scratch().await? else {
+        return Ok(());
+    };
+    let (server, ws) = (&s.server, &s.ws);
+    let serve = Serve::start(
+        s.path(),
+        &server.base_url(),
+        &["--agent", &agent, "--sandbox", "docker"],
+    )?;
+    let r = client()
+        .put(serve.at("/v1/sessions/s1/files/inbox/in.txt"))
+        .body("uploaded\n")
+        .send()
+        .await?;
+    assert_eq!(r.status(), 201);
+    assert!(!ws.join("inbox/in.txt").exists(), "not on the host");
+
+    // A turn whose tool takes 3 s; an upload sent meanwhile waits for it: the tool never
+    // sees the file appear under it.
+    server.push_all([
+        exec(
+            "c1",
+            "cat inbox/in.txt; sleep 3; cat late.txt 2>/dev/null || echo absent; echo turn > turn.txt",
+        ),
+        ScriptStep::text("done"),
+    ]);
+    let turn = tokio::spawn({
+        let url = serve.at("/v1/sessions/s1/messages");
+        async move {
+            client()
+                .post(url)
+                .json(&json!({"message": "go"}))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let started = std::time::Instant::now();
+    let r = client()
+        .put(serve.at("/v1/sessions/s1/files/late.txt"))
+        .body("late\n")
+        .send()
+        .await?;
+    let waited = started.elapsed();
+    assert_eq!(r.status(), 201);
+    assert_eq!(turn.await??, 200);
+    assert_eq!(last_exec(server), "uploaded\nabsent\n");
+    eprintln!("the upload waited {waited:?} for the turn");
+    let r = client()
+        .get(serve.at("/v1/sessions/s1/files/turn.txt"))
+        .send()
+        .await?;
+    assert_eq!(r.text().await?, "turn\n");
+    drop(serve);
+
+    // A new process restores the snapshot: both uploads are there.
+    server.push_all([
+        exec("c2", "cat inbox/in.txt late.txt"),
+        ScriptStep::text("ok"),
+    ]);
+    s.run_code(0, &docker(&s, &agent, &["--session", "s1"]), "again", &[])
+        .await?;
+    assert_eq!(last_exec(server), "uploaded\nlate\n");
+    assert!(
+        containers_of(&agent).is_empty(),
+        "no container outlives hame"
+    );
+    Ok(())
+}

@@ -410,9 +410,71 @@ async fn an_mcp_tool_call_carries_the_execute_tool_span_as_its_trace_parent() ->
         .iter()
         .find(|s| s.name == "execute_tool mcp__web__trace")
         .ok_or("no execute_tool span")?;
-    assert_eq!(
-        results,
-        [format!("traceparent=00-{}-{}-01", tool.trace, tool.id)]
+    // In `_meta` (every transport) and, over HTTP, as the header.
+    let parent = format!("00-{}-{}-01", tool.trace, tool.id);
+    assert_eq!(results, [format!("traceparent={parent} header={parent}")]);
+    Ok(())
+}
+
+/// A durable run (`POST …/runs`, executed later by a worker) continues the submitting
+/// request's trace: the trace context is stored with the run, and the worker's spans and
+/// its model request are in the caller's trace.
+#[tokio::test]
+async fn a_durable_run_continues_the_submitting_requests_trace() -> TestResult {
+    use pretty_assertions::assert_eq;
+    let dir = tempfile::tempdir()?;
+    let (otlp, got) = collector().await?;
+    let model = ScriptedServer::start().await?;
+    model.push_all([ScriptStep::text("run done")]);
+    let serve =
+        super::serve::Serve::start(dir.path(), &model.base_url(), &["--otlp-endpoint", &otlp])?;
+    let trace = "5bf92f3577b34da6a3ce929d0e0e4737";
+    let http = reqwest::Client::new();
+    let r = http
+        .post(serve.at("/v1/sessions/r1/runs"))
+        .header("traceparent", format!("00-{trace}-10f067aa0ba902b7-01"))
+        .json(&serde_json::json!({"message": "later"}))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 202, "{}", serve.stderr());
+    let run: serde_json::Value = r.json().await?;
+    let id = run["run_id"].as_str().ok_or("no run id")?.to_owned();
+    let started = std::time::Instant::now();
+    let status = loop {
+        let run: serde_json::Value = http
+            .get(serve.at(&format!("/v1/runs/{id}")))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let status = run["status"].as_str().unwrap_or_default().to_owned();
+        if status == "completed" || started.elapsed() > std::time::Duration::from_secs(30) {
+            break status;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(status, "completed");
+    let sent: Vec<String> = model
+        .requests()
+        .iter()
+        .map(|r| r.header("traceparent").unwrap_or("").to_owned())
+        .collect();
+    assert_eq!(sent.len(), 1);
+    assert!(sent[0].starts_with(&format!("00-{trace}-")), "{sent:?}");
+    assert_eq!(serve.stop().await?, Some(0));
+    let posts = got.lock().map(|g| g.clone()).unwrap_or_default();
+    let all = spans(&posts)?;
+    let in_trace: Vec<&str> = all
+        .iter()
+        .filter(|s| s.trace == trace)
+        .map(|s| s.name.as_str())
+        .collect();
+    for name in ["POST /v1/sessions/{session}/runs", "hame.run", "chat m"] {
+        assert!(in_trace.contains(&name), "{name} not in {in_trace:?}");
+    }
+    assert!(
+        in_trace.iter().any(|n| n.starts_with("invoke_agent")),
+        "{in_trace:?}"
     );
     Ok(())
 }

@@ -52,6 +52,23 @@ pub async fn submit_get_list<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
         got.as_ref() == Some(&a.run),
         "get returns the run as submitted: {got:?}"
     );
+    let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let traced = q
+        .submit(msg(&agent, Some("u3"), "s3", "traced")?.with_trace([
+            ("traceparent".to_owned(), parent.to_owned()),
+            ("tracestate".to_owned(), "k=v".to_owned()),
+        ]))
+        .await?;
+    let got = q.get(&traced.run.id).await?;
+    let trace = match got.as_ref().map(|r| &r.input) {
+        Some(super::RunInput::Message { trace, .. }) => trace.clone(),
+        _ => Default::default(),
+    };
+    ensure!(
+        trace.get("traceparent").map(String::as_str) == Some(parent)
+            && trace.get("tracestate").map(String::as_str) == Some("k=v"),
+        "the submitter's trace context is kept with the run: {got:?}"
+    );
     let ids = |runs: Vec<super::Run>| runs.into_iter().map(|r| r.id).collect::<Vec<_>>();
     ensure!(
         ids(q

@@ -157,6 +157,11 @@ pub enum RunInput {
         /// The gate's check rounds (`None`: the default, 2).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         verify_attempts: Option<u32>,
+        /// The submitting request's W3C trace context (`traceparent`, `tracestate`), which
+        /// the worker that executes the run continues (empty: none; stored with the input,
+        /// so every backend keeps it without a schema change).
+        #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+        trace: std::collections::BTreeMap<String, String>,
     },
 }
 
@@ -388,6 +393,7 @@ impl NewRun {
                 message,
                 verify: Vec::new(),
                 verify_attempts: None,
+                trace: Default::default(),
             },
             idempotency_key,
         })
@@ -403,6 +409,19 @@ impl NewRun {
         } = &mut self.input;
         *verify = names;
         *verify_attempts = attempts;
+        self
+    }
+
+    /// With the submitting request's W3C trace context (at most 8 entries of at most 512
+    /// bytes each are kept: a carrier is two short headers).
+    pub fn with_trace(mut self, carrier: impl IntoIterator<Item = (String, String)>) -> Self {
+        let RunInput::Message { trace, .. } = &mut self.input;
+        trace.extend(
+            carrier
+                .into_iter()
+                .filter(|(k, v)| k.len() <= 512 && v.len() <= 512)
+                .take(8),
+        );
         self
     }
 }
