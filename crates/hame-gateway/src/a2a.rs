@@ -816,7 +816,7 @@ fn artifact(run: &Run) -> Value {
 /// `reply` and, with the request, in the history (the last `history` messages).
 fn task(run: &Run, history: Option<usize>) -> Value {
     let request = match &run.input {
-        RunInput::Message { message } => message.clone(),
+        RunInput::Message { message, .. } => message.clone(),
         #[allow(unreachable_patterns)]
         _ => String::new(),
     };

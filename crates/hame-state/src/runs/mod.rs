@@ -112,6 +112,13 @@ impl RunStatus {
         })
     }
 
+    /// Whether [`RunQueue::purge_finished`] may delete a run in this status: `completed`,
+    /// `failed` and `cancelled`; never `waiting_approval` (its approvals still wait for a
+    /// decision), `queued` or `running`.
+    pub fn is_purgeable(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+    }
+
     /// Whether the run has ended (nothing will change it any more).
     pub fn is_finished(self) -> bool {
         !matches!(self, Self::Queued | Self::Running)
@@ -133,6 +140,11 @@ pub enum RunInput {
     Message {
         /// The text.
         message: String,
+        /// Values for the turn's runtime context (`RuntimeContext::extras`): what a
+        /// `POST …/messages` request adds to its turn (a caller's budget, required checks,
+        /// a goal), so a worker that takes the run over runs the same turn.
+        #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+        extras: serde_json::Map<String, serde_json::Value>,
     },
 }
 
@@ -323,9 +335,19 @@ impl NewRun {
         }
         Ok(Self {
             key,
-            input: RunInput::Message { message },
+            input: RunInput::Message {
+                message,
+                extras: serde_json::Map::new(),
+            },
             idempotency_key,
         })
+    }
+
+    /// With these values for the turn's runtime context (see [`RunInput::Message`]).
+    pub fn with_extras(mut self, values: serde_json::Map<String, serde_json::Value>) -> Self {
+        let RunInput::Message { extras, .. } = &mut self.input;
+        *extras = values;
+        self
     }
 }
 
@@ -461,6 +483,9 @@ impl ClaimOptions {
 /// - **Submit.** [`submit`](Self::submit) stores a `queued` run. With an idempotency key,
 ///   at most one run exists per `(agent, user, key)`, even under concurrent submits from
 ///   several processes; a repeat returns it with `created: false`.
+/// - **Submit and claim.** [`submit_claimed`](Self::submit_claimed) stores a run and
+///   claims it atomically when its session is free; no [`claim`](Self::claim) can take it
+///   in between. Otherwise it is a plain submit.
 /// - **One at a time per session, in order.** [`claim`](Self::claim) hands out the oldest
 ///   claimable run of [`ClaimOptions::agent`], and a run only when no earlier run of its session is
 ///   queued or running: runs of one session never overlap and start in submission order.
@@ -474,14 +499,27 @@ impl ClaimOptions {
 ///   a finished run never changes again.
 /// - **Cancel from anywhere.** [`cancel`](Self::cancel) ends a queued run at once and
 ///   flags a running one; the flag comes back in the next [`Beat`].
-/// - **Retention.** [`purge_finished`](Self::purge_finished) deletes finished runs older
-///   than a time, never a queued or running one.
+/// - **Retention.** [`purge_finished`](Self::purge_finished) deletes `completed`, `failed`
+///   and `cancelled` runs older than a time, never a queued, running or
+///   `waiting_approval` one (its approvals still wait for a decision).
 /// - **Isolation.** [`list`](Self::list) returns only the runs of the given agent and user;
 ///   [`get`](Self::get) returns any run by id, and callers check [`Run::is_owned_by`].
 #[async_trait]
 pub trait RunQueue: Send + Sync + fmt::Debug + 'static {
     /// Stores a new queued run, or returns the run of a repeated idempotency key.
     async fn submit(&self, new: NewRun) -> Result<Submitted>;
+
+    /// Stores a new run and, when its session has no other queued or running run, claims
+    /// it for `options.worker` in the same step: no other worker can claim it first. A
+    /// request that executes its own run (`POST …/messages`) uses it; if its process dies,
+    /// the claim lapses and another worker takes the run over like any other. The claim is
+    /// `None` when the session is busy (the run waits in the queue for a worker) and for a
+    /// repeated idempotency key (nothing new was stored).
+    async fn submit_claimed(
+        &self,
+        new: NewRun,
+        options: &ClaimOptions,
+    ) -> Result<(Submitted, Option<Claim>)>;
 
     /// A run by id; `None` when there is none (an invalid id names none).
     async fn get(&self, id: &str) -> Result<Option<Run>>;
@@ -600,6 +638,13 @@ macro_rules! forward_queue {
         impl<T: RunQueue + ?Sized> RunQueue for $ty {
             async fn submit(&self, new: NewRun) -> Result<Submitted> {
                 (**self).submit(new).await
+            }
+            async fn submit_claimed(
+                &self,
+                new: NewRun,
+                options: &ClaimOptions,
+            ) -> Result<(Submitted, Option<Claim>)> {
+                (**self).submit_claimed(new, options).await
             }
             async fn get(&self, id: &str) -> Result<Option<Run>> {
                 (**self).get(id).await

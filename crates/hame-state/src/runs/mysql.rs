@@ -254,6 +254,79 @@ impl RunQueue for MySqlRunQueue {
         }
     }
 
+    async fn submit_claimed(
+        &self,
+        new: NewRun,
+        options: &ClaimOptions,
+    ) -> Result<(Submitted, Option<Claim>)> {
+        let run = Run::new(&new, Utc::now());
+        let input = serde_json::to_string(&run.input).map_err(Error::Serialize)?;
+        let user = new.key.user().unwrap_or("").to_owned();
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        // Uncommitted, the new row is invisible to (and locked against) every other claim.
+        let inserted = sqlx::query(
+            "INSERT INTO hame_runs (id, agent, user_key, session, idempotency_key, status, input,
+                created_at, updated_at)
+             VALUES (?, ?, ?, ?, ?, 'queued', ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+        )
+        .bind(&run.id)
+        .bind(&run.agent)
+        .bind(&user)
+        .bind(&run.session)
+        .bind(&run.idempotency_key)
+        .bind(input)
+        .execute(&mut *tx)
+        .await;
+        match inserted {
+            Ok(_) => {}
+            Err(e) if is_duplicate(&e) => {
+                tx.rollback().await.map_err(backend)?;
+                return Ok((self.submit(new).await?, None));
+            }
+            Err(e) => return Err(backend(e)),
+        }
+        let busy: Option<u64> = sqlx::query_scalar(
+            "SELECT seq FROM hame_runs
+             WHERE agent = ? AND user_key = ? AND session = ? AND id <> ?
+               AND status IN ('queued', 'running') LIMIT 1",
+        )
+        .bind(&run.agent)
+        .bind(&user)
+        .bind(&run.session)
+        .bind(&run.id)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(backend)?;
+        if busy.is_none() {
+            sqlx::query(
+                "UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = ?,
+                     worker = ?, updated_at = UTC_TIMESTAMP(6),
+                     expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+                 WHERE id = ?",
+            )
+            .bind(&token)
+            .bind(&options.worker)
+            .bind(micros(options.lapse))
+            .bind(&run.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        }
+        tx.commit().await.map_err(backend)?;
+        let run = self
+            .by_id(&run.id)
+            .await?
+            .ok_or_else(|| backend("a submitted run vanished"))?;
+        let claim = busy.is_none().then(|| Claim {
+            attempt: run.attempts,
+            token,
+            lapse: options.lapse,
+            run: run.clone(),
+        });
+        Ok((Submitted { run, created: true }, claim))
+    }
+
     async fn get(&self, id: &str) -> Result<Option<Run>> {
         if validate_run_id(id).is_err() {
             return Ok(None);
@@ -419,7 +492,7 @@ impl RunQueue for MySqlRunQueue {
     ) -> Result<usize> {
         let done = sqlx::query(
             "DELETE FROM hame_runs
-             WHERE status IN ('completed', 'waiting_approval', 'failed', 'cancelled')
+             WHERE status IN ('completed', 'failed', 'cancelled')
                AND updated_at < ? AND agent = ?
              ORDER BY updated_at, seq LIMIT ?",
         )
