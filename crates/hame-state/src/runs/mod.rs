@@ -17,7 +17,7 @@
 //! reclaimed (it stopped heartbeating for longer than its lapse) can no longer write. The
 //! turn itself runs under the session's fenced lease ([`crate::Lease`]), taken by the
 //! harness, which lapses ([`crate::DEFAULT_LEASE_TTL`], 10 s) before a run is reclaimed
-//! ([`DEFAULT_RUN_LAPSE`], 15 s).
+//! ([`DEFAULT_RUN_LAPSE`], 14 s).
 #![allow(clippy::module_name_repetitions)]
 
 use std::fmt;
@@ -55,8 +55,15 @@ pub use redis::{REDIS_POLL, RedisRunQueue};
 pub use sql::{PgRunQueue, SQL_POLL};
 
 /// How long a running run may go without a heartbeat before another worker reclaims it
-/// (15 s). Workers heartbeat every [`HEARTBEAT_EVERY`].
-pub const DEFAULT_RUN_LAPSE: Duration = Duration::from_secs(15);
+/// (14 s). Workers heartbeat every [`HEARTBEAT_EVERY`].
+///
+/// Failover (a worker's death → its run claimed elsewhere) is at most this lapse plus one
+/// idle wait of the other workers (at most 1 s: `SQL_POLL`, `REDIS_POLL`; less on the
+/// other backends): 14 s + 1 s = 15 s, the bound. The claim's expiry is the last
+/// heartbeat before the death plus the lapse, so never later than death + lapse. It stays
+/// longer than the session lease ([`crate::DEFAULT_LEASE_TTL`], 10 s), so the new owner
+/// never meets the dead one's lease.
+pub const DEFAULT_RUN_LAPSE: Duration = Duration::from_secs(14);
 /// How often a worker heartbeats a run it executes (1 s): the heartbeat also reads the
 /// run's cancel flag, so a cancel sent to any replica stops the run within about this long.
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
