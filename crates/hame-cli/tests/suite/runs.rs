@@ -404,27 +404,7 @@ async fn workers_drain_take_over_and_cancel(state: &str) -> TestResult {
     assert_eq!(v["reply"], "done: slow one");
     let took = killed.elapsed();
     assert!(took < Duration::from_secs(15), "taken over after {took:?}");
-    let out = output(hame(
-        &[
-            "runs",
-            "show",
-            &slow,
-            "--json",
-            "--workspace",
-            &dir.path().join("ws").to_string_lossy(),
-            "--user",
-            "u",
-            "--agent",
-            &agent,
-            "--state",
-            state,
-        ],
-        &[],
-        dir.path(),
-    ))
-    .await?;
-    let shown: Value =
-        serde_json::from_str(&stdout(&out)).map_err(|e| format!("{e}: {}", stderr(&out)))?;
+    let shown = runs_cli(dir.path(), &agent, state, &["show", &slow]).await?;
     assert_eq!(shown["attempts"], 2, "claimed twice: {shown}");
 
     // Cancel through the server a run that a worker process executes.
@@ -1130,27 +1110,7 @@ async fn a_message_request_is_a_run(state: &str) -> TestResult {
     assert_eq!(runs.len(), 1, "{list}");
     assert_eq!(runs[0]["status"], "completed", "{list}");
     assert_eq!(runs[0]["reply"], "done: hello", "{list}");
-    let out = output(hame(
-        &[
-            "runs",
-            "list",
-            "s",
-            "--json",
-            "--workspace",
-            &dir.path().join("ws").to_string_lossy(),
-            "--user",
-            "u",
-            "--agent",
-            &agent,
-            "--state",
-            state,
-        ],
-        &[],
-        dir.path(),
-    ))
-    .await?;
-    let listed: Value =
-        serde_json::from_str(&stdout(&out)).map_err(|e| format!("{e}: {}", stderr(&out)))?;
+    let listed = runs_cli(dir.path(), &agent, state, &["list", "s"]).await?;
     assert!(
         listed
             .to_string()
@@ -1231,4 +1191,29 @@ async fn a_message_request_is_a_run_on_redis() -> TestResult {
         return Ok(());
     };
     a_message_request_is_a_run(&url).await
+}
+
+/// `hame runs <args> --json` as user `u` of `agent` on the workspace `dir/ws`: its JSON.
+async fn runs_cli(
+    dir: &Path,
+    agent: &str,
+    state: &str,
+    args: &[&str],
+) -> Result<Value, Box<dyn std::error::Error>> {
+    let ws = dir.join("ws").to_string_lossy().into_owned();
+    let mut all = vec!["runs"];
+    all.extend_from_slice(args);
+    all.extend([
+        "--json",
+        "--workspace",
+        &ws,
+        "--user",
+        "u",
+        "--agent",
+        agent,
+        "--state",
+        state,
+    ]);
+    let out = output(hame(&all, &[], dir)).await?;
+    Ok(serde_json::from_str(&stdout(&out)).map_err(|e| format!("{e}: {}", stderr(&out)))?)
 }

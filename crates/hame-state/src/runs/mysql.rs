@@ -206,25 +206,36 @@ fn is_duplicate(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
 }
 
+/// Inserts a new queued run (a duplicate-key error: its idempotency key names an existing
+/// one).
+async fn insert<'e>(
+    db: impl sqlx::MySqlExecutor<'e>,
+    run: &Run,
+    user: &str,
+    input: String,
+) -> std::result::Result<sqlx::mysql::MySqlQueryResult, sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO hame_runs (id, agent, user_key, session, idempotency_key, status, input,
+            created_at, updated_at)
+         VALUES (?, ?, ?, ?, ?, 'queued', ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+    )
+    .bind(&run.id)
+    .bind(&run.agent)
+    .bind(user)
+    .bind(&run.session)
+    .bind(&run.idempotency_key)
+    .bind(input)
+    .execute(db)
+    .await
+}
+
 #[async_trait]
 impl RunQueue for MySqlRunQueue {
     async fn submit(&self, new: NewRun) -> Result<Submitted> {
         let run = Run::new(&new, Utc::now());
         let input = serde_json::to_string(&run.input).map_err(Error::Serialize)?;
         let user = new.key.user().unwrap_or("").to_owned();
-        let inserted = sqlx::query(
-            "INSERT INTO hame_runs (id, agent, user_key, session, idempotency_key, status, input,
-                created_at, updated_at)
-             VALUES (?, ?, ?, ?, ?, 'queued', ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
-        )
-        .bind(&run.id)
-        .bind(&run.agent)
-        .bind(&user)
-        .bind(&run.session)
-        .bind(&run.idempotency_key)
-        .bind(input)
-        .execute(&self.pool)
-        .await;
+        let inserted = insert(&self.pool, &run, &user, input).await;
         match inserted {
             Ok(_) => {
                 let run = self
@@ -265,19 +276,7 @@ impl RunQueue for MySqlRunQueue {
         let token = uuid::Uuid::new_v4().simple().to_string();
         let mut tx = self.pool.begin().await.map_err(backend)?;
         // Uncommitted, the new row is invisible to (and locked against) every other claim.
-        let inserted = sqlx::query(
-            "INSERT INTO hame_runs (id, agent, user_key, session, idempotency_key, status, input,
-                created_at, updated_at)
-             VALUES (?, ?, ?, ?, ?, 'queued', ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
-        )
-        .bind(&run.id)
-        .bind(&run.agent)
-        .bind(&user)
-        .bind(&run.session)
-        .bind(&run.idempotency_key)
-        .bind(input)
-        .execute(&mut *tx)
-        .await;
+        let inserted = insert(&mut *tx, &run, &user, input).await;
         match inserted {
             Ok(_) => {}
             Err(e) if is_duplicate(&e) => {

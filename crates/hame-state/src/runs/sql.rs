@@ -225,22 +225,32 @@ impl PgRunQueue {
     }
 }
 
+/// Inserts a new queued run (`None`: its idempotency key names an existing one).
+async fn insert<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    run: &Run,
+    user: &str,
+    input: String,
+) -> Result<Option<PgRow>> {
+    sqlx::query(SQL.submit.as_str())
+        .bind(&run.id)
+        .bind(&run.agent)
+        .bind(user)
+        .bind(&run.session)
+        .bind(&run.idempotency_key)
+        .bind(input)
+        .fetch_optional(db)
+        .await
+        .map_err(backend)
+}
+
 #[async_trait]
 impl RunQueue for PgRunQueue {
     async fn submit(&self, new: NewRun) -> Result<Submitted> {
         let run = Run::new(&new, Utc::now());
         let input = serde_json::to_string(&run.input).map_err(Error::Serialize)?;
         let user = new.key.user().unwrap_or("").to_owned();
-        let row = sqlx::query(SQL.submit.as_str())
-            .bind(&run.id)
-            .bind(&run.agent)
-            .bind(&user)
-            .bind(&run.session)
-            .bind(&run.idempotency_key)
-            .bind(input)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(backend)?;
+        let row = insert(&self.pool, &run, &user, input).await?;
         if let Some(row) = row {
             let run = to_run(&row)?;
             self.notify().await;
@@ -276,16 +286,7 @@ impl RunQueue for PgRunQueue {
             .execute(&mut *tx)
             .await
             .map_err(backend)?;
-        let inserted = sqlx::query(SQL.submit.as_str())
-            .bind(&run.id)
-            .bind(&run.agent)
-            .bind(&user)
-            .bind(&run.session)
-            .bind(&run.idempotency_key)
-            .bind(input)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(backend)?;
+        let inserted = insert(&mut *tx, &run, &user, input).await?;
         let Some(row) = inserted else {
             tx.rollback().await.map_err(backend)?;
             return Ok((self.submit(new).await?, None));
