@@ -94,6 +94,22 @@ impl WorkerProcess {
     }
 }
 
+/// A scripted model that answers `done: <last user text>`, after 60 s for a text that
+/// starts with `slow`.
+async fn slow_model() -> Result<ScriptedServer, Box<dyn std::error::Error>> {
+    let model = ScriptedServer::start().await?;
+    model.set_responder(|r: &RecordedRequest| {
+        let text = r.last_user_text().unwrap_or_default();
+        let step = ScriptStep::text(format!("done: {text}"));
+        if text.starts_with("slow") {
+            step.with_delay(Duration::from_secs(60))
+        } else {
+            step
+        }
+    });
+    Ok(model)
+}
+
 /// The scripted model answers every request with `done: <last user text>`.
 fn echo(request: &RecordedRequest) -> ScriptStep {
     ScriptStep::text(format!(
@@ -325,18 +341,9 @@ async fn runs_are_accepted_executed_listed_and_isolated() -> TestResult {
 /// to another worker after `--run-lapse`, which completes it; a cancel sent to the server
 /// stops a run executing in a worker.
 async fn workers_drain_take_over_and_cancel(state: &str) -> TestResult {
-    let model = ScriptedServer::start().await?;
     // `slow …` messages take 60 s to answer: the worker executing one is killed or the
     // run cancelled meanwhile.
-    model.set_responder(|r: &RecordedRequest| {
-        let text = r.last_user_text().unwrap_or_default();
-        let step = ScriptStep::text(format!("done: {text}"));
-        if text.starts_with("slow") {
-            step.with_delay(Duration::from_secs(60))
-        } else {
-            step
-        }
-    });
+    let model = slow_model().await?;
     let dir = tempfile::tempdir()?;
     let agent = unique_agent();
     let common = ["--agent", agent.as_str(), "--state", state];
@@ -1061,17 +1068,8 @@ async fn a_tool_call_cut_by_a_kill_is_outcome_unknown_and_not_run_twice() -> Tes
 /// turn's as before, the run is listed (HTTP and `hame runs list`), and a replica killed
 /// mid-request leaves a run that the other replica takes over and completes.
 async fn a_message_request_is_a_run(state: &str) -> TestResult {
-    let model = ScriptedServer::start().await?;
     // `slow …` takes 60 s the first time: replica A is killed meanwhile.
-    model.set_responder(|r: &RecordedRequest| {
-        let text = r.last_user_text().unwrap_or_default();
-        let step = ScriptStep::text(format!("done: {text}"));
-        if text.starts_with("slow") {
-            step.with_delay(Duration::from_secs(60))
-        } else {
-            step
-        }
-    });
+    let model = slow_model().await?;
     let dir = tempfile::tempdir()?;
     let agent = unique_agent();
     let args = [

@@ -163,6 +163,17 @@ local function done_with(e)
   redis.call('XACK', s, G, e)
   redis.call('XDEL', s, e)
 end
+-- The run of entry `e`: taken when queued or its claim lapsed; an ended run's entry is
+-- dropped; a live claim's entry is left where it is (nil).
+local function consider(e, id)
+  local h = redis.call('HMGET', rk(id), 'st', 'ex')
+  if h[1] == 'queued' or (h[1] == 'running' and (tonumber(h[2]) or 0) <= t) then
+    return take(id)
+  elseif h[1] ~= 'running' then
+    done_with(e)
+  end
+  return nil
+end
 -- Entries nobody heartbeated for our lapse: taken over when the run's claim lapsed. One
 -- entry per XAUTOCLAIM (an entry it returns is ours and its idle time starts again, so
 -- taking many at once would hide the others from the next claimer for a whole lapse).
@@ -172,14 +183,9 @@ for _ = 1, 100 do
   cursor = ac[1]
   local ent = ac[2][1]
   if type(ent) == 'table' and type(ent[2]) == 'table' then
-    local e, id = ent[1], ent[2][2]
-    local h = redis.call('HMGET', rk(id), 'st', 'ex')
-    if h[1] == 'queued' or (h[1] == 'running' and (tonumber(h[2]) or 0) <= t) then
-      return take(id)
-    elseif h[1] ~= 'running' then
-      done_with(e)
-    end
     -- A live claim with a longer lapse than ours: its next heartbeat takes the entry back.
+    local got = consider(ent[1], ent[2][2])
+    if got then return got end
   end
   if cursor == '0-0' then break end
 end
@@ -189,15 +195,10 @@ for _ = 1, 100 do
   if not r then return {} end
   local ent = r[1][2][1]
   if not ent then return {} end
-  local e, id = ent[1], ent[2][2]
-  local h = redis.call('HMGET', rk(id), 'st', 'ex')
-  if h[1] == 'queued' or (h[1] == 'running' and (tonumber(h[2]) or 0) <= t) then
-    return take(id)
-  elseif h[1] ~= 'running' then
-    done_with(e)
-  end
   -- Claimed when it was submitted (`submit_claimed`) and live: it stays pending here until
   -- its owner's heartbeat takes the entry (or its claim lapses and XAUTOCLAIM hands it on).
+  local got = consider(ent[1], ent[2][2])
+  if got then return got end
 end
 return {}
 ";
