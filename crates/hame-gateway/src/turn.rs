@@ -492,10 +492,22 @@ async fn finish_own(
         return;
     }
     let end = match outcome {
-        Outcome::Finished(body) => RunEnd::Completed {
-            reply: body["reply"].as_str().unwrap_or_default().to_owned(),
-            usage: body["usage"].clone(),
-        },
+        Outcome::Finished(body) => {
+            let reply = body["reply"].as_str().unwrap_or_default().to_owned();
+            let usage = body["usage"].clone();
+            match body.get("verification").cloned() {
+                Some(verification) if body["status"] == "unverified" => RunEnd::Unverified {
+                    reply,
+                    usage,
+                    verification,
+                },
+                verification => RunEnd::Completed {
+                    reply,
+                    usage,
+                    verification,
+                },
+            }
+        }
         Outcome::Suspended(body) => RunEnd::WaitingApproval(body["approvals"].clone()),
         Outcome::Failed(_) if beats.cancelled() => RunEnd::Cancelled,
         Outcome::Failed(_) if shared.cancel.is_cancelled() => {
@@ -547,13 +559,19 @@ async fn wait_for_run(
         ended.push(ev);
     };
     let outcome = match run.status {
-        RunStatus::Completed => {
-            let body = for_callers(json!({
+        RunStatus::Completed | RunStatus::Unverified => {
+            let mut body = json!({
                 "reply": run.reply,
                 "session": run.session,
                 "user": run.user,
                 "usage": run.usage,
-            }));
+            });
+            if run.status == RunStatus::Unverified
+                && let Some(o) = body.as_object_mut()
+            {
+                o.insert("status".into(), json!("unverified"));
+            }
+            let body = for_callers(body);
             emit("finished", body.clone(), true).await;
             Outcome::Finished(body)
         }
