@@ -20,7 +20,7 @@ pub(crate) struct WorkerArgs {
     worker_concurrency: u32,
     /// A running run whose worker stops heartbeating (every second) for this long is
     /// taken over by another worker.
-    #[arg(long, default_value_t = 15.0, value_name = "SECONDS", value_parser = lapse, help_heading = "Runs")]
+    #[arg(long, default_value_t = hame::state::runs::DEFAULT_RUN_LAPSE.as_secs_f64(), value_name = "SECONDS", value_parser = lapse, help_heading = "Runs")]
     run_lapse: f64,
 }
 

@@ -444,6 +444,21 @@ pub(crate) async fn post_message(
         }
         extras.insert(hame::harness::task::GOAL_EXTRA.to_owned(), json!(goal));
     }
+    // A run of the queue when the server has one: visible in `GET …/runs`, and taken over
+    // by a worker if this process dies mid-turn (docs/replicas.md).
+    let as_run = match &shared.options.runs {
+        Some(_) => {
+            let key = hame::state::StateKey::new(agent.name(), user.as_deref(), &session)
+                .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", e.to_string()))?;
+            let values = extras.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            Some(
+                hame::state::runs::NewRun::message(key, body.message.clone(), None)
+                    .map_err(|e| ApiError::bad_request(e.to_string()))?
+                    .with_extras(values),
+            )
+        }
+        None => None,
+    };
     let turn = turn::start_once_with(
         &shared,
         &agent,
@@ -452,6 +467,7 @@ pub(crate) async fn post_message(
         CallInput::Message(Message::user(body.message)),
         key,
         turn::With {
+            as_run,
             extras,
             ..turn::With::default()
         },

@@ -43,7 +43,7 @@ fn queue(shared: &AppState) -> Result<&Arc<dyn RunQueue>, ApiError> {
     })
 }
 
-fn store_error(e: &hame::state::Error) -> ApiError {
+pub(crate) fn store_error(e: &hame::state::Error) -> ApiError {
     tracing::warn!(error = %e, "run queue failed");
     ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,

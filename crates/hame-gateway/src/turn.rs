@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use hame::harness::caller::CallerRequest;
+use hame::state::runs::{Claim, ClaimOptions, NewRun, Run, RunEnd, RunError, RunQueue, RunStatus};
 use hame::{AgentEvent, CallInput, EventSink, HarnessAgent, RuntimeContext};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
@@ -70,6 +71,12 @@ pub(crate) struct With {
     pub(crate) cancel: Option<hame::CancellationToken>,
     /// Values for the turn's runtime context (a caller's own budget).
     pub(crate) extras: Extras,
+    /// The turn is a run of the server's queue ([`GatewayOptions::runs`]): submitted and
+    /// claimed when the turn's time comes, heartbeated while it runs, finished with its
+    /// outcome (docs/replicas.md). `None`: a turn of this process only.
+    ///
+    /// [`GatewayOptions::runs`]: crate::GatewayOptions::runs
+    pub(crate) as_run: Option<NewRun>,
 }
 
 /// [`start_once`] with everything a request may add ([`With`]).
@@ -191,6 +198,7 @@ fn start_recorded(
         caller,
         cancel: with_cancel,
         extras,
+        as_run,
     } = with;
     if let Some(caller) = caller {
         ctx = caller.into_context(ctx);
@@ -209,7 +217,28 @@ fn start_recorded(
         ticket.ready().await;
         let started = Instant::now();
         let cancel = with_cancel.unwrap_or_else(|| me.cancel.child_token());
-        let (outcome, ended) = run(&me, &agent, &key, &ctx, input, &tx, &cancel).await;
+        let mut ctx = ctx;
+        let (outcome, ended) = match submit_run(&me, &agent, as_run, &cancel).await {
+            Ok(None) => run(&me, &agent, &key, &ctx, input, &tx, &cancel).await,
+            Ok(Some(RequestRun::Own {
+                queue,
+                claim,
+                beats,
+            })) => {
+                ctx.extras.insert(
+                    hame::harness::RUN_ID_EXTRA.to_owned(),
+                    Value::String(claim.run.id.clone()),
+                );
+                let done = run(&me, &agent, &key, &ctx, input, &tx, &cancel).await;
+                beats.stop();
+                finish_own(&me, queue.as_ref(), &claim, &beats, &done.0).await;
+                done
+            }
+            Ok(Some(RequestRun::Queued { queue, run })) => {
+                wait_for_run(&me, &key, queue.as_ref(), run, &tx, &cancel).await
+            }
+            Err(e) => (Outcome::Failed(e), Vec::new()),
+        };
         if let Some(recorder) = recorder {
             recorder.finish(crate::replay::Done::new(outcome.clone(), ended));
         }
@@ -391,5 +420,201 @@ async fn run(
             }
         });
     }
+    (outcome, ended)
+}
+
+/// The run of a request that executes its own turn (`POST …/messages`).
+enum RequestRun {
+    /// Claimed at submission: this process runs the turn, heartbeats the claim and writes
+    /// the run's end. If it dies, the claim lapses and a worker takes the run over.
+    Own {
+        queue: Arc<dyn RunQueue>,
+        claim: Claim,
+        beats: crate::worker::Beating,
+    },
+    /// Its session was busy with another run (one submitted to `/runs`, or left by a dead
+    /// replica): a worker runs it after that one; the request waits for its end.
+    Queued { queue: Arc<dyn RunQueue>, run: Run },
+}
+
+/// Submits `new` (if any) and claims it at once when its session is free
+/// ([`RunQueue::submit_claimed`]); `None` without a run.
+async fn submit_run(
+    shared: &Arc<Shared>,
+    agent: &HarnessAgent,
+    new: Option<NewRun>,
+    cancel: &hame::CancellationToken,
+) -> Result<Option<RequestRun>, ApiError> {
+    let (Some(new), Some(queue)) = (new, shared.options.runs.clone()) else {
+        return Ok(None);
+    };
+    let worker = shared.options.worker.clone().unwrap_or_default();
+    let options = ClaimOptions::new(agent.name(), worker.name.clone(), worker.lapse);
+    let (submitted, claim) = queue
+        .submit_claimed(new, &options)
+        .await
+        .map_err(|e| crate::runs::store_error(&e))?;
+    Ok(Some(match claim {
+        Some(claim) => {
+            let beats = crate::worker::Beating::start(
+                queue.clone(),
+                claim.clone(),
+                cancel.clone(),
+                worker.heartbeat,
+            );
+            RequestRun::Own {
+                queue,
+                claim,
+                beats,
+            }
+        }
+        None => {
+            tracing::info!(run = %submitted.run.id, "the session is busy with another run; a worker runs this one");
+            RequestRun::Queued {
+                queue,
+                run: submitted.run,
+            }
+        }
+    }))
+}
+
+/// Writes the end of a run this request executed: its reply, its approvals or its error.
+/// Nothing when another worker took the run over, or when the server shut down mid-turn
+/// (a worker takes it over after its lapse).
+async fn finish_own(
+    shared: &Shared,
+    queue: &dyn RunQueue,
+    claim: &Claim,
+    beats: &crate::worker::Beating,
+    outcome: &Outcome,
+) {
+    if beats.lost() {
+        return;
+    }
+    let end = match outcome {
+        Outcome::Finished(body) => {
+            let reply = body["reply"].as_str().unwrap_or_default().to_owned();
+            let usage = body["usage"].clone();
+            match body.get("verification").cloned() {
+                Some(verification) if body["status"] == "unverified" => RunEnd::Unverified {
+                    reply,
+                    usage,
+                    verification,
+                },
+                verification => RunEnd::Completed {
+                    reply,
+                    usage,
+                    verification,
+                },
+            }
+        }
+        Outcome::Suspended(body) => RunEnd::WaitingApproval(body["approvals"].clone()),
+        Outcome::Failed(_) if beats.cancelled() => RunEnd::Cancelled,
+        Outcome::Failed(_) if shared.cancel.is_cancelled() => {
+            tracing::warn!(run = %claim.run.id, "stopped mid-run; the run is left for a worker");
+            return;
+        }
+        Outcome::Failed(e) => RunEnd::Failed(RunError {
+            code: e.code.to_owned(),
+            message: e.message.clone(),
+        }),
+    };
+    if let Err(e) = queue.finish(claim, &end).await {
+        tracing::warn!(run = %claim.run.id, error = %e, "run could not be finished; a worker takes it over");
+    }
+}
+
+/// Waits for a run a worker executes and answers with its end, as the turn would have
+/// (without `iterations`; SSE gets only the ending events).
+async fn wait_for_run(
+    shared: &Arc<Shared>,
+    key: &str,
+    queue: &dyn RunQueue,
+    mut run: Run,
+    tx: &mpsc::UnboundedSender<Arc<Event>>,
+    cancel: &hame::CancellationToken,
+) -> (Outcome, Vec<Arc<Event>>) {
+    while !run.status.is_finished() {
+        tokio::select! {
+            () = tokio::time::sleep(crate::runs::RUN_POLL) => {}
+            () = cancel.cancelled() => {
+                return (Outcome::Failed(ApiError::draining()), Vec::new());
+            }
+        }
+        match queue.get(&run.id).await {
+            Ok(Some(r)) => run = r,
+            Ok(None) => {
+                return (
+                    Outcome::Failed(ApiError::internal("the run was deleted")),
+                    Vec::new(),
+                );
+            }
+            Err(e) => tracing::warn!(run = %run.id, error = %e, "reading the run failed"),
+        }
+    }
+    let mut ended = Vec::new();
+    let mut emit = async |name: &'static str, data: Value, terminal: bool| {
+        let ev = shared.publish(key, name, data.to_string(), terminal).await;
+        let _ = tx.send(ev.clone());
+        ended.push(ev);
+    };
+    let outcome = match run.status {
+        RunStatus::Completed | RunStatus::Unverified => {
+            let mut body = json!({
+                "reply": run.reply,
+                "session": run.session,
+                "user": run.user,
+                "usage": run.usage,
+            });
+            if run.status == RunStatus::Unverified
+                && let Some(o) = body.as_object_mut()
+            {
+                o.insert("status".into(), json!("unverified"));
+            }
+            let body = for_callers(body);
+            emit("finished", body.clone(), true).await;
+            Outcome::Finished(body)
+        }
+        RunStatus::WaitingApproval => {
+            let approvals = run.approvals.clone().unwrap_or_else(|| json!([]));
+            let list = approvals.as_array().cloned().unwrap_or_default();
+            let n = list.len();
+            for (i, a) in list.into_iter().enumerate() {
+                let mut data = a;
+                if let Some(o) = data.as_object_mut() {
+                    o.insert("session".into(), json!(run.session));
+                }
+                emit("approval_needed", data, i + 1 == n).await;
+            }
+            Outcome::Suspended(for_callers(json!({
+                "status": "approval_needed",
+                "session": run.session,
+                "user": run.user,
+                "approvals": approvals,
+                "usage": {},
+            })))
+        }
+        _ => {
+            let (code, message) = run.error.as_ref().map_or_else(
+                || ("run_failed", "the run failed".to_owned()),
+                |e| {
+                    let code = if run.status == RunStatus::Cancelled {
+                        "cancelled"
+                    } else {
+                        "run_failed"
+                    };
+                    (code, format!("{}: {}", e.code, e.message))
+                },
+            );
+            let err = ApiError::new(axum::http::StatusCode::BAD_GATEWAY, code, message);
+            emit(
+                "failed",
+                json!({"code": err.code, "message": err.message, "session": run.session}),
+                true,
+            )
+            .await;
+            Outcome::Failed(err)
+        }
+    };
     (outcome, ended)
 }

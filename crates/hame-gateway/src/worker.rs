@@ -3,6 +3,7 @@
 //! `hame serve` runs beside its routes (unless `--no-worker`).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use hame::state::runs::{Claim, ClaimOptions, RunEnd, RunError, RunInput, RunQueue};
@@ -19,7 +20,7 @@ pub struct WorkerOptions {
     /// Runs executed at once by this process (default 4).
     pub concurrency: usize,
     /// How long a claim lasts without a heartbeat before another worker reclaims the run
-    /// (default [`hame::state::runs::DEFAULT_RUN_LAPSE`], 15 s).
+    /// (default [`hame::state::runs::DEFAULT_RUN_LAPSE`], 14 s).
     pub lapse: Duration,
     /// How often a running run is heartbeated and its cancel flag read (default
     /// [`hame::state::runs::HEARTBEAT_EVERY`], 1 s; at most a third of the lapse).
@@ -215,6 +216,7 @@ impl Worker {
         }
         let RunInput::Message {
             message,
+            extras,
             verify,
             verify_attempts,
             ..
@@ -230,6 +232,8 @@ impl Worker {
         let mut ctx = self.base.clone();
         ctx.session_id = run.session.clone();
         ctx.user_id = run.user.clone();
+        ctx.extras
+            .extend(extras.iter().map(|(k, v)| (k.clone(), v.clone())));
         ctx.extras.insert(
             hame::harness::RUN_ID_EXTRA.to_owned(),
             serde_json::Value::String(run.id.clone()),
@@ -246,52 +250,25 @@ impl Worker {
             return;
         }
         let cancel = abort.child_token();
-        let cancelled = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let beats = {
-            let (queue, claim, cancel) = (self.queue.clone(), claim.clone(), cancel.clone());
-            let (cancelled, lost) = (cancelled.clone(), lost.clone());
-            let every = self.options.heartbeat;
-            tokio::spawn(async move {
-                loop {
-                    // A cancel wake-up (`NOTIFY`, pub/sub) ends the wait early; the
-                    // heartbeat then reads the flag.
-                    if let Err(e) = queue.wait_for_cancel(&claim.run.id, every).await {
-                        tracing::debug!(run = %claim.run.id, error = %e, "waiting for a cancel failed");
-                        tokio::time::sleep(every).await;
-                    }
-                    match queue.heartbeat(&claim).await {
-                        Ok(beat) if beat.cancel_requested => {
-                            cancelled.store(true, std::sync::atomic::Ordering::Release);
-                            cancel.cancel();
-                        }
-                        Ok(_) => {}
-                        Err(hame::state::Error::LeaseLost { .. }) => {
-                            tracing::warn!(run = %claim.run.id, "run was reclaimed by another worker; stopping it");
-                            lost.store(true, std::sync::atomic::Ordering::Release);
-                            cancel.cancel();
-                            return;
-                        }
-                        Err(e) => {
-                            tracing::warn!(run = %claim.run.id, error = %e, "heartbeat failed; retrying")
-                        }
-                    }
-                }
-            })
-        };
+        let beats = Beating::start(
+            self.queue.clone(),
+            claim.clone(),
+            cancel.clone(),
+            self.options.heartbeat,
+        );
         let (sink, mut events) = EventSink::channel();
         let drain = tokio::spawn(async move { while events.recv().await.is_some() {} });
         let result = self
             .agent
             .call_with(Message::user(message.clone()), &ctx, &sink, &cancel)
             .await;
-        beats.abort();
+        beats.stop();
         drop(sink);
         drain.abort();
-        if lost.load(std::sync::atomic::Ordering::Acquire) {
+        if beats.lost() {
             return;
         }
-        if abort.is_cancelled() && !cancelled.load(std::sync::atomic::Ordering::Acquire) {
+        if abort.is_cancelled() && !beats.cancelled() {
             // Shut down mid-run: another worker reclaims it after its lapse.
             tracing::warn!(run = %claim.run.id, "worker stopped mid-run; the run is left for another worker");
             return;
@@ -332,7 +309,7 @@ impl Worker {
                     s.calls.iter().map(crate::turn::approval).collect();
                 RunEnd::WaitingApproval(for_callers(json!(approvals)))
             }
-            Err(_) if cancelled.load(std::sync::atomic::Ordering::Acquire) => RunEnd::Cancelled,
+            Err(_) if beats.cancelled() => RunEnd::Cancelled,
             Err(e) => {
                 let err = ApiError::from_harness(&e);
                 RunEnd::Failed(RunError {
@@ -395,5 +372,81 @@ impl Worker {
                 tracing::warn!(run = %claim.run.id, error = %e, "run could not be finished; another worker reclaims it")
             }
         }
+    }
+}
+
+/// The heartbeat of a claimed run, in a task of its own: every `every` (or at once when a
+/// cancel wake-up arrives) it extends the claim and reads the cancel flag; a cancel, or a
+/// claim taken over by another worker, cancels the turn's token.
+#[derive(Debug)]
+pub(crate) struct Beating {
+    task: tokio::task::JoinHandle<()>,
+    cancelled: Arc<AtomicBool>,
+    lost: Arc<AtomicBool>,
+}
+
+impl Beating {
+    /// Starts heartbeating `claim`; `cancel` is the token of the run's turn.
+    pub(crate) fn start(
+        queue: Arc<dyn RunQueue>,
+        claim: Claim,
+        cancel: CancellationToken,
+        every: Duration,
+    ) -> Self {
+        let cancelled = Arc::new(AtomicBool::new(false));
+        let lost = Arc::new(AtomicBool::new(false));
+        let (c, l) = (cancelled.clone(), lost.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                // A cancel wake-up (`NOTIFY`, pub/sub) ends the wait early; the heartbeat
+                // then reads the flag.
+                if let Err(e) = queue.wait_for_cancel(&claim.run.id, every).await {
+                    tracing::debug!(run = %claim.run.id, error = %e, "waiting for a cancel failed");
+                    tokio::time::sleep(every).await;
+                }
+                match queue.heartbeat(&claim).await {
+                    Ok(beat) if beat.cancel_requested => {
+                        c.store(true, Ordering::Release);
+                        cancel.cancel();
+                    }
+                    Ok(_) => {}
+                    Err(hame::state::Error::LeaseLost { .. }) => {
+                        tracing::warn!(run = %claim.run.id, "run was reclaimed by another worker; stopping it");
+                        l.store(true, Ordering::Release);
+                        cancel.cancel();
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(run = %claim.run.id, error = %e, "heartbeat failed; retrying")
+                    }
+                }
+            }
+        });
+        Self {
+            task,
+            cancelled,
+            lost,
+        }
+    }
+
+    /// Stops heartbeating.
+    pub(crate) fn stop(&self) {
+        self.task.abort();
+    }
+
+    /// Whether a cancel of the run was asked for.
+    pub(crate) fn cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+
+    /// Whether another worker took the run over (its end is no longer ours to write).
+    pub(crate) fn lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Beating {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }

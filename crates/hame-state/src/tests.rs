@@ -307,6 +307,13 @@ mod run_queue_json {
         async fn submit(&self, new: NewRun) -> Result<Submitted> {
             self.pick().submit(new).await
         }
+        async fn submit_claimed(
+            &self,
+            new: NewRun,
+            options: &ClaimOptions,
+        ) -> Result<(Submitted, Option<Claim>)> {
+            self.pick().submit_claimed(new, options).await
+        }
         async fn get(&self, id: &str) -> Result<Option<Run>> {
             self.pick().get(id).await
         }

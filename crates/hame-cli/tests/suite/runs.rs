@@ -94,6 +94,22 @@ impl WorkerProcess {
     }
 }
 
+/// A scripted model that answers `done: <last user text>`, after 60 s for a text that
+/// starts with `slow`.
+async fn slow_model() -> Result<ScriptedServer, Box<dyn std::error::Error>> {
+    let model = ScriptedServer::start().await?;
+    model.set_responder(|r: &RecordedRequest| {
+        let text = r.last_user_text().unwrap_or_default();
+        let step = ScriptStep::text(format!("done: {text}"));
+        if text.starts_with("slow") {
+            step.with_delay(Duration::from_secs(60))
+        } else {
+            step
+        }
+    });
+    Ok(model)
+}
+
 /// The scripted model answers every request with `done: <last user text>`.
 fn echo(request: &RecordedRequest) -> ScriptStep {
     ScriptStep::text(format!(
@@ -483,18 +499,9 @@ async fn runs_are_accepted_executed_listed_and_isolated() -> TestResult {
 /// to another worker after `--run-lapse`, which completes it; a cancel sent to the server
 /// stops a run executing in a worker.
 async fn workers_drain_take_over_and_cancel(state: &str) -> TestResult {
-    let model = ScriptedServer::start().await?;
     // `slow …` messages take 60 s to answer: the worker executing one is killed or the
     // run cancelled meanwhile.
-    model.set_responder(|r: &RecordedRequest| {
-        let text = r.last_user_text().unwrap_or_default();
-        let step = ScriptStep::text(format!("done: {text}"));
-        if text.starts_with("slow") {
-            step.with_delay(Duration::from_secs(60))
-        } else {
-            step
-        }
-    });
+    let model = slow_model().await?;
     let dir = tempfile::tempdir()?;
     let agent = unique_agent();
     let common = ["--agent", agent.as_str(), "--state", state];
@@ -562,27 +569,7 @@ async fn workers_drain_take_over_and_cancel(state: &str) -> TestResult {
     assert_eq!(v["reply"], "done: slow one");
     let took = killed.elapsed();
     assert!(took < Duration::from_secs(15), "taken over after {took:?}");
-    let out = output(hame(
-        &[
-            "runs",
-            "show",
-            &slow,
-            "--json",
-            "--workspace",
-            &dir.path().join("ws").to_string_lossy(),
-            "--user",
-            "u",
-            "--agent",
-            &agent,
-            "--state",
-            state,
-        ],
-        &[],
-        dir.path(),
-    ))
-    .await?;
-    let shown: Value =
-        serde_json::from_str(&stdout(&out)).map_err(|e| format!("{e}: {}", stderr(&out)))?;
+    let shown = runs_cli(dir.path(), &agent, state, &["show", &slow]).await?;
     assert_eq!(shown["attempts"], 2, "claimed twice: {shown}");
 
     // Cancel through the server a run that a worker process executes.
@@ -1233,4 +1220,156 @@ async fn a_tool_call_cut_by_a_kill_is_outcome_unknown_and_not_run_twice() -> Tes
     let intents = std::fs::read_to_string(intents)?;
     assert!(intents.contains("\"end\":\"outcome_unknown\""), "{intents}");
     Ok(())
+}
+
+/// `POST /v1/sessions/{s}/messages` is a run the request waits for: the answer is the
+/// turn's as before, the run is listed (HTTP and `hame runs list`), and a replica killed
+/// mid-request leaves a run that the other replica takes over and completes.
+async fn a_message_request_is_a_run(state: &str) -> TestResult {
+    // `slow …` takes 60 s the first time: replica A is killed meanwhile.
+    let model = slow_model().await?;
+    let dir = tempfile::tempdir()?;
+    let agent = unique_agent();
+    let args = [
+        "--agent",
+        agent.as_str(),
+        "--state",
+        state,
+        "--run-lapse",
+        "2",
+    ];
+    let mut a = Serve::start_named(dir.path(), "a", &model.base_url(), &args, &[])?;
+    let b = Serve::start_named(dir.path(), "b", &model.base_url(), &args, &[])?;
+    let http = reqwest::Client::new();
+
+    // The same answer as before, and a run.
+    let resp = http
+        .post(a.at("/v1/sessions/s/messages"))
+        .header("x-hame-user", "u")
+        .json(&json!({"message": "hello"}))
+        .send()
+        .await?;
+    assert_eq!(resp.status().as_u16(), 200);
+    let body: Value = resp.json().await?;
+    assert_eq!(body["reply"], "done: hello", "{body}");
+    assert_eq!(body["session"], "s");
+    assert_eq!(body["user"], "u");
+    assert_eq!(body["iterations"], 1, "{body}");
+    let list: Value = http
+        .get(b.at("/v1/sessions/s/runs"))
+        .header("x-hame-user", "u")
+        .send()
+        .await?
+        .json()
+        .await?;
+    let runs = list["runs"].as_array().ok_or("no runs")?;
+    assert_eq!(runs.len(), 1, "{list}");
+    assert_eq!(runs[0]["status"], "completed", "{list}");
+    assert_eq!(runs[0]["reply"], "done: hello", "{list}");
+    let listed = runs_cli(dir.path(), &agent, state, &["list", "s"]).await?;
+    assert!(
+        listed
+            .to_string()
+            .contains(runs[0]["run_id"].as_str().ok_or("no id")?),
+        "hame runs list shows it: {listed}"
+    );
+    // Another user does not see it.
+    let theirs: Value = http
+        .get(b.at("/v1/sessions/s/runs"))
+        .header("x-hame-user", "v")
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(theirs["runs"], json!([]), "{theirs}");
+
+    // A request whose replica dies: its run is completed by B.
+    let pending = {
+        let (http, url) = (http.clone(), a.at("/v1/sessions/k/messages"));
+        tokio::spawn(async move {
+            http.post(url)
+                .header("x-hame-user", "u")
+                .json(&json!({"message": "slow one"}))
+                .send()
+                .await
+        })
+    };
+    let start = Instant::now();
+    let id = loop {
+        let list: Value = http
+            .get(b.at("/v1/sessions/k/runs"))
+            .header("x-hame-user", "u")
+            .send()
+            .await?
+            .json()
+            .await?;
+        if let Some(r) = list["runs"].as_array().and_then(|r| r.first())
+            && r["status"] == "running"
+            && model
+                .requests()
+                .iter()
+                .any(|q| q.last_user_text().is_some_and(|t| t == "slow one"))
+        {
+            break r["run_id"].as_str().ok_or("no id")?.to_owned();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "never running: {list}; A: {}",
+            a.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    model.set_responder(echo);
+    a.kill();
+    let killed = Instant::now();
+    assert!(pending.await?.is_err(), "the request died with A");
+    let v = wait_run(&http, &b, "u", &id, Duration::from_secs(30), finished).await?;
+    let took = killed.elapsed();
+    assert_eq!(v["status"], "completed", "{v}; B: {}", b.stderr());
+    assert_eq!(v["reply"], "done: slow one", "{v}");
+    // Failover: the lapse (2 s) plus at most one idle wait (1 s), and the model call.
+    assert!(took < Duration::from_secs(5), "taken over after {took:?}");
+    eprintln!("a /messages run taken over {took:?} after its replica died");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_message_request_is_a_run_on_postgres() -> TestResult {
+    let Some(url) = service("HAME_TEST_POSTGRES_URL") else {
+        return Ok(());
+    };
+    a_message_request_is_a_run(&url).await
+}
+
+#[tokio::test]
+async fn a_message_request_is_a_run_on_redis() -> TestResult {
+    let Some(url) = service("HAME_TEST_REDIS_URL") else {
+        return Ok(());
+    };
+    a_message_request_is_a_run(&url).await
+}
+
+/// `hame runs <args> --json` as user `u` of `agent` on the workspace `dir/ws`: its JSON.
+async fn runs_cli(
+    dir: &Path,
+    agent: &str,
+    state: &str,
+    args: &[&str],
+) -> Result<Value, Box<dyn std::error::Error>> {
+    let ws = dir.join("ws").to_string_lossy().into_owned();
+    let mut all = vec!["runs"];
+    all.extend_from_slice(args);
+    all.extend([
+        "--json",
+        "--workspace",
+        &ws,
+        "--user",
+        "u",
+        "--agent",
+        agent,
+        "--state",
+        state,
+    ]);
+    let out = output(hame(&all, &[], dir)).await?;
+    Ok(serde_json::from_str(&stdout(&out)).map_err(|e| format!("{e}: {}", stderr(&out)))?)
 }

@@ -431,6 +431,18 @@ pub async fn purge_finished<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
     let held = q.claim(&o).await?.ok_or_else(|| fail("not claimed"))?;
     ensure!(held.run.id == running.id, "the running one is claimed");
     let queued = q.submit(msg(&agent, Some("u"), "s3", "queued")?).await?.run;
+    // A run waiting for an approval is never purged, however old.
+    let waiting = q
+        .submit(msg(&agent, Some("u"), "s4", "waiting")?)
+        .await?
+        .run;
+    let c = q.claim(&o).await?.ok_or_else(|| fail("not claimed"))?;
+    ensure!(c.run.id == waiting.id, "the waiting one is claimed");
+    q.finish(
+        &c,
+        &RunEnd::WaitingApproval(serde_json::json!([{"id": "a1"}])),
+    )
+    .await?;
     let theirs = q.submit(msg(&other, Some("u"), "s1", "theirs")?).await?.run;
     let c = q
         .claim(&opts(&other, LONG))
@@ -456,7 +468,7 @@ pub async fn purge_finished<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
     for gone in [&done.id, &cancelled.id] {
         ensure!(q.get(gone).await?.is_none(), "a purged run is gone");
     }
-    for kept in [&running.id, &queued.id, &theirs.id] {
+    for kept in [&running.id, &queued.id, &theirs.id, &waiting.id] {
         ensure!(q.get(kept).await?.is_some(), "{kept} is kept");
     }
     let listed: Vec<String> = q
@@ -466,7 +478,7 @@ pub async fn purge_finished<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
         .map(|r| r.id)
         .collect();
     ensure!(
-        listed == vec![queued.id.clone(), running.id.clone()],
+        listed == vec![waiting.id.clone(), queued.id.clone(), running.id.clone()],
         "only the live runs are listed: {listed:?}"
     );
     let again = q
@@ -480,9 +492,85 @@ pub async fn purge_finished<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
     Ok(())
 }
 
+/// Submit and claim in one step: the new run of a free session is claimed at once (no
+/// other claim gets it), that of a busy session waits in the queue, a repeated idempotency
+/// key claims nothing, and a submit-claimed run whose claim lapsed is taken over like any.
+pub async fn submit_claimed<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
+    let agent = unique_agent();
+    let key = || StateKey::new(&agent, Some("u"), "s1");
+    let short = opts(&agent, Duration::from_secs(2));
+    let (first, mine) = q
+        .submit_claimed(NewRun::message(key()?, "one", Some("K1".into()))?, &short)
+        .await?;
+    let mine = mine.ok_or_else(|| fail("the run of a free session is claimed at once"))?;
+    ensure!(
+        first.created && mine.run.id == first.run.id && mine.attempt == 1,
+        "the new run, first attempt: {mine:?}"
+    );
+    ensure!(
+        first.run.status == RunStatus::Running,
+        "a claimed run is running: {:?}",
+        first.run.status
+    );
+    ensure!(
+        q.claim(&opts(&agent, LONG)).await?.is_none(),
+        "no other claim takes a submit-claimed run"
+    );
+    let (again, none) = q
+        .submit_claimed(NewRun::message(key()?, "one", Some("K1".into()))?, &short)
+        .await?;
+    ensure!(
+        !again.created && again.run.id == first.run.id && none.is_none(),
+        "a repeated key claims nothing"
+    );
+    let (second, none) = q
+        .submit_claimed(msg(&agent, Some("u"), "s1", "two")?, &short)
+        .await?;
+    ensure!(
+        second.created && second.run.status == RunStatus::Queued && none.is_none(),
+        "the run of a busy session waits in the queue"
+    );
+    // Heartbeats keep it; once they stop, it is taken over.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    q.heartbeat(&mine).await?;
+    ensure!(
+        q.claim(&short).await?.is_none(),
+        "a heartbeated claim is not taken over"
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let taken = q
+        .claim(&short)
+        .await?
+        .ok_or_else(|| fail("a lapsed submit-claimed run is taken over"))?;
+    ensure!(
+        taken.run.id == first.run.id && taken.attempt == 2,
+        "the same run, a larger fence: {taken:?}"
+    );
+    ensure!(
+        matches!(q.heartbeat(&mine).await, Err(Error::LeaseLost { .. })),
+        "the old owner's heartbeat is refused"
+    );
+    q.finish(
+        &taken,
+        &RunEnd::Completed {
+            reply: "r".into(),
+            usage: serde_json::json!({}),
+            verification: None,
+        },
+    )
+    .await?;
+    let next = q
+        .claim(&opts(&agent, LONG))
+        .await?
+        .ok_or_else(|| fail("the session's next run is claimed"))?;
+    ensure!(next.run.id == second.run.id, "in order");
+    q.finish(&next, &RunEnd::Cancelled).await?;
+    Ok(())
+}
+
 /// Every end is stored as finished (reply, usage, the gate's verdict, approvals, error),
 /// read back the same by `get` and `list`, frees the session's next run, and is purged:
-/// `unverified` (issue #33) like the others.
+/// `unverified` (issue #33) like the others, `waiting_approval` never.
 pub async fn every_end<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
     let agent = unique_agent();
     let o = opts(&agent, LONG);
@@ -565,8 +653,8 @@ pub async fn every_end<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
     );
     let future = chrono::Utc::now() + chrono::TimeDelta::minutes(1);
     ensure!(
-        q.purge_finished(&agent, future, 100).await? == ends.len(),
-        "every finished status is purged"
+        q.purge_finished(&agent, future, 100).await? == ends.len() - 1,
+        "every finished status is purged but waiting_approval"
     );
     Ok(())
 }
@@ -661,7 +749,7 @@ pub async fn racing_workers<Q: RunQueue + ?Sized>(q: Arc<Q>) -> Result<()> {
 #[macro_export]
 macro_rules! run_queue_tests {
     ($make:expr) => {
-        $crate::run_queue_tests!(@ref $make, submit_get_list, session_order, lapse_and_reclaim, lapsed_claims_reclaimed_together, cancel, purge_finished, every_end);
+        $crate::run_queue_tests!(@ref $make, submit_get_list, session_order, lapse_and_reclaim, lapsed_claims_reclaimed_together, cancel, purge_finished, submit_claimed, every_end);
         $crate::run_queue_tests!(@arc $make, idempotency, racing_workers);
     };
     (@ref $make:expr, $($name:ident),+) => {

@@ -52,6 +52,44 @@ pub(crate) mod ops {
         (Submitted { run, created: true }, Some(runs.len() - 1))
     }
 
+    /// [`submit`], then, when the new run's session has no other queued or running run, a
+    /// claim of it.
+    pub(crate) fn submit_claimed(
+        runs: &mut Vec<Run>,
+        new: &NewRun,
+        options: &ClaimOptions,
+        now: DateTime<Utc>,
+    ) -> (Submitted, Option<Claim>, Option<usize>) {
+        let (submitted, changed) = submit(runs, new, now);
+        let Some(i) = changed else {
+            return (submitted, None, None);
+        };
+        let mut submitted = submitted;
+        let claim = claim_new(runs, i, options, now);
+        if let Some(c) = &claim {
+            submitted.run = c.run.clone();
+        }
+        (submitted, claim, Some(i))
+    }
+
+    /// Claims the new run `i` when no other run of its session is queued or running.
+    pub(crate) fn claim_new(
+        runs: &mut [Run],
+        i: usize,
+        options: &ClaimOptions,
+        now: DateTime<Utc>,
+    ) -> Option<Claim> {
+        let r = &runs[i];
+        let busy = runs.iter().any(|o| {
+            o.id != r.id
+                && !o.status.is_finished()
+                && o.agent == r.agent
+                && o.user == r.user
+                && o.session == r.session
+        });
+        (!busy).then(|| take(runs, i, options, now))
+    }
+
     pub(crate) fn claim(
         runs: &mut [Run],
         options: &ClaimOptions,
@@ -60,6 +98,16 @@ pub(crate) mod ops {
         let Some(i) = super::super::pick(runs, &options.agent, now) else {
             return (None, None);
         };
+        (Some(take(runs, i, options, now)), Some(i))
+    }
+
+    /// Claims run `i` (a new token, one more attempt).
+    pub(crate) fn take(
+        runs: &mut [Run],
+        i: usize,
+        options: &ClaimOptions,
+        now: DateTime<Utc>,
+    ) -> Claim {
         let r = &mut runs[i];
         r.status = RunStatus::Running;
         r.attempts += 1;
@@ -67,13 +115,12 @@ pub(crate) mod ops {
         r.worker = Some(options.worker.clone());
         r.expires = Some(now + lapse_delta(options.lapse));
         r.updated = now;
-        let claim = Claim {
+        Claim {
             run: r.clone(),
             token: r.token.clone(),
             attempt: r.attempts,
             lapse: options.lapse,
-        };
-        (Some(claim), Some(i))
+        }
     }
 
     fn held<'a>(runs: &'a mut [Run], claim: &Claim) -> Result<(usize, &'a mut Run)> {
@@ -146,7 +193,7 @@ pub(crate) mod ops {
         let mut old: Vec<usize> = (0..runs.len())
             .filter(|&i| {
                 let r = &runs[i];
-                r.agent == agent && r.status.is_finished() && r.updated < before
+                r.agent == agent && r.status.is_purgeable() && r.updated < before
             })
             .collect();
         old.sort_by_key(|&i| (runs[i].updated, runs[i].seq));
@@ -200,6 +247,19 @@ impl RunQueue for InMemoryRunQueue {
         let out = self.with(|runs| ops::submit(runs, &new, Utc::now()).0);
         self.wake.notify_waiters();
         Ok(out)
+    }
+
+    async fn submit_claimed(
+        &self,
+        new: NewRun,
+        options: &ClaimOptions,
+    ) -> Result<(Submitted, Option<Claim>)> {
+        let (submitted, claim, _) =
+            self.with(|runs| ops::submit_claimed(runs, &new, options, Utc::now()));
+        if claim.is_none() {
+            self.wake.notify_waiters();
+        }
+        Ok((submitted, claim))
     }
 
     async fn get(&self, id: &str) -> Result<Option<Run>> {
@@ -444,58 +504,103 @@ mod json {
             })
             .await
         }
+
+        /// Stores a new run (the queue lock held).
+        fn submit_locked(&self, new: &NewRun, now: DateTime<Utc>) -> Result<Submitted> {
+            let me = self;
+            let (agent, user) = (new.key.agent(), new.key.user());
+            let idem = new
+                .idempotency_key
+                .as_deref()
+                .map(|k| (me.dir.join("idem"), idem_file(agent, user, k), k));
+            let mut index = String::new();
+            if let Some((dir, file, key)) = &idem {
+                match fs::read_to_string(dir.join(file)) {
+                    Ok(text) => index = text,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(Error::io(dir.join(file), e)),
+                }
+                let user = user.unwrap_or("");
+                let hit = index.lines().find_map(|l| {
+                    let mut f = l.split('\t');
+                    let ok =
+                        f.next() == Some(agent) && f.next() == Some(user) && f.next() == Some(*key);
+                    ok.then(|| f.next()).flatten()
+                });
+                if let Some(run) = hit.map(|id| me.read(id)).transpose()?.flatten() {
+                    return Ok(Submitted {
+                        run,
+                        created: false,
+                    });
+                }
+            }
+            let seq_path = me.dir.join("seq");
+            let last = match fs::read_to_string(&seq_path) {
+                Ok(t) => t.trim().parse::<u64>().unwrap_or(0),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+                Err(e) => return Err(Error::io(&seq_path, e)),
+            };
+            let mut run = Run::new(new, now);
+            run.seq = last + 1;
+            write_atomic(&me.dir, "seq", run.seq.to_string().as_bytes())?;
+            me.write(&run)?;
+            if let Some((dir, file, key)) = &idem {
+                index.push_str(&format!(
+                    "{agent}\t{}\t{key}\t{}\n",
+                    user.unwrap_or(""),
+                    run.id
+                ));
+                write_atomic(dir, file, index.as_bytes())?;
+            }
+            Ok(Submitted { run, created: true })
+        }
+
+        /// The active (queued or running) runs (the queue lock held). A crash between
+        /// writing a finished run to `done/` and removing its active record leaves both:
+        /// the finished one counts.
+        fn active_runs(&self) -> Result<Vec<Run>> {
+            let mut runs = self.read_dir(&self.active())?;
+            runs.retain(|r| {
+                let name = format!("{}.json", r.id);
+                let finished = self.done().join(&name).exists();
+                if finished {
+                    let _ = fs::remove_file(self.active().join(&name));
+                }
+                !finished
+            });
+            Ok(runs)
+        }
     }
 
     #[async_trait]
     impl RunQueue for JsonRunQueue {
         async fn submit(&self, new: NewRun) -> Result<Submitted> {
+            self.locked(move |me, now| me.submit_locked(&new, now))
+                .await
+        }
+
+        async fn submit_claimed(
+            &self,
+            new: NewRun,
+            options: &ClaimOptions,
+        ) -> Result<(Submitted, Option<Claim>)> {
+            let options = options.clone();
             self.locked(move |me, now| {
-                let (agent, user) = (new.key.agent(), new.key.user());
-                let idem = new
-                    .idempotency_key
-                    .as_deref()
-                    .map(|k| (me.dir.join("idem"), idem_file(agent, user, k), k));
-                let mut index = String::new();
-                if let Some((dir, file, key)) = &idem {
-                    match fs::read_to_string(dir.join(file)) {
-                        Ok(text) => index = text,
-                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                        Err(e) => return Err(Error::io(dir.join(file), e)),
-                    }
-                    let user = user.unwrap_or("");
-                    let hit = index.lines().find_map(|l| {
-                        let mut f = l.split('\t');
-                        let ok = f.next() == Some(agent)
-                            && f.next() == Some(user)
-                            && f.next() == Some(*key);
-                        ok.then(|| f.next()).flatten()
-                    });
-                    if let Some(run) = hit.map(|id| me.read(id)).transpose()?.flatten() {
-                        return Ok(Submitted {
-                            run,
-                            created: false,
-                        });
-                    }
+                let submitted = me.submit_locked(&new, now)?;
+                if !submitted.created {
+                    return Ok((submitted, None));
                 }
-                let seq_path = me.dir.join("seq");
-                let last = match fs::read_to_string(&seq_path) {
-                    Ok(t) => t.trim().parse::<u64>().unwrap_or(0),
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
-                    Err(e) => return Err(Error::io(&seq_path, e)),
+                let mut runs = me.active_runs()?;
+                let Some(i) = runs.iter().position(|r| r.id == submitted.run.id) else {
+                    return Ok((submitted, None));
                 };
-                let mut run = Run::new(&new, now);
-                run.seq = last + 1;
-                write_atomic(&me.dir, "seq", run.seq.to_string().as_bytes())?;
-                me.write(&run)?;
-                if let Some((dir, file, key)) = &idem {
-                    index.push_str(&format!(
-                        "{agent}\t{}\t{key}\t{}\n",
-                        user.unwrap_or(""),
-                        run.id
-                    ));
-                    write_atomic(dir, file, index.as_bytes())?;
+                let mut submitted = submitted;
+                let claim = ops::claim_new(&mut runs, i, &options, now);
+                if let Some(c) = &claim {
+                    me.write(&runs[i])?;
+                    submitted.run = c.run.clone();
                 }
-                Ok(Submitted { run, created: true })
+                Ok((submitted, claim))
             })
             .await
         }
@@ -531,17 +636,7 @@ mod json {
         async fn claim(&self, options: &ClaimOptions) -> Result<Option<Claim>> {
             let options = options.clone();
             self.locked(move |me, now| {
-                let mut runs = me.read_dir(&me.active())?;
-                // A crash between writing a finished run to `done/` and removing its
-                // active record leaves both: the finished one counts.
-                runs.retain(|r| {
-                    let name = format!("{}.json", r.id);
-                    let finished = me.done().join(&name).exists();
-                    if finished {
-                        let _ = fs::remove_file(me.active().join(&name));
-                    }
-                    !finished
-                });
+                let mut runs = me.active_runs()?;
                 let (claim, changed) = ops::claim(&mut runs, &options, now);
                 if let Some(i) = changed {
                     me.write(&runs[i])?;

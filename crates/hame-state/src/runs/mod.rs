@@ -17,7 +17,7 @@
 //! reclaimed (it stopped heartbeating for longer than its lapse) can no longer write. The
 //! turn itself runs under the session's fenced lease ([`crate::Lease`]), taken by the
 //! harness, which lapses ([`crate::DEFAULT_LEASE_TTL`], 10 s) before a run is reclaimed
-//! ([`DEFAULT_RUN_LAPSE`], 15 s).
+//! ([`DEFAULT_RUN_LAPSE`], 14 s).
 #![allow(clippy::module_name_repetitions)]
 
 use std::fmt;
@@ -55,8 +55,15 @@ pub use redis::{REDIS_POLL, RedisRunQueue};
 pub use sql::{PgRunQueue, SQL_POLL};
 
 /// How long a running run may go without a heartbeat before another worker reclaims it
-/// (15 s). Workers heartbeat every [`HEARTBEAT_EVERY`].
-pub const DEFAULT_RUN_LAPSE: Duration = Duration::from_secs(15);
+/// (14 s). Workers heartbeat every [`HEARTBEAT_EVERY`].
+///
+/// Failover (a worker's death → its run claimed elsewhere) is at most this lapse plus one
+/// idle wait of the other workers (at most 1 s: `SQL_POLL`, `REDIS_POLL`; less on the
+/// other backends): 14 s + 1 s = 15 s, the bound. The claim's expiry is the last
+/// heartbeat before the death plus the lapse, so never later than death + lapse. It stays
+/// longer than the session lease ([`crate::DEFAULT_LEASE_TTL`], 10 s), so the new owner
+/// never meets the dead one's lease.
+pub const DEFAULT_RUN_LAPSE: Duration = Duration::from_secs(14);
 /// How often a worker heartbeats a run it executes (1 s): the heartbeat also reads the
 /// run's cancel flag, so a cancel sent to any replica stops the run within about this long.
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
@@ -129,6 +136,16 @@ impl RunStatus {
         })
     }
 
+    /// Whether [`RunQueue::purge_finished`] may delete a run in this status: `completed`,
+    /// `unverified`, `failed` and `cancelled`; never `waiting_approval` (its approvals still wait for a
+    /// decision), `queued` or `running`.
+    pub fn is_purgeable(self) -> bool {
+        matches!(
+            self,
+            Self::Completed | Self::Unverified | Self::Failed | Self::Cancelled
+        )
+    }
+
     /// Whether the run has ended (nothing will change it any more).
     pub fn is_finished(self) -> bool {
         !matches!(self, Self::Queued | Self::Running)
@@ -150,6 +167,11 @@ pub enum RunInput {
     Message {
         /// The text.
         message: String,
+        /// Values for the turn's runtime context (`RuntimeContext::extras`): what a
+        /// `POST …/messages` request adds to its turn (a caller's budget, required checks,
+        /// a goal), so a worker that takes the run over runs the same turn.
+        #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+        extras: serde_json::Map<String, serde_json::Value>,
         /// The checks the reply must pass (names of the agent's `[[verify]]`; empty: none),
         /// the completion gate of `docs/evidence.md`.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -391,12 +413,20 @@ impl NewRun {
             key,
             input: RunInput::Message {
                 message,
+                extras: serde_json::Map::new(),
                 verify: Vec::new(),
                 verify_attempts: None,
                 trace: Default::default(),
             },
             idempotency_key,
         })
+    }
+
+    /// With these values for the turn's runtime context (see [`RunInput::Message`]).
+    pub fn with_extras(mut self, values: serde_json::Map<String, serde_json::Value>) -> Self {
+        let RunInput::Message { extras, .. } = &mut self.input;
+        *extras = values;
+        self
     }
 
     /// With required checks and the gate's rounds (a message run; names are checked
@@ -558,6 +588,9 @@ impl ClaimOptions {
 /// - **Submit.** [`submit`](Self::submit) stores a `queued` run. With an idempotency key,
 ///   at most one run exists per `(agent, user, key)`, even under concurrent submits from
 ///   several processes; a repeat returns it with `created: false`.
+/// - **Submit and claim.** [`submit_claimed`](Self::submit_claimed) stores a run and
+///   claims it atomically when its session is free; no [`claim`](Self::claim) can take it
+///   in between. Otherwise it is a plain submit.
 /// - **One at a time per session, in order.** [`claim`](Self::claim) hands out the oldest
 ///   claimable run of [`ClaimOptions::agent`], and a run only when no earlier run of its session is
 ///   queued or running: runs of one session never overlap and start in submission order.
@@ -571,14 +604,27 @@ impl ClaimOptions {
 ///   a finished run never changes again.
 /// - **Cancel from anywhere.** [`cancel`](Self::cancel) ends a queued run at once and
 ///   flags a running one; the flag comes back in the next [`Beat`].
-/// - **Retention.** [`purge_finished`](Self::purge_finished) deletes finished runs older
-///   than a time, never a queued or running one.
+/// - **Retention.** [`purge_finished`](Self::purge_finished) deletes `completed`, `failed`
+///   and `cancelled` runs older than a time, never a queued, running or
+///   `waiting_approval` one (its approvals still wait for a decision).
 /// - **Isolation.** [`list`](Self::list) returns only the runs of the given agent and user;
 ///   [`get`](Self::get) returns any run by id, and callers check [`Run::is_owned_by`].
 #[async_trait]
 pub trait RunQueue: Send + Sync + fmt::Debug + 'static {
     /// Stores a new queued run, or returns the run of a repeated idempotency key.
     async fn submit(&self, new: NewRun) -> Result<Submitted>;
+
+    /// Stores a new run and, when its session has no other queued or running run, claims
+    /// it for `options.worker` in the same step: no other worker can claim it first. A
+    /// request that executes its own run (`POST …/messages`) uses it; if its process dies,
+    /// the claim lapses and another worker takes the run over like any other. The claim is
+    /// `None` when the session is busy (the run waits in the queue for a worker) and for a
+    /// repeated idempotency key (nothing new was stored).
+    async fn submit_claimed(
+        &self,
+        new: NewRun,
+        options: &ClaimOptions,
+    ) -> Result<(Submitted, Option<Claim>)>;
 
     /// A run by id; `None` when there is none (an invalid id names none).
     async fn get(&self, id: &str) -> Result<Option<Run>>;
@@ -697,6 +743,13 @@ macro_rules! forward_queue {
         impl<T: RunQueue + ?Sized> RunQueue for $ty {
             async fn submit(&self, new: NewRun) -> Result<Submitted> {
                 (**self).submit(new).await
+            }
+            async fn submit_claimed(
+                &self,
+                new: NewRun,
+                options: &ClaimOptions,
+            ) -> Result<(Submitted, Option<Claim>)> {
+                (**self).submit_claimed(new, options).await
             }
             async fn get(&self, id: &str) -> Result<Option<Run>> {
                 (**self).get(id).await
@@ -841,13 +894,12 @@ impl EndColumns {
     }
 }
 
-/// The finished statuses as an SQL list (`'waiting_approval', 'completed', …`), for the
-/// purge statements.
+/// The purgeable statuses as a SQL list (`'completed', …`), for the purge statements.
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) fn finished_sql() -> String {
+pub(crate) fn purgeable_sql() -> String {
     RunStatus::ALL
         .iter()
-        .filter(|s| s.is_finished())
+        .filter(|s| s.is_purgeable())
         .map(|s| format!("'{}'", s.as_str()))
         .collect::<Vec<_>>()
         .join(", ")

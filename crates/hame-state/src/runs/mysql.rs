@@ -179,25 +179,36 @@ fn is_duplicate(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
 }
 
+/// Inserts a new queued run (a duplicate-key error: its idempotency key names an existing
+/// one).
+async fn insert<'e>(
+    db: impl sqlx::MySqlExecutor<'e>,
+    run: &Run,
+    user: &str,
+    input: String,
+) -> std::result::Result<sqlx::mysql::MySqlQueryResult, sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO hame_runs (id, agent, user_key, session, idempotency_key, status, input,
+            created_at, updated_at)
+         VALUES (?, ?, ?, ?, ?, 'queued', ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+    )
+    .bind(&run.id)
+    .bind(&run.agent)
+    .bind(user)
+    .bind(&run.session)
+    .bind(&run.idempotency_key)
+    .bind(input)
+    .execute(db)
+    .await
+}
+
 #[async_trait]
 impl RunQueue for MySqlRunQueue {
     async fn submit(&self, new: NewRun) -> Result<Submitted> {
         let run = Run::new(&new, Utc::now());
         let input = serde_json::to_string(&run.input).map_err(Error::Serialize)?;
         let user = new.key.user().unwrap_or("").to_owned();
-        let inserted = sqlx::query(
-            "INSERT INTO hame_runs (id, agent, user_key, session, idempotency_key, status, input,
-                created_at, updated_at)
-             VALUES (?, ?, ?, ?, ?, 'queued', ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
-        )
-        .bind(&run.id)
-        .bind(&run.agent)
-        .bind(&user)
-        .bind(&run.session)
-        .bind(&run.idempotency_key)
-        .bind(input)
-        .execute(&self.pool)
-        .await;
+        let inserted = insert(&self.pool, &run, &user, input).await;
         match inserted {
             Ok(_) => {
                 let run = self
@@ -225,6 +236,67 @@ impl RunQueue for MySqlRunQueue {
             }
             Err(e) => Err(backend(e)),
         }
+    }
+
+    async fn submit_claimed(
+        &self,
+        new: NewRun,
+        options: &ClaimOptions,
+    ) -> Result<(Submitted, Option<Claim>)> {
+        let run = Run::new(&new, Utc::now());
+        let input = serde_json::to_string(&run.input).map_err(Error::Serialize)?;
+        let user = new.key.user().unwrap_or("").to_owned();
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        // Uncommitted, the new row is invisible to (and locked against) every other claim.
+        let inserted = insert(&mut *tx, &run, &user, input).await;
+        match inserted {
+            Ok(_) => {}
+            Err(e) if is_duplicate(&e) => {
+                tx.rollback().await.map_err(backend)?;
+                return Ok((self.submit(new).await?, None));
+            }
+            Err(e) => return Err(backend(e)),
+        }
+        let busy: Option<u64> = sqlx::query_scalar(
+            "SELECT seq FROM hame_runs
+             WHERE agent = ? AND user_key = ? AND session = ? AND id <> ?
+               AND status IN ('queued', 'running') LIMIT 1",
+        )
+        .bind(&run.agent)
+        .bind(&user)
+        .bind(&run.session)
+        .bind(&run.id)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(backend)?;
+        if busy.is_none() {
+            sqlx::query(
+                "UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = ?,
+                     worker = ?, updated_at = UTC_TIMESTAMP(6),
+                     expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+                 WHERE id = ?",
+            )
+            .bind(&token)
+            .bind(&options.worker)
+            .bind(micros(options.lapse))
+            .bind(&run.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        }
+        tx.commit().await.map_err(backend)?;
+        let run = self
+            .by_id(&run.id)
+            .await?
+            .ok_or_else(|| backend("a submitted run vanished"))?;
+        let claim = busy.is_none().then(|| Claim {
+            attempt: run.attempts,
+            token,
+            lapse: options.lapse,
+            run: run.clone(),
+        });
+        Ok((Submitted { run, created: true }, claim))
     }
 
     async fn get(&self, id: &str) -> Result<Option<Run>> {
@@ -389,7 +461,7 @@ impl RunQueue for MySqlRunQueue {
             format!(
                 "DELETE FROM hame_runs WHERE status IN ({}) AND updated_at < ? AND agent = ?
                  ORDER BY updated_at, seq LIMIT ?",
-                super::finished_sql()
+                super::purgeable_sql()
             )
         });
         let done = sqlx::query(PURGE.as_str())

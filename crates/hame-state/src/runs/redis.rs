@@ -107,9 +107,11 @@ local function advance(sk, id, ag)
 end
 ";
 
-/// ARGV: base, id, agent, session key, run JSON, idempotency key ('' = none), tenant key.
-/// Returns {1, run} for a new run (or this call, retried), {0, run} for the run of a
-/// repeated idempotency key.
+/// ARGV: base, id, agent, session key, run JSON, idempotency key ('' = none), tenant key,
+/// then, to claim the new run when its session is free: a token ('' = do not), the
+/// consumer (the worker) and the lapse in ms. Returns {1, run} for a new run (or this
+/// call, retried), {0, run} for the run of a repeated idempotency key; the run is claimed
+/// when its `tk` is the token.
 const SUBMIT: &str = r"
 local id, ag, sk = ARGV[2], ARGV[3], ARGV[4]
 if redis.call('EXISTS', rk(id)) == 1 then return {1, redis.call('HGETALL', rk(id))} end
@@ -130,6 +132,13 @@ local busy = B .. ':busy:' .. sk
 if redis.call('EXISTS', busy) == 0 then
   redis.call('SET', busy, id)
   offer(id, ag)
+  if ARGV[8] ~= '' then
+    -- Claimed at once: its entry stays in the stream, so a reader leaves it pending and,
+    -- once the claim lapses, a worker takes it over like any other.
+    redis.call('HSET', rk(id), 'st', 'running', 'at', 1, 'tk', ARGV[8], 'w', ARGV[9],
+      'ex', t + tonumber(ARGV[10]))
+    return {1, redis.call('HGETALL', rk(id))}
+  end
 else
   redis.call('RPUSH', B .. ':wait:' .. sk, id)
 end
@@ -154,6 +163,17 @@ local function done_with(e)
   redis.call('XACK', s, G, e)
   redis.call('XDEL', s, e)
 end
+-- The run of entry `e`: taken when queued or its claim lapsed; an ended run's entry is
+-- dropped; a live claim's entry is left where it is (nil).
+local function consider(e, id)
+  local h = redis.call('HMGET', rk(id), 'st', 'ex')
+  if h[1] == 'queued' or (h[1] == 'running' and (tonumber(h[2]) or 0) <= t) then
+    return take(id)
+  elseif h[1] ~= 'running' then
+    done_with(e)
+  end
+  return nil
+end
 -- Entries nobody heartbeated for our lapse: taken over when the run's claim lapsed. One
 -- entry per XAUTOCLAIM (an entry it returns is ours and its idle time starts again, so
 -- taking many at once would hide the others from the next claimer for a whole lapse).
@@ -163,14 +183,9 @@ for _ = 1, 100 do
   cursor = ac[1]
   local ent = ac[2][1]
   if type(ent) == 'table' and type(ent[2]) == 'table' then
-    local e, id = ent[1], ent[2][2]
-    local h = redis.call('HMGET', rk(id), 'st', 'ex')
-    if h[1] == 'queued' or (h[1] == 'running' and (tonumber(h[2]) or 0) <= t) then
-      return take(id)
-    elseif h[1] ~= 'running' then
-      done_with(e)
-    end
     -- A live claim with a longer lapse than ours: its next heartbeat takes the entry back.
+    local got = consider(ent[1], ent[2][2])
+    if got then return got end
   end
   if cursor == '0-0' then break end
 end
@@ -180,9 +195,10 @@ for _ = 1, 100 do
   if not r then return {} end
   local ent = r[1][2][1]
   if not ent then return {} end
-  local e, id = ent[1], ent[2][2]
-  if redis.call('HGET', rk(id), 'st') == 'queued' then return take(id) end
-  done_with(e)
+  -- Claimed when it was submitted (`submit_claimed`) and live: it stays pending here until
+  -- its owner's heartbeat takes the entry (or its claim lapses and XAUTOCLAIM hands it on).
+  local got = consider(ent[1], ent[2][2])
+  if got then return got end
 end
 return {}
 ";
@@ -214,7 +230,8 @@ if h[1] ~= 'running' or h[2] ~= ARGV[3] then
 end
 local t = now()
 redis.call('HSET', k, 'st', ARGV[4], 'tk', '', 'ft', ARGV[3], 'ex', '', 'up', t)
-ended(id, t, h[4])
+-- A run waiting for an approval is never purged.
+if ARGV[4] ~= 'waiting_approval' then ended(id, t, h[4]) end
 local fields = {'reply', 'usage', 'error', 'approvals', 'verification'}
 for i, f in ipairs(fields) do
   local v = ARGV[4 + i]
@@ -422,12 +439,14 @@ impl RedisRunQueue {
             .map_or_else(|| "0-0".into(), |e| e.0);
         Ok((conn, from))
     }
-}
 
-#[async_trait]
-impl RunQueue for RedisRunQueue {
-    async fn submit(&self, new: NewRun) -> Result<Submitted> {
-        let run = Run::new(&new, Utc::now());
+    /// Stores a new run; with a token and options, claims it when its session is free.
+    async fn submit_with(
+        &self,
+        new: &NewRun,
+        claim: Option<(&str, &ClaimOptions)>,
+    ) -> Result<Submitted> {
+        let run = Run::new(new, Utc::now());
         let body = serde_json::to_string(&run).map_err(Error::Serialize)?;
         let t = tenant(new.key.user());
         let mut call = SUBMIT_SCRIPT.prepare_invoke();
@@ -438,11 +457,40 @@ impl RunQueue for RedisRunQueue {
             .arg(body)
             .arg(run.idempotency_key.as_deref().unwrap_or(""))
             .arg(format!("{}:{t}", run.agent));
+        match claim {
+            Some((token, options)) => call.arg(token).arg(&options.worker).arg(ms(options.lapse)),
+            None => call.arg("").arg("").arg(0),
+        };
         let (created, h): (i64, Hash) = self.conn.invoke(&call).await?;
         Ok(Submitted {
             run: to_run(&h)?,
             created: created == 1,
         })
+    }
+}
+
+#[async_trait]
+impl RunQueue for RedisRunQueue {
+    async fn submit(&self, new: NewRun) -> Result<Submitted> {
+        self.submit_with(&new, None).await
+    }
+
+    async fn submit_claimed(
+        &self,
+        new: NewRun,
+        options: &ClaimOptions,
+    ) -> Result<(Submitted, Option<Claim>)> {
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let submitted = self.submit_with(&new, Some((&token, options))).await?;
+        let claim = (submitted.run.status == super::RunStatus::Running
+            && submitted.run.token == token)
+            .then(|| Claim {
+                attempt: submitted.run.attempts,
+                token,
+                lapse: options.lapse,
+                run: submitted.run.clone(),
+            });
+        Ok((submitted, claim))
     }
 
     async fn get(&self, id: &str) -> Result<Option<Run>> {

@@ -36,6 +36,7 @@ struct Statements {
     by_key: String,
     list: String,
     claim: String,
+    claim_new: String,
     finish: String,
     cancel: String,
     purge: String,
@@ -83,6 +84,18 @@ static SQL: LazyLock<Statements> = LazyLock::new(|| {
             .collect::<Vec<_>>()
             .join(", ")
     ),
+    // The run just inserted, when no other run of its session is queued or running.
+    claim_new: format!(
+        "UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = $1,
+                 worker = $2, updated_at = clock_timestamp(),
+                 expires_at = clock_timestamp() + $3 * interval '1 microsecond'
+             WHERE id = $4 AND status = 'queued' AND NOT EXISTS (
+                 SELECT 1 FROM hame_runs o
+                 WHERE o.agent = hame_runs.agent AND o.user_key = hame_runs.user_key
+                   AND o.session = hame_runs.session AND o.id <> hame_runs.id
+                   AND o.status IN ('queued', 'running'))
+             RETURNING {COLS}"
+    ),
     finish: format!(
         "UPDATE hame_runs SET status = $3, reply = $4, usage = $5, error = $6,
                  approvals = $7, verification = $8, token = '', expires_at = NULL, updated_at = clock_timestamp()
@@ -103,7 +116,7 @@ static SQL: LazyLock<Statements> = LazyLock::new(|| {
              SELECT seq FROM hame_runs
              WHERE status IN ({}) AND updated_at < $1 AND agent = $3
              ORDER BY updated_at, seq LIMIT $2)",
-        super::finished_sql()
+        super::purgeable_sql()
     ),
 }
 });
@@ -188,22 +201,32 @@ impl PgRunQueue {
     }
 }
 
+/// Inserts a new queued run (`None`: its idempotency key names an existing one).
+async fn insert<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    run: &Run,
+    user: &str,
+    input: String,
+) -> Result<Option<PgRow>> {
+    sqlx::query(SQL.submit.as_str())
+        .bind(&run.id)
+        .bind(&run.agent)
+        .bind(user)
+        .bind(&run.session)
+        .bind(&run.idempotency_key)
+        .bind(input)
+        .fetch_optional(db)
+        .await
+        .map_err(backend)
+}
+
 #[async_trait]
 impl RunQueue for PgRunQueue {
     async fn submit(&self, new: NewRun) -> Result<Submitted> {
         let run = Run::new(&new, Utc::now());
         let input = serde_json::to_string(&run.input).map_err(Error::Serialize)?;
         let user = new.key.user().unwrap_or("").to_owned();
-        let row = sqlx::query(SQL.submit.as_str())
-            .bind(&run.id)
-            .bind(&run.agent)
-            .bind(&user)
-            .bind(&run.session)
-            .bind(&run.idempotency_key)
-            .bind(input)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(backend)?;
+        let row = insert(&self.pool, &run, &user, input).await?;
         if let Some(row) = row {
             let run = to_run(&row)?;
             self.notify().await;
@@ -220,6 +243,52 @@ impl RunQueue for PgRunQueue {
             run: to_run(&row)?,
             created: false,
         })
+    }
+
+    async fn submit_claimed(
+        &self,
+        new: NewRun,
+        options: &ClaimOptions,
+    ) -> Result<(Submitted, Option<Claim>)> {
+        let run = Run::new(&new, Utc::now());
+        let input = serde_json::to_string(&run.input).map_err(Error::Serialize)?;
+        let user = new.key.user().unwrap_or("").to_owned();
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        // Submit-and-claims of one session take turns (a plain claim sees only committed
+        // runs, so it cannot take the new run before the commit).
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(format!("hame_runs\n{}\n{user}\n{}", run.agent, run.session))
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        let inserted = insert(&mut *tx, &run, &user, input).await?;
+        let Some(row) = inserted else {
+            tx.rollback().await.map_err(backend)?;
+            return Ok((self.submit(new).await?, None));
+        };
+        let claimed = sqlx::query(SQL.claim_new.as_str())
+            .bind(&token)
+            .bind(&options.worker)
+            .bind(micros(options.lapse))
+            .bind(&run.id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        let Some(claimed) = claimed else {
+            self.notify().await;
+            let run = to_run(&row)?;
+            return Ok((Submitted { run, created: true }, None));
+        };
+        let run = to_run(&claimed)?;
+        let claim = Claim {
+            attempt: run.attempts,
+            token,
+            lapse: options.lapse,
+            run: run.clone(),
+        };
+        Ok((Submitted { run, created: true }, Some(claim)))
     }
 
     async fn get(&self, id: &str) -> Result<Option<Run>> {
