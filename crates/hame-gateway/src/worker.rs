@@ -102,6 +102,52 @@ async fn purge(queue: &dyn RunQueue, agent: &str, keep: Duration) {
     }
 }
 
+/// A run's heartbeat task and what it learnt.
+struct Heartbeats {
+    task: tokio::task::JoinHandle<()>,
+    cancelled: Arc<std::sync::atomic::AtomicBool>,
+    lost: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Heartbeats {
+    /// A cancel was asked for.
+    fn cancelled(&self) -> bool {
+        self.cancelled.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Another worker took the run over.
+    fn lost(&self) -> bool {
+        self.lost.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// The end of a task run, from the task record as it ended.
+fn task_end(record: &hame::subagent::TaskRecord) -> RunEnd {
+    use hame::subagent::TaskStatus;
+    match record.status {
+        TaskStatus::Completed => RunEnd::Completed {
+            reply: for_callers(json!(record.result.clone().unwrap_or_default()))
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            usage: json!({}),
+        },
+        TaskStatus::Cancelled => RunEnd::Cancelled,
+        status => RunEnd::Failed(RunError {
+            code: "subagent_failed".into(),
+            message: for_callers(json!(
+                record
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| format!("the task is {}", status.as_str()))
+            ))
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        }),
+    }
+}
+
 /// Drains a run queue with one agent.
 #[derive(Debug, Clone)]
 pub struct Worker {
@@ -120,6 +166,8 @@ impl Worker {
         queue: Arc<dyn RunQueue>,
         options: WorkerOptions,
     ) -> Self {
+        // Background subagent tasks of this agent become runs of this queue.
+        agent.use_run_queue(queue.clone());
         Self {
             agent,
             base,
@@ -200,41 +248,38 @@ impl Worker {
         tracing::info!(worker = %self.options.name, "worker stopped");
     }
 
-    /// Executes one claimed run: heartbeats it, runs the turn, writes its end under the
-    /// claim.
+    /// Executes one claimed run: heartbeats it, runs the turn (or the subagent task),
+    /// writes its end under the claim.
     async fn execute(&self, claim: Claim, abort: CancellationToken) {
         let run = &claim.run;
-        if run.cancel_requested {
-            self.finish(&claim, &RunEnd::Cancelled).await;
-            return;
+        match &run.input {
+            RunInput::Message { message } => self.execute_message(&claim, message, abort).await,
+            RunInput::SubagentTask {
+                task_id,
+                parent_session,
+                inherit,
+            } => {
+                self.execute_task(&claim, task_id, parent_session, inherit, abort)
+                    .await;
+            }
+            #[allow(unreachable_patterns)]
+            _ => {
+                let end = RunEnd::Failed(RunError {
+                    code: "unsupported".into(),
+                    message: "this worker cannot execute this kind of run; upgrade it".into(),
+                });
+                self.finish(&claim, &end).await;
+            }
         }
-        let RunInput::Message { message } = &run.input else {
-            let end = RunEnd::Failed(RunError {
-                code: "unsupported".into(),
-                message: "this worker cannot execute this kind of run; upgrade it".into(),
-            });
-            self.finish(&claim, &end).await;
-            return;
-        };
-        let mut ctx = self.base.clone();
-        ctx.session_id = run.session.clone();
-        ctx.user_id = run.user.clone();
-        ctx.extras.insert(
-            hame::harness::RUN_ID_EXTRA.to_owned(),
-            serde_json::Value::String(run.id.clone()),
-        );
-        // Taken over from a worker that died: if its turn was saved, it is not run again.
-        if claim.attempt > 1
-            && let Some(end) = self.already_ran(&ctx, &run.id).await
-        {
-            tracing::info!(run = %run.id, "the run's turn was saved by its previous worker; not running it again");
-            self.finish(&claim, &end).await;
-            return;
-        }
-        let cancel = abort.child_token();
+    }
+
+    /// Heartbeats `claim` until aborted: a cancel asked for cancels `cancel` (and sets
+    /// the first flag); a claim taken over by another worker cancels `cancel` too (and
+    /// sets the second).
+    fn heartbeats(&self, claim: &Claim, cancel: &CancellationToken) -> Heartbeats {
         let cancelled = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let beats = {
+        let task = {
             let (queue, claim, cancel) = (self.queue.clone(), claim.clone(), cancel.clone());
             let (cancelled, lost) = (cancelled.clone(), lost.clone());
             let every = self.options.heartbeat;
@@ -265,21 +310,52 @@ impl Worker {
                 }
             })
         };
+        Heartbeats {
+            task,
+            cancelled,
+            lost,
+        }
+    }
+
+    /// A message run: the turn of the run's session.
+    async fn execute_message(&self, claim: &Claim, message: &str, abort: CancellationToken) {
+        let run = &claim.run;
+        if run.cancel_requested {
+            self.finish(claim, &RunEnd::Cancelled).await;
+            return;
+        }
+        let mut ctx = self.base.clone();
+        ctx.session_id = run.session.clone();
+        ctx.user_id = run.user.clone();
+        ctx.extras.insert(
+            hame::harness::RUN_ID_EXTRA.to_owned(),
+            serde_json::Value::String(run.id.clone()),
+        );
+        // Taken over from a worker that died: if its turn was saved, it is not run again.
+        if claim.attempt > 1
+            && let Some(end) = self.already_ran(&ctx, &run.id).await
+        {
+            tracing::info!(run = %run.id, "the run's turn was saved by its previous worker; not running it again");
+            self.finish(claim, &end).await;
+            return;
+        }
+        let cancel = abort.child_token();
+        let beats = self.heartbeats(claim, &cancel);
         let (sink, mut events) = EventSink::channel();
         let drain = tokio::spawn(async move { while events.recv().await.is_some() {} });
         let result = self
             .agent
-            .call_with(Message::user(message.clone()), &ctx, &sink, &cancel)
+            .call_with(Message::user(message.to_owned()), &ctx, &sink, &cancel)
             .await;
-        beats.abort();
+        beats.task.abort();
         drop(sink);
         drain.abort();
-        if lost.load(std::sync::atomic::Ordering::Acquire) {
+        if beats.lost() {
             return;
         }
-        if abort.is_cancelled() && !cancelled.load(std::sync::atomic::Ordering::Acquire) {
+        if abort.is_cancelled() && !beats.cancelled() {
             // Shut down mid-run: another worker reclaims it after its lapse.
-            tracing::warn!(run = %claim.run.id, "worker stopped mid-run; the run is left for another worker");
+            tracing::warn!(run = %run.id, "worker stopped mid-run; the run is left for another worker");
             return;
         }
         let end = match result {
@@ -298,7 +374,7 @@ impl Worker {
                     s.calls.iter().map(crate::turn::approval).collect();
                 RunEnd::WaitingApproval(for_callers(json!(approvals)))
             }
-            Err(_) if cancelled.load(std::sync::atomic::Ordering::Acquire) => RunEnd::Cancelled,
+            Err(_) if beats.cancelled() => RunEnd::Cancelled,
             Err(e) => {
                 let err = ApiError::from_harness(&e);
                 RunEnd::Failed(RunError {
@@ -307,7 +383,66 @@ impl Worker {
                 })
             }
         };
-        self.finish(&claim, &end).await;
+        self.finish(claim, &end).await;
+    }
+
+    /// A background subagent task (docs/subagents.md, *Replicas*): the child runs here
+    /// under the run's heartbeats, its end goes into the task record (whence the parent's
+    /// next call takes it, on any replica) and into the run. A run taken over from a dead
+    /// worker continues the child; one whose record had already ended just ends like it.
+    async fn execute_task(
+        &self,
+        claim: &Claim,
+        task_id: &str,
+        parent_session: &str,
+        inherit: &std::collections::BTreeMap<String, serde_json::Value>,
+        abort: CancellationToken,
+    ) {
+        let run = &claim.run;
+        let mut ctx = self.base.clone();
+        ctx.session_id = parent_session.to_owned();
+        ctx.user_id = run.user.clone();
+        // The run's cancel (task_cancel, the runs route) and this worker's stop (shutdown,
+        // a lost claim) end the task differently: cancelled, or failed as interrupted.
+        let cancel = CancellationToken::new();
+        let stopped = abort.child_token();
+        let beats = self.heartbeats(claim, &cancel);
+        let watch = {
+            let (cancel, stopped, lost) = (cancel.clone(), stopped.clone(), beats.lost.clone());
+            tokio::spawn(async move {
+                cancel.cancelled().await;
+                if lost.load(std::sync::atomic::Ordering::Acquire) {
+                    stopped.cancel();
+                }
+            })
+        };
+        if run.cancel_requested {
+            cancel.cancel();
+        }
+        let result = self
+            .agent
+            .run_task(&ctx, &run.id, task_id, inherit.clone(), &cancel, &stopped)
+            .await;
+        beats.task.abort();
+        watch.abort();
+        if beats.lost() {
+            return;
+        }
+        if abort.is_cancelled() && !beats.cancelled() && !run.cancel_requested {
+            tracing::warn!(run = %run.id, "worker stopped mid-task; the run is left for another worker");
+            return;
+        }
+        let end = match result {
+            Ok(record) => task_end(&record),
+            Err(e) => {
+                let err = ApiError::from_harness(&e);
+                RunEnd::Failed(RunError {
+                    code: "task_unavailable".into(),
+                    message: err.message,
+                })
+            }
+        };
+        self.finish(claim, &end).await;
     }
 
     /// The end of run `id` when the session's saved state says its turn already ran (the

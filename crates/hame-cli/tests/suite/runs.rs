@@ -159,6 +159,36 @@ fn finished(s: &str) -> bool {
     matches!(s, "completed" | "failed" | "cancelled" | "waiting_approval")
 }
 
+/// `hame runs show ID --json` of user `u` on `dir/ws`: the whole stored run (`attempts`,
+/// `worker` included), read from the state store without a server.
+async fn runs_show(
+    dir: &Path,
+    agent: &str,
+    state: &str,
+    id: &str,
+) -> Result<Value, Box<dyn std::error::Error>> {
+    let out = output(hame(
+        &[
+            "runs",
+            "show",
+            id,
+            "--json",
+            "--workspace",
+            &dir.join("ws").to_string_lossy(),
+            "--user",
+            "u",
+            "--agent",
+            agent,
+            "--state",
+            state,
+        ],
+        &[],
+        dir,
+    ))
+    .await?;
+    Ok(serde_json::from_str(&stdout(&out)).map_err(|e| format!("{e}: {}", stderr(&out)))?)
+}
+
 /// The whole surface on the default JSON state, with the worker inside `hame serve`.
 #[tokio::test]
 async fn runs_are_accepted_executed_listed_and_isolated() -> TestResult {
@@ -404,27 +434,7 @@ async fn workers_drain_take_over_and_cancel(state: &str) -> TestResult {
     assert_eq!(v["reply"], "done: slow one");
     let took = killed.elapsed();
     assert!(took < Duration::from_secs(15), "taken over after {took:?}");
-    let out = output(hame(
-        &[
-            "runs",
-            "show",
-            &slow,
-            "--json",
-            "--workspace",
-            &dir.path().join("ws").to_string_lossy(),
-            "--user",
-            "u",
-            "--agent",
-            &agent,
-            "--state",
-            state,
-        ],
-        &[],
-        dir.path(),
-    ))
-    .await?;
-    let shown: Value =
-        serde_json::from_str(&stdout(&out)).map_err(|e| format!("{e}: {}", stderr(&out)))?;
+    let shown = runs_show(dir.path(), &agent, state, &slow).await?;
     assert_eq!(shown["attempts"], 2, "claimed twice: {shown}");
 
     // Cancel through the server a run that a worker process executes.
@@ -1075,4 +1085,200 @@ async fn a_tool_call_cut_by_a_kill_is_outcome_unknown_and_not_run_twice() -> Tes
     let intents = std::fs::read_to_string(intents)?;
     assert!(intents.contains("\"end\":\"outcome_unknown\""), "{intents}");
     Ok(())
+}
+
+/// Done-when #2 of issue #31: a background subagent task goes through the run queue. Two
+/// `hame serve` replicas on one store; the parent spawns a background child; the replica
+/// whose worker runs the child is SIGKILLed during the child's model call; the other
+/// replica takes the task's run over (after `--run-lapse`), runs the child again from its
+/// saved state and writes the result into the task record; the parent's next call — on
+/// the surviving replica — gets it exactly once (one notification in the session log and
+/// in the model's request, and not again in the call after).
+async fn a_background_task_survives_its_replica(state: &str) -> TestResult {
+    const RESULT: &str = "CHILD-RESULT-42";
+    let model = ScriptedServer::start().await?;
+    let child_asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    {
+        let child_asked = child_asked.clone();
+        model.set_responder(move |r: &RecordedRequest| {
+            if r.system_text().contains("## Subagent context") {
+                // The first child call hangs until its replica is killed.
+                let n = child_asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let step = ScriptStep::text(RESULT);
+                return if n == 0 {
+                    step.with_delay(Duration::from_secs(60))
+                } else {
+                    step
+                };
+            }
+            let after_tool = r.body["messages"]
+                .as_array()
+                .and_then(|m| m.last())
+                .is_some_and(|m| m["role"] == "tool");
+            match (after_tool, r.last_user_text().as_deref()) {
+                (true, _) => ScriptStep::text("spawned"),
+                (false, Some("spawn it")) => ScriptStep::tool_call(
+                    "c1",
+                    "agent_spawn",
+                    json!({"agent_id": "general-purpose", "task": "find the answer", "background": true}),
+                ),
+                _ => ScriptStep::text("noted"),
+            }
+        });
+    }
+    let dir = tempfile::tempdir()?;
+    let agent = unique_agent();
+    let args = [
+        "--agent",
+        agent.as_str(),
+        "--state",
+        state,
+        "--run-lapse",
+        "2",
+    ];
+    let mut replicas = [
+        Serve::start_named(dir.path(), "a", &model.base_url(), &args, &[])?,
+        Serve::start_named(dir.path(), "b", &model.base_url(), &args, &[])?,
+    ];
+    let http = reqwest::Client::new();
+    let (code, v) = submit(&http, &replicas[0], "u", "p", "spawn it", None).await?;
+    assert_eq!(code, 202, "{v}");
+    let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let v = wait_run(
+        &http,
+        &replicas[0],
+        "u",
+        &id,
+        Duration::from_secs(30),
+        finished,
+    )
+    .await?;
+    assert_eq!(v["status"], "completed", "{v}");
+    assert_eq!(v["reply"], "spawned");
+    // The task record names its run; the child's model call is in flight.
+    let tasks = dir.path().join("ws/u/agents").join(&agent).join("tasks/p");
+    let start = Instant::now();
+    let record = loop {
+        let found = std::fs::read_dir(&tasks)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find_map(|e| serde_json::from_slice::<Value>(&std::fs::read(e.path()).ok()?).ok());
+        if let Some(r) = found
+            && r["status"] == "running"
+            && child_asked.load(std::sync::atomic::Ordering::SeqCst) == 1
+        {
+            break r;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the child never ran: A: {} B: {}",
+            replicas[0].stderr(),
+            replicas[1].stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let task_id = record["task_id"].as_str().ok_or("no task id")?.to_owned();
+    let run_id = record["run_id"]
+        .as_str()
+        .ok_or("the record names no run")?
+        .to_owned();
+    let run = runs_show(dir.path(), &agent, state, &run_id).await?;
+    assert_eq!(run["status"], "running", "{run}");
+    assert_eq!(run["session"], record["child_session"], "{run}");
+    // Kill the replica whose worker runs the child (its pid ends the worker name).
+    let worker = run["worker"].as_str().ok_or("no worker")?;
+    let victim = replicas
+        .iter()
+        .position(|s| worker.ends_with(&format!(":{}", s.pid())))
+        .ok_or_else(|| format!("worker {worker} is neither replica"))?;
+    replicas[victim].kill();
+    let killed = Instant::now();
+    let survivor = &replicas[1 - victim];
+    let run = wait_run(
+        &http,
+        survivor,
+        "u",
+        &run_id,
+        Duration::from_secs(30),
+        finished,
+    )
+    .await?;
+    assert_eq!(
+        run["status"],
+        "completed",
+        "{run}; survivor: {}",
+        survivor.stderr()
+    );
+    assert_eq!(run["reply"], RESULT);
+    let shown = runs_show(dir.path(), &agent, state, &run_id).await?;
+    assert_eq!(shown["attempts"], 2, "claimed twice: {shown}");
+    let took = killed.elapsed();
+    assert_eq!(
+        child_asked.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "the child's model call was made again once"
+    );
+    // The parent's next call, on the survivor, gets the result once; the one after, not again.
+    for message in ["what came back?", "anything else?"] {
+        let (code, v) = submit(&http, survivor, "u", "p", message, None).await?;
+        assert_eq!(code, 202, "{v}");
+        let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
+        let v = wait_run(&http, survivor, "u", &id, Duration::from_secs(30), finished).await?;
+        assert_eq!(
+            v["status"],
+            "completed",
+            "{v}; survivor: {}",
+            survivor.stderr()
+        );
+        let requests = model.requests();
+        let last = requests
+            .iter()
+            .rev()
+            .find(|r| !r.system_text().contains("## Subagent context"))
+            .ok_or("no parent request")?;
+        let body = last.body.to_string();
+        assert_eq!(
+            body.matches("<system-notification>").count(),
+            1,
+            "{message}: {body}"
+        );
+        assert_eq!(body.matches(RESULT).count(), 1, "{message}: {body}");
+        assert!(body.contains(&task_id), "{body}");
+    }
+    let log = dir
+        .path()
+        .join("ws/u/agents")
+        .join(&agent)
+        .join("sessions/p.log.jsonl");
+    let pushed: Vec<(String, String)> = log_texts(&log)?
+        .into_iter()
+        .filter(|(_, t)| t.contains("<system-notification>"))
+        .collect();
+    assert_eq!(pushed.len(), 1, "one delivery in the log: {pushed:?}");
+    assert_eq!(pushed[0].0, "user");
+    assert!(pushed[0].1.contains(RESULT), "{pushed:?}");
+    let record: Value =
+        serde_json::from_slice(&std::fs::read(tasks.join(format!("{task_id}.json")))?)?;
+    assert_eq!(record["status"], "completed", "{record}");
+    assert_eq!(record["result"], RESULT);
+    assert!(record["delivered_at"].is_string(), "{record}");
+    eprintln!("background task: replica killed mid-child; the other completed it {took:?} later");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_background_task_survives_its_replica_on_postgres() -> TestResult {
+    let Some(url) = service("HAME_TEST_POSTGRES_URL") else {
+        return Ok(());
+    };
+    a_background_task_survives_its_replica(&url).await
+}
+
+#[tokio::test]
+async fn a_background_task_survives_its_replica_on_redis() -> TestResult {
+    let Some(url) = service("HAME_TEST_REDIS_URL") else {
+        return Ok(());
+    };
+    a_background_task_survives_its_replica(&url).await
 }

@@ -103,6 +103,55 @@ pub async fn submit_get_list<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
     Ok(())
 }
 
+/// A subagent task run keeps the id chosen before its submit and its input whole (task,
+/// parent session, inherited extras), and is claimed like any run of its session.
+pub async fn subagent_task_runs<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
+    let agent = unique_agent();
+    let mut inherit = std::collections::BTreeMap::new();
+    inherit.insert("hame.plan_mode".to_owned(), serde_json::json!(true));
+    let new = NewRun::subagent_task(
+        StateKey::new(&agent, Some("u1"), "p@general-purpose-0123456789ab")?,
+        "task-0123456789ab",
+        "p",
+        inherit,
+    );
+    let id = new.id.clone();
+    let input = new.input.clone();
+    let s = q.submit(new).await?;
+    ensure!(
+        s.created && s.run.id == id,
+        "the run has the chosen id: {:?}",
+        s.run
+    );
+    let got = q
+        .get(&id)
+        .await?
+        .ok_or_else(|| fail("the task run is stored"))?;
+    ensure!(
+        got.input == input,
+        "the input comes back whole: {:?}",
+        got.input
+    );
+    let c = q
+        .claim(&opts(&agent, LONG))
+        .await?
+        .ok_or_else(|| fail("the task run is claimable"))?;
+    ensure!(
+        c.run.id == id && c.run.input == input,
+        "claimed whole: {:?}",
+        c.run
+    );
+    q.finish(
+        &c,
+        &RunEnd::Completed {
+            reply: "r".into(),
+            usage: serde_json::json!({}),
+        },
+    )
+    .await?;
+    Ok(())
+}
+
 /// The same idempotency key from the same agent and user gives one run, also when 20
 /// submits race; another user's key is another run.
 pub async fn idempotency<Q: RunQueue + ?Sized>(q: Arc<Q>) -> Result<()> {
@@ -549,7 +598,7 @@ pub async fn racing_workers<Q: RunQueue + ?Sized>(q: Arc<Q>) -> Result<()> {
 #[macro_export]
 macro_rules! run_queue_tests {
     ($make:expr) => {
-        $crate::run_queue_tests!(@ref $make, submit_get_list, session_order, lapse_and_reclaim, lapsed_claims_reclaimed_together, cancel, purge_finished);
+        $crate::run_queue_tests!(@ref $make, submit_get_list, session_order, lapse_and_reclaim, lapsed_claims_reclaimed_together, cancel, purge_finished, subagent_task_runs);
         $crate::run_queue_tests!(@arc $make, idempotency, racing_workers);
     };
     (@ref $make:expr, $($name:ident),+) => {
