@@ -1087,6 +1087,33 @@ async fn a_tool_call_cut_by_a_kill_is_outcome_unknown_and_not_run_twice() -> Tes
     Ok(())
 }
 
+/// The parent's side of the background-task tests: "spawn it" spawns a background
+/// `general-purpose` child, the tool result is answered "spawned", anything else "noted".
+fn spawner(r: &RecordedRequest) -> ScriptStep {
+    let after_tool = r.body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .is_some_and(|m| m["role"] == "tool");
+    match (after_tool, r.last_user_text().as_deref()) {
+        (true, _) => ScriptStep::text("spawned"),
+        (false, Some("spawn it")) => ScriptStep::tool_call(
+            "c1",
+            "agent_spawn",
+            json!({"agent_id": "general-purpose", "task": "find the answer", "background": true}),
+        ),
+        _ => ScriptStep::text("noted"),
+    }
+}
+
+/// The first task record in a session's task folder, if any.
+fn first_record(tasks: &Path) -> Option<Value> {
+    std::fs::read_dir(tasks)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .find_map(|e| serde_json::from_slice::<Value>(&std::fs::read(e.path()).ok()?).ok())
+}
+
 /// Done-when #2 of issue #31: a background subagent task goes through the run queue. Two
 /// `hame serve` replicas on one store; the parent spawns a background child; the replica
 /// whose worker runs the child is SIGKILLed during the child's model call; the other
@@ -1111,19 +1138,7 @@ async fn a_background_task_survives_its_replica(state: &str) -> TestResult {
                     step
                 };
             }
-            let after_tool = r.body["messages"]
-                .as_array()
-                .and_then(|m| m.last())
-                .is_some_and(|m| m["role"] == "tool");
-            match (after_tool, r.last_user_text().as_deref()) {
-                (true, _) => ScriptStep::text("spawned"),
-                (false, Some("spawn it")) => ScriptStep::tool_call(
-                    "c1",
-                    "agent_spawn",
-                    json!({"agent_id": "general-purpose", "task": "find the answer", "background": true}),
-                ),
-                _ => ScriptStep::text("noted"),
-            }
+            spawner(r)
         });
     }
     let dir = tempfile::tempdir()?;
@@ -1159,11 +1174,7 @@ async fn a_background_task_survives_its_replica(state: &str) -> TestResult {
     let tasks = dir.path().join("ws/u/agents").join(&agent).join("tasks/p");
     let start = Instant::now();
     let record = loop {
-        let found = std::fs::read_dir(&tasks)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .find_map(|e| serde_json::from_slice::<Value>(&std::fs::read(e.path()).ok()?).ok());
+        let found = first_record(&tasks);
         if let Some(r) = found
             && r["status"] == "running"
             && child_asked.load(std::sync::atomic::Ordering::SeqCst) == 1
@@ -1281,4 +1292,142 @@ async fn a_background_task_survives_its_replica_on_redis() -> TestResult {
         return Ok(());
     };
     a_background_task_survives_its_replica(&url).await
+}
+
+/// A spawner SIGKILLed between writing a queued task's record and submitting its run
+/// (failpoint `subagent.recorded`) leaves a record whose run does not exist: the parent
+/// session's next call — here the killed run taken over by another replica — fails the
+/// record ("not in the run queue") and tells the parent once; it never waits for it.
+#[tokio::test]
+async fn a_task_whose_run_was_never_queued_is_failed_and_told_once() -> TestResult {
+    if !cfg!(feature = "failpoints") {
+        hame_test_env::skip(format_args!(
+            "the queued-task kill test needs `--features failpoints` (CI runs --all-features)"
+        ));
+        return Ok(());
+    }
+    let model = ScriptedServer::start().await?;
+    model.set_responder(spawner);
+    let dir = tempfile::tempdir()?;
+    let agent = unique_agent();
+    let args = ["--agent", agent.as_str(), "--run-lapse", "2"];
+    let mut a = Serve::start_named(
+        dir.path(),
+        "a",
+        &model.base_url(),
+        &args,
+        &[("HAME_FAILPOINT", "subagent.recorded")],
+    )?;
+    let http = reqwest::Client::new();
+    let (code, v) = submit(&http, &a, "u", "p", "spawn it", None).await?;
+    assert_eq!(code, 202, "{v}");
+    let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let tasks = dir.path().join("ws/u/agents").join(&agent).join("tasks/p");
+    let start = Instant::now();
+    let record = loop {
+        let found = first_record(&tasks);
+        if let Some(r) = found {
+            break r;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no record: {}",
+            a.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(record["status"], "pending", "{record}");
+    let task_id = record["task_id"].as_str().ok_or("no task id")?.to_owned();
+    let run_id = record["run_id"].as_str().ok_or("no run id")?.to_owned();
+    // A killed itself at the failpoint; make sure it is gone.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.kill();
+    let b = Serve::start_named(dir.path(), "b", &model.base_url(), &args, &[])?;
+    let v = wait_run(&http, &b, "u", &id, Duration::from_secs(30), finished).await?;
+    assert_eq!(v["status"], "completed", "{v}; B: {}", b.stderr());
+    let (code, _) = get_run(&http, &b, "u", &run_id).await?;
+    assert_eq!(code, 404, "the task's run was never submitted");
+    let (code, v) = submit(&http, &b, "u", "p", "anything else?", None).await?;
+    assert_eq!(code, 202, "{v}");
+    let next = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    wait_run(&http, &b, "u", &next, Duration::from_secs(30), finished).await?;
+    let requests = model.requests();
+    let last = requests.last().ok_or("no request")?.body.to_string();
+    assert_eq!(last.matches("<system-notification>").count(), 1, "{last}");
+    assert_eq!(last.matches("is not in the run queue").count(), 1, "{last}");
+    assert!(last.contains(&task_id), "{last}");
+    let record: Value =
+        serde_json::from_slice(&std::fs::read(tasks.join(format!("{task_id}.json")))?)?;
+    assert_eq!(record["status"], "failed", "{record}");
+    assert!(record["delivered_at"].is_string(), "{record}");
+    Ok(())
+}
+
+/// `task_cancel` of a queued task that a worker runs: the task's run is cancelled, its
+/// worker is woken and stops the child; the record ends `cancelled` ("cancelled by
+/// task_cancel") and the run `cancelled`.
+#[tokio::test]
+async fn task_cancel_stops_a_queued_task_through_its_run() -> TestResult {
+    let model = ScriptedServer::start().await?;
+    model.set_responder(|r: &RecordedRequest| {
+        if r.system_text().contains("## Subagent context") {
+            return ScriptStep::text("late").with_delay(Duration::from_secs(60));
+        }
+        if r.last_user_text().as_deref() == Some("cancel it") {
+            let body = r.body.to_string();
+            // The spawned task's id, from the spawn's tool result.
+            let id = body
+                .match_indices("task-")
+                .filter_map(|(i, _)| body.get(i..i + 17))
+                .find(|t| {
+                    t[5..].bytes().all(|b| b.is_ascii_hexdigit()) && !t.ends_with("0123456789ab")
+                })
+                .unwrap_or_default()
+                .to_owned();
+            let after_tool = r.body["messages"]
+                .as_array()
+                .and_then(|m| m.last())
+                .is_some_and(|m| m["role"] == "tool");
+            return if after_tool {
+                ScriptStep::text("cancelled it")
+            } else {
+                ScriptStep::tool_call("c2", "task_cancel", json!({"task_id": id}))
+            };
+        }
+        spawner(r)
+    });
+    let dir = tempfile::tempdir()?;
+    let agent = unique_agent();
+    let args = ["--agent", agent.as_str()];
+    let s = Serve::start_named(dir.path(), "a", &model.base_url(), &args, &[])?;
+    let http = reqwest::Client::new();
+    let (_, v) = submit(&http, &s, "u", "p", "spawn it", None).await?;
+    let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let v = wait_run(&http, &s, "u", &id, Duration::from_secs(30), finished).await?;
+    assert_eq!(v["reply"], "spawned", "{v}");
+    let tasks = dir.path().join("ws/u/agents").join(&agent).join("tasks/p");
+    let start = Instant::now();
+    let record = loop {
+        if let Some(r) = first_record(&tasks)
+            && r["status"] == "running"
+        {
+            break r;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "{}", s.stderr());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let run_id = record["run_id"].as_str().ok_or("no run id")?.to_owned();
+    let asked = Instant::now();
+    let (_, v) = submit(&http, &s, "u", "p", "cancel it", None).await?;
+    let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let v = wait_run(&http, &s, "u", &id, Duration::from_secs(30), finished).await?;
+    assert_eq!(v["reply"], "cancelled it", "{v}; {}", s.stderr());
+    let run = wait_run(&http, &s, "u", &run_id, Duration::from_secs(10), finished).await?;
+    let took = asked.elapsed();
+    assert_eq!(run["status"], "cancelled", "{run}");
+    let record = first_record(&tasks).ok_or("no record")?;
+    assert_eq!(record["status"], "cancelled", "{record}");
+    assert_eq!(record["error"], "cancelled by task_cancel", "{record}");
+    assert!(took < Duration::from_secs(5), "cancelled after {took:?}");
+    Ok(())
 }

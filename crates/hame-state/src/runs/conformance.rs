@@ -35,6 +35,18 @@ fn opts(agent: &str, lapse: Duration) -> ClaimOptions {
 
 const LONG: Duration = Duration::from_secs(60);
 
+/// Ends a claimed run `completed` with the reply `r`.
+async fn complete<Q: RunQueue + ?Sized>(q: &Q, claim: &super::Claim) -> Result<super::Run> {
+    q.finish(
+        claim,
+        &RunEnd::Completed {
+            reply: "r".into(),
+            usage: serde_json::json!({}),
+        },
+    )
+    .await
+}
+
 /// Submit, get and list (newest first, scoped to agent, user and session).
 pub async fn submit_get_list<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
     let agent = unique_agent();
@@ -141,14 +153,7 @@ pub async fn subagent_task_runs<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
         "claimed whole: {:?}",
         c.run
     );
-    q.finish(
-        &c,
-        &RunEnd::Completed {
-            reply: "r".into(),
-            usage: serde_json::json!({}),
-        },
-    )
-    .await?;
+    complete(q, &c).await?;
     Ok(())
 }
 
@@ -337,14 +342,7 @@ pub async fn lapse_and_reclaim<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
         "{still:?}"
     );
     q.heartbeat(&new).await?;
-    q.finish(
-        &new,
-        &RunEnd::Completed {
-            reply: "r".into(),
-            usage: serde_json::json!({}),
-        },
-    )
-    .await?;
+    complete(q, &new).await?;
     Ok(())
 }
 
@@ -440,14 +438,7 @@ pub async fn purge_finished<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
     let o = opts(&agent, LONG);
     let c = q.claim(&o).await?.ok_or_else(|| fail("not claimed"))?;
     ensure!(c.run.id == done.id, "the first run is claimed");
-    q.finish(
-        &c,
-        &RunEnd::Completed {
-            reply: "r".into(),
-            usage: serde_json::json!({}),
-        },
-    )
-    .await?;
+    complete(q, &c).await?;
     let cancelled = q
         .submit(msg(&agent, Some("u"), "s2", "cancelled")?)
         .await?
