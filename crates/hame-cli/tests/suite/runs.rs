@@ -1363,9 +1363,10 @@ async fn a_task_whose_run_was_never_queued_is_failed_and_told_once() -> TestResu
     Ok(())
 }
 
-/// `task_cancel` of a queued task that a worker runs: the task's run is cancelled, its
-/// worker is woken and stops the child; the record ends `cancelled` ("cancelled by
-/// task_cancel") and the run `cancelled`.
+/// `task_cancel` of a queued task that a worker of the same replica runs: the child is
+/// stopped at once, the record ends `cancelled` ("cancelled by task_cancel") and the
+/// task's run `cancelled`. (From another replica the cancel goes through the run: its
+/// flag and wake-up, as `cancel_on_b_stops_an_execute_on_a` tests for message runs.)
 #[tokio::test]
 async fn task_cancel_stops_a_queued_task_through_its_run() -> TestResult {
     let model = ScriptedServer::start().await?;
