@@ -131,6 +131,7 @@ fn task_end(record: &hame::subagent::TaskRecord) -> RunEnd {
                 .unwrap_or_default()
                 .to_owned(),
             usage: json!({}),
+            verification: None,
         },
         TaskStatus::Cancelled => RunEnd::Cancelled,
         status => RunEnd::Failed(RunError {
@@ -253,7 +254,14 @@ impl Worker {
     async fn execute(&self, claim: Claim, abort: CancellationToken) {
         let run = &claim.run;
         match &run.input {
-            RunInput::Message { message } => self.execute_message(&claim, message, abort).await,
+            RunInput::Message {
+                message,
+                verify,
+                verify_attempts,
+            } => {
+                self.execute_message(&claim, message, verify, *verify_attempts, abort)
+                    .await;
+            }
             RunInput::SubagentTask {
                 task_id,
                 parent_session,
@@ -318,7 +326,14 @@ impl Worker {
     }
 
     /// A message run: the turn of the run's session.
-    async fn execute_message(&self, claim: &Claim, message: &str, abort: CancellationToken) {
+    async fn execute_message(
+        &self,
+        claim: &Claim,
+        message: &str,
+        verify: &[String],
+        verify_attempts: Option<u32>,
+        abort: CancellationToken,
+    ) {
         let run = &claim.run;
         if run.cancel_requested {
             self.finish(claim, &RunEnd::Cancelled).await;
@@ -331,6 +346,9 @@ impl Worker {
             hame::harness::RUN_ID_EXTRA.to_owned(),
             serde_json::Value::String(run.id.clone()),
         );
+        if !verify.is_empty() {
+            ctx = hame::harness::evidence::require_checks(ctx, verify, verify_attempts);
+        }
         // Taken over from a worker that died: if its turn was saved, it is not run again.
         if claim.attempt > 1
             && let Some(end) = self.already_ran(&ctx, &run.id).await
@@ -363,10 +381,30 @@ impl Worker {
                 let body = for_callers(json!({
                     "reply": out.reply.text_content(),
                     "usage": out.usage,
+                    "verification": out.verification,
                 }));
-                RunEnd::Completed {
-                    reply: body["reply"].as_str().unwrap_or_default().to_owned(),
-                    usage: body["usage"].clone(),
+                let reply = body["reply"].as_str().unwrap_or_default().to_owned();
+                let usage = body["usage"].clone();
+                // A run with required checks ends `unverified` when the gate's verdict says
+                // so, with the failing evidence (docs/evidence.md).
+                match &out.verification {
+                    Some(v) if v.status == hame::VerificationStatus::Unverified => {
+                        RunEnd::Unverified {
+                            reply,
+                            usage,
+                            verification: body["verification"].clone(),
+                        }
+                    }
+                    Some(_) => RunEnd::Completed {
+                        reply,
+                        usage,
+                        verification: Some(body["verification"].clone()),
+                    },
+                    None => RunEnd::Completed {
+                        reply,
+                        usage,
+                        verification: None,
+                    },
                 }
             }
             Err(hame::harness::Error::Call(hame::Error::Suspended(s))) => {
@@ -478,6 +516,7 @@ impl Worker {
                     .unwrap_or_default()
                     .to_owned(),
                 usage: json!({}),
+                verification: None,
             },
             None => RunEnd::Failed(RunError {
                 code: "interrupted".into(),

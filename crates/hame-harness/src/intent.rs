@@ -15,10 +15,12 @@
 //! JSON line per intent (`call_id`, `tool`, `args`, `key`) and per end (`call_id`, `end`:
 //! `done` or `outcome_unknown`). See docs/replicas.md.
 
+use std::sync::Mutex;
+
 use async_trait::async_trait;
 use hame_core::{
-    AppendNext, CallCtx, ContentBlock, Layer, Message, Result, Role, ToolCall, ToolCtx, ToolNext,
-    ToolOutcome, ToolResult,
+    AppendNext, CallCtx, CallInput, CallNext, CallOutput, ContentBlock, Layer, Message, Result,
+    Role, ToolCall, ToolCtx, ToolNext, ToolOutcome, ToolResult,
 };
 use hame_fs::{AppendOptions, FsPath};
 use hame_tools::Workspace;
@@ -111,6 +113,30 @@ pub fn is_idempotent(name: &str) -> bool {
     effect_of(name, None) == Effect::ReadOnly
 }
 
+/// The `done` records of a call's returned tool calls not yet written: they go out with
+/// the call's next intent (one append per step, not two) or at the end of the call. Lives
+/// in the call's extensions.
+#[derive(Debug, Default)]
+struct PendingEnds(Mutex<Vec<IntentRecord>>);
+
+impl PendingEnds {
+    fn take(&self) -> Vec<IntentRecord> {
+        std::mem::take(
+            &mut *self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    fn push(&self, record: IntentRecord) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(record);
+    }
+}
+
 /// Writes intents before non-idempotent tool calls and turns a dead call's intent into an
 /// `outcome_unknown` result on the session's next call (module docs). Sits outside the
 /// session log, so what it adds to the conversation is recorded.
@@ -177,6 +203,29 @@ impl IntentLayer {
 impl Layer for IntentLayer {
     fn name(&self) -> &str {
         "intents"
+    }
+
+    async fn call(
+        &self,
+        cx: &mut CallCtx<'_>,
+        input: CallInput,
+        next: CallNext<'_>,
+    ) -> Result<CallOutput> {
+        let (out, pending) = next.run_collecting::<PendingEnds>(cx, input).await;
+        let ends = pending.take();
+        if let (false, Some(ws)) = (ends.is_empty(), cx.extensions.get::<Workspace>()) {
+            // Not flushed: the call's last step made no intent after them. A crash before
+            // they land reports those calls as `outcome_unknown` (whether they took effect
+            // is then unknown to the session's record too), never runs them again.
+            let session = cx.runtime.session_id.clone();
+            if let Err(e) = self
+                .write(ws, &session, &ends, AppendOptions::atomic())
+                .await
+            {
+                tracing::warn!(session = %session, error = %e, "marking tool call intents done failed");
+            }
+        }
+        out
     }
 
     async fn append(
@@ -255,9 +304,13 @@ impl Layer for IntentLayer {
             key: Some(cx.tool.idempotency_key()),
             end: None,
         };
-        // Durable before the call acts.
+        // Durable before the call acts; the ends of the call's earlier tool calls go with it
+        // (before it in the file, so a reader sees them resolved in order).
+        let pending = cx.tool.extensions.get_arc::<PendingEnds>();
+        let mut records = pending.as_ref().map(|p| p.take()).unwrap_or_default();
+        records.push(intent);
         if let Err(e) = self
-            .write(&ws, &session, &[intent], AppendOptions::default())
+            .write(&ws, &session, &records, AppendOptions::default())
             .await
         {
             tracing::warn!(session = %session, error = %e, "writing the tool call intent failed; running the call anyway");
@@ -271,11 +324,17 @@ impl Layer for IntentLayer {
             key: None,
             end: Some("done".to_owned()),
         };
-        if let Err(e) = self
-            .write(&ws, &session, &[end], AppendOptions::atomic())
-            .await
-        {
-            tracing::warn!(session = %session, error = %e, "marking the tool call intent done failed");
+        match pending {
+            // Written with the call's next intent or at its end.
+            Some(p) => p.push(end),
+            None => {
+                if let Err(e) = self
+                    .write(&ws, &session, &[end], AppendOptions::atomic())
+                    .await
+                {
+                    tracing::warn!(session = %session, error = %e, "marking the tool call intent done failed");
+                }
+            }
         }
         out
     }
