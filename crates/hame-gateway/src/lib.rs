@@ -486,6 +486,13 @@ impl Gateway {
             header_timeout: shared.options.header_timeout,
             max_connections: shared.options.max_connections,
         };
+        // Background subagent tasks become runs (workers of any replica run them), also on
+        // an API-only replica.
+        if let Some(queue) = &shared.options.runs {
+            for agent in shared.agents() {
+                agent.use_run_queue(queue.clone());
+            }
+        }
         // A worker per served agent: a run is claimed by its agent's worker.
         let mut workers = Vec::new();
         if let (Some(queue), Some(options)) = (&shared.options.runs, &shared.options.worker) {

@@ -103,6 +103,34 @@ async fn purge(queue: &dyn RunQueue, agent: &str, keep: Duration) {
     }
 }
 
+/// The end of a task run, from the task record as it ended.
+fn task_end(record: &hame::subagent::TaskRecord) -> RunEnd {
+    use hame::subagent::TaskStatus;
+    match record.status {
+        TaskStatus::Completed => RunEnd::Completed {
+            reply: for_callers(json!(record.result.clone().unwrap_or_default()))
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            usage: json!({}),
+            verification: None,
+        },
+        TaskStatus::Cancelled => RunEnd::Cancelled,
+        status => RunEnd::Failed(RunError {
+            code: "subagent_failed".into(),
+            message: for_callers(json!(
+                record
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| format!("the task is {}", status.as_str()))
+            ))
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        }),
+    }
+}
+
 /// Drains a run queue with one agent.
 #[derive(Debug, Clone)]
 pub struct Worker {
@@ -121,6 +149,8 @@ impl Worker {
         queue: Arc<dyn RunQueue>,
         options: WorkerOptions,
     ) -> Self {
+        // Background subagent tasks of this agent become runs of this queue.
+        agent.use_run_queue(queue.clone());
         Self {
             agent,
             base,
@@ -206,29 +236,55 @@ impl Worker {
         tracing::info!(worker = %self.options.name, "worker stopped");
     }
 
-    /// Executes one claimed run: heartbeats it, runs the turn, writes its end under the
-    /// claim.
+    /// Executes one claimed run: heartbeats it, runs the turn (or the subagent task),
+    /// writes its end under the claim.
     async fn execute(&self, claim: Claim, abort: CancellationToken) {
         let run = &claim.run;
+        match &run.input {
+            RunInput::Message {
+                message,
+                extras,
+                verify,
+                verify_attempts,
+                ..
+            } => {
+                self.execute_message(&claim, message, extras, verify, *verify_attempts, abort)
+                    .await;
+            }
+            RunInput::SubagentTask {
+                task_id,
+                parent_session,
+                inherit,
+            } => {
+                self.execute_task(&claim, task_id, parent_session, inherit, abort)
+                    .await;
+            }
+            #[allow(unreachable_patterns)]
+            _ => {
+                let end = RunEnd::Failed(RunError {
+                    code: "unsupported".into(),
+                    message: "this worker cannot execute this kind of run; upgrade it".into(),
+                });
+                self.finish(&claim, &end).await;
+            }
+        }
+    }
+
+    /// A message run: the turn of the run's session.
+    async fn execute_message(
+        &self,
+        claim: &Claim,
+        message: &str,
+        extras: &serde_json::Map<String, serde_json::Value>,
+        verify: &[String],
+        verify_attempts: Option<u32>,
+        abort: CancellationToken,
+    ) {
+        let run = &claim.run;
         if run.cancel_requested {
-            self.finish(&claim, &RunEnd::Cancelled).await;
+            self.finish(claim, &RunEnd::Cancelled).await;
             return;
         }
-        let RunInput::Message {
-            message,
-            extras,
-            verify,
-            verify_attempts,
-            ..
-        } = &run.input
-        else {
-            let end = RunEnd::Failed(RunError {
-                code: "unsupported".into(),
-                message: "this worker cannot execute this kind of run; upgrade it".into(),
-            });
-            self.finish(&claim, &end).await;
-            return;
-        };
         let mut ctx = self.base.clone();
         ctx.session_id = run.session.clone();
         ctx.user_id = run.user.clone();
@@ -239,14 +295,14 @@ impl Worker {
             serde_json::Value::String(run.id.clone()),
         );
         if !verify.is_empty() {
-            ctx = hame::harness::evidence::require_checks(ctx, verify, *verify_attempts);
+            ctx = hame::harness::evidence::require_checks(ctx, verify, verify_attempts);
         }
         // Taken over from a worker that died: if its turn was saved, it is not run again.
         if claim.attempt > 1
             && let Some(end) = self.already_ran(&ctx, &run.id).await
         {
             tracing::info!(run = %run.id, "the run's turn was saved by its previous worker; not running it again");
-            self.finish(&claim, &end).await;
+            self.finish(claim, &end).await;
             return;
         }
         let cancel = abort.child_token();
@@ -260,7 +316,7 @@ impl Worker {
         let drain = tokio::spawn(async move { while events.recv().await.is_some() {} });
         let result = self
             .agent
-            .call_with(Message::user(message.clone()), &ctx, &sink, &cancel)
+            .call_with(Message::user(message.to_owned()), &ctx, &sink, &cancel)
             .await;
         beats.stop();
         drop(sink);
@@ -270,7 +326,7 @@ impl Worker {
         }
         if abort.is_cancelled() && !beats.cancelled() {
             // Shut down mid-run: another worker reclaims it after its lapse.
-            tracing::warn!(run = %claim.run.id, "worker stopped mid-run; the run is left for another worker");
+            tracing::warn!(run = %run.id, "worker stopped mid-run; the run is left for another worker");
             return;
         }
         let end = match result {
@@ -318,7 +374,71 @@ impl Worker {
                 })
             }
         };
-        self.finish(&claim, &end).await;
+        self.finish(claim, &end).await;
+    }
+
+    /// A background subagent task (docs/subagents.md, *Replicas*): the child runs here
+    /// under the run's heartbeats, its end goes into the task record (whence the parent's
+    /// next call takes it, on any replica) and into the run. A run taken over from a dead
+    /// worker continues the child; one whose record had already ended just ends like it.
+    async fn execute_task(
+        &self,
+        claim: &Claim,
+        task_id: &str,
+        parent_session: &str,
+        inherit: &std::collections::BTreeMap<String, serde_json::Value>,
+        abort: CancellationToken,
+    ) {
+        let run = &claim.run;
+        let mut ctx = self.base.clone();
+        ctx.session_id = parent_session.to_owned();
+        ctx.user_id = run.user.clone();
+        // The run's cancel (task_cancel, the runs route) and this worker's stop (shutdown,
+        // a lost claim) end the task differently: cancelled, or failed as interrupted.
+        let cancel = CancellationToken::new();
+        let stopped = abort.child_token();
+        let beats = Beating::start(
+            self.queue.clone(),
+            claim.clone(),
+            cancel.clone(),
+            self.options.heartbeat,
+        );
+        let watch = {
+            let (cancel, stopped, lost) = (cancel.clone(), stopped.clone(), beats.lost.clone());
+            tokio::spawn(async move {
+                cancel.cancelled().await;
+                if lost.load(std::sync::atomic::Ordering::Acquire) {
+                    stopped.cancel();
+                }
+            })
+        };
+        if run.cancel_requested {
+            cancel.cancel();
+        }
+        let result = self
+            .agent
+            .run_task(&ctx, &run.id, task_id, inherit.clone(), &cancel, &stopped)
+            .await;
+        beats.stop();
+        watch.abort();
+        if beats.lost() {
+            return;
+        }
+        if abort.is_cancelled() && !beats.cancelled() && !run.cancel_requested {
+            tracing::warn!(run = %run.id, "worker stopped mid-task; the run is left for another worker");
+            return;
+        }
+        let end = match result {
+            Ok(record) => task_end(&record),
+            Err(e) => {
+                let err = ApiError::from_harness(&e);
+                RunEnd::Failed(RunError {
+                    code: "task_unavailable".into(),
+                    message: err.message,
+                })
+            }
+        };
+        self.finish(claim, &end).await;
     }
 
     /// The end of run `id` when the session's saved state says its turn already ran (the

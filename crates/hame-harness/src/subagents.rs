@@ -214,6 +214,46 @@ impl HarnessAgent {
             .map_err(|e| Error::storage("reading task records failed", e))
     }
 
+    /// Sends this agent's background subagent tasks through `queue` (the deployment's run
+    /// queue: `hame serve`, `hame worker`): any worker of the agent runs them, and another
+    /// takes a task over when its worker dies ([`run_task`](Self::run_task)). In sandbox
+    /// mode a `sandbox: shared` child stays in the spawning process (it works in the
+    /// parent's sandbox). Only the first call counts; without it a background task runs in
+    /// the process that spawned it.
+    pub fn use_run_queue(&self, queue: Arc<dyn hame_state::runs::RunQueue>) {
+        self.inner.subagents.set_queue(hame_subagent::TaskQueue {
+            queue,
+            keep_shared_sandbox_local: self.inner.tenancy.sandboxes().is_some(),
+        });
+    }
+
+    /// Runs the queued background task `task_id` of the parent session of `ctx` (session
+    /// and user are the parent's) as run `run_id`: what a worker does with a claimed
+    /// [`hame_state::runs::RunInput::SubagentTask`] run. `cancel` ends it `cancelled`,
+    /// `abort` (a worker shutting down) `failed`; the record as it ended is returned
+    /// ([`hame_subagent::Subagents::run_queued`]).
+    pub async fn run_task(
+        &self,
+        ctx: &RuntimeContext,
+        run_id: &str,
+        task_id: &str,
+        inherit: std::collections::BTreeMap<String, serde_json::Value>,
+        cancel: &hame_core::CancellationToken,
+        abort: &hame_core::CancellationToken,
+    ) -> Result<TaskRecord> {
+        let ws = self.workspace_for(ctx)?;
+        self.inner
+            .subagents
+            .run_queued(&ws, run_id, task_id, inherit, cancel, abort)
+            .await
+            .map_err(|e| match e {
+                hame_subagent::Error::Storage(_) => {
+                    Error::storage("running a queued task failed", e)
+                }
+                other => Error::Config(other.to_string()),
+            })
+    }
+
     /// Background tasks this process runs that have not finished.
     pub fn running_tasks(&self) -> usize {
         self.inner.subagents.running()

@@ -83,7 +83,7 @@ pub use error::{Error, Result};
 pub use layer::{SubagentLayer, notification};
 pub use manager::{
     DEPTH_EXTRA, ParentCall, SpawnOutcome, SpawnRequest, SubagentOptions, Subagents, TASK_EXTRA,
-    TOOLS_EXTRA, child_session_id, depth_of, tool_allowlist,
+    TOOLS_EXTRA, TaskQueue, child_session_id, depth_of, tool_allowlist,
 };
 pub use runner::{ChildReply, ChildRun, SubagentRunner};
 pub use spec::{

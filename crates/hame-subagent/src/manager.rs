@@ -10,6 +10,7 @@ use std::time::Duration;
 use chrono::Utc;
 use hame_core::{AgentEvent, CancellationToken, EventSink, RuntimeContext, ToolContext};
 use hame_state::Holder;
+use hame_state::runs::{CancelOutcome, NewRun, RunQueue};
 use hame_tools::{Workspace, WorkspaceExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
@@ -146,8 +147,23 @@ pub struct Subagents {
     options: SubagentOptions,
     base: Vec<Declaration>,
     runner: OnceLock<Arc<dyn SubagentRunner>>,
+    queue: OnceLock<TaskQueue>,
     live: Mutex<HashMap<String, Live>>,
     slots: Arc<Semaphore>,
+}
+
+/// Where background tasks go when the agent is served with a run queue (`hame serve`,
+/// `hame worker`): each one becomes a run ([`hame_state::runs::RunInput::SubagentTask`])
+/// that any replica's worker claims, heartbeats and, when that worker dies, takes over
+/// ([`Subagents::run_queued`] executes it). Without one (`hame run`), a background task
+/// runs in the process that spawned it.
+#[derive(Debug, Clone)]
+pub struct TaskQueue {
+    /// The run queue of the deployment's state store.
+    pub queue: Arc<dyn RunQueue>,
+    /// Keep children whose spec says `sandbox: shared` in the spawning process (sandbox
+    /// mode: they work in the parent's sandbox, which only the parent's process has).
+    pub keep_shared_sandbox_local: bool,
 }
 
 impl std::fmt::Debug for Subagents {
@@ -176,6 +192,7 @@ impl Subagents {
             options,
             base,
             runner: OnceLock::new(),
+            queue: OnceLock::new(),
             live: Mutex::new(HashMap::new()),
             slots,
         }
@@ -185,6 +202,27 @@ impl Subagents {
     /// call counts.
     pub fn set_runner(&self, runner: Arc<dyn SubagentRunner>) {
         let _ = self.runner.set(runner);
+    }
+
+    /// Sends background tasks through `queue` from now on. Only the first call counts.
+    pub fn set_queue(&self, queue: TaskQueue) {
+        let _ = self.queue.set(queue);
+    }
+
+    /// The run queue background tasks go through, if any.
+    pub fn queue(&self) -> Option<&TaskQueue> {
+        self.queue.get()
+    }
+
+    /// The queue a background task of `decl` goes through, if it is queued at all: a
+    /// declaration with its own runner (code) and, in sandbox mode, a `sandbox: shared`
+    /// child stay in this process.
+    fn queue_for(&self, decl: &Declaration) -> Option<&Arc<dyn RunQueue>> {
+        let q = self.queue.get()?;
+        let local = decl.runner.is_some()
+            || (q.keep_shared_sandbox_local
+                && decl.spec.sandbox == crate::spec::SpecSandbox::Shared);
+        (!local).then_some(&q.queue)
     }
 
     /// The options.
@@ -284,6 +322,12 @@ impl Subagents {
         let now = Utc::now();
         for r in &mut records {
             let live = self.is_live(&r.task_id);
+            if !live && !r.status.is_terminal() && r.run_id.is_some() {
+                if let Some(fresh) = self.sweep_queued(&store, r, now).await? {
+                    *r = fresh;
+                }
+                continue;
+            }
             let gone = r.owner.as_ref().is_none_or(Holder::is_gone);
             if is_interrupted(r, live, gone, now, self.options.heartbeat_lapse) {
                 let pid = r.owner.as_ref().map(|o| o.pid).unwrap_or_default();
@@ -303,6 +347,194 @@ impl Subagents {
             }
         }
         Ok(records)
+    }
+
+    /// A queued task's record is alive while its run is queued or running (the queue takes
+    /// a dead worker's run over); it is failed when its run ended without it, or is gone.
+    /// Without the queue (`hame tasks`, `hame run` on a served agent's store) a pending one
+    /// is left alone and a running one is failed only after the heartbeat lapse. Returns
+    /// the record when it changed it.
+    async fn sweep_queued(
+        &self,
+        store: &TaskStore,
+        r: &TaskRecord,
+        now: chrono::DateTime<Utc>,
+    ) -> Result<Option<TaskRecord>> {
+        let run_id = r.run_id.clone().unwrap_or_default();
+        let reason = match self.queue.get() {
+            Some(q) => match q.queue.get(&run_id).await {
+                Ok(Some(run)) if !run.status.is_finished() => return Ok(None),
+                Ok(Some(run)) => format!(
+                    "interrupted: its run {run_id} ended {} without finishing the task",
+                    run.status
+                ),
+                Ok(None) => format!("interrupted: its run {run_id} is not in the run queue"),
+                Err(e) => {
+                    tracing::debug!(task = %r.task_id, error = %e, "reading a task's run failed");
+                    return Ok(None);
+                }
+            },
+            None if r.status == TaskStatus::Running
+                && is_interrupted(r, false, false, now, self.options.heartbeat_lapse) =>
+            {
+                "interrupted: the worker that ran it stopped sending heartbeats".to_owned()
+            }
+            None => return Ok(None),
+        };
+        // Read again: the worker writes the record before it ends the run.
+        let Some(mut fresh) = store.load(&r.task_id).await? else {
+            return Ok(None);
+        };
+        if fresh.status.is_terminal() || fresh.run_id != r.run_id {
+            return Ok(Some(fresh));
+        }
+        fresh.apply(TaskEvent::Fail, now, Some(reason));
+        store.save(&fresh).await?;
+        Ok(Some(fresh))
+    }
+
+    /// Writes a background task into the queue: the record first (pending, naming its run),
+    /// then the run. A crash between the two leaves a record whose run is missing, which
+    /// the session's next sweep fails; a failed submit fails the record now.
+    async fn enqueue(
+        &self,
+        ctx: &ToolContext,
+        store: &TaskStore,
+        queue: &Arc<dyn RunQueue>,
+        mut record: TaskRecord,
+    ) -> Result<SpawnOutcome> {
+        let inherit = ctx
+            .extensions
+            .get::<ParentCall>()
+            .map(|p| p.inherit.clone())
+            .unwrap_or_default();
+        let child =
+            hame_state::StateKey::new(&self.agent, record.user.as_deref(), &record.child_session)
+                .map_err(|e| Error::Config(e.to_string()))?;
+        let new = NewRun::subagent_task(
+            child,
+            record.task_id.clone(),
+            record.parent_session.clone(),
+            inherit,
+        );
+        record.status = TaskStatus::Pending;
+        record.owner = None;
+        record.run_id = Some(new.id.clone());
+        store.save(&record).await?;
+        hame_core::failpoint("subagent.recorded");
+        if let Err(e) = queue.submit(new).await {
+            let reason = format!("the run queue refused the task: {e}");
+            record.apply(TaskEvent::Fail, Utc::now(), Some(reason.clone()));
+            store.save(&record).await?;
+            return Err(Error::InvalidState(reason));
+        }
+        tracing::debug!(task = %record.task_id, run = ?record.run_id, "background task queued");
+        Ok(SpawnOutcome::Background(record))
+    }
+
+    /// Executes the queued task `task_id` of the parent workspace `ws` as its run `run_id`
+    /// (a worker claimed the run): the child runs as it would in the spawning process —
+    /// record `running` with this process as owner and heartbeats, its time limit, the
+    /// concurrency bound — and its end is written into the record, from which the
+    /// parent's next call (on any replica) gets the result once. A run taken over from a
+    /// dead worker continues the child's session from its saved state. `cancel` (the run
+    /// was cancelled: `task_cancel`, `POST /v1/runs/{id}/cancel`) ends the task
+    /// `cancelled`; `abort` (this worker is shutting down) ends it `failed`
+    /// (interrupted). Returns the record as it ends — or as it was, when it had already
+    /// ended (its previous worker died after writing it).
+    ///
+    /// # Errors
+    /// [`Error::UnknownTask`] when there is no such record; [`Error::InvalidState`] when
+    /// the record names another run (an `agent_send` made a newer one).
+    pub async fn run_queued(
+        self: &Arc<Self>,
+        ws: &Workspace,
+        run_id: &str,
+        task_id: &str,
+        inherit: std::collections::BTreeMap<String, serde_json::Value>,
+        cancel: &CancellationToken,
+        abort: &CancellationToken,
+    ) -> Result<TaskRecord> {
+        let store = self.store(ws)?;
+        let mut record = store
+            .load(task_id)
+            .await?
+            .ok_or_else(|| Error::UnknownTask(task_id.chars().take(40).collect()))?;
+        if record.run_id.as_deref() != Some(run_id) {
+            return Err(Error::InvalidState(format!(
+                "task {task_id} is now run by {}",
+                record.run_id.as_deref().unwrap_or("its spawning process")
+            )));
+        }
+        if record.status.is_terminal() {
+            return Ok(record);
+        }
+        let catalog = self.catalog(ws).await;
+        let Some(decl) = catalog.get(&record.agent_id).cloned() else {
+            record.apply(
+                TaskEvent::Fail,
+                Utc::now(),
+                Some(format!(
+                    "the subagent `{}` is no longer declared",
+                    record.agent_id
+                )),
+            );
+            store.save(&record).await?;
+            return Ok(record);
+        };
+        let child_ws = child_workspace(ws, &decl, &record.child_session)?;
+        if record.status == TaskStatus::Running {
+            // Taken over: this process runs it now.
+            record.owner = Some(Holder::current().clone());
+            record.heartbeat_at = Utc::now();
+            store.save(&record).await?;
+        }
+        let child_cancel = CancellationToken::new();
+        let stop = Arc::new(Mutex::new(None));
+        let tx = self.register(
+            &record,
+            child_cancel.clone(),
+            stop.clone(),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let watcher = {
+            let (cancel, abort, child, stop) = (
+                cancel.clone(),
+                abort.clone(),
+                child_cancel.clone(),
+                stop.clone(),
+            );
+            tokio::spawn(async move {
+                let why = tokio::select! {
+                    () = cancel.cancelled() => (TaskEvent::Cancel, "cancelled by task_cancel".to_owned()),
+                    () = abort.cancelled() => (TaskEvent::Fail, "interrupted: the worker that ran it shut down".to_owned()),
+                    () = child.cancelled() => return,
+                };
+                if let Ok(mut s) = stop.lock() {
+                    s.get_or_insert(why);
+                }
+                child.cancel();
+            })
+        };
+        self.clone()
+            .drive(
+                store,
+                decl,
+                child_ws,
+                record,
+                EventSink::default(),
+                inherit,
+                child_cancel,
+                stop,
+                tx.clone(),
+                None,
+            )
+            .await;
+        watcher.abort();
+        let end = tx.borrow().clone();
+        // Delivered from the record by the parent's next call, wherever it runs.
+        self.lock().remove(task_id);
+        Ok(end)
     }
 
     /// The caller's task `task_id` (it must belong to the caller's session).
@@ -369,14 +601,20 @@ impl Subagents {
             delivered_at: None,
             delivery_call: None,
             owner: Some(Holder::current().clone()),
+            run_id: None,
         };
+        let store = self.store(&ws)?;
+        if request.background
+            && let Some(queue) = self.queue_for(&decl)
+        {
+            return self.enqueue(ctx, &store, queue, record).await;
+        }
         let mut record = record;
         // A free slot: the record is written once, as running.
         let permit = self.slots.clone().try_acquire_owned().ok();
         if permit.is_some() {
             record.apply(TaskEvent::Start, now, None);
         }
-        let store = self.store(&ws)?;
         store.save(&record).await?;
         self.launch(ctx, &ws, store, decl, record, request, permit)
             .await
@@ -408,6 +646,12 @@ impl Subagents {
         record.task = request.message.clone();
         record.background = request.background;
         record.owner = Some(Holder::current().clone());
+        record.run_id = None;
+        if request.background
+            && let Some(queue) = self.queue_for(&decl)
+        {
+            return self.enqueue(ctx, &store, queue, record).await;
+        }
         let permit = self.slots.clone().try_acquire_owned().ok();
         if permit.is_none() {
             // No slot yet: pending until one frees.
@@ -645,30 +889,9 @@ impl Subagents {
         sync_waiting: Arc<AtomicBool>,
     ) -> watch::Receiver<TaskRecord> {
         let cancel = parent.cancel.child_token();
-        let (tx, rx) = watch::channel(record.clone());
         let stop = Arc::new(Mutex::new(None));
-        {
-            let mut live = self.lock();
-            if live.len() >= MAX_LIVE_ENTRIES {
-                let old: Vec<String> = live
-                    .iter()
-                    .filter(|(_, l)| l.tx.borrow().status.is_terminal())
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                for k in old {
-                    live.remove(&k);
-                }
-            }
-            live.insert(
-                record.task_id.clone(),
-                Live {
-                    tx: tx.clone(),
-                    cancel: cancel.clone(),
-                    stop: stop.clone(),
-                    sync_waiting,
-                },
-            );
-        }
+        let tx = self.register(&record, cancel.clone(), stop.clone(), sync_waiting);
+        let rx = tx.subscribe();
         let this = self.clone();
         tokio::spawn(async move {
             this.drive(
@@ -686,6 +909,41 @@ impl Subagents {
             .await;
         });
         rx
+    }
+
+    /// Tracks a task this process runs (its record, cancellation and stop reason) and
+    /// returns the sender its driver publishes the record on.
+    fn register(
+        &self,
+        record: &TaskRecord,
+        cancel: CancellationToken,
+        stop: Arc<Mutex<Option<(TaskEvent, String)>>>,
+        sync_waiting: Arc<AtomicBool>,
+    ) -> watch::Sender<TaskRecord> {
+        let (tx, _) = watch::channel(record.clone());
+        {
+            let mut live = self.lock();
+            if live.len() >= MAX_LIVE_ENTRIES {
+                let old: Vec<String> = live
+                    .iter()
+                    .filter(|(_, l)| l.tx.borrow().status.is_terminal())
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for k in old {
+                    live.remove(&k);
+                }
+            }
+            live.insert(
+                record.task_id.clone(),
+                Live {
+                    tx: tx.clone(),
+                    cancel,
+                    stop,
+                    sync_waiting,
+                },
+            );
+        }
+        tx
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -971,6 +1229,30 @@ impl Subagents {
             {
                 record = r.clone();
             }
+            return Ok(record);
+        }
+        // A queued task: cancelled through its run (at once when queued; its worker is
+        // woken and stops it when running).
+        if let (Some(run_id), Some(q)) = (record.run_id.clone(), self.queue.get()) {
+            match q.queue.cancel(&run_id).await {
+                Ok(CancelOutcome::Requested(_)) => {
+                    record.cancel_requested = true;
+                    record.updated_at = Utc::now();
+                }
+                Ok(_) => {
+                    record.apply(
+                        TaskEvent::Cancel,
+                        Utc::now(),
+                        Some("cancelled by task_cancel".into()),
+                    );
+                }
+                Err(e) => {
+                    return Err(Error::InvalidState(format!(
+                        "cannot cancel task {task_id} now ({e}); try again"
+                    )));
+                }
+            }
+            store.save(&record).await?;
             return Ok(record);
         }
         // Another process runs it (or ran it and died).

@@ -142,6 +142,11 @@ pub struct TaskRecord {
     /// The process that runs it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<Holder>,
+    /// The run of the run queue that executes it (a background task of an agent served
+    /// with a queue, `docs/subagents.md`): any replica claims it, and another one takes it
+    /// over when its worker dies, so its liveness is the run's, not the owner's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
 }
 
 impl TaskRecord {
@@ -373,6 +378,7 @@ pub(crate) mod tests {
             heartbeat_at: now - chrono::Duration::seconds(heartbeat_age_s),
             delivered_at: None,
             delivery_call: None,
+            run_id: None,
             owner: None,
         }
     }

@@ -1373,3 +1373,349 @@ async fn runs_cli(
     let out = output(hame(&all, &[], dir)).await?;
     Ok(serde_json::from_str(&stdout(&out)).map_err(|e| format!("{e}: {}", stderr(&out)))?)
 }
+
+/// The parent's side of the background-task tests: "spawn it" spawns a background
+/// `general-purpose` child, the tool result is answered "spawned", anything else "noted".
+fn spawner(r: &RecordedRequest) -> ScriptStep {
+    let after_tool = r.body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .is_some_and(|m| m["role"] == "tool");
+    match (after_tool, r.last_user_text().as_deref()) {
+        (true, _) => ScriptStep::text("spawned"),
+        (false, Some("spawn it")) => ScriptStep::tool_call(
+            "c1",
+            "agent_spawn",
+            json!({"agent_id": "general-purpose", "task": "find the answer", "background": true}),
+        ),
+        _ => ScriptStep::text("noted"),
+    }
+}
+
+/// The first task record in a session's task folder, if any.
+fn first_record(tasks: &Path) -> Option<Value> {
+    std::fs::read_dir(tasks)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .find_map(|e| serde_json::from_slice::<Value>(&std::fs::read(e.path()).ok()?).ok())
+}
+
+/// Done-when #2 of issue #31: a background subagent task goes through the run queue. Two
+/// `hame serve` replicas on one store; the parent spawns a background child; the replica
+/// whose worker runs the child is SIGKILLed during the child's model call; the other
+/// replica takes the task's run over (after `--run-lapse`), runs the child again from its
+/// saved state and writes the result into the task record; the parent's next call — on
+/// the surviving replica — gets it exactly once (one notification in the session log and
+/// in the model's request, and not again in the call after).
+async fn a_background_task_survives_its_replica(state: &str) -> TestResult {
+    const RESULT: &str = "CHILD-RESULT-42";
+    let model = ScriptedServer::start().await?;
+    let child_asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    {
+        let child_asked = child_asked.clone();
+        model.set_responder(move |r: &RecordedRequest| {
+            if r.system_text().contains("## Subagent context") {
+                // The first child call hangs until its replica is killed.
+                let n = child_asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let step = ScriptStep::text(RESULT);
+                return if n == 0 {
+                    step.with_delay(Duration::from_secs(60))
+                } else {
+                    step
+                };
+            }
+            spawner(r)
+        });
+    }
+    let dir = tempfile::tempdir()?;
+    let agent = unique_agent();
+    let args = [
+        "--agent",
+        agent.as_str(),
+        "--state",
+        state,
+        "--run-lapse",
+        "2",
+    ];
+    let mut replicas = [
+        Serve::start_named(dir.path(), "a", &model.base_url(), &args, &[])?,
+        Serve::start_named(dir.path(), "b", &model.base_url(), &args, &[])?,
+    ];
+    let http = reqwest::Client::new();
+    let (code, v) = submit(&http, &replicas[0], "u", "p", "spawn it", None).await?;
+    assert_eq!(code, 202, "{v}");
+    let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let v = wait_run(
+        &http,
+        &replicas[0],
+        "u",
+        &id,
+        Duration::from_secs(30),
+        finished,
+    )
+    .await?;
+    assert_eq!(v["status"], "completed", "{v}");
+    assert_eq!(v["reply"], "spawned");
+    // The task record names its run; the child's model call is in flight.
+    let tasks = dir.path().join("ws/u/agents").join(&agent).join("tasks/p");
+    let start = Instant::now();
+    let record = loop {
+        let found = first_record(&tasks);
+        if let Some(r) = found
+            && r["status"] == "running"
+            && child_asked.load(std::sync::atomic::Ordering::SeqCst) == 1
+        {
+            break r;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the child never ran: A: {} B: {}",
+            replicas[0].stderr(),
+            replicas[1].stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let task_id = record["task_id"].as_str().ok_or("no task id")?.to_owned();
+    let run_id = record["run_id"]
+        .as_str()
+        .ok_or("the record names no run")?
+        .to_owned();
+    let run = runs_cli(dir.path(), &agent, state, &["show", &run_id]).await?;
+    assert_eq!(run["status"], "running", "{run}");
+    assert_eq!(run["session"], record["child_session"], "{run}");
+    // Kill the replica whose worker runs the child (its pid ends the worker name).
+    let worker = run["worker"].as_str().ok_or("no worker")?;
+    let victim = replicas
+        .iter()
+        .position(|s| worker.ends_with(&format!(":{}", s.pid())))
+        .ok_or_else(|| format!("worker {worker} is neither replica"))?;
+    replicas[victim].kill();
+    let killed = Instant::now();
+    let survivor = &replicas[1 - victim];
+    let run = wait_run(
+        &http,
+        survivor,
+        "u",
+        &run_id,
+        Duration::from_secs(30),
+        finished,
+    )
+    .await?;
+    assert_eq!(
+        run["status"],
+        "completed",
+        "{run}; survivor: {}",
+        survivor.stderr()
+    );
+    assert_eq!(run["reply"], RESULT);
+    let shown = runs_cli(dir.path(), &agent, state, &["show", &run_id]).await?;
+    assert_eq!(shown["attempts"], 2, "claimed twice: {shown}");
+    let took = killed.elapsed();
+    assert_eq!(
+        child_asked.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "the child's model call was made again once"
+    );
+    // The parent's next call, on the survivor, gets the result once; the one after, not again.
+    for message in ["what came back?", "anything else?"] {
+        let (code, v) = submit(&http, survivor, "u", "p", message, None).await?;
+        assert_eq!(code, 202, "{v}");
+        let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
+        let v = wait_run(&http, survivor, "u", &id, Duration::from_secs(30), finished).await?;
+        assert_eq!(
+            v["status"],
+            "completed",
+            "{v}; survivor: {}",
+            survivor.stderr()
+        );
+        let requests = model.requests();
+        let last = requests
+            .iter()
+            .rev()
+            .find(|r| !r.system_text().contains("## Subagent context"))
+            .ok_or("no parent request")?;
+        let body = last.body.to_string();
+        assert_eq!(
+            body.matches("<system-notification>").count(),
+            1,
+            "{message}: {body}"
+        );
+        assert_eq!(body.matches(RESULT).count(), 1, "{message}: {body}");
+        assert!(body.contains(&task_id), "{body}");
+    }
+    let log = dir
+        .path()
+        .join("ws/u/agents")
+        .join(&agent)
+        .join("sessions/p.log.jsonl");
+    let pushed: Vec<(String, String)> = log_texts(&log)?
+        .into_iter()
+        .filter(|(_, t)| t.contains("<system-notification>"))
+        .collect();
+    assert_eq!(pushed.len(), 1, "one delivery in the log: {pushed:?}");
+    assert_eq!(pushed[0].0, "user");
+    assert!(pushed[0].1.contains(RESULT), "{pushed:?}");
+    let record: Value =
+        serde_json::from_slice(&std::fs::read(tasks.join(format!("{task_id}.json")))?)?;
+    assert_eq!(record["status"], "completed", "{record}");
+    assert_eq!(record["result"], RESULT);
+    assert!(record["delivered_at"].is_string(), "{record}");
+    eprintln!("background task: replica killed mid-child; the other completed it {took:?} later");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_background_task_survives_its_replica_on_postgres() -> TestResult {
+    let Some(url) = service("HAME_TEST_POSTGRES_URL") else {
+        return Ok(());
+    };
+    a_background_task_survives_its_replica(&url).await
+}
+
+#[tokio::test]
+async fn a_background_task_survives_its_replica_on_redis() -> TestResult {
+    let Some(url) = service("HAME_TEST_REDIS_URL") else {
+        return Ok(());
+    };
+    a_background_task_survives_its_replica(&url).await
+}
+
+/// A spawner SIGKILLed between writing a queued task's record and submitting its run
+/// (failpoint `subagent.recorded`) leaves a record whose run does not exist: the parent
+/// session's next call — here the killed run taken over by another replica — fails the
+/// record ("not in the run queue") and tells the parent once; it never waits for it.
+#[tokio::test]
+async fn a_task_whose_run_was_never_queued_is_failed_and_told_once() -> TestResult {
+    if !cfg!(feature = "failpoints") {
+        hame_test_env::skip(format_args!(
+            "the queued-task kill test needs `--features failpoints` (CI runs --all-features)"
+        ));
+        return Ok(());
+    }
+    let model = ScriptedServer::start().await?;
+    model.set_responder(spawner);
+    let dir = tempfile::tempdir()?;
+    let agent = unique_agent();
+    let args = ["--agent", agent.as_str(), "--run-lapse", "2"];
+    let mut a = Serve::start_named(
+        dir.path(),
+        "a",
+        &model.base_url(),
+        &args,
+        &[("HAME_FAILPOINT", "subagent.recorded")],
+    )?;
+    let http = reqwest::Client::new();
+    let (code, v) = submit(&http, &a, "u", "p", "spawn it", None).await?;
+    assert_eq!(code, 202, "{v}");
+    let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let tasks = dir.path().join("ws/u/agents").join(&agent).join("tasks/p");
+    let start = Instant::now();
+    let record = loop {
+        let found = first_record(&tasks);
+        if let Some(r) = found {
+            break r;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no record: {}",
+            a.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(record["status"], "pending", "{record}");
+    let task_id = record["task_id"].as_str().ok_or("no task id")?.to_owned();
+    let run_id = record["run_id"].as_str().ok_or("no run id")?.to_owned();
+    // A killed itself at the failpoint; make sure it is gone.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.kill();
+    let b = Serve::start_named(dir.path(), "b", &model.base_url(), &args, &[])?;
+    let v = wait_run(&http, &b, "u", &id, Duration::from_secs(30), finished).await?;
+    assert_eq!(v["status"], "completed", "{v}; B: {}", b.stderr());
+    let (code, _) = get_run(&http, &b, "u", &run_id).await?;
+    assert_eq!(code, 404, "the task's run was never submitted");
+    let (code, v) = submit(&http, &b, "u", "p", "anything else?", None).await?;
+    assert_eq!(code, 202, "{v}");
+    let next = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    wait_run(&http, &b, "u", &next, Duration::from_secs(30), finished).await?;
+    let requests = model.requests();
+    let last = requests.last().ok_or("no request")?.body.to_string();
+    assert_eq!(last.matches("<system-notification>").count(), 1, "{last}");
+    assert_eq!(last.matches("is not in the run queue").count(), 1, "{last}");
+    assert!(last.contains(&task_id), "{last}");
+    let record: Value =
+        serde_json::from_slice(&std::fs::read(tasks.join(format!("{task_id}.json")))?)?;
+    assert_eq!(record["status"], "failed", "{record}");
+    assert!(record["delivered_at"].is_string(), "{record}");
+    Ok(())
+}
+
+/// `task_cancel` of a queued task that a worker of the same replica runs: the child is
+/// stopped at once, the record ends `cancelled` ("cancelled by task_cancel") and the
+/// task's run `cancelled`. (From another replica the cancel goes through the run: its
+/// flag and wake-up, as `cancel_on_b_stops_an_execute_on_a` tests for message runs.)
+#[tokio::test]
+async fn task_cancel_stops_a_queued_task_through_its_run() -> TestResult {
+    let model = ScriptedServer::start().await?;
+    model.set_responder(|r: &RecordedRequest| {
+        if r.system_text().contains("## Subagent context") {
+            return ScriptStep::text("late").with_delay(Duration::from_secs(60));
+        }
+        if r.last_user_text().as_deref() == Some("cancel it") {
+            let body = r.body.to_string();
+            // The spawned task's id, from the spawn's tool result.
+            let id = body
+                .match_indices("task-")
+                .filter_map(|(i, _)| body.get(i..i + 17))
+                .find(|t| {
+                    t[5..].bytes().all(|b| b.is_ascii_hexdigit()) && !t.ends_with("0123456789ab")
+                })
+                .unwrap_or_default()
+                .to_owned();
+            let after_tool = r.body["messages"]
+                .as_array()
+                .and_then(|m| m.last())
+                .is_some_and(|m| m["role"] == "tool");
+            return if after_tool {
+                ScriptStep::text("cancelled it")
+            } else {
+                ScriptStep::tool_call("c2", "task_cancel", json!({"task_id": id}))
+            };
+        }
+        spawner(r)
+    });
+    let dir = tempfile::tempdir()?;
+    let agent = unique_agent();
+    let args = ["--agent", agent.as_str()];
+    let s = Serve::start_named(dir.path(), "a", &model.base_url(), &args, &[])?;
+    let http = reqwest::Client::new();
+    let (_, v) = submit(&http, &s, "u", "p", "spawn it", None).await?;
+    let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let v = wait_run(&http, &s, "u", &id, Duration::from_secs(30), finished).await?;
+    assert_eq!(v["reply"], "spawned", "{v}");
+    let tasks = dir.path().join("ws/u/agents").join(&agent).join("tasks/p");
+    let start = Instant::now();
+    let record = loop {
+        if let Some(r) = first_record(&tasks)
+            && r["status"] == "running"
+        {
+            break r;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "{}", s.stderr());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let run_id = record["run_id"].as_str().ok_or("no run id")?.to_owned();
+    let asked = Instant::now();
+    let (_, v) = submit(&http, &s, "u", "p", "cancel it", None).await?;
+    let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let v = wait_run(&http, &s, "u", &id, Duration::from_secs(30), finished).await?;
+    assert_eq!(v["reply"], "cancelled it", "{v}; {}", s.stderr());
+    let run = wait_run(&http, &s, "u", &run_id, Duration::from_secs(10), finished).await?;
+    let took = asked.elapsed();
+    assert_eq!(run["status"], "cancelled", "{run}");
+    let record = first_record(&tasks).ok_or("no record")?;
+    assert_eq!(record["status"], "cancelled", "{record}");
+    assert_eq!(record["error"], "cancelled by task_cancel", "{record}");
+    assert!(took < Duration::from_secs(5), "cancelled after {took:?}");
+    Ok(())
+}

@@ -118,7 +118,7 @@ impl Serve {
         format!("{}{path}", self.url)
     }
 
-    fn pid(&self) -> u32 {
+    pub(super) fn pid(&self) -> u32 {
         self.child.id()
     }
 

@@ -35,6 +35,19 @@ fn opts(agent: &str, lapse: Duration) -> ClaimOptions {
 
 const LONG: Duration = Duration::from_secs(60);
 
+/// Ends a claimed run `completed` with the reply `r`.
+async fn complete<Q: RunQueue + ?Sized>(q: &Q, claim: &super::Claim) -> Result<super::Run> {
+    q.finish(
+        claim,
+        &RunEnd::Completed {
+            reply: "r".into(),
+            usage: serde_json::json!({}),
+            verification: None,
+        },
+    )
+    .await
+}
+
 /// Submit, get and list (newest first, scoped to agent, user and session).
 pub async fn submit_get_list<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
     let agent = unique_agent();
@@ -117,6 +130,48 @@ pub async fn submit_get_list<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
             .is_none(),
         "an unknown id names no run"
     );
+    Ok(())
+}
+
+/// A subagent task run keeps the id chosen before its submit and its input whole (task,
+/// parent session, inherited extras), and is claimed like any run of its session.
+pub async fn subagent_task_runs<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
+    let agent = unique_agent();
+    let mut inherit = std::collections::BTreeMap::new();
+    inherit.insert("hame.plan_mode".to_owned(), serde_json::json!(true));
+    let new = NewRun::subagent_task(
+        StateKey::new(&agent, Some("u1"), "p@general-purpose-0123456789ab")?,
+        "task-0123456789ab",
+        "p",
+        inherit,
+    );
+    let id = new.id.clone();
+    let input = new.input.clone();
+    let s = q.submit(new).await?;
+    ensure!(
+        s.created && s.run.id == id,
+        "the run has the chosen id: {:?}",
+        s.run
+    );
+    let got = q
+        .get(&id)
+        .await?
+        .ok_or_else(|| fail("the task run is stored"))?;
+    ensure!(
+        got.input == input,
+        "the input comes back whole: {:?}",
+        got.input
+    );
+    let c = q
+        .claim(&opts(&agent, LONG))
+        .await?
+        .ok_or_else(|| fail("the task run is claimable"))?;
+    ensure!(
+        c.run.id == id && c.run.input == input,
+        "claimed whole: {:?}",
+        c.run
+    );
+    complete(q, &c).await?;
     Ok(())
 }
 
@@ -306,15 +361,7 @@ pub async fn lapse_and_reclaim<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
         "{still:?}"
     );
     q.heartbeat(&new).await?;
-    q.finish(
-        &new,
-        &RunEnd::Completed {
-            reply: "r".into(),
-            usage: serde_json::json!({}),
-            verification: None,
-        },
-    )
-    .await?;
+    complete(q, &new).await?;
     Ok(())
 }
 
@@ -410,15 +457,7 @@ pub async fn purge_finished<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
     let o = opts(&agent, LONG);
     let c = q.claim(&o).await?.ok_or_else(|| fail("not claimed"))?;
     ensure!(c.run.id == done.id, "the first run is claimed");
-    q.finish(
-        &c,
-        &RunEnd::Completed {
-            reply: "r".into(),
-            usage: serde_json::json!({}),
-            verification: None,
-        },
-    )
-    .await?;
+    complete(q, &c).await?;
     let cancelled = q
         .submit(msg(&agent, Some("u"), "s2", "cancelled")?)
         .await?
@@ -749,7 +788,7 @@ pub async fn racing_workers<Q: RunQueue + ?Sized>(q: Arc<Q>) -> Result<()> {
 #[macro_export]
 macro_rules! run_queue_tests {
     ($make:expr) => {
-        $crate::run_queue_tests!(@ref $make, submit_get_list, session_order, lapse_and_reclaim, lapsed_claims_reclaimed_together, cancel, purge_finished, submit_claimed, every_end);
+        $crate::run_queue_tests!(@ref $make, submit_get_list, session_order, lapse_and_reclaim, lapsed_claims_reclaimed_together, cancel, purge_finished, submit_claimed, subagent_task_runs, every_end);
         $crate::run_queue_tests!(@arc $make, idempotency, racing_workers);
     };
     (@ref $make:expr, $($name:ident),+) => {

@@ -185,6 +185,19 @@ pub enum RunInput {
         #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
         trace: std::collections::BTreeMap<String, String>,
     },
+    /// A background subagent task (`agent_spawn` / `agent_send` with `background`): the
+    /// run's session is the child's; the task record (under the parent's session) says
+    /// what to run, and its result goes back to the parent through the record.
+    SubagentTask {
+        /// The task id (`task-` and 12 hex digits).
+        task_id: String,
+        /// The parent's session, whose records hold the task.
+        parent_session: String,
+        /// Runtime-context extras the child inherits from the parent call (plan mode,
+        /// deny rules).
+        #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+        inherit: std::collections::BTreeMap<String, serde_json::Value>,
+    },
 }
 
 /// Why a run failed: a stable code and one line for the caller.
@@ -354,7 +367,7 @@ impl Run {
     /// A new queued run (backends fill in `seq`).
     pub(crate) fn new(new: &NewRun, now: DateTime<Utc>) -> Self {
         Self {
-            id: new_run_id(),
+            id: new.id.clone(),
             agent: new.key.agent().to_owned(),
             user: new.key.user().map(str::to_owned),
             session: new.key.session().to_owned(),
@@ -382,6 +395,9 @@ impl Run {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct NewRun {
+    /// The id the run gets (`run-` and 32 hex digits), chosen before the submit so that
+    /// the caller can write it down first (a subagent task's record names its run).
+    pub id: String,
     /// The session.
     pub key: StateKey,
     /// What to do.
@@ -410,6 +426,7 @@ impl NewRun {
             validate_idempotency_key(k)?;
         }
         Ok(Self {
+            id: new_run_id(),
             key,
             input: RunInput::Message {
                 message,
@@ -424,34 +441,58 @@ impl NewRun {
 
     /// With these values for the turn's runtime context (see [`RunInput::Message`]).
     pub fn with_extras(mut self, values: serde_json::Map<String, serde_json::Value>) -> Self {
-        let RunInput::Message { extras, .. } = &mut self.input;
-        *extras = values;
+        if let RunInput::Message { extras, .. } = &mut self.input {
+            *extras = values;
+        }
         self
+    }
+
+    /// A background subagent task run on the child's session `child` (no idempotency key:
+    /// the run id, written into the task record before the submit, links the two).
+    pub fn subagent_task(
+        child: StateKey,
+        task_id: impl Into<String>,
+        parent_session: impl Into<String>,
+        inherit: std::collections::BTreeMap<String, serde_json::Value>,
+    ) -> Self {
+        Self {
+            id: new_run_id(),
+            key: child,
+            input: RunInput::SubagentTask {
+                task_id: task_id.into(),
+                parent_session: parent_session.into(),
+                inherit,
+            },
+            idempotency_key: None,
+        }
     }
 
     /// With required checks and the gate's rounds (a message run; names are checked
     /// against the agent's declared checks by the caller, which knows them).
     pub fn with_verify(mut self, names: Vec<String>, attempts: Option<u32>) -> Self {
-        let RunInput::Message {
+        if let RunInput::Message {
             verify,
             verify_attempts,
             ..
-        } = &mut self.input;
-        *verify = names;
-        *verify_attempts = attempts;
+        } = &mut self.input
+        {
+            *verify = names;
+            *verify_attempts = attempts;
+        }
         self
     }
 
     /// With the submitting request's W3C trace context (at most 8 entries of at most 512
     /// bytes each are kept: a carrier is two short headers).
     pub fn with_trace(mut self, carrier: impl IntoIterator<Item = (String, String)>) -> Self {
-        let RunInput::Message { trace, .. } = &mut self.input;
-        trace.extend(
-            carrier
-                .into_iter()
-                .filter(|(k, v)| k.len() <= 512 && v.len() <= 512)
-                .take(8),
-        );
+        if let RunInput::Message { trace, .. } = &mut self.input {
+            trace.extend(
+                carrier
+                    .into_iter()
+                    .filter(|(k, v)| k.len() <= 512 && v.len() <= 512)
+                    .take(8),
+            );
+        }
         self
     }
 }
