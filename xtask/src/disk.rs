@@ -89,7 +89,12 @@ mod tests {
         assert_eq!(freed, 10);
         assert_eq!(
             left,
-            ["hame-0a1b2c.d", "libhame-0a1b2c.rlib", "libmacro-0a1b2c.so", "notes-0a1b2c"]
+            [
+                "hame-0a1b2c.d",
+                "libhame-0a1b2c.rlib",
+                "libmacro-0a1b2c.so",
+                "notes-0a1b2c"
+            ]
         );
         assert!(report(&dir).starts_with("disk: "));
         Ok(())

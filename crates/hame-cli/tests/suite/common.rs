@@ -285,7 +285,12 @@ pub fn python_venv(name: &str, requirement: &str, module: &str) -> Option<std::p
             .args(["-m", "venv", "--clear"])
             .arg(&venv))?;
         run(std::process::Command::new(venv.join("bin/pip"))
-            .args(["install", "-q", "--disable-pip-version-check", "--no-cache-dir"])
+            .args([
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "--no-cache-dir",
+            ])
             .args(requirement.split_whitespace()))?;
         if ok(&python) {
             Ok(())
