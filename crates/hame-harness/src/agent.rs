@@ -657,8 +657,10 @@ impl HarnessAgentBuilder {
         agent_loop = agent_loop.with_layer(permissions.clone());
         // Intent records: inside permissions, so only a call about to act is recorded (a
         // denied or suspended call never acts).
-        agent_loop =
-            agent_loop.with_layer(Arc::new(crate::intent::IntentToolLayer::new(name.clone())));
+        agent_loop = agent_loop.with_layer(Arc::new(crate::intent::IntentToolLayer::new(
+            name.clone(),
+            capabilities.tools_layer.clone(),
+        )));
         // Deferred tools: inside permissions (it sees plan mode), outside tools-config (whose
         // allow/deny also filters what it offers).
         if let Some(catalog) = catalog {

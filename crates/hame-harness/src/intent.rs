@@ -32,6 +32,8 @@ use serde::{Deserialize, Serialize};
 use crate::evidence::EvidenceStore;
 use crate::permissions::Effect;
 use crate::permissions::decide::effect_of;
+use crate::tools_config::Idempotent;
+use crate::tools_layer::ToolsConfigLayer;
 
 /// An intents file holding only resolved records is deleted at the session's next call
 /// once it is larger than this (64 KiB, about 400 tool calls).
@@ -498,13 +500,59 @@ impl Layer for IntentLayer {
 #[derive(Debug)]
 pub(crate) struct IntentToolLayer {
     agent: String,
+    /// `tools.json`, for the MCP tools it declares idempotent.
+    tools_config: Option<Arc<ToolsConfigLayer>>,
 }
 
 impl IntentToolLayer {
-    pub(crate) fn new(agent: impl Into<String>) -> Self {
+    pub(crate) fn new(
+        agent: impl Into<String>,
+        tools_config: Option<Arc<ToolsConfigLayer>>,
+    ) -> Self {
         Self {
             agent: agent.into(),
+            tools_config,
         }
+    }
+
+    /// Whether the call needs no intent: a built-in read-only tool, or an MCP tool that
+    /// `tools.json` declares idempotent (the step's reading of it, shared with the other
+    /// layers: no store operation of its own).
+    async fn needs_no_intent(&self, cx: &ToolCtx<'_>, call: &ToolCall) -> bool {
+        if is_idempotent(&call.name) {
+            return true;
+        }
+        let (true, Some(layer), Some(ws)) = (
+            call.name.starts_with("mcp__"),
+            &self.tools_config,
+            hame_tools::snapshot::config_view(&cx.tool.extensions, cx.iteration),
+        ) else {
+            return false;
+        };
+        let Ok(config) = layer
+            .load_step(&ws, cx.tool.runtime.call_id(), cx.iteration)
+            .await
+        else {
+            return false;
+        };
+        if config
+            .mcp_servers
+            .values()
+            .all(|s| s.idempotent == Idempotent::None)
+        {
+            return false;
+        }
+        let tools = layer.mcp_tools(&config, cx.events).await;
+        tools
+            .iter()
+            .find(|t| t.qualified == call.name)
+            .and_then(|t| {
+                config
+                    .mcp_servers
+                    .get(&t.server)
+                    .map(|s| s.idempotent.covers(&t.name))
+            })
+            .unwrap_or(false)
     }
 }
 
@@ -516,9 +564,12 @@ impl Layer for IntentToolLayer {
 
     async fn tool(&self, cx: &ToolCtx<'_>, call: ToolCall, next: ToolNext<'_>) -> ToolOutcome {
         let ws = cx.tool.extensions.get::<Workspace>().cloned();
-        let Some(ws) = ws.filter(|_| !is_idempotent(&call.name)) else {
+        let Some(ws) = ws else {
             return next.run(cx, call).await;
         };
+        if self.needs_no_intent(cx, &call).await {
+            return next.run(cx, call).await;
+        }
         let session = cx.tool.runtime.session_id.clone();
         let path = match intents_path(&self.agent, &session) {
             Ok(p) => p,
