@@ -6,11 +6,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use hame_test_support::{ScriptStep, ScriptedServer};
+use hame_test_support::ScriptStep;
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use super::common::{run_with, stderr, stdout, tool_names, tool_results, warnings};
+use super::common::{Scratch, run_with, stderr, stdout, tool_names, tool_results, warnings};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -43,9 +43,8 @@ fn alive(pid: u32) -> bool {
 #[tokio::test]
 async fn stdio_server_tools_are_offered_and_called_with_env_from_vars() -> TestResult {
     let Some(py) = python() else { return Ok(()) };
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
+    let s = Scratch::new().await?;
+    let (dir, ws) = (&s.dir, &s.ws);
     let pidfile = dir.path().join("server.pid");
     fs::write(
         ws.join("tools.json"),
@@ -60,8 +59,8 @@ async fn stdio_server_tools_are_offered_and_called_with_env_from_vars() -> TestR
         })
         .to_string(),
     )?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    let server = ScriptedServer::start().await?;
+    let ws_s = &s.ws_s;
+    let server = &s.server;
     server.push_all([
         ScriptStep::tool_call("c1", "mcp__py__echo", json!({"text": "hello"})),
         ScriptStep::tool_call("c2", "mcp__py__secret", json!({})),
@@ -75,7 +74,7 @@ async fn stdio_server_tools_are_offered_and_called_with_env_from_vars() -> TestR
     let out = run_with(
         dir.path(),
         &server.base_url(),
-        &["--workspace", &ws_s],
+        &["--workspace", ws_s],
         "use the server",
         &[("HAME_TEST_SECRET", "s3\"cr}et")],
     )
@@ -108,7 +107,7 @@ async fn stdio_server_tools_are_offered_and_called_with_env_from_vars() -> TestR
         "Echo the text back, upper-cased."
     );
     assert_eq!(echo["function"]["parameters"]["required"], json!(["text"]));
-    let results = tool_results(&server);
+    let results = tool_results(server);
     assert_eq!(results[0], "HELLO");
     // The server got the value (`${HAME_TEST_SECRET}` in its env) and echoed it; the model
     // sees it redacted: a value a secret-named variable put into tools.json is a secret of
@@ -177,9 +176,8 @@ pub(super) fn http_server(py: &Path) -> Result<HttpServer, Box<dyn std::error::E
 async fn http_server_with_url_and_headers_from_vars() -> TestResult {
     let Some(py) = python() else { return Ok(()) };
     let http = http_server(&py)?;
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
+    let s = Scratch::new().await?;
+    let (dir, ws) = (&s.dir, &s.ws);
     fs::write(
         ws.join("tools.json"),
         json!({"mcpServers": {"web": {
@@ -189,8 +187,8 @@ async fn http_server_with_url_and_headers_from_vars() -> TestResult {
         }}})
         .to_string(),
     )?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    let server = ScriptedServer::start().await?;
+    let ws_s = &s.ws_s;
+    let server = &s.server;
     server.push_all([
         ScriptStep::tool_call("c1", "mcp__web__header", json!({})),
         ScriptStep::tool_call("c2", "mcp__web__echo", json!({"text": "over http"})),
@@ -200,13 +198,13 @@ async fn http_server_with_url_and_headers_from_vars() -> TestResult {
     let out = run_with(
         dir.path(),
         &server.base_url(),
-        &["--workspace", &ws_s],
+        &["--workspace", ws_s],
         "use the web server",
         &[("HAME_TEST_PORT", &port), ("HAME_TEST_SECRET", "tok-123")],
     )
     .await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let results = tool_results(&server);
+    let results = tool_results(server);
     assert_eq!(results, ["header=tok-123", "OVER HTTP"]);
     let names = tool_names(&server.requests()[0].body);
     for t in [
@@ -223,9 +221,8 @@ async fn http_server_with_url_and_headers_from_vars() -> TestResult {
 #[tokio::test]
 async fn a_broken_server_is_one_warning_and_the_run_goes_on() -> TestResult {
     let Some(py) = python() else { return Ok(()) };
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
+    let s = Scratch::new().await?;
+    let ws = &s.ws;
     let closed = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -239,24 +236,15 @@ async fn a_broken_server_is_one_warning_and_the_run_goes_on() -> TestResult {
         }})
         .to_string(),
     )?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    let server = ScriptedServer::start().await?;
+    let server = &s.server;
     server.push_all([
         ScriptStep::tool_call("c1", "mcp__good__echo", json!({"text": "still works"})),
         ScriptStep::tool_call("c2", "mcp__missing__anything", json!({})),
         ScriptStep::text("fine"),
     ]);
     let started = Instant::now();
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "go",
-        &[],
-    )
-    .await?;
+    let out = s.run_ws(&[], "go").await?;
     let took = started.elapsed();
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out), "fine\n");
     let err = stderr(&out);
     let warnings = warnings(&out);
@@ -270,7 +258,7 @@ async fn a_broken_server_is_one_warning_and_the_run_goes_on() -> TestResult {
         );
     }
     assert!(took < Duration::from_secs(15), "{took:?}");
-    let results = tool_results(&server);
+    let results = tool_results(server);
     assert_eq!(results[0], "STILL WORKS");
     assert!(results[1].contains("unknown_tool"), "{}", results[1]);
     let names = tool_names(&server.requests()[0].body);
@@ -286,8 +274,8 @@ async fn a_broken_server_is_one_warning_and_the_run_goes_on() -> TestResult {
 #[tokio::test]
 async fn a_subagents_tool_allowlist_covers_mcp_tools() -> TestResult {
     let Some(py) = python() else { return Ok(()) };
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
+    let s = Scratch::new().await?;
+    let (dir, ws) = (&s.dir, &s.ws);
     fs::create_dir_all(ws.join("subagents"))?;
     let pidfile = dir.path().join("server.pid");
     fs::write(
@@ -303,8 +291,7 @@ async fn a_subagents_tool_allowlist_covers_mcp_tools() -> TestResult {
         ws.join("subagents/reader.md"),
         "---\ndescription: Reads\ntools: [read_file]\n---\nYou are READER-11.\n",
     )?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    let server = ScriptedServer::start().await?;
+    let server = &s.server;
     server.push_all([
         ScriptStep::tool_call(
             "c1",
@@ -317,15 +304,7 @@ async fn a_subagents_tool_allowlist_covers_mcp_tools() -> TestResult {
         ScriptStep::text("reader done").when_system("READER-11"),
         ScriptStep::text("done").when_system("Available subagents:"),
     ]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "go",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    s.run_ws(&[], "go").await?;
     let reqs = server.requests();
     let names = |r: &hame_test_support::RecordedRequest| -> Vec<String> {
         r.body["tools"]
@@ -360,9 +339,8 @@ async fn a_subagents_tool_allowlist_covers_mcp_tools() -> TestResult {
 #[tokio::test]
 async fn plan_mode_runs_read_only_mcp_tools_and_denies_the_others() -> TestResult {
     let Some(py) = python() else { return Ok(()) };
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
+    let s = Scratch::new().await?;
+    let (dir, ws) = (&s.dir, &s.ws);
     let pidfile = dir.path().join("server.pid");
     fs::write(
         ws.join("tools.json"),
@@ -373,8 +351,7 @@ async fn plan_mode_runs_read_only_mcp_tools_and_denies_the_others() -> TestResul
         }}})
         .to_string(),
     )?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    let server = ScriptedServer::start().await?;
+    let server = &s.server;
     server.push_all([
         ScriptStep::tool_calls(vec![
             hame_test_support::ScriptToolCall::new("c1", "mcp__py__echo", &json!({"text": "hi"})),
@@ -382,16 +359,8 @@ async fn plan_mode_runs_read_only_mcp_tools_and_denies_the_others() -> TestResul
         ]),
         ScriptStep::text("done"),
     ]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s, "--plan"],
-        "go",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let results = super::common::tool_results(&server);
+    s.run_ws(&["--plan"], "go").await?;
+    let results = super::common::tool_results(server);
     // `echo` has readOnlyHint: it runs; `secret` has none: denied, naming plan mode.
     assert_eq!(results[0], "HI");
     assert!(
@@ -407,17 +376,15 @@ async fn plan_mode_runs_read_only_mcp_tools_and_denies_the_others() -> TestResul
 async fn run_big_result(
     server: serde_json::Value,
 ) -> Result<(Vec<String>, Duration), Box<dyn std::error::Error>> {
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
+    let s = Scratch::new().await?;
+    let ws = &s.ws;
     let mut server = server;
     server["timeout"] = json!(200);
     fs::write(
         ws.join("tools.json"),
         json!({"mcpServers": {"web": server}}).to_string(),
     )?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    let model = ScriptedServer::start().await?;
+    let model = &s.server;
     model.push_all([
         ScriptStep::tool_call("c1", "mcp__web__big", json!({"mib": 17})),
         ScriptStep::tool_call("c2", "mcp__web__big", json!({"mib": 0.001})),
@@ -425,18 +392,10 @@ async fn run_big_result(
         ScriptStep::text("done"),
     ]);
     let started = Instant::now();
-    let out = run_with(
-        dir.path(),
-        &model.base_url(),
-        &["--workspace", &ws_s],
-        "get the big one",
-        &[],
-    )
-    .await?;
+    let out = s.run_ws(&[], "get the big one").await?;
     let took = started.elapsed();
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(stdout(&out), "done\n");
-    let results = tool_results(&model);
+    let results = tool_results(model);
     // The connection is usable afterwards (over HTTP: again).
     assert_eq!(results[1..], ["x".repeat(1048), "STILL HERE".to_owned()]);
     // ~1–4 s here; 10 s at a load of 12.
@@ -503,9 +462,8 @@ async fn an_http_result_over_16_mib_fails_at_once() -> TestResult {
 #[tokio::test]
 async fn colliding_tool_names_stay_distinct_tools() -> TestResult {
     let Some(py) = python() else { return Ok(()) };
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
+    let s = Scratch::new().await?;
+    let ws = &s.ws;
     fs::write(
         ws.join("tools.json"),
         json!({"mcpServers": {"rc": {
@@ -526,7 +484,7 @@ async fn colliding_tool_names_stay_distinct_tools() -> TestResult {
         .collect();
     let distinct: std::collections::BTreeSet<&String> = names.iter().collect();
     assert_eq!(distinct.len(), 4, "{names:?}");
-    let server = ScriptedServer::start().await?;
+    let server = &s.server;
     let mut steps: Vec<ScriptStep> = names
         .iter()
         .enumerate()
@@ -534,22 +492,13 @@ async fn colliding_tool_names_stay_distinct_tools() -> TestResult {
         .collect();
     steps.push(ScriptStep::text("done"));
     server.push_all(steps);
-    let ws_s = ws.to_string_lossy().into_owned();
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "call them all",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = s.run_ws(&[], "call them all").await?;
     let offered = tool_names(&server.requests()[0].body);
     for n in &names {
         assert!(offered.contains(n), "{n}: {offered:?}");
     }
     let expected: Vec<String> = tools.iter().map(|t| format!("I am {t}")).collect();
-    assert_eq!(tool_results(&server), expected);
+    assert_eq!(tool_results(server), expected);
     // Three renamed (the dot, the two long ones), each warned once over five steps.
     let renamed: Vec<String> = warnings(&out)
         .into_iter()

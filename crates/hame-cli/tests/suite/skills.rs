@@ -10,7 +10,7 @@ use pretty_assertions::assert_eq;
 use serde_json::json;
 
 use super::common::{
-    hame, output, prompt_of, run_script, run_with, stderr, stdout, system_of, tool_names,
+    Scratch, hame, output, prompt_of, run_script, run_with, stderr, stdout, system_of, tool_names,
     tool_results, warnings,
 };
 
@@ -31,8 +31,8 @@ async fn skills_cmd(dir: &Path, args: &[&str]) -> std::io::Result<std::process::
 
 #[tokio::test]
 async fn skills_are_listed_without_bodies_and_loaded_with_their_resources() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
+    let s = Scratch::new().await?;
+    let (dir, ws) = (&s.dir, &s.ws);
     let global = dir.path().join("global-skills");
     skill(
         &ws.join("skills"),
@@ -56,7 +56,7 @@ async fn skills_are_listed_without_bodies_and_loaded_with_their_resources() -> T
     )?;
     fs::write(global.join("deploy/notes.md"), "DEPLOY-NOTES")?;
 
-    let server = ScriptedServer::start().await?;
+    let server = &s.server;
     server.push_all([
         ScriptStep::tool_call("c1", "load_skill", json!({"name": "review"})),
         ScriptStep::tool_call(
@@ -109,7 +109,7 @@ async fn skills_are_listed_without_bodies_and_loaded_with_their_resources() -> T
         assert!(!system.contains(body), "{body} in the prompt: {system}");
     }
     assert!(tool_names(&reqs[0].body).contains(&"load_skill".to_string()));
-    let results = tool_results(&server);
+    let results = tool_results(server);
     assert!(
         results[0].contains("BODY-REVIEW: read the diff first."),
         "{}",
@@ -173,8 +173,8 @@ async fn skills_are_listed_without_bodies_and_loaded_with_their_resources() -> T
 
 #[tokio::test]
 async fn per_user_layer_and_live_edits_show_on_the_next_step() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
+    let s = Scratch::new().await?;
+    let ws = &s.ws;
     skill(
         &ws.join("skills"),
         "review",
@@ -190,11 +190,10 @@ async fn per_user_layer_and_live_edits_show_on_the_next_step() -> TestResult {
         "private",
         "---\ndescription: Only for alice.\n---\nPRIVATE\n",
     )?;
-    let ws_s = ws.to_string_lossy().into_owned();
 
     // Alice: her layer wins the name, her unique skill stacks; a skill written during the
     // call is listed on the next step.
-    let server = ScriptedServer::start().await?;
+    let server = &s.server;
     server.push_all([
         ScriptStep::tool_call(
             "c1",
@@ -204,15 +203,7 @@ async fn per_user_layer_and_live_edits_show_on_the_next_step() -> TestResult {
         ScriptStep::tool_call("c2", "load_skill", json!({"name": "review"})),
         ScriptStep::text("ok"),
     ]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s, "--user", "alice"],
-        "hi",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    s.run_ws(&["--user", "alice"], "hi").await?;
     let reqs = server.requests();
     let first = system_of(&reqs[0].body);
     assert!(
@@ -222,7 +213,7 @@ async fn per_user_layer_and_live_edits_show_on_the_next_step() -> TestResult {
     assert!(!first.contains("fresh"), "{first}");
     let second = system_of(&reqs[1].body);
     assert!(second.contains("- fresh: Written just now.\n"), "{second}");
-    let results = tool_results(&server);
+    let results = tool_results(server);
     assert!(
         results[1].contains("ALICE") && results[1].contains("layer=\"user\""),
         "{}",
@@ -235,15 +226,7 @@ async fn per_user_layer_and_live_edits_show_on_the_next_step() -> TestResult {
         ScriptStep::tool_call("c1", "load_skill", json!({"name": "private"})),
         ScriptStep::text("ok"),
     ]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s, "--user", "bob"],
-        "hi",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    s.run_ws(&["--user", "bob"], "hi").await?;
     let system = system_of(&server.requests()[0].body);
     assert!(
         system.contains("- fresh: Written just now.\n- review: Shared review.\n"),
@@ -265,8 +248,8 @@ async fn per_user_layer_and_live_edits_show_on_the_next_step() -> TestResult {
 
 #[tokio::test]
 async fn invalid_front_matter_is_skipped_with_one_warning() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
+    let s = Scratch::new().await?;
+    let ws = &s.ws;
     skill(
         &ws.join("skills"),
         "good",
@@ -278,22 +261,13 @@ async fn invalid_front_matter_is_skipped_with_one_warning() -> TestResult {
         "---\ndescription: [unclosed\n---\nBAD\n",
     )?;
     skill(&ws.join("skills"), "bare", "no front matter at all\n")?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    let server = ScriptedServer::start().await?;
+    let server = &s.server;
     server.push_all([
         ScriptStep::tool_call("c1", "list_files", json!({"path": "skills"})),
         ScriptStep::tool_call("c2", "list_files", json!({"path": "skills"})),
         ScriptStep::text("ok"),
     ]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "hi",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = s.run_ws(&[], "hi").await?;
     assert_eq!(stdout(&out), "ok\n");
     let err = stderr(&out);
     let warnings = warnings(&out);
@@ -323,11 +297,10 @@ async fn invalid_front_matter_is_skipped_with_one_warning() -> TestResult {
 
 #[tokio::test]
 async fn drafts_are_hidden_until_promoted_and_the_curator_ages_them() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    let server = ScriptedServer::start().await?;
+    let s = Scratch::new().await?;
+    let (dir, ws) = (&s.dir, &s.ws);
+    let ws_s = &s.ws_s;
+    let server = &s.server;
     server.push_all([
         ScriptStep::tool_call(
             "c1",
@@ -336,16 +309,8 @@ async fn drafts_are_hidden_until_promoted_and_the_curator_ages_them() -> TestRes
         ),
         ScriptStep::text("saved"),
     ]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s, "--user", "alice"],
-        "learn",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let results = tool_results(&server);
+    s.run_ws(&["--user", "alice"], "learn").await?;
+    let results = tool_results(server);
     assert!(
         results[0].contains("alice/skills/_drafts/summarize/SKILL.md"),
         "{}",
@@ -359,7 +324,7 @@ async fn drafts_are_hidden_until_promoted_and_the_curator_ages_them() -> TestRes
     assert_eq!(doc.description, "Summarise a long log. name: injected");
 
     // Not listed to the model while a draft.
-    let prompt = prompt_of(dir.path(), &["--workspace", &ws_s, "--user", "alice"]).await?;
+    let prompt = prompt_of(dir.path(), &["--workspace", ws_s, "--user", "alice"]).await?;
     assert!(!prompt.contains("summarize"), "{prompt}");
 
     let list = |args: Vec<&'static str>| {
@@ -384,7 +349,7 @@ async fn drafts_are_hidden_until_promoted_and_the_curator_ages_them() -> TestRes
     // Promotion: the draft moves to alice's layer and is listed from the next call on.
     let bad = skills_cmd(
         dir.path(),
-        &["promote", "nope", "--workspace", &ws_s, "--user", "alice"],
+        &["promote", "nope", "--workspace", ws_s, "--user", "alice"],
     )
     .await?;
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
@@ -395,7 +360,7 @@ async fn drafts_are_hidden_until_promoted_and_the_curator_ages_them() -> TestRes
             "promote",
             "summarize",
             "--workspace",
-            &ws_s,
+            ws_s,
             "--user",
             "alice",
         ],
@@ -413,7 +378,7 @@ async fn drafts_are_hidden_until_promoted_and_the_curator_ages_them() -> TestRes
         (Some("active"), Some("user")),
         "{v}"
     );
-    let prompt = prompt_of(dir.path(), &["--workspace", &ws_s, "--user", "alice"]).await?;
+    let prompt = prompt_of(dir.path(), &["--workspace", ws_s, "--user", "alice"]).await?;
     assert!(
         prompt.contains("- summarize: Summarise a long log. name: injected\n"),
         "{prompt}"
@@ -439,7 +404,7 @@ async fn drafts_are_hidden_until_promoted_and_the_curator_ages_them() -> TestRes
         list(vec!["--user", "alice"]).await?["skills"][0]["state"],
         "archived"
     );
-    let prompt = prompt_of(dir.path(), &["--workspace", &ws_s, "--user", "alice"]).await?;
+    let prompt = prompt_of(dir.path(), &["--workspace", ws_s, "--user", "alice"]).await?;
     assert!(!prompt.contains("summarize"), "{prompt}");
     assert!(
         ws.join("alice/skills/summarize/SKILL.md").is_file(),
@@ -451,7 +416,7 @@ async fn drafts_are_hidden_until_promoted_and_the_curator_ages_them() -> TestRes
             "promote",
             "summarize",
             "--workspace",
-            &ws_s,
+            ws_s,
             "--user",
             "alice",
         ],
@@ -467,19 +432,19 @@ async fn drafts_are_hidden_until_promoted_and_the_curator_ages_them() -> TestRes
 
 #[tokio::test]
 async fn a_skills_dir_that_is_not_a_directory_is_exit_2_and_list_prints_lines() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
+    let s = Scratch::new().await?;
+    let (dir, ws) = (&s.dir, &s.ws);
     skill(
         &ws.join("skills"),
         "review",
         "---\ndescription: Reviews.\n---\nBODY\n",
     )?;
     skill(&ws.join("skills"), "broken", "---\nname: [x\n---\n")?;
-    let ws_s = ws.to_string_lossy().into_owned();
+    let ws_s = &s.ws_s;
     let missing = dir.path().join("nope").to_string_lossy().into_owned();
     let (out, server) = run_script(
         dir.path(),
-        &["--workspace", &ws_s, "--skills-dir", &missing],
+        &["--workspace", ws_s, "--skills-dir", &missing],
         "hi",
         vec![ScriptStep::text("never")],
         &[],
@@ -489,7 +454,7 @@ async fn a_skills_dir_that_is_not_a_directory_is_exit_2_and_list_prints_lines() 
     assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
     assert!(stderr(&out).contains("--skills-dir"), "{}", stderr(&out));
     assert_eq!(server.request_count(), 0);
-    let list = skills_cmd(dir.path(), &["list", "--workspace", &ws_s]).await?;
+    let list = skills_cmd(dir.path(), &["list", "--workspace", ws_s]).await?;
     assert_eq!(list.status.code(), Some(0), "{}", stderr(&list));
     assert_eq!(
         stdout(&list),

@@ -3,29 +3,28 @@
 
 use std::fs;
 
-use hame_test_support::{ScriptStep, ScriptedServer};
+use hame_test_support::ScriptStep;
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
 use super::common::{
-    hame, output, prompt_of, run_script, run_with, stderr, stdout, tool_names, tool_results,
-    tools_offered,
+    Scratch, hame, output, prompt_of, run_script, run_with, stderr, stdout, tool_names,
+    tool_results, tools_offered,
 };
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 #[tokio::test]
 async fn allow_and_deny_with_globs_filter_what_the_model_sees_and_runs() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
+    let s = Scratch::new().await?;
+    let (dir, ws) = (&s.dir, &s.ws);
     fs::write(
         ws.join("tools.json"),
         json!({"allow": ["read_*", "list_files", "write_*", "*_skill"], "deny": ["write_*", "propose_*"]}).to_string(),
     )?;
     fs::write(ws.join("a.txt"), "A")?;
-    let ws_s = ws.to_string_lossy().into_owned();
-    let server = ScriptedServer::start().await?;
+    let ws_s = &s.ws_s;
+    let server = &s.server;
     server.push_all([
         ScriptStep::tool_call(
             "c1",
@@ -36,21 +35,13 @@ async fn allow_and_deny_with_globs_filter_what_the_model_sees_and_runs() -> Test
         ScriptStep::tool_call("c3", "read_file", json!({"file_path": "a.txt"})),
         ScriptStep::text("ok"),
     ]);
-    let out = run_with(
-        dir.path(),
-        &server.base_url(),
-        &["--workspace", &ws_s],
-        "go",
-        &[],
-    )
-    .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    s.run_ws(&[], "go").await?;
     let reqs = server.requests();
     assert_eq!(
         tool_names(&reqs[0].body),
         ["list_files", "load_skill", "read_file"]
     );
-    let results = tool_results(&server);
+    let results = tool_results(server);
     assert!(
         results[0].contains("permission_denied")
             && results[0].contains("not allowed by tools.json"),
@@ -70,7 +61,7 @@ async fn allow_and_deny_with_globs_filter_what_the_model_sees_and_runs() -> Test
         ws.join("tools.json"),
         json!({"deny": ["execute"]}).to_string(),
     )?;
-    let names = tools_offered(dir.path(), &["--workspace", &ws_s]).await?;
+    let names = tools_offered(dir.path(), &["--workspace", ws_s]).await?;
     assert!(
         names.contains(&"write_file".to_string()) && !names.contains(&"execute".to_string()),
         "{names:?}"
@@ -80,8 +71,8 @@ async fn allow_and_deny_with_globs_filter_what_the_model_sees_and_runs() -> Test
 
 #[tokio::test]
 async fn per_user_tools_json_merges_over_the_shared_one() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
+    let s = Scratch::new().await?;
+    let (dir, ws) = (&s.dir, &s.ws);
     fs::create_dir_all(ws.join("alice"))?;
     fs::write(
         ws.join("tools.json"),
@@ -91,11 +82,11 @@ async fn per_user_tools_json_merges_over_the_shared_one() -> TestResult {
         ws.join("alice/tools.json"),
         json!({"allow": ["read_file", "execute", "list_files"], "deny": ["list_*"]}).to_string(),
     )?;
-    let ws_s = ws.to_string_lossy().into_owned();
+    let ws_s = &s.ws_s;
     // alice's allow replaces the shared one; the denies add up (her file cannot lift one).
-    let alice = tools_offered(dir.path(), &["--workspace", &ws_s, "--user", "alice"]).await?;
+    let alice = tools_offered(dir.path(), &["--workspace", ws_s, "--user", "alice"]).await?;
     assert_eq!(alice, ["read_file"]);
-    let bob = tools_offered(dir.path(), &["--workspace", &ws_s, "--user", "bob"]).await?;
+    let bob = tools_offered(dir.path(), &["--workspace", ws_s, "--user", "bob"]).await?;
     assert!(
         bob.contains(&"list_files".to_string()) && !bob.contains(&"execute".to_string()),
         "{bob:?}"
@@ -134,18 +125,18 @@ async fn a_broken_tools_json_is_exit_2_with_one_line_naming_it() -> TestResult {
         ),
     ];
     for (file, text, needle) in cases {
-        let dir = tempfile::tempdir()?;
-        let ws = dir.path().join("ws");
+        let s = Scratch::new().await?;
+        let (dir, ws) = (&s.dir, &s.ws);
         fs::create_dir_all(ws.join("alice"))?;
         fs::write(ws.join(file), text)?;
         fs::write(ws.join("notes.md"), "keep me")?;
-        let ws_s = ws.to_string_lossy().into_owned();
-        let server = ScriptedServer::start().await?;
+        let ws_s = &s.ws_s;
+        let server = &s.server;
         server.push(ScriptStep::text("should not be asked"));
         let out = run_with(
             dir.path(),
             &server.base_url(),
-            &["--workspace", &ws_s, "--user", "alice"],
+            &["--workspace", ws_s, "--user", "alice"],
             "go",
             &[],
         )
@@ -171,14 +162,13 @@ async fn a_broken_tools_json_is_exit_2_with_one_line_naming_it() -> TestResult {
 
 #[tokio::test]
 async fn isolated_tenants_cannot_write_their_tools_json_but_keep_their_skills() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    fs::create_dir_all(&ws)?;
+    let s = Scratch::new().await?;
+    let (dir, ws) = (&s.dir, &s.ws);
     fs::write(
         ws.join("tools.json"),
         json!({"deny": ["list_files"]}).to_string(),
     )?;
-    let ws_s = ws.to_string_lossy().into_owned();
+    let ws_s = &s.ws_s;
     let args = [
         "--workspace",
         ws_s.as_str(),
@@ -226,7 +216,7 @@ async fn isolated_tenants_cannot_write_their_tools_json_but_keep_their_skills() 
             "promote",
             "mine",
             "--workspace",
-            &ws_s,
+            ws_s,
             "--isolated",
             "--user",
             "alice",
@@ -244,7 +234,7 @@ async fn isolated_tenants_cannot_write_their_tools_json_but_keep_their_skills() 
     assert!(alice.contains("- mine: Alice's own.\n"), "{alice}");
     let bob = prompt_of(
         dir.path(),
-        &["--workspace", &ws_s, "--isolated", "--user", "bob"],
+        &["--workspace", ws_s, "--isolated", "--user", "bob"],
     )
     .await?;
     assert!(!bob.contains("mine"), "{bob}");

@@ -423,8 +423,13 @@ async fn snapshot_files(shared: &Shared, key: &str, live: &Live) -> Result<Snaps
                 return Ok(0);
             }
             let len = bytes.len() as u64;
-            store.write(&path, bytes, WriteOptions::default()).await?;
-            Ok(len)
+            match store.write(&path, bytes, WriteOptions::default()).await {
+                Ok(_) => Ok(len),
+                // Written meanwhile by another process's snapshot, or put back by a sweep:
+                // the path is the content's hash, so it is the same content.
+                Err(hame_fs::Error::AlreadyExists { .. }) => Ok(0),
+                Err(e) => Err(e.into()),
+            }
         }
     }))
     .buffer_unordered(UPLOADS)
