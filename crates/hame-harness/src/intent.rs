@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use chrono::Utc;
+use futures::FutureExt;
 use hame_core::{
     AppendNext, CallCtx, CallInput, CallNext, CallOutput, ContentBlock, IdempotencyKey, Layer,
     Message, Observation, ObservationOutcome, Reconciled, Result, Role, ToolCall, ToolContext,
@@ -324,10 +325,12 @@ impl IntentLayer {
             facts: ToolFacts::default(),
         };
         let timeout = ToolRunOptions::default().timeout;
-        let looked = tokio::time::timeout(timeout, tool.reconcile(key, &ctx)).await;
+        // A panicking or hanging reconcile leaves the call unknown.
+        let lookup = std::panic::AssertUnwindSafe(tool.reconcile(key, &ctx)).catch_unwind();
+        let looked = tokio::time::timeout(timeout, lookup).await;
         let settled = match looked {
-            Ok(Reconciled::Known(out)) => Settled::Reconciled(out),
-            Ok(Reconciled::Unknown) if tool.idempotent() => {
+            Ok(Ok(Reconciled::Known(out))) => Settled::Reconciled(out),
+            Ok(Ok(Reconciled::Unknown)) if tool.idempotent() => {
                 let call = ToolCall {
                     id: r.call_id.clone(),
                     name: name.to_owned(),
@@ -335,7 +338,11 @@ impl IntentLayer {
                 };
                 Settled::Rerun(self.tools.run_one(&call, &ctx, timeout).await)
             }
-            Ok(Reconciled::Unknown) => Settled::Unknown,
+            Ok(Ok(Reconciled::Unknown)) => Settled::Unknown,
+            Ok(Err(_)) => {
+                tracing::error!(tool = %name, call_id = %r.call_id, "reconcile panicked: outcome_unknown");
+                Settled::Unknown
+            }
             Err(_) => {
                 tracing::warn!(tool = %name, call_id = %r.call_id, "reconcile did not answer in time: outcome_unknown");
                 Settled::Unknown

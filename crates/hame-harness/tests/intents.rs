@@ -76,6 +76,7 @@ impl Tool for Probe {
             l.push(key.to_owned());
         }
         match self.known {
+            Some("!panic") => panic!("a broken reconcile"),
             Some(text) => Reconciled::Known(Ok(text.to_owned())),
             None => Reconciled::Unknown,
         }
@@ -102,6 +103,7 @@ async fn cut_calls_are_reconciled_rerun_or_unknown_with_observations() -> TestRe
     let ledger = Probe::new("ledger", false, Some("order 7 placed"));
     let stamp = Probe::new("stamp", true, None);
     let pay = Probe::new("pay", false, None);
+    let boom = Probe::new("boom", true, Some("!panic"));
     let model = Arc::new(ScriptedModel::new([Reply::text("settled")]));
     let agent = HarnessAgent::builder()
         .model(model.clone())
@@ -113,6 +115,7 @@ async fn cut_calls_are_reconciled_rerun_or_unknown_with_observations() -> TestRe
         .tool(ledger.clone())
         .tool(stamp.clone())
         .tool(pay.clone())
+        .tool(boom.clone())
         .build()?;
     let ctx = RuntimeContext::new("s1").with_user("ada");
     // What a process killed during three calls leaves: intents without an end (and a
@@ -125,6 +128,7 @@ async fn cut_calls_are_reconciled_rerun_or_unknown_with_observations() -> TestRe
         intent("c1", "ledger"),
         intent("c2", "stamp"),
         intent("c3", "pay"),
+        intent("c4", "boom"),
     ]
     .concat();
     records
@@ -140,6 +144,8 @@ async fn cut_calls_are_reconciled_rerun_or_unknown_with_observations() -> TestRe
     assert_eq!(stamp.runs(), [("c2".to_owned(), key_of("c2"))]);
     assert_eq!(pay.lookups(), [key_of("c3")]);
     assert!(pay.runs().is_empty(), "pay is not run again");
+    // A reconcile that panics leaves the call unknown, even for an idempotent tool.
+    assert!(boom.runs().is_empty());
     // The model's request: the user message, the three calls, their results.
     let reqs = model.requests();
     let last = reqs.first().ok_or("no request")?.messages.clone();
@@ -151,7 +157,8 @@ async fn cut_calls_are_reconciled_rerun_or_unknown_with_observations() -> TestRe
             _ => None,
         })
         .collect();
-    assert_eq!(results.len(), 3, "{results:?}");
+    assert_eq!(results.len(), 4, "{results:?}");
+    assert_eq!(results[3].2.as_deref(), Some("outcome_unknown"));
     assert_eq!(results[0], ("c1".into(), "order 7 placed".into(), None));
     assert_eq!(results[1], ("c2".into(), "stamp ran".into(), None));
     assert_eq!(results[2].0, "c3");
@@ -187,6 +194,7 @@ async fn cut_calls_are_reconciled_rerun_or_unknown_with_observations() -> TestRe
         json!({"call_id": "c1", "end": "reconciled"}),
         json!({"call_id": "c2", "end": "done"}),
         json!({"call_id": "c3", "end": "outcome_unknown"}),
+        json!({"call_id": "c4", "end": "outcome_unknown"}),
     ] {
         assert!(text.contains(&end.to_string()), "{end} in {text}");
     }

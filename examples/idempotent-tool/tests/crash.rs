@@ -62,19 +62,7 @@ async fn kill_when(mut child: Child, dir: &Path, suffix: &str) -> TestResult {
 
 /// Every file under `dir` whose name ends with `suffix`.
 fn files(dir: &Path, suffix: &str) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return out;
-    };
-    for e in entries.flatten() {
-        let path = e.path();
-        if path.is_dir() {
-            out.extend(files(&path, suffix));
-        } else if path.to_string_lossy().ends_with(suffix) {
-            out.push(path);
-        }
-    }
-    out
+    hame_test_support::files_where(dir, &|p| p.to_string_lossy().ends_with(suffix))
 }
 
 /// The JSON lines of the one file under `dir` ending with `suffix`.
