@@ -82,11 +82,20 @@ pub fn run(root: &Path, options: &BenchOptions) -> Result<()> {
         "bench-peer",
     ]))?;
     // The published figures are fat-LTO builds (ADR 0019): `dist`, not `release` (ADR 0026).
-    let driver = root.join("target/dist/bench-peer");
+    // Under the effective target directory (CARGO_TARGET_DIR or a cargo config's), not
+    // always `<root>/target`.
+    let target = crate::target_dir(root);
+    let driver = target.join("dist/bench-peer");
+    if !driver.is_file() {
+        bail!(
+            "the driver was built but is not at {}: is the target directory set by something cargo metadata does not see?",
+            driver.display()
+        );
+    }
     if !options.no_setup {
         proc::run(Command::new("bash").arg(dir.join("setup.sh")))?;
     }
-    let out = root.join("target/bench-peers");
+    let out = target.join("bench-peers");
     std::fs::create_dir_all(&out)?;
     let extra = format!(
         "hame={} --mode {{mode}} --base-url {{base_url}} --sessions {{sessions}} --turns {{turns}} --workdir {{workdir}} --context-window {{context_window}}",

@@ -317,8 +317,7 @@ struct Ctx {
 impl Ctx {
     fn new(root: &Path) -> Result<Self> {
         let cargo = std::env::var_os("CARGO").map_or_else(|| PathBuf::from("cargo"), PathBuf::from);
-        let target_dir =
-            std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+        let target_dir = crate::target_dir(root);
         Ok(Self {
             root: root.to_path_buf(),
             cargo,

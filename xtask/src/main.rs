@@ -16,7 +16,7 @@ mod proc;
 mod readme;
 mod services;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
@@ -75,8 +75,7 @@ fn run(args: Vec<String>) -> Result<ExitCode> {
         }
         "readme" => {
             no_extra_args(rest)?;
-            let target = std::env::var_os("CARGO_TARGET_DIR")
-                .map_or_else(|| root.join("target"), PathBuf::from);
+            let target = target_dir(&root);
             readme::run(&root, &target.join("debug"), &readme::scratch_dir(&target))?;
             println!("every runnable README block passed");
             Ok(ExitCode::SUCCESS)
@@ -107,6 +106,31 @@ fn no_extra_args(rest: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// The effective target directory of the workspace at `root`, as cargo sees it:
+/// `CARGO_TARGET_DIR`, `CARGO_BUILD_TARGET_DIR` or `build.target-dir` of a cargo config
+/// (asked of `cargo metadata`, which knows all three), else `CARGO_TARGET_DIR` when cargo
+/// cannot be asked, else `<root>/target`.
+pub fn target_dir(root: &Path) -> PathBuf {
+    let cargo = std::env::var_os("CARGO").map_or_else(|| PathBuf::from("cargo"), PathBuf::from);
+    let asked = proc::capture(std::process::Command::new(cargo).current_dir(root).args([
+        "metadata",
+        "--format-version",
+        "1",
+        "--no-deps",
+    ]))
+    .ok()
+    .and_then(|json| target_dir_of(&json));
+    asked.unwrap_or_else(|| {
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from)
+    })
+}
+
+/// `target_directory` of `cargo metadata` output.
+fn target_dir_of(metadata: &str) -> Option<PathBuf> {
+    let value: serde_json::Value = serde_json::from_str(metadata).ok()?;
+    value.get("target_directory")?.as_str().map(PathBuf::from)
+}
+
 /// The workspace root: the parent of this crate's manifest directory. `cargo run` sets
 /// `CARGO_MANIFEST_DIR` at run time too; the compile-time value is the fallback when the
 /// binary is started directly.
@@ -116,4 +140,30 @@ fn workspace_root() -> PathBuf {
     manifest_dir
         .parent()
         .map_or_else(|| manifest_dir.clone(), PathBuf::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    #[test]
+    fn the_target_dir_is_read_from_cargo_metadata() {
+        let json = r#"{"packages": [], "target_directory": "/work/tgt-x", "version": 1}"#;
+        assert_eq!(target_dir_of(json), Some(PathBuf::from("/work/tgt-x")));
+        assert_eq!(target_dir_of("{}"), None);
+        assert_eq!(target_dir_of("not json"), None);
+    }
+
+    /// What `cargo metadata` says here is what cargo builds into: with `CARGO_TARGET_DIR`
+    /// set (as for every helper of this repository) it is that directory.
+    #[test]
+    fn the_target_dir_follows_cargo() {
+        let root = workspace_root();
+        let dir = target_dir(&root);
+        match std::env::var_os("CARGO_TARGET_DIR") {
+            Some(d) => assert_eq!(dir, root.join(PathBuf::from(d))),
+            None => assert!(dir.ends_with("target"), "{}", dir.display()),
+        }
+    }
 }

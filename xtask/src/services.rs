@@ -84,8 +84,7 @@ pub struct ServiceOptions {
 impl ServiceOptions {
     /// State under the workspace `target/`, strictness from `CI`.
     pub fn from_env(root: &Path) -> Result<Self> {
-        let target =
-            std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+        let target = crate::target_dir(root);
         let state_dir = target.join("xtask").join("services");
         fs::create_dir_all(&state_dir)
             .with_context(|| format!("create {}", state_dir.display()))?;

@@ -118,7 +118,7 @@ pub(crate) enum RunsCommand {
         #[arg(long)]
         json: bool,
     },
-    /// One run: status, reply, error.
+    /// One run: status, reply, error, the checks' evidence.
     Show {
         #[command(flatten)]
         common: Common,
@@ -137,11 +137,37 @@ pub(crate) enum RunsCommand {
     },
 }
 
+/// The gate's verdict of a run with required checks.
+fn verification(r: &Run) -> Option<hame::Verification> {
+    serde_json::from_value(r.verification.clone()?).ok()
+}
+
+/// The checks that did not pass, `tests failed, lint error`.
+fn failing(v: &hame::Verification) -> String {
+    v.evidence
+        .iter()
+        .filter(|e| e.outcome != hame::CheckOutcome::Passed)
+        .map(|e| {
+            format!(
+                "{} {}",
+                e.check,
+                serde_json::json!(e.outcome).as_str().unwrap_or("?")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn line(r: &Run) -> String {
+    let unverified = (r.status == hame::state::runs::RunStatus::Unverified)
+        .then(|| verification(r))
+        .flatten()
+        .map(|v| format!("checks: {}", failing(&v)));
     let detail = r
         .error
         .as_ref()
         .map(|e| format!("{}: {}", e.code, e.message))
+        .or(unverified)
         .or_else(|| r.reply.clone())
         .unwrap_or_default();
     let detail: String = detail
@@ -172,6 +198,9 @@ fn shown(r: &Run) -> serde_json::Value {
         }
         if let Some(x) = &r.usage {
             o.insert("usage".into(), x.clone());
+        }
+        if let Some(x) = &r.verification {
+            o.insert("verification".into(), x.clone());
         }
         if let Some(x) = &r.error {
             o.insert(
@@ -260,6 +289,21 @@ pub(crate) async fn runs(command: RunsCommand) -> anyhow::Result<()> {
                 println!("updated  {}", r.updated.to_rfc3339());
                 if let Some(e) = &r.error {
                     println!("error    {}: {}", e.code, e.message);
+                }
+                if let Some(v) = verification(&r) {
+                    let head = match v.status {
+                        hame::VerificationStatus::Verified => "verified by".to_owned(),
+                        hame::VerificationStatus::Unverified => format!(
+                            "unverified after {} extra step{}: {}",
+                            v.extra_steps,
+                            if v.extra_steps == 1 { "" } else { "s" },
+                            failing(&v)
+                        ),
+                    };
+                    print!(
+                        "checks   {head}\n{}",
+                        crate::run::evidence_lines(&v.evidence)
+                    );
                 }
                 if let Some(reply) = &r.reply {
                     println!("\n{reply}");

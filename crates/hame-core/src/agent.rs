@@ -448,12 +448,14 @@ impl AgentLoop {
         .await
     }
 
-    /// The innermost end of the model chain: one streamed request, assembled.
+    /// The innermost end of the model chain: one streamed request, assembled; `manifest`
+    /// is the request's compact context manifest for its span.
     pub(crate) async fn request_once(
         &self,
         request: ModelRequest,
         events: &EventSink,
         cancel: &CancellationToken,
+        manifest: Option<String>,
     ) -> Result<ModelResponse> {
         let work = async {
             let mut stream = self.model.stream(request).await?;
@@ -490,8 +492,12 @@ impl AgentLoop {
             gen_ai.usage.output_tokens = tracing::field::Empty,
             gen_ai.response.finish_reasons = tracing::field::Empty,
             error.type = tracing::field::Empty,
+            hame.context.manifest = tracing::field::Empty,
             model = %info.model,
         );
+        if let Some(m) = &manifest {
+            span.record("hame.context.manifest", m.as_str());
+        }
         let started = Instant::now();
         let response = tokio::select! {
             biased;

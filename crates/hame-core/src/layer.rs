@@ -275,7 +275,13 @@ impl ModelNext<'_> {
                         "model request"
                     );
                 }
-                self.core.request_once(request, cx.events, cx.cancel).await
+                let manifest = cx
+                    .extensions
+                    .get::<crate::telemetry::ManifestAttribute>()
+                    .and_then(crate::telemetry::ManifestAttribute::take);
+                self.core
+                    .request_once(request, cx.events, cx.cancel, manifest)
+                    .await
             }
         }
     }

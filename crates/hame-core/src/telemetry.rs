@@ -10,7 +10,7 @@
 //! |---|---|---|---|
 //! | `hame.call` | `invoke_agent {agent}` | INTERNAL | `gen_ai.operation.name` = `invoke_agent`, `gen_ai.agent.name`, `gen_ai.conversation.id`, `error.type` |
 //! | `hame.step` | `hame.step` | INTERNAL | `iteration` |
-//! | `hame.model` | `chat {model}` | CLIENT | `gen_ai.operation.name` = `chat`, `gen_ai.provider.name`, `gen_ai.system`, `gen_ai.request.model`, `gen_ai.response.model`, `gen_ai.response.id`, `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`, `gen_ai.response.finish_reasons`, `error.type` |
+//! | `hame.model` | `chat {model}` | CLIENT | `gen_ai.operation.name` = `chat`, `gen_ai.provider.name`, `gen_ai.system`, `gen_ai.request.model`, `gen_ai.response.model`, `gen_ai.response.id`, `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`, `gen_ai.response.finish_reasons`, `error.type`, `hame.context.manifest` ([`ManifestAttribute`]) |
 //! | `hame.tool` | `execute_tool {tool}` | INTERNAL | `gen_ai.operation.name` = `execute_tool`, `gen_ai.tool.name`, `gen_ai.tool.call.id`, `gen_ai.tool.type` = `function`, `error.type` |
 //!
 //! A failed model request, a tool result that is an error and a failed call (not a
@@ -23,6 +23,32 @@
 /// [`Extensions`](crate::Extensions). Absent: `hame`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentName(pub String);
+
+/// The context manifest of the call's next model request in compact form, for the
+/// `hame.context.manifest` attribute of that request's `hame.model` span. The harness's
+/// `context-manifest` layer puts one in the call's [`Extensions`](crate::Extensions) and
+/// [`set`](Self::set)s it before each request; the core takes it when it opens the span,
+/// so a request never carries an earlier request's manifest.
+#[derive(Debug, Default)]
+pub struct ManifestAttribute(std::sync::Mutex<Option<String>>);
+
+impl ManifestAttribute {
+    /// The compact manifest of the next request.
+    pub fn set(&self, compact: String) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(compact);
+    }
+
+    /// Takes what was set (once).
+    pub(crate) fn take(&self) -> Option<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+}
 
 /// Records what the provider says about its answer (the model that answered, the
 /// response id) on the current `hame.model` span; elsewhere it does nothing.

@@ -753,7 +753,8 @@ fn a2a_state(s: RunStatus) -> &'static str {
         RunStatus::Running => "working",
         RunStatus::WaitingApproval => "input-required",
         RunStatus::Completed => "completed",
-        RunStatus::Failed => "failed",
+        // The reply is not backed by its required checks: not a success (docs/a2a.md).
+        RunStatus::Failed | RunStatus::Unverified => "failed",
         RunStatus::Cancelled => "canceled",
     }
 }
@@ -784,6 +785,17 @@ fn status(run: &Run) -> Value {
                 json!([{"kind": "text", "text": format!("{}: {}", e.code, e.message)}]),
             )
         }),
+        RunStatus::Unverified => Some(agent_message(
+            run,
+            "status",
+            json!([
+                {"kind": "text", "text": crate::runs::unverified_line(run)},
+                {"kind": "data", "data": {
+                    "reply": run.reply.clone().unwrap_or_default(),
+                    "verification": run.verification.clone().unwrap_or(Value::Null),
+                }}
+            ]),
+        )),
         RunStatus::WaitingApproval => Some(agent_message(
             run,
             "status",
@@ -816,7 +828,7 @@ fn artifact(run: &Run) -> Value {
 /// `reply` and, with the request, in the history (the last `history` messages).
 fn task(run: &Run, history: Option<usize>) -> Value {
     let request = match &run.input {
-        RunInput::Message { message } => message.clone(),
+        RunInput::Message { message, .. } => message.clone(),
         #[allow(unreachable_patterns)]
         _ => String::new(),
     };

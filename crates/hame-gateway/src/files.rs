@@ -12,14 +12,14 @@
 //! root is 403 for writes, and a rule that denies the tool is 403 `permission_denied`.
 //! A rule that *asks* lets the caller through: the caller is the person such a rule asks.
 
-use std::sync::Arc;
-
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, Query};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use hame::fs::{FileKind, Filesystem, FsPath, WriteOptions};
+use futures::StreamExt;
+use hame::fs::{FileKind, FsPath, WriteOptions};
+use hame::harness::FileAccess;
 use hame::harness::permissions::Outcome as Permission;
 use serde::Deserialize;
 
@@ -51,29 +51,73 @@ pub(crate) struct ListQuery {
 }
 
 /// The caller's files and the path as the file tools take it, once the rules allow `tool`
-/// on it.
+/// on it: the rules as a call of `tool` in the session would meet them (its plan mode and
+/// "always" answers included), and the files held as a call holds them (in sandbox mode
+/// the scope's sandbox, so the request never interleaves with a turn's tools; the caller
+/// closes the access to snapshot what it wrote).
 async fn open(
     InSession { agent, ctx }: &InSession,
     tool: &str,
     raw: &str,
-) -> Result<(Arc<dyn Filesystem>, FsPath), ApiError> {
+) -> Result<(FileAccess, FsPath), ApiError> {
     let verdict = agent
         .file_verdict(ctx, tool, raw)
         .await
         .map_err(|e| ApiError::from_harness(&e))?
         .map_err(|reason| invalid_path(raw, &reason))?;
-    if verdict.outcome == Permission::Deny {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "permission_denied",
-            format!("{tool} on {} is denied ({})", shown(raw), verdict.rule),
-        ));
+    let what = format!("{tool} on {}", shown(raw));
+    match verdict.outcome {
+        Permission::Allow => {}
+        Permission::Deny if verdict.rule == "plan mode" => {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "plan_mode",
+                format!(
+                    "{what} is refused: session {} is in plan mode, where nothing is written; \
+                     write after the plan is approved",
+                    ctx.session_id
+                ),
+            ));
+        }
+        Permission::Deny => {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "permission_denied",
+                format!("{what} is denied ({})", verdict.rule),
+            ));
+        }
+        // The route cannot wait for a human: the rule's answer is someone else's to give.
+        Permission::Ask => {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "approval_required",
+                format!(
+                    "{what} needs a human's approval ({}); the file routes do not wait for one: \
+                     answer an approval of this call in session {} with \"always\", or ask \
+                     the operator to allow it in the permission rules",
+                    verdict.rule, ctx.session_id
+                ),
+            ));
+        }
     }
     let path = FsPath::parse(raw).map_err(|e| invalid_path(raw, &e.to_string()))?;
-    let fs = agent
-        .filesystem_for(ctx)
+    let access = agent
+        .file_access(ctx)
+        .await
         .map_err(|e| ApiError::from_harness(&e))?;
-    Ok((fs, path))
+    Ok((access, path))
+}
+
+/// Ends a request's hold of the files (in sandbox mode: the snapshot of what it wrote).
+async fn close(access: FileAccess) -> Result<(), ApiError> {
+    access.close().await.map_err(|e| {
+        tracing::warn!(error = %e, "file route: ending the sandbox hold failed");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage_unavailable",
+            "the sandbox's files could not be saved; retry later",
+        )
+    })
 }
 
 fn shown(raw: &str) -> String {
@@ -126,10 +170,10 @@ pub(crate) async fn list(
     Query(q): Query<ListQuery>,
 ) -> Result<Json<crate::schemas::FileList>, ApiError> {
     let raw = q.path.unwrap_or_else(|| "/".to_owned());
-    let (fs, dir) = open(&on, "list_files", &raw).await?;
-    let mut entries: Vec<crate::schemas::FileEntry> = fs
-        .list(&dir)
-        .await
+    let (access, dir) = open(&on, "list_files", &raw).await?;
+    let listed = access.files().list(&dir).await;
+    close(access).await?;
+    let mut entries: Vec<crate::schemas::FileEntry> = listed
         .map_err(|e| fs_error(&e))?
         .into_iter()
         .map(|f| crate::schemas::FileEntry {
@@ -235,7 +279,9 @@ pub(crate) async fn download(
     Path(FilePath { path, .. }): Path<FilePath>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let (fs, path) = open(&on, "read_file", &path).await?;
+    // An early answer drops the access: the sandbox hold ends in a task of its own.
+    let (access, path) = open(&on, "read_file", &path).await?;
+    let fs = access.files().clone();
     let session = &on.ctx.session_id;
     let info = fs.stat(&path).await.map_err(|e| fs_error(&e))?;
     if info.kind == FileKind::Dir {
@@ -295,10 +341,18 @@ pub(crate) async fn download(
             }
         }
     });
-    let body = Body::from_stream(futures::StreamExt::chain(
-        futures::stream::once(async move { Ok::<_, std::io::Error>(first) }),
-        rest,
-    ));
+    // The hold lasts until the last piece is read.
+    let closed = futures::stream::once(async move {
+        if let Err(e) = access.close().await {
+            tracing::warn!(error = %e, "file route: ending the sandbox hold after a download failed");
+        }
+    })
+    .filter_map(|()| async { None::<Result<Vec<u8>, std::io::Error>> });
+    let body = Body::from_stream(
+        futures::stream::once(async move { Ok::<_, std::io::Error>(first) })
+            .chain(rest)
+            .chain(closed),
+    );
     let mut resp = (status, body).into_response();
     let h = resp.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(media));
@@ -326,7 +380,8 @@ pub(crate) async fn upload(
     Path(FilePath { path, .. }): Path<FilePath>,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let (fs, path) = open(&on, "write_file", &path).await?;
+    let (access, path) = open(&on, "write_file", &path).await?;
+    let fs = access.files();
     let existed = match fs.stat(&path).await {
         Ok(info) if info.kind == FileKind::Dir => {
             return Err(ApiError::new(
@@ -340,9 +395,11 @@ pub(crate) async fn upload(
         Err(e) => return Err(fs_error(&e)),
     };
     let size = body.len() as u64;
-    fs.write(&path, body.to_vec(), WriteOptions::default())
-        .await
-        .map_err(|e| fs_error(&e))?;
+    let written = fs
+        .write(&path, body.to_vec(), WriteOptions::default())
+        .await;
+    close(access).await?;
+    written.map_err(|e| fs_error(&e))?;
     let status = if existed {
         StatusCode::OK
     } else {

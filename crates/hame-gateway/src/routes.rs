@@ -353,6 +353,39 @@ struct MessageBody {
     goal: Option<String>,
 }
 
+/// The required checks of a turn or a run (`verify`, `verify_attempts` of its body),
+/// checked: every name declared by the agent's `[[verify]]`, the rounds 1 to 10 (default
+/// 2). `None`: no checks asked for.
+pub(crate) fn checked_verify(
+    agent: &hame::HarnessAgent,
+    verify: Option<Vec<String>>,
+    attempts: Option<u32>,
+) -> Result<Option<(Vec<String>, u32)>, ApiError> {
+    let Some(names) = verify.filter(|n| !n.is_empty()) else {
+        if attempts.is_some() {
+            return Err(ApiError::bad_request(
+                "`verify_attempts` needs `verify` (the checks to run)",
+            ));
+        }
+        return Ok(None);
+    };
+    let declared = agent.verifier_names();
+    if let Some(unknown) = names.iter().find(|n| !declared.contains(n)) {
+        let unknown: String = unknown.chars().take(64).collect();
+        return Err(ApiError::bad_request(format!(
+            "`verify`: no check is named {unknown:?} (declared: {})",
+            declared.join(", ")
+        )));
+    }
+    let attempts = attempts.unwrap_or(hame::harness::evidence::DEFAULT_VERIFY_ATTEMPTS);
+    if !(1..=hame::harness::evidence::MAX_VERIFY_ATTEMPTS).contains(&attempts) {
+        return Err(ApiError::bad_request(
+            "`verify_attempts`: a number from 1 to 10",
+        ));
+    }
+    Ok(Some((names, attempts)))
+}
+
 fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("bad JSON body: {e}")))
 }
@@ -395,22 +428,7 @@ pub(crate) async fn post_message(
             })?;
         extras.insert(hame::harness::cost::BUDGET_EXTRA.to_owned(), v);
     }
-    if let Some(names) = body.verify.filter(|n| !n.is_empty()) {
-        let declared = agent.verifier_names();
-        if let Some(unknown) = names.iter().find(|n| !declared.contains(n)) {
-            return Err(ApiError::bad_request(format!(
-                "`verify`: no check is named {unknown:?} (declared: {})",
-                declared.join(", ")
-            )));
-        }
-        let attempts = body
-            .verify_attempts
-            .unwrap_or(hame::harness::evidence::DEFAULT_VERIFY_ATTEMPTS);
-        if !(1..=hame::harness::evidence::MAX_VERIFY_ATTEMPTS).contains(&attempts) {
-            return Err(ApiError::bad_request(
-                "`verify_attempts`: a number from 1 to 10",
-            ));
-        }
+    if let Some((names, attempts)) = checked_verify(&agent, body.verify, body.verify_attempts)? {
         extras.insert(
             hame::harness::evidence::VERIFY_EXTRA.to_owned(),
             json!(names),
@@ -419,10 +437,6 @@ pub(crate) async fn post_message(
             hame::harness::evidence::VERIFY_ATTEMPTS_EXTRA.to_owned(),
             json!(attempts),
         );
-    } else if body.verify_attempts.is_some() {
-        return Err(ApiError::bad_request(
-            "`verify_attempts` needs `verify` (the checks to run)",
-        ));
     }
     if let Some(goal) = body.goal {
         if goal.trim().is_empty() {
@@ -647,6 +661,8 @@ struct DecisionBody {
     decision: String,
     #[serde(default)]
     reason: Option<String>,
+    #[serde(default)]
+    always: Option<bool>,
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{session}/approvals/{id}", tag = "sessions",
@@ -666,6 +682,7 @@ pub(crate) async fn post_approval(
     valid_session(&session)?;
     let body: DecisionBody = parse(&body)?;
     let value = match (body.decision.as_str(), body.reason) {
+        ("approve", _) if body.always == Some(true) => json!({"approve": true, "always": true}),
         ("approve", _) => json!({"approve": true}),
         ("deny", Some(r)) => json!({"approve": false, "reason": r}),
         ("deny", None) => json!({"approve": false}),

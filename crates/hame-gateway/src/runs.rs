@@ -52,8 +52,35 @@ fn store_error(e: &hame::state::Error) -> ApiError {
     )
 }
 
+/// One line naming the failing checks of an `unverified` run: `unverified: the reply's
+/// required checks failed: tests (failed, evidence ev-…)`.
+pub(crate) fn unverified_line(run: &Run) -> String {
+    let failing: Vec<String> = run
+        .verification
+        .as_ref()
+        .and_then(|v| v.get("evidence"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|e| e.get("outcome").and_then(Value::as_str) != Some("passed"))
+        .map(|e| {
+            let field = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or("?").to_owned();
+            format!(
+                "{} ({}, evidence {})",
+                field("check"),
+                field("outcome"),
+                field("id")
+            )
+        })
+        .collect();
+    format!(
+        "unverified: the reply's required checks failed: {}",
+        failing.join(", ")
+    )
+}
+
 /// A run as callers see it: `{"run_id", "session", "status", "reply"?, "usage"?,
-/// "error"?, "approvals"?, "created", "updated"}`.
+/// "verification"?, "error"?, "approvals"?, "created", "updated"}`.
 pub(crate) fn view(run: &Run) -> Value {
     let mut v = json!({
         "run_id": run.id,
@@ -68,6 +95,9 @@ pub(crate) fn view(run: &Run) -> Value {
         }
         if let Some(u) = &run.usage {
             o.insert("usage".into(), u.clone());
+        }
+        if let Some(v) = &run.verification {
+            o.insert("verification".into(), v.clone());
         }
         if let Some(e) = &run.error {
             o.insert(
@@ -86,6 +116,12 @@ pub(crate) fn view(run: &Run) -> Value {
 #[serde(deny_unknown_fields)]
 struct RunBody {
     message: String,
+    /// Required checks of the run (docs/evidence.md), as in a turn.
+    #[serde(default)]
+    verify: Option<Vec<String>>,
+    /// The gate's check rounds (1..=10, default 2).
+    #[serde(default)]
+    verify_attempts: Option<u32>,
 }
 
 /// `POST /v1/sessions/{session}/runs` `{"message"}` (header `Idempotency-Key` optional):
@@ -121,8 +157,12 @@ pub(crate) async fn submit(
     }
     let key = hame::state::StateKey::new(agent.name(), ctx.user_id.as_deref(), &ctx.session_id)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", e.to_string()))?;
-    let new = NewRun::message(key, body.message, idem)
+    let verify = crate::routes::checked_verify(&agent, body.verify, body.verify_attempts)?;
+    let mut new = NewRun::message(key, body.message, idem)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    if let Some((names, attempts)) = verify {
+        new = new.with_verify(names, Some(attempts));
+    }
     let s = q.submit(new).await.map_err(|e| store_error(&e))?;
     let status = if s.created {
         StatusCode::ACCEPTED
@@ -228,7 +268,7 @@ fn status_id(s: RunStatus) -> u64 {
 }
 
 /// `GET /v1/runs/{id}/events`: SSE of the run's status changes (`queued`, `running`, then
-/// its end: `completed`, `waiting_approval`, `failed` or `cancelled`), each with the run
+/// its end: `completed`, `unverified`, `waiting_approval`, `failed` or `cancelled`), each with the run
 /// as data and an id (1, 2, 3); read from the store, so any replica serves it and
 /// `Last-Event-ID` replays from there. The stream ends after the run's end.
 #[utoipa::path(get, path = "/v1/runs/{run_id}/events", tag = "runs", params(RunPath),

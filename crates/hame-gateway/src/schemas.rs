@@ -54,6 +54,54 @@ pub(crate) struct MessageRequest {
     /// {"tokens": 200000}}`; they only tighten the server's (`docs/cost.md`).
     #[schema(value_type = Option<Object>)]
     budget: Option<Object>,
+    /// Checks the reply must pass: names of the server's `[[verify]]` (docs/evidence.md).
+    verify: Option<Vec<String>>,
+    /// The completion gate's check rounds, 1 to 10 (default 2); needs `verify`.
+    verify_attempts: Option<u32>,
+    /// The session's goal (its task state).
+    goal: Option<String>,
+}
+
+/// One piece of evidence: a run of a check, bound to the version of the files it checked.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct Evidence {
+    /// `ev-` and 16 hex digits.
+    id: String,
+    /// The check's name.
+    check: String,
+    /// `passed`, `failed` or `error`.
+    outcome: String,
+    /// A command check's exit code.
+    exit_code: Option<i64>,
+    /// The observation of the check's run.
+    observation_id: Option<String>,
+    /// SHA-256 over the covered files (path and content hash), after the check ran.
+    version: String,
+    /// How many files the version covers.
+    files: u64,
+    /// The globs used (`!` excludes).
+    covers: Vec<String>,
+    /// When (RFC 3339).
+    at: String,
+    /// How long the check ran.
+    duration_ms: u64,
+    /// For a failure: what was expected and the tail of the output.
+    detail: Option<String>,
+    /// A covered file changed since.
+    stale: bool,
+}
+
+/// The completion gate's verdict on a turn or a run with required checks.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct Verification {
+    /// `verified` or `unverified`.
+    status: String,
+    /// The current evidence of each required check.
+    evidence: Vec<Evidence>,
+    /// How many extra steps the gate gave the model.
+    extra_steps: u32,
 }
 
 /// Tokens a turn used (hame's names).
@@ -84,6 +132,10 @@ pub(crate) struct TurnReply {
     usage: Usage,
     /// Model requests the turn made.
     iterations: u64,
+    /// With required checks: `completed` (they passed) or `unverified`.
+    status: Option<String>,
+    /// With required checks: the gate's verdict and its evidence.
+    verification: Option<Verification>,
 }
 
 /// A tool call that waits for a decision (or, with layer `client-tools`, for a client's
@@ -132,6 +184,9 @@ pub(crate) struct DecisionRequest {
     decision: String,
     /// Why (given to the model with a denial).
     reason: Option<String>,
+    /// With `approve`: allow the same call (tool and file) for the rest of the session
+    /// without asking, the file routes included (`docs/permissions.md`).
+    always: Option<bool>,
 }
 
 /// `GET …/messages`: the session's log.
@@ -293,6 +348,11 @@ pub(crate) enum SessionEvent {
 pub(crate) struct RunRequest {
     /// The user's message (not empty).
     message: String,
+    /// Checks the reply must pass: names of the server's `[[verify]]`; a reply they do not
+    /// back ends the run `unverified` (docs/evidence.md).
+    verify: Option<Vec<String>>,
+    /// The completion gate's check rounds, 1 to 10 (default 2); needs `verify`.
+    verify_attempts: Option<u32>,
 }
 
 /// `POST …/runs`: the run made (202) or found by its `Idempotency-Key` (200).
@@ -303,7 +363,8 @@ pub(crate) struct RunCreated {
     run_id: String,
     /// The session.
     session: String,
-    /// `queued`, `running`, `waiting_approval`, `completed`, `failed` or `cancelled`.
+    /// `queued`, `running`, `waiting_approval`, `completed`, `unverified`, `failed` or
+    /// `cancelled`.
     status: String,
 }
 
@@ -325,16 +386,20 @@ pub(crate) struct RunView {
     run_id: String,
     /// The session.
     session: String,
-    /// `queued`, `running`, `waiting_approval`, `completed`, `failed` or `cancelled`.
+    /// `queued`, `running`, `waiting_approval`, `completed`, `unverified`, `failed` or
+    /// `cancelled`.
     status: String,
     /// When it was submitted (RFC 3339).
     created: String,
     /// When it last changed (RFC 3339).
     updated: String,
-    /// The reply, once completed.
+    /// The reply, once completed (or unverified).
     reply: Option<String>,
     /// Tokens, once ended.
     usage: Option<Usage>,
+    /// A run with required checks: the gate's verdict; for `unverified`, the failing
+    /// evidence.
+    verification: Option<Verification>,
     /// Why it failed.
     error: Option<RunError>,
     /// The calls that wait for a decision.

@@ -208,7 +208,12 @@ impl Worker {
             self.finish(&claim, &RunEnd::Cancelled).await;
             return;
         }
-        let RunInput::Message { message } = &run.input else {
+        let RunInput::Message {
+            message,
+            verify,
+            verify_attempts,
+        } = &run.input
+        else {
             let end = RunEnd::Failed(RunError {
                 code: "unsupported".into(),
                 message: "this worker cannot execute this kind of run; upgrade it".into(),
@@ -223,6 +228,9 @@ impl Worker {
             hame::harness::RUN_ID_EXTRA.to_owned(),
             serde_json::Value::String(run.id.clone()),
         );
+        if !verify.is_empty() {
+            ctx = hame::harness::evidence::require_checks(ctx, verify, *verify_attempts);
+        }
         // Taken over from a worker that died: if its turn was saved, it is not run again.
         if claim.attempt > 1
             && let Some(end) = self.already_ran(&ctx, &run.id).await
@@ -287,10 +295,30 @@ impl Worker {
                 let body = for_callers(json!({
                     "reply": out.reply.text_content(),
                     "usage": out.usage,
+                    "verification": out.verification,
                 }));
-                RunEnd::Completed {
-                    reply: body["reply"].as_str().unwrap_or_default().to_owned(),
-                    usage: body["usage"].clone(),
+                let reply = body["reply"].as_str().unwrap_or_default().to_owned();
+                let usage = body["usage"].clone();
+                // A run with required checks ends `unverified` when the gate's verdict says
+                // so, with the failing evidence (docs/evidence.md).
+                match &out.verification {
+                    Some(v) if v.status == hame::VerificationStatus::Unverified => {
+                        RunEnd::Unverified {
+                            reply,
+                            usage,
+                            verification: body["verification"].clone(),
+                        }
+                    }
+                    Some(_) => RunEnd::Completed {
+                        reply,
+                        usage,
+                        verification: Some(body["verification"].clone()),
+                    },
+                    None => RunEnd::Completed {
+                        reply,
+                        usage,
+                        verification: None,
+                    },
                 }
             }
             Err(hame::harness::Error::Call(hame::Error::Suspended(s))) => {
@@ -343,6 +371,7 @@ impl Worker {
                     .unwrap_or_default()
                     .to_owned(),
                 usage: json!({}),
+                verification: None,
             },
             None => RunEnd::Failed(RunError {
                 code: "interrupted".into(),

@@ -140,6 +140,7 @@ async fn measure(
     make_model: &dyn Fn() -> Arc<dyn Model>,
     spent: Arc<Mutex<Duration>>,
     storage: Storage,
+    records: bool,
 ) -> f64 {
     let ws = workspace_with(matches!(storage, Storage::Redis(_)));
     let mut counting = None;
@@ -151,7 +152,8 @@ async fn measure(
     let builder = HarnessAgent::builder()
         .model(make_model())
         .workspace(ws.path())
-        .memory(memory);
+        .memory(memory)
+        .action_records(records);
     let agent = match &storage {
         Storage::Durable => {
             builder.state_store(Arc::new(hame_state::JsonStore::open(state.path()).unwrap()))
@@ -197,8 +199,9 @@ async fn measure(
     let model = *spent.lock().unwrap();
     let harness = total.saturating_sub(model);
     let steps = (CALLS * STEPS) as f64;
+    let label = format!("{label}{}", if records { "" } else { " (no records)" });
     println!(
-        "{label:<28} steps {:>5}  total {:>8.1} ms  model {:>8.1} ms  harness {:>7.1} ms  harness/step {:>7.3} ms",
+        "{label:<42} steps {:>5}  total {:>8.1} ms  model {:>8.1} ms  harness {:>7.1} ms  harness/step {:>7.3} ms",
         CALLS * STEPS,
         total.as_secs_f64() * 1e3,
         model.as_secs_f64() * 1e3,
@@ -214,7 +217,7 @@ async fn measure(
             .collect();
         ops.sort();
         println!(
-            "{:<28} store operations/step {:.1} ({})",
+            "{:<42} store operations/step {:.1} ({})",
             "",
             counts.total() as f64 / steps,
             ops.join(", ")
@@ -388,6 +391,14 @@ fn main() {
         println!(
             "hame-harness step benchmark: {CALLS} calls x {STEPS} steps (19 tool calls + answer)"
         );
+        // Issue #33: the same calls with and without the observations and context
+        // manifests (`HarnessAgentBuilder::action_records`), alternately, `HAME_STEP_REPEAT`
+        // times (default 3); the medians are compared.
+        let repeat: usize = std::env::var("HAME_STEP_REPEAT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(3)
+            .max(1);
         let mut per_step = Vec::new();
         let mut cases = vec![
             ("instant model, local disk", Storage::Durable),
@@ -398,27 +409,35 @@ fn main() {
             Err(_) => println!("(HAME_TEST_REDIS_URL is not set: no Redis store case)"),
         }
         for (label, storage) in cases {
-            let spent = Arc::new(Mutex::new(Duration::ZERO));
-            let s = spent.clone();
-            let model = ScriptedModel::new(script());
-            let harness = measure(
-                label,
-                &move || {
-                    Arc::new(Timed {
-                        inner: model.clone(),
-                        spent: s.clone(),
-                    }) as Arc<dyn Model>
-                },
-                spent,
-                storage,
-            )
-            .await;
-            per_step.push((label, harness));
+            let (mut with, mut without) = (Vec::new(), Vec::new());
+            for _ in 0..repeat {
+                for records in [true, false] {
+                    let spent = Arc::new(Mutex::new(Duration::ZERO));
+                    let s = spent.clone();
+                    let harness = measure(
+                        label,
+                        &move || {
+                            Arc::new(Timed {
+                                inner: ScriptedModel::new(script()),
+                                spent: s.clone(),
+                            }) as Arc<dyn Model>
+                        },
+                        spent,
+                        storage.clone(),
+                        records,
+                    )
+                    .await;
+                    if records { &mut with } else { &mut without }.push(harness);
+                }
+            }
+            per_step.push((label, median(&mut with), median(&mut without)));
         }
-        for (label, harness) in per_step {
+        println!("load average: {}", load_average());
+        for (label, with, without) in per_step {
             println!(
-                "observations + manifest per step: {added:.3} ms = {:.1} % of harness/step ({label})",
-                added / harness * 100.0
+                "observations + manifest: harness/step {with:.3} ms with, {without:.3} ms without (medians of {repeat}) = {:+.1} % ({label}); parts measured alone: {added:.3} ms = {:.1} %",
+                (with - without) / without * 100.0,
+                added / without * 100.0
             );
         }
 
@@ -448,7 +467,20 @@ fn main() {
             },
             spent,
             Storage::Durable,
+            true,
         )
         .await;
     });
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// The 1, 5 and 15 minute load averages (`/proc/loadavg`), to publish with the figures.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".into())
 }

@@ -66,6 +66,7 @@ pub struct HarnessAgentBuilder {
     budgets: crate::cost::Budgets,
     prices: Option<crate::cost::Prices>,
     verifiers: crate::evidence::Verifiers,
+    no_action_records: bool,
 }
 
 /// Opens a model from a `provider:model` spec (a subagent spec's `model` key); the CLI
@@ -122,6 +123,17 @@ impl HarnessAgentBuilder {
     /// See `docs/evidence.md`.
     pub fn verifier(mut self, verifier: crate::evidence::Verifier) -> Self {
         self.verifiers.add(verifier);
+        self
+    }
+
+    /// Whether every tool call leaves an observation and every model request a context
+    /// manifest (default: yes; docs/evidence.md, docs/context-manifest.md). Off, the
+    /// `observations` and `context-manifest` layers are left out of the stack: what the step
+    /// benchmark compares (docs/benchmarks.md). Checks and the completion gate still work;
+    /// a model's own `execute` of a check's command then records no evidence (there is no
+    /// observation to bind it to), so the gate runs the check itself.
+    pub fn action_records(mut self, on: bool) -> Self {
+        self.no_action_records = !on;
         self
     }
 
@@ -487,13 +499,14 @@ impl HarnessAgentBuilder {
         let sandbox_lease = self
             .sandbox_lease
             .unwrap_or_else(crate::sandbox::default_sandbox_lease);
-        let sandbox_layer: Option<Arc<dyn Layer>> = mode.sandboxes().map(|_| {
+        let sandbox = mode.sandboxes().map(|_| {
             Arc::new(crate::sandbox::SandboxLayer::new(
                 tenancy.clone(),
                 state_store.clone(),
                 sandbox_lease,
-            )) as Arc<dyn Layer>
+            ))
         });
+        let sandbox_layer: Option<Arc<dyn Layer>> = sandbox.clone().map(|l| l as Arc<dyn Layer>);
 
         // One token counter for every budget (tiktoken for OpenAI families, else the
         // calibrated estimate of hame-memory).
@@ -620,10 +633,10 @@ impl HarnessAgentBuilder {
         outer.extend(sandbox_layer);
         // One snapshot of the workspace configuration per step, read by every layer inside
         // it and the step's tools (ADR 0028).
-        outer.push(Arc::new(crate::snapshot::SnapshotLayer::new(
-            Arc::default(),
-            self.scope,
-        )));
+        outer.push(Arc::new(
+            crate::snapshot::SnapshotLayer::new(Arc::default(), self.scope)
+                .with_sandbox_host(mode.sandboxes().map(|_| tenancy.template.clone())),
+        ));
         outer.push(Arc::new(hame_subagent::SubagentLayer::new(
             subagents.clone(),
         )));
@@ -644,6 +657,7 @@ impl HarnessAgentBuilder {
             Arc::new(context),
             memory.as_ref().map(|m| (m, &side_model)),
             self.inner_layers,
+            !self.no_action_records,
         ) {
             agent_loop = agent_loop.with_layer(layer);
         }
@@ -678,7 +692,9 @@ impl HarnessAgentBuilder {
         agent_loop =
             agent_loop.with_layer(Arc::new(crate::cost::BudgetLayer::new(budgets, prices)));
         // Innermost: the manifest of each request as sent (ADR 0035).
-        agent_loop = agent_loop.with_layer(manifest_layer);
+        if !self.no_action_records {
+            agent_loop = agent_loop.with_layer(manifest_layer);
+        }
         let inner = Arc::new(Inner {
             budgets,
             name,
@@ -696,6 +712,7 @@ impl HarnessAgentBuilder {
             child_models: Mutex::new(HashMap::new()),
             evidence,
             permissions,
+            sandbox,
         });
         subagents.set_runner(Arc::new(crate::subagents::HarnessRunner::new(&inner)));
         Ok(HarnessAgent { inner })
@@ -726,15 +743,18 @@ fn builtin_stack(
     context: Arc<WorkspaceContext>,
     memory: Option<(&Arc<MemoryLayer>, &Arc<dyn Model>)>,
     inner: Vec<Arc<dyn Layer>>,
+    observations: bool,
 ) -> Vec<Arc<dyn Layer>> {
     let mut stack = outer;
     stack.push(recorder);
     stack.push(Arc::new(crate::evidence::VerifyLayer::new(
         evidence.clone(),
     )));
-    stack.push(Arc::new(crate::evidence::ObservationLayer::new(
-        evidence.clone(),
-    )));
+    if observations {
+        stack.push(Arc::new(crate::evidence::ObservationLayer::new(
+            evidence.clone(),
+        )));
+    }
     stack.push(context);
     if let Some((layer, model)) = memory {
         let compaction = CompactionLayer::new(layer.compactor.clone(), model.clone())
@@ -872,6 +892,32 @@ pub(crate) struct Inner {
     pub(crate) evidence: crate::evidence::EvidenceStore,
     /// The permission layer of the stack (also asked by [`HarnessAgent::file_verdict`]).
     permissions: Arc<crate::permissions::PermissionLayer>,
+    /// The sandbox layer of sandbox mode (also entered by [`HarnessAgent::file_access`]).
+    sandbox: Option<Arc<crate::sandbox::SandboxLayer>>,
+}
+
+/// A caller's files held for one request of its own ([`HarnessAgent::file_access`]).
+/// Dropped without [`close`](Self::close) (a download cut short), it lets the sandbox
+/// scope go without a snapshot.
+#[derive(Debug)]
+pub struct FileAccess {
+    files: Arc<dyn Filesystem>,
+    hold: Option<crate::sandbox::ScopeHold>,
+}
+
+impl FileAccess {
+    /// The caller's files (the tenant view, or the held sandbox).
+    pub fn files(&self) -> &Arc<dyn Filesystem> {
+        &self.files
+    }
+
+    /// Ends the request: in sandbox mode snapshots `/workspace` and lets the scope go.
+    pub async fn close(self) -> Result<()> {
+        match self.hold {
+            Some(hold) => hold.exit().await.map_err(Error::Call),
+            None => Ok(()),
+        }
+    }
 }
 
 /// An agent that keeps working across calls: a ReAct loop plus workspace context, state and
@@ -954,9 +1000,10 @@ impl HarnessAgent {
 
     /// What the permission rules say of the caller itself using file tool `tool`
     /// (`read_file`, `write_file`, `list_files`) on `path`: the agent's rules with the
-    /// caller's `tools.json` ones and the permission mode, decided by the function that
-    /// decides the agent's own calls (the gateway's file routes ask it). `Ok(Err(reason))`:
-    /// a path the file tools refuse; [`Error::Config`]: a broken `tools.json`.
+    /// caller's `tools.json` ones, the permission mode, and the session's plan mode and
+    /// "always" answers, decided by the function that decides the agent's own calls (the
+    /// gateway's file routes ask it). `Ok(Err(reason))`: a path the file tools refuse;
+    /// [`Error::Config`]: a broken `tools.json`.
     pub async fn file_verdict(
         &self,
         ctx: &RuntimeContext,
@@ -964,11 +1011,62 @@ impl HarnessAgent {
         path: &str,
     ) -> Result<std::result::Result<crate::permissions::Verdict, String>> {
         let ws = self.workspace_for(ctx)?;
+        let session = self
+            .state(ctx)
+            .await?
+            .and_then(|s| s.extensions.get(crate::permissions::STATE_KEY).cloned())
+            .and_then(|v| serde_json::from_value::<crate::permissions::SessionPermissions>(v).ok())
+            .unwrap_or_default();
         self.inner
             .permissions
-            .verdict_for(&ws, tool, path)
+            .verdict_for(&ws, tool, path, &session)
             .await
             .map_err(Error::Config)
+    }
+
+    /// The caller's files for a request of its own outside a call (the gateway's file
+    /// routes), under the rules a call's file tools work under: in sandbox mode the
+    /// scope's sandbox is held as a call holds it — the session lease first in SESSION
+    /// scope, then this process's lock of the scope, then the sandbox lease of a shared
+    /// scope — so the request never interleaves with a turn's tools, and
+    /// [`FileAccess::close`] snapshots what it wrote. Without a sandbox, the tenant view
+    /// ([`filesystem_for`](Self::filesystem_for)).
+    pub async fn file_access(&self, ctx: &RuntimeContext) -> Result<FileAccess> {
+        let ws = self.workspace_for(ctx)?;
+        let Some(layer) = &self.inner.sandbox else {
+            return Ok(FileAccess {
+                files: ws.files().clone(),
+                hold: None,
+            });
+        };
+        let scope_key = self
+            .inner
+            .tenancy
+            .sandbox_key(ws.identity())
+            .map_err(|e| Error::InvalidId(e.to_string()))?;
+        let held = if self.inner.tenancy.isolation.scope == hame_fs::Scope::Session {
+            let key = self.key(ctx)?;
+            match self.inner.state_store.acquire(&key, self.inner.lease).await {
+                Ok(lease) => Some(lease),
+                Err(hame_state::Error::SessionBusy { .. }) => {
+                    return Err(Error::SessionBusy(ctx.session_id.clone()));
+                }
+                Err(e) => return Err(Error::storage("acquiring the session lease failed", e)),
+            }
+        } else {
+            None
+        };
+        let hold = layer
+            .enter(&scope_key, false, held, &ws)
+            .await
+            .map_err(Error::Call)?;
+        let files = hold
+            .files()
+            .ok_or_else(|| Error::Config("the sandbox hold ended before it was used".to_owned()))?;
+        Ok(FileAccess {
+            files,
+            hold: Some(hold),
+        })
     }
 
     /// The files a caller sees (those of its [`workspace_for`](Self::workspace_for)).

@@ -225,6 +225,30 @@ impl UnknownKeys {
     }
 }
 
+/// The `done` records of a call's returned tool calls not yet written: they go out with
+/// the call's next intent (one append per step, not two) or at the end of the call. Lives
+/// in the call's extensions.
+#[derive(Debug, Default)]
+struct PendingEnds(std::sync::Mutex<Vec<IntentRecord>>);
+
+impl PendingEnds {
+    fn take(&self) -> Vec<IntentRecord> {
+        std::mem::take(
+            &mut *self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    fn push(&self, record: IntentRecord) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(record);
+    }
+}
+
 /// The intents file of `session` of `agent`.
 fn intents_path(agent: &str, session: &str) -> std::result::Result<FsPath, hame_fs::Error> {
     FsPath::parse(&format!("agents/{agent}/sessions/{session}.intents.jsonl"))
@@ -415,8 +439,26 @@ impl Layer for IntentLayer {
         input: CallInput,
         next: CallNext<'_>,
     ) -> Result<CallOutput> {
-        next.run_adding(cx, Arc::new(UnknownKeys::default()), input)
-            .await
+        let mut extensions = cx.extensions.clone();
+        extensions.insert_arc(Arc::new(UnknownKeys::default()));
+        let pending = Arc::new(PendingEnds::default());
+        extensions.insert_arc(pending.clone());
+        let out = next.run_with(cx, &extensions, input).await;
+        let ends = pending.take();
+        if let (false, Some(ws)) = (ends.is_empty(), cx.extensions.get::<Workspace>()) {
+            // Not flushed: the call's last step made no intent after them. A crash before
+            // they land reports those calls as `outcome_unknown` (whether they took effect
+            // is then unknown to the session's record too), never runs them again.
+            let session = cx.runtime.session_id.clone();
+            let written = match self.path(&session) {
+                Ok(path) => write_records(ws, &path, &ends, AppendOptions::atomic()).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = written {
+                tracing::warn!(session = %session, error = %e, "marking tool call intents done failed");
+            }
+        }
+        out
     }
 
     async fn append(
@@ -537,7 +579,12 @@ impl IntentToolLayer {
             return false;
         };
         let Ok(config) = layer
-            .load_step(&ws, cx.tool.runtime.call_id(), cx.iteration)
+            .load_step(
+                &ws,
+                &cx.tool.extensions,
+                cx.tool.runtime.call_id(),
+                cx.iteration,
+            )
             .await
         else {
             return false;
@@ -604,8 +651,12 @@ impl Layer for IntentToolLayer {
             key: Some(tool_cx.idempotency_key()),
             end: None,
         };
-        // Durable before the call acts.
-        if let Err(e) = write_records(&ws, &path, &[intent], AppendOptions::default()).await {
+        // Durable before the call acts; the ends of the call's earlier tool calls go with it
+        // (before it in the file, so a reader sees them resolved in order).
+        let pending = cx.tool.extensions.get_arc::<PendingEnds>();
+        let mut records = pending.as_ref().map(|p| p.take()).unwrap_or_default();
+        records.push(intent);
+        if let Err(e) = write_records(&ws, &path, &records, AppendOptions::default()).await {
             tracing::warn!(session = %session, error = %e, "writing the tool call intent failed; running the call anyway");
         }
         let call_id = call.id.clone();
@@ -617,15 +668,15 @@ impl Layer for IntentToolLayer {
             resume: cx.resume,
         };
         let out = next.run(&inner, call).await;
-        if let Err(e) = write_records(
-            &ws,
-            &path,
-            &[end_record(&call_id, "done")],
-            AppendOptions::atomic(),
-        )
-        .await
-        {
-            tracing::warn!(session = %session, error = %e, "marking the tool call intent done failed");
+        let end = end_record(&call_id, "done");
+        match pending {
+            // Written with the call's next intent or at its end.
+            Some(p) => p.push(end),
+            None => {
+                if let Err(e) = write_records(&ws, &path, &[end], AppendOptions::atomic()).await {
+                    tracing::warn!(session = %session, error = %e, "marking the tool call intent done failed");
+                }
+            }
         }
         out
     }

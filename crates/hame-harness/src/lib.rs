@@ -73,8 +73,8 @@ pub mod users;
 mod workspace;
 
 pub use agent::{
-    DEFAULT_AGENT_NAME, EnvFn, EnvLookup, HarnessAgent, HarnessAgentBuilder, ModelResolver,
-    RUN_ID_EXTRA, RUNS_EXTENSION, ResolveFn, STATE_HOME_ENV, workspace_identity,
+    DEFAULT_AGENT_NAME, EnvFn, EnvLookup, FileAccess, HarnessAgent, HarnessAgentBuilder,
+    ModelResolver, RUN_ID_EXTRA, RUNS_EXTENSION, ResolveFn, STATE_HOME_ENV, workspace_identity,
 };
 pub use context::{
     ContextOptions, DEFAULT_MEMORY_BUDGET_TOKENS, MAX_CONTEXT_FILE_BYTES, MAX_LISTED_FILES,

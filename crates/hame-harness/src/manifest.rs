@@ -7,7 +7,8 @@
 //! [`manifest_of`] is a plain function over the request; the `context-manifest` layer
 //! (innermost: it sees the request as sent) emits it as an event, appends it to
 //! `<session>.context.jsonl` after the response (with the provider's prompt tokens) and
-//! records it on the request's span.
+//! puts its [`compact`] form (at most [`MAX_SPAN_MANIFEST`] bytes) in the
+//! `hame.context.manifest` attribute of the request's `hame.model` span.
 
 use std::sync::Arc;
 
@@ -296,6 +297,55 @@ pub fn attribute(sections: &mut [Section], total: u64) {
     }
 }
 
+/// Largest compact manifest put on a model request's span (`hame.context.manifest`), in
+/// bytes (4 KiB): a request with many tool schemas or message ranges keeps its first
+/// sections and says how many were left out.
+pub const MAX_SPAN_MANIFEST: usize = 4096;
+
+fn transform_name(t: Transform) -> &'static str {
+    match t {
+        Transform::Verbatim => "verbatim",
+        Transform::Truncated => "truncated",
+        Transform::Summarised => "summarised",
+        Transform::Offloaded => "offloaded",
+        Transform::Omitted => "omitted",
+    }
+}
+
+/// The compact form of a request's sections, at most `max` bytes: a first line
+/// `sections=N counted=T`, then one line per section `counted transform hash source`, in
+/// request order; when the next line would not fit, a last line `+K more sections`.
+pub fn compact(sections: &[Section], max: usize) -> String {
+    use std::fmt::Write as _;
+    let counted: u64 = sections.iter().map(|s| s.counted).sum();
+    let mut out = format!("sections={} counted={counted}", sections.len());
+    // Room kept for the last line.
+    let tail = " \n+99999 more sections".len();
+    for (i, s) in sections.iter().enumerate() {
+        let line = format!(
+            "\n{} {} {} {}",
+            s.counted,
+            transform_name(s.transform),
+            s.hash,
+            s.source
+        );
+        let last = i + 1 == sections.len();
+        if out.len() + line.len() + if last { 0 } else { tail } > max {
+            let _ = write!(out, "\n+{} more sections", sections.len() - i);
+            break;
+        }
+        out.push_str(&line);
+    }
+    if out.len() > max {
+        let mut end = max;
+        while !out.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.truncate(end);
+    }
+    out
+}
+
 /// The `context-manifest` layer. See the [module docs](self).
 #[derive(Debug)]
 pub struct ManifestLayer {
@@ -328,7 +378,11 @@ impl Layer for ManifestLayer {
         input: CallInput,
         next: CallNext<'_>,
     ) -> Result<CallOutput, hame_core::Error> {
-        let (out, pending) = next.run_collecting::<Pending>(cx, input).await;
+        let pending: Arc<Pending> = Arc::default();
+        let mut extensions = cx.extensions.clone();
+        extensions.insert_arc(pending.clone());
+        extensions.insert_arc(Arc::new(hame_core::telemetry::ManifestAttribute::default()));
+        let out = next.run_with(cx, &extensions, input).await;
         let manifests = std::mem::take(
             &mut *pending
                 .0
@@ -366,6 +420,12 @@ impl Layer for ManifestLayer {
         let mut sections = manifest_of(&request, self.counter.as_ref());
         let counted: u64 = sections.iter().map(|s| s.counted).sum();
         let at = Utc::now();
+        if let Some(a) = cx
+            .extensions
+            .get::<hame_core::telemetry::ManifestAttribute>()
+        {
+            a.set(compact(&sections, MAX_SPAN_MANIFEST));
+        }
         let response = next.run(cx, request).await?;
         let provider = response.usage.map(|u| u.input_tokens).filter(|t| *t > 0);
         if let Some(p) = provider {
@@ -414,5 +474,54 @@ impl crate::HarnessAgent {
             .read_side(session_id, CONTEXT_SUFFIX)
             .await
             .map_err(|e| crate::Error::storage("cannot read the context manifests", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sections(n: usize) -> Vec<Section> {
+        (0..n)
+            .map(|i| Section {
+                source: format!("tool:some_tool_with_a_long_name_{i}"),
+                hash: "0123456789abcdef".into(),
+                tokens: 40,
+                counted: 40,
+                transform: if i == 1 {
+                    Transform::Summarised
+                } else {
+                    Transform::Verbatim
+                },
+                why: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_compact_form_has_a_line_per_section() {
+        assert_eq!(
+            compact(&sections(2), MAX_SPAN_MANIFEST),
+            "sections=2 counted=80\n40 verbatim 0123456789abcdef tool:some_tool_with_a_long_name_0\n40 summarised 0123456789abcdef tool:some_tool_with_a_long_name_1"
+        );
+        assert_eq!(compact(&[], MAX_SPAN_MANIFEST), "sections=0 counted=0");
+    }
+
+    #[test]
+    fn the_compact_form_stays_within_its_bound_and_says_what_it_left_out() {
+        for n in [60, 61, 62, 63, 64, 65, 500, 100_000] {
+            let text = compact(&sections(n), MAX_SPAN_MANIFEST);
+            assert!(text.len() <= MAX_SPAN_MANIFEST, "{n}: {}", text.len());
+            let lines: Vec<&str> = text.lines().collect();
+            match lines.last().and_then(|l| l.strip_prefix('+')) {
+                Some(rest) => {
+                    assert_eq!(rest, format!("{} more sections", n - (lines.len() - 2)));
+                }
+                None => assert_eq!(lines.len() - 1, n, "all kept"),
+            }
+            assert_eq!(n >= 100, text.ends_with("more sections"), "{n}");
+        }
+        // A tiny bound still holds.
+        assert!(compact(&sections(10), 10).len() <= 10);
     }
 }

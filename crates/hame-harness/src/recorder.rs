@@ -8,7 +8,7 @@ use hame_core::{
     AppendNext, CallCtx, CallInput, CallNext, CallOutput, Layer, Message, Role, RuntimeContext,
 };
 use hame_fs::{AppendOptions, Durability};
-use hame_session::{IndexUpdate, SessionLog, SessionLogOptions};
+use hame_session::{IndexUpdate, SessionLog, SessionLogOptions, TailCheck};
 use hame_tools::Workspace;
 
 pub use hame_core::CALL_ID_EXTRA;
@@ -41,6 +41,9 @@ struct CallRecord {
     /// The call's last append to the log was not flushed (a tool result): the log is
     /// synced before the call ends, so before its state is saved.
     unsynced: bool,
+    /// An append of this call checked the log's tail (a `stat`); under the session's lease
+    /// the later ones trust it ([`TailCheck::TrustWhileLeased`]).
+    tail_checked: bool,
 }
 
 /// The call's [`CallRecord`] in its extensions.
@@ -100,11 +103,11 @@ impl SessionRecorder {
         ws: &Workspace,
         call_id: &str,
         messages: &[Message],
-        options: AppendOptions,
+        (options, check): (AppendOptions, TailCheck),
     ) -> Result<u64, hame_core::Error> {
         let log = self.log_for(runtime, ws)?;
         let written = log
-            .append_messages_with(&runtime.session_id, call_id, messages, options)
+            .append_messages_checked(&runtime.session_id, call_id, messages, options, check)
             .await
             .map_err(|e| hame_core::Error::layer("session-log", e))?;
         Ok(written.end)
@@ -115,6 +118,17 @@ fn handle<'a>(cx: &'a CallCtx<'_>) -> Result<&'a Workspace, hame_core::Error> {
     cx.extensions
         .get::<Workspace>()
         .ok_or_else(|| hame_core::Error::layer("session-log", "the call has no workspace handle"))
+}
+
+/// How an append of the call learns the log's end: a `stat` for its first append, or when
+/// the call holds no session lease; after that, under the lease, the tail this process left
+/// (no other writer can have appended: the lease keeps them out).
+fn tail_check(cx: &CallCtx<'_>, checked: bool) -> TailCheck {
+    if checked && cx.extensions.get::<hame_state::Lease>().is_some() {
+        TailCheck::TrustWhileLeased
+    } else {
+        TailCheck::Stat
+    }
 }
 
 /// Fails when the call's session lease is lost: nothing more is written for this call.
@@ -148,7 +162,7 @@ impl SessionRecorder {
                     ws,
                     &call_id,
                     &call.pending,
-                    AppendOptions::default(),
+                    (AppendOptions::default(), tail_check(cx, call.tail_checked)),
                 )
                 .await?;
             call.end = call.end.max(end);
@@ -227,9 +241,11 @@ impl Layer for SessionRecorder {
         } else {
             AppendOptions::default()
         };
+        let mut checked = false;
         let pending = match &cell {
             Some(cell) => {
                 let mut record = lock(cell);
+                checked = record.tail_checked;
                 record.appended = true;
                 if record.title.is_none() && message.role == Role::User {
                     record.title = Some(message.text_content());
@@ -246,11 +262,19 @@ impl Layer for SessionRecorder {
         };
         if let Some(pending) = pending {
             check_lease(cx)?;
+            let check = tail_check(cx, checked);
             let end = self
-                .write(cx.runtime, handle(cx)?, &call_id, &pending, options)
+                .write(
+                    cx.runtime,
+                    handle(cx)?,
+                    &call_id,
+                    &pending,
+                    (options, check),
+                )
                 .await?;
             if let Some(cell) = &cell {
                 let mut record = lock(cell);
+                record.tail_checked = true;
                 record.end = record.end.max(end);
                 record.unsynced = options.durability != Durability::Synced;
             }

@@ -103,6 +103,66 @@ impl SandboxLayer {
         }
     }
 
+    /// Holds the sandbox of scope `key` for one call or one request of the caller's own
+    /// (the gateway's file routes): this process's lock of the scope (waiting up to the
+    /// lease options' `wait`), then the lease that orders the scope across processes —
+    /// `held` when the caller already holds the one that orders it (the session lease in
+    /// SESSION scope, taken *before* the lock, as a call takes it), none with `unleased`
+    /// (a subagent's own sandbox), else the sandbox lease of a shared scope — and begins
+    /// the sandbox with the caller's projected assets. [`ScopeHold::exit`] snapshots it.
+    pub(crate) async fn enter(
+        &self,
+        key: &str,
+        unleased: bool,
+        held: Option<hame_state::Lease>,
+        ws: &Workspace,
+    ) -> hame_core::Result<ScopeHold> {
+        let lock = self.lock_for(key);
+        let serial = match tokio::time::timeout(self.lease.wait, lock.lock_owned()).await {
+            Ok(guard) => guard,
+            Err(_) => {
+                return Err(hame_core::Error::layer(
+                    "sandbox",
+                    format!(
+                        "the sandbox of scope {key} is in use by another call of this process \
+                         (waited {:.0} s); try again later",
+                        self.lease.wait.as_secs_f64()
+                    ),
+                ));
+            }
+        };
+        // Across processes: held (and renewed) until the snapshot is stored; a dropped call
+        // (Ctrl-C) releases it when the lease drops, a killed process's lease lapses after
+        // its TTL (the JSON store's OS lock goes with the process at once).
+        let lease = match (held, unleased) {
+            (Some(held), _) => Some(held),
+            (None, true) => None,
+            (None, false) => self.lease(key).await?,
+        };
+        let alive = lease.as_ref().map(|l| l.keep_alive());
+        let sandboxes = self.tenancy.sandboxes().ok_or_else(|| {
+            hame_core::Error::layer("sandbox", "the agent has no sandboxes".to_owned())
+        })?;
+        let sandbox = sandboxes.scope(key);
+        let assets = collect_assets(
+            self.tenancy.template.as_ref(),
+            ws.overrides().map(|o| o.as_ref() as &dyn Filesystem),
+        )
+        .await;
+        let began = sandbox
+            .begin(assets)
+            .await
+            .map_err(|e| hame_core::Error::layer("sandbox", e))?;
+        tracing::debug!(scope = %key, ?began, "sandbox ready");
+        Ok(ScopeHold(Some(Held {
+            key: key.to_owned(),
+            sandbox,
+            lease,
+            alive,
+            _serial: serial,
+        })))
+    }
+
     fn lock_for(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = match self.locks.lock() {
             Ok(l) => l,
@@ -112,6 +172,95 @@ impl SandboxLayer {
             locks.retain(|_, m| Arc::strong_count(m) > 1);
         }
         locks.entry(key.to_owned()).or_default().clone()
+    }
+}
+
+/// One scope's sandbox held by one call or request ([`SandboxLayer::enter`]). Dropped
+/// without [`exit`](Self::exit) (a cancelled call, a download cut short), it exits in a
+/// task of its own, still holding the scope until the snapshot is stored.
+#[derive(Debug)]
+pub(crate) struct ScopeHold(Option<Held>);
+
+#[derive(Debug)]
+struct Held {
+    key: String,
+    sandbox: Arc<dyn hame_sandbox::ScopeSandbox>,
+    lease: Option<hame_state::Lease>,
+    alive: Option<hame_state::KeepAlive>,
+    _serial: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl ScopeHold {
+    /// The files of the held sandbox.
+    pub(crate) fn files(&self) -> Option<Arc<dyn Filesystem>> {
+        self.0
+            .as_ref()
+            .map(|h| h.sandbox.clone() as Arc<dyn Filesystem>)
+    }
+
+    /// See [`Held::exit`].
+    pub(crate) async fn exit(mut self) -> hame_core::Result<()> {
+        match self.0.take() {
+            Some(held) => held.exit().await,
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for ScopeHold {
+    fn drop(&mut self) {
+        if let Some(held) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(async move {
+                if let Err(e) = held.exit().await {
+                    tracing::warn!(error = %e, "ending a dropped sandbox hold failed");
+                }
+            });
+        }
+    }
+}
+
+impl Held {
+    /// Snapshots `/workspace` (whatever the call did, also when it failed part-way) and
+    /// lets the scope go; `Err` when the lease was lost meanwhile (the changes are
+    /// discarded: another process may be using the scope now, and a snapshot of ours
+    /// would overwrite its) or the snapshot failed.
+    async fn exit(self) -> hame_core::Result<()> {
+        let Self {
+            key,
+            sandbox,
+            lease,
+            alive,
+            _serial,
+        } = self;
+        if let Some(lost) = lease.as_ref().and_then(|l| l.check().err()) {
+            sandbox.discard().await;
+            tracing::warn!(scope = %key, "the sandbox lease was lost during the call; its changes are not snapshotted");
+            return Err(hame_core::Error::layer(
+                "sandbox",
+                format!(
+                    "the sandbox lease of scope {key} was lost during the call ({lost}); the call's changes to /workspace were not saved"
+                ),
+            ));
+        }
+        let ended = sandbox.end().await;
+        drop(alive);
+        if let Some(lease) = lease
+            && let Err(e) = lease.release().await
+        {
+            tracing::warn!(scope = %key, error = %e, "releasing the sandbox lease failed; it expires by itself");
+        }
+        match ended {
+            Ok(report) => {
+                tracing::debug!(scope = %key, ?report, "sandbox snapshot");
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(scope = %key, error = %e, "snapshotting the sandbox failed");
+                Err(hame_core::Error::layer("sandbox", e))
+            }
+        }
     }
 }
 
@@ -176,10 +325,12 @@ impl Layer for SandboxLayer {
         input: CallInput,
         next: CallNext<'_>,
     ) -> hame_core::Result<CallOutput> {
-        let (Some(ws), Some(sandboxes)) = (
-            cx.extensions.get::<Workspace>().cloned(),
-            self.tenancy.sandboxes().cloned(),
-        ) else {
+        let Some(ws) = cx
+            .extensions
+            .get::<Workspace>()
+            .filter(|_| self.tenancy.sandboxes().is_some())
+            .cloned()
+        else {
             return next.run(cx, input).await;
         };
         // A subagent with `sandbox: own` has the sandbox of its own session, begun and
@@ -203,59 +354,12 @@ impl Layer for SandboxLayer {
                 .sandbox_key(ws.identity())
                 .map_err(|e| hame_core::Error::layer("sandbox", e))?,
         };
-        let lock = self.lock_for(&key);
-        let _serial = lock.lock().await;
-        // Across processes: held (and renewed) until the snapshot is stored; a dropped call
-        // (Ctrl-C) releases it when the lease drops, a killed process's lease lapses after
-        // its TTL (the JSON store's OS lock goes with the process at once).
-        let lease = match own {
-            Some(_) => None,
-            None => self.lease(&key).await?,
-        };
-        let alive = lease.as_ref().map(|l| l.keep_alive());
-        let sandbox = sandboxes.scope(&key);
-        let assets = collect_assets(
-            self.tenancy.template.as_ref(),
-            ws.overrides().map(|o| o.as_ref() as &dyn Filesystem),
-        )
-        .await;
-        let began = sandbox
-            .begin(assets)
-            .await
-            .map_err(|e| hame_core::Error::layer("sandbox", e))?;
-        tracing::debug!(scope = %key, ?began, "sandbox ready");
+        // A subagent with its own sandbox takes no lease: its session is its own.
+        let hold = self.enter(&key, own.is_some(), None, &ws).await?;
         let out = next.run(cx, input).await;
-        if let Some(lost) = lease.as_ref().and_then(|l| l.check().err()) {
-            // Another process may be using the scope now: our snapshot would overwrite its.
-            sandbox.discard().await;
-            tracing::warn!(scope = %key, "the sandbox lease was lost during the call; its changes are not snapshotted");
-            return match out {
-                Ok(_) => Err(hame_core::Error::layer(
-                    "sandbox",
-                    format!(
-                        "the sandbox lease of scope {key} was lost during the call ({lost}); the call's changes to /workspace were not saved"
-                    ),
-                )),
-                Err(e) => Err(e),
-            };
+        match (out, hold.exit().await) {
+            (Ok(out), Ok(())) => Ok(out),
+            (Ok(_), Err(e)) | (Err(e), _) => Err(e),
         }
-        // Snapshot whatever the call did, also when it failed part-way.
-        let ended = sandbox.end().await;
-        drop(alive);
-        if let Some(lease) = lease
-            && let Err(e) = lease.release().await
-        {
-            tracing::warn!(scope = %key, error = %e, "releasing the sandbox lease failed; it expires by itself");
-        }
-        match ended {
-            Ok(report) => tracing::debug!(scope = %key, ?report, "sandbox snapshot"),
-            Err(e) => {
-                tracing::warn!(scope = %key, error = %e, "snapshotting the sandbox failed");
-                if out.is_ok() {
-                    return Err(hame_core::Error::layer("sandbox", e));
-                }
-            }
-        }
-        out
     }
 }

@@ -24,13 +24,27 @@ pub use hame_tools::snapshot::{
 pub struct SnapshotLayer {
     cache: Arc<SnapshotCache>,
     scope: hame_fs::Scope,
+    /// Sandbox mode: the host's template, whose top level (`tools.json`) each sandboxed
+    /// caller's snapshot holds as well ([`WorkspaceSnapshot::with_host`]).
+    host: Option<Arc<dyn hame_fs::Filesystem>>,
 }
 
 impl SnapshotLayer {
     /// A layer whose snapshots share `cache` (one per agent); `scope` is the agent's
     /// isolation scope: callers of one namespace (and user) share what was read.
     pub fn new(cache: Arc<SnapshotCache>, scope: hame_fs::Scope) -> Self {
-        Self { cache, scope }
+        Self {
+            cache,
+            scope,
+            host: None,
+        }
+    }
+
+    /// Sandbox mode: the snapshots of sandboxed callers hold the top level of the host's
+    /// `template` too (where `tools.json` is read, ADR 0006).
+    pub fn with_sandbox_host(mut self, template: Option<Arc<dyn hame_fs::Filesystem>>) -> Self {
+        self.host = template;
+        self
     }
 
     /// The cache key of a caller: its namespace and user id (its override folder).
@@ -62,7 +76,10 @@ impl Layer for SnapshotLayer {
         ) && slot.get(cx.iteration).is_none()
         {
             let key = self.key(ws);
-            let snap = WorkspaceSnapshot::take_keyed(ws, &self.cache, cx.iteration, &key).await;
+            let mut snap = WorkspaceSnapshot::take_keyed(ws, &self.cache, cx.iteration, &key).await;
+            if let (Some(host), hame_tools::WorkspaceMode::Sandbox) = (&self.host, ws.mode()) {
+                snap = snap.with_host(host, &self.cache, &key).await;
+            }
             tracing::trace!(
                 step = cx.iteration,
                 probes = snap.probes(),

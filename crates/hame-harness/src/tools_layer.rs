@@ -145,28 +145,44 @@ impl ToolsConfigLayer {
     /// The secrets its `${VAR}`s put where credentials go are registered in the process's
     /// redaction registry (`hame_core::secrets`) before anything uses them.
     pub async fn load(&self, ws: &Workspace) -> Result<ToolsConfig, String> {
-        let config = self.read_config(ws).await?;
+        self.load_from(ws, None).await
+    }
+
+    /// [`load`](Self::load) with the sandbox host read through `host` (the step's
+    /// snapshot view of it) instead of the template itself.
+    async fn load_from(
+        &self,
+        ws: &Workspace,
+        host: Option<&Arc<dyn hame_fs::Filesystem>>,
+    ) -> Result<ToolsConfig, String> {
+        let config = self.read_config(ws, host).await?;
         hame_core::secrets::add_all(&config.secrets);
         Ok(config)
     }
 
-    /// [`load`](Self::load) once per step of a call: the first caller of a step reads the
-    /// file, the others of that step get its reading. Without a call id (outside a call)
-    /// it reads.
+    /// [`load`](Self::load) once per step of a call, from the step's snapshot (the
+    /// caller's view `ws` and, in sandbox mode, the snapshot's view of the host template):
+    /// the first caller of a step reads the file, the others of that step get its
+    /// reading. Without a call id (outside a call) it reads.
     pub(crate) async fn load_step(
         &self,
         ws: &Workspace,
+        extensions: &hame_core::Extensions,
         call: Option<&str>,
         step: usize,
     ) -> Result<Arc<ToolsConfig>, String> {
+        let snapshot = extensions
+            .get::<Arc<hame_tools::snapshot::StepSnapshot>>()
+            .and_then(|s| s.get(step));
+        let host = snapshot.as_ref().and_then(|s| s.host());
         let Some(call) = call else {
-            return self.load(ws).await.map(Arc::new);
+            return self.load_from(ws, host).await.map(Arc::new);
         };
         let key = (call.to_owned(), step);
         if let Some(c) = self.steps.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(c);
         }
-        let config = Arc::new(self.load(ws).await?);
+        let config = Arc::new(self.load_from(ws, host).await?);
         if let Ok(mut m) = self.steps.lock() {
             // This call's earlier steps are over.
             m.retain(|(c, s), _| c != call || *s >= step);
@@ -178,9 +194,13 @@ impl ToolsConfigLayer {
         Ok(config)
     }
 
-    async fn read_config(&self, ws: &Workspace) -> Result<ToolsConfig, String> {
+    async fn read_config(
+        &self,
+        ws: &Workspace,
+        host_view: Option<&Arc<dyn hame_fs::Filesystem>>,
+    ) -> Result<ToolsConfig, String> {
         let files = match (&self.host, ws.mode()) {
-            (Some(host), WorkspaceMode::Sandbox) => host,
+            (Some(host), WorkspaceMode::Sandbox) => host_view.unwrap_or(host),
             _ => ws.files(),
         };
         let shared = match read(files.as_ref(), TOOLS_JSON).await? {
@@ -303,7 +323,7 @@ impl Layer for ToolsConfigLayer {
             return next.run(cx, request).await;
         };
         let config = self
-            .load_step(&ws, cx.runtime.call_id(), cx.iteration)
+            .load_step(&ws, cx.extensions, cx.runtime.call_id(), cx.iteration)
             .await
             .map_err(|e| hame_core::Error::layer(self.name(), ToolsConfigError(e)))?;
         let filter = self
@@ -347,7 +367,12 @@ impl Layer for ToolsConfigLayer {
         };
         let done = |r: Result<String, ToolError>| ToolOutcome::Done(r);
         let config = match self
-            .load_step(&ws, cx.tool.runtime.call_id(), cx.iteration)
+            .load_step(
+                &ws,
+                &cx.tool.extensions,
+                cx.tool.runtime.call_id(),
+                cx.iteration,
+            )
             .await
         {
             Ok(c) => c,

@@ -55,7 +55,7 @@ pub use index::{
 };
 pub use log::{
     INDEX_DIR, INDEX_FILE, LEGACY_INDEX_FILE, LOG_SUFFIX, LogPage, MAX_CACHED_WRITERS, SessionLog,
-    SessionLogOptions,
+    SessionLogOptions, TailCheck,
 };
 pub use record::{LogRecord, RECORD_FORMAT_VERSION};
 pub use side::{CONTEXT_SUFFIX, EVIDENCE_SUFFIX, OBSERVATIONS_SUFFIX};

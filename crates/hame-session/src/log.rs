@@ -87,6 +87,23 @@ pub struct LogPage {
     pub skipped_lines: usize,
 }
 
+/// How [`SessionLog::append_messages_checked`] learns where the log ends before it appends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TailCheck {
+    /// One `stat` of the log: the size this writer left it at proves nobody else appended
+    /// since; any other size makes it read the tail again. The default, and what a writer
+    /// that does not hold the session's lease needs.
+    #[default]
+    Stat,
+    /// Trust the tail this writer left, without a `stat`, when it has one (else as
+    /// [`Stat`](Self::Stat)). Only for a caller that has made a [`Stat`](Self::Stat)
+    /// append (or [`sync`](SessionLog::sync)) of the session since it took the session's
+    /// lease and still holds the lease: the lease keeps every other writer out, so the log
+    /// still ends where this writer left it. The session-log layer uses it for every append
+    /// of a call after the first, which saves a store round trip per step.
+    TrustWhileLeased,
+}
+
 /// What the writer knows about a log it appended to: valid while the file still has the
 /// size this writer left it at.
 #[derive(Debug, Clone, Copy)]
@@ -256,6 +273,21 @@ impl SessionLog {
         messages: &[Message],
         options: AppendOptions,
     ) -> Result<Range<u64>> {
+        self.append_messages_checked(session_id, call_id, messages, options, TailCheck::Stat)
+            .await
+    }
+
+    /// [`append_messages_with`](Self::append_messages_with) with the way the writer learns
+    /// the log's end ([`TailCheck`]): with [`TailCheck::TrustWhileLeased`] and a tail this
+    /// writer left, the append is the only store operation.
+    pub async fn append_messages_checked(
+        &self,
+        session_id: &str,
+        call_id: &str,
+        messages: &[Message],
+        options: AppendOptions,
+        check: TailCheck,
+    ) -> Result<Range<u64>> {
         let path = self.log_path(session_id)?;
         let slot = self.writer(session_id);
         let written = {
@@ -263,10 +295,13 @@ impl SessionLog {
             // may be held across the appends it exists to order.
             let mut writer = slot.lock().await;
             let tail = &mut writer.tail;
-            let size = match self.fs.stat(&path).await {
-                Ok(info) => Some(info.size),
-                Err(e) if e.is_not_found() => None,
-                Err(e) => return Err(e.into()),
+            let size = match (check, *tail) {
+                (TailCheck::TrustWhileLeased, Some(t)) => Some(t.size),
+                _ => match self.fs.stat(&path).await {
+                    Ok(info) => Some(info.size),
+                    Err(e) if e.is_not_found() => None,
+                    Err(e) => return Err(e.into()),
+                },
             };
             let (next_seq, needs_newline) = match (*tail, size) {
                 (Some(t), Some(size)) if t.size == size => (t.next_seq, false),

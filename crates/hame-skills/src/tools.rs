@@ -53,9 +53,11 @@ impl TypedTool for LoadSkill {
             .into()
     }
     async fn run(&self, args: LoadArgs, ctx: &ToolContext) -> ToolOutput {
-        let ws = ctx.workspace()?;
+        // The step's snapshot: the skill the prompt listed, without a store round trip
+        // (a resource file the snapshot does not hold is read from the store).
+        let ws = ctx.config_workspace()?;
         self.0
-            .load(ws, &args.name, args.path.as_deref())
+            .load(&ws, &args.name, args.path.as_deref())
             .await
             .map_err(to_tool_error)
     }

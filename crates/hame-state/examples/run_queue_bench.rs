@@ -46,6 +46,7 @@ async fn latency(q: &dyn RunQueue, n: usize) -> R<()> {
             &RunEnd::Completed {
                 reply: String::new(),
                 usage: serde_json::json!({}),
+                verification: None,
             },
         )
         .await?;
@@ -87,6 +88,7 @@ async fn throughput(queues: Vec<Arc<dyn RunQueue>>, n: usize) -> R<f64> {
                     &RunEnd::Completed {
                         reply: String::new(),
                         usage: serde_json::json!({}),
+                        verification: None,
                     },
                 )
                 .await?;

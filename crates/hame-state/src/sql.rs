@@ -182,6 +182,11 @@ macro_rules! migrations {
                 "run queue",
                 include_str!(concat!("../migrations/", $db, "/0004_runs.sql")),
             ),
+            (
+                5,
+                "run verification",
+                include_str!(concat!("../migrations/", $db, "/0005_run_verification.sql")),
+            ),
         ]
     };
 }

@@ -333,7 +333,7 @@ impl Subagents {
             });
         }
         let ws = workspace(ctx)?;
-        let catalog = self.catalog(&ws).await;
+        let catalog = catalog_of(self, ctx).await?;
         let decl =
             catalog
                 .get(&request.agent_id)
@@ -397,7 +397,7 @@ impl Subagents {
                 record.status.as_str()
             )));
         }
-        let catalog = self.catalog(&ws).await;
+        let catalog = catalog_of(self, ctx).await?;
         let decl = catalog.get(&record.agent_id).cloned().ok_or_else(|| {
             Error::InvalidState(format!(
                 "the subagent `{}` of task {task_id} is no longer declared",
@@ -1009,6 +1009,15 @@ fn workspace(ctx: &ToolContext) -> Result<Workspace> {
     ctx.workspace()
         .cloned()
         .map_err(|e| Error::Config(e.message))
+}
+
+/// The declarations `ctx`'s caller sees, from the step's snapshot (the specs its prompt
+/// listed; no store round trip).
+async fn catalog_of(subagents: &Subagents, ctx: &ToolContext) -> Result<Catalog> {
+    let ws = ctx
+        .config_workspace()
+        .map_err(|e| Error::Config(e.message))?;
+    Ok(subagents.catalog(&ws).await)
 }
 
 /// A caller's depth (0 for the top-level agent).

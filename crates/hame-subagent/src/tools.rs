@@ -223,7 +223,8 @@ impl TypedTool for List {
     }
     async fn run(&self, _: NoArgs, ctx: &ToolContext) -> ToolOutput {
         let ws = ctx.workspace()?.clone();
-        let catalog = self.0.catalog(&ws).await;
+        // The specs the step's prompt listed (its snapshot).
+        let catalog = self.0.catalog(&ctx.config_workspace()?).await;
         let mut s = String::from("subagents:\n");
         if depth_of(&ctx.runtime) >= self.0.options().max_depth {
             s.push_str("(none: you are at the maximum depth and cannot spawn)\n");

@@ -55,6 +55,9 @@ pub enum SnapshotRoot {
     Home,
     /// [`Workspace::overrides`]: the caller's `<userId>/` folder of the template.
     Overrides,
+    /// Sandbox mode: the host's template, where `tools.json` is read (never from the
+    /// sandbox, whose copy the agent's commands can rewrite). Its top level only.
+    Host,
 }
 
 impl SnapshotRoot {
@@ -64,6 +67,7 @@ impl SnapshotRoot {
             SnapshotRoot::Files => "files",
             SnapshotRoot::Home => "home",
             SnapshotRoot::Overrides => "overrides",
+            SnapshotRoot::Host => "host",
         }
     }
 }
@@ -203,11 +207,52 @@ pub struct WorkspaceSnapshot {
     taken_at: DateTime<Utc>,
     roots: BTreeMap<SnapshotRoot, Arc<RootView>>,
     workspace: Workspace,
+    /// The read view of the host's template ([`SnapshotRoot::Host`]), when taken.
+    host: Option<Arc<dyn Filesystem>>,
     probes: usize,
     reads: usize,
 }
 
 impl WorkspaceSnapshot {
+    /// Adds the top level of the sandbox host's template `host` ([`SnapshotRoot::Host`]:
+    /// one `list`; `tools.json` read only when its stamp changed), read through
+    /// [`host`](Self::host). `key` as for [`take_keyed`](Self::take_keyed).
+    pub async fn with_host(
+        mut self,
+        host: &Arc<dyn Filesystem>,
+        cache: &SnapshotCache,
+        key: &str,
+    ) -> Self {
+        let (view, probes, reads) = take_root(
+            host.as_ref(),
+            (key, SnapshotRoot::Host),
+            &[],
+            cache,
+            self.taken_at,
+        )
+        .await;
+        self.probes += probes;
+        self.reads += reads;
+        self.host = Some(match view {
+            Some(v) => {
+                let v = Arc::new(v);
+                self.roots.insert(SnapshotRoot::Host, v.clone());
+                Arc::new(SnapshotFs {
+                    view: v,
+                    inner: host.clone(),
+                })
+            }
+            None => host.clone(),
+        });
+        self
+    }
+
+    /// The read view of the sandbox host's template, when the snapshot was taken
+    /// [`with_host`](Self::with_host).
+    pub fn host(&self) -> Option<&Arc<dyn Filesystem>> {
+        self.host.as_ref()
+    }
+
     /// The step it was taken for.
     pub fn step(&self) -> usize {
         self.step
@@ -282,6 +327,7 @@ impl WorkspaceSnapshot {
         let home = take_root(
             ws.home().as_ref(),
             (key, SnapshotRoot::Home),
+            &SNAPSHOT_FOLDERS,
             cache,
             taken_at,
         )
@@ -295,6 +341,7 @@ impl WorkspaceSnapshot {
             let f = take_root(
                 ws.files().as_ref(),
                 (key, SnapshotRoot::Files),
+                &SNAPSHOT_FOLDERS,
                 cache,
                 taken_at,
             )
@@ -305,8 +352,14 @@ impl WorkspaceSnapshot {
         };
         let overrides = match ws.overrides() {
             Some(o) => {
-                let f =
-                    take_root(o.as_ref(), (key, SnapshotRoot::Overrides), cache, taken_at).await;
+                let f = take_root(
+                    o.as_ref(),
+                    (key, SnapshotRoot::Overrides),
+                    &SNAPSHOT_FOLDERS,
+                    cache,
+                    taken_at,
+                )
+                .await;
                 probes += f.1;
                 reads += f.2;
                 f.0.map(Arc::new)
@@ -342,17 +395,20 @@ impl WorkspaceSnapshot {
             taken_at,
             roots,
             workspace,
+            host: None,
             probes,
             reads,
         }
     }
 }
 
-/// Probes one root and reads what the cache lacks: the view (`None` when the root cannot
-/// be listed: everything is then read from the store), the probes made and files read.
+/// Probes one root (its listing and each of `folders` it has) and reads what the cache
+/// lacks: the view (`None` when the root cannot be listed: everything is then read from
+/// the store), the probes made and files read.
 async fn take_root(
     fs: &dyn Filesystem,
     (key, root): (&str, SnapshotRoot),
+    folders: &[&str],
     cache: &SnapshotCache,
     now: DateTime<Utc>,
 ) -> (Option<RootView>, usize, usize) {
@@ -375,7 +431,7 @@ async fn take_root(
         .filter(|e| !e.is_dir())
         .map(|e| (e.path.clone(), stamp(e)))
         .collect();
-    for name in SNAPSHOT_FOLDERS {
+    for &name in folders {
         if !view
             .top
             .iter()

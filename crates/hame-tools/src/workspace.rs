@@ -226,6 +226,13 @@ pub trait WorkspaceExt {
     /// The caller's workspace handle; an error result the model sees when the call has none
     /// (a tool used outside the harness without one).
     fn workspace(&self) -> Result<&Workspace, ToolError>;
+
+    /// The caller's workspace as the step's snapshot shows it
+    /// ([`crate::snapshot::latest_view`]): for a tool that reads the configuration the
+    /// layers read (a skill, a subagent spec), so it sees what the step's prompt was built
+    /// from without a store round trip. Without a snapshot, the handle itself. Not for
+    /// reading what the step's own tools may have written: that is the store's.
+    fn config_workspace(&self) -> Result<Workspace, ToolError>;
 }
 
 impl WorkspaceExt for Extensions {
@@ -237,10 +244,24 @@ impl WorkspaceExt for Extensions {
             )
         })
     }
+
+    fn config_workspace(&self) -> Result<Workspace, ToolError> {
+        self.workspace()?;
+        crate::snapshot::latest_view(self).ok_or_else(|| {
+            ToolError::new(
+                codes::FAILED,
+                "this tool needs the caller's workspace, and the call has none",
+            )
+        })
+    }
 }
 
 impl WorkspaceExt for ToolContext {
     fn workspace(&self) -> Result<&Workspace, ToolError> {
         self.extensions.workspace()
+    }
+
+    fn config_workspace(&self) -> Result<Workspace, ToolError> {
+        self.extensions.config_workspace()
     }
 }

@@ -361,3 +361,103 @@ async fn file_routes_follow_the_permission_rules_and_no_link_leads_out() -> Test
     );
     Ok(())
 }
+
+/// The file routes meet the rules a call of the file tools meets in the same session: an
+/// `ask` rule (403 `approval_required`: the route cannot wait for a human), the session's
+/// "always" answer to such a call (then allowed, for that file only), and plan mode (no
+/// writes; reads stay allowed).
+#[tokio::test]
+async fn file_routes_meet_ask_rules_always_answers_and_plan_mode_as_the_tools_do() -> TestResult {
+    let s = Scratch::new().await?;
+    let (model, ws) = (&s.server, &s.ws);
+    s.write(
+        "tools.json",
+        &json!({"permissions": {"ask": ["write_file(inbox/**)"]}}).to_string(),
+    )?;
+    s.write("readme.txt", "read me")?;
+    let serve = Serve::start(s.path(), &model.base_url(), &[])?;
+    let put = |path: &str, body: &'static str| client().put(serve.at(path)).body(body).send();
+    let r = put("/v1/sessions/s/files/inbox/a.txt", "from the route").await?;
+    assert_eq!(r.status(), 403);
+    let body: Value = r.json().await?;
+    assert_eq!(body["error"]["code"], "approval_required", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("ask write_file(inbox/**)") && message.contains("always"),
+        "{message}"
+    );
+    assert!(!ws.join("inbox/a.txt").exists());
+
+    // The agent's own call of write_file asks; the human answers "always".
+    model.push_all([
+        ScriptStep::tool_call(
+            "c1",
+            "write_file",
+            json!({"file_path": "inbox/a.txt", "content": "from the agent"}),
+        ),
+        ScriptStep::text("written"),
+    ]);
+    let r = client()
+        .post(serve.at("/v1/sessions/s/messages"))
+        .json(&json!({"message": "write it"}))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 202);
+    let pending: Value = client()
+        .get(serve.at("/v1/sessions/s/approvals"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let id = pending["approvals"][0]["id"]
+        .as_str()
+        .ok_or("no approval")?
+        .to_owned();
+    let r = client()
+        .post(serve.at(&format!("/v1/sessions/s/approvals/{id}")))
+        .json(&json!({"decision": "approve", "always": true}))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        std::fs::read_to_string(ws.join("inbox/a.txt"))?,
+        "from the agent"
+    );
+    // That answer holds for the route too, in that session, for that file only.
+    let r = put("/v1/sessions/s/files/inbox/a.txt", "from the route").await?;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        std::fs::read_to_string(ws.join("inbox/a.txt"))?,
+        "from the route"
+    );
+    let r = put("/v1/sessions/s/files/inbox/b.txt", "other file").await?;
+    assert_eq!(r.status(), 403);
+    let r = put("/v1/sessions/other/files/inbox/a.txt", "other session").await?;
+    assert_eq!(r.status(), 403);
+
+    // A session in plan mode: nothing is written through the route either.
+    model.push_all([
+        ScriptStep::tool_call("p1", "plan_enter", json!({})),
+        ScriptStep::text("planning"),
+    ]);
+    let r = client()
+        .post(serve.at("/v1/sessions/p/messages"))
+        .json(&json!({"message": "plan first"}))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 200);
+    let r = put("/v1/sessions/p/files/notes.txt", "during the plan").await?;
+    assert_eq!(r.status(), 403);
+    let body: Value = r.json().await?;
+    assert_eq!(body["error"]["code"], "plan_mode", "{body}");
+    assert!(!ws.join("notes.txt").exists());
+    let r = client()
+        .get(serve.at("/v1/sessions/p/files/readme.txt"))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await?, "read me");
+    let r = put("/v1/sessions/s/files/notes.txt", "no plan here").await?;
+    assert_eq!(r.status(), 201);
+    Ok(())
+}

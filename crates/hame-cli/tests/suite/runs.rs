@@ -156,7 +156,162 @@ async fn wait_run(
 }
 
 fn finished(s: &str) -> bool {
-    matches!(s, "completed" | "failed" | "cancelled" | "waiting_approval")
+    matches!(
+        s,
+        "completed" | "unverified" | "failed" | "cancelled" | "waiting_approval"
+    )
+}
+
+/// Issue #33: a run with `verify` whose check still fails after the gate's extra step ends
+/// `unverified`, and `GET /v1/runs/{id}`, the session's run list and `hame runs list|show`
+/// show the failing evidence; once the file is fixed, the same run ends `completed`,
+/// verified. A bad `verify` is a 400 naming it and makes no run.
+async fn an_unverified_run_shows_its_evidence(state: &str) -> TestResult {
+    let model = ScriptedServer::start().await?;
+    // The model never runs the tests: it answers every request.
+    model.set_responder(echo);
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws)?;
+    std::fs::write(
+        ws.join("hame.toml"),
+        "[[verify]]\nname = \"tests\"\ncommand = \"grep -q fine ok.txt\"\n",
+    )?;
+    std::fs::write(ws.join("ok.txt"), "broken\n")?;
+    let agent = unique_agent();
+    let common = ["--agent", agent.as_str(), "--state", state];
+    let s = Serve::start(dir.path(), &model.base_url(), &common)?;
+    let http = reqwest::Client::new();
+    let post = |body: Value| {
+        http.post(s.at("/v1/sessions/v1/runs"))
+            .header("x-hame-user", "u")
+            .json(&body)
+            .send()
+    };
+
+    for (bad, field) in [
+        (json!({"message": "m", "verify": ["nope"]}), "`verify`"),
+        (
+            json!({"message": "m", "verify": ["tests"], "verify_attempts": 0}),
+            "`verify_attempts`",
+        ),
+        (
+            json!({"message": "m", "verify_attempts": 2}),
+            "`verify_attempts`",
+        ),
+        (json!({"message": "m", "verify": "tests"}), "verify"),
+    ] {
+        let r = post(bad.clone()).await?;
+        assert_eq!(r.status().as_u16(), 400, "{bad}");
+        let body: Value = r.json().await?;
+        assert!(body.to_string().contains(field), "{bad}: {body}");
+    }
+
+    let r = post(json!({"message": "fix it", "verify": ["tests"]})).await?;
+    assert_eq!(r.status().as_u16(), 202);
+    let id = r.json::<Value>().await?["run_id"]
+        .as_str()
+        .ok_or("no run_id")?
+        .to_owned();
+    let run = wait_run(&http, &s, "u", &id, Duration::from_secs(60), finished).await?;
+    assert_eq!(run["status"], "unverified", "{run}; stderr: {}", s.stderr());
+    assert!(
+        run["reply"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("done: ")),
+        "{run}"
+    );
+    let v = &run["verification"];
+    assert_eq!(v["status"], "unverified", "{run}");
+    assert_eq!(v["extra_steps"], 1, "{run}");
+    assert_eq!(v["evidence"][0]["check"], "tests", "{run}");
+    assert_eq!(v["evidence"][0]["outcome"], "failed", "{run}");
+    assert_eq!(v["evidence"][0]["exit_code"], 1, "{run}");
+    let evidence_id = v["evidence"][0]["id"].as_str().ok_or("no evidence id")?;
+    assert!(evidence_id.starts_with("ev-"), "{run}");
+    // The model got one extra step naming the failing check; no error on the run.
+    let reqs = model.requests();
+    assert_eq!(reqs.len(), 2, "one answer, one extra step");
+    let extra = reqs[1].last_user_text().unwrap_or_default();
+    assert!(
+        extra.contains("[hame verify]") && extra.contains("tests"),
+        "{extra}"
+    );
+    assert!(run.get("error").is_none(), "{run}");
+
+    let list: Value = http
+        .get(s.at("/v1/sessions/v1/runs"))
+        .header("x-hame-user", "u")
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(list["runs"][0]["status"], "unverified", "{list}");
+    assert_eq!(list["runs"][0]["verification"], *v, "{list}");
+
+    let ws_s = ws.to_string_lossy().into_owned();
+    let cli = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--workspace", ws_s.as_str(), "--user", "u"]);
+        all.extend(common);
+        hame(&all, &[], dir.path())
+    };
+    let out = output(cli(&["runs", "list"])).await?;
+    let listed = stdout(&out);
+    assert!(
+        listed.contains("unverified") && listed.contains("checks: tests failed"),
+        "{listed}{}",
+        stderr(&out)
+    );
+    let out = output(cli(&["runs", "show", &id])).await?;
+    let shown = stdout(&out);
+    assert!(
+        shown.contains("status   unverified")
+            && shown.contains("unverified after 1 extra step: tests failed")
+            && shown.contains(&format!("tests failed (evidence {evidence_id}")),
+        "{shown}{}",
+        stderr(&out)
+    );
+    let out = output(cli(&["runs", "show", &id, "--json"])).await?;
+    let shown: Value = serde_json::from_str(&stdout(&out))?;
+    assert_eq!(shown["verification"], *v);
+
+    // Fixed: the next run's check passes and the run completes, verified.
+    std::fs::write(ws.join("ok.txt"), "fine\n")?;
+    let r = post(json!({"message": "again", "verify": ["tests"], "verify_attempts": 1})).await?;
+    let id = r.json::<Value>().await?["run_id"]
+        .as_str()
+        .ok_or("no run_id")?
+        .to_owned();
+    let run = wait_run(&http, &s, "u", &id, Duration::from_secs(60), finished).await?;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert_eq!(run["reply"], "done: again");
+    assert_eq!(run["verification"]["status"], "verified", "{run}");
+    assert_eq!(run["verification"]["evidence"][0]["outcome"], "passed");
+    // A run without `verify` carries no verdict.
+    let r = post(json!({"message": "plain"})).await?;
+    let id = r.json::<Value>().await?["run_id"]
+        .as_str()
+        .ok_or("no run_id")?
+        .to_owned();
+    let run = wait_run(&http, &s, "u", &id, Duration::from_secs(60), finished).await?;
+    assert_eq!(run["status"], "completed", "{run}");
+    assert!(run.get("verification").is_none(), "{run}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_unverified_run_shows_its_evidence_on_json_state() -> TestResult {
+    let shared = tempfile::tempdir()?;
+    an_unverified_run_shows_its_evidence(&shared.path().to_string_lossy()).await
+}
+
+#[tokio::test]
+async fn an_unverified_run_shows_its_evidence_on_postgres() -> TestResult {
+    let Some(url) = service("HAME_TEST_POSTGRES_URL") else {
+        return Ok(());
+    };
+    an_unverified_run_shows_its_evidence(&url).await
 }
 
 /// The whole surface on the default JSON state, with the worker inside `hame serve`.

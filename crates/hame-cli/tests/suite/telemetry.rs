@@ -416,3 +416,79 @@ async fn an_mcp_tool_call_carries_the_execute_tool_span_as_its_trace_parent() ->
     );
     Ok(())
 }
+
+/// Issue #33: each `chat` span carries its request's context manifest in compact form
+/// (`hame.context.manifest`, at most 4 KiB): the same sections, hashes and counts, in the
+/// same order, as the manifest `hame sessions context` reads from the session.
+#[tokio::test]
+async fn the_chat_span_carries_the_requests_context_manifest() -> TestResult {
+    use pretty_assertions::assert_eq;
+    let (otlp, got) = collector().await?;
+    let s = super::common::Scratch::scripted([
+        ScriptStep::tool_call("c1", "list_files", serde_json::json!({})),
+        ScriptStep::text("traced"),
+    ])
+    .await?;
+    s.write(
+        "AGENTS.md",
+        "# Persona\nThe fact: the vault code is 4711.\n",
+    )?;
+    s.run_code(0, &s.ws_args(&["--otlp-endpoint", &otlp]), "hi", &[])
+        .await?;
+    let out = s
+        .hame(&[
+            "sessions",
+            "context",
+            "default",
+            "--json",
+            "--workspace",
+            &s.ws_s,
+        ])
+        .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let manifests: serde_json::Value = serde_json::from_str(&stdout(&out))?;
+    let manifests = manifests.as_array().ok_or("not a list of manifests")?;
+    assert_eq!(manifests.len(), 2, "{manifests:?}");
+    let mut expected: Vec<String> = manifests
+        .iter()
+        .map(|m| {
+            let sections = m["sections"].as_array().cloned().unwrap_or_default();
+            let mut text = format!("sections={} counted={}", sections.len(), m["counted"]);
+            for x in &sections {
+                text.push_str(&format!(
+                    "\n{} {} {} {}",
+                    x["counted"],
+                    x["transform"].as_str().unwrap_or("?"),
+                    x["hash"].as_str().unwrap_or("?"),
+                    x["source"].as_str().unwrap_or("?")
+                ));
+            }
+            text
+        })
+        .collect();
+    let posts = got.lock().map(|g| g.clone()).unwrap_or_default();
+    let mut on_spans: Vec<String> = spans(&posts)?
+        .into_iter()
+        .filter(|x| x.name == "chat m")
+        .map(|x| {
+            x.attrs
+                .get("hame.context.manifest")
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect();
+    assert!(
+        on_spans.iter().all(|m| m.len() <= 4096),
+        "a manifest over the bound"
+    );
+    assert!(
+        expected
+            .iter()
+            .any(|m| m.contains("verbatim") && m.contains("system:agents_md")),
+        "{expected:?}"
+    );
+    expected.sort();
+    on_spans.sort();
+    assert_eq!(on_spans, expected);
+    Ok(())
+}

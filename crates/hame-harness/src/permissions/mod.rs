@@ -189,6 +189,14 @@ pub struct PermissionLayer {
     mode: Mode,
 }
 
+/// The rules a session's "always" answers allow.
+fn session_allow(s: &SessionPermissions) -> Vec<PermissionRule> {
+    s.always_allow
+        .iter()
+        .filter_map(|r| PermissionRule::parse(r).ok())
+        .collect()
+}
+
 /// Adds a caller's `tools.json` permissions to `rules` (its `default` replaces theirs).
 fn add_rules(rules: &mut Permissions, more: Option<&Permissions>) {
     if let Some(p) = more {
@@ -234,7 +242,12 @@ impl PermissionLayer {
             hame_tools::snapshot::config_view(&cx.tool.extensions, cx.iteration),
         ) {
             let config = layer
-                .load_step(&ws, cx.tool.runtime.call_id(), cx.iteration)
+                .load_step(
+                    &ws,
+                    &cx.tool.extensions,
+                    cx.tool.runtime.call_id(),
+                    cx.iteration,
+                )
                 .await?;
             add_rules(&mut rules, config.permissions.as_ref());
             if call.name.starts_with("mcp__") {
@@ -254,14 +267,16 @@ impl PermissionLayer {
 
     /// The verdict of the rules on a request the caller makes itself, outside a call (the
     /// gateway's file routes: `read_file`, `write_file`, `list_files` on `path`): the
-    /// builder's rules with the caller's `tools.json` ones, the mode, no plan mode and no
-    /// session answers. The outer `Err`: a broken `tools.json`; the inner one: a path the
-    /// file tools refuse (the filesystem's reason).
+    /// builder's rules with the caller's `tools.json` ones, the mode, and the `session`'s
+    /// plan mode and "always" answers — what [`decide::decide`] is given for a call of the
+    /// tool. The outer `Err`: a broken `tools.json`; the inner one: a path the file tools
+    /// refuse (the filesystem's reason).
     pub async fn verdict_for(
         &self,
         ws: &Workspace,
         tool: &str,
         path: &str,
+        session: &SessionPermissions,
     ) -> Result<Result<Verdict, String>, String> {
         let case = ws.name_case();
         let argument = match decide::call_argument(tool, &serde_json::json!({"path": path}), case) {
@@ -277,11 +292,15 @@ impl PermissionLayer {
             tool,
             argument,
             effect: decide::effect_of(tool, None),
-            plan_mode: false,
+            plan_mode: session.plan_mode,
             mode: self.mode,
             case,
         };
-        Ok(Ok(decide::decide(&question, &rules, &[])))
+        Ok(Ok(decide::decide(
+            &question,
+            &rules,
+            &session_allow(session),
+        )))
     }
 
     fn record(&self, cx: &ToolCtx<'_>, cell: Option<&PermissionCell>, d: Decision) {
@@ -503,16 +522,7 @@ impl Layer for PermissionLayer {
         }
 
         let effect = decide::effect_of(&call.name, mcp_read_only);
-        let session_allow: Vec<PermissionRule> = cell
-            .and_then(|c| {
-                c.read(|s| {
-                    s.always_allow
-                        .iter()
-                        .filter_map(|r| PermissionRule::parse(r).ok())
-                        .collect()
-                })
-            })
-            .unwrap_or_default();
+        let session_allow = cell.and_then(|c| c.read(session_allow)).unwrap_or_default();
         let question = decide::Question {
             tool: &call.name,
             argument: parsed,

@@ -186,6 +186,7 @@ pub async fn session_order<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
             &RunEnd::Completed {
                 reply: "A".into(),
                 usage: serde_json::json!({"input_tokens": 1}),
+                verification: None,
             },
         )
         .await?;
@@ -293,6 +294,7 @@ pub async fn lapse_and_reclaim<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
         &RunEnd::Completed {
             reply: "r".into(),
             usage: serde_json::json!({}),
+            verification: None,
         },
     )
     .await?;
@@ -396,6 +398,7 @@ pub async fn purge_finished<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
         &RunEnd::Completed {
             reply: "r".into(),
             usage: serde_json::json!({}),
+            verification: None,
         },
     )
     .await?;
@@ -460,6 +463,97 @@ pub async fn purge_finished<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
     Ok(())
 }
 
+/// Every end is stored as finished (reply, usage, the gate's verdict, approvals, error),
+/// read back the same by `get` and `list`, frees the session's next run, and is purged:
+/// `unverified` (issue #33) like the others.
+pub async fn every_end<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
+    let agent = unique_agent();
+    let o = opts(&agent, LONG);
+    let verdict = |status: &str| {
+        serde_json::json!({"status": status, "extra_steps": 1, "evidence": [
+            {"check": "tests", "outcome": if status == "verified" { "passed" } else { "failed" },
+             "exit_code": 1, "detail": "expected exit code 0\nFAILED: één test"}]})
+    };
+    let ends = [
+        RunEnd::Unverified {
+            reply: "done, I think".into(),
+            usage: serde_json::json!({"input_tokens": 3}),
+            verification: verdict("unverified"),
+        },
+        RunEnd::Completed {
+            reply: "done".into(),
+            usage: serde_json::json!({"input_tokens": 2}),
+            verification: Some(verdict("verified")),
+        },
+        RunEnd::WaitingApproval(serde_json::json!([{"id": "c1", "name": "execute"}])),
+        RunEnd::Failed(super::RunError {
+            code: "model_error".into(),
+            message: "the model failed".into(),
+        }),
+    ];
+    let mut finished = Vec::new();
+    for end in &ends {
+        // One session: each run is claimable only once the one before it ended.
+        let submitted = q.submit(msg(&agent, Some("u"), "s1", "m")?).await?.run;
+        let c = q.claim(&o).await?.ok_or_else(|| {
+            fail(format!(
+                "not claimed after a {} run",
+                finished
+                    .last()
+                    .map_or("(none)", |r: &super::Run| r.status.as_str())
+            ))
+        })?;
+        ensure!(
+            c.run.id == submitted.id,
+            "the session's next run is claimed"
+        );
+        let done = q.finish(&c, end).await?;
+        let mut expected = c.run.clone();
+        end.apply(&mut expected);
+        ensure!(
+            done.status == end.status()
+                && done.status.is_finished()
+                && done.reply == expected.reply
+                && done.usage == expected.usage
+                && done.verification == expected.verification
+                && done.approvals == expected.approvals
+                && done.error == expected.error,
+            "stored as finished: {done:?}"
+        );
+        let got = q.get(&done.id).await?.ok_or_else(|| fail("gone"))?;
+        ensure!(got == done, "get returns the run as finished: {got:?}");
+        ensure!(
+            matches!(q.cancel(&done.id).await?, CancelOutcome::Finished(_)),
+            "a {} run cannot be cancelled",
+            done.status
+        );
+        finished.push(done);
+    }
+    let unverified = &finished[0];
+    ensure!(
+        unverified.status == RunStatus::Unverified
+            && unverified
+                .verification
+                .as_ref()
+                .and_then(|v| v["evidence"][0]["detail"].as_str())
+                == Some("expected exit code 0\nFAILED: één test"),
+        "the failing evidence is kept: {unverified:?}"
+    );
+    let listed = q
+        .list(RunFilter::new(&agent, Some("u"), Some("s1"), 10))
+        .await?;
+    ensure!(
+        listed.iter().rev().eq(finished.iter()),
+        "list returns them as finished, newest first: {listed:?}"
+    );
+    let future = chrono::Utc::now() + chrono::TimeDelta::minutes(1);
+    ensure!(
+        q.purge_finished(&agent, future, 100).await? == ends.len(),
+        "every finished status is purged"
+    );
+    Ok(())
+}
+
 /// Workers racing over many sessions: every run is claimed and finished exactly once, and
 /// the runs of each session start in submission order, never overlapping.
 pub async fn racing_workers<Q: RunQueue + ?Sized>(q: Arc<Q>) -> Result<()> {
@@ -508,6 +602,7 @@ pub async fn racing_workers<Q: RunQueue + ?Sized>(q: Arc<Q>) -> Result<()> {
                     &RunEnd::Completed {
                         reply: String::new(),
                         usage: serde_json::json!({}),
+                        verification: None,
                     },
                 )
                 .await?;
@@ -549,7 +644,7 @@ pub async fn racing_workers<Q: RunQueue + ?Sized>(q: Arc<Q>) -> Result<()> {
 #[macro_export]
 macro_rules! run_queue_tests {
     ($make:expr) => {
-        $crate::run_queue_tests!(@ref $make, submit_get_list, session_order, lapse_and_reclaim, lapsed_claims_reclaimed_together, cancel, purge_finished);
+        $crate::run_queue_tests!(@ref $make, submit_get_list, session_order, lapse_and_reclaim, lapsed_claims_reclaimed_together, cancel, purge_finished, every_end);
         $crate::run_queue_tests!(@arc $make, idempotency, racing_workers);
     };
     (@ref $make:expr, $($name:ident),+) => {

@@ -84,11 +84,10 @@ mod tests {
         /// nothing live and something active.
         #[test]
         fn picks_only_the_head_of_a_free_session(
-            spec in proptest::collection::vec((0u8..3, 0u8..6, -5i64..5), 0..12)
+            spec in proptest::collection::vec((0u8..3, 0u8..7, -5i64..5), 0..12)
         ) {
             let now = Utc::now();
-            let statuses = [RunStatus::Queued, RunStatus::Running, RunStatus::Completed,
-                RunStatus::Failed, RunStatus::Cancelled, RunStatus::WaitingApproval];
+            let statuses = RunStatus::ALL;
             let runs: Vec<Run> = spec.iter().enumerate().map(|(i, (s, st, exp))| {
                 run(&format!("s{s}"), i as u64, statuses[usize::from(*st)], *exp, now)
             }).collect();

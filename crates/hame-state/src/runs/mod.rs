@@ -80,6 +80,10 @@ pub enum RunStatus {
     WaitingApproval,
     /// It ended with a reply.
     Completed,
+    /// It ended with a reply that its required checks do not back: a check still failed
+    /// after the completion gate's extra steps (issue #33, `docs/evidence.md`). The run's
+    /// [`Run::verification`] holds the failing evidence.
+    Unverified,
     /// It ended with an error.
     Failed,
     /// It was cancelled.
@@ -87,6 +91,17 @@ pub enum RunStatus {
 }
 
 impl RunStatus {
+    /// Every status, in the order of a run's life (queued first, the ends last).
+    pub const ALL: [Self; 7] = [
+        Self::Queued,
+        Self::Running,
+        Self::WaitingApproval,
+        Self::Completed,
+        Self::Unverified,
+        Self::Failed,
+        Self::Cancelled,
+    ];
+
     /// The status as text (`queued`, `running`, …).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -94,6 +109,7 @@ impl RunStatus {
             Self::Running => "running",
             Self::WaitingApproval => "waiting_approval",
             Self::Completed => "completed",
+            Self::Unverified => "unverified",
             Self::Failed => "failed",
             Self::Cancelled => "cancelled",
         }
@@ -106,6 +122,7 @@ impl RunStatus {
             "running" => Self::Running,
             "waiting_approval" => Self::WaitingApproval,
             "completed" => Self::Completed,
+            "unverified" => Self::Unverified,
             "failed" => Self::Failed,
             "cancelled" => Self::Cancelled,
             _ => return None,
@@ -133,6 +150,13 @@ pub enum RunInput {
     Message {
         /// The text.
         message: String,
+        /// The checks the reply must pass (names of the agent's `[[verify]]`; empty: none),
+        /// the completion gate of `docs/evidence.md`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        verify: Vec<String>,
+        /// The gate's check rounds (`None`: the default, 2).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        verify_attempts: Option<u32>,
     },
 }
 
@@ -165,6 +189,19 @@ pub enum RunEnd {
         reply: String,
         /// Token usage, as JSON.
         usage: serde_json::Value,
+        /// The completion gate's verdict when the run had required checks (all passed), as
+        /// JSON `{status, evidence, extra_steps}`.
+        verification: Option<serde_json::Value>,
+    },
+    /// A reply whose required checks still failed after the gate's extra steps.
+    Unverified {
+        /// The reply text.
+        reply: String,
+        /// Token usage, as JSON.
+        usage: serde_json::Value,
+        /// The gate's verdict with the failing evidence, as JSON `{status, evidence,
+        /// extra_steps}`.
+        verification: serde_json::Value,
     },
     /// Tool calls wait for decisions (the approvals, as JSON).
     WaitingApproval(serde_json::Value),
@@ -179,20 +216,27 @@ impl RunEnd {
     pub fn status(&self) -> RunStatus {
         match self {
             Self::Completed { .. } => RunStatus::Completed,
+            Self::Unverified { .. } => RunStatus::Unverified,
             Self::WaitingApproval(_) => RunStatus::WaitingApproval,
             Self::Failed(_) => RunStatus::Failed,
             Self::Cancelled => RunStatus::Cancelled,
         }
     }
 
-    /// Writes this end into `run` (status, reply, usage, approvals, error).
+    /// Writes this end into `run` (status, reply, usage, verification, approvals, error).
     pub fn apply(&self, run: &mut Run) {
         run.status = self.status();
         match self {
-            Self::Completed { reply, usage } => {
-                run.reply = Some(reply.clone());
-                run.usage = Some(usage.clone());
-            }
+            Self::Completed {
+                reply,
+                usage,
+                verification,
+            } => run.replied(reply, usage, verification.clone()),
+            Self::Unverified {
+                reply,
+                usage,
+                verification,
+            } => run.replied(reply, usage, Some(verification.clone())),
             Self::WaitingApproval(a) => run.approvals = Some(a.clone()),
             Self::Failed(e) => run.error = Some(e.clone()),
             Self::Cancelled => run.error = Some(RunError::cancelled()),
@@ -227,6 +271,10 @@ pub struct Run {
     /// Token usage of a completed run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<serde_json::Value>,
+    /// The completion gate's verdict of a run with required checks (`completed` or
+    /// `unverified`): `{status, evidence, extra_steps}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification: Option<serde_json::Value>,
     /// The error of a failed or cancelled run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<RunError>,
@@ -264,6 +312,18 @@ impl Run {
         self.agent == agent && self.user.as_deref() == user
     }
 
+    /// Sets the reply of a run that ended with one.
+    fn replied(
+        &mut self,
+        reply: &str,
+        usage: &serde_json::Value,
+        verification: Option<serde_json::Value>,
+    ) {
+        self.reply = Some(reply.to_owned());
+        self.usage = Some(usage.clone());
+        self.verification = verification;
+    }
+
     /// A new queued run (backends fill in `seq`).
     pub(crate) fn new(new: &NewRun, now: DateTime<Utc>) -> Self {
         Self {
@@ -277,6 +337,7 @@ impl Run {
             idempotency_key: new.idempotency_key.clone(),
             reply: None,
             usage: None,
+            verification: None,
             error: None,
             approvals: None,
             attempts: 0,
@@ -323,9 +384,26 @@ impl NewRun {
         }
         Ok(Self {
             key,
-            input: RunInput::Message { message },
+            input: RunInput::Message {
+                message,
+                verify: Vec::new(),
+                verify_attempts: None,
+            },
             idempotency_key,
         })
+    }
+
+    /// With required checks and the gate's rounds (a message run; names are checked
+    /// against the agent's declared checks by the caller, which knows them).
+    pub fn with_verify(mut self, names: Vec<String>, attempts: Option<u32>) -> Self {
+        let RunInput::Message {
+            verify,
+            verify_attempts,
+            ..
+        } = &mut self.input;
+        *verify = names;
+        *verify_attempts = attempts;
+        self
     }
 }
 
@@ -642,6 +720,119 @@ macro_rules! forward_queue {
 
 forward_queue!(Arc<T>);
 forward_queue!(Box<T>);
+
+/// A run from a row of the SQL queues (PostgreSQL, MySQL): one reading for both dialects;
+/// `number` and `time` read the columns whose types differ (`BIGINT` against `BIGINT
+/// UNSIGNED`, `TIMESTAMPTZ` against `DATETIME(6)`). A column that does not parse is a
+/// `backend` error naming it.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn run_of<R>(
+    row: &R,
+    backend: &'static str,
+    number: impl Fn(&R, &str) -> Result<u64>,
+    time: impl Fn(&R, &str) -> Result<Option<DateTime<Utc>>>,
+) -> Result<Run>
+where
+    R: sqlx::Row,
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let err = |e: sqlx::Error| Error::backend(backend, e);
+    let text = |c: &str| row.try_get::<String, _>(c).map_err(err);
+    let opt = |c: &str| row.try_get::<Option<String>, _>(c).map_err(err);
+    let json = |c: &str| parse_json(backend, opt(c)?.as_deref());
+    let at = |c: &str| {
+        time(row, c)?.ok_or_else(|| Error::backend(backend, format!("run column {c} is null")))
+    };
+    let user = text("user_key")?;
+    Ok(Run {
+        id: text("id")?,
+        agent: text("agent")?,
+        user: (!user.is_empty()).then_some(user),
+        session: text("session")?,
+        seq: number(row, "seq")?,
+        status: parse_status(backend, &text("status")?)?,
+        input: serde_json::from_str::<RunInput>(&text("input")?)
+            .map_err(|e| Error::backend(backend, e))?,
+        idempotency_key: opt("idempotency_key")?,
+        reply: opt("reply")?,
+        usage: json("usage")?,
+        verification: json("verification")?,
+        error: parse_error(backend, opt("error")?.as_deref())?,
+        approvals: json("approvals")?,
+        attempts: number(row, "attempts")?,
+        worker: opt("worker")?,
+        cancel_requested: row.try_get::<bool, _>("cancel_requested").map_err(err)?,
+        created: at("created_at")?,
+        updated: at("updated_at")?,
+        expires: time(row, "expires_at")?,
+        token: text("token")?,
+    })
+}
+
+/// A stored status, or a `backend` error naming it.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
+pub(crate) fn parse_status(backend: &'static str, status: &str) -> Result<RunStatus> {
+    RunStatus::parse(status)
+        .ok_or_else(|| Error::backend(backend, format!("unknown run status {status:?}")))
+}
+
+/// A stored JSON field (`None`: absent).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
+pub(crate) fn parse_json(
+    backend: &'static str,
+    text: Option<&str>,
+) -> Result<Option<serde_json::Value>> {
+    text.map(|t| serde_json::from_str(t).map_err(|e| Error::backend(backend, e)))
+        .transpose()
+}
+
+/// A stored [`RunError`] (`None`: absent).
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
+pub(crate) fn parse_error(backend: &'static str, text: Option<&str>) -> Result<Option<RunError>> {
+    text.map(|t| serde_json::from_str::<RunError>(t).map_err(|e| Error::backend(backend, e)))
+        .transpose()
+}
+
+/// The text columns a finish writes: usage, verification, error and approvals as JSON.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
+pub(crate) struct EndColumns {
+    pub(crate) usage: Option<String>,
+    pub(crate) verification: Option<String>,
+    pub(crate) error: Option<String>,
+    pub(crate) approvals: Option<String>,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
+impl EndColumns {
+    pub(crate) fn of(run: &Run) -> Result<Self> {
+        let text = |v: &Option<serde_json::Value>| v.as_ref().map(ToString::to_string);
+        Ok(Self {
+            usage: text(&run.usage),
+            verification: text(&run.verification),
+            error: run
+                .error
+                .as_ref()
+                .map(serde_json::to_string)
+                .transpose()
+                .map_err(Error::Serialize)?,
+            approvals: text(&run.approvals),
+        })
+    }
+}
+
+/// The finished statuses as an SQL list (`'waiting_approval', 'completed', …`), for the
+/// purge statements.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn finished_sql() -> String {
+    RunStatus::ALL
+        .iter()
+        .filter(|s| s.is_finished())
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// The error of a claim that is no longer a run's current one.
 pub(crate) fn claim_lost(id: &str) -> Error {

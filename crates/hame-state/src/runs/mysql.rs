@@ -10,8 +10,8 @@ use sqlx::Row;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions, MySqlRow};
 
 use super::{
-    Beat, CancelOutcome, Claim, ClaimOptions, NewRun, Run, RunEnd, RunError, RunFilter, RunInput,
-    RunQueue, RunStatus, Submitted, claim_lost, validate_run_id,
+    Beat, CancelOutcome, Claim, ClaimOptions, EndColumns, NewRun, Run, RunEnd, RunError, RunFilter,
+    RunQueue, Submitted, claim_lost, validate_run_id,
 };
 use crate::error::{Error, Result};
 use crate::sql::{MySqlStore, SqlOptions};
@@ -22,7 +22,7 @@ pub const MYSQL_POLL: Duration = Duration::from_millis(250);
 macro_rules! cols {
     () => {
         "seq, id, agent, user_key, session, idempotency_key, status, input, reply, `usage`, \
-         error, approvals, attempts, token, worker, cancel_requested, created_at, updated_at, \
+         verification, error, approvals, attempts, token, worker, cancel_requested, created_at, updated_at, \
          expires_at"
     };
 }
@@ -65,47 +65,20 @@ fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX).max(1000)
 }
 
-fn json_col(row: &MySqlRow, col: &str) -> Result<Option<serde_json::Value>> {
-    let text: Option<String> = row.try_get(col).map_err(backend)?;
-    text.map(|t| serde_json::from_str(&t).map_err(backend))
-        .transpose()
-}
-
 fn utc(t: NaiveDateTime) -> DateTime<Utc> {
     t.and_utc()
 }
 
 fn to_run(row: &MySqlRow) -> Result<Run> {
-    let status: String = row.try_get("status").map_err(backend)?;
-    let input: String = row.try_get("input").map_err(backend)?;
-    let user: String = row.try_get("user_key").map_err(backend)?;
-    let error = json_col(row, "error")?
-        .map(serde_json::from_value::<RunError>)
-        .transpose()
-        .map_err(backend)?;
-    let expires: Option<NaiveDateTime> = row.try_get("expires_at").map_err(backend)?;
-    Ok(Run {
-        id: row.try_get("id").map_err(backend)?,
-        agent: row.try_get("agent").map_err(backend)?,
-        user: (!user.is_empty()).then_some(user),
-        session: row.try_get("session").map_err(backend)?,
-        seq: row.try_get::<u64, _>("seq").map_err(backend)?,
-        status: RunStatus::parse(&status)
-            .ok_or_else(|| backend(format!("unknown run status {status:?}")))?,
-        input: serde_json::from_str::<RunInput>(&input).map_err(backend)?,
-        idempotency_key: row.try_get("idempotency_key").map_err(backend)?,
-        reply: row.try_get("reply").map_err(backend)?,
-        usage: json_col(row, "usage")?,
-        error,
-        approvals: json_col(row, "approvals")?,
-        attempts: row.try_get::<u64, _>("attempts").map_err(backend)?,
-        worker: row.try_get("worker").map_err(backend)?,
-        cancel_requested: row.try_get("cancel_requested").map_err(backend)?,
-        created: utc(row.try_get("created_at").map_err(backend)?),
-        updated: utc(row.try_get("updated_at").map_err(backend)?),
-        expires: expires.map(utc),
-        token: row.try_get("token").map_err(backend)?,
-    })
+    super::run_of(
+        row,
+        "mysql",
+        |r, c| r.try_get::<u64, _>(c).map_err(backend),
+        |r, c| {
+            let t: Option<NaiveDateTime> = r.try_get(c).map_err(backend)?;
+            Ok(t.map(utc))
+        },
+    )
 }
 
 impl MySqlRunQueue {
@@ -333,23 +306,18 @@ impl RunQueue for MySqlRunQueue {
     async fn finish(&self, claim: &Claim, end: &RunEnd) -> Result<Run> {
         let mut done = claim.run.clone();
         end.apply(&mut done);
-        let text = |v: &Option<serde_json::Value>| v.as_ref().map(ToString::to_string);
-        let error = done
-            .error
-            .as_ref()
-            .map(serde_json::to_string)
-            .transpose()
-            .map_err(Error::Serialize)?;
+        let cols = EndColumns::of(&done)?;
         let n = sqlx::query(
             "UPDATE hame_runs SET status = ?, reply = ?, `usage` = ?, error = ?, approvals = ?,
-                 token = '', expires_at = NULL, updated_at = UTC_TIMESTAMP(6)
+                 verification = ?, token = '', expires_at = NULL, updated_at = UTC_TIMESTAMP(6)
              WHERE id = ? AND token = ? AND status = 'running'",
         )
         .bind(done.status.as_str())
         .bind(&done.reply)
-        .bind(text(&done.usage))
-        .bind(error)
-        .bind(text(&done.approvals))
+        .bind(cols.usage)
+        .bind(cols.error)
+        .bind(cols.approvals)
+        .bind(cols.verification)
         .bind(&claim.run.id)
         .bind(&claim.token)
         .execute(&self.pool)
@@ -417,18 +385,20 @@ impl RunQueue for MySqlRunQueue {
         before: DateTime<Utc>,
         limit: usize,
     ) -> Result<usize> {
-        let done = sqlx::query(
-            "DELETE FROM hame_runs
-             WHERE status IN ('completed', 'waiting_approval', 'failed', 'cancelled')
-               AND updated_at < ? AND agent = ?
-             ORDER BY updated_at, seq LIMIT ?",
-        )
-        .bind(before.naive_utc())
-        .bind(agent)
-        .bind(u64::try_from(limit).unwrap_or(u64::MAX))
-        .execute(&self.pool)
-        .await
-        .map_err(backend)?;
+        static PURGE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+            format!(
+                "DELETE FROM hame_runs WHERE status IN ({}) AND updated_at < ? AND agent = ?
+                 ORDER BY updated_at, seq LIMIT ?",
+                super::finished_sql()
+            )
+        });
+        let done = sqlx::query(PURGE.as_str())
+            .bind(before.naive_utc())
+            .bind(agent)
+            .bind(u64::try_from(limit).unwrap_or(u64::MAX))
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
         Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
     }
 

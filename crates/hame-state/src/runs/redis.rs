@@ -45,8 +45,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::{
-    Beat, CancelOutcome, Claim, ClaimOptions, NewRun, Run, RunEnd, RunError, RunFilter, RunQueue,
-    RunStatus, Submitted, claim_lost, validate_run_id,
+    Beat, CancelOutcome, Claim, ClaimOptions, EndColumns, NewRun, Run, RunEnd, RunError, RunFilter,
+    RunQueue, Submitted, claim_lost, validate_run_id,
 };
 use crate::error::{Error, Result};
 use crate::redis_store::{Conn, NOW, RedisOptions};
@@ -215,7 +215,7 @@ end
 local t = now()
 redis.call('HSET', k, 'st', ARGV[4], 'tk', '', 'ft', ARGV[3], 'ex', '', 'up', t)
 ended(id, t, h[4])
-local fields = {'reply', 'usage', 'error', 'approvals'}
+local fields = {'reply', 'usage', 'error', 'approvals', 'verification'}
 for i, f in ipairs(fields) do
   local v = ARGV[4 + i]
   if v ~= '' then redis.call('HSET', k, f, string.sub(v, 2)) end
@@ -314,9 +314,7 @@ fn time(h: &Hash, f: &str) -> Result<Option<DateTime<Utc>>> {
 }
 
 fn json(h: &Hash, f: &str) -> Result<Option<serde_json::Value>> {
-    h.get(f)
-        .map(|v| serde_json::from_str(v).map_err(backend))
-        .transpose()
+    super::parse_json("redis", h.get(f).map(String::as_str))
 }
 
 fn number(h: &Hash, f: &str) -> Result<u64> {
@@ -331,9 +329,7 @@ fn to_run(h: &Hash) -> Result<Run> {
         .get("b")
         .ok_or_else(|| backend("a run hash without its run"))?;
     let mut run: Run = serde_json::from_str(base).map_err(backend)?;
-    let status = h.get("st").map_or("", String::as_str);
-    run.status = RunStatus::parse(status)
-        .ok_or_else(|| backend(format!("unknown run status {status:?}")))?;
+    run.status = super::parse_status("redis", h.get("st").map_or("", String::as_str))?;
     run.seq = number(h, "seq")?;
     run.attempts = number(h, "at")?;
     run.worker = h.get("w").filter(|w| !w.is_empty()).cloned();
@@ -345,10 +341,8 @@ fn to_run(h: &Hash) -> Result<Run> {
     run.reply = h.get("reply").cloned();
     run.usage = json(h, "usage")?;
     run.approvals = json(h, "approvals")?;
-    run.error = json(h, "error")?
-        .map(serde_json::from_value::<RunError>)
-        .transpose()
-        .map_err(backend)?;
+    run.verification = json(h, "verification")?;
+    run.error = super::parse_error("redis", h.get("error").map(String::as_str))?;
     Ok(run)
 }
 
@@ -533,22 +527,17 @@ impl RunQueue for RedisRunQueue {
         let mut done = claim.run.clone();
         end.apply(&mut done);
         let present = |v: Option<String>| v.map(|v| format!("={v}")).unwrap_or_default();
-        let text = |v: &Option<serde_json::Value>| present(v.as_ref().map(ToString::to_string));
-        let error = done
-            .error
-            .as_ref()
-            .map(serde_json::to_string)
-            .transpose()
-            .map_err(Error::Serialize)?;
+        let cols = EndColumns::of(&done)?;
         let mut call = FINISH_SCRIPT.prepare_invoke();
         call.arg(&*self.base)
             .arg(&claim.run.id)
             .arg(&claim.token)
             .arg(done.status.as_str())
             .arg(present(done.reply.clone()))
-            .arg(text(&done.usage))
-            .arg(present(error))
-            .arg(text(&done.approvals));
+            .arg(present(cols.usage))
+            .arg(present(cols.error))
+            .arg(present(cols.approvals))
+            .arg(present(cols.verification));
         let h: Hash = self.conn.invoke(&call).await?;
         if h.is_empty() {
             return Err(claim_lost(&claim.run.id));

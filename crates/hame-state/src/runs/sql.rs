@@ -11,7 +11,7 @@ use sqlx::Row;
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions, PgRow};
 
 use super::{
-    Beat, CancelOutcome, Claim, ClaimOptions, NewRun, Run, RunEnd, RunError, RunFilter, RunInput,
+    Beat, CancelOutcome, Claim, ClaimOptions, EndColumns, NewRun, Run, RunEnd, RunError, RunFilter,
     RunQueue, RunStatus, Submitted, claim_lost, validate_run_id,
 };
 use crate::error::{Error, Result};
@@ -26,7 +26,7 @@ const CHANNEL: &str = "hame_runs";
 const CANCEL_CHANNEL: &str = "hame_runs_cancel";
 
 const COLS: &str = "seq, id, agent, user_key, session, idempotency_key, status, input, reply, \
-    usage, error, approvals, attempts, token, worker, cancel_requested, created_at, updated_at, \
+    usage, verification, error, approvals, attempts, token, worker, cancel_requested, created_at, updated_at, \
     expires_at";
 
 /// The statements, rendered once (`COLS` filled in).
@@ -38,9 +38,11 @@ struct Statements {
     claim: String,
     finish: String,
     cancel: String,
+    purge: String,
 }
 
-static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
+static SQL: LazyLock<Statements> = LazyLock::new(|| {
+    Statements {
     by_id: format!("SELECT {COLS} FROM hame_runs WHERE id = $1"),
     submit: format!(
         "INSERT INTO hame_runs (id, agent, user_key, session, idempotency_key, status, input,
@@ -83,7 +85,7 @@ static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
     ),
     finish: format!(
         "UPDATE hame_runs SET status = $3, reply = $4, usage = $5, error = $6,
-                 approvals = $7, token = '', expires_at = NULL, updated_at = clock_timestamp()
+                 approvals = $7, verification = $8, token = '', expires_at = NULL, updated_at = clock_timestamp()
              WHERE id = $1 AND token = $2 AND status = 'running'
              RETURNING {COLS}"
     ),
@@ -96,6 +98,14 @@ static SQL: LazyLock<Statements> = LazyLock::new(|| Statements {
              WHERE id = $1 AND status IN ('queued', 'running')
              RETURNING {COLS}"
     ),
+    purge: format!(
+        "DELETE FROM hame_runs WHERE seq IN (
+             SELECT seq FROM hame_runs
+             WHERE status IN ({}) AND updated_at < $1 AND agent = $3
+             ORDER BY updated_at, seq LIMIT $2)",
+        super::finished_sql()
+    ),
+}
 });
 
 /// The run queue on PostgreSQL: table `hame_runs` (migration 4 of hame-state, applied on
@@ -123,52 +133,18 @@ fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX).max(1000)
 }
 
-fn json_col(row: &PgRow, col: &str) -> Result<Option<serde_json::Value>> {
-    let text: Option<String> = row.try_get(col).map_err(backend)?;
-    text.map(|t| serde_json::from_str(&t).map_err(|e| Error::backend("postgres", e)))
-        .transpose()
-}
-
 fn to_run(row: &PgRow) -> Result<Run> {
-    let g = |e: sqlx::Error| backend(e);
-    let status: String = row.try_get("status").map_err(g)?;
-    let input: String = row.try_get("input").map_err(g)?;
-    let user: String = row.try_get("user_key").map_err(g)?;
-    let error = json_col(row, "error")?
-        .map(serde_json::from_value::<RunError>)
-        .transpose()
-        .map_err(|e| Error::backend("postgres", e))?;
-    Ok(Run {
-        id: row.try_get("id").map_err(g)?,
-        agent: row.try_get("agent").map_err(g)?,
-        user: (!user.is_empty()).then_some(user),
-        session: row.try_get("session").map_err(g)?,
-        seq: row
-            .try_get::<i64, _>("seq")
-            .map_err(g)?
-            .max(0)
-            .cast_unsigned(),
-        status: RunStatus::parse(&status)
-            .ok_or_else(|| Error::backend("postgres", format!("unknown run status {status:?}")))?,
-        input: serde_json::from_str::<RunInput>(&input)
-            .map_err(|e| Error::backend("postgres", e))?,
-        idempotency_key: row.try_get("idempotency_key").map_err(g)?,
-        reply: row.try_get("reply").map_err(g)?,
-        usage: json_col(row, "usage")?,
-        error,
-        approvals: json_col(row, "approvals")?,
-        attempts: row
-            .try_get::<i64, _>("attempts")
-            .map_err(g)?
-            .max(0)
-            .cast_unsigned(),
-        worker: row.try_get("worker").map_err(g)?,
-        cancel_requested: row.try_get("cancel_requested").map_err(g)?,
-        created: row.try_get::<DateTime<Utc>, _>("created_at").map_err(g)?,
-        updated: row.try_get::<DateTime<Utc>, _>("updated_at").map_err(g)?,
-        expires: row.try_get("expires_at").map_err(g)?,
-        token: row.try_get("token").map_err(g)?,
-    })
+    super::run_of(
+        row,
+        "postgres",
+        |r, c| {
+            Ok(r.try_get::<i64, _>(c)
+                .map_err(backend)?
+                .max(0)
+                .cast_unsigned())
+        },
+        |r, c| r.try_get(c).map_err(backend),
+    )
 }
 
 impl PgRunQueue {
@@ -316,21 +292,16 @@ impl RunQueue for PgRunQueue {
     async fn finish(&self, claim: &Claim, end: &RunEnd) -> Result<Run> {
         let mut done = claim.run.clone();
         end.apply(&mut done);
-        let text = |v: &Option<serde_json::Value>| v.as_ref().map(ToString::to_string);
-        let error = done
-            .error
-            .as_ref()
-            .map(serde_json::to_string)
-            .transpose()
-            .map_err(Error::Serialize)?;
+        let cols = EndColumns::of(&done)?;
         let row = sqlx::query(SQL.finish.as_str())
             .bind(&claim.run.id)
             .bind(&claim.token)
             .bind(done.status.as_str())
             .bind(&done.reply)
-            .bind(text(&done.usage))
-            .bind(error)
-            .bind(text(&done.approvals))
+            .bind(cols.usage)
+            .bind(cols.error)
+            .bind(cols.approvals)
+            .bind(cols.verification)
             .fetch_optional(&self.pool)
             .await
             .map_err(backend)?;
@@ -384,19 +355,13 @@ impl RunQueue for PgRunQueue {
         before: DateTime<Utc>,
         limit: usize,
     ) -> Result<usize> {
-        let done = sqlx::query(
-            "DELETE FROM hame_runs WHERE seq IN (
-                 SELECT seq FROM hame_runs
-                 WHERE status IN ('completed', 'waiting_approval', 'failed', 'cancelled')
-                   AND updated_at < $1 AND agent = $3
-                 ORDER BY updated_at, seq LIMIT $2)",
-        )
-        .bind(before)
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .bind(agent)
-        .execute(&self.pool)
-        .await
-        .map_err(backend)?;
+        let done = sqlx::query(SQL.purge.as_str())
+            .bind(before)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .bind(agent)
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?;
         Ok(usize::try_from(done.rows_affected()).unwrap_or(usize::MAX))
     }
 
