@@ -69,6 +69,11 @@ pub struct ToolContext {
     pub facts: crate::ToolFacts,
 }
 
+/// The idempotency key a tool call carries instead of its own (see
+/// [`ToolContext::idempotency_key`]), in the call's extensions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyKey(pub String);
+
 impl ToolContext {
     /// A context for a tool call outside a loop (tests, direct use).
     pub fn new(runtime: RuntimeContext, call_id: impl Into<String>) -> Self {
@@ -98,7 +103,14 @@ impl ToolContext {
     /// something elsewhere passes it to that system (an `Idempotency-Key` header, a
     /// unique column) so that a second run of the same call is recognised there.
     /// `hame-` and 32 hex digits (two FNV-1a 64 hashes).
+    ///
+    /// The harness may hand a call another call's key through an [`IdempotencyKey`] in the
+    /// extensions: the model's new call of a tool with the same arguments as a call whose
+    /// outcome is unknown is the same operation, so it carries that call's key.
     pub fn idempotency_key(&self) -> String {
+        if let Some(IdempotencyKey(key)) = self.extensions.get::<IdempotencyKey>() {
+            return key.clone();
+        }
         let user = self.runtime.user_id.as_deref().unwrap_or("");
         let parts = [
             user,

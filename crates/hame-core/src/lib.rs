@@ -59,7 +59,7 @@ pub use agent::{
     AgentLoop, CallEnv, CallOutput, DEFAULT_MAX_ITERATIONS, DEFAULT_MAX_MODEL_RETRIES, LoopConfig,
     reply_text,
 };
-pub use context::{CALL_ID_EXTRA, RuntimeContext, ToolContext};
+pub use context::{CALL_ID_EXTRA, IdempotencyKey, RuntimeContext, ToolContext};
 pub use env::{EnvFn, EnvLookup};
 pub use error::{BudgetExceeded, Error, Result};
 pub use event::{AgentEvent, EventSink};
@@ -81,8 +81,8 @@ pub use observation::{
 pub use state::{AgentState, STATE_SCHEMA_VERSION, StateFormatError};
 pub use suspend::{PendingCall, PendingStep, Resolution, Suspended, SuspendedCall, Suspension};
 pub use tool::{
-    DEFAULT_TOOL_TIMEOUT, Tool, ToolError, ToolOffers, ToolOutput, ToolRunOptions, ToolSet,
-    ToolSpec, Typed, TypedTool, codes, compact_schema, inline_definitions, schema_for,
+    DEFAULT_TOOL_TIMEOUT, Reconciled, Tool, ToolError, ToolOffers, ToolOutput, ToolRunOptions,
+    ToolSet, ToolSpec, Typed, TypedTool, codes, compact_schema, inline_definitions, schema_for,
     to_tool_result, typed,
 };
 

@@ -111,6 +111,12 @@ pub struct Observation {
     /// The error code, when the outcome is not `ok`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<String>,
+    /// The [`ToolContext::idempotency_key`](crate::ToolContext::idempotency_key) of a call
+    /// the harness recorded an intent for, when the observation was made from that intent
+    /// on resumption (`outcome_unknown`, reconciled, run again): with `call_id` it names
+    /// the intent record in `<session>.intents.jsonl`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
     /// The producer's structured facts (`exit_code`, `stdout_truncated`, `path`,
     /// `hash_before`, `is_error`, ...).
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]

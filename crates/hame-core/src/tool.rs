@@ -80,6 +80,17 @@ impl std::error::Error for ToolError {}
 /// What a tool returns: text for the model, or an error the model can act on.
 pub type ToolOutput = Result<String, ToolError>;
 
+/// What [`Tool::reconcile`] found out about an earlier call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reconciled {
+    /// The call took effect (or failed) and this is its output, as the call would have
+    /// returned it: it becomes the call's result.
+    Known(ToolOutput),
+    /// Nothing is known about the call (it never reached the system it acts on, or the
+    /// tool cannot look calls up): the model is told `outcome_unknown`.
+    Unknown,
+}
+
 /// Turns a tool output into the result block sent to the model.
 pub fn to_tool_result(id: &str, output: ToolOutput) -> ToolResult {
     match output {
@@ -109,6 +120,33 @@ pub trait Tool: Send + Sync + fmt::Debug + 'static {
 
     /// Runs the tool. Errors the model can fix are `Err(ToolError)`, never panics.
     async fn call(&self, arguments: serde_json::Value, ctx: &ToolContext) -> ToolOutput;
+
+    /// Whether running the same call twice (same arguments, same
+    /// [`ToolContext::idempotency_key`]) has the effect of running it once. Default
+    /// `false`.
+    ///
+    /// The harness runs again, on resumption, an idempotent call that a crash cut (with
+    /// the same call id, so the same key); any other such call is reported to the model
+    /// as `outcome_unknown` and not run again (`docs/tools.md`, *Exactly-once*).
+    fn idempotent(&self) -> bool {
+        false
+    }
+
+    /// Looks up the outcome of an earlier call by its idempotency key (`key`, also
+    /// `ctx.idempotency_key()`; `ctx.call_id` is that call's id). Default: not
+    /// implemented ([`Reconciled::Unknown`]).
+    ///
+    /// # Contract
+    /// - Called by the harness on resumption, before anything else, for a call of this
+    ///   tool that a crash cut (its intent has no end). It never re-does the call.
+    /// - [`Reconciled::Known`] only when the tool's own durable record says what the call
+    ///   did; the output becomes the call's result (its observation says `reconciled`).
+    /// - [`Reconciled::Unknown`] when no record exists; for a tool that is also
+    ///   [`idempotent`](Tool::idempotent) the call is then run again.
+    async fn reconcile(&self, key: &str, ctx: &ToolContext) -> Reconciled {
+        let _ = (key, ctx);
+        Reconciled::Unknown
+    }
 }
 
 #[async_trait]
@@ -118,6 +156,12 @@ impl<T: Tool + ?Sized> Tool for Arc<T> {
     }
     async fn call(&self, arguments: serde_json::Value, ctx: &ToolContext) -> ToolOutput {
         (**self).call(arguments, ctx).await
+    }
+    fn idempotent(&self) -> bool {
+        (**self).idempotent()
+    }
+    async fn reconcile(&self, key: &str, ctx: &ToolContext) -> Reconciled {
+        (**self).reconcile(key, ctx).await
     }
 }
 
@@ -132,6 +176,15 @@ pub trait TypedTool: Send + Sync + fmt::Debug + 'static {
     fn description(&self) -> String;
     /// Runs the tool with parsed arguments.
     async fn run(&self, args: Self::Args, ctx: &ToolContext) -> ToolOutput;
+    /// See [`Tool::idempotent`]. Default `false`.
+    fn idempotent(&self) -> bool {
+        false
+    }
+    /// See [`Tool::reconcile`]. Default [`Reconciled::Unknown`].
+    async fn reconcile(&self, key: &str, ctx: &ToolContext) -> Reconciled {
+        let _ = (key, ctx);
+        Reconciled::Unknown
+    }
 }
 
 /// Adapts a [`TypedTool`] to [`Tool`].
@@ -323,6 +376,14 @@ impl<T: TypedTool> Tool for Typed<T> {
             ToolError::invalid_arguments(format!("arguments do not match the schema: {e}"))
         })?;
         self.0.run(args, ctx).await
+    }
+
+    fn idempotent(&self) -> bool {
+        self.0.idempotent()
+    }
+
+    async fn reconcile(&self, key: &str, ctx: &ToolContext) -> Reconciled {
+        self.0.reconcile(key, ctx).await
     }
 }
 

@@ -328,6 +328,7 @@ async fn components() -> f64 {
         duration_ms: 1,
         outcome: hame_core::ObservationOutcome::Ok,
         code: None,
+        idempotency_key: None,
         facts: serde_json::Map::new(),
     };
     let started = Instant::now();

@@ -624,6 +624,8 @@ impl HarnessAgentBuilder {
         }
         let mut config = self.loop_config;
         config.system_prompt = self.system_prompt;
+        // The intents layer asks the agent's own tools to reconcile or re-run a cut call.
+        let own_tools = tools.clone();
         let mut agent_loop = AgentLoop::new(model.clone())
             .with_tools(tools)
             .with_config(config);
@@ -640,9 +642,14 @@ impl HarnessAgentBuilder {
         )));
         // An API caller's earlier messages: outside the log, so they are recorded.
         outer.push(Arc::new(crate::caller::HistoryLayer));
-        // Tool call intents: outside the log too, so an `outcome_unknown` it adds is
-        // recorded (issue #31).
-        outer.push(Arc::new(crate::intent::IntentLayer::new(name.clone())));
+        // Tool calls cut by a crash settled on resumption: outside the log too, so the
+        // results it adds (`outcome_unknown`, reconciled, run again) are recorded (issues
+        // #31, #33).
+        outer.push(Arc::new(crate::intent::IntentLayer::new(
+            name.clone(),
+            own_tools,
+            evidence.clone(),
+        )));
         for layer in builtin_stack(
             outer,
             recorder,
@@ -662,6 +669,12 @@ impl HarnessAgentBuilder {
             self.permission_mode,
         ));
         agent_loop = agent_loop.with_layer(permissions.clone());
+        // Intent records: inside permissions, so only a call about to act is recorded (a
+        // denied or suspended call never acts).
+        agent_loop = agent_loop.with_layer(Arc::new(crate::intent::IntentToolLayer::new(
+            name.clone(),
+            capabilities.tools_layer.clone(),
+        )));
         // Deferred tools: inside permissions (it sees plan mode), outside tools-config (whose
         // allow/deny also filters what it offers).
         if let Some(catalog) = catalog {

@@ -344,7 +344,7 @@ fn required(runtime: &RuntimeContext, state: &hame_core::AgentState) -> Option<(
 }
 
 /// A new id: `prefix` and 16 hex digits.
-fn new_id(prefix: &str) -> String {
+pub(crate) fn new_id(prefix: &str) -> String {
     let u = uuid::Uuid::new_v4().simple().to_string();
     format!("{prefix}-{}", &u[..16])
 }
@@ -616,7 +616,7 @@ impl EvidenceStore {
         self.recorder.log_for(runtime, ws)
     }
 
-    async fn write_observation(
+    pub(crate) async fn write_observation(
         &self,
         runtime: &RuntimeContext,
         ws: &Workspace,
@@ -684,6 +684,7 @@ impl EvidenceStore {
                 CheckOutcome::Error => ObservationOutcome::Error,
             },
             code: None,
+            idempotency_key: None,
             facts: run.facts,
         };
         self.write_observation(runtime, ws, &obs).await?;
@@ -847,6 +848,7 @@ impl Layer for ObservationLayer {
             duration_ms: u64::try_from(clock.elapsed().as_millis()).unwrap_or(u64::MAX),
             outcome: ObservationOutcome::of(code.as_deref()),
             code,
+            idempotency_key: None,
             facts: cx.tool.facts().snapshot(),
         };
         if call.name == "execute" && !self.store.verifiers.is_empty() {

@@ -15,19 +15,26 @@
 //! JSON line per intent (`call_id`, `tool`, `args`, `key`) and per end (`call_id`, `end`:
 //! `done` or `outcome_unknown`). See docs/replicas.md.
 
-use std::sync::Mutex;
+use std::sync::Arc;
 
 use async_trait::async_trait;
+use chrono::Utc;
+use futures::FutureExt;
 use hame_core::{
-    AppendNext, CallCtx, CallInput, CallNext, CallOutput, ContentBlock, Layer, Message, Result,
-    Role, ToolCall, ToolCtx, ToolNext, ToolOutcome, ToolResult,
+    AppendNext, CallCtx, CallInput, CallNext, CallOutput, ContentBlock, IdempotencyKey, Layer,
+    Message, Observation, ObservationOutcome, Reconciled, Result, Role, ToolCall, ToolContext,
+    ToolCtx, ToolFacts, ToolNext, ToolOutcome, ToolOutput, ToolResult, ToolRunOptions, ToolSet,
+    to_tool_result,
 };
 use hame_fs::{AppendOptions, FsPath};
 use hame_tools::Workspace;
 use serde::{Deserialize, Serialize};
 
+use crate::evidence::EvidenceStore;
 use crate::permissions::Effect;
 use crate::permissions::decide::effect_of;
+use crate::tools_config::Idempotent;
+use crate::tools_layer::ToolsConfigLayer;
 
 /// An intents file holding only resolved records is deleted at the session's next call
 /// once it is larger than this (64 KiB, about 400 tool calls).
@@ -108,16 +115,121 @@ pub fn outcome_unknown_messages(unknown: &[IntentRecord]) -> [Message; 2] {
     ]
 }
 
-/// Whether a call of `name` may simply run again: the built-in read-only tools.
+/// Whether a call of `name` may simply be asked for again and needs no intent: the built-in
+/// read-only tools.
 pub fn is_idempotent(name: &str) -> bool {
     effect_of(name, None) == Effect::ReadOnly
+}
+
+/// How a cut call was settled on resumption.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Settled {
+    /// The tool's [`Tool::reconcile`](hame_core::Tool::reconcile) found its outcome.
+    Reconciled(ToolOutput),
+    /// The tool is [`idempotent`](hame_core::Tool::idempotent): it ran again, with the same
+    /// call id and key.
+    Rerun(ToolOutput),
+    /// Nothing is known: the model is told `outcome_unknown`.
+    Unknown,
+}
+
+impl Settled {
+    /// The intent's end: `reconciled`, `done` (run again) or `outcome_unknown`.
+    pub fn end(&self) -> &'static str {
+        match self {
+            Self::Reconciled(_) => "reconciled",
+            Self::Rerun(_) => "done",
+            Self::Unknown => OUTCOME_UNKNOWN,
+        }
+    }
+}
+
+/// The messages that put the cut calls back in the conversation: the calls, as the
+/// assistant made them, and one result each — the reconciled or re-run output, or
+/// `outcome_unknown` ([`outcome_unknown_messages`]).
+pub fn settled_messages(settled: &[(IntentRecord, Settled)]) -> [Message; 2] {
+    let unknown: Vec<IntentRecord> = settled.iter().map(|(r, _)| r.clone()).collect();
+    let [calls, unknown_results] = outcome_unknown_messages(&unknown);
+    let results = settled
+        .iter()
+        .zip(unknown_results.tool_results_iter())
+        .map(|((r, how), told)| match how {
+            Settled::Reconciled(out) | Settled::Rerun(out) => {
+                to_tool_result(&r.call_id, out.clone())
+            }
+            Settled::Unknown => told.clone(),
+        })
+        .collect();
+    [calls, Message::tool_results(results)]
+}
+
+/// The calls whose outcome was reported unknown and that the model has not called again:
+/// `(tool, args, key)`. A new call of the same tool with the same arguments is the same
+/// operation and carries that key (module docs).
+pub fn unknown_keys(records: &[IntentRecord]) -> Vec<(String, String, String)> {
+    let unknown: std::collections::BTreeSet<&str> = records
+        .iter()
+        .filter(|r| r.end.as_deref() == Some(OUTCOME_UNKNOWN))
+        .map(|r| r.call_id.as_str())
+        .collect();
+    let mut out: Vec<(String, String, String)> = Vec::new();
+    for r in records {
+        let (Some(t), Some(a), Some(k), None) = (&r.tool, &r.args, &r.key, &r.end) else {
+            continue;
+        };
+        // A later call carrying the key: the model called it again (and that call, if
+        // cut too, is listed again below).
+        out.retain(|(_, _, key)| key != k);
+        if unknown.contains(r.call_id.as_str()) {
+            out.push((t.clone(), a.clone(), k.clone()));
+        }
+    }
+    out
+}
+
+/// Same tool and same arguments (as JSON values, so spacing and key order do not matter).
+fn same_call(tool: &str, args: &str, other_tool: &str, other_args: &str) -> bool {
+    if tool != other_tool {
+        return false;
+    }
+    let parse = |a: &str| serde_json::from_str::<serde_json::Value>(a).ok();
+    match (parse(args), parse(other_args)) {
+        (Some(a), Some(b)) => a == b,
+        _ => args == other_args,
+    }
+}
+
+/// The keys of calls reported `outcome_unknown` in this session, for the calls of this
+/// call (handed from [`IntentLayer`] to [`IntentToolLayer`] in the extensions).
+#[derive(Debug, Default)]
+struct UnknownKeys(std::sync::Mutex<Vec<(String, String, String)>>);
+
+impl UnknownKeys {
+    fn set(&self, keys: Vec<(String, String, String)>) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = keys;
+    }
+
+    /// The key of an unknown call the same as this one, taken (used once).
+    fn take(&self, tool: &str, args: &str) -> Option<String> {
+        let mut keys = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let i = keys
+            .iter()
+            .position(|(t, a, _)| same_call(tool, args, t, a))?;
+        Some(keys.remove(i).2)
+    }
 }
 
 /// The `done` records of a call's returned tool calls not yet written: they go out with
 /// the call's next intent (one append per step, not two) or at the end of the call. Lives
 /// in the call's extensions.
 #[derive(Debug, Default)]
-struct PendingEnds(Mutex<Vec<IntentRecord>>);
+struct PendingEnds(std::sync::Mutex<Vec<IntentRecord>>);
 
 impl PendingEnds {
     fn take(&self) -> Vec<IntentRecord> {
@@ -146,46 +258,61 @@ impl PendingEnds {
     }
 }
 
-/// Writes intents before non-idempotent tool calls and turns a dead call's intent into an
-/// `outcome_unknown` result on the session's next call (module docs). Sits outside the
-/// session log, so what it adds to the conversation is recorded.
+/// The intents file of `session` of `agent`.
+fn intents_path(agent: &str, session: &str) -> std::result::Result<FsPath, hame_fs::Error> {
+    FsPath::parse(&format!("agents/{agent}/sessions/{session}.intents.jsonl"))
+}
+
+async fn write_records(
+    ws: &Workspace,
+    path: &FsPath,
+    records: &[IntentRecord],
+    options: AppendOptions,
+) -> std::result::Result<(), hame_fs::Error> {
+    let mut bytes = Vec::new();
+    for r in records {
+        // Serialising plain strings cannot fail.
+        if let Ok(line) = serde_json::to_vec(r) {
+            bytes.extend(line);
+            bytes.push(b'\n');
+        }
+    }
+    ws.records().append(path, bytes, options).await
+}
+
+fn end_record(call_id: &str, end: &str) -> IntentRecord {
+    IntentRecord {
+        call_id: call_id.to_owned(),
+        tool: None,
+        args: None,
+        key: None,
+        end: Some(end.to_owned()),
+    }
+}
+
+/// Turns a dead call's intent into its result on the session's next call — reconciled,
+/// run again, or `outcome_unknown` (module docs) — and hands the unknown calls' keys to
+/// [`IntentToolLayer`]. Sits outside the session log, so what it adds to the conversation
+/// is recorded.
 #[derive(Debug)]
 pub(crate) struct IntentLayer {
     agent: String,
+    /// The agent's own tools: the ones that can reconcile or be run again.
+    tools: ToolSet,
+    evidence: EvidenceStore,
 }
 
 impl IntentLayer {
-    pub(crate) fn new(agent: impl Into<String>) -> Self {
+    pub(crate) fn new(agent: impl Into<String>, tools: ToolSet, evidence: EvidenceStore) -> Self {
         Self {
             agent: agent.into(),
+            tools,
+            evidence,
         }
     }
 
     fn path(&self, session: &str) -> std::result::Result<FsPath, hame_fs::Error> {
-        FsPath::parse(&format!(
-            "agents/{}/sessions/{session}.intents.jsonl",
-            self.agent
-        ))
-    }
-
-    async fn write(
-        &self,
-        ws: &Workspace,
-        session: &str,
-        records: &[IntentRecord],
-        options: AppendOptions,
-    ) -> std::result::Result<(), hame_fs::Error> {
-        let mut bytes = Vec::new();
-        for r in records {
-            // Serialising plain strings cannot fail.
-            if let Ok(line) = serde_json::to_vec(r) {
-                bytes.extend(line);
-                bytes.push(b'\n');
-            }
-        }
-        ws.records()
-            .append(&self.path(session)?, bytes, options)
-            .await
+        intents_path(&self.agent, session)
     }
 
     /// The records and the file's size.
@@ -206,6 +333,107 @@ impl IntentLayer {
             .collect();
         Ok((records, bytes.len()))
     }
+
+    /// Asks the call's tool: its recorded outcome ([`Tool::reconcile`]), else a new run
+    /// when it is idempotent, else unknown. Returns the settlement and the facts the tool
+    /// reported.
+    async fn settle(
+        &self,
+        cx: &CallCtx<'_>,
+        r: &IntentRecord,
+    ) -> (Settled, serde_json::Map<String, serde_json::Value>) {
+        let (Some(name), Some(key)) = (r.tool.as_deref(), r.key.as_deref()) else {
+            return (Settled::Unknown, serde_json::Map::new());
+        };
+        let Some(tool) = self.tools.get(name) else {
+            return (Settled::Unknown, serde_json::Map::new());
+        };
+        let mut extensions = cx.extensions.clone();
+        extensions.insert(IdempotencyKey(key.to_owned()));
+        let ctx = ToolContext {
+            runtime: cx.runtime.clone(),
+            call_id: r.call_id.clone(),
+            cancel: cx.cancel.child_token(),
+            extensions,
+            facts: ToolFacts::default(),
+        };
+        let timeout = ToolRunOptions::default().timeout;
+        // A panicking or hanging reconcile leaves the call unknown.
+        let lookup = std::panic::AssertUnwindSafe(tool.reconcile(key, &ctx)).catch_unwind();
+        let looked = tokio::time::timeout(timeout, lookup).await;
+        let settled = match looked {
+            Ok(Ok(Reconciled::Known(out))) => Settled::Reconciled(out),
+            Ok(Ok(Reconciled::Unknown)) if tool.idempotent() => {
+                let call = ToolCall {
+                    id: r.call_id.clone(),
+                    name: name.to_owned(),
+                    arguments: r.args.clone().unwrap_or_default(),
+                };
+                Settled::Rerun(self.tools.run_one(&call, &ctx, timeout).await)
+            }
+            Ok(Ok(Reconciled::Unknown)) => Settled::Unknown,
+            Ok(Err(_)) => {
+                tracing::error!(tool = %name, call_id = %r.call_id, "reconcile panicked: outcome_unknown");
+                Settled::Unknown
+            }
+            Err(_) => {
+                tracing::warn!(tool = %name, call_id = %r.call_id, "reconcile did not answer in time: outcome_unknown");
+                Settled::Unknown
+            }
+        };
+        (settled, ctx.facts.snapshot())
+    }
+
+    /// The observations of the settled calls (ADR 0035), linked to their intents by call id
+    /// and key.
+    async fn observe(
+        &self,
+        cx: &CallCtx<'_>,
+        ws: &Workspace,
+        settled: &[(
+            IntentRecord,
+            Settled,
+            serde_json::Map<String, serde_json::Value>,
+        )],
+    ) {
+        for (r, how, facts) in settled {
+            let now = Utc::now();
+            let mut facts = facts.clone();
+            let (outcome, code) = match how {
+                Settled::Reconciled(out) | Settled::Rerun(out) => {
+                    let code = out.as_ref().err().map(|e| e.code.clone());
+                    (ObservationOutcome::of(code.as_deref()), code)
+                }
+                Settled::Unknown => (
+                    ObservationOutcome::OutcomeUnknown,
+                    Some(OUTCOME_UNKNOWN.to_owned()),
+                ),
+            };
+            match how {
+                Settled::Reconciled(_) => facts.insert("reconciled".into(), true.into()),
+                Settled::Rerun(_) => facts.insert("rerun".into(), true.into()),
+                Settled::Unknown => facts.insert("rerun".into(), false.into()),
+            };
+            let obs = Observation {
+                id: crate::evidence::new_id("ob"),
+                call_id: r.call_id.clone(),
+                attempt: 2,
+                tool: r.tool.clone().unwrap_or_default(),
+                args_hash: crate::evidence::args_hash(r.args.as_deref().unwrap_or("")),
+                step: cx.iteration,
+                started: now,
+                ended: now,
+                duration_ms: 0,
+                outcome,
+                code,
+                idempotency_key: r.key.clone(),
+                facts,
+            };
+            if let Err(e) = self.evidence.write_observation(cx.runtime, ws, &obs).await {
+                tracing::warn!(error = %e, call_id = %r.call_id, "the observation of a cut tool call could not be written");
+            }
+        }
+    }
 }
 
 #[async_trait]
@@ -220,17 +448,22 @@ impl Layer for IntentLayer {
         input: CallInput,
         next: CallNext<'_>,
     ) -> Result<CallOutput> {
-        let (out, pending) = next.run_collecting::<PendingEnds>(cx, input).await;
+        let mut extensions = cx.extensions.clone();
+        extensions.insert_arc(Arc::new(UnknownKeys::default()));
+        let pending = Arc::new(PendingEnds::default());
+        extensions.insert_arc(pending.clone());
+        let out = next.run_with(cx, &extensions, input).await;
         let ends = pending.take();
         if let (false, Some(ws)) = (ends.is_empty(), cx.extensions.get::<Workspace>()) {
             // Not flushed: the call's last step made no intent after them. A crash before
             // they land reports those calls as `outcome_unknown` (whether they took effect
             // is then unknown to the session's record too), never runs them again.
             let session = cx.runtime.session_id.clone();
-            if let Err(e) = self
-                .write(ws, &session, &ends, AppendOptions::atomic())
-                .await
-            {
+            let written = match self.path(&session) {
+                Ok(path) => write_records(ws, &path, &ends, AppendOptions::atomic()).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = written {
                 tracing::warn!(session = %session, error = %e, "marking tool call intents done failed");
             }
         }
@@ -251,7 +484,7 @@ impl Layer for IntentLayer {
         // A user message in the middle of the call (a subagent's result delivered between
         // steps): the calls this call ran have returned, their ends are waiting here.
         let pending = cx.extensions.get_arc::<PendingEnds>();
-        let unknown = match self.read(&ws, &session).await {
+        let (unknown, keys) = match self.read(&ws, &session).await {
             Ok((records, size)) => {
                 let mut open = unresolved(&records);
                 if let Some(p) = &pending {
@@ -270,53 +503,167 @@ impl Layer for IntentLayer {
                 {
                     tracing::debug!(session = %session, error = %e, "dropping resolved intents failed");
                 }
-                open
+                (open, unknown_keys(&records))
             }
             Err(e) => {
                 tracing::warn!(session = %session, error = %e, "reading the tool call intents failed");
-                Vec::new()
+                (Vec::new(), Vec::new())
             }
         };
         next.run(cx, message).await?;
+        let mut keys = keys;
         if unknown.is_empty() {
+            if let Some(k) = cx.extensions.get::<UnknownKeys>() {
+                k.set(keys);
+            }
             return Ok(());
         }
-        tracing::warn!(session = %session, calls = unknown.len(), "tool calls whose process died: reported as outcome_unknown, not run again");
-        for m in outcome_unknown_messages(&unknown) {
+        let mut settled = Vec::with_capacity(unknown.len());
+        for r in unknown {
+            let (how, facts) = self.settle(cx, &r).await;
+            if how == Settled::Unknown
+                && let (Some(t), Some(a), Some(k)) = (&r.tool, &r.args, &r.key)
+            {
+                keys.push((t.clone(), a.clone(), k.clone()));
+            }
+            settled.push((r, how, facts));
+        }
+        if let Some(k) = cx.extensions.get::<UnknownKeys>() {
+            k.set(keys);
+        }
+        tracing::warn!(session = %session, calls = settled.len(), "tool calls whose process died: reconciled, run again or reported as outcome_unknown");
+        let pairs: Vec<(IntentRecord, Settled)> = settled
+            .iter()
+            .map(|(r, how, _)| (r.clone(), how.clone()))
+            .collect();
+        for m in settled_messages(&pairs) {
             next.run(cx, m).await?;
         }
+        self.observe(cx, &ws, &settled).await;
         // In the conversation (and its log) first, then marked: a crash in between reports
         // them once more rather than never.
-        let ends: Vec<IntentRecord> = unknown
+        let ends: Vec<IntentRecord> = pairs
             .iter()
-            .map(|r| IntentRecord {
-                call_id: r.call_id.clone(),
-                tool: None,
-                args: None,
-                key: None,
-                end: Some(OUTCOME_UNKNOWN.to_owned()),
-            })
+            .map(|(r, how)| end_record(&r.call_id, how.end()))
             .collect();
-        if let Err(e) = self
-            .write(&ws, &session, &ends, AppendOptions::atomic())
-            .await
-        {
+        let written = match self.path(&session) {
+            Ok(path) => write_records(&ws, &path, &ends, AppendOptions::atomic()).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
             tracing::warn!(session = %session, error = %e, "marking tool call intents failed");
         }
         Ok(())
     }
+}
+
+/// Writes an intent, durably, right before a tool call that is not a built-in read-only
+/// one acts (inside permissions: a denied or suspended call never acts), and its end when
+/// the call returns. A call of the same tool with the same arguments as a call reported
+/// `outcome_unknown` carries that call's idempotency key ([`IdempotencyKey`]).
+#[derive(Debug)]
+pub(crate) struct IntentToolLayer {
+    agent: String,
+    /// `tools.json`, for the MCP tools it declares idempotent.
+    tools_config: Option<Arc<ToolsConfigLayer>>,
+}
+
+impl IntentToolLayer {
+    pub(crate) fn new(
+        agent: impl Into<String>,
+        tools_config: Option<Arc<ToolsConfigLayer>>,
+    ) -> Self {
+        Self {
+            agent: agent.into(),
+            tools_config,
+        }
+    }
+
+    /// Whether the call needs no intent: a built-in read-only tool, or an MCP tool that
+    /// `tools.json` declares idempotent (the step's reading of it, shared with the other
+    /// layers: no store operation of its own).
+    async fn needs_no_intent(&self, cx: &ToolCtx<'_>, call: &ToolCall) -> bool {
+        if is_idempotent(&call.name) {
+            return true;
+        }
+        let (true, Some(layer), Some(ws)) = (
+            call.name.starts_with("mcp__"),
+            &self.tools_config,
+            hame_tools::snapshot::config_view(&cx.tool.extensions, cx.iteration),
+        ) else {
+            return false;
+        };
+        let Ok(config) = layer
+            .load_step(
+                &ws,
+                &cx.tool.extensions,
+                cx.tool.runtime.call_id(),
+                cx.iteration,
+            )
+            .await
+        else {
+            return false;
+        };
+        if config
+            .mcp_servers
+            .values()
+            .all(|s| s.idempotent == Idempotent::None)
+        {
+            return false;
+        }
+        let tools = layer.mcp_tools(&config, cx.events).await;
+        tools
+            .iter()
+            .find(|t| t.qualified == call.name)
+            .and_then(|t| {
+                config
+                    .mcp_servers
+                    .get(&t.server)
+                    .map(|s| s.idempotent.covers(&t.name))
+            })
+            .unwrap_or(false)
+    }
+}
+
+#[async_trait]
+impl Layer for IntentToolLayer {
+    fn name(&self) -> &str {
+        "intent-records"
+    }
 
     async fn tool(&self, cx: &ToolCtx<'_>, call: ToolCall, next: ToolNext<'_>) -> ToolOutcome {
         let ws = cx.tool.extensions.get::<Workspace>().cloned();
-        let Some(ws) = ws.filter(|_| !is_idempotent(&call.name)) else {
+        let Some(ws) = ws else {
             return next.run(cx, call).await;
         };
+        if self.needs_no_intent(cx, &call).await {
+            return next.run(cx, call).await;
+        }
         let session = cx.tool.runtime.session_id.clone();
+        let path = match intents_path(&self.agent, &session) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(session = %session, error = %e, "no intents file for this session; running the call without an intent");
+                return next.run(cx, call).await;
+            }
+        };
+        // The same operation as a call whose outcome is unknown: the same key.
+        let again = cx
+            .tool
+            .extensions
+            .get::<UnknownKeys>()
+            .and_then(|k| k.take(&call.name, &call.arguments));
+        let keyed = again.map(|key| {
+            let mut tool = cx.tool.clone();
+            tool.extensions.insert(IdempotencyKey(key));
+            tool
+        });
+        let tool_cx = keyed.as_ref().unwrap_or(cx.tool);
         let intent = IntentRecord {
             call_id: call.id.clone(),
             tool: Some(call.name.clone()),
             args: Some(call.arguments.clone()),
-            key: Some(cx.tool.idempotency_key()),
+            key: Some(tool_cx.idempotency_key()),
             end: None,
         };
         // Durable before the call acts; the ends of the call's earlier tool calls go with it
@@ -324,29 +671,24 @@ impl Layer for IntentLayer {
         let pending = cx.tool.extensions.get_arc::<PendingEnds>();
         let mut records = pending.as_ref().map(|p| p.take()).unwrap_or_default();
         records.push(intent);
-        if let Err(e) = self
-            .write(&ws, &session, &records, AppendOptions::default())
-            .await
-        {
+        if let Err(e) = write_records(&ws, &path, &records, AppendOptions::default()).await {
             tracing::warn!(session = %session, error = %e, "writing the tool call intent failed; running the call anyway");
         }
         let call_id = call.id.clone();
-        let out = next.run(cx, call).await;
-        let end = IntentRecord {
-            call_id,
-            tool: None,
-            args: None,
-            key: None,
-            end: Some("done".to_owned()),
+        let inner = ToolCtx {
+            tool: tool_cx,
+            state: cx.state,
+            events: cx.events,
+            iteration: cx.iteration,
+            resume: cx.resume,
         };
+        let out = next.run(&inner, call).await;
+        let end = end_record(&call_id, "done");
         match pending {
             // Written with the call's next intent or at its end.
             Some(p) => p.push(end),
             None => {
-                if let Err(e) = self
-                    .write(&ws, &session, &[end], AppendOptions::atomic())
-                    .await
-                {
+                if let Err(e) = write_records(&ws, &path, &[end], AppendOptions::atomic()).await {
                     tracing::warn!(session = %session, error = %e, "marking the tool call intent done failed");
                 }
             }
@@ -406,6 +748,70 @@ mod tests {
         assert_eq!(r.code.as_deref(), Some(OUTCOME_UNKNOWN));
         assert!(r.content.contains("NOT run again"), "{}", r.content);
         assert!(r.content.contains("{\"command\":\"x\"}"), "{}", r.content);
+    }
+
+    #[test]
+    fn a_reconciled_or_rerun_call_gets_its_output_and_an_unknown_one_is_told() {
+        let settled = vec![
+            (
+                intent("a"),
+                Settled::Reconciled(Ok("order 7 placed".into())),
+            ),
+            (intent("b"), Settled::Unknown),
+            (
+                intent("c"),
+                Settled::Rerun(Err(hame_core::ToolError::new("tool_failed", "no"))),
+            ),
+        ];
+        let [call, results] = settled_messages(&settled);
+        assert_eq!(call.tool_calls().count(), 3);
+        let r: Vec<&ToolResult> = results.tool_results_iter().collect();
+        assert_eq!(
+            (r[0].id.as_str(), r[0].content.as_str(), r[0].is_error),
+            ("a", "order 7 placed", false)
+        );
+        assert_eq!(r[1].code.as_deref(), Some(OUTCOME_UNKNOWN));
+        assert_eq!(r[2].code.as_deref(), Some("tool_failed"));
+        assert_eq!(
+            settled.iter().map(|(_, s)| s.end()).collect::<Vec<_>>(),
+            ["reconciled", OUTCOME_UNKNOWN, "done"]
+        );
+    }
+
+    #[test]
+    fn an_unknown_call_keeps_its_key_until_the_model_calls_it_again() {
+        let mut again = intent("d");
+        again.key = Some("k".into());
+        let mut other = intent("e");
+        other.key = Some("k2".into());
+        other.args = Some("{\"command\":\"y\"}".into());
+        // c1 cut and reported: its key is offered for the same call.
+        let records = vec![intent("c1"), end("c1", OUTCOME_UNKNOWN)];
+        let want = vec![(
+            "execute".to_owned(),
+            "{\"command\":\"x\"}".to_owned(),
+            "k".to_owned(),
+        )];
+        assert_eq!(unknown_keys(&records), want);
+        // Another call with another key changes nothing; a call that carried it uses it up.
+        let mut more = records.clone();
+        more.extend([other, end("e", "done")]);
+        assert_eq!(unknown_keys(&more), want);
+        more.extend([again, end("d", "done")]);
+        assert!(unknown_keys(&more).is_empty());
+        // A finished call offers nothing.
+        assert!(unknown_keys(&[intent("a"), end("a", "done")]).is_empty());
+    }
+
+    #[test]
+    fn the_same_call_is_the_same_tool_with_equal_arguments() {
+        let keys = UnknownKeys::default();
+        keys.set(vec![("pay".into(), "{\"a\":1,\"b\":2}".into(), "k".into())]);
+        assert_eq!(keys.take("pay", "{\"a\":2,\"b\":2}"), None);
+        assert_eq!(keys.take("refund", "{\"b\":2,\"a\":1}"), None);
+        assert_eq!(keys.take("pay", "{ \"b\": 2, \"a\": 1 }"), Some("k".into()));
+        // Used once.
+        assert_eq!(keys.take("pay", "{\"a\":1,\"b\":2}"), None);
     }
 
     #[test]

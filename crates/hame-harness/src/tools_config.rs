@@ -38,6 +38,51 @@ pub struct McpServer {
     pub server: hame_mcp::ServerConfig,
     /// Timeouts (`startupTimeout`, `timeout`, in seconds).
     pub options: hame_mcp::ClientOptions,
+    /// `idempotent`: which of the server's tools may simply run again (default none).
+    pub idempotent: Idempotent,
+}
+
+/// An `mcpServers` entry's `idempotent`: `true` (every tool of the server), `false` (none,
+/// the default) or a list of the server's own tool names. A call of such a tool writes no
+/// intent: a call cut by a crash is not reported `outcome_unknown`, the model simply asks
+/// for it again (docs/tools.md, *Exactly-once tools*).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Idempotent {
+    /// No tool (the default).
+    #[default]
+    None,
+    /// Every tool of the server.
+    All,
+    /// These tools (the server's names, not the `mcp__` ones).
+    Tools(Vec<String>),
+}
+
+impl Idempotent {
+    /// Whether the server's tool `name` is declared idempotent.
+    pub fn covers(&self, name: &str) -> bool {
+        match self {
+            Self::None => false,
+            Self::All => true,
+            Self::Tools(names) => names.iter().any(|n| n == name),
+        }
+    }
+
+    fn parse(v: Option<serde_json::Value>) -> Result<Self, String> {
+        let bad = "`idempotent` must be true, false or a list of the server's tool names";
+        match v {
+            None | Some(serde_json::Value::Bool(false)) => Ok(Self::None),
+            Some(serde_json::Value::Bool(true)) => Ok(Self::All),
+            Some(serde_json::Value::Array(items)) => items
+                .into_iter()
+                .map(|i| match i {
+                    serde_json::Value::String(s) if !s.trim().is_empty() => Ok(s),
+                    _ => Err(bad.to_owned()),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Self::Tools),
+            Some(_) => Err(bad.to_owned()),
+        }
+    }
 }
 
 /// The `permissions` section: `{"allow": [rule], "ask": [rule], "deny": [rule],
@@ -152,6 +197,8 @@ struct RawServer {
     timeout: Option<f64>,
     #[serde(default, rename = "startupTimeout")]
     startup_timeout: Option<f64>,
+    #[serde(default)]
+    idempotent: Option<serde_json::Value>,
 }
 
 /// Parses one `tools.json` (`file` names it in errors): JSON first, then `${VAR}` in every
@@ -237,6 +284,7 @@ fn server(name: &str, s: RawServer, workspace: &Path) -> Result<McpServer, Strin
         )?,
         call_timeout: seconds(s.timeout, hame_mcp::DEFAULT_CALL_TIMEOUT, "timeout")?,
     };
+    let idempotent = Idempotent::parse(s.idempotent)?;
     let transport = match s.transport.as_deref() {
         Some(t) => t.to_owned(),
         None if s.command.is_some() => "stdio".into(),
@@ -301,6 +349,7 @@ fn server(name: &str, s: RawServer, workspace: &Path) -> Result<McpServer, Strin
             transport,
         },
         options,
+        idempotent,
     })
 }
 

@@ -196,3 +196,31 @@ fn substituted_credentials_are_secrets_and_nothing_else_is() {
     assert!(!secret_position("X", "mcpServers.a.env.LOG_LEVEL"));
     assert!(!secret_position("X", "mcpServers.a.command"));
 }
+
+#[test]
+fn a_server_declares_which_of_its_tools_are_idempotent() {
+    let c = p(r#"{"mcpServers": {
+        "all": {"command": "s", "idempotent": true},
+        "some": {"command": "s", "idempotent": ["lookup", "put_by_key"]},
+        "none": {"command": "s"},
+        "off": {"command": "s", "idempotent": false}
+    }}"#)
+    .unwrap();
+    assert_eq!(c.mcp_servers["all"].idempotent, Idempotent::All);
+    assert!(c.mcp_servers["all"].idempotent.covers("anything"));
+    assert!(c.mcp_servers["some"].idempotent.covers("put_by_key"));
+    assert!(!c.mcp_servers["some"].idempotent.covers("pay"));
+    assert_eq!(c.mcp_servers["none"].idempotent, Idempotent::None);
+    assert_eq!(c.mcp_servers["off"].idempotent, Idempotent::None);
+    for bad in [r#""yes""#, "[1]", r#"[""]"#, "{}"] {
+        let e = p(&format!(
+            r#"{{"mcpServers": {{"x": {{"command": "s", "idempotent": {bad}}}}}}}"#
+        ))
+        .unwrap_err();
+        assert_eq!(
+            e,
+            "tools.json: mcpServers.x: `idempotent` must be true, false or a list of the server's tool names",
+            "{bad}"
+        );
+    }
+}

@@ -57,3 +57,24 @@ pub use server::{Error, RecordedRequest, Responder, ScriptedServer};
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Every file under `dir` (recursively) for which `keep` is true, in no particular order;
+/// unreadable folders are skipped. For tests that look for the files a run left.
+pub fn files_where(
+    dir: &std::path::Path,
+    keep: &dyn Fn(&std::path::Path) -> bool,
+) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.is_dir() {
+            out.extend(files_where(&path, keep));
+        } else if keep(&path) {
+            out.push(path);
+        }
+    }
+    out
+}

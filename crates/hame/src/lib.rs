@@ -91,7 +91,8 @@ pub mod prelude {
     pub use crate::schemars::{self, JsonSchema};
     pub use crate::serde::{self, Deserialize, Serialize};
     pub use crate::{
-        Tool, ToolContext, ToolError, ToolOutput, TypedTool, WorkspaceExt, async_trait, typed,
+        Reconciled, Tool, ToolContext, ToolError, ToolOutput, TypedTool, WorkspaceExt, async_trait,
+        typed,
     };
 }
 

@@ -1113,19 +1113,7 @@ async fn finished_runs_are_deleted_after_keep_finished() -> TestResult {
 
 /// Every file named `name` under `dir`.
 fn find_files(dir: &Path, name: &str) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return out;
-    };
-    for e in entries.flatten() {
-        let path = e.path();
-        if path.is_dir() {
-            out.extend(find_files(&path, name));
-        } else if path.file_name().is_some_and(|n| n == name) {
-            out.push(path);
-        }
-    }
-    out
+    hame_test_support::files_where(dir, &|p| p.file_name().is_some_and(|n| n == name))
 }
 
 /// A worker SIGKILLed while a tool call runs: the worker that takes the run over does not
