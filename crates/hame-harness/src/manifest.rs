@@ -582,7 +582,14 @@ mod tests {
                 }
                 None => assert_eq!(lines.len() - 1, n, "all kept"),
             }
-            assert_eq!(n >= 100, text.ends_with("more sections"), "{n}");
+            // 60 lines of ~64 bytes fit in 4 KiB, 100 do not; in between, the bound
+            // decides (the match above checks either outcome).
+            if n <= 60 {
+                assert!(!text.ends_with("more sections"), "{n}: all fit");
+            }
+            if n >= 100 {
+                assert!(text.ends_with("more sections"), "{n}: cut");
+            }
         }
         // A tiny bound still holds.
         assert!(compact(&sections(10), 10).len() <= 10);
