@@ -517,3 +517,32 @@ pub fn files_containing(root: &Path, needle: &str) -> Vec<std::path::PathBuf> {
     }
     found
 }
+
+/// One test per backend, each running `$body` with that backend's `--state`: `json` is a
+/// fresh directory (JSON state), a string names the test service's variable (a loud skip
+/// when it is unset, a failure under CI). The test attribute is `#[tokio::test]` unless one
+/// is given first. Callers have `TestResult` and `service` in scope.
+macro_rules! backend_tests {
+    (#[$attr:meta] $body:ident { $($test:ident: $backend:tt),+ $(,)? }) => {
+        $(
+            #[$attr]
+            async fn $test() -> TestResult {
+                backend_tests!(@run $body, $backend)
+            }
+        )+
+    };
+    (@run $body:ident, json) => {{
+        let shared = tempfile::tempdir()?;
+        $body(&shared.path().to_string_lossy()).await
+    }};
+    (@run $body:ident, $var:literal) => {{
+        let Some(url) = service($var) else {
+            return Ok(());
+        };
+        $body(&url).await
+    }};
+    ($body:ident { $($rest:tt)* }) => {
+        backend_tests!(#[tokio::test] $body { $($rest)* });
+    };
+}
+pub(crate) use backend_tests;

@@ -10,7 +10,9 @@ use hame::state::StateKey;
 use hame_test_support::{RecordedRequest, Responder, ScriptStep};
 use pretty_assertions::assert_eq;
 
-use super::common::{Scratch, last_role, run_with, service, stderr, stdout, unique_agent};
+use super::common::{
+    Scratch, backend_tests, last_role, run_with, service, stderr, stdout, unique_agent,
+};
 use super::replicas::dialogue;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -145,29 +147,14 @@ async fn same_session_calls_queue_on_a_json_state_dir() -> TestResult {
     same_session_calls_queue(&state.path().to_string_lossy()).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_session_calls_queue_on_redis() -> TestResult {
-    let Some(url) = service("HAME_TEST_REDIS_URL") else {
-        return Ok(());
-    };
-    same_session_calls_queue(&url).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_session_calls_queue_on_postgres() -> TestResult {
-    let Some(url) = service("HAME_TEST_POSTGRES_URL") else {
-        return Ok(());
-    };
-    same_session_calls_queue(&url).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_session_calls_queue_on_mysql() -> TestResult {
-    let Some(url) = service("HAME_TEST_MYSQL_URL") else {
-        return Ok(());
-    };
-    same_session_calls_queue(&url).await
-}
+backend_tests!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    same_session_calls_queue {
+        same_session_calls_queue_on_redis: "HAME_TEST_REDIS_URL",
+        same_session_calls_queue_on_postgres: "HAME_TEST_POSTGRES_URL",
+        same_session_calls_queue_on_mysql: "HAME_TEST_MYSQL_URL",
+    }
+);
 
 /// Two processes on two sessions of one user. Each call makes two model requests: a tool
 /// call the model takes 1.5 s to send, then the final text. A process is alive from its
@@ -229,29 +216,14 @@ async fn different_sessions_run_in_parallel_on_a_json_state_dir() -> TestResult 
     different_sessions_run_in_parallel(&state.path().to_string_lossy()).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn different_sessions_run_in_parallel_on_redis() -> TestResult {
-    let Some(url) = service("HAME_TEST_REDIS_URL") else {
-        return Ok(());
-    };
-    different_sessions_run_in_parallel(&url).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn different_sessions_run_in_parallel_on_postgres() -> TestResult {
-    let Some(url) = service("HAME_TEST_POSTGRES_URL") else {
-        return Ok(());
-    };
-    different_sessions_run_in_parallel(&url).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn different_sessions_run_in_parallel_on_mysql() -> TestResult {
-    let Some(url) = service("HAME_TEST_MYSQL_URL") else {
-        return Ok(());
-    };
-    different_sessions_run_in_parallel(&url).await
-}
+backend_tests!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    different_sessions_run_in_parallel {
+        different_sessions_run_in_parallel_on_redis: "HAME_TEST_REDIS_URL",
+        different_sessions_run_in_parallel_on_postgres: "HAME_TEST_POSTGRES_URL",
+        different_sessions_run_in_parallel_on_mysql: "HAME_TEST_MYSQL_URL",
+    }
+);
 
 /// 40 processes of one user, each on its own session, at once: the local session index
 /// lists every one of them (one index file per session, none lost).

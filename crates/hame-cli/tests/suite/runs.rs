@@ -13,7 +13,7 @@ use hame_test_support::{RecordedRequest, ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::common::{bin, hame, output, service, stderr, stdout, unique_agent};
+use super::common::{backend_tests, bin, hame, output, service, stderr, stdout, unique_agent};
 use super::serve::Serve;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -319,19 +319,10 @@ async fn an_unverified_run_shows_its_evidence(state: &str) -> TestResult {
     Ok(())
 }
 
-#[tokio::test]
-async fn an_unverified_run_shows_its_evidence_on_json_state() -> TestResult {
-    let shared = tempfile::tempdir()?;
-    an_unverified_run_shows_its_evidence(&shared.path().to_string_lossy()).await
-}
-
-#[tokio::test]
-async fn an_unverified_run_shows_its_evidence_on_postgres() -> TestResult {
-    let Some(url) = service("HAME_TEST_POSTGRES_URL") else {
-        return Ok(());
-    };
-    an_unverified_run_shows_its_evidence(&url).await
-}
+backend_tests!(an_unverified_run_shows_its_evidence {
+    an_unverified_run_shows_its_evidence_on_json_state: json,
+    an_unverified_run_shows_its_evidence_on_postgres: "HAME_TEST_POSTGRES_URL",
+});
 
 /// The whole surface on the default JSON state, with the worker inside `hame serve`.
 #[tokio::test]
@@ -602,35 +593,12 @@ async fn workers_drain_take_over_and_cancel(state: &str) -> TestResult {
     Ok(())
 }
 
-#[tokio::test]
-async fn workers_drain_take_over_and_cancel_on_json_state() -> TestResult {
-    let shared = tempfile::tempdir()?;
-    workers_drain_take_over_and_cancel(&shared.path().to_string_lossy()).await
-}
-
-#[tokio::test]
-async fn workers_drain_take_over_and_cancel_on_postgres() -> TestResult {
-    let Some(url) = service("HAME_TEST_POSTGRES_URL") else {
-        return Ok(());
-    };
-    workers_drain_take_over_and_cancel(&url).await
-}
-
-#[tokio::test]
-async fn workers_drain_take_over_and_cancel_on_redis() -> TestResult {
-    let Some(url) = service("HAME_TEST_REDIS_URL") else {
-        return Ok(());
-    };
-    workers_drain_take_over_and_cancel(&url).await
-}
-
-#[tokio::test]
-async fn workers_drain_take_over_and_cancel_on_mysql() -> TestResult {
-    let Some(url) = service("HAME_TEST_MYSQL_URL") else {
-        return Ok(());
-    };
-    workers_drain_take_over_and_cancel(&url).await
-}
+backend_tests!(workers_drain_take_over_and_cancel {
+    workers_drain_take_over_and_cancel_on_json_state: json,
+    workers_drain_take_over_and_cancel_on_postgres: "HAME_TEST_POSTGRES_URL",
+    workers_drain_take_over_and_cancel_on_redis: "HAME_TEST_REDIS_URL",
+    workers_drain_take_over_and_cancel_on_mysql: "HAME_TEST_MYSQL_URL",
+});
 
 /// `Idempotency-Key` retried 20 times concurrently against two replicas on one store
 /// yields one run.
@@ -642,13 +610,9 @@ async fn one_run_per_idempotency_key_across_replicas_on_postgres() -> TestResult
     one_run_per_idempotency_key_across_replicas(&url).await
 }
 
-#[tokio::test]
-async fn one_run_per_idempotency_key_across_replicas_on_redis() -> TestResult {
-    let Some(url) = service("HAME_TEST_REDIS_URL") else {
-        return Ok(());
-    };
-    one_run_per_idempotency_key_across_replicas(&url).await
-}
+backend_tests!(one_run_per_idempotency_key_across_replicas {
+    one_run_per_idempotency_key_across_replicas_on_redis: "HAME_TEST_REDIS_URL",
+});
 
 async fn one_run_per_idempotency_key_across_replicas(url: &str) -> TestResult {
     let model = ScriptedServer::start().await?;
@@ -848,21 +812,10 @@ async fn cancel_on_b_stops_an_execute_on_a(state: &str) -> TestResult {
     Ok(())
 }
 
-#[tokio::test]
-async fn a_cancel_sent_to_replica_b_stops_an_execute_on_a_on_postgres() -> TestResult {
-    let Some(url) = service("HAME_TEST_POSTGRES_URL") else {
-        return Ok(());
-    };
-    cancel_on_b_stops_an_execute_on_a(&url).await
-}
-
-#[tokio::test]
-async fn a_cancel_sent_to_replica_b_stops_an_execute_on_a_on_redis() -> TestResult {
-    let Some(url) = service("HAME_TEST_REDIS_URL") else {
-        return Ok(());
-    };
-    cancel_on_b_stops_an_execute_on_a(&url).await
-}
+backend_tests!(cancel_on_b_stops_an_execute_on_a {
+    a_cancel_sent_to_replica_b_stops_an_execute_on_a_on_postgres: "HAME_TEST_POSTGRES_URL",
+    a_cancel_sent_to_replica_b_stops_an_execute_on_a_on_redis: "HAME_TEST_REDIS_URL",
+});
 
 /// The user and assistant texts of a session log, in order.
 fn log_texts(path: &Path) -> Result<Vec<(String, String)>, Box<dyn std::error::Error>> {
@@ -1015,21 +968,10 @@ async fn two_replicas_one_killed(state: &str) -> TestResult {
     Ok(())
 }
 
-#[tokio::test]
-async fn two_replicas_one_killed_on_postgres() -> TestResult {
-    let Some(url) = service("HAME_TEST_POSTGRES_URL") else {
-        return Ok(());
-    };
-    two_replicas_one_killed(&url).await
-}
-
-#[tokio::test]
-async fn two_replicas_one_killed_on_redis() -> TestResult {
-    let Some(url) = service("HAME_TEST_REDIS_URL") else {
-        return Ok(());
-    };
-    two_replicas_one_killed(&url).await
-}
+backend_tests!(two_replicas_one_killed {
+    two_replicas_one_killed_on_postgres: "HAME_TEST_POSTGRES_URL",
+    two_replicas_one_killed_on_redis: "HAME_TEST_REDIS_URL",
+});
 
 /// `[runs] keep_finished` in hame.toml: a worker deletes the finished runs past it when it
 /// starts (and every 10 minutes); a newer run stays. A value that is not a retention is
@@ -1321,21 +1263,10 @@ async fn a_message_request_is_a_run(state: &str) -> TestResult {
     Ok(())
 }
 
-#[tokio::test]
-async fn a_message_request_is_a_run_on_postgres() -> TestResult {
-    let Some(url) = service("HAME_TEST_POSTGRES_URL") else {
-        return Ok(());
-    };
-    a_message_request_is_a_run(&url).await
-}
-
-#[tokio::test]
-async fn a_message_request_is_a_run_on_redis() -> TestResult {
-    let Some(url) = service("HAME_TEST_REDIS_URL") else {
-        return Ok(());
-    };
-    a_message_request_is_a_run(&url).await
-}
+backend_tests!(a_message_request_is_a_run {
+    a_message_request_is_a_run_on_postgres: "HAME_TEST_POSTGRES_URL",
+    a_message_request_is_a_run_on_redis: "HAME_TEST_REDIS_URL",
+});
 
 /// `hame runs <args> --json` as user `u` of `agent` on the workspace `dir/ws`: its JSON.
 async fn runs_cli(
@@ -1553,21 +1484,10 @@ async fn a_background_task_survives_its_replica(state: &str) -> TestResult {
     Ok(())
 }
 
-#[tokio::test]
-async fn a_background_task_survives_its_replica_on_postgres() -> TestResult {
-    let Some(url) = service("HAME_TEST_POSTGRES_URL") else {
-        return Ok(());
-    };
-    a_background_task_survives_its_replica(&url).await
-}
-
-#[tokio::test]
-async fn a_background_task_survives_its_replica_on_redis() -> TestResult {
-    let Some(url) = service("HAME_TEST_REDIS_URL") else {
-        return Ok(());
-    };
-    a_background_task_survives_its_replica(&url).await
-}
+backend_tests!(a_background_task_survives_its_replica {
+    a_background_task_survives_its_replica_on_postgres: "HAME_TEST_POSTGRES_URL",
+    a_background_task_survives_its_replica_on_redis: "HAME_TEST_REDIS_URL",
+});
 
 /// A spawner SIGKILLed between writing a queued task's record and submitting its run
 /// (failpoint `subagent.recorded`) leaves a record whose run does not exist: the parent
