@@ -96,7 +96,9 @@ until("$('busy').classList.contains('on') && $('busytext').textContent.includes(
 # give the shell a moment to start the command.
 until("fetch('/v1/sessions/web/runs').then(r => r.json()).then(b => b.runs[0].status === 'running')",
       "run-running", timeout=20)
-time.sleep(1.5)
+# The page shows the tool only once it ends, so there is no sign to wait for: 3 s (1.5 s
+# lost the race once with the whole suite running beside it).
+time.sleep(3)
 out["busy"] = js("({stopVisible: $('stop').offsetParent !== null, stopEnabled: !$('stop').disabled, "
                  "sendDisabled: $('sendbtn').disabled, text: $('busytext').textContent})")
 shot("3-busy")
