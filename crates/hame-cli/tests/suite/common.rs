@@ -497,25 +497,9 @@ impl Scratch {
 
 /// Every file under `root` whose bytes contain `needle`.
 pub fn files_containing(root: &Path, needle: &str) -> Vec<std::path::PathBuf> {
-    let mut found = Vec::new();
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if std::fs::read(&path)
-                .map(|b| String::from_utf8_lossy(&b).contains(needle))
-                .unwrap_or(false)
-            {
-                found.push(path);
-            }
-        }
-    }
-    found
+    hame_test_support::files_where(root, &|path| {
+        std::fs::read(path).is_ok_and(|b| String::from_utf8_lossy(&b).contains(needle))
+    })
 }
 
 /// One test per backend, each running `$body` with that backend's `--state`: `json` is a
