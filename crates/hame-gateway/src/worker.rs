@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use hame::state::runs::{Claim, ClaimOptions, RunEnd, RunError, RunInput, RunQueue};
+use hame::state::runs::{Claim, ClaimOptions, Run, RunEnd, RunError, RunInput, RunQueue};
 use hame::{CancellationToken, EventSink, HarnessAgent, Message, RuntimeContext};
 use serde_json::json;
 use tokio_util::task::TaskTracker;
@@ -270,7 +270,9 @@ impl Worker {
         }
     }
 
-    /// A message run: the turn of the run's session.
+    /// A message run: the turn of the run's session, or, once a decision was recorded on
+    /// its approvals ([`RunQueue::decide`]), the resumption of its suspended turn with
+    /// those decisions.
     async fn execute_message(
         &self,
         claim: &Claim,
@@ -297,9 +299,10 @@ impl Worker {
         if !verify.is_empty() {
             ctx = hame::harness::evidence::require_checks(ctx, verify, verify_attempts);
         }
-        // Taken over from a worker that died: if its turn was saved, it is not run again.
+        // Taken over from a worker that died (or resumed by a decision): if its turn was
+        // saved, it is not run again.
         if claim.attempt > 1
-            && let Some(end) = self.already_ran(&ctx, &run.id).await
+            && let Some(end) = self.already_ran(&ctx, run).await
         {
             tracing::info!(run = %run.id, "the run's turn was saved by its previous worker; not running it again");
             self.finish(claim, &end).await;
@@ -314,10 +317,14 @@ impl Worker {
         );
         let (sink, mut events) = EventSink::channel();
         let drain = tokio::spawn(async move { while events.recv().await.is_some() {} });
-        let result = self
-            .agent
-            .call_with(Message::user(message.to_owned()), &ctx, &sink, &cancel)
-            .await;
+        let result = match resolutions(run) {
+            Some(decided) => self.agent.resume(decided, &ctx, &sink, &cancel).await,
+            None => {
+                self.agent
+                    .call_with(Message::user(message.to_owned()), &ctx, &sink, &cancel)
+                    .await
+            }
+        };
         beats.stop();
         drop(sink);
         drain.abort();
@@ -441,48 +448,18 @@ impl Worker {
         self.finish(claim, &end).await;
     }
 
-    /// The end of run `id` when the session's saved state says its turn already ran (the
-    /// harness records the run id with the turn's fenced save): its last reply, or, when
-    /// the state does not end on one, a failure saying so. `None` when it did not run, or
-    /// when the state cannot be read (then the run is executed).
-    async fn already_ran(&self, ctx: &RuntimeContext, id: &str) -> Option<RunEnd> {
-        let state = match self.agent.state(ctx).await {
-            Ok(Some(s)) => s,
-            Ok(None) => return None,
+    /// The end of `run` when the session's saved state says its turn already ran (the
+    /// harness records the run id with the turn's fenced save): see [`saved_end`]. `None`
+    /// when it did not run, or when the state cannot be read (then the run is executed).
+    async fn already_ran(&self, ctx: &RuntimeContext, run: &Run) -> Option<RunEnd> {
+        match self.agent.state(ctx).await {
+            Ok(Some(state)) => saved_end(&state, run),
+            Ok(None) => None,
             Err(e) => {
-                tracing::warn!(run = %id, error = %e, "reading the session state failed; running the run");
-                return None;
+                tracing::warn!(run = %run.id, error = %e, "reading the session state failed; running the run");
+                None
             }
-        };
-        let last = state
-            .extensions
-            .get(hame::harness::RUNS_EXTENSION)
-            .and_then(|v| v.get("last"))
-            .and_then(|v| v.as_str());
-        if last != Some(id) {
-            return None;
         }
-        let reply = state
-            .messages
-            .last()
-            .filter(|m| m.role == hame::Role::Assistant && state.pending.is_none())
-            .map(hame::Message::text_content);
-        Some(match reply {
-            Some(text) => RunEnd::Completed {
-                reply: for_callers(json!(text))
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
-                usage: json!({}),
-                verification: None,
-            },
-            None => RunEnd::Failed(RunError {
-                code: "interrupted".into(),
-                message:
-                    "the worker running this turn died after saving it; see the session's messages"
-                        .into(),
-            }),
-        })
     }
 
     async fn finish(&self, claim: &Claim, end: &RunEnd) {
@@ -493,6 +470,72 @@ impl Worker {
             }
         }
     }
+}
+
+/// The decisions a run's next leg resumes its suspended turn with (`None`: none recorded,
+/// the run's message starts the turn).
+pub(crate) fn resolutions(run: &Run) -> Option<Vec<hame::Resolution>> {
+    let decided = run.decisions();
+    (!decided.is_empty()).then(|| {
+        decided
+            .into_iter()
+            .map(|(id, value)| hame::Resolution::new(id, value))
+            .collect()
+    })
+}
+
+/// The end of `run` that the session's saved `state` already holds, when the state was last
+/// saved by a turn of this run (the `runs` extension names it): nothing to run again.
+///
+/// - A suspended step that still waits on every decision the run carries: `None`, the
+///   resumption has not happened (a run resumed by a decision, or taken over before it
+///   resumed); run it.
+/// - Another suspended step: the run ends `waiting_approval` again, with that step's calls.
+/// - No suspended step: its last reply (`completed`), or `failed` (`interrupted`) when the
+///   state does not end on one.
+fn saved_end(state: &hame::AgentState, run: &Run) -> Option<RunEnd> {
+    let last = state
+        .extensions
+        .get(hame::harness::RUNS_EXTENSION)
+        .and_then(|v| v.get("last"))
+        .and_then(|v| v.as_str());
+    if last != Some(run.id.as_str()) {
+        return None;
+    }
+    if let Some(pending) = &state.pending {
+        let waiting = pending.to_suspended().calls;
+        let decided = run.decisions();
+        let unresumed = !decided.is_empty()
+            && decided
+                .iter()
+                .all(|(id, _)| waiting.iter().any(|c| &c.suspension.id == id));
+        if unresumed {
+            return None;
+        }
+        let approvals: Vec<serde_json::Value> = waiting.iter().map(crate::turn::approval).collect();
+        return Some(RunEnd::WaitingApproval(for_callers(json!(approvals))));
+    }
+    let reply = state
+        .messages
+        .last()
+        .filter(|m| m.role == hame::Role::Assistant)
+        .map(hame::Message::text_content);
+    Some(match reply {
+        Some(text) => RunEnd::Completed {
+            reply: for_callers(json!(text))
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            usage: json!({}),
+            verification: None,
+        },
+        None => RunEnd::Failed(RunError {
+            code: "interrupted".into(),
+            message:
+                "the worker running this turn died after saving it; see the session's messages"
+                    .into(),
+        }),
+    })
 }
 
 /// The heartbeat of a claimed run, in a task of its own: every `every` (or at once when a

@@ -1627,3 +1627,203 @@ async fn task_cancel_stops_a_queued_task_through_its_run() -> TestResult {
     assert!(took < Duration::from_secs(5), "cancelled after {took:?}");
     Ok(())
 }
+
+/// One line per record of a session log: `user: text`, `assistant: text`, `assistant:
+/// call <id> <tool>`, `tool: result <id>`.
+fn log_lines(path: &Path) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    let text = std::fs::read_to_string(path)?;
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let record: Value = serde_json::from_str(line)?;
+        let role = record["role"].as_str().unwrap_or_default();
+        for block in record["message"]["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let what = match block["type"].as_str() {
+                Some("text") => block["text"].as_str().unwrap_or_default().to_owned(),
+                Some("tool_call") => format!(
+                    "call {} {}",
+                    block["id"].as_str().unwrap_or_default(),
+                    block["name"].as_str().unwrap_or_default()
+                ),
+                Some("tool_result") => {
+                    format!("result {}", block["id"].as_str().unwrap_or_default())
+                }
+                _ => continue,
+            };
+            out.push(format!("{role}: {what}"));
+        }
+    }
+    Ok(out)
+}
+
+/// Issue #31: an approval decision is a run's next leg. A run whose tool call needs an
+/// approval ends `waiting_approval` and holds its session: a second run submitted meanwhile
+/// stays queued (the model never sees it), and a message to the session answers 202 with
+/// the same approval and makes no run. The decision, posted to replica B, resumes the
+/// waiting run there (the tool runs once); the run ends `completed` with the reply and its
+/// approval carries the decision; then the second run runs. The session log holds the
+/// message, the tool call, its result and the reply once each.
+async fn an_approval_decision_resumes_the_run(state: &str) -> TestResult {
+    let model = ScriptedServer::start().await?;
+    model.set_responder(|r: &RecordedRequest| {
+        let after_tool = r.body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .is_some_and(|m| m["role"] == "tool");
+        let text = r.last_user_text().unwrap_or_default();
+        if after_tool {
+            ScriptStep::text("counted")
+        } else if text == "count it" {
+            ScriptStep::tool_call(
+                "c1",
+                "execute",
+                json!({"command": "echo once >> count.txt"}),
+            )
+        } else {
+            ScriptStep::text(format!("done: {text}"))
+        }
+    });
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws)?;
+    std::fs::write(
+        ws.join("tools.json"),
+        json!({"permissions": {"ask": ["execute"]}}).to_string(),
+    )?;
+    let agent = unique_agent();
+    let args = [
+        "--agent",
+        agent.as_str(),
+        "--state",
+        state,
+        "--run-lapse",
+        "2",
+    ];
+    let a = Serve::start_named(dir.path(), "a", &model.base_url(), &args, &[])?;
+    let b = Serve::start_named(dir.path(), "b", &model.base_url(), &args, &[])?;
+    let http = reqwest::Client::new();
+
+    let (code, v) = submit(&http, &a, "u", "s", "count it", None).await?;
+    assert_eq!(code, 202, "{v}");
+    let first = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let waiting = wait_run(&http, &a, "u", &first, Duration::from_secs(30), finished).await?;
+    assert_eq!(waiting["status"], "waiting_approval", "{waiting}");
+    assert_eq!(waiting["approvals"][0]["tool"], "execute", "{waiting}");
+    let approval = waiting["approvals"][0]["id"]
+        .as_str()
+        .ok_or("no approval id")?
+        .to_owned();
+
+    // The session waits for the decision: the next run stays queued.
+    let (code, v) = submit(&http, &a, "u", "s", "second", None).await?;
+    assert_eq!(code, 202, "{v}");
+    let second = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (_, queued) = get_run(&http, &b, "u", &second).await?;
+    assert_eq!(queued["status"], "queued", "{queued}");
+    // A message answers with the waiting call, as before, and makes no run.
+    let resp = http
+        .post(b.at("/v1/sessions/s/messages"))
+        .header("x-hame-user", "u")
+        .json(&json!({"message": "hurry up"}))
+        .send()
+        .await?;
+    assert_eq!(resp.status().as_u16(), 202);
+    let body: Value = resp.json().await?;
+    assert_eq!(body["status"], "approval_needed", "{body}");
+    assert_eq!(body["approvals"][0]["id"], approval.as_str(), "{body}");
+    let list: Value = http
+        .get(b.at("/v1/sessions/s/runs"))
+        .header("x-hame-user", "u")
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(
+        list["runs"].as_array().map(Vec::len),
+        Some(2),
+        "no run for the message: {list}"
+    );
+    let asked: Vec<String> = model
+        .requests()
+        .iter()
+        .filter_map(|r| r.last_user_text())
+        .collect();
+    assert!(
+        !asked.iter().any(|t| t == "second" || t == "hurry up"),
+        "nothing of the session ran before the decision: {asked:?}"
+    );
+    assert!(
+        find_files(dir.path(), "count.txt").is_empty(),
+        "not run yet"
+    );
+
+    // The decision, on the other replica: the waiting run resumes there.
+    let resp = http
+        .post(b.at(&format!("/v1/sessions/s/approvals/{approval}")))
+        .header("x-hame-user", "u")
+        .json(&json!({"decision": "approve"}))
+        .send()
+        .await?;
+    assert_eq!(resp.status().as_u16(), 200);
+    let body: Value = resp.json().await?;
+    assert_eq!(body["reply"], "counted", "{body}");
+    let done = wait_run(&http, &a, "u", &first, Duration::from_secs(10), |s| {
+        s != "running"
+    })
+    .await?;
+    assert_eq!(done["status"], "completed", "{done}; B: {}", b.stderr());
+    assert_eq!(done["reply"], "counted", "{done}");
+    assert_eq!(done["approvals"][0]["id"], approval.as_str(), "{done}");
+    assert_eq!(
+        done["approvals"][0]["decision"],
+        json!({"approve": true}),
+        "{done}"
+    );
+    let again = http
+        .post(b.at(&format!("/v1/sessions/s/approvals/{approval}")))
+        .header("x-hame-user", "u")
+        .json(&json!({"decision": "approve"}))
+        .send()
+        .await?;
+    assert_eq!(again.status().as_u16(), 404, "a decision is taken once");
+    let next = wait_run(&http, &a, "u", &second, Duration::from_secs(30), |s| {
+        s == "completed" || s == "failed" || s == "cancelled"
+    })
+    .await?;
+    assert_eq!(next["status"], "completed", "{next}");
+    assert_eq!(next["reply"], "done: second", "{next}");
+
+    // The tool ran once; the log holds each part of the turn once.
+    let counts = find_files(dir.path(), "count.txt");
+    assert_eq!(counts.len(), 1, "{counts:?}");
+    assert_eq!(std::fs::read_to_string(&counts[0])?, "once\n");
+    let log = dir
+        .path()
+        .join("ws/u/agents")
+        .join(&agent)
+        .join("sessions/s.log.jsonl");
+    assert_eq!(
+        log_lines(&log)?,
+        vec![
+            "user: count it",
+            "assistant: call c1 execute",
+            "tool: result c1",
+            "assistant: counted",
+            "user: second",
+            "assistant: done: second",
+        ],
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    Ok(())
+}
+
+backend_tests!(an_approval_decision_resumes_the_run {
+    an_approval_decision_resumes_the_run_on_json_state: json,
+    an_approval_decision_resumes_the_run_on_postgres: "HAME_TEST_POSTGRES_URL",
+    an_approval_decision_resumes_the_run_on_redis: "HAME_TEST_REDIS_URL",
+});
