@@ -336,51 +336,7 @@ impl Worker {
             tracing::warn!(run = %run.id, "worker stopped mid-run; the run is left for another worker");
             return;
         }
-        let end = match result {
-            Ok(out) => {
-                let body = for_callers(json!({
-                    "reply": out.reply.text_content(),
-                    "usage": out.usage,
-                    "verification": out.verification,
-                }));
-                let reply = body["reply"].as_str().unwrap_or_default().to_owned();
-                let usage = body["usage"].clone();
-                // A run with required checks ends `unverified` when the gate's verdict says
-                // so, with the failing evidence (docs/evidence.md).
-                match &out.verification {
-                    Some(v) if v.status == hame::VerificationStatus::Unverified => {
-                        RunEnd::Unverified {
-                            reply,
-                            usage,
-                            verification: body["verification"].clone(),
-                        }
-                    }
-                    Some(_) => RunEnd::Completed {
-                        reply,
-                        usage,
-                        verification: Some(body["verification"].clone()),
-                    },
-                    None => RunEnd::Completed {
-                        reply,
-                        usage,
-                        verification: None,
-                    },
-                }
-            }
-            Err(hame::harness::Error::Call(hame::Error::Suspended(s))) => {
-                let approvals: Vec<serde_json::Value> =
-                    s.calls.iter().map(crate::turn::approval).collect();
-                RunEnd::WaitingApproval(for_callers(json!(approvals)))
-            }
-            Err(_) if beats.cancelled() => RunEnd::Cancelled,
-            Err(e) => {
-                let err = ApiError::from_harness(&e);
-                RunEnd::Failed(RunError {
-                    code: err.code.to_owned(),
-                    message: err.message,
-                })
-            }
-        };
+        let end = end_of(&result, beats.cancelled());
         self.finish(claim, &end).await;
     }
 
@@ -470,6 +426,97 @@ impl Worker {
             }
         }
     }
+}
+
+/// The end of a message run's turn: its reply (`completed`, or `unverified` when its
+/// required checks' verdict says so, docs/evidence.md), the calls that wait
+/// (`waiting_approval`), `cancelled` when a cancel of the run stopped it, else `failed`.
+fn end_of(result: &hame::harness::Result<hame::CallOutput>, cancelled: bool) -> RunEnd {
+    match result {
+        Ok(out) => {
+            let body = for_callers(json!({
+                "reply": out.reply.text_content(),
+                "usage": out.usage,
+                "verification": out.verification,
+            }));
+            let reply = body["reply"].as_str().unwrap_or_default().to_owned();
+            let usage = body["usage"].clone();
+            match &out.verification {
+                Some(v) if v.status == hame::VerificationStatus::Unverified => RunEnd::Unverified {
+                    reply,
+                    usage,
+                    verification: body["verification"].clone(),
+                },
+                Some(_) => RunEnd::Completed {
+                    reply,
+                    usage,
+                    verification: Some(body["verification"].clone()),
+                },
+                None => RunEnd::Completed {
+                    reply,
+                    usage,
+                    verification: None,
+                },
+            }
+        }
+        Err(hame::harness::Error::Call(hame::Error::Suspended(s))) => {
+            let approvals: Vec<serde_json::Value> =
+                s.calls.iter().map(crate::turn::approval).collect();
+            RunEnd::WaitingApproval(for_callers(json!(approvals)))
+        }
+        Err(_) if cancelled => RunEnd::Cancelled,
+        Err(e) => {
+            let err = ApiError::from_harness(e);
+            RunEnd::Failed(RunError {
+                code: err.code.to_owned(),
+                message: err.message,
+            })
+        }
+    }
+}
+
+/// Resumes, in this process, a waiting run that a decision claimed
+/// ([`RunQueue::decide`]): the session's suspended turn with the run's decisions
+/// ([`Run::decisions`]), under heartbeats of the claim (every
+/// [`hame::state::runs::HEARTBEAT_EVERY`]; a cancel of the run, from any replica, stops
+/// the turn), then writes the run's end — what `hame approve` does on a session whose
+/// waiting run is in the store. `ctx` is the session's context; the run's own extras (a
+/// caller's budget, checks) are added. When another worker took the run over meanwhile,
+/// its end is not written (the other worker's is).
+pub async fn resume_claimed(
+    agent: &HarnessAgent,
+    ctx: &RuntimeContext,
+    queue: Arc<dyn RunQueue>,
+    claim: Claim,
+    events: &EventSink,
+    cancel: &CancellationToken,
+) -> hame::harness::Result<hame::CallOutput> {
+    let mut ctx = ctx.clone();
+    if let RunInput::Message { extras, .. } = &claim.run.input {
+        ctx.extras
+            .extend(extras.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    ctx.extras.insert(
+        hame::harness::RUN_ID_EXTRA.to_owned(),
+        serde_json::Value::String(claim.run.id.clone()),
+    );
+    let stop = cancel.child_token();
+    let beats = Beating::start(
+        queue.clone(),
+        claim.clone(),
+        stop.clone(),
+        hame::state::runs::HEARTBEAT_EVERY,
+    );
+    let decided = resolutions(&claim.run).unwrap_or_default();
+    let result = agent.resume(decided, &ctx, events, &stop).await;
+    beats.stop();
+    if !beats.lost() {
+        let end = end_of(&result, beats.cancelled());
+        if let Err(e) = queue.finish(&claim, &end).await {
+            tracing::warn!(run = %claim.run.id, error = %e, "run could not be finished; a worker takes it over");
+        }
+    }
+    result
 }
 
 /// The decisions a run's next leg resumes its suspended turn with (`None`: none recorded,

@@ -1806,19 +1806,67 @@ async fn an_approval_decision_resumes_the_run(state: &str) -> TestResult {
         .join("ws/u/agents")
         .join(&agent)
         .join("sessions/s.log.jsonl");
+    let turn = [
+        "user: count it",
+        "assistant: call c1 execute",
+        "tool: result c1",
+        "assistant: counted",
+    ];
+    let mut want: Vec<&str> = turn.to_vec();
+    want.extend(["user: second", "assistant: done: second"]);
     assert_eq!(
         log_lines(&log)?,
-        vec![
-            "user: count it",
-            "assistant: call c1 execute",
-            "tool: result c1",
-            "assistant: counted",
-            "user: second",
-            "assistant: done: second",
-        ],
+        want,
         "{}",
         std::fs::read_to_string(&log).unwrap_or_default()
     );
+
+    // `hame approve`, without a server, resumes the waiting run too.
+    let (code, v) = submit(&http, &a, "u", "s", "count it", None).await?;
+    assert_eq!(code, 202, "{v}");
+    let third = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let waiting = wait_run(&http, &a, "u", &third, Duration::from_secs(30), finished).await?;
+    assert_eq!(waiting["status"], "waiting_approval", "{waiting}");
+    let approval = waiting["approvals"][0]["id"]
+        .as_str()
+        .ok_or("no approval id")?
+        .to_owned();
+    let ws_arg = ws.to_string_lossy().into_owned();
+    let state_home = dir.path().join("state").to_string_lossy().into_owned();
+    let base = model.base_url();
+    let out = output(hame(
+        &[
+            "approve",
+            "--model",
+            "openai:m",
+            "--no-memory",
+            "--workspace",
+            &ws_arg,
+            "--user",
+            "u",
+            "--agent",
+            &agent,
+            "--state",
+            state,
+            "--session",
+            "s",
+            &approval,
+        ],
+        &[
+            ("OPENAI_BASE_URL", base.as_str()),
+            ("HAME_STATE_HOME", state_home.as_str()),
+        ],
+        dir.path(),
+    ))
+    .await?;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("counted"), "{}", stdout(&out));
+    let (_, done) = get_run(&http, &b, "u", &third).await?;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["reply"], "counted", "{done}");
+    assert_eq!(std::fs::read_to_string(&counts[0])?, "once\nonce\n");
+    want.extend(turn);
+    assert_eq!(log_lines(&log)?, want);
     Ok(())
 }
 
