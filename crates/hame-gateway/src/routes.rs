@@ -662,6 +662,7 @@ pub(crate) async fn get_approvals(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct DecisionBody {
     decision: String,
     #[serde(default)]
@@ -686,9 +687,23 @@ pub(crate) async fn post_approval(
 ) -> Result<Response, ApiError> {
     valid_session(&session)?;
     let body: DecisionBody = parse(&body)?;
+    // Every field is honoured or refused: `reason` goes with a denial, `always` with an
+    // approval.
     let value = match (body.decision.as_str(), body.reason) {
-        ("approve", _) if body.always == Some(true) => json!({"approve": true, "always": true}),
-        ("approve", _) => json!({"approve": true}),
+        ("approve", Some(_)) => {
+            return Err(ApiError::bad_request(
+                "`reason` goes with \"deny\" (the model reads it); an approval takes `always` only",
+            ));
+        }
+        ("deny", _) if body.always.is_some() => {
+            return Err(ApiError::bad_request(
+                "`always` goes with \"approve\" (allow this call from now on)",
+            ));
+        }
+        ("approve", None) if body.always == Some(true) => {
+            json!({"approve": true, "always": true})
+        }
+        ("approve", None) => json!({"approve": true}),
         ("deny", Some(r)) => json!({"approve": false, "reason": r}),
         ("deny", None) => json!({"approve": false}),
         (other, _) => {

@@ -313,6 +313,16 @@ impl Worker {
             self.finish(claim, &end).await;
             return;
         }
+        // A message for a session whose calls still wait for a decision (its waiting run
+        // was cancelled, or a turn outside the queue suspended it) is not taken by the
+        // harness, which would answer it with those calls: fail the run saying so rather
+        // than swallow its message.
+        if resolutions(run).is_none()
+            && let Some(end) = self.session_waits(&ctx, &run.id).await
+        {
+            self.finish(claim, &end).await;
+            return;
+        }
         let cancel = abort.child_token();
         let beats = Beating::start(
             self.queue.clone(),
@@ -407,6 +417,31 @@ impl Worker {
             }
         };
         self.finish(claim, &end).await;
+    }
+
+    /// `failed` (`session_waiting`) when the session has calls waiting for a decision;
+    /// `None` when it has none (or its state cannot be read: the turn then says).
+    async fn session_waits(&self, ctx: &RuntimeContext, id: &str) -> Option<RunEnd> {
+        let pending = match self.agent.pending(ctx).await {
+            Ok(p) => p?,
+            Err(e) => {
+                tracing::warn!(run = %id, error = %e, "reading the session state failed; running the run");
+                return None;
+            }
+        };
+        let ids: Vec<&str> = pending
+            .calls
+            .iter()
+            .map(|c| c.suspension.id.as_str())
+            .collect();
+        Some(RunEnd::Failed(RunError {
+            code: "session_waiting".into(),
+            message: format!(
+                "the session's calls wait for a decision ({}): decide them (POST /v1/sessions/{}/approvals/{{id}}), then submit the message again",
+                ids.join(", "),
+                ctx.session_id
+            ),
+        }))
     }
 
     /// The end of `run` when the session's saved state says its turn already ran (the

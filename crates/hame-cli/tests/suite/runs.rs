@@ -1974,6 +1974,33 @@ async fn an_approval_decision_resumes_the_run(state: &str) -> TestResult {
         "not run yet"
     );
 
+    // Hostile decisions change nothing: every field is honoured or refused, another
+    // user's decision finds nothing.
+    for (user, bad, want) in [
+        (
+            "u",
+            json!({"decision": "approve", "reason": "because"}),
+            400,
+        ),
+        ("u", json!({"decision": "deny", "always": true}), 400),
+        ("u", json!({"decision": "approve", "colour": "red"}), 400),
+        ("u", json!({"decision": "Approve"}), 400),
+        ("u", json!({"decision": ["approve"]}), 400),
+        ("v", json!({"decision": "approve"}), 404),
+    ] {
+        let resp = http
+            .post(b.at(&format!("/v1/sessions/s/approvals/{approval}")))
+            .header("x-hame-user", user)
+            .json(&bad)
+            .send()
+            .await?;
+        let code = resp.status().as_u16();
+        let text = resp.text().await?;
+        assert_eq!(code, want, "{bad}: {text}");
+    }
+    let (_, still) = get_run(&http, &b, "u", &first).await?;
+    assert_eq!(still["status"], "waiting_approval", "{still}");
+
     // The decision, on the other replica: the waiting run resumes there.
     let resp = http
         .post(b.at(&format!("/v1/sessions/s/approvals/{approval}")))
@@ -2080,6 +2107,49 @@ async fn an_approval_decision_resumes_the_run(state: &str) -> TestResult {
     assert_eq!(std::fs::read_to_string(&counts[0])?, "once\nonce\n");
     want.extend(turn);
     assert_eq!(log_lines(&log)?, want);
+
+    // A cancelled waiting run releases the session; its call still waits, so the next run
+    // fails saying so (its message is not swallowed); a denial, outside the queue now,
+    // ends the turn, and the session runs again.
+    let (_, v) = submit(&http, &a, "u", "s", "count it", None).await?;
+    let fourth = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let waiting = wait_run(&http, &a, "u", &fourth, Duration::from_secs(30), finished).await?;
+    assert_eq!(waiting["status"], "waiting_approval", "{waiting}");
+    let approval = waiting["approvals"][0]["id"]
+        .as_str()
+        .ok_or("no approval id")?
+        .to_owned();
+    let (_, v) = submit(&http, &a, "u", "s", "after the cancel", None).await?;
+    let fifth = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let resp = http
+        .post(b.at(&format!("/v1/runs/{fourth}/cancel")))
+        .header("x-hame-user", "u")
+        .send()
+        .await?;
+    assert_eq!(resp.status().as_u16(), 202);
+    let v: Value = resp.json().await?;
+    assert_eq!(v["status"], "cancelled", "{v}");
+    let failed = wait_run(&http, &a, "u", &fifth, Duration::from_secs(30), finished).await?;
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert_eq!(failed["error"]["code"], "session_waiting", "{failed}");
+    assert!(
+        failed["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&approval)),
+        "{failed}"
+    );
+    let resp = http
+        .post(b.at(&format!("/v1/sessions/s/approvals/{approval}")))
+        .header("x-hame-user", "u")
+        .json(&json!({"decision": "deny", "reason": "not again"}))
+        .send()
+        .await?;
+    assert_eq!(resp.status().as_u16(), 200);
+    let (_, v) = submit(&http, &a, "u", "s", "last", None).await?;
+    let last = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let done = wait_run(&http, &a, "u", &last, Duration::from_secs(30), finished).await?;
+    assert_eq!(done["reply"], "done: last", "{done}");
+    assert_eq!(std::fs::read_to_string(&counts[0])?, "once\nonce\n");
     Ok(())
 }
 
