@@ -2212,3 +2212,109 @@ backend_tests!(an_approval_decision_resumes_the_run {
     an_approval_decision_resumes_the_run_on_postgres: "HAME_TEST_POSTGRES_URL",
     an_approval_decision_resumes_the_run_on_redis: "HAME_TEST_REDIS_URL",
 });
+
+/// A decided leg whose replica is SIGKILLed while the approved tool runs: the worker that
+/// takes the run over does not run the tool again; the model is told `outcome_unknown`
+/// and the run completes with its answer.
+async fn a_decided_leg_cut_by_a_kill_is_not_run_again(state: &str) -> TestResult {
+    let model = ScriptedServer::start().await?;
+    model.set_responder(|r: &RecordedRequest| {
+        let last = r.body["messages"].as_array().and_then(|m| m.last());
+        match last {
+            Some(m) if m["role"] == "tool" => {
+                let unknown = m["content"]
+                    .as_str()
+                    .is_some_and(|c| c.contains("outcome_unknown"));
+                ScriptStep::text(if unknown { "unknown" } else { "ran" })
+            }
+            _ => ScriptStep::tool_call(
+                "c1",
+                "execute",
+                json!({"command": "echo $$ >> job.txt; exec sleep 20"}),
+            ),
+        }
+    });
+    let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws)?;
+    std::fs::write(
+        ws.join("tools.json"),
+        json!({"permissions": {"ask": ["execute"]}}).to_string(),
+    )?;
+    let agent = unique_agent();
+    let args = [
+        "--agent",
+        agent.as_str(),
+        "--state",
+        state,
+        "--run-lapse",
+        "2",
+    ];
+    let a = Serve::start_named(dir.path(), "a", &model.base_url(), &args, &[])?;
+    let mut b = Serve::start_named(dir.path(), "b", &model.base_url(), &args, &[])?;
+    let http = reqwest::Client::new();
+    let (_, v) = submit(&http, &a, "u", "s", "the job", None).await?;
+    let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let waiting = wait_run(&http, &a, "u", &id, Duration::from_secs(30), finished).await?;
+    assert_eq!(waiting["status"], "waiting_approval", "{waiting}");
+    let approval = waiting["approvals"][0]["id"]
+        .as_str()
+        .ok_or("no approval id")?
+        .to_owned();
+    let decision = {
+        let (http, url) = (
+            http.clone(),
+            b.at(&format!("/v1/sessions/s/approvals/{approval}")),
+        );
+        tokio::spawn(async move {
+            http.post(url)
+                .header("x-hame-user", "u")
+                .json(&json!({"decision": "approve"}))
+                .send()
+                .await
+        })
+    };
+    // The approved command runs on B: B dies.
+    let start = Instant::now();
+    let job = loop {
+        if let Some(p) = find_files(dir.path(), "job.txt").first()
+            && std::fs::read_to_string(p).is_ok_and(|t| t.ends_with('\n'))
+        {
+            break p.clone();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the command never ran on B: {}",
+            b.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    b.kill();
+    assert!(
+        decision.await?.is_err(),
+        "the decision's request died with B"
+    );
+    let done = wait_run(&http, &a, "u", &id, Duration::from_secs(30), |s| {
+        s != "running"
+    })
+    .await?;
+    let pids = std::fs::read_to_string(&job)?;
+    // The orphaned sleep of the dead replica is ours to stop.
+    for pid in pids.lines() {
+        let _ = std::process::Command::new("kill").arg(pid.trim()).status();
+    }
+    assert_eq!(done["status"], "completed", "{done}; A: {}", a.stderr());
+    assert_eq!(done["reply"], "unknown", "{done}");
+    assert_eq!(
+        pids.lines().count(),
+        1,
+        "the approved command ran once: {pids}"
+    );
+    Ok(())
+}
+
+backend_tests!(a_decided_leg_cut_by_a_kill_is_not_run_again {
+    a_decided_leg_cut_by_a_kill_is_not_run_again_on_json_state: json,
+    a_decided_leg_cut_by_a_kill_is_not_run_again_on_postgres: "HAME_TEST_POSTGRES_URL",
+    a_decided_leg_cut_by_a_kill_is_not_run_again_on_redis: "HAME_TEST_REDIS_URL",
+});
