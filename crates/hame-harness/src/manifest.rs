@@ -102,17 +102,68 @@ pub const SECTION_MEMO: usize = 4096;
 /// hash: a step's request repeats the previous one's system prompt, tool schemas and
 /// messages, so each is hashed (SHA-256) and counted once, not once per step (the count is
 /// the expensive part with tiktoken). One per `context-manifest` layer.
+///
+/// Messages are also recognised without serialising them: a step's request holds the
+/// same shared blocks as the previous step's (hame-core's `Blocks::share_handle`), so
+/// a message seen before is looked up by its blocks' identity, role and usage.
 #[derive(Debug, Default)]
-pub struct SectionMemo(std::sync::Mutex<std::collections::HashMap<(usize, u64), (String, u64)>>);
+pub struct SectionMemo {
+    texts: std::sync::Mutex<std::collections::HashMap<(usize, u64), (String, u64)>>,
+    messages: std::sync::Mutex<std::collections::HashMap<usize, MeasuredMessage>>,
+}
+
+/// A message the memo measured: its blocks' handle, what else its JSON holds, the result.
+#[derive(Debug)]
+struct MeasuredMessage {
+    blocks: std::sync::Weak<Vec<hame_core::ContentBlock>>,
+    role: hame_core::Role,
+    usage: Option<hame_core::Usage>,
+    measured: (String, u64),
+}
 
 impl SectionMemo {
+    /// The hash and count of `msg`'s JSON, measured once per shared message.
+    fn measure_message(&self, msg: &Message, counter: &dyn TokenCounter) -> (String, u64) {
+        let blocks = msg.content.share_handle();
+        let key = blocks.as_ptr() as usize;
+        let lock = || {
+            self.messages
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if let Some(m) = lock().get(&key)
+            && m.blocks.ptr_eq(&blocks)
+            && m.blocks.strong_count() > 0
+            && m.role == msg.role
+            && m.usage == msg.usage
+        {
+            return m.measured.clone();
+        }
+        let json = serde_json::to_string(msg).unwrap_or_default();
+        let measured = self.measure(&json, counter);
+        let mut memo = lock();
+        if memo.len() >= SECTION_MEMO {
+            memo.clear();
+        }
+        memo.insert(
+            key,
+            MeasuredMessage {
+                blocks,
+                role: msg.role,
+                usage: msg.usage,
+                measured: measured.clone(),
+            },
+        );
+        measured
+    }
+
     fn measure(&self, text: &str, counter: &dyn TokenCounter) -> (String, u64) {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         text.hash(&mut h);
         let key = (text.len(), h.finish());
         let lock = || {
-            self.0
+            self.texts
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
         };
@@ -290,10 +341,9 @@ pub fn manifest_with(
         }
     };
     for (i, msg) in request.messages.iter().enumerate() {
-        let json = serde_json::to_string(msg).unwrap_or_default();
         match message_kind(msg) {
             (Transform::Verbatim, _) => {
-                let (hash, counted) = memo.measure(&json, counter);
+                let (hash, counted) = memo.measure_message(msg, counter);
                 match &mut run {
                     Some((_, hashes, sum)) => {
                         hashes.push_str(&hash);
@@ -308,6 +358,7 @@ pub fn manifest_with(
                     Some(span) => format!("summary:{}..{}", span.from, span.to),
                     None => format!("messages:{i}..{}", i + 1),
                 };
+                let json = serde_json::to_string(msg).unwrap_or_default();
                 out.push(m.section(source, &json, transform, why));
             }
         }
@@ -453,11 +504,15 @@ impl Layer for ManifestLayer {
         {
             let written = match self.recorder.log_for(cx.runtime, ws) {
                 Ok(log) => log
+                    // Whole lines, not flushed: a diagnostic record, not the conversation's;
+                    // a process crash loses nothing, a machine crash can lose the manifests
+                    // of the calls since the file was last flushed (docs/context-manifest.md).
+                    // A flush per call was most of the records' cost on disk (issue #33).
                     .append_side(
                         &cx.runtime.session_id,
                         CONTEXT_SUFFIX,
                         &manifests,
-                        AppendOptions::default(),
+                        AppendOptions::atomic(),
                     )
                     .await
                     .map_err(|e| e.to_string()),
@@ -559,6 +614,36 @@ mod tests {
                 why: None,
             })
             .collect()
+    }
+
+    #[test]
+    fn the_memo_knows_a_shared_message_and_not_a_changed_one() {
+        let counter = hame_memory::EstimateCounter;
+        let memo = SectionMemo::default();
+        let a = Message::user("the same words");
+        let first = memo.measure_message(&a, &counter);
+        let json = serde_json::to_string(&a).unwrap_or_default();
+        assert_eq!(first, (short_hash(json.as_bytes()), counter.count(&json)));
+        // A clone shares the blocks: the memo's answer, without serialising.
+        assert_eq!(memo.measure_message(&a.clone(), &counter), first);
+        // Changed blocks are a new allocation, measured afresh.
+        let mut b = a.clone();
+        b.content.push(hame_core::ContentBlock::Text {
+            text: "more".into(),
+        });
+        let json_b = serde_json::to_string(&b).unwrap_or_default();
+        assert_eq!(
+            memo.measure_message(&b, &counter),
+            (short_hash(json_b.as_bytes()), counter.count(&json_b))
+        );
+        // The same blocks with another usage serialise differently: measured afresh.
+        let mut c = a.clone();
+        c.usage = Some(hame_core::Usage::default());
+        let json_c = serde_json::to_string(&c).unwrap_or_default();
+        assert_eq!(
+            memo.measure_message(&c, &counter).0,
+            short_hash(json_c.as_bytes())
+        );
     }
 
     #[test]
