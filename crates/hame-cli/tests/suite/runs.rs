@@ -1860,6 +1860,63 @@ fn log_lines(path: &Path) -> Result<Vec<String>, Box<dyn std::error::Error>> {
     Ok(out)
 }
 
+/// Two `hame serve` replicas (each with a worker, `--run-lapse 2`) on `state`, sharing one
+/// workspace whose `execute` calls ask for approval.
+struct AskingReplicas {
+    dir: tempfile::TempDir,
+    agent: String,
+    a: Serve,
+    b: Serve,
+    http: reqwest::Client,
+}
+
+impl AskingReplicas {
+    fn start(state: &str, model: &ScriptedServer) -> Result<Self, Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(&ws)?;
+        std::fs::write(
+            ws.join("tools.json"),
+            json!({"permissions": {"ask": ["execute"]}}).to_string(),
+        )?;
+        let agent = unique_agent();
+        let args = ["--agent", &agent, "--state", state, "--run-lapse", "2"];
+        let a = Serve::start_named(dir.path(), "a", &model.base_url(), &args, &[])?;
+        let b = Serve::start_named(dir.path(), "b", &model.base_url(), &args, &[])?;
+        Ok(Self {
+            dir,
+            agent,
+            a,
+            b,
+            http: reqwest::Client::new(),
+        })
+    }
+
+    /// Submits `message` to session `s` of user `u` on A and waits until its run waits for
+    /// a decision on an `execute` call: the run id and the approval id.
+    async fn waiting(&self, message: &str) -> Result<(String, String), Box<dyn std::error::Error>> {
+        let (code, v) = submit(&self.http, &self.a, "u", "s", message, None).await?;
+        assert_eq!(code, 202, "{v}");
+        let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
+        let run = wait_run(
+            &self.http,
+            &self.a,
+            "u",
+            &id,
+            Duration::from_secs(30),
+            finished,
+        )
+        .await?;
+        assert_eq!(run["status"], "waiting_approval", "{run}");
+        assert_eq!(run["approvals"][0]["tool"], "execute", "{run}");
+        let approval = run["approvals"][0]["id"]
+            .as_str()
+            .ok_or("no approval id")?
+            .to_owned();
+        Ok((id, approval))
+    }
+}
+
 /// Issue #31: an approval decision is a run's next leg. A run whose tool call needs an
 /// approval ends `waiting_approval` and holds its session: a second run submitted meanwhile
 /// stays queued (the model never sees it), and a message to the session answers 202 with
@@ -1887,43 +1944,23 @@ async fn an_approval_decision_resumes_the_run(state: &str) -> TestResult {
             ScriptStep::text(format!("done: {text}"))
         }
     });
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    std::fs::create_dir_all(&ws)?;
-    std::fs::write(
-        ws.join("tools.json"),
-        json!({"permissions": {"ask": ["execute"]}}).to_string(),
-    )?;
-    let agent = unique_agent();
-    let args = [
-        "--agent",
-        agent.as_str(),
-        "--state",
-        state,
-        "--run-lapse",
-        "2",
-    ];
-    let a = Serve::start_named(dir.path(), "a", &model.base_url(), &args, &[])?;
-    let b = Serve::start_named(dir.path(), "b", &model.base_url(), &args, &[])?;
-    let http = reqwest::Client::new();
-
-    let (code, v) = submit(&http, &a, "u", "s", "count it", None).await?;
-    assert_eq!(code, 202, "{v}");
-    let first = v["run_id"].as_str().ok_or("no id")?.to_owned();
-    let waiting = wait_run(&http, &a, "u", &first, Duration::from_secs(30), finished).await?;
-    assert_eq!(waiting["status"], "waiting_approval", "{waiting}");
-    assert_eq!(waiting["approvals"][0]["tool"], "execute", "{waiting}");
-    let approval = waiting["approvals"][0]["id"]
-        .as_str()
-        .ok_or("no approval id")?
-        .to_owned();
+    let r = AskingReplicas::start(state, &model)?;
+    let (dir, ws, agent, a, b, http) = (
+        &r.dir,
+        r.dir.path().join("ws"),
+        &r.agent,
+        &r.a,
+        &r.b,
+        &r.http,
+    );
+    let (first, approval) = r.waiting("count it").await?;
 
     // The session waits for the decision: the next run stays queued.
-    let (code, v) = submit(&http, &a, "u", "s", "second", None).await?;
+    let (code, v) = submit(http, a, "u", "s", "second", None).await?;
     assert_eq!(code, 202, "{v}");
     let second = v["run_id"].as_str().ok_or("no id")?.to_owned();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let (_, queued) = get_run(&http, &b, "u", &second).await?;
+    let (_, queued) = get_run(http, b, "u", &second).await?;
     assert_eq!(queued["status"], "queued", "{queued}");
     // A message answers with the waiting call, as before, and makes no run.
     let resp = http
@@ -1986,7 +2023,7 @@ async fn an_approval_decision_resumes_the_run(state: &str) -> TestResult {
         let text = resp.text().await?;
         assert_eq!(code, want, "{bad}: {text}");
     }
-    let (_, still) = get_run(&http, &b, "u", &first).await?;
+    let (_, still) = get_run(http, b, "u", &first).await?;
     assert_eq!(still["status"], "waiting_approval", "{still}");
 
     // The decision, on the other replica: the waiting run resumes there.
@@ -1999,7 +2036,7 @@ async fn an_approval_decision_resumes_the_run(state: &str) -> TestResult {
     assert_eq!(resp.status().as_u16(), 200);
     let body: Value = resp.json().await?;
     assert_eq!(body["reply"], "counted", "{body}");
-    let done = wait_run(&http, &a, "u", &first, Duration::from_secs(10), |s| {
+    let done = wait_run(http, a, "u", &first, Duration::from_secs(10), |s| {
         s != "running"
     })
     .await?;
@@ -2018,7 +2055,7 @@ async fn an_approval_decision_resumes_the_run(state: &str) -> TestResult {
         .send()
         .await?;
     assert_eq!(again.status().as_u16(), 404, "a decision is taken once");
-    let next = wait_run(&http, &a, "u", &second, Duration::from_secs(30), |s| {
+    let next = wait_run(http, a, "u", &second, Duration::from_secs(30), |s| {
         s == "completed" || s == "failed" || s == "cancelled"
     })
     .await?;
@@ -2032,7 +2069,7 @@ async fn an_approval_decision_resumes_the_run(state: &str) -> TestResult {
     let log = dir
         .path()
         .join("ws/u/agents")
-        .join(&agent)
+        .join(agent)
         .join("sessions/s.log.jsonl");
     let turn = [
         "user: count it",
@@ -2050,15 +2087,7 @@ async fn an_approval_decision_resumes_the_run(state: &str) -> TestResult {
     );
 
     // `hame approve`, without a server, resumes the waiting run too.
-    let (code, v) = submit(&http, &a, "u", "s", "count it", None).await?;
-    assert_eq!(code, 202, "{v}");
-    let third = v["run_id"].as_str().ok_or("no id")?.to_owned();
-    let waiting = wait_run(&http, &a, "u", &third, Duration::from_secs(30), finished).await?;
-    assert_eq!(waiting["status"], "waiting_approval", "{waiting}");
-    let approval = waiting["approvals"][0]["id"]
-        .as_str()
-        .ok_or("no approval id")?
-        .to_owned();
+    let (third, approval) = r.waiting("count it").await?;
     let ws_arg = ws.to_string_lossy().into_owned();
     let state_home = dir.path().join("state").to_string_lossy().into_owned();
     let base = model.base_url();
@@ -2073,7 +2102,7 @@ async fn an_approval_decision_resumes_the_run(state: &str) -> TestResult {
             "--user",
             "u",
             "--agent",
-            &agent,
+            agent,
             "--state",
             state,
             "--session",
@@ -2089,7 +2118,7 @@ async fn an_approval_decision_resumes_the_run(state: &str) -> TestResult {
     .await?;
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stdout(&out).contains("counted"), "{}", stdout(&out));
-    let (_, done) = get_run(&http, &b, "u", &third).await?;
+    let (_, done) = get_run(http, b, "u", &third).await?;
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(done["reply"], "counted", "{done}");
     assert_eq!(std::fs::read_to_string(&counts[0])?, "once\nonce\n");
@@ -2099,15 +2128,8 @@ async fn an_approval_decision_resumes_the_run(state: &str) -> TestResult {
     // A cancelled waiting run releases the session; its call still waits, so the next run
     // fails saying so (its message is not swallowed); a denial, outside the queue now,
     // ends the turn, and the session runs again.
-    let (_, v) = submit(&http, &a, "u", "s", "count it", None).await?;
-    let fourth = v["run_id"].as_str().ok_or("no id")?.to_owned();
-    let waiting = wait_run(&http, &a, "u", &fourth, Duration::from_secs(30), finished).await?;
-    assert_eq!(waiting["status"], "waiting_approval", "{waiting}");
-    let approval = waiting["approvals"][0]["id"]
-        .as_str()
-        .ok_or("no approval id")?
-        .to_owned();
-    let (_, v) = submit(&http, &a, "u", "s", "after the cancel", None).await?;
+    let (fourth, approval) = r.waiting("count it").await?;
+    let (_, v) = submit(http, a, "u", "s", "after the cancel", None).await?;
     let fifth = v["run_id"].as_str().ok_or("no id")?.to_owned();
     let resp = http
         .post(b.at(&format!("/v1/runs/{fourth}/cancel")))
@@ -2117,7 +2139,7 @@ async fn an_approval_decision_resumes_the_run(state: &str) -> TestResult {
     assert_eq!(resp.status().as_u16(), 202);
     let v: Value = resp.json().await?;
     assert_eq!(v["status"], "cancelled", "{v}");
-    let failed = wait_run(&http, &a, "u", &fifth, Duration::from_secs(30), finished).await?;
+    let failed = wait_run(http, a, "u", &fifth, Duration::from_secs(30), finished).await?;
     assert_eq!(failed["status"], "failed", "{failed}");
     assert_eq!(failed["error"]["code"], "session_waiting", "{failed}");
     assert!(
@@ -2133,9 +2155,9 @@ async fn an_approval_decision_resumes_the_run(state: &str) -> TestResult {
         .send()
         .await?;
     assert_eq!(resp.status().as_u16(), 200);
-    let (_, v) = submit(&http, &a, "u", "s", "last", None).await?;
+    let (_, v) = submit(http, a, "u", "s", "last", None).await?;
     let last = v["run_id"].as_str().ok_or("no id")?.to_owned();
-    let done = wait_run(&http, &a, "u", &last, Duration::from_secs(30), finished).await?;
+    let done = wait_run(http, a, "u", &last, Duration::from_secs(30), finished).await?;
     assert_eq!(done["reply"], "done: last", "{done}");
     assert_eq!(std::fs::read_to_string(&counts[0])?, "once\nonce\n");
     Ok(())
@@ -2168,37 +2190,13 @@ async fn a_decided_leg_cut_by_a_kill_is_not_run_again(state: &str) -> TestResult
             ),
         }
     });
-    let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    std::fs::create_dir_all(&ws)?;
-    std::fs::write(
-        ws.join("tools.json"),
-        json!({"permissions": {"ask": ["execute"]}}).to_string(),
-    )?;
-    let agent = unique_agent();
-    let args = [
-        "--agent",
-        agent.as_str(),
-        "--state",
-        state,
-        "--run-lapse",
-        "2",
-    ];
-    let a = Serve::start_named(dir.path(), "a", &model.base_url(), &args, &[])?;
-    let mut b = Serve::start_named(dir.path(), "b", &model.base_url(), &args, &[])?;
-    let http = reqwest::Client::new();
-    let (_, v) = submit(&http, &a, "u", "s", "the job", None).await?;
-    let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
-    let waiting = wait_run(&http, &a, "u", &id, Duration::from_secs(30), finished).await?;
-    assert_eq!(waiting["status"], "waiting_approval", "{waiting}");
-    let approval = waiting["approvals"][0]["id"]
-        .as_str()
-        .ok_or("no approval id")?
-        .to_owned();
+    let mut r = AskingReplicas::start(state, &model)?;
+    let (id, approval) = r.waiting("the job").await?;
+    let (dir, http) = (r.dir.path().to_owned(), r.http.clone());
     let decision = {
         let (http, url) = (
             http.clone(),
-            b.at(&format!("/v1/sessions/s/approvals/{approval}")),
+            r.b.at(&format!("/v1/sessions/s/approvals/{approval}")),
         );
         tokio::spawn(async move {
             http.post(url)
@@ -2211,7 +2209,7 @@ async fn a_decided_leg_cut_by_a_kill_is_not_run_again(state: &str) -> TestResult
     // The approved command runs on B: B dies.
     let start = Instant::now();
     let job = loop {
-        if let Some(p) = find_files(dir.path(), "job.txt").first()
+        if let Some(p) = find_files(&dir, "job.txt").first()
             && std::fs::read_to_string(p).is_ok_and(|t| t.ends_with('\n'))
         {
             break p.clone();
@@ -2219,16 +2217,16 @@ async fn a_decided_leg_cut_by_a_kill_is_not_run_again(state: &str) -> TestResult
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "the command never ran on B: {}",
-            b.stderr()
+            r.b.stderr()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    b.kill();
+    r.b.kill();
     assert!(
         decision.await?.is_err(),
         "the decision's request died with B"
     );
-    let done = wait_run(&http, &a, "u", &id, Duration::from_secs(30), |s| {
+    let done = wait_run(&http, &r.a, "u", &id, Duration::from_secs(30), |s| {
         s != "running"
     })
     .await?;
@@ -2237,7 +2235,7 @@ async fn a_decided_leg_cut_by_a_kill_is_not_run_again(state: &str) -> TestResult
     for pid in pids.lines() {
         let _ = std::process::Command::new("kill").arg(pid.trim()).status();
     }
-    assert_eq!(done["status"], "completed", "{done}; A: {}", a.stderr());
+    assert_eq!(done["status"], "completed", "{done}; A: {}", r.a.stderr());
     assert_eq!(done["reply"], "unknown", "{done}");
     assert_eq!(
         pids.lines().count(),

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 
 use serde_json::Value;
 
-use super::{Run, RunStatus};
+use super::{Decided, Decision, Run, RunStatus};
 
 /// Whether `run` is held by a live claim at `now`.
 fn live(run: &Run, now: DateTime<Utc>) -> bool {
@@ -65,6 +65,26 @@ pub(crate) fn decisions(approvals: Option<&Value>) -> Vec<(String, Value)> {
             Some((id.to_owned(), decision.clone()))
         })
         .collect()
+}
+
+/// What `decision` does to a session whose head run (the earliest holding it) is `head`:
+/// the run and its approvals with the decision, to write and claim; or, when nothing
+/// changes, the answer ([`Decided::NoneWaiting`], [`Decided::Busy`],
+/// [`Decided::UnknownApproval`]). Every backend decides through it.
+pub(crate) fn decide_on(
+    head: Option<Run>,
+    decision: &Decision,
+) -> std::result::Result<(Run, Value), Box<Decided>> {
+    let Some(run) = head else {
+        return Err(Box::new(Decided::NoneWaiting));
+    };
+    if run.status != RunStatus::WaitingApproval {
+        return Err(Box::new(Decided::Busy(run)));
+    }
+    match record_decision(run.approvals.as_ref(), &decision.approval, &decision.value) {
+        Some(approvals) => Ok((run, approvals)),
+        None => Err(Box::new(Decided::UnknownApproval(run))),
+    }
 }
 
 /// The approvals of a waiting run with `decision` recorded on the undecided approval

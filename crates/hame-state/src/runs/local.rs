@@ -204,18 +204,13 @@ pub(crate) mod ops {
             })
             .min_by_key(|(_, r)| r.seq)
             .map(|(i, _)| i);
-        let Some(i) = head else {
-            return (Decided::NoneWaiting, None);
-        };
-        if runs[i].status != RunStatus::WaitingApproval {
-            return (Decided::Busy(runs[i].clone()), None);
-        }
-        let Some(approvals) = super::super::record_decision(
-            runs[i].approvals.as_ref(),
-            &decision.approval,
-            &decision.value,
-        ) else {
-            return (Decided::UnknownApproval(runs[i].clone()), None);
+        let (i, approvals) = match super::super::decide_on(head.map(|i| runs[i].clone()), decision)
+        {
+            Ok((run, approvals)) => match runs.iter().position(|r| r.id == run.id) {
+                Some(i) => (i, approvals),
+                None => return (Decided::NoneWaiting, None),
+            },
+            Err(answer) => return (*answer, None),
         };
         runs[i].approvals = Some(approvals);
         runs[i].cancel_requested = false;

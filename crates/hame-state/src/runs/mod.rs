@@ -43,8 +43,8 @@ mod sql;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 
+pub(crate) use decide::decide_on;
 pub use decide::pick;
-pub(crate) use decide::record_decision;
 #[cfg(feature = "json")]
 pub use local::JsonRunQueue;
 pub use local::{InMemoryRunQueue, LOCAL_POLL};

@@ -11,7 +11,7 @@ use sqlx::mysql::{MySqlPool, MySqlPoolOptions, MySqlRow};
 
 use super::{
     Beat, CancelOutcome, Claim, ClaimOptions, Decided, Decision, EndColumns, NewRun, Run, RunEnd,
-    RunError, RunFilter, RunQueue, RunStatus, Submitted, claim_lost, validate_run_id,
+    RunError, RunFilter, RunQueue, Submitted, claim_lost, validate_run_id,
 };
 use crate::error::{Error, Result};
 use crate::key::StateKey;
@@ -545,21 +545,14 @@ impl RunQueue for MySqlRunQueue {
         .fetch_optional(&mut *tx)
         .await
         .map_err(backend)?;
-        let Some(head) = head else {
-            tx.rollback().await.map_err(backend)?;
-            return Ok(Decided::NoneWaiting);
-        };
-        let run = to_run(&head)?;
-        if run.status != RunStatus::WaitingApproval {
-            tx.rollback().await.map_err(backend)?;
-            return Ok(Decided::Busy(run));
-        }
-        let Some(approvals) =
-            super::record_decision(run.approvals.as_ref(), &decision.approval, &decision.value)
-        else {
-            tx.rollback().await.map_err(backend)?;
-            return Ok(Decided::UnknownApproval(run));
-        };
+        let (run, approvals) =
+            match super::decide_on(head.as_ref().map(to_run).transpose()?, decision) {
+                Ok(decided) => decided,
+                Err(answer) => {
+                    tx.rollback().await.map_err(backend)?;
+                    return Ok(*answer);
+                }
+            };
         sqlx::query(
             "UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = ?,
                  worker = ?, updated_at = UTC_TIMESTAMP(6), approvals = ?,

@@ -46,7 +46,7 @@ use chrono::{DateTime, Utc};
 
 use super::{
     Beat, CancelOutcome, Claim, ClaimOptions, Decided, Decision, EndColumns, NewRun, Run, RunEnd,
-    RunError, RunFilter, RunQueue, RunStatus, Submitted, claim_lost, validate_run_id,
+    RunError, RunFilter, RunQueue, Submitted, claim_lost, validate_run_id,
 };
 use crate::error::{Error, Result};
 use crate::key::StateKey;
@@ -653,26 +653,24 @@ impl RunQueue for RedisRunQueue {
                 .conn
                 .query(redis::cmd("GET").arg(format!("{}:busy:{sk}", self.base)))
                 .await?;
-            let Some(id) = head else {
-                return Ok(Decided::NoneWaiting);
+            let h: Hash = match &head {
+                Some(id) => {
+                    self.conn
+                        .query(redis::cmd("HGETALL").arg(self.run_key(id)))
+                        .await?
+                }
+                None => Hash::new(),
             };
-            let h: Hash = self
-                .conn
-                .query(redis::cmd("HGETALL").arg(self.run_key(&id)))
-                .await?;
-            if h.is_empty() {
-                return Ok(Decided::NoneWaiting);
-            }
             // Compared by the script: another decision in between makes us read again.
             let as_read = h.get("approvals").cloned().unwrap_or_default();
-            let run = to_run(&h)?;
-            if run.status != RunStatus::WaitingApproval {
-                return Ok(Decided::Busy(run));
-            }
-            let Some(approvals) =
-                super::record_decision(run.approvals.as_ref(), &decision.approval, &decision.value)
-            else {
-                return Ok(Decided::UnknownApproval(run));
+            let head = if h.is_empty() {
+                None
+            } else {
+                Some(to_run(&h)?)
+            };
+            let (run, approvals) = match super::decide_on(head, decision) {
+                Ok(decided) => decided,
+                Err(answer) => return Ok(*answer),
             };
             let token = uuid::Uuid::new_v4().simple().to_string();
             let mut call = DECIDE_SCRIPT.prepare_invoke();

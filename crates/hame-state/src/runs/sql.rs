@@ -454,21 +454,14 @@ impl RunQueue for PgRunQueue {
             .fetch_optional(&mut *tx)
             .await
             .map_err(backend)?;
-        let Some(head) = head else {
-            tx.rollback().await.map_err(backend)?;
-            return Ok(Decided::NoneWaiting);
-        };
-        let run = to_run(&head)?;
-        if run.status != RunStatus::WaitingApproval {
-            tx.rollback().await.map_err(backend)?;
-            return Ok(Decided::Busy(run));
-        }
-        let Some(approvals) =
-            super::record_decision(run.approvals.as_ref(), &decision.approval, &decision.value)
-        else {
-            tx.rollback().await.map_err(backend)?;
-            return Ok(Decided::UnknownApproval(run));
-        };
+        let (run, approvals) =
+            match super::decide_on(head.as_ref().map(to_run).transpose()?, decision) {
+                Ok(decided) => decided,
+                Err(answer) => {
+                    tx.rollback().await.map_err(backend)?;
+                    return Ok(*answer);
+                }
+            };
         let row = sqlx::query(SQL.decide.as_str())
             .bind(&token)
             .bind(&options.worker)
