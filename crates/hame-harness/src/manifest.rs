@@ -105,56 +105,84 @@ pub const SECTION_MEMO: usize = 4096;
 ///
 /// Messages are also recognised without serialising them: a step's request holds the
 /// same shared blocks as the previous step's (hame-core's `Blocks::share_handle`), so
-/// a message seen before is looked up by its blocks' identity, role and usage.
+/// a message seen before is looked up by its blocks' identity, role and usage; a tool
+/// schema likewise by its shared `parameters`, name and description.
 #[derive(Debug, Default)]
 pub struct SectionMemo {
     texts: std::sync::Mutex<std::collections::HashMap<(usize, u64), (String, u64)>>,
-    messages: std::sync::Mutex<std::collections::HashMap<usize, MeasuredMessage>>,
+    messages: ByIdentity<Vec<hame_core::ContentBlock>, (hame_core::Role, Option<hame_core::Usage>)>,
+    tools: ByIdentity<serde_json::Value, (String, String)>,
 }
 
-/// A message the memo measured: its blocks' handle, what else its JSON holds, the result.
+/// Results kept by the identity of a shared value (its `Arc`'s address, held by a weak
+/// handle so the address cannot be reused while the entry lives) and the rest of what the
+/// measured JSON holds (`K`, compared by equality).
 #[derive(Debug)]
-struct MeasuredMessage {
-    blocks: std::sync::Weak<Vec<hame_core::ContentBlock>>,
-    role: hame_core::Role,
-    usage: Option<hame_core::Usage>,
-    measured: (String, u64),
+struct ByIdentity<T, K>(std::sync::Mutex<std::collections::HashMap<usize, Kept<T, K>>>);
+
+/// An entry of [`ByIdentity`]: the value's weak handle, the rest of the key, the result.
+type Kept<T, K> = (std::sync::Weak<T>, K, (String, u64));
+
+impl<T, K> Default for ByIdentity<T, K> {
+    fn default() -> Self {
+        Self(std::sync::Mutex::default())
+    }
+}
+
+impl<T, K: PartialEq> ByIdentity<T, K> {
+    /// The result kept for `handle` and `rest`, or `measure()`'s, then kept.
+    fn get_or(
+        &self,
+        handle: std::sync::Weak<T>,
+        rest: K,
+        measure: impl FnOnce() -> (String, u64),
+    ) -> (String, u64) {
+        let key = handle.as_ptr() as usize;
+        let lock = || {
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if let Some((h, k, v)) = lock().get(&key)
+            && h.ptr_eq(&handle)
+            && h.strong_count() > 0
+            && *k == rest
+        {
+            return v.clone();
+        }
+        let measured = measure();
+        let mut memo = lock();
+        if memo.len() >= SECTION_MEMO {
+            memo.clear();
+        }
+        memo.insert(key, (handle, rest, measured.clone()));
+        measured
+    }
 }
 
 impl SectionMemo {
     /// The hash and count of `msg`'s JSON, measured once per shared message.
     fn measure_message(&self, msg: &Message, counter: &dyn TokenCounter) -> (String, u64) {
-        let blocks = msg.content.share_handle();
-        let key = blocks.as_ptr() as usize;
-        let lock = || {
-            self.messages
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-        };
-        if let Some(m) = lock().get(&key)
-            && m.blocks.ptr_eq(&blocks)
-            && m.blocks.strong_count() > 0
-            && m.role == msg.role
-            && m.usage == msg.usage
-        {
-            return m.measured.clone();
-        }
-        let json = serde_json::to_string(msg).unwrap_or_default();
-        let measured = self.measure(&json, counter);
-        let mut memo = lock();
-        if memo.len() >= SECTION_MEMO {
-            memo.clear();
-        }
-        memo.insert(
-            key,
-            MeasuredMessage {
-                blocks,
-                role: msg.role,
-                usage: msg.usage,
-                measured: measured.clone(),
-            },
-        );
-        measured
+        self.messages
+            .get_or(msg.content.share_handle(), (msg.role, msg.usage), || {
+                let json = serde_json::to_string(msg).unwrap_or_default();
+                self.measure(&json, counter)
+            })
+    }
+
+    /// The hash and count of a tool schema's JSON, measured once per shared schema (the
+    /// specs of every step share their `parameters`).
+    fn measure_tool(
+        &self,
+        spec: &hame_core::ToolSpec,
+        counter: &dyn TokenCounter,
+    ) -> (String, u64) {
+        let rest = (spec.name.clone(), spec.description.clone());
+        self.tools
+            .get_or(std::sync::Arc::downgrade(&spec.parameters), rest, || {
+                let json = serde_json::to_string(spec).unwrap_or_default();
+                self.measure(&json, counter)
+            })
     }
 
     fn measure(&self, text: &str, counter: &dyn TokenCounter) -> (String, u64) {
@@ -365,13 +393,15 @@ pub fn manifest_with(
     }
     flush(&mut run, request.messages.len(), &mut out);
     for spec in &request.tools {
-        let json = serde_json::to_string(spec).unwrap_or_default();
-        out.push(m.section(
-            format!("tool:{}", spec.name),
-            &json,
-            Transform::Verbatim,
-            None,
-        ));
+        let (hash, counted) = memo.measure_tool(spec, counter);
+        out.push(Section {
+            source: format!("tool:{}", spec.name),
+            hash,
+            tokens: counted,
+            counted,
+            transform: Transform::Verbatim,
+            why: None,
+        });
     }
     out
 }
@@ -643,6 +673,29 @@ mod tests {
         assert_eq!(
             memo.measure_message(&c, &counter).0,
             short_hash(json_c.as_bytes())
+        );
+    }
+
+    #[test]
+    fn a_tool_schema_is_measured_once_per_shared_schema() {
+        let counter = hame_memory::EstimateCounter;
+        let memo = SectionMemo::default();
+        let spec = hame_core::ToolSpec {
+            name: "t".into(),
+            description: "does".into(),
+            parameters: Arc::new(serde_json::json!({"type": "object"})),
+        };
+        let json = serde_json::to_string(&spec).unwrap_or_default();
+        let want = (short_hash(json.as_bytes()), counter.count(&json));
+        assert_eq!(memo.measure_tool(&spec, &counter), want);
+        assert_eq!(memo.measure_tool(&spec.clone(), &counter), want);
+        // Another description over the same schema is another text.
+        let mut other = spec.clone();
+        other.description = "does more".into();
+        let json = serde_json::to_string(&other).unwrap_or_default();
+        assert_eq!(
+            memo.measure_tool(&other, &counter).0,
+            short_hash(json.as_bytes())
         );
     }
 
