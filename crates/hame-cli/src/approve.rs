@@ -5,7 +5,7 @@ use clap::Args;
 use hame::{CallInput, EventSink, HarnessAgent, Resolution, RuntimeContext, SuspendedCall};
 
 use crate::ConfigError;
-use crate::common::{Common, build};
+use crate::common::{Common, build_resolved};
 use crate::run::outcome;
 use crate::signals::Signals;
 
@@ -71,7 +71,8 @@ pub(crate) async fn decide(
     reason: Option<String>,
 ) -> anyhow::Result<()> {
     let signals = Signals::watch();
-    let (agent, ctx) = build(&args.common).await?;
+    let config = crate::config::resolve(&args.common)?;
+    let (agent, ctx) = build_resolved(&args.common, &config).await?;
     let pending = agent
         .pending(&ctx)
         .await?
@@ -90,10 +91,21 @@ pub(crate) async fn decide(
         (false, Some(r)) => serde_json::json!({"approve": false, "reason": r}),
         (false, None) => serde_json::json!({"approve": false}),
     };
+    // A session suspended by a run of `hame serve` / `hame worker`: the decision resumes
+    // that run (docs/replicas.md, *Approvals*), else the session, here.
+    let claim = waiting_run(&agent, &config, &ctx, &id, &value).await?;
     let (sink, mut rx) = EventSink::channel();
     let cancel = signals.begin();
-    let call = agent.resume(vec![Resolution::new(id, value)], &ctx, &sink, &cancel);
-    let result = crate::run::with_warnings(call, &mut rx).await;
+    let result = match claim {
+        Some((queue, claim)) => {
+            let call = hame_gateway::resume_claimed(&agent, &ctx, queue, claim, &sink, &cancel);
+            crate::run::with_warnings(call, &mut rx).await
+        }
+        None => {
+            let call = agent.resume(vec![Resolution::new(id, value)], &ctx, &sink, &cancel);
+            crate::run::with_warnings(call, &mut rx).await
+        }
+    };
     let signal = signals.end();
     drop(sink);
     // A refused decision (decided already by another process) is a usage error.
@@ -107,6 +119,66 @@ pub(crate) async fn decide(
     crate::run::print_reply(&agent, &ctx, &out, args.json)?;
     crate::tasks::wait_for_background(&agent, &args.common, &signals, &mut rx).await;
     crate::run::finish(&agent).await
+}
+
+/// The session's `waiting_approval` run, when its queue (the state store's) has one: the
+/// decision recorded on it and the run claimed by this process ([`RunQueue::decide`]).
+/// `None`: no run waits (the session was suspended by `hame run` or `hame chat`), or the
+/// default JSON state has never had a run queue.
+///
+/// [`RunQueue::decide`]: hame::state::runs::RunQueue::decide
+async fn waiting_run(
+    agent: &HarnessAgent,
+    config: &crate::config::Effective,
+    ctx: &RuntimeContext,
+    id: &str,
+    value: &serde_json::Value,
+) -> anyhow::Result<
+    Option<(
+        std::sync::Arc<dyn hame::state::runs::RunQueue>,
+        hame::state::runs::Claim,
+    )>,
+> {
+    use hame::state::runs::{ClaimOptions, DEFAULT_RUN_LAPSE, Decided, Decision};
+    let never_queued = config.state.value.is_none()
+        && agent
+            .default_state_root()
+            .is_none_or(|root| !root.join(".runs").exists());
+    if never_queued {
+        return Ok(None);
+    }
+    let queue = crate::runs::queue(agent, config).await?;
+    let key = hame::state::StateKey::new(agent.name(), ctx.user_id.as_deref(), &ctx.session_id)
+        .map_err(|e| ConfigError(e.to_string()))?;
+    let options = ClaimOptions::new(
+        agent.name(),
+        hame_gateway::WorkerOptions::default().name,
+        DEFAULT_RUN_LAPSE,
+    );
+    let decided = queue
+        .decide(&key, &Decision::new(id, value.clone()), &options)
+        .await
+        .map_err(|e| {
+            ConfigError(format!(
+                "cannot record the decision on the session's run: {e}"
+            ))
+        })?;
+    match decided {
+        Decided::Claimed(claim) => Ok(Some((queue, claim))),
+        Decided::NoneWaiting => Ok(None),
+        Decided::Busy(run) => Err(ConfigError(format!(
+            "run {} of session {} is {} (a decision is being carried out); decide again once it waits",
+            run.id, ctx.session_id, run.status
+        ))
+        .into()),
+        Decided::UnknownApproval(run) => Err(ConfigError(format!(
+            "run {} of session {} does not wait for a decision on {} (decided already?)",
+            run.id,
+            ctx.session_id,
+            id.chars().take(40).collect::<String>()
+        ))
+        .into()),
+    }
 }
 
 /// The inline question of `hame chat`: each waiting call is asked `y/N` on stdin, then the

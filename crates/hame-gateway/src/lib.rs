@@ -85,7 +85,7 @@ pub use error::{Error, Result};
 pub use mcp::{ASK_TOOL, MAX_ASK_BYTES};
 #[cfg(feature = "redis")]
 pub use shared_events::SharedEvents;
-pub use worker::{PURGE_BATCH, PURGE_EVERY, Worker, WorkerOptions};
+pub use worker::{PURGE_BATCH, PURGE_EVERY, Worker, WorkerOptions, resume_claimed};
 
 /// Settings of a [`Gateway`]; `Default` gives the documented defaults.
 #[derive(Debug, Clone)]

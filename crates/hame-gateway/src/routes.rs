@@ -451,11 +451,11 @@ pub(crate) async fn post_message(
             let key = hame::state::StateKey::new(agent.name(), user.as_deref(), &session)
                 .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", e.to_string()))?;
             let values = extras.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-            Some(
+            Some(turn::AsRun::Submit(
                 hame::state::runs::NewRun::message(key, body.message.clone(), None)
                     .map_err(|e| ApiError::bad_request(e.to_string()))?
                     .with_extras(values),
-            )
+            ))
         }
         None => None,
     };
@@ -662,6 +662,7 @@ pub(crate) async fn get_approvals(
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct DecisionBody {
     decision: String,
     #[serde(default)]
@@ -686,9 +687,23 @@ pub(crate) async fn post_approval(
 ) -> Result<Response, ApiError> {
     valid_session(&session)?;
     let body: DecisionBody = parse(&body)?;
+    // Every field is honoured or refused: `reason` goes with a denial, `always` with an
+    // approval.
     let value = match (body.decision.as_str(), body.reason) {
-        ("approve", _) if body.always == Some(true) => json!({"approve": true, "always": true}),
-        ("approve", _) => json!({"approve": true}),
+        ("approve", Some(_)) => {
+            return Err(ApiError::bad_request(
+                "`reason` goes with \"deny\" (the model reads it); an approval takes `always` only",
+            ));
+        }
+        ("deny", _) if body.always.is_some() => {
+            return Err(ApiError::bad_request(
+                "`always` goes with \"approve\" (allow this call from now on)",
+            ));
+        }
+        ("approve", None) if body.always == Some(true) => {
+            json!({"approve": true, "always": true})
+        }
+        ("approve", None) => json!({"approve": true}),
         ("deny", Some(r)) => json!({"approve": false, "reason": r}),
         ("deny", None) => json!({"approve": false}),
         (other, _) => {
@@ -707,12 +722,23 @@ pub(crate) async fn post_approval(
         .as_ref()
         .is_some_and(|p| p.calls.iter().any(|c| c.suspension.id == id));
     if !known {
-        return Err(ApiError::not_found(format!(
-            "no call waits for a decision with id {} in session {session}",
-            id.chars().take(40).collect::<String>()
-        )));
+        return Err(turn::no_such_approval(&id, &session));
     }
-    let turn = turn::start_once(
+    // With a run queue, the decision resumes the session's waiting run: recorded on it and
+    // claimed by this request in one step, so the resumed turn is that run's next leg
+    // (docs/replicas.md, *Approvals*).
+    let as_run = match &shared.options.runs {
+        Some(_) => {
+            let key = hame::state::StateKey::new(agent.name(), user.as_deref(), &session)
+                .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", e.to_string()))?;
+            Some(turn::AsRun::Decide(
+                key,
+                hame::state::runs::Decision::new(id.clone(), value.clone()),
+            ))
+        }
+        None => None,
+    };
+    let turn = turn::start_once_with(
         &shared,
         &agent,
         user,
@@ -720,7 +746,10 @@ pub(crate) async fn post_approval(
         CallInput::Resume(vec![Resolution::new(id, value)]),
         // A decision runs once by itself: a repeated one finds nothing pending (404).
         None,
-        None,
+        turn::With {
+            as_run,
+            ..turn::With::default()
+        },
     )?;
     Ok(answer(&shared, turn, wants_sse(&headers)).await)
 }

@@ -270,19 +270,25 @@ pub(crate) async fn cancel(
     }
 }
 
-/// The event id of a status: 1 queued, 2 running, 3 an end.
-fn status_id(s: RunStatus) -> u64 {
-    match s {
+/// The event id of a run's status, growing along its life across claims (takeovers and the
+/// legs a decision resumes, which add one attempt each): `queued` 1 (never claimed),
+/// `running` 3·attempts − 1, `waiting_approval` 3·attempts, an end 3·attempts + 1 (at
+/// least 2: a queued run cancelled).
+fn status_id(run: &Run) -> u64 {
+    let three = run.attempts.saturating_mul(3);
+    match run.status {
         RunStatus::Queued => 1,
-        RunStatus::Running => 2,
-        _ => 3,
+        RunStatus::Running => three.saturating_sub(1).max(2),
+        RunStatus::WaitingApproval => three.max(3),
+        _ => three.saturating_add(1).max(2),
     }
 }
 
 /// `GET /v1/runs/{id}/events`: SSE of the run's status changes (`queued`, `running`, then
-/// its end: `completed`, `unverified`, `waiting_approval`, `failed` or `cancelled`), each with the run
-/// as data and an id (1, 2, 3); read from the store, so any replica serves it and
-/// `Last-Event-ID` replays from there. The stream ends after the run's end.
+/// `waiting_approval` or its end: `completed`, `unverified`, `failed` or `cancelled`), each
+/// with the run as data and an id that grows across claims ([`status_id`]); read from the
+/// store, so any replica serves it and `Last-Event-ID` replays from there (also across a
+/// decision's legs). The stream ends after the run's end or at `waiting_approval`.
 #[utoipa::path(get, path = "/v1/runs/{run_id}/events", tag = "runs", params(RunPath),
     responses((status = 200, description = "SSE of the run's status changes (`queued`, `running`, then its end), with ids", content_type = "text/event-stream", body = crate::schemas::RunView),
         (status = 501, description = "The server has no run queue", body = ErrorBody),))]
@@ -311,7 +317,7 @@ pub(crate) async fn events(
                 let mut run = next;
                 loop {
                     if let Some(r) = &run {
-                        let n = status_id(r.status);
+                        let n = status_id(r);
                         if n > sent {
                             let ev = SseEvent::default()
                                 .event(r.status.as_str())

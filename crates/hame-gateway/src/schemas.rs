@@ -184,10 +184,11 @@ pub(crate) struct DecisionRequest {
     /// `approve` or `deny`.
     #[schema(pattern = "^(approve|deny)$")]
     decision: String,
-    /// Why (given to the model with a denial).
+    /// Why (given to the model with a denial); only with `deny` (400 with `approve`).
     reason: Option<String>,
     /// With `approve`: allow the same call (tool and file) for the rest of the session
-    /// without asking, the file routes included (`docs/permissions.md`).
+    /// without asking, the file routes included (`docs/permissions.md`); only with
+    /// `approve` (400 with `deny`). Any other field is 400.
     always: Option<bool>,
 }
 

@@ -6,7 +6,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use hame::harness::caller::CallerRequest;
-use hame::state::runs::{Claim, ClaimOptions, NewRun, Run, RunEnd, RunError, RunQueue, RunStatus};
+use hame::state::StateKey;
+use hame::state::runs::{
+    Claim, ClaimOptions, Decided, Decision, NewRun, Run, RunEnd, RunError, RunQueue, RunStatus,
+};
 use hame::{AgentEvent, CallInput, EventSink, HarnessAgent, RuntimeContext};
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
@@ -71,12 +74,25 @@ pub(crate) struct With {
     pub(crate) cancel: Option<hame::CancellationToken>,
     /// Values for the turn's runtime context (a caller's own budget).
     pub(crate) extras: Extras,
-    /// The turn is a run of the server's queue ([`GatewayOptions::runs`]): submitted and
-    /// claimed when the turn's time comes, heartbeated while it runs, finished with its
-    /// outcome (docs/replicas.md). `None`: a turn of this process only.
+    /// The turn is a run of the server's queue ([`GatewayOptions::runs`]): submitted (or
+    /// resumed by a decision) and claimed when the turn's time comes, heartbeated while it
+    /// runs, finished with its outcome (docs/replicas.md). `None`: a turn of this process
+    /// only.
     ///
     /// [`GatewayOptions::runs`]: crate::GatewayOptions::runs
-    pub(crate) as_run: Option<NewRun>,
+    pub(crate) as_run: Option<AsRun>,
+}
+
+/// How a request's turn is a run of the queue.
+pub(crate) enum AsRun {
+    /// A new message run (`POST …/messages`), unless the session waits for a decision:
+    /// then the turn answers with the waiting calls, as a turn does, and no run is made.
+    Submit(NewRun),
+    /// A decision (`POST …/approvals/{id}`): recorded on the session's `waiting_approval`
+    /// run, which this request claims and resumes ([`RunQueue::decide`]). Without such a
+    /// run (a session suspended by a turn outside the queue), the turn resumes in this
+    /// process, as before.
+    Decide(StateKey, Decision),
 }
 
 /// [`start_once`] with everything a request may add ([`With`]).
@@ -218,7 +234,7 @@ fn start_recorded(
         let started = Instant::now();
         let cancel = with_cancel.unwrap_or_else(|| me.cancel.child_token());
         let mut ctx = ctx;
-        let (outcome, ended) = match submit_run(&me, &agent, as_run, &cancel).await {
+        let (outcome, ended) = match submit_run(&me, &agent, as_run, &ctx, &cancel).await {
             Ok(None) => run(&me, &agent, &key, &ctx, input, &tx, &cancel).await,
             Ok(Some(RequestRun::Own {
                 queue,
@@ -438,37 +454,61 @@ enum RequestRun {
     Queued { queue: Arc<dyn RunQueue>, run: Run },
 }
 
-/// Submits `new` (if any) and claims it at once when its session is free
-/// ([`RunQueue::submit_claimed`]); `None` without a run.
+/// Submits the request's run (if any) and claims it at once when its session is free
+/// ([`RunQueue::submit_claimed`]), or records its decision and claims the waiting run
+/// ([`RunQueue::decide`]); `None` without a run.
 async fn submit_run(
     shared: &Arc<Shared>,
     agent: &HarnessAgent,
-    new: Option<NewRun>,
+    plan: Option<AsRun>,
+    ctx: &RuntimeContext,
     cancel: &hame::CancellationToken,
 ) -> Result<Option<RequestRun>, ApiError> {
-    let (Some(new), Some(queue)) = (new, shared.options.runs.clone()) else {
+    let (Some(plan), Some(queue)) = (plan, shared.options.runs.clone()) else {
         return Ok(None);
     };
     let worker = shared.options.worker.clone().unwrap_or_default();
     let options = ClaimOptions::new(agent.name(), worker.name.clone(), worker.lapse);
+    let own = |claim: Claim| {
+        let beats = crate::worker::Beating::start(
+            queue.clone(),
+            claim.clone(),
+            cancel.clone(),
+            worker.heartbeat,
+        );
+        RequestRun::Own {
+            queue: queue.clone(),
+            claim,
+            beats,
+        }
+    };
+    let new = match plan {
+        AsRun::Submit(new) => new,
+        AsRun::Decide(key, decision) => {
+            return decide_run(
+                queue.as_ref(),
+                agent,
+                ctx,
+                &key,
+                &decision,
+                &options,
+                cancel,
+            )
+            .await
+            .map(|claim| claim.map(own));
+        }
+    };
+    // A session waiting for a decision takes no message: the turn answers with the calls
+    // that wait (202, as before), and no run is made (it would wait behind the decision).
+    if pending_ids(agent, ctx).await?.is_some() {
+        return Ok(None);
+    }
     let (submitted, claim) = queue
         .submit_claimed(new, &options)
         .await
         .map_err(|e| crate::runs::store_error(&e))?;
     Ok(Some(match claim {
-        Some(claim) => {
-            let beats = crate::worker::Beating::start(
-                queue.clone(),
-                claim.clone(),
-                cancel.clone(),
-                worker.heartbeat,
-            );
-            RequestRun::Own {
-                queue,
-                claim,
-                beats,
-            }
-        }
+        Some(claim) => own(claim),
         None => {
             tracing::info!(run = %submitted.run.id, "the session is busy with another run; a worker runs this one");
             RequestRun::Queued {
@@ -477,6 +517,70 @@ async fn submit_run(
             }
         }
     }))
+}
+
+/// The ids of the calls that wait for a decision in the session (`None`: nothing waits).
+async fn pending_ids(
+    agent: &HarnessAgent,
+    ctx: &RuntimeContext,
+) -> Result<Option<Vec<String>>, ApiError> {
+    Ok(agent
+        .pending(ctx)
+        .await
+        .map_err(|e| ApiError::from_harness(&e))?
+        .map(|s| s.calls.into_iter().map(|c| c.suspension.id).collect()))
+}
+
+/// The 404 of a decision on a call that does not wait for one.
+pub(crate) fn no_such_approval(id: &str, session: &str) -> ApiError {
+    ApiError::not_found(format!(
+        "no call waits for a decision with id {} in session {session}",
+        id.chars().take(40).collect::<String>()
+    ))
+}
+
+/// Records `decision` on the session's waiting run and claims it for this request. While
+/// the session's head run runs (a resumption of an earlier decision that has not stopped
+/// yet), waits for it, as long as the call still waits for a decision. `None`: no run of
+/// the session waits (the session was suspended outside the queue): resume in this process.
+async fn decide_run(
+    queue: &dyn RunQueue,
+    agent: &HarnessAgent,
+    ctx: &RuntimeContext,
+    key: &StateKey,
+    decision: &Decision,
+    options: &ClaimOptions,
+    cancel: &hame::CancellationToken,
+) -> Result<Option<Claim>, ApiError> {
+    loop {
+        match queue
+            .decide(key, decision, options)
+            .await
+            .map_err(|e| crate::runs::store_error(&e))?
+        {
+            Decided::Claimed(claim) => {
+                tracing::info!(run = %claim.run.id, approval = %decision.approval, "decision recorded; resuming the run");
+                return Ok(Some(claim));
+            }
+            Decided::NoneWaiting => return Ok(None),
+            Decided::UnknownApproval(_) => {
+                return Err(no_such_approval(&decision.approval, key.session()));
+            }
+            Decided::Busy(run) => {
+                let waits = pending_ids(agent, ctx)
+                    .await?
+                    .is_some_and(|ids| ids.contains(&decision.approval));
+                if !waits {
+                    return Err(no_such_approval(&decision.approval, key.session()));
+                }
+                tracing::debug!(run = %run.id, "the session's run is busy; deciding once it waits");
+                tokio::select! {
+                    () = tokio::time::sleep(crate::runs::RUN_POLL) => {}
+                    () = cancel.cancelled() => return Err(ApiError::draining()),
+                }
+            }
+        }
+    }
 }
 
 /// Writes the end of a run this request executed: its reply, its approvals or its error.

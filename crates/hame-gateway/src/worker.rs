@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use hame::state::runs::{Claim, ClaimOptions, RunEnd, RunError, RunInput, RunQueue};
+use hame::state::runs::{Claim, ClaimOptions, Run, RunEnd, RunError, RunInput, RunQueue};
 use hame::{CancellationToken, EventSink, HarnessAgent, Message, RuntimeContext};
 use serde_json::json;
 use tokio_util::task::TaskTracker;
@@ -270,7 +270,9 @@ impl Worker {
         }
     }
 
-    /// A message run: the turn of the run's session.
+    /// A message run: the turn of the run's session, or, once a decision was recorded on
+    /// its approvals ([`RunQueue::decide`]), the resumption of its suspended turn with
+    /// those decisions.
     async fn execute_message(
         &self,
         claim: &Claim,
@@ -302,11 +304,22 @@ impl Worker {
         if !verify.is_empty() {
             ctx = hame::harness::evidence::require_checks(ctx, verify, verify_attempts);
         }
-        // Taken over from a worker that died: if its turn was saved, it is not run again.
+        // Taken over from a worker that died (or resumed by a decision): if its turn was
+        // saved, it is not run again.
         if claim.attempt > 1
-            && let Some(end) = self.already_ran(&ctx, &run.id).await
+            && let Some(end) = self.already_ran(&ctx, run).await
         {
             tracing::info!(run = %run.id, "the run's turn was saved by its previous worker; not running it again");
+            self.finish(claim, &end).await;
+            return;
+        }
+        // A message for a session whose calls still wait for a decision (its waiting run
+        // was cancelled, or a turn outside the queue suspended it) is not taken by the
+        // harness, which would answer it with those calls: fail the run saying so rather
+        // than swallow its message.
+        if resolutions(run).is_none()
+            && let Some(end) = self.session_waits(&ctx, &run.id).await
+        {
             self.finish(claim, &end).await;
             return;
         }
@@ -319,10 +332,14 @@ impl Worker {
         );
         let (sink, mut events) = EventSink::channel();
         let drain = tokio::spawn(async move { while events.recv().await.is_some() {} });
-        let result = self
-            .agent
-            .call_with(Message::user(message.to_owned()), &ctx, &sink, &cancel)
-            .await;
+        let result = match resolutions(run) {
+            Some(decided) => self.agent.resume(decided, &ctx, &sink, &cancel).await,
+            None => {
+                self.agent
+                    .call_with(Message::user(message.to_owned()), &ctx, &sink, &cancel)
+                    .await
+            }
+        };
         beats.stop();
         drop(sink);
         drain.abort();
@@ -334,54 +351,7 @@ impl Worker {
             tracing::warn!(run = %run.id, "worker stopped mid-run; the run is left for another worker");
             return;
         }
-        let end = match result {
-            Ok(out) => {
-                let body = for_callers(json!({
-                    "reply": out.reply.text_content(),
-                    "usage": out.usage,
-                    "verification": out.verification,
-                }));
-                let reply = body["reply"].as_str().unwrap_or_default().to_owned();
-                let usage = crate::runs::run_usage(
-                    &body["usage"],
-                    u64::try_from(out.iterations).unwrap_or(u64::MAX),
-                );
-                // A run with required checks ends `unverified` when the gate's verdict says
-                // so, with the failing evidence (docs/evidence.md).
-                match &out.verification {
-                    Some(v) if v.status == hame::VerificationStatus::Unverified => {
-                        RunEnd::Unverified {
-                            reply,
-                            usage,
-                            verification: body["verification"].clone(),
-                        }
-                    }
-                    Some(_) => RunEnd::Completed {
-                        reply,
-                        usage,
-                        verification: Some(body["verification"].clone()),
-                    },
-                    None => RunEnd::Completed {
-                        reply,
-                        usage,
-                        verification: None,
-                    },
-                }
-            }
-            Err(hame::harness::Error::Call(hame::Error::Suspended(s))) => {
-                let approvals: Vec<serde_json::Value> =
-                    s.calls.iter().map(crate::turn::approval).collect();
-                RunEnd::WaitingApproval(for_callers(json!(approvals)))
-            }
-            Err(_) if beats.cancelled() => RunEnd::Cancelled,
-            Err(e) => {
-                let err = ApiError::from_harness(&e);
-                RunEnd::Failed(RunError {
-                    code: err.code.to_owned(),
-                    message: err.message,
-                })
-            }
-        };
+        let end = end_of(&result, beats.cancelled());
         self.finish(claim, &end).await;
     }
 
@@ -449,48 +419,43 @@ impl Worker {
         self.finish(claim, &end).await;
     }
 
-    /// The end of run `id` when the session's saved state says its turn already ran (the
-    /// harness records the run id with the turn's fenced save): its last reply, or, when
-    /// the state does not end on one, a failure saying so. `None` when it did not run, or
-    /// when the state cannot be read (then the run is executed).
-    async fn already_ran(&self, ctx: &RuntimeContext, id: &str) -> Option<RunEnd> {
-        let state = match self.agent.state(ctx).await {
-            Ok(Some(s)) => s,
-            Ok(None) => return None,
+    /// `failed` (`session_waiting`) when the session has calls waiting for a decision;
+    /// `None` when it has none (or its state cannot be read: the turn then says).
+    async fn session_waits(&self, ctx: &RuntimeContext, id: &str) -> Option<RunEnd> {
+        let pending = match self.agent.pending(ctx).await {
+            Ok(p) => p?,
             Err(e) => {
                 tracing::warn!(run = %id, error = %e, "reading the session state failed; running the run");
                 return None;
             }
         };
-        let last = state
-            .extensions
-            .get(hame::harness::RUNS_EXTENSION)
-            .and_then(|v| v.get("last"))
-            .and_then(|v| v.as_str());
-        if last != Some(id) {
-            return None;
+        let ids: Vec<&str> = pending
+            .calls
+            .iter()
+            .map(|c| c.suspension.id.as_str())
+            .collect();
+        Some(RunEnd::Failed(RunError {
+            code: "session_waiting".into(),
+            message: format!(
+                "the session's calls wait for a decision ({}): decide them (POST /v1/sessions/{}/approvals/{{id}}), then submit the message again",
+                ids.join(", "),
+                ctx.session_id
+            ),
+        }))
+    }
+
+    /// The end of `run` when the session's saved state says its turn already ran (the
+    /// harness records the run id with the turn's fenced save): see [`saved_end`]. `None`
+    /// when it did not run, or when the state cannot be read (then the run is executed).
+    async fn already_ran(&self, ctx: &RuntimeContext, run: &Run) -> Option<RunEnd> {
+        match self.agent.state(ctx).await {
+            Ok(Some(state)) => saved_end(&state, run),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(run = %run.id, error = %e, "reading the session state failed; running the run");
+                None
+            }
         }
-        let reply = state
-            .messages
-            .last()
-            .filter(|m| m.role == hame::Role::Assistant && state.pending.is_none())
-            .map(hame::Message::text_content);
-        Some(match reply {
-            Some(text) => RunEnd::Completed {
-                reply: for_callers(json!(text))
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
-                usage: json!({}),
-                verification: None,
-            },
-            None => RunEnd::Failed(RunError {
-                code: "interrupted".into(),
-                message:
-                    "the worker running this turn died after saving it; see the session's messages"
-                        .into(),
-            }),
-        })
     }
 
     async fn finish(&self, claim: &Claim, end: &RunEnd) {
@@ -501,6 +466,168 @@ impl Worker {
             }
         }
     }
+}
+
+/// The end of a message run's turn: its reply (`completed`, or `unverified` when its
+/// required checks' verdict says so, docs/evidence.md), the calls that wait
+/// (`waiting_approval`), `cancelled` when a cancel of the run stopped it, else `failed`.
+fn end_of(result: &hame::harness::Result<hame::CallOutput>, cancelled: bool) -> RunEnd {
+    match result {
+        Ok(out) => {
+            let body = for_callers(json!({
+                "reply": out.reply.text_content(),
+                "usage": out.usage,
+                "verification": out.verification,
+            }));
+            let reply = body["reply"].as_str().unwrap_or_default().to_owned();
+            let usage = crate::runs::run_usage(
+                &body["usage"],
+                u64::try_from(out.iterations).unwrap_or(u64::MAX),
+            );
+            // A run with required checks ends `unverified` when the gate's verdict says so,
+            // with the failing evidence (docs/evidence.md).
+            match &out.verification {
+                Some(v) if v.status == hame::VerificationStatus::Unverified => RunEnd::Unverified {
+                    reply,
+                    usage,
+                    verification: body["verification"].clone(),
+                },
+                Some(_) => RunEnd::Completed {
+                    reply,
+                    usage,
+                    verification: Some(body["verification"].clone()),
+                },
+                None => RunEnd::Completed {
+                    reply,
+                    usage,
+                    verification: None,
+                },
+            }
+        }
+        Err(hame::harness::Error::Call(hame::Error::Suspended(s))) => {
+            let approvals: Vec<serde_json::Value> =
+                s.calls.iter().map(crate::turn::approval).collect();
+            RunEnd::WaitingApproval(for_callers(json!(approvals)))
+        }
+        Err(_) if cancelled => RunEnd::Cancelled,
+        Err(e) => {
+            let err = ApiError::from_harness(e);
+            RunEnd::Failed(RunError {
+                code: err.code.to_owned(),
+                message: err.message,
+            })
+        }
+    }
+}
+
+/// Resumes, in this process, a waiting run that a decision claimed
+/// ([`RunQueue::decide`]): the session's suspended turn with the run's decisions
+/// ([`Run::decisions`]), under heartbeats of the claim (every
+/// [`hame::state::runs::HEARTBEAT_EVERY`]; a cancel of the run, from any replica, stops
+/// the turn), then writes the run's end — what `hame approve` does on a session whose
+/// waiting run is in the store. `ctx` is the session's context; the run's own extras (a
+/// caller's budget, checks) are added. When another worker took the run over meanwhile,
+/// its end is not written (the other worker's is).
+pub async fn resume_claimed(
+    agent: &HarnessAgent,
+    ctx: &RuntimeContext,
+    queue: Arc<dyn RunQueue>,
+    claim: Claim,
+    events: &EventSink,
+    cancel: &CancellationToken,
+) -> hame::harness::Result<hame::CallOutput> {
+    let mut ctx = ctx.clone();
+    if let RunInput::Message { extras, .. } = &claim.run.input {
+        ctx.extras
+            .extend(extras.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    ctx.extras.insert(
+        hame::harness::RUN_ID_EXTRA.to_owned(),
+        serde_json::Value::String(claim.run.id.clone()),
+    );
+    let stop = cancel.child_token();
+    let beats = Beating::start(
+        queue.clone(),
+        claim.clone(),
+        stop.clone(),
+        hame::state::runs::HEARTBEAT_EVERY,
+    );
+    let decided = resolutions(&claim.run).unwrap_or_default();
+    let result = agent.resume(decided, &ctx, events, &stop).await;
+    beats.stop();
+    if !beats.lost() {
+        let end = end_of(&result, beats.cancelled());
+        if let Err(e) = queue.finish(&claim, &end).await {
+            tracing::warn!(run = %claim.run.id, error = %e, "run could not be finished; a worker takes it over");
+        }
+    }
+    result
+}
+
+/// The decisions a run's next leg resumes its suspended turn with (`None`: none recorded,
+/// the run's message starts the turn).
+pub(crate) fn resolutions(run: &Run) -> Option<Vec<hame::Resolution>> {
+    let decided = run.decisions();
+    (!decided.is_empty()).then(|| {
+        decided
+            .into_iter()
+            .map(|(id, value)| hame::Resolution::new(id, value))
+            .collect()
+    })
+}
+
+/// The end of `run` that the session's saved `state` already holds, when the state was last
+/// saved by a turn of this run (the `runs` extension names it): nothing to run again.
+///
+/// - A suspended step that still waits on every decision the run carries: `None`, the
+///   resumption has not happened (a run resumed by a decision, or taken over before it
+///   resumed); run it.
+/// - Another suspended step: the run ends `waiting_approval` again, with that step's calls.
+/// - No suspended step: its last reply (`completed`), or `failed` (`interrupted`) when the
+///   state does not end on one.
+fn saved_end(state: &hame::AgentState, run: &Run) -> Option<RunEnd> {
+    let last = state
+        .extensions
+        .get(hame::harness::RUNS_EXTENSION)
+        .and_then(|v| v.get("last"))
+        .and_then(|v| v.as_str());
+    if last != Some(run.id.as_str()) {
+        return None;
+    }
+    if let Some(pending) = &state.pending {
+        let waiting = pending.to_suspended().calls;
+        let decided = run.decisions();
+        let unresumed = !decided.is_empty()
+            && decided
+                .iter()
+                .all(|(id, _)| waiting.iter().any(|c| &c.suspension.id == id));
+        if unresumed {
+            return None;
+        }
+        let approvals: Vec<serde_json::Value> = waiting.iter().map(crate::turn::approval).collect();
+        return Some(RunEnd::WaitingApproval(for_callers(json!(approvals))));
+    }
+    let reply = state
+        .messages
+        .last()
+        .filter(|m| m.role == hame::Role::Assistant)
+        .map(hame::Message::text_content);
+    Some(match reply {
+        Some(text) => RunEnd::Completed {
+            reply: for_callers(json!(text))
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            usage: json!({}),
+            verification: None,
+        },
+        None => RunEnd::Failed(RunError {
+            code: "interrupted".into(),
+            message:
+                "the worker running this turn died after saving it; see the session's messages"
+                    .into(),
+        }),
+    })
 }
 
 /// The heartbeat of a claimed run, in a task of its own: every `every` (or at once when a

@@ -93,14 +93,7 @@ pub fn outcome_unknown_messages(unknown: &[IntentRecord]) -> [Message; 2] {
         .iter()
         .map(|r| ToolResult {
             id: r.call_id.clone(),
-            content: format!(
-                "outcome_unknown: the process running this call of `{}` stopped before it \
-                 returned, so whether it took effect is unknown. It was NOT run again. Check \
-                 its effect before deciding to call it again (call id {}, arguments {}).",
-                r.tool.as_deref().unwrap_or(""),
-                r.call_id,
-                r.args.as_deref().unwrap_or("{}")
-            ),
+            content: unknown_text(r),
             is_error: true,
             code: Some(OUTCOME_UNKNOWN.to_owned()),
         })
@@ -113,6 +106,36 @@ pub fn outcome_unknown_messages(unknown: &[IntentRecord]) -> [Message; 2] {
         },
         Message::tool_results(results),
     ]
+}
+
+/// What the model is told about a call whose outcome is unknown.
+fn unknown_text(r: &IntentRecord) -> String {
+    format!(
+        "outcome_unknown: the process running this call of `{}` stopped before it \
+         returned, so whether it took effect is unknown. It was NOT run again. Check \
+         its effect before deciding to call it again (call id {}, arguments {}).",
+        r.tool.as_deref().unwrap_or(""),
+        r.call_id,
+        r.args.as_deref().unwrap_or("{}")
+    )
+}
+
+/// The records of an intents file and its size (none: no file). A line cut by a crash
+/// mid-append is skipped.
+async fn read_intents(
+    ws: &Workspace,
+    path: &FsPath,
+) -> std::result::Result<(Vec<IntentRecord>, usize), hame_fs::Error> {
+    let bytes = match ws.records().read_bytes(path).await {
+        Ok(b) => b,
+        Err(e) if e.is_not_found() => return Ok((Vec::new(), 0)),
+        Err(e) => return Err(e),
+    };
+    let records = bytes
+        .split(|b| *b == b'\n')
+        .filter_map(|l| serde_json::from_slice(l).ok())
+        .collect();
+    Ok((records, bytes.len()))
 }
 
 /// Whether a call of `name` may simply be asked for again and needs no intent: the built-in
@@ -321,17 +344,7 @@ impl IntentLayer {
         ws: &Workspace,
         session: &str,
     ) -> std::result::Result<(Vec<IntentRecord>, usize), hame_fs::Error> {
-        let bytes = match ws.records().read_bytes(&self.path(session)?).await {
-            Ok(b) => b,
-            Err(e) if e.is_not_found() => return Ok((Vec::new(), 0)),
-            Err(e) => return Err(e),
-        };
-        // A line cut by a crash mid-append is skipped.
-        let records = bytes
-            .split(|b| *b == b'\n')
-            .filter_map(|l| serde_json::from_slice(l).ok())
-            .collect();
-        Ok((records, bytes.len()))
+        read_intents(ws, &self.path(session)?).await
     }
 
     /// Asks the call's tool: its recorded outcome ([`Tool::reconcile`]), else a new run
@@ -647,6 +660,31 @@ impl Layer for IntentToolLayer {
                 return next.run(cx, call).await;
             }
         };
+        // A call resumed by a decision whose intent is already there without an end started
+        // in a process that died before it saved the step (a decided run taken over by
+        // another worker): whether it took effect is unknown, and it is not run again.
+        if cx.resume.is_some() {
+            let open = match read_intents(&ws, &path).await {
+                Ok((records, _)) => unresolved(&records)
+                    .into_iter()
+                    .find(|r| r.call_id == call.id),
+                Err(e) => {
+                    tracing::warn!(session = %session, error = %e, "reading the tool call intents failed");
+                    None
+                }
+            };
+            if let Some(open) = open {
+                tracing::warn!(session = %session, call_id = %call.id, "a resumed call started in a process that died: outcome_unknown, not run again");
+                let end = end_record(&call.id, OUTCOME_UNKNOWN);
+                if let Err(e) = write_records(&ws, &path, &[end], AppendOptions::atomic()).await {
+                    tracing::warn!(session = %session, error = %e, "marking the tool call intent outcome_unknown failed");
+                }
+                return ToolOutcome::Done(Err(hame_core::ToolError::new(
+                    OUTCOME_UNKNOWN,
+                    unknown_text(&open),
+                )));
+            }
+        }
         // The same operation as a call whose outcome is unknown: the same key.
         let again = cx
             .tool

@@ -332,6 +332,14 @@ mod run_queue_json {
         async fn cancel(&self, id: &str) -> Result<CancelOutcome> {
             self.pick().cancel(id).await
         }
+        async fn decide(
+            &self,
+            key: &crate::StateKey,
+            decision: &crate::runs::Decision,
+            options: &ClaimOptions,
+        ) -> Result<crate::runs::Decided> {
+            self.pick().decide(key, decision, options).await
+        }
         async fn purge_finished(
             &self,
             agent: &str,

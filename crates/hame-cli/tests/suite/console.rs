@@ -213,9 +213,15 @@ async fn serve_console_in_headless_chromium() -> TestResult {
         .flatten()
         .filter_map(|r| r["status"].as_str())
         .collect();
+    // The run that waited for the page's approval went on with the decision: completed.
     assert_eq!(
         statuses,
-        vec!["waiting_approval", "cancelled", "completed"],
+        vec!["completed", "cancelled", "completed"],
+        "{runs}"
+    );
+    assert_eq!(
+        runs["runs"][0]["approvals"][0]["decision"],
+        json!({"approve": true}),
         "{runs}"
     );
     assert_eq!(model.remaining(), 0);

@@ -1828,3 +1828,425 @@ async fn task_cancel_stops_a_task_through_its_run(state: Option<&str>) -> TestRe
     assert!(took < Duration::from_secs(5), "cancelled after {took:?}");
     Ok(())
 }
+
+/// One line per record of a session log: `user: text`, `assistant: text`, `assistant:
+/// call <id> <tool>`, `tool: result <id>`.
+fn log_lines(path: &Path) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    let text = std::fs::read_to_string(path)?;
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let record: Value = serde_json::from_str(line)?;
+        let role = record["role"].as_str().unwrap_or_default();
+        for block in record["message"]["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let what = match block["type"].as_str() {
+                Some("text") => block["text"].as_str().unwrap_or_default().to_owned(),
+                Some("tool_call") => format!(
+                    "call {} {}",
+                    block["id"].as_str().unwrap_or_default(),
+                    block["name"].as_str().unwrap_or_default()
+                ),
+                Some("tool_result") => {
+                    format!("result {}", block["id"].as_str().unwrap_or_default())
+                }
+                _ => continue,
+            };
+            out.push(format!("{role}: {what}"));
+        }
+    }
+    Ok(out)
+}
+
+/// Two `hame serve` replicas (each with a worker, `--run-lapse 2`) on `state`, sharing one
+/// workspace whose `execute` calls ask for approval.
+struct AskingReplicas {
+    dir: tempfile::TempDir,
+    agent: String,
+    a: Serve,
+    b: Serve,
+    http: reqwest::Client,
+}
+
+impl AskingReplicas {
+    fn start(state: &str, model: &ScriptedServer) -> Result<Self, Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(&ws)?;
+        std::fs::write(
+            ws.join("tools.json"),
+            json!({"permissions": {"ask": ["execute"]}}).to_string(),
+        )?;
+        let agent = unique_agent();
+        let args = ["--agent", &agent, "--state", state, "--run-lapse", "2"];
+        let a = Serve::start_named(dir.path(), "a", &model.base_url(), &args, &[])?;
+        let b = Serve::start_named(dir.path(), "b", &model.base_url(), &args, &[])?;
+        Ok(Self {
+            dir,
+            agent,
+            a,
+            b,
+            http: reqwest::Client::new(),
+        })
+    }
+
+    /// Submits `message` to session `s` of user `u` on A and waits until its run waits for
+    /// a decision on an `execute` call: the run id and the approval id.
+    async fn waiting(&self, message: &str) -> Result<(String, String), Box<dyn std::error::Error>> {
+        let (code, v) = submit(&self.http, &self.a, "u", "s", message, None).await?;
+        assert_eq!(code, 202, "{v}");
+        let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
+        let run = wait_run(
+            &self.http,
+            &self.a,
+            "u",
+            &id,
+            Duration::from_secs(30),
+            finished,
+        )
+        .await?;
+        assert_eq!(run["status"], "waiting_approval", "{run}");
+        assert_eq!(run["approvals"][0]["tool"], "execute", "{run}");
+        let approval = run["approvals"][0]["id"]
+            .as_str()
+            .ok_or("no approval id")?
+            .to_owned();
+        Ok((id, approval))
+    }
+}
+
+/// Issue #31: an approval decision is a run's next leg. A run whose tool call needs an
+/// approval ends `waiting_approval` and holds its session: a second run submitted meanwhile
+/// stays queued (the model never sees it), and a message to the session answers 202 with
+/// the same approval and makes no run. The decision, posted to replica B, resumes the
+/// waiting run there (the tool runs once); the run ends `completed` with the reply and its
+/// approval carries the decision; then the second run runs. The session log holds the
+/// message, the tool call, its result and the reply once each.
+async fn an_approval_decision_resumes_the_run(state: &str) -> TestResult {
+    let model = ScriptedServer::start().await?;
+    model.set_responder(|r: &RecordedRequest| {
+        let after_tool = r.body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .is_some_and(|m| m["role"] == "tool");
+        let text = r.last_user_text().unwrap_or_default();
+        if after_tool {
+            ScriptStep::text("counted")
+        } else if text == "count it" {
+            ScriptStep::tool_call(
+                "c1",
+                "execute",
+                json!({"command": "echo once >> count.txt"}),
+            )
+        } else {
+            ScriptStep::text(format!("done: {text}"))
+        }
+    });
+    let r = AskingReplicas::start(state, &model)?;
+    let (dir, ws, agent, a, b, http) = (
+        &r.dir,
+        r.dir.path().join("ws"),
+        &r.agent,
+        &r.a,
+        &r.b,
+        &r.http,
+    );
+    let (first, approval) = r.waiting("count it").await?;
+
+    // The session waits for the decision: the next run stays queued.
+    let (code, v) = submit(http, a, "u", "s", "second", None).await?;
+    assert_eq!(code, 202, "{v}");
+    let second = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (_, queued) = get_run(http, b, "u", &second).await?;
+    assert_eq!(queued["status"], "queued", "{queued}");
+    // A message answers with the waiting call, as before, and makes no run.
+    let resp = http
+        .post(b.at("/v1/sessions/s/messages"))
+        .header("x-hame-user", "u")
+        .json(&json!({"message": "hurry up"}))
+        .send()
+        .await?;
+    assert_eq!(resp.status().as_u16(), 202);
+    let body: Value = resp.json().await?;
+    assert_eq!(body["status"], "approval_needed", "{body}");
+    assert_eq!(body["approvals"][0]["id"], approval.as_str(), "{body}");
+    let list: Value = http
+        .get(b.at("/v1/sessions/s/runs"))
+        .header("x-hame-user", "u")
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(
+        list["runs"].as_array().map(Vec::len),
+        Some(2),
+        "no run for the message: {list}"
+    );
+    let asked: Vec<String> = model
+        .requests()
+        .iter()
+        .filter_map(|r| r.last_user_text())
+        .collect();
+    assert!(
+        !asked.iter().any(|t| t == "second" || t == "hurry up"),
+        "nothing of the session ran before the decision: {asked:?}"
+    );
+    assert!(
+        find_files(dir.path(), "count.txt").is_empty(),
+        "not run yet"
+    );
+
+    // Hostile decisions change nothing: every field is honoured or refused, another
+    // user's decision finds nothing.
+    for (user, bad, want) in [
+        (
+            "u",
+            json!({"decision": "approve", "reason": "because"}),
+            400,
+        ),
+        ("u", json!({"decision": "deny", "always": true}), 400),
+        ("u", json!({"decision": "approve", "colour": "red"}), 400),
+        ("u", json!({"decision": "Approve"}), 400),
+        ("u", json!({"decision": ["approve"]}), 400),
+        ("v", json!({"decision": "approve"}), 404),
+    ] {
+        let resp = http
+            .post(b.at(&format!("/v1/sessions/s/approvals/{approval}")))
+            .header("x-hame-user", user)
+            .json(&bad)
+            .send()
+            .await?;
+        let code = resp.status().as_u16();
+        let text = resp.text().await?;
+        assert_eq!(code, want, "{bad}: {text}");
+    }
+    let (_, still) = get_run(http, b, "u", &first).await?;
+    assert_eq!(still["status"], "waiting_approval", "{still}");
+
+    // The decision, on the other replica: the waiting run resumes there.
+    let resp = http
+        .post(b.at(&format!("/v1/sessions/s/approvals/{approval}")))
+        .header("x-hame-user", "u")
+        .json(&json!({"decision": "approve"}))
+        .send()
+        .await?;
+    assert_eq!(resp.status().as_u16(), 200);
+    let body: Value = resp.json().await?;
+    assert_eq!(body["reply"], "counted", "{body}");
+    let done = wait_run(http, a, "u", &first, Duration::from_secs(10), |s| {
+        s != "running"
+    })
+    .await?;
+    assert_eq!(done["status"], "completed", "{done}; B: {}", b.stderr());
+    assert_eq!(done["reply"], "counted", "{done}");
+    assert_eq!(done["approvals"][0]["id"], approval.as_str(), "{done}");
+    assert_eq!(
+        done["approvals"][0]["decision"],
+        json!({"approve": true}),
+        "{done}"
+    );
+    let again = http
+        .post(b.at(&format!("/v1/sessions/s/approvals/{approval}")))
+        .header("x-hame-user", "u")
+        .json(&json!({"decision": "approve"}))
+        .send()
+        .await?;
+    assert_eq!(again.status().as_u16(), 404, "a decision is taken once");
+    let next = wait_run(http, a, "u", &second, Duration::from_secs(30), |s| {
+        s == "completed" || s == "failed" || s == "cancelled"
+    })
+    .await?;
+    assert_eq!(next["status"], "completed", "{next}");
+    assert_eq!(next["reply"], "done: second", "{next}");
+
+    // The tool ran once; the log holds each part of the turn once.
+    let counts = find_files(dir.path(), "count.txt");
+    assert_eq!(counts.len(), 1, "{counts:?}");
+    assert_eq!(std::fs::read_to_string(&counts[0])?, "once\n");
+    let log = dir
+        .path()
+        .join("ws/u/agents")
+        .join(agent)
+        .join("sessions/s.log.jsonl");
+    let turn = [
+        "user: count it",
+        "assistant: call c1 execute",
+        "tool: result c1",
+        "assistant: counted",
+    ];
+    let mut want: Vec<&str> = turn.to_vec();
+    want.extend(["user: second", "assistant: done: second"]);
+    assert_eq!(
+        log_lines(&log)?,
+        want,
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+
+    // `hame approve`, without a server, resumes the waiting run too.
+    let (third, approval) = r.waiting("count it").await?;
+    let ws_arg = ws.to_string_lossy().into_owned();
+    let state_home = dir.path().join("state").to_string_lossy().into_owned();
+    let base = model.base_url();
+    let out = output(hame(
+        &[
+            "approve",
+            "--model",
+            "openai:m",
+            "--no-memory",
+            "--workspace",
+            &ws_arg,
+            "--user",
+            "u",
+            "--agent",
+            agent,
+            "--state",
+            state,
+            "--session",
+            "s",
+            &approval,
+        ],
+        &[
+            ("OPENAI_BASE_URL", base.as_str()),
+            ("HAME_STATE_HOME", state_home.as_str()),
+        ],
+        dir.path(),
+    ))
+    .await?;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("counted"), "{}", stdout(&out));
+    let (_, done) = get_run(http, b, "u", &third).await?;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(done["reply"], "counted", "{done}");
+    assert_eq!(std::fs::read_to_string(&counts[0])?, "once\nonce\n");
+    want.extend(turn);
+    assert_eq!(log_lines(&log)?, want);
+
+    // A cancelled waiting run releases the session; its call still waits, so the next run
+    // fails saying so (its message is not swallowed); a denial, outside the queue now,
+    // ends the turn, and the session runs again.
+    let (fourth, approval) = r.waiting("count it").await?;
+    let (_, v) = submit(http, a, "u", "s", "after the cancel", None).await?;
+    let fifth = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let resp = http
+        .post(b.at(&format!("/v1/runs/{fourth}/cancel")))
+        .header("x-hame-user", "u")
+        .send()
+        .await?;
+    assert_eq!(resp.status().as_u16(), 202);
+    let v: Value = resp.json().await?;
+    assert_eq!(v["status"], "cancelled", "{v}");
+    let failed = wait_run(http, a, "u", &fifth, Duration::from_secs(30), finished).await?;
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert_eq!(failed["error"]["code"], "session_waiting", "{failed}");
+    assert!(
+        failed["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&approval)),
+        "{failed}"
+    );
+    let resp = http
+        .post(b.at(&format!("/v1/sessions/s/approvals/{approval}")))
+        .header("x-hame-user", "u")
+        .json(&json!({"decision": "deny", "reason": "not again"}))
+        .send()
+        .await?;
+    assert_eq!(resp.status().as_u16(), 200);
+    let (_, v) = submit(http, a, "u", "s", "last", None).await?;
+    let last = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let done = wait_run(http, a, "u", &last, Duration::from_secs(30), finished).await?;
+    assert_eq!(done["reply"], "done: last", "{done}");
+    assert_eq!(std::fs::read_to_string(&counts[0])?, "once\nonce\n");
+    Ok(())
+}
+
+backend_tests!(an_approval_decision_resumes_the_run {
+    an_approval_decision_resumes_the_run_on_json_state: json,
+    an_approval_decision_resumes_the_run_on_postgres: "HAME_TEST_POSTGRES_URL",
+    an_approval_decision_resumes_the_run_on_redis: "HAME_TEST_REDIS_URL",
+});
+
+/// A decided leg whose replica is SIGKILLed while the approved tool runs: the worker that
+/// takes the run over does not run the tool again; the model is told `outcome_unknown`
+/// and the run completes with its answer.
+async fn a_decided_leg_cut_by_a_kill_is_not_run_again(state: &str) -> TestResult {
+    let model = ScriptedServer::start().await?;
+    model.set_responder(|r: &RecordedRequest| {
+        let last = r.body["messages"].as_array().and_then(|m| m.last());
+        match last {
+            Some(m) if m["role"] == "tool" => {
+                let unknown = m["content"]
+                    .as_str()
+                    .is_some_and(|c| c.contains("outcome_unknown"));
+                ScriptStep::text(if unknown { "unknown" } else { "ran" })
+            }
+            _ => ScriptStep::tool_call(
+                "c1",
+                "execute",
+                json!({"command": "echo $$ >> job.txt; exec sleep 20"}),
+            ),
+        }
+    });
+    let mut r = AskingReplicas::start(state, &model)?;
+    let (id, approval) = r.waiting("the job").await?;
+    let (dir, http) = (r.dir.path().to_owned(), r.http.clone());
+    let decision = {
+        let (http, url) = (
+            http.clone(),
+            r.b.at(&format!("/v1/sessions/s/approvals/{approval}")),
+        );
+        tokio::spawn(async move {
+            http.post(url)
+                .header("x-hame-user", "u")
+                .json(&json!({"decision": "approve"}))
+                .send()
+                .await
+        })
+    };
+    // The approved command runs on B: B dies.
+    let start = Instant::now();
+    let job = loop {
+        if let Some(p) = find_files(&dir, "job.txt").first()
+            && std::fs::read_to_string(p).is_ok_and(|t| t.ends_with('\n'))
+        {
+            break p.clone();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the command never ran on B: {}",
+            r.b.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    r.b.kill();
+    assert!(
+        decision.await?.is_err(),
+        "the decision's request died with B"
+    );
+    let done = wait_run(&http, &r.a, "u", &id, Duration::from_secs(30), |s| {
+        s != "running"
+    })
+    .await?;
+    let pids = std::fs::read_to_string(&job)?;
+    // The orphaned sleep of the dead replica is ours to stop.
+    for pid in pids.lines() {
+        let _ = std::process::Command::new("kill").arg(pid.trim()).status();
+    }
+    assert_eq!(done["status"], "completed", "{done}; A: {}", r.a.stderr());
+    assert_eq!(done["reply"], "unknown", "{done}");
+    assert_eq!(
+        pids.lines().count(),
+        1,
+        "the approved command ran once: {pids}"
+    );
+    Ok(())
+}
+
+backend_tests!(a_decided_leg_cut_by_a_kill_is_not_run_again {
+    a_decided_leg_cut_by_a_kill_is_not_run_again_on_json_state: json,
+    a_decided_leg_cut_by_a_kill_is_not_run_again_on_postgres: "HAME_TEST_POSTGRES_URL",
+    a_decided_leg_cut_by_a_kill_is_not_run_again_on_redis: "HAME_TEST_REDIS_URL",
+});

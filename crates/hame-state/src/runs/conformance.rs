@@ -8,7 +8,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{CancelOutcome, ClaimOptions, NewRun, RunEnd, RunFilter, RunQueue, RunStatus};
+use super::{
+    CancelOutcome, ClaimOptions, Decided, Decision, NewRun, RunEnd, RunFilter, RunQueue, RunStatus,
+};
 use crate::conformance::unique_agent;
 use crate::error::{Error, Result};
 use crate::key::StateKey;
@@ -629,7 +631,6 @@ pub async fn every_end<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
             usage: serde_json::json!({"input_tokens": 2}),
             verification: Some(verdict("verified")),
         },
-        RunEnd::WaitingApproval(serde_json::json!([{"id": "c1", "name": "execute"}])),
         RunEnd::Failed(super::RunError {
             code: "model_error".into(),
             message: "the model failed".into(),
@@ -692,9 +693,214 @@ pub async fn every_end<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
     );
     let future = chrono::Utc::now() + chrono::TimeDelta::minutes(1);
     ensure!(
-        q.purge_finished(&agent, future, 100).await? == ends.len() - 1,
-        "every finished status is purged but waiting_approval"
+        q.purge_finished(&agent, future, 100).await? == ends.len(),
+        "every ended status is purged"
     );
+    Ok(())
+}
+
+/// A run that waits for a decision holds its session: the session's later runs (submitted
+/// or submitted-and-claimed) wait, other sessions run. A decision on one of its approvals
+/// resumes it: recorded on the approval and claimed by the decider in one step (one more
+/// attempt), once per approval even under racing decisions; a decision while the run is
+/// queued or running changes nothing (`Busy`); an unknown or decided approval changes
+/// nothing. A decided claim that lapses is taken over with its decisions; after the run
+/// ends, the session's next run is claimable. Cancelling a waiting run releases the
+/// session; such a run is never purged.
+pub async fn approval_decisions<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
+    let agent = unique_agent();
+    let key = |s: &str| StateKey::new(&agent, Some("u"), s);
+    let o = opts(&agent, LONG);
+    let first = q.submit(msg(&agent, Some("u"), "s1", "m1")?).await?.run;
+    let c1 = q.claim(&o).await?.ok_or_else(|| fail("not claimed"))?;
+    ensure!(c1.run.id == first.id, "the first run is claimed");
+    ensure!(c1.run.decisions().is_empty(), "nothing decided yet");
+    let approvals = serde_json::json!([
+        {"id": "a1", "tool": "execute", "call_id": "c1"},
+        {"id": "a2", "tool": "write_file", "call_id": "c2"}
+    ]);
+    let waiting = q
+        .finish(&c1, &RunEnd::WaitingApproval(approvals.clone()))
+        .await?;
+    ensure!(
+        waiting.status == RunStatus::WaitingApproval
+            && waiting.status.is_finished()
+            && waiting.status.holds_session()
+            && waiting.approvals.as_ref() == Some(&approvals),
+        "{waiting:?}"
+    );
+    let second = q.submit(msg(&agent, Some("u"), "s1", "m2")?).await?.run;
+    let (third, none) = q
+        .submit_claimed(msg(&agent, Some("u"), "s1", "m3")?, &o)
+        .await?;
+    ensure!(
+        none.is_none() && third.run.status == RunStatus::Queued,
+        "a submit-and-claim on a waiting session only queues: {third:?}"
+    );
+    let other = q.submit(msg(&agent, Some("u"), "s2", "x")?).await?.run;
+    let c2 = q.claim(&o).await?.ok_or_else(|| fail("s2 not claimed"))?;
+    ensure!(
+        c2.run.id == other.id,
+        "the waiting session's next run waits; another session runs: {c2:?}"
+    );
+    ensure!(
+        q.claim(&o).await?.is_none(),
+        "nothing of the waiting session is claimable"
+    );
+    let yes = serde_json::json!({"approve": true});
+    ensure!(
+        matches!(q.decide(&key("s1")?, &Decision::new("a9", yes.clone()), &o).await?,
+            Decided::UnknownApproval(r) if r.id == first.id),
+        "an unknown approval changes nothing"
+    );
+    ensure!(
+        matches!(q.decide(&key("s2")?, &Decision::new("a1", yes.clone()), &o).await?,
+            Decided::Busy(r) if r.id == other.id),
+        "a session whose head runs is busy"
+    );
+    ensure!(
+        matches!(
+            q.decide(&key("s3")?, &Decision::new("a1", yes.clone()), &o)
+                .await?,
+            Decided::NoneWaiting
+        ),
+        "a session without runs waits for nothing"
+    );
+    complete(q, &c2).await?;
+    let short = opts(&agent, Duration::from_secs(1));
+    let Decided::Claimed(d1) = q
+        .decide(&key("s1")?, &Decision::new("a1", yes.clone()), &short)
+        .await?
+    else {
+        return Err(fail("a decision on a waiting run claims it"));
+    };
+    ensure!(
+        d1.run.id == first.id
+            && d1.run.status == RunStatus::Running
+            && d1.attempt == c1.attempt + 1
+            && d1.run.decisions() == vec![("a1".to_owned(), yes.clone())],
+        "decided and claimed: {d1:?}"
+    );
+    let stored = q.get(&first.id).await?.ok_or_else(|| fail("gone"))?;
+    ensure!(
+        stored.status == RunStatus::Running && stored.decisions() == d1.run.decisions(),
+        "the decision is stored with the run: {stored:?}"
+    );
+    ensure!(
+        matches!(
+            q.decide(&key("s1")?, &Decision::new("a2", yes.clone()), &o)
+                .await?,
+            Decided::Busy(_)
+        ),
+        "a decision while the run runs changes nothing"
+    );
+    ensure!(
+        q.claim(&short).await?.is_none(),
+        "a decided run's claim is live; the session's later runs wait"
+    );
+    // The decider dies: its claim lapses and a worker takes the run over with its decisions.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let taken = q
+        .claim(&short)
+        .await?
+        .ok_or_else(|| fail("a lapsed decided claim is taken over"))?;
+    ensure!(
+        taken.run.id == first.id
+            && taken.attempt == d1.attempt + 1
+            && taken.run.decisions() == d1.run.decisions(),
+        "taken over with its decisions: {taken:?}"
+    );
+    ensure!(
+        matches!(
+            q.finish(&d1, &RunEnd::Cancelled).await,
+            Err(Error::LeaseLost { .. })
+        ),
+        "the dead decider's finish is refused"
+    );
+    // The resumed turn stops at the other call: it waits again, for that one only.
+    let rest = serde_json::json!([{"id": "a2", "tool": "write_file", "call_id": "c2"}]);
+    q.finish(&taken, &RunEnd::WaitingApproval(rest.clone()))
+        .await?;
+    ensure!(
+        q.claim(&o).await?.is_none(),
+        "waiting again, the session holds"
+    );
+    ensure!(
+        matches!(
+            q.decide(&key("s1")?, &Decision::new("a1", yes.clone()), &o)
+                .await?,
+            Decided::UnknownApproval(_)
+        ),
+        "a decided approval is not decided again"
+    );
+    // Two deciders race: one claims, the other finds the run busy.
+    let no = serde_json::json!({"approve": false, "reason": "not that file"});
+    let (s1, deny) = (key("s1")?, Decision::new("a2", no.clone()));
+    let (da, db) = tokio::join!(q.decide(&s1, &deny, &o), q.decide(&s1, &deny, &o));
+    let (da, db) = (da?, db?);
+    let claims: Vec<&super::Claim> = [&da, &db]
+        .into_iter()
+        .filter_map(|d| match d {
+            Decided::Claimed(c) => Some(c),
+            _ => None,
+        })
+        .collect();
+    ensure!(
+        claims.len() == 1,
+        "one of two racing decisions claims: {da:?} / {db:?}"
+    );
+    let d2 = claims[0].clone();
+    ensure!(
+        d2.run.decisions() == vec![("a2".to_owned(), no)],
+        "this leg's decision only: {d2:?}"
+    );
+    let done = complete(q, &d2).await?;
+    ensure!(
+        done.status == RunStatus::Completed && done.reply.as_deref() == Some("r"),
+        "{done:?}"
+    );
+    let next = q
+        .claim(&o)
+        .await?
+        .ok_or_else(|| fail("after the decided run, the session's next run"))?;
+    ensure!(next.run.id == second.id, "in order: {next:?}");
+    complete(q, &next).await?;
+    let next = q.claim(&o).await?.ok_or_else(|| fail("the third run"))?;
+    ensure!(next.run.id == third.run.id, "in order: {next:?}");
+    complete(q, &next).await?;
+    // A waiting run that is cancelled releases its session; it is never purged waiting.
+    let w = q.submit(msg(&agent, Some("u"), "s4", "w")?).await?.run;
+    let c = q.claim(&o).await?.ok_or_else(|| fail("not claimed"))?;
+    ensure!(c.run.id == w.id, "the s4 run is claimed");
+    q.finish(&c, &RunEnd::WaitingApproval(rest)).await?;
+    let after = q.submit(msg(&agent, Some("u"), "s4", "after")?).await?.run;
+    let future = chrono::Utc::now() + chrono::TimeDelta::minutes(1);
+    q.purge_finished(&agent, future, 100).await?;
+    ensure!(
+        q.get(&w.id)
+            .await?
+            .is_some_and(|r| r.status == RunStatus::WaitingApproval),
+        "a waiting run is never purged"
+    );
+    ensure!(q.claim(&o).await?.is_none(), "s4 waits");
+    match q.cancel(&w.id).await? {
+        CancelOutcome::Cancelled(r) => ensure!(r.status == RunStatus::Cancelled, "{r:?}"),
+        other => {
+            return Err(fail(format!(
+                "a waiting run is cancelled at once, got {other:?}"
+            )));
+        }
+    }
+    ensure!(
+        matches!(q.decide(&key("s4")?, &Decision::new("a2", yes), &o).await?,
+            Decided::Busy(r) if r.id == after.id),
+        "a cancelled run takes no decision; the session's head is its next run"
+    );
+    let c = q
+        .claim(&o)
+        .await?
+        .ok_or_else(|| fail("the cancel released the session"))?;
+    ensure!(c.run.id == after.id, "{c:?}");
     Ok(())
 }
 
@@ -823,7 +1029,7 @@ pub async fn racing_submit_claims<Q: RunQueue + ?Sized>(q: Arc<Q>) -> Result<()>
 #[macro_export]
 macro_rules! run_queue_tests {
     ($make:expr) => {
-        $crate::run_queue_tests!(@ref $make, submit_get_list, session_order, lapse_and_reclaim, lapsed_claims_reclaimed_together, cancel, purge_finished, submit_claimed, subagent_task_runs, every_end);
+        $crate::run_queue_tests!(@ref $make, submit_get_list, session_order, lapse_and_reclaim, lapsed_claims_reclaimed_together, cancel, purge_finished, submit_claimed, subagent_task_runs, every_end, approval_decisions);
         $crate::run_queue_tests!(@arc $make, idempotency, racing_workers, racing_submit_claims);
     };
     (@ref $make:expr, $($name:ident),+) => {

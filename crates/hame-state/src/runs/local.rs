@@ -9,10 +9,11 @@ use async_trait::async_trait;
 use chrono::{DateTime, TimeDelta, Utc};
 
 use super::{
-    Beat, CancelOutcome, Claim, ClaimOptions, NewRun, Run, RunEnd, RunFilter, RunQueue, RunStatus,
-    Submitted, claim_lost, validate_run_id,
+    Beat, CancelOutcome, Claim, ClaimOptions, Decided, Decision, NewRun, Run, RunEnd, RunFilter,
+    RunQueue, RunStatus, Submitted, claim_lost, validate_run_id,
 };
 use crate::error::Result;
+use crate::key::StateKey;
 
 /// How often an idle worker of a JSON queue looks for work (100 ms).
 pub const LOCAL_POLL: Duration = Duration::from_millis(100);
@@ -72,7 +73,8 @@ pub(crate) mod ops {
         (submitted, claim, Some(i))
     }
 
-    /// Claims the new run `i` when no other run of its session is queued or running.
+    /// Claims the new run `i` when no other run of its session holds it (queued, running
+    /// or waiting for a decision).
     pub(crate) fn claim_new(
         runs: &mut [Run],
         i: usize,
@@ -82,7 +84,7 @@ pub(crate) mod ops {
         let r = &runs[i];
         let busy = runs.iter().any(|o| {
             o.id != r.id
-                && !o.status.is_finished()
+                && o.status.holds_session()
                 && o.agent == r.agent
                 && o.user == r.user
                 && o.session == r.session
@@ -167,7 +169,7 @@ pub(crate) mod ops {
             return (CancelOutcome::NotFound, None);
         };
         match r.status {
-            RunStatus::Queued => {
+            RunStatus::Queued | RunStatus::WaitingApproval => {
                 RunEnd::Cancelled.apply(r);
                 r.updated = now;
                 (CancelOutcome::Cancelled(r.clone()), Some(i))
@@ -180,6 +182,39 @@ pub(crate) mod ops {
             }
             _ => (CancelOutcome::Finished(r.clone()), None),
         }
+    }
+
+    /// Records `decision` on the waiting run of session `key` and claims it (see
+    /// [`RunQueue::decide`]).
+    pub(crate) fn decide(
+        runs: &mut [Run],
+        key: &StateKey,
+        decision: &Decision,
+        options: &ClaimOptions,
+        now: DateTime<Utc>,
+    ) -> (Decided, Option<usize>) {
+        let head = runs
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| {
+                r.status.holds_session()
+                    && r.agent == key.agent()
+                    && r.user.as_deref() == key.user()
+                    && r.session == key.session()
+            })
+            .min_by_key(|(_, r)| r.seq)
+            .map(|(i, _)| i);
+        let (i, approvals) = match super::super::decide_on(head.map(|i| runs[i].clone()), decision)
+        {
+            Ok((run, approvals)) => match runs.iter().position(|r| r.id == run.id) {
+                Some(i) => (i, approvals),
+                None => return (Decided::NoneWaiting, None),
+            },
+            Err(answer) => return (*answer, None),
+        };
+        runs[i].approvals = Some(approvals);
+        runs[i].cancel_requested = false;
+        (Decided::Claimed(take(runs, i, options, now)), Some(i))
     }
 
     /// The indexes of the finished runs of `agent` changed before `before`, oldest first,
@@ -288,7 +323,18 @@ impl RunQueue for InMemoryRunQueue {
     }
 
     async fn cancel(&self, id: &str) -> Result<CancelOutcome> {
-        Ok(self.with(|runs| ops::cancel(runs, id, Utc::now()).0))
+        let out = self.with(|runs| ops::cancel(runs, id, Utc::now()).0);
+        self.wake.notify_waiters();
+        Ok(out)
+    }
+
+    async fn decide(
+        &self,
+        key: &StateKey,
+        decision: &Decision,
+        options: &ClaimOptions,
+    ) -> Result<Decided> {
+        Ok(self.with(|runs| ops::decide(runs, key, decision, options, Utc::now()).0))
     }
 
     async fn purge_finished(
@@ -336,8 +382,8 @@ mod json {
     /// ```text
     /// .runs/queue.lock          every change is made under an exclusive OS lock of it
     /// .runs/seq                 the last submission number
-    /// .runs/active/<id>.json    queued and running runs
-    /// .runs/done/<id>.json      finished runs
+    /// .runs/active/<id>.json    queued, running and waiting_approval runs
+    /// .runs/done/<id>.json      ended runs
     /// .runs/idem/<hash>         "<agent>\t<user>\t<key>\t<run id>" lines: idempotency keys
     /// ```
     ///
@@ -437,11 +483,12 @@ mod json {
             Ok(runs)
         }
 
-        /// Writes a run where its status puts it (a finished run moves to `done/`).
+        /// Writes a run where its status puts it (an ended run moves to `done/`; one
+        /// waiting for a decision stays active: it holds its session).
         fn write(&self, run: &Run) -> Result<()> {
             let bytes = serde_json::to_vec(run).map_err(Error::Serialize)?;
             let name = format!("{}.json", run.id);
-            if run.status.is_finished() {
+            if !run.status.holds_session() {
                 write_atomic(&self.done(), &name, &bytes)?;
                 let active = self.active().join(&name);
                 match fs::remove_file(&active) {
@@ -555,7 +602,7 @@ mod json {
             Ok(Submitted { run, created: true })
         }
 
-        /// The active (queued or running) runs (the queue lock held). A crash between
+        /// The active (queued, running or waiting) runs (the queue lock held). A crash between
         /// writing a finished run to `done/` and removing its active record leaves both:
         /// the finished one counts.
         fn active_runs(&self) -> Result<Vec<Run>> {
@@ -678,6 +725,24 @@ mod json {
                 move |runs, now| Ok(ops::cancel(runs, &id2, now)),
                 |finished| Ok(finished.map_or(CancelOutcome::NotFound, CancelOutcome::Finished)),
             )
+            .await
+        }
+
+        async fn decide(
+            &self,
+            key: &StateKey,
+            decision: &Decision,
+            options: &ClaimOptions,
+        ) -> Result<Decided> {
+            let (key, decision, options) = (key.clone(), decision.clone(), options.clone());
+            self.locked(move |me, now| {
+                let mut runs = me.active_runs()?;
+                let (out, changed) = ops::decide(&mut runs, &key, &decision, &options, now);
+                if let Some(i) = changed {
+                    me.write(&runs[i])?;
+                }
+                Ok(out)
+            })
             .await
         }
 

@@ -43,6 +43,7 @@ mod sql;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 
+pub(crate) use decide::decide_on;
 pub use decide::pick;
 #[cfg(feature = "json")]
 pub use local::JsonRunQueue;
@@ -146,9 +147,19 @@ impl RunStatus {
         )
     }
 
-    /// Whether the run has ended (nothing will change it any more).
+    /// Whether no worker executes or will claim the run: it ended (`completed`,
+    /// `unverified`, `failed`, `cancelled`: nothing changes it any more), or it waits for a
+    /// decision (`waiting_approval`: only [`RunQueue::decide`] or a cancel change it).
     pub fn is_finished(self) -> bool {
         !matches!(self, Self::Queued | Self::Running)
+    }
+
+    /// Whether the run holds its session: `queued`, `running` and `waiting_approval`. A
+    /// later run of the session is claimed only when no earlier one holds it, so a session
+    /// waiting for a decision starts nothing else until the decision resumes its run (or
+    /// the run is cancelled).
+    pub fn holds_session(self) -> bool {
+        matches!(self, Self::Queued | Self::Running | Self::WaitingApproval)
     }
 }
 
@@ -350,6 +361,13 @@ impl Run {
     /// Whether `(agent, user)` owns it.
     pub fn is_owned_by(&self, agent: &str, user: Option<&str>) -> bool {
         self.agent == agent && self.user.as_deref() == user
+    }
+
+    /// The decisions recorded on its approvals ([`RunQueue::decide`]) that its next leg
+    /// resumes the suspended turn with: `(approval id, decision)` pairs, in the approvals'
+    /// order. Empty for a run that has not waited for a decision.
+    pub fn decisions(&self) -> Vec<(String, serde_json::Value)> {
+        decide::decisions(self.approvals.as_ref())
     }
 
     /// Sets the reply of a run that ended with one.
@@ -555,10 +573,46 @@ pub struct Beat {
     pub cancel_requested: bool,
 }
 
+/// A decision on one approval of a `waiting_approval` run ([`RunQueue::decide`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// The approval id (the `id` of one of the run's `approvals`).
+    pub approval: String,
+    /// The decision in the suspending layer's terms (`{"approve": true}`, `{"approve":
+    /// false, "reason": "..."}`), stored as the approval's `decision`.
+    pub value: serde_json::Value,
+}
+
+impl Decision {
+    /// A decision on approval `approval`.
+    pub fn new(approval: impl Into<String>, value: serde_json::Value) -> Self {
+        Self {
+            approval: approval.into(),
+            value,
+        }
+    }
+}
+
+/// What [`RunQueue::decide`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decided {
+    /// The decision is recorded on the waiting run, which is claimed by the caller (status
+    /// `running`): run its resumed turn under this claim.
+    Claimed(Claim),
+    /// The session's head run is queued or running: nothing changed; decide again once it
+    /// waits (or ends).
+    Busy(Run),
+    /// The session's waiting run has no undecided approval with this id: nothing changed.
+    UnknownApproval(Run),
+    /// No run of the session waits for a decision.
+    NoneWaiting,
+}
+
 /// What [`RunQueue::cancel`] did.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CancelOutcome {
-    /// The run was queued and is now cancelled; no worker will run it.
+    /// The run was queued (or waited for a decision) and is now cancelled; no worker will
+    /// run it.
     Cancelled(Run),
     /// The run is running; its worker sees the request at its next heartbeat.
     Requested(Run),
@@ -642,9 +696,15 @@ impl ClaimOptions {
 ///   [`heartbeat`](Self::heartbeat) and [`finish`](Self::finish) then fail with
 ///   [`Error::LeaseLost`] and change nothing.
 /// - **Finish once.** [`finish`](Self::finish) ends a running run under its current claim;
-///   a finished run never changes again.
-/// - **Cancel from anywhere.** [`cancel`](Self::cancel) ends a queued run at once and
-///   flags a running one; the flag comes back in the next [`Beat`].
+///   an ended run (`completed`, `unverified`, `failed`, `cancelled`) never changes again.
+/// - **A decision resumes the run.** A run finished [`RunEnd::WaitingApproval`] keeps
+///   holding its session (no later run of the session is claimed) until
+///   [`decide`](Self::decide) records a decision on one of its approvals and claims it
+///   again, in one step, for the caller (a new token, one more attempt), or until it is
+///   cancelled (then the session's next run is claimable).
+/// - **Cancel from anywhere.** [`cancel`](Self::cancel) ends a queued or
+///   `waiting_approval` run at once and flags a running one; the flag comes back in the
+///   next [`Beat`].
 /// - **Retention.** [`purge_finished`](Self::purge_finished) deletes `completed`, `failed`
 ///   and `cancelled` runs older than a time, never a queued, running or
 ///   `waiting_approval` one (its approvals still wait for a decision).
@@ -686,6 +746,20 @@ pub trait RunQueue: Send + Sync + fmt::Debug + 'static {
 
     /// Cancels a run (see [`CancelOutcome`]).
     async fn cancel(&self, id: &str) -> Result<CancelOutcome>;
+
+    /// Records `decision` on the `waiting_approval` run of session `key` and claims that
+    /// run for `options.worker` in the same step ([`Decided::Claimed`]): the caller runs
+    /// the resumed turn ([`Run::decisions`]), heartbeats and finishes it like any claim;
+    /// if it dies, the claim lapses and another worker takes the run over. Nothing changes
+    /// when the session's head run is queued or running ([`Decided::Busy`]: try again
+    /// once it waits), when it waits on no undecided approval with that id, or when no
+    /// run of the session waits.
+    async fn decide(
+        &self,
+        key: &StateKey,
+        decision: &Decision,
+        options: &ClaimOptions,
+    ) -> Result<Decided>;
 
     /// Deletes at most `limit` finished runs of `agent` last changed before `before`,
     /// oldest first, and returns how many it deleted. A deleted run is gone for
@@ -809,6 +883,14 @@ macro_rules! forward_queue {
             }
             async fn cancel(&self, id: &str) -> Result<CancelOutcome> {
                 (**self).cancel(id).await
+            }
+            async fn decide(
+                &self,
+                key: &StateKey,
+                decision: &Decision,
+                options: &ClaimOptions,
+            ) -> Result<Decided> {
+                (**self).decide(key, decision, options).await
             }
             async fn purge_finished(
                 &self,

@@ -10,10 +10,11 @@ use sqlx::Row;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions, MySqlRow};
 
 use super::{
-    Beat, CancelOutcome, Claim, ClaimOptions, EndColumns, NewRun, Run, RunEnd, RunError, RunFilter,
-    RunQueue, Submitted, claim_lost, validate_run_id,
+    Beat, CancelOutcome, Claim, ClaimOptions, Decided, Decision, EndColumns, NewRun, Run, RunEnd,
+    RunError, RunFilter, RunQueue, Submitted, claim_lost, validate_run_id,
 };
 use crate::error::{Error, Result};
+use crate::key::StateKey;
 use crate::sql::{MySqlStore, SqlOptions};
 
 /// How often an idle worker of a MySQL queue looks for work (250 ms).
@@ -96,7 +97,8 @@ impl MySqlRunQueue {
                    WHERE o.agent = r.agent AND o.user_key = r.user_key
                      AND o.session = r.session AND o.seq <> r.seq
                      AND ((o.status = 'running' AND o.expires_at > UTC_TIMESTAMP(6))
-                          OR (o.status IN ('queued', 'running') AND o.seq < r.seq)))
+                          OR (o.status IN ('queued', 'running', 'waiting_approval')
+                              AND o.seq < r.seq)))
              ORDER BY r.seq LIMIT 1
              FOR UPDATE SKIP LOCKED",
         )
@@ -242,7 +244,7 @@ impl MySqlRunQueue {
         let busy: Option<u64> = sqlx::query_scalar(
             "SELECT seq FROM hame_runs
              WHERE agent = ? AND user_key = ? AND session = ? AND id <> ?
-               AND status IN ('queued', 'running') LIMIT 1",
+               AND status IN ('queued', 'running', 'waiting_approval') LIMIT 1",
         )
         .bind(&run.agent)
         .bind(user)
@@ -488,7 +490,7 @@ impl RunQueue for MySqlRunQueue {
                 .await
                 .map_err(backend)?;
         match status.as_deref() {
-            Some("queued") => {
+            Some("queued" | "waiting_approval") => {
                 sqlx::query(
                     "UPDATE hame_runs SET status = 'cancelled', error = ?,
                          updated_at = UTC_TIMESTAMP(6) WHERE id = ?",
@@ -516,10 +518,67 @@ impl RunQueue for MySqlRunQueue {
             return Ok(CancelOutcome::NotFound);
         };
         Ok(match status.as_deref() {
-            Some("queued") => CancelOutcome::Cancelled(run),
+            Some("queued" | "waiting_approval") => CancelOutcome::Cancelled(run),
             Some("running") => CancelOutcome::Requested(run),
             _ => CancelOutcome::Finished(run),
         })
+    }
+
+    async fn decide(
+        &self,
+        key: &StateKey,
+        decision: &Decision,
+        options: &ClaimOptions,
+    ) -> Result<Decided> {
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        let head = sqlx::query(concat!(
+            "SELECT ",
+            cols!(),
+            " FROM hame_runs WHERE agent = ? AND user_key = ? AND session = ?
+               AND status IN ('queued', 'running', 'waiting_approval')
+             ORDER BY seq LIMIT 1 FOR UPDATE"
+        ))
+        .bind(key.agent())
+        .bind(key.user().unwrap_or(""))
+        .bind(key.session())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(backend)?;
+        let (run, approvals) =
+            match super::decide_on(head.as_ref().map(to_run).transpose()?, decision) {
+                Ok(decided) => decided,
+                Err(answer) => {
+                    tx.rollback().await.map_err(backend)?;
+                    return Ok(*answer);
+                }
+            };
+        sqlx::query(
+            "UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = ?,
+                 worker = ?, updated_at = UTC_TIMESTAMP(6), approvals = ?,
+                 cancel_requested = FALSE,
+                 expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+             WHERE id = ?",
+        )
+        .bind(&token)
+        .bind(&options.worker)
+        .bind(approvals.to_string())
+        .bind(micros(options.lapse))
+        .bind(&run.id)
+        .execute(&mut *tx)
+        .await
+        .map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        let run = self
+            .by_id(&run.id)
+            .await?
+            .ok_or_else(|| backend("a decided run vanished"))?;
+        Ok(Decided::Claimed(Claim {
+            attempt: run.attempts,
+            token,
+            lapse: options.lapse,
+            run,
+        }))
     }
 
     async fn purge_finished(

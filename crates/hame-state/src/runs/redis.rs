@@ -45,10 +45,11 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::{
-    Beat, CancelOutcome, Claim, ClaimOptions, EndColumns, NewRun, Run, RunEnd, RunError, RunFilter,
-    RunQueue, Submitted, claim_lost, validate_run_id,
+    Beat, CancelOutcome, Claim, ClaimOptions, Decided, Decision, EndColumns, NewRun, Run, RunEnd,
+    RunError, RunFilter, RunQueue, Submitted, claim_lost, validate_run_id,
 };
 use crate::error::{Error, Result};
+use crate::key::StateKey;
 use crate::redis_store::{Conn, NOW, RedisOptions};
 
 /// Longest an idle worker blocks on the wake-up stream before it looks for lapsed claims
@@ -230,27 +231,31 @@ if h[1] ~= 'running' or h[2] ~= ARGV[3] then
 end
 local t = now()
 redis.call('HSET', k, 'st', ARGV[4], 'tk', '', 'ft', ARGV[3], 'ex', '', 'up', t)
--- A run waiting for an approval is never purged.
-if ARGV[4] ~= 'waiting_approval' then ended(id, t, h[4]) end
 local fields = {'reply', 'usage', 'error', 'approvals', 'verification'}
 for i, f in ipairs(fields) do
   local v = ARGV[4 + i]
   if v ~= '' then redis.call('HSET', k, f, string.sub(v, 2)) end
 end
 drop_entry(id, h[4])
-advance(h[3], id, h[4])
+-- A run waiting for a decision is never purged and stays its session's head (`busy`):
+-- the session's next run waits until a decision resumes it (DECIDE) or it is cancelled.
+if ARGV[4] ~= 'waiting_approval' then
+  ended(id, t, h[4])
+  advance(h[3], id, h[4])
+end
 wake('finish')
 return redis.call('HGETALL', k)
 ";
 
 /// ARGV: base, id, error JSON of a cancelled run. Returns {0, {}} (no such run), {1, run}
-/// (cancelled), {2, run} (a running run, flagged) or {3, run} (finished, unchanged).
+/// (cancelled: it was queued or waiting for a decision), {2, run} (a running run, flagged)
+/// or {3, run} (ended, unchanged).
 const CANCEL: &str = r"
 local id = ARGV[2]
 local k = rk(id)
 local h = redis.call('HMGET', k, 'st', 'sk', 'ag')
 if not h[1] then return {0, {}} end
-if h[1] == 'queued' then
+if h[1] == 'queued' or h[1] == 'waiting_approval' then
   local t = now()
   redis.call('HSET', k, 'st', 'cancelled', 'error', ARGV[3], 'up', t)
   ended(id, t, h[3])
@@ -269,6 +274,26 @@ elseif h[1] == 'running' then
   return {2, redis.call('HGETALL', k)}
 end
 return {3, redis.call('HGETALL', k)}
+";
+
+/// ARGV: base, session key, run id, the run's approvals as read (compared: a change since
+/// means another decision came first), its approvals with the decision, token, consumer,
+/// lapse ms. Returns {0, {}} when the run is no longer the session's waiting head or its
+/// approvals changed (read again), else {1, run}: decided and claimed, its entry back in
+/// the stream (left pending to whoever reads it while the claim is live, like a
+/// submit-claimed run's).
+const DECIDE: &str = r"
+local id = ARGV[3]
+local k = rk(id)
+if redis.call('GET', B .. ':busy:' .. ARGV[2]) ~= id then return {0, {}} end
+local h = redis.call('HMGET', k, 'st', 'approvals', 'ag')
+if h[1] ~= 'waiting_approval' or (h[2] or '') ~= ARGV[4] then return {0, {}} end
+local t = now()
+redis.call('HINCRBY', k, 'at', 1)
+redis.call('HSET', k, 'approvals', ARGV[5], 'st', 'running', 'tk', ARGV[6], 'w', ARGV[7],
+  'c', 0, 'up', t, 'ex', t + tonumber(ARGV[8]))
+offer(id, h[3])
+return {1, redis.call('HGETALL', k)}
 ";
 
 /// ARGV: base, agent, before (ms), limit. Deletes the agent's finished runs that ended
@@ -303,6 +328,10 @@ static HEARTBEAT_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| script(HEART
 static FINISH_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| script(FINISH));
 static CANCEL_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| script(CANCEL));
 static PURGE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| script(PURGE));
+static DECIDE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| script(DECIDE));
+
+/// Decisions read again after another decision on the same run came first.
+const DECIDE_RETRIES: usize = 5;
 
 fn backend(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Error {
     Error::backend("redis", e)
@@ -610,6 +639,63 @@ impl RunQueue for RedisRunQueue {
             2 => CancelOutcome::Requested(run),
             _ => CancelOutcome::Finished(run),
         })
+    }
+
+    async fn decide(
+        &self,
+        key: &StateKey,
+        decision: &Decision,
+        options: &ClaimOptions,
+    ) -> Result<Decided> {
+        let sk = format!("{}:{}:{}", key.agent(), tenant(key.user()), key.session());
+        for _ in 0..DECIDE_RETRIES {
+            let head: Option<String> = self
+                .conn
+                .query(redis::cmd("GET").arg(format!("{}:busy:{sk}", self.base)))
+                .await?;
+            let h: Hash = match &head {
+                Some(id) => {
+                    self.conn
+                        .query(redis::cmd("HGETALL").arg(self.run_key(id)))
+                        .await?
+                }
+                None => Hash::new(),
+            };
+            // Compared by the script: another decision in between makes us read again.
+            let as_read = h.get("approvals").cloned().unwrap_or_default();
+            let head = if h.is_empty() {
+                None
+            } else {
+                Some(to_run(&h)?)
+            };
+            let (run, approvals) = match super::decide_on(head, decision) {
+                Ok(decided) => decided,
+                Err(answer) => return Ok(*answer),
+            };
+            let token = uuid::Uuid::new_v4().simple().to_string();
+            let mut call = DECIDE_SCRIPT.prepare_invoke();
+            call.arg(&*self.base)
+                .arg(&sk)
+                .arg(&run.id)
+                .arg(as_read)
+                .arg(approvals.to_string())
+                .arg(&token)
+                .arg(&options.worker)
+                .arg(ms(options.lapse));
+            let (code, h): (i64, Hash) = self.conn.invoke(&call).await?;
+            if code == 1 && !h.is_empty() {
+                let run = to_run(&h)?;
+                return Ok(Decided::Claimed(Claim {
+                    attempt: run.attempts,
+                    token,
+                    lapse: options.lapse,
+                    run,
+                }));
+            }
+        }
+        Err(backend(
+            "a decision kept racing other decisions on the same run; try again",
+        ))
     }
 
     async fn purge_finished(

@@ -11,10 +11,11 @@ use sqlx::Row;
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions, PgRow};
 
 use super::{
-    Beat, CancelOutcome, Claim, ClaimOptions, EndColumns, NewRun, Run, RunEnd, RunError, RunFilter,
-    RunQueue, RunStatus, Submitted, claim_lost, validate_run_id,
+    Beat, CancelOutcome, Claim, ClaimOptions, Decided, Decision, EndColumns, NewRun, Run, RunEnd,
+    RunError, RunFilter, RunQueue, RunStatus, Submitted, claim_lost, validate_run_id,
 };
 use crate::error::{Error, Result};
+use crate::key::StateKey;
 use crate::sql::{PostgresStore, SqlOptions};
 
 /// How often an idle worker looks for work when no `NOTIFY` arrives (1 s): claims that
@@ -39,6 +40,8 @@ struct Statements {
     claim_new: String,
     finish: String,
     cancel: String,
+    head: String,
+    decide: String,
     purge: String,
 }
 
@@ -71,7 +74,8 @@ static SQL: LazyLock<Statements> = LazyLock::new(|| {
                       WHERE o.agent = r.agent AND o.user_key = r.user_key
                         AND o.session = r.session AND o.seq <> r.seq
                         AND ((o.status = 'running' AND o.expires_at > clock_timestamp())
-                             OR (o.status IN ('queued', 'running') AND o.seq < r.seq)))
+                             OR (o.status IN ('queued', 'running', 'waiting_approval')
+                                 AND o.seq < r.seq)))
                 ORDER BY r.seq LIMIT 1
                 FOR UPDATE OF r SKIP LOCKED)
              UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = $1,
@@ -84,7 +88,7 @@ static SQL: LazyLock<Statements> = LazyLock::new(|| {
             .collect::<Vec<_>>()
             .join(", ")
     ),
-    // The run just inserted, when no other run of its session is queued or running.
+    // The run just inserted, when no other run of its session holds it.
     claim_new: format!(
         "UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = $1,
                  worker = $2, updated_at = clock_timestamp(),
@@ -93,7 +97,7 @@ static SQL: LazyLock<Statements> = LazyLock::new(|| {
                  SELECT 1 FROM hame_runs o
                  WHERE o.agent = hame_runs.agent AND o.user_key = hame_runs.user_key
                    AND o.session = hame_runs.session AND o.id <> hame_runs.id
-                   AND o.status IN ('queued', 'running'))
+                   AND o.status IN ('queued', 'running', 'waiting_approval'))
              RETURNING {COLS}"
     ),
     finish: format!(
@@ -105,10 +109,25 @@ static SQL: LazyLock<Statements> = LazyLock::new(|| {
     cancel: format!(
         "UPDATE hame_runs SET
                  cancel_requested = (status = 'running'),
-                 error = CASE WHEN status = 'queued' THEN $2 ELSE error END,
-                 status = CASE WHEN status = 'queued' THEN 'cancelled' ELSE status END,
+                 error = CASE WHEN status = 'running' THEN error ELSE $2 END,
+                 status = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
                  updated_at = clock_timestamp()
-             WHERE id = $1 AND status IN ('queued', 'running')
+             WHERE id = $1 AND status IN ('queued', 'running', 'waiting_approval')
+             RETURNING {COLS}"
+    ),
+    // The run at the head of a session (the earliest one holding it), locked.
+    head: format!(
+        "SELECT {COLS} FROM hame_runs
+             WHERE agent = $1 AND user_key = $2 AND session = $3
+               AND status IN ('queued', 'running', 'waiting_approval')
+             ORDER BY seq LIMIT 1 FOR UPDATE"
+    ),
+    decide: format!(
+        "UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = $1,
+                 worker = $2, updated_at = clock_timestamp(), approvals = $5,
+                 cancel_requested = FALSE,
+                 expires_at = clock_timestamp() + $3 * interval '1 microsecond'
+             WHERE id = $4 AND status = 'waiting_approval'
              RETURNING {COLS}"
     ),
     purge: format!(
@@ -397,6 +416,8 @@ impl RunQueue for PgRunQueue {
             Some(row) => {
                 let run = to_run(&row)?;
                 if run.status == RunStatus::Cancelled {
+                    // The session's next run may be free now.
+                    self.notify().await;
                     CancelOutcome::Cancelled(run)
                 } else {
                     // Wakes the run's worker now; its heartbeat would find the flag anyway.
@@ -416,6 +437,48 @@ impl RunQueue for PgRunQueue {
                 None => CancelOutcome::NotFound,
             },
         })
+    }
+
+    async fn decide(
+        &self,
+        key: &StateKey,
+        decision: &Decision,
+        options: &ClaimOptions,
+    ) -> Result<Decided> {
+        let token = uuid::Uuid::new_v4().simple().to_string();
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        let head = sqlx::query(SQL.head.as_str())
+            .bind(key.agent())
+            .bind(key.user().unwrap_or(""))
+            .bind(key.session())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(backend)?;
+        let (run, approvals) =
+            match super::decide_on(head.as_ref().map(to_run).transpose()?, decision) {
+                Ok(decided) => decided,
+                Err(answer) => {
+                    tx.rollback().await.map_err(backend)?;
+                    return Ok(*answer);
+                }
+            };
+        let row = sqlx::query(SQL.decide.as_str())
+            .bind(&token)
+            .bind(&options.worker)
+            .bind(micros(options.lapse))
+            .bind(&run.id)
+            .bind(approvals.to_string())
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        let run = to_run(&row)?;
+        Ok(Decided::Claimed(Claim {
+            attempt: run.attempts,
+            token,
+            lapse: options.lapse,
+            run,
+        }))
     }
 
     async fn purge_finished(
