@@ -81,6 +81,45 @@ pub enum ContentBlock {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         signature: Option<String>,
     },
+    /// An image the user sent, inline (see [`ImageBlock`]).
+    Image(ImageBlock),
+}
+
+/// An image inside a message: its media type and its bytes in standard base64.
+///
+/// hame holds images inline only: it never fetches a URL and never forwards one
+/// (docs/adr/0040-inline-images-only.md). Whoever builds the block checks the media type
+/// and the base64 (the gateway does); providers send it as it is. Text that stands for the
+/// image where bytes cannot go (summaries, daily notes, the context manifest) comes from
+/// [`ImageBlock::describe`], never the data.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageBlock {
+    /// The media type: `image/png`, `image/jpeg`, `image/gif` or `image/webp`.
+    pub media_type: String,
+    /// The image's bytes, standard base64 with padding.
+    pub data: String,
+}
+
+impl ImageBlock {
+    /// The media types hame accepts (those every image-capable provider takes).
+    pub const MEDIA_TYPES: [&'static str; 4] =
+        ["image/png", "image/jpeg", "image/gif", "image/webp"];
+
+    /// The number of bytes the base64 data decodes to (computed from its length).
+    pub fn decoded_len(&self) -> usize {
+        let d = self.data.trim_end();
+        let pad = d.bytes().rev().take_while(|b| *b == b'=').count().min(2);
+        (d.len() / 4 * 3 + (d.len() % 4).saturating_sub(1)).saturating_sub(pad)
+    }
+
+    /// A short text that stands for the image: `[image image/png, 12 KiB]`.
+    pub fn describe(&self) -> String {
+        format!(
+            "[image {}, {} KiB]",
+            self.media_type,
+            self.decoded_len().div_ceil(1024)
+        )
+    }
 }
 
 /// Token counts reported for one model request or summed over a call.
@@ -215,6 +254,14 @@ impl Message {
         }
     }
 
+    /// The images in this message.
+    pub fn images(&self) -> impl Iterator<Item = &ImageBlock> {
+        self.content.iter().filter_map(|b| match b {
+            ContentBlock::Image(i) => Some(i),
+            _ => None,
+        })
+    }
+
     /// All text blocks joined with no separator.
     pub fn text_content(&self) -> String {
         self.content
@@ -323,6 +370,34 @@ mod tests {
         let again = serde_json::to_value(&msgs)?;
         let orig: serde_json::Value = serde_json::from_str(v1)?;
         assert_eq!(orig, again);
+        Ok(())
+    }
+
+    /// An image block's persisted form: `{"type":"image","media_type":..,"data":..}`.
+    #[test]
+    fn an_image_block_has_a_stable_form_and_a_short_description() -> Result<(), serde_json::Error> {
+        let form = r#"{"role":"user","content":[{"type":"text","text":"what is this?"},{"type":"image","media_type":"image/png","data":"iVBORw0KGgo="}]}"#;
+        let m: Message = serde_json::from_str(form)?;
+        let image = ImageBlock {
+            media_type: "image/png".into(),
+            data: "iVBORw0KGgo=".into(),
+        };
+        assert_eq!(m.images().collect::<Vec<_>>(), vec![&image]);
+        assert_eq!(m.text_content(), "what is this?");
+        assert_eq!(serde_json::to_string(&m)?, form);
+        assert_eq!(image.decoded_len(), 8);
+        assert_eq!(image.describe(), "[image image/png, 1 KiB]");
+        let sizes: Vec<usize> = ["", "QQ==", "QUI=", "QUJD", "QUJDRA", "QUJDREU"]
+            .iter()
+            .map(|d| {
+                ImageBlock {
+                    media_type: "image/gif".into(),
+                    data: (*d).into(),
+                }
+                .decoded_len()
+            })
+            .collect();
+        assert_eq!(sizes, vec![0, 1, 2, 3, 4, 5]);
         Ok(())
     }
 

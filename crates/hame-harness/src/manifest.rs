@@ -15,8 +15,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use hame_core::{
-    CallCtx, CallInput, CallNext, CallOutput, Layer, Message, ModelNext, ModelRequest,
-    ModelResponse, Role,
+    CallCtx, CallInput, CallNext, CallOutput, ContentBlock, Layer, Message, ModelNext,
+    ModelRequest, ModelResponse, Role,
 };
 use hame_fs::AppendOptions;
 use hame_memory::TokenCounter;
@@ -247,6 +247,27 @@ fn message_kind(m: &Message) -> (Transform, Option<String>) {
     (Transform::Verbatim, None)
 }
 
+/// The JSON a message is measured by, and the tokens its images add: an image's data
+/// stands as the SHA-256 of its base64 (which still tells two images apart), counted at
+/// [`TOKENS_PER_IMAGE`](hame_memory::tokens::TOKENS_PER_IMAGE) — base64 counted as text
+/// would make a 1 MiB image some 700,000 tokens, and take the counter a second.
+fn measured_json(msg: &Message) -> (String, u64) {
+    let mut images = 0;
+    let json = if msg.images().next().is_none() {
+        serde_json::to_string(msg)
+    } else {
+        let mut m = msg.clone();
+        for block in &mut m.content {
+            if let ContentBlock::Image(i) = block {
+                i.data = format!("sha256:{}", short_hash(i.data.as_bytes()));
+                images += hame_memory::tokens::TOKENS_PER_IMAGE;
+            }
+        }
+        serde_json::to_string(&m)
+    };
+    (json.unwrap_or_default(), images)
+}
+
 /// The manifest's sections of `request`, counted with `counter`. Messages are counted as
 /// their JSON (what a provider is sent is close to it); consecutive verbatim messages make
 /// one range, whose count is the sum of its messages' and whose hash is the SHA-256 of its
@@ -290,10 +311,11 @@ pub fn manifest_with(
         }
     };
     for (i, msg) in request.messages.iter().enumerate() {
-        let json = serde_json::to_string(msg).unwrap_or_default();
+        let (json, images) = measured_json(msg);
         match message_kind(msg) {
             (Transform::Verbatim, _) => {
                 let (hash, counted) = memo.measure(&json, counter);
+                let counted = counted + images;
                 match &mut run {
                     Some((_, hashes, sum)) => {
                         hashes.push_str(&hash);
@@ -308,7 +330,10 @@ pub fn manifest_with(
                     Some(span) => format!("summary:{}..{}", span.from, span.to),
                     None => format!("messages:{i}..{}", i + 1),
                 };
-                out.push(m.section(source, &json, transform, why));
+                let mut section = m.section(source, &json, transform, why);
+                section.tokens += images;
+                section.counted += images;
+                out.push(section);
             }
         }
     }
