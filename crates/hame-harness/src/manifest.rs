@@ -586,6 +586,39 @@ mod tests {
             .collect()
     }
 
+    /// An image counts its fixed estimate, not its base64 as text; two images of the same
+    /// size still hash apart.
+    #[test]
+    fn an_image_counts_its_estimate_and_hashes_its_bytes() {
+        let request = |data: &str| ModelRequest {
+            system: String::new(),
+            messages: vec![Message {
+                role: Role::User,
+                content: vec![ContentBlock::Image(hame_core::ImageBlock {
+                    media_type: "image/png".into(),
+                    data: data.repeat(100_000),
+                })]
+                .into(),
+                usage: None,
+            }],
+            tools: Vec::new(),
+            params: hame_core::ModelParams::default(),
+            cache_key: None,
+        };
+        let counter = hame_memory::EstimateCounter;
+        let a = manifest_of(&request("iVBORw0KGgo="), &counter);
+        let b = manifest_of(&request("iVBORw0KGgA="), &counter);
+        assert_eq!(a.len(), 1);
+        assert!(
+            a[0].counted > hame_memory::tokens::TOKENS_PER_IMAGE
+                && a[0].counted < hame_memory::tokens::TOKENS_PER_IMAGE + 100,
+            "{}",
+            a[0].counted
+        );
+        assert_eq!(a[0].counted, b[0].counted);
+        assert_ne!(a[0].hash, b[0].hash);
+    }
+
     #[test]
     fn the_compact_form_has_a_line_per_section() {
         assert_eq!(

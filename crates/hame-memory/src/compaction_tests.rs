@@ -204,6 +204,29 @@ fn compactor(config: CompactorConfig) -> Compactor {
     Compactor::new(config, Arc::new(EstimateCounter))
 }
 
+/// The summariser's transcript names an image; its base64 never reaches the prompt.
+#[test]
+fn the_transcript_names_an_image_and_leaves_its_bytes_out() {
+    let image = hame_core::ImageBlock {
+        media_type: "image/png".into(),
+        data: "iVBORw0KGgo=".repeat(100_000),
+    };
+    let m = Message {
+        role: Role::User,
+        content: vec![
+            ContentBlock::Text {
+                text: "my cat".into(),
+            },
+            ContentBlock::Image(image.clone()),
+        ]
+        .into(),
+        usage: None,
+    };
+    let c = compactor(CompactorConfig::default());
+    let t = c.transcript(&[m], &CompactionState::default());
+    assert_eq!(t, vec![format!("#0 user: my cat\n{}", image.describe())]);
+}
+
 #[tokio::test]
 async fn compact_replaces_history_and_records_sequence_numbers() -> Result<()> {
     let (scripted, m) = model(vec![Reply::text("## Intent\nfirst summary")]);
