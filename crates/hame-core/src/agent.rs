@@ -316,6 +316,12 @@ impl AgentLoop {
                 self.append(cx, message).await?;
                 self.steps(cx, 0, Usage::default()).await
             }
+            CallInput::Continue { steps, usage } => {
+                if let Some(p) = &cx.state.pending {
+                    return Err(Error::Suspended(p.to_suspended()));
+                }
+                self.steps(cx, steps, usage).await
+            }
             CallInput::Resume(resolutions) => {
                 let Some(step) = cx.state.pending.clone() else {
                     return Err(Error::NothingPending);

@@ -102,13 +102,24 @@ impl From<ToolOutput> for ToolOutcome {
     }
 }
 
-/// What a call works on: a new user message, or the decisions for a suspended step.
+/// What a call works on: a new user message, the decisions for a suspended step, or a turn
+/// to go on with.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CallInput {
     /// A new message from the user.
     Message(Message),
     /// Decisions for the suspended step in [`AgentState::pending`].
     Resume(Vec<Resolution>),
+    /// Go on with the turn the conversation ends with, without a new message: its last
+    /// messages are the turn's own (the harness adopts them from the session log when a
+    /// durable run's process died before saving its state) and every tool call in them
+    /// has its result. The next step asks the model.
+    Continue {
+        /// Model requests the turn already made (they count against the step limit).
+        steps: usize,
+        /// Their usage, summed into the call's.
+        usage: crate::Usage,
+    },
 }
 
 /// Behaviour around a call, its model requests, its tool calls and its messages. See the

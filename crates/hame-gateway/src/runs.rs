@@ -79,6 +79,17 @@ pub(crate) fn unverified_line(run: &Run) -> String {
     )
 }
 
+/// The usage a run records: the turn's tokens and `requests`, the model requests it
+/// made, so that a caller waiting on a run another replica executed gets the turn's
+/// `iterations` back.
+pub(crate) fn run_usage(usage: &Value, iterations: u64) -> Value {
+    let mut u = usage.clone();
+    if let Some(o) = u.as_object_mut() {
+        o.insert("requests".into(), json!(iterations));
+    }
+    u
+}
+
 /// A run as callers see it: `{"run_id", "session", "status", "reply"?, "usage"?,
 /// "verification"?, "error"?, "approvals"?, "created", "updated"}`.
 pub(crate) fn view(run: &Run) -> Value {

@@ -116,6 +116,8 @@ pub(crate) struct Usage {
     cached_input_tokens: Option<u64>,
     /// Prompt tokens written to the provider's cache (part of `input_tokens`; absent: 0).
     cache_write_input_tokens: Option<u64>,
+    /// Model requests the run made (a run's usage only; a turn's reply says `iterations`).
+    requests: Option<u64>,
 }
 
 /// A finished turn (also the `finished` event's data).

@@ -328,6 +328,7 @@ async fn run(
             match input {
                 CallInput::Message(m) => agent.call_with(m, ctx, &sink, cancel).await,
                 CallInput::Resume(r) => agent.resume(r, ctx, &sink, cancel).await,
+                other => agent.call_input(other, ctx, &sink, cancel).await,
             }
         };
         tokio::pin!(call);
@@ -494,7 +495,8 @@ async fn finish_own(
     let end = match outcome {
         Outcome::Finished(body) => {
             let reply = body["reply"].as_str().unwrap_or_default().to_owned();
-            let usage = body["usage"].clone();
+            let usage =
+                crate::runs::run_usage(&body["usage"], body["iterations"].as_u64().unwrap_or(0));
             match body.get("verification").cloned() {
                 Some(verification) if body["status"] == "unverified" => RunEnd::Unverified {
                     reply,
@@ -525,7 +527,7 @@ async fn finish_own(
 }
 
 /// Waits for a run a worker executes and answers with its end, as the turn would have
-/// (without `iterations`; SSE gets only the ending events).
+/// (`iterations` from the run's `usage.requests`; SSE gets only the ending events).
 async fn wait_for_run(
     shared: &Arc<Shared>,
     key: &str,
@@ -560,16 +562,29 @@ async fn wait_for_run(
     };
     let outcome = match run.status {
         RunStatus::Completed | RunStatus::Unverified => {
+            let mut usage = run.usage.clone().unwrap_or_else(|| json!({}));
+            let iterations = usage
+                .as_object_mut()
+                .and_then(|o| o.remove("requests"))
+                .and_then(|n| n.as_u64())
+                .unwrap_or(0);
             let mut body = json!({
                 "reply": run.reply,
                 "session": run.session,
                 "user": run.user,
-                "usage": run.usage,
+                "usage": usage,
+                "iterations": iterations,
             });
-            if run.status == RunStatus::Unverified
-                && let Some(o) = body.as_object_mut()
+            if let Some(o) = body.as_object_mut()
+                && let Some(v) = &run.verification
             {
-                o.insert("status".into(), json!("unverified"));
+                let status = if run.status == RunStatus::Unverified {
+                    "unverified"
+                } else {
+                    "completed"
+                };
+                o.insert("status".into(), json!(status));
+                o.insert("verification".into(), v.clone());
             }
             let body = for_callers(body);
             emit("finished", body.clone(), true).await;

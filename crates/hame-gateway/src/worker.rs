@@ -294,6 +294,11 @@ impl Worker {
             hame::harness::RUN_ID_EXTRA.to_owned(),
             serde_json::Value::String(run.id.clone()),
         );
+        // Above 1: taken over; the call adopts what the dead worker logged of the turn.
+        ctx.extras.insert(
+            hame::harness::RUN_ATTEMPT_EXTRA.to_owned(),
+            serde_json::Value::from(claim.attempt),
+        );
         if !verify.is_empty() {
             ctx = hame::harness::evidence::require_checks(ctx, verify, verify_attempts);
         }
@@ -337,7 +342,10 @@ impl Worker {
                     "verification": out.verification,
                 }));
                 let reply = body["reply"].as_str().unwrap_or_default().to_owned();
-                let usage = body["usage"].clone();
+                let usage = crate::runs::run_usage(
+                    &body["usage"],
+                    u64::try_from(out.iterations).unwrap_or(u64::MAX),
+                );
                 // A run with required checks ends `unverified` when the gate's verdict says
                 // so, with the failing evidence (docs/evidence.md).
                 match &out.verification {

@@ -1207,7 +1207,7 @@ impl HarnessAgent {
         tokio::spawn(async move {
             // Loop errors are reported as a `Failed` event by the loop itself; errors
             // around it (ids, storage, busy session) are reported here.
-            let result = this.run_input(input, &ctx, &sink, &cancel).await;
+            let result = this.call_input(input, &ctx, &sink, &cancel).await;
             if let Err(e) = result
                 && !matches!(e, Error::Call(_))
             {
@@ -1267,7 +1267,7 @@ impl HarnessAgent {
         events: &EventSink,
         cancel: &CancellationToken,
     ) -> Result<CallOutput> {
-        self.run_input(CallInput::Message(message), ctx, events, cancel)
+        self.call_input(CallInput::Message(message), ctx, events, cancel)
             .await
     }
 
@@ -1281,11 +1281,13 @@ impl HarnessAgent {
         events: &EventSink,
         cancel: &CancellationToken,
     ) -> Result<CallOutput> {
-        self.run_input(CallInput::Resume(resolutions), ctx, events, cancel)
+        self.call_input(CallInput::Resume(resolutions), ctx, events, cancel)
             .await
     }
 
-    async fn run_input(
+    /// Runs one call on any [`CallInput`]: what [`call_with`](Self::call_with) and
+    /// [`resume`](Self::resume) do for a message and for decisions.
+    pub async fn call_input(
         &self,
         input: CallInput,
         ctx: &RuntimeContext,
@@ -1407,11 +1409,31 @@ impl HarnessAgent {
             Ok(None) => (AgentState::default(), None),
             Err(e) => return (Err(e), 0),
         };
+        // A durable run's calls carry its id in their call id, so the records each attempt
+        // logs are the run's; a takeover adopts those its dead predecessor logged but did
+        // not save (docs/replicas.md).
+        let run_id = ctx.extras.get(RUN_ID_EXTRA).and_then(|v| v.as_str());
+        let adopted = match run_id {
+            Some(run) if taken_over(ctx, &state, run) => {
+                match crate::adopt::logged_turn(ws, &self.inner.name, &ctx.session_id, run).await {
+                    Ok(a) => a,
+                    Err(e) => return (Err(e), 0),
+                }
+            }
+            _ => None,
+        };
+        let call_id = match run_id {
+            Some(run) => format!("{run}.{}", uuid::Uuid::new_v4()),
+            None => uuid::Uuid::new_v4().to_string(),
+        };
         let mut runtime = ctx.clone();
-        runtime.extras.insert(
-            CALL_ID_EXTRA.to_owned(),
-            serde_json::Value::String(uuid::Uuid::new_v4().to_string()),
-        );
+        runtime
+            .extras
+            .insert(CALL_ID_EXTRA.to_owned(), serde_json::Value::String(call_id));
+        let (input, done) = match adopted {
+            Some(a) => a.apply(&mut state, input),
+            None => (input, None),
+        };
         let mut extensions = Extensions::new();
         extensions.insert(ws.clone());
         extensions.insert(Arc::new(crate::snapshot::StepSnapshot::new()));
@@ -1460,8 +1482,13 @@ impl HarnessAgent {
                 cancel,
                 extensions: &extensions,
             };
-            let run =
-                crate::cost::metering(spend.clone(), agent_loop.run_env(&mut state, input, env));
+            let run = crate::cost::metering(spend.clone(), async {
+                match done {
+                    // The whole turn was in the log: its reply, without a model request.
+                    Some(out) => Ok(out),
+                    None => agent_loop.run_env(&mut state, input, env).await,
+                }
+            });
             tokio::pin!(run);
             let period = (lease.ttl() / 3).max(Duration::from_millis(100));
             let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
@@ -1530,6 +1557,24 @@ impl HarnessAgent {
 pub const RUN_ID_EXTRA: &str = "hame.run_id";
 /// The state extension `{"last": "<run id>"}`: the last durable run whose turn was saved.
 pub const RUNS_EXTENSION: &str = "runs";
+/// The [`RuntimeContext::extras`] key of a durable run's claim count (a number; 1 for its
+/// first claim): above 1, the run was taken over from a worker that died, and the call
+/// adopts what that worker logged of the turn but did not save.
+pub const RUN_ATTEMPT_EXTRA: &str = "hame.run_attempt";
+
+/// A durable run taken over (claimed before) whose turn the saved state does not hold.
+fn taken_over(ctx: &RuntimeContext, state: &AgentState, run: &str) -> bool {
+    let attempt = ctx
+        .extras
+        .get(RUN_ATTEMPT_EXTRA)
+        .and_then(serde_json::Value::as_u64);
+    let saved = state
+        .extensions
+        .get(RUNS_EXTENSION)
+        .and_then(|v| v.get("last"))
+        .and_then(|v| v.as_str());
+    attempt.is_some_and(|a| a > 1) && saved != Some(run)
+}
 
 /// The declared user ids, each checked by the one id rule (a bad one is a configuration
 /// error naming it).

@@ -38,6 +38,7 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod adopt;
 mod agent;
 pub mod caller;
 mod caller_schema;
@@ -74,7 +75,8 @@ mod workspace;
 
 pub use agent::{
     DEFAULT_AGENT_NAME, EnvFn, EnvLookup, FileAccess, HarnessAgent, HarnessAgentBuilder,
-    ModelResolver, RUN_ID_EXTRA, RUNS_EXTENSION, ResolveFn, STATE_HOME_ENV, workspace_identity,
+    ModelResolver, RUN_ATTEMPT_EXTRA, RUN_ID_EXTRA, RUNS_EXTENSION, ResolveFn, STATE_HOME_ENV,
+    workspace_identity,
 };
 pub use context::{
     ContextOptions, DEFAULT_MEMORY_BUDGET_TOKENS, MAX_CONTEXT_FILE_BYTES, MAX_LISTED_FILES,
