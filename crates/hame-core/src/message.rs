@@ -235,6 +235,21 @@ impl Message {
         Self::text(Role::User, text)
     }
 
+    /// A user message of text and images: the text first (when not empty), then the
+    /// images in order.
+    pub fn user_with_images(text: impl Into<String>, images: Vec<ImageBlock>) -> Self {
+        let text = text.into();
+        let text = (!text.is_empty()).then_some(ContentBlock::Text { text });
+        Self {
+            role: Role::User,
+            content: text
+                .into_iter()
+                .chain(images.into_iter().map(ContentBlock::Image))
+                .collect(),
+            usage: None,
+        }
+    }
+
     /// An assistant message with text only.
     pub fn assistant(text: impl Into<String>) -> Self {
         Self::text(Role::Assistant, text)

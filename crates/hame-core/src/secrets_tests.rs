@@ -136,18 +136,10 @@ fn image_data_is_left_alone() {
         media_type: "image/png".into(),
         data: "iVBORw0KGgosk-live-00112233".into(),
     };
-    let m = Message {
-        role: Role::User,
-        content: vec![
-            ContentBlock::Text {
-                text: "key sk-live-00112233".into(),
-            },
-            ContentBlock::Image(image.clone()),
-        ]
-        .into(),
-        usage: None,
-    };
-    let m = r.redact_message(m);
+    let m = r.redact_message(Message::user_with_images(
+        "key sk-live-00112233",
+        vec![image.clone()],
+    ));
     assert_eq!(m.text_content(), "key [REDACTED]");
     assert_eq!(m.images().collect::<Vec<_>>(), vec![&image]);
 }

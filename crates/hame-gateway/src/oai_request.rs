@@ -277,11 +277,12 @@ fn input_image(here: &str, p: &Value) -> R<ImageBlock> {
     if let Some(d) = f.get("detail") {
         detail(&format!("{here}.detail"), d)?;
     }
-    let url = f
-        .get("image_url")
-        .and_then(Value::as_str)
-        .ok_or_else(|| Refusal::missing(&format!("{here}.image_url")))?;
-    image_of(&format!("{here}.image_url"), url)
+    let at = format!("{here}.image_url");
+    match f.get("image_url") {
+        Some(Value::String(url)) => image_of(&at, url),
+        Some(_) => Err(Refusal::invalid(at, format!("must be a string; {INLINE}"))),
+        None => Err(Refusal::missing(&at)),
+    }
 }
 
 /// `detail`: only `"auto"` (the providers' default) is accepted; hame's image block
@@ -337,6 +338,10 @@ pub(crate) fn image_of(param: &str, url: &str) -> R<ImageBlock> {
         .filter(|m| ImageBlock::MEDIA_TYPES.contains(&m.as_str()))
         .ok_or_else(|| {
             let meta: String = meta.chars().take(40).collect();
+            let meta = meta
+                .strip_suffix(";base64")
+                .or_else(|| meta.strip_suffix(";BASE64"))
+                .unwrap_or(&meta);
             Refusal::unsupported(
                 param,
                 format!(
@@ -363,7 +368,9 @@ pub(crate) fn image_of(param: &str, url: &str) -> R<ImageBlock> {
     if !looks_like(&media_type, &bytes) {
         return Err(Refusal::invalid(
             param,
-            format!("the data is not a {media_type} image (its first bytes do not match)"),
+            format!(
+                "the data is not {media_type} (its first bytes are not that format's signature)"
+            ),
         ));
     }
     Ok(ImageBlock {

@@ -191,7 +191,7 @@ fn image_urls_other_than_inline_images_are_refused_with_their_place() {
             "{url:?}: {message}"
         );
         assert!(
-            message.contains("data:") || message.contains("is not a image/png image"),
+            message.contains("data:") || message.contains("the data is not image/png"),
             "{url:?}: {message}"
         );
     }

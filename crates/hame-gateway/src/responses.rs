@@ -682,20 +682,13 @@ mod tests {
             {"type": "input_image", "image_url": url, "detail": "auto"}
         ]}]});
         let r = parse(&body, &[])?;
-        let expected = Message {
-            role: Role::User,
-            content: vec![
-                ContentBlock::Text {
-                    text: "what is this?".into(),
-                },
-                ContentBlock::Image(hame::ImageBlock {
-                    media_type: "image/gif".into(),
-                    data: GIF.into(),
-                }),
-            ]
-            .into(),
-            usage: None,
-        };
+        let expected = Message::user_with_images(
+            "what is this?",
+            vec![hame::ImageBlock {
+                media_type: "image/gif".into(),
+                data: GIF.into(),
+            }],
+        );
         assert_eq!(r.parsed.tail, Tail::User(expected));
         for (part, code, param) in [
             (
@@ -721,6 +714,11 @@ mod tests {
             (
                 json!({"type": "input_image", "detail": "auto"}),
                 "missing_required_parameter",
+                "input[0].content[0].image_url",
+            ),
+            (
+                json!({"type": "input_image", "image_url": {"url": url}}),
+                "invalid_value",
                 "input[0].content[0].image_url",
             ),
         ] {

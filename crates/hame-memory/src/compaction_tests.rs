@@ -207,21 +207,8 @@ fn compactor(config: CompactorConfig) -> Compactor {
 /// The summariser's transcript names an image; its base64 never reaches the prompt.
 #[test]
 fn the_transcript_names_an_image_and_leaves_its_bytes_out() {
-    let image = hame_core::ImageBlock {
-        media_type: "image/png".into(),
-        data: "iVBORw0KGgo=".repeat(100_000),
-    };
-    let m = Message {
-        role: Role::User,
-        content: vec![
-            ContentBlock::Text {
-                text: "my cat".into(),
-            },
-            ContentBlock::Image(image.clone()),
-        ]
-        .into(),
-        usage: None,
-    };
+    let image = crate::test_support::big_image();
+    let m = Message::user_with_images("my cat", vec![image.clone()]);
     let c = compactor(CompactorConfig::default());
     let t = c.transcript(&[m], &CompactionState::default());
     assert_eq!(t, vec![format!("#0 user: my cat\n{}", image.describe())]);

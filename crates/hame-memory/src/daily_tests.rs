@@ -102,22 +102,9 @@ fn conversation() -> Vec<Message> {
 /// An image is named in the flush transcript, never pasted as base64.
 #[test]
 fn an_image_is_named_not_pasted_in_the_transcript() {
-    let image = hame_core::ImageBlock {
-        media_type: "image/png".into(),
-        data: "iVBORw0KGgo=".repeat(100_000),
-    };
+    let image = crate::test_support::big_image();
     let state = AgentState {
-        messages: vec![Message {
-            role: Role::User,
-            content: vec![
-                ContentBlock::Text {
-                    text: "my cat".into(),
-                },
-                ContentBlock::Image(image.clone()),
-            ]
-            .into(),
-            usage: None,
-        }],
+        messages: vec![Message::user_with_images("my cat", vec![image.clone()])],
         ..AgentState::default()
     };
     let (t, _) = pending_transcript(&state, &FlushOptions::default()).unwrap();

@@ -84,20 +84,7 @@ fn request_tokens_include_all_parts() -> Result<(), serde_json::Error> {
 /// An image counts a fixed [`TOKENS_PER_IMAGE`], whatever the size of its base64.
 #[test]
 fn an_image_counts_a_fixed_estimate() {
-    let m = Message {
-        role: Role::User,
-        content: vec![
-            ContentBlock::Text {
-                text: "abcd".into(),
-            },
-            ContentBlock::Image(hame_core::ImageBlock {
-                media_type: "image/png".into(),
-                data: "iVBORw0KGgo=".repeat(100_000),
-            }),
-        ]
-        .into(),
-        usage: None,
-    };
+    let m = Message::user_with_images("abcd", vec![crate::test_support::big_image()]);
     assert_eq!(
         message_tokens(&EstimateCounter, &m),
         TOKENS_PER_MESSAGE + 1 + TOKENS_PER_IMAGE

@@ -516,20 +516,13 @@ fn cached_share_over_a_200_turn_session() -> Result<(), serde_json::Error> {
 fn a_user_image_is_a_base64_source() -> Result<(), serde_json::Error> {
     let req = ModelRequest {
         system: String::new(),
-        messages: vec![Message {
-            role: Role::User,
-            content: vec![
-                ContentBlock::Text {
-                    text: "what is this?".into(),
-                },
-                ContentBlock::Image(hame_core::ImageBlock {
-                    media_type: "image/gif".into(),
-                    data: "R0lGODlh".into(),
-                }),
-            ]
-            .into(),
-            usage: None,
-        }],
+        messages: vec![Message::user_with_images(
+            "what is this?",
+            vec![hame_core::ImageBlock {
+                media_type: "image/gif".into(),
+                data: "R0lGODlh".into(),
+            }],
+        )],
         tools: Vec::new(),
         params: ModelParams::default(),
         cache_key: None,

@@ -325,9 +325,9 @@ async fn chat_completions_refuse_what_they_cannot_honour_in_openai_error_shape()
         (
             json!({"model": "hame", "messages": [{"role": "user", "content": [
                 {"type": "text", "text": "what is this?"},
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+                {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
             ]}]}),
-            "messages[0].content[1]",
+            "messages[0].content[1].image_url.url",
             "unsupported_parameter",
         ),
         (
@@ -1135,7 +1135,7 @@ const IMAGES_PY: &str = r#"
 import json, sys, openai
 from openai import OpenAI
 client = OpenAI(base_url=sys.argv[1], api_key="unused")
-png = "data:image/png;base64," + sys.argv[2]
+png = "data:image/png;base64,PNG_B64"
 out = {}
 first = [{"role": "user", "content": [
     {"type": "text", "text": "What is in this image?"},
@@ -1188,24 +1188,8 @@ async fn the_openai_sdk_sends_images_inline_to_the_model() -> TestResult {
         ScriptStep::text("A pixel, again."),
     ]);
     let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
-    let path = dir.path().join("client-images.py");
-    std::fs::write(&path, IMAGES_PY)?;
-    let base = serve.at("/v1");
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(py)
-            .arg(path)
-            .arg(base)
-            .arg(PNG_B64)
-            .output()
-    })
-    .await??;
-    assert!(
-        out.status.success(),
-        "python failed: {}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        serve.stderr()
-    );
-    let got: Value = serde_json::from_slice(&out.stdout)?;
+    let script = IMAGES_PY.replace("PNG_B64", PNG_B64);
+    let got = run_py(py, dir.path(), &script, serve.at("/v1")).await?;
     assert_eq!(got["first"], "A single pixel.");
     assert_eq!(got["second"], "Red.");
     assert_eq!(got["other"], json!([409, "history_mismatch"]));

@@ -1,7 +1,7 @@
 //! Images over the wire: each provider sends a user message's image inline, with the
 //! block's exact bytes, and the reply comes back as usual.
 
-use hame_core::{ContentBlock, ImageBlock, Message, Role};
+use hame_core::{ImageBlock, Message};
 use hame_test_support::{ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::json;
@@ -18,20 +18,13 @@ async fn an_image_reaches_each_provider_inline() -> TestResult {
         server.push(ScriptStep::text("A single pixel."));
         let model = default_model(kind, &server)?;
         let mut req = request("unused");
-        req.messages = vec![Message {
-            role: Role::User,
-            content: vec![
-                ContentBlock::Text {
-                    text: "What is in this image?".into(),
-                },
-                ContentBlock::Image(ImageBlock {
-                    media_type: "image/png".into(),
-                    data: PNG.into(),
-                }),
-            ]
-            .into(),
-            usage: None,
-        }];
+        req.messages = vec![Message::user_with_images(
+            "What is in this image?",
+            vec![ImageBlock {
+                media_type: "image/png".into(),
+                data: PNG.into(),
+            }],
+        )];
         let reply = assemble(&stream_events(model.as_ref(), req).await?);
         assert_eq!(reply.message.text_content(), "A single pixel.", "{kind:?}");
         let sent = &server.requests()[0].body["messages"];
