@@ -1773,10 +1773,28 @@ async fn a_task_whose_run_was_never_queued_is_failed_and_told_once() -> TestResu
 
 /// `task_cancel` of a queued task that a worker of the same replica runs: the child is
 /// stopped at once, the record ends `cancelled` ("cancelled by task_cancel") and the
-/// task's run `cancelled`. (From another replica the cancel goes through the run: its
-/// flag and wake-up, as `cancel_on_b_stops_an_execute_on_a` tests for message runs.)
+/// task's run `cancelled`.
 #[tokio::test]
 async fn task_cancel_stops_a_queued_task_through_its_run() -> TestResult {
+    task_cancel_stops_a_task_through_its_run(None).await
+}
+
+/// The same across processes: the API replica runs with `--no-worker` and executes the
+/// parent's turns itself (`POST …/messages`), the task runs in a `hame worker` process;
+/// the cancel reaches it through the run (its flag and the wake-up).
+async fn task_cancel_reaches_a_task_in_another_process(state: &str) -> TestResult {
+    task_cancel_stops_a_task_through_its_run(Some(state)).await
+}
+
+backend_tests!(task_cancel_reaches_a_task_in_another_process {
+    task_cancel_reaches_a_task_in_another_process_on_json: json,
+    task_cancel_reaches_a_task_in_another_process_on_postgres: "HAME_TEST_POSTGRES_URL",
+    task_cancel_reaches_a_task_in_another_process_on_redis: "HAME_TEST_REDIS_URL",
+});
+
+/// `state`: `None` runs one `hame serve` with its worker; `Some(url)` an API replica
+/// without a worker and a `hame worker` process on that state store.
+async fn task_cancel_stops_a_task_through_its_run(state: Option<&str>) -> TestResult {
     let model = ScriptedServer::start().await?;
     model.set_responder(|r: &RecordedRequest| {
         if r.system_text().contains("## Subagent context") {
@@ -1807,12 +1825,41 @@ async fn task_cancel_stops_a_queued_task_through_its_run() -> TestResult {
     });
     let dir = tempfile::tempdir()?;
     let agent = unique_agent();
-    let args = ["--agent", agent.as_str()];
-    let s = Serve::start_named(dir.path(), "a", &model.base_url(), &args, &[])?;
+    let mut args = vec!["--agent", agent.as_str()];
+    if let Some(url) = state {
+        args.extend(["--state", url]);
+    }
+    let mut serve_args = args.clone();
+    if state.is_some() {
+        serve_args.push("--no-worker");
+    }
+    let s = Serve::start_named(dir.path(), "a", &model.base_url(), &serve_args, &[])?;
+    let worker = match state {
+        Some(_) => Some(WorkerProcess::start(
+            dir.path(),
+            &model.base_url(),
+            &args,
+            "w",
+        )?),
+        None => None,
+    };
     let http = reqwest::Client::new();
-    let (_, v) = submit(&http, &s, "u", "p", "spawn it", None).await?;
-    let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
-    let v = wait_run(&http, &s, "u", &id, Duration::from_secs(30), finished).await?;
+    // A turn of the parent: a run the worker executes, or a message the API replica runs.
+    let turn = async |text: &str| -> Result<Value, Box<dyn std::error::Error>> {
+        if state.is_some() {
+            let resp = http
+                .post(s.at("/v1/sessions/p/messages"))
+                .header("x-hame-user", "u")
+                .json(&json!({"message": text}))
+                .send()
+                .await?;
+            return Ok(resp.json().await?);
+        }
+        let (_, v) = submit(&http, &s, "u", "p", text, None).await?;
+        let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
+        wait_run(&http, &s, "u", &id, Duration::from_secs(30), finished).await
+    };
+    let v = turn("spawn it").await?;
     assert_eq!(v["reply"], "spawned", "{v}");
     let tasks = dir.path().join("ws/u/agents").join(&agent).join("tasks/p");
     let start = Instant::now();
@@ -1827,10 +1874,17 @@ async fn task_cancel_stops_a_queued_task_through_its_run() -> TestResult {
     };
     let run_id = record["run_id"].as_str().ok_or("no run id")?.to_owned();
     let asked = Instant::now();
-    let (_, v) = submit(&http, &s, "u", "p", "cancel it", None).await?;
-    let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
-    let v = wait_run(&http, &s, "u", &id, Duration::from_secs(30), finished).await?;
-    assert_eq!(v["reply"], "cancelled it", "{v}; {}", s.stderr());
+    let v = turn("cancel it").await?;
+    assert_eq!(
+        v["reply"],
+        "cancelled it",
+        "{v}; {}; {}",
+        s.stderr(),
+        worker
+            .as_ref()
+            .map(WorkerProcess::stderr)
+            .unwrap_or_default()
+    );
     let run = wait_run(&http, &s, "u", &run_id, Duration::from_secs(10), finished).await?;
     let took = asked.elapsed();
     assert_eq!(run["status"], "cancelled", "{run}");

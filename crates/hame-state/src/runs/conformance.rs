@@ -783,13 +783,48 @@ pub async fn racing_workers<Q: RunQueue + ?Sized>(q: Arc<Q>) -> Result<()> {
     Ok(())
 }
 
+/// Submit-and-claims racing on one free session (requests of two replicas at once): one
+/// of them claims its run, the others' runs wait in the queue — never two running runs
+/// of one session.
+pub async fn racing_submit_claims<Q: RunQueue + ?Sized>(q: Arc<Q>) -> Result<()> {
+    let agent = unique_agent();
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let q = q.clone();
+        let agent = agent.clone();
+        tasks.push(tokio::spawn(async move {
+            let o = ClaimOptions::new(&agent, format!("w{i}"), LONG);
+            q.submit_claimed(msg(&agent, Some("u"), "s", &format!("{i}"))?, &o)
+                .await
+        }));
+    }
+    let mut claims = 0;
+    for t in tasks {
+        let (submitted, claim) = t
+            .await
+            .map_err(|e| fail(format!("a submit panicked: {e}")))??;
+        ensure!(submitted.created, "each submit stores a run");
+        claims += usize::from(claim.is_some());
+    }
+    ensure!(claims == 1, "{claims} runs of one session claimed at once");
+    let runs = q
+        .list(RunFilter::new(&agent, Some("u"), Some("s"), 10))
+        .await?;
+    let running = runs
+        .iter()
+        .filter(|r| r.status == RunStatus::Running)
+        .count();
+    ensure!(running == 1, "one running run: {runs:?}");
+    Ok(())
+}
+
 /// Generates one `#[tokio::test]` per check. `$make` is an async expression returning
 /// `Result<Option<Arc<Q>>>`; `None` skips (service not configured).
 #[macro_export]
 macro_rules! run_queue_tests {
     ($make:expr) => {
         $crate::run_queue_tests!(@ref $make, submit_get_list, session_order, lapse_and_reclaim, lapsed_claims_reclaimed_together, cancel, purge_finished, submit_claimed, subagent_task_runs, every_end);
-        $crate::run_queue_tests!(@arc $make, idempotency, racing_workers);
+        $crate::run_queue_tests!(@arc $make, idempotency, racing_workers, racing_submit_claims);
     };
     (@ref $make:expr, $($name:ident),+) => {
         $(

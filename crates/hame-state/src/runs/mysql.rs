@@ -202,6 +202,77 @@ async fn insert<'e>(
     .await
 }
 
+/// What [`MySqlRunQueue::submit_claimed_locked`] did.
+enum Locked {
+    /// The idempotency key was used before: nothing stored.
+    Duplicate,
+    /// Stored; claimed unless the session was busy.
+    Stored {
+        /// The session had a queued or running run.
+        busy: bool,
+    },
+}
+
+/// How long a submit-and-claim waits for its session's lock (another submit of the same
+/// session holds it for one short transaction).
+const SUBMIT_LOCK_WAIT: Duration = Duration::from_secs(10);
+
+impl MySqlRunQueue {
+    /// The transaction of [`RunQueue::submit_claimed`], under the session's named lock:
+    /// stores the run and claims it if no other run of the session is queued or running.
+    async fn submit_claimed_locked(
+        &self,
+        conn: &mut sqlx::MySqlConnection,
+        run: &Run,
+        user: &str,
+        input: String,
+        token: &str,
+        options: &ClaimOptions,
+    ) -> Result<Locked> {
+        let mut tx = sqlx::Connection::begin(conn).await.map_err(backend)?;
+        // Uncommitted, the new row is invisible to (and locked against) every other claim.
+        match insert(&mut *tx, run, user, input).await {
+            Ok(_) => {}
+            Err(e) if is_duplicate(&e) => {
+                tx.rollback().await.map_err(backend)?;
+                return Ok(Locked::Duplicate);
+            }
+            Err(e) => return Err(backend(e)),
+        }
+        let busy: Option<u64> = sqlx::query_scalar(
+            "SELECT seq FROM hame_runs
+             WHERE agent = ? AND user_key = ? AND session = ? AND id <> ?
+               AND status IN ('queued', 'running') LIMIT 1",
+        )
+        .bind(&run.agent)
+        .bind(user)
+        .bind(&run.session)
+        .bind(&run.id)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(backend)?;
+        if busy.is_none() {
+            sqlx::query(
+                "UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = ?,
+                     worker = ?, updated_at = UTC_TIMESTAMP(6),
+                     expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+                 WHERE id = ?",
+            )
+            .bind(token)
+            .bind(&options.worker)
+            .bind(micros(options.lapse))
+            .bind(&run.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        }
+        tx.commit().await.map_err(backend)?;
+        Ok(Locked::Stored {
+            busy: busy.is_some(),
+        })
+    }
+}
+
 #[async_trait]
 impl RunQueue for MySqlRunQueue {
     async fn submit(&self, new: NewRun) -> Result<Submitted> {
@@ -247,50 +318,50 @@ impl RunQueue for MySqlRunQueue {
         let input = serde_json::to_string(&run.input).map_err(Error::Serialize)?;
         let user = new.key.user().unwrap_or("").to_owned();
         let token = uuid::Uuid::new_v4().simple().to_string();
-        let mut tx = self.pool.begin().await.map_err(backend)?;
-        // Uncommitted, the new row is invisible to (and locked against) every other claim.
-        let inserted = insert(&mut *tx, &run, &user, input).await;
-        match inserted {
-            Ok(_) => {}
-            Err(e) if is_duplicate(&e) => {
-                tx.rollback().await.map_err(backend)?;
-                return Ok((self.submit(new).await?, None));
-            }
-            Err(e) => return Err(backend(e)),
+        // Submit-and-claims of one session take turns: MySQL has no transaction-scoped
+        // advisory lock, so a named lock (`GET_LOCK`) held by this connection across the
+        // transaction; the server drops it if the connection dies. Without it two
+        // transactions would each miss the other's uncommitted run and both claim.
+        let mut conn = self.pool.acquire().await.map_err(backend)?;
+        let lock = format!("hame_runs\n{}\n{user}\n{}", run.agent, run.session);
+        let got: Option<i64> =
+            sqlx::query_scalar("SELECT GET_LOCK(CONCAT('hame_runs:', LEFT(SHA2(?, 256), 48)), ?)")
+                .bind(&lock)
+                .bind(SUBMIT_LOCK_WAIT.as_secs())
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(backend)?;
+        if got != Some(1) {
+            return Err(backend(format!(
+                "the session's submit lock was not free within {} s",
+                SUBMIT_LOCK_WAIT.as_secs()
+            )));
         }
-        let busy: Option<u64> = sqlx::query_scalar(
-            "SELECT seq FROM hame_runs
-             WHERE agent = ? AND user_key = ? AND session = ? AND id <> ?
-               AND status IN ('queued', 'running') LIMIT 1",
-        )
-        .bind(&run.agent)
-        .bind(&user)
-        .bind(&run.session)
-        .bind(&run.id)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(backend)?;
-        if busy.is_none() {
-            sqlx::query(
-                "UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = ?,
-                     worker = ?, updated_at = UTC_TIMESTAMP(6),
-                     expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
-                 WHERE id = ?",
-            )
-            .bind(&token)
-            .bind(&options.worker)
-            .bind(micros(options.lapse))
-            .bind(&run.id)
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
+        let locked = self
+            .submit_claimed_locked(&mut conn, &run, &user, input, &token, options)
+            .await;
+        let released =
+            sqlx::query("SELECT RELEASE_LOCK(CONCAT('hame_runs:', LEFT(SHA2(?, 256), 48)))")
+                .bind(&lock)
+                .execute(&mut *conn)
+                .await;
+        if let Err(e) = released {
+            // The connection goes away with the lock rather than back to the pool.
+            tracing::warn!(error = %e, "releasing the session's submit lock failed; closing its connection");
+            conn.detach();
+        } else {
+            // Back to the pool before the reads below, which take a connection of their own.
+            drop(conn);
         }
-        tx.commit().await.map_err(backend)?;
+        let busy = match locked? {
+            Locked::Duplicate => return Ok((self.submit(new).await?, None)),
+            Locked::Stored { busy } => busy,
+        };
         let run = self
             .by_id(&run.id)
             .await?
             .ok_or_else(|| backend("a submitted run vanished"))?;
-        let claim = busy.is_none().then(|| Claim {
+        let claim = (!busy).then(|| Claim {
             attempt: run.attempts,
             token,
             lapse: options.lapse,
