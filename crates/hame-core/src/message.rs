@@ -105,6 +105,30 @@ impl ImageBlock {
     pub const MEDIA_TYPES: [&'static str; 4] =
         ["image/png", "image/jpeg", "image/gif", "image/webp"];
 
+    /// Most bytes one image may decode to (5 MiB, Anthropic's limit per image); the
+    /// gateway and `hame run --image` refuse larger ones.
+    pub const MAX_BYTES: usize = 5 * 1024 * 1024;
+
+    /// Most images one request may carry (20): the gateway's OpenAI routes (history
+    /// included) and `hame run --image` refuse more.
+    pub const MAX_PER_REQUEST: usize = 20;
+
+    /// The media type of [`ImageBlock::MEDIA_TYPES`] whose file signature `bytes` start
+    /// with (PNG, JPEG, GIF 87a/89a, WebP), if any.
+    pub fn sniff(bytes: &[u8]) -> Option<&'static str> {
+        if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+            Some("image/png")
+        } else if bytes.starts_with(&[0xff, 0xd8, 0xff]) {
+            Some("image/jpeg")
+        } else if bytes.starts_with(b"GIF87a") || bytes.starts_with(b"GIF89a") {
+            Some("image/gif")
+        } else if bytes.starts_with(b"RIFF") && bytes.get(8..12) == Some(b"WEBP".as_slice()) {
+            Some("image/webp")
+        } else {
+            None
+        }
+    }
+
     /// The number of bytes the base64 data decodes to (computed from its length).
     pub fn decoded_len(&self) -> usize {
         let d = self.data.trim_end();
@@ -413,6 +437,32 @@ mod tests {
             })
             .collect();
         assert_eq!(sizes, vec![0, 1, 2, 3, 4, 5]);
+        let sniffed: Vec<Option<&str>> = [
+            b"\x89PNG\r\n\x1a\n..".as_slice(),
+            b"\xff\xd8\xff\xe0",
+            b"GIF87a",
+            b"GIF89a",
+            b"RIFF\0\0\0\0WEBPVP8 ",
+            b"RIFF\0\0\0\0WAVE",
+            b"<svg/>",
+            b"",
+        ]
+        .iter()
+        .map(|b| ImageBlock::sniff(b))
+        .collect();
+        assert_eq!(
+            sniffed,
+            vec![
+                Some("image/png"),
+                Some("image/jpeg"),
+                Some("image/gif"),
+                Some("image/gif"),
+                Some("image/webp"),
+                None,
+                None,
+                None
+            ]
+        );
         Ok(())
     }
 

@@ -129,11 +129,11 @@ fn token_limit(param: &str, v: &Value) -> R<u32> {
         .ok_or_else(|| Refusal::invalid(param, "must be a positive integer"))
 }
 
-/// Most bytes one image may decode to (5 MiB, Anthropic's limit per image).
-pub(crate) const MAX_IMAGE_BYTES: usize = 5 * 1024 * 1024;
+/// Most bytes one image may decode to ([`ImageBlock::MAX_BYTES`], 5 MiB).
+pub(crate) const MAX_IMAGE_BYTES: usize = ImageBlock::MAX_BYTES;
 
-/// Most images one request may carry, history included (20).
-pub(crate) const MAX_IMAGES: usize = 20;
+/// Most images one request may carry, history included ([`ImageBlock::MAX_PER_REQUEST`]).
+pub(crate) const MAX_IMAGES: usize = ImageBlock::MAX_PER_REQUEST;
 
 /// What a content list may hold besides text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -365,7 +365,7 @@ pub(crate) fn image_of(param: &str, url: &str) -> R<ImageBlock> {
     if bytes.len() > MAX_IMAGE_BYTES {
         return Err(too_large(param));
     }
-    if !looks_like(&media_type, &bytes) {
+    if ImageBlock::sniff(&bytes) != Some(media_type.as_str()) {
         return Err(Refusal::invalid(
             param,
             format!(
@@ -387,17 +387,6 @@ fn too_large(param: &str) -> Refusal {
             MAX_IMAGE_BYTES / (1024 * 1024)
         ),
     )
-}
-
-/// Whether `bytes` start with the signature of `media_type`'s files.
-fn looks_like(media_type: &str, bytes: &[u8]) -> bool {
-    match media_type {
-        "image/png" => bytes.starts_with(b"\x89PNG\r\n\x1a\n"),
-        "image/jpeg" => bytes.starts_with(&[0xff, 0xd8, 0xff]),
-        "image/gif" => bytes.starts_with(b"GIF87a") || bytes.starts_with(b"GIF89a"),
-        "image/webp" => bytes.len() >= 12 && bytes.starts_with(b"RIFF") && &bytes[8..12] == b"WEBP",
-        _ => false,
-    }
 }
 
 /// A reply format from a schema and its name; the schema must be in the checked subset.
