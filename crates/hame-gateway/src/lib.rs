@@ -190,6 +190,12 @@ impl GatewayOptions {
         self
     }
 
+    /// With a request body limit ([`GatewayOptions::body_limit`]).
+    pub fn with_body_limit(mut self, bytes: usize) -> Self {
+        self.body_limit = bytes;
+        self
+    }
+
     /// With an upload limit ([`GatewayOptions::upload_limit`]).
     pub fn with_upload_limit(mut self, bytes: usize) -> Self {
         self.upload_limit = bytes;

@@ -1247,3 +1247,57 @@ async fn the_openai_sdk_sends_images_inline_to_the_model() -> TestResult {
     );
     Ok(())
 }
+
+/// A 1.2 MB image (1.6 MB of base64) is 413 under the default 1 MiB body limit and
+/// reaches the model, bytes intact, with `--max-body` raised; past 5 MiB decoded it is
+/// refused whatever the limit. (The scripted model server takes 2 MiB bodies.)
+#[tokio::test]
+async fn max_body_lets_a_larger_image_through_up_to_the_image_limit() -> TestResult {
+    use base64::Engine as _;
+    let image = |n: usize| {
+        let mut bytes = b"\x89PNG\r\n\x1a\n".to_vec();
+        bytes.resize(n, 7);
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    };
+    let body = |data: &str| {
+        json!({"model": "hame", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "big?"},
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{data}")}}
+        ]}]})
+    };
+    let larger = image(1_200_000);
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    model.push(ScriptStep::text("Big."));
+    let small = Serve::start(dir.path(), &model.base_url(), &[])?;
+    let (status, got) = post(&small.at("/v1/chat/completions"), body(&larger)).await?;
+    assert_eq!(
+        (status, &got["error"]["code"]),
+        (413, &json!("body_too_large"))
+    );
+    drop(small);
+    let other = tempfile::tempdir()?;
+    let large = Serve::start(other.path(), &model.base_url(), &["--max-body", "16777216"])?;
+    let url = large.at("/v1/chat/completions");
+    let (status, got) = post(&url, body(&larger)).await?;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["choices"][0]["message"]["content"], "Big.");
+    let sent = &model.requests()[0].body["messages"];
+    let last = sent
+        .as_array()
+        .and_then(|m| m.last())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        last["content"][1]["image_url"]["url"],
+        json!(format!("data:image/png;base64,{larger}"))
+    );
+    let (status, got) = post(&url, body(&image(5 * 1024 * 1024 + 1))).await?;
+    assert_eq!(status, 400, "{got}");
+    assert_eq!(
+        got["error"]["param"],
+        "messages[0].content[1].image_url.url"
+    );
+    assert_eq!(model.requests().len(), 1);
+    Ok(())
+}
