@@ -191,6 +191,17 @@ impl Usage {
 #[serde(transparent)]
 pub struct Blocks(std::sync::Arc<Vec<ContentBlock>>);
 
+impl Blocks {
+    /// A weak handle on the shared blocks: messages cloned from one message share them
+    /// until one is changed, so while the handle upgrades, a message whose blocks are the
+    /// handle's ([`std::sync::Weak::ptr_eq`]) has the same content. Lets a cache recognise
+    /// a message it measured without serialising it; holding the handle keeps the blocks'
+    /// address from being reused.
+    pub fn share_handle(&self) -> std::sync::Weak<Vec<ContentBlock>> {
+        std::sync::Arc::downgrade(&self.0)
+    }
+}
+
 impl std::ops::Deref for Blocks {
     type Target = Vec<ContentBlock>;
     fn deref(&self) -> &Vec<ContentBlock> {

@@ -102,17 +102,98 @@ pub const SECTION_MEMO: usize = 4096;
 /// hash: a step's request repeats the previous one's system prompt, tool schemas and
 /// messages, so each is hashed (SHA-256) and counted once, not once per step (the count is
 /// the expensive part with tiktoken). One per `context-manifest` layer.
+///
+/// Messages are also recognised without serialising them: a step's request holds the
+/// same shared blocks as the previous step's (hame-core's `Blocks::share_handle`), so
+/// a message seen before is looked up by its blocks' identity, role and usage; a tool
+/// schema likewise by its shared `parameters`, name and description.
 #[derive(Debug, Default)]
-pub struct SectionMemo(std::sync::Mutex<std::collections::HashMap<(usize, u64), (String, u64)>>);
+pub struct SectionMemo {
+    texts: std::sync::Mutex<std::collections::HashMap<(usize, u64), (String, u64)>>,
+    messages: ByIdentity<Vec<hame_core::ContentBlock>, (hame_core::Role, Option<hame_core::Usage>)>,
+    tools: ByIdentity<serde_json::Value, (String, String)>,
+}
+
+/// Results kept by the identity of a shared value (its `Arc`'s address, held by a weak
+/// handle so the address cannot be reused while the entry lives) and the rest of what the
+/// measured JSON holds (`K`, compared by equality).
+#[derive(Debug)]
+struct ByIdentity<T, K>(std::sync::Mutex<std::collections::HashMap<usize, Kept<T, K>>>);
+
+/// An entry of [`ByIdentity`]: the value's weak handle, the rest of the key, the result.
+type Kept<T, K> = (std::sync::Weak<T>, K, (String, u64));
+
+impl<T, K> Default for ByIdentity<T, K> {
+    fn default() -> Self {
+        Self(std::sync::Mutex::default())
+    }
+}
+
+impl<T, K: PartialEq> ByIdentity<T, K> {
+    /// The result kept for `handle` and `rest`, or `measure()`'s, then kept.
+    fn get_or(
+        &self,
+        handle: std::sync::Weak<T>,
+        rest: K,
+        measure: impl FnOnce() -> (String, u64),
+    ) -> (String, u64) {
+        let key = handle.as_ptr() as usize;
+        let lock = || {
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if let Some((h, k, v)) = lock().get(&key)
+            && h.ptr_eq(&handle)
+            && h.strong_count() > 0
+            && *k == rest
+        {
+            return v.clone();
+        }
+        let measured = measure();
+        let mut memo = lock();
+        if memo.len() >= SECTION_MEMO {
+            memo.clear();
+        }
+        memo.insert(key, (handle, rest, measured.clone()));
+        measured
+    }
+}
 
 impl SectionMemo {
+    /// The hash and count of `msg`'s JSON ([`measured_json`]: an image as its hash and
+    /// fixed estimate), measured once per shared message.
+    fn measure_message(&self, msg: &Message, counter: &dyn TokenCounter) -> (String, u64) {
+        self.messages
+            .get_or(msg.content.share_handle(), (msg.role, msg.usage), || {
+                let (json, images) = measured_json(msg);
+                let (hash, counted) = self.measure(&json, counter);
+                (hash, counted + images)
+            })
+    }
+
+    /// The hash and count of a tool schema's JSON, measured once per shared schema (the
+    /// specs of every step share their `parameters`).
+    fn measure_tool(
+        &self,
+        spec: &hame_core::ToolSpec,
+        counter: &dyn TokenCounter,
+    ) -> (String, u64) {
+        let rest = (spec.name.clone(), spec.description.clone());
+        self.tools
+            .get_or(std::sync::Arc::downgrade(&spec.parameters), rest, || {
+                let json = serde_json::to_string(spec).unwrap_or_default();
+                self.measure(&json, counter)
+            })
+    }
+
     fn measure(&self, text: &str, counter: &dyn TokenCounter) -> (String, u64) {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         text.hash(&mut h);
         let key = (text.len(), h.finish());
         let lock = || {
-            self.0
+            self.texts
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
         };
@@ -311,11 +392,9 @@ pub fn manifest_with(
         }
     };
     for (i, msg) in request.messages.iter().enumerate() {
-        let (json, images) = measured_json(msg);
         match message_kind(msg) {
             (Transform::Verbatim, _) => {
-                let (hash, counted) = memo.measure(&json, counter);
-                let counted = counted + images;
+                let (hash, counted) = memo.measure_message(msg, counter);
                 match &mut run {
                     Some((_, hashes, sum)) => {
                         hashes.push_str(&hash);
@@ -330,6 +409,7 @@ pub fn manifest_with(
                     Some(span) => format!("summary:{}..{}", span.from, span.to),
                     None => format!("messages:{i}..{}", i + 1),
                 };
+                let (json, images) = measured_json(msg);
                 let mut section = m.section(source, &json, transform, why);
                 section.tokens += images;
                 section.counted += images;
@@ -339,13 +419,15 @@ pub fn manifest_with(
     }
     flush(&mut run, request.messages.len(), &mut out);
     for spec in &request.tools {
-        let json = serde_json::to_string(spec).unwrap_or_default();
-        out.push(m.section(
-            format!("tool:{}", spec.name),
-            &json,
-            Transform::Verbatim,
-            None,
-        ));
+        let (hash, counted) = memo.measure_tool(spec, counter);
+        out.push(Section {
+            source: format!("tool:{}", spec.name),
+            hash,
+            tokens: counted,
+            counted,
+            transform: Transform::Verbatim,
+            why: None,
+        });
     }
     out
 }
@@ -478,11 +560,15 @@ impl Layer for ManifestLayer {
         {
             let written = match self.recorder.log_for(cx.runtime, ws) {
                 Ok(log) => log
+                    // Whole lines, not flushed: a diagnostic record, not the conversation's;
+                    // a process crash loses nothing, a machine crash can lose the manifests
+                    // of the calls since the file was last flushed (docs/context-manifest.md).
+                    // A flush per call was most of the records' cost on disk (issue #33).
                     .append_side(
                         &cx.runtime.session_id,
                         CONTEXT_SUFFIX,
                         &manifests,
-                        AppendOptions::default(),
+                        AppendOptions::atomic(),
                     )
                     .await
                     .map_err(|e| e.to_string()),
@@ -617,6 +703,59 @@ mod tests {
         );
         assert_eq!(a[0].counted, b[0].counted);
         assert_ne!(a[0].hash, b[0].hash);
+    }
+
+    #[test]
+    fn the_memo_knows_a_shared_message_and_not_a_changed_one() {
+        let counter = hame_memory::EstimateCounter;
+        let memo = SectionMemo::default();
+        let a = Message::user("the same words");
+        let first = memo.measure_message(&a, &counter);
+        let json = serde_json::to_string(&a).unwrap_or_default();
+        assert_eq!(first, (short_hash(json.as_bytes()), counter.count(&json)));
+        // A clone shares the blocks: the memo's answer, without serialising.
+        assert_eq!(memo.measure_message(&a.clone(), &counter), first);
+        // Changed blocks are a new allocation, measured afresh.
+        let mut b = a.clone();
+        b.content.push(hame_core::ContentBlock::Text {
+            text: "more".into(),
+        });
+        let json_b = serde_json::to_string(&b).unwrap_or_default();
+        assert_eq!(
+            memo.measure_message(&b, &counter),
+            (short_hash(json_b.as_bytes()), counter.count(&json_b))
+        );
+        // The same blocks with another usage serialise differently: measured afresh.
+        let mut c = a.clone();
+        c.usage = Some(hame_core::Usage::default());
+        let json_c = serde_json::to_string(&c).unwrap_or_default();
+        assert_eq!(
+            memo.measure_message(&c, &counter).0,
+            short_hash(json_c.as_bytes())
+        );
+    }
+
+    #[test]
+    fn a_tool_schema_is_measured_once_per_shared_schema() {
+        let counter = hame_memory::EstimateCounter;
+        let memo = SectionMemo::default();
+        let spec = hame_core::ToolSpec {
+            name: "t".into(),
+            description: "does".into(),
+            parameters: Arc::new(serde_json::json!({"type": "object"})),
+        };
+        let json = serde_json::to_string(&spec).unwrap_or_default();
+        let want = (short_hash(json.as_bytes()), counter.count(&json));
+        assert_eq!(memo.measure_tool(&spec, &counter), want);
+        assert_eq!(memo.measure_tool(&spec.clone(), &counter), want);
+        // Another description over the same schema is another text.
+        let mut other = spec.clone();
+        other.description = "does more".into();
+        let json = serde_json::to_string(&other).unwrap_or_default();
+        assert_eq!(
+            memo.measure_tool(&other, &counter).0,
+            short_hash(json.as_bytes())
+        );
     }
 
     #[test]

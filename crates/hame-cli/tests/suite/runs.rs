@@ -97,12 +97,21 @@ impl WorkerProcess {
 /// A scripted model that answers `done: <last user text>`, after 60 s for a text that
 /// starts with `slow`.
 async fn slow_model() -> Result<ScriptedServer, Box<dyn std::error::Error>> {
+    delayed_model("slow", Duration::from_secs(60)).await
+}
+
+/// A scripted model that answers `done: <last user text>`, after `delay` for a text that
+/// starts with `prefix`.
+async fn delayed_model(
+    prefix: &'static str,
+    delay: Duration,
+) -> Result<ScriptedServer, Box<dyn std::error::Error>> {
     let model = ScriptedServer::start().await?;
-    model.set_responder(|r: &RecordedRequest| {
+    model.set_responder(move |r: &RecordedRequest| {
         let text = r.last_user_text().unwrap_or_default();
         let step = ScriptStep::text(format!("done: {text}"));
-        if text.starts_with("slow") {
-            step.with_delay(Duration::from_secs(60))
+        if text.starts_with(prefix) {
+            step.with_delay(delay)
         } else {
             step
         }
@@ -149,6 +158,22 @@ async fn get_run(
         .send()
         .await?;
     Ok((resp.status().as_u16(), resp.json().await?))
+}
+
+/// `GET /v1/sessions/{session}/runs` as `user`: the body.
+async fn session_runs(
+    http: &reqwest::Client,
+    s: &Serve,
+    user: &str,
+    session: &str,
+) -> Result<Value, Box<dyn std::error::Error>> {
+    Ok(http
+        .get(s.at(&format!("/v1/sessions/{session}/runs")))
+        .header("x-hame-user", user)
+        .send()
+        .await?
+        .json()
+        .await?)
 }
 
 /// Polls a run until `done(status)` or `limit`; the last view.
@@ -258,13 +283,7 @@ async fn an_unverified_run_shows_its_evidence(state: &str) -> TestResult {
     );
     assert!(run.get("error").is_none(), "{run}");
 
-    let list: Value = http
-        .get(s.at("/v1/sessions/v1/runs"))
-        .header("x-hame-user", "u")
-        .send()
-        .await?
-        .json()
-        .await?;
+    let list: Value = session_runs(&http, &s, "u", "v1").await?;
     assert_eq!(list["runs"][0]["status"], "unverified", "{list}");
     assert_eq!(list["runs"][0]["verification"], *v, "{list}");
 
@@ -399,13 +418,7 @@ async fn runs_are_accepted_executed_listed_and_isolated() -> TestResult {
         finished,
     )
     .await?;
-    let list: Value = http
-        .get(s.at("/v1/sessions/s1/runs"))
-        .header("x-hame-user", "ada")
-        .send()
-        .await?
-        .json()
-        .await?;
+    let list: Value = session_runs(&http, &s, "ada", "s1").await?;
     let ids: Vec<&str> = list["runs"]
         .as_array()
         .ok_or("no runs")?
@@ -648,13 +661,7 @@ async fn one_run_per_idempotency_key_across_replicas(url: &str) -> TestResult {
         ids.insert(id);
     }
     assert_eq!((ids.len(), created), (1, 1), "{ids:?}");
-    let list: Value = http
-        .get(b.at("/v1/sessions/s/runs"))
-        .header("x-hame-user", "u")
-        .send()
-        .await?
-        .json()
-        .await?;
+    let list: Value = session_runs(&http, &b, "u", "s").await?;
     assert_eq!(list["runs"].as_array().map(Vec::len), Some(1));
     Ok(())
 }
@@ -665,63 +672,7 @@ async fn one_run_per_idempotency_key_across_replicas(url: &str) -> TestResult {
 /// again — the message is in the conversation once.
 #[tokio::test]
 async fn a_run_saved_by_a_dead_worker_is_not_run_again() -> TestResult {
-    if !cfg!(feature = "failpoints") {
-        hame_test_env::skip(
-            "the run takeover kill test needs `--features failpoints` (CI runs --all-features)",
-        );
-        return Ok(());
-    }
-    let model = ScriptedServer::start().await?;
-    model.set_responder(echo);
-    let dir = tempfile::tempdir()?;
-    let state = tempfile::tempdir()?;
-    let state = state.path().to_string_lossy().into_owned();
-    let agent = unique_agent();
-    let common = ["--agent", agent.as_str(), "--state", state.as_str()];
-    let mut serve_args = common.to_vec();
-    serve_args.push("--no-worker");
-    let s = Serve::start(dir.path(), &model.base_url(), &serve_args)?;
-    let http = reqwest::Client::new();
-    let (_, v) = submit(&http, &s, "u", "once", "only once", None).await?;
-    let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
-    let mut worker_args = common.to_vec();
-    worker_args.extend(["--run-lapse", "2"]);
-    let mut dying = WorkerProcess::start_env(
-        dir.path(),
-        &model.base_url(),
-        &worker_args,
-        "dying",
-        &[("HAME_FAILPOINT", "call.saved")],
-    )?;
-    let start = Instant::now();
-    while dying.child.try_wait()?.is_none() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "the worker did not reach call.saved"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    dying.kill();
-    let (_, v) = get_run(&http, &s, "u", &id).await?;
-    assert_eq!(
-        v["status"], "running",
-        "killed before the run was marked: {v}"
-    );
-    let w = WorkerProcess::start(dir.path(), &model.base_url(), &worker_args, "next")?;
-    let v = wait_run(&http, &s, "u", &id, Duration::from_secs(30), finished).await?;
-    assert_eq!(v["status"], "completed", "{v}; worker: {}", w.stderr());
-    assert_eq!(v["reply"], "done: only once");
-    let asked: Vec<String> = model
-        .requests()
-        .iter()
-        .filter_map(|r| r.last_user_text())
-        .collect();
-    assert_eq!(
-        asked,
-        vec!["only once".to_owned()],
-        "the model was asked once"
-    );
-    Ok(())
+    a_dead_workers_turn_is_not_run_again("call.saved").await
 }
 
 /// A cancel sent to replica B stops a long `execute` running on replica A within 2 s: B
@@ -1066,37 +1017,17 @@ async fn a_tool_call_cut_by_a_kill_is_outcome_unknown_and_not_run_twice() -> Tes
             )
         }
     });
-    let dir = tempfile::tempdir()?;
-    let state = tempfile::tempdir()?;
-    let state = state.path().to_string_lossy().into_owned();
-    let agent = unique_agent();
-    let common = ["--agent", agent.as_str(), "--state", state.as_str()];
-    let mut serve_args = common.to_vec();
-    serve_args.push("--no-worker");
-    let s = Serve::start(dir.path(), &model.base_url(), &serve_args)?;
-    let http = reqwest::Client::new();
-    let (_, v) = submit(&http, &s, "u", "s", "do it", None).await?;
-    let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
-    let mut worker_args = common.to_vec();
-    worker_args.extend(["--run-lapse", "2", "--permission-mode", "bypass"]);
+    let (dir, s, id, worker_args) = one_queued_run(&model, "do it").await?;
+    let worker_args: Vec<&str> = worker_args.iter().map(String::as_str).collect();
     let mut w1 = WorkerProcess::start(dir.path(), &model.base_url(), &worker_args, "1")?;
     let ws = dir.path().join("ws");
-    let start = Instant::now();
-    let count = loop {
-        if let Some(p) = find_files(&ws, "count.txt").pop() {
-            break p;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "the tool never ran: {}",
-            w1.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    w1.kill();
-    let w2 = WorkerProcess::start(dir.path(), &model.base_url(), &worker_args, "2")?;
-    let v = wait_run(&http, &s, "u", &id, Duration::from_secs(30), finished).await?;
-    assert_eq!(v["status"], "completed", "{v}; worker: {}", w2.stderr());
+    let count = poll(
+        Duration::from_secs(30),
+        || w1.stderr(),
+        || Ok(find_files(&ws, "count.txt").pop()),
+    )
+    .await?;
+    let (v, _next) = take_over(&mut w1, (dir.path(), &model, &worker_args), &s, &id).await?;
     assert_eq!(v["reply"], "checked", "{v}");
     assert_eq!(
         std::fs::read_to_string(&count)?,
@@ -1160,59 +1091,99 @@ async fn one_queued_run(
     Ok((dir, s, id, worker_args))
 }
 
+/// Polls `probe` every 50 ms until it has a value; after `limit`, fails with `what()`
+/// (what the processes said, say).
+async fn poll<T>(
+    limit: Duration,
+    what: impl Fn() -> String,
+    mut probe: impl FnMut() -> Result<Option<T>, Box<dyn std::error::Error>>,
+) -> Result<T, Box<dyn std::error::Error>> {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe()? {
+            return Ok(v);
+        }
+        if start.elapsed() > limit {
+            return Err(format!("not within {limit:?}: {}", what()).into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Kills `dying` (SIGKILL), starts the next worker with `args` and waits for the run to
+/// end: its view, asserted `completed`, and the new worker.
+async fn take_over(
+    dying: &mut WorkerProcess,
+    (dir, model, args): (&Path, &ScriptedServer, &[&str]),
+    s: &Serve,
+    id: &str,
+) -> Result<(Value, WorkerProcess), Box<dyn std::error::Error>> {
+    dying.kill();
+    let next = WorkerProcess::start(dir, &model.base_url(), args, "next")?;
+    let http = reqwest::Client::new();
+    let v = wait_run(&http, s, "u", id, Duration::from_secs(30), finished).await?;
+    assert_eq!(v["status"], "completed", "{v}; worker: {}", next.stderr());
+    Ok((v, next))
+}
+
 /// A worker killed after logging a whole turn and before saving the state (failpoint
 /// `call.before-save`): the worker that takes the run over finds the turn in the log and
-/// ends the run with its reply: no second model request, the message and the reply
-/// logged once, the state holds them.
+/// ends the run with its reply (docs/replicas.md, "A turn logged but not saved").
 #[tokio::test]
 async fn a_turn_logged_but_not_saved_is_adopted_not_run_again() -> TestResult {
+    a_dead_workers_turn_is_not_run_again("call.before-save").await
+}
+
+/// A worker killed at the failpoint `point`, after its turn reached the session log: the
+/// next worker completes the run with the turn's reply and does not ask the model again;
+/// the message and the reply are logged once and the state holds them (the next message's
+/// request carries them once).
+async fn a_dead_workers_turn_is_not_run_again(point: &str) -> TestResult {
+    if !cfg!(feature = "failpoints") {
+        hame_test_env::skip(
+            "the run takeover kill tests need `--features failpoints` (CI runs --all-features)",
+        );
+        return Ok(());
+    }
     let model = ScriptedServer::start().await?;
     model.set_responder(echo);
-    let (dir, s, id, args) = one_queued_run(&model, "hello").await?;
+    let (dir, s, id, args) = one_queued_run(&model, "only once").await?;
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut w1 = WorkerProcess::start_env(
+    let mut dying = WorkerProcess::start_env(
         dir.path(),
         &model.base_url(),
         &args,
-        "1",
-        &[("HAME_FAILPOINT", "call.before-save")],
+        "dying",
+        &[("HAME_FAILPOINT", point)],
     )?;
     // Polled: the scripted model answers on this test's runtime.
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = w1.child.try_wait()? {
-            break status;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "never reached the failpoint: {}",
-            w1.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert!(
-        !status.success(),
-        "killed at the failpoint: {}",
-        w1.stderr()
-    );
-    assert_eq!(model.requests().len(), 1, "{}", w1.stderr());
-    let w2 = WorkerProcess::start(dir.path(), &model.base_url(), &args, "2")?;
+    let stderr = dying.stderr.clone();
+    poll(
+        Duration::from_secs(60),
+        || std::fs::read_to_string(&stderr).unwrap_or_default(),
+        || Ok(dying.child.try_wait()?),
+    )
+    .await?;
     let http = reqwest::Client::new();
-    let v = wait_run(&http, &s, "u", &id, Duration::from_secs(30), finished).await?;
-    assert_eq!(v["status"], "completed", "{v}; worker: {}", w2.stderr());
-    assert_eq!(v["reply"], "done: hello", "{v}");
-    assert_eq!(model.requests().len(), 1, "the turn was not run again");
+    let (_, v) = get_run(&http, &s, "u", &id).await?;
+    assert_eq!(
+        v["status"], "running",
+        "killed before the run was marked: {v}"
+    );
+    assert_eq!(model.requests().len(), 1, "{}", dying.stderr());
+    let (v, _next) = take_over(&mut dying, (dir.path(), &model, &args), &s, &id).await?;
+    assert_eq!(v["reply"], "done: only once", "{v}");
+    assert_eq!(model.requests().len(), 1, "the model was asked once");
     let log = find_files(&dir.path().join("ws"), "s.log.jsonl")
         .pop()
         .ok_or("no session log")?;
     assert_eq!(
         log_texts(&log)?,
         vec![
-            ("user".to_owned(), "hello".to_owned()),
-            ("assistant".to_owned(), "done: hello".to_owned()),
+            ("user".to_owned(), "only once".to_owned()),
+            ("assistant".to_owned(), "done: only once".to_owned()),
         ]
     );
-    // The state holds the adopted turn: the next message's request carries it once.
     let (_, next) = submit(&http, &s, "u", "s", "again", None).await?;
     let next_id = next["run_id"].as_str().ok_or("no id")?;
     let v = wait_run(&http, &s, "u", next_id, Duration::from_secs(30), finished).await?;
@@ -1252,20 +1223,13 @@ async fn a_turn_cut_after_a_logged_step_goes_on_from_that_step() -> TestResult {
     let (dir, s, id, args) = one_queued_run(&model, "do it").await?;
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut w1 = WorkerProcess::start(dir.path(), &model.base_url(), &args, "1")?;
-    let start = Instant::now();
-    while model.requests().len() < 2 {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "no second step: {}",
-            w1.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    w1.kill();
-    let w2 = WorkerProcess::start(dir.path(), &model.base_url(), &args, "2")?;
-    let http = reqwest::Client::new();
-    let v = wait_run(&http, &s, "u", &id, Duration::from_secs(30), finished).await?;
-    assert_eq!(v["status"], "completed", "{v}; worker: {}", w2.stderr());
+    poll(
+        Duration::from_secs(30),
+        || w1.stderr(),
+        || Ok((model.requests().len() >= 2).then_some(())),
+    )
+    .await?;
+    let (v, _next) = take_over(&mut w1, (dir.path(), &model, &args), &s, &id).await?;
     assert_eq!(v["reply"], "finished", "{v}");
     assert_eq!(
         model.requests().len(),
@@ -1329,13 +1293,7 @@ async fn a_message_request_is_a_run(state: &str) -> TestResult {
     assert_eq!(body["session"], "s");
     assert_eq!(body["user"], "u");
     assert_eq!(body["iterations"], 1, "{body}");
-    let list: Value = http
-        .get(b.at("/v1/sessions/s/runs"))
-        .header("x-hame-user", "u")
-        .send()
-        .await?
-        .json()
-        .await?;
+    let list: Value = session_runs(&http, &b, "u", "s").await?;
     let runs = list["runs"].as_array().ok_or("no runs")?;
     assert_eq!(runs.len(), 1, "{list}");
     assert_eq!(runs[0]["status"], "completed", "{list}");
@@ -1348,13 +1306,7 @@ async fn a_message_request_is_a_run(state: &str) -> TestResult {
         "hame runs list shows it: {listed}"
     );
     // Another user does not see it.
-    let theirs: Value = http
-        .get(b.at("/v1/sessions/s/runs"))
-        .header("x-hame-user", "v")
-        .send()
-        .await?
-        .json()
-        .await?;
+    let theirs: Value = session_runs(&http, &b, "v", "s").await?;
     assert_eq!(theirs["runs"], json!([]), "{theirs}");
 
     // A request whose replica dies: its run is completed by B.
@@ -1370,13 +1322,7 @@ async fn a_message_request_is_a_run(state: &str) -> TestResult {
     };
     let start = Instant::now();
     let id = loop {
-        let list: Value = http
-            .get(b.at("/v1/sessions/k/runs"))
-            .header("x-hame-user", "u")
-            .send()
-            .await?
-            .json()
-            .await?;
+        let list: Value = session_runs(&http, &b, "u", "k").await?;
         if let Some(r) = list["runs"].as_array().and_then(|r| r.first())
             && r["status"] == "running"
             && model
@@ -1417,16 +1363,7 @@ backend_tests!(a_message_request_is_a_run {
 /// schemathesis run found it missing), and the run records its model requests.
 #[tokio::test]
 async fn a_message_queued_behind_a_busy_session_answers_like_a_turn() -> TestResult {
-    let model = ScriptedServer::start().await?;
-    model.set_responder(|r: &RecordedRequest| {
-        let text = r.last_user_text().unwrap_or_default();
-        let step = ScriptStep::text(format!("done: {text}"));
-        if text.starts_with("first") {
-            step.with_delay(Duration::from_millis(1500))
-        } else {
-            step
-        }
-    });
+    let model = delayed_model("first", Duration::from_millis(1500)).await?;
     let dir = tempfile::tempdir()?;
     let s = Serve::start(dir.path(), &model.base_url(), &[])?;
     let http = reqwest::Client::new();
@@ -1444,15 +1381,18 @@ async fn a_message_queued_behind_a_busy_session_answers_like_a_turn() -> TestRes
         })
     };
     let first = post("first");
-    let start = Instant::now();
-    while !model
-        .requests()
-        .iter()
-        .any(|q| q.last_user_text().is_some_and(|t| t == "first"))
-    {
-        assert!(start.elapsed() < Duration::from_secs(20), "{}", s.stderr());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll(
+        Duration::from_secs(20),
+        || s.stderr(),
+        || {
+            let asked = model
+                .requests()
+                .iter()
+                .any(|q| q.last_user_text().is_some_and(|t| t == "first"));
+            Ok(asked.then_some(()))
+        },
+    )
+    .await?;
     let (code, second) = post("second").await??;
     assert_eq!(code, 200, "{second}");
     assert_eq!(second["reply"], "done: second", "{second}");
@@ -1465,13 +1405,7 @@ async fn a_message_queued_behind_a_busy_session_answers_like_a_turn() -> TestRes
     assert!(second["usage"].get("requests").is_none(), "{second}");
     let (code, first) = first.await??;
     assert_eq!((code, &first["iterations"]), (200, &json!(1)), "{first}");
-    let list: Value = http
-        .get(s.at("/v1/sessions/s/runs"))
-        .header("x-hame-user", "u")
-        .send()
-        .await?
-        .json()
-        .await?;
+    let list: Value = session_runs(&http, &s, "u", "s").await?;
     let runs = list["runs"].as_array().ok_or("no runs")?;
     assert_eq!(runs.len(), 2, "{list}");
     assert!(
