@@ -75,6 +75,10 @@ enum Command {
         json: bool,
         #[command(flatten)]
         verify: run::VerifyArgs,
+        /// An image to send with the message (PNG, JPEG, GIF or WebP, at most 5 MiB;
+        /// repeatable, at most 20): the model gets it inline (docs/openai-compat.md, Images).
+        #[arg(long = "image", value_name = "FILE")]
+        images: Vec<std::path::PathBuf>,
         /// The message to send.
         message: String,
     },
@@ -311,8 +315,9 @@ fn main() -> ExitCode {
                 pick,
                 json,
                 verify,
+                images,
                 message,
-            } => run::run(common, pick, json, verify, message).await,
+            } => run::run(common, pick, json, verify, &images, message).await,
             Command::Chat { common, pick } => chat::chat(common, pick).await,
             Command::Approve { args } => approve::decide(args, true, None).await,
             Command::Deny { args, reason } => approve::decide(args, false, reason).await,

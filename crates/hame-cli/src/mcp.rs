@@ -57,6 +57,8 @@ async fn serve(args: McpServeArgs) -> anyhow::Result<()> {
             header_timeout: 10.0,
             body_timeout: 30.0,
             max_connections: 1024,
+            max_body: u64::try_from(hame_gateway::GatewayOptions::default().body_limit)
+                .unwrap_or(u64::MAX),
             max_upload: 32 * 1024 * 1024,
             mcp: true,
             a2a: false,

@@ -285,13 +285,56 @@ pub(crate) fn verdict(out: &hame::CallOutput) -> anyhow::Result<()> {
     }
 }
 
+/// The images of `--image`: each file read whole, its type from its signature (PNG, JPEG,
+/// GIF, WebP), at most [`hame::ImageBlock::MAX_BYTES`] each and
+/// [`hame::ImageBlock::MAX_PER_REQUEST`] in all.
+fn read_images(paths: &[std::path::PathBuf]) -> anyhow::Result<Vec<hame::ImageBlock>> {
+    use base64::Engine as _;
+    use std::io::Read as _;
+    let most = hame::ImageBlock::MAX_PER_REQUEST;
+    if paths.len() > most {
+        anyhow::bail!(
+            "{} images given; at most {most} go with one message",
+            paths.len()
+        );
+    }
+    let max = hame::ImageBlock::MAX_BYTES;
+    paths
+        .iter()
+        .map(|path| {
+            let shown = path.display();
+            let file = std::fs::File::open(path)
+                .map_err(|e| anyhow::anyhow!("cannot read image {shown}: {e}"))?;
+            let mut bytes = Vec::new();
+            // One byte past the limit tells an oversized file without reading it all.
+            file.take(max as u64 + 1)
+                .read_to_end(&mut bytes)
+                .map_err(|e| anyhow::anyhow!("cannot read image {shown}: {e}"))?;
+            if bytes.len() > max {
+                anyhow::bail!(
+                    "image {shown} is larger than {} MiB; send a smaller image",
+                    max / (1024 * 1024)
+                );
+            }
+            let media_type = hame::ImageBlock::sniff(&bytes)
+                .ok_or_else(|| anyhow::anyhow!("{shown} is not a PNG, JPEG, GIF or WebP image"))?;
+            Ok(hame::ImageBlock {
+                media_type: media_type.to_owned(),
+                data: base64::engine::general_purpose::STANDARD.encode(&bytes),
+            })
+        })
+        .collect()
+}
+
 pub(crate) async fn run(
     common: Common,
     pick: crate::resume::SessionPick,
     json: bool,
     verify: VerifyArgs,
+    images: &[std::path::PathBuf],
     message: String,
 ) -> anyhow::Result<()> {
+    let message = Message::user_with_images(message, read_images(images)?);
     let signals = Signals::watch();
     let (agent, ctx) = build(&common).await?;
     let mut ctx = verify.apply(&agent, ctx)?;
@@ -300,7 +343,7 @@ pub(crate) async fn run(
     let cancel = signals.begin();
     // The warnings of the call are printed as they come (background subagents keep the
     // event stream open after the call, so it is read alongside, not to its end).
-    let call = agent.call_with(Message::user(message), &ctx, &sink, &cancel);
+    let call = agent.call_with(message, &ctx, &sink, &cancel);
     let result = with_warnings(call, &mut rx).await;
     let signal = signals.end();
     drop(sink);

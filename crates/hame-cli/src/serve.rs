@@ -45,6 +45,11 @@ pub(crate) struct ServeArgs {
     /// closes (keep it under `ulimit -n`).
     #[arg(long, default_value_t = 1024, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
+    /// Largest request body, in bytes, of every route but uploads; one more is answered
+    /// 413. An image sent inline (base64) takes 4/3 of its size: raise this to send
+    /// images larger than about 750 KiB through the OpenAI routes (each at most 5 MiB).
+    #[arg(long, default_value_t = 1024 * 1024, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+    max_body: u64,
     /// Largest file PUT /v1/sessions/{session}/files/{path} takes, in bytes; one more is
     /// answered 413 (the body is held in memory until written).
     #[arg(long, default_value_t = 32 * 1024 * 1024, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
@@ -99,6 +104,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         header_timeout: args.header_timeout,
         body_timeout: args.body_timeout,
         max_connections: args.max_connections,
+        max_body: args.max_body,
         max_upload: args.max_upload,
         mcp: false,
         a2a: args.a2a,
@@ -117,6 +123,8 @@ pub(crate) struct Http {
     pub(crate) header_timeout: f64,
     pub(crate) body_timeout: f64,
     pub(crate) max_connections: u32,
+    /// Largest request body in bytes but uploads (`--max-body`).
+    pub(crate) max_body: u64,
     /// Largest upload in bytes (`--max-upload`).
     pub(crate) max_upload: u64,
     /// Also serve MCP at `/mcp`.
@@ -189,6 +197,7 @@ pub(crate) async fn serve_http(common: &Common, args: Http) -> anyhow::Result<()
         .with_header_timeout(Duration::from_secs_f64(args.header_timeout))
         .with_body_timeout(Duration::from_secs_f64(args.body_timeout))
         .with_max_connections(usize::try_from(args.max_connections).unwrap_or(usize::MAX))
+        .with_body_limit(usize::try_from(args.max_body).unwrap_or(usize::MAX))
         .with_upload_limit(usize::try_from(args.max_upload).unwrap_or(usize::MAX))
         .with_shared_events(shared_events)
         .with_mcp(args.mcp)

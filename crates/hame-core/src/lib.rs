@@ -69,7 +69,7 @@ pub use layer::{
     AppendNext, CallCtx, CallInput, CallNext, Layer, ModelNext, Resumed, ToolCtx, ToolNext,
     ToolOutcome, prefix_hash,
 };
-pub use message::{ContentBlock, Message, Role, ToolCall, ToolResult, Usage};
+pub use message::{ContentBlock, ImageBlock, Message, Role, ToolCall, ToolResult, Usage};
 pub use model::{
     Model, ModelError, ModelEvent, ModelInfo, ModelParams, ModelRequest, ModelResponse,
     ModelStream, PromptCacheKey, ResponseAssembler, StopReason,

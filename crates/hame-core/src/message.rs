@@ -81,6 +81,69 @@ pub enum ContentBlock {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         signature: Option<String>,
     },
+    /// An image the user sent, inline (see [`ImageBlock`]).
+    Image(ImageBlock),
+}
+
+/// An image inside a message: its media type and its bytes in standard base64.
+///
+/// hame holds images inline only: it never fetches a URL and never forwards one
+/// (docs/adr/0040-inline-images-only.md). Whoever builds the block checks the media type
+/// and the base64 (the gateway does); providers send it as it is. Text that stands for the
+/// image where bytes cannot go (summaries, daily notes, the context manifest) comes from
+/// [`ImageBlock::describe`], never the data.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageBlock {
+    /// The media type: `image/png`, `image/jpeg`, `image/gif` or `image/webp`.
+    pub media_type: String,
+    /// The image's bytes, standard base64 with padding.
+    pub data: String,
+}
+
+impl ImageBlock {
+    /// The media types hame accepts (those every image-capable provider takes).
+    pub const MEDIA_TYPES: [&'static str; 4] =
+        ["image/png", "image/jpeg", "image/gif", "image/webp"];
+
+    /// Most bytes one image may decode to (5 MiB, Anthropic's limit per image); the
+    /// gateway and `hame run --image` refuse larger ones.
+    pub const MAX_BYTES: usize = 5 * 1024 * 1024;
+
+    /// Most images one request may carry (20): the gateway's OpenAI routes (history
+    /// included) and `hame run --image` refuse more.
+    pub const MAX_PER_REQUEST: usize = 20;
+
+    /// The media type of [`ImageBlock::MEDIA_TYPES`] whose file signature `bytes` start
+    /// with (PNG, JPEG, GIF 87a/89a, WebP), if any.
+    pub fn sniff(bytes: &[u8]) -> Option<&'static str> {
+        if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+            Some("image/png")
+        } else if bytes.starts_with(&[0xff, 0xd8, 0xff]) {
+            Some("image/jpeg")
+        } else if bytes.starts_with(b"GIF87a") || bytes.starts_with(b"GIF89a") {
+            Some("image/gif")
+        } else if bytes.starts_with(b"RIFF") && bytes.get(8..12) == Some(b"WEBP".as_slice()) {
+            Some("image/webp")
+        } else {
+            None
+        }
+    }
+
+    /// The number of bytes the base64 data decodes to (computed from its length).
+    pub fn decoded_len(&self) -> usize {
+        let d = self.data.trim_end();
+        let pad = d.bytes().rev().take_while(|b| *b == b'=').count().min(2);
+        (d.len() / 4 * 3 + (d.len() % 4).saturating_sub(1)).saturating_sub(pad)
+    }
+
+    /// A short text that stands for the image: `[image image/png, 12 KiB]`.
+    pub fn describe(&self) -> String {
+        format!(
+            "[image {}, {} KiB]",
+            self.media_type,
+            self.decoded_len().div_ceil(1024)
+        )
+    }
 }
 
 /// Token counts reported for one model request or summed over a call.
@@ -207,6 +270,21 @@ impl Message {
         Self::text(Role::User, text)
     }
 
+    /// A user message of text and images: the text first (when not empty), then the
+    /// images in order.
+    pub fn user_with_images(text: impl Into<String>, images: Vec<ImageBlock>) -> Self {
+        let text = text.into();
+        let text = (!text.is_empty()).then_some(ContentBlock::Text { text });
+        Self {
+            role: Role::User,
+            content: text
+                .into_iter()
+                .chain(images.into_iter().map(ContentBlock::Image))
+                .collect(),
+            usage: None,
+        }
+    }
+
     /// An assistant message with text only.
     pub fn assistant(text: impl Into<String>) -> Self {
         Self::text(Role::Assistant, text)
@@ -224,6 +302,14 @@ impl Message {
             content: results.into_iter().map(ContentBlock::ToolResult).collect(),
             usage: None,
         }
+    }
+
+    /// The images in this message.
+    pub fn images(&self) -> impl Iterator<Item = &ImageBlock> {
+        self.content.iter().filter_map(|b| match b {
+            ContentBlock::Image(i) => Some(i),
+            _ => None,
+        })
     }
 
     /// All text blocks joined with no separator.
@@ -334,6 +420,60 @@ mod tests {
         let again = serde_json::to_value(&msgs)?;
         let orig: serde_json::Value = serde_json::from_str(v1)?;
         assert_eq!(orig, again);
+        Ok(())
+    }
+
+    /// An image block's persisted form: `{"type":"image","media_type":..,"data":..}`.
+    #[test]
+    fn an_image_block_has_a_stable_form_and_a_short_description() -> Result<(), serde_json::Error> {
+        let form = r#"{"role":"user","content":[{"type":"text","text":"what is this?"},{"type":"image","media_type":"image/png","data":"iVBORw0KGgo="}]}"#;
+        let m: Message = serde_json::from_str(form)?;
+        let image = ImageBlock {
+            media_type: "image/png".into(),
+            data: "iVBORw0KGgo=".into(),
+        };
+        assert_eq!(m.images().collect::<Vec<_>>(), vec![&image]);
+        assert_eq!(m.text_content(), "what is this?");
+        assert_eq!(serde_json::to_string(&m)?, form);
+        assert_eq!(image.decoded_len(), 8);
+        assert_eq!(image.describe(), "[image image/png, 1 KiB]");
+        let sizes: Vec<usize> = ["", "QQ==", "QUI=", "QUJD", "QUJDRA", "QUJDREU"]
+            .iter()
+            .map(|d| {
+                ImageBlock {
+                    media_type: "image/gif".into(),
+                    data: (*d).into(),
+                }
+                .decoded_len()
+            })
+            .collect();
+        assert_eq!(sizes, vec![0, 1, 2, 3, 4, 5]);
+        let sniffed: Vec<Option<&str>> = [
+            b"\x89PNG\r\n\x1a\n..".as_slice(),
+            b"\xff\xd8\xff\xe0",
+            b"GIF87a",
+            b"GIF89a",
+            b"RIFF\0\0\0\0WEBPVP8 ",
+            b"RIFF\0\0\0\0WAVE",
+            b"<svg/>",
+            b"",
+        ]
+        .iter()
+        .map(|b| ImageBlock::sniff(b))
+        .collect();
+        assert_eq!(
+            sniffed,
+            vec![
+                Some("image/png"),
+                Some("image/jpeg"),
+                Some("image/gif"),
+                Some("image/gif"),
+                Some("image/webp"),
+                None,
+                None,
+                None
+            ]
+        );
         Ok(())
     }
 

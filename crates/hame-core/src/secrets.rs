@@ -353,6 +353,9 @@ fn texts_of(block: &ContentBlock) -> Vec<&String> {
         ContentBlock::Text { text } | ContentBlock::Reasoning { text, .. } => vec![text],
         ContentBlock::ToolCall(c) => vec![&c.arguments],
         ContentBlock::ToolResult(r) => vec![&r.content],
+        // Image data is base64 bytes, not text a secret could be spelled in: scanning it
+        // would only find false matches, and rewriting it would corrupt the image.
+        ContentBlock::Image(_) => Vec::new(),
     }
 }
 
@@ -361,6 +364,7 @@ fn texts_of_mut(block: &mut ContentBlock) -> Vec<&mut String> {
         ContentBlock::Text { text } | ContentBlock::Reasoning { text, .. } => vec![text],
         ContentBlock::ToolCall(c) => vec![&mut c.arguments],
         ContentBlock::ToolResult(r) => vec![&mut r.content],
+        ContentBlock::Image(_) => Vec::new(),
     }
 }
 

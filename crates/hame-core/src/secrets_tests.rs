@@ -126,6 +126,24 @@ fn messages_are_redacted_in_every_text_but_not_in_ids() {
     assert_eq!(results.role, Role::Tool);
 }
 
+/// Image data is left alone: a registered secret spelled inside the base64 is a chance
+/// match, and rewriting it would corrupt the image; the text beside it is still redacted.
+#[test]
+fn image_data_is_left_alone() {
+    let mut r = Redactor::new();
+    assert!(r.add_secret("sk-live-00112233"));
+    let image = crate::message::ImageBlock {
+        media_type: "image/png".into(),
+        data: "iVBORw0KGgosk-live-00112233".into(),
+    };
+    let m = r.redact_message(Message::user_with_images(
+        "key sk-live-00112233",
+        vec![image.clone()],
+    ));
+    assert_eq!(m.text_content(), "key [REDACTED]");
+    assert_eq!(m.images().collect::<Vec<_>>(), vec![&image]);
+}
+
 #[test]
 fn an_unchanged_message_keeps_its_shared_blocks() {
     let mut r = Redactor::new();

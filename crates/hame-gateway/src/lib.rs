@@ -15,7 +15,8 @@
 //!   `POST …/approvals/{id}` `{"decision": "approve"|"deny"}`, `GET /v1/memory`;
 //! - `POST /v1/chat/completions`, `POST /v1/responses`, `GET /v1/models` (OpenAI-compatible;
 //!   `model` is the agent id; every field honoured or refused with 400 naming it; client
-//!   tools, history, system messages and structured output: `docs/openai-compat.md`);
+//!   tools, history, system messages, structured output and inline images — `data:` URLs
+//!   only, hame never fetches a URL (ADR 0040): `docs/openai-compat.md`);
 //! - durable runs ([`GatewayOptions::runs`]): `POST /v1/sessions/{session}/runs`,
 //!   `GET /v1/runs/{run_id}`, `POST /v1/runs/{run_id}/cancel`, `GET /v1/runs/{run_id}/events`,
 //!   `GET /v1/sessions/{session}/runs`, executed by a [`Worker`] in this or any other
@@ -186,6 +187,12 @@ impl GatewayOptions {
     /// With a queue bound per session.
     pub fn with_queue_bound(mut self, n: usize) -> Self {
         self.queue_bound = n;
+        self
+    }
+
+    /// With a request body limit ([`GatewayOptions::body_limit`]).
+    pub fn with_body_limit(mut self, bytes: usize) -> Self {
+        self.body_limit = bytes;
         self
     }
 

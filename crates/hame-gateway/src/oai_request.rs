@@ -4,7 +4,7 @@
 //! (`crate::responses`).
 
 use hame::harness::caller::{ReplyFormat, check_schema};
-use hame::{ContentBlock, Message, Role, ToolCall, ToolResult, ToolSpec};
+use hame::{ContentBlock, ImageBlock, Message, Role, ToolCall, ToolResult, ToolSpec};
 use serde_json::{Map, Value};
 
 /// A request refused with 400: the field (`param`) and why.
@@ -48,8 +48,8 @@ type R<T> = Result<T, Refusal>;
 /// How the request's conversation ends: what this turn adds.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Tail {
-    /// A new user message.
-    User(String),
+    /// A new user message: text and images.
+    User(Message),
     /// Results of client tool calls: `(tool_call_id, output)` in order.
     ToolResults(Vec<(String, String)>),
 }
@@ -129,13 +129,57 @@ fn token_limit(param: &str, v: &Value) -> R<u32> {
         .ok_or_else(|| Refusal::invalid(param, "must be a positive integer"))
 }
 
+/// Most bytes one image may decode to ([`ImageBlock::MAX_BYTES`], 5 MiB).
+pub(crate) const MAX_IMAGE_BYTES: usize = ImageBlock::MAX_BYTES;
+
+/// Most images one request may carry, history included ([`ImageBlock::MAX_PER_REQUEST`]).
+pub(crate) const MAX_IMAGES: usize = ImageBlock::MAX_PER_REQUEST;
+
+/// What a content list may hold besides text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Parts {
+    /// Text only (system, developer, assistant and tool content).
+    Text,
+    /// Text and images (user content).
+    TextAndImages,
+}
+
 /// A text content: a string, or a list of text parts (`text`, `input_text`,
 /// `output_text`); any other part (an image, audio, a file) is refused with its place.
 pub(crate) fn text_of(param: &str, v: &Value) -> R<String> {
+    Ok(Message {
+        role: Role::User,
+        content: content_of(param, v, Parts::Text)?.into(),
+        usage: None,
+    }
+    .text_content())
+}
+
+/// A user message's content: a string, or a list of text parts and image parts
+/// (`image_url`, `input_image`: inline `data:` URLs only, see [`image_of`]). Adjacent
+/// text parts join with a newline into one text block, so a text-only message is the
+/// same [`Message::user`] whatever its spelling.
+pub(crate) fn user_message(param: &str, v: &Value) -> R<Message> {
+    Ok(Message {
+        role: Role::User,
+        content: content_of(param, v, Parts::TextAndImages)?.into(),
+        usage: None,
+    })
+}
+
+fn content_of(param: &str, v: &Value, allow: Parts) -> R<Vec<ContentBlock>> {
+    let mut out: Vec<ContentBlock> = Vec::new();
+    let text = |out: &mut Vec<ContentBlock>, t: &str| match out.last_mut() {
+        Some(ContentBlock::Text { text }) => {
+            text.push('\n');
+            text.push_str(t);
+        }
+        _ => out.push(ContentBlock::Text { text: t.to_owned() }),
+    };
     match v {
-        Value::String(s) => Ok(s.clone()),
+        Value::String(s) => text(&mut out, s),
+        Value::Null => text(&mut out, ""),
         Value::Array(parts) => {
-            let mut out = Vec::new();
             for (j, p) in parts.iter().enumerate() {
                 let here = format!("{param}[{j}]");
                 let kind = p["type"].as_str().unwrap_or_default();
@@ -149,33 +193,200 @@ pub(crate) fn text_of(param: &str, v: &Value) -> R<String> {
                                 ));
                             }
                         }
-                        let text = p["text"].as_str().ok_or_else(|| {
+                        let t = p["text"].as_str().ok_or_else(|| {
                             Refusal::invalid(format!("{here}.text"), "must be a string")
                         })?;
-                        out.push(text.to_owned());
+                        text(&mut out, t);
                     }
-                    "image_url" | "input_image" => {
+                    "image_url" | "input_image" if allow == Parts::Text => {
                         return Err(Refusal::unsupported(
                             here,
-                            "images are not passed to the model: hame's conversation holds text, tool calls and tool results only",
+                            "images are accepted in user messages only",
                         ));
                     }
+                    "image_url" => out.push(ContentBlock::Image(chat_image(&here, p)?)),
+                    "input_image" => out.push(ContentBlock::Image(input_image(&here, p)?)),
                     other => {
+                        let accepted = match allow {
+                            Parts::Text => "send text",
+                            Parts::TextAndImages => "send text and images",
+                        };
                         return Err(Refusal::unsupported(
                             format!("{here}.type"),
-                            format!("content parts of type {other:?} are not accepted; send text"),
+                            format!("content parts of type {other:?} are not accepted; {accepted}"),
                         ));
                     }
                 }
             }
-            Ok(out.join("\n"))
+            if out.is_empty() {
+                text(&mut out, "");
+            }
         }
-        Value::Null => Ok(String::new()),
+        _ => {
+            return Err(Refusal::invalid(
+                param,
+                "must be a string or a list of content parts",
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// A chat `image_url` part: `{"type": "image_url", "image_url": URL | {"url", "detail"}}`.
+fn chat_image(here: &str, p: &Value) -> R<ImageBlock> {
+    only_keys(&fields(p), here, "image_url part", &["type", "image_url"])?;
+    let at = format!("{here}.image_url");
+    match &p["image_url"] {
+        Value::String(url) => image_of(&at, url),
+        Value::Object(_) => {
+            let f = fields(&p["image_url"]);
+            only_keys(&f, &at, "image_url", &["url", "detail"])?;
+            if let Some(d) = f.get("detail") {
+                detail(&format!("{at}.detail"), d)?;
+            }
+            let url = f
+                .get("url")
+                .and_then(Value::as_str)
+                .ok_or_else(|| Refusal::missing(&format!("{at}.url")))?;
+            image_of(&format!("{at}.url"), url)
+        }
+        Value::Null => Err(Refusal::missing(&at)),
         _ => Err(Refusal::invalid(
-            param,
-            "must be a string or a list of text parts",
+            at,
+            "must be a data: URL or {\"url\": ...}",
         )),
     }
+}
+
+/// A Responses `input_image` part: `{"type": "input_image", "image_url", "detail"}`; a
+/// `file_id` is refused (hame keeps no uploaded files for the model).
+fn input_image(here: &str, p: &Value) -> R<ImageBlock> {
+    let f = fields(p);
+    if f.contains_key("file_id") {
+        return Err(Refusal::unsupported(
+            format!("{here}.file_id"),
+            "images by file id are not accepted; send the image inline as a data: URL in `image_url`",
+        ));
+    }
+    only_keys(
+        &f,
+        here,
+        "input_image part",
+        &["type", "image_url", "detail"],
+    )?;
+    if let Some(d) = f.get("detail") {
+        detail(&format!("{here}.detail"), d)?;
+    }
+    let at = format!("{here}.image_url");
+    match f.get("image_url") {
+        Some(Value::String(url)) => image_of(&at, url),
+        Some(_) => Err(Refusal::invalid(at, format!("must be a string; {INLINE}"))),
+        None => Err(Refusal::missing(&at)),
+    }
+}
+
+/// `detail`: only `"auto"` (the providers' default) is accepted; hame's image block
+/// carries no detail level, so `"low"` and `"high"` could not be honoured.
+fn detail(param: &str, v: &Value) -> R<()> {
+    match v.as_str() {
+        Some("auto") => Ok(()),
+        Some("low" | "high") => Err(Refusal::unsupported(
+            param,
+            "only \"auto\" is honoured: the image goes to the model at the provider's default detail",
+        )),
+        _ => Err(Refusal::invalid(
+            param,
+            "must be \"auto\", \"low\" or \"high\"",
+        )),
+    }
+}
+
+/// The advice every refused image URL ends with.
+const INLINE: &str = "send the image inline as a data: URL (data:image/png;base64,...)";
+
+/// An image from a URL, which must be `data:<media type>;base64,<data>` with a media type
+/// of [`ImageBlock::MEDIA_TYPES`], standard base64 data of at most [`MAX_IMAGE_BYTES`]
+/// decoded, and bytes that start like that type's files. hame never fetches a URL nor
+/// forwards one (docs/adr/0040-inline-images-only.md): any other scheme is refused.
+pub(crate) fn image_of(param: &str, url: &str) -> R<ImageBlock> {
+    let scheme_end = url.find(':').unwrap_or(0);
+    let scheme = url[..scheme_end].to_ascii_lowercase();
+    if scheme != "data" {
+        let shown = if scheme.is_empty() || scheme.len() > 16 {
+            "a URL without a scheme".to_owned()
+        } else {
+            format!("{scheme}: URLs")
+        };
+        return Err(Refusal::unsupported(
+            param,
+            format!(
+                "hame does not fetch images ({shown} are refused: a model server could be made to fetch internal addresses); {INLINE}"
+            ),
+        ));
+    }
+    let rest = &url[scheme_end + 1..];
+    let Some((meta, data)) = rest.split_once(',') else {
+        return Err(Refusal::invalid(
+            param,
+            format!("a data: URL needs a comma before its data; {INLINE}"),
+        ));
+    };
+    let media_type = meta
+        .strip_suffix(";base64")
+        .or_else(|| meta.strip_suffix(";BASE64"))
+        .map(str::to_ascii_lowercase)
+        .filter(|m| ImageBlock::MEDIA_TYPES.contains(&m.as_str()))
+        .ok_or_else(|| {
+            let meta: String = meta.chars().take(40).collect();
+            let meta = meta
+                .strip_suffix(";base64")
+                .or_else(|| meta.strip_suffix(";BASE64"))
+                .unwrap_or(&meta);
+            Refusal::unsupported(
+                param,
+                format!(
+                    "the data: URL's type {meta:?} is not accepted: image/png, image/jpeg, image/gif or image/webp, base64-encoded, are; {INLINE}"
+                ),
+            )
+        })?;
+    // Refuse an oversized image before decoding it.
+    if data.len() > MAX_IMAGE_BYTES.div_ceil(3) * 4 {
+        return Err(too_large(param));
+    }
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .map_err(|e| {
+            Refusal::invalid(
+                param,
+                format!("the image data is not standard base64 ({e}); {INLINE}"),
+            )
+        })?;
+    if bytes.len() > MAX_IMAGE_BYTES {
+        return Err(too_large(param));
+    }
+    if ImageBlock::sniff(&bytes) != Some(media_type.as_str()) {
+        return Err(Refusal::invalid(
+            param,
+            format!(
+                "the data is not {media_type} (its first bytes are not that format's signature)"
+            ),
+        ));
+    }
+    Ok(ImageBlock {
+        media_type,
+        data: data.to_owned(),
+    })
+}
+
+fn too_large(param: &str) -> Refusal {
+    Refusal::invalid(
+        param,
+        format!(
+            "the image is larger than {} MiB decoded; send a smaller image",
+            MAX_IMAGE_BYTES / (1024 * 1024)
+        ),
+    )
 }
 
 /// A reply format from a schema and its name; the schema must be in the checked subset.
@@ -328,7 +539,7 @@ pub(crate) fn parse_chat(body: &Value, taken: &[String]) -> R<Parsed> {
         include_usage: false,
         instructions: None,
         history: Vec::new(),
-        tail: Tail::User(String::new()),
+        tail: Tail::User(Message::user(String::new())),
         tools: Vec::new(),
         no_tools: false,
         temperature: None,
@@ -492,10 +703,7 @@ fn chat_messages(messages: &[Value]) -> R<(Option<String>, Vec<Message>, Tail)> 
                     instructions.push(t);
                 }
             }
-            "user" => convo.push(Message::user(text_of(
-                &format!("{here}.content"),
-                &content,
-            )?)),
+            "user" => convo.push(user_message(&format!("{here}.content"), &content)?),
             "assistant" => {
                 let mut blocks = Vec::new();
                 let text = text_of(&format!("{here}.content"), &content)?;
@@ -563,6 +771,15 @@ pub(crate) fn push_result(convo: &mut Vec<Message>, id: &str, text: String) {
 /// The conversation split into what came before and what this turn adds (the last user
 /// message, or the trailing tool results).
 pub(crate) fn split_tail(mut convo: Vec<Message>) -> R<(Vec<Message>, Tail)> {
+    let images = convo.iter().map(|m| m.images().count()).sum::<usize>();
+    if images > MAX_IMAGES {
+        return Err(Refusal::invalid(
+            "messages",
+            format!(
+                "carries {images} images; at most {MAX_IMAGES} per request are accepted (earlier messages included)"
+            ),
+        ));
+    }
     let Some(last) = convo.pop() else {
         return Err(Refusal::invalid(
             "messages",
@@ -571,14 +788,13 @@ pub(crate) fn split_tail(mut convo: Vec<Message>) -> R<(Vec<Message>, Tail)> {
     };
     match last.role {
         Role::User => {
-            let text = last.text_content();
-            if text.trim().is_empty() {
+            if last.text_content().trim().is_empty() && last.images().next().is_none() {
                 return Err(Refusal::invalid(
                     "messages",
-                    "the last user message has no text",
+                    "the last user message has no text and no image",
                 ));
             }
-            Ok((convo, Tail::User(text)))
+            Ok((convo, Tail::User(last)))
         }
         Role::Tool => {
             let results = last

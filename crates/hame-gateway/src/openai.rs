@@ -12,9 +12,9 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use hame::harness::caller::{
-    CLIENT_TOOLS_LAYER, CallerRequest, ReplyFormat, strip_fence, user_texts,
+    CLIENT_TOOLS_LAYER, CallerRequest, ReplyFormat, strip_fence, user_turns,
 };
-use hame::{CallInput, HarnessAgent, Message, Resolution};
+use hame::{CallInput, HarnessAgent, Resolution};
 use serde_json::{Value, json};
 
 use crate::Shared;
@@ -218,9 +218,9 @@ pub(crate) async fn plan(
         .with_params(req.temperature, req.max_tokens)
         .with_reply_format(req.reply_format.clone());
     if let Some(state) = &state {
-        let sent = user_texts(&req.history);
+        let sent = user_turns(&req.history);
         if !sent.is_empty() {
-            let known = user_texts(&state.messages);
+            let known = user_turns(&state.messages);
             if sent != known {
                 let at = sent
                     .iter()
@@ -242,11 +242,11 @@ pub(crate) async fn plan(
     }
     let mut before = hame::Usage::default();
     let input = match &req.tail {
-        Tail::User(text) => {
+        Tail::User(message) => {
             if state.is_none() {
                 caller = caller.with_history(req.history.clone());
             }
-            CallInput::Message(Message::user(text.clone()))
+            CallInput::Message(message.clone())
         }
         Tail::ToolResults(results) => {
             let step = state.as_ref().and_then(|s| s.pending.as_ref());

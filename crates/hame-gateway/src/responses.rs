@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use crate::error::ApiError;
 use crate::oai_request::{
     Parsed, Refusal, Tail, client_tools, fields, hex_decode, hex_encode, json_schema_format,
-    only_keys, push_result, split_tail, text_of, tool_choice,
+    only_keys, push_result, split_tail, text_of, tool_choice, user_message,
 };
 use crate::openai::{
     OaiRequest, Prologue, approval_text, final_text, named_session, plan, spent_since,
@@ -73,7 +73,7 @@ fn parse(body: &Value, taken: &[String]) -> R<Request> {
         include_usage: true,
         instructions: None,
         history: Vec::new(),
-        tail: Tail::User(String::new()),
+        tail: Tail::User(Message::user(String::new())),
         tools: Vec::new(),
         no_tools: false,
         temperature: None,
@@ -268,11 +268,12 @@ fn items(input: &Value) -> R<(Vec<String>, Vec<Message>)> {
         let content = f.get("content").cloned().unwrap_or(Value::Null);
         match kind {
             "message" => {
-                let text = text_of(&format!("{here}.content"), &content)?;
+                let at = format!("{here}.content");
                 match f.get("role").and_then(Value::as_str) {
-                    Some("system" | "developer") => system.push(text),
-                    Some("user") => convo.push(Message::user(text)),
+                    Some("system" | "developer") => system.push(text_of(&at, &content)?),
+                    Some("user") => convo.push(user_message(&at, &content)?),
                     Some("assistant") => {
+                        let text = text_of(&at, &content)?;
                         if !text.is_empty() {
                             convo.push(Message::assistant(text));
                         }
@@ -667,6 +668,77 @@ mod tests {
             parse(&b, &[]).map(|_| ()).map_err(|r| r.param),
             Err("input[0].type".to_owned())
         );
+        Ok(())
+    }
+
+    /// A 1x1 GIF.
+    const GIF: &str = "R0lGODlhAQABAIAAAAAAAP///yH5BAEAAAAALAAAAAABAAEAAAIBRAA7";
+
+    #[test]
+    fn an_input_image_joins_the_user_message_and_other_urls_are_refused() -> Result<(), Refusal> {
+        let url = format!("data:image/gif;base64,{GIF}");
+        let body = json!({"model": "hame", "input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "what is this?"},
+            {"type": "input_image", "image_url": url, "detail": "auto"}
+        ]}]});
+        let r = parse(&body, &[])?;
+        let expected = Message::user_with_images(
+            "what is this?",
+            vec![hame::ImageBlock {
+                media_type: "image/gif".into(),
+                data: GIF.into(),
+            }],
+        );
+        assert_eq!(r.parsed.tail, Tail::User(expected));
+        for (part, code, param) in [
+            (
+                json!({"type": "input_image", "image_url": "https://example.com/a.gif"}),
+                "unsupported_parameter",
+                "input[0].content[0].image_url",
+            ),
+            (
+                json!({"type": "input_image", "image_url": "file:///etc/passwd", "detail": "auto"}),
+                "unsupported_parameter",
+                "input[0].content[0].image_url",
+            ),
+            (
+                json!({"type": "input_image", "file_id": "file-1", "detail": "auto"}),
+                "unsupported_parameter",
+                "input[0].content[0].file_id",
+            ),
+            (
+                json!({"type": "input_image", "image_url": url, "detail": "low"}),
+                "unsupported_parameter",
+                "input[0].content[0].detail",
+            ),
+            (
+                json!({"type": "input_image", "detail": "auto"}),
+                "missing_required_parameter",
+                "input[0].content[0].image_url",
+            ),
+            (
+                json!({"type": "input_image", "image_url": {"url": url}}),
+                "invalid_value",
+                "input[0].content[0].image_url",
+            ),
+        ] {
+            let b =
+                json!({"model": "hame", "input": [{"role": "user", "content": [part.clone()]}]});
+            let refused = parse(&b, &[]).map(|_| ()).map_err(|r| (r.code, r.param));
+            assert_eq!(refused, Err((code, param.to_owned())), "{part}");
+        }
+        // Not in an assistant or developer message.
+        for role in ["assistant", "developer"] {
+            let b = json!({"model": "hame", "input": [
+                {"role": role, "content": [{"type": "input_image", "image_url": url}]},
+                {"role": "user", "content": "hi"}
+            ]});
+            assert_eq!(
+                parse(&b, &[]).map(|_| ()).map_err(|r| r.param),
+                Err("input[0].content[0]".to_owned()),
+                "{role}"
+            );
+        }
         Ok(())
     }
 }

@@ -445,6 +445,71 @@ pub(crate) struct ModelList {
     data: Vec<ModelObject>,
 }
 
+/// A message's content: text, or a list of parts.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub(crate) enum MessageContent {
+    /// Text.
+    Text(String),
+    /// Parts, in order.
+    Parts(Vec<ContentPart>),
+}
+
+/// A content part. Images are accepted in user messages only, as inline `data:` URLs
+/// (`data:image/png|jpeg|gif|webp;base64,…`, at most 5 MiB decoded, at most 20 images per
+/// request); hame never fetches a URL (`docs/openai-compat.md`, *Images*).
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[allow(dead_code)]
+pub(crate) enum ContentPart {
+    /// `{"type": "text", "text"}`.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// `{"type": "input_text", "text"}` (Responses).
+    InputText {
+        /// The text.
+        text: String,
+    },
+    /// `{"type": "output_text", "text"}` (an earlier reply, Responses).
+    OutputText {
+        /// The text.
+        text: String,
+    },
+    /// `{"type": "image_url", "image_url": URL | {"url", "detail"}}` (chat).
+    ImageUrl {
+        /// The image.
+        image_url: ImageUrl,
+    },
+    /// `{"type": "input_image", "image_url", "detail"}` (Responses; `file_id` is refused).
+    InputImage {
+        /// A `data:` URL.
+        #[schema(pattern = "^data:")]
+        image_url: String,
+        /// `auto` only (`low` and `high` are refused).
+        detail: Option<String>,
+    },
+}
+
+/// The image of an `image_url` part: a `data:` URL, or `{"url", "detail"}`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub(crate) enum ImageUrl {
+    /// A `data:` URL.
+    Url(String),
+    /// The URL and the detail level.
+    Object {
+        /// A `data:` URL.
+        #[schema(pattern = "^data:")]
+        url: String,
+        /// `auto` only (`low` and `high` are refused).
+        detail: Option<String>,
+    },
+}
+
 /// One message of a chat completion request.
 #[derive(Debug, Serialize, ToSchema)]
 #[allow(dead_code)]
@@ -452,9 +517,8 @@ pub(crate) struct ChatMessage {
     /// `system`, `developer`, `user`, `assistant` or `tool`.
     #[schema(pattern = "^(system|developer|user|assistant|tool)$")]
     role: String,
-    /// Text, or an array of `{"type": "text", "text"}` parts (images are refused).
-    #[schema(value_type = Object)]
-    content: Option<serde_json::Value>,
+    /// Text, or a list of parts: text, and (in user messages only) inline images.
+    content: Option<MessageContent>,
     /// An assistant message's tool calls.
     tool_calls: Option<Vec<Object>>,
     /// A tool message's call id.
@@ -647,6 +711,44 @@ pub(crate) struct ChatCompletionChunk {
     usage: Option<ChatUsage>,
 }
 
+/// The `input` of a Responses request: text (one user message), or items.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub(crate) enum ResponseInput {
+    /// One user message.
+    Text(String),
+    /// Items, in order.
+    Items(Vec<InputItem>),
+}
+
+/// An input item: a `message` (the default type), a `function_call` or a
+/// `function_call_output`.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct InputItem {
+    /// `message` (when absent), `function_call` or `function_call_output`.
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    /// A message's role: `user`, `assistant`, `system` or `developer`.
+    role: Option<String>,
+    /// A message's content: text, or parts (`input_text`, `output_text`, and in user
+    /// messages `input_image` with a `data:` URL).
+    content: Option<MessageContent>,
+    /// A function call's id (and the id a `function_call_output` answers).
+    call_id: Option<String>,
+    /// A function call's name.
+    name: Option<String>,
+    /// A function call's arguments (JSON text).
+    arguments: Option<String>,
+    /// A function call's output.
+    output: Option<MessageContent>,
+    /// The item's id, as an earlier response gave it.
+    id: Option<String>,
+    /// The item's status, as an earlier response gave it.
+    status: Option<String>,
+}
+
 /// `POST /v1/responses`: the fields hame honours (any other is 400 naming it).
 #[derive(Debug, Serialize, ToSchema)]
 #[allow(dead_code)]
@@ -654,8 +756,7 @@ pub(crate) struct ResponseRequest {
     /// The agent.
     model: String,
     /// Text, or items: messages, `function_call` and `function_call_output`.
-    #[schema(value_type = Object)]
-    input: serde_json::Value,
+    input: ResponseInput,
     /// A caller-instructions section for this turn.
     instructions: Option<String>,
     /// Stream the events.

@@ -24,9 +24,9 @@
 
 use async_trait::async_trait;
 use hame_core::{
-    AppendNext, CallCtx, ContentBlock, Layer, Message, ModelNext, ModelRequest, ModelResponse,
-    Result, Role, RuntimeContext, Suspension, ToolCall, ToolCtx, ToolError, ToolNext, ToolOutcome,
-    ToolSpec,
+    AppendNext, CallCtx, ContentBlock, ImageBlock, Layer, Message, ModelNext, ModelRequest,
+    ModelResponse, Result, Role, RuntimeContext, Suspension, ToolCall, ToolCtx, ToolError,
+    ToolNext, ToolOutcome, ToolSpec,
 };
 use serde::{Deserialize, Serialize};
 
@@ -344,17 +344,19 @@ fn merge_usage(mut response: ModelResponse, earlier: Option<hame_core::Usage>) -
     response
 }
 
-/// The user messages of a conversation that carry text (not tool results), in order.
-pub fn user_texts(messages: &[Message]) -> Vec<String> {
+/// The user messages of a conversation that carry text or images (not tool results), in
+/// order: each one's text and its images. Two conversations whose user turns compare
+/// equal sent the same words and the same image bytes.
+pub fn user_turns(messages: &[Message]) -> Vec<(String, Vec<&ImageBlock>)> {
     messages
         .iter()
         .filter(|m| m.role == Role::User)
         .filter(|m| {
             m.content
                 .iter()
-                .any(|b| matches!(b, ContentBlock::Text { .. }))
+                .any(|b| matches!(b, ContentBlock::Text { .. } | ContentBlock::Image(_)))
         })
-        .map(Message::text_content)
+        .map(|m| (m.text_content(), m.images().collect()))
         .collect()
 }
 

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use hame_core::{
-    CallCtx, CallInput, CallNext, CallOutput, Layer, Message, ModelNext, ModelRequest,
-    ModelResponse, Role,
+    CallCtx, CallInput, CallNext, CallOutput, ContentBlock, Layer, Message, ModelNext,
+    ModelRequest, ModelResponse, Role,
 };
 use hame_fs::AppendOptions;
 use hame_memory::TokenCounter;
@@ -161,12 +161,14 @@ impl<T, K: PartialEq> ByIdentity<T, K> {
 }
 
 impl SectionMemo {
-    /// The hash and count of `msg`'s JSON, measured once per shared message.
+    /// The hash and count of `msg`'s JSON ([`measured_json`]: an image as its hash and
+    /// fixed estimate), measured once per shared message.
     fn measure_message(&self, msg: &Message, counter: &dyn TokenCounter) -> (String, u64) {
         self.messages
             .get_or(msg.content.share_handle(), (msg.role, msg.usage), || {
-                let json = serde_json::to_string(msg).unwrap_or_default();
-                self.measure(&json, counter)
+                let (json, images) = measured_json(msg);
+                let (hash, counted) = self.measure(&json, counter);
+                (hash, counted + images)
             })
     }
 
@@ -326,6 +328,27 @@ fn message_kind(m: &Message) -> (Transform, Option<String>) {
     (Transform::Verbatim, None)
 }
 
+/// The JSON a message is measured by, and the tokens its images add: an image's data
+/// stands as the SHA-256 of its base64 (which still tells two images apart), counted at
+/// [`TOKENS_PER_IMAGE`](hame_memory::tokens::TOKENS_PER_IMAGE) — base64 counted as text
+/// would make a 1 MiB image some 700,000 tokens, and take the counter a second.
+fn measured_json(msg: &Message) -> (String, u64) {
+    let mut images = 0;
+    let json = if msg.images().next().is_none() {
+        serde_json::to_string(msg)
+    } else {
+        let mut m = msg.clone();
+        for block in &mut m.content {
+            if let ContentBlock::Image(i) = block {
+                i.data = format!("sha256:{}", short_hash(i.data.as_bytes()));
+                images += hame_memory::tokens::TOKENS_PER_IMAGE;
+            }
+        }
+        serde_json::to_string(&m)
+    };
+    (json.unwrap_or_default(), images)
+}
+
 /// The manifest's sections of `request`, counted with `counter`. Messages are counted as
 /// their JSON (what a provider is sent is close to it); consecutive verbatim messages make
 /// one range, whose count is the sum of its messages' and whose hash is the SHA-256 of its
@@ -386,8 +409,11 @@ pub fn manifest_with(
                     Some(span) => format!("summary:{}..{}", span.from, span.to),
                     None => format!("messages:{i}..{}", i + 1),
                 };
-                let json = serde_json::to_string(msg).unwrap_or_default();
-                out.push(m.section(source, &json, transform, why));
+                let (json, images) = measured_json(msg);
+                let mut section = m.section(source, &json, transform, why);
+                section.tokens += images;
+                section.counted += images;
+                out.push(section);
             }
         }
     }
@@ -644,6 +670,39 @@ mod tests {
                 why: None,
             })
             .collect()
+    }
+
+    /// An image counts its fixed estimate, not its base64 as text; two images of the same
+    /// size still hash apart.
+    #[test]
+    fn an_image_counts_its_estimate_and_hashes_its_bytes() {
+        let request = |data: &str| ModelRequest {
+            system: String::new(),
+            messages: vec![Message {
+                role: Role::User,
+                content: vec![ContentBlock::Image(hame_core::ImageBlock {
+                    media_type: "image/png".into(),
+                    data: data.repeat(100_000),
+                })]
+                .into(),
+                usage: None,
+            }],
+            tools: Vec::new(),
+            params: hame_core::ModelParams::default(),
+            cache_key: None,
+        };
+        let counter = hame_memory::EstimateCounter;
+        let a = manifest_of(&request("iVBORw0KGgo="), &counter);
+        let b = manifest_of(&request("iVBORw0KGgA="), &counter);
+        assert_eq!(a.len(), 1);
+        assert!(
+            a[0].counted > hame_memory::tokens::TOKENS_PER_IMAGE
+                && a[0].counted < hame_memory::tokens::TOKENS_PER_IMAGE + 100,
+            "{}",
+            a[0].counted
+        );
+        assert_eq!(a[0].counted, b[0].counted);
+        assert_ne!(a[0].hash, b[0].hash);
     }
 
     #[test]

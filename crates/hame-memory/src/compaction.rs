@@ -845,6 +845,9 @@ impl Compactor {
                             if r.is_error { " (error)" } else { "" },
                             clip_middle(&r.content, self.config.transcript_result_chars)
                         )),
+                        // The summary request names the image; its bytes stay out of the
+                        // summary prompt (and so out of the summary).
+                        ContentBlock::Image(i) => parts.push(i.describe()),
                     }
                 }
                 format!("#{} {who}: {}", span.from, parts.join("\n"))

@@ -204,6 +204,16 @@ fn compactor(config: CompactorConfig) -> Compactor {
     Compactor::new(config, Arc::new(EstimateCounter))
 }
 
+/// The summariser's transcript names an image; its base64 never reaches the prompt.
+#[test]
+fn the_transcript_names_an_image_and_leaves_its_bytes_out() {
+    let image = crate::test_support::big_image();
+    let m = Message::user_with_images("my cat", vec![image.clone()]);
+    let c = compactor(CompactorConfig::default());
+    let t = c.transcript(&[m], &CompactionState::default());
+    assert_eq!(t, vec![format!("#0 user: my cat\n{}", image.describe())]);
+}
+
 #[tokio::test]
 async fn compact_replaces_history_and_records_sequence_numbers() -> Result<()> {
     let (scripted, m) = model(vec![Reply::text("## Intent\nfirst summary")]);

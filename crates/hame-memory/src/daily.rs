@@ -417,6 +417,8 @@ fn render_for_flush(m: &Message, s: SeqSpan, o: &FlushOptions) -> String {
                 if r.is_error { " error" } else { "" },
                 clip_middle(&r.content, o.max_result_chars)
             )),
+            // Never the base64: a daily note is text the model reads back later.
+            ContentBlock::Image(i) => Some(i.describe()),
         })
         .collect();
     format!("#{} {who}: {}", s.from, parts.join("\n"))

@@ -99,6 +99,19 @@ fn conversation() -> Vec<Message> {
     ]
 }
 
+/// An image is named in the flush transcript, never pasted as base64.
+#[test]
+fn an_image_is_named_not_pasted_in_the_transcript() {
+    let image = crate::test_support::big_image();
+    let state = AgentState {
+        messages: vec![Message::user_with_images("my cat", vec![image.clone()])],
+        ..AgentState::default()
+    };
+    let (t, _) = pending_transcript(&state, &FlushOptions::default()).unwrap();
+    assert_eq!(t, format!("#0 user: my cat\n{}\n\n", image.describe()));
+    assert!(!t.contains("iVBOR"));
+}
+
 #[test]
 fn transcript_starts_at_the_watermark_and_clips_tool_io() {
     let mut state = AgentState {

@@ -69,6 +69,7 @@ pub fn fingerprint(message: &Message) -> u32 {
             ContentBlock::ToolResult(r) => {
                 s(s(mix(h, 4 + u64::from(r.is_error)), &r.id), &r.content)
             }
+            ContentBlock::Image(i) => s(s(mix(h, 6), &i.media_type), &i.data),
         };
     }
     h

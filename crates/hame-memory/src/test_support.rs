@@ -9,3 +9,12 @@ pub(crate) fn at(h: u32, m: u32) -> DateTime<Utc> {
         .map(|t| t.and_utc())
         .unwrap_or_else(|| panic!("no time {h}:{m}"))
 }
+
+/// An image of some 880 KiB (a PNG signature repeated): big enough that counting or pasting
+/// its base64 would show.
+pub(crate) fn big_image() -> hame_core::ImageBlock {
+    hame_core::ImageBlock {
+        media_type: "image/png".into(),
+        data: "iVBORw0KGgo=".repeat(100_000),
+    }
+}

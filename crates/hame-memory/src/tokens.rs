@@ -55,6 +55,13 @@ pub const TOKENS_PER_OTHER_CHAR: f64 = 0.6;
 pub const TOKENS_PER_MESSAGE: u64 = 4;
 /// Extra tokens counted per tool call or tool result block (ids, names, JSON framing).
 pub const TOKENS_PER_TOOL_BLOCK: u64 = 8;
+
+/// Tokens counted for one image, whatever its size: the most an image costs at Anthropic
+/// (about 1,600 tokens for the largest image it takes unscaled, 1.15 megapixels; larger
+/// ones are scaled down to that) and above OpenAI's high-detail cost of a 1024x1024 image
+/// (765). A fixed count reads high for small images, which errs on the side of compacting
+/// early rather than overflowing; decoding the image to measure it is not worth the time.
+pub const TOKENS_PER_IMAGE: u64 = 1_600;
 /// Extra tokens counted per tool specification.
 pub const TOKENS_PER_TOOL_SPEC: u64 = 8;
 
@@ -294,8 +301,9 @@ pub fn counter_for_model(model: &str) -> Arc<dyn TokenCounter> {
     Arc::new(EstimateCounter)
 }
 
-/// Tokens of one message: its text, reasoning, tool calls (name and arguments) and tool
-/// results, plus the per-message and per-block framing.
+/// Tokens of one message: its text, reasoning, tool calls (name and arguments), tool
+/// results and images ([`TOKENS_PER_IMAGE`] each), plus the per-message and per-block
+/// framing.
 pub fn message_tokens(counter: &dyn TokenCounter, message: &Message) -> u64 {
     let mut n = TOKENS_PER_MESSAGE;
     for block in &message.content {
@@ -307,6 +315,7 @@ pub fn message_tokens(counter: &dyn TokenCounter, message: &Message) -> u64 {
                 TOKENS_PER_TOOL_BLOCK + counter.count(&c.name) + counter.count(&c.arguments)
             }
             ContentBlock::ToolResult(r) => TOKENS_PER_TOOL_BLOCK + counter.count(&r.content),
+            ContentBlock::Image(_) => TOKENS_PER_IMAGE,
         };
     }
     n

@@ -81,6 +81,16 @@ fn request_tokens_include_all_parts() -> Result<(), serde_json::Error> {
     Ok(())
 }
 
+/// An image counts a fixed [`TOKENS_PER_IMAGE`], whatever the size of its base64.
+#[test]
+fn an_image_counts_a_fixed_estimate() {
+    let m = Message::user_with_images("abcd", vec![crate::test_support::big_image()]);
+    assert_eq!(
+        message_tokens(&EstimateCounter, &m),
+        TOKENS_PER_MESSAGE + 1 + TOKENS_PER_IMAGE
+    );
+}
+
 #[cfg(feature = "tiktoken")]
 mod tiktoken {
     use super::*;

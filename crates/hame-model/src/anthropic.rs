@@ -386,6 +386,10 @@ fn map_message(m: &Message) -> (&'static str, Vec<Value>) {
                 blocks.push(json!({"type": "tool_use", "id": c.id, "name": c.name,
                                    "input": tool_input(&c.arguments)}));
             }
+            ContentBlock::Image(i) if m.role == Role::User => {
+                blocks.push(json!({"type": "image", "source": {"type": "base64",
+                                   "media_type": i.media_type, "data": i.data}}));
+            }
             _ => {}
         }
     }

@@ -509,3 +509,41 @@ fn cached_share_over_a_200_turn_session() -> Result<(), serde_json::Error> {
     assert!(share >= 0.8, "cached share {share}");
     Ok(())
 }
+
+/// An image of a user message is a `base64` image source with the block's exact data, in
+/// the message's order; the cache breakpoint may land on it.
+#[test]
+fn a_user_image_is_a_base64_source() -> Result<(), serde_json::Error> {
+    let req = ModelRequest {
+        system: String::new(),
+        messages: vec![Message::user_with_images(
+            "what is this?",
+            vec![hame_core::ImageBlock {
+                media_type: "image/gif".into(),
+                data: "R0lGODlh".into(),
+            }],
+        )],
+        tools: Vec::new(),
+        params: ModelParams::default(),
+        cache_key: None,
+    };
+    let config = AnthropicConfig {
+        prompt_cache: false,
+        ..AnthropicConfig::new("claude-x")
+    };
+    let body = serde_json::to_value(request_body(&config, &req, false))?;
+    assert_eq!(
+        body["messages"],
+        json!([{"role": "user", "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/gif", "data": "R0lGODlh"}}
+        ]}])
+    );
+    let cached =
+        serde_json::to_value(request_body(&AnthropicConfig::new("claude-x"), &req, false))?;
+    assert_eq!(
+        cached["messages"][0]["content"][1]["cache_control"],
+        json!({"type": "ephemeral"})
+    );
+    Ok(())
+}

@@ -236,9 +236,47 @@ struct WireMessage<'a> {
     role: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_call_id: Option<&'a str>,
-    content: Option<Cow<'a, str>>,
+    content: Option<WireContent<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tool_calls: Vec<WireCall<'a>>,
+}
+
+/// A message's content: a string, or (a user message with images) a list of parts.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum WireContent<'a> {
+    Text(Cow<'a, str>),
+    Parts(Vec<WirePart<'a>>),
+}
+
+/// One content part: `{"type": "text", "text"}` or `{"type": "image_url", "image_url":
+/// {"url": "data:<media type>;base64,<data>"}}` (hame sends images inline only).
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WirePart<'a> {
+    Text { text: &'a str },
+    ImageUrl { image_url: WireImageUrl },
+}
+
+#[derive(Debug, Serialize)]
+struct WireImageUrl {
+    url: String,
+}
+
+/// The parts of a user message with images, in the message's order.
+fn parts_of(m: &Message) -> Vec<WirePart<'_>> {
+    m.content
+        .iter()
+        .filter_map(|b| match b {
+            ContentBlock::Text { text } if !text.is_empty() => Some(WirePart::Text { text }),
+            ContentBlock::Image(i) => Some(WirePart::ImageUrl {
+                image_url: WireImageUrl {
+                    url: format!("data:{};base64,{}", i.media_type, i.data),
+                },
+            }),
+            _ => None,
+        })
+        .collect()
 }
 
 impl<'a> WireMessage<'a> {
@@ -246,7 +284,7 @@ impl<'a> WireMessage<'a> {
         WireMessage {
             role,
             tool_call_id: None,
-            content: Some(content),
+            content: Some(WireContent::Text(content)),
             tool_calls: Vec::new(),
         }
     }
@@ -347,7 +385,7 @@ fn map_message<'a>(m: &'a Message, out: &mut Vec<WireMessage<'a>>) {
                     }
                 })
                 .collect();
-            let content = (!text.is_empty() || calls.is_empty()).then_some(text);
+            let content = (!text.is_empty() || calls.is_empty()).then_some(WireContent::Text(text));
             out.push(WireMessage {
                 role: "assistant",
                 tool_call_id: None,
@@ -360,11 +398,19 @@ fn map_message<'a>(m: &'a Message, out: &mut Vec<WireMessage<'a>>) {
                 out.push(WireMessage {
                     role: "tool",
                     tool_call_id: Some(&r.id),
-                    content: Some(Cow::Borrowed(&r.content)),
+                    content: Some(WireContent::Text(Cow::Borrowed(&r.content))),
                     tool_calls: Vec::new(),
                 });
             }
-            if !text.is_empty() || (m.role == Role::User && !m.content.iter().any(is_result)) {
+            if m.role == Role::User && m.images().next().is_some() {
+                out.push(WireMessage {
+                    role: "user",
+                    tool_call_id: None,
+                    content: Some(WireContent::Parts(parts_of(m))),
+                    tool_calls: Vec::new(),
+                });
+            } else if !text.is_empty() || (m.role == Role::User && !m.content.iter().any(is_result))
+            {
                 out.push(WireMessage::new("user", text));
             }
         }

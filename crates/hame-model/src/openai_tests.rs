@@ -306,3 +306,57 @@ proptest::proptest! {
         proptest::prop_assert_eq!(calls, vec![ToolCall { id: "c".into(), name: "t".into(), arguments: args.clone() }]);
     }
 }
+
+/// A user message with images: its content is a list of parts, each image an inline
+/// `data:` URL with the block's exact data; a text-only message keeps the plain string.
+#[test]
+fn a_user_message_with_images_is_sent_as_parts() -> Result<(), serde_json::Error> {
+    let image = |mt: &str, data: &str| {
+        ContentBlock::Image(hame_core::ImageBlock {
+            media_type: mt.into(),
+            data: data.into(),
+        })
+    };
+    let req = ModelRequest {
+        system: String::new(),
+        messages: vec![
+            Message {
+                role: Role::User,
+                content: vec![
+                    ContentBlock::Text {
+                        text: "compare these".into(),
+                    },
+                    image("image/png", "iVBORw0KGgo="),
+                    image("image/webp", "UklGRg=="),
+                ]
+                .into(),
+                usage: None,
+            },
+            Message::assistant("the first is a PNG"),
+            Message {
+                role: Role::User,
+                content: vec![image("image/jpeg", "/9j/4A==")].into(),
+                usage: None,
+            },
+        ],
+        tools: Vec::new(),
+        params: ModelParams::default(),
+        cache_key: None,
+    };
+    let body = serde_json::to_value(request_body(&OpenAiConfig::new("m"), &req, false))?;
+    assert_eq!(
+        body["messages"],
+        json!([
+            {"role": "user", "content": [
+                {"type": "text", "text": "compare these"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+                {"type": "image_url", "image_url": {"url": "data:image/webp;base64,UklGRg=="}}
+            ]},
+            {"role": "assistant", "content": "the first is a PNG"},
+            {"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/4A=="}}
+            ]}
+        ])
+    );
+    Ok(())
+}

@@ -384,6 +384,7 @@ fn render_record(out: &mut String, session_id: &str, record: &LogRecord, limits:
                     result.id, result.content
                 );
             }
+            ContentBlock::Image(image) => body.push_str(&image.describe()),
         }
     }
     let total = body.chars().count();

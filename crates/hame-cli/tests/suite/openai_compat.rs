@@ -325,9 +325,9 @@ async fn chat_completions_refuse_what_they_cannot_honour_in_openai_error_shape()
         (
             json!({"model": "hame", "messages": [{"role": "user", "content": [
                 {"type": "text", "text": "what is this?"},
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+                {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
             ]}]}),
-            "messages[0].content[1]",
+            "messages[0].content[1].image_url.url",
             "unsupported_parameter",
         ),
         (
@@ -1125,5 +1125,179 @@ async fn a_forged_or_foreign_tool_call_id_reaches_no_other_session() -> TestResu
         !dir.path().join("ws/bob/agents/hame/sessions").exists()
             || std::fs::read_dir(dir.path().join("ws/bob/agents/hame/sessions"))?.count() == 0
     );
+    Ok(())
+}
+
+/// A 1x1 PNG, the bytes the clients attach.
+const PNG_B64: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==";
+
+const IMAGES_PY: &str = r#"
+import json, sys, openai
+from openai import OpenAI
+client = OpenAI(base_url=sys.argv[1], api_key="unused")
+png = "data:image/png;base64,PNG_B64"
+out = {}
+first = [{"role": "user", "content": [
+    {"type": "text", "text": "What is in this image?"},
+    {"type": "image_url", "image_url": {"url": png, "detail": "auto"}}]}]
+r = client.chat.completions.create(model="hame", messages=first, extra_headers={"X-Hame-Session": "pics"})
+out["first"] = r.choices[0].message.content
+# The second turn resends the history, image included: recognised, not a conflict.
+again = first + [{"role": "assistant", "content": r.choices[0].message.content},
+                 {"role": "user", "content": "And its colour?"}]
+r = client.chat.completions.create(model="hame", messages=again, extra_headers={"X-Hame-Session": "pics"})
+out["second"] = r.choices[0].message.content
+# A history whose image differs from the session's is a conflict.
+other = json.loads(json.dumps(again))
+other[0]["content"][1]["image_url"]["url"] = "data:image/gif;base64,R0lGODlhAQABAIAAAAAAAP///yH5BAEAAAAALAAAAAABAAEAAAIBRAA7"
+try:
+    client.chat.completions.create(model="hame", messages=other, extra_headers={"X-Hame-Session": "pics"})
+    out["other"] = "accepted"
+except openai.ConflictError as e:
+    out["other"] = [e.status_code, e.body["code"]]
+# A URL hame would have to fetch is refused, naming the field.
+try:
+    client.chat.completions.create(model="hame", messages=[{"role": "user", "content": [
+        {"type": "text", "text": "see"},
+        {"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest/meta-data/"}}]}])
+    out["http"] = "accepted"
+except openai.BadRequestError as e:
+    out["http"] = [e.status_code, e.body["code"], e.body["param"], e.body["message"]]
+# The Responses route: an input_image part.
+r = client.responses.create(model="hame", input=[{"role": "user", "content": [
+    {"type": "input_text", "text": "Describe it."},
+    {"type": "input_image", "image_url": png, "detail": "auto"}]}])
+out["responses"] = r.output_text
+print(json.dumps(out))
+"#;
+
+/// The official SDK sends an image as a data: URL: the scripted model's request carries it
+/// with the exact bytes, the reply comes back, the session log holds the image block, a
+/// resent history with the image is recognised (and one with another image is a conflict),
+/// a URL to fetch is refused naming its field; the Responses route takes `input_image`.
+#[tokio::test]
+async fn the_openai_sdk_sends_images_inline_to_the_model() -> TestResult {
+    let Some(py) = python("openai-venv", "openai>=1.50,<3", "openai") else {
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    model.push_all([
+        ScriptStep::text("A single pixel."),
+        ScriptStep::text("Red."),
+        ScriptStep::text("A pixel, again."),
+    ]);
+    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
+    let script = IMAGES_PY.replace("PNG_B64", PNG_B64);
+    let got = run_py(py, dir.path(), &script, serve.at("/v1")).await?;
+    assert_eq!(got["first"], "A single pixel.");
+    assert_eq!(got["second"], "Red.");
+    assert_eq!(got["other"], json!([409, "history_mismatch"]));
+    assert_eq!(got["http"][0], 400);
+    assert_eq!(got["http"][1], "unsupported_parameter");
+    assert_eq!(got["http"][2], "messages[0].content[1].image_url.url");
+    assert!(
+        got["http"][3]
+            .as_str()
+            .is_some_and(|m| m.contains("send the image inline as a data: URL")),
+        "{got}"
+    );
+    assert_eq!(got["responses"], "A pixel, again.");
+    let image_part = json!({"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{PNG_B64}")}});
+    let reqs = model.requests();
+    assert_eq!(reqs.len(), 3, "the refused requests reached no model");
+    let user = |i: usize| -> Vec<Value> {
+        reqs[i].body["messages"]
+            .as_array()
+            .map(|m| m.iter().filter(|m| m["role"] == "user").cloned().collect())
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        user(0),
+        vec![json!({"role": "user", "content": [
+            {"type": "text", "text": "What is in this image?"}, image_part.clone()
+        ]})]
+    );
+    // The second request: the image stays in the conversation, the new text follows.
+    assert_eq!(user(1)[0], user(0)[0]);
+    assert_eq!(
+        user(1)[1],
+        json!({"role": "user", "content": "And its colour?"})
+    );
+    assert_eq!(
+        user(2),
+        vec![json!({"role": "user", "content": [
+            {"type": "text", "text": "Describe it."}, image_part
+        ]})]
+    );
+    // The session log holds the image block as the model got it, once.
+    let log = ws_log(dir.path(), None, "pics");
+    assert_eq!(
+        texts(&log),
+        vec![
+            "user: What is in this image?",
+            "assistant: A single pixel.",
+            "user: And its colour?",
+            "assistant: Red."
+        ]
+    );
+    assert_eq!(
+        log[0]["message"]["content"][1],
+        json!({"type": "image", "media_type": "image/png", "data": PNG_B64})
+    );
+    Ok(())
+}
+
+/// A 1.2 MB image (1.6 MB of base64) is 413 under the default 1 MiB body limit and
+/// reaches the model, bytes intact, with `--max-body` raised; past 5 MiB decoded it is
+/// refused whatever the limit. (The scripted model server takes 2 MiB bodies.)
+#[tokio::test]
+async fn max_body_lets_a_larger_image_through_up_to_the_image_limit() -> TestResult {
+    use base64::Engine as _;
+    let image = |n: usize| {
+        let mut bytes = b"\x89PNG\r\n\x1a\n".to_vec();
+        bytes.resize(n, 7);
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    };
+    let body = |data: &str| {
+        json!({"model": "hame", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "big?"},
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{data}")}}
+        ]}]})
+    };
+    let larger = image(1_200_000);
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    model.push(ScriptStep::text("Big."));
+    let small = Serve::start(dir.path(), &model.base_url(), &[])?;
+    let (status, got) = post(&small.at("/v1/chat/completions"), body(&larger)).await?;
+    assert_eq!(
+        (status, &got["error"]["code"]),
+        (413, &json!("body_too_large"))
+    );
+    drop(small);
+    let other = tempfile::tempdir()?;
+    let large = Serve::start(other.path(), &model.base_url(), &["--max-body", "16777216"])?;
+    let url = large.at("/v1/chat/completions");
+    let (status, got) = post(&url, body(&larger)).await?;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["choices"][0]["message"]["content"], "Big.");
+    let sent = &model.requests()[0].body["messages"];
+    let last = sent
+        .as_array()
+        .and_then(|m| m.last())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        last["content"][1]["image_url"]["url"],
+        json!(format!("data:image/png;base64,{larger}"))
+    );
+    let (status, got) = post(&url, body(&image(5 * 1024 * 1024 + 1))).await?;
+    assert_eq!(status, 400, "{got}");
+    assert_eq!(
+        got["error"]["param"],
+        "messages[0].content[1].image_url.url"
+    );
+    assert_eq!(model.requests().len(), 1);
     Ok(())
 }

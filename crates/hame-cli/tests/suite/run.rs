@@ -395,3 +395,81 @@ async fn state_of_a_newer_hame_exits_2_and_writes_nothing() -> TestResult {
     }
     Ok(())
 }
+
+/// `hame run --image FILE`: the model's request carries the file inline with its exact
+/// bytes, the session log keeps the block; a file that is not an image, a missing one and
+/// an oversized one each end with one line that names it, before any model request.
+#[tokio::test]
+async fn run_sends_an_image_file_inline_and_refuses_what_is_not_one() -> TestResult {
+    use base64::Engine as _;
+    let dir = workspace()?;
+    let ws = dir.path().join("ws");
+    let ws_arg = ws.to_string_lossy().into_owned();
+    // A 1x1 GIF.
+    let gif = base64::engine::general_purpose::STANDARD
+        .decode("R0lGODlhAQABAIAAAAAAAP///yH5BAEAAAAALAAAAAABAAEAAAIBRAA7")?;
+    fs::write(dir.path().join("dot.gif"), &gif)?;
+    fs::write(dir.path().join("notes.png"), "not an image")?;
+    let mut big = b"\x89PNG\r\n\x1a\n".to_vec();
+    big.resize(hame::ImageBlock::MAX_BYTES + 1, 0);
+    fs::write(dir.path().join("big.png"), big)?;
+    let (out, server) = super::common::run_script(
+        dir.path(),
+        &[
+            "--workspace",
+            &ws_arg,
+            "--session",
+            "pic",
+            "--image",
+            "dot.gif",
+        ],
+        "what is this?",
+        vec![ScriptStep::text("A dot.")],
+        &[],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "A dot.");
+    let url = format!(
+        "data:image/gif;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(&gif)
+    );
+    let user: Vec<serde_json::Value> = server.requests()[0].body["messages"]
+        .as_array()
+        .map(|m| m.iter().filter(|m| m["role"] == "user").cloned().collect())
+        .unwrap_or_default();
+    assert_eq!(
+        user,
+        vec![serde_json::json!({"role": "user", "content": [
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": url}}
+        ]})]
+    );
+    let log = fs::read_to_string(ws.join("agents/hame/sessions/pic.log.jsonl"))?;
+    let first: serde_json::Value = serde_json::from_str(log.lines().next().unwrap_or("{}"))?;
+    assert_eq!(first["message"]["content"][1]["type"], "image");
+    assert_eq!(first["message"]["content"][1]["media_type"], "image/gif");
+    for (file, says) in [
+        (
+            "notes.png",
+            "notes.png is not a PNG, JPEG, GIF or WebP image",
+        ),
+        ("missing.png", "cannot read image missing.png"),
+        ("big.png", "image big.png is larger than 5 MiB"),
+    ] {
+        let (out, server) = super::common::run_script(
+            dir.path(),
+            &["--workspace", &ws_arg, "--image", file],
+            "what is this?",
+            vec![ScriptStep::text("must not be asked")],
+            &[],
+        )
+        .await?;
+        let err = stderr(&out);
+        assert_ne!(out.status.code(), Some(0), "{file}");
+        assert_eq!(err.lines().count(), 1, "{file}: {err}");
+        assert!(err.contains(says), "{file}: {err}");
+        assert_eq!(server.requests().len(), 0, "{file}: the model was asked");
+    }
+    Ok(())
+}

@@ -4,6 +4,7 @@ mod anthropic;
 mod diagnostics;
 mod endpoints;
 mod errors;
+mod images;
 mod open;
 mod openai;
 
