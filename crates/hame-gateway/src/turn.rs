@@ -361,24 +361,17 @@ async fn run(
     drop(sink);
     let outcome = match result {
         Ok(out) => {
-            let mut body = json!({
-                "reply": out.reply.text_content(),
-                "session": ctx.session_id,
-                "user": ctx.user_id,
-                "usage": out.usage,
-                "iterations": out.iterations,
+            let verdict = out.verification.as_ref().map(|v| {
+                let unverified = v.status == hame::VerificationStatus::Unverified;
+                (unverified, json!(v))
             });
-            // A turn with required checks says whether its evidence backs it
-            // (docs/evidence.md): `status` is `completed` or `unverified`.
-            if let (Some(v), Some(o)) = (&out.verification, body.as_object_mut()) {
-                let status = match v.status {
-                    hame::VerificationStatus::Verified => "completed",
-                    hame::VerificationStatus::Unverified => "unverified",
-                };
-                o.insert("status".into(), json!(status));
-                o.insert("verification".into(), json!(v));
-            }
-            let body = for_callers(body);
+            let body = turn_reply(
+                json!(out.reply.text_content()),
+                (&ctx.session_id, ctx.user_id.as_deref()),
+                json!(out.usage),
+                u64::try_from(out.iterations).unwrap_or(u64::MAX),
+                verdict,
+            );
             ended.push(emit("finished", body.clone(), true).await);
             Outcome::Finished(body)
         }
@@ -630,6 +623,36 @@ async fn finish_own(
     }
 }
 
+/// A finished turn as callers see it: `{reply, session, user, usage, iterations}` and, for a
+/// turn with required checks, whether its evidence backs it (docs/evidence.md): `status`
+/// `completed` or `unverified` (`verdict.0`) and the `verification` (`verdict.1`). The one
+/// shape for a turn run in the request and for one a worker ran.
+fn turn_reply(
+    reply: Value,
+    (session, user): (&str, Option<&str>),
+    usage: Value,
+    iterations: u64,
+    verdict: Option<(bool, Value)>,
+) -> Value {
+    let mut body = json!({
+        "reply": reply,
+        "session": session,
+        "user": user,
+        "usage": usage,
+        "iterations": iterations,
+    });
+    if let (Some((unverified, v)), Some(o)) = (verdict, body.as_object_mut()) {
+        let status = if unverified {
+            "unverified"
+        } else {
+            "completed"
+        };
+        o.insert("status".into(), json!(status));
+        o.insert("verification".into(), v);
+    }
+    for_callers(body)
+}
+
 /// Waits for a run a worker executes and answers with its end, as the turn would have
 /// (`iterations` from the run's `usage.requests`; SSE gets only the ending events).
 async fn wait_for_run(
@@ -672,25 +695,17 @@ async fn wait_for_run(
                 .and_then(|o| o.remove("requests"))
                 .and_then(|n| n.as_u64())
                 .unwrap_or(0);
-            let mut body = json!({
-                "reply": run.reply,
-                "session": run.session,
-                "user": run.user,
-                "usage": usage,
-                "iterations": iterations,
-            });
-            if let Some(o) = body.as_object_mut()
-                && let Some(v) = &run.verification
-            {
-                let status = if run.status == RunStatus::Unverified {
-                    "unverified"
-                } else {
-                    "completed"
-                };
-                o.insert("status".into(), json!(status));
-                o.insert("verification".into(), v.clone());
-            }
-            let body = for_callers(body);
+            let verdict = run
+                .verification
+                .clone()
+                .map(|v| (run.status == RunStatus::Unverified, v));
+            let body = turn_reply(
+                json!(run.reply),
+                (&run.session, run.user.as_deref()),
+                usage,
+                iterations,
+                verdict,
+            );
             emit("finished", body.clone(), true).await;
             Outcome::Finished(body)
         }
