@@ -213,7 +213,17 @@ next_handle!(
     AppendNext
 );
 
-impl CallNext<'_> {
+impl<'a> CallNext<'a> {
+    /// The append chain of the rest of the stack: a message a call layer adds before the
+    /// loop runs (a result settled on resumption, say) passes the [`Layer::append`] of every
+    /// layer below it, as the loop's own messages do, so it is recorded like them.
+    pub fn appender(&self) -> AppendNext<'a> {
+        AppendNext {
+            layers: self.layers,
+            core: self.core,
+        }
+    }
+
     /// Runs the rest of the stack, then the loop itself.
     pub async fn run(self, cx: &mut CallCtx<'_>, input: CallInput) -> Result<crate::CallOutput> {
         match self.split() {

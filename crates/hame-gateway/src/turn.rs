@@ -241,10 +241,7 @@ fn start_recorded(
                 claim,
                 beats,
             })) => {
-                ctx.extras.insert(
-                    hame::harness::RUN_ID_EXTRA.to_owned(),
-                    Value::String(claim.run.id.clone()),
-                );
+                crate::worker::run_context(&mut ctx, &claim);
                 let done = run(&me, &agent, &key, &ctx, input, &tx, &cancel).await;
                 beats.stop();
                 finish_own(&me, queue.as_ref(), &claim, &beats, &done.0).await;

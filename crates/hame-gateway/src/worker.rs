@@ -292,15 +292,7 @@ impl Worker {
         ctx.user_id = run.user.clone();
         ctx.extras
             .extend(extras.iter().map(|(k, v)| (k.clone(), v.clone())));
-        ctx.extras.insert(
-            hame::harness::RUN_ID_EXTRA.to_owned(),
-            serde_json::Value::String(run.id.clone()),
-        );
-        // Above 1: taken over; the call adopts what the dead worker logged of the turn.
-        ctx.extras.insert(
-            hame::harness::RUN_ATTEMPT_EXTRA.to_owned(),
-            serde_json::Value::from(claim.attempt),
-        );
+        run_context(&mut ctx, claim);
         if !verify.is_empty() {
             ctx = hame::harness::evidence::require_checks(ctx, verify, verify_attempts);
         }
@@ -468,6 +460,20 @@ impl Worker {
     }
 }
 
+/// Names the claimed run and its attempt in a call's context: the harness tags the
+/// call's records with both, saves them with the state, and above the attempt the state
+/// holds adopts what earlier attempts logged and did not save (docs/replicas.md).
+pub(crate) fn run_context(ctx: &mut RuntimeContext, claim: &Claim) {
+    ctx.extras.insert(
+        hame::harness::RUN_ID_EXTRA.to_owned(),
+        serde_json::Value::String(claim.run.id.clone()),
+    );
+    ctx.extras.insert(
+        hame::harness::RUN_ATTEMPT_EXTRA.to_owned(),
+        serde_json::Value::from(claim.attempt),
+    );
+}
+
 /// The end of a message run's turn: its reply (`completed`, or `unverified` when its
 /// required checks' verdict says so, docs/evidence.md), the calls that wait
 /// (`waiting_approval`), `cancelled` when a cancel of the run stopped it, else `failed`.
@@ -541,10 +547,7 @@ pub async fn resume_claimed(
         ctx.extras
             .extend(extras.iter().map(|(k, v)| (k.clone(), v.clone())));
     }
-    ctx.extras.insert(
-        hame::harness::RUN_ID_EXTRA.to_owned(),
-        serde_json::Value::String(claim.run.id.clone()),
-    );
+    run_context(&mut ctx, &claim);
     let stop = cancel.child_token();
     let beats = Beating::start(
         queue.clone(),

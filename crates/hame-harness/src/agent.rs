@@ -1409,21 +1409,29 @@ impl HarnessAgent {
             Ok(None) => (AgentState::default(), None),
             Err(e) => return (Err(e), 0),
         };
-        // A durable run's calls carry its id in their call id, so the records each attempt
-        // logs are the run's; a takeover adopts those its dead predecessor logged but did
-        // not save (docs/replicas.md).
-        let run_id = ctx.extras.get(RUN_ID_EXTRA).and_then(|v| v.as_str());
-        let adopted = match run_id {
-            Some(run) if taken_over(ctx, &state, run) => {
-                match crate::adopt::logged_turn(ws, &self.inner.name, &ctx.session_id, run).await {
-                    Ok(a) => a,
-                    Err(e) => return (Err(e), 0),
+        // A durable run's calls carry its id and the claim's attempt in their call id, so
+        // the records each attempt logs are known; a later attempt adopts those of the
+        // attempts that logged and died before saving (docs/replicas.md).
+        let run = crate::adopt::run_attempt(ctx);
+        let adopted = match run {
+            Some((run, attempt)) => {
+                let saved = crate::adopt::saved_attempt(&state, run);
+                if saved.saturating_add(1) < attempt {
+                    let span = (saved, attempt);
+                    let logged =
+                        crate::adopt::logged_turn(ws, &self.inner.name, &ctx.session_id, run, span);
+                    match logged.await {
+                        Ok(a) => a,
+                        Err(e) => return (Err(e), 0),
+                    }
+                } else {
+                    None
                 }
             }
-            _ => None,
+            None => None,
         };
-        let call_id = match run_id {
-            Some(run) => format!("{run}.{}", uuid::Uuid::new_v4()),
+        let call_id = match run {
+            Some((run, attempt)) => crate::adopt::call_id(run, attempt),
             None => uuid::Uuid::new_v4().to_string(),
         };
         let mut runtime = ctx.clone();
@@ -1511,10 +1519,10 @@ impl HarnessAgent {
         // A durable run's id goes into the state it ran in, with the same fenced save, so a
         // worker that takes the run over after a crash sees that its turn already happened
         // (docs/replicas.md).
-        if let Some(run) = ctx.extras.get(RUN_ID_EXTRA).and_then(|v| v.as_str()) {
+        if let Some((run, attempt)) = run {
             state.extensions.insert(
                 RUNS_EXTENSION.to_owned(),
-                serde_json::json!({ "last": run }),
+                crate::adopt::saved_marker(run, attempt),
             );
         }
         hame_core::failpoint("call.before-save");
@@ -1555,26 +1563,13 @@ impl HarnessAgent {
 /// The [`RuntimeContext::extras`] key of the durable run a call executes (a string, the
 /// run id); the harness writes it into the saved state's [`RUNS_EXTENSION`].
 pub const RUN_ID_EXTRA: &str = "hame.run_id";
-/// The state extension `{"last": "<run id>"}`: the last durable run whose turn was saved.
+/// The state extension `{"last": "<run id>", "attempt": n}`: the last durable run whose
+/// turn was saved, and the attempt (the claim) that saved it.
 pub const RUNS_EXTENSION: &str = "runs";
 /// The [`RuntimeContext::extras`] key of a durable run's claim count (a number; 1 for its
 /// first claim): above 1, the run was taken over from a worker that died, and the call
 /// adopts what that worker logged of the turn but did not save.
 pub const RUN_ATTEMPT_EXTRA: &str = "hame.run_attempt";
-
-/// A durable run taken over (claimed before) whose turn the saved state does not hold.
-fn taken_over(ctx: &RuntimeContext, state: &AgentState, run: &str) -> bool {
-    let attempt = ctx
-        .extras
-        .get(RUN_ATTEMPT_EXTRA)
-        .and_then(serde_json::Value::as_u64);
-    let saved = state
-        .extensions
-        .get(RUNS_EXTENSION)
-        .and_then(|v| v.get("last"))
-        .and_then(|v| v.as_str());
-    attempt.is_some_and(|a| a > 1) && saved != Some(run)
-}
 
 /// The declared user ids, each checked by the one id rule (a bad one is a configuration
 /// error naming it).

@@ -449,6 +449,135 @@ impl IntentLayer {
     }
 }
 
+impl IntentLayer {
+    /// The session's intents without an end, except those of this call (`pending`: it ran
+    /// them and holds their ends) and those whose result the conversation's last turn
+    /// holds (a turn a takeover adopted from the log: those calls returned, and their ends
+    /// were lost with the process), whose `done` ends are written now; and the keys of the
+    /// calls reported unknown. A file holding only resolved records past its bound is
+    /// dropped.
+    async fn open_intents(
+        &self,
+        cx: &CallCtx<'_>,
+        ws: &Workspace,
+        pending: Option<&PendingEnds>,
+    ) -> (Vec<IntentRecord>, Vec<(String, String, String)>) {
+        let session = &cx.runtime.session_id;
+        let (records, size) = match self.read(ws, session).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(session = %session, error = %e, "reading the tool call intents failed");
+                return (Vec::new(), Vec::new());
+            }
+        };
+        let mut open = unresolved(&records);
+        if let Some(p) = pending {
+            open.retain(|r| !p.holds(&r.call_id));
+        }
+        let answered = answered_in_last_turn(&cx.state.messages);
+        let (returned, open): (Vec<IntentRecord>, Vec<IntentRecord>) = open
+            .into_iter()
+            .partition(|r| answered.contains(r.call_id.as_str()));
+        if !returned.is_empty() {
+            let ends: Vec<IntentRecord> = returned
+                .iter()
+                .map(|r| end_record(&r.call_id, "done"))
+                .collect();
+            let written = match self.path(session) {
+                Ok(path) => write_records(ws, &path, &ends, AppendOptions::atomic()).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = written {
+                tracing::warn!(session = %session, error = %e, "marking adopted tool calls done failed");
+            }
+        }
+        // Everything in it is resolved: a file past its bound is dropped (the session lease
+        // keeps this call alone in the session, so no tool call of it is writing).
+        if open.is_empty()
+            && returned.is_empty()
+            && size > MAX_RESOLVED_BYTES
+            && let Ok(path) = self.path(session)
+            && let Err(e) = ws
+                .records()
+                .delete(&path, hame_fs::DeleteOptions::default())
+                .await
+        {
+            tracing::debug!(session = %session, error = %e, "dropping resolved intents failed");
+        }
+        (open, unknown_keys(&records))
+    }
+
+    /// Settles the `open` calls — reconciled, run again or `outcome_unknown` — puts them
+    /// back in the conversation through `next` (so the log records them), marks their ends,
+    /// and hands the keys of the calls reported unknown to the call's tools (`unknown`).
+    async fn settle_open(
+        &self,
+        cx: &mut CallCtx<'_>,
+        ws: &Workspace,
+        (open, mut keys): (Vec<IntentRecord>, Vec<(String, String, String)>),
+        next: AppendNext<'_>,
+        unknown: Option<&UnknownKeys>,
+    ) -> Result<()> {
+        if open.is_empty() {
+            if let Some(k) = unknown {
+                k.set(keys);
+            }
+            return Ok(());
+        }
+        let session = cx.runtime.session_id.clone();
+        let mut settled = Vec::with_capacity(open.len());
+        for r in open {
+            let (how, facts) = self.settle(cx, &r).await;
+            if how == Settled::Unknown
+                && let (Some(t), Some(a), Some(k)) = (&r.tool, &r.args, &r.key)
+            {
+                keys.push((t.clone(), a.clone(), k.clone()));
+            }
+            settled.push((r, how, facts));
+        }
+        if let Some(k) = unknown {
+            k.set(keys);
+        }
+        tracing::warn!(session = %session, calls = settled.len(), "tool calls whose process died: reconciled, run again or reported as outcome_unknown");
+        let pairs: Vec<(IntentRecord, Settled)> = settled
+            .iter()
+            .map(|(r, how, _)| (r.clone(), how.clone()))
+            .collect();
+        for m in settled_messages(&pairs) {
+            next.run(cx, m).await?;
+        }
+        self.observe(cx, ws, &settled).await;
+        // In the conversation (and its log) first, then marked: a crash in between reports
+        // them once more rather than never.
+        let ends: Vec<IntentRecord> = pairs
+            .iter()
+            .map(|(r, how)| end_record(&r.call_id, how.end()))
+            .collect();
+        let written = match self.path(&session) {
+            Ok(path) => write_records(ws, &path, &ends, AppendOptions::atomic()).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
+            tracing::warn!(session = %session, error = %e, "marking tool call intents failed");
+        }
+        Ok(())
+    }
+}
+
+/// The ids of the tool calls answered by a result since the conversation's last user
+/// message.
+fn answered_in_last_turn(messages: &[Message]) -> std::collections::BTreeSet<&str> {
+    let start = messages
+        .iter()
+        .rposition(|m| m.role == Role::User)
+        .map_or(0, |i| i + 1);
+    messages[start..]
+        .iter()
+        .flat_map(Message::tool_results_iter)
+        .map(|r| r.id.as_str())
+        .collect()
+}
+
 #[async_trait]
 impl Layer for IntentLayer {
     fn name(&self) -> &str {
@@ -462,9 +591,22 @@ impl Layer for IntentLayer {
         next: CallNext<'_>,
     ) -> Result<CallOutput> {
         let mut extensions = cx.extensions.clone();
-        extensions.insert_arc(Arc::new(UnknownKeys::default()));
+        let unknown = Arc::new(UnknownKeys::default());
+        extensions.insert_arc(unknown.clone());
         let pending = Arc::new(PendingEnds::default());
         extensions.insert_arc(pending.clone());
+        // A turn taken over from a process that died goes on without a new message: the
+        // calls that process left cut are settled here, before the model is asked again
+        // (a new message settles them in `append`).
+        if let (CallInput::Continue { .. }, None, Some(ws)) = (
+            &input,
+            &cx.state.pending,
+            cx.extensions.get::<Workspace>().cloned(),
+        ) {
+            let open = self.open_intents(cx, &ws, None).await;
+            self.settle_open(cx, &ws, open, next.appender(), Some(&unknown))
+                .await?;
+        }
         let out = next.run_with(cx, &extensions, input).await;
         let ends = pending.take();
         if let (false, Some(ws)) = (ends.is_empty(), cx.extensions.get::<Workspace>()) {
@@ -493,80 +635,14 @@ impl Layer for IntentLayer {
         let (Some(ws), Role::User, None) = (ws, message.role, &cx.state.pending) else {
             return next.run(cx, message).await;
         };
-        let session = cx.runtime.session_id.clone();
         // A user message in the middle of the call (a subagent's result delivered between
         // steps): the calls this call ran have returned, their ends are waiting here.
         let pending = cx.extensions.get_arc::<PendingEnds>();
-        let (unknown, keys) = match self.read(&ws, &session).await {
-            Ok((records, size)) => {
-                let mut open = unresolved(&records);
-                if let Some(p) = &pending {
-                    open.retain(|r| !p.holds(&r.call_id));
-                }
-                // Everything in it is resolved: a file past its bound is dropped (the
-                // session lease keeps this call alone in the session, so no tool call of
-                // it is writing).
-                if open.is_empty()
-                    && size > MAX_RESOLVED_BYTES
-                    && let Ok(path) = self.path(&session)
-                    && let Err(e) = ws
-                        .records()
-                        .delete(&path, hame_fs::DeleteOptions::default())
-                        .await
-                {
-                    tracing::debug!(session = %session, error = %e, "dropping resolved intents failed");
-                }
-                (open, unknown_keys(&records))
-            }
-            Err(e) => {
-                tracing::warn!(session = %session, error = %e, "reading the tool call intents failed");
-                (Vec::new(), Vec::new())
-            }
-        };
+        let open = self.open_intents(cx, &ws, pending.as_deref()).await;
         next.run(cx, message).await?;
-        let mut keys = keys;
-        if unknown.is_empty() {
-            if let Some(k) = cx.extensions.get::<UnknownKeys>() {
-                k.set(keys);
-            }
-            return Ok(());
-        }
-        let mut settled = Vec::with_capacity(unknown.len());
-        for r in unknown {
-            let (how, facts) = self.settle(cx, &r).await;
-            if how == Settled::Unknown
-                && let (Some(t), Some(a), Some(k)) = (&r.tool, &r.args, &r.key)
-            {
-                keys.push((t.clone(), a.clone(), k.clone()));
-            }
-            settled.push((r, how, facts));
-        }
-        if let Some(k) = cx.extensions.get::<UnknownKeys>() {
-            k.set(keys);
-        }
-        tracing::warn!(session = %session, calls = settled.len(), "tool calls whose process died: reconciled, run again or reported as outcome_unknown");
-        let pairs: Vec<(IntentRecord, Settled)> = settled
-            .iter()
-            .map(|(r, how, _)| (r.clone(), how.clone()))
-            .collect();
-        for m in settled_messages(&pairs) {
-            next.run(cx, m).await?;
-        }
-        self.observe(cx, &ws, &settled).await;
-        // In the conversation (and its log) first, then marked: a crash in between reports
-        // them once more rather than never.
-        let ends: Vec<IntentRecord> = pairs
-            .iter()
-            .map(|(r, how)| end_record(&r.call_id, how.end()))
-            .collect();
-        let written = match self.path(&session) {
-            Ok(path) => write_records(&ws, &path, &ends, AppendOptions::atomic()).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = written {
-            tracing::warn!(session = %session, error = %e, "marking tool call intents failed");
-        }
-        Ok(())
+        let unknown = cx.extensions.get_arc::<UnknownKeys>();
+        self.settle_open(cx, &ws, open, next, unknown.as_deref())
+            .await
     }
 }
 

@@ -2250,3 +2250,178 @@ backend_tests!(a_decided_leg_cut_by_a_kill_is_not_run_again {
     a_decided_leg_cut_by_a_kill_is_not_run_again_on_postgres: "HAME_TEST_POSTGRES_URL",
     a_decided_leg_cut_by_a_kill_is_not_run_again_on_redis: "HAME_TEST_REDIS_URL",
 });
+
+/// A decided leg killed after it logged the tool's result and the reply, before it saved
+/// them (failpoint `call.before-save` on the replica the decision was posted to): the
+/// worker that takes the run over adopts the leg from the log. The approved command ran
+/// once, the model was not asked again, and the log holds every record once.
+async fn a_decided_leg_logged_but_not_saved_is_adopted(state: &str) -> TestResult {
+    if !cfg!(feature = "failpoints") {
+        hame_test_env::skip(
+            "the run takeover kill tests need `--features failpoints` (CI runs --all-features)",
+        );
+        return Ok(());
+    }
+    let model = ScriptedServer::start().await?;
+    model.set_responder(|r: &RecordedRequest| {
+        let after_tool = r.body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .is_some_and(|m| m["role"] == "tool");
+        if after_tool {
+            ScriptStep::text("counted")
+        } else if r.last_user_text().as_deref() == Some("count it") {
+            ScriptStep::tool_call(
+                "c1",
+                "execute",
+                json!({"command": "echo once >> count.txt"}),
+            )
+        } else {
+            ScriptStep::text("again done")
+        }
+    });
+    let r = AskingReplicas::start(state, &model)?;
+    let (id, approval) = r.waiting("count it").await?;
+    let args = ["--agent", &r.agent, "--state", state, "--run-lapse", "2"];
+    let mut dying = Serve::start_named(
+        r.dir.path(),
+        "dying",
+        &model.base_url(),
+        &args,
+        &[("HAME_FAILPOINT", "call.before-save")],
+    )?;
+    let decided = r
+        .http
+        .post(dying.at(&format!("/v1/sessions/s/approvals/{approval}")))
+        .header("x-hame-user", "u")
+        .json(&json!({"decision": "approve"}))
+        .send()
+        .await;
+    assert!(decided.is_err(), "the deciding replica died mid-request");
+    dying.kill();
+    assert_eq!(model.requests().len(), 2, "{}", dying.stderr());
+    let done = wait_run(&r.http, &r.a, "u", &id, Duration::from_secs(30), finished).await?;
+    assert_eq!(done["status"], "completed", "{done}; A: {}", r.a.stderr());
+    assert_eq!(done["reply"], "counted", "{done}");
+    assert_eq!(model.requests().len(), 2, "the model was not asked again");
+    let ws = r.dir.path().join("ws");
+    let count = find_files(&ws, "count.txt")
+        .pop()
+        .ok_or("the command never ran")?;
+    assert_eq!(std::fs::read_to_string(count)?, "once\n", "it ran once");
+    let log = find_files(&ws, "s.log.jsonl")
+        .pop()
+        .ok_or("no session log")?;
+    let roles: Vec<String> = log_texts(&log)?.into_iter().map(|(r, _)| r).collect();
+    assert_eq!(
+        roles,
+        ["user", "assistant", "tool", "assistant"],
+        "{}",
+        std::fs::read_to_string(&log)?
+    );
+    // The saved state holds the leg: the session's next message runs after it.
+    let (_, next) = submit(&r.http, &r.a, "u", "s", "again", None).await?;
+    let next_id = next["run_id"].as_str().ok_or("no id")?;
+    let v = wait_run(
+        &r.http,
+        &r.a,
+        "u",
+        next_id,
+        Duration::from_secs(30),
+        finished,
+    )
+    .await?;
+    assert_eq!(v["reply"], "again done", "{v}");
+    let last = model.requests().pop().ok_or("no request")?;
+    let tools = last.body["messages"]
+        .as_array()
+        .ok_or("no messages")?
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .count();
+    assert_eq!(tools, 1, "the result once: {}", last.body);
+    Ok(())
+}
+
+backend_tests!(a_decided_leg_logged_but_not_saved_is_adopted {
+    a_decided_leg_logged_but_not_saved_is_adopted_on_json_state: json,
+    a_decided_leg_logged_but_not_saved_is_adopted_on_postgres: "HAME_TEST_POSTGRES_URL",
+});
+
+/// A worker SIGKILLed while the tool call of a turn's second step runs, after the first
+/// step was logged: the takeover adopts the first step, tells the model the second call's
+/// outcome is unknown (it does not run it again) and the first call's result stands.
+#[tokio::test]
+async fn a_tool_call_cut_in_a_later_step_is_outcome_unknown_not_run_twice() -> TestResult {
+    let model = ScriptedServer::start().await?;
+    model.set_responder(|r: &RecordedRequest| {
+        let body = r.body.to_string();
+        let tools = r.body["messages"]
+            .as_array()
+            .map_or(0, |m| m.iter().filter(|m| m["role"] == "tool").count());
+        if body.contains("outcome_unknown") {
+            ScriptStep::text("checked")
+        } else if tools == 0 {
+            ScriptStep::tool_call("c1", "execute", json!({"command": "echo a >> one.txt"}))
+        } else {
+            ScriptStep::tool_call(
+                "c2",
+                "execute",
+                json!({"command": "echo b >> two.txt; sleep 60"}),
+            )
+        }
+    });
+    let (dir, s, id, args) = one_queued_run(&model, "do both").await?;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut w1 = WorkerProcess::start(dir.path(), &model.base_url(), &args, "1")?;
+    let ws = dir.path().join("ws");
+    let two = poll(
+        Duration::from_secs(30),
+        || w1.stderr(),
+        || Ok(find_files(&ws, "two.txt").pop()),
+    )
+    .await?;
+    let (v, _next) = take_over(&mut w1, (dir.path(), &model, &args), &s, &id).await?;
+    assert_eq!(v["reply"], "checked", "{v}");
+    assert_eq!(model.requests().len(), 3, "step 1 was not asked again");
+    let one = find_files(&ws, "one.txt").pop().ok_or("no one.txt")?;
+    assert_eq!(
+        std::fs::read_to_string(one)?,
+        "a\n",
+        "the first call ran once"
+    );
+    assert_eq!(
+        std::fs::read_to_string(two)?,
+        "b\n",
+        "the second call ran once"
+    );
+    let told = &model.requests()[2].body;
+    let texts = told.to_string();
+    assert!(
+        texts.contains("NOT run again") && texts.contains("c2") && texts.contains("two.txt"),
+        "{told}"
+    );
+    let log = find_files(&ws, "s.log.jsonl")
+        .pop()
+        .ok_or("no session log")?;
+    let roles: Vec<String> = log_texts(&log)?.into_iter().map(|(r, _)| r).collect();
+    assert_eq!(
+        roles,
+        [
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+            "tool",
+            "assistant"
+        ],
+        "{}",
+        std::fs::read_to_string(&log)?
+    );
+    let intents = find_files(&ws, "s.intents.jsonl")
+        .pop()
+        .ok_or("no intents")?;
+    let intents = std::fs::read_to_string(intents)?;
+    assert!(intents.contains("\"end\":\"outcome_unknown\""), "{intents}");
+    Ok(())
+}
