@@ -320,6 +320,21 @@ impl AgentLoop {
                 if let Some(p) = &cx.state.pending {
                     return Err(Error::Suspended(p.to_suspended()));
                 }
+                // The turn's final reply is already there: the turn is over, and the
+                // layers around the call (a completion gate) see it end.
+                if let Some(reply) = cx
+                    .state
+                    .messages
+                    .last()
+                    .filter(|m| m.role == crate::Role::Assistant && !m.has_tool_calls())
+                {
+                    return Ok(CallOutput {
+                        reply: reply.clone(),
+                        usage,
+                        iterations: steps,
+                        verification: None,
+                    });
+                }
                 self.steps(cx, steps, usage).await
             }
             CallInput::Resume(resolutions) => {

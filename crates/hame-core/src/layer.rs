@@ -113,7 +113,9 @@ pub enum CallInput {
     /// Go on with the turn the conversation ends with, without a new message: its last
     /// messages are the turn's own (the harness adopts them from the session log when a
     /// durable run's process died before saving its state) and every tool call in them
-    /// has its result. The next step asks the model.
+    /// has its result. The next step asks the model; when the conversation ends with the
+    /// turn's final reply (an assistant message without tool calls), the turn is over and
+    /// that reply is the call's output, without a model request.
     Continue {
         /// Model requests the turn already made (they count against the step limit).
         steps: usize,

@@ -10,7 +10,8 @@
 //! died before saving — and adopts the longest prefix in which every tool call has its
 //! result:
 //! - it ends with the turn's final reply: the turn happened; the state gets it and the run
-//!   ends with that reply, without a model request;
+//!   ends with that reply, without a model request (a completion gate around the call
+//!   still gives its verdict);
 //! - otherwise the turn goes on from there ([`CallInput::Continue`]): the model is asked
 //!   the next step, as the dead worker would have done; the tool calls that worker left
 //!   running are settled first (`outcome_unknown`, reconciled or run again: the intents
@@ -21,7 +22,7 @@
 
 use std::collections::BTreeSet;
 
-use hame_core::{AgentState, CallInput, CallOutput, Message, Role, RuntimeContext, Usage};
+use hame_core::{AgentState, CallInput, Message, Role, RuntimeContext, Usage};
 use hame_session::{SessionLog, SessionLogOptions};
 use hame_tools::Workspace;
 
@@ -70,15 +71,12 @@ pub(crate) struct Adopted {
 }
 
 impl Adopted {
-    /// Adds the messages to the state and says how the call goes on: the input to run
-    /// (the original one is already in the log) or, for a finished turn, its output. A
-    /// state waiting for decisions takes a leg whose first record answers every waiting
-    /// call; anything else leaves the state and the input as they are.
-    pub(crate) fn apply(
-        self,
-        state: &mut AgentState,
-        input: CallInput,
-    ) -> (CallInput, Option<CallOutput>) {
+    /// Adds the messages to the state and says how the call goes on: the turn continues
+    /// from them ([`CallInput::Continue`]; a turn that ends with its final reply is over
+    /// at once, without a model request). A state waiting for decisions takes a leg whose
+    /// first record answers every waiting call; anything else leaves the state and the
+    /// input as they are.
+    pub(crate) fn apply(self, state: &mut AgentState, input: CallInput) -> CallInput {
         let (mut steps, mut usage) = (0, Usage::default());
         if let Some(p) = &state.pending {
             let settles = self.messages.first().is_some_and(|m| {
@@ -90,7 +88,7 @@ impl Adopted {
                 tracing::warn!(
                     "taken over: the logged leg does not answer the waiting calls; resuming them"
                 );
-                return (input, None);
+                return input;
             }
             (steps, usage) = (p.iteration, p.usage);
             state.pending = None;
@@ -106,25 +104,12 @@ impl Adopted {
         }
         usage.add(&adopted);
         state.usage.add(&adopted);
-        let last = self.messages.last().cloned();
         state.messages.extend(self.messages);
         tracing::info!(
             steps,
             "taken over: the turn's logged messages were adopted from the session log"
         );
-        match last {
-            Some(reply) if reply.role == Role::Assistant && !reply.has_tool_calls() => (
-                input,
-                Some(CallOutput {
-                    reply,
-                    usage,
-                    iterations: steps,
-                    verification: None,
-                }),
-            ),
-            Some(_) => (CallInput::Continue { steps, usage }, None),
-            None => (input, None),
-        }
+        CallInput::Continue { steps, usage }
     }
 }
 
@@ -240,7 +225,7 @@ mod tests {
     }
 
     #[test]
-    fn a_logged_reply_ends_the_turn_and_a_logged_step_continues_it() {
+    fn adopted_steps_and_their_usage_continue_the_turn() {
         let mut reply = Message::assistant("done");
         reply.usage = Some(Usage {
             input_tokens: 10,
@@ -249,33 +234,28 @@ mod tests {
         });
         let input = CallInput::Message(Message::user("do"));
         let mut state = AgentState::default();
-        let (_, out) = Adopted {
-            messages: vec![Message::user("do"), reply.clone()],
-        }
-        .apply(&mut state, input.clone());
-        let out = out.map(|o| (o.reply.text_content(), o.iterations, o.usage.total()));
-        assert_eq!(out, Some(("done".to_owned(), 1, 12)));
-        assert_eq!(state.messages.len(), 2);
-        assert_eq!(state.usage.total(), 12);
-
-        let mut state = AgentState::default();
-        let (next, out) = Adopted {
-            messages: vec![Message::user("do"), calls(&["a"]), results(&["a"])],
+        let next = Adopted {
+            messages: vec![Message::user("do"), calls(&["a"]), results(&["a"]), reply],
         }
         .apply(&mut state, input);
-        assert!(out.is_none());
         assert_eq!(
             next,
             CallInput::Continue {
-                steps: 1,
-                usage: Usage::default()
+                steps: 2,
+                usage: Usage {
+                    input_tokens: 10,
+                    output_tokens: 2,
+                    ..Usage::default()
+                }
             }
         );
-        assert_eq!(state.messages.len(), 3);
+        assert_eq!(state.messages.len(), 4);
+        assert_eq!(state.usage.total(), 12);
     }
 
     #[test]
-    fn a_decided_leg_answering_every_waiting_call_ends_the_wait() {
+    fn a_decided_leg_answering_every_waiting_call_ends_the_wait()
+    -> Result<(), Box<dyn std::error::Error>> {
         let step = hame_core::PendingStep {
             iteration: 2,
             usage: Usage {
@@ -303,31 +283,26 @@ mod tests {
         let resume = CallInput::Resume(Vec::new());
         // Only one of the two waiting calls answered: nothing is adopted.
         let mut state = waiting.clone();
-        let (next, out) = Adopted {
+        let next = Adopted {
             messages: vec![results(&["a"])],
         }
         .apply(&mut state, resume.clone());
-        assert_eq!((next, out.is_none()), (resume.clone(), true));
+        assert_eq!(next, resume);
         assert_eq!(state, waiting);
-        // Both answered, then the reply: the turn ended, at the step after the waiting one.
-        let mut state = waiting.clone();
-        let (_, out) = Adopted {
+        // Both answered, then the reply: the turn goes on (and ends) after the waiting
+        // step, with the turn's usage so far.
+        let mut state = waiting;
+        let next = Adopted {
             messages: vec![results(&["a", "b"]), Message::assistant("done")],
         }
-        .apply(&mut state, resume.clone());
-        let out = out.map(|o| (o.reply.text_content(), o.iterations, o.usage.total()));
-        assert_eq!(out, Some(("done".to_owned(), 3, 6)));
+        .apply(&mut state, resume);
+        let CallInput::Continue { steps, usage } = next else {
+            return Err(format!("not continued: {next:?}").into());
+        };
+        assert_eq!((steps, usage.total()), (3, 6));
         assert!(state.pending.is_none());
         assert_eq!(state.messages.len(), 2);
-        // Both answered, no reply yet: the turn goes on after the waiting step.
-        let mut state = waiting;
-        let (next, out) = Adopted {
-            messages: vec![results(&["a", "b"])],
-        }
-        .apply(&mut state, resume);
-        assert!(out.is_none());
-        assert!(matches!(next, CallInput::Continue { steps: 2, .. }));
-        assert!(state.pending.is_none());
+        Ok(())
     }
 
     #[test]

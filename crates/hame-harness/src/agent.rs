@@ -1438,9 +1438,9 @@ impl HarnessAgent {
         runtime
             .extras
             .insert(CALL_ID_EXTRA.to_owned(), serde_json::Value::String(call_id));
-        let (input, done) = match adopted {
+        let input = match adopted {
             Some(a) => a.apply(&mut state, input),
-            None => (input, None),
+            None => input,
         };
         let mut extensions = Extensions::new();
         extensions.insert(ws.clone());
@@ -1491,11 +1491,7 @@ impl HarnessAgent {
                 extensions: &extensions,
             };
             let run = crate::cost::metering(spend.clone(), async {
-                match done {
-                    // The whole turn was in the log: its reply, without a model request.
-                    Some(out) => Ok(out),
-                    None => agent_loop.run_env(&mut state, input, env).await,
-                }
+                agent_loop.run_env(&mut state, input, env).await
             });
             tokio::pin!(run);
             let period = (lease.ttl() / 3).max(Duration::from_millis(100));

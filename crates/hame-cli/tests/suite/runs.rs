@@ -1073,7 +1073,22 @@ async fn one_queued_run(
     model: &ScriptedServer,
     message: &str,
 ) -> Result<(tempfile::TempDir, Serve, String, Vec<String>), Box<dyn std::error::Error>> {
+    one_queued_run_with(model, json!({ "message": message }), &[]).await
+}
+
+/// [`one_queued_run`] with the run's whole body and `files` written into the workspace
+/// first.
+async fn one_queued_run_with(
+    model: &ScriptedServer,
+    body: Value,
+    files: &[(&str, &str)],
+) -> Result<(tempfile::TempDir, Serve, String, Vec<String>), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws)?;
+    for (name, text) in files {
+        std::fs::write(ws.join(name), text)?;
+    }
     let state = dir
         .path()
         .join("state-store")
@@ -1084,8 +1099,18 @@ async fn one_queued_run(
     let mut serve_args: Vec<&str> = common.iter().map(String::as_str).collect();
     serve_args.push("--no-worker");
     let s = Serve::start(dir.path(), &model.base_url(), &serve_args)?;
-    let (_, v) = submit(&reqwest::Client::new(), &s, "u", "s", message, None).await?;
-    let id = v["run_id"].as_str().ok_or("no id")?.to_owned();
+    let v: Value = reqwest::Client::new()
+        .post(s.at("/v1/sessions/s/runs"))
+        .header("x-hame-user", "u")
+        .json(&body)
+        .send()
+        .await?
+        .json()
+        .await?;
+    let id = v["run_id"]
+        .as_str()
+        .ok_or_else(|| format!("no id: {v}"))?
+        .to_owned();
     let mut worker_args = common;
     worker_args.extend(["--run-lapse", "2", "--permission-mode", "bypass"].map(String::from));
     Ok((dir, s, id, worker_args))
@@ -2423,5 +2448,53 @@ async fn a_tool_call_cut_in_a_later_step_is_outcome_unknown_not_run_twice() -> T
         .ok_or("no intents")?;
     let intents = std::fs::read_to_string(intents)?;
     assert!(intents.contains("\"end\":\"outcome_unknown\""), "{intents}");
+    Ok(())
+}
+
+/// A run with a required check whose worker died after logging the whole turn, before
+/// saving it: the takeover adopts the turn and the completion gate still gives its
+/// verdict (the check's evidence, recorded before the kill, still stands).
+#[tokio::test]
+async fn an_adopted_turn_keeps_its_completion_gate() -> TestResult {
+    if !cfg!(feature = "failpoints") {
+        hame_test_env::skip(
+            "the run takeover kill tests need `--features failpoints` (CI runs --all-features)",
+        );
+        return Ok(());
+    }
+    let model = ScriptedServer::start().await?;
+    model.set_responder(echo);
+    let (dir, s, id, args) = one_queued_run_with(
+        &model,
+        json!({"message": "check it", "verify": ["tests"]}),
+        &[
+            (
+                "hame.toml",
+                "[[verify]]\nname = \"tests\"\ncommand = \"grep -q fine ok.txt\"\n",
+            ),
+            ("ok.txt", "fine\n"),
+        ],
+    )
+    .await?;
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut dying = WorkerProcess::start_env(
+        dir.path(),
+        &model.base_url(),
+        &args,
+        "dying",
+        &[("HAME_FAILPOINT", "call.before-save")],
+    )?;
+    let stderr = dying.stderr.clone();
+    poll(
+        Duration::from_secs(60),
+        || std::fs::read_to_string(&stderr).unwrap_or_default(),
+        || Ok(dying.child.try_wait()?),
+    )
+    .await?;
+    let (v, _next) = take_over(&mut dying, (dir.path(), &model, &args), &s, &id).await?;
+    assert_eq!(v["reply"], "done: check it", "{v}");
+    assert_eq!(model.requests().len(), 1, "the model was asked once");
+    assert_eq!(v["verification"]["status"], "verified", "{v}");
+    assert_eq!(v["verification"]["evidence"][0]["check"], "tests", "{v}");
     Ok(())
 }
