@@ -338,6 +338,18 @@ impl IntentLayer {
         intents_path(&self.agent, session)
     }
 
+    /// Appends ends to the session's intents file, unflushed (module docs); a failure is
+    /// logged as `what` failing.
+    async fn write_ends(&self, ws: &Workspace, session: &str, ends: &[IntentRecord], what: &str) {
+        let written = match self.path(session) {
+            Ok(path) => write_records(ws, &path, ends, AppendOptions::atomic()).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
+            tracing::warn!(session = %session, error = %e, "{what} failed");
+        }
+    }
+
     /// The records and the file's size.
     async fn read(
         &self,
@@ -483,13 +495,8 @@ impl IntentLayer {
                 .iter()
                 .map(|r| end_record(&r.call_id, "done"))
                 .collect();
-            let written = match self.path(session) {
-                Ok(path) => write_records(ws, &path, &ends, AppendOptions::atomic()).await,
-                Err(e) => Err(e),
-            };
-            if let Err(e) = written {
-                tracing::warn!(session = %session, error = %e, "marking adopted tool calls done failed");
-            }
+            self.write_ends(ws, session, &ends, "marking adopted tool calls done")
+                .await;
         }
         // Everything in it is resolved: a file past its bound is dropped (the session lease
         // keeps this call alone in the session, so no tool call of it is writing).
@@ -553,13 +560,8 @@ impl IntentLayer {
             .iter()
             .map(|(r, how)| end_record(&r.call_id, how.end()))
             .collect();
-        let written = match self.path(&session) {
-            Ok(path) => write_records(ws, &path, &ends, AppendOptions::atomic()).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = written {
-            tracing::warn!(session = %session, error = %e, "marking tool call intents failed");
-        }
+        self.write_ends(ws, &session, &ends, "marking tool call intents")
+            .await;
         Ok(())
     }
 }
@@ -613,14 +615,9 @@ impl Layer for IntentLayer {
             // Not flushed: the call's last step made no intent after them. A crash before
             // they land reports those calls as `outcome_unknown` (whether they took effect
             // is then unknown to the session's record too), never runs them again.
-            let session = cx.runtime.session_id.clone();
-            let written = match self.path(&session) {
-                Ok(path) => write_records(ws, &path, &ends, AppendOptions::atomic()).await,
-                Err(e) => Err(e),
-            };
-            if let Err(e) = written {
-                tracing::warn!(session = %session, error = %e, "marking tool call intents done failed");
-            }
+            let session = &cx.runtime.session_id;
+            self.write_ends(ws, session, &ends, "marking tool call intents done")
+                .await;
         }
         out
     }

@@ -993,80 +993,6 @@ fn find_files(dir: &Path, name: &str) -> Vec<PathBuf> {
     hame_test_support::files_where(dir, &|p| p.file_name().is_some_and(|n| n == name))
 }
 
-/// A worker SIGKILLed while a tool call runs: the worker that takes the run over does not
-/// run the call again; the session log and the next model request carry an
-/// `outcome_unknown` result with the call's id and arguments, and the model answers.
-#[tokio::test]
-async fn a_tool_call_cut_by_a_kill_is_outcome_unknown_and_not_run_twice() -> TestResult {
-    let model = ScriptedServer::start().await?;
-    model.set_responder(|r: &RecordedRequest| {
-        let body = r.body.to_string();
-        let last_is_tool = r.body["messages"]
-            .as_array()
-            .and_then(|m| m.last())
-            .is_some_and(|m| m["role"] == "tool");
-        if body.contains("outcome_unknown") {
-            ScriptStep::text("checked")
-        } else if last_is_tool {
-            ScriptStep::text("ran")
-        } else {
-            ScriptStep::tool_call(
-                "c1",
-                "execute",
-                json!({"command": "echo ran >> count.txt; sleep 60"}),
-            )
-        }
-    });
-    let (dir, s, id, worker_args) = one_queued_run(&model, "do it").await?;
-    let worker_args: Vec<&str> = worker_args.iter().map(String::as_str).collect();
-    let mut w1 = WorkerProcess::start(dir.path(), &model.base_url(), &worker_args, "1")?;
-    let ws = dir.path().join("ws");
-    let count = poll(
-        Duration::from_secs(30),
-        || w1.stderr(),
-        || Ok(find_files(&ws, "count.txt").pop()),
-    )
-    .await?;
-    let (v, _next) = take_over(&mut w1, (dir.path(), &model, &worker_args), &s, &id).await?;
-    assert_eq!(v["reply"], "checked", "{v}");
-    assert_eq!(
-        std::fs::read_to_string(&count)?,
-        "ran\n",
-        "the tool call ran once"
-    );
-    // The model request after the takeover carried the outcome, with the call id and
-    // arguments.
-    let told: Vec<String> = model
-        .requests()
-        .iter()
-        .map(|r| r.body.to_string())
-        .filter(|b| b.contains("outcome_unknown"))
-        .collect();
-    assert_eq!(told.len(), 1, "{told:?}");
-    assert!(
-        told[0].contains("NOT run again") && told[0].contains("c1"),
-        "{}",
-        told[0]
-    );
-    assert!(told[0].contains("count.txt"), "the arguments: {}", told[0]);
-    let log_path = find_files(&ws, "s.log.jsonl")
-        .pop()
-        .ok_or("no session log")?;
-    let log = std::fs::read_to_string(&log_path)?;
-    assert!(log.contains("outcome_unknown"), "{log}");
-    let users = log_texts(&log_path)?
-        .into_iter()
-        .filter(|(role, _)| role == "user")
-        .count();
-    assert_eq!(users, 1, "the message once: {log}");
-    let intents = find_files(&ws, "s.intents.jsonl")
-        .pop()
-        .ok_or("no intents")?;
-    let intents = std::fs::read_to_string(intents)?;
-    assert!(intents.contains("\"end\":\"outcome_unknown\""), "{intents}");
-    Ok(())
-}
-
 /// A serve without a worker, one run of `message` submitted by `u` to session `s`, and
 /// the arguments its workers take: `(dir, serve, run id, worker args)`.
 async fn one_queued_run(
@@ -2373,76 +2299,97 @@ backend_tests!(a_decided_leg_logged_but_not_saved_is_adopted {
     a_decided_leg_logged_but_not_saved_is_adopted_on_postgres: "HAME_TEST_POSTGRES_URL",
 });
 
-/// A worker SIGKILLed while the tool call of a turn's second step runs, after the first
-/// step was logged: the takeover adopts the first step, tells the model the second call's
-/// outcome is unknown (it does not run it again) and the first call's result stands.
+/// A worker SIGKILLed while a tool call runs: the worker that takes the run over does not
+/// run the call again; the session log and the next model request carry an
+/// `outcome_unknown` result with the call's id and arguments, and the model answers.
+#[tokio::test]
+async fn a_tool_call_cut_by_a_kill_is_outcome_unknown_and_not_run_twice() -> TestResult {
+    a_cut_tool_call_is_outcome_unknown(false).await
+}
+
+/// The same in a turn's second step, after the first was logged: the takeover adopts the
+/// first step (its call's result stands, it is not run or asked again) and settles the
+/// second step's call before asking the model.
 #[tokio::test]
 async fn a_tool_call_cut_in_a_later_step_is_outcome_unknown_not_run_twice() -> TestResult {
+    a_cut_tool_call_is_outcome_unknown(true).await
+}
+
+async fn a_cut_tool_call_is_outcome_unknown(later_step: bool) -> TestResult {
     let model = ScriptedServer::start().await?;
-    model.set_responder(|r: &RecordedRequest| {
+    model.set_responder(move |r: &RecordedRequest| {
         let body = r.body.to_string();
         let tools = r.body["messages"]
             .as_array()
             .map_or(0, |m| m.iter().filter(|m| m["role"] == "tool").count());
         if body.contains("outcome_unknown") {
             ScriptStep::text("checked")
-        } else if tools == 0 {
+        } else if later_step && tools == 0 {
             ScriptStep::tool_call("c1", "execute", json!({"command": "echo a >> one.txt"}))
         } else {
             ScriptStep::tool_call(
-                "c2",
+                "cut",
                 "execute",
-                json!({"command": "echo b >> two.txt; sleep 60"}),
+                json!({"command": "echo ran >> count.txt; sleep 60"}),
             )
         }
     });
-    let (dir, s, id, args) = one_queued_run(&model, "do both").await?;
+    let (dir, s, id, args) = one_queued_run(&model, "do it").await?;
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut w1 = WorkerProcess::start(dir.path(), &model.base_url(), &args, "1")?;
     let ws = dir.path().join("ws");
-    let two = poll(
+    let count = poll(
         Duration::from_secs(30),
         || w1.stderr(),
-        || Ok(find_files(&ws, "two.txt").pop()),
+        || Ok(find_files(&ws, "count.txt").pop()),
     )
     .await?;
     let (v, _next) = take_over(&mut w1, (dir.path(), &model, &args), &s, &id).await?;
     assert_eq!(v["reply"], "checked", "{v}");
-    assert_eq!(model.requests().len(), 3, "step 1 was not asked again");
-    let one = find_files(&ws, "one.txt").pop().ok_or("no one.txt")?;
     assert_eq!(
-        std::fs::read_to_string(one)?,
-        "a\n",
-        "the first call ran once"
+        std::fs::read_to_string(&count)?,
+        "ran\n",
+        "the cut call ran once"
     );
-    assert_eq!(
-        std::fs::read_to_string(two)?,
-        "b\n",
-        "the second call ran once"
-    );
-    let told = &model.requests()[2].body;
-    let texts = told.to_string();
+    let asked = model.requests().len();
+    assert_eq!(asked, if later_step { 3 } else { 2 }, "no step asked twice");
+    if later_step {
+        let one = find_files(&ws, "one.txt").pop().ok_or("no one.txt")?;
+        assert_eq!(
+            std::fs::read_to_string(one)?,
+            "a\n",
+            "step 1's call ran once"
+        );
+    }
+    // The model request after the takeover carried the outcome, with the call id and
+    // arguments.
+    let told: Vec<String> = model
+        .requests()
+        .iter()
+        .map(|r| r.body.to_string())
+        .filter(|b| b.contains("outcome_unknown"))
+        .collect();
+    assert_eq!(told.len(), 1, "{told:?}");
     assert!(
-        texts.contains("NOT run again") && texts.contains("c2") && texts.contains("two.txt"),
-        "{told}"
+        told[0].contains("NOT run again") && told[0].contains("\"cut\""),
+        "{}",
+        told[0]
     );
-    let log = find_files(&ws, "s.log.jsonl")
+    assert!(told[0].contains("count.txt"), "the arguments: {}", told[0]);
+    let log_path = find_files(&ws, "s.log.jsonl")
         .pop()
         .ok_or("no session log")?;
-    let roles: Vec<String> = log_texts(&log)?.into_iter().map(|(r, _)| r).collect();
-    assert_eq!(
-        roles,
-        [
-            "user",
-            "assistant",
-            "tool",
-            "assistant",
-            "tool",
-            "assistant"
-        ],
-        "{}",
-        std::fs::read_to_string(&log)?
-    );
+    let log = std::fs::read_to_string(&log_path)?;
+    assert!(log.contains("outcome_unknown"), "{log}");
+    let roles: Vec<String> = log_texts(&log_path)?.into_iter().map(|(r, _)| r).collect();
+    let step = ["assistant", "tool"];
+    let mut expected = vec!["user"];
+    if later_step {
+        expected.extend(step);
+    }
+    expected.extend(step);
+    expected.push("assistant");
+    assert_eq!(roles, expected, "each record once: {log}");
     let intents = find_files(&ws, "s.intents.jsonl")
         .pop()
         .ok_or("no intents")?;
