@@ -683,10 +683,7 @@ async fn cancel_on_b_stops_an_execute_on_a(state: &str) -> TestResult {
     // The first request runs a shell that records its pid and sleeps; anything after the
     // tool result is a plain answer.
     model.set_responder(|r: &RecordedRequest| {
-        let after_tool = r.body["messages"]
-            .as_array()
-            .and_then(|m| m.last())
-            .is_some_and(|m| m["role"] == "tool");
+        let after_tool = after_tool(r);
         if !after_tool {
             ScriptStep::tool_call(
                 "c1",
@@ -1090,31 +1087,14 @@ async fn a_turn_logged_but_not_saved_is_adopted_not_run_again() -> TestResult {
 /// the message and the reply are logged once and the state holds them (the next message's
 /// request carries them once).
 async fn a_dead_workers_turn_is_not_run_again(point: &str) -> TestResult {
-    if !cfg!(feature = "failpoints") {
-        hame_test_env::skip(
-            "the run takeover kill tests need `--features failpoints` (CI runs --all-features)",
-        );
+    if !failpoints_built() {
         return Ok(());
     }
     let model = ScriptedServer::start().await?;
     model.set_responder(echo);
     let (dir, s, id, args) = one_queued_run(&model, "only once").await?;
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut dying = WorkerProcess::start_env(
-        dir.path(),
-        &model.base_url(),
-        &args,
-        "dying",
-        &[("HAME_FAILPOINT", point)],
-    )?;
-    // Polled: the scripted model answers on this test's runtime.
-    let stderr = dying.stderr.clone();
-    poll(
-        Duration::from_secs(60),
-        || std::fs::read_to_string(&stderr).unwrap_or_default(),
-        || Ok(dying.child.try_wait()?),
-    )
-    .await?;
+    let mut dying = dead_at(dir.path(), &model, &args, point).await?;
     let http = reqwest::Client::new();
     let (_, v) = get_run(&http, &s, "u", &id).await?;
     assert_eq!(
@@ -1135,19 +1115,31 @@ async fn a_dead_workers_turn_is_not_run_again(point: &str) -> TestResult {
             ("assistant".to_owned(), "done: only once".to_owned()),
         ]
     );
-    let (_, next) = submit(&http, &s, "u", "s", "again", None).await?;
+    let users = next_turn_carries(&http, &s, &model, ("again", "done: again"), "user").await?;
+    assert_eq!(users, 2, "the state holds the turn once");
+    Ok(())
+}
+
+/// Runs the session's next message (`(message, reply)`, as `u` in session `s`) and counts
+/// the messages of `role` in the model's request for it: what the saved state held.
+async fn next_turn_carries(
+    http: &reqwest::Client,
+    s: &Serve,
+    model: &ScriptedServer,
+    (message, reply): (&str, &str),
+    role: &str,
+) -> Result<usize, Box<dyn std::error::Error>> {
+    let (_, next) = submit(http, s, "u", "s", message, None).await?;
     let next_id = next["run_id"].as_str().ok_or("no id")?;
-    let v = wait_run(&http, &s, "u", next_id, Duration::from_secs(30), finished).await?;
-    assert_eq!(v["reply"], "done: again", "{v}");
+    let v = wait_run(http, s, "u", next_id, Duration::from_secs(30), finished).await?;
+    assert_eq!(v["reply"], reply, "{v}");
     let last = model.requests().pop().ok_or("no request")?;
-    let users = last.body["messages"]
+    Ok(last.body["messages"]
         .as_array()
         .ok_or("no messages")?
         .iter()
-        .filter(|m| m["role"] == "user")
-        .count();
-    assert_eq!(users, 2, "{}", last.body);
-    Ok(())
+        .filter(|m| m["role"] == role)
+        .count())
 }
 
 /// A worker killed while the model prepares a turn's second step, after the first step's
@@ -1159,10 +1151,7 @@ async fn a_turn_cut_after_a_logged_step_goes_on_from_that_step() -> TestResult {
     let slow = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let first = slow.clone();
     model.set_responder(move |r: &RecordedRequest| {
-        let last_is_tool = r.body["messages"]
-            .as_array()
-            .and_then(|m| m.last())
-            .is_some_and(|m| m["role"] == "tool");
+        let last_is_tool = after_tool(r);
         if !last_is_tool {
             ScriptStep::tool_call("c1", "execute", json!({"command": "echo ran >> count.txt"}))
         } else if first.swap(false, std::sync::atomic::Ordering::SeqCst) {
@@ -1195,16 +1184,8 @@ async fn a_turn_cut_after_a_logged_step_goes_on_from_that_step() -> TestResult {
         "ran\n",
         "the tool ran once"
     );
-    let log = find_files(&dir.path().join("ws"), "s.log.jsonl")
-        .pop()
-        .ok_or("no session log")?;
-    let roles: Vec<String> = log_texts(&log)?.into_iter().map(|(r, _)| r).collect();
-    assert_eq!(
-        roles,
-        ["user", "assistant", "tool", "assistant"],
-        "{}",
-        std::fs::read_to_string(&log)?
-    );
+    let (roles, log) = log_roles(&dir.path().join("ws"))?;
+    assert_eq!(roles, ["user", "assistant", "tool", "assistant"], "{log}");
     // The request after the takeover is the dead worker's second step, as it was.
     let reqs = model.requests();
     assert_eq!(reqs[2].body["messages"], reqs[1].body["messages"]);
@@ -1394,10 +1375,7 @@ async fn runs_cli(
 /// The parent's side of the background-task tests: "spawn it" spawns a background
 /// `general-purpose` child, the tool result is answered "spawned", anything else "noted".
 fn spawner(r: &RecordedRequest) -> ScriptStep {
-    let after_tool = r.body["messages"]
-        .as_array()
-        .and_then(|m| m.last())
-        .is_some_and(|m| m["role"] == "tool");
+    let after_tool = after_tool(r);
     match (after_tool, r.last_user_text().as_deref()) {
         (true, _) => ScriptStep::text("spawned"),
         (false, Some("spawn it")) => ScriptStep::tool_call(
@@ -1696,10 +1674,7 @@ async fn task_cancel_stops_a_task_through_its_run(state: Option<&str>) -> TestRe
                 })
                 .unwrap_or_default()
                 .to_owned();
-            let after_tool = r.body["messages"]
-                .as_array()
-                .and_then(|m| m.last())
-                .is_some_and(|m| m["role"] == "tool");
+            let after_tool = after_tool(r);
             return if after_tool {
                 ScriptStep::text("cancelled it")
             } else {
@@ -1878,10 +1853,7 @@ impl AskingReplicas {
 async fn an_approval_decision_resumes_the_run(state: &str) -> TestResult {
     let model = ScriptedServer::start().await?;
     model.set_responder(|r: &RecordedRequest| {
-        let after_tool = r.body["messages"]
-            .as_array()
-            .and_then(|m| m.last())
-            .is_some_and(|m| m["role"] == "tool");
+        let after_tool = after_tool(r);
         let text = r.last_user_text().unwrap_or_default();
         if after_tool {
             ScriptStep::text("counted")
@@ -2207,18 +2179,12 @@ backend_tests!(a_decided_leg_cut_by_a_kill_is_not_run_again {
 /// worker that takes the run over adopts the leg from the log. The approved command ran
 /// once, the model was not asked again, and the log holds every record once.
 async fn a_decided_leg_logged_but_not_saved_is_adopted(state: &str) -> TestResult {
-    if !cfg!(feature = "failpoints") {
-        hame_test_env::skip(
-            "the run takeover kill tests need `--features failpoints` (CI runs --all-features)",
-        );
+    if !failpoints_built() {
         return Ok(());
     }
     let model = ScriptedServer::start().await?;
     model.set_responder(|r: &RecordedRequest| {
-        let after_tool = r.body["messages"]
-            .as_array()
-            .and_then(|m| m.last())
-            .is_some_and(|m| m["role"] == "tool");
+        let after_tool = after_tool(r);
         if after_tool {
             ScriptStep::text("counted")
         } else if r.last_user_text().as_deref() == Some("count it") {
@@ -2260,37 +2226,11 @@ async fn a_decided_leg_logged_but_not_saved_is_adopted(state: &str) -> TestResul
         .pop()
         .ok_or("the command never ran")?;
     assert_eq!(std::fs::read_to_string(count)?, "once\n", "it ran once");
-    let log = find_files(&ws, "s.log.jsonl")
-        .pop()
-        .ok_or("no session log")?;
-    let roles: Vec<String> = log_texts(&log)?.into_iter().map(|(r, _)| r).collect();
-    assert_eq!(
-        roles,
-        ["user", "assistant", "tool", "assistant"],
-        "{}",
-        std::fs::read_to_string(&log)?
-    );
+    let (roles, log) = log_roles(&ws)?;
+    assert_eq!(roles, ["user", "assistant", "tool", "assistant"], "{log}");
     // The saved state holds the leg: the session's next message runs after it.
-    let (_, next) = submit(&r.http, &r.a, "u", "s", "again", None).await?;
-    let next_id = next["run_id"].as_str().ok_or("no id")?;
-    let v = wait_run(
-        &r.http,
-        &r.a,
-        "u",
-        next_id,
-        Duration::from_secs(30),
-        finished,
-    )
-    .await?;
-    assert_eq!(v["reply"], "again done", "{v}");
-    let last = model.requests().pop().ok_or("no request")?;
-    let tools = last.body["messages"]
-        .as_array()
-        .ok_or("no messages")?
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .count();
-    assert_eq!(tools, 1, "the result once: {}", last.body);
+    let tools = next_turn_carries(&r.http, &r.a, &model, ("again", "again done"), "tool").await?;
+    assert_eq!(tools, 1, "the state holds the result once");
     Ok(())
 }
 
@@ -2403,10 +2343,7 @@ async fn a_cut_tool_call_is_outcome_unknown(later_step: bool) -> TestResult {
 /// verdict (the check's evidence, recorded before the kill, still stands).
 #[tokio::test]
 async fn an_adopted_turn_keeps_its_completion_gate() -> TestResult {
-    if !cfg!(feature = "failpoints") {
-        hame_test_env::skip(
-            "the run takeover kill tests need `--features failpoints` (CI runs --all-features)",
-        );
+    if !failpoints_built() {
         return Ok(());
     }
     let model = ScriptedServer::start().await?;
@@ -2424,12 +2361,49 @@ async fn an_adopted_turn_keeps_its_completion_gate() -> TestResult {
     )
     .await?;
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut dying = dead_at(dir.path(), &model, &args, "call.before-save").await?;
+    let (v, _next) = take_over(&mut dying, (dir.path(), &model, &args), &s, &id).await?;
+    assert_eq!(v["reply"], "done: check it", "{v}");
+    assert_eq!(model.requests().len(), 1, "the model was asked once");
+    assert_eq!(v["verification"]["status"], "verified", "{v}");
+    assert_eq!(v["verification"]["evidence"][0]["check"], "tests", "{v}");
+    Ok(())
+}
+
+/// Whether this build kills itself at failpoints (`--features failpoints`); a skip that
+/// says so when not.
+fn failpoints_built() -> bool {
+    if !cfg!(feature = "failpoints") {
+        hame_test_env::skip(
+            "the run takeover kill tests need `--features failpoints` (CI runs --all-features)",
+        );
+    }
+    cfg!(feature = "failpoints")
+}
+
+/// The roles of session `s`'s log records under the workspace `ws`, in order, and the log.
+fn log_roles(ws: &Path) -> Result<(Vec<String>, String), Box<dyn std::error::Error>> {
+    let path = find_files(ws, "s.log.jsonl")
+        .pop()
+        .ok_or("no session log")?;
+    let roles = log_texts(&path)?.into_iter().map(|(r, _)| r).collect();
+    Ok((roles, std::fs::read_to_string(&path)?))
+}
+
+/// A worker (`args`) started with the failpoint `point`, once it died there. Polled: the
+/// scripted model answers on this test's runtime.
+async fn dead_at(
+    dir: &Path,
+    model: &ScriptedServer,
+    args: &[&str],
+    point: &str,
+) -> Result<WorkerProcess, Box<dyn std::error::Error>> {
     let mut dying = WorkerProcess::start_env(
-        dir.path(),
+        dir,
         &model.base_url(),
-        &args,
+        args,
         "dying",
-        &[("HAME_FAILPOINT", "call.before-save")],
+        &[("HAME_FAILPOINT", point)],
     )?;
     let stderr = dying.stderr.clone();
     poll(
@@ -2438,10 +2412,13 @@ async fn an_adopted_turn_keeps_its_completion_gate() -> TestResult {
         || Ok(dying.child.try_wait()?),
     )
     .await?;
-    let (v, _next) = take_over(&mut dying, (dir.path(), &model, &args), &s, &id).await?;
-    assert_eq!(v["reply"], "done: check it", "{v}");
-    assert_eq!(model.requests().len(), 1, "the model was asked once");
-    assert_eq!(v["verification"]["status"], "verified", "{v}");
-    assert_eq!(v["verification"]["evidence"][0]["check"], "tests", "{v}");
-    Ok(())
+    Ok(dying)
+}
+
+/// Whether a model request follows a tool result (the step after a tool call).
+fn after_tool(r: &RecordedRequest) -> bool {
+    r.body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .is_some_and(|m| m["role"] == "tool")
 }
