@@ -1,6 +1,6 @@
 //! The one home of the pieces every backend and wrapper shares, so the semantics are
 //! identical everywhere: correct fallbacks for the specialisable [`Filesystem`] methods,
-//! written on top of the six required ones (`*_via_*`), the grep engine ([`GrepSearch`],
+//! written on top of the six required ones (`*_via_*`, [`list_many_each`]), the grep engine ([`GrepSearch`],
 //! [`grep_files`]) and the listing step of walk-based searches ([`files_at`]), the checks
 //! of `rename` ([`rename_is_noop`], [`check_directory_move`]), and the pure helpers (edit,
 //! text sniffing, ranges, matchers).
@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::fs::{
     AppendOptions, BINARY_SNIFF_BYTES, DEFAULT_READ_LINES, EditOutcome, EditRequest, FileInfo,
     Filesystem, GREP_MAX_FILE_BYTES, GlobOutput, GlobRequest, GrepMatch, GrepOutput, GrepRequest,
-    Links, ReadWindow, TextWindow, Version, WriteMode, WriteOptions,
+    Links, ListRequest, Listing, ReadWindow, TextWindow, Version, WriteMode, WriteOptions,
 };
 use crate::path::FsPath;
 
@@ -715,6 +715,49 @@ pub async fn glob_via_walk_without_links<F: Filesystem + ?Sized>(
     compile_glob(&request.pattern)?;
     let files = walk_files_without_links(fs, &request.path, links).await?;
     glob_filter(request, files)
+}
+
+/// [`Filesystem::list_many`] one request at a time ([`list_one`]).
+pub async fn list_many_each<F: Filesystem + ?Sized>(
+    fs: &F,
+    requests: &[ListRequest],
+) -> Result<Vec<Result<Listing>>> {
+    let mut out = Vec::with_capacity(requests.len());
+    for request in requests {
+        out.push(list_one(fs, request).await);
+    }
+    Ok(out)
+}
+
+/// One listing of [`Filesystem::list_many`] through `fs`'s own methods: `list` of the
+/// directory, or `glob` of `**` from it (and, when that finds nothing, a `stat` to tell an
+/// empty directory from a file).
+pub async fn list_one<F: Filesystem + ?Sized>(fs: &F, request: &ListRequest) -> Result<Listing> {
+    let path = &request.path;
+    if !request.recursive {
+        return fs
+            .list(path)
+            .await
+            .map(|entries| Listing::capped(entries, request.max_results));
+    }
+    let out = fs
+        .glob(&GlobRequest {
+            pattern: "**".into(),
+            path: path.clone(),
+            max_results: request.max_results,
+        })
+        .await?;
+    // A glob from a file finds the file itself; a listing is of a directory.
+    let the_base = matches!(out.files.as_slice(), [f] if f.path == *path);
+    if the_base || (out.files.is_empty() && !path.is_root() && !fs.stat(path).await?.is_dir()) {
+        return Err(Error::NotADirectory {
+            path: path.to_string(),
+        });
+    }
+    Ok(Listing {
+        entries: out.files,
+        truncated: out.truncated,
+    })
 }
 
 #[cfg(test)]

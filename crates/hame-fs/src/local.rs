@@ -13,8 +13,8 @@ use rustix::io::Errno;
 use crate::error::{Error, Result};
 use crate::fs::{
     AppendOptions, DeleteOptions, EditOutcome, EditRequest, FileInfo, FileKind, Filesystem,
-    GlobOutput, GlobRequest, GrepOutput, GrepRequest, Links, RenameOptions, Version, WriteMode,
-    WriteOptions,
+    GlobOutput, GlobRequest, GrepOutput, GrepRequest, Links, ListRequest, Listing, RenameOptions,
+    Version, WriteMode, WriteOptions,
 };
 use crate::generic::{self, GrepSearch};
 use crate::path::{FsPath, NameCase};
@@ -747,6 +747,21 @@ impl Inner {
         Ok(out)
     }
 
+    /// One listing of `list_many`: `list`, or the walk of a directory.
+    fn listing(&self, request: &ListRequest) -> Result<Listing> {
+        let entries = if request.recursive {
+            if !self.stat(&request.path)?.is_dir() {
+                return Err(Error::NotADirectory {
+                    path: request.path.to_string(),
+                });
+            }
+            self.walk(&request.path)?
+        } else {
+            self.list(&request.path)?
+        };
+        Ok(Listing::capped(entries, request.max_results))
+    }
+
     /// The shared grep engine over the blocking walk, one file at a time.
     fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
         let mut search = GrepSearch::new(request)?;
@@ -1036,6 +1051,17 @@ impl Filesystem for LocalFs {
             generic::glob_filter(&request, files)
         })
         .await
+    }
+
+    /// Listings of children run on the caller's thread, as `list` does; a batch with a
+    /// walk runs on the blocking pool, all of it in one hand-off.
+    async fn list_many(&self, requests: &[ListRequest]) -> Result<Vec<Result<Listing>>> {
+        if requests.iter().all(|r| !r.recursive) {
+            return Ok(requests.iter().map(|r| self.inner.listing(r)).collect());
+        }
+        let requests = requests.to_vec();
+        self.blocking(move |i| Ok(requests.iter().map(|r| i.listing(r)).collect()))
+            .await
     }
 }
 

@@ -28,8 +28,8 @@ use std::sync::Arc;
 
 use hame_fs::{
     AppendOptions, DeleteOptions, EditOutcome, EditRequest, Error, FileInfo, Filesystem, FsPath,
-    GlobOutput, GlobRequest, GrepOutput, GrepRequest, Links, RenameOptions, Result, Version,
-    WriteOptions, generic,
+    GlobOutput, GlobRequest, GrepOutput, GrepRequest, Links, ListRequest, Listing, RenameOptions,
+    Result, Version, WriteOptions, generic,
 };
 
 use crate::users::UserRegistry;
@@ -328,6 +328,12 @@ hame_fs::forward_filesystem! {
                     generic::glob_via_walk_without_links(self, request, links.as_ref()).await
                 }
             }
+        }
+
+        /// Through this view's own `list` and `glob`, one listing at a time: each one
+        /// hides what they hide.
+        async fn list_many(&self, requests: &[ListRequest]) -> Result<Vec<Result<Listing>>> {
+            generic::list_many_each(self, requests).await
         }
     }
 }

@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use hame_fs::{
     AppendOptions, DeleteOptions, EditOutcome, EditRequest, Error, FileInfo, Filesystem, FsPath,
-    GlobOutput, GlobRequest, GrepOutput, GrepRequest, RenameOptions, Result, Version, WriteOptions,
-    generic,
+    GlobOutput, GlobRequest, GrepOutput, GrepRequest, ListRequest, Listing, RenameOptions, Result,
+    Version, WriteOptions, generic,
 };
 
 /// Top-level directories that hold runtime data and never appear in the template.
@@ -129,6 +129,11 @@ hame_fs::forward_filesystem! {
                 return generic::glob_via_walk(self, request).await;
             }
             self.inner.glob(request).await
+        }
+
+        /// Through this view's own `list` and `glob`, which hide the runtime roots.
+        async fn list_many(&self, requests: &[ListRequest]) -> Result<Vec<Result<Listing>>> {
+            generic::list_many_each(self, requests).await
         }
     }
 }
