@@ -729,6 +729,70 @@ pub async fn list_many_each<F: Filesystem + ?Sized>(
     Ok(out)
 }
 
+/// A [`Filesystem::list_many`] batch of a wrapper answered in two parts: the listings the
+/// wrapper answers itself ([`answer`](Self::answer): a refusal, or a listing through its own
+/// `list` or `glob`), and those it sends on ([`send`](Self::send)) in one batch of the
+/// filesystem below ([`finish`](Self::finish)), so a policy wrapper keeps a batch one
+/// operation of its backend.
+#[derive(Debug)]
+pub struct ListParts {
+    out: Vec<Option<Result<Listing>>>,
+    sent: Vec<(usize, ListRequest)>,
+}
+
+impl ListParts {
+    /// A batch of `n` listings, none answered yet.
+    pub fn new(n: usize) -> Self {
+        ListParts {
+            out: (0..n).map(|_| None).collect(),
+            sent: Vec::new(),
+        }
+    }
+
+    /// Listing `i` is `answer`.
+    pub fn answer(&mut self, i: usize, answer: Result<Listing>) {
+        if let Some(slot) = self.out.get_mut(i) {
+            *slot = Some(answer);
+        }
+    }
+
+    /// Listing `i` is `request` of the filesystem below (its answer goes through `finish`'s
+    /// `map`).
+    pub fn send(&mut self, i: usize, request: ListRequest) {
+        self.sent.push((i, request));
+    }
+
+    /// Sends what was sent on to `inner` in one batch (none when nothing was) and gives
+    /// each answer to `map` with its index; one result per listing, in order.
+    pub async fn finish<F: Filesystem + ?Sized>(
+        mut self,
+        inner: &F,
+        mut map: impl FnMut(usize, Result<Listing>) -> Result<Listing> + Send,
+    ) -> Result<Vec<Result<Listing>>> {
+        if !self.sent.is_empty() {
+            let requests: Vec<ListRequest> = self.sent.iter().map(|(_, r)| r.clone()).collect();
+            let answers = inner.list_many(&requests).await?;
+            let sent = std::mem::take(&mut self.sent);
+            for ((i, _), answer) in sent.into_iter().zip(answers) {
+                let answer = map(i, answer);
+                self.answer(i, answer);
+            }
+        }
+        Ok(self
+            .out
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| {
+                    Err(Error::Backend {
+                        message: "a filesystem gave fewer listings than asked".into(),
+                        source: None,
+                    })
+                })
+            })
+            .collect())
+    }
+}
+
 /// One listing of [`Filesystem::list_many`] through `fs`'s own methods: `list` of the
 /// directory, or `glob` of `**` from it (and, when that finds nothing, a `stat` to tell an
 /// empty directory from a file).

@@ -1053,15 +1053,42 @@ impl Filesystem for LocalFs {
         .await
     }
 
-    /// Listings of children run on the caller's thread, as `list` does; a batch with a
-    /// walk runs on the blocking pool, all of it in one hand-off.
+    /// Listings of children, and the `stat` that finds a recursive listing's folder
+    /// missing, run on the caller's thread as `list` and `stat` do; the walks of the
+    /// folders that exist run on the blocking pool, all of them in one hand-off.
     async fn list_many(&self, requests: &[ListRequest]) -> Result<Vec<Result<Listing>>> {
-        if requests.iter().all(|r| !r.recursive) {
-            return Ok(requests.iter().map(|r| self.inner.listing(r)).collect());
+        let mut parts = generic::ListParts::new(requests.len());
+        let mut walks = Vec::new();
+        for (i, r) in requests.iter().enumerate() {
+            if !r.recursive {
+                parts.answer(i, self.inner.listing(r));
+                continue;
+            }
+            match self.inner.stat(&r.path) {
+                Ok(info) if info.is_dir() => walks.push((i, r.clone())),
+                Ok(_) => parts.answer(
+                    i,
+                    Err(Error::NotADirectory {
+                        path: r.path.to_string(),
+                    }),
+                ),
+                Err(e) => parts.answer(i, Err(e)),
+            }
         }
-        let requests = requests.to_vec();
-        self.blocking(move |i| Ok(requests.iter().map(|r| i.listing(r)).collect()))
-            .await
+        if !walks.is_empty() {
+            let walked = self
+                .blocking(move |inner| {
+                    Ok(walks
+                        .into_iter()
+                        .map(|(i, r)| (i, inner.listing(&r)))
+                        .collect::<Vec<_>>())
+                })
+                .await?;
+            for (i, answer) in walked {
+                parts.answer(i, answer);
+            }
+        }
+        parts.finish(self, |_, answer| answer).await
     }
 }
 

@@ -131,9 +131,34 @@ hame_fs::forward_filesystem! {
             self.inner.glob(request).await
         }
 
-        /// Through this view's own `list` and `glob`, which hide the runtime roots.
+        /// One batch of the inner filesystem, the runtime roots left out of listings of
+        /// the root; a recursive listing from the root walks this view, as `glob` does.
         async fn list_many(&self, requests: &[ListRequest]) -> Result<Vec<Result<Listing>>> {
-            generic::list_many_each(self, requests).await
+            let mut parts = generic::ListParts::new(requests.len());
+            for (i, r) in requests.iter().enumerate() {
+                if let Err(e) = Self::check(&r.path) {
+                    parts.answer(i, Err(e));
+                } else if r.recursive && r.path.is_root() {
+                    parts.answer(i, generic::list_one(self, r).await);
+                } else if r.recursive {
+                    parts.send(i, r.clone());
+                } else {
+                    // Capped after the hidden entries are left out.
+                    parts.send(i, ListRequest::children(r.path.clone()));
+                }
+            }
+            parts
+                .finish(self.inner.as_ref(), |i, answer| {
+                    let r = &requests[i];
+                    match answer {
+                        Ok(mut l) if !r.recursive => {
+                            l.entries.retain(|e| !Self::hidden(&e.path));
+                            Ok(Listing::capped(l.entries, r.max_results))
+                        }
+                        other => other,
+                    }
+                })
+                .await
         }
     }
 }
