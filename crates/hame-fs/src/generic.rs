@@ -717,16 +717,43 @@ pub async fn glob_via_walk_without_links<F: Filesystem + ?Sized>(
     glob_filter(request, files)
 }
 
-/// [`Filesystem::list_many`] one request at a time ([`list_one`]).
+/// [`Filesystem::list_many`] one request at a time ([`list_one`]): the child listings
+/// first, then the recursive ones — except that a recursive listing of a folder whose
+/// parent this batch lists (whole) without a folder of that name is answered from that
+/// listing (`file_not_found`, or `not_a_directory` for a file) without a call of its own.
 pub async fn list_many_each<F: Filesystem + ?Sized>(
     fs: &F,
     requests: &[ListRequest],
 ) -> Result<Vec<Result<Listing>>> {
-    let mut out = Vec::with_capacity(requests.len());
-    for request in requests {
-        out.push(list_one(fs, request).await);
+    let mut parts = ListParts::new(requests.len());
+    let mut children: Vec<(&FsPath, Listing)> = Vec::new();
+    for (i, r) in requests.iter().enumerate().filter(|(_, r)| !r.recursive) {
+        let answer = list_one(fs, r).await;
+        if let Ok(l) = &answer
+            && !l.truncated
+        {
+            children.push((&r.path, l.clone()));
+        }
+        parts.answer(i, answer);
     }
-    Ok(out)
+    for (i, r) in requests.iter().enumerate().filter(|(_, r)| r.recursive) {
+        let parent = r.path.parent();
+        let listed = children
+            .iter()
+            .find(|(dir, _)| Some(*dir) == parent.as_ref())
+            .map(|(_, l)| l.entries.iter().find(|e| e.path == r.path));
+        let answer = match listed {
+            Some(None) => Err(Error::NotFound {
+                path: r.path.to_string(),
+            }),
+            Some(Some(e)) if !e.is_dir() => Err(Error::NotADirectory {
+                path: r.path.to_string(),
+            }),
+            _ => list_one(fs, r).await,
+        };
+        parts.answer(i, answer);
+    }
+    parts.finish(fs, |_, answer| answer).await
 }
 
 /// A [`Filesystem::list_many`] batch of a wrapper answered in two parts: the listings the
