@@ -298,8 +298,8 @@ impl WorkspaceSnapshot {
     /// Takes the snapshot of `ws` for `step`, reading only what `cache` does not hold
     /// at the probed stamps.
     ///
-    /// The cache is keyed by the caller's agent, user and session; [`take_keyed`]
-    /// (Self::take_keyed) shares it more widely.
+    /// The cache is keyed by the caller's agent, user and session;
+    /// [`take_keyed`](Self::take_keyed) shares it more widely.
     pub async fn take(ws: &Workspace, cache: &SnapshotCache, step: usize) -> Self {
         let id = ws.identity();
         let key = format!(
