@@ -9,8 +9,8 @@ use futures::{StreamExt, TryStreamExt, stream};
 use hame_fs::generic::{self, GrepSearch};
 use hame_fs::{
     AppendOptions, DeleteOptions, EditOutcome, EditRequest, Error, FileInfo, FileKind, Filesystem,
-    FsPath, GlobOutput, GlobRequest, GrepOutput, GrepRequest, RenameOptions, Result, Version,
-    WriteMode, WriteOptions,
+    FsPath, GlobOutput, GlobRequest, GrepOutput, GrepRequest, ListRequest, Listing, RenameOptions,
+    Result, Version, WriteMode, WriteOptions,
 };
 use object_store::path::Path;
 use object_store::{
@@ -510,6 +510,31 @@ impl ObjectStoreFs {
         Ok(out)
     }
 
+    /// Why nothing was listed below `path` (not the root): a file there, or nothing.
+    async fn nothing_listed(&self, path: &FsPath) -> Result<Error> {
+        let path_s = path.to_string();
+        Ok(if self.head(path).await?.is_some() {
+            Error::NotADirectory { path: path_s }
+        } else {
+            Error::NotFound { path: path_s }
+        })
+    }
+
+    /// One listing of `list_many`: `list` (with a delimiter), or every object below.
+    async fn listing(&self, request: &ListRequest) -> Result<Listing> {
+        let path = &request.path;
+        let entries = if request.recursive {
+            let files = self.walk(path).await?;
+            if files.is_empty() && !path.is_root() {
+                return Err(self.nothing_listed(path).await?);
+            }
+            files
+        } else {
+            self.list(path).await?
+        };
+        Ok(Listing::capped(entries, request.max_results))
+    }
+
     async fn delete_objects(&self, base: &FsPath, files: Vec<FileInfo>) -> Result<()> {
         let keys: Vec<Result<Path>> = files.iter().map(|f| self.key(&f.path)).collect();
         let keys: Vec<Path> = keys.into_iter().collect::<Result<_>>()?;
@@ -597,15 +622,7 @@ impl Filesystem for ObjectStoreFs {
             }
         }
         if out.is_empty() && !path.is_root() {
-            return Err(if self.head(path).await?.is_some() {
-                Error::NotADirectory {
-                    path: path.to_string(),
-                }
-            } else {
-                Error::NotFound {
-                    path: path.to_string(),
-                }
-            });
+            return Err(self.nothing_listed(path).await?);
         }
         out.sort_by(|a, b| a.path.cmp(&b.path));
         out.dedup_by(|a, b| a.path == b.path);
@@ -826,5 +843,18 @@ impl Filesystem for ObjectStoreFs {
         generic::compile_glob(&request.pattern)?;
         let files = generic::files_at(self, &request.path, self.walk(&request.path)).await?;
         generic::glob_filter(request, files)
+    }
+
+    /// The listings side by side, [`ObjectStoreOptions::concurrency`] requests in flight:
+    /// one round trip of latency for a batch. Object stores have no multi-prefix listing,
+    /// so a batch is still one LIST request (or more, past 1,000 keys) per listing.
+    async fn list_many(&self, requests: &[ListRequest]) -> Result<Vec<Result<Listing>>> {
+        // Collected first, as in `download`: a closure inside the stream would need a
+        // higher-ranked `Send` bound.
+        let listings: Vec<_> = requests.iter().map(|r| self.listing(r)).collect();
+        Ok(stream::iter(listings)
+            .buffered(self.options.concurrency.max(1))
+            .collect()
+            .await)
     }
 }

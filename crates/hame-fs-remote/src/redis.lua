@@ -1,4 +1,5 @@
--- hame-fs-remote: every mutation of one RedisFs namespace, and the atomic read.
+-- hame-fs-remote: every mutation of one RedisFs namespace, the atomic read, and the
+-- batched listing.
 -- ARGV[1] = operation, ARGV[2] = key prefix ("<prefix>:{<namespace>}:"), ARGV[3] = write id
 -- ('' for the read), then per operation (A[1], A[2], ... below).
 -- A mutation that succeeds remembers its write id for 60 s (w:<id>, holding its reply's
@@ -136,6 +137,64 @@ elseif op == 'read' then
     return {'not_found', p}
   end
   return {'ok', data, redis.call('HGET', mkey(p), 'g') or ''}
+elseif op == 'list' then
+  -- A read: several listings at one moment. Per listing three arguments: path, recursive
+  -- (1: every file below, from idx | 0: the children, from d:<path>), most entries ('': no
+  -- cap). Reply per listing: 'ok', the number of entries, more (1 | 0: entries past the
+  -- cap), then per entry path, kind (f | d), size, modified ms ('' when unknown); or an
+  -- error code and the path.
+  local out = {'ok'}
+  for i = 1, #A, 3 do
+    local p, rec, max = A[i], A[i + 1] == '1', tonumber(A[i + 2])
+    if p ~= '' and redis.call('EXISTS', dkey(p)) == 0 then
+      if redis.call('EXISTS', fkey(p)) == 1 then
+        out[#out + 1] = 'not_a_directory'
+      else
+        out[#out + 1] = 'not_found'
+      end
+      out[#out + 1] = p
+    else
+      local limit = -1
+      if max then limit = max + 1 end
+      local names
+      if rec then
+        local lo, hi = '-', '+'
+        if p ~= '' then lo, hi = '[' .. p .. '/', '(' .. p .. '0' end
+        names = redis.call('ZRANGEBYLEX', IDX, lo, hi, 'LIMIT', 0, limit)
+      else
+        names = redis.call('ZRANGEBYLEX', dkey(p), '-', '+', 'LIMIT', 0, limit)
+      end
+      local more = '0'
+      if max and #names > max then
+        more = '1'
+        names[#names] = nil
+      end
+      out[#out + 1] = 'ok'
+      local count_at = #out + 1
+      out[count_at] = '0'
+      out[#out + 1] = more
+      local n = 0
+      for _, name in ipairs(names) do
+        local c = name
+        if not rec and p ~= '' then c = p .. '/' .. name end
+        if redis.call('EXISTS', fkey(c)) == 1 then
+          out[#out + 1] = c
+          out[#out + 1] = 'f'
+          out[#out + 1] = tostring(redis.call('STRLEN', fkey(c)))
+          out[#out + 1] = redis.call('HGET', mkey(c), 't') or ''
+          n = n + 1
+        elseif not rec and redis.call('EXISTS', dkey(c)) == 1 then
+          out[#out + 1] = c
+          out[#out + 1] = 'd'
+          out[#out + 1] = '0'
+          out[#out + 1] = ''
+          n = n + 1
+        end
+      end
+      out[count_at] = tostring(n)
+    end
+  end
+  return out
 elseif op == 'delete' then
   -- 1 path of a file
   local p = A[1]

@@ -25,7 +25,7 @@ use std::fmt::Debug;
 use crate::error::{Result, codes};
 use crate::fs::{
     DeleteOptions, EditRequest, FileKind, Filesystem, FilesystemExt, GlobRequest, GrepRequest,
-    ReadWindow, RenameOptions, Version, WriteOptions,
+    ListRequest, Listing, ReadWindow, RenameOptions, Version, WriteOptions,
 };
 use crate::path::FsPath;
 
@@ -86,6 +86,7 @@ pub async fn run_all(fs: &dyn Filesystem) {
     rename_semantics(fs).await;
     grep_semantics(fs).await;
     glob_semantics(fs).await;
+    list_many_semantics(fs).await;
     upload_download_batch(fs).await;
     literal_names(fs).await;
     concurrent_compare_and_set(fs).await;
@@ -307,6 +308,126 @@ pub async fn list_is_sorted_and_shallow(fs: &dyn Filesystem) {
         "root lists `list/`: {:?}",
         paths(&root)
     );
+}
+
+/// `list_many` answers each request, in order, as `list` (children) or `glob` of `**`
+/// (recursive) of its directory would, cut at its `max_results`; a missing directory or a
+/// file fails that request only; an empty batch is an empty answer.
+pub async fn list_many_semantics(fs: &dyn Filesystem) {
+    for f in [
+        "many/a.txt",
+        "many/sub/b.txt",
+        "many/sub/deep/c.txt",
+        "many/z/d.txt",
+        "many/file",
+    ] {
+        put(fs, f, "12").await;
+    }
+    let requests = [
+        ListRequest::children(p("many")),
+        ListRequest::recursive(p("many")),
+        ListRequest::recursive(p("many/sub")),
+        ListRequest::recursive(p("many")).max_results(2),
+        ListRequest::children(p("many")).max_results(1),
+        ListRequest::children(p("many/missing")),
+        ListRequest::recursive(p("many/missing")),
+        ListRequest::children(p("many/file")),
+        ListRequest::recursive(p("many/file")),
+        ListRequest::children(FsPath::root()),
+        ListRequest::recursive(p("many/z")).max_results(0),
+    ];
+    let out = ok(fs.list_many(&requests).await, "list_many");
+    assert_eq!(
+        out.len(),
+        requests.len(),
+        "list_many: one result per request"
+    );
+    let mut out = out.into_iter();
+    let mut next = |what: &str| match out.next() {
+        Some(r) => r,
+        None => panic!("list_many: no result for {what}"),
+    };
+    let all = |pattern: &str, path: &str| GlobRequest {
+        path: p(path),
+        ..GlobRequest::new(pattern)
+    };
+    let whole = |entries| Listing {
+        entries,
+        truncated: false,
+    };
+    let children = whole(ok(fs.list(&p("many")).await, "list many"));
+    assert_eq!(
+        ok(next("children"), "children"),
+        children,
+        "children = list"
+    );
+    assert_eq!(
+        paths(&children.entries),
+        vec!["/many/a.txt", "/many/file", "/many/sub", "/many/z"]
+    );
+    let below = ok(fs.glob(&all("**", "many")).await, "glob many").files;
+    assert_eq!(
+        ok(next("recursive"), "recursive"),
+        whole(below.clone()),
+        "recursive = glob of **"
+    );
+    assert_eq!(
+        paths(&below),
+        vec![
+            "/many/a.txt",
+            "/many/file",
+            "/many/sub/b.txt",
+            "/many/sub/deep/c.txt",
+            "/many/z/d.txt"
+        ]
+    );
+    let sub = ok(fs.glob(&all("**", "many/sub")).await, "glob many/sub").files;
+    assert_eq!(ok(next("recursive sub"), "recursive sub"), whole(sub));
+    assert_eq!(
+        ok(next("recursive, cut"), "recursive, cut"),
+        Listing {
+            entries: below[..2].to_vec(),
+            truncated: true
+        },
+        "recursive cut at 2"
+    );
+    assert_eq!(
+        ok(next("children, cut"), "children, cut"),
+        Listing {
+            entries: children.entries[..1].to_vec(),
+            truncated: true
+        },
+        "children cut at 1"
+    );
+    code(
+        next("missing"),
+        codes::FILE_NOT_FOUND,
+        "children of a missing dir",
+    );
+    code(
+        next("missing"),
+        codes::FILE_NOT_FOUND,
+        "recursive of a missing dir",
+    );
+    code(next("file"), codes::NOT_A_DIRECTORY, "children of a file");
+    code(next("file"), codes::NOT_A_DIRECTORY, "recursive of a file");
+    let root = ok(next("root"), "root");
+    assert_eq!(root, whole(ok(fs.list(&FsPath::root()).await, "list root")));
+    assert!(
+        root.entries
+            .iter()
+            .any(|f| f.path == p("many") && f.is_dir()),
+        "the root lists `many/`: {:?}",
+        paths(&root.entries)
+    );
+    assert_eq!(
+        ok(next("cut at 0"), "cut at 0"),
+        Listing {
+            entries: Vec::new(),
+            truncated: true
+        }
+    );
+    assert_eq!(ok(fs.list_many(&[]).await, "an empty batch").len(), 0);
 }
 
 /// Line windows, endings kept, binary refused.
@@ -1016,6 +1137,21 @@ pub async fn read_only_reads_agree(backing: &dyn Filesystem, view: &dyn Filesyst
             backing.glob(&g).await,
             &format!("glob {:?} in {}", g.pattern, g.path),
         );
+    }
+    let listings = [
+        ListRequest::children(p("ro")),
+        ListRequest::recursive(p("ro")),
+        ListRequest::recursive(FsPath::root()).max_results(2),
+        ListRequest::children(p("ro/missing")),
+        ListRequest::recursive(p("ro/a.txt")),
+    ];
+    let (v, b) = (
+        ok(view.list_many(&listings).await, "list_many (view)"),
+        ok(backing.list_many(&listings).await, "list_many (backing)"),
+    );
+    assert_eq!(v.len(), listings.len(), "list_many: one result per request");
+    for ((v, b), r) in v.into_iter().zip(b).zip(&listings) {
+        same(v, b, &format!("list_many {r:?}"));
     }
     let batch = [p("ro/a.txt"), p("ro/missing"), p("ro/sub")];
     let (v, b) = (view.download(&batch).await, backing.download(&batch).await);

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::{
     AppendOptions, DeleteOptions, EditOutcome, EditRequest, FileInfo, Filesystem, FsPath,
-    GlobOutput, GlobRequest, GrepOutput, GrepRequest, RenameOptions, Result, Version, WriteOptions,
+    GlobOutput, GlobRequest, GrepOutput, GrepRequest, ListRequest, Listing, RenameOptions, Result,
+    Version, WriteOptions,
 };
 
 /// What went through a [`CountingFs`]: operations by method name, and the bytes returned
@@ -155,6 +156,11 @@ crate::forward_filesystem! {
         async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
             self.count("glob");
             self.inner.glob(request).await
+        }
+
+        async fn list_many(&self, requests: &[ListRequest]) -> Result<Vec<Result<Listing>>> {
+            self.count("list_many");
+            self.inner.list_many(requests).await
         }
     }
 }

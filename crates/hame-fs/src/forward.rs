@@ -3,7 +3,7 @@
 
 /// Implements [`Filesystem`](crate::Filesystem) for a wrapper: every method is either
 /// **forwarded** unchanged to the inner filesystem or **overridden** by an `async fn` given
-/// in the invocation, and the wrapper does not compile unless each of the twelve methods is
+/// in the invocation, and the wrapper does not compile unless each of the thirteen methods is
 /// named exactly once.
 ///
 /// Without it, a wrapper that forgets a *specialisable* method (one with a default, such as
@@ -31,6 +31,7 @@
 ///         // Forwarded unchanged.
 ///         forward = [
 ///             stat, list, read_bytes, delete, rename, exists, read_range, edit, grep, glob,
+///             list_many,
 ///         ];
 ///         // Overridden (the generics and `where` clause of the impl are in scope).
 ///         async fn write(
@@ -82,7 +83,7 @@
 ///         inner = |s| &s.0;
 ///         forward = [
 ///             stat, list, read_bytes, write, delete, rename, exists, read_range, append, edit,
-///             grep,
+///             grep, list_many,
 ///         ];
 ///     }
 /// }
@@ -92,8 +93,8 @@
 /// generics go in square brackets; the `where` predicates too), then optionally
 /// `inner = |s| <expr>; forward = [<methods>];` (both or neither: a wrapper that overrides
 /// every method, like a router, gives neither), then the overriding `async fn`s. The
-/// twelve methods are `stat, list, read_bytes, write, delete, rename, exists, read_range,
-/// append, edit, grep, glob`. The conveniences of [`FilesystemExt`](crate::FilesystemExt)
+/// thirteen methods are `stat, list, read_bytes, write, delete, rename, exists, read_range,
+/// append, edit, grep, glob, list_many`. The conveniences of [`FilesystemExt`](crate::FilesystemExt)
 /// are not listed: they cannot be overridden.
 #[macro_export]
 macro_rules! forward_filesystem {
@@ -287,6 +288,19 @@ macro_rules! forward_filesystem {
                 }
             ] items $items);
     };
+    (@munch head $h:tt $t:tt $w:tt inner [$s:ident] [$e:expr]
+        todo [list_many $($todo:ident)*] done [$($done:tt)*] items $items:tt) => {
+        $crate::forward_filesystem!(@munch head $h $t $w inner [$s] [$e] todo [$($todo)*]
+            done [$($done)*
+                async fn list_many(
+                    &self,
+                    requests: &[$crate::ListRequest],
+                ) -> $crate::Result<::std::vec::Vec<$crate::Result<$crate::Listing>>> {
+                    let $s = self;
+                    $crate::Filesystem::list_many($e, requests).await
+                }
+            ] items $items);
+    };
     (@munch head [$($gen:tt)*] [$ty:ty] [$($wc:tt)*] inner $s:tt $e:tt
         todo [] done [$($done:tt)*] items [$($items:tt)*]) => {
         #[$crate::__private::async_trait]
@@ -318,5 +332,6 @@ pub mod __private {
         fn edit();
         fn grep();
         fn glob();
+        fn list_many();
     }
 }

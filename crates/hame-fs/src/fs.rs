@@ -351,6 +351,67 @@ pub struct GlobOutput {
     pub truncated: bool,
 }
 
+/// One listing of a [`Filesystem::list_many`] batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListRequest {
+    /// The directory listed (the root always exists).
+    pub path: FsPath,
+    /// Every file below `path` at any depth, as [`glob`](Filesystem::glob) of `**` finds
+    /// them (files only, no directory entries); without it, `path`'s direct children as
+    /// [`list`](Filesystem::list) gives them (files and directories).
+    pub recursive: bool,
+    /// Stop after this many entries (the listing then says `truncated`).
+    pub max_results: usize,
+}
+
+impl ListRequest {
+    /// The direct children of `path`, without a cap.
+    pub fn children(path: FsPath) -> Self {
+        ListRequest {
+            path,
+            recursive: false,
+            max_results: usize::MAX,
+        }
+    }
+
+    /// Every file below `path`, without a cap.
+    pub fn recursive(path: FsPath) -> Self {
+        ListRequest {
+            path,
+            recursive: true,
+            max_results: usize::MAX,
+        }
+    }
+
+    /// The same listing, cut after `max_results` entries.
+    pub fn max_results(self, max_results: usize) -> Self {
+        ListRequest {
+            max_results,
+            ..self
+        }
+    }
+}
+
+/// One listing of [`Filesystem::list_many`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Listing {
+    /// The entries, sorted by path.
+    pub entries: Vec<FileInfo>,
+    /// Whether more entries exist beyond the request's `max_results`.
+    pub truncated: bool,
+}
+
+impl Listing {
+    /// The first `max_results` of `entries` (sorted by path), `truncated` when there were
+    /// more.
+    pub fn capped(mut entries: Vec<FileInfo>, max_results: usize) -> Self {
+        entries.sort_by(|a, b| a.path.cmp(&b.path));
+        let truncated = entries.len() > max_results;
+        entries.truncate(max_results);
+        Listing { entries, truncated }
+    }
+}
+
 /// A pluggable filesystem: local disk, memory, Redis, object storage, a sandbox.
 ///
 /// # Methods
@@ -359,11 +420,12 @@ pub struct GlobOutput {
 ///   [`list`](Filesystem::list), [`read_bytes`](Filesystem::read_bytes),
 ///   [`write`](Filesystem::write), [`delete`](Filesystem::delete) and
 ///   [`rename`](Filesystem::rename). A backend implements these and is complete.
-/// * **Six specialisable methods** have a correct generic fallback built on the required
-///   six ([`generic`]): [`exists`](Filesystem::exists), [`read_range`](Filesystem::read_range),
-///   [`append`](Filesystem::append), [`edit`](Filesystem::edit), [`grep`](Filesystem::grep)
-///   and [`glob`](Filesystem::glob). A backend overrides one when it can do better (a
-///   positioned read, a native `APPEND`, a server-side search).
+/// * **Seven specialisable methods** have a correct generic fallback built on the others
+///   ([`generic`]): [`exists`](Filesystem::exists), [`read_range`](Filesystem::read_range),
+///   [`append`](Filesystem::append), [`edit`](Filesystem::edit), [`grep`](Filesystem::grep),
+///   [`glob`](Filesystem::glob) and [`list_many`](Filesystem::list_many). A backend
+///   overrides one when it can do better (a positioned read, a native `APPEND`, a
+///   server-side search, several listings in one round trip).
 /// * **Conveniences** live in [`FilesystemExt`], implemented for every filesystem and not
 ///   overridable: [`read`](FilesystemExt::read) (a line window),
 ///   [`upload`](FilesystemExt::upload) and [`download`](FilesystemExt::download) (batches).
@@ -399,7 +461,15 @@ pub struct GlobOutput {
 /// whole objects; a backend with positioned reads (local disk) may return a range that a
 /// concurrent `append` is extending, but never bytes that were not written.
 ///
-/// **Ordering.** `list`, `glob` and `grep` return entries sorted by path (then line).
+/// **Ordering.** `list`, `glob`, `grep` and each listing of `list_many` return entries
+/// sorted by path (then line).
+///
+/// **Batched listings.** [`list_many`](Filesystem::list_many) answers each of its requests
+/// exactly as `list` of the directory (direct children) or `glob` of `**` from it (every
+/// file below) would, cut at the request's `max_results`, in one operation: one round trip
+/// (or one set of concurrent requests) on a remote store, one hand-off to the blocking pool
+/// on disk. A missing directory is `file_not_found` and a file `not_a_directory`, for that
+/// request only; the batch as a whole fails only when the store does not answer.
 ///
 /// **Text.** [`read`](FilesystemExt::read) and `edit` treat a file as binary when it has a
 /// NUL byte in its first [`BINARY_SNIFF_BYTES`] bytes or is not UTF-8, and fail with
@@ -479,6 +549,15 @@ pub trait Filesystem: Send + Sync + fmt::Debug + 'static {
     async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
         generic::glob_via_walk(self, request).await
     }
+
+    /// Several listings in one operation (see `Batched listings` in the `# Contract`): one
+    /// result per request, in order. The outer error is the batch's (the store did not
+    /// answer); each listing has its own (`file_not_found`, `not_a_directory`). Fallback:
+    /// `list` or `glob` of `**` per request, one after the other
+    /// ([`generic::list_many_each`]).
+    async fn list_many(&self, requests: &[ListRequest]) -> Result<Vec<Result<Listing>>> {
+        generic::list_many_each(self, requests).await
+    }
 }
 
 /// How many reads [`FilesystemExt::download`] keeps in flight.
@@ -531,7 +610,7 @@ macro_rules! forward_to_pointee {
                 inner = |s| &**s;
                 forward = [
                     stat, list, read_bytes, write, delete, rename,
-                    exists, read_range, append, edit, grep, glob,
+                    exists, read_range, append, edit, grep, glob, list_many,
                 ];
             }
         }

@@ -1,6 +1,6 @@
 //! The one home of the pieces every backend and wrapper shares, so the semantics are
 //! identical everywhere: correct fallbacks for the specialisable [`Filesystem`] methods,
-//! written on top of the six required ones (`*_via_*`), the grep engine ([`GrepSearch`],
+//! written on top of the six required ones (`*_via_*`, [`list_many_each`]), the grep engine ([`GrepSearch`],
 //! [`grep_files`]) and the listing step of walk-based searches ([`files_at`]), the checks
 //! of `rename` ([`rename_is_noop`], [`check_directory_move`]), and the pure helpers (edit,
 //! text sniffing, ranges, matchers).
@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::fs::{
     AppendOptions, BINARY_SNIFF_BYTES, DEFAULT_READ_LINES, EditOutcome, EditRequest, FileInfo,
     Filesystem, GREP_MAX_FILE_BYTES, GlobOutput, GlobRequest, GrepMatch, GrepOutput, GrepRequest,
-    Links, ReadWindow, TextWindow, Version, WriteMode, WriteOptions,
+    Links, ListRequest, Listing, ReadWindow, TextWindow, Version, WriteMode, WriteOptions,
 };
 use crate::path::FsPath;
 
@@ -715,6 +715,140 @@ pub async fn glob_via_walk_without_links<F: Filesystem + ?Sized>(
     compile_glob(&request.pattern)?;
     let files = walk_files_without_links(fs, &request.path, links).await?;
     glob_filter(request, files)
+}
+
+/// [`Filesystem::list_many`] one request at a time ([`list_one`]): the child listings
+/// first, then the recursive ones — except that a recursive listing of a folder whose
+/// parent this batch lists (whole) without a folder of that name is answered from that
+/// listing (`file_not_found`, or `not_a_directory` for a file) without a call of its own.
+pub async fn list_many_each<F: Filesystem + ?Sized>(
+    fs: &F,
+    requests: &[ListRequest],
+) -> Result<Vec<Result<Listing>>> {
+    let mut parts = ListParts::new(requests.len());
+    let mut children: Vec<(&FsPath, Listing)> = Vec::new();
+    for (i, r) in requests.iter().enumerate().filter(|(_, r)| !r.recursive) {
+        let answer = list_one(fs, r).await;
+        if let Ok(l) = &answer
+            && !l.truncated
+        {
+            children.push((&r.path, l.clone()));
+        }
+        parts.answer(i, answer);
+    }
+    for (i, r) in requests.iter().enumerate().filter(|(_, r)| r.recursive) {
+        let parent = r.path.parent();
+        let listed = children
+            .iter()
+            .find(|(dir, _)| Some(*dir) == parent.as_ref())
+            .map(|(_, l)| l.entries.iter().find(|e| e.path == r.path));
+        let answer = match listed {
+            Some(None) => Err(Error::NotFound {
+                path: r.path.to_string(),
+            }),
+            Some(Some(e)) if !e.is_dir() => Err(Error::NotADirectory {
+                path: r.path.to_string(),
+            }),
+            _ => list_one(fs, r).await,
+        };
+        parts.answer(i, answer);
+    }
+    parts.finish(fs, |_, answer| answer).await
+}
+
+/// A [`Filesystem::list_many`] batch of a wrapper answered in two parts: the listings the
+/// wrapper answers itself ([`answer`](Self::answer): a refusal, or a listing through its own
+/// `list` or `glob`), and those it sends on ([`send`](Self::send)) in one batch of the
+/// filesystem below ([`finish`](Self::finish)), so a policy wrapper keeps a batch one
+/// operation of its backend.
+#[derive(Debug)]
+pub struct ListParts {
+    out: Vec<Option<Result<Listing>>>,
+    sent: Vec<(usize, ListRequest)>,
+}
+
+impl ListParts {
+    /// A batch of `n` listings, none answered yet.
+    pub fn new(n: usize) -> Self {
+        ListParts {
+            out: (0..n).map(|_| None).collect(),
+            sent: Vec::new(),
+        }
+    }
+
+    /// Listing `i` is `answer`.
+    pub fn answer(&mut self, i: usize, answer: Result<Listing>) {
+        if let Some(slot) = self.out.get_mut(i) {
+            *slot = Some(answer);
+        }
+    }
+
+    /// Listing `i` is `request` of the filesystem below (its answer goes through `finish`'s
+    /// `map`).
+    pub fn send(&mut self, i: usize, request: ListRequest) {
+        self.sent.push((i, request));
+    }
+
+    /// Sends what was sent on to `inner` in one batch (none when nothing was) and gives
+    /// each answer to `map` with its index; one result per listing, in order.
+    pub async fn finish<F: Filesystem + ?Sized>(
+        mut self,
+        inner: &F,
+        mut map: impl FnMut(usize, Result<Listing>) -> Result<Listing> + Send,
+    ) -> Result<Vec<Result<Listing>>> {
+        if !self.sent.is_empty() {
+            let requests: Vec<ListRequest> = self.sent.iter().map(|(_, r)| r.clone()).collect();
+            let answers = inner.list_many(&requests).await?;
+            let sent = std::mem::take(&mut self.sent);
+            for ((i, _), answer) in sent.into_iter().zip(answers) {
+                let answer = map(i, answer);
+                self.answer(i, answer);
+            }
+        }
+        Ok(self
+            .out
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| {
+                    Err(Error::Backend {
+                        message: "a filesystem gave fewer listings than asked".into(),
+                        source: None,
+                    })
+                })
+            })
+            .collect())
+    }
+}
+
+/// One listing of [`Filesystem::list_many`] through `fs`'s own methods: `list` of the
+/// directory, or `glob` of `**` from it (and, when that finds nothing, a `stat` to tell an
+/// empty directory from a file).
+pub async fn list_one<F: Filesystem + ?Sized>(fs: &F, request: &ListRequest) -> Result<Listing> {
+    let path = &request.path;
+    if !request.recursive {
+        return fs
+            .list(path)
+            .await
+            .map(|entries| Listing::capped(entries, request.max_results));
+    }
+    let out = fs
+        .glob(&GlobRequest {
+            pattern: "**".into(),
+            path: path.clone(),
+            max_results: request.max_results,
+        })
+        .await?;
+    // A glob from a file finds the file itself; a listing is of a directory.
+    let the_base = matches!(out.files.as_slice(), [f] if f.path == *path);
+    if the_base || (out.files.is_empty() && !path.is_root() && !fs.stat(path).await?.is_dir()) {
+        return Err(Error::NotADirectory {
+            path: path.to_string(),
+        });
+    }
+    Ok(Listing {
+        entries: out.files,
+        truncated: out.truncated,
+    })
 }
 
 #[cfg(test)]

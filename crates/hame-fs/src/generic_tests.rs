@@ -191,3 +191,43 @@ proptest! {
         prop_assert_eq!(got, want.as_slice());
     }
 }
+
+/// The fallback `list_many` answers a recursive listing of a folder that the batch's
+/// listing of its parent does not show without a call of its own, and walks the others.
+#[tokio::test]
+async fn list_many_each_asks_nothing_of_a_folder_its_parent_listing_lacks() -> TestResult {
+    let counting = crate::CountingFs::new(Arc::new(InMemoryFs::with_files([
+        ("AGENTS.md", b"a".as_slice()),
+        ("skills/s/SKILL.md", b"s".as_slice()),
+    ])?));
+    let fs = RequiredOnly(counting.clone());
+    let mut requests = vec![ListRequest::children(FsPath::root())];
+    requests.extend(["knowledge", "skills", "AGENTS.md"].map(|d| ListRequest::recursive(p(d))));
+    let out = fs.list_many(&requests).await?;
+    let codes: Vec<std::result::Result<Vec<String>, &str>> = out
+        .iter()
+        .map(|r| match r {
+            Ok(l) => Ok(crate::conformance::paths(&l.entries)),
+            Err(e) => Err(e.code()),
+        })
+        .collect();
+    assert_eq!(
+        codes,
+        vec![
+            Ok(vec!["/AGENTS.md".to_owned(), "/skills".to_owned()]),
+            Err(crate::codes::FILE_NOT_FOUND),
+            Ok(vec!["/skills/s/SKILL.md".to_owned()]),
+            Err(crate::codes::NOT_A_DIRECTORY),
+        ]
+    );
+    // The root's listing, then the walk of skills/ (its stat, two listings); nothing for
+    // knowledge/ or AGENTS.md.
+    let counts = counting.counts();
+    assert_eq!(
+        (counts.of("list"), counts.of("stat")),
+        (3, 1),
+        "{:?}",
+        counts.ops
+    );
+    Ok(())
+}

@@ -10,7 +10,7 @@
 //! types appear here (a `deps` rule of `cargo xtask ci` keeps it so). The file tools the
 //! model calls, and the conversion of [`Error`] into a tool error, live in `hame-tools`.
 //!
-//! The trait has six required methods (what a backend must store and return) and six
+//! The trait has six required methods (what a backend must store and return) and seven
 //! specialisable ones with correct generic fallbacks ([`generic`]); conveniences (`read` a
 //! line window, `upload`, `download`) are in the blanket [`FilesystemExt`]. Wrappers
 //! implement the trait with [`forward_filesystem!`], which does not compile while a method
@@ -65,7 +65,8 @@ pub use fs::{
     AppendOptions, BINARY_SNIFF_BYTES, DEFAULT_READ_LINES, DOWNLOAD_CONCURRENCY, DeleteOptions,
     Durability, EditOutcome, EditRequest, ExecOutput, ExecRequest, Execute, FileInfo, FileKind,
     Filesystem, FilesystemExt, GREP_MAX_FILE_BYTES, GlobOutput, GlobRequest, GrepMatch, GrepOutput,
-    GrepRequest, Links, ReadWindow, RenameOptions, TextWindow, Version, WriteMode, WriteOptions,
+    GrepRequest, Links, ListRequest, Listing, ReadWindow, RenameOptions, TextWindow, Version,
+    WriteMode, WriteOptions,
 };
 #[cfg(feature = "local")]
 pub use local::{INLINE_READ_MAX, LocalFs, LocalFsOptions};

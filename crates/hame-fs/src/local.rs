@@ -13,8 +13,8 @@ use rustix::io::Errno;
 use crate::error::{Error, Result};
 use crate::fs::{
     AppendOptions, DeleteOptions, EditOutcome, EditRequest, FileInfo, FileKind, Filesystem,
-    GlobOutput, GlobRequest, GrepOutput, GrepRequest, Links, RenameOptions, Version, WriteMode,
-    WriteOptions,
+    GlobOutput, GlobRequest, GrepOutput, GrepRequest, Links, ListRequest, Listing, RenameOptions,
+    Version, WriteMode, WriteOptions,
 };
 use crate::generic::{self, GrepSearch};
 use crate::path::{FsPath, NameCase};
@@ -747,6 +747,21 @@ impl Inner {
         Ok(out)
     }
 
+    /// One listing of `list_many`: `list`, or the walk of a directory.
+    fn listing(&self, request: &ListRequest) -> Result<Listing> {
+        let entries = if request.recursive {
+            if !self.stat(&request.path)?.is_dir() {
+                return Err(Error::NotADirectory {
+                    path: request.path.to_string(),
+                });
+            }
+            self.walk(&request.path)?
+        } else {
+            self.list(&request.path)?
+        };
+        Ok(Listing::capped(entries, request.max_results))
+    }
+
     /// The shared grep engine over the blocking walk, one file at a time.
     fn grep(&self, request: &GrepRequest) -> Result<GrepOutput> {
         let mut search = GrepSearch::new(request)?;
@@ -1036,6 +1051,44 @@ impl Filesystem for LocalFs {
             generic::glob_filter(&request, files)
         })
         .await
+    }
+
+    /// Listings of children, and the `stat` that finds a recursive listing's folder
+    /// missing, run on the caller's thread as `list` and `stat` do; the walks of the
+    /// folders that exist run on the blocking pool, all of them in one hand-off.
+    async fn list_many(&self, requests: &[ListRequest]) -> Result<Vec<Result<Listing>>> {
+        let mut parts = generic::ListParts::new(requests.len());
+        let mut walks = Vec::new();
+        for (i, r) in requests.iter().enumerate() {
+            if !r.recursive {
+                parts.answer(i, self.inner.listing(r));
+                continue;
+            }
+            match self.inner.stat(&r.path) {
+                Ok(info) if info.is_dir() => walks.push((i, r.clone())),
+                Ok(_) => parts.answer(
+                    i,
+                    Err(Error::NotADirectory {
+                        path: r.path.to_string(),
+                    }),
+                ),
+                Err(e) => parts.answer(i, Err(e)),
+            }
+        }
+        if !walks.is_empty() {
+            let walked = self
+                .blocking(move |inner| {
+                    Ok(walks
+                        .into_iter()
+                        .map(|(i, r)| (i, inner.listing(&r)))
+                        .collect::<Vec<_>>())
+                })
+                .await?;
+            for (i, answer) in walked {
+                parts.answer(i, answer);
+            }
+        }
+        parts.finish(self, |_, answer| answer).await
     }
 }
 

@@ -9,8 +9,8 @@ use chrono::{DateTime, Utc};
 use crate::error::{Error, Result};
 use crate::fs::{
     AppendOptions, DeleteOptions, EditOutcome, EditRequest, FileInfo, FileKind, Filesystem,
-    GlobOutput, GlobRequest, GrepOutput, GrepRequest, RenameOptions, Version, WriteMode,
-    WriteOptions,
+    GlobOutput, GlobRequest, GrepOutput, GrepRequest, ListRequest, Listing, RenameOptions, Version,
+    WriteMode, WriteOptions,
 };
 use crate::generic;
 use crate::path::FsPath;
@@ -103,6 +103,61 @@ fn write_locked(map: &mut Map, path: &FsPath, data: Vec<u8>, mode: &WriteMode) -
     Ok(version)
 }
 
+/// The direct children of the directory `path`, sorted.
+fn children(map: &Map, path: &FsPath) -> Result<Vec<FileInfo>> {
+    check_dir(map, path)?;
+    let mut out: Vec<FileInfo> = Vec::new();
+    for (k, e) in map.range(path.clone()..) {
+        let Some(rel) = k.strip_prefix(path) else {
+            if k.as_str().starts_with(path.as_str()) {
+                continue;
+            }
+            break;
+        };
+        let Some(first) = rel.segments().next() else {
+            continue;
+        };
+        let child = path.join_path(&FsPath::parse(first)?);
+        if rel.segments().nth(1).is_some() {
+            if out.last().map(|l| &l.path) != Some(&child) {
+                out.push(FileInfo::dir(child));
+            }
+        } else {
+            out.push(info(k, e));
+        }
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    out.dedup_by(|a, b| a.path == b.path);
+    Ok(out)
+}
+
+/// Every file strictly below the directory `path`, sorted, at most `max + 1` of them.
+fn below(map: &Map, path: &FsPath, max: usize) -> Result<Vec<FileInfo>> {
+    check_dir(map, path)?;
+    Ok(map
+        .range(path.clone()..)
+        .take_while(|(k, _)| k.as_str().starts_with(path.as_str()))
+        .filter(|(k, _)| k.starts_with(path) && *k != path)
+        .take(max.saturating_add(1))
+        .map(|(k, e)| info(k, e))
+        .collect())
+}
+
+/// `not_a_directory` for a file, `file_not_found` for nothing.
+fn check_dir(map: &Map, path: &FsPath) -> Result<()> {
+    if map.contains_key(path) {
+        return Err(Error::NotADirectory {
+            path: path.to_string(),
+        });
+    }
+    if !is_dir(map, path) {
+        return Err(Error::NotFound {
+            path: path.to_string(),
+        });
+    }
+    Ok(())
+}
+
 impl InMemoryFs {
     /// An empty filesystem.
     pub fn new() -> Self {
@@ -145,40 +200,7 @@ impl Filesystem for InMemoryFs {
     }
 
     async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
-        let map = self.lock();
-        if map.contains_key(path) {
-            return Err(Error::NotADirectory {
-                path: path.to_string(),
-            });
-        }
-        if !is_dir(&map, path) {
-            return Err(Error::NotFound {
-                path: path.to_string(),
-            });
-        }
-        let mut out: Vec<FileInfo> = Vec::new();
-        for (k, e) in map.range(path.clone()..) {
-            let Some(rel) = k.strip_prefix(path) else {
-                if k.as_str().starts_with(path.as_str()) {
-                    continue;
-                }
-                break;
-            };
-            let Some(first) = rel.segments().next() else {
-                continue;
-            };
-            let child = path.join_path(&FsPath::parse(first)?);
-            if rel.segments().nth(1).is_some() {
-                if out.last().map(|l| &l.path) != Some(&child) {
-                    out.push(FileInfo::dir(child));
-                }
-            } else {
-                out.push(info(k, e));
-            }
-        }
-        out.sort_by(|a, b| a.path.cmp(&b.path));
-        out.dedup_by(|a, b| a.path == b.path);
-        Ok(out)
+        children(&self.lock(), path)
     }
 
     async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
@@ -344,6 +366,22 @@ impl Filesystem for InMemoryFs {
 
     async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
         generic::glob_via_walk(self, request).await
+    }
+
+    /// Every listing under one lock: one moment of the map.
+    async fn list_many(&self, requests: &[ListRequest]) -> Result<Vec<Result<Listing>>> {
+        let map = self.lock();
+        Ok(requests
+            .iter()
+            .map(|r| {
+                let entries = if r.recursive {
+                    below(&map, &r.path, r.max_results)
+                } else {
+                    children(&map, &r.path)
+                };
+                entries.map(|e| Listing::capped(e, r.max_results))
+            })
+            .collect())
     }
 }
 

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::fs::{
     AppendOptions, DeleteOptions, EditOutcome, EditRequest, FileInfo, Filesystem, GlobOutput,
-    GlobRequest, GrepOutput, GrepRequest, RenameOptions, Version, WriteMode, WriteOptions,
+    GlobRequest, GrepOutput, GrepRequest, ListRequest, Listing, RenameOptions, Version, WriteMode,
+    WriteOptions,
 };
 use crate::generic;
 use crate::path::FsPath;
@@ -183,6 +184,25 @@ crate::forward_filesystem! {
             out.files = out.files.into_iter().map(|f| self.info(f)).collect();
             Ok(out)
         }
+        async fn list_many(&self, requests: &[ListRequest]) -> Result<Vec<Result<Listing>>> {
+            let inner: Vec<ListRequest> = requests
+                .iter()
+                .map(|r| ListRequest {
+                    path: self.full(&r.path),
+                    ..r.clone()
+                })
+                .collect();
+            let answers = self.inner.list_many(&inner).await.map_err(|e| self.err(e))?;
+            Ok(requests
+                .iter()
+                .zip(answers)
+                .map(|(r, answer)| {
+                    let mut l = self.searched(&r.path, answer, || Ok(()))?;
+                    l.entries = l.entries.into_iter().map(|f| self.info(f)).collect();
+                    Ok(l)
+                })
+                .collect())
+        }
     }
 }
 
@@ -209,7 +229,7 @@ fn read_only(path: &FsPath) -> Error {
 crate::forward_filesystem! {
     impl[F: Filesystem] Filesystem for ReadOnlyFs<F> {
         inner = |s| &s.inner;
-        forward = [stat, list, read_bytes, exists, read_range, grep, glob];
+        forward = [stat, list, read_bytes, exists, read_range, grep, glob, list_many];
         async fn write(&self, path: &FsPath, _: Vec<u8>, _: WriteOptions) -> Result<Version> {
             Err(read_only(path))
         }
@@ -285,6 +305,40 @@ impl CompositeFs {
             .filter(move |p| p.starts_with(path) && *p != path)
     }
 
+    /// The listing of `path` (`inner` in the backend mounted at `prefix`) from the
+    /// backend's `answer`, with the mount points below `path` shown as directories.
+    fn children(
+        &self,
+        path: &FsPath,
+        inner: &FsPath,
+        prefix: &FsPath,
+        answer: Result<Vec<FileInfo>>,
+    ) -> Result<Vec<FileInfo>> {
+        let mut out = match answer {
+            Ok(v) => v.into_iter().map(|f| Self::out(prefix, f)).collect(),
+            Err(Error::NotFound { .. })
+                if self.mounts_below(path).next().is_some()
+                    || (inner.is_root() && !prefix.is_root()) =>
+            {
+                Vec::new()
+            }
+            Err(e) => return Err(Self::err(prefix, e)),
+        };
+        for m in self.mounts_below(path) {
+            if let Some(first) = m
+                .strip_prefix(path)
+                .and_then(|r| r.segments().next().map(str::to_owned))
+            {
+                let child = path.join_path(&FsPath::parse(&first)?);
+                out.retain(|f: &FileInfo| f.path != child);
+                out.push(FileInfo::dir(child));
+            }
+        }
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        out.dedup_by(|a, b| a.path == b.path);
+        Ok(out)
+    }
+
     fn out(prefix: &FsPath, mut f: FileInfo) -> FileInfo {
         f.path = prefix.join_path(&f.path);
         f
@@ -318,29 +372,7 @@ crate::forward_filesystem! {
         }
         async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
             let (fs, inner, prefix) = self.route(path);
-            let mut out = match fs.list(&inner).await {
-                Ok(v) => v.into_iter().map(|f| Self::out(&prefix, f)).collect(),
-                Err(Error::NotFound { .. })
-                    if self.mounts_below(path).next().is_some()
-                        || (inner.is_root() && !prefix.is_root()) =>
-                {
-                    Vec::new()
-                }
-                Err(e) => return Err(Self::err(&prefix, e)),
-            };
-            for m in self.mounts_below(path) {
-                if let Some(first) = m
-                    .strip_prefix(path)
-                    .and_then(|r| r.segments().next().map(str::to_owned))
-                {
-                    let child = path.join_path(&FsPath::parse(&first)?);
-                    out.retain(|f: &FileInfo| f.path != child);
-                    out.push(FileInfo::dir(child));
-                }
-            }
-            out.sort_by(|a, b| a.path.cmp(&b.path));
-            out.dedup_by(|a, b| a.path == b.path);
-            Ok(out)
+            self.children(path, &inner, &prefix, fs.list(&inner).await)
         }
         async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
             let (fs, inner, prefix) = self.route(path);
@@ -463,6 +495,61 @@ crate::forward_filesystem! {
             out.files = out.files.into_iter().map(|f| Self::out(&prefix, f)).collect();
             Ok(out)
         }
+        /// One batch per mounted backend, the mount points below a listed folder added as
+        /// `list` adds them; a recursive listing of a folder that holds a mount point (it
+        /// spans backends) walks through this composite's `list`.
+        async fn list_many(&self, requests: &[ListRequest]) -> Result<Vec<Result<Listing>>> {
+            let mut out: Vec<Option<Result<Listing>>> = requests.iter().map(|_| None).collect();
+            type Batch<'a> = (FsPath, &'a Arc<dyn Filesystem>, Vec<(usize, ListRequest)>);
+            let mut batches: Vec<Batch<'_>> = Vec::new();
+            for (i, r) in requests.iter().enumerate() {
+                if r.recursive && self.search_route(&r.path).is_none() {
+                    out[i] = Some(generic::list_one(self, r).await);
+                    continue;
+                }
+                let (fs, path, prefix) = self.route(&r.path);
+                let req = (i, ListRequest { path, ..r.clone() });
+                match batches.iter_mut().find(|b| b.0 == prefix) {
+                    Some(b) => b.2.push(req),
+                    None => batches.push((prefix, fs, vec![req])),
+                }
+            }
+            for (prefix, fs, batch) in batches {
+                let inner: Vec<ListRequest> = batch.iter().map(|(_, r)| r.clone()).collect();
+                let answers = fs.list_many(&inner).await.map_err(|e| Self::err(&prefix, e))?;
+                for ((i, r), answer) in batch.into_iter().zip(answers) {
+                    let path = &requests[i].path;
+                    out[i] = Some(if r.recursive {
+                        answer
+                            .map(|mut l| {
+                                l.entries =
+                                    l.entries.into_iter().map(|f| Self::out(&prefix, f)).collect();
+                                l
+                            })
+                            .map_err(|e| Self::err(&prefix, e))
+                    } else {
+                        let truncated = answer.as_ref().is_ok_and(|l| l.truncated);
+                        self.children(path, &r.path, &prefix, answer.map(|l| l.entries))
+                            .map(|entries| {
+                                let mut l = Listing::capped(entries, r.max_results);
+                                l.truncated |= truncated;
+                                l
+                            })
+                    });
+                }
+            }
+            Ok(out
+                .into_iter()
+                .map(|o| {
+                    o.unwrap_or_else(|| {
+                        Err(Error::Backend {
+                            message: "a mounted backend gave fewer listings than asked".into(),
+                            source: None,
+                        })
+                    })
+                })
+                .collect())
+        }
     }
 }
 
@@ -508,26 +595,10 @@ crate::forward_filesystem! {
             }
         }
         async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
-            let up = or_not_found(self.upper.list(path).await)?;
-            let low = match self.lower.list(path).await {
-                Ok(v) => Some(v),
-                Err(Error::NotFound { .. } | Error::NotADirectory { .. }) if up.is_some() => None,
-                Err(Error::NotFound { .. }) => None,
-                Err(e) => return Err(e),
-            };
-            if up.is_none() && low.is_none() {
-                return Err(Error::NotFound {
-                    path: path.to_string(),
-                });
-            }
-            let mut out = up.unwrap_or_default();
-            for f in low.unwrap_or_default() {
-                if !out.iter().any(|u| u.path == f.path) {
-                    out.push(f);
-                }
-            }
-            out.sort_by(|a, b| a.path.cmp(&b.path));
-            Ok(out)
+            let whole = |r: Result<Vec<FileInfo>>| r.map(|e| Listing::capped(e, usize::MAX));
+            let up = whole(self.upper.list(path).await);
+            let low = whole(self.lower.list(path).await);
+            merged(path, up, low, usize::MAX).map(|l| l.entries)
         }
         async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
             match self.upper.read_bytes(path).await {
@@ -656,45 +727,75 @@ crate::forward_filesystem! {
         }
         async fn glob(&self, request: &GlobRequest) -> Result<GlobOutput> {
             // Each side's own search, merged with `upper` winning: one search of each
-            // (a Redis range read, not one listing per folder) — the per-step probe of the
-            // workspace snapshot is this call (ADR 0028).
+            // (a Redis range read, not one listing per folder).
             generic::compile_glob(&request.pattern)?;
-            let up = or_not_found(self.upper.glob(request).await)?;
-            let low = match self.lower.glob(request).await {
-                Ok(v) => Some(v),
-                Err(Error::NotFound { .. }) => None,
-                Err(Error::NotADirectory { .. }) if up.is_some() => None,
-                Err(e) => return Err(e),
+            let listing = |r: Result<GlobOutput>| {
+                r.map(|o| Listing {
+                    entries: o.files,
+                    truncated: o.truncated,
+                })
             };
-            let (up, low) = match (up, low) {
-                (None, None) => {
-                    return Err(Error::NotFound {
-                        path: request.path.to_string(),
-                    });
-                }
-                (up, low) => (up.unwrap_or_default(), low.unwrap_or_default()),
-            };
-            let mut truncated = up.truncated || low.truncated;
-            let upper_files: std::collections::BTreeSet<FsPath> =
-                up.files.iter().map(|f| f.path.clone()).collect();
-            let mut files = up.files;
-            for f in low.files {
-                // Shadowed by the upper copy, or below a path that is a file in `upper`.
-                let shadowed = upper_files.contains(&f.path)
-                    || std::iter::successors(f.path.parent(), FsPath::parent)
-                        .any(|a| upper_files.contains(&a));
-                if !shadowed {
-                    files.push(f);
-                }
-            }
-            files.sort_by(|a, b| a.path.cmp(&b.path));
-            if files.len() > request.max_results {
-                files.truncate(request.max_results);
-                truncated = true;
-            }
-            Ok(GlobOutput { files, truncated })
+            let up = listing(self.upper.glob(request).await);
+            let low = listing(self.lower.glob(request).await);
+            merged(&request.path, up, low, request.max_results).map(|l| GlobOutput {
+                files: l.entries,
+                truncated: l.truncated,
+            })
+        }
+        /// One batch of each side, side by side, merged listing by listing as `list` and
+        /// `glob` merge: the per-step probe of the workspace snapshot (ADR 0028, 0042).
+        async fn list_many(&self, requests: &[ListRequest]) -> Result<Vec<Result<Listing>>> {
+            let (up, low) = futures::join!(
+                self.upper.list_many(requests),
+                self.lower.list_many(requests)
+            );
+            Ok(requests
+                .iter()
+                .zip(up?.into_iter().zip(low?))
+                .map(|(r, (up, low))| merged(&r.path, up, low, r.max_results))
+                .collect())
         }
     }
+}
+
+/// The overlay's view of one listing of `path` from each side: `upper`'s entries and those
+/// of `lower` that `upper` does not shadow (the same path, or a path below one of `upper`'s
+/// files), sorted, cut at `max_results`. `file_not_found` when neither side has `path`.
+fn merged(
+    path: &FsPath,
+    up: Result<Listing>,
+    low: Result<Listing>,
+    max_results: usize,
+) -> Result<Listing> {
+    let up = or_not_found(up)?;
+    let low = match low {
+        Ok(v) => Some(v),
+        Err(Error::NotFound { .. }) => None,
+        Err(Error::NotADirectory { .. }) if up.is_some() => None,
+        Err(e) => return Err(e),
+    };
+    let (up, low) = match (up, low) {
+        (None, None) => {
+            return Err(Error::NotFound {
+                path: path.to_string(),
+            });
+        }
+        (up, low) => (up.unwrap_or_default(), low.unwrap_or_default()),
+    };
+    let upper: std::collections::BTreeSet<FsPath> =
+        up.entries.iter().map(|f| f.path.clone()).collect();
+    let mut entries = up.entries;
+    for f in low.entries {
+        let shadowed = upper.contains(&f.path)
+            || std::iter::successors(f.path.parent(), FsPath::parent).any(|a| upper.contains(&a));
+        if !shadowed {
+            entries.push(f);
+        }
+    }
+    let mut out = Listing::capped(entries, max_results);
+    // Each side's first `max_results` hold the merge's first `max_results`.
+    out.truncated |= up.truncated || low.truncated;
+    Ok(out)
 }
 
 #[cfg(test)]

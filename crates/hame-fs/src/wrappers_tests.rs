@@ -216,3 +216,61 @@ async fn composite_routes_by_longest_prefix_and_merges() -> TestResult {
     assert_eq!(default.read_bytes(&p("m.md")).await?, b"needle m");
     Ok(())
 }
+
+/// A batch of listings through an overlay over a composite is one `list_many` on each
+/// backend below, whatever the number of listings, and merges like `list` and `glob`: the
+/// upper copy wins, a template file shows where the upper side has none.
+#[tokio::test]
+async fn list_many_is_one_operation_per_backend() -> TestResult {
+    let store = crate::CountingFs::new(mem());
+    let mounted = crate::CountingFs::new(mem());
+    let lower = crate::CountingFs::new(template());
+    let upper = CompositeFs::new(Arc::new(PrefixFs::new(store.clone(), p("ns"))))
+        .mount(p("skills"), Arc::new(mounted.clone()));
+    let fs = OverlayFs::new(Arc::new(upper), Arc::new(lower.clone()));
+    for (path, data) in [
+        ("AGENTS.md", "mine"),
+        ("tpl/knowledge/new.md", "n"),
+        ("skills/a/SKILL.md", "a"),
+    ] {
+        fs.write(&p(path), data.into(), WriteOptions::default())
+            .await?;
+    }
+    for c in [&store, &mounted, &lower] {
+        c.reset();
+    }
+    let requests = [
+        ListRequest::children(FsPath::root()),
+        ListRequest::recursive(p("tpl")),
+        ListRequest::recursive(p("skills")),
+        ListRequest::recursive(p("subagents")),
+    ];
+    let out = fs.list_many(&requests).await?;
+    for c in [&store, &mounted, &lower] {
+        assert_eq!(c.counts().ops, [("list_many", 1)].into_iter().collect());
+    }
+    let mut out = out.into_iter();
+    let mut next = || out.next().ok_or("a listing is missing");
+    let root = next()?.map_err(|e| e.to_string())?;
+    assert_eq!(root.entries, fs.list(&FsPath::root()).await?);
+    assert_eq!(
+        crate::conformance::paths(&root.entries),
+        vec!["/AGENTS.md", "/skills", "/tpl"]
+    );
+    assert_eq!(root.entries[0].size, 4, "the upper copy wins");
+    let tpl = next()?.map_err(|e| e.to_string())?;
+    assert_eq!(
+        crate::conformance::paths(&tpl.entries),
+        vec!["/tpl/knowledge/k.md", "/tpl/knowledge/new.md"]
+    );
+    let skills = next()?.map_err(|e| e.to_string())?;
+    assert_eq!(
+        crate::conformance::paths(&skills.entries),
+        vec!["/skills/a/SKILL.md"]
+    );
+    assert_eq!(
+        next()?.map_err(|e| e.code()).unwrap_err(),
+        codes::FILE_NOT_FOUND
+    );
+    Ok(())
+}

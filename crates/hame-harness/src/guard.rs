@@ -28,8 +28,8 @@ use std::sync::Arc;
 
 use hame_fs::{
     AppendOptions, DeleteOptions, EditOutcome, EditRequest, Error, FileInfo, Filesystem, FsPath,
-    GlobOutput, GlobRequest, GrepOutput, GrepRequest, Links, RenameOptions, Result, Version,
-    WriteOptions, generic,
+    GlobOutput, GlobRequest, GrepOutput, GrepRequest, Links, ListRequest, Listing, RenameOptions,
+    Result, Version, WriteOptions, generic,
 };
 
 use crate::users::UserRegistry;
@@ -219,6 +219,38 @@ impl GuardFs {
                 .any(|h| under(h, base))
     }
 
+    /// The entries of a listing of `dir` this view shows (as named, and where they lead).
+    fn shown(
+        &self,
+        dir: &FsPath,
+        entries: Vec<FileInfo>,
+        users: Option<&BTreeSet<String>>,
+    ) -> Vec<FileInfo> {
+        // Where the folder itself leads, and which entries are links.
+        let real_dir = self.resolved(dir);
+        let links = match &self.links {
+            Some(l) => l.links_in(dir).unwrap_or_default(),
+            None => Vec::new(),
+        };
+        let mut shown = Vec::with_capacity(entries.len());
+        for e in entries {
+            if !self.shows(dir, &e.path, users) {
+                continue;
+            }
+            let name = e.path.file_name();
+            let real = if links.iter().any(|n| n == name) {
+                self.resolved(&e.path)
+            } else {
+                real_dir.as_ref().and_then(|d| d.join(name).ok())
+            };
+            if real.is_some_and(|r| !self.shows(real_dir.as_ref().unwrap_or(dir), &r, users)) {
+                continue;
+            }
+            shown.push(e);
+        }
+        shown
+    }
+
     /// Whether a listing of `dir` shows `entry` (as named; links are checked by `list`).
     fn shows(&self, dir: &FsPath, entry: &FsPath, users: Option<&BTreeSet<String>>) -> bool {
         let in_runtime = self.rules.runtime.iter().any(|r| under(dir, r));
@@ -240,29 +272,7 @@ hame_fs::forward_filesystem! {
             self.check(path).await?;
             let entries = self.inner.list(path).await?;
             let users = self.users().await?;
-            // Where the folder itself leads, and which entries are links.
-            let real_dir = self.resolved(path);
-            let links = match &self.links {
-                Some(l) => l.links_in(path).unwrap_or_default(),
-                None => Vec::new(),
-            };
-            let mut shown = Vec::with_capacity(entries.len());
-            for e in entries {
-                if !self.shows(path, &e.path, users) {
-                    continue;
-                }
-                let name = e.path.file_name();
-                let real = if links.iter().any(|n| n == name) {
-                    self.resolved(&e.path)
-                } else {
-                    real_dir.as_ref().and_then(|d| d.join(name).ok())
-                };
-                if real.is_some_and(|r| !self.shows(real_dir.as_ref().unwrap_or(path), &r, users)) {
-                    continue;
-                }
-                shown.push(e);
-            }
-            Ok(shown)
+            Ok(self.shown(path, entries, users))
         }
 
         async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
@@ -328,6 +338,38 @@ hame_fs::forward_filesystem! {
                     generic::glob_via_walk_without_links(self, request, links.as_ref()).await
                 }
             }
+        }
+
+        /// One batch of the backend for the listings it answers as this view does (child
+        /// listings, filtered as `list` filters them; recursive ones whose walk is the
+        /// backend's own, as for `glob`); the others walk this view.
+        async fn list_many(&self, requests: &[ListRequest]) -> Result<Vec<Result<Listing>>> {
+            let mut parts = generic::ListParts::new(requests.len());
+            for (i, r) in requests.iter().enumerate() {
+                if let Err(e) = self.check(&r.path).await {
+                    parts.answer(i, Err(e));
+                } else if !r.recursive {
+                    // Capped after the hidden entries are left out.
+                    parts.send(i, ListRequest::children(r.path.clone()));
+                } else if matches!(self.walk_through_view(&r.path), Walk::Native) {
+                    parts.send(i, r.clone());
+                } else {
+                    parts.answer(i, generic::list_one(self, r).await);
+                }
+            }
+            let users = self.users().await?;
+            parts
+                .finish(self.inner.as_ref(), |i, answer| {
+                    let r = &requests[i];
+                    match answer {
+                        Ok(l) if !r.recursive => Ok(Listing::capped(
+                            self.shown(&r.path, l.entries, users),
+                            r.max_results,
+                        )),
+                        other => other,
+                    }
+                })
+                .await
         }
     }
 }

@@ -318,3 +318,35 @@ async fn links_do_not_lead_out_of_the_callers_view()
     );
     Ok(())
 }
+
+/// A batch of listings through the guard hides what its `list` and `glob` hide: each
+/// listing equals the one made through the view's own methods, one at a time.
+#[tokio::test]
+async fn list_many_hides_what_list_and_glob_hide() -> Result<()> {
+    let mem = seeded().await;
+    let g = GuardFs::new(mem.clone(), rules(Some("alice")))
+        .with_users(registry(mem, &["alice", "bob"]).await?);
+    let requests = [
+        ListRequest::children(FsPath::root()),
+        ListRequest::children(FsPath::root()).max_results(1),
+        ListRequest::recursive(FsPath::root()),
+        ListRequest::recursive(p("alice")),
+        ListRequest::children(p("agents/hame")),
+        ListRequest::children(p("bob")),
+        ListRequest::recursive(p("state")),
+    ];
+    let batch = g.list_many(&requests).await?;
+    assert_eq!(batch.len(), requests.len());
+    for (r, got) in requests.iter().zip(batch) {
+        let one = generic::list_one(&g, r).await;
+        match (got, one) {
+            (Ok(a), Ok(b)) => assert_eq!(a, b, "{r:?}"),
+            (Err(a), Err(b)) => assert_eq!(a.code(), b.code(), "{r:?}"),
+            (a, b) => panic!("{r:?}: the batch gave {a:?}, one by one {b:?}"),
+        }
+    }
+    let root = g.list_many(&requests[..1]).await?.remove(0)?;
+    let names: Vec<&str> = root.entries.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(names, vec!["alice", "notes.md"]);
+    Ok(())
+}

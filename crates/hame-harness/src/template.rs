@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use hame_fs::{
     AppendOptions, DeleteOptions, EditOutcome, EditRequest, Error, FileInfo, Filesystem, FsPath,
-    GlobOutput, GlobRequest, GrepOutput, GrepRequest, RenameOptions, Result, Version, WriteOptions,
-    generic,
+    GlobOutput, GlobRequest, GrepOutput, GrepRequest, ListRequest, Listing, RenameOptions, Result,
+    Version, WriteOptions, generic,
 };
 
 /// Top-level directories that hold runtime data and never appear in the template.
@@ -129,6 +129,36 @@ hame_fs::forward_filesystem! {
                 return generic::glob_via_walk(self, request).await;
             }
             self.inner.glob(request).await
+        }
+
+        /// One batch of the inner filesystem, the runtime roots left out of listings of
+        /// the root; a recursive listing from the root walks this view, as `glob` does.
+        async fn list_many(&self, requests: &[ListRequest]) -> Result<Vec<Result<Listing>>> {
+            let mut parts = generic::ListParts::new(requests.len());
+            for (i, r) in requests.iter().enumerate() {
+                if let Err(e) = Self::check(&r.path) {
+                    parts.answer(i, Err(e));
+                } else if r.recursive && r.path.is_root() {
+                    parts.answer(i, generic::list_one(self, r).await);
+                } else if r.recursive {
+                    parts.send(i, r.clone());
+                } else {
+                    // Capped after the hidden entries are left out.
+                    parts.send(i, ListRequest::children(r.path.clone()));
+                }
+            }
+            parts
+                .finish(self.inner.as_ref(), |i, answer| {
+                    let r = &requests[i];
+                    match answer {
+                        Ok(mut l) if !r.recursive => {
+                            l.entries.retain(|e| !Self::hidden(&e.path));
+                            Ok(Listing::capped(l.entries, r.max_results))
+                        }
+                        other => other,
+                    }
+                })
+                .await
         }
     }
 }

@@ -35,7 +35,10 @@ impl Recording {
 hame_fs::forward_filesystem! {
     impl Filesystem for Recording {
         inner = |s| &s.inner;
-        forward = [stat, list, read_bytes, write, delete, rename, exists, read_range, edit, grep, glob];
+        forward = [
+            stat, list, read_bytes, write, delete, rename, exists, read_range, edit, grep, glob,
+            list_many,
+        ];
         async fn append(
             &self,
             path: &FsPath,

@@ -12,9 +12,10 @@
 //! # What a step costs
 //!
 //! Taking a snapshot *probes* each of the caller's roots (its files, its home, its
-//! `<userId>/` override folder) with one `list` of the root and one `glob` of each of
-//! `knowledge/`, `skills/` and `subagents/` that the listing shows. A probe gives each file's
-//! size and modification time; a file whose size and time match what an earlier step read
+//! `<userId>/` override folder) with one [`Filesystem::list_many`]: the root's children and
+//! every file below `knowledge/`, `skills/` and `subagents/`, in one store operation (one
+//! round trip on Redis, whatever the number of skills and specs; ADR 0042). A probe gives
+//! each file's size and modification time; a file whose size and time match what an earlier step read
 //! is not read again ([`SnapshotCache`], shared by every call of an agent). Where a root's
 //! files are the same as another's (the isolated modes: the tool view is the home behind a
 //! guard) it is probed once.
@@ -28,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use hame_fs::{Error, FileInfo, FileKind, Filesystem, FsPath, GlobRequest, Result, Version};
+use hame_fs::{Error, FileInfo, FileKind, Filesystem, FsPath, ListRequest, Result, Version};
 
 use crate::{Workspace, WorkspaceMode};
 
@@ -215,7 +216,7 @@ pub struct WorkspaceSnapshot {
 
 impl WorkspaceSnapshot {
     /// Adds the top level of the sandbox host's template `host` ([`SnapshotRoot::Host`]:
-    /// one `list`; `tools.json` read only when its stamp changed), read through
+    /// one `list_many` of its root; `tools.json` read only when its stamp changed), read through
     /// [`host`](Self::host). `key` as for [`take_keyed`](Self::take_keyed).
     pub async fn with_host(
         mut self,
@@ -270,7 +271,7 @@ impl WorkspaceSnapshot {
         &self.workspace
     }
 
-    /// Store operations the probe made (`list` and `glob` calls).
+    /// Store operations the probe made (one `list_many` per probed root).
     pub fn probes(&self) -> usize {
         self.probes
     }
@@ -297,8 +298,8 @@ impl WorkspaceSnapshot {
     /// Takes the snapshot of `ws` for `step`, reading only what `cache` does not hold
     /// at the probed stamps.
     ///
-    /// The cache is keyed by the caller's agent, user and session; [`take_keyed`]
-    /// (Self::take_keyed) shares it more widely.
+    /// The cache is keyed by the caller's agent, user and session;
+    /// [`take_keyed`](Self::take_keyed) shares it more widely.
     pub async fn take(ws: &Workspace, cache: &SnapshotCache, step: usize) -> Self {
         let id = ws.identity();
         let key = format!(
@@ -402,9 +403,9 @@ impl WorkspaceSnapshot {
     }
 }
 
-/// Probes one root (its listing and each of `folders` it has) and reads what the cache
-/// lacks: the view (`None` when the root cannot be listed: everything is then read from
-/// the store), the probes made and files read.
+/// Probes one root (its listing and every file below each of `folders`, in one
+/// `list_many`) and reads what the cache lacks: the view (`None` when the root cannot be
+/// listed: everything is then read from the store), the probes made and files read.
 async fn take_root(
     fs: &dyn Filesystem,
     (key, root): (&str, SnapshotRoot),
@@ -412,14 +413,31 @@ async fn take_root(
     cache: &SnapshotCache,
     now: DateTime<Utc>,
 ) -> (Option<RootView>, usize, usize) {
-    let mut probes = 1;
-    let top = match fs.list(&FsPath::root()).await {
-        Ok(t) => t,
-        Err(e) if e.is_not_found() => Vec::new(),
+    let probes = 1;
+    let mut requests = vec![ListRequest::children(FsPath::root())];
+    let mut names = Vec::with_capacity(folders.len());
+    for &name in folders {
+        if let Ok(base) = FsPath::parse(name) {
+            requests.push(ListRequest::recursive(base).max_results(MAX_SNAPSHOT_FOLDER_FILES));
+            names.push(name);
+        }
+    }
+    let listings = match fs.list_many(&requests).await {
+        Ok(l) => l,
         Err(e) => {
+            tracing::debug!(root = root.as_str(), error = %e, "workspace snapshot: root not probed");
+            return (None, probes, 0);
+        }
+    };
+    let mut listings = listings.into_iter();
+    let top = match listings.next() {
+        Some(Ok(t)) => t.entries,
+        Some(Err(e)) if e.is_not_found() => Vec::new(),
+        Some(Err(e)) => {
             tracing::debug!(root = root.as_str(), error = %e, "workspace snapshot: root not listed");
             return (None, probes, 0);
         }
+        None => return (None, probes, 0),
     };
     let mut view = RootView {
         top,
@@ -431,7 +449,9 @@ async fn take_root(
         .filter(|e| !e.is_dir())
         .map(|e| (e.path.clone(), stamp(e)))
         .collect();
-    for &name in folders {
+    for (name, listing) in names.into_iter().zip(listings) {
+        // A folder the root's listing does not show as one is not held (none of its
+        // files can be), as before the batch: its reads say what the store says.
         if !view
             .top
             .iter()
@@ -439,20 +459,11 @@ async fn take_root(
         {
             continue;
         }
-        let Ok(base) = FsPath::parse(name) else {
-            continue;
-        };
-        probes += 1;
-        let request = GlobRequest {
-            pattern: "**".into(),
-            path: base,
-            max_results: MAX_SNAPSHOT_FOLDER_FILES,
-        };
-        match fs.glob(&request).await {
+        match listing {
             Ok(out) if !out.truncated => {
                 view.folders.insert(name.to_owned(), Some(()));
                 stamps.extend(
-                    out.files
+                    out.entries
                         .iter()
                         .filter(|f| !f.is_dir())
                         .map(|f| (f.path.clone(), stamp(f))),
@@ -662,7 +673,9 @@ impl SnapshotFs {
 hame_fs::forward_filesystem! {
     impl Filesystem for SnapshotFs {
         inner = |s| &s.inner;
-        forward = [write, delete, rename, append, edit, grep, glob];
+        // `list_many` goes to the store: the probe's own call, and no reader of the
+        // snapshot's paths batches its listings.
+        forward = [write, delete, rename, append, edit, grep, glob, list_many];
         async fn stat(&self, path: &FsPath) -> Result<FileInfo> {
             if !self.view.covers(path) {
                 return self.inner.stat(path).await;

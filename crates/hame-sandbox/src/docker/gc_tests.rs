@@ -105,7 +105,7 @@ hame_fs::forward_filesystem! {
         inner = |s| s.inner.as_ref();
         forward = [
             stat, list, read_bytes, write, delete, exists, read_range, append, edit, grep,
-            glob,
+            glob, list_many,
         ];
         async fn rename(
             &self,

@@ -600,6 +600,7 @@ hame_fs::forward_filesystem! {
         inner = |s| &s.0;
         forward = [
             stat, read_bytes, write, delete, exists, read_range, append, edit, grep, glob,
+            list_many,
         ];
         async fn list(&self, path: &FsPath) -> hame_fs::Result<Vec<hame_fs::FileInfo>> {
             if path.as_str().starts_with("blobs") {
