@@ -67,7 +67,10 @@ pub struct Section {
     pub why: Option<String>,
 }
 
-/// The manifest of one model request (one line of `<session>.context.jsonl`).
+/// The manifest of one model request: one line of `<session>.context.jsonl`, where it is
+/// kept in a compact form (sections equal to the step before's are written as a count;
+/// `tokens` are computed again when read) and read back whole by
+/// [`HarnessAgent::session_manifests`](crate::HarnessAgent::session_manifests).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
     /// The call (`hame.call_id`).
@@ -88,15 +91,15 @@ pub struct Manifest {
 }
 
 fn short_hash(text: &[u8]) -> String {
-    sha2::Sha256::digest(text)
-        .iter()
-        .take(8)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(&sha2::Sha256::digest(text)[..8])
 }
 
 /// Most texts a [`SectionMemo`] keeps (4096); it starts again empty when full.
 pub const SECTION_MEMO: usize = 4096;
+
+/// Most system prompts a [`SectionMemo`] keeps whole with their sections (16); the oldest
+/// goes first.
+pub const SYSTEM_MEMO: usize = 16;
 
 /// The hash and count of texts measured before, keyed by their length and a fast 64-bit
 /// hash: a step's request repeats the previous one's system prompt, tool schemas and
@@ -106,10 +109,14 @@ pub const SECTION_MEMO: usize = 4096;
 /// Messages are also recognised without serialising them: a step's request holds the
 /// same shared blocks as the previous step's (hame-core's `Blocks::share_handle`), so
 /// a message seen before is looked up by its blocks' identity, role and usage; a tool
-/// schema likewise by its shared `parameters`, name and description.
+/// schema likewise by its shared `parameters`, name and description. A system prompt equal
+/// to one of the last [`SYSTEM_MEMO`] ones gets that one's sections without being cut into
+/// parts and hashed again (a comparison of the texts: the prompt is rebuilt as a new string
+/// every step, but mostly equal to the last).
 #[derive(Debug, Default)]
 pub struct SectionMemo {
     texts: std::sync::Mutex<std::collections::HashMap<(usize, u64), (String, u64)>>,
+    systems: std::sync::Mutex<std::collections::VecDeque<(String, Vec<Section>)>>,
     messages: ByIdentity<Vec<hame_core::ContentBlock>, (hame_core::Role, Option<hame_core::Usage>)>,
     tools: ByIdentity<serde_json::Value, (String, String)>,
 }
@@ -129,12 +136,14 @@ impl<T, K> Default for ByIdentity<T, K> {
     }
 }
 
-impl<T, K: PartialEq> ByIdentity<T, K> {
-    /// The result kept for `handle` and `rest`, or `measure()`'s, then kept.
+impl<T, K> ByIdentity<T, K> {
+    /// The result kept for `handle` and the rest of the key (`same` says whether a kept
+    /// one is equal, `rest` makes it), or `measure()`'s, then kept.
     fn get_or(
         &self,
         handle: std::sync::Weak<T>,
-        rest: K,
+        same: impl FnOnce(&K) -> bool,
+        rest: impl FnOnce() -> K,
         measure: impl FnOnce() -> (String, u64),
     ) -> (String, u64) {
         let key = handle.as_ptr() as usize;
@@ -146,7 +155,7 @@ impl<T, K: PartialEq> ByIdentity<T, K> {
         if let Some((h, k, v)) = lock().get(&key)
             && h.ptr_eq(&handle)
             && h.strong_count() > 0
-            && *k == rest
+            && same(k)
         {
             return v.clone();
         }
@@ -155,7 +164,7 @@ impl<T, K: PartialEq> ByIdentity<T, K> {
         if memo.len() >= SECTION_MEMO {
             memo.clear();
         }
-        memo.insert(key, (handle, rest, measured.clone()));
+        memo.insert(key, (handle, rest(), measured.clone()));
         measured
     }
 }
@@ -164,12 +173,17 @@ impl SectionMemo {
     /// The hash and count of `msg`'s JSON ([`measured_json`]: an image as its hash and
     /// fixed estimate), measured once per shared message.
     fn measure_message(&self, msg: &Message, counter: &dyn TokenCounter) -> (String, u64) {
-        self.messages
-            .get_or(msg.content.share_handle(), (msg.role, msg.usage), || {
+        let rest = (msg.role, msg.usage);
+        self.messages.get_or(
+            msg.content.share_handle(),
+            |k| *k == rest,
+            || rest,
+            || {
                 let (json, images) = measured_json(msg);
                 let (hash, counted) = self.measure(&json, counter);
                 (hash, counted + images)
-            })
+            },
+        )
     }
 
     /// The hash and count of a tool schema's JSON, measured once per shared schema (the
@@ -179,12 +193,43 @@ impl SectionMemo {
         spec: &hame_core::ToolSpec,
         counter: &dyn TokenCounter,
     ) -> (String, u64) {
-        let rest = (spec.name.clone(), spec.description.clone());
-        self.tools
-            .get_or(std::sync::Arc::downgrade(&spec.parameters), rest, || {
+        self.tools.get_or(
+            std::sync::Arc::downgrade(&spec.parameters),
+            |(name, description)| *name == spec.name && *description == spec.description,
+            || (spec.name.clone(), spec.description.clone()),
+            || {
                 let json = serde_json::to_string(spec).unwrap_or_default();
                 self.measure(&json, counter)
-            })
+            },
+        )
+    }
+
+    /// The sections of `system`: those of an equal prompt measured before, or `measure()`'s,
+    /// then kept (at most [`SYSTEM_MEMO`] prompts, the oldest dropped first).
+    fn system_sections(
+        &self,
+        system: &str,
+        measure: impl FnOnce() -> Vec<Section>,
+    ) -> Vec<Section> {
+        let lock = || {
+            self.systems
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if let Some((_, sections)) = lock()
+            .iter()
+            .rev()
+            .find(|(text, _)| text.len() == system.len() && text == system)
+        {
+            return sections.clone();
+        }
+        let sections = measure();
+        let mut memo = lock();
+        if memo.len() >= SYSTEM_MEMO {
+            memo.pop_front();
+        }
+        memo.push_back((system.to_owned(), sections.clone()));
+        sections
     }
 
     fn measure(&self, text: &str, counter: &dyn TokenCounter) -> (String, u64) {
@@ -364,19 +409,24 @@ pub fn manifest_with(
     memo: &SectionMemo,
 ) -> Vec<Section> {
     let m = Measure { counter, memo };
-    let mut out = Vec::new();
-    for (name, text) in system_parts(&request.system) {
-        let (transform, why) =
-            if name == "memory_md" && text.contains("were left out to fit the budget") {
-                (
-                    Transform::Truncated,
-                    Some("MEMORY.md cut to its token budget, newest lines kept".to_owned()),
-                )
-            } else {
-                (Transform::Verbatim, None)
-            };
-        out.push(m.section(format!("system:{name}"), text, transform, why));
-    }
+    let mut out = memo.system_sections(&request.system, || {
+        system_parts(&request.system)
+            .into_iter()
+            .map(|(name, text)| {
+                let (transform, why) =
+                    if name == "memory_md" && text.contains("were left out to fit the budget") {
+                        (
+                            Transform::Truncated,
+                            Some("MEMORY.md cut to its token budget, newest lines kept".to_owned()),
+                        )
+                    } else {
+                        (Transform::Verbatim, None)
+                    };
+                m.section(format!("system:{name}"), text, transform, why)
+            })
+            .collect()
+    });
+    out.reserve(request.tools.len() + 2);
     // A range of verbatim messages: where it starts, its messages' hashes, its count.
     let mut run: Option<(usize, String, u64)> = None;
     let flush = |run: &mut Option<(usize, String, u64)>, end: usize, out: &mut Vec<Section>| {
@@ -507,6 +557,193 @@ pub fn compact(sections: &[Section], max: usize) -> String {
     out
 }
 
+/// A run of sections a stored line copies from the line before it (same call, the step
+/// named by `after`): `{"same": n}` is the next `n` sections, at the same positions there.
+#[derive(Debug, Serialize, Deserialize)]
+struct Same {
+    same: usize,
+}
+
+/// A section as a line stores it: no `tokens` (they are the provider's figure shared out
+/// by [`attribute`], computed again when read).
+#[derive(Debug, Serialize)]
+struct SectionOut<'a> {
+    source: &'a str,
+    hash: &'a str,
+    counted: u64,
+    transform: Transform,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    why: &'a Option<String>,
+}
+
+/// A stored section: a run copied from the line before, or one written out.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum StoredOut<'a> {
+    Same(Same),
+    Section(SectionOut<'a>),
+}
+
+/// One line of `<session>.context.jsonl` as written: the compact form of a [`Manifest`].
+/// The first manifest of a call's append has every section written out; the next ones
+/// write the runs of sections equal to the line before's (same positions) as `{"same": n}`
+/// and name that line's step in `after`. A step's request mostly repeats the step before
+/// (the system prompt, the tool schemas), so a line is a few sections, not some thirty.
+#[derive(Debug, Serialize)]
+struct LineOut<'a> {
+    call_id: &'a str,
+    step: usize,
+    at: DateTime<Utc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    after: Option<usize>,
+    sections: Vec<StoredOut<'a>>,
+    counted: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    provider_prompt_tokens: Option<u64>,
+}
+
+/// Whether two sections say the same (their shares of the provider's tokens aside).
+fn same_section(a: &Section, b: &Section) -> bool {
+    a.counted == b.counted
+        && a.transform == b.transform
+        && a.hash == b.hash
+        && a.source == b.source
+        && a.why == b.why
+}
+
+/// The lines of a call's manifests, in order (see [`LineOut`]).
+fn lines_out(manifests: &[Manifest]) -> Vec<LineOut<'_>> {
+    let mut lines = Vec::with_capacity(manifests.len());
+    let mut before: Option<&Manifest> = None;
+    for m in manifests {
+        let prev = before.filter(|b| b.call_id == m.call_id);
+        let mut sections = Vec::new();
+        for (i, s) in m.sections.iter().enumerate() {
+            if prev
+                .and_then(|p| p.sections.get(i))
+                .is_some_and(|p| same_section(p, s))
+            {
+                if let Some(StoredOut::Same(run)) = sections.last_mut() {
+                    run.same += 1;
+                } else {
+                    sections.push(StoredOut::Same(Same { same: 1 }));
+                }
+            } else {
+                sections.push(StoredOut::Section(SectionOut {
+                    source: &s.source,
+                    hash: &s.hash,
+                    counted: s.counted,
+                    transform: s.transform,
+                    why: &s.why,
+                }));
+            }
+        }
+        let copies = sections.iter().any(|s| matches!(s, StoredOut::Same(_)));
+        lines.push(LineOut {
+            call_id: &m.call_id,
+            step: m.step,
+            at: m.at,
+            after: prev.filter(|_| copies).map(|p| p.step),
+            sections,
+            counted: m.counted,
+            provider_prompt_tokens: m.provider_prompt_tokens,
+        });
+        before = Some(m);
+    }
+    lines
+}
+
+/// A section of a line as read: a copied run or one written out (lines written before the
+/// compact form have every section written out, with `tokens`, which are computed again).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum StoredIn {
+    Same(Same),
+    Section(SectionIn),
+}
+
+#[derive(Debug, Deserialize)]
+struct SectionIn {
+    source: String,
+    hash: String,
+    counted: u64,
+    transform: Transform,
+    #[serde(default)]
+    why: Option<String>,
+}
+
+/// A line of `<session>.context.jsonl` as read.
+#[derive(Debug, Deserialize)]
+struct LineIn {
+    call_id: String,
+    step: usize,
+    at: DateTime<Utc>,
+    #[serde(default)]
+    after: Option<usize>,
+    sections: Vec<StoredIn>,
+    counted: u64,
+    #[serde(default)]
+    provider_prompt_tokens: Option<u64>,
+}
+
+/// The manifests of stored lines, in order. A line that copies from a line that is not the
+/// one before it (same call, step `after`) cannot be resolved: it is left out, with a warning.
+fn manifests_in(lines: Vec<LineIn>) -> Vec<Manifest> {
+    let mut out: Vec<Manifest> = Vec::with_capacity(lines.len());
+    let mut before: Option<usize> = None;
+    for line in lines {
+        let prev = before
+            .and_then(|i| out.get(i))
+            .filter(|p| p.call_id == line.call_id && Some(p.step) == line.after);
+        let mut sections: Vec<Section> = Vec::with_capacity(line.sections.len());
+        let mut resolved = true;
+        for stored in line.sections {
+            match stored {
+                StoredIn::Section(s) => sections.push(Section {
+                    source: s.source,
+                    hash: s.hash,
+                    tokens: s.counted,
+                    counted: s.counted,
+                    transform: s.transform,
+                    why: s.why,
+                }),
+                StoredIn::Same(Same { same }) => {
+                    let from = sections.len();
+                    match prev.and_then(|p| p.sections.get(from..from + same)) {
+                        Some(run) => sections.extend(run.iter().cloned()),
+                        None => {
+                            resolved = false;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if !resolved {
+            tracing::warn!(call_id = %line.call_id, step = line.step, "skipping a context manifest whose earlier line is missing");
+            before = None;
+            continue;
+        }
+        for s in &mut sections {
+            s.tokens = s.counted;
+        }
+        if let Some(p) = line.provider_prompt_tokens {
+            attribute(&mut sections, p);
+        }
+        out.push(Manifest {
+            call_id: line.call_id,
+            step: line.step,
+            at: line.at,
+            tokens: sections.iter().map(|s| s.tokens).sum(),
+            sections,
+            counted: line.counted,
+            provider_prompt_tokens: line.provider_prompt_tokens,
+        });
+        before = Some(out.len() - 1);
+    }
+    out
+}
+
 /// The `context-manifest` layer. See the [module docs](self).
 #[derive(Debug)]
 pub struct ManifestLayer {
@@ -567,7 +804,7 @@ impl Layer for ManifestLayer {
                     .append_side(
                         &cx.runtime.session_id,
                         CONTEXT_SUFFIX,
-                        &manifests,
+                        &lines_out(&manifests),
                         AppendOptions::atomic(),
                     )
                     .await
@@ -643,11 +880,12 @@ impl crate::HarnessAgent {
     ) -> crate::Result<Vec<Manifest>> {
         crate::validate_id("session id", session_id)?;
         let ws = self.workspace_for(ctx)?;
-        hame_session::SessionLog::new(ws.records().clone(), self.name())
+        let lines = hame_session::SessionLog::new(ws.records().clone(), self.name())
             .map_err(|e| crate::Error::storage("cannot open the session log", e))?
             .read_side(session_id, CONTEXT_SUFFIX)
             .await
-            .map_err(|e| crate::Error::storage("cannot read the context manifests", e))
+            .map_err(|e| crate::Error::storage("cannot read the context manifests", e))?;
+        Ok(manifests_in(lines))
     }
 }
 
@@ -756,6 +994,155 @@ mod tests {
             memo.measure_tool(&other, &counter).0,
             short_hash(json.as_bytes())
         );
+    }
+
+    /// An equal system prompt (a new string each step) gets the sections measured first; a
+    /// changed one is cut and measured again.
+    #[test]
+    fn an_equal_system_prompt_is_measured_once() {
+        let counter = hame_memory::EstimateCounter;
+        let memo = SectionMemo::default();
+        let request = |system: &str| ModelRequest {
+            system: system.to_owned(),
+            messages: Vec::new(),
+            tools: Vec::new(),
+            params: hame_core::ModelParams::default(),
+            cache_key: None,
+        };
+        let prompt =
+            "You help.\n<agents_md>\n# Persona\nCareful.\n</agents_md>\n# Session\nid s1\n";
+        let fresh = manifest_of(&request(prompt), &counter);
+        assert_eq!(
+            fresh.iter().map(|s| s.source.as_str()).collect::<Vec<_>>(),
+            ["system:builder", "system:agents_md", "system:session"]
+        );
+        // Each request has its own copy of the prompt.
+        assert_eq!(manifest_with(&request(prompt), &counter, &memo), fresh);
+        assert_eq!(manifest_with(&request(prompt), &counter, &memo), fresh);
+        let changed = prompt.replace("id s1", "id s2");
+        let sections = manifest_with(&request(&changed), &counter, &memo);
+        assert_eq!(sections, manifest_of(&request(&changed), &counter));
+        assert_ne!(sections[2].hash, fresh[2].hash);
+        assert_eq!(sections[..2], fresh[..2]);
+        // More prompts than the memo keeps: still right.
+        for i in 0..SYSTEM_MEMO + 2 {
+            let p = format!("{prompt}# Extra\n{i}\n");
+            assert_eq!(
+                manifest_with(&request(&p), &counter, &memo),
+                manifest_of(&request(&p), &counter)
+            );
+        }
+        assert_eq!(manifest_with(&request(prompt), &counter, &memo), fresh);
+    }
+
+    fn manifest(
+        call: &str,
+        step: usize,
+        sections: Vec<Section>,
+        provider: Option<u64>,
+    ) -> Manifest {
+        let mut sections = sections;
+        let counted = sections.iter().map(|s| s.counted).sum();
+        if let Some(p) = provider {
+            attribute(&mut sections, p);
+        }
+        Manifest {
+            call_id: call.into(),
+            step,
+            at: Utc::now(),
+            tokens: sections.iter().map(|s| s.tokens).sum(),
+            sections,
+            counted,
+            provider_prompt_tokens: provider,
+        }
+    }
+
+    fn stored(manifests: &[Manifest]) -> Vec<String> {
+        lines_out(manifests)
+            .iter()
+            .map(|l| serde_json::to_string(l).unwrap_or_default())
+            .collect()
+    }
+
+    fn read(lines: &[String]) -> Vec<Manifest> {
+        manifests_in(
+            lines
+                .iter()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect(),
+        )
+    }
+
+    /// A call's manifests are stored with the sections the step before had written as
+    /// counts, and read back whole, with the provider's tokens shared out again.
+    #[test]
+    fn the_stored_lines_copy_the_step_before_and_read_back_whole() {
+        let mut grown = sections(30);
+        grown[7].source = "messages:0..5".into();
+        grown[7].counted = 90;
+        grown[7].tokens = 90;
+        let mut summarised = grown.clone();
+        summarised.insert(
+            6,
+            Section {
+                source: "summary:0..9".into(),
+                hash: "fedcba9876543210".into(),
+                tokens: 12,
+                counted: 12,
+                transform: Transform::Summarised,
+                why: Some("compaction".into()),
+            },
+        );
+        let manifests = vec![
+            manifest("c1", 1, sections(30), Some(2000)),
+            manifest("c1", 2, grown.clone(), Some(2100)),
+            manifest("c1", 3, grown, None),
+            manifest("c1", 4, summarised, Some(900)),
+        ];
+        let lines = stored(&manifests);
+        assert!(!lines[0].contains("same"), "{}", lines[0]);
+        assert!(
+            lines[1].contains(r#""after":1"#) && lines[1].contains(r#"{"same":7}"#),
+            "{}",
+            lines[1]
+        );
+        // Every section of step 3 is step 2's: one run.
+        assert!(
+            lines[2].contains(r#""sections":[{"same":30}]"#),
+            "{}",
+            lines[2]
+        );
+        let full: usize = stored_len(&manifests);
+        let compact: usize = lines.iter().map(String::len).sum();
+        assert!(compact * 2 < full, "{compact} vs {full} bytes");
+        assert_eq!(read(&lines), manifests);
+    }
+
+    fn stored_len(manifests: &[Manifest]) -> usize {
+        manifests
+            .iter()
+            .map(|m| serde_json::to_string(m).unwrap_or_default().len())
+            .sum()
+    }
+
+    /// Lines written before the compact form (whole manifests) still read; a line whose
+    /// earlier line is missing is left out, not filled from another step.
+    #[test]
+    fn old_lines_read_and_an_unresolvable_line_is_left_out() {
+        let old = manifest("c0", 1, sections(3), Some(500));
+        let old_line = serde_json::to_string(&old).unwrap_or_default();
+        let manifests = vec![
+            manifest("c1", 1, sections(3), None),
+            manifest("c1", 2, sections(3), None),
+            manifest("c1", 3, sections(3), None),
+        ];
+        let lines = stored(&manifests);
+        let mut all = vec![old_line.clone()];
+        all.extend(lines.iter().cloned());
+        assert_eq!(read(&all), [vec![old.clone()], manifests.clone()].concat());
+        // Step 2's line lost: step 3's copies cannot be resolved.
+        let gap = vec![old_line, lines[0].clone(), lines[2].clone()];
+        assert_eq!(read(&gap), vec![old, manifests[0].clone()]);
     }
 
     #[test]
