@@ -63,6 +63,14 @@ fn check_parents(map: &Map, path: &FsPath) -> Result<()> {
 }
 
 fn write_locked(map: &mut Map, path: &FsPath, data: Vec<u8>, mode: &WriteMode) -> Result<Version> {
+    let version = Version::of(&data);
+    insert_locked(map, path, data, mode)?;
+    Ok(version)
+}
+
+/// [`write_locked`] without the new content's version (an append does not return one:
+/// hashing the first chunk of every new file was most of an append's cost).
+fn insert_locked(map: &mut Map, path: &FsPath, data: Vec<u8>, mode: &WriteMode) -> Result<()> {
     if path.is_root() || is_dir(map, path) {
         return Err(Error::IsDirectory {
             path: path.to_string(),
@@ -92,7 +100,6 @@ fn write_locked(map: &mut Map, path: &FsPath, data: Vec<u8>, mode: &WriteMode) -
             });
         }
     }
-    let version = Version::of(&data);
     map.insert(
         path.clone(),
         Entry {
@@ -100,7 +107,7 @@ fn write_locked(map: &mut Map, path: &FsPath, data: Vec<u8>, mode: &WriteMode) -
             modified: Utc::now(),
         },
     );
-    Ok(version)
+    Ok(())
 }
 
 /// The direct children of the directory `path`, sorted.
@@ -171,7 +178,7 @@ impl InMemoryFs {
             let mut map = fs.lock();
             for (p, data) in files {
                 let p = FsPath::parse(p)?;
-                write_locked(&mut map, &p, data.to_vec(), &WriteMode::Overwrite)?;
+                insert_locked(&mut map, &p, data.to_vec(), &WriteMode::Overwrite)?;
             }
         }
         Ok(fs)
@@ -334,7 +341,7 @@ impl Filesystem for InMemoryFs {
             e.modified = Utc::now();
             return Ok(());
         }
-        write_locked(&mut map, path, data, &WriteMode::CreateNew).map(|_| ())
+        insert_locked(&mut map, path, data, &WriteMode::CreateNew)
     }
 
     async fn edit(&self, path: &FsPath, request: &EditRequest) -> Result<EditOutcome> {

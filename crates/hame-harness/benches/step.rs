@@ -8,8 +8,12 @@
 //! Two models: an instant in-process double, and the real OpenAI client against the
 //! scripted server on 127.0.0.1 (loopback HTTP, SSE).
 //!
-//! `cargo bench -p hame-harness --bench step` (release) or
-//! `cargo run -p hame-harness --example ... ` is not needed: the bench prints its figures.
+//! `cargo bench -p hame-harness --bench step` (release) prints its figures. For instruction
+//! counts (`valgrind --tool=callgrind` on the bench binary) run one case alone:
+//! `HAME_STEP_CASE=ram|disk|redis` runs only that storage case (no parts, no scripted
+//! server), `HAME_STEP_RECORDS=with|without` only one side of the comparison,
+//! `HAME_STEP_CALLS=N` N calls instead of 30 (two runs with different N give the
+//! instructions of N calls without the set-up).
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::{Arc, Mutex};
@@ -25,6 +29,14 @@ use hame_harness::HarnessAgent;
 
 const STEPS: usize = 20;
 const CALLS: usize = 30;
+
+/// Calls per measured run: `HAME_STEP_CALLS`, default [`CALLS`].
+fn calls() -> usize {
+    std::env::var("HAME_STEP_CALLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(CALLS)
+}
 
 /// Wraps a model and accumulates the time spent inside it (request + stream).
 #[derive(Debug)]
@@ -189,8 +201,9 @@ async fn measure(
     if let Some(c) = &counting {
         c.reset();
     }
+    let calls = calls();
     let started = Instant::now();
-    for c in 0..CALLS {
+    for c in 0..calls {
         let ctx = RuntimeContext::new(format!("s{c}")).with_user("bench");
         let out = agent.call(Message::user("go"), &ctx).await.unwrap();
         assert_eq!(out.iterations, STEPS);
@@ -198,11 +211,11 @@ async fn measure(
     let total = started.elapsed();
     let model = *spent.lock().unwrap();
     let harness = total.saturating_sub(model);
-    let steps = (CALLS * STEPS) as f64;
+    let steps = (calls * STEPS).max(1) as f64;
     let label = format!("{label}{}", if records { "" } else { " (no records)" });
     println!(
         "{label:<42} steps {:>5}  total {:>8.1} ms  model {:>8.1} ms  harness {:>7.1} ms  harness/step {:>7.3} ms",
-        CALLS * STEPS,
+        calls * STEPS,
         total.as_secs_f64() * 1e3,
         model.as_secs_f64() * 1e3,
         harness.as_secs_f64() * 1e3,
@@ -228,7 +241,7 @@ async fn measure(
 
 fn script() -> Vec<Reply> {
     let mut replies = Vec::new();
-    for _ in 0..=CALLS {
+    for _ in 0..=calls() {
         for i in 0..STEPS - 1 {
             replies.push(Reply::tools(&[tool_step(i)]));
         }
@@ -388,10 +401,21 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // One case alone (for instruction counts): no parts, no scripted server.
+    let only = std::env::var("HAME_STEP_CASE").ok();
+    let sides: Vec<bool> = match std::env::var("HAME_STEP_RECORDS").as_deref() {
+        Ok("with") => vec![true],
+        Ok("without") => vec![false],
+        _ => vec![true, false],
+    };
     rt.block_on(async {
-        let added = components().await;
+        let added = match only {
+            Some(_) => f64::NAN,
+            None => components().await,
+        };
         println!(
-            "hame-harness step benchmark: {CALLS} calls x {STEPS} steps (19 tool calls + answer)"
+            "hame-harness step benchmark: {} calls x {STEPS} steps (19 tool calls + answer)",
+            calls()
         );
         // Issue #33: the same calls with and without the observations and context
         // manifests (`HarnessAgentBuilder::action_records`), alternately, `HAME_STEP_REPEAT`
@@ -410,10 +434,18 @@ fn main() {
             Ok(url) => cases.push(("instant model, Redis store", Storage::Redis(url))),
             Err(_) => println!("(HAME_TEST_REDIS_URL is not set: no Redis store case)"),
         }
+        if let Some(only) = &only {
+            cases.retain(|(_, s)| {
+                matches!(
+                    (only.as_str(), s),
+                    ("disk", Storage::Durable) | ("ram", Storage::Ram) | ("redis", Storage::Redis(_))
+                )
+            });
+        }
         for (label, storage) in cases {
             let (mut with, mut without) = (Vec::new(), Vec::new());
             for _ in 0..repeat {
-                for records in [true, false] {
+                for &records in &sides {
                     let spent = Arc::new(Mutex::new(Duration::ZERO));
                     let s = spent.clone();
                     let harness = measure(
@@ -442,9 +474,12 @@ fn main() {
                 added / without * 100.0
             );
         }
+        if only.is_some() {
+            return;
+        }
 
         let server = hame_test_support::ScriptedServer::start().await.unwrap();
-        for _ in 0..=CALLS {
+        for _ in 0..=calls() {
             for i in 0..STEPS - 1 {
                 server.push(hame_test_support::ScriptStep::tool_call(
                     format!("c{i}"),

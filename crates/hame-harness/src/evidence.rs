@@ -360,10 +360,7 @@ pub fn args_hash(arguments: &str) -> String {
 }
 
 fn hex_digest(bytes: &[u8]) -> String {
-    sha2::Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(sha2::Sha256::digest(bytes))
 }
 
 /// The version of the files `covers` selects in `fs` (globs; a leading `!` excludes): a
@@ -416,11 +413,7 @@ pub async fn files_version(
         hasher.update([b'\n']);
         count += 1;
     }
-    let digest: String = hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let digest = hex::encode(hasher.finalize());
     let version = if truncated || paths.len() > MAX_COVERED_FILES {
         format!("{digest}+truncated")
     } else {

@@ -67,7 +67,10 @@ pub struct Section {
     pub why: Option<String>,
 }
 
-/// The manifest of one model request (one line of `<session>.context.jsonl`).
+/// The manifest of one model request: one line of `<session>.context.jsonl`, where it is
+/// kept in a compact form (sections equal to the step before's are written as a count;
+/// `tokens` are computed again when read) and read back whole by
+/// [`HarnessAgent::session_manifests`](crate::HarnessAgent::session_manifests).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
     /// The call (`hame.call_id`).
@@ -88,15 +91,15 @@ pub struct Manifest {
 }
 
 fn short_hash(text: &[u8]) -> String {
-    sha2::Sha256::digest(text)
-        .iter()
-        .take(8)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(&sha2::Sha256::digest(text)[..8])
 }
 
 /// Most texts a [`SectionMemo`] keeps (4096); it starts again empty when full.
 pub const SECTION_MEMO: usize = 4096;
+
+/// Most system prompts a [`SectionMemo`] keeps whole with their sections (16); the oldest
+/// goes first.
+pub const SYSTEM_MEMO: usize = 16;
 
 /// The hash and count of texts measured before, keyed by their length and a fast 64-bit
 /// hash: a step's request repeats the previous one's system prompt, tool schemas and
@@ -106,12 +109,66 @@ pub const SECTION_MEMO: usize = 4096;
 /// Messages are also recognised without serialising them: a step's request holds the
 /// same shared blocks as the previous step's (hame-core's `Blocks::share_handle`), so
 /// a message seen before is looked up by its blocks' identity, role and usage; a tool
-/// schema likewise by its shared `parameters`, name and description.
+/// schema likewise by its shared `parameters`, name and description. A system prompt equal
+/// to one of the last [`SYSTEM_MEMO`] ones gets that one's sections without being cut into
+/// parts and hashed again (a comparison of the texts: the prompt is rebuilt as a new string
+/// every step, but mostly equal to the last). A range of verbatim messages keeps, per
+/// message, its hash state and count so far (the last [`RUN_MEMO`] ranges): the next
+/// request's range, the same messages and a few more, adds the new ones only.
 #[derive(Debug, Default)]
 pub struct SectionMemo {
     texts: std::sync::Mutex<std::collections::HashMap<(usize, u64), (String, u64)>>,
+    systems: KeptWhole<String>,
+    runs: std::sync::Mutex<std::collections::VecDeque<(usize, Vec<RunStep>)>>,
+    tool_lists: KeptWhole<Vec<ToolKey>>,
     messages: ByIdentity<Vec<hame_core::ContentBlock>, (hame_core::Role, Option<hame_core::Usage>)>,
     tools: ByIdentity<serde_json::Value, (String, String)>,
+}
+
+/// Most ranges of verbatim messages a [`SectionMemo`] keeps (64, one or two per session
+/// in flight); the oldest goes first.
+pub const RUN_MEMO: usize = 64;
+
+/// A message of a kept range: its blocks' handle, role and usage (what identifies it, as
+/// in [`SectionMemo::measure_message`]), and the range's hash state and count up to it.
+#[derive(Debug, Clone)]
+struct RunStep {
+    handle: std::sync::Weak<Vec<ContentBlock>>,
+    role: Role,
+    usage: Option<hame_core::Usage>,
+    state: sha2::Sha256,
+    counted: u64,
+}
+
+impl RunStep {
+    fn is(&self, m: &Message) -> bool {
+        self.role == m.role
+            && self.usage == m.usage
+            && self.handle.strong_count() > 0
+            && self.handle.ptr_eq(&m.content.share_handle())
+    }
+}
+
+/// Sections kept whole with what they were measured from (a system prompt, a tool list),
+/// newest last.
+type KeptWhole<K> = std::sync::Mutex<std::collections::VecDeque<(K, Arc<[Section]>)>>;
+
+/// What identifies a tool schema in a kept list: its shared `parameters` (held weakly, so
+/// the address is not reused while kept), name and description.
+#[derive(Debug)]
+struct ToolKey {
+    parameters: std::sync::Weak<serde_json::Value>,
+    name: String,
+    description: String,
+}
+
+impl ToolKey {
+    fn is(&self, spec: &hame_core::ToolSpec) -> bool {
+        self.parameters.strong_count() > 0
+            && std::ptr::eq(self.parameters.as_ptr(), Arc::as_ptr(&spec.parameters))
+            && self.name == spec.name
+            && self.description == spec.description
+    }
 }
 
 /// Results kept by the identity of a shared value (its `Arc`'s address, held by a weak
@@ -129,12 +186,14 @@ impl<T, K> Default for ByIdentity<T, K> {
     }
 }
 
-impl<T, K: PartialEq> ByIdentity<T, K> {
-    /// The result kept for `handle` and `rest`, or `measure()`'s, then kept.
+impl<T, K> ByIdentity<T, K> {
+    /// The result kept for `handle` and the rest of the key (`same` says whether a kept
+    /// one is equal, `rest` makes it), or `measure()`'s, then kept.
     fn get_or(
         &self,
         handle: std::sync::Weak<T>,
-        rest: K,
+        same: impl FnOnce(&K) -> bool,
+        rest: impl FnOnce() -> K,
         measure: impl FnOnce() -> (String, u64),
     ) -> (String, u64) {
         let key = handle.as_ptr() as usize;
@@ -146,7 +205,7 @@ impl<T, K: PartialEq> ByIdentity<T, K> {
         if let Some((h, k, v)) = lock().get(&key)
             && h.ptr_eq(&handle)
             && h.strong_count() > 0
-            && *k == rest
+            && same(k)
         {
             return v.clone();
         }
@@ -155,7 +214,7 @@ impl<T, K: PartialEq> ByIdentity<T, K> {
         if memo.len() >= SECTION_MEMO {
             memo.clear();
         }
-        memo.insert(key, (handle, rest, measured.clone()));
+        memo.insert(key, (handle, rest(), measured.clone()));
         measured
     }
 }
@@ -164,12 +223,17 @@ impl SectionMemo {
     /// The hash and count of `msg`'s JSON ([`measured_json`]: an image as its hash and
     /// fixed estimate), measured once per shared message.
     fn measure_message(&self, msg: &Message, counter: &dyn TokenCounter) -> (String, u64) {
-        self.messages
-            .get_or(msg.content.share_handle(), (msg.role, msg.usage), || {
+        let rest = (msg.role, msg.usage);
+        self.messages.get_or(
+            msg.content.share_handle(),
+            |k| *k == rest,
+            || rest,
+            || {
                 let (json, images) = measured_json(msg);
                 let (hash, counted) = self.measure(&json, counter);
                 (hash, counted + images)
-            })
+            },
+        )
     }
 
     /// The hash and count of a tool schema's JSON, measured once per shared schema (the
@@ -179,12 +243,134 @@ impl SectionMemo {
         spec: &hame_core::ToolSpec,
         counter: &dyn TokenCounter,
     ) -> (String, u64) {
-        let rest = (spec.name.clone(), spec.description.clone());
-        self.tools
-            .get_or(std::sync::Arc::downgrade(&spec.parameters), rest, || {
+        self.tools.get_or(
+            std::sync::Arc::downgrade(&spec.parameters),
+            |(name, description)| *name == spec.name && *description == spec.description,
+            || (spec.name.clone(), spec.description.clone()),
+            || {
                 let json = serde_json::to_string(spec).unwrap_or_default();
                 self.measure(&json, counter)
+            },
+        )
+    }
+
+    /// The sections of the tool schemas `tools`: those of the same list (the same shared
+    /// schemas, names and descriptions) seen before, or measured, then kept (at most
+    /// [`SYSTEM_MEMO`] lists).
+    fn tool_sections(
+        &self,
+        tools: &[hame_core::ToolSpec],
+        counter: &dyn TokenCounter,
+    ) -> Arc<[Section]> {
+        let lock = || {
+            self.tool_lists
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if let Some((_, sections)) = lock().iter().rev().find(|(keys, _)| {
+            keys.len() == tools.len() && keys.iter().zip(tools).all(|(k, t)| k.is(t))
+        }) {
+            return sections.clone();
+        }
+        let sections: Arc<[Section]> = tools
+            .iter()
+            .map(|spec| {
+                let (hash, counted) = self.measure_tool(spec, counter);
+                Section {
+                    source: format!("tool:{}", spec.name),
+                    hash,
+                    tokens: counted,
+                    counted,
+                    transform: Transform::Verbatim,
+                    why: None,
+                }
             })
+            .collect();
+        let keys = tools
+            .iter()
+            .map(|t| ToolKey {
+                parameters: Arc::downgrade(&t.parameters),
+                name: t.name.clone(),
+                description: t.description.clone(),
+            })
+            .collect();
+        let mut memo = lock();
+        if memo.len() >= SYSTEM_MEMO {
+            memo.pop_front();
+        }
+        memo.push_back((keys, sections.clone()));
+        sections
+    }
+
+    /// The known start of the range of verbatim messages that begins at `messages[from]`:
+    /// the steps of the range kept from an earlier request, as far as its messages are
+    /// still the request's (a step's request repeats the last one's messages and adds
+    /// some). Empty when none is known.
+    fn run_from(&self, from: usize, messages: &[Message]) -> Vec<RunStep> {
+        let mut runs = self
+            .runs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(at) = runs.iter().rposition(|(start, steps)| {
+            *start == from
+                && steps
+                    .first()
+                    .zip(messages.get(from))
+                    .is_some_and(|(s, m)| s.is(m))
+        }) else {
+            return Vec::new();
+        };
+        let Some((_, mut steps)) = runs.remove(at) else {
+            return Vec::new();
+        };
+        drop(runs);
+        let known = steps
+            .iter()
+            .zip(&messages[from..])
+            .take_while(|(s, m)| s.is(m))
+            .count();
+        steps.truncate(known);
+        steps
+    }
+
+    /// Keeps the range that begins at `from` for the next request.
+    fn keep_run(&self, from: usize, steps: Vec<RunStep>) {
+        let mut runs = self
+            .runs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if runs.len() >= RUN_MEMO {
+            runs.pop_front();
+        }
+        runs.push_back((from, steps));
+    }
+
+    /// The sections of `system`: those of an equal prompt measured before, or `measure()`'s,
+    /// then kept (at most [`SYSTEM_MEMO`] prompts, the oldest dropped first).
+    fn system_sections(
+        &self,
+        system: &str,
+        measure: impl FnOnce() -> Arc<[Section]>,
+    ) -> Arc<[Section]> {
+        let lock = || {
+            self.systems
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if let Some((_, sections)) = lock()
+            .iter()
+            .rev()
+            .find(|(text, _)| text.len() == system.len() && text == system)
+        {
+            return sections.clone();
+        }
+        let sections = measure();
+        let mut memo = lock();
+        if memo.len() >= SYSTEM_MEMO {
+            memo.pop_front();
+        }
+        memo.push_back((system.to_owned(), sections.clone()));
+        sections
     }
 
     fn measure(&self, text: &str, counter: &dyn TokenCounter) -> (String, u64) {
@@ -363,73 +549,125 @@ pub fn manifest_with(
     counter: &dyn TokenCounter,
     memo: &SectionMemo,
 ) -> Vec<Section> {
-    let m = Measure { counter, memo };
-    let mut out = Vec::new();
-    for (name, text) in system_parts(&request.system) {
-        let (transform, why) =
-            if name == "memory_md" && text.contains("were left out to fit the budget") {
-                (
-                    Transform::Truncated,
-                    Some("MEMORY.md cut to its token budget, newest lines kept".to_owned()),
-                )
-            } else {
-                (Transform::Verbatim, None)
-            };
-        out.push(m.section(format!("system:{name}"), text, transform, why));
+    parts_with(request, counter, memo).to_vec()
+}
+
+/// A request's sections in three runs: the system prompt's and the tool schemas' (shared
+/// with the earlier requests whose prompt or tools were the same: no copy per step) and
+/// the messages'.
+#[derive(Debug, Clone)]
+struct Parts {
+    system: Arc<[Section]>,
+    messages: Vec<Section>,
+    tools: Arc<[Section]>,
+}
+
+impl Parts {
+    fn iter(&self) -> impl Iterator<Item = &Section> {
+        self.system
+            .iter()
+            .chain(&self.messages)
+            .chain(self.tools.iter())
     }
-    // A range of verbatim messages: where it starts, its messages' hashes, its count.
-    let mut run: Option<(usize, String, u64)> = None;
-    let flush = |run: &mut Option<(usize, String, u64)>, end: usize, out: &mut Vec<Section>| {
-        if let Some((from, hashes, counted)) = run.take() {
+
+    fn len(&self) -> usize {
+        self.system.len() + self.messages.len() + self.tools.len()
+    }
+
+    fn get(&self, i: usize) -> Option<&Section> {
+        let (s, m) = (self.system.len(), self.messages.len());
+        if i < s {
+            self.system.get(i)
+        } else if i < s + m {
+            self.messages.get(i - s)
+        } else {
+            self.tools.get(i - s - m)
+        }
+    }
+
+    fn to_vec(&self) -> Vec<Section> {
+        self.iter().cloned().collect()
+    }
+}
+
+/// [`manifest_with`] as [`Parts`].
+fn parts_with(request: &ModelRequest, counter: &dyn TokenCounter, memo: &SectionMemo) -> Parts {
+    let m = Measure { counter, memo };
+    let system = memo.system_sections(&request.system, || {
+        system_parts(&request.system)
+            .into_iter()
+            .map(|(name, text)| {
+                let (transform, why) =
+                    if name == "memory_md" && text.contains("were left out to fit the budget") {
+                        (
+                            Transform::Truncated,
+                            Some("MEMORY.md cut to its token budget, newest lines kept".to_owned()),
+                        )
+                    } else {
+                        (Transform::Verbatim, None)
+                    };
+                m.section(format!("system:{name}"), text, transform, why)
+            })
+            .collect()
+    });
+    let mut out = Vec::new();
+    let messages = &request.messages;
+    let mut i = 0;
+    while i < messages.len() {
+        let msg = &messages[i];
+        // A range of verbatim messages starts here: its known start from an earlier
+        // request, then each further message measured and added.
+        let mut steps = memo.run_from(i, messages);
+        let mut end = i + steps.len();
+        while let Some(next) = messages.get(end) {
+            if message_kind(next).0 != Transform::Verbatim {
+                break;
+            }
+            let (hash, counted) = memo.measure_message(next, counter);
+            let (mut state, sum) = steps.last().map_or_else(
+                || (sha2::Sha256::new(), 0),
+                |s| (s.state.clone(), s.counted),
+            );
+            state.update(hash.as_bytes());
+            steps.push(RunStep {
+                handle: next.content.share_handle(),
+                role: next.role,
+                usage: next.usage,
+                state,
+                counted: sum + counted,
+            });
+            end += 1;
+        }
+        if let Some(last) = steps.last() {
             out.push(Section {
-                source: format!("messages:{from}..{end}"),
-                hash: short_hash(hashes.as_bytes()),
-                tokens: counted,
-                counted,
+                source: format!("messages:{i}..{end}"),
+                hash: hex::encode(&last.state.clone().finalize()[..8]),
+                tokens: last.counted,
+                counted: last.counted,
                 transform: Transform::Verbatim,
                 why: None,
             });
+            memo.keep_run(i, steps);
+            i = end;
+            continue;
         }
-    };
-    for (i, msg) in request.messages.iter().enumerate() {
-        match message_kind(msg) {
-            (Transform::Verbatim, _) => {
-                let (hash, counted) = memo.measure_message(msg, counter);
-                match &mut run {
-                    Some((_, hashes, sum)) => {
-                        hashes.push_str(&hash);
-                        *sum += counted;
-                    }
-                    None => run = Some((i, hash, counted)),
-                }
-            }
-            (transform, why) => {
-                flush(&mut run, i, &mut out);
-                let source = match hame_memory::compaction::summary_span(msg) {
-                    Some(span) => format!("summary:{}..{}", span.from, span.to),
-                    None => format!("messages:{i}..{}", i + 1),
-                };
-                let (json, images) = measured_json(msg);
-                let mut section = m.section(source, &json, transform, why);
-                section.tokens += images;
-                section.counted += images;
-                out.push(section);
-            }
-        }
+        let (transform, why) = message_kind(msg);
+        let source = match hame_memory::compaction::summary_span(msg) {
+            Some(span) => format!("summary:{}..{}", span.from, span.to),
+            None => format!("messages:{i}..{}", i + 1),
+        };
+        let (json, images) = measured_json(msg);
+        let mut section = m.section(source, &json, transform, why);
+        section.tokens += images;
+        section.counted += images;
+        out.push(section);
+        i += 1;
     }
-    flush(&mut run, request.messages.len(), &mut out);
-    for spec in &request.tools {
-        let (hash, counted) = memo.measure_tool(spec, counter);
-        out.push(Section {
-            source: format!("tool:{}", spec.name),
-            hash,
-            tokens: counted,
-            counted,
-            transform: Transform::Verbatim,
-            why: None,
-        });
+    Parts {
+        system,
+        messages: out,
+        tools: memo.tool_sections(&request.tools, counter),
     }
-    out
 }
 
 /// Spreads the provider's `total` over the sections in proportion to their counted tokens
@@ -507,6 +745,223 @@ pub fn compact(sections: &[Section], max: usize) -> String {
     out
 }
 
+/// A run of sections a stored line copies from the line before it (same call, the step
+/// named by `after`): `{"same": n}` is the next `n` sections, at the same positions there.
+#[derive(Debug, Serialize, Deserialize)]
+struct Same {
+    same: usize,
+}
+
+/// A section as a line stores it: no `tokens` (they are the provider's figure shared out
+/// by [`attribute`], computed again when read).
+#[derive(Debug, Serialize)]
+struct SectionOut<'a> {
+    source: &'a str,
+    hash: &'a str,
+    counted: u64,
+    transform: Transform,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    why: &'a Option<String>,
+}
+
+/// A stored section: a run copied from the line before, or one written out.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum StoredOut<'a> {
+    Same(Same),
+    Section(SectionOut<'a>),
+}
+
+/// One line of `<session>.context.jsonl` as written: the compact form of a [`Manifest`].
+/// The first manifest of a call's append has every section written out; the next ones
+/// write the runs of sections equal to the line before's (same positions) as `{"same": n}`
+/// and name that line's step in `after`. A step's request mostly repeats the step before
+/// (the system prompt, the tool schemas), so a line is a few sections, not some thirty.
+#[derive(Debug, Serialize)]
+struct LineOut<'a> {
+    call_id: &'a str,
+    step: usize,
+    at: DateTime<Utc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    after: Option<usize>,
+    sections: Vec<StoredOut<'a>>,
+    counted: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    provider_prompt_tokens: Option<u64>,
+}
+
+/// Whether two sections say the same (their shares of the provider's tokens aside).
+fn same_section(a: &Section, b: &Section) -> bool {
+    a.counted == b.counted
+        && a.transform == b.transform
+        && a.hash == b.hash
+        && a.source == b.source
+        && a.why == b.why
+}
+
+/// A request's manifest as the layer keeps it until the call ends.
+#[derive(Debug, Clone)]
+struct Record {
+    call_id: String,
+    step: usize,
+    at: DateTime<Utc>,
+    parts: Parts,
+    counted: u64,
+    provider_prompt_tokens: Option<u64>,
+}
+
+impl Record {
+    /// The whole manifest, with the provider's tokens shared out.
+    fn manifest(&self) -> Manifest {
+        let mut sections = self.parts.to_vec();
+        if let Some(p) = self.provider_prompt_tokens {
+            attribute(&mut sections, p);
+        }
+        Manifest {
+            call_id: self.call_id.clone(),
+            step: self.step,
+            at: self.at,
+            tokens: sections.iter().map(|s| s.tokens).sum(),
+            sections,
+            counted: self.counted,
+            provider_prompt_tokens: self.provider_prompt_tokens,
+        }
+    }
+}
+
+/// The lines of a call's manifests, in order (see [`LineOut`]).
+fn lines_out(records: &[Record]) -> Vec<LineOut<'_>> {
+    let mut lines = Vec::with_capacity(records.len());
+    let mut before: Option<&Record> = None;
+    for m in records {
+        let prev = before.filter(|b| b.call_id == m.call_id);
+        let mut sections = Vec::new();
+        for (i, s) in m.parts.iter().enumerate() {
+            if prev
+                .and_then(|p| p.parts.get(i))
+                .is_some_and(|p| same_section(p, s))
+            {
+                if let Some(StoredOut::Same(run)) = sections.last_mut() {
+                    run.same += 1;
+                } else {
+                    sections.push(StoredOut::Same(Same { same: 1 }));
+                }
+            } else {
+                sections.push(StoredOut::Section(SectionOut {
+                    source: &s.source,
+                    hash: &s.hash,
+                    counted: s.counted,
+                    transform: s.transform,
+                    why: &s.why,
+                }));
+            }
+        }
+        let copies = sections.iter().any(|s| matches!(s, StoredOut::Same(_)));
+        lines.push(LineOut {
+            call_id: &m.call_id,
+            step: m.step,
+            at: m.at,
+            after: prev.filter(|_| copies).map(|p| p.step),
+            sections,
+            counted: m.counted,
+            provider_prompt_tokens: m.provider_prompt_tokens,
+        });
+        before = Some(m);
+    }
+    lines
+}
+
+/// A section of a line as read: a copied run or one written out (lines written before the
+/// compact form have every section written out, with `tokens`, which are computed again).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum StoredIn {
+    Same(Same),
+    Section(SectionIn),
+}
+
+#[derive(Debug, Deserialize)]
+struct SectionIn {
+    source: String,
+    hash: String,
+    counted: u64,
+    transform: Transform,
+    #[serde(default)]
+    why: Option<String>,
+}
+
+/// A line of `<session>.context.jsonl` as read.
+#[derive(Debug, Deserialize)]
+struct LineIn {
+    call_id: String,
+    step: usize,
+    at: DateTime<Utc>,
+    #[serde(default)]
+    after: Option<usize>,
+    sections: Vec<StoredIn>,
+    counted: u64,
+    #[serde(default)]
+    provider_prompt_tokens: Option<u64>,
+}
+
+/// The manifests of stored lines, in order. A line that copies from a line that is not the
+/// one before it (same call, step `after`) cannot be resolved: it is left out, with a warning.
+fn manifests_in(lines: Vec<LineIn>) -> Vec<Manifest> {
+    let mut out: Vec<Manifest> = Vec::with_capacity(lines.len());
+    let mut before: Option<usize> = None;
+    for line in lines {
+        let prev = before
+            .and_then(|i| out.get(i))
+            .filter(|p| p.call_id == line.call_id && Some(p.step) == line.after);
+        let mut sections: Vec<Section> = Vec::with_capacity(line.sections.len());
+        let mut resolved = true;
+        for stored in line.sections {
+            match stored {
+                StoredIn::Section(s) => sections.push(Section {
+                    source: s.source,
+                    hash: s.hash,
+                    tokens: s.counted,
+                    counted: s.counted,
+                    transform: s.transform,
+                    why: s.why,
+                }),
+                StoredIn::Same(Same { same }) => {
+                    let from = sections.len();
+                    match prev.and_then(|p| p.sections.get(from..from + same)) {
+                        Some(run) => sections.extend(run.iter().cloned()),
+                        None => {
+                            resolved = false;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        if !resolved {
+            tracing::warn!(call_id = %line.call_id, step = line.step, "skipping a context manifest whose earlier line is missing");
+            before = None;
+            continue;
+        }
+        for s in &mut sections {
+            s.tokens = s.counted;
+        }
+        if let Some(p) = line.provider_prompt_tokens {
+            attribute(&mut sections, p);
+        }
+        out.push(Manifest {
+            call_id: line.call_id,
+            step: line.step,
+            at: line.at,
+            tokens: sections.iter().map(|s| s.tokens).sum(),
+            sections,
+            counted: line.counted,
+            provider_prompt_tokens: line.provider_prompt_tokens,
+        });
+        before = Some(out.len() - 1);
+    }
+    out
+}
+
 /// The `context-manifest` layer. See the [module docs](self).
 #[derive(Debug)]
 pub struct ManifestLayer {
@@ -530,7 +985,7 @@ impl ManifestLayer {
 
 /// The manifests of the running call, written in one append when it ends.
 #[derive(Debug, Default)]
-struct Pending(std::sync::Mutex<Vec<Manifest>>);
+struct Pending(std::sync::Mutex<Vec<Record>>);
 
 #[async_trait]
 impl Layer for ManifestLayer {
@@ -567,7 +1022,7 @@ impl Layer for ManifestLayer {
                     .append_side(
                         &cx.runtime.session_id,
                         CONTEXT_SUFFIX,
-                        &manifests,
+                        &lines_out(&manifests),
                         AppendOptions::atomic(),
                     )
                     .await
@@ -587,8 +1042,8 @@ impl Layer for ManifestLayer {
         request: ModelRequest,
         next: ModelNext<'_>,
     ) -> Result<ModelResponse, hame_core::Error> {
-        let mut sections = manifest_with(&request, self.counter.as_ref(), &self.memo);
-        let counted: u64 = sections.iter().map(|s| s.counted).sum();
+        let parts = parts_with(&request, self.counter.as_ref(), &self.memo);
+        let counted: u64 = parts.iter().map(|s| s.counted).sum();
         let at = Utc::now();
         // The compact form only when a subscriber records the model span.
         if let Some(a) = cx
@@ -596,38 +1051,30 @@ impl Layer for ManifestLayer {
             .get::<hame_core::telemetry::ManifestAttribute>()
             .filter(|_| tracing::enabled!(target: "hame_core::agent", tracing::Level::INFO))
         {
-            a.set(compact(&sections, MAX_SPAN_MANIFEST));
+            a.set(compact(&parts.to_vec(), MAX_SPAN_MANIFEST));
         }
         let response = next.run(cx, request).await?;
         let provider = response.usage.map(|u| u.input_tokens).filter(|t| *t > 0);
-        if let Some(p) = provider {
-            attribute(&mut sections, p);
-        }
-        let tokens = sections.iter().map(|s| s.tokens).sum();
-        let manifest = Manifest {
+        let record = Record {
             call_id: cx.runtime.call_id().unwrap_or("unknown").to_owned(),
             step: cx.iteration,
             at,
-            sections,
-            tokens,
+            parts,
             counted,
             provider_prompt_tokens: provider,
         };
-        tracing::debug!(
-            sections = manifest.sections.len(),
-            tokens,
-            "context manifest"
-        );
+        tracing::debug!(sections = record.parts.len(), counted, "context manifest");
+        // The whole manifest (a copy of every section) only for a listener.
         if cx.events.is_active() {
             cx.events.emit(hame_core::AgentEvent::Custom {
                 kind: MANIFEST_EVENT.into(),
-                data: serde_json::to_value(&manifest).unwrap_or_default(),
+                data: serde_json::to_value(record.manifest()).unwrap_or_default(),
             });
         }
         if let Some(p) = cx.extensions.get::<Pending>() {
             p.0.lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(manifest);
+                .push(record);
         }
         Ok(response)
     }
@@ -643,11 +1090,12 @@ impl crate::HarnessAgent {
     ) -> crate::Result<Vec<Manifest>> {
         crate::validate_id("session id", session_id)?;
         let ws = self.workspace_for(ctx)?;
-        hame_session::SessionLog::new(ws.records().clone(), self.name())
+        let lines = hame_session::SessionLog::new(ws.records().clone(), self.name())
             .map_err(|e| crate::Error::storage("cannot open the session log", e))?
             .read_side(session_id, CONTEXT_SUFFIX)
             .await
-            .map_err(|e| crate::Error::storage("cannot read the context manifests", e))
+            .map_err(|e| crate::Error::storage("cannot read the context manifests", e))?;
+        Ok(manifests_in(lines))
     }
 }
 
@@ -756,6 +1204,284 @@ mod tests {
             memo.measure_tool(&other, &counter).0,
             short_hash(json.as_bytes())
         );
+    }
+
+    /// An equal system prompt (a new string each step) gets the sections measured first; a
+    /// changed one is cut and measured again.
+    #[test]
+    fn an_equal_system_prompt_is_measured_once() {
+        let counter = hame_memory::EstimateCounter;
+        let memo = SectionMemo::default();
+        let request = |system: &str| ModelRequest {
+            system: system.to_owned(),
+            messages: Vec::new(),
+            tools: Vec::new(),
+            params: hame_core::ModelParams::default(),
+            cache_key: None,
+        };
+        let prompt =
+            "You help.\n<agents_md>\n# Persona\nCareful.\n</agents_md>\n# Session\nid s1\n";
+        let fresh = manifest_of(&request(prompt), &counter);
+        assert_eq!(
+            fresh.iter().map(|s| s.source.as_str()).collect::<Vec<_>>(),
+            ["system:builder", "system:agents_md", "system:session"]
+        );
+        // Each request has its own copy of the prompt.
+        assert_eq!(manifest_with(&request(prompt), &counter, &memo), fresh);
+        assert_eq!(manifest_with(&request(prompt), &counter, &memo), fresh);
+        let changed = prompt.replace("id s1", "id s2");
+        let sections = manifest_with(&request(&changed), &counter, &memo);
+        assert_eq!(sections, manifest_of(&request(&changed), &counter));
+        assert_ne!(sections[2].hash, fresh[2].hash);
+        assert_eq!(sections[..2], fresh[..2]);
+        // More prompts than the memo keeps: still right.
+        for i in 0..SYSTEM_MEMO + 2 {
+            let p = format!("{prompt}# Extra\n{i}\n");
+            assert_eq!(
+                manifest_with(&request(&p), &counter, &memo),
+                manifest_of(&request(&p), &counter)
+            );
+        }
+        assert_eq!(manifest_with(&request(prompt), &counter, &memo), fresh);
+    }
+
+    fn manifest(
+        call: &str,
+        step: usize,
+        sections: Vec<Section>,
+        provider: Option<u64>,
+    ) -> Manifest {
+        let mut sections = sections;
+        let counted = sections.iter().map(|s| s.counted).sum();
+        if let Some(p) = provider {
+            attribute(&mut sections, p);
+        }
+        Manifest {
+            call_id: call.into(),
+            step,
+            at: Utc::now(),
+            tokens: sections.iter().map(|s| s.tokens).sum(),
+            sections,
+            counted,
+            provider_prompt_tokens: provider,
+        }
+    }
+
+    fn stored(manifests: &[Manifest]) -> Vec<String> {
+        let records: Vec<Record> = manifests
+            .iter()
+            .map(|m| {
+                // Split as the layer splits a request: the first two sections as the
+                // system prompt's, the last two as the tools'.
+                let n = m.sections.len();
+                let (system, rest) = m.sections.split_at(2.min(n));
+                let (messages, tools) = rest.split_at(rest.len().saturating_sub(2));
+                Record {
+                    call_id: m.call_id.clone(),
+                    step: m.step,
+                    at: m.at,
+                    parts: Parts {
+                        system: system.into(),
+                        messages: messages.to_vec(),
+                        tools: tools.into(),
+                    },
+                    counted: m.counted,
+                    provider_prompt_tokens: m.provider_prompt_tokens,
+                }
+            })
+            .collect();
+        for (r, m) in records.iter().zip(manifests) {
+            assert_eq!(&r.manifest(), m);
+        }
+        lines_out(&records)
+            .iter()
+            .map(|l| serde_json::to_string(l).unwrap_or_default())
+            .collect()
+    }
+
+    fn read(lines: &[String]) -> Vec<Manifest> {
+        manifests_in(
+            lines
+                .iter()
+                .filter_map(|l| serde_json::from_str(l).ok())
+                .collect(),
+        )
+    }
+
+    /// A call's manifests are stored with the sections the step before had written as
+    /// counts, and read back whole, with the provider's tokens shared out again.
+    #[test]
+    fn the_stored_lines_copy_the_step_before_and_read_back_whole() {
+        let mut grown = sections(30);
+        grown[7].source = "messages:0..5".into();
+        grown[7].counted = 90;
+        grown[7].tokens = 90;
+        let mut summarised = grown.clone();
+        summarised.insert(
+            6,
+            Section {
+                source: "summary:0..9".into(),
+                hash: "fedcba9876543210".into(),
+                tokens: 12,
+                counted: 12,
+                transform: Transform::Summarised,
+                why: Some("compaction".into()),
+            },
+        );
+        let manifests = vec![
+            manifest("c1", 1, sections(30), Some(2000)),
+            manifest("c1", 2, grown.clone(), Some(2100)),
+            manifest("c1", 3, grown, None),
+            manifest("c1", 4, summarised, Some(900)),
+        ];
+        let lines = stored(&manifests);
+        assert!(!lines[0].contains("same"), "{}", lines[0]);
+        assert!(
+            lines[1].contains(r#""after":1"#) && lines[1].contains(r#"{"same":7}"#),
+            "{}",
+            lines[1]
+        );
+        // Every section of step 3 is step 2's: one run.
+        assert!(
+            lines[2].contains(r#""sections":[{"same":30}]"#),
+            "{}",
+            lines[2]
+        );
+        let full: usize = stored_len(&manifests);
+        let compact: usize = lines.iter().map(String::len).sum();
+        assert!(compact * 2 < full, "{compact} vs {full} bytes");
+        assert_eq!(read(&lines), manifests);
+    }
+
+    fn stored_len(manifests: &[Manifest]) -> usize {
+        manifests
+            .iter()
+            .map(|m| serde_json::to_string(m).unwrap_or_default().len())
+            .sum()
+    }
+
+    /// Lines written before the compact form (whole manifests) still read; a line whose
+    /// earlier line is missing is left out, not filled from another step.
+    #[test]
+    fn old_lines_read_and_an_unresolvable_line_is_left_out() {
+        let old = manifest("c0", 1, sections(3), Some(500));
+        let old_line = serde_json::to_string(&old).unwrap_or_default();
+        let manifests = vec![
+            manifest("c1", 1, sections(3), None),
+            manifest("c1", 2, sections(3), None),
+            manifest("c1", 3, sections(3), None),
+        ];
+        let lines = stored(&manifests);
+        let mut all = vec![old_line.clone()];
+        all.extend(lines.iter().cloned());
+        assert_eq!(read(&all), [vec![old.clone()], manifests.clone()].concat());
+        // Step 2's line lost: step 3's copies cannot be resolved.
+        let gap = vec![old_line, lines[0].clone(), lines[2].clone()];
+        assert_eq!(read(&gap), vec![old, manifests[0].clone()]);
+    }
+
+    /// A growing conversation is hashed as it grows (each request adds its new messages to
+    /// the range the last request had), and gives what a fresh measure gives; a message
+    /// changed in the middle, a summary, or a shorter history are measured again.
+    #[test]
+    fn a_growing_range_adds_its_new_messages_and_matches_a_fresh_measure() {
+        let counter = hame_memory::EstimateCounter;
+        let memo = SectionMemo::default();
+        let request = |messages: &[Message]| ModelRequest {
+            system: "You help.".into(),
+            messages: messages.to_vec(),
+            tools: Vec::new(),
+            params: hame_core::ModelParams::default(),
+            cache_key: None,
+        };
+        let mut messages = vec![Message::user("go")];
+        for i in 0..6 {
+            messages.push(Message::assistant(format!("step {i}")));
+            messages.push(Message::user(format!("more {i}")));
+            let r = request(&messages);
+            assert_eq!(
+                manifest_with(&r, &counter, &memo),
+                manifest_of(&r, &counter)
+            );
+        }
+        let whole = manifest_of(&request(&messages), &counter);
+        assert_eq!(whole[1].source, "messages:0..13");
+        // A message changed in place (its blocks are copied on write): not the kept one.
+        let mut edited = messages.clone();
+        edited[4].content.push(ContentBlock::Text {
+            text: "edited".into(),
+        });
+        let r = request(&edited);
+        let sections = manifest_with(&r, &counter, &memo);
+        assert_eq!(sections, manifest_of(&r, &counter));
+        assert_ne!(sections[1].hash, whole[1].hash);
+        // Back to the first history, then a shorter one and one split by a summary.
+        let r = request(&messages);
+        assert_eq!(manifest_with(&r, &counter, &memo), whole);
+        let r = request(&messages[..5]);
+        assert_eq!(
+            manifest_with(&r, &counter, &memo),
+            manifest_of(&r, &counter)
+        );
+        let mut split = messages.clone();
+        split[6] = hame_memory::compaction::summary_message(
+            hame_memory::compaction::SeqSpan { from: 0, to: 9 },
+            "facts",
+        );
+        let r = request(&split);
+        let sections = manifest_with(&r, &counter, &memo);
+        assert_eq!(sections, manifest_of(&r, &counter));
+        assert_eq!(
+            sections
+                .iter()
+                .map(|s| s.source.as_str())
+                .collect::<Vec<_>>(),
+            [
+                "system:builder",
+                "messages:0..6",
+                "summary:0..9",
+                "messages:7..13"
+            ]
+        );
+    }
+
+    /// A request's tool list, the same shared schemas as an earlier one's, shares that
+    /// one's sections; another description or schema is measured again.
+    #[test]
+    fn a_tool_list_is_kept_whole_and_a_changed_one_measured_again() {
+        let counter = hame_memory::EstimateCounter;
+        let memo = SectionMemo::default();
+        let spec = |name: &str| hame_core::ToolSpec {
+            name: name.into(),
+            description: format!("does {name}"),
+            parameters: Arc::new(serde_json::json!({"type": "object"})),
+        };
+        let tools = vec![spec("a"), spec("b")];
+        let first = memo.tool_sections(&tools, &counter);
+        let again = memo.tool_sections(&tools.clone(), &counter);
+        assert!(Arc::ptr_eq(&first, &again), "the kept list");
+        let fresh = |t: &[hame_core::ToolSpec]| {
+            let r = ModelRequest {
+                system: String::new(),
+                messages: Vec::new(),
+                tools: t.to_vec(),
+                params: hame_core::ModelParams::default(),
+                cache_key: None,
+            };
+            manifest_of(&r, &counter)
+        };
+        assert_eq!(first.to_vec(), fresh(&tools));
+        let mut other = tools.clone();
+        other[1].description = "does more".into();
+        let changed = memo.tool_sections(&other, &counter);
+        assert!(!Arc::ptr_eq(&first, &changed));
+        assert_eq!(changed.to_vec(), fresh(&other));
+        assert_ne!(changed[1].hash, first[1].hash);
+        // A new schema with equal JSON is another allocation: measured again, same result.
+        let rebuilt = vec![spec("a"), spec("b")];
+        let again = memo.tool_sections(&rebuilt, &counter);
+        assert!(!Arc::ptr_eq(&first, &again));
+        assert_eq!(again.to_vec(), first.to_vec());
     }
 
     #[test]
