@@ -153,14 +153,10 @@ pub(crate) async fn submit(
     if shared.draining.is_cancelled() {
         return Err(ApiError::draining());
     }
-    let idem = match headers.get("idempotency-key") {
-        Some(v) => Some(
-            v.to_str()
-                .map_err(|_| ApiError::bad_request("Idempotency-Key is not visible ASCII"))?
-                .to_owned(),
-        ),
-        None => None,
-    };
+    // Bytes that are not text are checked as what they are not: visible ASCII.
+    let idem = headers
+        .get("idempotency-key")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     let body: RunBody = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("bad JSON body: {e}")))?;
     if body.message.trim().is_empty() {

@@ -9,8 +9,8 @@
 //!   count as registered in that process;
 //! * once per workspace, the first process that finds no `agents/.users/.v1` migrates: if
 //!   the workspace was used by an earlier hame (its store holds `agents/`, or a top-level
-//!   folder holds `agents/`), every top-level folder that holds one of the old marker names
-//!   ([`USER_FOLDER_MARKERS`](crate::guard::USER_FOLDER_MARKERS)) is registered, so those
+//!   folder holds `agents/`), every top-level folder that holds one of
+//!   [the old marker names](crate::guard::USER_FOLDER_MARKERS) is registered, so those
 //!   folders stay private; then `.v1` is written.
 //!
 //! Nothing is inferred after that: a folder whose name is not a registered id is an

@@ -86,6 +86,10 @@ pub enum Error {
     /// The store URL or options are invalid.
     #[error("invalid state store configuration: {0}")]
     Config(String),
+    /// What a caller handed over is not acceptable (a run's message too long, an
+    /// idempotency key out of its alphabet): the text says what is allowed.
+    #[error("{0}")]
+    InvalidInput(String),
     /// A file operation of the JSON store failed.
     #[error("state file {path}: {source}")]
     Io {

@@ -405,6 +405,28 @@ async fn runs_are_accepted_executed_listed_and_isolated() -> TestResult {
         .send()
         .await?;
     assert_eq!(resp.status().as_u16(), 400);
+    // So is an Idempotency-Key out of its alphabet or length, with one line that says what
+    // a key may be (not a store error).
+    let long = "k".repeat(201);
+    let keys: [&[u8]; 3] = [long.as_bytes(), "ключ".as_bytes(), b"a\xffb"];
+    for key in keys {
+        let resp = http
+            .post(s.at("/v1/sessions/s1/runs"))
+            .header("x-hame-user", "ada")
+            .header(
+                "idempotency-key",
+                reqwest::header::HeaderValue::from_bytes(key)?,
+            )
+            .json(&json!({"message": "x"}))
+            .send()
+            .await?;
+        assert_eq!(resp.status().as_u16(), 400, "{key:?}");
+        let v: Value = resp.json().await?;
+        assert_eq!(
+            v["error"]["message"], "an Idempotency-Key is 1 to 200 visible ASCII characters",
+            "{v}"
+        );
+    }
 
     // The session's runs, newest first.
     let (_, second) = submit(&http, &s, "ada", "s1", "again", None).await?;

@@ -435,7 +435,7 @@ impl NewRun {
     ) -> Result<Self> {
         let message = message.into();
         if message.len() > MAX_RUN_INPUT {
-            return Err(Error::Config(format!(
+            return Err(Error::InvalidInput(format!(
                 "a run message is at most {MAX_RUN_INPUT} bytes; this one has {}",
                 message.len()
             )));
@@ -518,7 +518,7 @@ impl NewRun {
 /// Checks an `Idempotency-Key`: 1 to [`MAX_IDEMPOTENCY_KEY`] bytes of visible ASCII.
 pub fn validate_idempotency_key(k: &str) -> Result<()> {
     if k.is_empty() || k.len() > MAX_IDEMPOTENCY_KEY || !k.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(Error::Config(format!(
+        return Err(Error::InvalidInput(format!(
             "an Idempotency-Key is 1 to {MAX_IDEMPOTENCY_KEY} visible ASCII characters"
         )));
     }
