@@ -484,6 +484,17 @@ impl Scratch {
         output(hame(args, &env, self.path())).await
     }
 
+    /// `hame chat <args>` with the scratch's model and state variables, typing `input` on
+    /// its standard input (a pipe), as [`chat`].
+    pub async fn chat(&self, args: &[&str], input: &str) -> std::io::Result<Output> {
+        let (base, state) = (self.server.base_url(), self.state());
+        let env = [
+            ("OPENAI_BASE_URL", base.as_str()),
+            ("HAME_STATE_HOME", state.as_str()),
+        ];
+        chat(self.path(), args, &env, input).await
+    }
+
     /// The state home of the runs, `<dir>/state`.
     pub fn state(&self) -> String {
         self.path().join("state").to_string_lossy().into_owned()
