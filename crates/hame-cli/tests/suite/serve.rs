@@ -12,7 +12,7 @@ use hame_test_support::{ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::common::{bin, tool_names};
+use super::common::{Scratch, bin, tool_names};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -148,6 +148,42 @@ impl Serve {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// One serve test's set-up: a [`Scratch`] (a temporary directory and a scripted model)
+/// with `hame serve` started on it. The server stops before the directory goes.
+pub(super) struct Served {
+    /// The running `hame serve` (dropped first).
+    pub(super) serve: Serve,
+    /// Its directory (the cwd, HOME and `ws/`) and the scripted model it calls.
+    pub(super) s: Scratch,
+}
+
+impl Served {
+    /// `hame serve` (as [`Serve::start`], no more arguments) against a model answering
+    /// `steps`.
+    pub(super) async fn start(
+        steps: impl IntoIterator<Item = ScriptStep>,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
+        let s = Scratch::scripted(steps).await?;
+        let serve = Serve::start(s.path(), &s.server.base_url(), &[])?;
+        Ok(Self { serve, s })
+    }
+
+    /// The scripted model (its recorded requests).
+    pub(super) fn model(&self) -> &ScriptedServer {
+        &self.s.server
+    }
+
+    /// The temporary directory.
+    pub(super) fn path(&self) -> &Path {
+        self.s.path()
+    }
+
+    /// The URL of `path` on the server.
+    pub(super) fn at(&self, path: &str) -> String {
+        self.serve.at(path)
     }
 }
 
