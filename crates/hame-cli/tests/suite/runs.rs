@@ -4,31 +4,24 @@
 //! stops a run executing in a worker process, and `hame runs` reads and cancels them
 //! without a server. On the default JSON state and on real PostgreSQL, MySQL and Redis.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use hame_test_support::{RecordedRequest, ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::common::{backend_tests, bin, hame, output, service, stderr, stdout, unique_agent};
+use super::common::{
+    KillOnDrop, backend_tests, hame, output, service, start_hame, stderr, stdout, unique_agent,
+};
 use super::serve::Serve;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// A running `hame worker`; killed when dropped.
 struct WorkerProcess {
-    child: Child,
+    child: KillOnDrop,
     stderr: PathBuf,
-}
-
-impl Drop for WorkerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl WorkerProcess {
@@ -51,28 +44,10 @@ impl WorkerProcess {
         name: &str,
         env: &[(&str, &str)],
     ) -> Result<Self, Box<dyn std::error::Error>> {
-        let ws = dir.join("ws");
-        std::fs::create_dir_all(&ws)?;
         let stderr = dir.join(format!("worker-{name}.err"));
-        let mut child = std::process::Command::new(bin())
-            .args(["worker", "--model", "openai:m", "--no-memory"])
-            .arg("--workspace")
-            .arg(&ws)
-            .args(args)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("HOME", dir)
-            .env("OPENAI_BASE_URL", model)
-            .env("HAME_STATE_HOME", dir.join("state"))
-            .envs(env.iter().copied())
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&stderr)?)
-            .spawn()?;
-        let out = child.stdout.take().ok_or("no stdout")?;
-        let mut line = String::new();
-        BufReader::new(out).read_line(&mut line)?;
+        let command = ["worker"];
+        let out = std::fs::File::create(&stderr)?.into();
+        let (child, line) = start_hame(dir, model, &command, args, env, out)?;
         if !line.starts_with("worker ") {
             return Err(format!(
                 "unexpected first line {line:?}; stderr: {}",
@@ -85,8 +60,7 @@ impl WorkerProcess {
 
     /// SIGKILL, as a crash would.
     fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.kill();
     }
 
     fn stderr(&self) -> String {
