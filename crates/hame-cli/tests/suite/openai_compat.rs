@@ -114,15 +114,9 @@ fn seen(req: &hame_test_support::RecordedRequest) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The names of the tools offered in a recorded request.
 fn tool_names(req: &hame_test_support::RecordedRequest) -> Vec<String> {
-    req.body["tools"]
-        .as_array()
-        .map(|t| {
-            t.iter()
-                .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
+    super::common::tool_names(&req.body)
 }
 
 #[tokio::test]
