@@ -59,6 +59,17 @@ fn decisions(
     out
 }
 
+/// The call suspended (for an approval).
+fn assert_suspended(err: &Option<hame_harness::Error>) {
+    assert!(
+        matches!(
+            err,
+            Some(hame_harness::Error::Call(hame_core::Error::Suspended(_)))
+        ),
+        "{err:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_builder_ask_rule_suspends_and_a_denial_finishes_the_call() -> TestResult {
     let dir = tempfile::tempdir()?;
@@ -89,13 +100,7 @@ async fn a_builder_ask_rule_suspends_and_a_denial_finishes_the_call() -> TestRes
         )
         .await
         .err();
-    assert!(
-        matches!(
-            &err,
-            Some(hame_harness::Error::Call(hame_core::Error::Suspended(_)))
-        ),
-        "{err:?}"
-    );
+    assert_suspended(&err);
     assert_eq!(
         decisions(&mut rx),
         vec![
@@ -168,13 +173,7 @@ async fn accept_edits_asks_for_the_shell_and_read_only_denies_it() -> TestResult
         .call(Message::user("run"), &RuntimeContext::new("s1"))
         .await
         .err();
-    assert!(
-        matches!(
-            &err,
-            Some(hame_harness::Error::Call(hame_core::Error::Suspended(_)))
-        ),
-        "{err:?}"
-    );
+    assert_suspended(&err);
 
     let dir = tempfile::tempdir()?;
     let a = agent(

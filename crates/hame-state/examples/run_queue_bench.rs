@@ -41,15 +41,7 @@ async fn latency(q: &dyn RunQueue, n: usize) -> R<()> {
         let c = q.claim(&opts).await?.ok_or("nothing to claim")?;
         claim.push(t.elapsed());
         let t = Instant::now();
-        q.finish(
-            &c,
-            &RunEnd::Completed {
-                reply: String::new(),
-                usage: serde_json::json!({}),
-                verification: None,
-            },
-        )
-        .await?;
+        q.finish(&c, &completed()).await?;
         fin.push(t.elapsed());
     }
     let mut total: Vec<Duration> = (0..n).map(|i| sub[i] + claim[i] + fin[i]).collect();
@@ -68,6 +60,15 @@ async fn latency(q: &dyn RunQueue, n: usize) -> R<()> {
     Ok(())
 }
 
+/// The end of a run that completed with no reply, usage or verdict.
+fn completed() -> RunEnd {
+    RunEnd::Completed {
+        reply: String::new(),
+        usage: serde_json::json!({}),
+        verification: None,
+    }
+}
+
 /// Runs/s draining `n` queued runs over 100 sessions with one queue handle per worker.
 async fn throughput(queues: Vec<Arc<dyn RunQueue>>, n: usize) -> R<f64> {
     let agent = agent();
@@ -83,15 +84,7 @@ async fn throughput(queues: Vec<Arc<dyn RunQueue>>, n: usize) -> R<f64> {
         tasks.push(tokio::spawn(async move {
             let mut done = 0usize;
             while let Some(c) = q.claim(&opts).await? {
-                q.finish(
-                    &c,
-                    &RunEnd::Completed {
-                        reply: String::new(),
-                        usage: serde_json::json!({}),
-                        verification: None,
-                    },
-                )
-                .await?;
+                q.finish(&c, &completed()).await?;
                 done += 1;
             }
             Ok::<_, hame_state::Error>(done)

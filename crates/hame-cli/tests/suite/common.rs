@@ -1,7 +1,8 @@
 //! Helpers to run the `hame` binary with a clean, explicit environment.
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 
 /// The path of the built `hame` binary.
 pub fn bin() -> &'static str {
@@ -21,6 +22,75 @@ pub fn hame(args: &[&str], env: &[(&str, &str)], cwd: &Path) -> Command {
         cmd.env(k, v);
     }
     cmd
+}
+
+/// A child process, killed (and reaped) when dropped.
+pub struct KillOnDrop(pub Child);
+
+impl KillOnDrop {
+    /// SIGKILL and reap, as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = Child;
+
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+/// Starts `hame <command> --model openai:m --no-memory --workspace <dir>/ws <args>` as the
+/// service tests run it: an empty environment but PATH, HOME = `dir`, the model at `model`,
+/// state under `dir/state`, then `env`; stdout piped, stderr to `stderr`. The process
+/// (killed when dropped) and the first line it printed.
+pub fn start_hame(
+    dir: &Path,
+    model: &str,
+    command: &[&str],
+    args: &[&str],
+    env: &[(&str, &str)],
+    stderr: Stdio,
+) -> Result<(KillOnDrop, String), Box<dyn std::error::Error>> {
+    let ws = dir.join("ws");
+    std::fs::create_dir_all(&ws)?;
+    let mut child = KillOnDrop(
+        Command::new(bin())
+            .args(command)
+            .args(["--model", "openai:m", "--no-memory", "--workspace"])
+            .arg(&ws)
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", dir)
+            .env("OPENAI_BASE_URL", model)
+            .env("HAME_STATE_HOME", dir.join("state"))
+            .envs(env.iter().copied())
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()?,
+    );
+    let out = child.stdout.take().ok_or("no stdout")?;
+    let mut line = String::new();
+    BufReader::new(out).read_line(&mut line)?;
+    Ok((child, line))
 }
 
 /// Runs the command on a blocking thread so the scripted server keeps serving.
@@ -482,6 +552,39 @@ impl Scratch {
         ];
         env.extend_from_slice(extra);
         output(hame(args, &env, self.path())).await
+    }
+
+    /// `hame chat <args>` with the scratch's model and state variables, typing `input` on
+    /// its standard input (a pipe), as [`chat`].
+    pub async fn chat(&self, args: &[&str], input: &str) -> std::io::Result<Output> {
+        let (base, state) = (self.server.base_url(), self.state());
+        let env = [
+            ("OPENAI_BASE_URL", base.as_str()),
+            ("HAME_STATE_HOME", state.as_str()),
+        ];
+        chat(self.path(), args, &env, input).await
+    }
+
+    /// `hame sessions <what> default <extra> --workspace <ws>`: about the workspace's
+    /// default session.
+    pub async fn session(&self, what: &str, extra: &[&str]) -> std::io::Result<Output> {
+        let mut args = vec!["sessions", what, "default"];
+        args.extend_from_slice(extra);
+        args.extend(["--workspace", self.ws_s.as_str()]);
+        self.hame(&args).await
+    }
+
+    /// [`Scratch::session`] with `--json` added, that must exit 0: its JSON.
+    pub async fn session_json(
+        &self,
+        what: &str,
+        extra: &[&str],
+    ) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+        let mut all = extra.to_vec();
+        all.push("--json");
+        let out = self.session(what, &all).await?;
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        Ok(serde_json::from_str(&stdout(&out))?)
     }
 
     /// The state home of the runs, `<dir>/state`.

@@ -12,7 +12,7 @@ use hame_test_support::{ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::serve::{Serve, client, texts, ws_log};
+use super::serve::{Serve, ask_before_write_file, client, texts, ws_log};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -119,12 +119,7 @@ async fn serve_console_in_headless_chromium() -> TestResult {
         ),
         ScriptStep::text("written"),
     ]);
-    let ws = dir.path().join("ws");
-    std::fs::create_dir_all(&ws)?;
-    std::fs::write(
-        ws.join("tools.json"),
-        json!({"permissions": {"ask": ["write_file"]}}).to_string(),
-    )?;
+    let ws = ask_before_write_file(dir.path())?;
     let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
     // The long-id session exists before the page lists it.
     let r = client()

@@ -37,23 +37,8 @@ fn workspace_hash(files: &[(&str, &str)]) -> String {
 }
 
 /// `hame sessions WHAT default --json` (`evidence`, `observations`), parsed.
-async fn sessions_json(s: &Scratch, what: &str) -> Result<Value, Box<dyn std::error::Error>> {
-    let out = s
-        .hame(&[
-            "sessions",
-            what,
-            "default",
-            "--json",
-            "--workspace",
-            &s.ws_s,
-        ])
-        .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    Ok(serde_json::from_str(&stdout(&out))?)
-}
-
 async fn evidence_json(s: &Scratch) -> Result<Value, Box<dyn std::error::Error>> {
-    sessions_json(s, "evidence").await
+    s.session_json("evidence", &[]).await
 }
 
 #[tokio::test]
@@ -84,7 +69,7 @@ async fn an_answer_without_running_the_tests_exits_5_after_one_extra_step_naming
     assert_eq!(ev[0]["outcome"], "failed");
     assert_eq!(ev[0]["exit_code"], 1);
     assert_eq!(ev[0]["stale"], false);
-    let obs = sessions_json(&s, "observations").await?;
+    let obs = s.session_json("observations", &[]).await?;
     let check = obs
         .as_array()
         .and_then(|a| a.iter().find(|o| o["tool"] == "verify"))
@@ -133,7 +118,7 @@ async fn running_the_tests_then_answering_exits_0_with_the_workspace_hash_until_
     );
     assert_eq!(ev[0]["files"], 2);
     // The evidence names the observation of the model's `execute` call.
-    let obs = sessions_json(&s, "observations").await?;
+    let obs = s.session_json("observations", &[]).await?;
     let exec = obs
         .as_array()
         .and_then(|a| a.iter().find(|o| o["call_id"] == "c2"))
@@ -164,7 +149,7 @@ async fn an_execute_observation_has_exit_code_and_stdout_truncated_and_the_model
     let reqs = s.server.requests();
     // What the model sees is the tool's text as before.
     assert_eq!(last_tool_result(&reqs[1].body), "hello\n\n[exit code 3]");
-    let obs = sessions_json(&s, "observations").await?;
+    let obs = s.session_json("observations", &[]).await?;
     let obs = obs.as_array().cloned().unwrap_or_default();
     assert_eq!(obs.len(), 2, "{obs:?}");
     let exec = &obs[0];
@@ -196,15 +181,7 @@ async fn an_execute_observation_has_exit_code_and_stdout_truncated_and_the_model
         2
     );
     // The text form: one line per call.
-    let out = s
-        .hame(&[
-            "sessions",
-            "observations",
-            "default",
-            "--workspace",
-            &s.ws_s,
-        ])
-        .await?;
+    let out = s.session("observations", &[]).await?;
     let text = stdout(&out);
     assert_eq!(text.lines().count(), 2, "{text}");
     assert!(
@@ -232,7 +209,7 @@ async fn the_file_tools_cannot_write_the_observations() -> TestResult {
     let reqs = s.server.requests();
     let refused = last_tool_result(&reqs[2].body);
     assert!(refused.contains("permission_denied"), "{refused}");
-    let obs = sessions_json(&s, "observations").await?;
+    let obs = s.session_json("observations", &[]).await?;
     assert_eq!(obs[1]["outcome"], "error");
     assert_eq!(obs[1]["code"], "permission_denied");
     Ok(())
@@ -287,17 +264,7 @@ async fn a_proposed_requirement_binds_only_once_confirmed_and_is_in_every_later_
         ),
         "{system}"
     );
-    let task = s
-        .hame(&[
-            "sessions",
-            "task",
-            "default",
-            "--json",
-            "--workspace",
-            &s.ws_s,
-        ])
-        .await?;
-    let task: Value = serde_json::from_str(&stdout(&task))?;
+    let task = s.session_json("task", &[]).await?;
     assert_eq!(task["goal"], "ship v2");
     assert_eq!(task["requirements"][0]["status"], "candidate");
     // Confirmed by a person.
@@ -379,20 +346,7 @@ async fn the_context_manifest_lists_each_section_and_says_summarised_after_compa
         assert_eq!(stdout(&out).trim(), *reply);
     }
     // Request 1: the system prompt's parts, the user message, each tool schema.
-    let out = s
-        .hame(&[
-            "sessions",
-            "context",
-            "default",
-            "--step",
-            "1",
-            "--json",
-            "--workspace",
-            &s.ws_s,
-        ])
-        .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let first: Value = serde_json::from_str(&stdout(&out))?;
+    let first = s.session_json("context", &["--step", "1"]).await?;
     let sections = first["sections"].as_array().cloned().unwrap_or_default();
     let sources: Vec<&str> = sections
         .iter()
@@ -433,17 +387,7 @@ async fn the_context_manifest_lists_each_section_and_says_summarised_after_compa
         off * 100.0
     );
     // The second call compacted the first: its request says `summarised` for the range.
-    let all = s
-        .hame(&[
-            "sessions",
-            "context",
-            "default",
-            "--json",
-            "--workspace",
-            &s.ws_s,
-        ])
-        .await?;
-    let all: Value = serde_json::from_str(&stdout(&all))?;
+    let all = s.session_json("context", &[]).await?;
     let last = all
         .as_array()
         .and_then(|a| a.last())

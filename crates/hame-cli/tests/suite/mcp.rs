@@ -33,6 +33,18 @@ pub(super) fn python() -> Option<PathBuf> {
     super::common::python_venv("mcp-venv", MCP_SDK, "mcp.server.mcpserver")
 }
 
+/// Writes the workspace's `tools.json` with one MCP server `py`: the test server run by
+/// `python` over stdio, its pid written to `<dir>/server.pid`.
+fn stdio_server(s: &Scratch, python: &Path) -> std::io::Result<()> {
+    let pidfile = s.path().join("server.pid");
+    let config = json!({"mcpServers": {"py": {
+        "transport": "stdio",
+        "command": python,
+        "args": [server_py(), "stdio", pidfile],
+    }}});
+    s.write("tools.json", &config.to_string())
+}
+
 fn alive(pid: u32) -> bool {
     // A zombie has exited already.
     fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -275,20 +287,9 @@ async fn a_broken_server_is_one_warning_and_the_run_goes_on() -> TestResult {
 async fn a_subagents_tool_allowlist_covers_mcp_tools() -> TestResult {
     let Some(py) = python() else { return Ok(()) };
     let s = Scratch::new().await?;
-    let (dir, ws) = (&s.dir, &s.ws);
-    fs::create_dir_all(ws.join("subagents"))?;
-    let pidfile = dir.path().join("server.pid");
-    fs::write(
-        ws.join("tools.json"),
-        json!({"mcpServers": {"py": {
-            "transport": "stdio",
-            "command": py,
-            "args": [server_py(), "stdio", pidfile],
-        }}})
-        .to_string(),
-    )?;
-    fs::write(
-        ws.join("subagents/reader.md"),
+    stdio_server(&s, &py)?;
+    s.write(
+        "subagents/reader.md",
         "---\ndescription: Reads\ntools: [read_file]\n---\nYou are READER-11.\n",
     )?;
     let server = &s.server;
@@ -306,16 +307,7 @@ async fn a_subagents_tool_allowlist_covers_mcp_tools() -> TestResult {
     ]);
     s.run_ws(&[], "go").await?;
     let reqs = server.requests();
-    let names = |r: &hame_test_support::RecordedRequest| -> Vec<String> {
-        r.body["tools"]
-            .as_array()
-            .map(|t| {
-                t.iter()
-                    .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let names = |r: &hame_test_support::RecordedRequest| tool_names(&r.body);
     let parent = &reqs[0];
     assert!(
         names(parent).iter().any(|n| n == "mcp__py__echo"),
@@ -340,17 +332,7 @@ async fn a_subagents_tool_allowlist_covers_mcp_tools() -> TestResult {
 async fn plan_mode_runs_read_only_mcp_tools_and_denies_the_others() -> TestResult {
     let Some(py) = python() else { return Ok(()) };
     let s = Scratch::new().await?;
-    let (dir, ws) = (&s.dir, &s.ws);
-    let pidfile = dir.path().join("server.pid");
-    fs::write(
-        ws.join("tools.json"),
-        json!({"mcpServers": {"py": {
-            "transport": "stdio",
-            "command": py,
-            "args": [server_py(), "stdio", pidfile],
-        }}})
-        .to_string(),
-    )?;
+    stdio_server(&s, &py)?;
     let server = &s.server;
     server.push_all([
         ScriptStep::tool_calls(vec![

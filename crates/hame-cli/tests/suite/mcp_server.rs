@@ -3,16 +3,17 @@
 //! server from its `tools.json`.
 
 use std::fs;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::Instant;
 
 use hame_test_support::{ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::common::{bin, run_with, stderr, stdout, texts_of_role, tool_results};
+use super::common::{
+    KillOnDrop, bin, run_with, start_hame, stderr, stdout, texts_of_role, tool_results,
+};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -174,15 +175,8 @@ async fn the_python_client_asks_over_stdio() -> TestResult {
 
 /// A running `hame mcp serve --listen`; killed when dropped.
 struct Listening {
-    child: Child,
+    _child: KillOnDrop,
     url: String,
-}
-
-impl Drop for Listening {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn listen(
@@ -193,39 +187,15 @@ fn listen(
     let ws = dir.join("ws");
     fs::create_dir_all(&ws)?;
     skill(&ws)?;
-    let mut child = std::process::Command::new(bin())
-        .args([
-            "mcp",
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--model",
-            "openai:m",
-            "--no-memory",
-        ])
-        .arg("--workspace")
-        .arg(&ws)
-        .args(extra)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("HOME", dir)
-        .env("OPENAI_BASE_URL", model)
-        .env("HAME_STATE_HOME", dir.join("state"))
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let out = child.stdout.take().ok_or("no stdout")?;
-    let mut line = String::new();
-    BufReader::new(out).read_line(&mut line)?;
+    let command = ["mcp", "serve", "--listen", "127.0.0.1:0"];
+    let (child, line) = start_hame(dir, model, &command, extra, &[], Stdio::null())?;
     // "listening on http://ADDR (MCP at http://ADDR/mcp)"
     let url = line
         .trim()
         .rsplit_once("MCP at ")
         .map(|(_, u)| u.trim_end_matches(')').to_owned())
         .ok_or_else(|| format!("unexpected first line: {line:?}"))?;
-    Ok(Listening { child, url })
+    Ok(Listening { _child: child, url })
 }
 
 #[tokio::test]

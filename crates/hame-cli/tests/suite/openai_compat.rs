@@ -10,7 +10,7 @@ use hame_test_support::{ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::serve::{Serve, client, parse_sse, texts, ws_log};
+use super::serve::{Serve, Served, Sse, client, parse_sse, texts, ws_log};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -18,6 +18,64 @@ async fn post(url: &str, body: Value) -> Result<(u16, Value), Box<dyn std::error
     let r = client().post(url).json(&body).send().await?;
     let status = r.status().as_u16();
     Ok((status, r.json().await?))
+}
+
+/// [`post`] that must answer 200: the body.
+async fn post_ok(url: &str, body: Value) -> Result<Value, Box<dyn std::error::Error>> {
+    let (status, got) = post(url, body).await?;
+    assert_eq!(status, 200, "{got}");
+    Ok(got)
+}
+
+/// The body of a response that must have `status`.
+async fn answered(r: reqwest::Response, status: u16) -> Result<Value, Box<dyn std::error::Error>> {
+    assert_eq!(r.status(), status);
+    Ok(r.json().await?)
+}
+
+/// The error message of an OpenAI-shaped error body contains `part`.
+fn assert_message_has(body: &Value, part: &str) {
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains(part),
+        "{body}"
+    );
+}
+
+/// The events of a streamed response of one output item: `item` (the item's own events)
+/// between the item's `added` and `done`.
+fn one_item(item: &[&'static str]) -> Vec<&'static str> {
+    let mut all = vec![
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+    ];
+    all.extend_from_slice(item);
+    all.extend(["response.output_item.done", "response.completed"]);
+    all
+}
+
+/// The JSON body of a GET of `url`.
+async fn get_json(url: &str) -> Result<Value, Box<dyn std::error::Error>> {
+    Ok(client().get(url).send().await?.json().await?)
+}
+
+/// POSTs `body` to `url` as `user` (`x-hame-user`).
+async fn post_as(url: &str, user: &str, body: &Value) -> reqwest::Result<reqwest::Response> {
+    client()
+        .post(url)
+        .header("x-hame-user", user)
+        .json(body)
+        .send()
+        .await
+}
+
+/// The SSE events of a streamed POST of `body` to `url`.
+async fn stream(url: &str, body: Value) -> Result<Vec<Sse>, Box<dyn std::error::Error>> {
+    let r = client().post(url).json(&body).send().await?;
+    Ok(parse_sse(&r.text().await?))
 }
 
 fn weather_tool() -> Value {
@@ -56,43 +114,31 @@ fn seen(req: &hame_test_support::RecordedRequest) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The names of the tools offered in a recorded request.
 fn tool_names(req: &hame_test_support::RecordedRequest) -> Vec<String> {
-    req.body["tools"]
-        .as_array()
-        .map(|t| {
-            t.iter()
-                .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
+    super::common::tool_names(&req.body)
 }
 
 #[tokio::test]
 async fn chat_completions_honour_system_history_and_client_tools() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let model = ScriptedServer::start().await?;
-    model.push_all([
+    let t = Served::start([
         ScriptStep::tool_call("call_w1", "get_weather", json!({"city": "Oslo"})),
         ScriptStep::text("It is 5 C in Oslo."),
-    ]);
-    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
-    let url = serve.at("/v1/chat/completions");
+    ])
+    .await?;
+    let url = t.at("/v1/chat/completions");
     // A new session from the client's history, its system message and a client tool.
-    let (status, body) = post(
+    let history = json!([
+        {"role": "system", "content": "Answer in one sentence."},
+        {"role": "user", "content": "I live in Oslo."},
+        {"role": "assistant", "content": "Noted."},
+        {"role": "user", "content": "Weather?"}
+    ]);
+    let body = post_ok(
         &url,
-        json!({
-            "model": "hame",
-            "messages": [
-                {"role": "system", "content": "Answer in one sentence."},
-                {"role": "user", "content": "I live in Oslo."},
-                {"role": "assistant", "content": "Noted."},
-                {"role": "user", "content": "Weather?"}
-            ],
-            "tools": [weather_tool()]
-        }),
+        json!({"model": "hame", "messages": history, "tools": [weather_tool()]}),
     )
     .await?;
-    assert_eq!(status, 200, "{body}");
     let choice = &body["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls");
     assert_eq!(choice["message"]["refusal"], Value::Null);
@@ -102,7 +148,7 @@ async fn chat_completions_honour_system_history_and_client_tools() -> TestResult
     assert_eq!(call["function"]["name"], "get_weather");
     assert_eq!(call["function"]["arguments"], "{\"city\":\"Oslo\"}");
     let call_id = call["id"].as_str().ok_or("no call id")?.to_owned();
-    let first = &model.requests()[0];
+    let first = &t.model().requests()[0];
     assert!(
         first
             .system_text()
@@ -124,34 +170,27 @@ async fn chat_completions_honour_system_history_and_client_tools() -> TestResult
         "hame's tools stay"
     );
     // The client runs the tool and resends everything: the turn resumes, no header needed.
-    let (status, body) = post(
+    let mut resent = history.as_array().cloned().unwrap_or_default();
+    resent.extend([
+        json!({"role": "assistant", "content": null, "tool_calls": [call]}),
+        json!({"role": "tool", "tool_call_id": call_id, "content": "5 C, cloudy"}),
+    ]);
+    let body = post_ok(
         &url,
-        json!({
-            "model": "hame",
-            "messages": [
-                {"role": "system", "content": "Answer in one sentence."},
-                {"role": "user", "content": "I live in Oslo."},
-                {"role": "assistant", "content": "Noted."},
-                {"role": "user", "content": "Weather?"},
-                {"role": "assistant", "content": null, "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": call_id, "content": "5 C, cloudy"}
-            ],
-            "tools": [weather_tool()]
-        }),
+        json!({"model": "hame", "messages": resent, "tools": [weather_tool()]}),
     )
     .await?;
-    assert_eq!(status, 200, "{body}");
     assert_eq!(
         body["choices"][0]["message"]["content"],
         "It is 5 C in Oslo."
     );
     assert_eq!(body["choices"][0]["finish_reason"], "stop");
-    let second = &model.requests()[1];
+    let second = &t.model().requests()[1];
     let lines = seen(second);
     assert_eq!(lines.last().map(String::as_str), Some("tool: 5 C, cloudy"));
-    assert_eq!(model.requests().len(), 2);
+    assert_eq!(t.model().requests().len(), 2);
     // The session's log has the whole conversation, recorded once.
-    let sessions: Vec<_> = std::fs::read_dir(dir.path().join("ws/agents/hame/sessions"))?
+    let sessions: Vec<_> = std::fs::read_dir(t.path().join("ws/agents/hame/sessions"))?
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.ends_with(".log.jsonl"))
@@ -159,7 +198,7 @@ async fn chat_completions_honour_system_history_and_client_tools() -> TestResult
     assert_eq!(sessions.len(), 1, "{sessions:?}");
     let session = sessions[0].trim_end_matches(".log.jsonl");
     assert_eq!(
-        texts(&ws_log(dir.path(), None, session)),
+        texts(&ws_log(t.path(), None, session)),
         vec![
             "user: I live in Oslo.",
             "assistant: Noted.",
@@ -181,15 +220,13 @@ async fn chat_completions_honour_system_history_and_client_tools() -> TestResult
 
 #[tokio::test]
 async fn chat_completions_keep_a_named_session_and_refuse_a_contradicting_history() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let model = ScriptedServer::start().await?;
-    model.push_all([
+    let t = Served::start([
         ScriptStep::text("one"),
         ScriptStep::text("two"),
         ScriptStep::text("three"),
-    ]);
-    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
-    let url = serve.at("/v1/chat/completions");
+    ])
+    .await?;
+    let url = t.at("/v1/chat/completions");
     let c = client();
     let send = |body: Value| {
         c.post(&url)
@@ -208,7 +245,7 @@ async fn chat_completions_keep_a_named_session_and_refuse_a_contradicting_histor
     let r = send(json!({"model": "hame", "messages": [{"role": "user", "content": "c"}]})).await?;
     assert_eq!(r.status(), 200);
     assert_eq!(
-        texts(&ws_log(dir.path(), None, "named")),
+        texts(&ws_log(t.path(), None, "named")),
         vec![
             "user: a",
             "assistant: one",
@@ -219,44 +256,33 @@ async fn chat_completions_keep_a_named_session_and_refuse_a_contradicting_histor
         ]
     );
     // A history that says something else is refused; nothing joins the session.
-    let r = send(json!({"model": "hame", "messages": [
+    let body = answered(send(json!({"model": "hame", "messages": [
         {"role": "user", "content": "not a"}, {"role": "assistant", "content": "one"}, {"role": "user", "content": "d"}
-    ]})).await?;
-    assert_eq!(r.status(), 409);
-    let body: Value = r.json().await?;
+    ]})).await?, 409).await?;
     assert_eq!(body["error"]["code"], "history_mismatch");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap_or("")
-            .contains("user message 1"),
-        "{body}"
-    );
-    assert_eq!(model.requests().len(), 3);
+    assert_message_has(&body, "user message 1");
+    assert_eq!(t.model().requests().len(), 3);
     Ok(())
 }
 
 #[tokio::test]
 async fn chat_completions_check_the_reply_format_with_one_repair() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let model = ScriptedServer::start().await?;
-    model.push_all([
+    let t = Served::start([
         ScriptStep::text("Sure! The answer is 4."),
         ScriptStep::text("{\"answer\": 4}"),
         ScriptStep::text("nope"),
         ScriptStep::text("still nope"),
-    ]);
-    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
-    let url = serve.at("/v1/chat/completions");
+    ])
+    .await?;
+    let url = t.at("/v1/chat/completions");
     let format = json!({"type": "json_schema", "json_schema": {"name": "answer", "strict": true, "schema": {
         "type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"], "additionalProperties": false
     }}});
-    let (status, body) = post(&url, json!({
+    let body = post_ok(&url, json!({
         "model": "hame", "response_format": format, "messages": [{"role": "user", "content": "2+2?"}]
     })).await?;
-    assert_eq!(status, 200, "{body}");
     assert_eq!(body["choices"][0]["message"]["content"], "{\"answer\": 4}");
-    let reqs = model.requests();
+    let reqs = t.model().requests();
     assert!(
         reqs[0].system_text().contains("## Reply format"),
         "{}",
@@ -300,11 +326,8 @@ async fn chat_completions_check_the_reply_format_with_one_repair() -> TestResult
 
 #[tokio::test]
 async fn chat_completions_refuse_what_they_cannot_honour_in_openai_error_shape() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let model = ScriptedServer::start().await?;
-    model.push_all([ScriptStep::text("plain"), ScriptStep::text("usage")]);
-    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
-    let url = serve.at("/v1/chat/completions");
+    let t = Served::start([ScriptStep::text("plain"), ScriptStep::text("usage")]).await?;
+    let url = t.at("/v1/chat/completions");
     let msg = json!([{"role": "user", "content": "hi"}]);
     for (body, param, code) in [
         (
@@ -354,17 +377,16 @@ async fn chat_completions_refuse_what_they_cannot_honour_in_openai_error_shape()
         assert_eq!(got["error"]["type"], "invalid_request_error");
     }
     assert_eq!(
-        model.requests().len(),
+        t.model().requests().len(),
         0,
         "nothing refused reached the model"
     );
     // Usage is streamed only when asked for; `refusal` is always there.
-    let r = client()
-        .post(&url)
-        .json(&json!({"model": "hame", "messages": msg, "stream": true}))
-        .send()
-        .await?;
-    let chunks = parse_sse(&r.text().await?);
+    let chunks = stream(
+        &url,
+        json!({"model": "hame", "messages": msg, "stream": true}),
+    )
+    .await?;
     assert!(
         chunks.iter().all(|c| c.data.get("usage").is_none()),
         "usage without include_usage"
@@ -373,93 +395,76 @@ async fn chat_completions_refuse_what_they_cannot_honour_in_openai_error_shape()
         chunks[0].data["choices"][0]["delta"]["refusal"],
         Value::Null
     );
-    let r = client().post(&url).json(&json!({"model": "hame", "messages": msg, "stream": true, "stream_options": {"include_usage": true}})).send().await?;
-    let chunks = parse_sse(&r.text().await?);
+    let chunks = stream(&url, json!({"model": "hame", "messages": msg, "stream": true, "stream_options": {"include_usage": true}})).await?;
     let usage: Vec<&Value> = chunks.iter().filter_map(|c| c.data.get("usage")).collect();
     assert_eq!(usage.len(), 1);
     assert!(usage[0]["total_tokens"].as_u64().unwrap_or(0) > 0);
     // 405, 413, a bad query string, an unknown route: the same shape.
-    let r = client().get(&url).send().await?;
-    assert_eq!(r.status(), 405);
-    let body: Value = r.json().await?;
+    let body = answered(client().get(&url).send().await?, 405).await?;
     assert_eq!(body["error"]["code"], "method_not_allowed");
     let big = "x".repeat(2 * 1024 * 1024);
-    let r = client()
-        .post(&url)
-        .header("content-type", "application/json")
-        .body(big)
-        .send()
-        .await?;
-    assert_eq!(r.status(), 413);
-    let body: Value = r.json().await?;
+    let body = answered(
+        client()
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(big)
+            .send()
+            .await?,
+        413,
+    )
+    .await?;
     assert_eq!(body["error"]["type"], "invalid_request_error");
-    let r = client()
-        .get(serve.at("/v1/sessions/s/events?after=notanumber"))
-        .send()
-        .await?;
-    assert_eq!(r.status(), 400);
-    let body: Value = r.json().await?;
+    let body = answered(
+        client()
+            .get(t.at("/v1/sessions/s/events?after=notanumber"))
+            .send()
+            .await?,
+        400,
+    )
+    .await?;
     assert_eq!(body["error"]["code"], "bad_request");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap_or("")
-            .contains("after"),
-        "{body}"
-    );
+    assert_message_has(&body, "after");
     Ok(())
 }
 
 #[tokio::test]
 async fn models_list_the_agent() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let model = ScriptedServer::start().await?;
-    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
-    let body: Value = client()
-        .get(serve.at("/v1/models"))
-        .send()
-        .await?
-        .json()
-        .await?;
+    let t = Served::start([]).await?;
+    let body = get_json(&t.at("/v1/models")).await?;
     assert_eq!(body["object"], "list");
     assert_eq!(body["data"][0]["id"], "hame");
     assert_eq!(body["data"][0]["object"], "model");
     assert_eq!(body["data"][0]["owned_by"], "hame");
-    let r = client().get(serve.at("/v1/models/hame")).send().await?;
+    let r = client().get(t.at("/v1/models/hame")).send().await?;
     assert_eq!(r.status(), 200);
-    let r = client().get(serve.at("/v1/models/gpt-4o")).send().await?;
-    assert_eq!(r.status(), 404);
-    let body: Value = r.json().await?;
+    let body = answered(client().get(t.at("/v1/models/gpt-4o")).send().await?, 404).await?;
     assert_eq!(body["error"]["code"], "model_not_found");
     Ok(())
 }
 
 #[tokio::test]
 async fn responses_run_function_tools_and_continue_from_a_previous_response() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let model = ScriptedServer::start().await?;
-    model.push_all([
+    let t = Served::start([
         ScriptStep::tool_call("call_a", "add", json!({"a": 2, "b": 3})),
         ScriptStep::text("The sum is 5."),
         ScriptStep::text("Twice that is 10."),
         ScriptStep::text("streamed"),
-    ]);
-    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
-    let url = serve.at("/v1/responses");
+    ])
+    .await?;
+    let url = t.at("/v1/responses");
     let tools = json!([{"type": "function", "name": "add", "description": "adds", "strict": true,
         "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"], "additionalProperties": false}}]);
-    let (status, body) = post(
+    let body = post_ok(
         &url,
         json!({"model": "hame", "instructions": "Use the tools.", "input": "2+3?", "tools": tools}),
     )
     .await?;
-    assert_eq!(status, 200, "{body}");
     assert_eq!(body["object"], "response");
     assert_eq!(body["status"], "completed");
     let call = body["output"][0].clone();
     assert_eq!(call["type"], "function_call");
     assert_eq!(call["name"], "add");
-    let (status, body) = post(
+    let body = post_ok(
         &url,
         json!({"model": "hame", "tools": tools, "input": [
             {"role": "user", "content": "2+3?"},
@@ -468,43 +473,39 @@ async fn responses_run_function_tools_and_continue_from_a_previous_response() ->
         ]}),
     )
     .await?;
-    assert_eq!(status, 200, "{body}");
     assert_eq!(body["output"][0]["content"][0]["text"], "The sum is 5.");
     assert!(body["usage"]["total_tokens"].as_u64().unwrap_or(0) > 0);
-    assert!(model.requests()[0].system_text().contains("Use the tools."));
+    assert!(
+        t.model().requests()[0]
+            .system_text()
+            .contains("Use the tools.")
+    );
     // previous_response_id: the same session, only the new input.
-    let (status, body) = post(
+    let body = post_ok(
         &url,
         json!({"model": "hame", "input": "Double it.", "previous_response_id": body["id"]}),
     )
     .await?;
-    assert_eq!(status, 200, "{body}");
     assert_eq!(body["output"][0]["content"][0]["text"], "Twice that is 10.");
-    let lines = seen(&model.requests()[2]);
+    let lines = seen(&t.model().requests()[2]);
     assert_eq!(lines.first().map(String::as_str), Some("user: 2+3?"));
     assert_eq!(lines.last().map(String::as_str), Some("user: Double it."));
     // Streamed: the events the Responses API names, in order.
-    let r = client()
-        .post(&url)
-        .json(&json!({"model": "hame", "input": "go", "stream": true}))
-        .send()
-        .await?;
-    let events = parse_sse(&r.text().await?);
+    let events = stream(
+        &url,
+        json!({"model": "hame", "input": "go", "stream": true}),
+    )
+    .await?;
     let mut names: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
     names.dedup();
     assert_eq!(
         names,
-        vec![
-            "response.created",
-            "response.in_progress",
-            "response.output_item.added",
+        one_item(&[
             "response.content_part.added",
             "response.output_text.delta",
             "response.output_text.done",
             "response.content_part.done",
-            "response.output_item.done",
-            "response.completed",
-        ]
+        ])
     );
     let seqs: Vec<u64> = events
         .iter()
@@ -524,29 +525,23 @@ async fn responses_run_function_tools_and_continue_from_a_previous_response() ->
     );
     assert_eq!(done.data["response"]["status"], "completed");
     // A streamed function call: its item, its arguments, then the response.
-    model.push(ScriptStep::tool_call(
+    t.model().push(ScriptStep::tool_call(
         "call_s",
         "add",
         json!({"a": 1, "b": 1}),
     ));
-    let r = client()
-        .post(&url)
-        .json(&json!({"model": "hame", "input": "1+1?", "stream": true, "tools": tools}))
-        .send()
-        .await?;
-    let events = parse_sse(&r.text().await?);
+    let events = stream(
+        &url,
+        json!({"model": "hame", "input": "1+1?", "stream": true, "tools": tools}),
+    )
+    .await?;
     let names: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
     assert_eq!(
         names,
-        vec![
-            "response.created",
-            "response.in_progress",
-            "response.output_item.added",
+        one_item(&[
             "response.function_call_arguments.delta",
             "response.function_call_arguments.done",
-            "response.output_item.done",
-            "response.completed",
-        ]
+        ])
     );
     assert_eq!(events[4].data["arguments"], "{\"a\":1,\"b\":1}");
     assert_eq!(
@@ -634,16 +629,14 @@ async fn the_openai_sdk_runs_tools_streams_and_parses_structured_output() -> Tes
     let Some(py) = python("openai-venv", "openai>=1.50,<3", "openai") else {
         return Ok(());
     };
-    let dir = tempfile::tempdir()?;
-    let model = ScriptedServer::start().await?;
-    model.push_all([
+    let t = Served::start([
         ScriptStep::tool_call("call_1", "get_weather", json!({"city": "Oslo"})),
         ScriptStep::text("5 C in Oslo."),
         ScriptStep::text("streamed text"),
         ScriptStep::text("{\"answer\": 4, \"unit\": \"none\"}"),
-    ]);
-    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
-    let got = run_py(py, dir.path(), OPENAI_SDK_PY, serve.at("/v1")).await?;
+    ])
+    .await?;
+    let got = run_py(py, t.path(), OPENAI_SDK_PY, t.at("/v1")).await?;
     assert_eq!(got["models"], json!(["hame"]));
     assert_eq!(got["finish"], "tool_calls");
     assert_eq!(got["refusal"], Value::Null);
@@ -652,7 +645,7 @@ async fn the_openai_sdk_runs_tools_streams_and_parses_structured_output() -> Tes
     assert_eq!(got["streamed"], "streamed text");
     assert_eq!(got["chunk_usage"], Value::Null);
     assert_eq!(got["parsed"], json!({"answer": 4, "unit": "none"}));
-    let reqs = model.requests();
+    let reqs = t.model().requests();
     assert!(reqs[0].system_text().contains("Be brief."));
     assert_eq!(seen(&reqs[1]).last().map(String::as_str), Some("tool: 5 C"));
     assert!(
@@ -698,19 +691,17 @@ async fn langchain_binds_tools_and_gets_structured_output() -> TestResult {
     ) else {
         return Ok(());
     };
-    let dir = tempfile::tempdir()?;
-    let model = ScriptedServer::start().await?;
-    model.push_all([
+    let t = Served::start([
         ScriptStep::tool_call("call_m", "multiply", json!({"a": 6, "b": 7})),
         ScriptStep::text("6 times 7 is 42."),
         ScriptStep::text("{\"name\": \"Ann\", \"age\": 31}"),
-    ]);
-    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
-    let got = run_py(py, dir.path(), LANGCHAIN_PY, serve.at("/v1")).await?;
+    ])
+    .await?;
+    let got = run_py(py, t.path(), LANGCHAIN_PY, t.at("/v1")).await?;
     assert_eq!(got["calls"], json!([["multiply", {"a": 6, "b": 7}]]));
     assert_eq!(got["final"], "6 times 7 is 42.");
     assert_eq!(got["person"], json!({"name": "Ann", "age": 31}));
-    let reqs = model.requests();
+    let reqs = t.model().requests();
     assert_eq!(seen(&reqs[1]).last().map(String::as_str), Some("tool: 42"));
     assert!(
         reqs[2].system_text().contains("\"age\""),
@@ -759,23 +750,21 @@ async fn the_agents_sdk_runs_a_function_tool_a_second_turn_and_structured_output
     let Some(py) = python("agents-venv", "openai-agents>=0.2,<1", "agents") else {
         return Ok(());
     };
-    let dir = tempfile::tempdir()?;
-    let model = ScriptedServer::start().await?;
-    model.push_all([
+    let t = Served::start([
         ScriptStep::tool_call("call_c", "lookup_capital", json!({"country": "Norway"})),
         ScriptStep::text("Oslo."),
         ScriptStep::text("About 700,000."),
         ScriptStep::text("Hi!"),
         ScriptStep::text("{\"name\": \"Oslo\", \"population\": 700000}"),
-    ]);
-    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
-    let got = run_py(py, dir.path(), AGENTS_PY, serve.at("/v1")).await?;
+    ])
+    .await?;
+    let got = run_py(py, t.path(), AGENTS_PY, t.at("/v1")).await?;
     assert_eq!(got["calls"], json!(["Norway"]));
     assert_eq!(got["first"], "Oslo.");
     assert_eq!(got["second"], "About 700,000.");
     assert_eq!(got["streamed"], "Hi!");
     assert_eq!(got["city"], json!({"name": "Oslo", "population": 700000}));
-    let reqs = model.requests();
+    let reqs = t.model().requests();
     assert!(reqs[0].system_text().contains("Answer briefly."));
     assert_eq!(
         seen(&reqs[1]).last().map(String::as_str),
@@ -815,35 +804,28 @@ async fn one_process_serves_two_agents_each_with_its_own_workspace_and_persona()
     std::fs::write(poet.join("AGENTS.md"), "You are a poet.\n")?;
     let spec = format!("poet={}", poet.display());
     let serve = Serve::start(dir.path(), &model.base_url(), &["--serve-agent", &spec])?;
-    let body: Value = client()
-        .get(serve.at("/v1/models"))
-        .send()
-        .await?
-        .json()
-        .await?;
+    let body = get_json(&serve.at("/v1/models")).await?;
     let ids: Vec<&str> = body["data"]
         .as_array()
         .map(|d| d.iter().filter_map(|m| m["id"].as_str()).collect())
         .unwrap_or_default();
     assert_eq!(ids, vec!["hame", "poet"]);
     let url = serve.at("/v1/chat/completions");
-    let (status, body) = post(
+    let body = post_ok(
         &url,
         json!({"model": "poet", "messages": [{"role": "user", "content": "hi"}]}),
     )
     .await?;
-    assert_eq!(status, 200, "{body}");
     assert_eq!(
         body["choices"][0]["message"]["content"],
         "A poet answers, in verse."
     );
     assert_eq!(body["model"], "poet");
-    let (status, body) = post(
+    let body = post_ok(
         &url,
         json!({"model": "hame", "messages": [{"role": "user", "content": "hi"}]}),
     )
     .await?;
-    assert_eq!(status, 200, "{body}");
     assert_eq!(
         body["choices"][0]["message"]["content"],
         "Arr, a pirate answers."
@@ -872,13 +854,7 @@ async fn one_process_serves_two_agents_each_with_its_own_workspace_and_persona()
     )
     .await?;
     assert_eq!(status, 404);
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap_or("")
-            .contains("`poet`"),
-        "{body}"
-    );
+    assert_message_has(&body, "`poet`");
     Ok(())
 }
 
@@ -892,12 +868,8 @@ print(json.dumps({"openapi": doc["openapi"], "paths": sorted(doc["paths"])}))
 
 #[tokio::test]
 async fn the_openapi_document_lists_every_route_and_validates() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let model = ScriptedServer::start().await?;
-    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
-    let r = client().get(serve.at("/openapi.json")).send().await?;
-    assert_eq!(r.status(), 200);
-    let doc: Value = r.json().await?;
+    let t = Served::start([]).await?;
+    let doc = answered(client().get(t.at("/openapi.json")).send().await?, 200).await?;
     assert_eq!(doc["openapi"], "3.1.0");
     let post = &doc["paths"]["/v1/chat/completions"]["post"];
     assert!(
@@ -913,8 +885,8 @@ async fn the_openapi_document_lists_every_route_and_validates() -> TestResult {
     ) else {
         return Ok(());
     };
-    let base = serve.at("");
-    let got = run_py(py, dir.path(), VALIDATE_OPENAPI_PY, base).await?;
+    let base = t.at("");
+    let got = run_py(py, t.path(), VALIDATE_OPENAPI_PY, base).await?;
     assert_eq!(got["openapi"], "3.1.0");
     let paths: Vec<&str> = got["paths"]
         .as_array()
@@ -1032,32 +1004,26 @@ async fn a_bounded_schemathesis_run_finds_no_5xx_and_no_answer_outside_the_docum
 
 #[tokio::test]
 async fn each_answer_of_a_client_tool_round_trip_reports_its_own_usage() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let model = ScriptedServer::start().await?;
-    model.push_all([
+    let t = Served::start([
         ScriptStep::tool_call("call_1", "get_weather", json!({"city": "Oslo"})).with_usage(100, 7),
         ScriptStep::text("5 C in Oslo.").with_usage(130, 4),
-    ]);
-    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
-    let url = serve.at("/v1/chat/completions");
-    let (status, first) = post(
+    ])
+    .await?;
+    let url = t.at("/v1/chat/completions");
+    let first = post_ok(
         &url,
         json!({"model": "hame", "tools": [weather_tool()], "messages": [{"role": "user", "content": "Weather?"}]}),
-    )
-    .await?;
-    assert_eq!(status, 200, "{first}");
+    ).await?;
     assert_eq!(first["choices"][0]["finish_reason"], "tool_calls");
     assert_eq!(
         first["usage"],
         json!({"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107, "prompt_tokens_details": {"cached_tokens": 0}})
     );
     let id = first["choices"][0]["message"]["tool_calls"][0]["id"].clone();
-    let (status, second) = post(
+    let second = post_ok(
         &url,
         json!({"model": "hame", "messages": [{"role": "tool", "tool_call_id": id, "content": "5 C"}]}),
-    )
-    .await?;
-    assert_eq!(status, 200, "{second}");
+    ).await?;
     // The second answer counts the second model call only: the two answers add up to the turn.
     assert_eq!(
         second["usage"],
@@ -1068,21 +1034,15 @@ async fn each_answer_of_a_client_tool_round_trip_reports_its_own_usage() -> Test
 
 #[tokio::test]
 async fn a_forged_or_foreign_tool_call_id_reaches_no_other_session() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let model = ScriptedServer::start().await?;
-    model.push(ScriptStep::tool_call(
+    let t = Served::start([ScriptStep::tool_call(
         "call_1",
         "get_weather",
         json!({"city": "Oslo"}),
-    ));
-    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
-    let url = serve.at("/v1/chat/completions");
-    let r = client()
-        .post(&url)
-        .header("x-hame-user", "alice")
-        .json(&json!({"model": "hame", "tools": [weather_tool()], "messages": [{"role": "user", "content": "Weather?"}]}))
-        .send()
-        .await?;
+    )])
+    .await?;
+    let url = t.at("/v1/chat/completions");
+    let ask = json!({"model": "hame", "tools": [weather_tool()], "messages": [{"role": "user", "content": "Weather?"}]});
+    let r = post_as(&url, "alice", &ask).await?;
     let body: Value = r.json().await?;
     let call_id = body["choices"][0]["message"]["tool_calls"][0]["id"]
         .as_str()
@@ -1090,40 +1050,23 @@ async fn a_forged_or_foreign_tool_call_id_reaches_no_other_session() -> TestResu
         .to_owned();
     let result = |id: &str| json!({"model": "hame", "messages": [{"role": "tool", "tool_call_id": id, "content": "5 C"}]});
     // Another user with alice's call id: the id names a session of *bob*, which waits for nothing.
-    let r = client()
-        .post(&url)
-        .header("x-hame-user", "bob")
-        .json(&result(&call_id))
-        .send()
-        .await?;
-    assert_eq!(r.status(), 409);
-    let body: Value = r.json().await?;
+    let body = answered(post_as(&url, "bob", &result(&call_id)).await?, 409).await?;
     assert_eq!(body["error"]["code"], "not_pending");
     // A forged id whose session is a path: refused as an id, nothing touched.
     let hex: String = "../alice".bytes().map(|b| format!("{b:02x}")).collect();
-    let r = client()
-        .post(&url)
-        .header("x-hame-user", "bob")
-        .json(&result(&format!("hs_{hex}_call_1")))
-        .send()
-        .await?;
-    assert_eq!(r.status(), 400);
-    let body: Value = r.json().await?;
+    let body = answered(
+        post_as(&url, "bob", &result(&format!("hs_{hex}_call_1"))).await?,
+        400,
+    )
+    .await?;
     assert_eq!(body["error"]["code"], "invalid_id");
     // Alice's call still waits, and her result resumes it.
-    model.push(ScriptStep::text("5 C in Oslo."));
-    let r = client()
-        .post(&url)
-        .header("x-hame-user", "alice")
-        .json(&result(&call_id))
-        .send()
-        .await?;
-    assert_eq!(r.status(), 200);
-    let body: Value = r.json().await?;
+    t.model().push(ScriptStep::text("5 C in Oslo."));
+    let body = answered(post_as(&url, "alice", &result(&call_id)).await?, 200).await?;
     assert_eq!(body["choices"][0]["message"]["content"], "5 C in Oslo.");
     assert!(
-        !dir.path().join("ws/bob/agents/hame/sessions").exists()
-            || std::fs::read_dir(dir.path().join("ws/bob/agents/hame/sessions"))?.count() == 0
+        !t.path().join("ws/bob/agents/hame/sessions").exists()
+            || std::fs::read_dir(t.path().join("ws/bob/agents/hame/sessions"))?.count() == 0
     );
     Ok(())
 }
@@ -1180,16 +1123,14 @@ async fn the_openai_sdk_sends_images_inline_to_the_model() -> TestResult {
     let Some(py) = python("openai-venv", "openai>=1.50,<3", "openai") else {
         return Ok(());
     };
-    let dir = tempfile::tempdir()?;
-    let model = ScriptedServer::start().await?;
-    model.push_all([
+    let t = Served::start([
         ScriptStep::text("A single pixel."),
         ScriptStep::text("Red."),
         ScriptStep::text("A pixel, again."),
-    ]);
-    let serve = Serve::start(dir.path(), &model.base_url(), &[])?;
+    ])
+    .await?;
     let script = IMAGES_PY.replace("PNG_B64", PNG_B64);
-    let got = run_py(py, dir.path(), &script, serve.at("/v1")).await?;
+    let got = run_py(py, t.path(), &script, t.at("/v1")).await?;
     assert_eq!(got["first"], "A single pixel.");
     assert_eq!(got["second"], "Red.");
     assert_eq!(got["other"], json!([409, "history_mismatch"]));
@@ -1204,7 +1145,7 @@ async fn the_openai_sdk_sends_images_inline_to_the_model() -> TestResult {
     );
     assert_eq!(got["responses"], "A pixel, again.");
     let image_part = json!({"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{PNG_B64}")}});
-    let reqs = model.requests();
+    let reqs = t.model().requests();
     assert_eq!(reqs.len(), 3, "the refused requests reached no model");
     let user = |i: usize| -> Vec<Value> {
         reqs[i].body["messages"]
@@ -1231,7 +1172,7 @@ async fn the_openai_sdk_sends_images_inline_to_the_model() -> TestResult {
         ]})]
     );
     // The session log holds the image block as the model got it, once.
-    let log = ws_log(dir.path(), None, "pics");
+    let log = ws_log(t.path(), None, "pics");
     assert_eq!(
         texts(&log),
         vec![
@@ -1279,8 +1220,7 @@ async fn max_body_lets_a_larger_image_through_up_to_the_image_limit() -> TestRes
     let other = tempfile::tempdir()?;
     let large = Serve::start(other.path(), &model.base_url(), &["--max-body", "16777216"])?;
     let url = large.at("/v1/chat/completions");
-    let (status, got) = post(&url, body(&larger)).await?;
-    assert_eq!(status, 200, "{got}");
+    let got = post_ok(&url, body(&larger)).await?;
     assert_eq!(got["choices"][0]["message"]["content"], "Big.");
     let sent = &model.requests()[0].body["messages"];
     let last = sent

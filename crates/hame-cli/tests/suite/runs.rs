@@ -4,31 +4,24 @@
 //! stops a run executing in a worker process, and `hame runs` reads and cancels them
 //! without a server. On the default JSON state and on real PostgreSQL, MySQL and Redis.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use hame_test_support::{RecordedRequest, ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::common::{backend_tests, bin, hame, output, service, stderr, stdout, unique_agent};
+use super::common::{
+    KillOnDrop, backend_tests, hame, output, service, start_hame, stderr, stdout, unique_agent,
+};
 use super::serve::Serve;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// A running `hame worker`; killed when dropped.
 struct WorkerProcess {
-    child: Child,
+    child: KillOnDrop,
     stderr: PathBuf,
-}
-
-impl Drop for WorkerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl WorkerProcess {
@@ -51,28 +44,10 @@ impl WorkerProcess {
         name: &str,
         env: &[(&str, &str)],
     ) -> Result<Self, Box<dyn std::error::Error>> {
-        let ws = dir.join("ws");
-        std::fs::create_dir_all(&ws)?;
         let stderr = dir.join(format!("worker-{name}.err"));
-        let mut child = std::process::Command::new(bin())
-            .args(["worker", "--model", "openai:m", "--no-memory"])
-            .arg("--workspace")
-            .arg(&ws)
-            .args(args)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("HOME", dir)
-            .env("OPENAI_BASE_URL", model)
-            .env("HAME_STATE_HOME", dir.join("state"))
-            .envs(env.iter().copied())
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&stderr)?)
-            .spawn()?;
-        let out = child.stdout.take().ok_or("no stdout")?;
-        let mut line = String::new();
-        BufReader::new(out).read_line(&mut line)?;
+        let command = ["worker"];
+        let out = std::fs::File::create(&stderr)?.into();
+        let (child, line) = start_hame(dir, model, &command, args, env, out)?;
         if !line.starts_with("worker ") {
             return Err(format!(
                 "unexpected first line {line:?}; stderr: {}",
@@ -85,8 +60,7 @@ impl WorkerProcess {
 
     /// SIGKILL, as a crash would.
     fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.kill();
     }
 
     fn stderr(&self) -> String {
@@ -253,10 +227,7 @@ async fn an_unverified_run_shows_its_evidence(state: &str) -> TestResult {
 
     let r = post(json!({"message": "fix it", "verify": ["tests"]})).await?;
     assert_eq!(r.status().as_u16(), 202);
-    let id = r.json::<Value>().await?["run_id"]
-        .as_str()
-        .ok_or("no run_id")?
-        .to_owned();
+    let id = run_id_of(r).await?;
     let run = wait_run(&http, &s, "u", &id, Duration::from_secs(60), finished).await?;
     assert_eq!(run["status"], "unverified", "{run}; stderr: {}", s.stderr());
     assert!(
@@ -317,10 +288,7 @@ async fn an_unverified_run_shows_its_evidence(state: &str) -> TestResult {
     // Fixed: the next run's check passes and the run completes, verified.
     std::fs::write(ws.join("ok.txt"), "fine\n")?;
     let r = post(json!({"message": "again", "verify": ["tests"], "verify_attempts": 1})).await?;
-    let id = r.json::<Value>().await?["run_id"]
-        .as_str()
-        .ok_or("no run_id")?
-        .to_owned();
+    let id = run_id_of(r).await?;
     let run = wait_run(&http, &s, "u", &id, Duration::from_secs(60), finished).await?;
     assert_eq!(run["status"], "completed", "{run}");
     assert_eq!(run["reply"], "done: again");
@@ -328,10 +296,7 @@ async fn an_unverified_run_shows_its_evidence(state: &str) -> TestResult {
     assert_eq!(run["verification"]["evidence"][0]["outcome"], "passed");
     // A run without `verify` carries no verdict.
     let r = post(json!({"message": "plain"})).await?;
-    let id = r.json::<Value>().await?["run_id"]
-        .as_str()
-        .ok_or("no run_id")?
-        .to_owned();
+    let id = run_id_of(r).await?;
     let run = wait_run(&http, &s, "u", &id, Duration::from_secs(60), finished).await?;
     assert_eq!(run["status"], "completed", "{run}");
     assert!(run.get("verification").is_none(), "{run}");
@@ -824,16 +789,7 @@ async fn two_replicas_one_killed(state: &str) -> TestResult {
     });
     let dir = tempfile::tempdir()?;
     let agent = unique_agent();
-    let args = [
-        "--agent",
-        agent.as_str(),
-        "--state",
-        state,
-        "--run-lapse",
-        "2",
-        "--worker-concurrency",
-        "4",
-    ];
+    let args = [&lapsing(&agent, state)[..], &["--worker-concurrency", "4"]].concat();
     // One workspace (the session logs) and one state home for both replicas, as a shared
     // volume would give them.
     let mut a = Serve::start_named(dir.path(), "a", &model.base_url(), &args, &[])?;
@@ -1222,14 +1178,7 @@ async fn a_message_request_is_a_run(state: &str) -> TestResult {
     let model = slow_model().await?;
     let dir = tempfile::tempdir()?;
     let agent = unique_agent();
-    let args = [
-        "--agent",
-        agent.as_str(),
-        "--state",
-        state,
-        "--run-lapse",
-        "2",
-    ];
+    let args = lapsing(&agent, state);
     let mut a = Serve::start_named(dir.path(), "a", &model.base_url(), &args, &[])?;
     let b = Serve::start_named(dir.path(), "b", &model.base_url(), &args, &[])?;
     let http = reqwest::Client::new();
@@ -1369,6 +1318,34 @@ async fn a_message_queued_behind_a_busy_session_answers_like_a_turn() -> TestRes
     Ok(())
 }
 
+/// The arguments of a replica of `agent` on `state` whose runs lapse 2 s after their last
+/// renewal.
+fn lapsing<'a>(agent: &'a str, state: &'a str) -> [&'a str; 6] {
+    ["--agent", agent, "--state", state, "--run-lapse", "2"]
+}
+
+/// The arguments that name user `u` of `agent` on the workspace `ws` and `state`.
+fn user_u<'a>(ws: &'a str, agent: &'a str, state: &'a str) -> [&'a str; 8] {
+    [
+        "--workspace",
+        ws,
+        "--user",
+        "u",
+        "--agent",
+        agent,
+        "--state",
+        state,
+    ]
+}
+
+/// The `run_id` of the answer `r` to a run's submission.
+async fn run_id_of(r: reqwest::Response) -> Result<String, Box<dyn std::error::Error>> {
+    Ok(r.json::<Value>().await?["run_id"]
+        .as_str()
+        .ok_or("no run_id")?
+        .to_owned())
+}
+
 /// `hame runs <args> --json` as user `u` of `agent` on the workspace `dir/ws`: its JSON.
 async fn runs_cli(
     dir: &Path,
@@ -1379,17 +1356,8 @@ async fn runs_cli(
     let ws = dir.join("ws").to_string_lossy().into_owned();
     let mut all = vec!["runs"];
     all.extend_from_slice(args);
-    all.extend([
-        "--json",
-        "--workspace",
-        &ws,
-        "--user",
-        "u",
-        "--agent",
-        agent,
-        "--state",
-        state,
-    ]);
+    all.push("--json");
+    all.extend(user_u(&ws, agent, state));
     let out = output(hame(&all, &[], dir)).await?;
     Ok(serde_json::from_str(&stdout(&out)).map_err(|e| format!("{e}: {}", stderr(&out)))?)
 }
@@ -1447,14 +1415,7 @@ async fn a_background_task_survives_its_replica(state: &str) -> TestResult {
     }
     let dir = tempfile::tempdir()?;
     let agent = unique_agent();
-    let args = [
-        "--agent",
-        agent.as_str(),
-        "--state",
-        state,
-        "--run-lapse",
-        "2",
-    ];
+    let args = lapsing(&agent, state);
     let mut replicas = [
         Serve::start_named(dir.path(), "a", &model.base_url(), &args, &[])?,
         Serve::start_named(dir.path(), "b", &model.base_url(), &args, &[])?,
@@ -1828,7 +1789,7 @@ impl AskingReplicas {
             json!({"permissions": {"ask": ["execute"]}}).to_string(),
         )?;
         let agent = unique_agent();
-        let args = ["--agent", &agent, "--state", state, "--run-lapse", "2"];
+        let args = lapsing(&agent, state);
         let a = Serve::start_named(dir.path(), "a", &model.base_url(), &args, &[])?;
         let b = Serve::start_named(dir.path(), "b", &model.base_url(), &args, &[])?;
         Ok(Self {
@@ -2036,24 +1997,11 @@ async fn an_approval_decision_resumes_the_run(state: &str) -> TestResult {
     let ws_arg = ws.to_string_lossy().into_owned();
     let state_home = dir.path().join("state").to_string_lossy().into_owned();
     let base = model.base_url();
+    let mut args = vec!["approve", "--model", "openai:m", "--no-memory"];
+    args.extend(user_u(&ws_arg, agent, state));
+    args.extend(["--session", "s", &approval]);
     let out = output(hame(
-        &[
-            "approve",
-            "--model",
-            "openai:m",
-            "--no-memory",
-            "--workspace",
-            &ws_arg,
-            "--user",
-            "u",
-            "--agent",
-            agent,
-            "--state",
-            state,
-            "--session",
-            "s",
-            &approval,
-        ],
+        &args,
         &[
             ("OPENAI_BASE_URL", base.as_str()),
             ("HAME_STATE_HOME", state_home.as_str()),
@@ -2221,7 +2169,7 @@ async fn a_decided_leg_logged_but_not_saved_is_adopted(state: &str) -> TestResul
     });
     let r = AskingReplicas::start(state, &model)?;
     let (id, approval) = r.waiting("count it").await?;
-    let args = ["--agent", &r.agent, "--state", state, "--run-lapse", "2"];
+    let args = lapsing(&r.agent, state);
     let mut dying = Serve::start_named(
         r.dir.path(),
         "dying",

@@ -3,31 +3,23 @@
 //! SIGTERM drain, approvals, chat completions) and the official `openai` Python SDK (a venv
 //! from PyPI); the console in headless Chromium is `console.rs`.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use hame_test_support::{ScriptStep, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::common::{bin, tool_names};
+use super::common::{KillOnDrop, Scratch, bin, start_hame, tool_names};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 /// A running `hame serve`; killed when dropped.
 pub(super) struct Serve {
-    child: Child,
+    child: KillOnDrop,
     url: String,
     stderr: PathBuf,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Serve {
@@ -60,35 +52,10 @@ impl Serve {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Result<Self, Box<dyn std::error::Error>> {
-        let ws = dir.join("ws");
-        std::fs::create_dir_all(&ws)?;
         let stderr = dir.join(format!("serve-{name}.err"));
-        let mut cmd = std::process::Command::new(bin());
-        cmd.args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--model",
-            "openai:m",
-            "--no-memory",
-        ])
-        .arg("--workspace")
-        .arg(&ws)
-        .args(args)
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("HOME", dir)
-        .env("OPENAI_BASE_URL", model)
-        .env("HAME_STATE_HOME", dir.join("state"))
-        .envs(env.iter().copied())
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&stderr)?);
-        let mut child = cmd.spawn()?;
-        let stdout = child.stdout.take().ok_or("no stdout")?;
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line)?;
+        let command = ["serve", "--listen", "127.0.0.1:0"];
+        let out = std::fs::File::create(&stderr)?.into();
+        let (child, line) = start_hame(dir, model, &command, args, env, out)?;
         let url = line
             .trim()
             .strip_prefix("listening on ")
@@ -124,8 +91,7 @@ impl Serve {
 
     /// SIGKILL, as a crash would.
     pub(super) fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.kill();
     }
 
     pub(super) fn stderr(&self) -> String {
@@ -149,6 +115,52 @@ impl Serve {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// One serve test's set-up: a [`Scratch`] (a temporary directory and a scripted model)
+/// with `hame serve` started on it. The server stops before the directory goes.
+pub(super) struct Served {
+    /// The running `hame serve` (dropped first).
+    pub(super) serve: Serve,
+    /// Its directory (the cwd, HOME and `ws/`) and the scripted model it calls.
+    pub(super) s: Scratch,
+}
+
+impl Served {
+    /// `hame serve` (as [`Serve::start`], no more arguments) against a model answering
+    /// `steps`.
+    pub(super) async fn start(
+        steps: impl IntoIterator<Item = ScriptStep>,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
+        let s = Scratch::scripted(steps).await?;
+        let serve = Serve::start(s.path(), &s.server.base_url(), &[])?;
+        Ok(Self { serve, s })
+    }
+
+    /// The scripted model (its recorded requests).
+    pub(super) fn model(&self) -> &ScriptedServer {
+        &self.s.server
+    }
+
+    /// The temporary directory.
+    pub(super) fn path(&self) -> &Path {
+        self.s.path()
+    }
+
+    /// The URL of `path` on the server.
+    pub(super) fn at(&self, path: &str) -> String {
+        self.serve.at(path)
+    }
+}
+
+/// The workspace `dir/ws`, its `tools.json` asking for an approval before every
+/// `write_file` call.
+pub(super) fn ask_before_write_file(dir: &Path) -> std::io::Result<PathBuf> {
+    let ws = dir.join("ws");
+    std::fs::create_dir_all(&ws)?;
+    let tools = json!({"permissions": {"ask": ["write_file"]}});
+    std::fs::write(ws.join("tools.json"), tools.to_string())?;
+    Ok(ws)
 }
 
 /// One parsed SSE event.
@@ -656,12 +668,7 @@ async fn serve_drains_in_flight_turns_on_sigterm_and_exits_0() -> TestResult {
 #[tokio::test]
 async fn serve_suspends_a_call_for_approval_and_resumes_it_over_http() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let ws = dir.path().join("ws");
-    std::fs::create_dir_all(&ws)?;
-    std::fs::write(
-        ws.join("tools.json"),
-        json!({"permissions": {"ask": ["write_file"]}}).to_string(),
-    )?;
+    let ws = ask_before_write_file(dir.path())?;
     let model = ScriptedServer::start().await?;
     model.push_all([
         ScriptStep::tool_call(

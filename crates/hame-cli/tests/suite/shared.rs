@@ -1,14 +1,45 @@
 //! Shared-store mode: two processes ("replicas") on one Redis.
 
 use std::fs;
+use std::path::Path;
+use std::process::Output;
 
 use hame_test_support::{ScriptStep, ScriptToolCall, ScriptedServer};
 use pretty_assertions::assert_eq;
 use serde_json::json;
 
-use super::common::{last_tool_result, run_with, service, stderr, system_of, unique_agent};
+use super::common::{
+    last_tool_result, run_with, service, stderr, system_of, tool_names, unique_agent,
+};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Two replicas' directories, each with an empty workspace `ws`.
+fn replicas() -> std::io::Result<[tempfile::TempDir; 2]> {
+    let dirs = [tempfile::tempdir()?, tempfile::tempdir()?];
+    for d in &dirs {
+        fs::create_dir_all(d.path().join("ws"))?;
+    }
+    Ok(dirs)
+}
+
+/// `hame run` in the replica `dir` (workspace `dir/ws`) as user alice in session s1 of
+/// `agent` on the shared store `store`, then `more` (its state, ...); it must exit 0.
+async fn run_replica(
+    dir: &Path,
+    base: &str,
+    (agent, store): (&str, &str),
+    more: &[&str],
+    message: &str,
+) -> Result<Output, Box<dyn std::error::Error>> {
+    let ws = dir.join("ws").to_string_lossy().into_owned();
+    let mut args = vec!["--workspace", &ws, "--agent", agent, "--user", "alice"];
+    args.extend(["--session", "s1", "--store", store]);
+    args.extend_from_slice(more);
+    let out = run_with(dir, base, &args, message, &[]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    Ok(out)
+}
 
 #[tokio::test]
 async fn replicas_share_files_sessions_and_overrides_through_redis() -> TestResult {
@@ -19,33 +50,11 @@ async fn replicas_share_files_sessions_and_overrides_through_redis() -> TestResu
     let base = server.base_url();
     let agent = unique_agent();
     // Two replicas: two processes, two separate local directories holding the same template.
-    let one = tempfile::tempdir()?;
-    let two = tempfile::tempdir()?;
+    let [one, two] = replicas()?;
     for d in [&one, &two] {
-        fs::create_dir_all(d.path().join("ws"))?;
         fs::write(d.path().join("ws/AGENTS.md"), "template persona")?;
     }
-    let ws1 = one.path().join("ws").to_string_lossy().into_owned();
-    let ws2 = two.path().join("ws").to_string_lossy().into_owned();
-    let common = |ws: &str| -> Vec<String> {
-        [
-            "--workspace",
-            ws,
-            "--agent",
-            &agent,
-            "--user",
-            "alice",
-            "--session",
-            "s1",
-            "--store",
-            &redis,
-            "--state",
-            &redis,
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect()
-    };
+    let state = ["--state", redis.as_str()];
 
     // Replica one writes a note and a persona override for alice.
     // (write_file refuses to replace a file the session has not read: read AGENTS.md first.)
@@ -65,10 +74,8 @@ async fn replicas_share_files_sessions_and_overrides_through_redis() -> TestResu
         ),
         ScriptStep::text("stored"),
     ]);
-    let args1 = common(&ws1);
-    let args1: Vec<&str> = args1.iter().map(String::as_str).collect();
-    let out = run_with(one.path(), &base, &args1, "remember", &[]).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let shared = (agent.as_str(), redis.as_str());
+    run_replica(one.path(), &base, shared, &state, "remember").await?;
     // Nothing of alice's landed on replica one's disk: it is all in Redis.
     assert!(!one.path().join("ws/agents").exists());
 
@@ -77,10 +84,7 @@ async fn replicas_share_files_sessions_and_overrides_through_redis() -> TestResu
         ScriptStep::tool_call("r1", "read_file", json!({"file_path": "notes.md"})),
         ScriptStep::text("found it"),
     ]);
-    let args2 = common(&ws2);
-    let args2: Vec<&str> = args2.iter().map(String::as_str).collect();
-    let out = run_with(two.path(), &base, &args2, "what did I store?", &[]).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    run_replica(two.path(), &base, shared, &state, "what did I store?").await?;
     let reqs = server.requests();
     assert!(
         !last_tool_result(&reqs[2].body).starts_with("Error"),
@@ -97,14 +101,7 @@ async fn replicas_share_files_sessions_and_overrides_through_redis() -> TestResu
     );
     assert!(last_tool_result(&reqs[4].body).contains("shared-note-7"));
     // Shared-store mode has no shell tool.
-    let tools: Vec<String> = first_of_two["tools"]
-        .as_array()
-        .map(|t| {
-            t.iter()
-                .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
+    let tools = tool_names(first_of_two);
     assert!(!tools.contains(&"execute".to_owned()), "{tools:?}");
     assert!(tools.contains(&"read_file".to_owned()), "{tools:?}");
     Ok(())
@@ -146,33 +143,9 @@ async fn replicas_share_a_postgres_memory_index() -> TestResult {
     let server = ScriptedServer::start().await?;
     let base = server.base_url();
     let agent = unique_agent();
-    let one = tempfile::tempdir()?;
-    let two = tempfile::tempdir()?;
-    for d in [&one, &two] {
-        fs::create_dir_all(d.path().join("ws"))?;
-    }
-    let args = |ws: &std::path::Path| -> Vec<String> {
-        let ws = ws.join("ws").to_string_lossy().into_owned();
-        [
-            "--workspace",
-            &ws,
-            "--agent",
-            &agent,
-            "--user",
-            "alice",
-            "--session",
-            "s1",
-            "--store",
-            &redis,
-            "--state",
-            &pg,
-            "--memory-index",
-            &pg,
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect()
-    };
+    let [one, two] = replicas()?;
+    let shared = (agent.as_str(), redis.as_str());
+    let on_pg = ["--state", pg.as_str(), "--memory-index", pg.as_str()];
     server.push_all([
         ScriptStep::tool_call(
             "m1",
@@ -181,19 +154,13 @@ async fn replicas_share_a_postgres_memory_index() -> TestResult {
         ),
         ScriptStep::text("saved"),
     ]);
-    let a1 = args(one.path());
-    let a1: Vec<&str> = a1.iter().map(String::as_str).collect();
-    let out = run_with(one.path(), &base, &a1, "remember the staging db", &[]).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    run_replica(one.path(), &base, shared, &on_pg, "remember the staging db").await?;
 
     server.push_all([
         ScriptStep::tool_call("m2", "memory_search", json!({"query": "heron"})),
         ScriptStep::text("found"),
     ]);
-    let a2 = args(two.path());
-    let a2: Vec<&str> = a2.iter().map(String::as_str).collect();
-    let out = run_with(two.path(), &base, &a2, "what is the staging db?", &[]).await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    run_replica(two.path(), &base, shared, &on_pg, "what is the staging db?").await?;
     let reqs = server.requests();
     let found = last_tool_result(&reqs[reqs.len() - 1].body);
     assert!(found.contains("staging database is called"), "{found}");

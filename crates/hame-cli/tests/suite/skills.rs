@@ -21,6 +21,18 @@ fn skill(root: &Path, name: &str, text: &str) -> std::io::Result<()> {
     fs::write(root.join(name).join("SKILL.md"), text)
 }
 
+/// One [`skill`] under `root` for each `(name, text)`.
+fn skills(root: &Path, each: &[(&str, &str)]) -> std::io::Result<()> {
+    each.iter()
+        .try_for_each(|(name, text)| skill(root, name, text))
+}
+
+/// `hame skills promote <name>` for user alice of the scratch's workspace.
+async fn promote_for_alice(s: &Scratch, name: &str) -> std::io::Result<std::process::Output> {
+    let args = ["promote", name, "--workspace", &s.ws_s, "--user", "alice"];
+    skills_cmd(s.path(), &args).await
+}
+
 /// `hame skills <args>` in `dir`, returning the output.
 async fn skills_cmd(dir: &Path, args: &[&str]) -> std::io::Result<std::process::Output> {
     let state = dir.join("state").to_string_lossy().into_owned();
@@ -180,15 +192,15 @@ async fn per_user_layer_and_live_edits_show_on_the_next_step() -> TestResult {
         "review",
         "---\ndescription: Shared review.\n---\nSHARED\n",
     )?;
-    skill(
+    skills(
         &ws.join("alice/skills"),
-        "review",
-        "---\ndescription: Alice's review.\n---\nALICE\n",
-    )?;
-    skill(
-        &ws.join("alice/skills"),
-        "private",
-        "---\ndescription: Only for alice.\n---\nPRIVATE\n",
+        &[
+            ("review", "---\ndescription: Alice's review.\n---\nALICE\n"),
+            (
+                "private",
+                "---\ndescription: Only for alice.\n---\nPRIVATE\n",
+            ),
+        ],
     )?;
 
     // Alice: her layer wins the name, her unique skill stacks; a skill written during the
@@ -251,17 +263,14 @@ async fn per_user_layer_and_live_edits_show_on_the_next_step() -> TestResult {
 async fn invalid_front_matter_is_skipped_with_one_warning() -> TestResult {
     let s = Scratch::new().await?;
     let ws = &s.ws;
-    skill(
+    skills(
         &ws.join("skills"),
-        "good",
-        "---\ndescription: A good one.\n---\nGOOD\n",
+        &[
+            ("good", "---\ndescription: A good one.\n---\nGOOD\n"),
+            ("bad", "---\ndescription: [unclosed\n---\nBAD\n"),
+            ("bare", "no front matter at all\n"),
+        ],
     )?;
-    skill(
-        &ws.join("skills"),
-        "bad",
-        "---\ndescription: [unclosed\n---\nBAD\n",
-    )?;
-    skill(&ws.join("skills"), "bare", "no front matter at all\n")?;
     let server = &s.server;
     server.push_all([
         ScriptStep::tool_call("c1", "list_files", json!({"path": "skills"})),
@@ -348,25 +357,10 @@ async fn drafts_are_hidden_until_promoted_and_the_curator_ages_them() -> TestRes
     assert_eq!(list(vec!["--user", "bob"]).await?["skills"], json!([]));
 
     // Promotion: the draft moves to alice's layer and is listed from the next call on.
-    let bad = skills_cmd(
-        dir.path(),
-        &["promote", "nope", "--workspace", ws_s, "--user", "alice"],
-    )
-    .await?;
+    let bad = promote_for_alice(&s, "nope").await?;
     assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
     assert!(stderr(&bad).contains("summarize"), "{}", stderr(&bad));
-    let out = skills_cmd(
-        dir.path(),
-        &[
-            "promote",
-            "summarize",
-            "--workspace",
-            ws_s,
-            "--user",
-            "alice",
-        ],
-    )
-    .await?;
+    let out = promote_for_alice(&s, "summarize").await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(ws.join("alice/skills/summarize/SKILL.md").is_file());
     assert!(!ws.join("alice/skills/_drafts/summarize").exists());
@@ -411,18 +405,7 @@ async fn drafts_are_hidden_until_promoted_and_the_curator_ages_them() -> TestRes
         ws.join("alice/skills/summarize/SKILL.md").is_file(),
         "never deleted"
     );
-    let out = skills_cmd(
-        dir.path(),
-        &[
-            "promote",
-            "summarize",
-            "--workspace",
-            ws_s,
-            "--user",
-            "alice",
-        ],
-    )
-    .await?;
+    let out = promote_for_alice(&s, "summarize").await?;
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert_eq!(
         list(vec!["--user", "alice"]).await?["skills"][0]["state"],
@@ -435,12 +418,13 @@ async fn drafts_are_hidden_until_promoted_and_the_curator_ages_them() -> TestRes
 async fn a_skills_dir_that_is_not_a_directory_is_exit_2_and_list_prints_lines() -> TestResult {
     let s = Scratch::new().await?;
     let (dir, ws) = (&s.dir, &s.ws);
-    skill(
+    skills(
         &ws.join("skills"),
-        "review",
-        "---\ndescription: Reviews.\n---\nBODY\n",
+        &[
+            ("review", "---\ndescription: Reviews.\n---\nBODY\n"),
+            ("broken", "---\nname: [x\n---\n"),
+        ],
     )?;
-    skill(&ws.join("skills"), "broken", "---\nname: [x\n---\n")?;
     let ws_s = &s.ws_s;
     let missing = dir.path().join("nope").to_string_lossy().into_owned();
     let (out, server) = run_script(

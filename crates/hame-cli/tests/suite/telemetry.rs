@@ -497,18 +497,7 @@ async fn the_chat_span_carries_the_requests_context_manifest() -> TestResult {
     )?;
     s.run_code(0, &s.ws_args(&["--otlp-endpoint", &otlp]), "hi", &[])
         .await?;
-    let out = s
-        .hame(&[
-            "sessions",
-            "context",
-            "default",
-            "--json",
-            "--workspace",
-            &s.ws_s,
-        ])
-        .await?;
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let manifests: serde_json::Value = serde_json::from_str(&stdout(&out))?;
+    let manifests = s.session_json("context", &[]).await?;
     let manifests = manifests.as_array().ok_or("not a list of manifests")?;
     assert_eq!(manifests.len(), 2, "{manifests:?}");
     let mut expected: Vec<String> = manifests

@@ -54,16 +54,17 @@ fn call(id: &str, name: &str, args: &str) -> ToolCall {
     }
 }
 
-fn agent(
-    ws: &Path,
-    state: &Path,
+/// An agent with the `dump` tool and `options`, its workspace `dir/ws` and its JSON state
+/// under `dir/state`.
+fn agent_in(
+    dir: &Path,
     model: &ScriptedModel,
     options: MemoryOptions,
 ) -> crate::Result<HarnessAgent> {
     HarnessAgent::builder()
         .model(Arc::new(model.clone()))
-        .workspace(ws)
-        .state_store(Arc::new(JsonStore::open(state).unwrap()))
+        .workspace(dir.join("ws"))
+        .state_store(Arc::new(JsonStore::open(dir.join("state")).unwrap()))
         .tool(typed(Dump))
         .memory(options)
         .build()
@@ -94,12 +95,7 @@ async fn large_results_are_offloaded_after_the_log_has_recorded_them() -> TestRe
         Reply::tools(&[call("c1", "dump", "{}")]),
         Reply::text("seen it"),
     ]);
-    let a = agent(
-        &dir.path().join("ws"),
-        &dir.path().join("state"),
-        &model,
-        MemoryOptions::default(),
-    )?;
+    let a = agent_in(dir.path(), &model, MemoryOptions::default())?;
     let ctx = RuntimeContext::new("s1").with_user("alice");
     a.call(Message::user("dump it"), &ctx).await?;
 
@@ -140,11 +136,10 @@ async fn large_results_are_offloaded_after_the_log_has_recorded_them() -> TestRe
 #[tokio::test]
 async fn a_flush_missed_by_a_dead_process_is_redone_by_the_next_call() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let (ws, st) = (dir.path().join("ws"), dir.path().join("state"));
     let ctx = RuntimeContext::new("s1").with_user("bob");
     // First process: two calls, and it died before flushing (no after-call flush).
     let first = ScriptedModel::new([Reply::text("noted"), Reply::text("sure")]);
-    let a = agent(&ws, &st, &first, flush_options(false, 4))?;
+    let a = agent_in(dir.path(), &first, flush_options(false, 4))?;
     a.call(Message::user("remember: bob likes tea"), &ctx)
         .await?;
     a.call(Message::user("and something else"), &ctx).await?;
@@ -157,7 +152,7 @@ async fn a_flush_missed_by_a_dead_process_is_redone_by_the_next_call() -> TestRe
         Reply::text("# Memory\n\n- Bob likes tea\n"),
     ]);
     let options = flush_options(true, 4);
-    let b = agent(&ws, &st, &second, options)?;
+    let b = agent_in(dir.path(), &second, options)?;
     let out = b.call(Message::user("hi"), &ctx).await?;
     assert_eq!(out.reply.text_content(), "hello again");
     assert!(b.wait_background(Duration::from_secs(10)).await);
@@ -197,14 +192,13 @@ async fn a_flush_missed_by_a_dead_process_is_redone_by_the_next_call() -> TestRe
 #[tokio::test]
 async fn one_after_call_flush_per_session_is_in_flight() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let (ws, st) = (dir.path().join("ws"), dir.path().join("state"));
     let ctx = RuntimeContext::new("s1").with_user("bob");
     let model = ScriptedModel::new([Reply::text("noted"), Reply::text("sure")]);
-    let a = agent(&ws, &st, &model, flush_options(false, 2))?;
+    let a = agent_in(dir.path(), &model, flush_options(false, 2))?;
     a.call(Message::user("remember: bob likes tea"), &ctx)
         .await?;
     a.call(Message::user("and coffee"), &ctx).await?;
-    let b = agent(&ws, &st, &model, flush_options(true, 2))?;
+    let b = agent_in(dir.path(), &model, flush_options(true, 2))?;
     let layer = b.inner.memory.clone().ok_or("no memory layer")?;
     let store = b.inner.state_store.clone();
     let key = b.key(&ctx)?;
@@ -248,12 +242,7 @@ async fn memory_save_dedupes_and_search_finds_chinese_and_sessions() -> TestResu
         Reply::tools(&[call("e", "session_search", r#"{"query":"oolong"}"#)]),
         Reply::text("done"),
     ]);
-    let a = agent(
-        &dir.path().join("ws"),
-        &dir.path().join("state"),
-        &model,
-        MemoryOptions::default(),
-    )?;
+    let a = agent_in(dir.path(), &model, MemoryOptions::default())?;
     let ctx = RuntimeContext::new("s1").with_user("carol");
     a.call(Message::user("I drink oolong, remember it"), &ctx)
         .await?;

@@ -1,8 +1,6 @@
 //! Anthropic Messages over the wire.
 
-use hame_core::{
-    ContentBlock, Message, Model, ModelEvent, StopReason, ToolCall, ToolResult, Usage,
-};
+use hame_core::{ContentBlock, Message, Model, ModelEvent, StopReason, ToolCall, ToolResult};
 use hame_model::AnthropicModel;
 use hame_test_support::{ScriptStep, ScriptToolCall, ScriptUsage, ScriptedServer};
 use pretty_assertions::assert_eq;
@@ -24,18 +22,7 @@ async fn text_reply_streamed_and_whole() -> TestResult {
     let model = AnthropicModel::new(anthropic_config(&server))?;
 
     let events = stream_events(&model, request("hi")).await?;
-    let r = assemble(&events);
-    assert_eq!(r.message.text_content(), "Hello there, friend.");
-    assert_eq!(r.stop_reason, Some(StopReason::EndTurn));
-    assert_eq!(
-        r.usage,
-        Some(Usage {
-            input_tokens: 30,
-            output_tokens: 6,
-            cached_input_tokens: 10,
-            cache_write_input_tokens: 0,
-        })
-    );
+    assert_text_reply(&events, "Hello there, friend.", (30, 6, 10));
     let whole = model.complete(request("again")).await?;
     assert_eq!(whole.message.text_content(), "Second.");
 

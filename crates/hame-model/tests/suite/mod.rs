@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use hame_core::{
     Message, Model, ModelError, ModelEvent, ModelRequest, ModelResponse, ResponseAssembler,
-    ToolSpec,
+    StopReason, ToolSpec, Usage,
 };
 use hame_model::{AnthropicConfig, AnthropicModel, OpenAiConfig, OpenAiModel, RetryConfig};
 use hame_test_support::ScriptedServer;
@@ -121,4 +121,25 @@ pub fn assemble(events: &[ModelEvent]) -> ModelResponse {
     let mut asm = ResponseAssembler::default();
     events.iter().for_each(|e| asm.push(e));
     asm.finish()
+}
+
+/// The streamed `events` assemble into the text `text`, the end of the model's turn, with
+/// `input`, `output` and `cached` input tokens (none written to the cache).
+pub fn assert_text_reply(
+    events: &[ModelEvent],
+    text: &str,
+    (input, output, cached): (u64, u64, u64),
+) {
+    let r = assemble(events);
+    pretty_assertions::assert_eq!(r.message.text_content(), text);
+    pretty_assertions::assert_eq!(r.stop_reason, Some(StopReason::EndTurn));
+    pretty_assertions::assert_eq!(
+        r.usage,
+        Some(Usage {
+            input_tokens: input,
+            output_tokens: output,
+            cached_input_tokens: cached,
+            cache_write_input_tokens: 0,
+        })
+    );
 }

@@ -1,8 +1,6 @@
 //! OpenAI Chat Completions over the wire.
 
-use hame_core::{
-    ContentBlock, Message, Model, ModelEvent, StopReason, ToolCall, ToolResult, Usage,
-};
+use hame_core::{ContentBlock, Message, Model, ModelEvent, StopReason, ToolCall, ToolResult};
 use hame_model::OpenAiModel;
 use hame_test_support::{ScriptStep, ScriptToolCall, ScriptedServer};
 use pretty_assertions::assert_eq;
@@ -23,18 +21,7 @@ async fn text_reply_streamed_and_whole() -> TestResult {
         .filter(|e| matches!(e, ModelEvent::TextDelta(_)))
         .count();
     assert!(text_pieces > 1, "text should arrive in several chunks");
-    let r = assemble(&events);
-    assert_eq!(r.message.text_content(), "Hello there, friend.");
-    assert_eq!(r.stop_reason, Some(StopReason::EndTurn));
-    assert_eq!(
-        r.usage,
-        Some(Usage {
-            input_tokens: 12,
-            output_tokens: 5,
-            cached_input_tokens: 0,
-            cache_write_input_tokens: 0,
-        })
-    );
+    assert_text_reply(&events, "Hello there, friend.", (12, 5, 0));
 
     let whole = model.complete(request("again")).await?;
     assert_eq!(whole.message.text_content(), "Second.");

@@ -9,6 +9,29 @@ use pretty_assertions::assert_eq;
 
 use super::helpers::{TestResult, fixed_clock, log_at, t};
 
+/// A log of agent `main` at `secs` whose writes leave the index alone: a process whose
+/// index updates were lost.
+fn quiet_log_at(fs: Arc<dyn Filesystem>, secs: i64) -> Result<SessionLog, Error> {
+    SessionLog::with_options(
+        fs,
+        "main",
+        SessionLogOptions {
+            update_index: false,
+            ..fixed_clock(secs)
+        },
+    )
+}
+
+/// The ids of the sessions `log` lists, in its order.
+async fn listed_ids(log: &SessionLog) -> Result<Vec<String>, Error> {
+    Ok(log
+        .list_sessions()
+        .await?
+        .into_iter()
+        .map(|e| e.id)
+        .collect())
+}
+
 #[tokio::test]
 async fn index_tracks_title_times_and_counts_newest_first() -> TestResult {
     let fs: Arc<dyn Filesystem> = Arc::new(InMemoryFs::new());
@@ -234,14 +257,7 @@ async fn an_update_writes_only_its_sessions_file() -> TestResult {
 #[tokio::test]
 async fn the_old_whole_tenant_index_is_read_and_carried_over() -> TestResult {
     let fs: Arc<dyn Filesystem> = Arc::new(InMemoryFs::new());
-    let quiet = SessionLog::with_options(
-        fs.clone(),
-        "main",
-        SessionLogOptions {
-            update_index: false,
-            ..fixed_clock(0)
-        },
-    )?;
+    let quiet = quiet_log_at(fs.clone(), 0)?;
     for id in ["old1", "old2"] {
         quiet
             .append_messages(id, "c1", &[Message::user("from the log")])
@@ -284,12 +300,7 @@ async fn the_old_whole_tenant_index_is_read_and_carried_over() -> TestResult {
             message_count: 2,
         })
     );
-    let ids: Vec<String> = log
-        .list_sessions()
-        .await?
-        .into_iter()
-        .map(|e| e.id)
-        .collect();
+    let ids = listed_ids(&log).await?;
     assert_eq!(ids, ["old2", "old1"]);
     assert_eq!(fs.read_bytes(&legacy).await?, old_bytes);
     Ok(())
@@ -299,14 +310,7 @@ async fn the_old_whole_tenant_index_is_read_and_carried_over() -> TestResult {
 async fn logs_missing_from_the_index_are_listed_and_added() -> TestResult {
     let fs: Arc<dyn Filesystem> = Arc::new(InMemoryFs::new());
     // Three processes wrote logs; their index updates were lost (never made).
-    let quiet = SessionLog::with_options(
-        fs.clone(),
-        "main",
-        SessionLogOptions {
-            update_index: false,
-            ..fixed_clock(100)
-        },
-    )?;
+    let quiet = quiet_log_at(fs.clone(), 100)?;
     for id in ["a", "b", "c"] {
         quiet
             .append_messages(id, "c1", &[Message::user(format!("question {id}"))])
@@ -317,12 +321,7 @@ async fn logs_missing_from_the_index_are_listed_and_added() -> TestResult {
         .append_messages("d", "c1", &[Message::user("question d")])
         .await?;
     let log = log_at(fs.clone(), 300);
-    let listed: Vec<String> = log
-        .list_sessions()
-        .await?
-        .into_iter()
-        .map(|e| e.id)
-        .collect();
+    let listed = listed_ids(&log).await?;
     assert_eq!(listed, ["d", "a", "b", "c"]);
     // The index itself now has them, with titles from the logs.
     let entry = log.session("b").await?.ok_or("b not indexed")?;
@@ -354,14 +353,7 @@ pub(crate) async fn entry_behind_its_log(fs: Arc<dyn Filesystem>) -> TestResult 
         .await?;
     let index_path = FsPath::parse("agents/main/sessions/index/s.json")?;
     let written = fs.read_bytes(&index_path).await?;
-    let quiet = SessionLog::with_options(
-        fs.clone(),
-        "main",
-        SessionLogOptions {
-            update_index: false,
-            ..fixed_clock(7)
-        },
-    )?;
+    let quiet = quiet_log_at(fs.clone(), 7)?;
     quiet
         .append_messages(
             "s",
