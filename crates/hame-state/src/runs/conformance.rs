@@ -1024,12 +1024,75 @@ pub async fn racing_submit_claims<Q: RunQueue + ?Sized>(q: Arc<Q>) -> Result<()>
     Ok(())
 }
 
+/// A worker waiting for work is woken by a submit, and by a finish (the session's next run
+/// may be free), well before an idle worker's next look (1 s on PostgreSQL and Redis):
+/// PostgreSQL's `NOTIFY`, sent with the statement; Redis' wake-up stream; MySQL looks every
+/// 250 ms. One-host queues (JSON, memory) are not checked: their workers look every 100 ms
+/// or live in the process.
+pub async fn submit_and_finish_wake_a_waiting_worker<Q: RunQueue + ?Sized>(q: &Q) -> Result<()> {
+    if !q.is_shared() {
+        return Ok(());
+    }
+    let agent = unique_agent();
+    // The first wait sets up what the backend listens with.
+    q.wait_for_work(Duration::from_millis(50)).await?;
+    let submitted = woken_by(q, async {
+        q.submit(msg(&agent, Some("u"), "s1", "one")?).await?;
+        Ok(())
+    })
+    .await?;
+    ensure!(
+        submitted < WOKEN_WITHIN,
+        "a waiting worker was woken {submitted:?} after a submit"
+    );
+    let claim = q
+        .claim(&opts(&agent, LONG))
+        .await?
+        .ok_or_else(|| fail("the submitted run is claimed"))?;
+    let finished = woken_by(q, async { complete(q, &claim).await.map(|_| ()) }).await?;
+    ensure!(
+        finished < WOKEN_WITHIN,
+        "a waiting worker was woken {finished:?} after a finish"
+    );
+    Ok(())
+}
+
+/// Well under an idle worker's look of 1 s (which comes 950 ms after the act began: it
+/// begins 50 ms into the wait), with room for a loaded machine.
+const WOKEN_WITHIN: Duration = Duration::from_millis(800);
+
+/// How long after `act` began a worker waiting for work returned (waits that return before
+/// it began are waited again, at most 10).
+async fn woken_by<Q: RunQueue + ?Sized>(
+    q: &Q,
+    act: impl std::future::Future<Output = Result<()>>,
+) -> Result<Duration> {
+    let began = std::sync::OnceLock::new();
+    let wait = async {
+        for _ in 0..10 {
+            q.wait_for_work(Duration::from_secs(5)).await?;
+            if let Some(at) = began.get() {
+                return Ok(std::time::Instant::elapsed(at));
+            }
+        }
+        Err(fail("the wait never outlasted the act"))
+    };
+    let act = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _ = began.set(std::time::Instant::now());
+        act.await
+    };
+    let (woken, acted) = tokio::join!(wait, act);
+    acted?;
+    woken
+}
+
 /// Generates one `#[tokio::test]` per check. `$make` is an async expression returning
 /// `Result<Option<Arc<Q>>>`; `None` skips (service not configured).
 #[macro_export]
 macro_rules! run_queue_tests {
     ($make:expr) => {
-        $crate::run_queue_tests!(@ref $make, submit_get_list, session_order, lapse_and_reclaim, lapsed_claims_reclaimed_together, cancel, purge_finished, submit_claimed, subagent_task_runs, every_end, approval_decisions);
+        $crate::run_queue_tests!(@ref $make, submit_get_list, session_order, lapse_and_reclaim, lapsed_claims_reclaimed_together, cancel, purge_finished, submit_claimed, subagent_task_runs, every_end, approval_decisions, submit_and_finish_wake_a_waiting_worker);
         $crate::run_queue_tests!(@arc $make, idempotency, racing_workers, racing_submit_claims);
     };
     (@ref $make:expr, $($name:ident),+) => {

@@ -34,6 +34,9 @@ const COLS: &str = "seq, id, agent, user_key, session, idempotency_key, status, 
 struct Statements {
     by_id: String,
     submit: String,
+    /// `submit`, and the wake-up of idle workers when it inserted (sent at its commit): one
+    /// round trip.
+    submit_notify: String,
     by_key: String,
     list: String,
     claim: String,
@@ -46,15 +49,17 @@ struct Statements {
 }
 
 static SQL: LazyLock<Statements> = LazyLock::new(|| {
-    Statements {
-    by_id: format!("SELECT {COLS} FROM hame_runs WHERE id = $1"),
-    submit: format!(
+    let submit = format!(
         "INSERT INTO hame_runs (id, agent, user_key, session, idempotency_key, status, input,
                 created_at, updated_at)
              VALUES ($1, $2, $3, $4, $5, 'queued', $6, clock_timestamp(), clock_timestamp())
              ON CONFLICT (agent, user_key, idempotency_key) DO NOTHING
              RETURNING {COLS}"
-    ),
+    );
+    Statements {
+    by_id: format!("SELECT {COLS} FROM hame_runs WHERE id = $1"),
+    submit_notify: with_notify(&submit),
+    submit,
     by_key: format!(
         "SELECT {COLS} FROM hame_runs
              WHERE agent = $1 AND user_key = $2 AND idempotency_key = $3"
@@ -100,12 +105,13 @@ static SQL: LazyLock<Statements> = LazyLock::new(|| {
                    AND o.status IN ('queued', 'running', 'waiting_approval'))
              RETURNING {COLS}"
     ),
-    finish: format!(
+    // The session's next run may be free now: idle workers are woken at the commit.
+    finish: with_notify(&format!(
         "UPDATE hame_runs SET status = $3, reply = $4, usage = $5, error = $6,
                  approvals = $7, verification = $8, token = '', expires_at = NULL, updated_at = clock_timestamp()
              WHERE id = $1 AND token = $2 AND status = 'running'
              RETURNING {COLS}"
-    ),
+    )),
     cancel: format!(
         "UPDATE hame_runs SET
                  cancel_requested = (status = 'running'),
@@ -220,14 +226,22 @@ impl PgRunQueue {
     }
 }
 
-/// Inserts a new queued run (`None`: its idempotency key names an existing one).
+/// `statement` (an `… RETURNING` of runs) with a `NOTIFY` on the workers' channel when it
+/// returned a run, in the same statement: sent at its commit, no round trip of its own.
+fn with_notify(statement: &str) -> String {
+    format!("WITH r AS ({statement}) SELECT r.*, pg_notify('{CHANNEL}', '') FROM r")
+}
+
+/// Inserts a new queued run with `statement` (`SQL.submit` or `SQL.submit_notify`);
+/// `None`: its idempotency key names an existing one.
 async fn insert<'e>(
     db: impl sqlx::PgExecutor<'e>,
+    statement: &'static str,
     run: &Run,
     user: &str,
     input: String,
 ) -> Result<Option<PgRow>> {
-    sqlx::query(SQL.submit.as_str())
+    sqlx::query(statement)
         .bind(&run.id)
         .bind(&run.agent)
         .bind(user)
@@ -245,10 +259,9 @@ impl RunQueue for PgRunQueue {
         let run = Run::new(&new, Utc::now());
         let input = serde_json::to_string(&run.input).map_err(Error::Serialize)?;
         let user = new.key.user().unwrap_or("").to_owned();
-        let row = insert(&self.pool, &run, &user, input).await?;
+        let row = insert(&self.pool, SQL.submit_notify.as_str(), &run, &user, input).await?;
         if let Some(row) = row {
             let run = to_run(&row)?;
-            self.notify().await;
             return Ok(Submitted { run, created: true });
         }
         let row = sqlx::query(SQL.by_key.as_str())
@@ -281,7 +294,7 @@ impl RunQueue for PgRunQueue {
             .execute(&mut *tx)
             .await
             .map_err(backend)?;
-        let inserted = insert(&mut *tx, &run, &user, input).await?;
+        let inserted = insert(&mut *tx, SQL.submit.as_str(), &run, &user, input).await?;
         let Some(row) = inserted else {
             tx.rollback().await.map_err(backend)?;
             return Ok((self.submit(new).await?, None));
@@ -396,9 +409,7 @@ impl RunQueue for PgRunQueue {
         let Some(row) = row else {
             return Err(claim_lost(&claim.run.id));
         };
-        let run = to_run(&row)?;
-        self.notify().await;
-        Ok(run)
+        to_run(&row)
     }
 
     async fn cancel(&self, id: &str) -> Result<CancelOutcome> {
