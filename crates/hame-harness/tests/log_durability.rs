@@ -1,6 +1,7 @@
 //! How the session-log layer flushes: a call with tool steps pays one flush for its log
 //! (tool results are appended without one, the next synced append or an explicit sync at the
-//! call's end covers them), and the log is always flushed before the call's state is saved.
+//! call's end covers them), the call's observations are flushed at the same time as the log
+//! (ADR 0043), and the log is always flushed before the call's state is saved.
 
 use std::sync::{Arc, Mutex};
 
@@ -241,4 +242,98 @@ async fn a_call_without_tools_appends_once_synced() -> TestResult {
     let durabilities: Vec<Durability> = store.appends().iter().map(|a| a.durability).collect();
     assert_eq!(durabilities, vec![Durability::Synced]);
     Ok(())
+}
+
+/// The shared store, holding each synced append to a session log or to its observations
+/// until the other one has started too (or a timeout), and recording whether they met.
+#[derive(Debug)]
+struct Meeting {
+    inner: InMemoryFs,
+    barrier: tokio::sync::Barrier,
+    met: Mutex<Vec<(&'static str, bool)>>,
+}
+
+impl Meeting {
+    fn new() -> Self {
+        Self {
+            inner: InMemoryFs::default(),
+            barrier: tokio::sync::Barrier::new(2),
+            met: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn met(&self) -> Vec<(&'static str, bool)> {
+        self.met.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+}
+
+hame_fs::forward_filesystem! {
+    impl Filesystem for Meeting {
+        inner = |s| &s.inner;
+        forward = [
+            stat, list, read_bytes, write, delete, rename, exists, read_range, edit, grep, glob,
+            list_many,
+        ];
+        async fn append(
+            &self,
+            path: &FsPath,
+            data: Vec<u8>,
+            options: AppendOptions,
+        ) -> FsResult<()> {
+            let file = if path.as_str().ends_with(".log.jsonl") {
+                Some("log")
+            } else if path.as_str().ends_with(".observations.jsonl") {
+                Some("observations")
+            } else {
+                None
+            };
+            if let (Some(file), Durability::Synced) = (file, options.durability) {
+                let met = tokio::time::timeout(
+                    std::time::Duration::from_secs(2),
+                    self.barrier.wait(),
+                )
+                .await
+                .is_ok();
+                if let Ok(mut m) = self.met.lock() {
+                    m.push((file, met));
+                }
+            }
+            self.inner.append(path, data, options).await
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_log_and_the_observations_are_flushed_at_the_same_time() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(Meeting::new());
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws)?;
+    std::fs::write(ws.join("notes.md"), "a note\n")?;
+    let agent = HarnessAgent::builder()
+        .model(Arc::new(ScriptedModel::new(vec![
+            Reply::tools(&[read_call("r1")]),
+            Reply::text("done"),
+        ])))
+        .workspace(ws)
+        .filesystem(FilesystemMode::SharedStore {
+            store: store.clone(),
+        })
+        .allow_local_state_with_shared_filesystem(true)
+        .state_store(Arc::new(hame_state::JsonStore::open(
+            dir.path().join("state"),
+        )?))
+        .memory(hame_harness::memory::MemoryOptions::disabled())
+        .build()?;
+    let ctx = RuntimeContext::new("s1").with_user("ada");
+    let out = agent.call(Message::user("read it"), &ctx).await?;
+    assert_eq!(out.reply.text_content(), "done");
+    // One synced append each, in flight together (each waited for the other).
+    let mut met = store.met();
+    met.sort_unstable();
+    assert_eq!(met, vec![("log", true), ("observations", true)]);
+    // Both are in the files, and the state saved after them matches the log.
+    let log = hame_session::SessionLog::new(agent.workspace_for(&ctx)?.records().clone(), "hame")?;
+    assert_eq!(log.read_observations("s1").await?.len(), 1);
+    log_holds_the_saved_state(&agent, &ctx).await
 }
