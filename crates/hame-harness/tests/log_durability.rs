@@ -20,16 +20,51 @@ struct LogAppend {
     durability: Durability,
 }
 
-/// The shared store, recording the appends to session logs.
+/// The shared store, recording the appends to session logs. With a meeting point, it also
+/// holds each synced append to a session log or to its observations until the other one has
+/// started too (or a timeout), and records whether they met.
 #[derive(Debug, Default)]
 struct Recording {
     inner: InMemoryFs,
     appends: Mutex<Vec<LogAppend>>,
+    meeting: Option<tokio::sync::Barrier>,
+    met: Mutex<Vec<(&'static str, bool)>>,
 }
 
 impl Recording {
+    fn with_meeting() -> Self {
+        Self {
+            meeting: Some(tokio::sync::Barrier::new(2)),
+            ..Self::default()
+        }
+    }
+
     fn appends(&self) -> Vec<LogAppend> {
         self.appends.lock().map(|a| a.clone()).unwrap_or_default()
+    }
+
+    fn met(&self) -> Vec<(&'static str, bool)> {
+        self.met.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    /// Waits at the meeting point (when there is one) for a synced append of `path`.
+    async fn meet(&self, path: &FsPath, durability: Durability) {
+        let file = if path.as_str().ends_with(".log.jsonl") {
+            "log"
+        } else if path.as_str().ends_with(".observations.jsonl") {
+            "observations"
+        } else {
+            return;
+        };
+        let (Some(barrier), Durability::Synced) = (&self.meeting, durability) else {
+            return;
+        };
+        let met = tokio::time::timeout(std::time::Duration::from_secs(2), barrier.wait())
+            .await
+            .is_ok();
+        if let Ok(mut m) = self.met.lock() {
+            m.push((file, met));
+        }
     }
 }
 
@@ -54,6 +89,7 @@ hame_fs::forward_filesystem! {
                     durability: options.durability,
                 });
             }
+            self.meet(path, options.durability).await;
             self.inner.append(path, data, options).await
         }
     }
@@ -244,87 +280,16 @@ async fn a_call_without_tools_appends_once_synced() -> TestResult {
     Ok(())
 }
 
-/// The shared store, holding each synced append to a session log or to its observations
-/// until the other one has started too (or a timeout), and recording whether they met.
-#[derive(Debug)]
-struct Meeting {
-    inner: InMemoryFs,
-    barrier: tokio::sync::Barrier,
-    met: Mutex<Vec<(&'static str, bool)>>,
-}
-
-impl Meeting {
-    fn new() -> Self {
-        Self {
-            inner: InMemoryFs::default(),
-            barrier: tokio::sync::Barrier::new(2),
-            met: Mutex::new(Vec::new()),
-        }
-    }
-
-    fn met(&self) -> Vec<(&'static str, bool)> {
-        self.met.lock().map(|m| m.clone()).unwrap_or_default()
-    }
-}
-
-hame_fs::forward_filesystem! {
-    impl Filesystem for Meeting {
-        inner = |s| &s.inner;
-        forward = [
-            stat, list, read_bytes, write, delete, rename, exists, read_range, edit, grep, glob,
-            list_many,
-        ];
-        async fn append(
-            &self,
-            path: &FsPath,
-            data: Vec<u8>,
-            options: AppendOptions,
-        ) -> FsResult<()> {
-            let file = if path.as_str().ends_with(".log.jsonl") {
-                Some("log")
-            } else if path.as_str().ends_with(".observations.jsonl") {
-                Some("observations")
-            } else {
-                None
-            };
-            if let (Some(file), Durability::Synced) = (file, options.durability) {
-                let met = tokio::time::timeout(
-                    std::time::Duration::from_secs(2),
-                    self.barrier.wait(),
-                )
-                .await
-                .is_ok();
-                if let Ok(mut m) = self.met.lock() {
-                    m.push((file, met));
-                }
-            }
-            self.inner.append(path, data, options).await
-        }
-    }
-}
-
 #[tokio::test]
 async fn the_log_and_the_observations_are_flushed_at_the_same_time() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let store = Arc::new(Meeting::new());
-    let ws = dir.path().join("ws");
-    std::fs::create_dir_all(&ws)?;
-    std::fs::write(ws.join("notes.md"), "a note\n")?;
-    let agent = HarnessAgent::builder()
-        .model(Arc::new(ScriptedModel::new(vec![
-            Reply::tools(&[read_call("r1")]),
-            Reply::text("done"),
-        ])))
-        .workspace(ws)
-        .filesystem(FilesystemMode::SharedStore {
-            store: store.clone(),
-        })
-        .allow_local_state_with_shared_filesystem(true)
-        .state_store(Arc::new(hame_state::JsonStore::open(
-            dir.path().join("state"),
-        )?))
-        .memory(hame_harness::memory::MemoryOptions::disabled())
-        .build()?;
+    let store = Arc::new(Recording::with_meeting());
+    let agent = agent(
+        dir.path(),
+        store.clone(),
+        vec![Reply::tools(&[read_call("r1")]), Reply::text("done")],
+        10,
+    )?;
     let ctx = RuntimeContext::new("s1").with_user("ada");
     let out = agent.call(Message::user("read it"), &ctx).await?;
     assert_eq!(out.reply.text_content(), "done");
