@@ -536,8 +536,8 @@ impl Inner {
             let _ = dir.remove_file(&tmp);
             return Err(e.into());
         }
-        if synced && let Ok(d) = dir.try_clone() {
-            let _ = d.into_std_file().sync_all();
+        if synced {
+            sync_dir(&dir);
         }
         Ok(Written {
             version: Version::of(data),
@@ -1089,6 +1089,24 @@ impl Filesystem for LocalFs {
             }
         }
         parts.finish(self, |_, answer| answer).await
+    }
+}
+
+/// `fsync`s the directory `dir`, so that a rename in it survives a crash of the machine. A
+/// [`Dir`] of cap-std is an `O_PATH` handle, which `fsync` refuses (`EBADF`): the directory
+/// itself is opened for it. A failure is logged, not returned: the rename it follows has
+/// happened.
+fn sync_dir(dir: &Dir) {
+    use rustix::fs::{Mode, OFlags};
+    let synced = rustix::fs::openat(
+        dir,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .and_then(|d| rustix::fs::fsync(&d));
+    if let Err(e) = synced {
+        tracing::warn!(error = %e, "syncing a directory after a rename failed");
     }
 }
 

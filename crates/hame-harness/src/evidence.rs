@@ -796,10 +796,16 @@ impl Layer for ObservationLayer {
     ) -> Result<CallOutput, hame_core::Error> {
         let (out, pending) = next.run_collecting::<Pending>(cx, input).await;
         let observations = pending.take();
-        if !observations.is_empty()
-            && let Some(ws) = cx.extensions.get::<Workspace>()
-        {
-            // One synced append per call, before the state is saved (like the session log).
+        if observations.is_empty() {
+            return out;
+        }
+        // One synced append per call, before the state is saved (like the session log): made
+        // by the session-log layer at the end of the call, at the same time as the log's
+        // (ADR 0043); by this layer outside one.
+        let Err(observations) = SessionRecorder::defer_observations(cx, observations) else {
+            return out;
+        };
+        if let Some(ws) = cx.extensions.get::<Workspace>() {
             let written = match self.store.log(cx.runtime, ws) {
                 Ok(log) => log
                     .append_observations(
@@ -951,6 +957,20 @@ impl VerifyLayer {
         ws: &Workspace,
         names: &[String],
     ) -> Result<Vec<Evidence>, hame_core::Error> {
+        // The observations of the steps so far go before the checks' own, in the order of
+        // the calls: written now (synced, as the observations layer wrote them before ADR
+        // 0043) instead of at the end of the call.
+        let earlier = SessionRecorder::take_observations(cx);
+        if !earlier.is_empty() {
+            let written = self
+                .store
+                .log(cx.runtime, ws)?
+                .append_observations(&cx.runtime.session_id, &earlier, AppendOptions::default())
+                .await;
+            if let Err(e) = written {
+                tracing::warn!(error = %e, "the observations of the call could not be written");
+            }
+        }
         let current = self.store.current(cx.runtime, ws).await?;
         let mut out = Vec::with_capacity(names.len());
         for name in names {

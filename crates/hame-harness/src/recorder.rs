@@ -5,7 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use hame_core::{
-    AppendNext, CallCtx, CallInput, CallNext, CallOutput, Layer, Message, Role, RuntimeContext,
+    AppendNext, CallCtx, CallInput, CallNext, CallOutput, Layer, Message, Observation, Role,
+    RuntimeContext,
 };
 use hame_fs::{AppendOptions, Durability};
 use hame_session::{IndexUpdate, SessionLog, SessionLogOptions, TailCheck};
@@ -44,6 +45,10 @@ struct CallRecord {
     /// An append of this call checked the log's tail (a `stat`); under the session's lease
     /// the later ones trust it ([`TailCheck::TrustWhileLeased`]).
     tail_checked: bool,
+    /// The call's observations, handed over by the `observations` layer
+    /// ([`SessionRecorder::defer_observations`]): appended, synced, at the end of the call
+    /// at the same time as the log's last append or flush (ADR 0043).
+    observations: Vec<Observation>,
 }
 
 /// The call's [`CallRecord`] in its extensions.
@@ -146,34 +151,68 @@ impl SessionRecorder {
     /// session index once.
     async fn finish(&self, cx: &CallCtx<'_>, cell: &CallCell) -> Result<(), hame_core::Error> {
         let mut call = std::mem::take(&mut *lock(cell));
-        if !call.appended {
+        let observations = std::mem::take(&mut call.observations);
+        if !call.appended && observations.is_empty() {
             // Nothing of this call reached the conversation.
             return Ok(());
         }
         let call_id = call_id(cx.runtime);
         let ws = handle(cx)?;
-        if !call.pending.is_empty() {
-            check_lease(cx)?;
-            // A call that failed or was suspended mid-step: what joined the state is logged
-            // (and flushed, with any unflushed tool results) before the state is saved.
-            let end = self
-                .write(
-                    cx.runtime,
-                    ws,
-                    &call_id,
-                    &call.pending,
-                    (AppendOptions::default(), tail_check(cx, call.tail_checked)),
-                )
-                .await?;
-            call.end = call.end.max(end);
-        } else if call.unsynced {
-            // The call ended after a tool result (failed, cancelled, out of steps): its
-            // records are flushed before the state that holds them is saved.
-            check_lease(cx)?;
+        // What the call left to write or to flush: the messages still waiting (the reply;
+        // those of a call that failed or was suspended mid-step) with one synced append, or
+        // a flush of unflushed tool results (a call that ended after one). Both before the
+        // state that holds them is saved; the observations' synced append at the same time,
+        // each on its own blocking thread on a local disk, so that the file system commits
+        // them together instead of one after the other (ADR 0043).
+        let log_end = async {
+            let end: Result<Option<u64>, hame_core::Error> = if !call.pending.is_empty() {
+                check_lease(cx)?;
+                let end = self
+                    .write(
+                        cx.runtime,
+                        ws,
+                        &call_id,
+                        &call.pending,
+                        (AppendOptions::default(), tail_check(cx, call.tail_checked)),
+                    )
+                    .await?;
+                Ok(Some(end))
+            } else if call.unsynced {
+                check_lease(cx)?;
+                self.log_for(cx.runtime, ws)?
+                    .sync(&cx.runtime.session_id)
+                    .await
+                    .map_err(|e| hame_core::Error::layer("session-log", e))?;
+                Ok(None)
+            } else {
+                Ok(None)
+            };
+            end
+        };
+        let observed = async {
+            if observations.is_empty() {
+                return Ok(());
+            }
             self.log_for(cx.runtime, ws)?
-                .sync(&cx.runtime.session_id)
+                .append_observations(
+                    &cx.runtime.session_id,
+                    &observations,
+                    AppendOptions::default(),
+                )
                 .await
-                .map_err(|e| hame_core::Error::layer("session-log", e))?;
+                .map_err(|e| hame_core::Error::layer("observations", e))
+        };
+        let (logged, observed) = futures::future::join(log_end, observed).await;
+        if let Err(e) = observed {
+            // As when the observations layer wrote them itself: reported, not the call's
+            // failure.
+            tracing::warn!(error = %e, "the observations of the call could not be written");
+        }
+        if let Some(end) = logged? {
+            call.end = call.end.max(end);
+        }
+        if !call.appended {
+            return Ok(());
         }
         // Once the session's entry has its title, later calls leave it: what they change
         // (the count and the time of the last record) is read from the log by listings
@@ -194,6 +233,34 @@ impl SessionRecorder {
             }
         }
         Ok(())
+    }
+}
+
+impl SessionRecorder {
+    /// Takes the call's observations, to append them (synced) at the end of the call
+    /// together with the log's last append, before the state is saved (ADR 0043). Outside
+    /// a call of this layer they are handed back: the caller writes them itself.
+    pub(crate) fn defer_observations(
+        cx: &CallCtx<'_>,
+        observations: Vec<Observation>,
+    ) -> Result<(), Vec<Observation>> {
+        match cx.extensions.get_arc::<CallCell>() {
+            Some(cell) => {
+                lock(&cell).observations.extend(observations);
+                Ok(())
+            }
+            None => Err(observations),
+        }
+    }
+
+    /// Takes back the observations handed over so far (none outside a call of this layer):
+    /// for a layer that writes observations of its own in the middle of the call and keeps
+    /// the file in the order of the calls (the `verify` layer's checks).
+    pub(crate) fn take_observations(cx: &CallCtx<'_>) -> Vec<Observation> {
+        cx.extensions
+            .get_arc::<CallCell>()
+            .map(|cell| std::mem::take(&mut lock(&cell).observations))
+            .unwrap_or_default()
     }
 }
 
@@ -227,13 +294,15 @@ impl Layer for SessionRecorder {
     ) -> Result<(), hame_core::Error> {
         let call_id = call_id(cx.runtime);
         // A tool-call message and the user's input wait for the step's next message so that a
-        // step costs one append; the final reply and tool results are written at once.
-        // Nothing waits past the end of the call, and the state is only saved after.
+        // step costs one append; tool results are written at once. The reply (a message that
+        // closes the turn) waits for the end of the call, where it is written, synced, at the
+        // same time as the call's observations (ADR 0043). Nothing waits past the end of the
+        // call, and the state is only saved after.
         // Tool results are appended without a flush: another step follows, and its synced
         // append (or the sync at the call's end) flushes them with it, so a call with tools
         // pays one `fdatasync` for its log, not one per step. A process crash loses nothing
-        // (the bytes are in the OS's page cache); a machine crash can lose the unflushed
-        // steps of the call it interrupted, whose state was not saved either.
+        // that was appended (the bytes are in the OS's page cache); a machine crash can lose
+        // the unflushed steps of the call it interrupted, whose state was not saved either.
         let cell = cx.extensions.get_arc::<CallCell>();
         // Outside a call of this layer (not done by the harness) nothing would flush later.
         let options = if message.role == Role::Tool && cell.is_some() {
@@ -251,7 +320,7 @@ impl Layer for SessionRecorder {
                     record.title = Some(message.text_content());
                 }
                 record.pending.push(message.clone());
-                let defer = message.role == Role::User || message.has_tool_calls();
+                let defer = message.role != Role::Tool;
                 if defer {
                     None
                 } else {

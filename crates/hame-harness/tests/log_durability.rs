@@ -1,6 +1,7 @@
 //! How the session-log layer flushes: a call with tool steps pays one flush for its log
 //! (tool results are appended without one, the next synced append or an explicit sync at the
-//! call's end covers them), and the log is always flushed before the call's state is saved.
+//! call's end covers them), the call's observations are flushed at the same time as the log
+//! (ADR 0043), and the log is always flushed before the call's state is saved.
 
 use std::sync::{Arc, Mutex};
 
@@ -19,16 +20,51 @@ struct LogAppend {
     durability: Durability,
 }
 
-/// The shared store, recording the appends to session logs.
+/// The shared store, recording the appends to session logs. With a meeting point, it also
+/// holds each synced append to a session log or to its observations until the other one has
+/// started too (or a timeout), and records whether they met.
 #[derive(Debug, Default)]
 struct Recording {
     inner: InMemoryFs,
     appends: Mutex<Vec<LogAppend>>,
+    meeting: Option<tokio::sync::Barrier>,
+    met: Mutex<Vec<(&'static str, bool)>>,
 }
 
 impl Recording {
+    fn with_meeting() -> Self {
+        Self {
+            meeting: Some(tokio::sync::Barrier::new(2)),
+            ..Self::default()
+        }
+    }
+
     fn appends(&self) -> Vec<LogAppend> {
         self.appends.lock().map(|a| a.clone()).unwrap_or_default()
+    }
+
+    fn met(&self) -> Vec<(&'static str, bool)> {
+        self.met.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    /// Waits at the meeting point (when there is one) for a synced append of `path`.
+    async fn meet(&self, path: &FsPath, durability: Durability) {
+        let file = if path.as_str().ends_with(".log.jsonl") {
+            "log"
+        } else if path.as_str().ends_with(".observations.jsonl") {
+            "observations"
+        } else {
+            return;
+        };
+        let (Some(barrier), Durability::Synced) = (&self.meeting, durability) else {
+            return;
+        };
+        let met = tokio::time::timeout(std::time::Duration::from_secs(2), barrier.wait())
+            .await
+            .is_ok();
+        if let Ok(mut m) = self.met.lock() {
+            m.push((file, met));
+        }
     }
 }
 
@@ -53,6 +89,7 @@ hame_fs::forward_filesystem! {
                     durability: options.durability,
                 });
             }
+            self.meet(path, options.durability).await;
             self.inner.append(path, data, options).await
         }
     }
@@ -241,4 +278,27 @@ async fn a_call_without_tools_appends_once_synced() -> TestResult {
     let durabilities: Vec<Durability> = store.appends().iter().map(|a| a.durability).collect();
     assert_eq!(durabilities, vec![Durability::Synced]);
     Ok(())
+}
+
+#[tokio::test]
+async fn the_log_and_the_observations_are_flushed_at_the_same_time() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(Recording::with_meeting());
+    let agent = agent(
+        dir.path(),
+        store.clone(),
+        vec![Reply::tools(&[read_call("r1")]), Reply::text("done")],
+        10,
+    )?;
+    let ctx = RuntimeContext::new("s1").with_user("ada");
+    let out = agent.call(Message::user("read it"), &ctx).await?;
+    assert_eq!(out.reply.text_content(), "done");
+    // One synced append each, in flight together (each waited for the other).
+    let mut met = store.met();
+    met.sort_unstable();
+    assert_eq!(met, vec![("log", true), ("observations", true)]);
+    // Both are in the files, and the state saved after them matches the log.
+    let log = hame_session::SessionLog::new(agent.workspace_for(&ctx)?.records().clone(), "hame")?;
+    assert_eq!(log.read_observations("s1").await?.len(), 1);
+    log_holds_the_saved_state(&agent, &ctx).await
 }
