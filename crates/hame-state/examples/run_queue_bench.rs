@@ -1,5 +1,5 @@
 //! Run queue figures for `docs/runs.md`: the queue's own cost per run (submit, claim,
-//! finish) as p50/p99, and runs/s for 1,000 empty runs (200 on JSON) over 100 sessions with 1, 2 and 3
+//! finish, and a message turn's submit-and-claim plus finish) as p50/p99, and runs/s for 1,000 empty runs (200 on JSON) over 100 sessions with 1, 2 and 3
 //! workers, each worker with its own connection pool (its own `JsonRunQueue` handle), as
 //! separate worker processes would have.
 //!
@@ -45,11 +45,24 @@ async fn latency(q: &dyn RunQueue, n: usize) -> R<()> {
         fin.push(t.elapsed());
     }
     let mut total: Vec<Duration> = (0..n).map(|i| sub[i] + claim[i] + fin[i]).collect();
+    // What a `POST …/messages` turn pays: submit and claim in one step, then finish.
+    let mut turn = Vec::with_capacity(n);
+    for i in 0..n {
+        let key = StateKey::new(&agent, Some("u"), format!("t{}", i % 100))?;
+        let t = Instant::now();
+        let (_, c) = q
+            .submit_claimed(NewRun::message(key, "m", None)?, &opts)
+            .await?;
+        q.finish(&c.ok_or("a free session's run is claimed")?, &completed())
+            .await?;
+        turn.push(t.elapsed());
+    }
     for (name, v) in [
         ("submit", &mut sub),
         ("claim", &mut claim),
         ("finish", &mut fin),
         ("all three", &mut total),
+        ("message turn (submit_claimed + finish)", &mut turn),
     ] {
         println!(
             "  {name:<10} p50 {:>8.3} ms  p99 {:>8.3} ms",
