@@ -101,6 +101,20 @@ pub const SECTION_MEMO: usize = 4096;
 /// goes first.
 pub const SYSTEM_MEMO: usize = 16;
 
+/// A memo's lock: nothing in a memo is left half-updated, so a poisoned one is still
+/// consistent.
+fn locked<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Adds `item` as the newest of `kept`, dropping the oldest beyond `max`.
+fn keep_newest<T>(kept: &mut std::collections::VecDeque<T>, item: T, max: usize) {
+    if kept.len() >= max {
+        kept.pop_front();
+    }
+    kept.push_back(item);
+}
+
 /// The hash and count of texts measured before, keyed by their length and a fast 64-bit
 /// hash: a step's request repeats the previous one's system prompt, tool schemas and
 /// messages, so each is hashed (SHA-256) and counted once, not once per step (the count is
@@ -197,11 +211,7 @@ impl<T, K> ByIdentity<T, K> {
         measure: impl FnOnce() -> (String, u64),
     ) -> (String, u64) {
         let key = handle.as_ptr() as usize;
-        let lock = || {
-            self.0
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-        };
+        let lock = || locked(&self.0);
         if let Some((h, k, v)) = lock().get(&key)
             && h.ptr_eq(&handle)
             && h.strong_count() > 0
@@ -262,11 +272,7 @@ impl SectionMemo {
         tools: &[hame_core::ToolSpec],
         counter: &dyn TokenCounter,
     ) -> Arc<[Section]> {
-        let lock = || {
-            self.tool_lists
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-        };
+        let lock = || locked(&self.tool_lists);
         if let Some((_, sections)) = lock().iter().rev().find(|(keys, _)| {
             keys.len() == tools.len() && keys.iter().zip(tools).all(|(k, t)| k.is(t))
         }) {
@@ -294,11 +300,7 @@ impl SectionMemo {
                 description: t.description.clone(),
             })
             .collect();
-        let mut memo = lock();
-        if memo.len() >= SYSTEM_MEMO {
-            memo.pop_front();
-        }
-        memo.push_back((keys, sections.clone()));
+        keep_newest(&mut lock(), (keys, sections.clone()), SYSTEM_MEMO);
         sections
     }
 
@@ -307,10 +309,7 @@ impl SectionMemo {
     /// still the request's (a step's request repeats the last one's messages and adds
     /// some). Empty when none is known.
     fn run_from(&self, from: usize, messages: &[Message]) -> Vec<RunStep> {
-        let mut runs = self
-            .runs
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut runs = locked(&self.runs);
         let Some(at) = runs.iter().rposition(|(start, steps)| {
             *start == from
                 && steps
@@ -335,14 +334,8 @@ impl SectionMemo {
 
     /// Keeps the range that begins at `from` for the next request.
     fn keep_run(&self, from: usize, steps: Vec<RunStep>) {
-        let mut runs = self
-            .runs
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if runs.len() >= RUN_MEMO {
-            runs.pop_front();
-        }
-        runs.push_back((from, steps));
+        let mut runs = locked(&self.runs);
+        keep_newest(&mut runs, (from, steps), RUN_MEMO);
     }
 
     /// The sections of `system`: those of an equal prompt measured before, or `measure()`'s,
@@ -352,11 +345,7 @@ impl SectionMemo {
         system: &str,
         measure: impl FnOnce() -> Arc<[Section]>,
     ) -> Arc<[Section]> {
-        let lock = || {
-            self.systems
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-        };
+        let lock = || locked(&self.systems);
         if let Some((_, sections)) = lock()
             .iter()
             .rev()
@@ -365,11 +354,11 @@ impl SectionMemo {
             return sections.clone();
         }
         let sections = measure();
-        let mut memo = lock();
-        if memo.len() >= SYSTEM_MEMO {
-            memo.pop_front();
-        }
-        memo.push_back((system.to_owned(), sections.clone()));
+        keep_newest(
+            &mut lock(),
+            (system.to_owned(), sections.clone()),
+            SYSTEM_MEMO,
+        );
         sections
     }
 
@@ -378,11 +367,7 @@ impl SectionMemo {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         text.hash(&mut h);
         let key = (text.len(), h.finish());
-        let lock = || {
-            self.texts
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-        };
+        let lock = || locked(&self.texts);
         if let Some(v) = lock().get(&key) {
             return v.clone();
         }
@@ -1004,12 +989,7 @@ impl Layer for ManifestLayer {
         extensions.insert_arc(pending.clone());
         extensions.insert_arc(Arc::new(hame_core::telemetry::ManifestAttribute::default()));
         let out = next.run_with(cx, &extensions, input).await;
-        let manifests = std::mem::take(
-            &mut *pending
-                .0
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
+        let manifests = std::mem::take(&mut *locked(&pending.0));
         if !manifests.is_empty()
             && let Some(ws) = cx.extensions.get::<Workspace>()
         {
@@ -1072,9 +1052,7 @@ impl Layer for ManifestLayer {
             });
         }
         if let Some(p) = cx.extensions.get::<Pending>() {
-            p.0.lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(record);
+            locked(&p.0).push(record);
         }
         Ok(response)
     }
