@@ -233,11 +233,15 @@ impl Model for Scripted {
     }
 }
 
-/// The HTTP model with hame's split of its tool-less calls counted on the way.
+/// The HTTP model with hame's split of its tool-less calls counted on the way, and the
+/// time each request spends with the model: from the request to the stream's last event
+/// (the fake server's answer, the socket, and the client's parsing of the events).
 #[derive(Debug)]
 struct Counting {
     inner: Arc<dyn Model>,
     stats: Arc<Stats>,
+    /// Nanoseconds spent waiting for the model, all requests.
+    wait_ns: Arc<AtomicU64>,
 }
 
 #[async_trait]
@@ -247,8 +251,21 @@ impl Model for Counting {
     }
 
     async fn stream(&self, request: ModelRequest) -> Result<ModelStream, ModelError> {
+        use futures::StreamExt as _;
         self.stats.split(&request);
-        self.inner.stream(request).await
+        let t0 = Instant::now();
+        let stream = self.inner.stream(request).await?;
+        let wait = self.wait_ns.clone();
+        let mut last = Some(t0);
+        Ok(stream
+            .chain(futures::stream::poll_fn(move |_| {
+                if let Some(t0) = last.take() {
+                    let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    wait.fetch_add(ns, Ordering::Relaxed);
+                }
+                std::task::Poll::Ready(None)
+            }))
+            .boxed())
     }
 }
 
@@ -403,6 +420,7 @@ async fn main() -> anyhow::Result<()> {
 
     let build_started = Instant::now();
     let stats = Arc::new(Stats::default());
+    let wait_ns = Arc::new(AtomicU64::new(0));
     let http = reqwest::Client::new();
     let model: Arc<dyn Model> = match args.mode.as_str() {
         "inproc" => Arc::new(Scripted {
@@ -420,6 +438,7 @@ async fn main() -> anyhow::Result<()> {
             Arc::new(Counting {
                 inner: Arc::new(hame::model::OpenAiModel::new(config)?),
                 stats: stats.clone(),
+                wait_ns: wait_ns.clone(),
             })
         }
         other => anyhow::bail!("unknown mode {other}"),
@@ -451,26 +470,33 @@ async fn main() -> anyhow::Result<()> {
     let runs = (0..s).map(|i| {
         let agent = agent.clone();
         let errors = errors.clone();
-        let (trace, stats, http, mode, base) = (
+        let (trace, stats, http, mode, base, wait_ns) = (
             trace.clone(),
             stats.clone(),
             http.clone(),
             args.mode.clone(),
             args.base_url.clone(),
+            wait_ns.clone(),
         );
         async move {
             let sid = (s > 1).then(|| format!("s{i}"));
             let ctx = RuntimeContext::new(sid.clone().unwrap_or_else(|| "s0".into()));
             let mut lat = Vec::with_capacity(t);
+            let mut harness = Vec::with_capacity(t);
             for turn in 0..t {
                 let text = workload::user_message(turn, "/", sid.as_deref());
+                let waited = wait_ns.load(Ordering::Relaxed);
                 let t0 = Instant::now();
                 if let Err(e) = agent.call(Message::user(text), &ctx).await
                     && let Ok(mut errs) = errors.lock()
                 {
                     errs.push(e.to_string().chars().take(300).collect());
                 }
-                lat.push(t0.elapsed().as_secs_f64());
+                let took = t0.elapsed().as_secs_f64();
+                lat.push(took);
+                // One session: the counter moved only for this turn's requests.
+                let waited = wait_ns.load(Ordering::Relaxed).saturating_sub(waited);
+                harness.push(took - waited as f64 / 1e9);
                 if s == 1 {
                     let st = if mode == "http" {
                         server_stats(&http, &base, false)
@@ -487,13 +513,16 @@ async fn main() -> anyhow::Result<()> {
                     }
                 }
             }
-            lat
+            (lat, harness)
         }
     });
     let handles: Vec<_> = runs.map(tokio::spawn).collect();
     let mut lat = Vec::new();
+    let mut harness = Vec::new();
     for h in handles {
-        lat.extend(h.await?);
+        let (l, o) = h.await?;
+        lat.extend(l);
+        harness.extend(o);
     }
     let wall = started.elapsed().as_secs_f64();
     let rss_anon_peak = anon_peak.finish();
@@ -520,6 +549,8 @@ async fn main() -> anyhow::Result<()> {
         .count();
     let mut sorted = lat.clone();
     sorted.sort_by(f64::total_cmp);
+    harness.sort_by(f64::total_cmp);
+    let model_wait_s = wait_ns.load(Ordering::Relaxed) as f64 / 1e9;
     let errors = errors.lock().map(|e| e.clone()).unwrap_or_default();
     let own = stats.snapshot();
     let n = |k: &str| {
@@ -542,6 +573,11 @@ async fn main() -> anyhow::Result<()> {
         "turn_ms_p50": round(pct(&sorted, 0.5) * 1000.0, 3),
         "turn_ms_p95": round(pct(&sorted, 0.95) * 1000.0, 3),
         "turn_ms_max": round(sorted.last().copied().unwrap_or(f64::NAN) * 1000.0, 3),
+        // http mode: the time requests spent with the fake server (its answer, the socket,
+        // the client's parsing), all turns, and a turn's time without it (one session only:
+        // with several, the requests of other sessions overlap a turn's).
+        "model_wait_s": round(model_wait_s, 4),
+        "harness_turn_ms_p50": if s == 1 && args.mode == "http" { Some(round(pct(&harness, 0.5) * 1000.0, 3)) } else { None },
         "first_turn_ms": if s == 1 { lat.first().map(|x| round(x * 1000.0, 3)) } else { None },
         "compactions": n("n_summary"),
         "prompt_chars_max": n("prompt_chars_max"),

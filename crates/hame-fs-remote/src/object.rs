@@ -532,7 +532,7 @@ impl ObjectStoreFs {
         } else {
             self.list(path).await?
         };
-        Ok(Listing::capped(entries, request.max_results))
+        Ok(request.answer(entries))
     }
 
     async fn delete_objects(&self, base: &FsPath, files: Vec<FileInfo>) -> Result<()> {

@@ -888,11 +888,14 @@ impl Filesystem for RedisFs {
         for r in requests {
             args.push(r.path.as_str().as_bytes().to_vec());
             args.push(if r.recursive { b"1" } else { b"0" }.to_vec());
-            args.push(if r.max_results >= LIST_CAP_MAX {
-                Vec::new()
-            } else {
-                r.max_results.to_string().into_bytes()
-            });
+            // A listing of some names is capped once filtered, here.
+            args.push(
+                if r.max_results >= LIST_CAP_MAX || (!r.recursive && r.names.is_some()) {
+                    Vec::new()
+                } else {
+                    r.max_results.to_string().into_bytes()
+                },
+            );
         }
         let refs: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
         match self.run_as("list", "", &refs).await? {
@@ -941,7 +944,7 @@ fn parse_listings(values: Vec<Vec<u8>>, requests: &[ListRequest]) -> Result<Vec<
                 }
             });
         }
-        let mut listing = Listing::capped(entries, r.max_results);
+        let mut listing = r.answer(entries);
         listing.truncated |= more;
         out.push(Ok(listing));
     }

@@ -335,6 +335,19 @@ pub async fn list_many_semantics(fs: &dyn Filesystem) {
         ListRequest::recursive(p("many/file")),
         ListRequest::children(FsPath::root()),
         ListRequest::recursive(p("many/z")).max_results(0),
+        ListRequest::named(
+            p("many"),
+            ["sub", "nope", "a.txt", "a.txt", "sub/b.txt", ".."],
+        ),
+        ListRequest::named(p("many"), ["z", "file", "a.txt"]).max_results(2),
+        ListRequest::named(p("many/missing"), ["a.txt"]),
+        ListRequest::named(p("many/file"), ["a.txt"]),
+        ListRequest::named(p("many"), Vec::<String>::new()),
+        // A recursive listing ignores `names`.
+        ListRequest {
+            names: Some(vec!["nope".into()]),
+            ..ListRequest::recursive(p("many/sub"))
+        },
     ];
     let out = ok(fs.list_many(&requests).await, "list_many");
     assert_eq!(
@@ -426,6 +439,44 @@ pub async fn list_many_semantics(fs: &dyn Filesystem) {
             entries: Vec::new(),
             truncated: true
         }
+    );
+    let pick = |names: &[&str]| -> Vec<crate::fs::FileInfo> {
+        children
+            .entries
+            .iter()
+            .filter(|e| names.contains(&e.path.file_name()))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(
+        ok(next("named"), "named"),
+        whole(pick(&["a.txt", "sub"])),
+        "named = list filtered by name: each child once, a name that is not a child's left out"
+    );
+    let named = pick(&["a.txt", "file", "z"]);
+    assert_eq!(
+        ok(next("named, cut"), "named, cut"),
+        Listing {
+            entries: named[..2].to_vec(),
+            truncated: true
+        },
+        "named cut at 2"
+    );
+    code(
+        next("named missing"),
+        codes::FILE_NOT_FOUND,
+        "names in a missing dir",
+    );
+    code(
+        next("named file"),
+        codes::NOT_A_DIRECTORY,
+        "names in a file",
+    );
+    assert_eq!(ok(next("no names"), "no names"), whole(Vec::new()));
+    assert_eq!(
+        ok(next("recursive, names"), "recursive, names"),
+        whole(ok(fs.glob(&all("**", "many/sub")).await, "glob many/sub").files),
+        "a recursive listing ignores names"
     );
     assert_eq!(ok(fs.list_many(&[]).await, "an empty batch").len(), 0);
 }
@@ -1144,6 +1195,8 @@ pub async fn read_only_reads_agree(backing: &dyn Filesystem, view: &dyn Filesyst
         ListRequest::recursive(FsPath::root()).max_results(2),
         ListRequest::children(p("ro/missing")),
         ListRequest::recursive(p("ro/a.txt")),
+        ListRequest::named(FsPath::root(), ["ro", "nope", "AGENTS.md"]),
+        ListRequest::named(p("ro"), ["a.txt", "sub", "b.txt"]).max_results(1),
     ];
     let (v, b) = (
         ok(view.list_many(&listings).await, "list_many (view)"),

@@ -44,6 +44,15 @@ pub trait Links: Send + Sync + std::fmt::Debug {
 
     /// The names of the symbolic links directly in the directory `dir`.
     fn links_in(&self, dir: &FsPath) -> Result<Vec<String>>;
+
+    /// Those of `names` (entries of the directory `dir`) that are symbolic links:
+    /// [`links_in`](Self::links_in) of a few known entries, which a backend can answer
+    /// without reading the whole directory.
+    fn links_among(&self, dir: &FsPath, names: &[&str]) -> Result<Vec<String>> {
+        let mut links = self.links_in(dir)?;
+        links.retain(|n| names.contains(&n.as_str()));
+        Ok(links)
+    }
 }
 
 /// Metadata of one entry.
@@ -362,6 +371,11 @@ pub struct ListRequest {
     pub recursive: bool,
     /// Stop after this many entries (the listing then says `truncated`).
     pub max_results: usize,
+    /// Of a child listing, only the children with these names (those that exist), as
+    /// [`list`](Filesystem::list) gives them: a probe of a few known names in a large folder
+    /// need not learn every entry's metadata (the local disk stats only these names).
+    /// `None`: every child. Ignored by a recursive listing.
+    pub names: Option<Vec<String>>,
 }
 
 impl ListRequest {
@@ -371,6 +385,16 @@ impl ListRequest {
             path,
             recursive: false,
             max_results: usize::MAX,
+            names: None,
+        }
+    }
+
+    /// The direct children of `path` named one of `names` (those that exist), without a
+    /// cap.
+    pub fn named<S: Into<String>>(path: FsPath, names: impl IntoIterator<Item = S>) -> Self {
+        ListRequest {
+            names: Some(names.into_iter().map(Into::into).collect()),
+            ..Self::children(path)
         }
     }
 
@@ -380,6 +404,7 @@ impl ListRequest {
             path,
             recursive: true,
             max_results: usize::MAX,
+            names: None,
         }
     }
 
@@ -388,6 +413,33 @@ impl ListRequest {
         ListRequest {
             max_results,
             ..self
+        }
+    }
+
+    /// Whether this listing shows an entry named `name` (its [`names`](Self::names)).
+    pub fn wants(&self, name: &str) -> bool {
+        self.recursive
+            || self
+                .names
+                .as_ref()
+                .is_none_or(|names| names.iter().any(|n| n == name))
+    }
+
+    /// This listing's answer from `entries` (the directory's children, or the files below
+    /// it): the [`names`](Self::names) asked for, sorted, capped at `max_results`.
+    pub fn answer(&self, mut entries: Vec<FileInfo>) -> Listing {
+        if !self.recursive && self.names.is_some() {
+            entries.retain(|e| self.wants(e.path.file_name()));
+        }
+        Listing::capped(entries, self.max_results)
+    }
+
+    /// The same listing without a cap: what a wrapper asks of its backend when it filters
+    /// the answer before capping it.
+    pub fn uncapped(&self) -> Self {
+        ListRequest {
+            max_results: usize::MAX,
+            ..self.clone()
         }
     }
 }

@@ -731,6 +731,7 @@ pub async fn list_many_each<F: Filesystem + ?Sized>(
         let answer = list_one(fs, r).await;
         if let Ok(l) = &answer
             && !l.truncated
+            && r.names.is_none()
         {
             children.push((&r.path, l.clone()));
         }
@@ -826,10 +827,7 @@ impl ListParts {
 pub async fn list_one<F: Filesystem + ?Sized>(fs: &F, request: &ListRequest) -> Result<Listing> {
     let path = &request.path;
     if !request.recursive {
-        return fs
-            .list(path)
-            .await
-            .map(|entries| Listing::capped(entries, request.max_results));
+        return fs.list(path).await.map(|entries| request.answer(entries));
     }
     let out = fs
         .glob(&GlobRequest {

@@ -747,19 +747,62 @@ impl Inner {
         Ok(out)
     }
 
-    /// One listing of `list_many`: `list`, or the walk of a directory.
-    fn listing(&self, request: &ListRequest) -> Result<Listing> {
-        let entries = if request.recursive {
-            if !self.stat(&request.path)?.is_dir() {
-                return Err(Error::NotADirectory {
-                    path: request.path.to_string(),
-                });
+    /// One listing of `list_many`: `list`, the named children (`by_name`: one `stat` per
+    /// name, not per entry; only where names are case-sensitive, so that each entry is
+    /// named as `list` names it), or the walk of a directory.
+    fn listing(&self, request: &ListRequest, by_name: bool) -> Result<Listing> {
+        let entries = match &request.names {
+            _ if request.recursive => {
+                if !self.stat(&request.path)?.is_dir() {
+                    return Err(Error::NotADirectory {
+                        path: request.path.to_string(),
+                    });
+                }
+                self.walk(&request.path)?
             }
-            self.walk(&request.path)?
-        } else {
-            self.list(&request.path)?
+            Some(names) if by_name => self.named(&request.path, names)?,
+            _ => self.list(&request.path)?,
         };
-        Ok(Listing::capped(entries, request.max_results))
+        Ok(request.answer(entries))
+    }
+
+    /// The children of `path` named one of `names`, as [`list`](Self::list) gives them.
+    fn named(&self, path: &FsPath, names: &[String]) -> Result<Vec<FileInfo>> {
+        let md = self.root.metadata(rel(path)).map_err(|e| map_io(path, e))?;
+        if !md.is_dir() {
+            return Err(Error::NotADirectory {
+                path: path.to_string(),
+            });
+        }
+        let mut out: Vec<FileInfo> = Vec::with_capacity(names.len());
+        for name in names {
+            if name.starts_with(".hame-tmp-") {
+                continue;
+            }
+            // Only a direct child: a name is one segment.
+            let Ok(child) = path.join(name) else { continue };
+            if child.parent().as_ref() != Some(path) || out.iter().any(|e| e.path == child) {
+                continue;
+            }
+            let Ok(own) = self.root.symlink_metadata(rel(&child)) else {
+                continue;
+            };
+            // A symlink shows its target's metadata, resolved from the root; one leading
+            // out of the root fails and is skipped (as `list` does).
+            let md = if own.is_symlink() {
+                match self.root.metadata(rel(&child)) {
+                    Ok(md) => md,
+                    Err(_) => continue,
+                }
+            } else {
+                own
+            };
+            if let Some(info) = file_info(&child, &md) {
+                out.push(info);
+            }
+        }
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
     }
 
     /// The shared grep engine over the blocking walk, one file at a time.
@@ -954,6 +997,26 @@ impl Links for LocalFs {
             .filter_map(|e| e.file_name().to_str().map(str::to_owned))
             .collect())
     }
+
+    /// One `lstat` per name, not a read of the directory.
+    fn links_among(&self, dir: &FsPath, names: &[&str]) -> Result<Vec<String>> {
+        let mut links = Vec::new();
+        for &name in names {
+            let Ok(child) = dir.join(name) else { continue };
+            if child.parent().as_ref() != Some(dir) || links.iter().any(|l| l == name) {
+                continue;
+            }
+            if self
+                .inner
+                .root
+                .symlink_metadata(rel(&child))
+                .is_ok_and(|md| md.is_symlink())
+            {
+                links.push(name.to_owned());
+            }
+        }
+        Ok(links)
+    }
 }
 
 #[async_trait]
@@ -1061,7 +1124,8 @@ impl Filesystem for LocalFs {
         let mut walks = Vec::new();
         for (i, r) in requests.iter().enumerate() {
             if !r.recursive {
-                parts.answer(i, self.inner.listing(r));
+                let by_name = r.names.is_some() && self.name_case() == NameCase::Sensitive;
+                parts.answer(i, self.inner.listing(r, by_name));
                 continue;
             }
             match self.inner.stat(&r.path) {
@@ -1080,7 +1144,7 @@ impl Filesystem for LocalFs {
                 .blocking(move |inner| {
                     Ok(walks
                         .into_iter()
-                        .map(|(i, r)| (i, inner.listing(&r)))
+                        .map(|(i, r)| (i, inner.listing(&r, false)))
                         .collect::<Vec<_>>())
                 })
                 .await?;

@@ -386,7 +386,7 @@ impl Filesystem for InMemoryFs {
                 } else {
                     children(&map, &r.path)
                 };
-                entries.map(|e| Listing::capped(e, r.max_results))
+                entries.map(|e| r.answer(e))
             })
             .collect())
     }

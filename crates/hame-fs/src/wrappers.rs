@@ -531,7 +531,7 @@ crate::forward_filesystem! {
                         let truncated = answer.as_ref().is_ok_and(|l| l.truncated);
                         self.children(path, &r.path, &prefix, answer.map(|l| l.entries))
                             .map(|entries| {
-                                let mut l = Listing::capped(entries, r.max_results);
+                                let mut l = r.answer(entries);
                                 l.truncated |= truncated;
                                 l
                             })

@@ -220,15 +220,22 @@ impl GuardFs {
     }
 
     /// The entries of a listing of `dir` this view shows (as named, and where they lead).
+    /// `some`: the listing is of a few named entries (their links are looked up one by one,
+    /// not by reading the directory).
     fn shown(
         &self,
         dir: &FsPath,
         entries: Vec<FileInfo>,
         users: Option<&BTreeSet<String>>,
+        some: bool,
     ) -> Vec<FileInfo> {
         // Where the folder itself leads, and which entries are links.
         let real_dir = self.resolved(dir);
         let links = match &self.links {
+            Some(l) if some => {
+                let names: Vec<&str> = entries.iter().map(|e| e.path.file_name()).collect();
+                l.links_among(dir, &names).unwrap_or_default()
+            }
             Some(l) => l.links_in(dir).unwrap_or_default(),
             None => Vec::new(),
         };
@@ -272,7 +279,7 @@ hame_fs::forward_filesystem! {
             self.check(path).await?;
             let entries = self.inner.list(path).await?;
             let users = self.users().await?;
-            Ok(self.shown(path, entries, users))
+            Ok(self.shown(path, entries, users, false))
         }
 
         async fn read_bytes(&self, path: &FsPath) -> Result<Vec<u8>> {
@@ -350,7 +357,7 @@ hame_fs::forward_filesystem! {
                     parts.answer(i, Err(e));
                 } else if !r.recursive {
                     // Capped after the hidden entries are left out.
-                    parts.send(i, ListRequest::children(r.path.clone()));
+                    parts.send(i, r.uncapped());
                 } else if matches!(self.walk_through_view(&r.path), Walk::Native) {
                     parts.send(i, r.clone());
                 } else {
@@ -362,10 +369,10 @@ hame_fs::forward_filesystem! {
                 .finish(self.inner.as_ref(), |i, answer| {
                     let r = &requests[i];
                     match answer {
-                        Ok(l) if !r.recursive => Ok(Listing::capped(
-                            self.shown(&r.path, l.entries, users),
-                            r.max_results,
-                        )),
+                        Ok(l) if !r.recursive => {
+                            let some = r.names.is_some();
+                            Ok(r.answer(self.shown(&r.path, l.entries, users, some)))
+                        }
                         other => other,
                     }
                 })

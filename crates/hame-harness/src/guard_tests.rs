@@ -271,6 +271,28 @@ async fn links_do_not_lead_out_of_the_callers_view()
             seen.extend(entries.into_iter().map(|e| e.path.to_string()));
         }
     }
+    // A listing of named entries checks their links one by one: it hides what `list` hides.
+    let names = ["x", "y", "up", "out", "mine.md", "alice", "nope"];
+    for dir in ["", "bob", "bob/up"] {
+        let named = bob
+            .list_many(&[ListRequest::named(p(dir), names)])
+            .await?
+            .into_iter()
+            .next();
+        let Some(Ok(named)) = named else { continue };
+        let listed: Vec<FileInfo> = bob
+            .list(&p(dir))
+            .await?
+            .into_iter()
+            .filter(|e| names.contains(&e.path.file_name()))
+            .collect();
+        assert_eq!(named.entries, listed, "named listing of {dir:?}");
+        seen.extend(named.entries.into_iter().map(|e| e.path.to_string()));
+    }
+    assert!(
+        !seen.iter().any(|s| s == "/bob/x" || s == "/bob/y"),
+        "links into another user's folder or above are left out: {seen:#?}"
+    );
     for file in [
         "bob/y",
         "bob/x/notes.md",

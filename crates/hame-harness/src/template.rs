@@ -144,7 +144,7 @@ hame_fs::forward_filesystem! {
                     parts.send(i, r.clone());
                 } else {
                     // Capped after the hidden entries are left out.
-                    parts.send(i, ListRequest::children(r.path.clone()));
+                    parts.send(i, r.uncapped());
                 }
             }
             parts
@@ -153,7 +153,7 @@ hame_fs::forward_filesystem! {
                     match answer {
                         Ok(mut l) if !r.recursive => {
                             l.entries.retain(|e| !Self::hidden(&e.path));
-                            Ok(Listing::capped(l.entries, r.max_results))
+                            Ok(r.answer(l.entries))
                         }
                         other => other,
                     }

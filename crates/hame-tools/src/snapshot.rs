@@ -95,11 +95,14 @@ pub struct SnapshotFile {
     pub version: Option<Version>,
 }
 
-/// One root as probed: its top-level entries and, per held folder, its files (`None`: the
-/// folder could not be held and is read from the store).
+/// One root as probed: its top-level entries of the held names ([`SNAPSHOT_TOP_FILES`] and
+/// the folders) and, per held folder, its files (`None`: the folder could not be held and
+/// is read from the store). A listing of the root itself goes to the store.
 #[derive(Debug, Default)]
 struct RootView {
     top: Vec<FileInfo>,
+    /// Whether the probe asked for [`SNAPSHOT_FOLDERS`] (not for the sandbox host's root).
+    folders_probed: bool,
     folders: BTreeMap<String, Option<()>>,
     files: BTreeMap<FsPath, SnapshotFile>,
 }
@@ -118,8 +121,10 @@ impl RootView {
         }
         match self.top.iter().find(|e| e.path.as_str() == first) {
             Some(e) => depth1 && !e.is_dir(),
+            // A held name the root does not have: the snapshot says it is not there.
             None => {
-                SNAPSHOT_FOLDERS.contains(&first) || (depth1 && SNAPSHOT_TOP_FILES.contains(&first))
+                (self.folders_probed && SNAPSHOT_FOLDERS.contains(&first))
+                    || (depth1 && SNAPSHOT_TOP_FILES.contains(&first))
             }
         }
     }
@@ -150,9 +155,6 @@ impl RootView {
     }
 
     fn list(&self, dir: &FsPath) -> Option<Vec<FileInfo>> {
-        if dir.is_root() {
-            return Some(self.top.clone());
-        }
         if !self.is_dir(dir) {
             return None;
         }
@@ -414,7 +416,12 @@ async fn take_root(
     now: DateTime<Utc>,
 ) -> (Option<RootView>, usize, usize) {
     let probes = 1;
-    let mut requests = vec![ListRequest::children(FsPath::root())];
+    // Of the root only the names the snapshot holds: a root of many files (a workspace's
+    // notes) costs a look-up per held name, not a `stat` per entry.
+    let mut requests = vec![ListRequest::named(
+        FsPath::root(),
+        SNAPSHOT_TOP_FILES.iter().chain(folders.iter()).copied(),
+    )];
     let mut names = Vec::with_capacity(folders.len());
     for &name in folders {
         if let Ok(base) = FsPath::parse(name) {
@@ -441,6 +448,7 @@ async fn take_root(
     };
     let mut view = RootView {
         top,
+        folders_probed: !names.is_empty(),
         ..RootView::default()
     };
     let mut stamps: Vec<(FsPath, FileStamp)> = view
@@ -686,7 +694,8 @@ hame_fs::forward_filesystem! {
             self.view.info(path).ok_or_else(|| Self::not_found(path))
         }
         async fn list(&self, path: &FsPath) -> Result<Vec<FileInfo>> {
-            if !self.view.covers(path) {
+            // The snapshot knows the root's held names only, not all of its entries.
+            if path.is_root() || !self.view.covers(path) {
                 return self.inner.list(path).await;
             }
             match self.view.list(path) {
