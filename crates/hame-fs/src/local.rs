@@ -629,12 +629,42 @@ impl Inner {
         NameCase::Sensitive
     }
 
+    /// Whether `base` names itself, asked with one `openat2(RESOLVE_NO_SYMLINKS)` and no
+    /// read of `/proc` (what `canonicalize` costs: two `readlink`s): `Some(true)`, it exists
+    /// and no component is a link; `Some(false)`, a component is missing and none before
+    /// it is a link (so `canonicalize` would say `not found` too); `None`, a link is on the
+    /// way (or the kernel has no `openat2`): ask `canonicalize`.
+    fn names_itself(&self, base: &FsPath) -> Option<bool> {
+        use rustix::fs::{Mode, OFlags, ResolveFlags};
+        match rustix::fs::openat2(
+            &self.root,
+            rel(base),
+            OFlags::PATH | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
+        ) {
+            Ok(_) => Some(true),
+            Err(Errno::NOENT) => Some(false),
+            Err(_) => None,
+        }
+    }
+
     fn resolve(&self, path: &FsPath) -> Result<FsPath> {
         let mut rest: Vec<String> = Vec::new();
         let mut base = path.clone();
         loop {
             if base.is_root() {
                 return Ok(path.clone());
+            }
+            match self.names_itself(&base) {
+                // No link up to `base`: `path` is where it leads.
+                Some(true) => return Ok(path.clone()),
+                Some(false) => {
+                    rest.push(base.file_name().to_owned());
+                    base = base.parent().unwrap_or_default();
+                    continue;
+                }
+                None => {}
             }
             match self.root.canonicalize(rel(&base)) {
                 Ok(real) => {
