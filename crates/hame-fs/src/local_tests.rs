@@ -380,3 +380,46 @@ fn a_write_that_replaces_a_file_closes_the_old_one() -> TestResult {
         Ok::<_, Box<dyn std::error::Error>>(())
     })
 }
+
+/// `Links::resolve` and `links_among`: a path without links names itself (the cheap
+/// `openat2(RESOLVE_NO_SYMLINKS)` answer), existing or not; a link anywhere on the way leads
+/// where it points, the missing rest appended; a link out of the root is refused.
+#[test]
+fn resolve_follows_links_and_only_links() -> TestResult {
+    let sb = sandbox();
+    std::fs::create_dir_all(sb.root.join("real/sub"))?;
+    std::fs::write(sb.root.join("real/sub/f.txt"), "x")?;
+    symlink("real", sb.root.join("alias"))?;
+    symlink("real/sub/f.txt", sb.root.join("file_alias"))?;
+    symlink("../outside", sb.root.join("out"))?;
+    symlink("missing_target", sb.root.join("dangling"))?;
+    let fs = LocalFs::new(&sb.root)?;
+    let cases = [
+        ("real/sub/f.txt", Some("real/sub/f.txt")),
+        ("real/sub/nope/deeper.txt", Some("real/sub/nope/deeper.txt")),
+        ("nope/deeper.txt", Some("nope/deeper.txt")),
+        ("alias/sub/f.txt", Some("real/sub/f.txt")),
+        ("alias/sub/nope.txt", Some("real/sub/nope.txt")),
+        ("alias", Some("real")),
+        ("file_alias", Some("real/sub/f.txt")),
+        ("dangling/x", Some("dangling/x")),
+        ("out/secret.txt", None),
+    ];
+    for (path, want) in cases {
+        let got = Links::resolve(&fs, &p(path));
+        match want {
+            Some(w) => assert_eq!(got.map_err(|e| e.to_string())?, p(w), "{path}"),
+            None => assert!(
+                got.is_err_and(|e| e.code() == codes::PERMISSION_DENIED),
+                "{path}: a link out of the root is refused"
+            ),
+        }
+    }
+    let mut among = fs.links_among(
+        &FsPath::root(),
+        &["alias", "real", "out", "nope", "alias", "real/sub"],
+    )?;
+    among.sort();
+    assert_eq!(among, vec!["alias".to_owned(), "out".to_owned()]);
+    Ok(())
+}
