@@ -337,12 +337,25 @@ pub async fn list_many_semantics(fs: &dyn Filesystem) {
         ListRequest::recursive(p("many/z")).max_results(0),
         ListRequest::named(
             p("many"),
-            ["sub", "nope", "a.txt", "a.txt", "sub/b.txt", ".."],
+            [
+                "sub",
+                "nope",
+                "a.txt",
+                "a.txt",
+                "sub/b.txt",
+                "..",
+                ".",
+                "",
+                "sub/",
+                "./a.txt",
+            ],
         ),
         ListRequest::named(p("many"), ["z", "file", "a.txt"]).max_results(2),
         ListRequest::named(p("many/missing"), ["a.txt"]),
         ListRequest::named(p("many/file"), ["a.txt"]),
         ListRequest::named(p("many"), Vec::<String>::new()),
+        // Spellings of a child that are not its name name nothing.
+        ListRequest::named(p("many"), ["sub/", "./a.txt", ".", "", "z/d.txt"]),
         // A recursive listing ignores `names`.
         ListRequest {
             names: Some(vec!["nope".into()]),
@@ -473,6 +486,11 @@ pub async fn list_many_semantics(fs: &dyn Filesystem) {
         "names in a file",
     );
     assert_eq!(ok(next("no names"), "no names"), whole(Vec::new()));
+    assert_eq!(
+        ok(next("hostile names"), "hostile names"),
+        whole(Vec::new()),
+        "only a child's exact name names it"
+    );
     assert_eq!(
         ok(next("recursive, names"), "recursive, names"),
         whole(ok(fs.glob(&all("**", "many/sub")).await, "glob many/sub").files),

@@ -805,13 +805,8 @@ impl Inner {
             });
         }
         let mut out: Vec<FileInfo> = Vec::with_capacity(names.len());
-        for name in names {
+        for (name, child) in children_named(path, names.iter().map(String::as_str)) {
             if name.starts_with(".hame-tmp-") {
-                continue;
-            }
-            // Only a direct child: a name is one segment.
-            let Ok(child) = path.join(name) else { continue };
-            if child.parent().as_ref() != Some(path) || out.iter().any(|e| e.path == child) {
                 continue;
             }
             let Ok(own) = self.root.symlink_metadata(rel(&child)) else {
@@ -1031,11 +1026,7 @@ impl Links for LocalFs {
     /// One `lstat` per name, not a read of the directory.
     fn links_among(&self, dir: &FsPath, names: &[&str]) -> Result<Vec<String>> {
         let mut links = Vec::new();
-        for &name in names {
-            let Ok(child) = dir.join(name) else { continue };
-            if child.parent().as_ref() != Some(dir) || links.iter().any(|l| l == name) {
-                continue;
-            }
+        for (name, child) in children_named(dir, names.iter().copied()) {
             if self
                 .inner
                 .root
@@ -1184,6 +1175,26 @@ impl Filesystem for LocalFs {
         }
         parts.finish(self, |_, answer| answer).await
     }
+}
+
+/// The direct children of `dir` that `names` name, each once, in order: only a name that is
+/// exactly one segment names one (`a/b`, `..`, `.`, `a/`, `./a` and the empty name none, as
+/// `list` filtered by name gives none for them).
+fn children_named<'a>(
+    dir: &FsPath,
+    names: impl IntoIterator<Item = &'a str>,
+) -> Vec<(&'a str, FsPath)> {
+    let mut out: Vec<(&'a str, FsPath)> = Vec::new();
+    for name in names {
+        let Ok(child) = dir.join(name) else { continue };
+        if child.file_name() == name
+            && child.parent().as_ref() == Some(dir)
+            && !out.iter().any(|(_, c)| *c == child)
+        {
+            out.push((name, child));
+        }
+    }
+    out
 }
 
 /// `fsync`s the directory `dir`, so that a rename in it survives a crash of the machine. A
