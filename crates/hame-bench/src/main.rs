@@ -56,7 +56,26 @@ struct Args {
     /// to compare the two in one build.
     #[arg(long)]
     plain_journal: bool,
+    /// A spending limit, `SCOPE.LIMIT=N` as `hame run --budget` takes it (repeatable). The
+    /// default sets one limit in each scope, high enough never to stop this workload, so
+    /// that every model request is checked against a run, a session and a user-day budget
+    /// (the issue #34 measurement: "with budgets on"); `--budget none` sets none.
+    #[arg(long, default_values_t = DEFAULT_BUDGETS.map(String::from))]
+    budget: Vec<String>,
 }
+
+/// The budgets of a benchmark run unless `--budget` says otherwise: dollars per run and
+/// session, tokens per user-day (the scripted model is priced below).
+const DEFAULT_BUDGETS: [&str; 3] = [
+    "run.usd=10",
+    "session.usd=1000",
+    "user_day.tokens=100000000000",
+];
+
+/// The scripted model's price (USD per million tokens: input, output, cached input, cache
+/// write), so that dollar budgets apply to it as to a priced provider model.
+const BENCH_PRICE: hame::harness::cost::Price =
+    hame::harness::cost::Price::new(1.0, 4.0, 0.1, 1.25);
 
 /// Counters of the in-process model, as the fake server keeps them.
 #[derive(Debug, Default)]
@@ -443,9 +462,19 @@ async fn main() -> anyhow::Result<()> {
         }
         other => anyhow::bail!("unknown mode {other}"),
     };
+    let mut budgets = hame::harness::cost::Budgets::default();
+    for spec in args.budget.iter().filter(|b| b.as_str() != "none") {
+        budgets.set(spec).map_err(anyhow::Error::msg)?;
+    }
     let agent = HarnessAgent::builder()
         .name("bench")
         .model(model)
+        .budgets(budgets)
+        .prices(
+            hame::harness::cost::Prices::default()
+                .with("bench:", BENCH_PRICE)
+                .with("bench-model", BENCH_PRICE),
+        )
         .workspace(&ws)
         .state_store(Arc::new(
             hame::state::JsonStore::open(&state)?.with_packed_journal(!args.plain_journal),

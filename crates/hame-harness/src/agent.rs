@@ -697,6 +697,7 @@ impl HarnessAgentBuilder {
         }
         let inner = Arc::new(Inner {
             budgets,
+            day_spend: crate::cost::DaySpendCache::default(),
             name,
             workspace,
             agent_loop,
@@ -875,6 +876,8 @@ fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
 #[derive(Debug)]
 pub(crate) struct Inner {
     budgets: crate::cost::Budgets,
+    /// What the users' other sessions spent today, as last read (user-day budgets).
+    day_spend: crate::cost::DaySpendCache,
     pub(crate) name: String,
     pub(crate) workspace: PathBuf,
     pub(crate) agent_loop: AgentLoop,
@@ -1457,7 +1460,14 @@ impl HarnessAgent {
         let others_today = if budgets.user_day.is_unlimited() {
             crate::cost::Spend::default()
         } else {
-            match crate::cost::others_on(store.as_ref(), key, &crate::cost::today()).await {
+            match crate::cost::others_on(
+                store.as_ref(),
+                key,
+                &crate::cost::today(),
+                Some(&self.inner.day_spend),
+            )
+            .await
+            {
                 Ok(s) => s,
                 Err(e) => {
                     return (
@@ -1527,6 +1537,12 @@ impl HarnessAgent {
             .await
             .map_err(|e| Error::storage("saving session state failed", e));
         hame_core::failpoint("call.saved");
+        if saved.is_ok() {
+            let day = crate::cost::today();
+            self.inner
+                .day_spend
+                .saved(key, &day, || crate::cost::SpendRecord::of(&state).day(&day));
+        }
         // Durable before acknowledged: the children's results this call took are in its
         // log and its saved state; only now are their records marked delivered, under the
         // lease (a call that loses it leaves them to the next holder, which finds them in

@@ -604,23 +604,219 @@ impl hame_core::Model for MeteredModel {
     }
 }
 
+/// A saved session younger than this is always loaded again by a user-day check: its
+/// `updated_at` may not yet tell two saves apart (a file's modification time moves in
+/// clock ticks of a few milliseconds on some file systems; replicas' clocks differ).
+pub const DAY_SPEND_SETTLED: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long a user-day check uses what the user's other sessions had saved when it last
+/// read them: at most one reading of a user's sessions per second per process, whatever
+/// the number of calls.
+pub const DAY_SPEND_REFRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Users whose sessions [`DaySpendCache`] keeps before it starts over.
+const DAY_SPEND_USERS: usize = 10_000;
+
+/// What a user's sessions spent on a day, as last read.
+#[derive(Debug)]
+struct Tally {
+    day: String,
+    read_at: std::time::Instant,
+    /// A call is reading the sessions again; the others use this reading meanwhile.
+    reading: bool,
+    /// Session → (its `updated_at` when read, what it spent on `day`).
+    sessions: std::collections::HashMap<String, (chrono::DateTime<chrono::Utc>, Spend)>,
+}
+
+/// What users' sessions spent today, as [`others_on`] last read them. A user-day budget
+/// counts the user's other sessions at every call; with the cache a process reads them at
+/// most once per [`DAY_SPEND_REFRESH`] per user (one call reads, the others meanwhile use
+/// the last reading), and a reading loads only the sessions saved since the last one (or
+/// not settled then, [`DAY_SPEND_SETTLED`]).
+#[derive(Debug)]
+pub(crate) struct DaySpendCache {
+    /// (agent, user) → the last reading.
+    users: Mutex<std::collections::HashMap<(String, Option<String>), Tally>>,
+    settled: std::time::Duration,
+    refresh: std::time::Duration,
+}
+
+impl Default for DaySpendCache {
+    fn default() -> Self {
+        Self::new(DAY_SPEND_SETTLED, DAY_SPEND_REFRESH)
+    }
+}
+
+/// Ends a reading of a user's sessions: a reading that did not finish (an error, a
+/// cancelled call) lets the next call read again.
+struct Reading<'a> {
+    cache: &'a DaySpendCache,
+    user: (String, Option<String>),
+    done: bool,
+}
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        if !self.done
+            && let Ok(mut users) = self.cache.users.lock()
+            && let Some(t) = users.get_mut(&self.user)
+        {
+            t.reading = false;
+        }
+    }
+}
+
+impl DaySpendCache {
+    /// A cache that reuses a session saved at least `settled` ago, and a reading for
+    /// `refresh`.
+    pub(crate) fn new(settled: std::time::Duration, refresh: std::time::Duration) -> Self {
+        Self {
+            users: Mutex::default(),
+            settled,
+            refresh,
+        }
+    }
+
+    fn user_of(key: &StateKey) -> (String, Option<String>) {
+        (key.agent().to_owned(), key.user().map(str::to_owned))
+    }
+
+    /// The other sessions' spend from a recent reading, or `None`: then the caller reads
+    /// (and is the one reading until it [`finish`](Self::finish)es or drops the guard).
+    fn recent(&self, key: &StateKey, day: &str) -> Result<Spend, Option<Reading<'_>>> {
+        let Ok(mut users) = self.users.lock() else {
+            return Err(None);
+        };
+        let user = Self::user_of(key);
+        if let Some(t) = users.get_mut(&user)
+            && t.day == day
+        {
+            let age = t.read_at.elapsed();
+            // A reading in progress for too long (its call stuck) does not hold the others.
+            if age < self.refresh || (t.reading && age < self.refresh * 10) {
+                let mut total = Spend::default();
+                t.sessions
+                    .iter()
+                    .filter(|(s, _)| s.as_str() != key.session())
+                    .for_each(|(_, (_, spend))| total.add(spend));
+                return Ok(total);
+            }
+            t.reading = true;
+        }
+        Err(Some(Reading {
+            cache: self,
+            user,
+            done: false,
+        }))
+    }
+
+    /// Records what `key`'s session spent on `day` as this process has just saved it: the
+    /// calls of this process count it from now on, without waiting for the next reading
+    /// (which loads it again). Nothing is recorded for a user without a reading.
+    pub(crate) fn saved(&self, key: &StateKey, day: &str, spend: impl FnOnce() -> Spend) {
+        if let Ok(mut users) = self.users.lock()
+            && let Some(t) = users.get_mut(&Self::user_of(key))
+            && t.day == day
+        {
+            t.sessions.insert(
+                key.session().to_owned(),
+                (chrono::DateTime::<chrono::Utc>::MIN_UTC, spend()),
+            );
+        }
+    }
+
+    /// What a session spent when last read, if it has not been saved since.
+    fn unchanged(
+        &self,
+        key: &StateKey,
+        s: &hame_state::SessionSummary,
+        day: &str,
+    ) -> Option<Spend> {
+        let users = self.users.lock().ok()?;
+        let t = users.get(&Self::user_of(key))?;
+        let (at, spend) = t.sessions.get(&s.session)?;
+        (t.day == day && *at == s.updated_at).then_some(*spend)
+    }
+
+    /// Records a reading: every session listed, with what it spent (sessions saved less
+    /// than `settled` ago are kept with no time, so that they are loaded again).
+    fn finish(
+        &self,
+        mut reading: Reading<'_>,
+        day: &str,
+        read: Vec<(hame_state::SessionSummary, Spend)>,
+    ) {
+        reading.done = true;
+        let settled =
+            chrono::Utc::now() - chrono::Duration::from_std(self.settled).unwrap_or_default();
+        let Ok(mut users) = self.users.lock() else {
+            return;
+        };
+        if users.len() >= DAY_SPEND_USERS && !users.contains_key(&reading.user) {
+            users.clear();
+        }
+        let sessions = read
+            .into_iter()
+            .map(|(s, spend)| {
+                let at = if s.updated_at <= settled {
+                    s.updated_at
+                } else {
+                    chrono::DateTime::<chrono::Utc>::MIN_UTC
+                };
+                (s.session, (at, spend))
+            })
+            .collect();
+        users.insert(
+            std::mem::take(&mut reading.user),
+            Tally {
+                day: day.to_owned(),
+                read_at: std::time::Instant::now(),
+                reading: false,
+                sessions,
+            },
+        );
+    }
+}
+
 /// What the other sessions of `key`'s agent and user spent on `day`, as saved (sessions not
-/// saved since `day` began are not read).
+/// saved since `day` began are not read). With a `cache`, as it last read them (see
+/// [`DaySpendCache`]).
 pub(crate) async fn others_on(
     store: &dyn StateStore,
     key: &StateKey,
     day: &str,
+    cache: Option<&DaySpendCache>,
 ) -> Result<Spend, hame_state::Error> {
+    let reading = match cache.map(|c| c.recent(key, day)) {
+        Some(Ok(spend)) => return Ok(spend),
+        Some(Err(reading)) => reading,
+        None => None,
+    };
     let mut total = Spend::default();
+    let mut read = Vec::new();
     for s in store.list_sessions(key.agent(), key.user()).await? {
-        if s.session == key.session() || s.updated_at.format("%Y-%m-%d").to_string().as_str() < day
-        {
+        if s.updated_at.format("%Y-%m-%d").to_string().as_str() < day {
             continue;
         }
-        let other = StateKey::new(key.agent(), key.user(), &s.session)?;
-        if let Some(stored) = store.load(&other).await? {
-            total.add(&SpendRecord::of(&stored.state).day(day));
+        let spend = match cache.and_then(|c| c.unchanged(key, &s, day)) {
+            Some(spend) => spend,
+            // This session's own record is the caller's; it is read for the others.
+            None if s.session == key.session() && reading.is_none() => continue,
+            None => {
+                let other = StateKey::new(key.agent(), key.user(), &s.session)?;
+                match store.load(&other).await? {
+                    Some(stored) => SpendRecord::of(&stored.state).day(day),
+                    None => continue,
+                }
+            }
+        };
+        if s.session != key.session() {
+            total.add(&spend);
         }
+        read.push((s, spend));
+    }
+    if let (Some(c), Some(reading)) = (cache, reading) {
+        c.finish(reading, day, read);
     }
     Ok(total)
 }

@@ -314,3 +314,125 @@ fn a_callers_budget_only_tightens_the_agents() {
         assert!(agent.for_call(&extras).is_err(), "{bad} was accepted");
     }
 }
+
+/// A store that counts its loads.
+#[derive(Debug, Default)]
+struct CountingLoads {
+    inner: hame_state::InMemoryStore,
+    loads: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait]
+impl StateStore for CountingLoads {
+    async fn load(&self, key: &StateKey) -> hame_state::Result<Option<hame_state::Stored>> {
+        self.loads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.load(key).await
+    }
+    async fn put(&self, key: &StateKey, save: hame_state::Save<'_>) -> hame_state::Result<u64> {
+        self.inner.put(key, save).await
+    }
+    async fn delete(&self, key: &StateKey) -> hame_state::Result<bool> {
+        self.inner.delete(key).await
+    }
+    async fn list_sessions(
+        &self,
+        agent: &str,
+        user: Option<&str>,
+    ) -> hame_state::Result<Vec<hame_state::SessionSummary>> {
+        self.inner.list_sessions(agent, user).await
+    }
+    async fn try_acquire(
+        &self,
+        key: &StateKey,
+        ttl: std::time::Duration,
+    ) -> hame_state::Result<Option<hame_state::Lease>> {
+        self.inner.try_acquire(key, ttl).await
+    }
+    fn is_shared(&self) -> bool {
+        self.inner.is_shared()
+    }
+}
+
+impl CountingLoads {
+    fn taken(&self) -> usize {
+        self.loads.swap(0, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Saves `session` of alice with `usd` spent on `day`, over whatever it had.
+    async fn spend(&self, session: &str, day: &str, usd: f64) -> hame_state::Result<()> {
+        let key = StateKey::new("agent", Some("alice"), session)?;
+        let stored = self.inner.load(&key).await?;
+        let mut state = stored.as_ref().map(|s| s.state.clone()).unwrap_or_default();
+        let mut record = SpendRecord::of(&state);
+        record.add(day, "openai:m", &spend(1, 1, usd));
+        record.store(&mut state);
+        self.inner
+            .save(&key, &state, stored.map(|s| s.version))
+            .await?;
+        Ok(())
+    }
+}
+
+/// A user-day budget reads the user's other sessions: a session unchanged since the last
+/// reading is not loaded again, a changed one is, a deleted one stops counting, and a
+/// reading serves the calls of the next [`DAY_SPEND_REFRESH`].
+#[tokio::test]
+async fn a_user_days_other_sessions_are_loaded_once_until_they_change()
+-> Result<(), hame_state::Error> {
+    let store = CountingLoads::default();
+    let day = today();
+    store.spend("a", &day, 1.0).await?;
+    store.spend("b", &day, 2.0).await?;
+    store.spend("c", &day, 4.0).await?;
+    // Spent on another day: not counted.
+    store.spend("c", "2000-01-01", 8.0).await?;
+    let me = StateKey::new("agent", Some("alice"), "a")?;
+    let zero = std::time::Duration::ZERO;
+    let cache = DaySpendCache::new(zero, zero);
+    // The first reading loads every session (the caller's too, for the others' calls).
+    let first = others_on(&store, &me, &day, Some(&cache)).await?;
+    assert_eq!((first.usd, store.taken()), (6.0, 3));
+    let again = others_on(&store, &me, &day, Some(&cache)).await?;
+    assert_eq!((again.usd, store.taken()), (6.0, 0));
+    // b spends more: only b is read again.
+    store.spend("b", &day, 16.0).await?;
+    let after = others_on(&store, &me, &day, Some(&cache)).await?;
+    assert_eq!((after.usd, store.taken()), (22.0, 1));
+    // Another session of the user uses the same reading: a's spend counts for it.
+    let b = StateKey::new("agent", Some("alice"), "b")?;
+    assert_eq!(others_on(&store, &b, &day, Some(&cache)).await?.usd, 5.0);
+    assert_eq!(store.taken(), 0);
+    // c is deleted: it no longer counts.
+    store
+        .delete(&StateKey::new("agent", Some("alice"), "c")?)
+        .await?;
+    let gone = others_on(&store, &me, &day, Some(&cache)).await?;
+    assert_eq!((gone.usd, store.taken()), (18.0, 0));
+    // Without a cache, every other session is loaded at every call.
+    for _ in 0..2 {
+        assert_eq!(others_on(&store, &me, &day, None).await?.usd, 18.0);
+        assert_eq!(store.taken(), 1);
+    }
+    // Within the refresh interval a reading is used as it is; sessions saved less than
+    // `settled` ago are loaded again at the next reading.
+    let slow = DaySpendCache::new(
+        std::time::Duration::from_secs(3600),
+        std::time::Duration::from_secs(3600),
+    );
+    assert_eq!(others_on(&store, &me, &day, Some(&slow)).await?.usd, 18.0);
+    assert_eq!(store.taken(), 2);
+    store.spend("b", &day, 32.0).await?;
+    assert_eq!(others_on(&store, &me, &day, Some(&slow)).await?.usd, 18.0);
+    assert_eq!(store.taken(), 0);
+    // What this process saves counts at once.
+    slow.saved(&b, &day, || spend(0, 0, 50.0));
+    assert_eq!(others_on(&store, &me, &day, Some(&slow)).await?.usd, 50.0);
+    assert_eq!(store.taken(), 0);
+    // A reading of another day is not used.
+    assert_eq!(
+        others_on(&store, &me, "2000-01-01", Some(&slow)).await?.usd,
+        0.0
+    );
+    Ok(())
+}
