@@ -147,3 +147,23 @@ mod tiktoken {
         Ok(())
     }
 }
+
+proptest::proptest! {
+    /// The byte table counts ASCII text exactly as the character loop does.
+    #[test]
+    fn ascii_estimate_is_the_char_estimate(
+        text in "[\\x00-\\x7f]{0,300}",
+        sample in 0usize..7,
+    ) {
+        proptest::prop_assert_eq!(
+            estimate_ascii_units(text.as_bytes()),
+            estimate_units(text.chars())
+        );
+        let (_, s) = &samples()[sample];
+        let ascii: String = s.chars().filter(char::is_ascii).collect();
+        proptest::prop_assert_eq!(
+            estimate_ascii_units(ascii.as_bytes()),
+            estimate_units(ascii.chars())
+        );
+    }
+}
