@@ -323,6 +323,91 @@ pub(crate) struct IntentLayer {
     /// The agent's own tools: the ones that can reconcile or be run again.
     tools: ToolSet,
     evidence: EvidenceStore,
+    /// What each session's intents file held when a call last read it.
+    seen: SeenIntents,
+}
+
+/// The intents files as calls last read them, by user and session.
+#[derive(Debug, Default)]
+struct SeenIntents(std::sync::Mutex<std::collections::HashMap<(Option<String>, String), Seen>>);
+
+impl SeenIntents {
+    /// The session's intents without an end, the keys of the calls reported unknown, and
+    /// the file's size. A file whose size and modification time are those of this layer's
+    /// last reading is not read again (a `stat` instead of a read and a parse of every
+    /// record).
+    async fn read(
+        &self,
+        ws: &Workspace,
+        user: Option<&str>,
+        session: &str,
+        path: &FsPath,
+    ) -> std::result::Result<(Vec<IntentRecord>, Vec<(String, String, String)>, u64), hame_fs::Error>
+    {
+        let key = (user.map(str::to_owned), session.to_owned());
+        let lock = || {
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        // Looked at before the read: a record appended in between makes the reading
+        // newer than the stamp, so the next call reads again.
+        let stamp = match ws.records().stat(path).await {
+            Ok(info) => info.modified.map(|m| (info.size, m)),
+            Err(e) if e.is_not_found() => {
+                lock().remove(&key);
+                return Ok((Vec::new(), Vec::new(), 0));
+            }
+            Err(e) => return Err(e),
+        };
+        if let Some((size, modified)) = stamp
+            && let Some(seen) = lock().get(&key)
+            && seen.size == size
+            && seen.modified == modified
+        {
+            return Ok((seen.open.clone(), seen.keys.clone(), size));
+        }
+        let (records, size) = read_intents(ws, path).await?;
+        let (open, keys) = (unresolved(&records), unknown_keys(&records));
+        let size = size as u64;
+        let mut seen = lock();
+        match stamp {
+            Some((stamped, modified)) if stamped == size => {
+                if seen.len() >= SEEN_SESSIONS {
+                    seen.clear();
+                }
+                seen.insert(
+                    key,
+                    Seen {
+                        size,
+                        modified,
+                        open: open.clone(),
+                        keys: keys.clone(),
+                    },
+                );
+            }
+            _ => {
+                seen.remove(&key);
+            }
+        }
+        Ok((open, keys, size))
+    }
+}
+
+/// Sessions whose last reading [`IntentLayer`] keeps before it starts over.
+const SEEN_SESSIONS: usize = 10_000;
+
+/// An intents file as last read: its size and modification time, and what a call needs of
+/// its records. The file is only appended to (or deleted), so an unchanged size and time
+/// say it holds the same records; the records are then not read and parsed again.
+#[derive(Debug, Clone)]
+struct Seen {
+    size: u64,
+    modified: chrono::DateTime<Utc>,
+    /// [`unresolved`] of the records.
+    open: Vec<IntentRecord>,
+    /// [`unknown_keys`] of the records.
+    keys: Vec<(String, String, String)>,
 }
 
 impl IntentLayer {
@@ -331,6 +416,7 @@ impl IntentLayer {
             agent: agent.into(),
             tools,
             evidence,
+            seen: SeenIntents::default(),
         }
     }
 
@@ -348,15 +434,6 @@ impl IntentLayer {
         if let Err(e) = written {
             tracing::warn!(session = %session, error = %e, "{what} failed");
         }
-    }
-
-    /// The records and the file's size.
-    async fn read(
-        &self,
-        ws: &Workspace,
-        session: &str,
-    ) -> std::result::Result<(Vec<IntentRecord>, usize), hame_fs::Error> {
-        read_intents(ws, &self.path(session)?).await
     }
 
     /// Asks the call's tool: its recorded outcome ([`Tool::reconcile`]), else a new run
@@ -475,14 +552,21 @@ impl IntentLayer {
         pending: Option<&PendingEnds>,
     ) -> (Vec<IntentRecord>, Vec<(String, String, String)>) {
         let session = &cx.runtime.session_id;
-        let (records, size) = match self.read(ws, session).await {
+        let read = match self.path(session) {
+            Ok(path) => {
+                self.seen
+                    .read(ws, cx.runtime.user_id.as_deref(), session, &path)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        let (mut open, keys, size) = match read {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(session = %session, error = %e, "reading the tool call intents failed");
                 return (Vec::new(), Vec::new());
             }
         };
-        let mut open = unresolved(&records);
         if let Some(p) = pending {
             open.retain(|r| !p.holds(&r.call_id));
         }
@@ -502,7 +586,7 @@ impl IntentLayer {
         // keeps this call alone in the session, so no tool call of it is writing).
         if open.is_empty()
             && returned.is_empty()
-            && size > MAX_RESOLVED_BYTES
+            && size > MAX_RESOLVED_BYTES as u64
             && let Ok(path) = self.path(session)
             && let Err(e) = ws
                 .records()
@@ -511,7 +595,7 @@ impl IntentLayer {
         {
             tracing::debug!(session = %session, error = %e, "dropping resolved intents failed");
         }
-        (open, unknown_keys(&records))
+        (open, keys)
     }
 
     /// Settles the `open` calls — reconciled, run again or `outcome_unknown` — puts them
@@ -830,6 +914,78 @@ mod tests {
             key: None,
             end: Some(how.into()),
         }
+    }
+
+    /// A call reads the intents file once: while its size and time stay, the next calls
+    /// `stat` it and read nothing; a record another process appends is read at the next
+    /// call; a deleted file holds nothing.
+    #[tokio::test]
+    async fn an_intents_file_is_read_again_only_when_it_changed()
+    -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let local: Arc<dyn hame_fs::Filesystem> = Arc::new(hame_fs::LocalFs::new(dir.path())?);
+        let counting = hame_fs::CountingFs::new(local);
+        let records: Arc<dyn hame_fs::Filesystem> = Arc::new(counting.clone());
+        let ws = Workspace::new(
+            hame_tools::Identity::new("a", Some("ada"), "s1"),
+            hame_tools::WorkspaceMode::TrustedLocal,
+            records.clone(),
+            records.clone(),
+        );
+        let path = intents_path("a", "s1")?;
+        let seen = SeenIntents::default();
+        let reads = || counting.counts().of("read_bytes");
+        // No file: nothing, and nothing read.
+        let (open, keys, size) = seen.read(&ws, Some("ada"), "s1", &path).await?;
+        assert!(open.is_empty() && keys.is_empty() && size == 0);
+        assert_eq!(reads(), 0);
+        write_records(
+            &ws,
+            &path,
+            &[intent("a"), end("a", "done"), intent("b")],
+            AppendOptions::default(),
+        )
+        .await?;
+        let first = seen.read(&ws, Some("ada"), "s1", &path).await?;
+        assert_eq!(first.0, vec![intent("b")]);
+        assert_eq!(reads(), 1);
+        for _ in 0..3 {
+            let again = seen.read(&ws, Some("ada"), "s1", &path).await?;
+            assert_eq!((again.0, again.2), (vec![intent("b")], first.2));
+        }
+        assert_eq!(reads(), 1, "an unchanged file is not read again");
+        // Another user's session of the same name is another file.
+        let other = seen.read(&ws, Some("bob"), "s1", &path).await?;
+        assert_eq!(other.0, vec![intent("b")]);
+        assert_eq!(reads(), 2);
+        // Another process settles b and leaves c unknown: read at the next call.
+        write_records(
+            &ws,
+            &path,
+            &[end("b", "done"), intent("c"), end("c", OUTCOME_UNKNOWN)],
+            AppendOptions::default(),
+        )
+        .await?;
+        let after = seen.read(&ws, Some("ada"), "s1", &path).await?;
+        assert!(after.0.is_empty());
+        assert_eq!(
+            after.1,
+            vec![(
+                "execute".to_owned(),
+                "{\"command\":\"x\"}".to_owned(),
+                "k".to_owned()
+            )]
+        );
+        assert!(after.2 > first.2);
+        assert_eq!(reads(), 3);
+        // Deleted: nothing.
+        records
+            .delete(&path, hame_fs::DeleteOptions::default())
+            .await?;
+        let gone = seen.read(&ws, Some("ada"), "s1", &path).await?;
+        assert!(gone.0.is_empty() && gone.1.is_empty() && gone.2 == 0);
+        assert_eq!(reads(), 3);
+        Ok(())
     }
 
     #[test]
