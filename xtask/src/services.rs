@@ -392,8 +392,45 @@ fn moto_answers(addr: SocketAddr) -> bool {
     proc::http_status(addr, "GET", "/").is_ok()
 }
 
+/// Where the pid of the moto server this tool started is kept, outside any checkout: a
+/// server started from a checkout that was deleted since keeps the port and answers 500.
+fn moto_pid_file() -> PathBuf {
+    std::env::temp_dir().join("hame-xtask-moto.pid")
+}
+
+/// Stops the moto server this tool started, if its pid file names a running
+/// `moto_server`; says whether it did.
+fn stop_started_moto(addr: SocketAddr) -> Result<bool> {
+    let Ok(text) = fs::read_to_string(moto_pid_file()) else {
+        return Ok(false);
+    };
+    let Ok(pid) = text.trim().parse::<u32>() else {
+        return Ok(false);
+    };
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    if !String::from_utf8_lossy(&cmdline).contains("moto_server") {
+        return Ok(false);
+    }
+    proc::run_bounded(Command::new("kill").arg(pid.to_string()), START_LIMIT)?;
+    proc::wait_until("moto to stop", READY_LIMIT, || !moto_answers(addr))?;
+    let _ = fs::remove_file(moto_pid_file());
+    Ok(true)
+}
+
 fn start_moto(options: &ServiceOptions) -> Result<()> {
     let addr = SocketAddr::from(MOTO_ADDR);
+    let path = format!("/{S3_BUCKET}");
+    // A server that answers but cannot create a bucket (its files are gone) is replaced.
+    if moto_answers(addr) && proc::http_status(addr, "PUT", &path).is_ok_and(|s| s >= 500) {
+        if stop_started_moto(addr)? {
+            println!("moto: the server on {addr} answered HTTP 500; stopped it");
+        } else {
+            bail!(
+                "something on {addr} answers HTTP 500 to creating a bucket and is not a moto \
+                 server this tool started: stop it and run again"
+            );
+        }
+    }
     if moto_answers(addr) {
         println!("moto: already answering on {addr}");
     } else {
@@ -413,12 +450,15 @@ fn start_moto(options: &ServiceOptions) -> Result<()> {
             // Own process group: a Ctrl-C in the terminal must not take the server down.
             .process_group(0);
         println!("$ {} &", proc::display(&cmd));
-        cmd.spawn()
+        let child = cmd
+            .spawn()
             .with_context(|| format!("start {}", server.display()))?;
+        if let Err(e) = fs::write(moto_pid_file(), child.id().to_string()) {
+            eprintln!("moto: writing {} failed: {e}", moto_pid_file().display());
+        }
         proc::wait_until("moto", READY_LIMIT, || moto_answers(addr))
             .with_context(|| format!("see {}", log_path.display()))?;
     }
-    let path = format!("/{S3_BUCKET}");
     let status = proc::http_status(addr, "PUT", &path)?;
     if !(status == 200 || status == 409) {
         bail!("creating bucket {S3_BUCKET} returned HTTP {status}");
