@@ -113,21 +113,29 @@ const CJK_UNITS: u64 = units(TOKENS_PER_CJK_CHAR);
 const OTHER_CHAR_UNITS: u64 = units(TOKENS_PER_OTHER_CHAR);
 const NEWLINE_UNITS: u64 = units(0.5);
 
-/// What an ASCII byte is to the estimate.
+/// What a character is to the estimate.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Class {
+    /// An ASCII letter.
     Letter,
+    /// A letter outside ASCII and CJK (accents, Cyrillic, Greek): part of a word, and
+    /// [`TOKENS_PER_OTHER_LETTER`] more.
+    OtherLetter,
+    /// An ASCII digit.
     Digit,
     /// A space or a tab.
     Blank,
     Newline,
     /// `\r` and form feed: free, and they end a run of blanks.
     OtherSpace,
-    /// Punctuation, symbols and control characters.
+    /// ASCII punctuation, symbols and control characters.
     Symbol,
+    Cjk,
+    /// Any other character (emoji, CJK punctuation, other scripts' digits and spaces).
+    OtherChar,
 }
 
-/// [`Class`] of every ASCII byte, as [`estimate_units`] classifies the character.
+/// [`Class`] of every ASCII byte.
 const ASCII_CLASS: [Class; 128] = {
     let mut t = [Class::Symbol; 128];
     let mut b = 0;
@@ -151,142 +159,126 @@ const ASCII_CLASS: [Class; 128] = {
     t
 };
 
-/// [`estimate_units`] of ASCII text (the same count: `ascii_estimate_is_the_char_estimate`),
-/// one table look-up per byte.
-fn estimate_ascii_units(bytes: &[u8]) -> u64 {
-    let mut t = 0u64;
-    let mut word = 0u32;
-    let mut digits = 0u32;
-    let mut blanks = 0u32;
-    let word_units = |w: u32| {
-        WORD_UNITS + u64::from(w.saturating_sub(WORD_LETTERS_PER_TOKEN)) * EXTRA_LETTER_UNITS
-    };
-    let digit_units = |d: u32| WORD_UNITS * u64::from(d.div_ceil(3));
-    for &b in bytes {
-        let class = ASCII_CLASS
-            .get(usize::from(b))
-            .copied()
-            .unwrap_or(Class::Symbol);
+/// [`Class`] of a character.
+#[inline(always)]
+fn class_of(c: char) -> Class {
+    if let Some(&class) = ASCII_CLASS.get(c as usize) {
+        class
+    } else if is_cjk(c) {
+        Class::Cjk
+    } else if c.is_alphabetic() {
+        Class::OtherLetter
+    } else {
+        Class::OtherChar
+    }
+}
+
+/// The estimate's running count, in [`UNITS_PER_TOKEN`]ths of a token, fed one character
+/// class at a time.
+#[derive(Default)]
+struct Tally {
+    units: u64,
+    /// Letters of the word being read.
+    word: u32,
+    /// Digits of the number being read.
+    digits: u32,
+    /// Blanks in a row.
+    blanks: u32,
+}
+
+impl Tally {
+    #[inline(always)]
+    fn end_word(&mut self) {
+        if self.word > 0 {
+            self.units += WORD_UNITS
+                + u64::from(self.word.saturating_sub(WORD_LETTERS_PER_TOKEN)) * EXTRA_LETTER_UNITS;
+            self.word = 0;
+        }
+    }
+
+    #[inline(always)]
+    fn end_number(&mut self) {
+        if self.digits > 0 {
+            self.units += WORD_UNITS * u64::from(self.digits.div_ceil(3));
+            self.digits = 0;
+        }
+    }
+
+    #[inline(always)]
+    fn push(&mut self, class: Class) {
         match class {
             Class::Letter => {
-                if digits > 0 {
-                    t += digit_units(digits);
-                    digits = 0;
-                }
-                word += 1;
-                blanks = 0;
-                continue;
+                self.end_number();
+                self.word += 1;
+                self.blanks = 0;
+            }
+            Class::OtherLetter => {
+                self.end_number();
+                self.word += 1;
+                self.blanks = 0;
+                self.units += OTHER_LETTER_UNITS;
             }
             Class::Digit => {
-                if word > 0 {
-                    t += word_units(word);
-                    word = 0;
-                }
-                digits += 1;
-                blanks = 0;
-                continue;
+                self.end_word();
+                self.digits += 1;
+                self.blanks = 0;
             }
-            _ => {}
-        }
-        if word > 0 {
-            t += word_units(word);
-            word = 0;
-        }
-        if digits > 0 {
-            t += digit_units(digits);
-            digits = 0;
-        }
-        match class {
             Class::Blank => {
-                blanks += 1;
+                self.end_both();
+                self.blanks += 1;
                 // A run of blanks (indentation, alignment) is a token of its own.
-                if blanks == 2 {
-                    t += WORD_UNITS;
+                if self.blanks == 2 {
+                    self.units += WORD_UNITS;
                 }
             }
-            Class::Newline => {
-                blanks = 0;
-                t += NEWLINE_UNITS;
+            other => {
+                self.end_both();
+                self.blanks = 0;
+                self.units += match other {
+                    Class::Newline => NEWLINE_UNITS,
+                    Class::Symbol => SYMBOL_UNITS,
+                    Class::Cjk => CJK_UNITS,
+                    Class::OtherChar => OTHER_CHAR_UNITS,
+                    _ => 0,
+                };
             }
-            Class::OtherSpace => blanks = 0,
-            Class::Symbol => {
-                blanks = 0;
-                t += SYMBOL_UNITS;
-            }
-            Class::Letter | Class::Digit => {}
         }
     }
-    if word > 0 {
-        t += word_units(word);
+
+    #[inline(always)]
+    fn end_both(&mut self) {
+        self.end_word();
+        self.end_number();
     }
-    if digits > 0 {
-        t += digit_units(digits);
+
+    fn finish(mut self) -> u64 {
+        self.end_both();
+        self.units
     }
-    t
+}
+
+/// [`estimate_units`] of ASCII text, one table look-up per byte (the same count:
+/// `ascii_estimate_is_the_char_estimate`).
+fn estimate_ascii_units(bytes: &[u8]) -> u64 {
+    let mut tally = Tally::default();
+    for &b in bytes {
+        tally.push(
+            ASCII_CLASS
+                .get(usize::from(b))
+                .copied()
+                .unwrap_or(Class::OtherChar),
+        );
+    }
+    tally.finish()
 }
 
 /// [`EstimateCounter::estimate`] in [`UNITS_PER_TOKEN`]ths of a token.
-#[inline(always)]
 fn estimate_units(chars: impl Iterator<Item = char>) -> u64 {
-    let mut t = 0u64;
-    let mut word = 0u32;
-    let mut digits = 0u32;
-    let mut blanks = 0u32;
-    let flush = |t: &mut u64, word: &mut u32, digits: &mut u32| {
-        if *word > 0 {
-            *t += WORD_UNITS
-                + u64::from(word.saturating_sub(WORD_LETTERS_PER_TOKEN)) * EXTRA_LETTER_UNITS;
-            *word = 0;
-        }
-        if *digits > 0 {
-            *t += WORD_UNITS * u64::from(digits.div_ceil(3));
-            *digits = 0;
-        }
-    };
+    let mut tally = Tally::default();
     for c in chars {
-        if c != ' ' && c != '\t' {
-            blanks = 0;
-        }
-        if c.is_alphabetic() && !is_cjk(c) {
-            if digits > 0 {
-                flush(&mut t, &mut 0, &mut digits);
-            }
-            word += 1;
-            if !c.is_ascii() {
-                t += OTHER_LETTER_UNITS;
-            }
-            continue;
-        }
-        if c.is_ascii_digit() {
-            if word > 0 {
-                flush(&mut t, &mut word, &mut 0);
-            }
-            digits += 1;
-            continue;
-        }
-        flush(&mut t, &mut word, &mut digits);
-        if c == ' ' || c == '\t' {
-            blanks += 1;
-            // A run of blanks (indentation, alignment) is a token of its own.
-            if blanks == 2 {
-                t += WORD_UNITS;
-            }
-            continue;
-        }
-        blanks = 0;
-        if c == '\n' {
-            t += NEWLINE_UNITS;
-        } else if c.is_ascii_whitespace() {
-        } else if c.is_ascii() {
-            t += SYMBOL_UNITS;
-        } else if is_cjk(c) {
-            t += CJK_UNITS;
-        } else {
-            t += OTHER_CHAR_UNITS;
-        }
+        tally.push(class_of(c));
     }
-    flush(&mut t, &mut word, &mut digits);
-    t
+    tally.finish()
 }
 
 impl TokenCounter for EstimateCounter {

@@ -148,22 +148,90 @@ mod tiktoken {
     }
 }
 
+/// The estimate as a plain character loop, written the way the rules read (the module
+/// docs): the oracle the table-driven [`Tally`] is held to.
+fn reference_units(text: &str) -> u64 {
+    let mut t = 0u64;
+    let mut word = 0u32;
+    let mut digits = 0u32;
+    let mut blanks = 0u32;
+    let flush = |t: &mut u64, word: &mut u32, digits: &mut u32| {
+        if *word > 0 {
+            *t += WORD_UNITS
+                + u64::from(word.saturating_sub(WORD_LETTERS_PER_TOKEN)) * EXTRA_LETTER_UNITS;
+            *word = 0;
+        }
+        if *digits > 0 {
+            *t += WORD_UNITS * u64::from(digits.div_ceil(3));
+            *digits = 0;
+        }
+    };
+    for c in text.chars() {
+        if c != ' ' && c != '\t' {
+            blanks = 0;
+        }
+        if c.is_alphabetic() && !is_cjk(c) {
+            if digits > 0 {
+                flush(&mut t, &mut 0, &mut digits);
+            }
+            word += 1;
+            if !c.is_ascii() {
+                t += OTHER_LETTER_UNITS;
+            }
+            continue;
+        }
+        if c.is_ascii_digit() {
+            if word > 0 {
+                flush(&mut t, &mut word, &mut 0);
+            }
+            digits += 1;
+            continue;
+        }
+        flush(&mut t, &mut word, &mut digits);
+        if c == ' ' || c == '\t' {
+            blanks += 1;
+            if blanks == 2 {
+                t += WORD_UNITS;
+            }
+            continue;
+        }
+        blanks = 0;
+        if c == '\n' {
+            t += NEWLINE_UNITS;
+        } else if c.is_ascii_whitespace() {
+        } else if c.is_ascii() {
+            t += SYMBOL_UNITS;
+        } else if is_cjk(c) {
+            t += CJK_UNITS;
+        } else {
+            t += OTHER_CHAR_UNITS;
+        }
+    }
+    flush(&mut t, &mut word, &mut digits);
+    t
+}
+
 proptest::proptest! {
-    /// The byte table counts ASCII text exactly as the character loop does.
+    /// The byte table counts ASCII text exactly as the character loop does, and the
+    /// character loop counts any text as the rules do.
     #[test]
     fn ascii_estimate_is_the_char_estimate(
         text in "[\\x00-\\x7f]{0,300}",
+        any in "\\PC{0,200}",
         sample in 0usize..7,
     ) {
         proptest::prop_assert_eq!(
             estimate_ascii_units(text.as_bytes()),
             estimate_units(text.chars())
         );
+        proptest::prop_assert_eq!(estimate_ascii_units(text.as_bytes()), reference_units(&text));
+        proptest::prop_assert_eq!(estimate_units(any.chars()), reference_units(&any));
         let (_, s) = &samples()[sample];
         let ascii: String = s.chars().filter(char::is_ascii).collect();
         proptest::prop_assert_eq!(
             estimate_ascii_units(ascii.as_bytes()),
             estimate_units(ascii.chars())
         );
+        proptest::prop_assert_eq!(estimate_units(s.chars()), reference_units(s));
     }
 }
