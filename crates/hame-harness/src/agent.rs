@@ -1538,10 +1538,9 @@ impl HarnessAgent {
             .map_err(|e| Error::storage("saving session state failed", e));
         hame_core::failpoint("call.saved");
         if saved.is_ok() {
-            let day = crate::cost::today();
             self.inner
                 .day_spend
-                .saved(key, &day, || crate::cost::SpendRecord::of(&state).day(&day));
+                .saved(key, |day| crate::cost::SpendRecord::of(&state).day(day));
         }
         // Durable before acknowledged: the children's results this call took are in its
         // log and its saved state; only now are their records marked delivered, under the

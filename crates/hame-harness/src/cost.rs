@@ -621,18 +621,41 @@ const DAY_SPEND_USERS: usize = 10_000;
 #[derive(Debug)]
 struct Tally {
     day: String,
-    read_at: std::time::Instant,
-    /// A call is reading the sessions again; the others use this reading meanwhile.
-    reading: bool,
-    /// Session → (its `updated_at` when read, what it spent on `day`).
-    sessions: std::collections::HashMap<String, (chrono::DateTime<chrono::Utc>, Spend)>,
+    /// When the last reading finished (`None`: none yet).
+    read_at: Option<std::time::Instant>,
+    /// When the reading in progress began; the others use the last reading meanwhile.
+    reading_since: Option<std::time::Instant>,
+    /// Session → what it spent on `day`.
+    sessions: std::collections::HashMap<String, Entry>,
+}
+
+impl Tally {
+    fn new(day: &str) -> Self {
+        Self {
+            day: day.to_owned(),
+            read_at: None,
+            reading_since: None,
+            sessions: std::collections::HashMap::new(),
+        }
+    }
+}
+
+/// One session of a [`Tally`].
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// Its `updated_at` when read (`MIN_UTC`: load it at the next reading).
+    at: chrono::DateTime<chrono::Utc>,
+    spend: Spend,
+    /// When this process saved it, if it did since it was read.
+    saved_at: Option<std::time::Instant>,
 }
 
 /// What users' sessions spent today, as [`others_on`] last read them. A user-day budget
 /// counts the user's other sessions at every call; with the cache a process reads them at
 /// most once per [`DAY_SPEND_REFRESH`] per user (one call reads, the others meanwhile use
-/// the last reading), and a reading loads only the sessions saved since the last one (or
-/// not settled then, [`DAY_SPEND_SETTLED`]).
+/// the last reading), a reading loads only the sessions saved since the last one (or not
+/// settled then, [`DAY_SPEND_SETTLED`]), and what this process saves counts at once
+/// ([`saved`](Self::saved)), a reading in progress included.
 #[derive(Debug)]
 pub(crate) struct DaySpendCache {
     /// (agent, user) → the last reading.
@@ -647,11 +670,12 @@ impl Default for DaySpendCache {
     }
 }
 
-/// Ends a reading of a user's sessions: a reading that did not finish (an error, a
+/// A reading of a user's sessions in progress: one that does not finish (an error, a
 /// cancelled call) lets the next call read again.
 struct Reading<'a> {
     cache: &'a DaySpendCache,
     user: (String, Option<String>),
+    started: std::time::Instant,
     done: bool,
 }
 
@@ -661,7 +685,7 @@ impl Drop for Reading<'_> {
             && let Ok(mut users) = self.cache.users.lock()
             && let Some(t) = users.get_mut(&self.user)
         {
-            t.reading = false;
+            t.reading_since = None;
         }
     }
 }
@@ -681,47 +705,73 @@ impl DaySpendCache {
         (key.agent().to_owned(), key.user().map(str::to_owned))
     }
 
-    /// The other sessions' spend from a recent reading, or `None`: then the caller reads
-    /// (and is the one reading until it [`finish`](Self::finish)es or drops the guard).
+    /// `key`'s user's tally of `day` (a new one when it has none of that day).
+    fn tally<'m>(
+        users: &'m mut std::collections::HashMap<(String, Option<String>), Tally>,
+        user: &(String, Option<String>),
+        day: &str,
+    ) -> &'m mut Tally {
+        if users.len() >= DAY_SPEND_USERS && !users.contains_key(user) {
+            users.clear();
+        }
+        let t = users.entry(user.clone()).or_insert_with(|| Tally::new(day));
+        if t.day != day {
+            *t = Tally::new(day);
+        }
+        t
+    }
+
+    /// The other sessions' spend from a recent reading, or the reading the caller is to
+    /// make (`None` when the cache cannot be used).
     fn recent(&self, key: &StateKey, day: &str) -> Result<Spend, Option<Reading<'_>>> {
         let Ok(mut users) = self.users.lock() else {
             return Err(None);
         };
         let user = Self::user_of(key);
-        if let Some(t) = users.get_mut(&user)
-            && t.day == day
+        let t = Self::tally(&mut users, &user, day);
+        // A reading in progress for too long (its call stuck) does not hold the others.
+        let in_progress = t
+            .reading_since
+            .is_some_and(|since| since.elapsed() < self.refresh * 10);
+        if let Some(read_at) = t.read_at
+            && (read_at.elapsed() < self.refresh || in_progress)
         {
-            let age = t.read_at.elapsed();
-            // A reading in progress for too long (its call stuck) does not hold the others.
-            if age < self.refresh || (t.reading && age < self.refresh * 10) {
-                let mut total = Spend::default();
-                t.sessions
-                    .iter()
-                    .filter(|(s, _)| s.as_str() != key.session())
-                    .for_each(|(_, (_, spend))| total.add(spend));
-                return Ok(total);
-            }
-            t.reading = true;
+            let mut total = Spend::default();
+            t.sessions
+                .iter()
+                .filter(|(s, _)| s.as_str() != key.session())
+                .for_each(|(_, e)| total.add(&e.spend));
+            return Ok(total);
         }
+        let started = std::time::Instant::now();
+        t.reading_since = Some(started);
         Err(Some(Reading {
             cache: self,
             user,
+            started,
             done: false,
         }))
     }
 
-    /// Records what `key`'s session spent on `day` as this process has just saved it: the
-    /// calls of this process count it from now on, without waiting for the next reading
-    /// (which loads it again). Nothing is recorded for a user without a reading.
-    pub(crate) fn saved(&self, key: &StateKey, day: &str, spend: impl FnOnce() -> Spend) {
+    /// Records what `key`'s session spent today (`spend` of the day) as this process has
+    /// just saved it: the calls of this process count it from now on, without waiting for
+    /// the next reading (which loads it again). Nothing is done for a user no call of
+    /// this process has read.
+    pub(crate) fn saved(&self, key: &StateKey, spend: impl FnOnce(&str) -> Spend) {
         if let Ok(mut users) = self.users.lock()
             && let Some(t) = users.get_mut(&Self::user_of(key))
-            && t.day == day
         {
-            t.sessions.insert(
-                key.session().to_owned(),
-                (chrono::DateTime::<chrono::Utc>::MIN_UTC, spend()),
-            );
+            let day = today();
+            if t.day == day {
+                t.sessions.insert(
+                    key.session().to_owned(),
+                    Entry {
+                        at: chrono::DateTime::<chrono::Utc>::MIN_UTC,
+                        spend: spend(&day),
+                        saved_at: Some(std::time::Instant::now()),
+                    },
+                );
+            }
         }
     }
 
@@ -734,12 +784,13 @@ impl DaySpendCache {
     ) -> Option<Spend> {
         let users = self.users.lock().ok()?;
         let t = users.get(&Self::user_of(key))?;
-        let (at, spend) = t.sessions.get(&s.session)?;
-        (t.day == day && *at == s.updated_at).then_some(*spend)
+        let e = t.sessions.get(&s.session)?;
+        (t.day == day && e.at == s.updated_at).then_some(e.spend)
     }
 
     /// Records a reading: every session listed, with what it spent (sessions saved less
-    /// than `settled` ago are kept with no time, so that they are loaded again).
+    /// than `settled` ago are kept with no time, so that they are loaded again), except
+    /// those this process saved after the reading began: what it saved is newer.
     fn finish(
         &self,
         mut reading: Reading<'_>,
@@ -752,10 +803,8 @@ impl DaySpendCache {
         let Ok(mut users) = self.users.lock() else {
             return;
         };
-        if users.len() >= DAY_SPEND_USERS && !users.contains_key(&reading.user) {
-            users.clear();
-        }
-        let sessions = read
+        let t = Self::tally(&mut users, &reading.user, day);
+        let mut sessions: std::collections::HashMap<String, Entry> = read
             .into_iter()
             .map(|(s, spend)| {
                 let at = if s.updated_at <= settled {
@@ -763,18 +812,22 @@ impl DaySpendCache {
                 } else {
                     chrono::DateTime::<chrono::Utc>::MIN_UTC
                 };
-                (s.session, (at, spend))
+                let entry = Entry {
+                    at,
+                    spend,
+                    saved_at: None,
+                };
+                (s.session, entry)
             })
             .collect();
-        users.insert(
-            std::mem::take(&mut reading.user),
-            Tally {
-                day: day.to_owned(),
-                read_at: std::time::Instant::now(),
-                reading: false,
-                sessions,
-            },
-        );
+        for (session, e) in &t.sessions {
+            if e.saved_at.is_some_and(|at| at >= reading.started) {
+                sessions.insert(session.clone(), *e);
+            }
+        }
+        t.sessions = sessions;
+        t.read_at = Some(std::time::Instant::now());
+        t.reading_since = None;
     }
 }
 

@@ -426,7 +426,7 @@ async fn a_user_days_other_sessions_are_loaded_once_until_they_change()
     assert_eq!(others_on(&store, &me, &day, Some(&slow)).await?.usd, 18.0);
     assert_eq!(store.taken(), 0);
     // What this process saves counts at once.
-    slow.saved(&b, &day, || spend(0, 0, 50.0));
+    slow.saved(&b, |_| spend(0, 0, 50.0));
     assert_eq!(others_on(&store, &me, &day, Some(&slow)).await?.usd, 50.0);
     assert_eq!(store.taken(), 0);
     // A reading of another day is not used.
@@ -434,5 +434,51 @@ async fn a_user_days_other_sessions_are_loaded_once_until_they_change()
         others_on(&store, &me, "2000-01-01", Some(&slow)).await?.usd,
         0.0
     );
+    Ok(())
+}
+
+/// A save of this process during a reading is not undone by the reading's older view of
+/// that session; a reading cut short lets the next call read.
+#[tokio::test]
+async fn a_save_during_a_reading_counts_over_the_reading() -> Result<(), Box<dyn std::error::Error>>
+{
+    let store = CountingLoads::default();
+    let day = today();
+    store.spend("a", &day, 1.0).await?;
+    store.spend("b", &day, 2.0).await?;
+    let me = StateKey::new("agent", Some("alice"), "a")?;
+    let b = StateKey::new("agent", Some("alice"), "b")?;
+    let zero = std::time::Duration::ZERO;
+    let cache = DaySpendCache::new(zero, zero);
+    assert_eq!(others_on(&store, &me, &day, Some(&cache)).await?.usd, 2.0);
+    let tally_of = |cache: &DaySpendCache| -> Result<(f64, f64, bool), String> {
+        let users = cache.users.lock().map_err(|_| "poisoned")?;
+        let t = users.get(&DaySpendCache::user_of(&me)).ok_or("no tally")?;
+        let usd = |s: &str| t.sessions.get(s).map_or(-1.0, |e| e.spend.usd);
+        Ok((usd("a"), usd("b"), t.reading_since.is_some()))
+    };
+    // A reading begins; b's call saves meanwhile; the reading ends with what it loaded
+    // before that save.
+    let Err(Some(reading)) = cache.recent(&me, &day) else {
+        return Err("a reading was due".into());
+    };
+    assert!(tally_of(&cache)?.2, "a reading in progress");
+    let listed = store.list_sessions("agent", Some("alice")).await?;
+    cache.saved(&b, |_| spend(0, 0, 40.0));
+    let read = listed
+        .into_iter()
+        .map(|s| {
+            let usd = if s.session == "b" { 2.0 } else { 1.0 };
+            (s, spend(0, 0, usd))
+        })
+        .collect();
+    cache.finish(reading, &day, read);
+    assert_eq!(tally_of(&cache)?, (1.0, 40.0, false));
+    // A reading dropped unfinished (its call cancelled) leaves none in progress.
+    let Err(Some(cut)) = cache.recent(&me, &day) else {
+        return Err("a reading was due".into());
+    };
+    drop(cut);
+    assert!(!tally_of(&cache)?.2);
     Ok(())
 }
