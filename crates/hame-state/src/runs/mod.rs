@@ -544,6 +544,11 @@ fn new_run_id() -> String {
     format!("run-{}", uuid::Uuid::new_v4().simple())
 }
 
+/// A new claim token (32 hex digits): what a claim's heartbeats and final write carry.
+pub(crate) fn new_token() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
 /// What [`RunQueue::submit`] did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Submitted {
@@ -551,6 +556,21 @@ pub struct Submitted {
     pub run: Run,
     /// False when the idempotency key named an existing run.
     pub created: bool,
+}
+
+impl Submitted {
+    /// A run this submit stored.
+    pub(crate) fn stored(run: Run) -> Self {
+        Self { run, created: true }
+    }
+
+    /// The earlier run a repeated idempotency key named (nothing new was stored).
+    pub(crate) fn earlier(run: Run) -> Self {
+        Self {
+            run,
+            created: false,
+        }
+    }
 }
 
 /// A claimed run: its fence and the token its heartbeats and final write carry.
@@ -564,6 +584,19 @@ pub struct Claim {
     pub attempt: u64,
     /// How long the claim lasts without a heartbeat.
     pub lapse: Duration,
+}
+
+impl Claim {
+    /// The claim of `run`, as claimed under `token` with `options`: its fence is the run's
+    /// attempts.
+    pub(crate) fn of(run: Run, token: String, options: &ClaimOptions) -> Self {
+        Self {
+            attempt: run.attempts,
+            token,
+            lapse: options.lapse,
+            run,
+        }
+    }
 }
 
 /// What a heartbeat learnt.
@@ -1015,6 +1048,112 @@ impl EndColumns {
             approvals: text(&run.approvals),
         })
     }
+}
+
+/// A run to insert into a SQL queue (PostgreSQL, MySQL): the queued run, its input as JSON
+/// and its `user_key` column. The dialects bind the same values; only their statements
+/// differ.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) struct NewRow {
+    /// The run as submitted (queued; the database fills in `seq` and the times).
+    pub(crate) run: Run,
+    /// [`Run::input`] as JSON.
+    pub(crate) input: String,
+    /// The `user_key` column (`''`: the anonymous tenant).
+    pub(crate) user: String,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl NewRow {
+    /// The row of `new`, submitted now.
+    pub(crate) fn of(new: &NewRun) -> Result<Self> {
+        let run = Run::new(new, Utc::now());
+        let input = serde_json::to_string(&run.input).map_err(Error::Serialize)?;
+        let user = crate::sql::user_key(new.key.user());
+        Ok(Self { run, input, user })
+    }
+
+    /// The name of the lock under which the submit-and-claims of the run's session take
+    /// turns.
+    pub(crate) fn session_lock(&self) -> String {
+        let Self { run, user, .. } = self;
+        format!("hame_runs\n{}\n{user}\n{}", run.agent, run.session)
+    }
+
+    /// `statement`, the dialect's `INSERT` of a queued run, with its six values bound: id,
+    /// agent, `user_key`, session, idempotency key, input.
+    pub(crate) fn insert<DB: QueueDb>(&self, statement: &'static str) -> SqlQuery<DB> {
+        let Self { run, input, user } = self;
+        texts(
+            statement,
+            &[
+                Some(&run.id),
+                Some(&run.agent),
+                Some(user),
+                Some(&run.session),
+                run.idempotency_key.as_deref(),
+                Some(input),
+            ],
+        )
+    }
+
+    /// `statement`, the dialect's read of the run of an idempotency key, with its three
+    /// values bound: agent, `user_key`, idempotency key.
+    pub(crate) fn earlier<DB: QueueDb>(&self, statement: &'static str) -> SqlQuery<DB> {
+        let key = self.run.idempotency_key.as_deref();
+        texts(statement, &[Some(&self.run.agent), Some(&self.user), key])
+    }
+}
+
+/// A statement of a SQL queue with (some of) its values bound.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) type SqlQuery<DB> = sqlx::query::Query<'static, DB, <DB as sqlx::Database>::Arguments>;
+
+/// A database of the SQL queues (PostgreSQL, MySQL): their statements differ, the values
+/// they bind (text and microseconds) do not.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) trait QueueDb: sqlx::Database {
+    /// `query` with `value` bound next (`None`: `NULL`).
+    fn bind_text(query: SqlQuery<Self>, value: Option<&str>) -> SqlQuery<Self>;
+    /// `query` with `value` bound next.
+    fn bind_number(query: SqlQuery<Self>, value: i64) -> SqlQuery<Self>;
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl<DB> QueueDb for DB
+where
+    DB: sqlx::Database,
+    for<'t> Option<&'t str>: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+{
+    fn bind_text(query: SqlQuery<Self>, value: Option<&str>) -> SqlQuery<Self> {
+        query.bind(value)
+    }
+
+    fn bind_number(query: SqlQuery<Self>, value: i64) -> SqlQuery<Self> {
+        query.bind(value)
+    }
+}
+
+/// `statement` with `values` bound in order (`None`: `NULL`).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn texts<DB: QueueDb>(statement: &'static str, values: &[Option<&str>]) -> SqlQuery<DB> {
+    values
+        .iter()
+        .fold(sqlx::query(statement), |q, v| DB::bind_text(q, *v))
+}
+
+/// `statement`, a claim of a SQL queue, with the three values every claim writes bound
+/// first: the token, the worker and the lapse in microseconds (`$1` to `$3` on
+/// PostgreSQL, the first three `?` on MySQL). The caller binds what its statement adds.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn claim_query<DB: QueueDb>(
+    statement: &'static str,
+    token: &str,
+    options: &ClaimOptions,
+) -> SqlQuery<DB> {
+    let q = texts(statement, &[Some(token), Some(&options.worker)]);
+    DB::bind_number(q, crate::sql::ttl_micros(options.lapse))
 }
 
 /// The purgeable statuses as a SQL list (`'completed', …`), for the purge statements.

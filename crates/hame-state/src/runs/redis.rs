@@ -46,7 +46,7 @@ use chrono::{DateTime, Utc};
 
 use super::{
     Beat, CancelOutcome, Claim, ClaimOptions, Decided, Decision, EndColumns, NewRun, Run, RunEnd,
-    RunError, RunFilter, RunQueue, Submitted, claim_lost, validate_run_id,
+    RunError, RunFilter, RunQueue, Submitted, claim_lost, new_token, validate_run_id,
 };
 use crate::error::{Error, Result};
 use crate::key::StateKey;
@@ -509,16 +509,11 @@ impl RunQueue for RedisRunQueue {
         new: NewRun,
         options: &ClaimOptions,
     ) -> Result<(Submitted, Option<Claim>)> {
-        let token = uuid::Uuid::new_v4().simple().to_string();
+        let token = new_token();
         let submitted = self.submit_with(&new, Some((&token, options))).await?;
         let claim = (submitted.run.status == super::RunStatus::Running
             && submitted.run.token == token)
-            .then(|| Claim {
-                attempt: submitted.run.attempts,
-                token,
-                lapse: options.lapse,
-                run: submitted.run.clone(),
-            });
+            .then(|| Claim::of(submitted.run.clone(), token, options));
         Ok((submitted, claim))
     }
 
@@ -564,7 +559,7 @@ impl RunQueue for RedisRunQueue {
     }
 
     async fn claim(&self, options: &ClaimOptions) -> Result<Option<Claim>> {
-        let token = uuid::Uuid::new_v4().simple().to_string();
+        let token = new_token();
         let mut call = CLAIM_SCRIPT.prepare_invoke();
         call.arg(&*self.base)
             .arg(&options.agent)
@@ -575,13 +570,7 @@ impl RunQueue for RedisRunQueue {
         if h.is_empty() {
             return Ok(None);
         }
-        let run = to_run(&h)?;
-        Ok(Some(Claim {
-            attempt: run.attempts,
-            token,
-            lapse: options.lapse,
-            run,
-        }))
+        Ok(Some(Claim::of(to_run(&h)?, token, options)))
     }
 
     async fn heartbeat(&self, claim: &Claim) -> Result<Beat> {
@@ -672,7 +661,7 @@ impl RunQueue for RedisRunQueue {
                 Ok(decided) => decided,
                 Err(answer) => return Ok(*answer),
             };
-            let token = uuid::Uuid::new_v4().simple().to_string();
+            let token = new_token();
             let mut call = DECIDE_SCRIPT.prepare_invoke();
             call.arg(&*self.base)
                 .arg(&sk)
@@ -684,13 +673,7 @@ impl RunQueue for RedisRunQueue {
                 .arg(ms(options.lapse));
             let (code, h): (i64, Hash) = self.conn.invoke(&call).await?;
             if code == 1 && !h.is_empty() {
-                let run = to_run(&h)?;
-                return Ok(Decided::Claimed(Claim {
-                    attempt: run.attempts,
-                    token,
-                    lapse: options.lapse,
-                    run,
-                }));
+                return Ok(Decided::Claimed(Claim::of(to_run(&h)?, token, options)));
             }
         }
         Err(backend(
