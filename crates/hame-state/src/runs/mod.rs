@@ -1023,30 +1023,64 @@ pub(crate) fn parse_error(backend: &'static str, text: Option<&str>) -> Result<O
         .transpose()
 }
 
-/// The text columns a finish writes: usage, verification, error and approvals as JSON.
+/// A stored [`RunError`]: JSON `{code, message}`.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
+pub(crate) fn error_json(error: &RunError) -> Result<String> {
+    serde_json::to_string(error).map_err(Error::Serialize)
+}
+
+/// What a finish writes, as text: the status, the reply, and usage, error, approvals and
+/// verification as JSON (`None`: absent).
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
 pub(crate) struct EndColumns {
+    /// The run's new status ([`RunEnd::status`]).
+    pub(crate) status: &'static str,
+    /// The reply of a run that ended with one.
+    pub(crate) reply: Option<String>,
+    /// Its token usage.
     pub(crate) usage: Option<String>,
-    pub(crate) verification: Option<String>,
+    /// A failed or cancelled run's [`RunError`].
     pub(crate) error: Option<String>,
+    /// The approvals a `waiting_approval` run waits on.
     pub(crate) approvals: Option<String>,
+    /// The completion gate's verdict.
+    pub(crate) verification: Option<String>,
 }
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
 impl EndColumns {
-    pub(crate) fn of(run: &Run) -> Result<Self> {
-        let text = |v: &Option<serde_json::Value>| v.as_ref().map(ToString::to_string);
+    /// What ending the claimed `run` with `end` writes.
+    pub(crate) fn of(run: &Run, end: &RunEnd) -> Result<Self> {
+        let mut done = run.clone();
+        end.apply(&mut done);
+        let text = |v: Option<serde_json::Value>| v.map(|v| v.to_string());
         Ok(Self {
-            usage: text(&run.usage),
-            verification: text(&run.verification),
-            error: run
-                .error
-                .as_ref()
-                .map(serde_json::to_string)
-                .transpose()
-                .map_err(Error::Serialize)?,
-            approvals: text(&run.approvals),
+            status: done.status.as_str(),
+            error: done.error.as_ref().map(error_json).transpose()?,
+            reply: done.reply,
+            usage: text(done.usage),
+            approvals: text(done.approvals),
+            verification: text(done.verification),
         })
+    }
+
+    /// The values after the status, in the order every backend passes them: reply, usage,
+    /// error, approvals, verification.
+    pub(crate) fn values(&self) -> [Option<&str>; 5] {
+        [
+            self.reply.as_deref(),
+            self.usage.as_deref(),
+            self.error.as_deref(),
+            self.approvals.as_deref(),
+            self.verification.as_deref(),
+        ]
+    }
+
+    /// `query` with the status and then the [`values`](Self::values) bound next.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    pub(crate) fn bind<DB: QueueDb>(&self, query: SqlQuery<DB>) -> SqlQuery<DB> {
+        let query = DB::bind_text(query, Some(self.status));
+        self.values().into_iter().fold(query, DB::bind_text)
     }
 }
 
@@ -1142,6 +1176,47 @@ fn texts<DB: QueueDb>(statement: &'static str, values: &[Option<&str>]) -> SqlQu
         .iter()
         .fold(sqlx::query(statement), |q, v| DB::bind_text(q, *v))
 }
+
+/// The first step of a SQL queue's [`RunQueue::decide`], in `tx`: the head of session
+/// `key`, read (and locked) with `statement` (the dialect's; binds agent, `user_key`,
+/// session), and `decision` checked against it ([`decide_on`]). Gives `tx` back with the
+/// run to claim and its approvals with the decision; otherwise rolls `tx` back and gives
+/// the answer. `backend` names the queue in errors.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn decide_head<DB: QueueDb>(
+    mut tx: sqlx::Transaction<'static, DB>,
+    statement: &'static str,
+    key: &StateKey,
+    decision: &Decision,
+    to_run: fn(&DB::Row) -> Result<Run>,
+    backend: &'static str,
+) -> Result<std::result::Result<Resume<DB>, Box<Decided>>>
+where
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    let err = |e: sqlx::Error| Error::backend(backend, e);
+    let user = crate::sql::user_key(key.user());
+    let head = texts::<DB>(
+        statement,
+        &[Some(key.agent()), Some(&user), Some(key.session())],
+    )
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(err)?;
+    match decide_on(head.as_ref().map(to_run).transpose()?, decision) {
+        Ok((run, approvals)) => Ok(Ok((tx, run, approvals))),
+        Err(answer) => {
+            tx.rollback().await.map_err(err)?;
+            Ok(Err(answer))
+        }
+    }
+}
+
+/// What [`decide_head`] found to claim: the transaction that read (and locked) the run, the
+/// run and its approvals with the decision.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) type Resume<DB> = (sqlx::Transaction<'static, DB>, Run, serde_json::Value);
 
 /// `statement`, a claim of a SQL queue, with the three values every claim writes bound
 /// first: the token, the worker and the lapse in microseconds (`$1` to `$3` on

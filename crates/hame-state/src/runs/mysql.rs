@@ -11,8 +11,8 @@ use sqlx::mysql::{MySqlPool, MySqlPoolOptions, MySqlRow};
 
 use super::{
     Beat, CancelOutcome, Claim, ClaimOptions, Decided, Decision, EndColumns, NewRow, NewRun, Run,
-    RunEnd, RunError, RunFilter, RunQueue, Submitted, claim_lost, claim_query, new_token,
-    validate_run_id,
+    RunEnd, RunError, RunFilter, RunQueue, Submitted, claim_lost, claim_query, error_json,
+    new_token, validate_run_id,
 };
 use crate::error::{Error, Result};
 use crate::key::StateKey;
@@ -409,26 +409,19 @@ impl RunQueue for MySqlRunQueue {
     }
 
     async fn finish(&self, claim: &Claim, end: &RunEnd) -> Result<Run> {
-        let mut done = claim.run.clone();
-        end.apply(&mut done);
-        let cols = EndColumns::of(&done)?;
-        let n = sqlx::query(
+        let finish = sqlx::query(
             "UPDATE hame_runs SET status = ?, reply = ?, `usage` = ?, error = ?, approvals = ?,
                  verification = ?, token = '', expires_at = NULL, updated_at = UTC_TIMESTAMP(6)
              WHERE id = ? AND token = ? AND status = 'running'",
-        )
-        .bind(done.status.as_str())
-        .bind(&done.reply)
-        .bind(cols.usage)
-        .bind(cols.error)
-        .bind(cols.approvals)
-        .bind(cols.verification)
-        .bind(&claim.run.id)
-        .bind(&claim.token)
-        .execute(&self.pool)
-        .await
-        .map_err(backend)?
-        .rows_affected();
+        );
+        let n = EndColumns::of(&claim.run, end)?
+            .bind(finish)
+            .bind(&claim.run.id)
+            .bind(&claim.token)
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?
+            .rows_affected();
         if n != 1 {
             return Err(claim_lost(&claim.run.id));
         }
@@ -441,7 +434,7 @@ impl RunQueue for MySqlRunQueue {
         if validate_run_id(id).is_err() {
             return Ok(CancelOutcome::NotFound);
         }
-        let error = serde_json::to_string(&RunError::cancelled()).map_err(Error::Serialize)?;
+        let error = error_json(&RunError::cancelled())?;
         let mut tx = self.pool.begin().await.map_err(backend)?;
         let status: Option<String> =
             sqlx::query_scalar("SELECT status FROM hame_runs WHERE id = ? FOR UPDATE")
@@ -491,27 +484,19 @@ impl RunQueue for MySqlRunQueue {
         options: &ClaimOptions,
     ) -> Result<Decided> {
         let token = new_token();
-        let mut tx = self.pool.begin().await.map_err(backend)?;
-        let head = sqlx::query(concat!(
+        let tx = self.pool.begin().await.map_err(backend)?;
+        // The run at the head of the session (the earliest one holding it), locked.
+        let head = concat!(
             "SELECT ",
             cols!(),
             " FROM hame_runs WHERE agent = ? AND user_key = ? AND session = ?
                AND status IN ('queued', 'running', 'waiting_approval')
              ORDER BY seq LIMIT 1 FOR UPDATE"
-        ))
-        .bind(key.agent())
-        .bind(key.user().unwrap_or(""))
-        .bind(key.session())
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(backend)?;
-        let (run, approvals) =
-            match super::decide_on(head.as_ref().map(to_run).transpose()?, decision) {
-                Ok(decided) => decided,
-                Err(answer) => {
-                    tx.rollback().await.map_err(backend)?;
-                    return Ok(*answer);
-                }
+        );
+        let (mut tx, run, approvals) =
+            match super::decide_head(tx, head, key, decision, to_run, "mysql").await? {
+                Ok(resume) => resume,
+                Err(answer) => return Ok(*answer),
             };
         claim_query(
             concat!(

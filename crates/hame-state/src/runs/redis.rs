@@ -46,7 +46,7 @@ use chrono::{DateTime, Utc};
 
 use super::{
     Beat, CancelOutcome, Claim, ClaimOptions, Decided, Decision, EndColumns, NewRun, Run, RunEnd,
-    RunError, RunFilter, RunQueue, Submitted, claim_lost, new_token, validate_run_id,
+    RunError, RunFilter, RunQueue, Submitted, claim_lost, error_json, new_token, validate_run_id,
 };
 use crate::error::{Error, Result};
 use crate::key::StateKey;
@@ -590,20 +590,16 @@ impl RunQueue for RedisRunQueue {
     }
 
     async fn finish(&self, claim: &Claim, end: &RunEnd) -> Result<Run> {
-        let mut done = claim.run.clone();
-        end.apply(&mut done);
-        let present = |v: Option<String>| v.map(|v| format!("={v}")).unwrap_or_default();
-        let cols = EndColumns::of(&done)?;
+        let cols = EndColumns::of(&claim.run, end)?;
         let mut call = FINISH_SCRIPT.prepare_invoke();
         call.arg(&*self.base)
             .arg(&claim.run.id)
             .arg(&claim.token)
-            .arg(done.status.as_str())
-            .arg(present(done.reply.clone()))
-            .arg(present(cols.usage))
-            .arg(present(cols.error))
-            .arg(present(cols.approvals))
-            .arg(present(cols.verification));
+            .arg(cols.status);
+        for v in cols.values() {
+            // '' when absent, else '=' and the value.
+            call.arg(v.map(|v| format!("={v}")).unwrap_or_default());
+        }
         let h: Hash = self.conn.invoke(&call).await?;
         if h.is_empty() {
             return Err(claim_lost(&claim.run.id));
@@ -615,7 +611,7 @@ impl RunQueue for RedisRunQueue {
         if validate_run_id(id).is_err() {
             return Ok(CancelOutcome::NotFound);
         }
-        let error = serde_json::to_string(&RunError::cancelled()).map_err(Error::Serialize)?;
+        let error = error_json(&RunError::cancelled())?;
         let mut call = CANCEL_SCRIPT.prepare_invoke();
         call.arg(&*self.base).arg(id).arg(error);
         let (code, h): (i64, Hash) = self.conn.invoke(&call).await?;

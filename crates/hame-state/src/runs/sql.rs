@@ -13,7 +13,7 @@ use sqlx::postgres::{PgListener, PgPool, PgPoolOptions, PgRow};
 use super::{
     Beat, CancelOutcome, Claim, ClaimOptions, Decided, Decision, EndColumns, NewRow, NewRun, Run,
     RunEnd, RunError, RunFilter, RunQueue, RunStatus, Submitted, claim_lost, claim_query,
-    new_token, validate_run_id,
+    error_json, new_token, validate_run_id,
 };
 use crate::error::{Error, Result};
 use crate::key::StateKey;
@@ -349,18 +349,11 @@ impl RunQueue for PgRunQueue {
     }
 
     async fn finish(&self, claim: &Claim, end: &RunEnd) -> Result<Run> {
-        let mut done = claim.run.clone();
-        end.apply(&mut done);
-        let cols = EndColumns::of(&done)?;
-        let row = sqlx::query(SQL.finish.as_str())
+        let finish = sqlx::query(SQL.finish.as_str())
             .bind(&claim.run.id)
-            .bind(&claim.token)
-            .bind(done.status.as_str())
-            .bind(&done.reply)
-            .bind(cols.usage)
-            .bind(cols.error)
-            .bind(cols.approvals)
-            .bind(cols.verification)
+            .bind(&claim.token);
+        let row = EndColumns::of(&claim.run, end)?
+            .bind(finish)
             .fetch_optional(&self.pool)
             .await
             .map_err(backend)?;
@@ -374,7 +367,7 @@ impl RunQueue for PgRunQueue {
         if validate_run_id(id).is_err() {
             return Ok(CancelOutcome::NotFound);
         }
-        let error = serde_json::to_string(&RunError::cancelled()).map_err(Error::Serialize)?;
+        let error = error_json(&RunError::cancelled())?;
         let row = sqlx::query(SQL.cancel.as_str())
             .bind(id)
             .bind(error)
@@ -415,21 +408,12 @@ impl RunQueue for PgRunQueue {
         options: &ClaimOptions,
     ) -> Result<Decided> {
         let token = new_token();
-        let mut tx = self.pool.begin().await.map_err(backend)?;
-        let head = sqlx::query(SQL.head.as_str())
-            .bind(key.agent())
-            .bind(key.user().unwrap_or(""))
-            .bind(key.session())
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(backend)?;
-        let (run, approvals) =
-            match super::decide_on(head.as_ref().map(to_run).transpose()?, decision) {
-                Ok(decided) => decided,
-                Err(answer) => {
-                    tx.rollback().await.map_err(backend)?;
-                    return Ok(*answer);
-                }
+        let tx = self.pool.begin().await.map_err(backend)?;
+        let head = SQL.head.as_str();
+        let (mut tx, run, approvals) =
+            match super::decide_head(tx, head, key, decision, to_run, "postgres").await? {
+                Ok(resume) => resume,
+                Err(answer) => return Ok(*answer),
             };
         let row = claim_query(SQL.decide.as_str(), &token, options)
             .bind(&run.id)
