@@ -421,11 +421,13 @@ fn query(sql: &'static str) -> AnyQuery {
 }
 
 /// The `user_key` column: `''` for the anonymous tenant (never a valid user id).
-fn user_key(user: Option<&str>) -> String {
+pub(crate) fn user_key(user: Option<&str>) -> String {
     user.unwrap_or("").to_owned()
 }
 
-fn ttl_micros(ttl: Duration) -> i64 {
+/// A lease's TTL or a run's lapse in microseconds, for the SQL interval arithmetic (at
+/// least 1 ms).
+pub(crate) fn ttl_micros(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX).max(1000)
 }
 

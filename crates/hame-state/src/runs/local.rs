@@ -10,7 +10,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 
 use super::{
     Beat, CancelOutcome, Claim, ClaimOptions, Decided, Decision, NewRun, Run, RunEnd, RunFilter,
-    RunQueue, RunStatus, Submitted, claim_lost, validate_run_id,
+    RunQueue, RunStatus, Submitted, claim_lost, new_token, validate_run_id,
 };
 use crate::error::Result;
 use crate::key::StateKey;
@@ -38,19 +38,12 @@ pub(crate) mod ops {
                     && r.is_owned_by(new.key.agent(), new.key.user())
             })
         {
-            let run = r.clone();
-            return (
-                Submitted {
-                    run,
-                    created: false,
-                },
-                None,
-            );
+            return (Submitted::earlier(r.clone()), None);
         }
         let mut run = Run::new(new, now);
         run.seq = runs.iter().map(|r| r.seq).max().unwrap_or(0) + 1;
         runs.push(run.clone());
-        (Submitted { run, created: true }, Some(runs.len() - 1))
+        (Submitted::stored(run), Some(runs.len() - 1))
     }
 
     /// [`submit`], then, when the new run's session has no other queued or running run, a
@@ -113,16 +106,11 @@ pub(crate) mod ops {
         let r = &mut runs[i];
         r.status = RunStatus::Running;
         r.attempts += 1;
-        r.token = uuid::Uuid::new_v4().simple().to_string();
+        r.token = new_token();
         r.worker = Some(options.worker.clone());
         r.expires = Some(now + lapse_delta(options.lapse));
         r.updated = now;
-        Claim {
-            run: r.clone(),
-            token: r.token.clone(),
-            attempt: r.attempts,
-            lapse: options.lapse,
-        }
+        Claim::of(r.clone(), r.token.clone(), options)
     }
 
     fn held<'a>(runs: &'a mut [Run], claim: &Claim) -> Result<(usize, &'a mut Run)> {
@@ -575,10 +563,7 @@ mod json {
                     ok.then(|| f.next()).flatten()
                 });
                 if let Some(run) = hit.map(|id| me.read(id)).transpose()?.flatten() {
-                    return Ok(Submitted {
-                        run,
-                        created: false,
-                    });
+                    return Ok(Submitted::earlier(run));
                 }
             }
             let seq_path = me.dir.join("seq");
@@ -599,7 +584,7 @@ mod json {
                 ));
                 write_atomic(dir, file, index.as_bytes())?;
             }
-            Ok(Submitted { run, created: true })
+            Ok(Submitted::stored(run))
         }
 
         /// The active (queued, running or waiting) runs (the queue lock held). A crash between

@@ -544,6 +544,11 @@ fn new_run_id() -> String {
     format!("run-{}", uuid::Uuid::new_v4().simple())
 }
 
+/// A new claim token (32 hex digits): what a claim's heartbeats and final write carry.
+pub(crate) fn new_token() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
 /// What [`RunQueue::submit`] did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Submitted {
@@ -551,6 +556,21 @@ pub struct Submitted {
     pub run: Run,
     /// False when the idempotency key named an existing run.
     pub created: bool,
+}
+
+impl Submitted {
+    /// A run this submit stored.
+    pub(crate) fn stored(run: Run) -> Self {
+        Self { run, created: true }
+    }
+
+    /// The earlier run a repeated idempotency key named (nothing new was stored).
+    pub(crate) fn earlier(run: Run) -> Self {
+        Self {
+            run,
+            created: false,
+        }
+    }
 }
 
 /// A claimed run: its fence and the token its heartbeats and final write carry.
@@ -564,6 +584,19 @@ pub struct Claim {
     pub attempt: u64,
     /// How long the claim lasts without a heartbeat.
     pub lapse: Duration,
+}
+
+impl Claim {
+    /// The claim of `run`, as claimed under `token` with `options`: its fence is the run's
+    /// attempts.
+    pub(crate) fn of(run: Run, token: String, options: &ClaimOptions) -> Self {
+        Self {
+            attempt: run.attempts,
+            token,
+            lapse: options.lapse,
+            run,
+        }
+    }
 }
 
 /// What a heartbeat learnt.
@@ -990,31 +1023,212 @@ pub(crate) fn parse_error(backend: &'static str, text: Option<&str>) -> Result<O
         .transpose()
 }
 
-/// The text columns a finish writes: usage, verification, error and approvals as JSON.
+/// A stored [`RunError`]: JSON `{code, message}`.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
+pub(crate) fn error_json(error: &RunError) -> Result<String> {
+    serde_json::to_string(error).map_err(Error::Serialize)
+}
+
+/// What a finish writes, as text: the status, the reply, and usage, error, approvals and
+/// verification as JSON (`None`: absent).
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
 pub(crate) struct EndColumns {
+    /// The run's new status ([`RunEnd::status`]).
+    pub(crate) status: &'static str,
+    /// The reply of a run that ended with one.
+    pub(crate) reply: Option<String>,
+    /// Its token usage.
     pub(crate) usage: Option<String>,
-    pub(crate) verification: Option<String>,
+    /// A failed or cancelled run's [`RunError`].
     pub(crate) error: Option<String>,
+    /// The approvals a `waiting_approval` run waits on.
     pub(crate) approvals: Option<String>,
+    /// The completion gate's verdict.
+    pub(crate) verification: Option<String>,
 }
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
 impl EndColumns {
-    pub(crate) fn of(run: &Run) -> Result<Self> {
-        let text = |v: &Option<serde_json::Value>| v.as_ref().map(ToString::to_string);
+    /// What ending the claimed `run` with `end` writes.
+    pub(crate) fn of(run: &Run, end: &RunEnd) -> Result<Self> {
+        let mut done = run.clone();
+        end.apply(&mut done);
+        let text = |v: Option<serde_json::Value>| v.map(|v| v.to_string());
         Ok(Self {
-            usage: text(&run.usage),
-            verification: text(&run.verification),
-            error: run
-                .error
-                .as_ref()
-                .map(serde_json::to_string)
-                .transpose()
-                .map_err(Error::Serialize)?,
-            approvals: text(&run.approvals),
+            status: done.status.as_str(),
+            error: done.error.as_ref().map(error_json).transpose()?,
+            reply: done.reply,
+            usage: text(done.usage),
+            approvals: text(done.approvals),
+            verification: text(done.verification),
         })
     }
+
+    /// The values after the status, in the order every backend passes them: reply, usage,
+    /// error, approvals, verification.
+    pub(crate) fn values(&self) -> [Option<&str>; 5] {
+        [
+            self.reply.as_deref(),
+            self.usage.as_deref(),
+            self.error.as_deref(),
+            self.approvals.as_deref(),
+            self.verification.as_deref(),
+        ]
+    }
+
+    /// `query` with the status and then the [`values`](Self::values) bound next.
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    pub(crate) fn bind<DB: QueueDb>(&self, query: SqlQuery<DB>) -> SqlQuery<DB> {
+        let query = DB::bind_text(query, Some(self.status));
+        self.values().into_iter().fold(query, DB::bind_text)
+    }
+}
+
+/// A run to insert into a SQL queue (PostgreSQL, MySQL): the queued run, its input as JSON
+/// and its `user_key` column. The dialects bind the same values; only their statements
+/// differ.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) struct NewRow {
+    /// The run as submitted (queued; the database fills in `seq` and the times).
+    pub(crate) run: Run,
+    /// [`Run::input`] as JSON.
+    pub(crate) input: String,
+    /// The `user_key` column (`''`: the anonymous tenant).
+    pub(crate) user: String,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl NewRow {
+    /// The row of `new`, submitted now.
+    pub(crate) fn of(new: &NewRun) -> Result<Self> {
+        let run = Run::new(new, Utc::now());
+        let input = serde_json::to_string(&run.input).map_err(Error::Serialize)?;
+        let user = crate::sql::user_key(new.key.user());
+        Ok(Self { run, input, user })
+    }
+
+    /// The name of the lock under which the submit-and-claims of the run's session take
+    /// turns.
+    pub(crate) fn session_lock(&self) -> String {
+        let Self { run, user, .. } = self;
+        format!("hame_runs\n{}\n{user}\n{}", run.agent, run.session)
+    }
+
+    /// `statement`, the dialect's `INSERT` of a queued run, with its six values bound: id,
+    /// agent, `user_key`, session, idempotency key, input.
+    pub(crate) fn insert<DB: QueueDb>(&self, statement: &'static str) -> SqlQuery<DB> {
+        let Self { run, input, user } = self;
+        texts(
+            statement,
+            &[
+                Some(&run.id),
+                Some(&run.agent),
+                Some(user),
+                Some(&run.session),
+                run.idempotency_key.as_deref(),
+                Some(input),
+            ],
+        )
+    }
+
+    /// `statement`, the dialect's read of the run of an idempotency key, with its three
+    /// values bound: agent, `user_key`, idempotency key.
+    pub(crate) fn earlier<DB: QueueDb>(&self, statement: &'static str) -> SqlQuery<DB> {
+        let key = self.run.idempotency_key.as_deref();
+        texts(statement, &[Some(&self.run.agent), Some(&self.user), key])
+    }
+}
+
+/// A statement of a SQL queue with (some of) its values bound.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) type SqlQuery<DB> = sqlx::query::Query<'static, DB, <DB as sqlx::Database>::Arguments>;
+
+/// A database of the SQL queues (PostgreSQL, MySQL): their statements differ, the values
+/// they bind (text and microseconds) do not.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) trait QueueDb: sqlx::Database {
+    /// `query` with `value` bound next (`None`: `NULL`).
+    fn bind_text(query: SqlQuery<Self>, value: Option<&str>) -> SqlQuery<Self>;
+    /// `query` with `value` bound next.
+    fn bind_number(query: SqlQuery<Self>, value: i64) -> SqlQuery<Self>;
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl<DB> QueueDb for DB
+where
+    DB: sqlx::Database,
+    for<'t> Option<&'t str>: sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+    i64: for<'t> sqlx::Encode<'t, DB> + sqlx::Type<DB>,
+{
+    fn bind_text(query: SqlQuery<Self>, value: Option<&str>) -> SqlQuery<Self> {
+        query.bind(value)
+    }
+
+    fn bind_number(query: SqlQuery<Self>, value: i64) -> SqlQuery<Self> {
+        query.bind(value)
+    }
+}
+
+/// `statement` with `values` bound in order (`None`: `NULL`).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn texts<DB: QueueDb>(statement: &'static str, values: &[Option<&str>]) -> SqlQuery<DB> {
+    values
+        .iter()
+        .fold(sqlx::query(statement), |q, v| DB::bind_text(q, *v))
+}
+
+/// The first step of a SQL queue's [`RunQueue::decide`], in `tx`: the head of session
+/// `key`, read (and locked) with `statement` (the dialect's; binds agent, `user_key`,
+/// session), and `decision` checked against it ([`decide_on`]). Gives `tx` back with the
+/// run to claim and its approvals with the decision; otherwise rolls `tx` back and gives
+/// the answer. `backend` names the queue in errors.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn decide_head<DB: QueueDb>(
+    mut tx: sqlx::Transaction<'static, DB>,
+    statement: &'static str,
+    key: &StateKey,
+    decision: &Decision,
+    to_run: fn(&DB::Row) -> Result<Run>,
+    backend: &'static str,
+) -> Result<std::result::Result<Resume<DB>, Box<Decided>>>
+where
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    let err = |e: sqlx::Error| Error::backend(backend, e);
+    let user = crate::sql::user_key(key.user());
+    let head = texts::<DB>(
+        statement,
+        &[Some(key.agent()), Some(&user), Some(key.session())],
+    )
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(err)?;
+    match decide_on(head.as_ref().map(to_run).transpose()?, decision) {
+        Ok((run, approvals)) => Ok(Ok((tx, run, approvals))),
+        Err(answer) => {
+            tx.rollback().await.map_err(err)?;
+            Ok(Err(answer))
+        }
+    }
+}
+
+/// What [`decide_head`] found to claim: the transaction that read (and locked) the run, the
+/// run and its approvals with the decision.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) type Resume<DB> = (sqlx::Transaction<'static, DB>, Run, serde_json::Value);
+
+/// `statement`, a claim of a SQL queue, with the three values every claim writes bound
+/// first: the token, the worker and the lapse in microseconds (`$1` to `$3` on
+/// PostgreSQL, the first three `?` on MySQL). The caller binds what its statement adds.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn claim_query<DB: QueueDb>(
+    statement: &'static str,
+    token: &str,
+    options: &ClaimOptions,
+) -> SqlQuery<DB> {
+    let q = texts(statement, &[Some(token), Some(&options.worker)]);
+    DB::bind_number(q, crate::sql::ttl_micros(options.lapse))
 }
 
 /// The purgeable statuses as a SQL list (`'completed', …`), for the purge statements.

@@ -10,12 +10,13 @@ use sqlx::Row;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions, MySqlRow};
 
 use super::{
-    Beat, CancelOutcome, Claim, ClaimOptions, Decided, Decision, EndColumns, NewRun, Run, RunEnd,
-    RunError, RunFilter, RunQueue, Submitted, claim_lost, validate_run_id,
+    Beat, CancelOutcome, Claim, ClaimOptions, Decided, Decision, EndColumns, NewRow, NewRun, Run,
+    RunEnd, RunError, RunFilter, RunQueue, Submitted, claim_lost, claim_query, error_json,
+    new_token, validate_run_id,
 };
 use crate::error::{Error, Result};
 use crate::key::StateKey;
-use crate::sql::{MySqlStore, SqlOptions};
+use crate::sql::{MySqlStore, SqlOptions, ttl_micros};
 
 /// How often an idle worker of a MySQL queue looks for work (250 ms).
 pub const MYSQL_POLL: Duration = Duration::from_millis(250);
@@ -25,6 +26,17 @@ macro_rules! cols {
         "seq, id, agent, user_key, session, idempotency_key, status, input, reply, `usage`, \
          verification, error, approvals, attempts, token, worker, cancel_requested, created_at, updated_at, \
          expires_at"
+    };
+}
+
+/// What every claim writes (binds: the first three `?`, [`claim_query`]): running, one more
+/// attempt, the claim's token and worker, an expiry one lapse from now. A statement goes on
+/// with its own `SET`s and its `WHERE`.
+macro_rules! take {
+    () => {
+        "UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = ?,
+             worker = ?, updated_at = UTC_TIMESTAMP(6),
+             expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND"
     };
 }
 
@@ -62,10 +74,6 @@ fn is_deadlock(e: &Error) -> bool {
     }
 }
 
-fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX).max(1000)
-}
-
 fn utc(t: NaiveDateTime) -> DateTime<Utc> {
     t.and_utc()
 }
@@ -85,7 +93,7 @@ fn to_run(row: &MySqlRow) -> Result<Run> {
 impl MySqlRunQueue {
     /// One claim transaction ([`RunQueue::claim`] tries it again after a deadlock).
     async fn claim_once(&self, options: &ClaimOptions) -> Result<Option<Claim>> {
-        let token = uuid::Uuid::new_v4().simple().to_string();
+        let token = new_token();
         let mut tx = self.pool.begin().await.map_err(backend)?;
         // The same rule as `runs::pick`.
         let seq: Option<u64> = sqlx::query_scalar(
@@ -110,32 +118,18 @@ impl MySqlRunQueue {
             tx.rollback().await.map_err(backend)?;
             return Ok(None);
         };
-        sqlx::query(
-            "UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = ?,
-                 worker = ?, updated_at = UTC_TIMESTAMP(6),
-                 expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
-             WHERE seq = ?",
-        )
-        .bind(&token)
-        .bind(&options.worker)
-        .bind(micros(options.lapse))
-        .bind(seq)
-        .execute(&mut *tx)
-        .await
-        .map_err(backend)?;
+        claim_query(concat!(take!(), " WHERE seq = ?"), &token, options)
+            .bind(seq)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
         let row = sqlx::query(concat!("SELECT ", cols!(), " FROM hame_runs WHERE seq = ?"))
             .bind(seq)
             .fetch_one(&mut *tx)
             .await
             .map_err(backend)?;
         tx.commit().await.map_err(backend)?;
-        let run = to_run(&row)?;
-        Ok(Some(Claim {
-            attempt: run.attempts,
-            token,
-            lapse: options.lapse,
-            run,
-        }))
+        Ok(Some(Claim::of(to_run(&row)?, token, options)))
     }
 
     /// Connects to `url` (`mysql://` or `mariadb://`) and applies hame-state's migrations
@@ -175,6 +169,13 @@ impl MySqlRunQueue {
             .map_err(backend)?;
         row.as_ref().map(to_run).transpose()
     }
+
+    /// The run `id` this queue just stored, as stored (MySQL has no `RETURNING`).
+    async fn submitted(&self, id: &str) -> Result<Run> {
+        self.by_id(id)
+            .await?
+            .ok_or_else(|| backend("a submitted run vanished"))
+    }
 }
 
 fn is_duplicate(e: &sqlx::Error) -> bool {
@@ -185,21 +186,13 @@ fn is_duplicate(e: &sqlx::Error) -> bool {
 /// one).
 async fn insert<'e>(
     db: impl sqlx::MySqlExecutor<'e>,
-    run: &Run,
-    user: &str,
-    input: String,
+    row: &NewRow,
 ) -> std::result::Result<sqlx::mysql::MySqlQueryResult, sqlx::Error> {
-    sqlx::query(
+    row.insert(
         "INSERT INTO hame_runs (id, agent, user_key, session, idempotency_key, status, input,
             created_at, updated_at)
          VALUES (?, ?, ?, ?, ?, 'queued', ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
     )
-    .bind(&run.id)
-    .bind(&run.agent)
-    .bind(user)
-    .bind(&run.session)
-    .bind(&run.idempotency_key)
-    .bind(input)
     .execute(db)
     .await
 }
@@ -225,15 +218,14 @@ impl MySqlRunQueue {
     async fn submit_claimed_locked(
         &self,
         conn: &mut sqlx::MySqlConnection,
-        run: &Run,
-        user: &str,
-        input: String,
+        row: &NewRow,
         token: &str,
         options: &ClaimOptions,
     ) -> Result<Locked> {
+        let NewRow { run, user, .. } = row;
         let mut tx = sqlx::Connection::begin(conn).await.map_err(backend)?;
         // Uncommitted, the new row is invisible to (and locked against) every other claim.
-        match insert(&mut *tx, run, user, input).await {
+        match insert(&mut *tx, row).await {
             Ok(_) => {}
             Err(e) if is_duplicate(&e) => {
                 tx.rollback().await.map_err(backend)?;
@@ -254,19 +246,11 @@ impl MySqlRunQueue {
         .await
         .map_err(backend)?;
         if busy.is_none() {
-            sqlx::query(
-                "UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = ?,
-                     worker = ?, updated_at = UTC_TIMESTAMP(6),
-                     expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
-                 WHERE id = ?",
-            )
-            .bind(token)
-            .bind(&options.worker)
-            .bind(micros(options.lapse))
-            .bind(&run.id)
-            .execute(&mut *tx)
-            .await
-            .map_err(backend)?;
+            claim_query(concat!(take!(), " WHERE id = ?"), token, options)
+                .bind(&run.id)
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
         }
         tx.commit().await.map_err(backend)?;
         Ok(Locked::Stored {
@@ -278,34 +262,20 @@ impl MySqlRunQueue {
 #[async_trait]
 impl RunQueue for MySqlRunQueue {
     async fn submit(&self, new: NewRun) -> Result<Submitted> {
-        let run = Run::new(&new, Utc::now());
-        let input = serde_json::to_string(&run.input).map_err(Error::Serialize)?;
-        let user = new.key.user().unwrap_or("").to_owned();
-        let inserted = insert(&self.pool, &run, &user, input).await;
-        match inserted {
-            Ok(_) => {
-                let run = self
-                    .by_id(&run.id)
-                    .await?
-                    .ok_or_else(|| backend("a submitted run vanished"))?;
-                Ok(Submitted { run, created: true })
-            }
+        let new = NewRow::of(&new)?;
+        match insert(&self.pool, &new).await {
+            Ok(_) => Ok(Submitted::stored(self.submitted(&new.run.id).await?)),
             Err(e) if is_duplicate(&e) => {
-                let row = sqlx::query(concat!(
-                    "SELECT ",
-                    cols!(),
-                    " FROM hame_runs WHERE agent = ? AND user_key = ? AND idempotency_key = ?"
-                ))
-                .bind(&run.agent)
-                .bind(&user)
-                .bind(&run.idempotency_key)
-                .fetch_one(&self.pool)
-                .await
-                .map_err(backend)?;
-                Ok(Submitted {
-                    run: to_run(&row)?,
-                    created: false,
-                })
+                let row = new
+                    .earlier(concat!(
+                        "SELECT ",
+                        cols!(),
+                        " FROM hame_runs WHERE agent = ? AND user_key = ? AND idempotency_key = ?"
+                    ))
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(backend)?;
+                Ok(Submitted::earlier(to_run(&row)?))
             }
             Err(e) => Err(backend(e)),
         }
@@ -316,16 +286,14 @@ impl RunQueue for MySqlRunQueue {
         new: NewRun,
         options: &ClaimOptions,
     ) -> Result<(Submitted, Option<Claim>)> {
-        let run = Run::new(&new, Utc::now());
-        let input = serde_json::to_string(&run.input).map_err(Error::Serialize)?;
-        let user = new.key.user().unwrap_or("").to_owned();
-        let token = uuid::Uuid::new_v4().simple().to_string();
+        let row = NewRow::of(&new)?;
+        let token = new_token();
         // Submit-and-claims of one session take turns: MySQL has no transaction-scoped
         // advisory lock, so a named lock (`GET_LOCK`) held by this connection across the
         // transaction; the server drops it if the connection dies. Without it two
         // transactions would each miss the other's uncommitted run and both claim.
         let mut conn = self.pool.acquire().await.map_err(backend)?;
-        let lock = format!("hame_runs\n{}\n{user}\n{}", run.agent, run.session);
+        let lock = row.session_lock();
         let got: Option<i64> =
             sqlx::query_scalar("SELECT GET_LOCK(CONCAT('hame_runs:', LEFT(SHA2(?, 256), 48)), ?)")
                 .bind(&lock)
@@ -340,7 +308,7 @@ impl RunQueue for MySqlRunQueue {
             )));
         }
         let locked = self
-            .submit_claimed_locked(&mut conn, &run, &user, input, &token, options)
+            .submit_claimed_locked(&mut conn, &row, &token, options)
             .await;
         let released =
             sqlx::query("SELECT RELEASE_LOCK(CONCAT('hame_runs:', LEFT(SHA2(?, 256), 48)))")
@@ -359,17 +327,9 @@ impl RunQueue for MySqlRunQueue {
             Locked::Duplicate => return Ok((self.submit(new).await?, None)),
             Locked::Stored { busy } => busy,
         };
-        let run = self
-            .by_id(&run.id)
-            .await?
-            .ok_or_else(|| backend("a submitted run vanished"))?;
-        let claim = (!busy).then(|| Claim {
-            attempt: run.attempts,
-            token,
-            lapse: options.lapse,
-            run: run.clone(),
-        });
-        Ok((Submitted { run, created: true }, claim))
+        let run = self.submitted(&row.run.id).await?;
+        let claim = (!busy).then(|| Claim::of(run.clone(), token, options));
+        Ok((Submitted::stored(run), claim))
     }
 
     async fn get(&self, id: &str) -> Result<Option<Run>> {
@@ -424,7 +384,7 @@ impl RunQueue for MySqlRunQueue {
             "UPDATE hame_runs SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
              WHERE id = ? AND token = ? AND status = 'running'",
         )
-        .bind(micros(claim.lapse))
+        .bind(ttl_micros(claim.lapse))
         .bind(&claim.run.id)
         .bind(&claim.token)
         .execute(&self.pool)
@@ -449,26 +409,19 @@ impl RunQueue for MySqlRunQueue {
     }
 
     async fn finish(&self, claim: &Claim, end: &RunEnd) -> Result<Run> {
-        let mut done = claim.run.clone();
-        end.apply(&mut done);
-        let cols = EndColumns::of(&done)?;
-        let n = sqlx::query(
+        let finish = sqlx::query(
             "UPDATE hame_runs SET status = ?, reply = ?, `usage` = ?, error = ?, approvals = ?,
                  verification = ?, token = '', expires_at = NULL, updated_at = UTC_TIMESTAMP(6)
              WHERE id = ? AND token = ? AND status = 'running'",
-        )
-        .bind(done.status.as_str())
-        .bind(&done.reply)
-        .bind(cols.usage)
-        .bind(cols.error)
-        .bind(cols.approvals)
-        .bind(cols.verification)
-        .bind(&claim.run.id)
-        .bind(&claim.token)
-        .execute(&self.pool)
-        .await
-        .map_err(backend)?
-        .rows_affected();
+        );
+        let n = EndColumns::of(&claim.run, end)?
+            .bind(finish)
+            .bind(&claim.run.id)
+            .bind(&claim.token)
+            .execute(&self.pool)
+            .await
+            .map_err(backend)?
+            .rows_affected();
         if n != 1 {
             return Err(claim_lost(&claim.run.id));
         }
@@ -481,7 +434,7 @@ impl RunQueue for MySqlRunQueue {
         if validate_run_id(id).is_err() {
             return Ok(CancelOutcome::NotFound);
         }
-        let error = serde_json::to_string(&RunError::cancelled()).map_err(Error::Serialize)?;
+        let error = error_json(&RunError::cancelled())?;
         let mut tx = self.pool.begin().await.map_err(backend)?;
         let status: Option<String> =
             sqlx::query_scalar("SELECT status FROM hame_runs WHERE id = ? FOR UPDATE")
@@ -530,40 +483,30 @@ impl RunQueue for MySqlRunQueue {
         decision: &Decision,
         options: &ClaimOptions,
     ) -> Result<Decided> {
-        let token = uuid::Uuid::new_v4().simple().to_string();
-        let mut tx = self.pool.begin().await.map_err(backend)?;
-        let head = sqlx::query(concat!(
+        let token = new_token();
+        let tx = self.pool.begin().await.map_err(backend)?;
+        // The run at the head of the session (the earliest one holding it), locked.
+        let head = concat!(
             "SELECT ",
             cols!(),
             " FROM hame_runs WHERE agent = ? AND user_key = ? AND session = ?
                AND status IN ('queued', 'running', 'waiting_approval')
              ORDER BY seq LIMIT 1 FOR UPDATE"
-        ))
-        .bind(key.agent())
-        .bind(key.user().unwrap_or(""))
-        .bind(key.session())
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(backend)?;
-        let (run, approvals) =
-            match super::decide_on(head.as_ref().map(to_run).transpose()?, decision) {
-                Ok(decided) => decided,
-                Err(answer) => {
-                    tx.rollback().await.map_err(backend)?;
-                    return Ok(*answer);
-                }
+        );
+        let (mut tx, run, approvals) =
+            match super::decide_head(tx, head, key, decision, to_run, "mysql").await? {
+                Ok(resume) => resume,
+                Err(answer) => return Ok(*answer),
             };
-        sqlx::query(
-            "UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = ?,
-                 worker = ?, updated_at = UTC_TIMESTAMP(6), approvals = ?,
-                 cancel_requested = FALSE,
-                 expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
-             WHERE id = ?",
+        claim_query(
+            concat!(
+                take!(),
+                ", approvals = ?, cancel_requested = FALSE WHERE id = ?"
+            ),
+            &token,
+            options,
         )
-        .bind(&token)
-        .bind(&options.worker)
         .bind(approvals.to_string())
-        .bind(micros(options.lapse))
         .bind(&run.id)
         .execute(&mut *tx)
         .await
@@ -573,12 +516,7 @@ impl RunQueue for MySqlRunQueue {
             .by_id(&run.id)
             .await?
             .ok_or_else(|| backend("a decided run vanished"))?;
-        Ok(Decided::Claimed(Claim {
-            attempt: run.attempts,
-            token,
-            lapse: options.lapse,
-            run,
-        }))
+        Ok(Decided::Claimed(Claim::of(run, token, options)))
     }
 
     async fn purge_finished(

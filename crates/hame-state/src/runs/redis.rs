@@ -46,7 +46,7 @@ use chrono::{DateTime, Utc};
 
 use super::{
     Beat, CancelOutcome, Claim, ClaimOptions, Decided, Decision, EndColumns, NewRun, Run, RunEnd,
-    RunError, RunFilter, RunQueue, Submitted, claim_lost, validate_run_id,
+    RunError, RunFilter, RunQueue, Submitted, claim_lost, error_json, new_token, validate_run_id,
 };
 use crate::error::{Error, Result};
 use crate::key::StateKey;
@@ -509,16 +509,11 @@ impl RunQueue for RedisRunQueue {
         new: NewRun,
         options: &ClaimOptions,
     ) -> Result<(Submitted, Option<Claim>)> {
-        let token = uuid::Uuid::new_v4().simple().to_string();
+        let token = new_token();
         let submitted = self.submit_with(&new, Some((&token, options))).await?;
         let claim = (submitted.run.status == super::RunStatus::Running
             && submitted.run.token == token)
-            .then(|| Claim {
-                attempt: submitted.run.attempts,
-                token,
-                lapse: options.lapse,
-                run: submitted.run.clone(),
-            });
+            .then(|| Claim::of(submitted.run.clone(), token, options));
         Ok((submitted, claim))
     }
 
@@ -564,7 +559,7 @@ impl RunQueue for RedisRunQueue {
     }
 
     async fn claim(&self, options: &ClaimOptions) -> Result<Option<Claim>> {
-        let token = uuid::Uuid::new_v4().simple().to_string();
+        let token = new_token();
         let mut call = CLAIM_SCRIPT.prepare_invoke();
         call.arg(&*self.base)
             .arg(&options.agent)
@@ -575,13 +570,7 @@ impl RunQueue for RedisRunQueue {
         if h.is_empty() {
             return Ok(None);
         }
-        let run = to_run(&h)?;
-        Ok(Some(Claim {
-            attempt: run.attempts,
-            token,
-            lapse: options.lapse,
-            run,
-        }))
+        Ok(Some(Claim::of(to_run(&h)?, token, options)))
     }
 
     async fn heartbeat(&self, claim: &Claim) -> Result<Beat> {
@@ -601,20 +590,16 @@ impl RunQueue for RedisRunQueue {
     }
 
     async fn finish(&self, claim: &Claim, end: &RunEnd) -> Result<Run> {
-        let mut done = claim.run.clone();
-        end.apply(&mut done);
-        let present = |v: Option<String>| v.map(|v| format!("={v}")).unwrap_or_default();
-        let cols = EndColumns::of(&done)?;
+        let cols = EndColumns::of(&claim.run, end)?;
         let mut call = FINISH_SCRIPT.prepare_invoke();
         call.arg(&*self.base)
             .arg(&claim.run.id)
             .arg(&claim.token)
-            .arg(done.status.as_str())
-            .arg(present(done.reply.clone()))
-            .arg(present(cols.usage))
-            .arg(present(cols.error))
-            .arg(present(cols.approvals))
-            .arg(present(cols.verification));
+            .arg(cols.status);
+        for v in cols.values() {
+            // '' when absent, else '=' and the value.
+            call.arg(v.map(|v| format!("={v}")).unwrap_or_default());
+        }
         let h: Hash = self.conn.invoke(&call).await?;
         if h.is_empty() {
             return Err(claim_lost(&claim.run.id));
@@ -626,7 +611,7 @@ impl RunQueue for RedisRunQueue {
         if validate_run_id(id).is_err() {
             return Ok(CancelOutcome::NotFound);
         }
-        let error = serde_json::to_string(&RunError::cancelled()).map_err(Error::Serialize)?;
+        let error = error_json(&RunError::cancelled())?;
         let mut call = CANCEL_SCRIPT.prepare_invoke();
         call.arg(&*self.base).arg(id).arg(error);
         let (code, h): (i64, Hash) = self.conn.invoke(&call).await?;
@@ -672,7 +657,7 @@ impl RunQueue for RedisRunQueue {
                 Ok(decided) => decided,
                 Err(answer) => return Ok(*answer),
             };
-            let token = uuid::Uuid::new_v4().simple().to_string();
+            let token = new_token();
             let mut call = DECIDE_SCRIPT.prepare_invoke();
             call.arg(&*self.base)
                 .arg(&sk)
@@ -684,13 +669,7 @@ impl RunQueue for RedisRunQueue {
                 .arg(ms(options.lapse));
             let (code, h): (i64, Hash) = self.conn.invoke(&call).await?;
             if code == 1 && !h.is_empty() {
-                let run = to_run(&h)?;
-                return Ok(Decided::Claimed(Claim {
-                    attempt: run.attempts,
-                    token,
-                    lapse: options.lapse,
-                    run,
-                }));
+                return Ok(Decided::Claimed(Claim::of(to_run(&h)?, token, options)));
             }
         }
         Err(backend(

@@ -11,12 +11,13 @@ use sqlx::Row;
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions, PgRow};
 
 use super::{
-    Beat, CancelOutcome, Claim, ClaimOptions, Decided, Decision, EndColumns, NewRun, Run, RunEnd,
-    RunError, RunFilter, RunQueue, RunStatus, Submitted, claim_lost, validate_run_id,
+    Beat, CancelOutcome, Claim, ClaimOptions, Decided, Decision, EndColumns, NewRow, NewRun, Run,
+    RunEnd, RunError, RunFilter, RunQueue, RunStatus, Submitted, claim_lost, claim_query,
+    error_json, new_token, validate_run_id,
 };
 use crate::error::{Error, Result};
 use crate::key::StateKey;
-use crate::sql::{PostgresStore, SqlOptions};
+use crate::sql::{PostgresStore, SqlOptions, ttl_micros};
 
 /// How often an idle worker looks for work when no `NOTIFY` arrives (1 s): claims that
 /// lapsed are found this way, and so is work if the listening connection is down.
@@ -25,6 +26,13 @@ pub const SQL_POLL: Duration = Duration::from_secs(1);
 const CHANNEL: &str = "hame_runs";
 /// The channel of cancel wake-ups; the payload is the run id.
 const CANCEL_CHANNEL: &str = "hame_runs_cancel";
+
+/// What every claim writes (binds `$1` to `$3`: [`claim_query`]): running, one more
+/// attempt, the claim's token and worker, an expiry one lapse from now. A statement goes on
+/// with its own `SET`s or its `FROM` / `WHERE`.
+const TAKE: &str = "UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = $1,
+                 worker = $2, updated_at = clock_timestamp(),
+                 expires_at = clock_timestamp() + $3 * interval '1 microsecond'";
 
 const COLS: &str = "seq, id, agent, user_key, session, idempotency_key, status, input, reply, \
     usage, verification, error, approvals, attempts, token, worker, cancel_requested, created_at, updated_at, \
@@ -83,9 +91,7 @@ static SQL: LazyLock<Statements> = LazyLock::new(|| {
                                  AND o.seq < r.seq)))
                 ORDER BY r.seq LIMIT 1
                 FOR UPDATE OF r SKIP LOCKED)
-             UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = $1,
-                 worker = $2, updated_at = clock_timestamp(),
-                 expires_at = clock_timestamp() + $3 * interval '1 microsecond'
+             {TAKE}
              FROM next WHERE hame_runs.seq = next.seq
              RETURNING {}",
         COLS.split(", ")
@@ -95,9 +101,7 @@ static SQL: LazyLock<Statements> = LazyLock::new(|| {
     ),
     // The run just inserted, when no other run of its session holds it.
     claim_new: format!(
-        "UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = $1,
-                 worker = $2, updated_at = clock_timestamp(),
-                 expires_at = clock_timestamp() + $3 * interval '1 microsecond'
+        "{TAKE}
              WHERE id = $4 AND status = 'queued' AND NOT EXISTS (
                  SELECT 1 FROM hame_runs o
                  WHERE o.agent = hame_runs.agent AND o.user_key = hame_runs.user_key
@@ -129,10 +133,7 @@ static SQL: LazyLock<Statements> = LazyLock::new(|| {
              ORDER BY seq LIMIT 1 FOR UPDATE"
     ),
     decide: format!(
-        "UPDATE hame_runs SET status = 'running', attempts = attempts + 1, token = $1,
-                 worker = $2, updated_at = clock_timestamp(), approvals = $5,
-                 cancel_requested = FALSE,
-                 expires_at = clock_timestamp() + $3 * interval '1 microsecond'
+        "{TAKE}, approvals = $5, cancel_requested = FALSE
              WHERE id = $4 AND status = 'waiting_approval'
              RETURNING {COLS}"
     ),
@@ -165,10 +166,6 @@ impl std::fmt::Debug for PgRunQueue {
 
 fn backend(e: sqlx::Error) -> Error {
     Error::backend("postgres", e)
-}
-
-fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX).max(1000)
 }
 
 fn to_run(row: &PgRow) -> Result<Run> {
@@ -237,17 +234,9 @@ fn with_notify(statement: &str) -> String {
 async fn insert<'e>(
     db: impl sqlx::PgExecutor<'e>,
     statement: &'static str,
-    run: &Run,
-    user: &str,
-    input: String,
+    row: &NewRow,
 ) -> Result<Option<PgRow>> {
-    sqlx::query(statement)
-        .bind(&run.id)
-        .bind(&run.agent)
-        .bind(user)
-        .bind(&run.session)
-        .bind(&run.idempotency_key)
-        .bind(input)
+    row.insert(statement)
         .fetch_optional(db)
         .await
         .map_err(backend)
@@ -256,25 +245,16 @@ async fn insert<'e>(
 #[async_trait]
 impl RunQueue for PgRunQueue {
     async fn submit(&self, new: NewRun) -> Result<Submitted> {
-        let run = Run::new(&new, Utc::now());
-        let input = serde_json::to_string(&run.input).map_err(Error::Serialize)?;
-        let user = new.key.user().unwrap_or("").to_owned();
-        let row = insert(&self.pool, SQL.submit_notify.as_str(), &run, &user, input).await?;
-        if let Some(row) = row {
-            let run = to_run(&row)?;
-            return Ok(Submitted { run, created: true });
+        let new = NewRow::of(&new)?;
+        if let Some(row) = insert(&self.pool, SQL.submit_notify.as_str(), &new).await? {
+            return Ok(Submitted::stored(to_run(&row)?));
         }
-        let row = sqlx::query(SQL.by_key.as_str())
-            .bind(&run.agent)
-            .bind(&user)
-            .bind(&run.idempotency_key)
+        let row = new
+            .earlier(SQL.by_key.as_str())
             .fetch_one(&self.pool)
             .await
             .map_err(backend)?;
-        Ok(Submitted {
-            run: to_run(&row)?,
-            created: false,
-        })
+        Ok(Submitted::earlier(to_run(&row)?))
     }
 
     async fn submit_claimed(
@@ -282,45 +262,32 @@ impl RunQueue for PgRunQueue {
         new: NewRun,
         options: &ClaimOptions,
     ) -> Result<(Submitted, Option<Claim>)> {
-        let run = Run::new(&new, Utc::now());
-        let input = serde_json::to_string(&run.input).map_err(Error::Serialize)?;
-        let user = new.key.user().unwrap_or("").to_owned();
-        let token = uuid::Uuid::new_v4().simple().to_string();
+        let row = NewRow::of(&new)?;
+        let token = new_token();
         let mut tx = self.pool.begin().await.map_err(backend)?;
         // Submit-and-claims of one session take turns (a plain claim sees only committed
         // runs, so it cannot take the new run before the commit).
         sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-            .bind(format!("hame_runs\n{}\n{user}\n{}", run.agent, run.session))
+            .bind(row.session_lock())
             .execute(&mut *tx)
             .await
             .map_err(backend)?;
-        let inserted = insert(&mut *tx, SQL.submit.as_str(), &run, &user, input).await?;
-        let Some(row) = inserted else {
+        let Some(inserted) = insert(&mut *tx, SQL.submit.as_str(), &row).await? else {
             tx.rollback().await.map_err(backend)?;
             return Ok((self.submit(new).await?, None));
         };
-        let claimed = sqlx::query(SQL.claim_new.as_str())
-            .bind(&token)
-            .bind(&options.worker)
-            .bind(micros(options.lapse))
-            .bind(&run.id)
+        let claimed = claim_query(SQL.claim_new.as_str(), &token, options)
+            .bind(&row.run.id)
             .fetch_optional(&mut *tx)
             .await
             .map_err(backend)?;
         tx.commit().await.map_err(backend)?;
         let Some(claimed) = claimed else {
             self.notify().await;
-            let run = to_run(&row)?;
-            return Ok((Submitted { run, created: true }, None));
+            return Ok((Submitted::stored(to_run(&inserted)?), None));
         };
-        let run = to_run(&claimed)?;
-        let claim = Claim {
-            attempt: run.attempts,
-            token,
-            lapse: options.lapse,
-            run: run.clone(),
-        };
-        Ok((Submitted { run, created: true }, Some(claim)))
+        let claim = Claim::of(to_run(&claimed)?, token, options);
+        Ok((Submitted::stored(claim.run.clone()), Some(claim)))
     }
 
     async fn get(&self, id: &str) -> Result<Option<Run>> {
@@ -349,25 +316,16 @@ impl RunQueue for PgRunQueue {
     }
 
     async fn claim(&self, options: &ClaimOptions) -> Result<Option<Claim>> {
-        let token = uuid::Uuid::new_v4().simple().to_string();
+        let token = new_token();
         // The same rule as `runs::pick`: the earliest queued (or lapsed) run of a session
         // with nothing earlier active and nothing live.
-        let row = sqlx::query(SQL.claim.as_str())
-            .bind(&token)
-            .bind(&options.worker)
-            .bind(micros(options.lapse))
+        let row = claim_query(SQL.claim.as_str(), &token, options)
             .bind(&options.agent)
             .fetch_optional(&self.pool)
             .await
             .map_err(backend)?;
         let Some(row) = row else { return Ok(None) };
-        let run = to_run(&row)?;
-        Ok(Some(Claim {
-            attempt: run.attempts,
-            token,
-            lapse: options.lapse,
-            run,
-        }))
+        Ok(Some(Claim::of(to_run(&row)?, token, options)))
     }
 
     async fn heartbeat(&self, claim: &Claim) -> Result<Beat> {
@@ -378,7 +336,7 @@ impl RunQueue for PgRunQueue {
         )
         .bind(&claim.run.id)
         .bind(&claim.token)
-        .bind(micros(claim.lapse))
+        .bind(ttl_micros(claim.lapse))
         .fetch_optional(&self.pool)
         .await
         .map_err(backend)?;
@@ -391,18 +349,11 @@ impl RunQueue for PgRunQueue {
     }
 
     async fn finish(&self, claim: &Claim, end: &RunEnd) -> Result<Run> {
-        let mut done = claim.run.clone();
-        end.apply(&mut done);
-        let cols = EndColumns::of(&done)?;
-        let row = sqlx::query(SQL.finish.as_str())
+        let finish = sqlx::query(SQL.finish.as_str())
             .bind(&claim.run.id)
-            .bind(&claim.token)
-            .bind(done.status.as_str())
-            .bind(&done.reply)
-            .bind(cols.usage)
-            .bind(cols.error)
-            .bind(cols.approvals)
-            .bind(cols.verification)
+            .bind(&claim.token);
+        let row = EndColumns::of(&claim.run, end)?
+            .bind(finish)
             .fetch_optional(&self.pool)
             .await
             .map_err(backend)?;
@@ -416,7 +367,7 @@ impl RunQueue for PgRunQueue {
         if validate_run_id(id).is_err() {
             return Ok(CancelOutcome::NotFound);
         }
-        let error = serde_json::to_string(&RunError::cancelled()).map_err(Error::Serialize)?;
+        let error = error_json(&RunError::cancelled())?;
         let row = sqlx::query(SQL.cancel.as_str())
             .bind(id)
             .bind(error)
@@ -456,40 +407,22 @@ impl RunQueue for PgRunQueue {
         decision: &Decision,
         options: &ClaimOptions,
     ) -> Result<Decided> {
-        let token = uuid::Uuid::new_v4().simple().to_string();
-        let mut tx = self.pool.begin().await.map_err(backend)?;
-        let head = sqlx::query(SQL.head.as_str())
-            .bind(key.agent())
-            .bind(key.user().unwrap_or(""))
-            .bind(key.session())
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(backend)?;
-        let (run, approvals) =
-            match super::decide_on(head.as_ref().map(to_run).transpose()?, decision) {
-                Ok(decided) => decided,
-                Err(answer) => {
-                    tx.rollback().await.map_err(backend)?;
-                    return Ok(*answer);
-                }
+        let token = new_token();
+        let tx = self.pool.begin().await.map_err(backend)?;
+        let head = SQL.head.as_str();
+        let (mut tx, run, approvals) =
+            match super::decide_head(tx, head, key, decision, to_run, "postgres").await? {
+                Ok(resume) => resume,
+                Err(answer) => return Ok(*answer),
             };
-        let row = sqlx::query(SQL.decide.as_str())
-            .bind(&token)
-            .bind(&options.worker)
-            .bind(micros(options.lapse))
+        let row = claim_query(SQL.decide.as_str(), &token, options)
             .bind(&run.id)
             .bind(approvals.to_string())
             .fetch_one(&mut *tx)
             .await
             .map_err(backend)?;
         tx.commit().await.map_err(backend)?;
-        let run = to_run(&row)?;
-        Ok(Decided::Claimed(Claim {
-            attempt: run.attempts,
-            token,
-            lapse: options.lapse,
-            run,
-        }))
+        Ok(Decided::Claimed(Claim::of(to_run(&row)?, token, options)))
     }
 
     async fn purge_finished(
