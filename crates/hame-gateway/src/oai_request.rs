@@ -445,18 +445,7 @@ pub(crate) fn json_schema_format(
     f: &Map<String, Value>,
     allowed: &[&str],
 ) -> R<ReplyFormat> {
-    for k in f.keys() {
-        if !allowed.contains(&k.as_str()) {
-            return Err(Refusal::unsupported(
-                format!("{param}.{k}"),
-                "unknown field",
-            ));
-        }
-    }
-    let name = f
-        .get("name")
-        .and_then(Value::as_str)
-        .ok_or_else(|| Refusal::missing(&format!("{param}.name")))?;
+    let name = name_of(f, param, allowed, "unknown field")?;
     let schema = f
         .get("schema")
         .cloned()
@@ -491,33 +480,22 @@ pub(crate) fn client_tools(v: &Value, nested: bool, taken: &[String]) -> R<Vec<C
             ));
         }
         let (f, at) = if nested {
-            for k in fields(t).keys() {
-                if k != "type" && k != "function" {
-                    return Err(Refusal::unsupported(
-                        format!("{here}.{k}"),
-                        "unknown tool field",
-                    ));
-                }
+            if let Some(k) = unknown_key(&fields(t), &["type", "function"]) {
+                return Err(Refusal::unsupported(
+                    format!("{here}.{k}"),
+                    "unknown tool field",
+                ));
             }
             (fields(&t["function"]), format!("{here}.function"))
         } else {
             (fields(t), here.clone())
         };
-        for k in f.keys() {
-            if !matches!(
-                k.as_str(),
-                "name" | "description" | "parameters" | "strict" | "type"
-            ) {
-                return Err(Refusal::unsupported(
-                    format!("{at}.{k}"),
-                    "unknown tool field",
-                ));
-            }
-        }
-        let name = f
-            .get("name")
-            .and_then(Value::as_str)
-            .ok_or_else(|| Refusal::missing(&format!("{at}.name")))?;
+        let name = name_of(
+            &f,
+            &at,
+            &["name", "description", "parameters", "strict", "type"],
+            "unknown tool field",
+        )?;
         let valid = !name.is_empty()
             && name.len() <= 64
             && name
@@ -862,15 +840,29 @@ pub(crate) fn hex_decode(hex: &str) -> Option<String> {
 
 /// Refuses any key of `f` not in `allowed`, naming it under `here`.
 pub(crate) fn only_keys(f: &Map<String, Value>, here: &str, what: &str, allowed: &[&str]) -> R<()> {
-    for k in f.keys() {
-        if !allowed.contains(&k.as_str()) {
-            return Err(Refusal::unsupported(
-                format!("{here}.{k}"),
-                format!("a {what} carries only {}", allowed.join(", ")),
-            ));
-        }
+    match unknown_key(f, allowed) {
+        Some(k) => Err(Refusal::unsupported(
+            format!("{here}.{k}"),
+            format!("a {what} carries only {}", allowed.join(", ")),
+        )),
+        None => Ok(()),
     }
-    Ok(())
+}
+
+/// The `name` of the object of fields `f` at `at`, which may carry only the keys `allowed`
+/// (another is refused: `why`).
+fn name_of<'a>(f: &'a Map<String, Value>, at: &str, allowed: &[&str], why: &str) -> R<&'a str> {
+    if let Some(k) = unknown_key(f, allowed) {
+        return Err(Refusal::unsupported(format!("{at}.{k}"), why));
+    }
+    f.get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| Refusal::missing(&format!("{at}.name")))
+}
+
+/// The first key of `f` (in its order) that is not in `allowed`.
+fn unknown_key<'a>(f: &'a Map<String, Value>, allowed: &[&str]) -> Option<&'a String> {
+    f.keys().find(|k| !allowed.contains(&k.as_str()))
 }
 
 /// The id a client sees for a tool call of `session`: the session travels in it, so the
