@@ -184,6 +184,77 @@ fn record_line(r: &hame::session::LogRecord) -> String {
     format!("#{} {role}: {}", r.seq, parts.join(" "))
 }
 
+/// Prints what a listing command found: with `--json` (`json`) the list as `to_json`
+/// writes it; else `empty` on stderr when there is nothing; else the list as `text`
+/// writes it.
+fn print_list<T>(
+    items: &[T],
+    json: bool,
+    to_json: impl FnOnce(&[T]) -> serde_json::Result<String>,
+    empty: &str,
+    text: impl FnOnce(&[T]),
+) -> anyhow::Result<()> {
+    if json {
+        println!("{}", to_json(items)?);
+    } else if items.is_empty() {
+        eprintln!("{empty}");
+    } else {
+        text(items);
+    }
+    Ok(())
+}
+
+/// A search hit as `hame sessions search` and `hame memory search` print it.
+trait Hit {
+    /// The hit with `--json`.
+    fn object(&self) -> serde_json::Value;
+    /// The hit's line.
+    fn line(&self) -> String;
+}
+
+impl Hit for hame::harness::SessionHit {
+    fn object(&self) -> serde_json::Value {
+        serde_json::json!({"session": self.session, "seq": self.seq, "snippet": self.snippet, "score": self.score})
+    }
+    fn line(&self) -> String {
+        let seq = self.seq.map_or_else(|| "?".to_owned(), |s| s.to_string());
+        format!("{} #{seq}: {}", self.session, self.snippet)
+    }
+}
+
+impl Hit for hame::memory::Hit {
+    fn object(&self) -> serde_json::Value {
+        serde_json::json!({"path": self.path, "line": self.line, "snippet": self.snippet, "score": self.score})
+    }
+    fn line(&self) -> String {
+        format!("{}:{}: {}", self.path, self.line, self.snippet)
+    }
+}
+
+/// Prints search hits: with `--json` one JSON array on one line, else a line a hit
+/// (`empty` on stderr when there is none).
+fn print_hits<H: Hit>(hits: &[H], json: bool, empty: &str) -> anyhow::Result<()> {
+    print_list(
+        hits,
+        json,
+        |hits| json_array(hits, H::object),
+        empty,
+        |hits| {
+            for h in hits {
+                println!("{}", h.line());
+            }
+        },
+    )
+}
+
+/// `items` as one JSON array of `item`s, on one line.
+fn json_array<T>(
+    items: &[T],
+    item: impl FnMut(&T) -> serde_json::Value,
+) -> serde_json::Result<String> {
+    Ok(serde_json::Value::Array(items.iter().map(item).collect()).to_string())
+}
+
 fn clip(s: &str, n: usize) -> String {
     if s.chars().count() <= n {
         s.to_owned()
@@ -203,34 +274,35 @@ pub(crate) async fn sessions(args: SessionsArgs) -> anyhow::Result<()> {
                 .session_observations(&ctx, &id)
                 .await
                 .map_err(config_err)?;
-            if args.json {
-                println!("{}", serde_json::to_string_pretty(&observations)?);
-            } else if observations.is_empty() {
-                eprintln!("no observations in session {id}");
-            } else {
-                for o in &observations {
-                    let facts = serde_json::Value::Object(o.facts.clone());
-                    println!(
-                        "{} {} {} #{} {} {}ms {}{}",
-                        o.started.format("%Y-%m-%d %H:%M:%S"),
-                        o.id,
-                        o.tool,
-                        o.attempt,
-                        o.outcome.as_str(),
-                        o.duration_ms,
-                        o.code
-                            .as_deref()
-                            .map(|c| format!("[{c}] "))
-                            .unwrap_or_default(),
-                        if o.facts.is_empty() {
-                            String::new()
-                        } else {
-                            facts.to_string()
-                        }
-                    );
-                }
-            }
-            Ok(())
+            print_list(
+                &observations,
+                args.json,
+                serde_json::to_string_pretty,
+                &format!("no observations in session {id}"),
+                |observations| {
+                    for o in observations {
+                        let facts = serde_json::Value::Object(o.facts.clone());
+                        println!(
+                            "{} {} {} #{} {} {}ms {}{}",
+                            o.started.format("%Y-%m-%d %H:%M:%S"),
+                            o.id,
+                            o.tool,
+                            o.attempt,
+                            o.outcome.as_str(),
+                            o.duration_ms,
+                            o.code
+                                .as_deref()
+                                .map(|c| format!("[{c}] "))
+                                .unwrap_or_default(),
+                            if o.facts.is_empty() {
+                                String::new()
+                            } else {
+                                facts.to_string()
+                            }
+                        );
+                    }
+                },
+            )
         }
         Some(SessionsCommand::Task { args, id }) => {
             let (agent, mut ctx) = build_without_model(&args.common).await?;
@@ -369,14 +441,13 @@ pub(crate) async fn sessions(args: SessionsArgs) -> anyhow::Result<()> {
                 .session_evidence(&ctx, &id)
                 .await
                 .map_err(config_err)?;
-            if args.json {
-                println!("{}", serde_json::to_string_pretty(&evidence)?);
-            } else if evidence.is_empty() {
-                eprintln!("no evidence in session {id}");
-            } else {
-                print!("{}", crate::run::evidence_lines(&evidence));
-            }
-            Ok(())
+            print_list(
+                &evidence,
+                args.json,
+                serde_json::to_string_pretty,
+                &format!("no evidence in session {id}"),
+                |e| print!("{}", crate::run::evidence_lines(e)),
+            )
         }
         Some(SessionsCommand::Show { args, id }) => {
             let (agent, ctx) = build_without_model(&args.common).await?;
@@ -409,23 +480,11 @@ pub(crate) async fn sessions(args: SessionsArgs) -> anyhow::Result<()> {
                 .search_sessions(&ctx, &query, limit)
                 .await
                 .map_err(config_err)?;
-            if args.json {
-                let v: Vec<_> = hits
-                    .iter()
-                    .map(|h| {
-                        serde_json::json!({"session": h.session, "seq": h.seq, "snippet": h.snippet, "score": h.score})
-                    })
-                    .collect();
-                println!("{}", serde_json::Value::Array(v));
-            } else if hits.is_empty() {
-                eprintln!("hame: no session record matches {query:?}");
-            } else {
-                for h in &hits {
-                    let seq = h.seq.map_or_else(|| "?".to_owned(), |s| s.to_string());
-                    println!("{} #{seq}: {}", h.session, h.snippet);
-                }
-            }
-            Ok(())
+            print_hits(
+                &hits,
+                args.json,
+                &format!("hame: no session record matches {query:?}"),
+            )
         }
     }
 }
@@ -433,23 +492,23 @@ pub(crate) async fn sessions(args: SessionsArgs) -> anyhow::Result<()> {
 async fn list(args: InspectArgs) -> anyhow::Result<()> {
     let (agent, ctx) = build_without_model(&args.common).await?;
     let entries = agent.sessions(&ctx).await.map_err(config_err)?;
-    if args.json {
-        println!("{}", serde_json::to_string(&entries)?);
-        return Ok(());
-    }
-    if entries.is_empty() {
-        eprintln!("hame: no sessions yet (agent {})", agent.name());
-    }
-    for e in &entries {
-        println!(
-            "{}\t{}\t{} messages\t{}",
-            e.id,
-            e.updated.format("%Y-%m-%d %H:%M"),
-            e.message_count,
-            e.title
-        );
-    }
-    Ok(())
+    print_list(
+        &entries,
+        args.json,
+        serde_json::to_string,
+        &format!("hame: no sessions yet (agent {})", agent.name()),
+        |entries| {
+            for e in entries {
+                println!(
+                    "{}\t{}\t{} messages\t{}",
+                    e.id,
+                    e.updated.format("%Y-%m-%d %H:%M"),
+                    e.message_count,
+                    e.title
+                );
+            }
+        },
+    )
 }
 
 /// `hame memory`.
@@ -463,20 +522,11 @@ pub(crate) async fn memory(args: MemoryArgs) -> anyhow::Result<()> {
                 .search_memory(&ctx, &query, limit)
                 .await
                 .map_err(config_err)?;
-            if args.json {
-                let v: Vec<_> = hits
-                    .iter()
-                    .map(|h| serde_json::json!({"path": h.path, "line": h.line, "snippet": h.snippet, "score": h.score}))
-                    .collect();
-                println!("{}", serde_json::Value::Array(v));
-            } else if hits.is_empty() {
-                eprintln!("hame: nothing in memory matches {query:?}");
-            } else {
-                for h in &hits {
-                    println!("{}:{}: {}", h.path, h.line, h.snippet);
-                }
-            }
-            Ok(())
+            print_hits(
+                &hits,
+                args.json,
+                &format!("hame: nothing in memory matches {query:?}"),
+            )
         }
     }
 }
@@ -484,23 +534,19 @@ pub(crate) async fn memory(args: MemoryArgs) -> anyhow::Result<()> {
 async fn show_memory(args: InspectArgs) -> anyhow::Result<()> {
     let (agent, ctx) = build_without_model(&args.common).await?;
     let files = agent.memory_files(&ctx).await.map_err(config_err)?;
-    if args.json {
-        let v: Vec<_> = files
-            .iter()
-            .map(|(p, c)| serde_json::json!({"path": p, "content": c}))
-            .collect();
-        println!("{}", serde_json::Value::Array(v));
-        return Ok(());
-    }
-    if files.is_empty() {
-        eprintln!("hame: no memory yet (MEMORY.md and memory/*.md are written as sessions go on)");
-    }
-    for (path, content) in &files {
-        println!("== {path} ==");
-        print!("{content}");
-        if !content.ends_with('\n') {
-            println!();
-        }
-    }
-    Ok(())
+    print_list(
+        &files,
+        args.json,
+        |files| json_array(files, |(p, c)| serde_json::json!({"path": p, "content": c})),
+        "hame: no memory yet (MEMORY.md and memory/*.md are written as sessions go on)",
+        |files| {
+            for (path, content) in files {
+                println!("== {path} ==");
+                print!("{content}");
+                if !content.ends_with('\n') {
+                    println!();
+                }
+            }
+        },
+    )
 }

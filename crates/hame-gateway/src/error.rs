@@ -177,6 +177,13 @@ impl ApiError {
     }
 }
 
+/// `?` on a harness call: the answer [`ApiError::from_harness`] gives.
+impl From<hame::harness::Error> for ApiError {
+    fn from(e: hame::harness::Error) -> Self {
+        Self::from_harness(&e)
+    }
+}
+
 /// OpenAI's error `type` for a status.
 pub(crate) fn error_type(status: StatusCode) -> &'static str {
     match status.as_u16() {

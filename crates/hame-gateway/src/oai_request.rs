@@ -84,6 +84,27 @@ pub(crate) struct Parsed {
     pub(crate) previous_response: Option<String>,
 }
 
+impl Parsed {
+    /// A request that has asked for nothing yet: every field at its default, but
+    /// `include_usage` (the API's default for it).
+    pub(crate) fn new(include_usage: bool) -> Self {
+        Self {
+            model: String::new(),
+            stream: false,
+            include_usage,
+            instructions: None,
+            history: Vec::new(),
+            tail: Tail::User(Message::user(String::new())),
+            tools: Vec::new(),
+            no_tools: false,
+            temperature: None,
+            max_tokens: None,
+            reply_format: None,
+            previous_response: None,
+        }
+    }
+}
+
 /// The fields of an object, with `null` values removed (a `null` is the field's default,
 /// as the OpenAI API reads it).
 pub(crate) fn fields(v: &Value) -> Map<String, Value> {
@@ -111,7 +132,15 @@ fn as_bool(param: &str, v: &Value) -> R<bool> {
         .ok_or_else(|| Refusal::invalid(param, format!("must be a boolean, not {v}")))
 }
 
-fn temperature(v: &Value) -> R<f32> {
+/// `model`: a string.
+pub(crate) fn model(v: &Value) -> R<String> {
+    v.as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| Refusal::invalid("model", "must be a string"))
+}
+
+/// `temperature`: a number from 0 to 2.
+pub(crate) fn temperature(v: &Value) -> R<f32> {
     match v.as_f64() {
         #[allow(clippy::cast_possible_truncation)]
         Some(t) if (0.0..=2.0).contains(&t) => Ok(t as f32),
@@ -122,7 +151,8 @@ fn temperature(v: &Value) -> R<f32> {
     }
 }
 
-fn token_limit(param: &str, v: &Value) -> R<u32> {
+/// A limit of tokens (`param`): a positive integer.
+pub(crate) fn token_limit(param: &str, v: &Value) -> R<u32> {
     v.as_u64()
         .and_then(|n| u32::try_from(n).ok())
         .filter(|n| *n > 0)
@@ -389,13 +419,37 @@ fn too_large(param: &str) -> Refusal {
     )
 }
 
-/// A reply format from a schema and its name; the schema must be in the checked subset.
+/// The reply format whose `{param}.type` is `kind`: none for `text`; a `json_schema` one is
+/// read by `schema` (with [`json_schema_format`]).
+pub(crate) fn reply_format(
+    param: &str,
+    kind: Option<&str>,
+    schema: impl FnOnce() -> R<ReplyFormat>,
+) -> R<Option<ReplyFormat>> {
+    match kind {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(ReplyFormat::JsonObject)),
+        Some("json_schema") => schema().map(Some),
+        _ => Err(Refusal::invalid(
+            format!("{param}.type"),
+            "must be \"text\", \"json_object\" or \"json_schema\"",
+        )),
+    }
+}
+
+/// A reply format from the fields `f` of a JSON Schema format at `param` (the keys it
+/// may carry: `allowed`): its `name` and its `schema`, which must be in the checked
+/// subset.
 pub(crate) fn json_schema_format(
     param: &str,
-    name: &str,
-    schema: Option<&Value>,
+    f: &Map<String, Value>,
+    allowed: &[&str],
 ) -> R<ReplyFormat> {
-    let schema = schema.cloned().unwrap_or_else(|| Value::Object(Map::new()));
+    let name = name_of(f, param, allowed, "unknown field")?;
+    let schema = f
+        .get("schema")
+        .cloned()
+        .unwrap_or_else(|| Value::Object(Map::new()));
     check_schema(&schema).map_err(|e| {
         Refusal::unsupported(
             format!("{param}.schema"),
@@ -426,33 +480,22 @@ pub(crate) fn client_tools(v: &Value, nested: bool, taken: &[String]) -> R<Vec<C
             ));
         }
         let (f, at) = if nested {
-            for k in fields(t).keys() {
-                if k != "type" && k != "function" {
-                    return Err(Refusal::unsupported(
-                        format!("{here}.{k}"),
-                        "unknown tool field",
-                    ));
-                }
+            if let Some(k) = unknown_key(&fields(t), &["type", "function"]) {
+                return Err(Refusal::unsupported(
+                    format!("{here}.{k}"),
+                    "unknown tool field",
+                ));
             }
             (fields(&t["function"]), format!("{here}.function"))
         } else {
             (fields(t), here.clone())
         };
-        for k in f.keys() {
-            if !matches!(
-                k.as_str(),
-                "name" | "description" | "parameters" | "strict" | "type"
-            ) {
-                return Err(Refusal::unsupported(
-                    format!("{at}.{k}"),
-                    "unknown tool field",
-                ));
-            }
-        }
-        let name = f
-            .get("name")
-            .and_then(Value::as_str)
-            .ok_or_else(|| Refusal::missing(&format!("{at}.name")))?;
+        let name = name_of(
+            &f,
+            &at,
+            &["name", "description", "parameters", "strict", "type"],
+            "unknown tool field",
+        )?;
         let valid = !name.is_empty()
             && name.len() <= 64
             && name
@@ -533,30 +576,12 @@ pub(crate) fn parse_chat(body: &Value, taken: &[String]) -> R<Parsed> {
         return Err(Refusal::invalid("body", "must be a JSON object"));
     }
     let f = fields(body);
-    let mut p = Parsed {
-        model: String::new(),
-        stream: false,
-        include_usage: false,
-        instructions: None,
-        history: Vec::new(),
-        tail: Tail::User(Message::user(String::new())),
-        tools: Vec::new(),
-        no_tools: false,
-        temperature: None,
-        max_tokens: None,
-        reply_format: None,
-        previous_response: None,
-    };
+    let mut p = Parsed::new(false);
     let mut messages = None;
     let mut stream_options = None;
     for (k, v) in &f {
         match k.as_str() {
-            "model" => {
-                p.model = v
-                    .as_str()
-                    .ok_or_else(|| Refusal::invalid("model", "must be a string"))?
-                    .to_owned();
-            }
+            "model" => p.model = model(v)?,
             "messages" => messages = Some(v),
             "stream" => p.stream = as_bool("stream", v)?,
             "stream_options" => stream_options = Some(v),
@@ -644,30 +669,13 @@ pub(crate) fn parse_chat(body: &Value, taken: &[String]) -> R<Parsed> {
 }
 
 fn chat_format(v: &Value) -> R<Option<ReplyFormat>> {
-    match v["type"].as_str() {
-        Some("text") => Ok(None),
-        Some("json_object") => Ok(Some(ReplyFormat::JsonObject)),
-        Some("json_schema") => {
-            let js = fields(&v["json_schema"]);
-            for k in js.keys() {
-                if !matches!(k.as_str(), "name" | "schema" | "strict" | "description") {
-                    return Err(Refusal::unsupported(
-                        format!("response_format.json_schema.{k}"),
-                        "unknown field",
-                    ));
-                }
-            }
-            let name = js
-                .get("name")
-                .and_then(Value::as_str)
-                .ok_or_else(|| Refusal::missing("response_format.json_schema.name"))?;
-            json_schema_format("response_format.json_schema", name, js.get("schema")).map(Some)
-        }
-        _ => Err(Refusal::invalid(
-            "response_format.type",
-            "must be \"text\", \"json_object\" or \"json_schema\"",
-        )),
-    }
+    reply_format("response_format", v["type"].as_str(), || {
+        json_schema_format(
+            "response_format.json_schema",
+            &fields(&v["json_schema"]),
+            &["name", "schema", "strict", "description"],
+        )
+    })
 }
 
 /// The conversation of a chat request: instructions, history and tail.
@@ -832,15 +840,29 @@ pub(crate) fn hex_decode(hex: &str) -> Option<String> {
 
 /// Refuses any key of `f` not in `allowed`, naming it under `here`.
 pub(crate) fn only_keys(f: &Map<String, Value>, here: &str, what: &str, allowed: &[&str]) -> R<()> {
-    for k in f.keys() {
-        if !allowed.contains(&k.as_str()) {
-            return Err(Refusal::unsupported(
-                format!("{here}.{k}"),
-                format!("a {what} carries only {}", allowed.join(", ")),
-            ));
-        }
+    match unknown_key(f, allowed) {
+        Some(k) => Err(Refusal::unsupported(
+            format!("{here}.{k}"),
+            format!("a {what} carries only {}", allowed.join(", ")),
+        )),
+        None => Ok(()),
     }
-    Ok(())
+}
+
+/// The `name` of the object of fields `f` at `at`, which may carry only the keys `allowed`
+/// (another is refused: `why`).
+fn name_of<'a>(f: &'a Map<String, Value>, at: &str, allowed: &[&str], why: &str) -> R<&'a str> {
+    if let Some(k) = unknown_key(f, allowed) {
+        return Err(Refusal::unsupported(format!("{at}.{k}"), why));
+    }
+    f.get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| Refusal::missing(&format!("{at}.name")))
+}
+
+/// The first key of `f` (in its order) that is not in `allowed`.
+fn unknown_key<'a>(f: &'a Map<String, Value>, allowed: &[&str]) -> Option<&'a String> {
+    f.keys().find(|k| !allowed.contains(&k.as_str()))
 }
 
 /// The id a client sees for a tool call of `session`: the session travels in it, so the

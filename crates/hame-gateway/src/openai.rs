@@ -168,6 +168,29 @@ pub(crate) struct Planned {
     pub(crate) before: hame::Usage,
 }
 
+impl Planned {
+    /// Starts the planned turn ([`turn::start_once`] with the request's caller); with it,
+    /// the tokens spent before ([`Planned::before`]).
+    pub(crate) fn start(
+        self,
+        shared: &AppState,
+        agent: &HarnessAgent,
+        user: Option<String>,
+        key: Option<crate::replay::RequestKey>,
+    ) -> Result<(turn::Turn, hame::Usage), ApiError> {
+        let turn = turn::start_once(
+            shared,
+            agent,
+            user,
+            self.session,
+            self.input,
+            key,
+            Some(self.caller),
+        )?;
+        Ok((turn, self.before))
+    }
+}
+
 /// The session a request continues and what its turn adds (see `docs/openai-compat.md`,
 /// *Sessions and history*):
 ///
@@ -196,14 +219,9 @@ pub(crate) async fn plan(
     let session = named
         .or(from_calls)
         .unwrap_or_else(|| format!("{prefix}{}", uuid::Uuid::new_v4().simple()));
-    hame::harness::validate_id("session id", &session)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_id", e.to_string()))?;
+    crate::routes::valid_session(&session)?;
     let ctx = crate::routes::context(shared, user.clone(), &session);
-    let state = agent
-        .state(&ctx)
-        .await
-        .map_err(|e| ApiError::from_harness(&e))?
-        .filter(|s| !s.messages.is_empty());
+    let state = agent.state(&ctx).await?.filter(|s| !s.messages.is_empty());
     let mut caller = CallerRequest::default()
         .with_instructions(req.instructions.clone())
         .with_tools(
@@ -372,7 +390,8 @@ fn tool_calls(session: &str, calls: &[Value], with_index: bool) -> Value {
     )
 }
 
-fn with_session(mut resp: Response, session: &str) -> Response {
+/// `resp` with the `X-Hame-Session` header naming `session`.
+pub(crate) fn with_session(mut resp: Response, session: &str) -> Response {
     if let Ok(v) = session.parse() {
         resp.headers_mut().insert("x-hame-session", v);
     }
@@ -405,16 +424,7 @@ pub(crate) async fn completions(
         "chatcmpl-",
     )
     .await?;
-    let before = planned.before;
-    let turn = turn::start_once(
-        &shared,
-        &agent,
-        user,
-        planned.session,
-        planned.input,
-        key,
-        Some(planned.caller),
-    )?;
+    let (turn, before) = planned.start(&shared, &agent, user, key)?;
     let id = format!("chatcmpl-{}", uuid::Uuid::new_v4().simple());
     let created = chrono::Utc::now().timestamp();
     let session = turn.session.clone();

@@ -17,15 +17,16 @@ use serde_json::{Value, json};
 
 use crate::error::ApiError;
 use crate::oai_request::{
-    Parsed, Refusal, Tail, client_tools, fields, hex_decode, hex_encode, json_schema_format,
-    only_keys, push_result, split_tail, text_of, tool_choice, user_message,
+    Parsed, Refusal, client_tools, fields, hex_decode, hex_encode, json_schema_format, model,
+    only_keys, push_result, reply_format, split_tail, temperature, text_of, token_limit,
+    tool_choice, user_message,
 };
 use crate::openai::{
     OaiRequest, Prologue, approval_text, final_text, named_session, plan, spent_since,
-    split_suspended,
+    split_suspended, with_session,
 };
 use crate::routes::AppState;
-use crate::turn::{self, Outcome};
+use crate::turn::Outcome;
 
 type R<T> = Result<T, Refusal>;
 
@@ -67,20 +68,7 @@ fn parse(body: &Value, taken: &[String]) -> R<Request> {
     if !body.is_object() {
         return Err(Refusal::invalid("body", "must be a JSON object"));
     }
-    let mut p = Parsed {
-        model: String::new(),
-        stream: false,
-        include_usage: true,
-        instructions: None,
-        history: Vec::new(),
-        tail: Tail::User(Message::user(String::new())),
-        tools: Vec::new(),
-        no_tools: false,
-        temperature: None,
-        max_tokens: None,
-        reply_format: None,
-        previous_response: None,
-    };
+    let mut p = Parsed::new(true);
     let mut out = Request {
         parsed: p.clone(),
         tools: json!([]),
@@ -92,12 +80,7 @@ fn parse(body: &Value, taken: &[String]) -> R<Request> {
     let mut instructions = None;
     for (k, v) in fields(body) {
         match k.as_str() {
-            "model" => {
-                p.model = v
-                    .as_str()
-                    .ok_or_else(|| Refusal::invalid("model", "must be a string"))?
-                    .to_owned();
-            }
+            "model" => p.model = model(&v)?,
             "input" => input = Some(v),
             "instructions" => instructions = Some(text_of("instructions", &v)?),
             "stream" => {
@@ -137,26 +120,8 @@ fn parse(body: &Value, taken: &[String]) -> R<Request> {
                 }
                 out.text = v.clone();
             }
-            "temperature" => {
-                #[allow(clippy::cast_possible_truncation)]
-                let t = v
-                    .as_f64()
-                    .filter(|t| (0.0..=2.0).contains(t))
-                    .ok_or_else(|| {
-                        Refusal::invalid("temperature", "must be a number from 0 to 2")
-                    })? as f32;
-                p.temperature = Some(t);
-            }
-            "max_output_tokens" => {
-                p.max_tokens = Some(
-                    v.as_u64()
-                        .and_then(|n| u32::try_from(n).ok())
-                        .filter(|n| *n > 0)
-                        .ok_or_else(|| {
-                            Refusal::invalid("max_output_tokens", "must be a positive integer")
-                        })?,
-                );
-            }
+            "temperature" => p.temperature = Some(temperature(&v)?),
+            "max_output_tokens" => p.max_tokens = Some(token_limit(&k, &v)?),
             "top_p" if v.as_f64() == Some(1.0) => {}
             "include" if v.as_array().is_some_and(Vec::is_empty) => {}
             "truncation" if v == "disabled" => {}
@@ -205,32 +170,13 @@ fn parse(body: &Value, taken: &[String]) -> R<Request> {
 
 fn text_format(v: &Value) -> R<Option<hame::harness::caller::ReplyFormat>> {
     let f = fields(v);
-    match f.get("type").and_then(Value::as_str) {
-        Some("text") => Ok(None),
-        Some("json_object") => Ok(Some(hame::harness::caller::ReplyFormat::JsonObject)),
-        Some("json_schema") => {
-            for k in f.keys() {
-                if !matches!(
-                    k.as_str(),
-                    "type" | "name" | "schema" | "strict" | "description"
-                ) {
-                    return Err(Refusal::unsupported(
-                        format!("text.format.{k}"),
-                        "unknown field",
-                    ));
-                }
-            }
-            let name = f
-                .get("name")
-                .and_then(Value::as_str)
-                .ok_or_else(|| Refusal::missing("text.format.name"))?;
-            json_schema_format("text.format", name, f.get("schema")).map(Some)
-        }
-        _ => Err(Refusal::invalid(
-            "text.format.type",
-            "must be \"text\", \"json_object\" or \"json_schema\"",
-        )),
-    }
+    reply_format("text.format", f.get("type").and_then(Value::as_str), || {
+        json_schema_format(
+            "text.format",
+            &f,
+            &["type", "name", "schema", "strict", "description"],
+        )
+    })
 }
 
 /// The input items: system/developer texts and the conversation.
@@ -458,17 +404,8 @@ pub(crate) async fn create(
     let named = named_session(&headers).or_else(|| req.parsed.previous_response.clone());
     let previous = body["previous_response_id"].as_str().map(str::to_owned);
     let planned = plan(&shared, &agent, &user, named, &req.parsed, "resp-").await?;
-    let before = planned.before;
     let stream = req.parsed.stream;
-    let turn = turn::start_once(
-        &shared,
-        &agent,
-        user,
-        planned.session,
-        planned.input,
-        key,
-        Some(planned.caller),
-    )?;
+    let (turn, before) = planned.start(&shared, &agent, user, key)?;
     let session = turn.session.clone();
     let shape = Shape {
         before,
@@ -480,11 +417,8 @@ pub(crate) async fn create(
     };
     if !stream {
         let (output, usage) = outcome_output(&shape, &session, turn.outcome.await)?;
-        let mut resp = Json(shape.object("completed", output, usage, Value::Null)).into_response();
-        if let Ok(v) = session.parse() {
-            resp.headers_mut().insert("x-hame-session", v);
-        }
-        return Ok(resp);
+        let resp = Json(shape.object("completed", output, usage, Value::Null)).into_response();
+        return Ok(with_session(resp, &session));
     }
     // Events: created, in_progress, (the message item and its text deltas), then the
     // items of the end and `response.completed` (or `response.failed`).
@@ -610,6 +544,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::oai_request::Tail;
 
     #[test]
     fn response_ids_carry_their_session() {

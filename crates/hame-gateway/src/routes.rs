@@ -527,11 +527,15 @@ fn session_log(
     agent: &HarnessAgent,
     ctx: &RuntimeContext,
 ) -> Result<hame::session::SessionLog, ApiError> {
-    let ws = agent
-        .workspace_for(ctx)
-        .map_err(|e| ApiError::from_harness(&e))?;
+    let ws = agent.workspace_for(ctx)?;
     hame::session::SessionLog::new(ws.records().clone(), agent.name())
         .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// A view of one session as the routes answer it: `{"session": session, <name>: value}`
+/// ([`for_callers`]).
+fn session_view(session: &str, name: &str, value: impl serde::Serialize) -> Json<Value> {
+    Json(for_callers(json!({"session": session, name: value})))
 }
 
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions",
@@ -557,13 +561,8 @@ pub(crate) async fn list_sessions(
 pub(crate) async fn get_tasks(
     InSession { agent, ctx }: InSession,
 ) -> Result<Json<Value>, ApiError> {
-    let tasks = agent
-        .tasks(&ctx)
-        .await
-        .map_err(|e| ApiError::from_harness(&e))?;
-    Ok(Json(for_callers(
-        json!({"session": ctx.session_id, "tasks": tasks}),
-    )))
+    let tasks = agent.tasks(&ctx).await?;
+    Ok(session_view(&ctx.session_id, "tasks", tasks))
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{session}/observations", tag = "sessions",
@@ -572,14 +571,8 @@ pub(crate) async fn get_tasks(
 pub(crate) async fn get_observations(
     InSession { agent, ctx }: InSession,
 ) -> Result<Json<Value>, ApiError> {
-    let session = ctx.session_id.clone();
-    let observations = agent
-        .session_observations(&ctx, &session)
-        .await
-        .map_err(|e| ApiError::from_harness(&e))?;
-    Ok(Json(for_callers(
-        json!({"session": session, "observations": observations}),
-    )))
+    let observations = agent.session_observations(&ctx, &ctx.session_id).await?;
+    Ok(session_view(&ctx.session_id, "observations", observations))
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{session}/evidence", tag = "sessions",
@@ -588,14 +581,8 @@ pub(crate) async fn get_observations(
 pub(crate) async fn get_evidence(
     InSession { agent, ctx }: InSession,
 ) -> Result<Json<Value>, ApiError> {
-    let session = ctx.session_id.clone();
-    let evidence = agent
-        .session_evidence(&ctx, &session)
-        .await
-        .map_err(|e| ApiError::from_harness(&e))?;
-    Ok(Json(for_callers(
-        json!({"session": session, "evidence": evidence}),
-    )))
+    let evidence = agent.session_evidence(&ctx, &ctx.session_id).await?;
+    Ok(session_view(&ctx.session_id, "evidence", evidence))
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{session}/task", tag = "sessions",
@@ -603,14 +590,8 @@ pub(crate) async fn get_evidence(
     responses((status = 200, description = "`{session, goal, requirements, evidence}`: the task state (docs/evidence.md)", body = serde_json::Value),))]
 pub(crate) async fn get_task(InSession { agent, ctx }: InSession) -> Result<Json<Value>, ApiError> {
     let session = ctx.session_id.clone();
-    let task = agent
-        .task_state(&ctx)
-        .await
-        .map_err(|e| ApiError::from_harness(&e))?;
-    let evidence = agent
-        .session_evidence(&ctx, &session)
-        .await
-        .map_err(|e| ApiError::from_harness(&e))?;
+    let task = agent.task_state(&ctx).await?;
+    let evidence = agent.session_evidence(&ctx, &session).await?;
     Ok(Json(for_callers(json!({
         "session": session,
         "goal": task.goal,
@@ -638,9 +619,7 @@ pub(crate) async fn confirm_requirement(
             hame::harness::Error::Config(m) => ApiError::not_found(m),
             e => ApiError::from_harness(&e),
         })?;
-    Ok(Json(for_callers(
-        json!({"session": session, "requirement": requirement}),
-    )))
+    Ok(session_view(&session, "requirement", requirement))
 }
 
 #[utoipa::path(get, path = "/v1/sessions/{session}/approvals", tag = "sessions",
@@ -651,14 +630,11 @@ pub(crate) async fn get_approvals(
 ) -> Result<Json<Value>, ApiError> {
     let pending = agent
         .pending(&ctx)
-        .await
-        .map_err(|e| ApiError::from_harness(&e))?
+        .await?
         .map(|s| s.calls)
         .unwrap_or_default();
     let approvals: Vec<Value> = pending.iter().map(crate::turn::approval).collect();
-    Ok(Json(for_callers(
-        json!({"session": ctx.session_id, "approvals": approvals}),
-    )))
+    Ok(session_view(&ctx.session_id, "approvals", approvals))
 }
 
 #[derive(Debug, Deserialize)]
@@ -714,10 +690,7 @@ pub(crate) async fn post_approval(
         }
     };
     let ctx = context(&shared, user.clone(), &session);
-    let pending = agent
-        .pending(&ctx)
-        .await
-        .map_err(|e| ApiError::from_harness(&e))?;
+    let pending = agent.pending(&ctx).await?;
     let known = pending
         .as_ref()
         .is_some_and(|p| p.calls.iter().any(|c| c.suspension.id == id));
@@ -906,9 +879,7 @@ pub(crate) async fn get_memory(
 ) -> Result<Json<Value>, ApiError> {
     use hame::fs::{FileKind, FsPath};
     let ctx = context(&shared, user, &shared.base.session_id);
-    let ws = agent
-        .workspace_for(&ctx)
-        .map_err(|e| ApiError::from_harness(&e))?;
+    let ws = agent.workspace_for(&ctx)?;
     let home = ws.home().clone();
     let mut files = Vec::new();
     let mut paths = Vec::new();

@@ -193,13 +193,7 @@ fn start_recorded(
     if shared.draining.is_cancelled() {
         return Err(ApiError::draining());
     }
-    hame::harness::validate_id("session id", &session).map_err(|e| {
-        ApiError::new(
-            axum::http::StatusCode::BAD_REQUEST,
-            "invalid_id",
-            e.to_string(),
-        )
-    })?;
+    crate::routes::valid_session(&session)?;
     let key = key(agent.name(), user.as_deref(), &session);
     let Some(mut ticket) = shared.gates.enter(&key) else {
         shared.metrics.refused("queue_full");
@@ -207,9 +201,7 @@ fn start_recorded(
     };
     let (tx, rx) = mpsc::unbounded_channel();
     let (out_tx, out_rx) = oneshot::channel();
-    let mut ctx = shared.base.clone();
-    ctx.session_id = session.clone();
-    ctx.user_id = user;
+    let mut ctx = crate::routes::context(shared, user, &session);
     let With {
         caller,
         cancel: with_cancel,
@@ -516,8 +508,7 @@ async fn pending_ids(
 ) -> Result<Option<Vec<String>>, ApiError> {
     Ok(agent
         .pending(ctx)
-        .await
-        .map_err(|e| ApiError::from_harness(&e))?
+        .await?
         .map(|s| s.calls.into_iter().map(|c| c.suspension.id).collect()))
 }
 

@@ -155,7 +155,7 @@ impl HarnessAgentBuilder {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.deferred_tools = Some(names.into_iter().map(Into::into).collect());
+        self.deferred_tools = Some(owned(names).collect());
         self
     }
 
@@ -166,7 +166,7 @@ impl HarnessAgentBuilder {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.allow_tools = Some(names.into_iter().map(Into::into).collect());
+        self.allow_tools = Some(owned(names).collect());
         self
     }
 
@@ -176,7 +176,7 @@ impl HarnessAgentBuilder {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.deny_tools.extend(names.into_iter().map(Into::into));
+        self.deny_tools.extend(owned(names));
         self
     }
 
@@ -268,8 +268,7 @@ impl HarnessAgentBuilder {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        self.declared_users
-            .extend(users.into_iter().map(Into::into));
+        self.declared_users.extend(owned(users));
         self
     }
 
@@ -406,30 +405,17 @@ impl HarnessAgentBuilder {
                 workspace.display()
             ))
         })?;
-        let local_fs = hame_fs::LocalFs::new(&workspace).map_err(|e| {
+        let cannot_open = |e| {
             Error::Config(format!(
                 "cannot open workspace {}: {e}",
                 workspace.display()
             ))
-        })?;
+        };
+        let local_fs = hame_fs::LocalFs::new(&workspace).map_err(cannot_open)?;
         let local: Arc<dyn Filesystem> = Arc::new(local_fs.clone());
 
         // Runtime data (session logs, memory, offloaded results) is created 0600 / 0700.
-        let private: Arc<dyn Filesystem> = Arc::new(
-            hame_fs::LocalFs::with_options(
-                &workspace,
-                hame_fs::LocalFsOptions {
-                    private: true,
-                    ..hame_fs::LocalFsOptions::default()
-                },
-            )
-            .map_err(|e| {
-                Error::Config(format!(
-                    "cannot open workspace {}: {e}",
-                    workspace.display()
-                ))
-            })?,
-        );
+        let private: Arc<dyn Filesystem> = Arc::new(private_fs(&workspace).map_err(cannot_open)?);
 
         let mode = self.filesystem.unwrap_or_default();
         let (state_store, state_dir, state_root) = match self.state_store {
@@ -457,16 +443,10 @@ impl HarnessAgentBuilder {
             (FilesystemMode::IsolatedLocal, _) => (private.clone(), false),
             (FilesystemMode::SharedStore { store }, _) => (store.clone(), false),
             (FilesystemMode::Sandbox { .. }, Some(dir)) => {
-                let runtime: Arc<dyn Filesystem> = Arc::new(
-                    hame_fs::LocalFs::with_options(
-                        dir,
-                        hame_fs::LocalFsOptions {
-                            private: true,
-                            ..hame_fs::LocalFsOptions::default()
-                        },
-                    )
-                    .map_err(|e| Error::Config(format!("cannot open {}: {e}", dir.display())))?,
-                );
+                let runtime: Arc<dyn Filesystem> =
+                    Arc::new(private_fs(dir).map_err(|e| {
+                        Error::Config(format!("cannot open {}: {e}", dir.display()))
+                    })?);
                 (runtime, false)
             }
             (FilesystemMode::Sandbox { .. }, None) => (private.clone(), false),
@@ -773,6 +753,23 @@ fn builtin_stack(
     stack.push(Arc::new(crate::caller::CallerLayer));
     stack.extend(inner);
     stack
+}
+
+/// The names a builder method takes, as owned strings.
+fn owned<S: Into<String>>(names: impl IntoIterator<Item = S>) -> impl Iterator<Item = String> {
+    names.into_iter().map(Into::into)
+}
+
+/// A filesystem at `dir` for runtime data (session logs, memory, offloaded results): what
+/// it creates is 0600 / 0700.
+fn private_fs(dir: &std::path::Path) -> hame_fs::Result<hame_fs::LocalFs> {
+    hame_fs::LocalFs::with_options(
+        dir,
+        hame_fs::LocalFsOptions {
+            private: true,
+            ..hame_fs::LocalFsOptions::default()
+        },
+    )
 }
 
 /// `dir` as a path of the workspace, when it is inside it (both canonicalised).
