@@ -9,7 +9,10 @@
 //! - `--mode http`: the OpenAI-compatible client against `--base-url` (the benchmark's fake
 //!   server), `POST …/reset` before and `GET …/stats` after.
 //!
-//! `cargo xtask bench-peers` builds it in release and runs it beside the peers.
+//! `cargo xtask bench-peers` builds it with `--profile dist` (fat LTO, opt-level 3: the
+//! build of the published figures) and runs it beside the peers. `BENCH_RESULT` carries the
+//! optimisation level it was compiled at (`opt_level`), and a build below 3 says on stderr
+//! that its figures are not comparable with the published ones.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 use std::collections::BTreeMap;
@@ -429,9 +432,18 @@ async fn server_stats(http: &reqwest::Client, base: &str, reset: bool) -> anyhow
         .await?)
 }
 
+/// The optimisation level this binary was compiled at (`build.rs`).
+const OPT_LEVEL: &str = env!("HAME_BENCH_OPT_LEVEL");
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if OPT_LEVEL != "3" {
+        eprintln!(
+            "bench-peer: built at opt-level {OPT_LEVEL}; the published figures use \
+             `cargo build --profile dist -p hame-bench` (opt-level 3, fat LTO)"
+        );
+    }
     let ws = args.workdir.join("ws");
     let state = args.workdir.join("state");
     workload::make_workspace(&ws).context("writing the workspace")?;
@@ -591,6 +603,7 @@ async fn main() -> anyhow::Result<()> {
     let result = json!({
         "peer": "hame",
         "version": env!("CARGO_PKG_VERSION"),
+        "opt_level": OPT_LEVEL,
         "mode": args.mode,
         "sessions": s,
         "turns": t,
