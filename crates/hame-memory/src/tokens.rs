@@ -207,16 +207,13 @@ impl Tally {
     #[inline(always)]
     fn push(&mut self, class: Class) {
         match class {
-            Class::Letter => {
+            Class::Letter | Class::OtherLetter => {
                 self.end_number();
                 self.word += 1;
                 self.blanks = 0;
-            }
-            Class::OtherLetter => {
-                self.end_number();
-                self.word += 1;
-                self.blanks = 0;
-                self.units += OTHER_LETTER_UNITS;
+                if class == Class::OtherLetter {
+                    self.units += OTHER_LETTER_UNITS;
+                }
             }
             Class::Digit => {
                 self.end_word();
