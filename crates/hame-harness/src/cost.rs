@@ -438,7 +438,12 @@ impl SpendRecord {
 
 /// Today's UTC day as the record keys it.
 pub fn today() -> String {
-    chrono::Utc::now().format("%Y-%m-%d").to_string()
+    day_of(chrono::Utc::now())
+}
+
+/// The UTC day of `time` as the record keys it (`YYYY-MM-DD`).
+fn day_of(time: chrono::DateTime<chrono::Utc>) -> String {
+    time.format("%Y-%m-%d").to_string()
 }
 
 /// The first limit that `spent` reached in a scope, if any.
@@ -848,7 +853,7 @@ pub(crate) async fn others_on(
     let mut total = Spend::default();
     let mut read = Vec::new();
     for s in store.list_sessions(key.agent(), key.user()).await? {
-        if s.updated_at.format("%Y-%m-%d").to_string().as_str() < day {
+        if day_of(s.updated_at).as_str() < day {
             continue;
         }
         let spend = match cache.and_then(|c| c.unchanged(key, &s, day)) {
@@ -896,7 +901,7 @@ pub async fn spend_by_session(
 ) -> Result<Vec<SessionSpend>, hame_state::Error> {
     let mut out = Vec::new();
     for s in store.list_sessions(agent, user).await? {
-        if since.is_some_and(|d| s.updated_at.format("%Y-%m-%d").to_string().as_str() < d) {
+        if since.is_some_and(|d| day_of(s.updated_at).as_str() < d) {
             continue;
         }
         let key = StateKey::new(agent, user, &s.session)?;

@@ -332,6 +332,24 @@ pub(crate) struct IntentLayer {
 struct SeenIntents(std::sync::Mutex<std::collections::HashMap<(Option<String>, String), Seen>>);
 
 impl SeenIntents {
+    fn key(user: Option<&str>, session: &str) -> (Option<String>, String) {
+        (user.map(str::to_owned), session.to_owned())
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<(Option<String>, String), Seen>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Drops the session's last reading: its file was deleted (a file made again in its
+    /// place could have the same size and, on a store with coarse times, the same time).
+    fn forget(&self, user: Option<&str>, session: &str) {
+        self.lock().remove(&Self::key(user, session));
+    }
+
     /// The session's intents without an end, the keys of the calls reported unknown, and
     /// the file's size. A file whose size and modification time are those of this layer's
     /// last reading is not read again (a `stat` instead of a read and a parse of every
@@ -344,12 +362,8 @@ impl SeenIntents {
         path: &FsPath,
     ) -> std::result::Result<(Vec<IntentRecord>, Vec<(String, String, String)>, u64), hame_fs::Error>
     {
-        let key = (user.map(str::to_owned), session.to_owned());
-        let lock = || {
-            self.0
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-        };
+        let key = Self::key(user, session);
+        let lock = || self.lock();
         // Looked at before the read: a record appended in between makes the reading
         // newer than the stamp, so the next call reads again.
         let stamp = match ws.records().stat(path).await {
@@ -588,12 +602,15 @@ impl IntentLayer {
             && returned.is_empty()
             && size > MAX_RESOLVED_BYTES as u64
             && let Ok(path) = self.path(session)
-            && let Err(e) = ws
+        {
+            let dropped = ws
                 .records()
                 .delete(&path, hame_fs::DeleteOptions::default())
-                .await
-        {
-            tracing::debug!(session = %session, error = %e, "dropping resolved intents failed");
+                .await;
+            self.seen.forget(cx.runtime.user_id.as_deref(), session);
+            if let Err(e) = dropped {
+                tracing::debug!(session = %session, error = %e, "dropping resolved intents failed");
+            }
         }
         (open, keys)
     }
@@ -985,6 +1002,20 @@ mod tests {
         let gone = seen.read(&ws, Some("ada"), "s1", &path).await?;
         assert!(gone.0.is_empty() && gone.1.is_empty() && gone.2 == 0);
         assert_eq!(reads(), 3);
+        // A reading this layer forgot (it deleted the file) is not used again, even for a
+        // file of the same size and time.
+        write_records(&ws, &path, &[intent("d")], AppendOptions::default()).await?;
+        assert_eq!(
+            seen.read(&ws, Some("ada"), "s1", &path).await?.0,
+            vec![intent("d")]
+        );
+        assert_eq!(reads(), 4);
+        seen.forget(Some("ada"), "s1");
+        assert_eq!(
+            seen.read(&ws, Some("ada"), "s1", &path).await?.0,
+            vec![intent("d")]
+        );
+        assert_eq!(reads(), 5);
         Ok(())
     }
 
