@@ -32,6 +32,10 @@ use serde_json::{Value, json};
 
 mod workload;
 
+/// The allocator of the `hame` binary (ADR 0044), so that the figures are the product's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 struct Args {
     /// `inproc` (scripted model in the process) or `http` (the fake OpenAI server).
