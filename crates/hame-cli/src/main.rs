@@ -11,7 +11,8 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
-/// mimalloc instead of the C library's allocator: less CPU per turn (ADR 0044).
+/// mimalloc (without transparent huge pages) instead of the C library's allocator: less CPU
+/// per turn (ADR 0044).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
