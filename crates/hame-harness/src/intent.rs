@@ -363,19 +363,18 @@ impl SeenIntents {
     ) -> std::result::Result<(Vec<IntentRecord>, Vec<(String, String, String)>, u64), hame_fs::Error>
     {
         let key = Self::key(user, session);
-        let lock = || self.lock();
         // Looked at before the read: a record appended in between makes the reading
         // newer than the stamp, so the next call reads again.
         let stamp = match ws.records().stat(path).await {
             Ok(info) => info.modified.map(|m| (info.size, m)),
             Err(e) if e.is_not_found() => {
-                lock().remove(&key);
+                self.lock().remove(&key);
                 return Ok((Vec::new(), Vec::new(), 0));
             }
             Err(e) => return Err(e),
         };
         if let Some((size, modified)) = stamp
-            && let Some(seen) = lock().get(&key)
+            && let Some(seen) = self.lock().get(&key)
             && seen.size == size
             && seen.modified == modified
         {
@@ -384,7 +383,7 @@ impl SeenIntents {
         let (records, size) = read_intents(ws, path).await?;
         let (open, keys) = (unresolved(&records), unknown_keys(&records));
         let size = size as u64;
-        let mut seen = lock();
+        let mut seen = self.lock();
         match stamp {
             Some((stamped, modified)) if stamped == size => {
                 if seen.len() >= SEEN_SESSIONS {
