@@ -497,6 +497,32 @@ pub async fn list_many_semantics(fs: &dyn Filesystem) {
         "a recursive listing ignores names"
     );
     assert_eq!(ok(fs.list_many(&[]).await, "an empty batch").len(), 0);
+    // A probe by name beside walks of the names it asks for (the workspace snapshot's
+    // batch): each walk answers as alone, whatever the probe found.
+    let probe = [
+        ListRequest::named(p("many"), ["nope", "file", "sub"]),
+        ListRequest::recursive(p("many/nope")),
+        ListRequest::recursive(p("many/file")),
+        ListRequest::recursive(p("many/sub")),
+        ListRequest::recursive(p("many/z")),
+    ];
+    let mut out = ok(fs.list_many(&probe).await, "a probe and its walks").into_iter();
+    let mut next = |what: &str| match out.next() {
+        Some(r) => r,
+        None => panic!("list_many: no result for {what}"),
+    };
+    assert_eq!(ok(next("probe"), "probe"), whole(pick(&["file", "sub"])));
+    code(next("walk"), codes::FILE_NOT_FOUND, "walk of a name the probe lacks");
+    code(next("walk"), codes::NOT_A_DIRECTORY, "walk of a file the probe found");
+    assert_eq!(
+        ok(next("walk sub"), "walk sub"),
+        whole(ok(fs.glob(&all("**", "many/sub")).await, "glob many/sub").files)
+    );
+    assert_eq!(
+        ok(next("walk z"), "walk z"),
+        whole(ok(fs.glob(&all("**", "many/z")).await, "glob many/z").files),
+        "a walk of a name the probe did not ask for"
+    );
 }
 
 /// Line windows, endings kept, binary refused.

@@ -425,6 +425,15 @@ impl ListRequest {
                 .is_none_or(|names| names.iter().any(|n| n == name))
     }
 
+    /// Whether this listing's answer says whether `path` exists: a child listing of
+    /// `path`'s parent that asks for `path`'s name (every child, or names that include it).
+    pub fn settles(&self, path: &FsPath) -> bool {
+        !self.recursive
+            && !path.is_root()
+            && path.parent().as_ref() == Some(&self.path)
+            && self.wants(path.file_name())
+    }
+
     /// This listing's answer from `entries` (the directory's children, or the files below
     /// it): the [`names`](Self::names) asked for, sorted, capped at `max_results`.
     pub fn answer(&self, mut entries: Vec<FileInfo>) -> Listing {

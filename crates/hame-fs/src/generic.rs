@@ -718,43 +718,61 @@ pub async fn glob_via_walk_without_links<F: Filesystem + ?Sized>(
 }
 
 /// [`Filesystem::list_many`] one request at a time ([`list_one`]): the child listings
-/// first, then the recursive ones — except that a recursive listing of a folder whose
-/// parent this batch lists (whole) without a folder of that name is answered from that
-/// listing (`file_not_found`, or `not_a_directory` for a file) without a call of its own.
+/// first, then the recursive ones — except that a recursive listing the batch's child
+/// listings already settle ([`settled`]) is answered from them without a call of its own.
 pub async fn list_many_each<F: Filesystem + ?Sized>(
     fs: &F,
     requests: &[ListRequest],
 ) -> Result<Vec<Result<Listing>>> {
     let mut parts = ListParts::new(requests.len());
-    let mut children: Vec<(&FsPath, Listing)> = Vec::new();
+    let mut children: Vec<(&ListRequest, Listing)> = Vec::new();
     for (i, r) in requests.iter().enumerate().filter(|(_, r)| !r.recursive) {
         let answer = list_one(fs, r).await;
-        if let Ok(l) = &answer
-            && !l.truncated
-            && r.names.is_none()
-        {
-            children.push((&r.path, l.clone()));
+        if let Ok(l) = &answer {
+            children.push((r, l.clone()));
         }
         parts.answer(i, answer);
     }
     for (i, r) in requests.iter().enumerate().filter(|(_, r)| r.recursive) {
-        let parent = r.path.parent();
-        let listed = children
-            .iter()
-            .find(|(dir, _)| Some(*dir) == parent.as_ref())
-            .map(|(_, l)| l.entries.iter().find(|e| e.path == r.path));
-        let answer = match listed {
-            Some(None) => Err(Error::NotFound {
-                path: r.path.to_string(),
-            }),
-            Some(Some(e)) if !e.is_dir() => Err(Error::NotADirectory {
-                path: r.path.to_string(),
-            }),
-            _ => list_one(fs, r).await,
+        let answer = match settled(r, &children) {
+            Some(answer) => answer,
+            None => list_one(fs, r).await,
         };
         parts.answer(i, answer);
     }
     parts.finish(fs, |_, answer| answer).await
+}
+
+/// What a batch's answered child listings (`children`, each with its request) already say
+/// of the recursive listing `request`: `file_not_found` when a listing that settles its
+/// folder ([`ListRequest::settles`]: its parent's, asking for its name, not truncated)
+/// lacks it, `not_a_directory` when it shows a file there; `None` when none settles it or
+/// it is a folder (then it must be walked). Only for a backend whose names are compared
+/// exactly (on a case-insensitive one a listing lacking `Docs` says nothing of `docs`).
+pub fn settled<L: std::borrow::Borrow<Listing>>(
+    request: &ListRequest,
+    children: &[(&ListRequest, L)],
+) -> Option<Result<Listing>> {
+    if !request.recursive {
+        return None;
+    }
+    let (_, listing) = children
+        .iter()
+        .find(|(c, l)| !l.borrow().truncated && c.settles(&request.path))?;
+    match listing
+        .borrow()
+        .entries
+        .iter()
+        .find(|e| e.path == request.path)
+    {
+        None => Some(Err(Error::NotFound {
+            path: request.path.to_string(),
+        })),
+        Some(e) if !e.is_dir() => Some(Err(Error::NotADirectory {
+            path: request.path.to_string(),
+        })),
+        Some(_) => None,
+    }
 }
 
 /// A [`Filesystem::list_many`] batch of a wrapper answered in two parts: the listings the

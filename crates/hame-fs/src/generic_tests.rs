@@ -229,5 +229,34 @@ async fn list_many_each_asks_nothing_of_a_folder_its_parent_listing_lacks() -> T
         "{:?}",
         counts.ops
     );
+    // A probe of the root by name settles the names it asks for (the workspace snapshot's
+    // batch), and only those: `knowledge` not named, its walk asks the store.
+    for (names, asked) in [
+        (vec!["AGENTS.md", "knowledge", "skills"], (3, 1)),
+        (vec!["AGENTS.md", "skills"], (3, 2)),
+    ] {
+        let counting = crate::CountingFs::new(Arc::new(InMemoryFs::with_files([
+            ("AGENTS.md", b"a".as_slice()),
+            ("skills/s/SKILL.md", b"s".as_slice()),
+        ])?));
+        let fs = RequiredOnly(counting.clone());
+        requests[0] = ListRequest::named(FsPath::root(), names.clone());
+        let out = fs.list_many(&requests).await?;
+        let got: Vec<std::result::Result<Vec<String>, &str>> = out
+            .iter()
+            .map(|r| match r {
+                Ok(l) => Ok(crate::conformance::paths(&l.entries)),
+                Err(e) => Err(e.code()),
+            })
+            .collect();
+        assert_eq!(got[1..], codes[1..], "{names:?}");
+        let counts = counting.counts();
+        assert_eq!(
+            (counts.of("list"), counts.of("stat")),
+            asked,
+            "{names:?}: {:?}",
+            counts.ops
+        );
+    }
     Ok(())
 }

@@ -798,11 +798,14 @@ impl Inner {
 
     /// The children of `path` named one of `names`, as [`list`](Self::list) gives them.
     fn named(&self, path: &FsPath, names: &[String]) -> Result<Vec<FileInfo>> {
-        let md = self.root.metadata(rel(path)).map_err(|e| map_io(path, e))?;
-        if !md.is_dir() {
-            return Err(Error::NotADirectory {
-                path: path.to_string(),
-            });
+        // The root is a directory (the filesystem opened it as one): no `stat` of it.
+        if !path.is_root() {
+            let md = self.root.metadata(rel(path)).map_err(|e| map_io(path, e))?;
+            if !md.is_dir() {
+                return Err(Error::NotADirectory {
+                    path: path.to_string(),
+                });
+            }
         }
         let mut out: Vec<FileInfo> = Vec::with_capacity(names.len());
         for (name, child) in children_named(path, names.iter().map(String::as_str)) {
@@ -1139,14 +1142,25 @@ impl Filesystem for LocalFs {
 
     /// Listings of children, and the `stat` that finds a recursive listing's folder
     /// missing, run on the caller's thread as `list` and `stat` do; the walks of the
-    /// folders that exist run on the blocking pool, all of them in one hand-off.
+    /// folders that exist run on the blocking pool, all of them in one hand-off. A
+    /// recursive listing that the batch's child listings settle ([`generic::settled`]: a
+    /// probe of the root's names that found no `skills/`) costs no call at all, on a
+    /// filesystem that compares names exactly.
     async fn list_many(&self, requests: &[ListRequest]) -> Result<Vec<Result<Listing>>> {
         let mut parts = generic::ListParts::new(requests.len());
+        let exact = self.name_case() == NameCase::Sensitive;
+        let mut children: Vec<(&ListRequest, Listing)> = Vec::new();
+        for (i, r) in requests.iter().enumerate().filter(|(_, r)| !r.recursive) {
+            let answer = self.inner.listing(r, exact && r.names.is_some());
+            if exact && let Ok(l) = &answer {
+                children.push((r, l.clone()));
+            }
+            parts.answer(i, answer);
+        }
         let mut walks = Vec::new();
-        for (i, r) in requests.iter().enumerate() {
-            if !r.recursive {
-                let by_name = r.names.is_some() && self.name_case() == NameCase::Sensitive;
-                parts.answer(i, self.inner.listing(r, by_name));
+        for (i, r) in requests.iter().enumerate().filter(|(_, r)| r.recursive) {
+            if let Some(answer) = generic::settled(r, &children) {
+                parts.answer(i, answer);
                 continue;
             }
             match self.inner.stat(&r.path) {

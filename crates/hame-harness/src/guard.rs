@@ -351,21 +351,29 @@ hame_fs::forward_filesystem! {
         /// listings, filtered as `list` filters them; recursive ones whose walk is the
         /// backend's own, as for `glob`); the others walk this view.
         async fn list_many(&self, requests: &[ListRequest]) -> Result<Vec<Result<Listing>>> {
+            let users = self.users().await?;
             let mut parts = generic::ListParts::new(requests.len());
+            // Recursive listings sent to the backend's own walk before their links are
+            // looked up (below, once the backend has found the folder).
+            let mut sent_walks = vec![false; requests.len()];
             for (i, r) in requests.iter().enumerate() {
-                if let Err(e) = self.check(&r.path).await {
+                if r.recursive && !self.walk_filtered(&r.path) {
+                    if self.hidden_as_named(&r.path, users) {
+                        parts.answer(i, Err(Self::not_found(&r.path)));
+                    } else {
+                        sent_walks[i] = true;
+                        parts.send(i, r.clone());
+                    }
+                } else if let Err(e) = self.check(&r.path).await {
                     parts.answer(i, Err(e));
                 } else if !r.recursive {
                     // Capped after the hidden entries are left out.
                     parts.send(i, r.uncapped());
-                } else if matches!(self.walk_through_view(&r.path), Walk::Native) {
-                    parts.send(i, r.clone());
                 } else {
                     parts.answer(i, generic::list_one(self, r).await);
                 }
             }
-            let users = self.users().await?;
-            parts
+            let mut out = parts
                 .finish(self.inner.as_ref(), |i, answer| {
                     let r = &requests[i];
                     match answer {
@@ -376,7 +384,25 @@ hame_fs::forward_filesystem! {
                         other => other,
                     }
                 })
-                .await
+                .await?;
+            // A folder that is not there leads nowhere: no look-up of its links (a probe's
+            // missing `skills/` costs nothing more). One reached through a link leads where
+            // the names below it do not say: checked, and walked through this view, as
+            // `glob` walks it.
+            for (i, r) in requests.iter().enumerate() {
+                let Some(answer) = out.get_mut(i) else { break };
+                if !sent_walks[i]
+                    || answer.as_ref().is_err_and(|e| e.is_not_found())
+                    || self.resolved(&r.path).is_none()
+                {
+                    continue;
+                }
+                *answer = match self.check(&r.path).await {
+                    Err(e) => Err(e),
+                    Ok(()) => generic::list_one(self, r).await,
+                };
+            }
+            Ok(out)
         }
     }
 }

@@ -289,6 +289,25 @@ async fn links_do_not_lead_out_of_the_callers_view()
         assert_eq!(named.entries, listed, "named listing of {dir:?}");
         seen.extend(named.entries.into_iter().map(|e| e.path.to_string()));
     }
+    // A batch's recursive listings through a link into another user's folder find nothing,
+    // as `glob` does; one of a folder that is not there neither; one of bob's own folder
+    // what `glob` finds.
+    let dirs = ["bob/x", "bob/y", "bob/up/alice", "bob/up", "bob/nope", "bob"];
+    let walks = bob
+        .list_many(&dirs.map(|d| ListRequest::recursive(p(d))))
+        .await?;
+    for (dir, got) in dirs.iter().zip(walks) {
+        let mut glob = GlobRequest::new("**");
+        glob.path = p(dir);
+        match (got, bob.glob(&glob).await) {
+            (Ok(l), Ok(g)) => {
+                assert_eq!(l.entries, g.files, "{dir}");
+                seen.extend(l.entries.into_iter().map(|e| e.path.to_string()));
+            }
+            (Err(e), _) => assert!(e.is_not_found() || *dir == "bob/up", "{dir}: {e}"),
+            (Ok(l), Err(e)) => panic!("{dir}: the batch listed {l:?}, glob said {e}"),
+        }
+    }
     assert!(
         !seen.iter().any(|s| s == "/bob/x" || s == "/bob/y"),
         "links into another user's folder or above are left out: {seen:#?}"
