@@ -22,7 +22,10 @@
 //!
 //! A file modified less than [`RACY_WINDOW`] before it was read is read again at the next
 //! step even when its stamp is unchanged: a second edit within a backend's time resolution
-//! (one second on object storage) with the same size would otherwise go unseen.
+//! (one second on object storage) with the same size would otherwise go unseen. A time with
+//! digits below the millisecond comes from a filesystem that keeps nanoseconds (ext4, XFS,
+//! btrfs, tmpfs, APFS), whose clock moves in steps of a scheduler tick (1–10 ms): there the
+//! window is [`RACY_WINDOW_FINE`].
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -44,6 +47,22 @@ pub const MAX_SNAPSHOT_FOLDER_FILES: usize = 10_000;
 pub const MAX_SNAPSHOT_FILE_BYTES: u64 = 1024 * 1024;
 /// A file modified this little before it was read is read again at the next step.
 pub const RACY_WINDOW: Duration = Duration::from_secs(2);
+/// [`RACY_WINDOW`] for a file whose time has digits below the millisecond (a filesystem
+/// that keeps nanoseconds, and whose clock steps by a scheduler tick, at most 10 ms).
+pub const RACY_WINDOW_FINE: Duration = Duration::from_millis(50);
+
+/// How long after `modified` a read of the file must have been made for an equal stamp
+/// to say the same content: [`RACY_WINDOW_FINE`] when the time has digits below the
+/// millisecond (the filesystem keeps nanoseconds), else [`RACY_WINDOW`] (seconds on object
+/// storage, two seconds on FAT, milliseconds where a store dates its own writes; a fine
+/// time that falls on a whole millisecond, one in a million, gets the long window too).
+pub fn racy_window(modified: DateTime<Utc>) -> Duration {
+    if modified.timestamp_subsec_nanos() % 1_000_000 != 0 {
+        RACY_WINDOW_FINE
+    } else {
+        RACY_WINDOW
+    }
+}
 /// Bytes of content a [`SnapshotCache`] keeps by default; past this it starts over.
 pub const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
 
@@ -576,7 +595,7 @@ impl SnapshotCache {
         let guard = self.inner.lock().ok()?;
         let hit = guard.0.get(key)?;
         let modified = stamp.modified?;
-        let racy = chrono::Duration::from_std(RACY_WINDOW).ok()?;
+        let racy = chrono::Duration::from_std(racy_window(modified)).ok()?;
         (hit.file.stamp == *stamp && modified + racy <= hit.read_at).then(|| hit.file.clone())
     }
 

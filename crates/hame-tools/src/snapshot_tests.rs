@@ -137,8 +137,13 @@ async fn an_edit_shows_at_the_next_snapshot() -> TestResult {
     let (ws, _) = workspace(dir.path())?;
     let cache = SnapshotCache::default();
     let _ = WorkspaceSnapshot::take(&ws, &cache, 1).await;
-    // Same size, another time (just now: racy, so also read again next time).
+    // Same size, another time (dated ahead of the clock: racy, so also read again next
+    // time, however long the steps take).
     std::fs::write(dir.path().join("AGENTS.md"), "You are CAREFUL.\n")?;
+    std::fs::File::options()
+        .write(true)
+        .open(dir.path().join("AGENTS.md"))?
+        .set_modified(SystemTime::now() + Duration::from_millis(10_000_123))?;
     put(dir.path(), "skills/new/SKILL.md", "new")?;
     std::fs::remove_file(dir.path().join("subagents/a.md"))?;
     let snap = WorkspaceSnapshot::take(&ws, &cache, 2).await;
@@ -198,5 +203,40 @@ async fn the_sandbox_host_is_probed_once_and_read_when_changed() -> TestResult {
         );
         assert!(snap.file(SnapshotRoot::Host, "tools.json").is_some());
     }
+    Ok(())
+}
+
+/// The racy window follows the time's precision: a file dated with nanoseconds a second
+/// ago is trusted at the next step (its filesystem's clock steps by a tick, far less than
+/// a second); one dated on a whole second (object storage, FAT) less than two seconds ago is
+/// read again; one dated ahead of the clock always.
+#[tokio::test]
+async fn the_racy_window_follows_the_times_precision() -> TestResult {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)?
+        .as_secs();
+    let at = |secs: u64, nanos: u32| SystemTime::UNIX_EPOCH + Duration::new(secs, nanos);
+    for (when, reads_again) in [
+        (at(now - 1, 123_457), 0),
+        (at(now, 0), 1),
+        (at(now + 10, 123_457), 1),
+        (at(now - 60, 0), 0),
+    ] {
+        let dir = tempfile::tempdir()?;
+        seed(dir.path())?;
+        std::fs::File::options()
+            .write(true)
+            .open(dir.path().join("AGENTS.md"))?
+            .set_modified(when)?;
+        let (ws, _) = workspace(dir.path())?;
+        let cache = SnapshotCache::default();
+        let first = WorkspaceSnapshot::take(&ws, &cache, 1).await;
+        assert!(first.reads() >= 1, "{when:?}");
+        let next = WorkspaceSnapshot::take(&ws, &cache, 2).await;
+        assert_eq!(next.reads(), reads_again, "{when:?}");
+    }
+    let dated = |nanos| DateTime::from_timestamp(1_700_000_000, nanos).unwrap_or_default();
+    assert_eq!(racy_window(dated(5_000_000)), RACY_WINDOW);
+    assert_eq!(racy_window(dated(5_000_001)), RACY_WINDOW_FINE);
     Ok(())
 }
