@@ -512,8 +512,16 @@ pub async fn list_many_semantics(fs: &dyn Filesystem) {
         None => panic!("list_many: no result for {what}"),
     };
     assert_eq!(ok(next("probe"), "probe"), whole(pick(&["file", "sub"])));
-    code(next("walk"), codes::FILE_NOT_FOUND, "walk of a name the probe lacks");
-    code(next("walk"), codes::NOT_A_DIRECTORY, "walk of a file the probe found");
+    code(
+        next("walk"),
+        codes::FILE_NOT_FOUND,
+        "walk of a name the probe lacks",
+    );
+    code(
+        next("walk"),
+        codes::NOT_A_DIRECTORY,
+        "walk of a file the probe found",
+    );
     assert_eq!(
         ok(next("walk sub"), "walk sub"),
         whole(ok(fs.glob(&all("**", "many/sub")).await, "glob many/sub").files)

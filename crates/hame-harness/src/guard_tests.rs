@@ -292,7 +292,14 @@ async fn links_do_not_lead_out_of_the_callers_view()
     // A batch's recursive listings through a link into another user's folder find nothing,
     // as `glob` does; one of a folder that is not there neither; one of bob's own folder
     // what `glob` finds.
-    let dirs = ["bob/x", "bob/y", "bob/up/alice", "bob/up", "bob/nope", "bob"];
+    let dirs = [
+        "bob/x",
+        "bob/y",
+        "bob/up/alice",
+        "bob/up",
+        "bob/nope",
+        "bob",
+    ];
     let walks = bob
         .list_many(&dirs.map(|d| ListRequest::recursive(p(d))))
         .await?;

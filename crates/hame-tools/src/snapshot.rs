@@ -57,7 +57,7 @@ pub const RACY_WINDOW_FINE: Duration = Duration::from_millis(50);
 /// storage, two seconds on FAT, milliseconds where a store dates its own writes; a fine
 /// time that falls on a whole millisecond, one in a million, gets the long window too).
 pub fn racy_window(modified: DateTime<Utc>) -> Duration {
-    if modified.timestamp_subsec_nanos() % 1_000_000 != 0 {
+    if !modified.timestamp_subsec_nanos().is_multiple_of(1_000_000) {
         RACY_WINDOW_FINE
     } else {
         RACY_WINDOW
