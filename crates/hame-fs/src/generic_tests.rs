@@ -192,69 +192,62 @@ proptest! {
     }
 }
 
-/// The fallback `list_many` answers a recursive listing of a folder that the batch's
-/// listing of its parent does not show without a call of its own, and walks the others.
-#[tokio::test]
-async fn list_many_each_asks_nothing_of_a_folder_its_parent_listing_lacks() -> TestResult {
-    let counting = crate::CountingFs::new(Arc::new(InMemoryFs::with_files([
-        ("AGENTS.md", b"a".as_slice()),
-        ("skills/s/SKILL.md", b"s".as_slice()),
-    ])?));
-    let fs = RequiredOnly(counting.clone());
-    let mut requests = vec![ListRequest::children(FsPath::root())];
-    requests.extend(["knowledge", "skills", "AGENTS.md"].map(|d| ListRequest::recursive(p(d))));
-    let out = fs.list_many(&requests).await?;
-    let codes: Vec<std::result::Result<Vec<String>, &str>> = out
-        .iter()
+/// Each listing of a batch as its paths, or its error's code.
+fn outcomes(out: &[Result<crate::Listing>]) -> Vec<std::result::Result<Vec<String>, &'static str>> {
+    out.iter()
         .map(|r| match r {
             Ok(l) => Ok(crate::conformance::paths(&l.entries)),
             Err(e) => Err(e.code()),
         })
-        .collect();
-    assert_eq!(
-        codes,
-        vec![
-            Ok(vec!["/AGENTS.md".to_owned(), "/skills".to_owned()]),
-            Err(crate::codes::FILE_NOT_FOUND),
-            Ok(vec!["/skills/s/SKILL.md".to_owned()]),
-            Err(crate::codes::NOT_A_DIRECTORY),
-        ]
-    );
+        .collect()
+}
+
+/// The fallback `list_many` answers a recursive listing of a folder that the batch's
+/// listing of its parent settles (lacks it, or shows a file) without a call of its own, and
+/// walks the others; a probe by name settles the names it asks for, and only those.
+#[tokio::test]
+async fn list_many_each_asks_nothing_of_a_folder_its_parent_listing_lacks() -> TestResult {
+    let walks = ["knowledge", "skills", "AGENTS.md"].map(|d| ListRequest::recursive(p(d)));
+    let want = [
+        Err(crate::codes::FILE_NOT_FOUND),
+        Ok(vec!["/skills/s/SKILL.md".to_owned()]),
+        Err(crate::codes::NOT_A_DIRECTORY),
+    ];
     // The root's listing, then the walk of skills/ (its stat, two listings); nothing for
-    // knowledge/ or AGENTS.md.
-    let counts = counting.counts();
-    assert_eq!(
-        (counts.of("list"), counts.of("stat")),
-        (3, 1),
-        "{:?}",
-        counts.ops
-    );
-    // A probe of the root by name settles the names it asks for (the workspace snapshot's
-    // batch), and only those: `knowledge` not named, its walk asks the store.
-    for (names, asked) in [
-        (vec!["AGENTS.md", "knowledge", "skills"], (3, 1)),
-        (vec!["AGENTS.md", "skills"], (3, 2)),
+    // knowledge/ or AGENTS.md, unless the probe does not name knowledge/.
+    for (probe, root, asked) in [
+        (
+            ListRequest::children(FsPath::root()),
+            vec!["/AGENTS.md", "/skills"],
+            (3, 1),
+        ),
+        (
+            ListRequest::named(FsPath::root(), ["AGENTS.md", "knowledge", "skills"]),
+            vec!["/AGENTS.md", "/skills"],
+            (3, 1),
+        ),
+        (
+            ListRequest::named(FsPath::root(), ["AGENTS.md", "skills"]),
+            vec!["/AGENTS.md", "/skills"],
+            (3, 2),
+        ),
     ] {
         let counting = crate::CountingFs::new(Arc::new(InMemoryFs::with_files([
             ("AGENTS.md", b"a".as_slice()),
             ("skills/s/SKILL.md", b"s".as_slice()),
         ])?));
         let fs = RequiredOnly(counting.clone());
-        requests[0] = ListRequest::named(FsPath::root(), names.clone());
-        let out = fs.list_many(&requests).await?;
-        let got: Vec<std::result::Result<Vec<String>, &str>> = out
-            .iter()
-            .map(|r| match r {
-                Ok(l) => Ok(crate::conformance::paths(&l.entries)),
-                Err(e) => Err(e.code()),
-            })
-            .collect();
-        assert_eq!(got[1..], codes[1..], "{names:?}");
+        let mut requests = vec![probe.clone()];
+        requests.extend(walks.iter().cloned());
+        let got = outcomes(&fs.list_many(&requests).await?);
+        let root: Vec<String> = root.into_iter().map(str::to_owned).collect();
+        assert_eq!(got[0], Ok(root), "{probe:?}");
+        assert_eq!(got[1..], want[..], "{probe:?}");
         let counts = counting.counts();
         assert_eq!(
             (counts.of("list"), counts.of("stat")),
             asked,
-            "{names:?}: {:?}",
+            "{probe:?}: {:?}",
             counts.ops
         );
     }
