@@ -114,6 +114,17 @@ pub struct SnapshotFile {
     pub version: Option<Version>,
 }
 
+impl SnapshotFile {
+    /// A file the snapshot knows by its stamp only: its reads go to the store.
+    fn unread(stamp: FileStamp) -> Self {
+        SnapshotFile {
+            stamp,
+            content: None,
+            version: None,
+        }
+    }
+}
+
 /// One root as probed: its top-level entries of the held names ([`SNAPSHOT_TOP_FILES`] and
 /// the folders) and, per held folder, its files (`None`: the folder could not be held and
 /// is read from the store). A listing of the root itself goes to the store.
@@ -346,46 +357,23 @@ impl WorkspaceSnapshot {
             ws.mode(),
             WorkspaceMode::IsolatedLocal | WorkspaceMode::SharedStore
         ) && ws.home_in_files().is_root();
-        let home = take_root(
-            ws.home().as_ref(),
-            (key, SnapshotRoot::Home),
-            &SNAPSHOT_FOLDERS,
-            cache,
-            taken_at,
-        )
-        .await;
-        probes += home.1;
-        reads += home.2;
-        let home = home.0.map(Arc::new);
+        let mut tally = |(view, p, r): (Option<RootView>, usize, usize)| {
+            probes += p;
+            reads += r;
+            view.map(Arc::new)
+        };
+        let probe = |fs: &Arc<dyn Filesystem>, root| {
+            let fs = fs.clone();
+            async move { take_root(fs.as_ref(), (key, root), &SNAPSHOT_FOLDERS, cache, taken_at).await }
+        };
+        let home = tally(probe(ws.home(), SnapshotRoot::Home).await);
         let files = if shared_home {
             home.clone()
         } else {
-            let f = take_root(
-                ws.files().as_ref(),
-                (key, SnapshotRoot::Files),
-                &SNAPSHOT_FOLDERS,
-                cache,
-                taken_at,
-            )
-            .await;
-            probes += f.1;
-            reads += f.2;
-            f.0.map(Arc::new)
+            tally(probe(ws.files(), SnapshotRoot::Files).await)
         };
         let overrides = match ws.overrides() {
-            Some(o) => {
-                let f = take_root(
-                    o.as_ref(),
-                    (key, SnapshotRoot::Overrides),
-                    &SNAPSHOT_FOLDERS,
-                    cache,
-                    taken_at,
-                )
-                .await;
-                probes += f.1;
-                reads += f.2;
-                f.0.map(Arc::new)
-            }
+            Some(o) => tally(probe(o, SnapshotRoot::Overrides).await),
             None => None,
         };
         let view =
@@ -504,14 +492,7 @@ async fn take_root(
     let mut reads = 0;
     for (path, stamp) in stamps {
         if !held(&path) || stamp.size > MAX_SNAPSHOT_FILE_BYTES {
-            view.files.insert(
-                path,
-                SnapshotFile {
-                    stamp,
-                    content: None,
-                    version: None,
-                },
-            );
+            view.files.insert(path, SnapshotFile::unread(stamp));
             continue;
         }
         let ckey = (key.to_owned(), root, path.clone());
@@ -536,14 +517,7 @@ async fn take_root(
             }
             // Read from the store when asked, so the reader sees the error.
             Err(_) => {
-                view.files.insert(
-                    path,
-                    SnapshotFile {
-                        stamp,
-                        content: None,
-                        version: None,
-                    },
-                );
+                view.files.insert(path, SnapshotFile::unread(stamp));
             }
         }
     }
