@@ -93,7 +93,7 @@ fn errno_of(e: &io::Error) -> Option<Errno> {
 
 fn map_io(path: &FsPath, e: io::Error) -> Error {
     let p = path.to_string();
-    match errno_of(&e) {
+    let refused = match errno_of(&e) {
         Some(Errno::NOENT) => return Error::NotFound { path: p },
         Some(Errno::NOTDIR) => return Error::NotADirectory { path: p },
         Some(Errno::ISDIR) => return Error::IsDirectory { path: p },
@@ -105,31 +105,19 @@ fn map_io(path: &FsPath, e: io::Error) -> Error {
                 reason: "name too long for this filesystem".into(),
             };
         }
-        Some(Errno::LOOP) => {
-            return Error::PermissionDenied {
-                path: p,
-                reason: "too many levels of symbolic links".into(),
-            };
-        }
+        Some(Errno::LOOP) => Some("too many levels of symbolic links"),
         Some(Errno::ACCESS | Errno::PERM | Errno::ROFS) => {
-            return Error::PermissionDenied {
-                path: p,
-                reason: "the operating system refused access".into(),
-            };
+            Some("the operating system refused access")
         }
-        Some(Errno::NXIO | Errno::NODEV) => {
-            return Error::PermissionDenied {
-                path: p,
-                reason: "not a regular file (device, FIFO or socket)".into(),
-            };
-        }
-        Some(Errno::XDEV) => {
-            return Error::PermissionDenied {
-                path: p,
-                reason: "the path crosses a mount point".into(),
-            };
-        }
-        _ => {}
+        Some(Errno::NXIO | Errno::NODEV) => Some("not a regular file (device, FIFO or socket)"),
+        Some(Errno::XDEV) => Some("the path crosses a mount point"),
+        _ => None,
+    };
+    if let Some(reason) = refused {
+        return Error::PermissionDenied {
+            path: p,
+            reason: reason.into(),
+        };
     }
     match e.kind() {
         io::ErrorKind::NotFound => Error::NotFound { path: p },
@@ -205,6 +193,21 @@ impl Inner {
     fn lock_for(&self, path: &FsPath) -> std::sync::MutexGuard<'_, ()> {
         // The guarded value is `()`: a poisoned lock carries no broken state.
         self.stripe(path).lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The stripe lock of `path` for a write or an append: waited for, or (`wait` false)
+    /// `Busy::Wait` when another writer holds it. The root is a directory: never written.
+    fn lock_to_change(&self, path: &FsPath, wait: bool) -> Attempt<std::sync::MutexGuard<'_, ()>> {
+        if path.is_root() {
+            return Err(Busy::Failed(Error::IsDirectory {
+                path: path.to_string(),
+            }));
+        }
+        if wait {
+            Ok(self.lock_for(path))
+        } else {
+            self.try_lock_for(path)
+        }
     }
 
     /// The stripe lock of `path` if it is free now (`Busy` otherwise): for the calls made
@@ -443,16 +446,7 @@ impl Inner {
         synced: bool,
         wait: bool,
     ) -> Attempt<Written> {
-        if path.is_root() {
-            return Err(Busy::Failed(Error::IsDirectory {
-                path: path.to_string(),
-            }));
-        }
-        let _guard = if wait {
-            self.lock_for(path)
-        } else {
-            self.try_lock_for(path)?
-        };
+        let _guard = self.lock_to_change(path, wait)?;
         let mut _cas_lock: Option<cap_std::fs::File> = None;
         let dir = self.parent_dir_created(path)?;
         let existing = match self.root.metadata(rel(path)) {
@@ -550,16 +544,7 @@ impl Inner {
     /// unsynced appends left). Off the blocking pool (`wait` false) it gives up with
     /// `Busy::Wait` when the path's stripe lock is taken.
     fn append(&self, path: &FsPath, data: &[u8], synced: bool, wait: bool) -> Attempt<()> {
-        if path.is_root() {
-            return Err(Busy::Failed(Error::IsDirectory {
-                path: path.to_string(),
-            }));
-        }
-        let _guard = if wait {
-            self.lock_for(path)
-        } else {
-            self.try_lock_for(path)?
-        };
+        let _guard = self.lock_to_change(path, wait)?;
         // The parents exist nearly always (the log of a session being continued): they
         // are created only when the open finds them missing.
         let (mut f, _) = match self.open_regular(path, true) {
