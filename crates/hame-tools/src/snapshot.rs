@@ -56,13 +56,14 @@ pub const RACY_WINDOW_FINE: Duration = Duration::from_millis(50);
 /// millisecond (the filesystem keeps nanoseconds), else [`RACY_WINDOW`] (seconds on object
 /// storage, two seconds on FAT, milliseconds where a store dates its own writes; a fine
 /// time that falls on a whole millisecond, one in a million, gets the long window too).
-pub fn racy_window(modified: DateTime<Utc>) -> Duration {
+fn racy_window(modified: DateTime<Utc>) -> Duration {
     if !modified.timestamp_subsec_nanos().is_multiple_of(1_000_000) {
         RACY_WINDOW_FINE
     } else {
         RACY_WINDOW
     }
 }
+
 /// Bytes of content a [`SnapshotCache`] keeps by default; past this it starts over.
 pub const DEFAULT_CACHE_BYTES: usize = 64 * 1024 * 1024;
 
@@ -256,14 +257,12 @@ impl WorkspaceSnapshot {
         cache: &SnapshotCache,
         key: &str,
     ) -> Self {
-        let (view, probes, reads) = take_root(
-            host.as_ref(),
-            (key, SnapshotRoot::Host),
-            &[],
+        let probe = Probe {
+            key,
             cache,
-            self.taken_at,
-        )
-        .await;
+            now: self.taken_at,
+        };
+        let (view, probes, reads) = probe.root(host.as_ref(), SnapshotRoot::Host, &[]).await;
         self.probes += probes;
         self.reads += reads;
         self.host = Some(match view {
@@ -362,18 +361,32 @@ impl WorkspaceSnapshot {
             reads += r;
             view.map(Arc::new)
         };
-        let probe = |fs: &Arc<dyn Filesystem>, root| {
-            let fs = fs.clone();
-            async move { take_root(fs.as_ref(), (key, root), &SNAPSHOT_FOLDERS, cache, taken_at).await }
+        let probe = Probe {
+            key,
+            cache,
+            now: taken_at,
         };
-        let home = tally(probe(ws.home(), SnapshotRoot::Home).await);
+        let folders = &SNAPSHOT_FOLDERS;
+        let home = tally(
+            probe
+                .root(ws.home().as_ref(), SnapshotRoot::Home, folders)
+                .await,
+        );
         let files = if shared_home {
             home.clone()
         } else {
-            tally(probe(ws.files(), SnapshotRoot::Files).await)
+            tally(
+                probe
+                    .root(ws.files().as_ref(), SnapshotRoot::Files, folders)
+                    .await,
+            )
         };
         let overrides = match ws.overrides() {
-            Some(o) => tally(probe(o, SnapshotRoot::Overrides).await),
+            Some(o) => tally(
+                probe
+                    .root(o.as_ref(), SnapshotRoot::Overrides, folders)
+                    .await,
+            ),
             None => None,
         };
         let view =
@@ -412,116 +425,126 @@ impl WorkspaceSnapshot {
     }
 }
 
-/// Probes one root (its listing and every file below each of `folders`, in one
-/// `list_many`) and reads what the cache lacks: the view (`None` when the root cannot be
-/// listed: everything is then read from the store), the probes made and files read.
-async fn take_root(
-    fs: &dyn Filesystem,
-    (key, root): (&str, SnapshotRoot),
-    folders: &[&str],
-    cache: &SnapshotCache,
+/// What every root of one snapshot is probed with: the cache's key (see
+/// [`WorkspaceSnapshot::take_keyed`]), the cache, and the snapshot's time.
+struct Probe<'a> {
+    key: &'a str,
+    cache: &'a SnapshotCache,
     now: DateTime<Utc>,
-) -> (Option<RootView>, usize, usize) {
-    let probes = 1;
-    // Of the root only the names the snapshot holds: a root of many files (a workspace's
-    // notes) costs a look-up per held name, not a `stat` per entry.
-    let mut requests = vec![ListRequest::named(
-        FsPath::root(),
-        SNAPSHOT_TOP_FILES.iter().chain(folders.iter()).copied(),
-    )];
-    let mut names = Vec::with_capacity(folders.len());
-    for &name in folders {
-        if let Ok(base) = FsPath::parse(name) {
-            requests.push(ListRequest::recursive(base).max_results(MAX_SNAPSHOT_FOLDER_FILES));
-            names.push(name);
+}
+
+impl Probe<'_> {
+    /// Probes one root (its listing and every file below each of `folders`, in one
+    /// `list_many`) and reads what the cache lacks: the view (`None` when the root cannot
+    /// be listed: everything is then read from the store), the probes made and files read.
+    async fn root(
+        &self,
+        fs: &dyn Filesystem,
+        root: SnapshotRoot,
+        folders: &[&str],
+    ) -> (Option<RootView>, usize, usize) {
+        let Probe { key, cache, now } = *self;
+        let probes = 1;
+        // Of the root only the names the snapshot holds: a root of many files (a workspace's
+        // notes) costs a look-up per held name, not a `stat` per entry.
+        let mut requests = vec![ListRequest::named(
+            FsPath::root(),
+            SNAPSHOT_TOP_FILES.iter().chain(folders.iter()).copied(),
+        )];
+        let mut names = Vec::with_capacity(folders.len());
+        for &name in folders {
+            if let Ok(base) = FsPath::parse(name) {
+                requests.push(ListRequest::recursive(base).max_results(MAX_SNAPSHOT_FOLDER_FILES));
+                names.push(name);
+            }
         }
-    }
-    let listings = match fs.list_many(&requests).await {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::debug!(root = root.as_str(), error = %e, "workspace snapshot: root not probed");
-            return (None, probes, 0);
-        }
-    };
-    let mut listings = listings.into_iter();
-    let top = match listings.next() {
-        Some(Ok(t)) => t.entries,
-        Some(Err(e)) if e.is_not_found() => Vec::new(),
-        Some(Err(e)) => {
-            tracing::debug!(root = root.as_str(), error = %e, "workspace snapshot: root not listed");
-            return (None, probes, 0);
-        }
-        None => return (None, probes, 0),
-    };
-    let mut view = RootView {
-        top,
-        folders_probed: !names.is_empty(),
-        ..RootView::default()
-    };
-    let mut stamps: Vec<(FsPath, FileStamp)> = view
-        .top
-        .iter()
-        .filter(|e| !e.is_dir())
-        .map(|e| (e.path.clone(), stamp(e)))
-        .collect();
-    for (name, listing) in names.into_iter().zip(listings) {
-        // A folder the root's listing does not show as one is not held (none of its
-        // files can be), as before the batch: its reads say what the store says.
-        if !view
+        let listings = match fs.list_many(&requests).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::debug!(root = root.as_str(), error = %e, "workspace snapshot: root not probed");
+                return (None, probes, 0);
+            }
+        };
+        let mut listings = listings.into_iter();
+        let top = match listings.next() {
+            Some(Ok(t)) => t.entries,
+            Some(Err(e)) if e.is_not_found() => Vec::new(),
+            Some(Err(e)) => {
+                tracing::debug!(root = root.as_str(), error = %e, "workspace snapshot: root not listed");
+                return (None, probes, 0);
+            }
+            None => return (None, probes, 0),
+        };
+        let mut view = RootView {
+            top,
+            folders_probed: !names.is_empty(),
+            ..RootView::default()
+        };
+        let mut stamps: Vec<(FsPath, FileStamp)> = view
             .top
             .iter()
-            .any(|e| e.is_dir() && e.path.as_str() == name)
-        {
-            continue;
-        }
-        match listing {
-            Ok(out) if !out.truncated => {
-                view.folders.insert(name.to_owned(), Some(()));
-                stamps.extend(
-                    out.entries
-                        .iter()
-                        .filter(|f| !f.is_dir())
-                        .map(|f| (f.path.clone(), stamp(f))),
-                );
+            .filter(|e| !e.is_dir())
+            .map(|e| (e.path.clone(), stamp(e)))
+            .collect();
+        for (name, listing) in names.into_iter().zip(listings) {
+            // A folder the root's listing does not show as one is not held (none of its
+            // files can be), as before the batch: its reads say what the store says.
+            if !view
+                .top
+                .iter()
+                .any(|e| e.is_dir() && e.path.as_str() == name)
+            {
+                continue;
             }
-            Ok(_) | Err(_) => {
-                view.folders.insert(name.to_owned(), None);
+            match listing {
+                Ok(out) if !out.truncated => {
+                    view.folders.insert(name.to_owned(), Some(()));
+                    stamps.extend(
+                        out.entries
+                            .iter()
+                            .filter(|f| !f.is_dir())
+                            .map(|f| (f.path.clone(), stamp(f))),
+                    );
+                }
+                Ok(_) | Err(_) => {
+                    view.folders.insert(name.to_owned(), None);
+                }
             }
         }
-    }
-    let mut reads = 0;
-    for (path, stamp) in stamps {
-        if !held(&path) || stamp.size > MAX_SNAPSHOT_FILE_BYTES {
-            view.files.insert(path, SnapshotFile::unread(stamp));
-            continue;
-        }
-        let ckey = (key.to_owned(), root, path.clone());
-        if let Some(hit) = cache.get(&ckey, &stamp) {
-            view.files.insert(path, hit);
-            continue;
-        }
-        reads += 1;
-        match fs.read_bytes(&path).await {
-            Ok(bytes) => {
-                let file = SnapshotFile {
-                    version: Some(Version::of(&bytes)),
-                    content: Some(Arc::from(bytes)),
-                    stamp: stamp.clone(),
-                };
-                cache.put(ckey, &file, now);
-                view.files.insert(path, file);
-            }
-            // Gone since the probe: the snapshot says so.
-            Err(e) if e.is_not_found() => {
-                view.top.retain(|t| t.path != path);
-            }
-            // Read from the store when asked, so the reader sees the error.
-            Err(_) => {
+        let mut reads = 0;
+        for (path, stamp) in stamps {
+            if !held(&path) || stamp.size > MAX_SNAPSHOT_FILE_BYTES {
                 view.files.insert(path, SnapshotFile::unread(stamp));
+                continue;
+            }
+            let ckey = (key.to_owned(), root, path.clone());
+            if let Some(hit) = cache.get(&ckey, &stamp) {
+                view.files.insert(path, hit);
+                continue;
+            }
+            reads += 1;
+            match fs.read_bytes(&path).await {
+                Ok(bytes) => {
+                    let file = SnapshotFile {
+                        version: Some(Version::of(&bytes)),
+                        content: Some(Arc::from(bytes)),
+                        stamp: stamp.clone(),
+                    };
+                    cache.put(ckey, &file, now);
+                    view.files.insert(path, file);
+                }
+                // Gone since the probe: the snapshot says so.
+                Err(e) if e.is_not_found() => {
+                    view.top.retain(|t| t.path != path);
+                }
+                // Read from the store when asked, so the reader sees the error.
+                Err(_) => {
+                    view.files.insert(path, SnapshotFile::unread(stamp));
+                }
             }
         }
+        (Some(view), probes, reads)
     }
-    (Some(view), probes, reads)
 }
 
 fn stamp(info: &FileInfo) -> FileStamp {
