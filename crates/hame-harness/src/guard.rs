@@ -387,20 +387,16 @@ hame_fs::forward_filesystem! {
                 .await?;
             // A folder that is not there leads nowhere: no look-up of its links (a probe's
             // missing `skills/` costs nothing more). One reached through a link leads where
-            // the names below it do not say: checked, and walked through this view, as
-            // `glob` walks it.
+            // the names below it do not say: listed again through this view's `glob`.
             for (i, r) in requests.iter().enumerate() {
                 let Some(answer) = out.get_mut(i) else { break };
-                if !sent_walks[i]
-                    || answer.as_ref().is_err_and(|e| e.is_not_found())
-                    || self.resolved(&r.path).is_none()
-                {
+                if !sent_walks[i] || answer.as_ref().is_err_and(|e| e.is_not_found()) {
                     continue;
                 }
-                *answer = match self.check(&r.path).await {
-                    Err(e) => Err(e),
-                    Ok(()) => generic::list_one(self, r).await,
-                };
+                if self.resolved(&r.path).is_some() {
+                    // This view's `glob`: its check (where the link leads) and its walk.
+                    *answer = generic::list_one(self, r).await;
+                }
             }
             Ok(out)
         }
