@@ -33,7 +33,7 @@ use crate::message::{Message, ToolCall};
 use crate::model::{ModelRequest, ModelResponse};
 use crate::state::AgentState;
 use crate::suspend::{Resolution, Suspension};
-use crate::tool::ToolOutput;
+use crate::tool::{ToolError, ToolOutput};
 
 /// What a layer sees of the running call, with the state it may edit.
 #[derive(Debug)]
@@ -326,6 +326,14 @@ pub fn prefix_hash(request: &ModelRequest) -> String {
 }
 
 impl ToolNext<'_> {
+    /// The error the agent's own tools give a call of `name` when they have no visible tool
+    /// of that name (`unknown_tool`, listing the names they have); `None` when they have
+    /// one. A layer that dispatches tools of its own (MCP) knows those itself.
+    pub fn unknown_tool(&self, name: &str) -> Option<ToolError> {
+        let tools = self.core.tools();
+        tools.get(name).is_none().then(|| tools.unknown(name))
+    }
+
     /// Runs the rest of the stack, then the tool.
     pub async fn run(self, cx: &ToolCtx<'_>, call: ToolCall) -> ToolOutcome {
         match self.split() {

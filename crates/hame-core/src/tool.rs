@@ -563,6 +563,20 @@ impl ToolSet {
         self.names().is_empty()
     }
 
+    /// The error of a call to a tool this set has no visible tool of: `unknown_tool`, with
+    /// the names it has (the first 50).
+    pub fn unknown(&self, name: &str) -> ToolError {
+        let mut names = self.names();
+        names.truncate(50);
+        ToolError::new(
+            codes::UNKNOWN_TOOL,
+            format!(
+                "no tool named `{name}`; available tools: {}",
+                names.join(", ")
+            ),
+        )
+    }
+
     /// Runs one call: unknown tool, malformed arguments, panic and timeout become error
     /// outputs; nothing here fails the run.
     pub async fn run_one(
@@ -572,16 +586,7 @@ impl ToolSet {
         timeout: Duration,
     ) -> ToolOutput {
         let Some(tool) = self.get(&call.name) else {
-            let mut names = self.names();
-            names.truncate(50);
-            return Err(ToolError::new(
-                codes::UNKNOWN_TOOL,
-                format!(
-                    "no tool named `{}`; available tools: {}",
-                    call.name,
-                    names.join(", ")
-                ),
-            ));
+            return Err(self.unknown(&call.name));
         };
         let args = match call.parse_arguments() {
             Ok(v) => v,

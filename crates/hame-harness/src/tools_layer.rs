@@ -123,6 +123,37 @@ impl ToolsConfigLayer {
             .get_or_parse(&key, || ToolFilter::new(config).map(Arc::new))
     }
 
+    /// Why a call of `name` is refused whatever the permission rules say: `tools.json`'s
+    /// allow/deny (or a broken list), a subagent's tool allowlist. The permission layer asks
+    /// this before it would ask a human about the call, and this layer before it runs it.
+    pub(crate) fn refusal(
+        &self,
+        config: &ToolsConfig,
+        runtime: &hame_core::RuntimeContext,
+        name: &str,
+    ) -> Option<ToolError> {
+        let filter = match self.filter(config) {
+            Ok(f) => f,
+            Err(e) => return Some(ToolError::new(codes::FAILED, e)),
+        };
+        if !filter.permits(name) {
+            return Some(ToolError::new(
+                codes::DENIED,
+                format!("`{name}` is not allowed by tools.json (allow/deny)"),
+            ));
+        }
+        let allow = hame_subagent::tool_allowlist(runtime)?;
+        (!allow.iter().any(|a| a == name)).then(|| {
+            ToolError::new(
+                codes::UNKNOWN_TOOL,
+                format!(
+                    "`{name}` is not among this subagent's tools ({})",
+                    allow.join(", ")
+                ),
+            )
+        })
+    }
+
     /// The agent's deferred tools (set once, when the agent is built).
     pub(crate) fn set_deferred(&self, catalog: Arc<crate::catalog::Catalog>) {
         let _ = self.deferred.set(catalog);
@@ -378,27 +409,8 @@ impl Layer for ToolsConfigLayer {
             Ok(c) => c,
             Err(e) => return done(Err(ToolError::new(codes::FAILED, e))),
         };
-        let filter = match self.filter(&config) {
-            Ok(f) => f,
-            Err(e) => return done(Err(ToolError::new(codes::FAILED, e))),
-        };
-        if !filter.permits(&call.name) {
-            return done(Err(ToolError::new(
-                codes::DENIED,
-                format!("`{}` is not allowed by tools.json (allow/deny)", call.name),
-            )));
-        }
-        if let Some(allow) = hame_subagent::tool_allowlist(&cx.tool.runtime)
-            && !allow.iter().any(|a| a == &call.name)
-        {
-            return done(Err(ToolError::new(
-                codes::UNKNOWN_TOOL,
-                format!(
-                    "`{}` is not among this subagent's tools ({})",
-                    call.name,
-                    allow.join(", ")
-                ),
-            )));
+        if let Some(e) = self.refusal(&config, &cx.tool.runtime, &call.name) {
+            return done(Err(e));
         }
         if !call.name.starts_with("mcp__") {
             return next.run(cx, call).await;

@@ -290,3 +290,98 @@ async fn an_edited_tools_json_applies_to_the_next_call_of_the_same_agent() -> Te
     assert!(ws.join("c/x.txt").exists(), "DENIED_DIR=d now");
     Ok(())
 }
+
+/// A call that cannot run is answered so before any rule (issue #34's notes): in ask mode a
+/// tool the agent does not have (a misspelt name, an MCP tool no server lists) and one
+/// `tools.json` denies are not put to a human, and read-only mode does not call them
+/// blocked mutations; a tool the agent has still asks.
+#[tokio::test]
+async fn a_call_that_cannot_run_is_refused_before_anyone_is_asked() -> TestResult {
+    for mode in [Mode::Ask, Mode::ReadOnly] {
+        let dir = tempfile::tempdir()?;
+        std::fs::create_dir_all(dir.path().join("ws"))?;
+        std::fs::write(
+            dir.path().join("ws/tools.json"),
+            r#"{"deny": ["glob_files"]}"#,
+        )?;
+        let calls = [
+            call("u1", "glob", serde_json::json!({"pattern": "**"})),
+            call("u2", "glob_files", serde_json::json!({"pattern": "**"})),
+            call("u3", "mcp__nowhere__fetch", serde_json::json!({})),
+        ];
+        let a = agent(
+            dir.path(),
+            vec![Reply::tools(&calls), Reply::text("done")],
+            mode,
+        )?;
+        let (events, mut rx) = EventSink::channel();
+        let ctx = RuntimeContext::new("s1");
+        let out = a
+            .call_with(
+                Message::user("look"),
+                &ctx,
+                &events,
+                &CancellationToken::new(),
+            )
+            .await?;
+        assert_eq!(out.reply.text_content(), "done", "{mode:?}");
+        assert!(a.pending(&ctx).await?.is_none(), "{mode:?}");
+        assert_eq!(decisions(&mut rx), vec![], "{mode:?}: no rule was asked");
+        let state = a.state(&ctx).await?.ok_or("no state")?;
+        let results: Vec<(String, Option<String>, String)> = state.messages[2]
+            .tool_results_iter()
+            .map(|r| (r.id.clone(), r.code.clone(), r.content.clone()))
+            .collect();
+        assert_eq!(results.len(), 3, "{results:?}");
+        let content = |id: &str| {
+            results
+                .iter()
+                .find(|r| r.0 == id)
+                .map(|r| r.2.clone())
+                .unwrap_or_default()
+        };
+        let codes: Vec<Option<&str>> = results.iter().map(|r| r.1.as_deref()).collect();
+        assert_eq!(
+            codes,
+            vec![
+                Some("unknown_tool"),
+                Some("permission_denied"),
+                Some("unknown_tool")
+            ],
+            "{mode:?}"
+        );
+        assert!(
+            content("u1").contains("no tool named `glob`; available tools:")
+                && content("u1").contains("read_file"),
+            "{mode:?}: {}",
+            content("u1")
+        );
+        assert!(
+            content("u2").contains("`glob_files` is not allowed by tools.json"),
+            "{mode:?}: {}",
+            content("u2")
+        );
+        assert!(
+            content("u3").contains("no tool named `mcp__nowhere__fetch`"),
+            "{mode:?}: {}",
+            content("u3")
+        );
+    }
+    // A tool the agent has still asks in ask mode.
+    let dir = tempfile::tempdir()?;
+    let a = agent(
+        dir.path(),
+        vec![Reply::tools(&[call(
+            "w1",
+            "write_file",
+            serde_json::json!({"file_path": "a.txt", "content": "x"}),
+        )])],
+        Mode::Ask,
+    )?;
+    let err = a
+        .call(Message::user("write"), &RuntimeContext::new("s2"))
+        .await
+        .err();
+    assert_suspended(&err);
+    Ok(())
+}

@@ -68,8 +68,12 @@ call("Emulation.setDeviceMetricsOverride", width=1200, height=700, deviceScaleFa
 call("Page.navigate", url=base + "/#/s/web")
 until("document.readyState === 'complete' && $('current').textContent === 'web'", "load")
 until(f"{LOG_TEXT}.includes('No messages yet')", "empty-session")
+# The scripted reply can come and go between two polls: an observer notes that busy was
+# shown at all (polling for it lost that race once under the whole suite).
+js("window.busySeen = false; new MutationObserver(() => { if ($('busy').classList.contains('on')) "
+   "window.busySeen = true; }).observe($('busy'), {attributes: true}); true")
 send("hello console")
-until("$('busy').classList.contains('on')", "busy-for-reply", timeout=10)
+until("window.busySeen", "busy-for-reply", timeout=10)
 until(f"{LOG_TEXT}.includes('Console reply from the agent.') && !$('busy').classList.contains('on')", "reply")
 out["reply"] = js("""(() => {
   const log = $('log'), last = [...log.querySelectorAll('.msg.assistant')].pop();

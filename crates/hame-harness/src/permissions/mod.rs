@@ -209,6 +209,16 @@ fn add_rules(rules: &mut Permissions, more: Option<&Permissions>) {
     }
 }
 
+/// The rules of one call, with what its step's `tools.json` says of the tool.
+struct StepRules {
+    /// The builder's rules, the inherited denies and `tools.json`'s.
+    rules: Permissions,
+    /// For an MCP tool the step's servers list: whether it says it only reads.
+    mcp_read_only: Option<bool>,
+    /// Why the call is refused whatever the rules say (`ToolsConfigLayer::refusal`).
+    refusal: Option<ToolError>,
+}
+
 impl PermissionLayer {
     /// A layer with the builder's `rules` and `mode`; the caller's `tools.json`
     /// `permissions` (read through `tools_config`) is added to them per call.
@@ -231,12 +241,12 @@ impl PermissionLayer {
         cx: &ToolCtx<'_>,
         call: &ToolCall,
         inherited: &Inherited,
-    ) -> Result<(Permissions, Option<bool>), String> {
+    ) -> Result<StepRules, String> {
         let mut rules = self.rules.clone();
         for d in &inherited.deny {
             rules.deny.push(PermissionRule::parse(d)?);
         }
-        let mut mcp_read_only = None;
+        let (mut mcp_read_only, mut refusal) = (None, None);
         if let (Some(layer), Some(ws)) = (
             &self.tools_config,
             hame_tools::snapshot::config_view(&cx.tool.extensions, cx.iteration),
@@ -250,19 +260,20 @@ impl PermissionLayer {
                 )
                 .await?;
             add_rules(&mut rules, config.permissions.as_ref());
-            if call.name.starts_with("mcp__") {
+            refusal = layer.refusal(&config, &cx.tool.runtime, &call.name);
+            if refusal.is_none() && call.name.starts_with("mcp__") {
                 let tools = layer.mcp_tools(&config, cx.events).await;
-                mcp_read_only = Some(
-                    tools
-                        .iter()
-                        .find(|t| t.qualified == call.name)
-                        .is_some_and(|t| t.read_only),
-                );
+                mcp_read_only = tools
+                    .iter()
+                    .find(|t| t.qualified == call.name)
+                    .map(|t| t.read_only);
             }
-        } else if call.name.starts_with("mcp__") {
-            mcp_read_only = Some(false);
         }
-        Ok((rules, mcp_read_only))
+        Ok(StepRules {
+            rules,
+            mcp_read_only,
+            refusal,
+        })
     }
 
     /// The verdict of the rules on a request the caller makes itself, outside a call (the
@@ -472,10 +483,25 @@ impl Layer for PermissionLayer {
         let argument = parsed.as_ref().map(|a| a.shown.clone());
         let plan_mode = cell.is_some_and(PermissionCell::plan_mode);
         let inherited = cell.map(|c| c.inherited.clone()).unwrap_or_default();
-        let (rules, mcp_read_only) = match self.rules_for(cx, &call, &inherited).await {
+        let StepRules {
+            rules,
+            mcp_read_only,
+            refusal,
+        } = match self.rules_for(cx, &call, &inherited).await {
             Ok(r) => r,
             Err(e) => return ToolOutcome::Done(Err(ToolError::new(codes::FAILED, e))),
         };
+        // A call that cannot run (a tool the agent does not have, one tools.json or a
+        // subagent's list refuses) is answered so before any rule: no human is asked to
+        // approve it, and plan or read-only mode does not say a mutation was blocked.
+        if let Some(e) = refusal.or_else(|| {
+            mcp_read_only
+                .is_none()
+                .then(|| next.unknown_tool(&call.name))
+                .flatten()
+        }) {
+            return ToolOutcome::Done(Err(e));
+        }
         let inherit =
             matches!(call.name.as_str(), "agent_spawn" | "agent_send").then(|| Inherited {
                 plan_mode,
