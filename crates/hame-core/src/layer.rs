@@ -327,11 +327,15 @@ pub fn prefix_hash(request: &ModelRequest) -> String {
 
 impl ToolNext<'_> {
     /// The error the agent's own tools give a call of `name` when they have no visible tool
-    /// of that name (`unknown_tool`, listing the names they have); `None` when they have
-    /// one. A layer that dispatches tools of its own (MCP) knows those itself.
-    pub fn unknown_tool(&self, name: &str) -> Option<ToolError> {
+    /// of that name (`unknown_tool`, listing the names they have that `offered` keeps);
+    /// `None` when they have one. A layer that dispatches tools of its own (MCP) knows
+    /// those itself.
+    pub fn unknown_tool(&self, name: &str, offered: &dyn Fn(&str) -> bool) -> Option<ToolError> {
         let tools = self.core.tools();
-        tools.get(name).is_none().then(|| tools.unknown(name))
+        tools
+            .get(name)
+            .is_none()
+            .then(|| tools.unknown(name, offered))
     }
 
     /// Runs the rest of the stack, then the tool.

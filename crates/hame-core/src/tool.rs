@@ -564,9 +564,10 @@ impl ToolSet {
     }
 
     /// The error of a call to a tool this set has no visible tool of: `unknown_tool`, with
-    /// the names it has (the first 50).
-    pub fn unknown(&self, name: &str) -> ToolError {
+    /// the first 50 names it has that `offered` keeps (what the caller may call).
+    pub fn unknown(&self, name: &str, offered: &dyn Fn(&str) -> bool) -> ToolError {
         let mut names = self.names();
+        names.retain(|n| offered(n));
         names.truncate(50);
         ToolError::new(
             codes::UNKNOWN_TOOL,
@@ -586,7 +587,7 @@ impl ToolSet {
         timeout: Duration,
     ) -> ToolOutput {
         let Some(tool) = self.get(&call.name) else {
-            return Err(self.unknown(&call.name));
+            return Err(self.unknown(&call.name, &|_| true));
         };
         let args = match call.parse_arguments() {
             Ok(v) => v,

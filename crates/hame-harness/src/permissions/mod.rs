@@ -217,6 +217,8 @@ struct StepRules {
     mcp_read_only: Option<bool>,
     /// Why the call is refused whatever the rules say (`ToolsConfigLayer::refusal`).
     refusal: Option<ToolError>,
+    /// The step's `tools.json`, when the agent reads one.
+    config: Option<Arc<crate::tools_config::ToolsConfig>>,
 }
 
 impl PermissionLayer {
@@ -246,7 +248,7 @@ impl PermissionLayer {
         for d in &inherited.deny {
             rules.deny.push(PermissionRule::parse(d)?);
         }
-        let (mut mcp_read_only, mut refusal) = (None, None);
+        let (mut mcp_read_only, mut refusal, mut step_config) = (None, None, None);
         if let (Some(layer), Some(ws)) = (
             &self.tools_config,
             hame_tools::snapshot::config_view(&cx.tool.extensions, cx.iteration),
@@ -268,11 +270,13 @@ impl PermissionLayer {
                     .find(|t| t.qualified == call.name)
                     .map(|t| t.read_only);
             }
+            step_config = Some(config);
         }
         Ok(StepRules {
             rules,
             mcp_read_only,
             refusal,
+            config: step_config,
         })
     }
 
@@ -487,17 +491,23 @@ impl Layer for PermissionLayer {
             rules,
             mcp_read_only,
             refusal,
+            config,
         } = match self.rules_for(cx, &call, &inherited).await {
             Ok(r) => r,
             Err(e) => return ToolOutcome::Done(Err(ToolError::new(codes::FAILED, e))),
         };
         // A call that cannot run (a tool the agent does not have, one tools.json or a
         // subagent's list refuses) is answered so before any rule: no human is asked to
-        // approve it, and plan or read-only mode does not say a mutation was blocked.
+        // approve it, and plan or read-only mode does not say a mutation was blocked. The
+        // names an unknown tool's error lists are those the step lets the caller run.
+        let offered = |n: &str| match (&self.tools_config, &config) {
+            (Some(layer), Some(config)) => layer.refusal(config, &cx.tool.runtime, n).is_none(),
+            _ => true,
+        };
         if let Some(e) = refusal.or_else(|| {
             mcp_read_only
                 .is_none()
-                .then(|| next.unknown_tool(&call.name))
+                .then(|| next.unknown_tool(&call.name, &offered))
                 .flatten()
         }) {
             return ToolOutcome::Done(Err(e));
