@@ -49,6 +49,7 @@
 #![deny(missing_docs)]
 
 mod error;
+pub mod events;
 mod holder;
 mod key;
 mod memory;

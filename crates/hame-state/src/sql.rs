@@ -187,6 +187,11 @@ macro_rules! migrations {
                 "run verification",
                 include_str!(concat!("../migrations/", $db, "/0005_run_verification.sql")),
             ),
+            (
+                6,
+                "shared session events",
+                include_str!(concat!("../migrations/", $db, "/0006_events.sql")),
+            ),
         ]
     };
 }

@@ -426,3 +426,58 @@ mod run_queue_redis {
 
     crate::run_queue_tests!(make());
 }
+
+/// Every event log backend runs [`crate::events::conformance::check`] on its real service.
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
+mod event_logs {
+    use std::time::Duration;
+
+    use crate::Result;
+    use crate::conformance::service_url;
+    use crate::events::{EventOptions, conformance, connect_event_log};
+
+    async fn check(var: &str) -> Result<()> {
+        let Some(url) = service_url(var)? else {
+            return Ok(());
+        };
+        let ttl = Duration::from_secs(1);
+        let unique = uuid::Uuid::new_v4().simple().to_string();
+        let options = EventOptions {
+            idle_ttl: ttl,
+            prefix: format!("hame-test:{unique}"),
+        };
+        let log = connect_event_log(&url, options).await?;
+        conformance::check(log.as_ref(), ttl, &unique).await
+    }
+
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn redis_event_log_conforms() -> Result<()> {
+        check("HAME_TEST_REDIS_URL").await
+    }
+
+    #[cfg(feature = "postgres")]
+    #[tokio::test]
+    async fn postgres_event_log_conforms() -> Result<()> {
+        check("HAME_TEST_POSTGRES_URL").await
+    }
+
+    #[cfg(feature = "mysql")]
+    #[tokio::test]
+    async fn mysql_event_log_conforms() -> Result<()> {
+        check("HAME_TEST_MYSQL_URL").await
+    }
+
+    #[tokio::test]
+    async fn an_event_log_url_of_another_kind_is_one_line() {
+        let e = connect_event_log("s3://bucket/x", EventOptions::default())
+            .await
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.ends_with("no event log for s3://bucket/x: use redis://, postgres:// or mysql://"),
+            "{e}"
+        );
+    }
+}

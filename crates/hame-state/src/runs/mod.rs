@@ -49,9 +49,13 @@ pub use decide::pick;
 pub use local::JsonRunQueue;
 pub use local::{InMemoryRunQueue, LOCAL_POLL};
 #[cfg(feature = "mysql")]
+pub(crate) use mysql::pool as mysql_pool;
+#[cfg(feature = "mysql")]
 pub use mysql::{MYSQL_POLL, MySqlRunQueue};
 #[cfg(feature = "redis")]
 pub use redis::{REDIS_POLL, RedisRunQueue};
+#[cfg(feature = "postgres")]
+pub(crate) use sql::pool as pg_pool;
 #[cfg(feature = "postgres")]
 pub use sql::{PgRunQueue, SQL_POLL};
 

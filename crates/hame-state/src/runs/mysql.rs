@@ -90,6 +90,32 @@ fn to_run(row: &MySqlRow) -> Result<Run> {
     )
 }
 
+/// A pool on `url` (`mysql://` or `mariadb://`) after hame-state's migrations (unless
+/// `options.migrate` is off), with its URL as `mysql://`; its sessions' times are UTC.
+pub(crate) async fn pool(url: &str, options: &SqlOptions) -> Result<(MySqlPool, String)> {
+    drop(MySqlStore::connect(url, options.clone()).await?);
+    let url = match url.split_once("://") {
+        Some((_, rest)) => format!("mysql://{rest}"),
+        None => url.to_owned(),
+    };
+    let pool = MySqlPoolOptions::new()
+        .max_connections(options.max_connections)
+        .acquire_timeout(options.acquire_timeout)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                // Times are UTC on the server side too (`UTC_TIMESTAMP(6)`).
+                sqlx::query("SET time_zone = '+00:00'")
+                    .execute(conn)
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .connect(&url)
+        .await
+        .map_err(backend)?;
+    Ok((pool, url))
+}
+
 impl MySqlRunQueue {
     /// One claim transaction ([`RunQueue::claim`] tries it again after a deadlock).
     async fn claim_once(&self, options: &ClaimOptions) -> Result<Option<Claim>> {
@@ -135,26 +161,7 @@ impl MySqlRunQueue {
     /// Connects to `url` (`mysql://` or `mariadb://`) and applies hame-state's migrations
     /// (unless `options.migrate` is off).
     pub async fn connect(url: &str, options: SqlOptions) -> Result<Self> {
-        drop(MySqlStore::connect(url, options.clone()).await?);
-        let url = match url.split_once("://") {
-            Some((_, rest)) => format!("mysql://{rest}"),
-            None => url.to_owned(),
-        };
-        let pool = MySqlPoolOptions::new()
-            .max_connections(options.max_connections)
-            .acquire_timeout(options.acquire_timeout)
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    // Times are UTC on the server side too (`UTC_TIMESTAMP(6)`).
-                    sqlx::query("SET time_zone = '+00:00'")
-                        .execute(conn)
-                        .await
-                        .map(|_| ())
-                })
-            })
-            .connect(&url)
-            .await
-            .map_err(backend)?;
+        let (pool, url) = pool(url, &options).await?;
         Ok(Self {
             pool,
             target: crate::redact_url(&url),

@@ -182,19 +182,24 @@ fn to_run(row: &PgRow) -> Result<Run> {
     )
 }
 
+/// A pool on `url` after hame-state's migrations: the state store's connect checks the URL,
+/// reports an unreachable server in one line and applies them (unless `options.migrate` is
+/// off).
+pub(crate) async fn pool(url: &str, options: &SqlOptions) -> Result<PgPool> {
+    drop(PostgresStore::connect(url, options.clone()).await?);
+    PgPoolOptions::new()
+        .max_connections(options.max_connections)
+        .acquire_timeout(options.acquire_timeout)
+        .connect(url)
+        .await
+        .map_err(backend)
+}
+
 impl PgRunQueue {
     /// Connects to `url` (`postgres://` or `postgresql://`) and applies hame-state's
     /// migrations (unless `options.migrate` is off).
     pub async fn connect(url: &str, options: SqlOptions) -> Result<Self> {
-        // The state store's connect checks the URL, reports an unreachable server in one
-        // line and applies the migrations (the runs table is migration 4).
-        drop(PostgresStore::connect(url, options.clone()).await?);
-        let pool = PgPoolOptions::new()
-            .max_connections(options.max_connections)
-            .acquire_timeout(options.acquire_timeout)
-            .connect(url)
-            .await
-            .map_err(backend)?;
+        let pool = pool(url, &options).await?;
         Ok(Self {
             pool,
             url: url.to_owned(),

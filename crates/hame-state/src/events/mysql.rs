@@ -1,0 +1,132 @@
+//! [`MySqlEventLog`]: tables `hame_event_seqs` and `hame_events` (migration 6 of
+//! hame-state). One event is one transaction: the counter's upsert (its new value through
+//! `LAST_INSERT_ID(expr)`), the event's insert and the trim of older ones.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::Row;
+use sqlx::mysql::MySqlPool;
+
+use super::{EventLog, EventOptions, SWEEP_EVERY, StoredEvent, check_key, keep_of};
+use crate::error::{Error, Result};
+use crate::sql::SqlOptions;
+
+const NEXT_ID: &str = "INSERT INTO hame_event_seqs (`key`, last, updated_at)
+    VALUES (?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6))
+    ON DUPLICATE KEY UPDATE last = LAST_INSERT_ID(last + 1), updated_at = UTC_TIMESTAMP(6)";
+
+fn backend(e: sqlx::Error) -> Error {
+    Error::backend("mysql", e)
+}
+
+/// The sessions' events in MySQL / MariaDB.
+pub struct MySqlEventLog {
+    pool: MySqlPool,
+    ttl: Duration,
+    target: String,
+}
+
+impl std::fmt::Debug for MySqlEventLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MySqlEventLog")
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MySqlEventLog {
+    /// Connects to `url` (`mysql://` or `mariadb://`) and applies hame-state's migrations
+    /// (the events' tables are migration 6).
+    pub async fn connect(url: &str, options: EventOptions) -> Result<Self> {
+        let (pool, url) = crate::runs::mysql_pool(url, &SqlOptions::default()).await?;
+        Ok(Self {
+            pool,
+            ttl: options.idle_ttl,
+            target: crate::redact_url(&url),
+        })
+    }
+
+    /// Forgets the sessions idle for longer than the time to live.
+    async fn sweep(&self) {
+        let micros = u64::try_from(self.ttl.as_micros()).unwrap_or(u64::MAX);
+        let result = async {
+            sqlx::query(
+                "DELETE e FROM hame_events e JOIN hame_event_seqs s ON e.`key` = s.`key`
+                 WHERE s.updated_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
+            )
+            .bind(micros)
+            .execute(&self.pool)
+            .await?;
+            sqlx::query(
+                "DELETE FROM hame_event_seqs WHERE updated_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
+            )
+            .bind(micros)
+            .execute(&self.pool)
+            .await
+        }
+        .await;
+        if let Err(e) = result {
+            tracing::debug!(error = %e, "events: sweeping idle sessions failed; the next sweep tries again");
+        }
+    }
+}
+
+#[async_trait]
+impl EventLog for MySqlEventLog {
+    async fn publish(&self, key: &str, body: &str, keep: usize) -> Result<u64> {
+        check_key(key)?;
+        let mut tx = self.pool.begin().await.map_err(backend)?;
+        sqlx::query(NEXT_ID)
+            .bind(key.as_bytes())
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        // The counter's new value, on this connection.
+        let id: u64 = sqlx::query("SELECT LAST_INSERT_ID()")
+            .fetch_one(&mut *tx)
+            .await
+            .and_then(|r| r.try_get(0))
+            .map_err(backend)?;
+        sqlx::query("INSERT INTO hame_events (`key`, id, body) VALUES (?, ?, ?)")
+            .bind(key.as_bytes())
+            .bind(id)
+            .bind(body)
+            .execute(&mut *tx)
+            .await
+            .map_err(backend)?;
+        let keep = keep_of(keep);
+        if id > keep {
+            sqlx::query("DELETE FROM hame_events WHERE `key` = ? AND id <= ?")
+                .bind(key.as_bytes())
+                .bind(id - keep)
+                .execute(&mut *tx)
+                .await
+                .map_err(backend)?;
+        }
+        tx.commit().await.map_err(backend)?;
+        if id == 1 || id.is_multiple_of(SWEEP_EVERY) {
+            self.sweep().await;
+        }
+        Ok(id)
+    }
+
+    async fn replay(&self, key: &str, after: u64) -> Result<Vec<StoredEvent>> {
+        check_key(key)?;
+        let rows =
+            sqlx::query("SELECT id, body FROM hame_events WHERE `key` = ? AND id > ? ORDER BY id")
+                .bind(key.as_bytes())
+                .bind(after)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(backend)?;
+        rows.iter()
+            .map(|r| {
+                Ok(StoredEvent {
+                    id: r.try_get(0).map_err(backend)?,
+                    body: r.try_get(1).map_err(backend)?,
+                })
+            })
+            .collect()
+    }
+}
