@@ -169,14 +169,17 @@ pub(crate) async fn serve_http(common: &Common, args: Http) -> anyhow::Result<()
             "hame: warning: local mode: every caller's tools (the shell included) work on the workspace with your rights; for tenants you do not trust use --isolated or --store"
         );
     }
-    // Replicas: the events go where the shared state or files are, when that is Redis.
+    // Replicas: the events go where the shared state is (Redis, PostgreSQL, MySQL), else
+    // where the shared files are when that is Redis.
     let config = crate::config::resolve(common)?;
-    let redis = [&config.state.value, &config.store.value]
-        .into_iter()
-        .flatten()
-        .find(|u| u.starts_with("redis://") || u.starts_with("rediss://"))
+    let shared = config
+        .state
+        .value
+        .iter()
+        .find(|u| shares_events(u, true))
+        .or_else(|| config.store.value.iter().find(|u| shares_events(u, false)))
         .cloned();
-    let shared_events = match redis {
+    let shared_events = match shared {
         Some(url) => Some(
             hame_gateway::SharedEvents::connect(&url, "")
                 .await
@@ -265,5 +268,19 @@ pub(crate) async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Whether `url` can hold the events replicas share: Redis, and for a state store
+/// (`sql`) PostgreSQL and MySQL / MariaDB too.
+fn shares_events(url: &str, sql: bool) -> bool {
+    let scheme = url
+        .split_once("://")
+        .map(|(s, _)| s.to_ascii_lowercase())
+        .unwrap_or_default();
+    match scheme.as_str() {
+        "redis" | "rediss" => true,
+        "postgres" | "postgresql" | "mysql" | "mariadb" => sql,
+        _ => false,
     }
 }

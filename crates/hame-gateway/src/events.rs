@@ -23,7 +23,6 @@ const NAMES: [&str; 7] = [
 ];
 
 /// The static name of a known event name.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn known_name(name: &str) -> Option<&'static str> {
     NAMES.iter().copied().find(|n| *n == name)
 }
@@ -159,7 +158,6 @@ impl Hub {
     }
 
     /// The ring size (events kept per session).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn ring_size(&self) -> usize {
         self.ring
     }

@@ -35,7 +35,9 @@
 //! "code"}}`. Every default and limit is in `docs/gateway.md`.
 //!
 //! Who should depend on it: a binary that serves an agent over HTTP (the `hame` CLI).
-//! Feature `redis`: [`SharedEvents`], the sessions' events shared between replicas.
+//! Features `redis`, `postgres`, `mysql`: [`SharedEvents`] on that store, the sessions'
+//! events shared between replicas (without one, [`SharedEvents::connect`] names the
+//! feature to enable).
 //!
 //! ```no_run
 //! # async fn demo(agent: hame::HarnessAgent) -> Result<(), Box<dyn std::error::Error>> {
@@ -75,7 +77,6 @@ mod routes;
 mod runs;
 mod schemas;
 mod server;
-#[cfg(feature = "redis")]
 mod shared_events;
 mod turn;
 mod worker;
@@ -84,7 +85,6 @@ pub use a2a::{CARD_PATH as A2A_CARD_PATH, PROTOCOL_VERSION as A2A_PROTOCOL_VERSI
 pub use auth::{Auth, Grant};
 pub use error::{Error, Result};
 pub use mcp::{ASK_TOOL, MAX_ASK_BYTES};
-#[cfg(feature = "redis")]
 pub use shared_events::SharedEvents;
 pub use worker::{PURGE_BATCH, PURGE_EVERY, Worker, WorkerOptions, resume_claimed};
 
@@ -138,9 +138,8 @@ pub struct GatewayOptions {
     /// [`runs`](Self::runs), and the in-process [`worker`](Self::worker) drains every served
     /// agent's (default false).
     pub a2a: bool,
-    /// Where events are shared between replicas (feature `redis`); `None` (the default):
-    /// in this process only.
-    #[cfg(feature = "redis")]
+    /// Where events are shared between replicas (Redis, PostgreSQL or MySQL); `None` (the
+    /// default): in this process only.
     pub shared_events: Option<SharedEvents>,
     /// The run queue of the `/v1/…/runs` routes; `None` (the default): those routes answer
     /// 501 `runs_unavailable`.
@@ -169,7 +168,6 @@ impl Default for GatewayOptions {
             replay_entries: 10_000,
             mcp: false,
             a2a: false,
-            #[cfg(feature = "redis")]
             shared_events: None,
             runs: None,
             worker: None,
@@ -250,8 +248,7 @@ impl GatewayOptions {
         self
     }
 
-    /// Shares the sessions' events between replicas through Redis.
-    #[cfg(feature = "redis")]
+    /// Shares the sessions' events between replicas through a shared store.
     pub fn with_shared_events(mut self, events: Option<SharedEvents>) -> Self {
         self.shared_events = events;
         self
@@ -279,7 +276,6 @@ impl Shared {
             std::borrow::Cow::Borrowed(_) => data,
             std::borrow::Cow::Owned(clean) => clean,
         };
-        #[cfg(feature = "redis")]
         if let Some(shared) = &self.options.shared_events {
             match shared
                 .publish(key, name, &data, terminal, self.hub.ring_size())
@@ -301,7 +297,6 @@ impl Shared {
         key: &str,
         after: u64,
     ) -> Option<Vec<Arc<events::Event>>> {
-        #[cfg(feature = "redis")]
         if let Some(shared) = &self.options.shared_events {
             match shared.replay(key, after).await {
                 Ok(events) => return Some(events),
@@ -310,7 +305,6 @@ impl Shared {
                 }
             }
         }
-        let _ = (key, after);
         None
     }
 }

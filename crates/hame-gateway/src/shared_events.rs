@@ -1,81 +1,55 @@
-//! Session events in Redis, for replicas behind one load balancer (feature `redis`): each
-//! event gets its id from a per-session counter in Redis and is kept in a bounded list
-//! there, so `GET …/events?after=ID` on any replica replays what a turn on another replica
-//! published, with the same ids.
+//! Session events in a store shared by replicas behind one load balancer: each event gets
+//! its id from the session's counter there and is kept among the session's last
+//! [`GatewayOptions::ring_size`](crate::GatewayOptions) events, so `GET …/events?after=ID` on
+//! any replica replays what a turn on another replica published, with the same ids.
 //!
-//! Keys (per session; `<prefix>` default `hame:events`): `<prefix>:<agent>/<user>/<session>:seq`
-//! (the last id) and `…:ring` (the last [`GatewayOptions::ring_size`](crate::GatewayOptions)
-//! events as `<id> <name> <0|1 terminal> <json>`); both expire after
-//! [`SharedEvents::IDLE_TTL`] without a new event. One event is one round trip (a Lua
-//! script: increment, push, trim, expire).
+//! The store is a [`hame::state::events::EventLog`]: Redis, PostgreSQL or MySQL / MariaDB
+//! (docs/replicas.md). An event is stored as `<name> <0|1 terminal> <json>`, under the key
+//! `<agent>/<user>/<session>`; a session's events are forgotten after
+//! [`SharedEvents::IDLE_TTL`] without a new one.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use hame::state::events::{EventLog, EventOptions, StoredEvent};
 
 use crate::events::Event;
 
-const PUBLISH: &str = r"
-local id = redis.call('INCR', KEYS[1])
-redis.call('RPUSH', KEYS[2], id .. ' ' .. ARGV[1])
-redis.call('LTRIM', KEYS[2], -tonumber(ARGV[2]), -1)
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('EXPIRE', KEYS[2], ARGV[3])
-return id
-";
-
-/// A connection to the Redis that holds the sessions' events.
-#[derive(Clone)]
+/// The store that holds the sessions' events.
+#[derive(Clone, Debug)]
 pub struct SharedEvents {
-    conn: ConnectionManager,
-    prefix: Arc<str>,
-    target: Arc<str>,
-    script: Arc<redis::Script>,
-}
-
-impl std::fmt::Debug for SharedEvents {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SharedEvents")
-            .field("target", &self.target)
-            .field("prefix", &self.prefix)
-            .finish()
-    }
+    log: Arc<dyn EventLog>,
 }
 
 impl SharedEvents {
     /// How long a session's events stay without a new one.
     pub const IDLE_TTL: Duration = Duration::from_secs(24 * 3600);
 
-    /// Connects to `url` (`redis://`, `rediss://`; the password is never printed). Keys
-    /// start with `prefix` (`hame:events` when empty).
+    /// Connects to `url`: `redis://` / `rediss://`, `postgres://` / `postgresql://` or
+    /// `mysql://` / `mariadb://` (the SQL ones apply hame-state's migrations); the password
+    /// is never printed. Redis keys start with `prefix` (`hame:events` when empty).
     pub async fn connect(url: &str, prefix: &str) -> crate::Result<Self> {
-        let target = hame::state::redact_url(url);
-        let fail =
-            |e: redis::RedisError| crate::Error::Config(format!("shared events at {target}: {e}"));
-        let client = redis::Client::open(url).map_err(fail)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_response_timeout(Some(Duration::from_secs(5)));
-        let conn = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(fail)?;
-        let prefix = if prefix.is_empty() {
-            "hame:events"
-        } else {
-            prefix
+        let mut options = EventOptions {
+            idle_ttl: Self::IDLE_TTL,
+            ..EventOptions::default()
         };
-        Ok(Self {
-            conn,
-            prefix: prefix.into(),
-            target: target.into(),
-            script: Arc::new(redis::Script::new(PUBLISH)),
-        })
+        if !prefix.is_empty() {
+            prefix.clone_into(&mut options.prefix);
+        }
+        let log = hame::state::events::connect_event_log(url, options)
+            .await
+            .map_err(|e| {
+                crate::Error::Config(format!(
+                    "shared events at {}: {e}",
+                    hame::state::redact_url(url)
+                ))
+            })?;
+        Ok(Self { log })
     }
 
-    fn keys(&self, key: &str) -> (String, String) {
-        let base = format!("{}:{}", self.prefix, key.replace('\u{0}', "/"));
-        (format!("{base}:seq"), format!("{base}:ring"))
+    /// Events in `log` (an application's own backend).
+    pub fn new(log: Arc<dyn EventLog>) -> Self {
+        Self { log }
     }
 
     /// Stores an event; its id.
@@ -86,17 +60,9 @@ impl SharedEvents {
         data: &str,
         terminal: bool,
         ring: usize,
-    ) -> Result<u64, redis::RedisError> {
-        let (seq, list) = self.keys(key);
-        let mut conn = self.conn.clone();
-        self.script
-            .key(seq)
-            .key(list)
-            .arg(format!("{name} {} {data}", u8::from(terminal)))
-            .arg(ring.max(1))
-            .arg(Self::IDLE_TTL.as_secs())
-            .invoke_async(&mut conn)
-            .await
+    ) -> hame::state::Result<u64> {
+        let body = format!("{name} {} {data}", u8::from(terminal));
+        self.log.publish(&store_key(key), &body, ring).await
     }
 
     /// The stored events after `after`, oldest first.
@@ -104,33 +70,25 @@ impl SharedEvents {
         &self,
         key: &str,
         after: u64,
-    ) -> Result<Vec<Arc<Event>>, redis::RedisError> {
-        let (_, list) = self.keys(key);
-        let mut conn = self.conn.clone();
-        let items: Vec<String> = redis::cmd("LRANGE")
-            .arg(list)
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut conn)
-            .await?;
-        Ok(items
-            .iter()
-            .filter_map(|s| parse(s))
-            .filter(|e| e.id > after)
-            .map(Arc::new)
-            .collect())
+    ) -> hame::state::Result<Vec<Arc<Event>>> {
+        let events = self.log.replay(&store_key(key), after).await?;
+        Ok(events.iter().filter_map(parse).map(Arc::new).collect())
     }
 }
 
-/// `<id> <name> <terminal> <json>` back to an event (names are the gateway's own).
-fn parse(s: &str) -> Option<Event> {
-    let mut parts = s.splitn(4, ' ');
-    let id = parts.next()?.parse().ok()?;
+/// The gateway's session key (`agent\0user\0session`) as the store's.
+fn store_key(key: &str) -> String {
+    key.replace('\u{0}', "/")
+}
+
+/// `<name> <terminal> <json>` back to an event (names are the gateway's own).
+fn parse(e: &StoredEvent) -> Option<Event> {
+    let mut parts = e.body.splitn(3, ' ');
     let name = crate::events::known_name(parts.next()?)?;
     let terminal = parts.next()? == "1";
     let data = parts.next().unwrap_or("{}").to_owned();
     Some(Event {
-        id,
+        id: e.id,
         name,
         data,
         terminal,
@@ -139,9 +97,18 @@ fn parse(s: &str) -> Option<Event> {
 
 #[cfg(test)]
 mod tests {
+    use hame::state::events::StoredEvent;
+
+    fn stored(id: u64, body: &str) -> StoredEvent {
+        StoredEvent {
+            id,
+            body: body.to_owned(),
+        }
+    }
+
     #[test]
     fn stored_lines_parse_back() {
-        let ev = super::parse(r#"7 finished 1 {"reply":"a b"}"#);
+        let ev = super::parse(&stored(7, r#"finished 1 {"reply":"a b"}"#));
         assert!(
             ev.as_ref().is_some_and(|e| e.id == 7
                 && e.name == "finished"
@@ -149,7 +116,7 @@ mod tests {
                 && e.data == r#"{"reply":"a b"}"#),
             "{ev:?}"
         );
-        assert!(super::parse("x finished 1 {}").is_none());
-        assert!(super::parse("3 not_an_event 0 {}").is_none());
+        assert!(super::parse(&stored(3, "not_an_event 0 {}")).is_none());
+        assert_eq!(super::store_key("a\u{0}u\u{0}s"), "a/u/s");
     }
 }

@@ -975,12 +975,36 @@ async fn serve_replicas_share_a_sessions_events_through_redis() -> TestResult {
     let Some(redis) = super::common::service("HAME_TEST_REDIS_URL") else {
         return Ok(());
     };
-    let (dir_a, dir_b) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    replicas_share_events(&["--state", redis.as_str(), "--store", redis.as_str()]).await
+}
+
+/// The same on PostgreSQL state (one workspace directory on a shared disk).
+#[tokio::test]
+async fn serve_replicas_share_a_sessions_events_through_postgres() -> TestResult {
+    let Some(pg) = super::common::service("HAME_TEST_POSTGRES_URL") else {
+        return Ok(());
+    };
+    replicas_share_events(&["--state", pg.as_str()]).await
+}
+
+/// The same on MySQL / MariaDB state.
+#[tokio::test]
+async fn serve_replicas_share_a_sessions_events_through_mysql() -> TestResult {
+    let Some(mysql) = super::common::service("HAME_TEST_MYSQL_URL") else {
+        return Ok(());
+    };
+    replicas_share_events(&["--state", mysql.as_str()]).await
+}
+
+/// Two `hame serve` replicas with `shared` arguments, in one directory (one workspace): a
+/// turn's events on one are replayed by the other with the same ids, ids keep growing
+/// across them, and a turn running on one is followed from the other.
+async fn replicas_share_events(shared: &[&str]) -> TestResult {
+    let dir = tempfile::tempdir()?;
     let model = ScriptedServer::start().await?;
     model.push_all([ScriptStep::text("from A"), ScriptStep::text("from B")]);
-    let shared = ["--state", redis.as_str(), "--store", redis.as_str()];
-    let a = Serve::start(dir_a.path(), &model.base_url(), &shared)?;
-    let b = Serve::start(dir_b.path(), &model.base_url(), &shared)?;
+    let a = Serve::start_named(dir.path(), "a", &model.base_url(), shared, &[])?;
+    let b = Serve::start_named(dir.path(), "b", &model.base_url(), shared, &[])?;
     let session = format!(
         "rep-{}-{}",
         std::process::id(),

@@ -170,7 +170,10 @@ pub mod conformance {
         let a = format!("agent/{unique}/a");
         let b = format!("agent/{unique}/b");
         // Ids count per key from 1; bodies come back as published (spaces, JSON, UTF-8).
-        let bodies = ["text_delta 0 {\"text\":\"a b\"}", "finished 1 {\"reply\":\"é ✓\"}"];
+        let bodies = [
+            "text_delta 0 {\"text\":\"a b\"}",
+            "finished 1 {\"reply\":\"é ✓\"}",
+        ];
         for (i, body) in bodies.iter().enumerate() {
             let id = log.publish(&a, body, 10).await?;
             ensure(id == i as u64 + 1, || format!("id {id} for event {i} of a"))?;
@@ -195,9 +198,10 @@ pub mod conformance {
         ensure(log.replay(&a, 2).await?.is_empty(), || {
             "replay after the last id is not empty".into()
         })?;
-        ensure(log.replay(&format!("{a}-none"), 0).await?.is_empty(), || {
-            "an unknown key has events".into()
-        })?;
+        ensure(
+            log.replay(&format!("{a}-none"), 0).await?.is_empty(),
+            || "an unknown key has events".into(),
+        )?;
 
         // Only the last `keep` stay; ids go on.
         let c = format!("agent/{unique}/c");
@@ -211,9 +215,8 @@ pub mod conformance {
         // Concurrent publishers of one key get distinct ids, none lost.
         let d = format!("agent/{unique}/d");
         let published: Vec<String> = (0..20).map(|i| format!("p{i}")).collect();
-        let ids =
-            futures::future::try_join_all(published.iter().map(|p| log.publish(&d, p, 100)))
-                .await?;
+        let ids = futures::future::try_join_all(published.iter().map(|p| log.publish(&d, p, 100)))
+            .await?;
         let mut sorted = ids.clone();
         sorted.sort_unstable();
         ensure(sorted == (1..=20).collect::<Vec<u64>>(), || {

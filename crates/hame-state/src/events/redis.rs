@@ -71,10 +71,7 @@ impl EventLog for RedisEventLog {
         check_key(key)?;
         let (seq, ring) = self.keys(key);
         let mut call = self.script.key(seq);
-        call.key(ring)
-            .arg(body)
-            .arg(keep_of(keep))
-            .arg(self.ttl_ms);
+        call.key(ring).arg(body).arg(keep_of(keep)).arg(self.ttl_ms);
         self.conn.invoke(&call).await
     }
 

@@ -84,7 +84,11 @@ impl EventLog for PgEventLog {
             .fetch_one(&self.pool)
             .await
             .map_err(backend)?;
-        let id = row.try_get::<i64, _>(0).map_err(backend)?.max(0).cast_unsigned();
+        let id = row
+            .try_get::<i64, _>(0)
+            .map_err(backend)?
+            .max(0)
+            .cast_unsigned();
         if id == 1 || id.is_multiple_of(SWEEP_EVERY) {
             self.sweep().await;
         }
@@ -102,7 +106,11 @@ impl EventLog for PgEventLog {
         rows.iter()
             .map(|r| {
                 Ok(StoredEvent {
-                    id: r.try_get::<i64, _>(0).map_err(backend)?.max(0).cast_unsigned(),
+                    id: r
+                        .try_get::<i64, _>(0)
+                        .map_err(backend)?
+                        .max(0)
+                        .cast_unsigned(),
                     body: r.try_get(1).map_err(backend)?,
                 })
             })
