@@ -65,6 +65,7 @@ async fn serve(args: McpServeArgs) -> anyhow::Result<()> {
             // As `hame serve`: runs accepted on this server are drained here too.
             worker: Some(hame_gateway::WorkerOptions::default()),
             serve_agent: Vec::new(),
+            shared_events: crate::serve::EventsAt::Auto,
         };
         return crate::serve::serve_http(&args.common, http).await;
     }

@@ -71,6 +71,40 @@ pub(crate) struct ServeArgs {
     /// JSON-RPC at /a2a (and /a2a/NAME); each task is a run of the run queue.
     #[arg(long)]
     a2a: bool,
+    /// Where replicas share the sessions' events, so that `GET …/events?after=ID` on any
+    /// replica replays a turn another one ran: `auto` (the state or the store when it is
+    /// Redis, else this process only), `state` (the state store: Redis, PostgreSQL or
+    /// MySQL; one database write per event), `off` (this process only), or a redis://,
+    /// postgres:// or mysql:// URL.
+    #[arg(long, default_value = "auto", value_name = "WHERE", value_parser = events_at, env = "HAME_SHARED_EVENTS")]
+    shared_events: EventsAt,
+}
+
+/// Where the sessions' events are shared between replicas (`--shared-events`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum EventsAt {
+    /// The state or the store when it is Redis, else this process only.
+    Auto,
+    /// The state store (Redis, PostgreSQL, MySQL).
+    State,
+    /// This process only.
+    Off,
+    /// This store.
+    Url(String),
+}
+
+/// `--shared-events`: `auto`, `state`, `off` or a URL of a store that can hold events.
+fn events_at(s: &str) -> Result<EventsAt, String> {
+    match s.trim() {
+        "auto" => Ok(EventsAt::Auto),
+        "state" => Ok(EventsAt::State),
+        "off" => Ok(EventsAt::Off),
+        url if shares_events(url, true) => Ok(EventsAt::Url(url.to_owned())),
+        other => Err(format!(
+            "`{}` is not auto, state, off or a redis://, postgres:// or mysql:// URL",
+            hame::state::redact_url(other)
+        )),
+    }
 }
 
 /// `NAME=DIR` of `--serve-agent`.
@@ -110,6 +144,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         a2a: args.a2a,
         worker: (!args.no_worker).then(|| args.worker.options()),
         serve_agent: args.serve_agent,
+        shared_events: args.shared_events,
     };
     serve_http(&args.common, http).await
 }
@@ -136,6 +171,8 @@ pub(crate) struct Http {
     pub(crate) worker: Option<hame_gateway::WorkerOptions>,
     /// Other agents served by this process (`--serve-agent NAME=DIR`).
     pub(crate) serve_agent: Vec<(String, PathBuf)>,
+    /// Where the sessions' events are shared (`--shared-events`).
+    pub(crate) shared_events: EventsAt,
 }
 
 /// Builds the agent of `common` and serves it over HTTP until SIGTERM / SIGINT.
@@ -169,16 +206,28 @@ pub(crate) async fn serve_http(common: &Common, args: Http) -> anyhow::Result<()
             "hame: warning: local mode: every caller's tools (the shell included) work on the workspace with your rights; for tenants you do not trust use --isolated or --store"
         );
     }
-    // Replicas: the events go where the shared state is (Redis, PostgreSQL, MySQL), else
-    // where the shared files are when that is Redis.
+    // Replicas: where the sessions' events are shared (`--shared-events`).
     let config = crate::config::resolve(common)?;
-    let shared = config
-        .state
-        .value
-        .iter()
-        .find(|u| shares_events(u, true))
-        .or_else(|| config.store.value.iter().find(|u| shares_events(u, false)))
-        .cloned();
+    let state = config.state.value.as_deref();
+    let shared = match &args.shared_events {
+        EventsAt::Off => None,
+        EventsAt::Url(url) => Some(url.clone()),
+        EventsAt::State => match state {
+            Some(url) if shares_events(url, true) => Some(url.to_owned()),
+            _ => {
+                return Err(ConfigError(
+                    "--shared-events state needs a Redis, PostgreSQL or MySQL state store (--state redis://…, postgres://… or mysql://…)".to_owned(),
+                )
+                .into());
+            }
+        },
+        // Redis: one cheap round trip per event, so replicas on Redis share them unasked.
+        EventsAt::Auto => [state, config.store.value.as_deref()]
+            .into_iter()
+            .flatten()
+            .find(|u| shares_events(u, false))
+            .map(str::to_owned),
+    };
     let shared_events = match shared {
         Some(url) => Some(
             hame_gateway::SharedEvents::connect(&url, "")

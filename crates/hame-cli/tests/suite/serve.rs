@@ -978,22 +978,87 @@ async fn serve_replicas_share_a_sessions_events_through_redis() -> TestResult {
     replicas_share_events(&["--state", redis.as_str(), "--store", redis.as_str()]).await
 }
 
-/// The same on PostgreSQL state (one workspace directory on a shared disk).
+/// The same on PostgreSQL state with `--shared-events state` (one workspace directory on a
+/// shared disk); without it (`auto`) each replica keeps its own events: a database write
+/// per streamed token is asked for, not implied.
 #[tokio::test]
 async fn serve_replicas_share_a_sessions_events_through_postgres() -> TestResult {
     let Some(pg) = super::common::service("HAME_TEST_POSTGRES_URL") else {
         return Ok(());
     };
-    replicas_share_events(&["--state", pg.as_str()]).await
+    replicas_share_events(&["--state", pg.as_str(), "--shared-events", "state"]).await?;
+
+    let dir = tempfile::tempdir()?;
+    let model = ScriptedServer::start().await?;
+    model.push(ScriptStep::text("kept on A"));
+    let shared = ["--state", pg.as_str()];
+    let a = Serve::start_named(dir.path(), "a", &model.base_url(), &shared, &[])?;
+    let b = Serve::start_named(dir.path(), "b", &model.base_url(), &shared, &[])?;
+    let session = format!(
+        "own-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_nanos()
+    );
+    let on_a = post_sse(
+        &a.at(&format!("/v1/sessions/{session}/messages")),
+        json!({"message": "hi"}),
+    )
+    .await?;
+    assert_eq!(names(&on_a).last().map(String::as_str), Some("finished"));
+    let on_b = client()
+        .get(b.at(&format!("/v1/sessions/{session}/events?after=0")))
+        .send()
+        .await?
+        .text()
+        .await?;
+    assert!(parse_sse(&on_b).is_empty(), "{on_b}");
+    Ok(())
 }
 
-/// The same on MySQL / MariaDB state.
+/// The same on MySQL / MariaDB, named by URL (`--shared-events mysql://…`).
 #[tokio::test]
 async fn serve_replicas_share_a_sessions_events_through_mysql() -> TestResult {
     let Some(mysql) = super::common::service("HAME_TEST_MYSQL_URL") else {
         return Ok(());
     };
-    replicas_share_events(&["--state", mysql.as_str()]).await
+    let (state, events) = (tempfile::tempdir()?, mysql.as_str());
+    let state = state.path().join("state");
+    let state = state.to_str().ok_or("a temp path that is not UTF-8")?;
+    replicas_share_events(&["--state", state, "--shared-events", events]).await
+}
+
+/// `--shared-events state` on a state that cannot hold events, or a value that is none of
+/// the choices: exit 2 with one line that says what to pass.
+#[tokio::test]
+async fn serve_refuses_shared_events_it_cannot_keep() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    for (value, says) in [
+        (
+            "state",
+            "--shared-events state needs a Redis, PostgreSQL or MySQL state store",
+        ),
+        (
+            "s3://bucket",
+            "is not auto, state, off or a redis://, postgres:// or mysql:// URL",
+        ),
+    ] {
+        let out = std::process::Command::new(bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--model", "openai:m"])
+            .args(["--shared-events", value])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", dir.path())
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .output()?;
+        assert_eq!(out.status.code(), Some(2), "{value}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{value}: {err}");
+        assert!(out.stdout.is_empty());
+    }
+    Ok(())
 }
 
 /// Two `hame serve` replicas with `shared` arguments, in one directory (one workspace): a
