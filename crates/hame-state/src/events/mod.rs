@@ -82,6 +82,7 @@ impl Default for EventOptions {
 }
 
 /// The key's refusal, when it is empty or longer than [`MAX_EVENT_KEY_BYTES`].
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
 pub(crate) fn check_key(key: &str) -> Result<()> {
     if key.is_empty() || key.len() > MAX_EVENT_KEY_BYTES {
         return Err(Error::Config(format!(
@@ -93,6 +94,7 @@ pub(crate) fn check_key(key: &str) -> Result<()> {
 }
 
 /// `keep` as the backends store it: at least 1.
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
 pub(crate) fn keep_of(keep: usize) -> u64 {
     u64::try_from(keep).unwrap_or(u64::MAX).max(1)
 }
