@@ -994,13 +994,7 @@ async fn serve_replicas_share_a_sessions_events_through_postgres() -> TestResult
     let shared = ["--state", pg.as_str()];
     let a = Serve::start_named(dir.path(), "a", &model.base_url(), &shared, &[])?;
     let b = Serve::start_named(dir.path(), "b", &model.base_url(), &shared, &[])?;
-    let session = format!(
-        "own-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_nanos()
-    );
+    let session = unique_session("own")?;
     let on_a = post_sse(
         &a.at(&format!("/v1/sessions/{session}/messages")),
         json!({"message": "hi"}),
@@ -1061,6 +1055,14 @@ async fn serve_refuses_shared_events_it_cannot_keep() -> TestResult {
     Ok(())
 }
 
+/// A session id no earlier run of a test on a shared store has used.
+fn unique_session(prefix: &str) -> Result<String, std::time::SystemTimeError> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos();
+    Ok(format!("{prefix}-{}-{nanos}", std::process::id()))
+}
+
 /// Two `hame serve` replicas with `shared` arguments, in one directory (one workspace): a
 /// turn's events on one are replayed by the other with the same ids, ids keep growing
 /// across them, and a turn running on one is followed from the other.
@@ -1070,13 +1072,7 @@ async fn replicas_share_events(shared: &[&str]) -> TestResult {
     model.push_all([ScriptStep::text("from A"), ScriptStep::text("from B")]);
     let a = Serve::start_named(dir.path(), "a", &model.base_url(), shared, &[])?;
     let b = Serve::start_named(dir.path(), "b", &model.base_url(), shared, &[])?;
-    let session = format!(
-        "rep-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_nanos()
-    );
+    let session = unique_session("rep")?;
     let on_a = post_sse(
         &a.at(&format!("/v1/sessions/{session}/messages")),
         json!({"message": "hi"}),

@@ -110,43 +110,48 @@ pub async fn connect_event_log(url: &str, options: EventOptions) -> Result<Arc<d
         .unwrap_or_default();
     let _ = &options;
     match scheme.as_str() {
-        "redis" | "rediss" => {
-            #[cfg(feature = "redis")]
-            {
-                Ok(Arc::new(RedisEventLog::connect(url, options).await?))
-            }
-            #[cfg(not(feature = "redis"))]
-            Err(Error::FeatureDisabled {
-                scheme,
-                feature: "redis",
-            })
-        }
-        "postgres" | "postgresql" => {
-            #[cfg(feature = "postgres")]
-            {
-                Ok(Arc::new(PgEventLog::connect(url, options).await?))
-            }
-            #[cfg(not(feature = "postgres"))]
-            Err(Error::FeatureDisabled {
-                scheme,
-                feature: "postgres",
-            })
-        }
-        "mysql" | "mariadb" => {
-            #[cfg(feature = "mysql")]
-            {
-                Ok(Arc::new(MySqlEventLog::connect(url, options).await?))
-            }
-            #[cfg(not(feature = "mysql"))]
-            Err(Error::FeatureDisabled {
-                scheme,
-                feature: "mysql",
-            })
-        }
-        _ => Err(Error::Config(format!(
-            "no event log for {}: use redis://, postgres:// or mysql://",
-            crate::redact_url(url)
-        ))),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" => Ok(Arc::new(RedisEventLog::connect(url, options).await?)),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(Arc::new(PgEventLog::connect(url, options).await?)),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Ok(Arc::new(MySqlEventLog::connect(url, options).await?)),
+        _ => Err(match feature_of(&scheme) {
+            Some(feature) => Error::FeatureDisabled { scheme, feature },
+            None => Error::Config(format!(
+                "no event log for {}: use redis://, postgres:// or mysql://",
+                crate::redact_url(url)
+            )),
+        }),
+    }
+}
+
+/// The feature of this crate that serves a URL scheme's event log.
+fn feature_of(scheme: &str) -> Option<&'static str> {
+    match scheme {
+        "redis" | "rediss" => Some("redis"),
+        "postgres" | "postgresql" => Some("postgres"),
+        "mysql" | "mariadb" => Some("mysql"),
+        _ => None,
+    }
+}
+
+/// The SQL backends' log: a pool of `P`, the idle time to live, where it points (no
+/// password). [`PgEventLog`] and [`MySqlEventLog`].
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub struct SqlEventLog<P> {
+    pool: P,
+    ttl: Duration,
+    target: String,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl<P> std::fmt::Debug for SqlEventLog<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlEventLog")
+            .field("target", &self.target)
+            .field("idle_ttl", &self.ttl)
+            .finish_non_exhaustive()
     }
 }
 

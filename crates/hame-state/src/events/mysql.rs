@@ -2,13 +2,11 @@
 //! hame-state). One event is one transaction: the counter's upsert (its new value through
 //! `LAST_INSERT_ID(expr)`), the event's insert and the trim of older ones.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use sqlx::Row;
 use sqlx::mysql::MySqlPool;
 
-use super::{EventLog, EventOptions, SWEEP_EVERY, StoredEvent, check_key, keep_of};
+use super::{EventLog, EventOptions, SWEEP_EVERY, SqlEventLog, StoredEvent, check_key, keep_of};
 use crate::error::{Error, Result};
 use crate::sql::SqlOptions;
 
@@ -21,19 +19,7 @@ fn backend(e: sqlx::Error) -> Error {
 }
 
 /// The sessions' events in MySQL / MariaDB.
-pub struct MySqlEventLog {
-    pool: MySqlPool,
-    ttl: Duration,
-    target: String,
-}
-
-impl std::fmt::Debug for MySqlEventLog {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MySqlEventLog")
-            .field("target", &self.target)
-            .finish_non_exhaustive()
-    }
-}
+pub type MySqlEventLog = SqlEventLog<MySqlPool>;
 
 impl MySqlEventLog {
     /// Connects to `url` (`mysql://` or `mariadb://`) and applies hame-state's migrations

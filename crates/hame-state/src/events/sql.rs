@@ -2,13 +2,11 @@
 //! (its last events), migration 6 of hame-state. One event is one statement: the counter's
 //! upsert, the event's insert and the trim of older ones.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use sqlx::Row;
 use sqlx::postgres::PgPool;
 
-use super::{EventLog, EventOptions, SWEEP_EVERY, StoredEvent, check_key, keep_of};
+use super::{EventLog, EventOptions, SWEEP_EVERY, SqlEventLog, StoredEvent, check_key, keep_of};
 use crate::error::{Error, Result};
 use crate::sql::SqlOptions;
 
@@ -37,19 +35,7 @@ fn backend(e: sqlx::Error) -> Error {
 }
 
 /// The sessions' events in PostgreSQL.
-pub struct PgEventLog {
-    pool: PgPool,
-    ttl: Duration,
-    target: String,
-}
-
-impl std::fmt::Debug for PgEventLog {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgEventLog")
-            .field("target", &self.target)
-            .finish_non_exhaustive()
-    }
-}
+pub type PgEventLog = SqlEventLog<PgPool>;
 
 impl PgEventLog {
     /// Connects to `url` (`postgres://` or `postgresql://`) and applies hame-state's
