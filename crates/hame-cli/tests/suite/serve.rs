@@ -475,14 +475,7 @@ async fn serve_with_auth_needs_a_bearer_token_and_the_token_decides_the_user() -
 #[tokio::test]
 async fn serve_refuses_a_public_address_without_auth() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let out = std::process::Command::new(bin())
-        .args(["serve", "--listen", "0.0.0.0:0", "--model", "openai:m"])
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env("HOME", dir.path())
-        .current_dir(dir.path())
-        .stdin(Stdio::null())
-        .output()?;
+    let out = serve_once(dir.path(), &["--listen", "0.0.0.0:0"])?;
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--auth"), "{err}");
@@ -490,23 +483,24 @@ async fn serve_refuses_a_public_address_without_auth() -> TestResult {
     // A broken auth file is a usage error too.
     let bad = dir.path().join("auth.json");
     std::fs::write(&bad, "{\"tokens\": 3}")?;
-    let out = std::process::Command::new(bin())
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--model",
-            "openai:m",
-            "--auth",
-        ])
-        .arg(&bad)
-        .env_clear()
-        .env("HOME", dir.path())
-        .current_dir(dir.path())
-        .stdin(Stdio::null())
-        .output()?;
+    let bad = bad.to_str().ok_or("a temp path that is not UTF-8")?;
+    let out = serve_once(dir.path(), &["--listen", "127.0.0.1:0", "--auth", bad])?;
     assert_eq!(out.status.code(), Some(2));
     Ok(())
+}
+
+/// `hame serve --model openai:m <args>` in `dir` (its home too) with no other environment
+/// than `PATH`, for a start that is refused: its output once it exits.
+fn serve_once(dir: &Path, args: &[&str]) -> std::io::Result<std::process::Output> {
+    std::process::Command::new(bin())
+        .args(["serve", "--model", "openai:m"])
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", dir)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
 }
 
 #[tokio::test]
@@ -1038,15 +1032,10 @@ async fn serve_refuses_shared_events_it_cannot_keep() -> TestResult {
             "is not auto, state, off or a redis://, postgres:// or mysql:// URL",
         ),
     ] {
-        let out = std::process::Command::new(bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--model", "openai:m"])
-            .args(["--shared-events", value])
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("HOME", dir.path())
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .output()?;
+        let out = serve_once(
+            dir.path(),
+            &["--listen", "127.0.0.1:0", "--shared-events", value],
+        )?;
         assert_eq!(out.status.code(), Some(2), "{value}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(says), "{value}: {err}");

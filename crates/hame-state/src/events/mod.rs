@@ -51,6 +51,13 @@ pub struct StoredEvent {
     pub body: String,
 }
 
+impl StoredEvent {
+    /// An event of id `id`.
+    pub fn new(id: u64, body: String) -> Self {
+        Self { id, body }
+    }
+}
+
 /// Where the sessions' events are shared between processes.
 #[async_trait]
 pub trait EventLog: Send + Sync + std::fmt::Debug {

@@ -99,20 +99,16 @@ impl EventLog for MySqlEventLog {
 
     async fn replay(&self, key: &str, after: u64) -> Result<Vec<StoredEvent>> {
         check_key(key)?;
-        let rows =
-            sqlx::query("SELECT id, body FROM hame_events WHERE `key` = ? AND id > ? ORDER BY id")
-                .bind(key.as_bytes())
-                .bind(after)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(backend)?;
-        rows.iter()
-            .map(|r| {
-                Ok(StoredEvent {
-                    id: r.try_get(0).map_err(backend)?,
-                    body: r.try_get(1).map_err(backend)?,
-                })
-            })
-            .collect()
+        let replay = "SELECT id, body FROM hame_events WHERE `key` = ? AND id > ? ORDER BY id";
+        let rows: Vec<(u64, String)> = sqlx::query_as(replay)
+            .bind(key.as_bytes())
+            .bind(after)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(backend)?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, body)| StoredEvent::new(id, body))
+            .collect())
     }
 }

@@ -83,23 +83,15 @@ impl EventLog for PgEventLog {
 
     async fn replay(&self, key: &str, after: u64) -> Result<Vec<StoredEvent>> {
         check_key(key)?;
-        let rows = sqlx::query(REPLAY)
+        let rows: Vec<(i64, String)> = sqlx::query_as(REPLAY)
             .bind(key)
             .bind(i64::try_from(after).unwrap_or(i64::MAX))
             .fetch_all(&self.pool)
             .await
             .map_err(backend)?;
-        rows.iter()
-            .map(|r| {
-                Ok(StoredEvent {
-                    id: r
-                        .try_get::<i64, _>(0)
-                        .map_err(backend)?
-                        .max(0)
-                        .cast_unsigned(),
-                    body: r.try_get(1).map_err(backend)?,
-                })
-            })
-            .collect()
+        Ok(rows
+            .into_iter()
+            .map(|(id, body)| StoredEvent::new(id.max(0).cast_unsigned(), body))
+            .collect())
     }
 }
