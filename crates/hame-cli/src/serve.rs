@@ -292,26 +292,18 @@ pub(crate) async fn serve_http(common: &Common, args: Http) -> anyhow::Result<()
 pub(crate) async fn shutdown_signal() {
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{SignalKind, signal};
-        let (Ok(mut int), Ok(mut term)) = (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-        ) else {
-            tracing::warn!("cannot install signal handlers");
+        let Some(mut signals) = crate::signals::Unix::install() else {
             return std::future::pending().await;
         };
-        let code = tokio::select! {
-            _ = int.recv() => 130,
-            _ = term.recv() => 143,
+        let Some(code) = signals.next().await else {
+            return std::future::pending().await;
         };
         eprintln!("hame: draining in-flight turns (a second signal exits at once)");
         tokio::spawn(async move {
-            tokio::select! {
-                _ = int.recv() => {},
-                _ = term.recv() => {},
+            if signals.next().await.is_some() {
+                crate::sandbox::shutdown_blocking();
+                std::process::exit(i32::from(code));
             }
-            crate::sandbox::shutdown_blocking();
-            std::process::exit(code);
         });
     }
     #[cfg(not(unix))]

@@ -14,6 +14,39 @@ pub(crate) struct Signals {
     code: Arc<AtomicU8>,
 }
 
+/// SIGINT and SIGTERM as one stream of exit codes (130, 143).
+#[cfg(unix)]
+pub(crate) struct Unix {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+#[cfg(unix)]
+impl Unix {
+    /// The handlers, or `None` with a warning when they cannot be installed.
+    pub(crate) fn install() -> Option<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            (Ok(int), Ok(term)) => Some(Self { int, term }),
+            _ => {
+                tracing::warn!("cannot install signal handlers");
+                None
+            }
+        }
+    }
+
+    /// The next signal's exit code: 130 for SIGINT, 143 for SIGTERM.
+    pub(crate) async fn next(&mut self) -> Option<u8> {
+        tokio::select! {
+            s = self.int.recv() => s.map(|()| 130),
+            s = self.term.recv() => s.map(|()| 143),
+        }
+    }
+}
+
 impl Signals {
     pub(crate) fn watch() -> Self {
         let this = Self::default();
@@ -21,19 +54,10 @@ impl Signals {
         tokio::spawn(async move {
             #[cfg(unix)]
             {
-                use tokio::signal::unix::{SignalKind, signal};
-                let (Ok(mut int), Ok(mut term)) = (
-                    signal(SignalKind::interrupt()),
-                    signal(SignalKind::terminate()),
-                ) else {
-                    tracing::warn!("cannot install signal handlers");
+                let Some(mut signals) = Unix::install() else {
                     return;
                 };
-                loop {
-                    let code = tokio::select! {
-                        _ = int.recv() => 130,
-                        _ = term.recv() => 143,
-                    };
+                while let Some(code) = signals.next().await {
                     me.arrived(code);
                 }
             }
