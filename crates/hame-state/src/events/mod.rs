@@ -225,6 +225,11 @@ pub mod conformance {
         }
         let kept: Vec<u64> = log.replay(&c, 0).await?.iter().map(|e| e.id).collect();
         ensure(kept == [5, 6, 7], || format!("kept of c: {kept:?}"))?;
+        let tail: Vec<u64> = log.replay(&c, 5).await?.iter().map(|e| e.id).collect();
+        ensure(tail == [6, 7], || format!("replay of c after 5: {tail:?}"))?;
+        ensure(log.replay(&c, 9).await?.is_empty(), || {
+            "a replay after an id the key never had is not empty".into()
+        })?;
 
         // Concurrent publishers of one key get distinct ids, none lost.
         let d = format!("agent/{unique}/d");

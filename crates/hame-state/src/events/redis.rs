@@ -1,6 +1,7 @@
 //! [`RedisEventLog`]: per session a counter (`<prefix>:{<key>}:seq`) and a list of its last
 //! events (`…:ring`, `<id> <body>`), both expiring after the idle time to live; one event is
-//! one round trip (a Lua script: increment, push, trim, expire).
+//! one round trip (a Lua script: increment, push, trim, expire), and so is a replay (the
+//! ring's tail after the id).
 
 use async_trait::async_trait;
 
@@ -18,13 +19,23 @@ redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return id
 ";
 
+/// The ring's events after `ARGV[1]`: ids in the ring are consecutive and end at the
+/// counter, so they are its last `counter - after` entries (a follower polling a long ring
+/// reads only what is new).
+const REPLAY: &str = r"
+local want = tonumber(redis.call('GET', KEYS[1]) or '0') - tonumber(ARGV[1])
+if want <= 0 then return {} end
+return redis.call('LRANGE', KEYS[2], -want, -1)
+";
+
 /// The sessions' events in Redis.
 pub struct RedisEventLog {
     conn: Conn,
     prefix: String,
     ttl_ms: u64,
     target: String,
-    script: redis::Script,
+    publish: redis::Script,
+    replay: redis::Script,
 }
 
 impl std::fmt::Debug for RedisEventLog {
@@ -54,7 +65,8 @@ impl RedisEventLog {
                 .unwrap_or(u64::MAX)
                 .max(1),
             target: redact_url(url),
-            script: redis::Script::new(PUBLISH),
+            publish: redis::Script::new(PUBLISH),
+            replay: redis::Script::new(REPLAY),
         })
     }
 
@@ -70,18 +82,17 @@ impl EventLog for RedisEventLog {
     async fn publish(&self, key: &str, body: &str, keep: usize) -> Result<u64> {
         check_key(key)?;
         let (seq, ring) = self.keys(key);
-        let mut call = self.script.key(seq);
+        let mut call = self.publish.key(seq);
         call.key(ring).arg(body).arg(keep_of(keep)).arg(self.ttl_ms);
         self.conn.invoke(&call).await
     }
 
     async fn replay(&self, key: &str, after: u64) -> Result<Vec<StoredEvent>> {
         check_key(key)?;
-        let (_, ring) = self.keys(key);
-        let items: Vec<String> = self
-            .conn
-            .query(redis::cmd("LRANGE").arg(ring).arg(0).arg(-1))
-            .await?;
+        let (seq, ring) = self.keys(key);
+        let mut call = self.replay.key(seq);
+        call.key(ring).arg(after);
+        let items: Vec<String> = self.conn.invoke(&call).await?;
         items
             .into_iter()
             .filter_map(|s| {
