@@ -33,35 +33,8 @@ impl MySqlEventLog {
         })
     }
 
-    /// Forgets the sessions idle for longer than the time to live.
-    async fn sweep(&self) {
-        let micros = u64::try_from(self.ttl.as_micros()).unwrap_or(u64::MAX);
-        let result = async {
-            sqlx::query(
-                "DELETE e FROM hame_events e JOIN hame_event_seqs s ON e.`key` = s.`key`
-                 WHERE s.updated_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
-            )
-            .bind(micros)
-            .execute(&self.pool)
-            .await?;
-            sqlx::query(
-                "DELETE FROM hame_event_seqs WHERE updated_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
-            )
-            .bind(micros)
-            .execute(&self.pool)
-            .await
-        }
-        .await;
-        if let Err(e) = result {
-            tracing::debug!(error = %e, "events: sweeping idle sessions failed; the next sweep tries again");
-        }
-    }
-}
-
-#[async_trait]
-impl EventLog for MySqlEventLog {
-    async fn publish(&self, key: &str, body: &str, keep: usize) -> Result<u64> {
-        check_key(key)?;
+    /// One publishing transaction: the counter, the event, the trim.
+    async fn publish_once(&self, key: &str, body: &str, keep: usize) -> Result<u64> {
         let mut tx = self.pool.begin().await.map_err(backend)?;
         sqlx::query(NEXT_ID)
             .bind(key.as_bytes())
@@ -91,6 +64,41 @@ impl EventLog for MySqlEventLog {
                 .map_err(backend)?;
         }
         tx.commit().await.map_err(backend)?;
+        Ok(id)
+    }
+
+    /// Forgets the sessions idle for longer than the time to live.
+    async fn sweep(&self) {
+        let micros = u64::try_from(self.ttl.as_micros()).unwrap_or(u64::MAX);
+        let result = async {
+            sqlx::query(
+                "DELETE e FROM hame_events e JOIN hame_event_seqs s ON e.`key` = s.`key`
+                 WHERE s.updated_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
+            )
+            .bind(micros)
+            .execute(&self.pool)
+            .await?;
+            sqlx::query(
+                "DELETE FROM hame_event_seqs WHERE updated_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
+            )
+            .bind(micros)
+            .execute(&self.pool)
+            .await
+        }
+        .await;
+        if let Err(e) = result {
+            tracing::debug!(error = %e, "events: sweeping idle sessions failed; the next sweep tries again");
+        }
+    }
+}
+
+#[async_trait]
+impl EventLog for MySqlEventLog {
+    async fn publish(&self, key: &str, body: &str, keep: usize) -> Result<u64> {
+        check_key(key)?;
+        // Publishers of one session wait on its counter's row; a sweep beside them can
+        // still make InnoDB roll one back as a deadlock victim: it is tried again.
+        let id = crate::runs::retry_deadlocks(|| self.publish_once(key, body, keep)).await?;
         if id == 1 || id.is_multiple_of(SWEEP_EVERY) {
             self.sweep().await;
         }

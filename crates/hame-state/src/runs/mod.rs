@@ -49,9 +49,9 @@ pub use decide::pick;
 pub use local::JsonRunQueue;
 pub use local::{InMemoryRunQueue, LOCAL_POLL};
 #[cfg(feature = "mysql")]
-pub(crate) use mysql::pool as mysql_pool;
-#[cfg(feature = "mysql")]
 pub use mysql::{MYSQL_POLL, MySqlRunQueue};
+#[cfg(feature = "mysql")]
+pub(crate) use mysql::{pool as mysql_pool, retry_deadlocks};
 #[cfg(feature = "redis")]
 pub use redis::{REDIS_POLL, RedisRunQueue};
 #[cfg(feature = "postgres")]

@@ -74,6 +74,25 @@ fn is_deadlock(e: &Error) -> bool {
     }
 }
 
+/// Runs the transaction `once` makes, again (a few times, after a short pause) when InnoDB
+/// chose it as a deadlock victim (1213, SQLSTATE 40001): it was rolled back whole.
+pub(crate) async fn retry_deadlocks<T, F, Fut>(mut once: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut tries = 0;
+    loop {
+        match once().await {
+            Err(e) if tries < DEADLOCK_RETRIES && is_deadlock(&e) => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(5 * u64::from(tries))).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 fn utc(t: NaiveDateTime) -> DateTime<Utc> {
     t.and_utc()
 }
@@ -371,19 +390,8 @@ impl RunQueue for MySqlRunQueue {
     }
 
     async fn claim(&self, options: &ClaimOptions) -> Result<Option<Claim>> {
-        // Racing claims can make InnoDB pick one as a deadlock victim (1213, SQLSTATE
-        // 40001) even with SKIP LOCKED; its transaction was rolled back whole, so it is
-        // simply tried again, a few times, after a short pause.
-        let mut tries = 0;
-        loop {
-            match self.claim_once(options).await {
-                Err(e) if tries < DEADLOCK_RETRIES && is_deadlock(&e) => {
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_millis(5 * u64::from(tries))).await;
-                }
-                other => return other,
-            }
-        }
+        // Racing claims can make InnoDB pick one as a deadlock victim even with SKIP LOCKED.
+        retry_deadlocks(|| self.claim_once(options)).await
     }
 
     async fn heartbeat(&self, claim: &Claim) -> Result<Beat> {
