@@ -475,16 +475,30 @@ pub(crate) async fn sessions(args: SessionsArgs) -> anyhow::Result<()> {
             Ok(())
         }
         Some(SessionsCommand::Search { args, limit, query }) => {
-            let (agent, ctx) = build_without_model(&args.common).await?;
-            let hits = agent
-                .search_sessions(&ctx, &query, limit)
-                .await
-                .map_err(config_err)?;
-            print_hits(
-                &hits,
-                args.json,
-                &format!("hame: no session record matches {query:?}"),
-            )
+            search(args, &query, limit, Index::Sessions).await
+        }
+    }
+}
+
+/// The index `hame sessions search` and `hame memory search` look in.
+enum Index {
+    Sessions,
+    Memory,
+}
+
+/// The hits of `query` in `index` (at most `limit`), or one line saying there are none.
+async fn search(args: InspectArgs, query: &str, limit: usize, index: Index) -> anyhow::Result<()> {
+    let (agent, ctx) = build_without_model(&args.common).await?;
+    match index {
+        Index::Sessions => {
+            let hits = agent.search_sessions(&ctx, query, limit).await;
+            let empty = format!("hame: no session record matches {query:?}");
+            print_hits(&hits.map_err(config_err)?, args.json, &empty)
+        }
+        Index::Memory => {
+            let hits = agent.search_memory(&ctx, query, limit).await;
+            let empty = format!("hame: nothing in memory matches {query:?}");
+            print_hits(&hits.map_err(config_err)?, args.json, &empty)
         }
     }
 }
@@ -517,16 +531,7 @@ pub(crate) async fn memory(args: MemoryArgs) -> anyhow::Result<()> {
         None => show_memory(args.show).await,
         Some(MemoryCommand::Show { args }) => show_memory(args).await,
         Some(MemoryCommand::Search { args, limit, query }) => {
-            let (agent, ctx) = build_without_model(&args.common).await?;
-            let hits = agent
-                .search_memory(&ctx, &query, limit)
-                .await
-                .map_err(config_err)?;
-            print_hits(
-                &hits,
-                args.json,
-                &format!("hame: nothing in memory matches {query:?}"),
-            )
+            search(args, &query, limit, Index::Memory).await
         }
     }
 }
