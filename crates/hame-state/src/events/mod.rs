@@ -13,6 +13,18 @@
 //! by default): Redis expires its keys; the SQL backends sweep idle sessions when a session
 //! publishes its first event and at every 512th event of one. A session whose events were
 //! forgotten starts again at id 1.
+//!
+//! ```no_run
+//! # async fn demo() -> hame_state::Result<()> {
+//! use hame_state::events::{EventOptions, connect_event_log};
+//!
+//! let log = connect_event_log("postgres://hame@db/hame", EventOptions::default()).await?;
+//! let id = log.publish("support/alice/s1", "text_delta 0 {\"text\":\"hi\"}", 1000).await?;
+//! // On another replica: what came after the last id its client saw.
+//! let missed = log.replay("support/alice/s1", id - 1).await?;
+//! assert_eq!(missed.last().map(|e| e.id), Some(id));
+//! # Ok(()) }
+//! ```
 
 use std::sync::Arc;
 use std::time::Duration;
