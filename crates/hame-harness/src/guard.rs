@@ -173,13 +173,22 @@ impl GuardFs {
 
     fn check_runtime(&self, path: &FsPath, named: &FsPath) -> Result<()> {
         if let Some(root) = self.rules.runtime.iter().find(|r| under(path, r)) {
-            return Err(Error::PermissionDenied {
-                path: named.as_str().to_owned(),
-                reason: format!(
+            let reason = if root.as_str() == crate::tools_config::TOOLS_JSON {
+                // Protected so that a tenant cannot lift a deny or start a host command
+                // (ADR 0006), not because hame writes it.
+                "tools.json is the operator's tool configuration (allow/deny, permissions, MCP \
+                 servers); the file tools never change it"
+                    .to_owned()
+            } else {
+                format!(
                     "{} holds hame's runtime data (session logs are append-only); the file tools \
                      never change it: read the history with session_history",
                     root.as_str()
-                ),
+                )
+            };
+            return Err(Error::PermissionDenied {
+                path: named.as_str().to_owned(),
+                reason,
             });
         }
         // Moving or deleting a folder that holds a runtime root would move that data too.

@@ -200,7 +200,14 @@ async fn isolated_tenants_cannot_write_their_tools_json_but_keep_their_skills() 
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let results = tool_results(&server);
     assert!(results[0].contains("list_files"), "{}", results[0]);
-    assert!(results[1].contains("permission_denied"), "{}", results[1]);
+    // Refused as the operator's configuration, not as runtime data (session logs).
+    assert!(
+        results[1].contains("permission_denied")
+            && results[1].contains("tools.json is the operator's tool configuration")
+            && !results[1].contains("session"),
+        "{}",
+        results[1]
+    );
     assert!(results[2].contains("Draft saved"), "{}", results[2]);
     // The deny still holds for her next call.
     assert!(
