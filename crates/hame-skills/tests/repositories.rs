@@ -250,19 +250,7 @@ mod git {
     use std::process::Command;
 
     fn git(dir: &Path, args: &[&str]) -> Result<String, Box<dyn std::error::Error>> {
-        let out = Command::new("git")
-            .current_dir(dir)
-            .args(args)
-            .env("GIT_AUTHOR_NAME", "t")
-            .env("GIT_AUTHOR_EMAIL", "t@example.com")
-            .env("GIT_COMMITTER_NAME", "t")
-            .env("GIT_COMMITTER_EMAIL", "t@example.com")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .output()?;
-        if !out.status.success() {
-            return Err(format!("git {args:?}: {}", String::from_utf8_lossy(&out.stderr)).into());
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        Ok(hame_test_env::git(dir, args)?)
     }
 
     /// A bare repository `origin.git` and a clone `work` to push from; `None` (skipped

@@ -85,6 +85,42 @@ pub fn docker(what: &str) -> bool {
     false
 }
 
+/// The object-store settings of the moto S3 server the tests start at `endpoint`
+/// (`HAME_TEST_S3_ENDPOINT`): its fixed credentials, path-style requests over plain HTTP.
+/// Give each to `ObjectStoreOptions::with`.
+pub fn moto_s3_settings(endpoint: &str) -> [(&'static str, String); 6] {
+    [
+        ("aws_endpoint", endpoint.to_owned()),
+        ("aws_access_key_id", "test".to_owned()),
+        ("aws_secret_access_key", "test".to_owned()),
+        ("aws_region", "us-east-1".to_owned()),
+        ("aws_allow_http", "true".to_owned()),
+        ("aws_virtual_hosted_style_request", "false".to_owned()),
+    ]
+}
+
+/// Runs `git args` in `dir` with a fixed identity and no global configuration: its trimmed
+/// stdout, or an error with its stderr.
+pub fn git(dir: &std::path::Path, args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new("git")
+        .current_dir(dir)
+        .args(args)
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@example.com")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@example.com")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()
+        .map_err(|e| format!("git {args:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::ci_value;

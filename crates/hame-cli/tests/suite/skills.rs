@@ -455,19 +455,7 @@ async fn a_skills_dir_that_is_not_a_directory_is_exit_2_and_list_prints_lines() 
 
 /// Runs `git` in `dir` with a fixed identity; its trimmed stdout.
 fn git(dir: &Path, args: &[&str]) -> Result<String, Box<dyn std::error::Error>> {
-    let out = std::process::Command::new("git")
-        .current_dir(dir)
-        .args(args)
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@example.com")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@example.com")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .output()?;
-    if !out.status.success() {
-        return Err(format!("git {args:?}: {}", String::from_utf8_lossy(&out.stderr)).into());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    Ok(hame_test_env::git(dir, args)?)
 }
 
 /// Issue 35, item 3, as a user: a skill pushed to a Git repository (`file://`) shows in

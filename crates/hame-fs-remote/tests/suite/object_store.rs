@@ -12,13 +12,9 @@ use super::support::{self, p};
 const BUCKET: &str = "hame-test";
 
 fn s3_options(endpoint: &str) -> ObjectStoreOptions {
-    let mut o = ObjectStoreOptions::default()
-        .with("aws_endpoint", endpoint)
-        .with("aws_access_key_id", "test")
-        .with("aws_secret_access_key", "test")
-        .with("aws_region", "us-east-1")
-        .with("aws_allow_http", "true")
-        .with("aws_virtual_hosted_style_request", "false");
+    let mut o = hame_test_env::moto_s3_settings(endpoint)
+        .into_iter()
+        .fold(ObjectStoreOptions::default(), |o, (k, v)| o.with(k, v));
     o.from_env = false;
     o
 }

@@ -268,13 +268,10 @@ async fn snapshots_live_in_redis_and_s3_too() {
         stores.push(("redis", hame_fs_remote::open(&url, &ns).await.unwrap()));
     }
     if let Some(endpoint) = hame_test_env::service("HAME_TEST_S3_ENDPOINT", "S3 snapshot") {
-        let mut o = hame_fs_remote::ObjectStoreOptions::default()
-            .with("aws_endpoint", &endpoint)
-            .with("aws_access_key_id", "test")
-            .with("aws_secret_access_key", "test")
-            .with("aws_region", "us-east-1")
-            .with("aws_allow_http", "true")
-            .with("aws_virtual_hosted_style_request", "false");
+        let mut o = hame_test_env::moto_s3_settings(&endpoint).into_iter().fold(
+            hame_fs_remote::ObjectStoreOptions::default(),
+            |o, (k, v)| o.with(k, v),
+        );
         o.from_env = false;
         let fs = hame_fs_remote::ObjectStoreFs::open("s3://hame-test/sandbox", &ns, o).unwrap();
         stores.push(("s3", Arc::new(fs)));
