@@ -8,6 +8,8 @@
 //!   line (a panic under CI).
 //! * [`skip`]: the same choice for any other missing prerequisite (a Python venv, a
 //!   browser, a binary).
+//! * [`moto_s3_settings`] and [`git`]: set-up that several suites share (the moto S3
+//!   server's object-store settings; git with a fixed identity).
 //!
 //! No dependencies, so every crate can use it as a dev-dependency (and `hame-state`'s
 //! `conformance` feature as a normal one). See `docs/testing.md`.
