@@ -1,4 +1,4 @@
-//! [`RedisEventLog`]: per session a counter (`<prefix>:{<key>}:seq`) and a list of its last
+//! [`RedisEventLog`]: per session a counter (`<prefix>:<key>:seq`) and a list of its last
 //! events (`…:ring`, `<id> <body>`), both expiring after the idle time to live; one event is
 //! one round trip (a Lua script: increment, push, trim, expire), and so is a replay (the
 //! ring's tail after the id).
@@ -71,8 +71,10 @@ impl RedisEventLog {
     }
 
     fn keys(&self, key: &str) -> (String, String) {
-        // One hash tag per session: its two keys are in one slot of a Redis Cluster.
-        let base = format!("{}:{{{key}}}", self.prefix);
+        // The keys of hame 0.1's gateway, so replicas of both versions share a session's
+        // ids during a rolling upgrade (no hash tag: hame's Redis connections are not
+        // Cluster clients).
+        let base = format!("{}:{key}", self.prefix);
         (format!("{base}:seq"), format!("{base}:ring"))
     }
 }
