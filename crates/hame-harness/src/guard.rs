@@ -63,6 +63,10 @@ pub struct GuardRules {
     pub hidden: Vec<FsPath>,
     /// The caller's runtime roots: skipped by walks, never written by the file tools.
     pub runtime: Vec<FsPath>,
+    /// Files the caller reads but its file tools never change: the operator's configuration
+    /// (an isolated tenant's `tools.json`, which could lift a deny or start a host command:
+    /// ADR 0006). Listed and walked like any file.
+    pub read_only: Vec<FsPath>,
     /// Hide the folders of registered users ([`GuardFs::with_users`]) except this caller's
     /// own (`Some(None)`: hide every user folder; `None`: no user-folder rule).
     pub user_folders: Option<Option<String>>,
@@ -173,26 +177,31 @@ impl GuardFs {
 
     fn check_runtime(&self, path: &FsPath, named: &FsPath) -> Result<()> {
         if let Some(root) = self.rules.runtime.iter().find(|r| under(path, r)) {
-            let reason = if root.as_str() == crate::tools_config::TOOLS_JSON {
-                // Protected so that a tenant cannot lift a deny or start a host command
-                // (ADR 0006), not because hame writes it.
-                "tools.json is the operator's tool configuration (allow/deny, permissions, MCP \
-                 servers); the file tools never change it"
-                    .to_owned()
-            } else {
-                format!(
+            return Err(Error::PermissionDenied {
+                path: named.as_str().to_owned(),
+                reason: format!(
                     "{} holds hame's runtime data (session logs are append-only); the file tools \
                      never change it: read the history with session_history",
                     root.as_str()
-                )
-            };
+                ),
+            });
+        }
+        if let Some(file) = self.rules.read_only.iter().find(|r| under(path, r)) {
             return Err(Error::PermissionDenied {
                 path: named.as_str().to_owned(),
-                reason,
+                reason: format!(
+                    "{} is the operator's configuration; the file tools read it but never \
+                     change it",
+                    file.as_str()
+                ),
             });
         }
         // Moving or deleting a folder that holds a runtime root would move that data too.
-        if !path.is_root() && self.rules.runtime.iter().any(|r| under(r, path)) {
+        if !path.is_root()
+            && (self.rules.runtime.iter())
+                .chain(&self.rules.read_only)
+                .any(|r| under(r, path))
+        {
             return Err(Error::PermissionDenied {
                 path: named.as_str().to_owned(),
                 reason: "the folder holds hame's runtime data (session logs); the file tools \

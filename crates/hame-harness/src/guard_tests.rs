@@ -26,6 +26,7 @@ fn rules(own: Option<&str>) -> GuardRules {
     GuardRules {
         hidden: vec![p("state")],
         runtime: vec![p("agents"), p("large_tool_results")],
+        read_only: vec![p("tools.json")],
         user_folders: Some(own.map(str::to_owned)),
     }
 }
@@ -150,6 +151,44 @@ async fn runtime_roots_are_never_written() -> Result<()> {
     Ok(())
 }
 
+/// A read-only file (an isolated tenant's `tools.json`) is read and listed, and refused to
+/// every change, under every spelling, as the operator's configuration.
+#[tokio::test]
+async fn read_only_files_are_read_but_never_changed() -> Result<()> {
+    let mem = seeded().await;
+    mem.write(&p("tools.json"), b"{}".to_vec(), WriteOptions::default())
+        .await?;
+    let g = GuardFs::new(mem, rules(None));
+    assert_eq!(g.read_bytes(&p("tools.json")).await?, b"{}".to_vec());
+    assert!(root_names(&g).await?.contains(&"tools.json".to_owned()));
+    let refused = |r: Result<()>| match r {
+        Err(Error::PermissionDenied { reason, .. }) => {
+            reason.contains("tools.json is the operator's configuration")
+        }
+        _ => false,
+    };
+    for spelling in ["tools.json", "/tools.json", "./tools.json", "tools.json/"] {
+        let path = FsPath::parse(spelling)?;
+        let write = g.write(&path, b"x".to_vec(), WriteOptions::default()).await;
+        assert!(refused(write.map(|_| ())), "{spelling}");
+    }
+    let t = p("tools.json");
+    assert!(refused(
+        g.delete(&t, DeleteOptions::default()).await.map(|_| ())
+    ));
+    assert!(refused(
+        g.rename(&t, &p("x.json"), RenameOptions::default())
+            .await
+            .map(|_| ())
+    ));
+    assert!(refused(
+        g.rename(&p("notes.md"), &t, RenameOptions::default())
+            .await
+            .map(|_| ())
+    ));
+    Ok(())
+}
+
 /// A folder is a user's because its name is a registered id, not because of what it holds:
 /// a user's folder without any marker is hidden, a project folder with `skills/` is not.
 #[tokio::test]
@@ -242,6 +281,7 @@ async fn links_do_not_lead_out_of_the_callers_view()
         GuardRules {
             hidden: vec![p("agents")],
             runtime: vec![p("bob/agents")],
+            read_only: Vec::new(),
             user_folders: Some(Some("bob".into())),
         },
     )

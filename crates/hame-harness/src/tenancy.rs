@@ -258,6 +258,7 @@ impl Tenancy {
             let mut rules = GuardRules {
                 hidden: self.hidden.clone(),
                 runtime: vec![home_in_files.join("agents")?, home_in_files.join(offload)?],
+                read_only: Vec::new(),
                 user_folders: None,
             };
             if user.is_some() {
@@ -283,6 +284,7 @@ impl Tenancy {
                 GuardRules {
                     hidden,
                     runtime: Vec::new(),
+                    read_only: Vec::new(),
                     user_folders: Some(user.map(str::to_owned)),
                 },
             ));
@@ -293,11 +295,8 @@ impl Tenancy {
             // (stdio MCP servers) or lift a deny (ADR 0006).
             let rules = GuardRules {
                 hidden: Vec::new(),
-                runtime: vec![
-                    FsPath::parse("agents")?,
-                    FsPath::parse(offload)?,
-                    FsPath::parse(crate::tools_config::TOOLS_JSON)?,
-                ],
+                runtime: vec![FsPath::parse("agents")?, FsPath::parse(offload)?],
+                read_only: vec![FsPath::parse(crate::tools_config::TOOLS_JSON)?],
                 user_folders: None,
             };
             let files: Arc<dyn Filesystem> = Arc::new(GuardFs::new(home.clone(), rules));

@@ -203,7 +203,7 @@ async fn isolated_tenants_cannot_write_their_tools_json_but_keep_their_skills() 
     // Refused as the operator's configuration, not as runtime data (session logs).
     assert!(
         results[1].contains("permission_denied")
-            && results[1].contains("tools.json is the operator's tool configuration")
+            && results[1].contains("tools.json is the operator's configuration")
             && !results[1].contains("session"),
         "{}",
         results[1]
