@@ -215,8 +215,6 @@ struct StepRules {
     rules: Permissions,
     /// For an MCP tool the step's servers list: whether it says it only reads.
     mcp_read_only: Option<bool>,
-    /// Why the call is refused whatever the rules say (`ToolsConfigLayer::refusal`).
-    refusal: Option<ToolError>,
     /// The step's `tools.json`, when the agent reads one.
     config: Option<Arc<crate::tools_config::ToolsConfig>>,
 }
@@ -248,7 +246,7 @@ impl PermissionLayer {
         for d in &inherited.deny {
             rules.deny.push(PermissionRule::parse(d)?);
         }
-        let (mut mcp_read_only, mut refusal, mut step_config) = (None, None, None);
+        let (mut mcp_read_only, mut step_config) = (None, None);
         if let (Some(layer), Some(ws)) = (
             &self.tools_config,
             hame_tools::snapshot::config_view(&cx.tool.extensions, cx.iteration),
@@ -262,8 +260,7 @@ impl PermissionLayer {
                 )
                 .await?;
             add_rules(&mut rules, config.permissions.as_ref());
-            refusal = layer.refusal(&config, &cx.tool.runtime, &call.name);
-            if refusal.is_none() && call.name.starts_with("mcp__") {
+            if call.name.starts_with("mcp__") {
                 let tools = layer.mcp_tools(&config, cx.events).await;
                 mcp_read_only = tools
                     .iter()
@@ -275,7 +272,6 @@ impl PermissionLayer {
         Ok(StepRules {
             rules,
             mcp_read_only,
-            refusal,
             config: step_config,
         })
     }
@@ -490,7 +486,6 @@ impl Layer for PermissionLayer {
         let StepRules {
             rules,
             mcp_read_only,
-            refusal,
             config,
         } = match self.rules_for(cx, &call, &inherited).await {
             Ok(r) => r,
@@ -500,14 +495,14 @@ impl Layer for PermissionLayer {
         // subagent's list refuses) is answered so before any rule: no human is asked to
         // approve it, and plan or read-only mode does not say a mutation was blocked. The
         // names an unknown tool's error lists are those the step lets the caller run.
-        let offered = |n: &str| match (&self.tools_config, &config) {
-            (Some(layer), Some(config)) => layer.refusal(config, &cx.tool.runtime, n).is_none(),
-            _ => true,
+        let refusal = |n: &str| {
+            (self.tools_config.as_ref().zip(config.as_deref()))
+                .and_then(|(layer, config)| layer.refusal(config, &cx.tool.runtime, n))
         };
-        if let Some(e) = refusal.or_else(|| {
+        if let Some(e) = refusal(&call.name).or_else(|| {
             mcp_read_only
                 .is_none()
-                .then(|| next.unknown_tool(&call.name, &offered))
+                .then(|| next.unknown_tool(&call.name, &|n| refusal(n).is_none()))
                 .flatten()
         }) {
             return ToolOutcome::Done(Err(e));
